@@ -1,0 +1,226 @@
+#include "experiments/cli.hpp"
+
+#include <fmt/format.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "experiments/build_info.hpp"
+#include "reference/error.hpp"
+
+namespace kdalab::cli {
+
+Command& Registry::add(const std::string& name, const std::string& description, const std::string& default_out) {
+  Command c;
+  c.common = std::make_shared<Common>();
+  c.common->out = default_out;
+  c.app = root_.add_subcommand(name, description);
+  auto* a = c.app;
+  a->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  a->add_option("--config", c.common->config,
+                "JSON file of options: an object whose keys are this subcommand's long option names without "
+                "dashes (e.g. {\"seed\": 7, \"quick\": true}); options given on the command line win; an unknown "
+                "key is an error");
+  a->add_option("--out", c.common->out, "HDF5 results file to write (atomically: a temporary file renamed on success)")
+      ->capture_default_str();
+  a->add_option("--seed", c.common->seed, "seed of the portable input generator (recorded in the results file)")
+      ->capture_default_str();
+  a->add_flag("--quick", c.common->quick, "run a small version (seconds to a minute on a laptop CPU)");
+  a->add_flag("--force", c.common->force, "overwrite --out if it exists (otherwise an existing file is never touched)");
+  a->add_flag("--quiet", c.common->quiet, "no progress lines on stderr");
+  cmds_.push_back(std::move(c));
+  return cmds_.back();
+}
+
+std::unique_ptr<ResultsFile> Context::open_results() const {
+  RunInfo info{command_line, config.dump(), std::to_string(common.seed)};
+  return std::make_unique<ResultsFile>(common.out, common.force, info);
+}
+
+Progress Context::progress(const std::string& label, std::size_t total) const {
+  return Progress(label, total, common.quiet);
+}
+
+std::vector<double> parse_list(const std::string& text, const std::string& option) {
+  std::vector<double> out;
+  std::string tok;
+  std::stringstream ss(text);
+  while (std::getline(ss, tok, ',')) {
+    std::stringstream inner(tok);
+    std::string t;
+    while (inner >> t) {
+      try {
+        std::size_t used = 0;
+        out.push_back(std::stod(t, &used));
+        require(used == t.size(), "");
+      } catch (...) {
+        throw Error("--" + option + ": '" + t + "' is not a number (give a list like 16,32,64)");
+      }
+    }
+  }
+  require(!out.empty(), "--" + option + ": the list is empty; give at least one value");
+  return out;
+}
+
+namespace {
+
+std::string long_name(const CLI::Option* o) {
+  const auto& ln = o->get_lnames();
+  return ln.empty() ? std::string() : ln.front();
+}
+
+CLI::Option* find_long(CLI::App* app, const std::string& key) {
+  for (CLI::Option* o : app->get_options())
+    for (const auto& ln : o->get_lnames())
+      if (ln == key) return o;
+  return nullptr;
+}
+
+/// Tokens to prepend for the config keys not given on the command line.
+std::vector<std::string> config_tokens(CLI::App* sub, const std::string& path) {
+  std::ifstream in(path);
+  require(static_cast<bool>(in), "--config '" + path + "': file not found or not readable");
+  nlohmann::json j;
+  try {
+    in >> j;
+  } catch (const std::exception& e) {
+    throw Error("--config '" + path + "': not valid JSON (" + std::string(e.what()) + ")");
+  }
+  require(j.is_object(), "--config '" + path + "': must hold a JSON object of option names to values");
+  std::vector<std::string> toks;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& key = it.key();
+    CLI::Option* o = find_long(sub, key);
+    if (!o || key == "help" || key == "config") {
+      std::string known;
+      for (CLI::Option* q : sub->get_options())
+        if (const auto n = long_name(q); !n.empty() && n != "help" && n != "config") known += (known.empty() ? "" : ", ") + n;
+      throw Error("--config '" + path + "': unknown key '" + key + "' for '" + sub->get_name() + "'; accepted keys: " + known);
+    }
+    if (o->count() > 0) continue;  // the command line wins
+    const auto& v = it.value();
+    auto scalar = [&](const nlohmann::json& x) -> std::string {
+      if (x.is_string()) return x.get<std::string>();
+      if (x.is_boolean()) return x.get<bool>() ? "true" : "false";
+      if (x.is_number()) return x.dump();
+      throw Error("--config '" + path + "': key '" + key + "' has a value of unsupported type (" + x.dump() + ")");
+    };
+    if (o->get_expected_max() == 0) {  // a flag
+      require(v.is_boolean(), "--config '" + path + "': key '" + key + "' is a flag and takes true or false, got " + v.dump());
+      if (v.get<bool>()) toks.push_back("--" + key);
+      continue;
+    }
+    toks.push_back("--" + key);
+    if (v.is_array()) {
+      require(!v.empty(), "--config '" + path + "': key '" + key + "' is an empty list");
+      for (const auto& x : v) toks.push_back(scalar(x));
+    } else {
+      toks.push_back(scalar(v));
+    }
+  }
+  return toks;
+}
+
+nlohmann::json effective_config(CLI::App* sub) {
+  nlohmann::json j = nlohmann::json::object();
+  for (CLI::Option* o : sub->get_options()) {
+    const std::string n = long_name(o);
+    if (n.empty() || n == "help" || n == "config") continue;
+    if (o->get_expected_max() == 0) {
+      j[n] = o->count() > 0;
+      continue;
+    }
+    if (o->count() > 0) {
+      const auto& r = o->results();
+      if (r.size() == 1) j[n] = r.front();
+      else j[n] = r;
+    } else {
+      j[n] = o->get_default_str();
+    }
+  }
+  return j;
+}
+
+void print_error(const std::string& where, const std::string& msg) {
+  fmt::print(stderr, "kdalab{}: error: {}\n", where.empty() ? "" : " " + where, msg);
+}
+
+}  // namespace
+
+int run(int argc, char** argv) {
+  CLI::App app{
+      "kdalab: a reference simulator and correctness-verification suite for the Kimi K3 attention stack "
+      "(KDA, Gated MLA, Attention Residuals, the 3:1 hybrid). Each subcommand writes one HDF5 results file "
+      "(--out) whose root attributes record how it was made. Run 'kdalab SUBCOMMAND --help' for its options.",
+      "kdalab"};
+  app.require_subcommand(1, 1);
+  app.set_version_flag("--version", std::string(build_info::version) + " (" + build_info::git_sha + ")");
+  Registry reg(app);
+  register_info(reg);
+  register_parity(reg);
+  register_recall(reg);
+  register_copy(reg);
+  register_decay_range(reg);
+  register_decode_cost(reg);
+  register_bench(reg);
+  register_golden(reg);
+  register_check(reg);
+
+  std::vector<std::string> args;
+  for (int i = argc - 1; i >= 1; --i) args.emplace_back(argv[i]);  // CLI11 wants them reversed
+  std::string cmdline = "kdalab";
+  for (int i = 1; i < argc; ++i) cmdline += std::string(" ") + argv[i];
+
+  Command* cmd = nullptr;
+  try {
+    auto a1 = args;
+    app.parse(a1);
+    for (auto& c : reg.commands())
+      if (c.app->parsed()) cmd = &c;
+    require(cmd != nullptr, "no subcommand given");
+    if (!cmd->common->config.empty() && cmd->app->get_name() != "info") {
+      auto toks = config_tokens(cmd->app, cmd->common->config);
+      if (!toks.empty()) {
+        // Re-parse with: kdalab <sub> <config tokens> <user tokens after sub>.
+        std::vector<std::string> fwd(args.rbegin(), args.rend());
+        std::vector<std::string> merged;
+        std::size_t i = 0;
+        for (; i < fwd.size(); ++i) {
+          merged.push_back(fwd[i]);
+          if (fwd[i] == cmd->app->get_name()) { ++i; break; }
+        }
+        merged.insert(merged.end(), toks.begin(), toks.end());
+        merged.insert(merged.end(), fwd.begin() + static_cast<std::ptrdiff_t>(i), fwd.end());
+        std::vector<std::string> rev(merged.rbegin(), merged.rend());
+        app.clear();
+        app.parse(rev);
+      }
+    }
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --help-all, --version
+    print_error(cmd ? cmd->app->get_name() : "", std::string(e.what()) + " (see 'kdalab --help')");
+    return 2;
+  } catch (const Error& e) {
+    print_error(cmd ? cmd->app->get_name() : "", e.what());
+    return 2;
+  }
+
+  Context ctx;
+  ctx.name = cmd->app->get_name();
+  ctx.common = *cmd->common;
+  ctx.command_line = cmdline;
+  ctx.config = effective_config(cmd->app);
+  ctx.app = cmd->app;
+  try {
+    if (cmd->writes_output) check_output_path(ctx.common.out, ctx.common.force);
+    return cmd->run(ctx);
+  } catch (const Error& e) {
+    print_error(ctx.name, e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    print_error(ctx.name, std::string("unexpected failure: ") + e.what());
+    return 1;
+  }
+}
+
+}  // namespace kdalab::cli

@@ -1,0 +1,86 @@
+#pragma once
+/// The `kdalab` command line: a registry of subcommands (one experiment file registers one),
+/// JSON configs whose keys are the subcommand's long option names, and the shared run context.
+///
+/// Config rule (ISSUE 2, DESIGN.md): `--config FILE.json` holds an object whose keys are long
+/// option names without dashes ("T", "out", "seed", ...); options given on the command line
+/// override the file; an unknown key, a missing file or malformed JSON is an error (exit 2).
+/// CLI11's own config reader is not used (CLI11 2.1.2 ignores --config on subcommands).
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "experiments/progress.hpp"
+#include "experiments/results.hpp"
+
+namespace kdalab::cli {
+
+/// Options every subcommand has.
+struct Common {
+  std::string config;      ///< --config FILE.json
+  std::string out;         ///< --out FILE.h5 (each subcommand sets a default)
+  std::uint64_t seed = 1;  ///< --seed N
+  bool quick = false;      ///< --quick: a small version that runs in seconds to a minute
+  bool force = false;      ///< --force: overwrite an existing --out
+  bool quiet = false;      ///< --quiet: no progress lines
+};
+
+/// What a running subcommand gets.
+struct Context {
+  std::string name;          ///< subcommand name
+  Common common;             ///< the common options after config merging
+  std::string command_line;  ///< argv joined
+  nlohmann::json config;     ///< effective config (every option's final value)
+  CLI::App* app = nullptr;   ///< the parsed subcommand
+
+  /// Opens the results file for --out with the root attributes filled in (checks --force).
+  std::unique_ptr<ResultsFile> open_results() const;
+  /// A progress reporter honouring --quiet.
+  Progress progress(const std::string& label, std::size_t total) const;
+};
+
+struct Command {
+  CLI::App* app = nullptr;
+  std::shared_ptr<Common> common;
+  /// Runs the subcommand; returns the exit code. Throws kdalab::Error on bad input.
+  std::function<int(Context&)> run;
+  /// Whether the subcommand writes --out (then the path is checked before any work starts).
+  bool writes_output = true;
+};
+
+class Registry {
+ public:
+  explicit Registry(CLI::App& root) : root_(root) {}
+  /// Adds subcommand `name` with the common options; `default_out` is --out's default.
+  Command& add(const std::string& name, const std::string& description, const std::string& default_out);
+  std::vector<Command>& commands() { return cmds_; }
+  CLI::App& root() { return root_; }
+
+ private:
+  CLI::App& root_;
+  std::vector<Command> cmds_;
+};
+
+/// Registration functions, one per experiment file (experiments/<name>.cpp).
+void register_info(Registry&);
+void register_parity(Registry&);
+void register_recall(Registry&);
+void register_copy(Registry&);
+void register_decay_range(Registry&);
+void register_decode_cost(Registry&);
+void register_bench(Registry&);
+void register_golden(Registry&);
+void register_check(Registry&);
+
+/// Runs the whole command line: returns the process exit code (0 success, 2 bad input or usage,
+/// 1 an unexpected failure). Prints errors as one line on stderr.
+int run(int argc, char** argv);
+
+/// Parses a comma/space separated list of numbers for sweep options ("16,32,64").
+std::vector<double> parse_list(const std::string& text, const std::string& option);
+
+}  // namespace kdalab::cli

@@ -1,0 +1,56 @@
+// `kdalab info`: version, git sha, compiler, build type, CUDA kernels built or not, GPUs seen.
+// With --config MODEL.json (a Hugging Face config.json of Kimi Linear / K3) it also prints the
+// per-layer layout and per-token cache bytes (see experiments/model_info.cpp when present).
+#include <fmt/format.h>
+
+#include "experiments/build_info.hpp"
+#include "experiments/cli.hpp"
+
+namespace kdalab::cli {
+
+/// Prints the model layout of a config.json; defined by the hybrid reference (model_info.cpp).
+/// Returns false when that part is not built yet.
+bool print_model_info(const std::string& config_path, ResultsFile* out);
+
+void register_info(Registry& reg) {
+  auto& c = reg.add("info",
+                    "Print version, git sha, compiler, build type, whether the CUDA kernels are built and the GPUs "
+                    "seen. With --config MODEL.json (a Hugging Face config.json of Kimi Linear or K3) also print "
+                    "the per-layer layout and per-token cache bytes of the hybrid vs full MLA.",
+                    "");
+  c.writes_output = false;
+  c.app->get_option("--config")
+      ->description("for info: a MODEL config (Hugging Face config.json schema, e.g. data/configs/kimi-linear-48b.json) "
+                    "whose layer layout and cache bytes are printed");
+  c.app->get_option("--out")->description("optional HDF5 file to record the same facts in (group /info)");
+  c.run = [](Context& ctx) {
+    fmt::print("kdalab {} (git {})\n", build_info::version, build_info::git_sha);
+    fmt::print("compiler:      {}\n", build_info::compiler);
+    fmt::print("build type:    {}\n", build_info::build_type);
+    fmt::print("CUDA kernels:  {}\n", build_info::cuda_built ? "built (sm_90a)" : "not built");
+    const auto gpus = build_info::gpu_devices();
+    if (gpus.empty()) fmt::print("GPUs:          0 ({})\n", build_info::gpu_note());
+    for (std::size_t i = 0; i < gpus.size(); ++i) fmt::print("GPU {}:         {}\n", i, gpus[i]);
+    fmt::print("host:          {}\n", host_name());
+    fmt::print("device:        {}\n", device_description());
+    std::unique_ptr<ResultsFile> f;
+    if (!ctx.common.out.empty()) {
+      f = ctx.open_results();
+      f->group("info", "build and machine facts printed by kdalab info");
+      f->attr("info", "compiler", build_info::compiler);
+      f->attr("info", "build_type", build_info::build_type);
+      f->attr("info", "cuda_built", build_info::cuda_built ? "yes" : "no");
+      f->attr("info", "gpus", std::to_string(gpus.size()));
+    }
+    if (!ctx.common.config.empty() && !print_model_info(ctx.common.config, f.get())) {
+      throw Error("--config '" + ctx.common.config + "': model layouts are not built yet (hybrid reference pending)");
+    }
+    if (f) {
+      f->commit();
+      fmt::print("wrote {}\n", ctx.common.out);
+    }
+    return 0;
+  };
+}
+
+}  // namespace kdalab::cli

@@ -1,0 +1,21 @@
+#pragma once
+/// kdalab::Error: the one exception type for bad input anywhere in kdalab.
+///
+/// Every message names the tensor / option / key, the offending index or value and what is
+/// accepted (DESIGN.md "Errors"). The command line turns it into one line on stderr and exit 2.
+#include <stdexcept>
+#include <string>
+
+namespace kdalab {
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& what) : std::runtime_error(what) {}
+};
+
+/// Throws kdalab::Error(msg) when cond is false. Cheap helper for argument checks.
+inline void require(bool cond, const std::string& msg) {
+  if (!cond) throw Error(msg);
+}
+
+}  // namespace kdalab

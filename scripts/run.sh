@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The main job in one command: set up, build, run the default experiment suite (quick versions),
+# write results/*.h5, draw the figures into figures/ and print a summary.
+# Usage: scripts/run.sh            (RESULTS=dir, FIGURES=dir to change where files go)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+jobs=$(nproc 2>/dev/null || echo 2)
+cmake --preset default >/dev/null
+cmake --build build/default -j "$jobs"
+k=build/default/experiments/kdalab
+results=${RESULTS:-results}
+mkdir -p "$results"
+
+$k info
+echo
+# The default suite: quick versions of every experiment that is built.
+$k decode-cost --quick --force --out "$results/decode_cost.h5"
+echo
+
+if [ -x scripts/figures.sh ]; then
+  bash scripts/figures.sh "$results"/*.h5 || echo "run.sh: figures failed (see above); results are intact" >&2
+fi
+/usr/bin/python3 scripts/summary.py "$results"/*.h5

@@ -1,0 +1,8 @@
+#pragma once
+// The one Catch2 shim: v3 (catch2/catch_all.hpp, GPU machine) or v2 (catch2/catch.hpp, Debian 12).
+// Tests include only this header and use REQUIRE/CHECK/SECTION/TEST_CASE, which both share.
+#if __has_include(<catch2/catch_all.hpp>)
+#include <catch2/catch_all.hpp>
+#else
+#include <catch2/catch.hpp>
+#endif
