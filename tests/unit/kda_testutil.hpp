@@ -1,6 +1,7 @@
 #pragma once
 // Helpers shared by the KDA reference tests (tests/unit/test_kda*.cpp, test_gate*, test_layers*).
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -62,4 +63,43 @@ void require_error(F&& f, const std::vector<std::string>& needles) {
   }
   CHECK(thrown);
 }
+/// A random batched KDA problem in float64 (cast() it for mp50): q, k unit rows times `knorm`,
+/// v ~ N(0, 1), g = g_min * U(0, 1) per (token, head, channel) (bounded-gate range), beta ~ U(0.05, 1),
+/// S0 ~ 0.1 N(0, 1) (zero when !with_s0), scale = d_k^-1/2.
+struct Problem {
+  std::size_t B, T, H, HV, dk, dv;
+  Tensor<double> q, k, v, g, beta, S0;
+  double scale;
+  template <class S>
+  struct Cast {
+    Tensor<S> q, k, v, g, beta, S0;
+    S scale;
+  };
+  template <class S>
+  Cast<S> as() const {
+    return {q.cast<S>(), k.cast<S>(), v.cast<S>(), g.cast<S>(), beta.cast<S>(), S0.cast<S>(), S(scale)};
+  }
+};
+inline Problem make_problem(std::uint64_t seed, std::size_t B, std::size_t T, std::size_t H, std::size_t HV,
+                            std::size_t dk, std::size_t dv, double g_min = -5.0, double knorm = 1.0,
+                            bool with_s0 = true) {
+  Rng rng(seed);
+  Problem p{B, T, H, HV, dk, dv, Tensor<double>({B, T, H, dk}), Tensor<double>({B, T, H, dk}),
+            Tensor<double>({B, T, HV, dv}), Tensor<double>({B, T, HV, dk}), Tensor<double>({B, T, HV}),
+            Tensor<double>({B, HV, dk, dv}), 1.0 / std::sqrt(static_cast<double>(dk))};
+  rng.fill_normal(p.q);
+  rng.fill_normal(p.k);
+  for (Tensor<double>* t : {&p.q, &p.k})
+    for (std::size_t r = 0; r < t->numel() / dk; ++r) {
+      double n2 = 0;
+      for (std::size_t i = 0; i < dk; ++i) n2 += t->data[r * dk + i] * t->data[r * dk + i];
+      for (std::size_t i = 0; i < dk; ++i) t->data[r * dk + i] *= (t == &p.k ? knorm : 1.0) / std::sqrt(n2);
+    }
+  rng.fill_normal(p.v);
+  for (auto& x : p.g.data) x = g_min * rng.uniform();
+  for (auto& x : p.beta.data) x = rng.uniform(0.05, 1.0);
+  if (with_s0) rng.fill_normal(p.S0, 0.1);
+  return p;
+}
+
 }  // namespace kdatest
