@@ -19,7 +19,10 @@
 /// value heads: HV is a multiple of H, value head j reads key head j / (HV / H).
 /// The seed-002 form (S of shape d_v x d_k, S_t = S_{t-1} Diag(alpha)(I - beta k k^T) + beta v k^T,
 /// o = S q) is the stated transpose of this one: S_seed = S^T (see to_seed_layout()).
+#include <algorithm>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "reference/error.hpp"
 #include "reference/scalar.hpp"
@@ -161,6 +164,133 @@ KdaOutput<S> kda_recurrent(const Tensor<S>& q, const Tensor<S>& k, const Tensor<
         for (std::size_t j = 0; j < s.d_v; ++j) out.S_final(b, hv, i, j) = St(i, j);
     }
   return out;
+}
+
+/// Gradient-step form of one KDA step (seed 000; EQUATIONS.md section 1), per-channel decay:
+/// with S' = Diag(alpha_t) S_{t-1} and the loss L_t(S) = 1/2 ||S^T k_t - v_t||^2, whose gradient is
+/// grad = k_t (S^T k_t - v_t)^T, S_t = S' - beta_t grad(L_t)(S'). In place on St (d_k x d_v);
+/// returns o_t = scale S_t^T q_t. Equal to kda_step(kda) up to rounding. No input checks.
+template <class S>
+Vec<S> kda_step_gradient(Mat<S>& St, const Vec<S>& q, const Vec<S>& k, const Vec<S>& v, const Vec<S>& g,
+                         const S& beta, const S& scale) {
+  Vec<S> alpha(g.size());
+  for (Eigen::Index i = 0; i < g.size(); ++i) alpha(i) = sexp<S>(g(i));
+  const Mat<S> Sd = alpha.asDiagonal() * St;
+  const Vec<S> residual = Sd.transpose() * k - v;   // S'^T k - v
+  const Mat<S> grad = k * residual.transpose();     // d L / d S at S'
+  St = Sd - beta * grad;
+  return Vec<S>(scale * (St.transpose() * q));
+}
+
+/// Product (transition-matrix) form of one KDA step, literally K3 report Eq. 1:
+/// S_t = (I - beta_t k_t k_t^T) Diag(alpha_t) S_{t-1} + beta_t k_t v_t^T, o_t = scale S_t^T q_t,
+/// with the d_k x d_k transition formed explicitly. In place on St; no input checks.
+template <class S>
+Vec<S> kda_step_product(Mat<S>& St, const Vec<S>& q, const Vec<S>& k, const Vec<S>& v, const Vec<S>& g,
+                        const S& beta, const S& scale) {
+  const Eigen::Index dk = k.size();
+  Vec<S> alpha(dk);
+  for (Eigen::Index i = 0; i < dk; ++i) alpha(i) = sexp<S>(g(i));
+  const Mat<S> erase = Mat<S>::Identity(dk, dk) - beta * (k * k.transpose());
+  const Mat<S> transition = erase * alpha.asDiagonal();
+  St = (transition * St + beta * (k * v.transpose())).eval();
+  return Vec<S>(scale * (St.transpose() * q));
+}
+
+/// The seed-002 form of one step, on the transposed state S_seed = S^T (d_v x d_k):
+/// S_seed,t = S_seed,t-1 Diag(alpha_t) (I - beta_t k_t k_t^T) + beta_t v_t k_t^T, o_t = scale S_seed,t q_t
+/// (seed 002 "The math"; it writes scale = 1). A stated transpose of kda_step: after any sequence
+/// of steps S_seed == to_seed_layout(S) and the outputs agree. In place; no input checks.
+template <class S>
+Vec<S> kda_step_seed(Mat<S>& S_seed, const Vec<S>& q, const Vec<S>& k, const Vec<S>& v, const Vec<S>& g,
+                     const S& beta, const S& scale) {
+  const Eigen::Index dk = k.size();
+  Vec<S> alpha(dk);
+  for (Eigen::Index i = 0; i < dk; ++i) alpha(i) = sexp<S>(g(i));
+  const Mat<S> erase = Mat<S>::Identity(dk, dk) - beta * (k * k.transpose());
+  S_seed = (S_seed * alpha.asDiagonal() * erase + beta * (v * k.transpose())).eval();
+  return Vec<S>(scale * (S_seed * q));
+}
+
+/// Numbers a softmax attention head reads per decode step after n cached tokens: 2 n d (keys and
+/// values; seed 002 softmax_kv_reads; EQUATIONS.md section 8).
+inline std::uint64_t softmax_decode_reads(std::uint64_t n, std::uint64_t d) { return 2 * n * d; }
+/// Numbers a KDA head reads per decode step: its d_k x d_v state, whatever the context (seed 002).
+inline std::uint64_t kda_decode_reads(std::uint64_t d_k, std::uint64_t d_v) { return d_k * d_v; }
+
+/// Checks cumulative sequence lengths of a variable-length batch of `total` tokens:
+/// cu_seqlens = [0, T_1, T_1 + T_2, ..., total], non-decreasing. Throws kdalab::Error naming
+/// 'cu_seqlens', the index and value.
+inline void validate_cu_seqlens(const std::vector<std::size_t>& cu, std::size_t total) {
+  require(cu.size() >= 2, "tensor 'cu_seqlens' has " + std::to_string(cu.size()) +
+                              " entries; accepted: [0, ..., total] with at least one sequence");
+  require(cu.front() == 0, "tensor 'cu_seqlens' starts at " + std::to_string(cu.front()) + "; accepted: 0");
+  for (std::size_t i = 1; i < cu.size(); ++i)
+    require(cu[i] >= cu[i - 1], "tensor 'cu_seqlens' decreases at index " + std::to_string(i) + " (" +
+                                    std::to_string(cu[i - 1]) + " -> " + std::to_string(cu[i]) +
+                                    "); accepted: non-decreasing");
+  require(cu.back() == total, "tensor 'cu_seqlens' ends at " + std::to_string(cu.back()) +
+                                  ", expected the total token count " + std::to_string(total));
+}
+
+/// Tokens [t0, t1) of a [1, T, ...] tensor as a [1, t1 - t0, ...] tensor.
+template <class S>
+Tensor<S> slice_tokens(const Tensor<S>& x, std::size_t t0, std::size_t t1) {
+  std::vector<std::size_t> shp = x.shape;
+  shp[1] = t1 - t0;
+  Tensor<S> y(shp);
+  const std::size_t row = x.numel() / (x.shape[0] * x.shape[1]);
+  std::copy(x.data.begin() + static_cast<std::ptrdiff_t>(t0 * row), x.data.begin() + static_cast<std::ptrdiff_t>(t1 * row),
+            y.data.begin());
+  return y;
+}
+
+/// Runs a batched KDA function `run(q, k, v, g, beta, S0*) -> KdaOutput` over each sequence of a
+/// variable-length batch (B = 1, tokens packed along T, cu_seqlens as validate_cu_seqlens), each
+/// with its own initial state S0[n] (S0: [N, HV, d_k, d_v] or null). Returns o [1, total, HV, d_v]
+/// and S_final [N, HV, d_k, d_v]. Errors: kdalab::Error from kda_validate or naming 'cu_seqlens',
+/// 'q' (B must be 1) or 'S0'.
+template <class S, class Run>
+KdaOutput<S> kda_varlen(const Tensor<S>& q, const Tensor<S>& k, const Tensor<S>& v, const Tensor<S>& g,
+                        const Tensor<S>& beta, const Tensor<S>* S0, const std::vector<std::size_t>& cu_seqlens,
+                        Run&& run) {
+  const KdaShape s = kda_validate(q, k, v, g, beta, static_cast<const Tensor<S>*>(nullptr));
+  require(s.B == 1, "tensor 'q' has B = " + std::to_string(s.B) + "; a variable-length batch packs its sequences "
+                        "along T with B = 1");
+  validate_cu_seqlens(cu_seqlens, s.T);
+  const std::size_t N = cu_seqlens.size() - 1;
+  if (S0) require_shape(*S0, {N, s.HV, s.d_k, s.d_v}, "S0");
+  if (S0) require_finite(*S0, "S0");
+  KdaOutput<S> out{Tensor<S>({1, s.T, s.HV, s.d_v}), Tensor<S>({N, s.HV, s.d_k, s.d_v})};
+  const std::size_t st = s.HV * s.d_k * s.d_v;
+  for (std::size_t n = 0; n < N; ++n) {
+    const std::size_t t0 = cu_seqlens[n], t1 = cu_seqlens[n + 1];
+    Tensor<S> s0({1, s.HV, s.d_k, s.d_v});
+    if (S0) std::copy(S0->data.begin() + static_cast<std::ptrdiff_t>(n * st),
+                      S0->data.begin() + static_cast<std::ptrdiff_t>((n + 1) * st), s0.data.begin());
+    if (t1 == t0) {  // empty sequence: the state passes through
+      std::copy(s0.data.begin(), s0.data.end(), out.S_final.data.begin() + static_cast<std::ptrdiff_t>(n * st));
+      continue;
+    }
+    const KdaOutput<S> r = run(slice_tokens(q, t0, t1), slice_tokens(k, t0, t1), slice_tokens(v, t0, t1),
+                               slice_tokens(g, t0, t1), slice_tokens(beta, t0, t1), &s0);
+    const std::size_t orow = s.HV * s.d_v;
+    std::copy(r.o.data.begin(), r.o.data.end(), out.o.data.begin() + static_cast<std::ptrdiff_t>(t0 * orow));
+    std::copy(r.S_final.data.begin(), r.S_final.data.end(),
+              out.S_final.data.begin() + static_cast<std::ptrdiff_t>(n * st));
+  }
+  return out;
+}
+
+/// Variable-length batched recurrence (see kda_varlen for layouts and errors).
+template <class S>
+KdaOutput<S> kda_recurrent_varlen(const Tensor<S>& q, const Tensor<S>& k, const Tensor<S>& v, const Tensor<S>& g,
+                                  const Tensor<S>& beta, const Tensor<S>* S0,
+                                  const std::vector<std::size_t>& cu_seqlens, const S& scale,
+                                  KdaVariant var = KdaVariant::kda) {
+  return kda_varlen<S>(q, k, v, g, beta, S0, cu_seqlens,
+                       [&](const Tensor<S>& a, const Tensor<S>& b, const Tensor<S>& c, const Tensor<S>& d,
+                           const Tensor<S>& e, const Tensor<S>* f) { return kda_recurrent<S>(a, b, c, d, e, f, scale, var); });
 }
 
 /// The seed-002 orientation of a state: S_seed = S^T (d_v x d_k). A stated transpose, never a
