@@ -69,6 +69,8 @@ struct KdaPrefillArgs {
   Strides sq, sk, sv, sg, so, sbeta;
   void* workspace = nullptr;     ///< device scratch of kda_prefill_workspace_bytes() bytes, 16-byte aligned
   std::size_t workspace_bytes = 0;
+  int state_variant = 3;         ///< state pass: 3 = P D on the tensor cores (hi/lo bf16), state update first; 2 = v2 (P D in fp32 FMAs)
+  int run_phases = 3;            ///< diagnostics: 1 = prepare kernel only, 2 = state pass only (on a prepared workspace), 3 = both
 };
 
 /// Bytes of device scratch the prefill needs for these shapes (checks the shapes too).

@@ -27,10 +27,12 @@ constexpr int C = 16;     // chunk
 constexpr int D = 128;    // d_k = d_v
 constexpr int DP = 132;   // padded shared row (floats), keeps float4 alignment
 constexpr int SLICE = 32; // value columns per state CTA
+constexpr int NST = 3;    // cp.async pipeline depth of the state pass (v2: 6 gave no gain and cost occupancy)
 
 // Workspace slot per (chunk, value head), bytes.
-constexpr int OFF_W = 0, OFF_QG = 4096, OFF_KD = 8192, OFF_U = 12288, OFF_P = 20480, OFF_GN = 21504;
-constexpr int SLOT_BYTES = 22016;
+constexpr int OFF_W = 0, OFF_QG = 4096, OFF_KD = 8192, OFF_U = 12288, OFF_P = 20480, OFF_GN = 21504,
+              OFF_PF = 22016;  // P as hi + lo bf16 A fragments (2 x 32 x 16 B)
+constexpr int SLOT_BYTES = 23040;
 
 struct Params {
   int B, T, H, HV, group, N, nchunk_fixed;
@@ -221,6 +223,15 @@ __global__ void __launch_bounds__(256) kda_prepare_kernel(Params p) {
     reinterpret_cast<uint4*>(slot + OFF_KD)[tid] = kd;
     reinterpret_cast<float*>(slot + OFF_P)[tid] = sP[tid / C][tid % C];
     if (tid < D) reinterpret_cast<float*>(slot + OFF_GN)[tid] = sGn[tid];
+    if (tid < 32) {  // P = hi + lo, both bf16, A-fragment order (m16 x k16)
+      const float pv[8] = {sP[gq][2 * tq],     sP[gq][2 * tq + 1],     sP[gq + 8][2 * tq],     sP[gq + 8][2 * tq + 1],
+                           sP[gq][2 * tq + 8], sP[gq][2 * tq + 9],     sP[gq + 8][2 * tq + 8], sP[gq + 8][2 * tq + 9]};
+      std::uint32_t hi[4], lo[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) split_bf16(pv[2 * i], pv[2 * i + 1], hi[i], lo[i]);
+      reinterpret_cast<uint4*>(slot + OFF_PF)[tid] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+      reinterpret_cast<uint4*>(slot + OFF_PF)[32 + tid] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+    }
   }
 }
 
@@ -230,8 +241,14 @@ struct Stage {
   float U[C][SLICE];
   float P[C][C];
   float gn[D];
+  uint4 Pf[64];  // P hi (32 lanes) then P lo (32 lanes)
 };
 
+// kMmaPD = true (v3, the default): after D, the state update is issued first, then P D on the
+// tensor cores as Phi Dhi + Phi Dlo + Plo Dhi (bf16 hi/lo splits, fp32 accumulate: ~2^-16 relative,
+// i.e. fp32-class as the plan asks), accumulated straight onto Qg S. kMmaPD = false (v2): P D by
+// fp32 FMAs from shared memory, o before the state update.
+template <bool kMmaPD>
 __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
   const int slice = blockIdx.x, hv = blockIdx.y, n = blockIdx.z;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gq = lane / 4, tq = lane % 4;
@@ -239,7 +256,8 @@ __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
   const int nch = (sq.len + C - 1) / C;
   const int vbase = slice * SLICE, v0 = vbase + warp * 16;  // this warp's 16 value columns
 
-  __shared__ __align__(16) Stage st[2];
+  extern __shared__ __align__(16) unsigned char dyn_smem[];
+  Stage* st = reinterpret_cast<Stage*>(dyn_smem);  // NST stages
   __shared__ float Dsh[2][C][C + 1];
 
   // S^T accumulators: Sacc[j][e] = S[8j + 2tq + (e&1)][v0 + gq + 8(e>>1)]
@@ -262,23 +280,24 @@ __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
     }
     for (int i = tid; i < 64; i += 64) cp_async16(&st[s].P[0][0] + 4 * i, slot + OFF_P + 16 * i);
     for (int i = tid; i < 32; i += 64) cp_async16(&st[s].gn[0] + 4 * i, slot + OFF_GN + 16 * i);
+    if (kMmaPD) cp_async16(&st[s].Pf[tid], slot + OFF_PF + 16 * tid);
   };
 
-  if (nch > 0) issue(0, 0);
-  cp_async_commit();
+  // prologue: chunks 0 .. NST-2 in flight (one commit group per chunk, empty groups past the end)
+#pragma unroll
+  for (int i = 0; i < NST - 1; ++i) {
+    if (i < nch) issue(i, i);
+    cp_async_commit();
+  }
   for (int c = 0; c < nch; ++c) {
-    const int s = c & 1;
-    if (c + 1 < nch) {
-      issue(c + 1, s ^ 1);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
-    const Stage& S = st[s];
+    cp_async_wait<NST - 2>();  // the group of chunk c has landed (for this thread)
+    __syncthreads();           // ... for every thread; and every warp is done with chunk c - 1
+    if (c + NST - 1 < nch) issue(c + NST - 1, (c + NST - 1) % NST);
+    cp_async_commit();
+    const Stage& S = st[c % NST];
     // ---- W S and Qg S (A from the stage, B from the S^T accumulators) ----
-    float ws[2][4] = {}, qs[2][4] = {};
+    // W S is on the chunk-to-chunk critical path: two independent accumulation chains (even/odd kt)
+    float ws[2][4] = {}, ws2[2][4] = {}, qs[2][4] = {};
 #pragma unroll
     for (int kt = 0; kt < 8; ++kt) {
       const uint4 wa = S.W[kt * 32 + lane], qa = S.Qg[kt * 32 + lane];
@@ -287,10 +306,14 @@ __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
       for (int nt = 0; nt < 2; ++nt) {
         const std::uint32_t b[2] = {pack_bf16(Sacc[2 * kt][2 * nt], Sacc[2 * kt][2 * nt + 1]),
                                     pack_bf16(Sacc[2 * kt + 1][2 * nt], Sacc[2 * kt + 1][2 * nt + 1])};
-        mma_bf16(ws[nt], aw, b);
+        mma_bf16((kt & 1) ? ws2[nt] : ws[nt], aw, b);
         mma_bf16(qs[nt], aq, b);
       }
     }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) ws[nt][e] += ws2[nt][e];
     // ---- D = U - W S (fp32) into the warp's shared tile ----
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
@@ -300,8 +323,49 @@ __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
         Dsh[warp][r][v] = S.U[r][warp * 16 + v] - ws[nt][e];
       }
     __syncwarp();
-    // ---- o = scale (Qg S + P D) ----
     const int t0 = c * C, nvalid = min(C, sq.len - t0);
+    if constexpr (kMmaPD) {
+      // D^T as an A fragment (hi and lo parts); the same registers are the B fragments of P D
+      std::uint32_t ad[4], adl[4];
+      split_bf16(Dsh[warp][2 * tq][gq], Dsh[warp][2 * tq + 1][gq], ad[0], adl[0]);
+      split_bf16(Dsh[warp][2 * tq][gq + 8], Dsh[warp][2 * tq + 1][gq + 8], ad[1], adl[1]);
+      split_bf16(Dsh[warp][2 * tq + 8][gq], Dsh[warp][2 * tq + 9][gq], ad[2], adl[2]);
+      split_bf16(Dsh[warp][2 * tq + 8][gq + 8], Dsh[warp][2 * tq + 9][gq + 8], ad[3], adl[3]);
+      // ---- S^T <- Diag(gam_n) S^T + D^T Kd (first: it is the chunk-to-chunk critical path) ----
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const float g0 = S.gn[8 * j + 2 * tq], g1 = S.gn[8 * j + 2 * tq + 1];
+        Sacc[j][0] *= g0;
+        Sacc[j][1] *= g1;
+        Sacc[j][2] *= g0;
+        Sacc[j][3] *= g1;
+        const uint4 kb = S.Kd[(j / 2) * 32 + lane];
+        const std::uint32_t b[2] = {(j & 1) ? kb.z : kb.x, (j & 1) ? kb.w : kb.y};
+        mma_bf16(Sacc[j], ad, b);
+      }
+      // ---- o = scale (Qg S + P D), P D = Phi Dhi + Phi Dlo + Plo Dhi ----
+      const uint4 ph = S.Pf[lane], pl = S.Pf[32 + lane];
+      const std::uint32_t aph[4] = {ph.x, ph.y, ph.z, ph.w}, apl[4] = {pl.x, pl.y, pl.z, pl.w};
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const std::uint32_t bh[2] = {ad[nt], ad[nt + 2]}, bl[2] = {adl[nt], adl[nt + 2]};
+        mma_bf16(qs[nt], aph, bh);
+        mma_bf16(qs[nt], aph, bl);
+        mma_bf16(qs[nt], apl, bh);
+      }
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int r = gq + 8 * hh, v = 8 * nt + 2 * tq;
+          if (r < nvalid) {
+            const long long t = sq.bos + t0 + r;
+            *reinterpret_cast<std::uint32_t*>(p.o + sq.bidx * p.so.b + t * p.so.t + hv * p.so.h + v0 + v) =
+                pack_bf16(p.scale * qs[nt][2 * hh], p.scale * qs[nt][2 * hh + 1]);
+          }
+        }
+    } else {
+    // ---- o = scale (Qg S + P D) ----
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
@@ -339,7 +403,8 @@ __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
       const std::uint32_t b[2] = {(j & 1) ? kb.z : kb.x, (j & 1) ? kb.w : kb.y};
       mma_bf16(Sacc[j], ad, b);
     }
-    __syncthreads();  // stage s and Dsh are reused
+    }
+    __syncwarp();  // Dsh is rewritten next chunk
   }
   if (p.S_final) {
 #pragma unroll
@@ -446,10 +511,22 @@ void kda_prefill(const KdaPrefillArgs& a, cudaStream_t stream) {
   if (ck.N > 65535 || a.HV > 65535)
     throw Error("kda_prefill: " + std::to_string(ck.N) + " sequences x " + std::to_string(a.HV) +
                 " value heads; accepted: each <= 65535 (grid limits)");
-  kda_prepare_kernel<<<dim3(ck.max_chunks, a.HV, ck.N), 256, 0, stream>>>(ck.p);
-  cuda_check(cudaGetLastError(), "kda_prepare_kernel launch");
-  kda_state_kernel<<<dim3(D / SLICE, a.HV, ck.N), 64, 0, stream>>>(ck.p);
-  cuda_check(cudaGetLastError(), "kda_state_kernel launch");
+  if (a.run_phases < 1 || a.run_phases > 3)
+    throw Error("kda_prefill: run_phases = " + std::to_string(a.run_phases) + "; accepted: 1, 2 or 3");
+  if (a.run_phases & 1) {
+    kda_prepare_kernel<<<dim3(ck.max_chunks, a.HV, ck.N), 256, 0, stream>>>(ck.p);
+    cuda_check(cudaGetLastError(), "kda_prepare_kernel launch");
+  }
+  if (a.run_phases & 2) {
+    constexpr int smem = NST * static_cast<int>(sizeof(Stage));
+    if (a.state_variant != 2 && a.state_variant != 3)
+      throw Error("kda_prefill: state_variant = " + std::to_string(a.state_variant) + "; accepted: 2 or 3");
+    auto kern = a.state_variant == 3 ? kda_state_kernel<true> : kda_state_kernel<false>;
+    cuda_check(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+               "cudaFuncSetAttribute(kda_state_kernel)");
+    kern<<<dim3(D / SLICE, a.HV, ck.N), 64, smem, stream>>>(ck.p);
+    cuda_check(cudaGetLastError(), "kda_state_kernel launch");
+  }
 }
 
 }  // namespace kdalab::kernels
