@@ -70,6 +70,10 @@ struct KdaPrefillArgs {
   void* workspace = nullptr;     ///< device scratch of kda_prefill_workspace_bytes() bytes, 16-byte aligned
   std::size_t workspace_bytes = 0;
   int state_variant = 3;         ///< state pass: 3 = P D on the tensor cores (hi/lo bf16), state update first; 2 = v2 (P D in fp32 FMAs)
+  /// v4 schedule: fixed-length batches with T >= 2048 run in <= 8 segments whose prepare kernel
+  /// overlaps the previous segment's state pass (a side stream + events, joined back to `stream`).
+  /// Numerically identical to the unsegmented schedule; false = one prepare then one state pass.
+  bool overlap_segments = true;
   int run_phases = 3;            ///< diagnostics: 1 = prepare kernel only, 2 = state pass only (on a prepared workspace), 3 = both
 };
 

@@ -15,6 +15,7 @@
 //     by cp.async (two stages) while the current one is computed.
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "kernels/kda_common.cuh"
 
@@ -495,14 +496,46 @@ void cuda_check(cudaError_t e, const char* what) {
     throw Error(std::string("CUDA error in ") + what + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
 }
 
+namespace {
+/// Segments of the overlapped schedule (v4): fixed-length batches with T >= 2048 are cut into K <= 8
+/// segments of a multiple of 16 tokens; the prepare kernel of segment k + 1 (caller's stream) runs
+/// while the state pass of segment k runs (a side stream of higher priority); the state crosses
+/// segments through an fp32 buffer, which is exact (the same fp32 values the registers held).
+struct Segments {
+  int K = 1, seg = 0;
+};
+Segments segments_of(const KdaPrefillArgs& a) {
+  Segments sg;
+  sg.seg = a.T;
+  if (a.cu_seqlens || !a.overlap_segments || a.T < 2048) return sg;
+  const int K0 = std::min(8, a.T / 1024);
+  sg.seg = ((a.T + K0 - 1) / K0 + C - 1) / C * C;
+  sg.K = (a.T + sg.seg - 1) / sg.seg;
+  return sg;
+}
+std::size_t state_buffer_bytes(const KdaPrefillArgs& a, const Segments& sg) {
+  return sg.K > 1 ? static_cast<std::size_t>(a.B) * a.HV * D * D * 4 : 0;
+}
+template <bool V3>
+void launch_state(const Params& p, int HV, int N, cudaStream_t stream) {
+  constexpr int smem = NST * static_cast<int>(sizeof(Stage));
+  cuda_check(cudaFuncSetAttribute(kda_state_kernel<V3>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+             "cudaFuncSetAttribute(kda_state_kernel)");
+  kda_state_kernel<V3><<<dim3(D / SLICE, HV, N), 64, smem, stream>>>(p);
+  cuda_check(cudaGetLastError(), "kda_state_kernel launch");
+}
+}  // namespace
+
 std::size_t kda_prefill_workspace_bytes(const KdaPrefillArgs& a) {
   const Checked ck = check_prefill(a);
-  return static_cast<std::size_t>(ck.slots) * a.HV * SLOT_BYTES;
+  return static_cast<std::size_t>(ck.slots) * a.HV * SLOT_BYTES + state_buffer_bytes(a, segments_of(a));
 }
 
 void kda_prefill(const KdaPrefillArgs& a, cudaStream_t stream) {
   Checked ck = check_prefill(a);
-  const std::size_t need = static_cast<std::size_t>(ck.slots) * a.HV * SLOT_BYTES;
+  const Segments sg = segments_of(a);
+  const std::size_t slot_bytes = static_cast<std::size_t>(ck.slots) * a.HV * SLOT_BYTES;
+  const std::size_t need = slot_bytes + state_buffer_bytes(a, sg);
   if (!a.workspace || a.workspace_bytes < need)
     throw Error("kda_prefill: workspace of " + std::to_string(a.workspace_bytes) + " bytes at " +
                 (a.workspace ? "a valid pointer" : "null") + "; accepted: a 16-byte aligned device buffer of >= " +
@@ -513,20 +546,56 @@ void kda_prefill(const KdaPrefillArgs& a, cudaStream_t stream) {
                 " value heads; accepted: each <= 65535 (grid limits)");
   if (a.run_phases < 1 || a.run_phases > 3)
     throw Error("kda_prefill: run_phases = " + std::to_string(a.run_phases) + "; accepted: 1, 2 or 3");
-  if (a.run_phases & 1) {
-    kda_prepare_kernel<<<dim3(ck.max_chunks, a.HV, ck.N), 256, 0, stream>>>(ck.p);
+  if (a.state_variant != 2 && a.state_variant != 3)
+    throw Error("kda_prefill: state_variant = " + std::to_string(a.state_variant) + "; accepted: 2 or 3");
+  auto state = [&](const Params& p, cudaStream_t s) {
+    if (a.state_variant == 3) launch_state<true>(p, a.HV, ck.N, s);
+    else launch_state<false>(p, a.HV, ck.N, s);
+  };
+  if (sg.K == 1 || a.run_phases != 3) {
+    if (a.run_phases & 1) {
+      kda_prepare_kernel<<<dim3(ck.max_chunks, a.HV, ck.N), 256, 0, stream>>>(ck.p);
+      cuda_check(cudaGetLastError(), "kda_prepare_kernel launch");
+    }
+    if (a.run_phases & 2) state(ck.p, stream);
+    return;
+  }
+  // overlapped schedule (see segments_of)
+  int prio_least = 0, prio_greatest = 0;
+  cuda_check(cudaDeviceGetStreamPriorityRange(&prio_least, &prio_greatest), "cudaDeviceGetStreamPriorityRange");
+  cudaStream_t side;
+  cuda_check(cudaStreamCreateWithPriority(&side, cudaStreamNonBlocking, prio_greatest), "cudaStreamCreateWithPriority");
+  std::vector<cudaEvent_t> ev(sg.K + 2);
+  for (auto& e : ev) cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+  cuda_check(cudaEventRecord(ev[sg.K], stream), "cudaEventRecord");
+  cuda_check(cudaStreamWaitEvent(side, ev[sg.K], 0), "cudaStreamWaitEvent");
+  float* sbuf = reinterpret_cast<float*>(static_cast<unsigned char*>(a.workspace) + slot_bytes);
+  const int seg_chunks = sg.seg / C;
+  for (int k = 0; k < sg.K; ++k) {
+    const long long t0 = static_cast<long long>(k) * sg.seg;
+    const int Tk = static_cast<int>(std::min<long long>(sg.seg, a.T - t0));
+    Params p = ck.p;
+    p.T = Tk;
+    p.nchunk_fixed = (Tk + C - 1) / C;
+    p.q += t0 * p.sq.t;
+    p.k += t0 * p.sk.t;
+    p.v += t0 * p.sv.t;
+    p.g += t0 * p.sg.t;
+    p.beta += t0 * p.sbeta.t;
+    p.o += t0 * p.so.t;
+    p.ws = ck.p.ws + static_cast<std::size_t>(k) * a.B * seg_chunks * a.HV * SLOT_BYTES;
+    p.S0 = k == 0 ? a.S0 : sbuf;
+    p.S_final = k == sg.K - 1 ? a.S_final : sbuf;
+    kda_prepare_kernel<<<dim3(p.nchunk_fixed, a.HV, ck.N), 256, 0, stream>>>(p);
     cuda_check(cudaGetLastError(), "kda_prepare_kernel launch");
+    cuda_check(cudaEventRecord(ev[k], stream), "cudaEventRecord");
+    cuda_check(cudaStreamWaitEvent(side, ev[k], 0), "cudaStreamWaitEvent");
+    state(p, side);
   }
-  if (a.run_phases & 2) {
-    constexpr int smem = NST * static_cast<int>(sizeof(Stage));
-    if (a.state_variant != 2 && a.state_variant != 3)
-      throw Error("kda_prefill: state_variant = " + std::to_string(a.state_variant) + "; accepted: 2 or 3");
-    auto kern = a.state_variant == 3 ? kda_state_kernel<true> : kda_state_kernel<false>;
-    cuda_check(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-               "cudaFuncSetAttribute(kda_state_kernel)");
-    kern<<<dim3(D / SLICE, a.HV, ck.N), 64, smem, stream>>>(ck.p);
-    cuda_check(cudaGetLastError(), "kda_state_kernel launch");
-  }
+  cuda_check(cudaEventRecord(ev[sg.K + 1], side), "cudaEventRecord");
+  cuda_check(cudaStreamWaitEvent(stream, ev[sg.K + 1], 0), "cudaStreamWaitEvent");
+  for (auto& e : ev) cuda_check(cudaEventDestroy(e), "cudaEventDestroy");
+  cuda_check(cudaStreamDestroy(side), "cudaStreamDestroy");
 }
 
 }  // namespace kdalab::kernels
