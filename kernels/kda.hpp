@@ -81,7 +81,9 @@ struct KdaPrefillArgs {
 std::size_t kda_prefill_workspace_bytes(const KdaPrefillArgs& a);
 
 /// Chunked prefill: o and (optionally) S_final from q, k, v, g, beta (and S0). Asynchronous on
-/// `stream`. Errors: kdalab::Error (see file comment), before anything is launched.
+/// `stream` (with overlap_segments it forks to a side stream and joins back with events; turn it
+/// off for CUDA-graph capture). T need not be a multiple of 16. Errors: kdalab::Error (see file
+/// comment), before anything is launched.
 void kda_prefill(const KdaPrefillArgs& a, cudaStream_t stream);
 
 /// Arguments of the decode step: one token per sequence, B sequences, state updated in place.

@@ -11,8 +11,12 @@
 //     head, sequence), so H = 32 heads give 128 CTAs. Each warp keeps S^T for 16 value columns x
 //     128 key rows in mma accumulator registers (fp32); its C-fragment layout is exactly the
 //     B-fragment layout W S and Qg S need, so no shuffles. Per chunk: D = U - W S, o = scale (Qg S
-//     + P D) (P D in fp32 FMAs), S^T <- Diag(gam_n) S^T + D^T Kd. The next chunk's slot streams in
-//     by cp.async (two stages) while the current one is computed.
+//     + P D), S^T <- Diag(gam_n) S^T + D^T Kd. The next chunks' slots stream in by cp.async (NST
+//     stages) while the current one is computed. v3 (state_variant 3, default): the state update
+//     is issued first and P D runs on the tensor cores with hi/lo bf16 splits; v2: P D in fp32 FMAs.
+//  v4 schedule (overlap_segments): long fixed-length batches run in segments so that the prepare
+//     of segment k+1 overlaps the state pass of segment k (see segments_of()).
+// Versions, predictions and H200 timings: bench/NOTES.md.
 #include <algorithm>
 #include <string>
 #include <vector>
