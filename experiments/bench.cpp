@@ -1,6 +1,6 @@
 // `kdalab bench`: timings of the KDA CUDA kernels (kernels/kda.hpp).
 //
-//   kdalab bench --op kda-prefill|kda-decode|all [--shapes "B:T:H[:HV],..."] [--iters N]
+//   kdalab bench --op kda-prefill|kda-decode|mla-decode|all [--shapes "B:T:H[:HV],..."] [--iters N]
 //                [--peer-json FILE] [--compare BASELINE.h5] --out results/bench.h5
 //
 // Per shape: median (and min) of --iters CUDA-event timings after --warmup launches, the bytes a
@@ -13,6 +13,9 @@
 //   script in the same machine session (fla); adds peer_ms and speedup = peer_ms / time_ms.
 // --compare: prints time / baseline time per row found in BASELINE.h5 (same group, same key) and
 //   flags rows more than 10% slower; exit code 1 when any row is flagged (the regression check).
+// mla-decode (kernels/mla.hpp): shapes B:N:H with N the cached tokens per sequence (d_c = 512, bf16
+//   latent cache, q~ as bf16 hi + lo); bytes = the latent reads B N d_c 2 only (TB/s of latent reads),
+//   flops = 4 B H N d_c (scores and P C, one pass; the hi/lo passes are not counted).
 // Without CUDA (CPU build) or without a visible GPU: says so on stdout, writes nothing, exit 0.
 #include <fmt/format.h>
 
@@ -30,6 +33,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/kda.hpp"
+#include "kernels/mla.hpp"
 #include "kernels/random_fill.hpp"
 #endif
 
@@ -50,6 +54,7 @@ std::vector<Shape> parse_shapes(const std::string& text, const std::string& op) 
   std::vector<Shape> r;
   if (text.empty()) {
     if (op == "kda-prefill") return {{1, 8192, 64, 64}, {1, 8192, 96, 96}, {1, 65536, 32, 32}, {4, 4096, 16, 32}};
+    if (op == "mla-decode") return {{1, 65536, 32, 32}, {1, 1048576, 32, 32}, {64, 32768, 32, 32}, {256, 4096, 32, 32}};
     return {{256, 1, 32, 32}, {1, 1, 32, 32}, {64, 1, 32, 64}};
   }
   std::stringstream ss(text);
@@ -212,6 +217,30 @@ Measured bench_decode(const Shape& s, int warmup, int iters, std::uint64_t seed)
   cudaStreamDestroy(st);
   return {ms / steps, mn / steps, bytes, flops};
 }
+
+/// Absorbed MLA decode: B sequences of T cached tokens (the shape's T is the context N), H heads.
+Measured bench_mla_decode(const Shape& s, int warmup, int iters, std::uint64_t seed) {
+  const long long DC = 512;
+  const std::size_t nc = static_cast<std::size_t>(s.B) * s.T * DC, nq = static_cast<std::size_t>(s.B) * s.H * DC;
+  Dev c(nc * 2), q_hi(nq * 2), q_lo(nq * 2), out(nq * 4);
+  kernels::fill_normal_bf16(c.as<bf16_t>(), nc, seed + 1, 1.0f, nullptr);
+  kernels::fill_normal_bf16(q_hi.as<bf16_t>(), nq, seed + 2, 1.2f, nullptr);
+  kernels::fill_normal_bf16(q_lo.as<bf16_t>(), nq, seed + 3, 1.2f / 512.0f, nullptr);
+  kernels::MlaDecodeArgs a;
+  a.B = static_cast<int>(s.B); a.H = static_cast<int>(s.H);
+  a.capacity = static_cast<int>(s.T); a.max_len = static_cast<int>(s.T);
+  a.c = c.as<bf16_t>(); a.q_hi = q_hi.as<bf16_t>(); a.q_lo = q_lo.as<bf16_t>();
+  a.scale = 1.0f / std::sqrt(192.0f);
+  a.out = out.as<float>();
+  const std::size_t wsb = kernels::mla_decode_workspace_bytes(a);
+  Dev ws(wsb);
+  a.workspace = ws.p; a.workspace_bytes = wsb;
+  const auto pl = kernels::mla_decode_plan(a);
+  auto [ms, mn] = time_ms([&] { kernels::mla_decode(a, nullptr); }, warmup, iters);
+  fmt::print("  (B={} N={} H={}: {} splits of {} tokens, workspace {:.1f} MB)\n", s.B, s.T, s.H, pl.num_splits,
+             pl.split_len, wsb / 1e6);
+  return {ms, mn, 2.0 * nc, 4.0 * s.B * s.H * s.T * DC};
+}
 #endif
 
 }  // namespace
@@ -219,13 +248,13 @@ Measured bench_decode(const Shape& s, int warmup, int iters, std::uint64_t seed)
 void register_bench(Registry& reg) {
   auto o = std::make_shared<BenchOptions>();
   auto& c = reg.add("bench",
-                    "Benchmarks of the KDA CUDA kernels: median time by CUDA events, TB/s, TFLOP/s, % of the copy "
+                    "Benchmarks of the KDA and MLA CUDA kernels: median time by CUDA events, TB/s, TFLOP/s, % of the copy "
                     "(measured) and bf16 matmul (715 TFLOP/s) ceilings, peer time and ratio from --peer-json; "
                     "--compare BASELINE.h5 flags rows more than 10% slower (exit 1). No GPU: says so, writes "
                     "nothing, exit 0.",
                     "results/bench.h5");
   auto* a = c.app;
-  a->add_option("--op", o->op, "kda-prefill, kda-decode or all")->capture_default_str();
+  a->add_option("--op", o->op, "kda-prefill, kda-decode, mla-decode or all")->capture_default_str();
   a->add_option("--shapes", o->shapes,
                 "comma-separated B:T:H[:HV] (decode: T = 1); default: the ANCHORS.md shapes")->capture_default_str();
   a->add_option("--iters", o->iters, "timed launches per shape (median reported)")->capture_default_str();
@@ -233,12 +262,12 @@ void register_bench(Registry& reg) {
   a->add_option("--peer-json", o->peer_json, "peer times (ms) keyed '<op> B=.. T=.. H=.. HV=..' from the same machine session");
   a->add_option("--compare", o->compare, "baseline results file to compare against (prints ratios, flags > 10% slower)");
   c.run = [o](Context& ctx) -> int {
-    require(o->op == "kda-prefill" || o->op == "kda-decode" || o->op == "all",
-            "--op = '" + o->op + "'; accepted: kda-prefill, kda-decode, all");
+    require(o->op == "kda-prefill" || o->op == "kda-decode" || o->op == "mla-decode" || o->op == "all",
+            "--op = '" + o->op + "'; accepted: kda-prefill, kda-decode, mla-decode, all");
     require(o->iters >= 1 && o->warmup >= 0, "--iters must be >= 1 and --warmup >= 0");
-    std::vector<std::string> ops = o->op == "all" ? std::vector<std::string>{"kda-prefill", "kda-decode"}
+    std::vector<std::string> ops = o->op == "all" ? std::vector<std::string>{"kda-prefill", "kda-decode", "mla-decode"}
                                                   : std::vector<std::string>{o->op};
-    require(o->op != "all" || o->shapes.empty(), "--shapes needs a single --op (kda-prefill or kda-decode)");
+    require(o->op != "all" || o->shapes.empty(), "--shapes needs a single --op (kda-prefill, kda-decode or mla-decode)");
     std::vector<std::vector<Shape>> shapes;
     for (const auto& op : ops) shapes.push_back(parse_shapes(o->shapes, op));
     nlohmann::json peer = nlohmann::json::object();
@@ -276,7 +305,8 @@ void register_bench(Registry& reg) {
     bool flagged = false;
     for (std::size_t oi = 0; oi < ops.size(); ++oi) {
       const std::string& op = ops[oi];
-      const std::string grp = "bench/" + std::string(op == "kda-prefill" ? "kda_prefill" : "kda_decode");
+      const std::string grp =
+          "bench/" + std::string(op == "kda-prefill" ? "kda_prefill" : op == "mla-decode" ? "mla_decode" : "kda_decode");
       std::vector<std::string> bkeys;
       std::vector<double> bms;
       if (!o->compare.empty() && h5read::exists(o->compare, grp + "/key")) {
@@ -285,7 +315,7 @@ void register_bench(Registry& reg) {
       }
       Table t;
       t.col("key", 's', "1", "op and shape").col("B", 'i', "1", "batch (sequences)").col("T", 'i', "1", "tokens per sequence")
-          .col("H", 'i', "1", "key heads").col("HV", 'i', "1", "value heads").col("D", 'i', "1", "d_k = d_v")
+          .col("H", 'i', "1", "key heads").col("HV", 'i', "1", "value heads").col("D", 'i', "1", "d_k = d_v (KDA); d_c (MLA)")
           .col("time_ms", 'd', "ms", "median kernel time (CUDA events; decode B <= 8: per step of a 100-step graph)")
           .col("time_min_ms", 'd', "ms", "fastest of the timed launches")
           .col("prepare_ms", 'd', "ms", "prefill: the token-parallel prepare kernel alone (median); decode: 0")
@@ -303,8 +333,9 @@ void register_bench(Registry& reg) {
                  "TB/s", "TFLOP/s", "%copy", "%mm", "peer ms", "speedup", "vs base");
       for (const Shape& s : shapes[oi]) {
         const std::string key = key_of(op, s);
-        const Measured m = op == "kda-prefill" ? bench_prefill(s, o->warmup, o->iters, ctx.common.seed)
-                                               : bench_decode(s, o->warmup, o->iters, ctx.common.seed);
+        const Measured m = op == "kda-prefill"  ? bench_prefill(s, o->warmup, o->iters, ctx.common.seed)
+                           : op == "mla-decode" ? bench_mla_decode(s, o->warmup, o->iters, ctx.common.seed)
+                                                : bench_decode(s, o->warmup, o->iters, ctx.common.seed);
         const double tbs = m.bytes / (m.ms * 1e-3) / 1e12, tfl = m.flops / (m.ms * 1e-3) / 1e12;
         const double nan = std::numeric_limits<double>::quiet_NaN();
         double pm = nan;
@@ -316,7 +347,7 @@ void register_bench(Registry& reg) {
         const bool slow = std::isfinite(ratio) && ratio > 1.10;
         flagged = flagged || slow;
         t.row({key, static_cast<std::int64_t>(s.B), static_cast<std::int64_t>(s.T), static_cast<std::int64_t>(s.H),
-               static_cast<std::int64_t>(s.HV), std::int64_t{128}, m.ms, m.ms_min, m.prepare_ms, m.state_ms, m.bytes, m.flops, tbs, tfl,
+               static_cast<std::int64_t>(s.HV), std::int64_t{op == "mla-decode" ? 512 : 128}, m.ms, m.ms_min, m.prepare_ms, m.state_ms, m.bytes, m.flops, tbs, tfl,
                100.0 * tbs / copy_tbs, 100.0 * tfl / mm_tflops, pm, pm / m.ms, bm, ratio});
         fmt::print("{:<40}{:>10.4f}{:>9.4f}{:>9.4f}{:>9.2f}{:>10.1f}{:>8.1f}{:>8.2f}{:>10.4f}{:>9.2f}{:>10}{}\n", key, m.ms,
                    m.prepare_ms, m.state_ms, tbs, tfl,

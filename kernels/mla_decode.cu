@@ -300,6 +300,18 @@ __global__ void __launch_bounds__(128) mla_combine_kernel(SParams p) {
 
 const char* const OP = "mla_decode";
 
+void check_pointer(const void* ptr, std::size_t align, const char* name, bool required = true) {
+  if (!ptr) {
+    if (required) throw Error(std::string(OP) + ": pointer '" + name + "' is null; a device pointer is required");
+    return;
+  }
+  const auto off = reinterpret_cast<std::uintptr_t>(ptr) % align;
+  if (off != 0)
+    throw Error(std::string(OP) + ": pointer '" + name + "' is not " + std::to_string(align) + "-byte aligned (address % " +
+                std::to_string(align) + " = " + std::to_string(off) + "); accepted: " + std::to_string(align) +
+                "-byte aligned device pointers");
+}
+
 void check_shapes(const MlaDecodeArgs& a) {
   auto fail = [](const std::string& m) { throw Error(std::string(OP) + ": " + m); };
   if (a.d_c != DC) fail("d_c = " + std::to_string(a.d_c) + " is not supported; accepted: d_c = 512");
@@ -353,12 +365,12 @@ std::size_t mla_decode_workspace_bytes(const MlaDecodeArgs& a) {
 
 void mla_decode(const MlaDecodeArgs& a, cudaStream_t stream) {
   const MlaDecodePlan pl = mla_decode_plan(a);
-  check_ptr(a.c, 16, "c");
-  check_ptr(a.q_hi, 4, "q_hi");
-  check_ptr(a.q_lo, 4, "q_lo");
-  check_ptr(a.out, 16, "out");
-  check_ptr(a.lens, 4, "lens", false);
-  check_ptr(a.workspace, 16, "workspace");
+  check_pointer(a.c, 16, "c");
+  check_pointer(a.q_hi, 4, "q_hi");
+  check_pointer(a.q_lo, 4, "q_lo");
+  check_pointer(a.out, 16, "out");
+  check_pointer(a.lens, 4, "lens", false);
+  check_pointer(a.workspace, 16, "workspace");
   if (!std::isfinite(a.scale) || !(a.scale > 0.0f))
     throw Error(std::string(OP) + ": scale = " + std::to_string(a.scale) + "; accepted: a finite scale > 0");
   const long long sc_t = a.sc_t ? a.sc_t : DC;
