@@ -2,7 +2,13 @@
 
 #include <fmt/format.h>
 
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include "experiments/build_info.hpp"
@@ -23,8 +29,18 @@ Command& Registry::add(const std::string& name, const std::string& description, 
                 "key is an error");
   a->add_option("--out", c.common->out, "HDF5 results file to write (atomically: a temporary file renamed on success)")
       ->capture_default_str();
-  a->add_option("--seed", c.common->seed, "seed of the portable input generator (recorded in the results file)")
-      ->capture_default_str();
+  a->add_option("--seed", c.common->seed,
+                "seed of the portable input generator, an integer in [0, 2^64 - 1] (recorded in the results file)")
+      ->capture_default_str()
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            const bool digits = !v.empty() && v.find_first_not_of("0123456789") == std::string::npos;
+            errno = 0;
+            if (digits) (void)std::strtoull(v.c_str(), nullptr, 10);
+            if (!digits || errno == ERANGE) return "--seed: '" + v + "' is not an integer in [0, 2^64 - 1]";
+            return std::string();
+          },
+          "UINT64"));
   a->add_flag("--quick", c.common->quick, "run a small version (seconds to a minute on a laptop CPU)");
   a->add_flag("--force", c.common->force, "overwrite --out if it exists (otherwise an existing file is never touched)");
   a->add_flag("--quiet", c.common->quiet, "no progress lines on stderr");
@@ -82,7 +98,8 @@ std::vector<std::string> config_tokens(CLI::App* sub, const std::string& path) {
   require(static_cast<bool>(in), "--config '" + path + "': file not found or not readable");
   nlohmann::json j;
   try {
-    in >> j;
+    // parse() of the whole file: trailing text after the object is an error, not ignored.
+    j = nlohmann::json::parse(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   } catch (const std::exception& e) {
     throw Error("--config '" + path + "': not valid JSON (" + std::string(e.what()) + ")");
   }
@@ -100,7 +117,14 @@ std::vector<std::string> config_tokens(CLI::App* sub, const std::string& path) {
     if (o->count() > 0) continue;  // the command line wins
     const auto& v = it.value();
     auto scalar = [&](const nlohmann::json& x) -> std::string {
-      if (x.is_string()) return x.get<std::string>();
+      if (x.is_string()) {
+        const std::string sv = x.get<std::string>();
+        // A value must never be read as an option ("--force" inside a list would switch it on).
+        require(sv.empty() || sv[0] != '-' || (sv.size() > 1 && (std::isdigit(static_cast<unsigned char>(sv[1])) || sv[1] == '.')),
+                "--config '" + path + "': key '" + key + "' has the value '" + sv +
+                    "', which looks like an option; values may not start with '-' unless they are numbers");
+        return sv;
+      }
       if (x.is_boolean()) return x.get<bool>() ? "true" : "false";
       if (x.is_number()) return x.dump();
       throw Error("--config '" + path + "': key '" + key + "' has a value of unsupported type (" + x.dump() + ")");
@@ -111,6 +135,8 @@ std::vector<std::string> config_tokens(CLI::App* sub, const std::string& path) {
       continue;
     }
     toks.push_back("--" + key);
+    require(!v.is_array() || o->get_expected_max() > 1,
+            "--config '" + path + "': key '" + key + "' takes one value, got a list " + v.dump());
     if (v.is_array()) {
       require(!v.empty(), "--config '" + path + "': key '" + key + "' is an empty list");
       for (const auto& x : v) toks.push_back(scalar(x));
@@ -119,6 +145,28 @@ std::vector<std::string> config_tokens(CLI::App* sub, const std::string& path) {
     }
   }
   return toks;
+}
+
+/// Rejects NaN/Inf (and out-of-range numbers like 1e400) in every option value: no experiment
+/// accepts them, and letting one through can crash or write NaN silently.
+void require_finite_options(CLI::App* sub) {
+  for (CLI::Option* o : sub->get_options()) {
+    const std::string n = long_name(o);
+    if (n.empty() || n == "out" || n == "config" || n == "in" || n == "dir" || n == "compare") continue;
+    for (const std::string& v : o->results()) {
+      std::string t = v;
+      for (auto& ch : t) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+      const auto p = t.find_first_not_of("+-");
+      const std::string core = p == std::string::npos ? t : t.substr(p);
+      if (core.rfind("inf", 0) == 0 || core.rfind("nan", 0) == 0)
+        throw Error("--" + n + ": value '" + v + "' is not a finite number; give a finite value");
+      errno = 0;
+      char* end = nullptr;
+      const double x = std::strtod(v.c_str(), &end);
+      if (end && *end == '\0' && end != v.c_str() && (errno == ERANGE && std::fabs(x) > 1.0))
+        throw Error("--" + n + ": value '" + v + "' is out of the range of a double; give a finite value");
+    }
+  }
 }
 
 nlohmann::json effective_config(CLI::App* sub) {
@@ -172,6 +220,18 @@ int run(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) cmdline += std::string(" ") + argv[i];
 
   Command* cmd = nullptr;
+  if (argc >= 2 && argv[1][0] != '-') {
+    std::string known;
+    bool found = false;
+    for (auto& c : reg.commands()) {
+      known += (known.empty() ? "" : ", ") + c.app->get_name();
+      found = found || c.app->get_name() == argv[1];
+    }
+    if (!found) {
+      print_error("", std::string("unknown subcommand '") + argv[1] + "'; accepted: " + known + " (see 'kdalab --help')");
+      return 2;
+    }
+  }
   try {
     auto a1 = args;
     app.parse(a1);
@@ -209,13 +269,21 @@ int run(int argc, char** argv) {
   ctx.name = cmd->app->get_name();
   ctx.common = *cmd->common;
   ctx.command_line = cmdline;
-  ctx.config = effective_config(cmd->app);
   ctx.app = cmd->app;
   try {
+    require_finite_options(cmd->app);
+    ctx.config = effective_config(cmd->app);
     if (cmd->writes_output) check_output_path(ctx.common.out, ctx.common.force);
     return cmd->run(ctx);
   } catch (const Error& e) {
     print_error(ctx.name, e.what());
+    return 2;
+  } catch (const std::bad_alloc&) {
+    print_error(ctx.name, "not enough memory for the requested problem size; reduce the sizes given (T, B, N, "
+                          "trials, ...); nothing was written");
+    return 2;
+  } catch (const std::filesystem::filesystem_error& e) {
+    print_error(ctx.name, std::string("file system: ") + e.what() + "; nothing was written");
     return 2;
   } catch (const std::exception& e) {
     print_error(ctx.name, std::string("unexpected failure: ") + e.what());

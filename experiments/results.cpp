@@ -100,6 +100,8 @@ void check_output_path(const std::string& path, bool force) {
     require(!fs::is_directory(p), "--out '" + path + "' is a directory; give a file name ending in .h5");
     require(force, "--out '" + path + "' already exists; pass --force to overwrite it (the old file is kept otherwise)");
   }
+  require(p.filename().string().size() + 24 <= 255,
+          "--out '" + path + "': the file name is too long (the temporary '<name>.tmp.<pid>' must fit in 255 bytes)");
   const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
   require(fs::is_directory(dir), "--out '" + path + "': folder '" + dir.string() + "' does not exist; create it first");
   require(::access(dir.c_str(), W_OK) == 0, "--out '" + path + "': folder '" + dir.string() + "' is not writable");

@@ -4,9 +4,10 @@
 /// rel_rms = ||out - ref||_2 / ||ref||_2 (the metric of record), max_abs = max |out - ref|,
 /// max_ulp_bf16 = largest distance in bf16 units in the last place between out and ref rounded
 /// to bf16, and NaN / Inf counts of out. Inputs are flat sequences of equal length; ref must be
-/// finite. Errors: kdalab::Error on length mismatch or a non-finite truth.
+/// finite. With any NaN/Inf in out, rel_rms and max_abs are +Inf and max_ulp_bf16 is INT64_MAX. Errors: kdalab::Error on length mismatch or a non-finite truth.
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -41,8 +42,9 @@ inline ErrorMetrics compare(const std::vector<double>& out, const std::vector<do
     m.max_ulp_bf16 = std::max(m.max_ulp_bf16, bf16_ulp_distance(out[i], ref[i]));
   }
   m.rel_rms = den > 0 ? static_cast<double>(std::sqrt(num / den)) : static_cast<double>(std::sqrt(num));
-  if (m.nan_count || m.inf_count) {
+  if (m.nan_count || m.inf_count) {  // never report a clean ULP count for a broken output
     m.rel_rms = m.max_abs = INFINITY;
+    m.max_ulp_bf16 = std::numeric_limits<std::int64_t>::max();
   }
   return m;
 }

@@ -99,3 +99,45 @@ TEST_CASE("kdalab info reports the build and never needs a GPU") {
   CHECK(r.code == 0);
   for (const char* key : {"git", "compiler", "build type", "CUDA kernels", "GPU"}) CHECK(r.output.find(key) != std::string::npos);
 }
+
+// Finds of the adversarial review, each turned into a test.
+TEST_CASE("config values cannot inject options; strict JSON; one value where one is expected") {
+  TempDir d;
+  REQUIRE(run_kdalab("decode-cost --quiet --n 1000 --out " + d.file("v.h5")).code == 0);
+  d.write("inject.json", R"({"n": [1000, "--force"], "quiet": true})");
+  auto r = run_kdalab("decode-cost --config " + d.file("inject.json") + " --out " + d.file("v.h5"));
+  CHECK(r.code == 2);
+  CHECK(r.output.find("looks like an option") != std::string::npos);
+  CHECK(h5read::array(d.file("v.h5"), "decode_cost/analytic/n").data[0] == 1000);  // untouched
+  d.write("trailing.json", R"({"quiet": true} {"n": [0]} xx)");
+  r = run_kdalab("decode-cost --config " + d.file("trailing.json") + " --out " + d.file("t.h5"));
+  CHECK(r.code == 2);
+  CHECK(r.output.find("not valid JSON") != std::string::npos);
+  d.write("list.json", R"({"memory-gb": [1, 2]})");
+  r = run_kdalab("decode-cost --quiet --config " + d.file("list.json") + " --out " + d.file("l.h5"));
+  CHECK(r.code == 2);
+  CHECK(r.output.find("memory-gb") != std::string::npos);
+  d.write("neg.json", R"({"n": [-5]})");  // negative numbers are values, not options
+  r = run_kdalab("decode-cost --quiet --config " + d.file("neg.json") + " --out " + d.file("n.h5"));
+  CHECK(r.code == 2);
+  CHECK(r.output.find("--n") != std::string::npos);
+  CHECK(!std::filesystem::exists(d.file("t.h5")));
+  CHECK(!std::filesystem::exists(d.file("l.h5")));
+}
+
+TEST_CASE("non-finite option values, bad seeds, unknown subcommands and over-long names exit 2") {
+  TempDir d;
+  for (const char* bad : {"--d inf", "--n nan", "--memory-gb -inf", "--memory-gb 1e400", "--seed -1",
+                          "--seed 99999999999999999999999", "--seed 1.5"}) {
+    const auto r = run_kdalab(std::string("decode-cost --quiet ") + bad + " --out " + d.file("x.h5"));
+    INFO(bad << ": " << r.output);
+    CHECK(r.code == 2);
+  }
+  const auto sub = run_kdalab("frobnicate --quick");
+  CHECK(sub.code == 2);
+  CHECK(sub.output.find("unknown subcommand 'frobnicate'") != std::string::npos);
+  const auto longname = run_kdalab("decode-cost --quiet --out " + d.file(std::string(240, 'x') + ".h5"));
+  CHECK(longname.code == 2);
+  CHECK(longname.output.find("too long") != std::string::npos);
+  CHECK(d.count() == 0);
+}
