@@ -71,4 +71,15 @@ inline constexpr Tolerance check_metric_agreement{1e-6,
     "relative RMS of a bf16-rounded candidate (~1.7e-3) computed from two float64 truths that differ "
     "by ~1e-15: the metrics agree to ~1e-12 relative; 1e-6 is loose yet catches a wrong formula."};
 
+/// Recall experiment (ISSUE 8), linear attention with random unit keys: measured relative read
+/// error / sqrt((N - 1) / d_k) must lie in [1 / f, f].
+inline constexpr Tolerance recall_linear_sqrt_factor{1.5,
+    "crosstalk of N - 1 random unit keys has variance (N - 1) / d_k per read (EQUATIONS.md section 9); with "
+    ">= 8 reads per point the sample RMS stays within ~25% of it at d_k >= 16, and a factor 1.5 still fails on "
+    "an erase step (error -> 0) or a missing normalisation (error x sqrt(d_k))."};
+/// Softmax memory with inverse temperature 100 on distinct unit keys: the read equals the stored value.
+inline constexpr Tolerance recall_softmax_exact{1e-6,
+    "the weight of any other key is exp(-100 (1 - cos)), <= e^-20 for cos <= 0.8 (random keys at d_k >= 16): "
+    "the read error is far below 1e-6; a blurred softmax (scale 1/sqrt(d)) gives errors ~1."};
+
 }  // namespace kdalab::tol
