@@ -262,6 +262,11 @@ void register_decode_cost(Registry& reg) {
 
     auto f = ctx.open_results();
     f->group("decode_cost", "per-token decode cost vs context (EQUATIONS.md section 8)");
+    f->attr("decode_cost", "options",
+            nlohmann::json{{"n", o->n}, {"d", o->d}, {"memory-gb", o->memory_gb}, {"cpu-n", o->cpu_n}, {"cpu-d", o->cpu_d},
+                           {"min-time", o->min_time}, {"context", o->ctx}, {"bandwidth-gbs", o->bandwidth_gbs},
+                           {"k3-layers", o->k3_layers}}
+                .dump());
     f->write_table("decode_cost/analytic", t);
     f->attr("decode_cost/analytic", "description",
             "analytic numbers read per decode step per head (seed 002): softmax 2 n d vs KDA d^2");

@@ -137,6 +137,35 @@ TEST_CASE("decode-cost --quick: seed 002's table, CPU rows, the hybrid model and
   CHECK(h5read::exists(f, "decode_cost/gpu"));
 }
 
+TEST_CASE("decay-range --quick: fp32 chunk-16 survives g_min = -5, fails past the edges and for C = 32 at -3") {
+  TempDir d;
+  const auto r = run_kdalab("decay-range --quick --quiet --out " + d.file("dr.h5"));
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  const std::string f = d.file("dr.h5"), t = "decay_range/table";
+  require_columns(f, t, {"impl", "precision", "C", "gate", "g_min", "g_mean", "g_lowest", "c_min", "rel_rms", "o_nan", "o_inf",
+                         "values", "overflow", "underflow", "subnormal", "allow_unsafe_range"});
+  const auto impl = scol(f, t + "/impl"), prec = scol(f, t + "/precision"), gate = scol(f, t + "/gate");
+  const auto C = col(f, t + "/C"), gm = col(f, t + "/g_min"), err = col(f, t + "/rel_rms"), nan = col(f, t + "/o_nan"),
+             inf = col(f, t + "/o_inf"), ovf = col(f, t + "/overflow");
+  int seen = 0;
+  for (std::size_t i = 0; i < impl.size(); ++i) {
+    CAPTURE(i, impl[i], prec[i], C[i], gate[i], gm[i], err[i]);
+    if (impl[i] != "chunked" || gate[i] != "bounded") continue;
+    if (prec[i] == "fp64") CHECK(err[i] <= tol::f64_identity.value);  // the chunked reference in double
+    if (prec[i] == "fp32" && C[i] == 16 && gm[i] >= -5) {
+      CHECK(err[i] <= tol::f32_vs_truth.value);
+      CHECK(ovf[i] == 0);
+      ++seen;
+    }
+    if (prec[i] == "fp32" && C[i] == 16 && gm[i] <= -6) CHECK(nan[i] + inf[i] > 0);
+    if (prec[i] == "fp32" && C[i] == 32 && gm[i] <= -3) CHECK(nan[i] + inf[i] > 0);  // 32 x 3 = 96 > 88.7
+    if (prec[i] == "fp16" && C[i] == 16 && gm[i] <= -1) CHECK(ovf[i] > 0);           // fp16 cannot hold a tile
+  }
+  CHECK(seen >= 3);
+  CHECK(std::abs(h5read::attr_double(f, "decay_range", "fp32_overflow_edge_C16") + 5.545) < 1e-3);
+}
+
 TEST_CASE("bad experiment options exit 2 and write no file") {
   TempDir d;
   const std::vector<std::string> bad{
@@ -144,7 +173,8 @@ TEST_CASE("bad experiment options exit 2 and write no file") {
       "recall --ratio 0",      "recall --g-min 1",          "recall --vocab 16 --d-k 64",
       "copy --precision fp8",  "copy --alphabet 1",         "copy --L 0",            "copy --keys correlated",
       "decode-cost --memory-gb -1", "decode-cost --k3-layers 90", "decode-cost --cpu-d 0",
-      "decode-cost --min-time 0"};
+      "decode-cost --min-time 0", "decay-range --C 0",    "decay-range --C 65",    "decay-range --g-min 0",
+      "decay-range --precision fp8", "decay-range --precision tf32", "decay-range --T 0"};
   for (const auto& b : bad) {
     const auto r = run_kdalab(b + " --quick --quiet --out " + d.file("x.h5"));
     INFO(b << " -> " << r.output);
