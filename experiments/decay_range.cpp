@@ -32,7 +32,7 @@
 #include "reference/kda.hpp"
 
 #ifdef KDALAB_HAVE_CUDA
-#include "experiments/decay_range_gpu.hpp"
+#include "experiments/gpu_exp.hpp"
 #endif
 
 namespace kdalab::cli {
@@ -116,12 +116,12 @@ void register_decay_range(Registry& reg) {
 #ifdef KDALAB_HAVE_CUDA
     gpu_ok = !build_info::gpu_devices().empty() && D == 128;
     gpu_note = build_info::gpu_devices().empty() ? "cuda rows skipped: " + build_info::gpu_note()
-               : D != 128                       ? "cuda rows skipped: the kernel supports D = 128 only (--D)"
-                                                : "";
+               : D != 128 ? "cuda rows skipped: the kernel supports D = 128 only (--D)"
+                          : "cuda rows: bounded gate only (the kernel fuses the K3 gate; an unfused bf16 g would change the inputs)";
 #else
     gpu_note = "cuda rows skipped: kdalab was built without the CUDA kernels";
 #endif
-    std::size_t total = gates.size() * o->C.size() * (precs.size() + (o->kernel_plan ? 1 : 0)) + (gpu_ok ? gates.size() : 0);
+    std::size_t total = gates.size() * o->C.size() * (precs.size() + (o->kernel_plan ? 1 : 0)) + (gpu_ok ? o->g_min.size() : 0);
     auto prog = ctx.progress("decay-range", total);
     for (const Gate& gate : gates) {
       KdaGenSpec spec;
@@ -185,9 +185,9 @@ void register_decay_range(Registry& reg) {
         }
       }
 #ifdef KDALAB_HAVE_CUDA
-      if (gpu_ok) {
-        const bool unsafe = gate.kind == GateKind::softplus || gate.g_min < -5.0;
-        KdaOutput<double> out = decay_range_gpu::run_prefill(in, unsafe);
+      if (gpu_ok && gate.kind == GateKind::bounded) {  // the kernel fuses the bounded K3 gate only
+        const bool unsafe = gate.g_min < -5.0;
+        KdaOutput<double> out = gpu_exp::kda_prefill_on_gpu(in, o->gate_shift, unsafe);
         std::int64_t nan = 0, inf = 0;
         const double err = score(out, nan, inf);
         const RangeCounts rc = tile_range(gm, 16, Format::fp32);
