@@ -27,6 +27,7 @@ struct Dev {
   explicit Dev(std::size_t n) : bytes(n) { cuda_check(cudaMalloc(&p, n ? n : 16), "cudaMalloc"); }
   Dev(const Dev&) = delete;
   Dev& operator=(const Dev&) = delete;
+  Dev(Dev&& o) noexcept : p(o.p), bytes(o.bytes) { o.p = nullptr; }
   ~Dev() { if (p) cudaFree(p); }
   template <class T> T* as() const { return static_cast<T*>(p); }
 };
