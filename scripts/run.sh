@@ -23,6 +23,8 @@ $k copy --quick --force --out "$results/copy.h5"
 echo
 $k decay-range --quick --force --out "$results/decay_range.h5"
 echo
+$k parity --quick --force --out "$results/parity.h5"
+echo
 
 if [ -x scripts/figures.sh ]; then
   bash scripts/figures.sh "$results"/*.h5 || echo "run.sh: figures failed (see above); results are intact" >&2
