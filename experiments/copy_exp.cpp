@@ -182,6 +182,12 @@ void register_copy(Registry& reg) {
                      "information bound is state bits vs L log2|D|");
     f->write_table("copy/accuracy", t);
     f->attr("copy/accuracy", "description", "one row per (memory, precision, d_k, L): copy accuracy and the bound");
+    f->attr("copy", "options",
+            nlohmann::json{{"memories", o->memories}, {"precision", o->precision}, {"d-k", o->d_k}, {"L", o->L},
+                           {"alphabet", o->alphabet}, {"trials", o->trials}, {"keys", o->keys}, {"beta", o->beta},
+                           {"g-min", o->g_min}, {"dc-ratio", o->dc_ratio}, {"softmax-scale", o->softmax_scale},
+                           {"decay-bias-lo", o->decay_bias_lo}, {"decay-bias-hi", o->decay_bias_hi}}
+                .dump());
     f->attr("copy", "alphabet", o->alphabet);
     f->attr("copy", "softmax_scale", o->softmax_scale);
     f->attr("copy", "beta", o->beta);

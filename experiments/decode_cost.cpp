@@ -18,6 +18,10 @@
 #include "reference/kda.hpp"
 #include "reference/softmax.hpp"
 
+#ifdef KDALAB_HAVE_CUDA
+#include "experiments/gpu_exp.hpp"
+#endif
+
 namespace kdalab::cli {
 
 namespace {
@@ -31,6 +35,8 @@ struct DecodeCostOptions {
   std::vector<double> ctx{1024, 4096, 16384, 65536, 131072, 262144, 524288, 1048576};
   double bandwidth_gbs = 4000;
   double k3_layers = 93;
+  std::vector<double> gpu_n{1024, 4096, 16384, 65536, 262144, 1048576};
+  double gpu_iters = 50;
 };
 
 /// Median seconds per call of f over `reps` timed blocks of at least min_time/reps seconds each.
@@ -87,6 +93,9 @@ void register_decode_cost(Registry& reg) {
       ->capture_default_str();
   c.app->add_option("--k3-layers", o->k3_layers,
                     "K3 layer count for its layout (not public: 89 or 93 suggested; illustrative)")->capture_default_str();
+  c.app->add_option("--gpu-n", o->gpu_n, "context lengths n of the GPU-measured MLA read (0 = skip the GPU rows)")
+      ->delimiter(',')->capture_default_str();
+  c.app->add_option("--gpu-iters", o->gpu_iters, "timed launches per GPU point (median)")->capture_default_str();
   c.run = [o, cpu_n_opt, min_time_opt](Context& ctx) {
     if (ctx.common.quick) {
       if (!cpu_n_opt->count()) o->cpu_n = {1024, 2048, 4096, 8192, 16384};
@@ -180,9 +189,39 @@ void register_decode_cost(Registry& reg) {
 
     // (c) GPU hook: rows only when the CUDA kernels are built and a GPU is present.
     std::string gpu_note;
+    Table gpu;
+    gpu.col("n", 'i', "1", "context length (tokens in the MLA latent cache)")
+        .col("kda_layer_s", 'd', "s", "KDA decode step of one layer (kernels::kda_decode, B = 1, 32 heads of 128, fp32 state)")
+        .col("mla_layer_s", 'd', "s", "absorbed MLA read of one layer (two cuBLAS bf16 GEMMs over the n x 512 latent cache, 32 heads; softmax excluded)")
+        .col("mla_bytes_per_s", 'd', "B/s", "latent-cache bytes the MLA read touches (2 reads of n x 512 bf16) / mla_layer_s")
+        .col("hybrid_48b_s", 'd', "s", "Kimi Linear 48B attention per token: 20 kda_layer_s + 7 mla_layer_s")
+        .col("all_mla_27_s", 'd', "s", "all-MLA 27-layer attention per token: 27 mla_layer_s")
+        .col("speedup_48b", 'd', "1", "all_mla_27_s / hybrid_48b_s (attention only, batch 1)");
+    std::vector<double> gpu_n;
+    for (double n : o->gpu_n)
+      if (n > 0) gpu_n.push_back(n);
+    for (double n : gpu_n) require(n == std::floor(n) && n <= 1 << 24, fmt::format("--gpu-n: {} is not an integer in [1, 2^24]", n));
+    require(o->gpu_iters >= 1 && o->gpu_iters <= 10000, fmt::format("--gpu-iters: {} must be in [1, 10000]", o->gpu_iters));
     if (!build_info::cuda_built) gpu_note = "GPU rows skipped: kdalab was built without the CUDA kernels";
     else if (build_info::gpu_devices().empty()) gpu_note = "GPU rows skipped: " + build_info::gpu_note();
-    else gpu_note = "GPU rows skipped: the KDA decode and MLA decode kernels (kernels/kda.hpp) are not in this build yet";
+    else if (gpu_n.empty()) gpu_note = "GPU rows skipped: --gpu-n 0";
+#ifdef KDALAB_HAVE_CUDA
+    if (gpu_note.empty()) {
+      const int iters = static_cast<int>(o->gpu_iters);
+      const double t_kda = gpu_exp::time_kda_decode(1, 32, iters);
+      gpu_note = "GPU rows: " + build_info::gpu_devices().front();
+      fmt::print("\nGPU ({}), batch 1, per layer and per token (attention only):\n", build_info::gpu_devices().front());
+      fmt::print("{:>10}{:>12}{:>12}{:>10}{:>14}{:>14}{:>10}\n", "n", "KDA (us)", "MLA (us)", "MLA TB/s", "48B hyb (us)",
+                 "all-MLA (us)", "speedup");
+      for (double n : gpu_n) {
+        const double t_mla = gpu_exp::time_mla_read_gemms(static_cast<std::int64_t>(n), 32, 512, iters);
+        const double bps = 2.0 * n * 512 * 2 / t_mla, hy48 = 20 * t_kda + 7 * t_mla, mla27 = 27 * t_mla;
+        gpu.row({static_cast<std::int64_t>(n), t_kda, t_mla, bps, hy48, mla27, mla27 / hy48});
+        fmt::print("{:>10}{:>12.1f}{:>12.1f}{:>10.2f}{:>14.1f}{:>14.1f}{:>9.2f}x\n", static_cast<std::int64_t>(n), t_kda * 1e6,
+                   t_mla * 1e6, bps / 1e12, hy48 * 1e6, mla27 * 1e6, mla27 / hy48);
+      }
+    }
+#endif
     fmt::print("\n{}\n", gpu_note);
 
     // (d) Hybrid attention cost per token (memory-bound model: bytes each decode step must read).
@@ -262,6 +301,11 @@ void register_decode_cost(Registry& reg) {
 
     auto f = ctx.open_results();
     f->group("decode_cost", "per-token decode cost vs context (EQUATIONS.md section 8)");
+    f->attr("decode_cost", "options",
+            nlohmann::json{{"n", o->n}, {"d", o->d}, {"memory-gb", o->memory_gb}, {"cpu-n", o->cpu_n}, {"cpu-d", o->cpu_d},
+                           {"min-time", o->min_time}, {"context", o->ctx}, {"bandwidth-gbs", o->bandwidth_gbs},
+                           {"k3-layers", o->k3_layers}}
+                .dump());
     f->write_table("decode_cost/analytic", t);
     f->attr("decode_cost/analytic", "description",
             "analytic numbers read per decode step per head (seed 002): softmax 2 n d vs KDA d^2");
@@ -271,6 +315,7 @@ void register_decode_cost(Registry& reg) {
               "measured per-token decode step of the CPU reference, one head, float32: softmax cache read vs KDA step");
     }
     f->group("decode_cost/gpu", "GPU-measured decode steps (CUDA kernels); empty when not run");
+    if (gpu.rows() > 0) f->write_table("decode_cost/gpu", gpu);
     f->attr("decode_cost/gpu", "note", gpu_note);
     f->write_table("decode_cost/hybrid", hy);
     f->attr("decode_cost/hybrid", "description",

@@ -267,6 +267,13 @@ void register_recall(Registry& reg) {
     f->attr("recall/capacity", "description",
             "one row per (memory, keys, d_k, N, beta, g_min, d_c): accuracy of nearest-value decoding and relative "
             "read error, averaged over trials");
+    f->attr("recall", "options",
+            nlohmann::json{{"memories", o->memories}, {"keys", o->keys}, {"d-k", o->d_k}, {"ratio", o->ratio},
+                           {"beta", o->beta}, {"g-min", o->g_min}, {"dc-ratio", o->dc_ratio}, {"trials", o->trials},
+                           {"vocab", o->vocab}, {"overlap", o->overlap}, {"power-a", o->power_a}, {"span", o->span},
+                           {"softmax-scale", o->softmax_scale}, {"decay-bias-lo", o->decay_bias_lo},
+                           {"decay-bias-hi", o->decay_bias_hi}}
+                .dump());
     f->attr("recall", "softmax_scale", o->softmax_scale);
     f->attr("recall", "vocab", o->vocab);
     f->attr("recall", "overlap", o->overlap);

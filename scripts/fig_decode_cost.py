@@ -23,7 +23,7 @@ def main():
             return fs.skip(f"{a.results} has no decode_cost/analytic table")
         t = fs.table(f, "decode_cost/analytic")
         has_cpu = "decode_cost/cpu" in f
-        has_gpu = "decode_cost/gpu" in f and "impl" in f["decode_cost/gpu"]
+        has_gpu = "decode_cost/gpu" in f and "mla_layer_s" in f["decode_cost/gpu"]
         ncols = 2 if (has_cpu or has_gpu) else 1
         fig, axes = plt.subplots(1, ncols, figsize=(4.2 * ncols, 3.6), squeeze=False)
         ax = axes[0][0]
@@ -61,10 +61,11 @@ def main():
                                       f"(d = {int(c['d'][sel][0])})")
             if has_gpu:
                 g = fs.table(f, "decode_cost/gpu")
-                for impl in sorted(set(g["impl"].tolist())):
-                    sel = g["impl"] == impl
-                    o = np.argsort(g["n"][sel])
-                    ax.plot(g["n"][sel][o], 1e6 * g["seconds_per_token"][sel][o], "-^", ms=3.5, label=f"GPU: {impl}")
+                o = np.argsort(g["n"])
+                ax.plot(g["n"][o], 1e6 * g["mla_layer_s"][o], "-^", ms=3.5, color="#7f7f7f",
+                        label="H200: MLA read, 32 heads, $d_c$ = 512 (cuBLAS bf16)")
+                ax.plot(g["n"][o], 1e6 * g["kda_layer_s"][o], "--v", ms=3.5, color="#1f77b4",
+                        label="H200: KDA decode step, 32 heads (kdalab kernel)")
             else:
                 note = fs.attr(f["decode_cost/gpu"], "note", "") if "decode_cost/gpu" in f else ""
                 if note:

@@ -33,6 +33,11 @@ def main():
                 continue
             o = np.argsort(h["n"][sel])
             ax.plot(h["n"][sel][o], h["speedup_vs_mla"][sel][o], "-o", ms=3, color=col, label=lab)
+        if "decode_cost/gpu" in f and "speedup_48b" in f["decode_cost/gpu"]:
+            g = fs.table(f, "decode_cost/gpu")
+            o = np.argsort(g["n"])
+            ax.plot(g["n"][o], g["speedup_48b"][o], "s", ms=5, mfc="none", color="#2ca02c",
+                    label="Kimi Linear 48B, measured on the H200 (batch 1)")
         ax.axhline(27 / 7, color="#2ca02c", ls=":", lw=0.9)
         ax.text(1.1e3, 27 / 7 * 1.03, "limit 27/7 = 3.86x", fontsize=6.5, color="#2ca02c")
         rep = float(at.get("reported_speedup", 11.48 / 1.84))

@@ -61,10 +61,18 @@ def table(f, group):
     return out
 
 
-def label_footer(fig, f, extra=""):
-    """Bottom-of-figure provenance line: git sha, date, command line and a short config."""
+def label_footer(fig, f, extra="", group=None):
+    """Bottom-of-figure provenance: git sha, date, seed and the config (the group's `options`
+    attribute, the values actually used after --quick, when present; else the root config)."""
     sha = attr(f, "git_sha", "?")[:12]
     cfg = attr(f, "config", "{}")
+    if group is None:
+        for g in f:
+            if "options" in f[g].attrs:
+                group = g
+                break
+    if group is not None and group in f and "options" in f[group].attrs:
+        cfg = attr(f[group], "options", cfg)
     try:
         cfg = json.dumps(json.loads(cfg), separators=(",", ":"))
     except ValueError:
@@ -73,6 +81,7 @@ def label_footer(fig, f, extra=""):
     text += textwrap.shorten("config " + cfg, width=170, placeholder=" …")
     if extra:
         text = textwrap.fill(extra, width=170) + "\n" + text
+    text += "\ncommand: " + textwrap.shorten(attr(f, "command_line", ""), width=170, placeholder=" …")
     fig.text(0.01, -0.01, text, ha="left", va="top", fontsize=6, color="#555555", family="monospace", wrap=True)
 
 

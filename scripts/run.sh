@@ -17,6 +17,12 @@ echo
 # The default suite: quick versions of every experiment that is built.
 $k decode-cost --quick --force --out "$results/decode_cost.h5"
 echo
+$k recall --quick --force --out "$results/recall.h5"
+echo
+$k copy --quick --force --out "$results/copy.h5"
+echo
+$k decay-range --quick --force --out "$results/decay_range.h5"
+echo
 $k parity --quick --force --out "$results/parity.h5"
 echo
 

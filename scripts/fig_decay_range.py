@@ -1,0 +1,100 @@
+#!/usr/bin/python3
+"""Figure: decay-range heat map (kdalab decay-range).
+
+Relative RMS error of o against the float64 recurrence for each gate lower bound g_min (rows;
+"softplus" = the unbounded Kimi Linear gate) and chunk size C (columns), one panel per
+implementation/precision. Dark cells: o has NaN/Inf. Cell text: the error, then the range
+analysis of the factored tile (o = 1/Gamma overflows, s = Gamma subnormal, z = Gamma underflows
+to 0, as counts). The fp32 edges of a 16-token tile: Gamma leaves the normal range below
+g = -5.459, 1/Gamma overflows below -5.545.
+Usage: /usr/bin/python3 scripts/fig_decay_range.py RESULTS.h5 [--out-dir figures]
+"""
+import sys
+
+import h5py
+import numpy as np
+from matplotlib.colors import ListedColormap
+
+import figstyle as fs
+from figstyle import plt
+
+PANELS = [("chunked", "fp64"), ("chunked", "fp32"), ("chunked", "bf16"), ("chunked", "fp16"), ("kernel-plan", "bf16"),
+          ("cuda", "bf16")]
+TITLES = {("chunked", "fp64"): "chunked, fp64 (control)", ("chunked", "fp32"): "chunked, fp32",
+          ("chunked", "bf16"): "chunked, bf16", ("chunked", "fp16"): "chunked, fp16",
+          ("kernel-plan", "bf16"): "twin, CUDA kernel plan", ("cuda", "bf16"): "CUDA kernel (C = 16)"}
+
+
+def main():
+    a = fs.parse_args(__doc__.splitlines()[0])
+    with h5py.File(a.results, "r") as f:
+        if "decay_range/table" not in f:
+            return fs.skip(f"{a.results} has no decay_range/table")
+        t = fs.table(f, "decay_range/table")
+        gate_rows = []
+        for g, gm in zip(t["gate"], t["g_min"]):
+            key = "softplus" if g == "softplus" else float(gm)
+            if key not in gate_rows:
+                gate_rows.append(key)
+        bounded = sorted([g for g in gate_rows if g != "softplus"], reverse=True)
+        gate_rows = bounded + (["softplus"] if "softplus" in gate_rows else [])
+        Cs = sorted(set(t["C"].tolist()))
+        panels = [p for p in PANELS if ((t["impl"] == p[0]) & (t["precision"] == p[1])).any()]
+        ncol = min(3, len(panels))
+        nrow = (len(panels) + ncol - 1) // ncol
+        fig, axes = plt.subplots(nrow, ncol, figsize=(3.2 * ncol, 3.0 * nrow), squeeze=False, sharey=True,
+                                 layout="constrained")
+        cmap = plt.get_cmap("viridis").copy()
+        cmap.set_bad("#5b0f0f")
+        im = None
+        for k, (impl, prec) in enumerate(panels):
+            ax = axes[k // ncol][k % ncol]
+            Z = np.full((len(gate_rows), len(Cs)), np.nan)
+            txt = [["" for _ in Cs] for _ in gate_rows]
+            for i in range(len(t["impl"])):
+                if t["impl"][i] != impl or t["precision"][i] != prec:
+                    continue
+                key = "softplus" if t["gate"][i] == "softplus" else float(t["g_min"][i])
+                if t["C"][i] not in Cs:
+                    continue
+                r, c = gate_rows.index(key), Cs.index(t["C"][i])
+                e = t["rel_rms"][i]
+                bad = t["o_nan"][i] + t["o_inf"][i] > 0 or not np.isfinite(e)
+                Z[r, c] = np.nan if bad else np.log10(max(e, 1e-17))
+                flags = "ovf" if t["overflow"][i] > 0 else ("0" if t["underflow"][i] > 0 else
+                                                           ("sub" if t["subnormal"][i] > 0 else ""))
+                lab = "NaN" if bad else f"{e:.0e}"
+                txt[r][c] = lab + ("\n" + flags if flags else "")
+                if impl == "cuda" and t["allow_unsafe_range"][i] == 1:
+                    txt[r][c] += "\nunsafe"
+            im = ax.imshow(np.ma.masked_invalid(Z), cmap=cmap, vmin=-17, vmax=0, aspect="auto")
+            ax.set_facecolor("#5b0f0f")
+            for r in range(len(gate_rows)):
+                for c in range(len(Cs)):
+                    col = "white" if (np.isnan(Z[r, c]) or Z[r, c] < -8) else "black"
+                    ax.text(c, r, txt[r][c], ha="center", va="center", fontsize=6.5, color=col)
+            ax.set_xticks(range(len(Cs)), [str(c) for c in Cs])
+            ax.set_yticks(range(len(gate_rows)), [("softplus" if g == "softplus" else f"{g:g}") for g in gate_rows])
+            if k // ncol == nrow - 1 or k + ncol >= len(panels):
+                ax.set_xlabel("chunk size $C$ (tokens factored)")
+            if k % ncol == 0:
+                ax.set_ylabel(r"gate lower bound $g_{\min}$")
+            ax.set_title(TITLES.get((impl, prec), f"{impl}, {prec}"))
+            ax.grid(False)
+        for k in range(len(panels), nrow * ncol):
+            axes[k // ncol][k % ncol].axis("off")
+        if im is not None:
+            cb = fig.colorbar(im, ax=axes, shrink=0.6, pad=0.02)
+            cb.set_label(r"$\log_{10}$ relative RMS error of $o$")
+        attrs = f["decay_range"].attrs
+        fig.suptitle("Why $g_{\\min} = -5$ and 16-token tiles go together: error of the factored chunk form")
+        fs.label_footer(fig, f, f"Decays pinned near their bound (gate logit shifted by {float(attrs.get('gate_shift', 0)):g}); "
+                        f"T = {int(attrs.get('T', 0))}, d_k = d_v = {int(attrs.get('D', 0))}. Dark cells: NaN/Inf in o. "
+                        "Range analysis of the stored factors (numerics/range.hpp): ovf = 1/Gamma overflows, 0 = Gamma rounds to 0, sub = Gamma subnormal. "
+                        "fp32 edges over 16 tokens: -5.459 (normal range), -5.545 (1/Gamma overflow). "
+                        + fs.attr(f["decay_range"], "gpu_note", ""))
+        return fs.save(fig, a.out_dir, "decay_range")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
