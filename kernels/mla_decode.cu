@@ -334,9 +334,15 @@ MlaDecodePlan mla_decode_plan(const MlaDecodeArgs& a) {
   const int max_tiles = (a.max_len + TT - 1) / TT;
   int splits = a.num_splits;
   if (splits == 0) {
-    int dev = 0, sms = 0;
+    // SM count per device, queried once (so that a call inside CUDA-graph capture makes no attribute query)
+    static int sm_count[64] = {};
+    int dev = 0;
     cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
-    cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+    int sms = dev < 64 ? sm_count[dev] : 0;
+    if (sms == 0) {
+      cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+      if (dev < 64) sm_count[dev] = sms;
+    }
     // one CTA per SM (the split kernel needs ~180 KB of shared memory): the fewest slices per sequence
     // whose CTAs fill >= 95% of the last wave, among slices of >= MIN_SPLIT tokens; else the best fill
     const int smax = std::max(1, a.max_len / MIN_SPLIT);
