@@ -220,6 +220,9 @@ int run(int argc, char** argv) {
   } catch (const std::exception& e) {
     print_error(ctx.name, std::string("unexpected failure: ") + e.what());
     return 1;
+  } catch (...) {
+    print_error(ctx.name, "unexpected failure (a library error; no result file was written)");
+    return 1;
   }
 }
 

@@ -1,17 +1,220 @@
-// `kdalab golden`: Golden fixtures: check the current code against data/golden/*.h5, or with --regen rewrite them from the multiprecision reference.
-// Placeholder registration: the options are described; the experiment itself is not built yet.
+// `kdalab golden`: golden fixtures (ISSUE 5 "Golden fixtures").
+//
+// `kdalab golden --regen` writes data/golden/<op>.h5: small seeded inputs and the
+// cpp_bin_float_50 outputs of each reference operation, stored as float64 (rounded once).
+// `kdalab golden` (no --regen) recomputes every fixture with the current float64 code and
+// compares (relative RMS <= tol::golden_f64 = 1e-13), and checks that the named generator still
+// draws the stored raw inputs bit for bit. Exit 0: all pass; 1: a numerics change was caught;
+// 2: a fixture is missing or malformed.
+//
+// Fixture layout: one group per case, /<case>/ with datasets
+//   q_raw, k_raw [B, T, H, d_k]; v [B, T, H, d_v]; g_raw [B, T, H, d_k]; beta_raw [B, T, H];
+//   A_log [H]; bias [H, d_k]; S0 [B, H, d_k, d_v] (raw: what a kernel reads, generator order);
+//   q, k, g, beta (derived in float64: L2-normalised q, k; the gate; Sigmoid(beta_raw));
+//   o [B, T, H, d_v], S_final [B, H, d_k, d_v] (the mp50 truth); o_<variant> for special cases;
+// and attributes B, T, H, d_k, d_v, scale, seed, g_min (numbers), generator, gate, beta,
+// has_S0 ("yes"/"no") (strings). Ops written now: kda_recurrent, kda_decode (T one-token steps
+// from S0 through kda_step), kda_chunked (inputs + recurrent truth, attribute C = chunk sizes;
+// checked once reference/kda_chunk.hpp is on main). MLA / AttnRes / hybrid fixtures join when
+// those references land on main.
+#include <fmt/format.h>
+
+#include <filesystem>
+
 #include "experiments/cli.hpp"
+#include "experiments/kda_ops.hpp"
+#include "numerics/kda_inputs.hpp"
+#include "numerics/metrics.hpp"
+#include "numerics/tolerance.hpp"
 #include "reference/error.hpp"
+#include "reference/kda.hpp"
 
 namespace kdalab::cli {
 
+namespace {
+
+struct GoldenCase {
+  std::string name;
+  KdaGenSpec spec;
+  bool has_S0 = true;
+  bool variants = false;  // also store o for the special cases
+};
+
+struct GoldenOp {
+  std::string op, description;
+  std::vector<GoldenCase> cases;
+  std::string chunk_sizes;  // kda_chunked only
+};
+
+std::vector<GoldenOp> golden_ops() {
+  KdaGenSpec a;  // anchor-kda, small
+  a.B = 2; a.T = 37; a.H = 2; a.d_k = 32; a.d_v = 32; a.seed = 20261129;
+  KdaGenSpec b = a;  // Kimi Linear gate, wide beta, d_v != d_k, no initial state
+  b.B = 1; b.T = 33; b.d_k = 16; b.d_v = 24; b.gate = GateKind::softplus; b.beta = BetaDist::wide; b.seed = 7;
+  KdaGenSpec d = a;  // decode: a few one-token steps from a given state
+  d.T = 6; d.seed = 31;
+  KdaGenSpec c = a;  // chunked: T not a multiple of 16 or 32
+  c.B = 1; c.T = 41; c.seed = 41;
+  KdaGenSpec c1 = c;  // chunked with beta = 1 and the unbounded gate (range stress)
+  c1.gate = GateKind::softplus; c1.beta = BetaDist::one; c1.seed = 43;
+  return {
+      {"kda_recurrent", "KDA recurrence (K3 report Eq. 1), batched, mp50 truth",
+       {{"anchor", a, true, true}, {"softplus_wide_dv24_noS0", b, false, false}}, ""},
+      {"kda_decode", "KDA one-token decode steps from S0 (kda_step, K3 report Eq. 1), mp50 truth",
+       {{"anchor_decode", d, true, false}}, ""},
+      {"kda_chunked", "inputs for the chunked form (Kimi Linear sections 3-4) with the mp50 recurrent truth",
+       {{"anchor_T41", c, true, false}, {"softplus_beta1_T41", c1, true, false}}, "1,16,32"},
+  };
+}
+
+const std::vector<KdaVariant> kVariants{KdaVariant::gated_deltanet, KdaVariant::deltanet, KdaVariant::gla,
+                                        KdaVariant::linear};
+
+template <class S>
+KdaOutput<S> run_op(const std::string& op, const KdaInputs& in, bool has_S0, KdaVariant var = KdaVariant::kda) {
+  const Tensor<S> S0 = has_S0 ? in.S0.cast<S>() : Tensor<S>(in.S0.shape);
+  if (op == "kda_decode")
+    return kda_decode_steps<S>(in.q.cast<S>(), in.k.cast<S>(), in.v.cast<S>(), in.g.cast<S>(), in.beta.cast<S>(), S0,
+                           static_cast<S>(in.scale));
+  return kda_recurrent<S>(in.q.cast<S>(), in.k.cast<S>(), in.v.cast<S>(), in.g.cast<S>(), in.beta.cast<S>(),
+                          has_S0 ? &S0 : nullptr, static_cast<S>(in.scale), var);
+}
+
+void regen(const std::string& dir, const Context& ctx) {
+  for (const auto& op : golden_ops()) {
+    const std::string path = dir + "/" + op.op + ".h5";
+    ResultsFile f(path, true, RunInfo{ctx.command_line, ctx.config.dump(), "per case"});
+    f.attr("/", "op", op.op);
+    f.attr("/", "description", op.description);
+    if (!op.chunk_sizes.empty()) f.attr("/", "C", op.chunk_sizes);
+    std::string cases;
+    for (const auto& c : op.cases) {
+      cases += (cases.empty() ? "" : ",") + c.name;
+      const KdaInputs in = kda_inputs(c.spec);
+      const KdaOutput<mp50> t = run_op<mp50>(op.op, in, c.has_S0);
+      const std::string g = c.name;
+      f.group(g, "golden case " + c.name + " (" + in.generator + ")");
+      auto put = [&](const std::string& n, const Tensor<double>& x, const std::string& d) { f.write_array(g, n, x, "1", d); };
+      put("q_raw", in.q_raw, "raw q (bf16 values) [B, T, H, d_k]");
+      put("k_raw", in.k_raw, "raw k (bf16 values) [B, T, H, d_k]");
+      put("v", in.v, "v (bf16 values) [B, T, H, d_v]");
+      put("g_raw", in.g_raw, "gate logits (bf16 values) [B, T, H, d_k]");
+      put("beta_raw", in.beta_raw, "beta logits (bf16 values) [B, T, H]");
+      put("A_log", in.A_log, "per-head log-scale of the gate [H]");
+      put("bias", in.bias, "gate bias (dt_bias for softplus) [H, d_k]");
+      put("S0", in.S0, "initial state (fp32 values) [B, H, d_k, d_v], KV layout; used only when has_S0 = yes");
+      put("q", in.q, "L2-normalised q (float64) [B, T, H, d_k]");
+      put("k", in.k, "L2-normalised k (float64) [B, T, H, d_k]");
+      put("g", in.g, "log-decay g (float64) [B, T, H, d_k]");
+      put("beta", in.beta, "beta = Sigmoid(beta_raw) (float64) [B, T, H]");
+      put("o", t.o.cast<double>(), "output o: cpp_bin_float_50 truth rounded once to float64 [B, T, H, d_v]");
+      put("S_final", t.S_final.cast<double>(), "final state: mp50 truth rounded to float64 [B, H, d_k, d_v]");
+      if (c.variants)
+        for (KdaVariant v : kVariants)
+          put("o_" + variant_name(v), run_op<mp50>(op.op, in, c.has_S0, v).o.cast<double>(),
+              "output o of the " + variant_name(v) + " special case (mp50 truth)");
+      for (auto [n, x] : std::initializer_list<std::pair<const char*, double>>{
+               {"B", double(in.B)}, {"T", double(in.T)}, {"H", double(in.H)}, {"d_k", double(in.d_k)},
+               {"d_v", double(in.d_v)}, {"scale", in.scale}, {"seed", double(in.seed)}, {"g_min", in.g_min}})
+        f.attr(g, n, x);
+      f.attr(g, "generator", in.generator);
+      f.attr(g, "gate", gate_kind_name(c.spec.gate));
+      f.attr(g, "beta", beta_dist_name(c.spec.beta));
+      f.attr(g, "has_S0", c.has_S0 ? "yes" : "no");
+      f.attr(g, "variants", c.variants ? "yes" : "no");
+    }
+    f.attr("/", "cases", cases);
+    f.commit();
+    fmt::print("wrote {} ({} KiB)\n", path, std::filesystem::file_size(path) / 1024);
+  }
+}
+
+/// Checks one fixture file; returns the number of failed comparisons. Prints one line per check.
+int check_file(const std::string& path, const GoldenOp& op) {
+  int failed = 0;
+  auto line = [&](const std::string& what, double err, double tol) {
+    const bool ok = err <= tol;
+    if (!ok) ++failed;
+    fmt::print("{:<4} {:<58} rel RMS {:9.2e} (tol {:.0e})\n", ok ? "ok" : "FAIL", what, err, tol);
+  };
+  for (const auto& c : op.cases) {
+    const std::string g = "/" + c.name;
+    require(h5read::exists(path, g), "golden file '" + path + "' has no case '" + c.name + "'; regenerate with --regen");
+    KdaInputs in = kda_inputs(c.spec);
+    // the generator must still draw the stored raw inputs exactly
+    std::string drifted;
+    for (auto [n, x] : std::initializer_list<std::pair<const char*, const Tensor<double>*>>{
+             {"q_raw", &in.q_raw}, {"k_raw", &in.k_raw}, {"v", &in.v}, {"g_raw", &in.g_raw}, {"beta_raw", &in.beta_raw},
+             {"A_log", &in.A_log}, {"bias", &in.bias}, {"S0", &in.S0}}) {
+      const Tensor<double> st = h5read::array(path, g + "/" + n);
+      require(st.shape == x->shape, "golden '" + path + "' " + g + "/" + n + " has shape " + shape_str(st.shape) +
+                                        ", the generator gives " + shape_str(x->shape));
+      if (st.data != x->data) drifted += std::string(drifted.empty() ? "" : ",") + n;
+    }
+    line(op.op + g + " raw inputs == generator (bit-exact)" + (drifted.empty() ? "" : ": differ in " + drifted),
+         drifted.empty() ? 0.0 : 1.0, 0.0);
+    // derived inputs in float64 (libm may differ by an ulp between machines: relative 1e-15)
+    for (auto [n, x] : std::initializer_list<std::pair<const char*, const Tensor<double>*>>{
+             {"q", &in.q}, {"k", &in.k}, {"g", &in.g}, {"beta", &in.beta}})
+      line(op.op + g + "/" + n + " (derived) vs stored", rel_rms(x->data, h5read::array(path, g + "/" + n).data),
+           tol::golden_mp.value * 10);
+    // outputs: the current float64 code on the stored derived inputs vs the stored mp50 truth
+    in.q = h5read::array(path, g + "/q");
+    in.k = h5read::array(path, g + "/k");
+    in.g = h5read::array(path, g + "/g");
+    in.beta = h5read::array(path, g + "/beta");
+    if (op.op == "kda_chunked") {
+      fmt::print("skip {:<58} reference/kda_chunk.hpp is not on main yet (C = {})\n", op.op + g + "/o", op.chunk_sizes);
+      continue;
+    }
+    const KdaOutput<double> r = run_op<double>(op.op, in, c.has_S0);
+    line(op.op + g + "/o (float64 now vs mp50 then)", rel_rms(r.o.data, h5read::array(path, g + "/o").data),
+         tol::golden_f64.value);
+    line(op.op + g + "/S_final", rel_rms(r.S_final.data, h5read::array(path, g + "/S_final").data), tol::golden_f64.value);
+    if (c.variants)
+      for (KdaVariant v : kVariants)
+        line(op.op + g + "/o_" + variant_name(v),
+             rel_rms(run_op<double>(op.op, in, c.has_S0, v).o.data, h5read::array(path, g + "/o_" + variant_name(v)).data),
+             tol::golden_f64.value);
+  }
+  return failed;
+}
+
+}  // namespace
+
 void register_golden(Registry& reg) {
-  auto& c = reg.add("golden", "Golden fixtures: check the current code against data/golden/*.h5, or with --regen rewrite them from the multiprecision reference.", "data/golden/kda.h5");
-  auto* a = c.app;
-  static bool regen = false;
-  a->add_flag("--regen", regen, "rewrite data/golden/*.h5 from the cpp_bin_float_50 reference");
-  c.run = [](Context&) -> int {
-    throw Error("'golden' is not built yet (see the open issues); nothing was written");
+  auto& c = reg.add("golden",
+                    "Golden fixtures: check the current code against data/golden/*.h5 (exit 0 all pass, 1 a numerics "
+                    "change was caught, 2 a fixture is missing or malformed), or with --regen rewrite them from the "
+                    "cpp_bin_float_50 reference. Ops: kda_recurrent, kda_decode, kda_chunked (MLA, AttnRes, hybrid "
+                    "join when their references land).",
+                    "");
+  c.writes_output = false;
+  c.app->get_option("--out")->description("unused by golden (the fixtures go to --dir)");
+  auto regen_flag = std::make_shared<bool>(false);
+  auto dir = std::make_shared<std::string>("data/golden");
+  c.app->add_flag("--regen", *regen_flag, "rewrite data/golden/*.h5 from the cpp_bin_float_50 reference");
+  c.app->add_option("--dir", *dir, "folder of the golden files")->capture_default_str();
+  c.run = [regen_flag, dir](Context& ctx) -> int {
+    if (*regen_flag) {
+      std::filesystem::create_directories(*dir);
+      regen(*dir, ctx);
+      std::uintmax_t total = 0;
+      for (const auto& e : std::filesystem::directory_iterator(*dir))
+        if (e.path().extension() == ".h5") total += e.file_size();
+      fmt::print("golden files in {}: {:.2f} MB in all (limit 5 MB)\n", *dir, static_cast<double>(total) / 1e6);
+      require(total < 5'000'000, fmt::format("golden files total {} bytes, over the 5 MB limit", total));
+      return 0;
+    }
+    int failed = 0;
+    for (const auto& op : golden_ops()) {
+      const std::string path = *dir + "/" + op.op + ".h5";
+      require(std::filesystem::exists(path),
+              "golden file '" + path + "' is missing; run 'kdalab golden --regen' (and commit data/golden/)");
+      failed += check_file(path, op);
+    }
+    fmt::print("golden: {}\n", failed ? fmt::format("{} check(s) FAILED: the numerics changed", failed) : "all checks pass");
+    return failed ? 1 : 0;
   };
 }
 

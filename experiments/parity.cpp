@@ -1,17 +1,409 @@
-// `kdalab parity`: Numeric-parity sweep: every implementation of KDA (float64, float32, the bf16 kernel twin, the CUDA kernel when a GPU is present) against the cpp_bin_float_50 truth on the same rounded inputs, over a grid of shapes, gates and precisions; one table row per grid point.
-// Placeholder registration: the options are described; the experiment itself is not built yet.
+// `kdalab parity`: the numeric-parity sweep (ISSUE 5 "The sweep").
+//
+// For every grid point (B, T, H, d_k, d_v, gate kind, g_min, beta distribution) the inputs are
+// drawn once by the named generator (numerics/kda_inputs.hpp, anchor-kda first) and the truth is
+// computed once on exactly those (rounded) inputs; then every implementation runs on the same
+// inputs and one table row per (implementation, C, state precision, matmul precision) records
+// every metric of numerics/metrics.hpp as a column, plus the error along T in windows and which
+// truth the row used. Implementations:
+//   float64    the recurrence of reference/kda.hpp in double     (C / precisions: n/a)
+//   float32    the same recurrence in float                       (C / precisions: n/a)
+//   twin-bf16  the kernel twin numerics/kda_twin.hpp, per (C, state precision, matmul precision)
+//              -- HOOK: not on main yet; rows are skipped with a note (see run_twin below)
+//   cuda-bf16  the CUDA kernel, only when kdalab was built with CUDA and a GPU is present
+//              -- HOOK: kernels/ has no KDA API on main yet; skipped with a note
+// Truths: cpp_bin_float_50 ("mp"), x87 long double ("f80", 64-bit significand, 2^11 finer than
+// float64, so a float64 row measured against it is meaningful; ~13x slower than float64) or
+// float64 ("f64"; then the float64 row is the truth itself and reads 0 by construction, which its
+// truth column says). --truth auto takes mp while B*T*H*d_k*d_v <= --mp-max-work, f80 while
+// <= --f80-max-work, f64 above (the issue's rule for T up to 1M on a CPU);
+// tests/numerics/test_f64_vs_mp.cpp proves float64 within 1e-12 of mp at shorter T.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <optional>
+
+#include "experiments/build_info.hpp"
 #include "experiments/cli.hpp"
+#include "numerics/bf16.hpp"
+#include "numerics/kda_inputs.hpp"
+#include "numerics/metrics.hpp"
+#include "numerics/range.hpp"
 #include "reference/error.hpp"
+#include "reference/kda.hpp"
 
 namespace kdalab::cli {
 
+namespace {
+
+struct ParityOptions {
+  std::vector<double> B{1}, T{17, 64, 300, 1000}, H{1}, dk{128}, dv{128}, C{16}, g_min{-5};
+  std::vector<std::string> gate{"bounded"}, beta{"sigmoid"}, impl{"float64", "float32", "twin-bf16", "cuda-bf16"},
+      state{"fp32", "bf16"}, matmul{"bf16", "tf32"};
+  std::string truth = "auto";
+  double mp_max_work = 1e7, f80_max_work = 1.1e9;
+  int windows = 16;
+};
+
+const std::vector<std::string> kImpls{"float64", "float32", "twin-bf16", "cuda-bf16"};
+
+std::size_t as_count(double x, const std::string& opt, double min = 1) {
+  require(std::isfinite(x) && x >= min && x == std::floor(x) && x <= 1e12,
+          fmt::format("--{}: {} is not accepted; give integers >= {}", opt, x, min));
+  return static_cast<std::size_t>(x);
+}
+
+/// Result of one implementation on one grid point, as float64 copies.
+struct ImplOut {
+  std::vector<double> o, S;
+  std::string out_format;  // storage format of o
+  double seconds = 0;
+};
+
+template <class S>
+ImplOut run_reference(const KdaInputs& in, const std::string& fmt_name) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const Tensor<S> S0 = in.S0.cast<S>();
+  const KdaOutput<S> r = kda_recurrent<S>(in.q.cast<S>(), in.k.cast<S>(), in.v.cast<S>(), in.g.cast<S>(),
+                                          in.beta.cast<S>(), &S0, static_cast<S>(in.scale));
+  ImplOut out;
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  out.o = r.o.template cast<double>().data;
+  out.S = r.S_final.template cast<double>().data;
+  out.out_format = fmt_name;
+  return out;
+}
+
+/// TWIN HOOK (ISSUE 5): when numerics/kda_twin.hpp lands on main, call it here with the chunk
+/// size C, the state precision and the matmul (operand) precision, on in.q_raw/k_raw/v/g_raw/
+/// beta_raw/A_log/bias/S0 exactly as the kernel reads them, and return o (bf16) and the final S.
+/// Until then it returns nothing and the sweep records a note instead of rows.
+std::optional<ImplOut> run_twin(const KdaInputs&, std::size_t /*C*/, Format /*state*/, Format /*matmul*/,
+                                std::string& why) {
+  why = "twin-bf16 rows skipped: numerics/kda_twin.hpp (the kernel twin) is not on main yet";
+  return std::nullopt;
+}
+
+/// CUDA HOOK: the KDA kernel's host API is not on main yet; a GPU alone is not enough.
+std::optional<ImplOut> run_cuda(const KdaInputs&, std::size_t /*C*/, std::string& why) {
+  const auto gpus = build_info::gpu_devices();
+  if (gpus.empty())
+    why = "cuda-bf16 rows skipped: no GPU (" + build_info::gpu_note() + ")";
+  else
+    why = "cuda-bf16 rows skipped: a GPU is present but the KDA kernel host API (kernels/) is not on main yet";
+  return std::nullopt;
+}
+
+struct Truth {
+  std::vector<double> o, S;
+  std::string name;
+  double seconds = 0;
+};
+
+Truth compute_truth(const KdaInputs& in, const std::string& kind) {
+  ImplOut r;
+  Truth t;
+  if (kind == "mp") {
+    r = run_reference<mp50>(in, "cpp_bin_float_50");
+    t.name = "cpp_bin_float_50";
+  } else if (kind == "f80") {
+    r = run_reference<long double>(in, "long double");
+    t.name = "long double (x87, 64-bit significand)";
+  } else {
+    r = run_reference<double>(in, "float64");
+    t.name = "float64";
+  }
+  t.o = std::move(r.o);
+  t.S = std::move(r.S);
+  t.seconds = r.seconds;
+  return t;
+}
+
+double median(std::vector<double> x) {
+  if (x.empty()) return std::numeric_limits<double>::quiet_NaN();
+  std::sort(x.begin(), x.end());
+  const std::size_t n = x.size();
+  return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
+}  // namespace
+
 void register_parity(Registry& reg) {
-  auto& c = reg.add("parity", "Numeric-parity sweep: every implementation of KDA (float64, float32, the bf16 kernel twin, the CUDA kernel when a GPU is present) against the cpp_bin_float_50 truth on the same rounded inputs, over a grid of shapes, gates and precisions; one table row per grid point.", "results/parity.h5");
+  auto o = std::make_shared<ParityOptions>();
+  auto& c = reg.add(
+      "parity",
+      "Numeric-parity sweep: every implementation of KDA (float64, float32, the bf16 kernel twin, the CUDA kernel "
+      "when a GPU is present) against a high-precision truth on the same rounded inputs, over a grid of shapes, "
+      "gates and precisions; one table row per grid point and implementation, every metric a column "
+      "(group /parity/table), a summary per implementation and precision (/parity/summary). The full grid is "
+      "data/configs/parity.json; --quick runs a small grid with the float64 truth in seconds.",
+      "results/parity.h5");
   auto* a = c.app;
-  static std::string grid;
-  a->add_option("--T", grid, "sequence lengths to sweep (list)");
-  c.run = [](Context&) -> int {
-    throw Error("'parity' is not built yet (see the open issues); nothing was written");
+  a->add_option("--B", o->B, "batch sizes (list)")->delimiter(',')->capture_default_str();
+  a->add_option("--T", o->T, "sequence lengths in tokens (list)")->delimiter(',')->capture_default_str();
+  a->add_option("--H", o->H, "heads (list; HV = H)")->delimiter(',')->capture_default_str();
+  a->add_option("--dk", o->dk, "key dimensions d_k (list)")->delimiter(',')->capture_default_str();
+  a->add_option("--dv", o->dv, "value dimensions d_v (list)")->delimiter(',')->capture_default_str();
+  a->add_option("--C", o->C, "chunk sizes C >= 1 of the chunked implementations (list; n/a for the recurrences)")
+      ->delimiter(',')
+      ->capture_default_str();
+  a->add_option("--gate", o->gate, "gate kinds: bounded (K3, g = g_min Sigmoid(...)), softplus (Kimi Linear, unbounded)")
+      ->delimiter(',')
+      ->capture_default_str();
+  a->add_option("--g-min", o->g_min, "lower bounds g_min < 0 of the bounded gate (list)")->delimiter(',')->capture_default_str();
+  a->add_option("--beta", o->beta, "beta distributions: sigmoid (anchor), wide (Sigmoid(N(0,16))), one (beta = 1)")
+      ->delimiter(',')
+      ->capture_default_str();
+  a->add_option("--impl", o->impl, "implementations: float64, float32, twin-bf16, cuda-bf16")->delimiter(',')->capture_default_str();
+  a->add_option("--state-precision", o->state, "state storage formats of the twin/kernel rows: fp32, bf16")
+      ->delimiter(',')
+      ->capture_default_str();
+  a->add_option("--matmul-precision", o->matmul, "matmul operand formats of the twin/kernel rows: bf16, fp16, tf32, fp32")
+      ->delimiter(',')
+      ->capture_default_str();
+  a->add_option("--truth", o->truth,
+                "truth: mp (cpp_bin_float_50), f64 (float64), f80 (long double), auto (mp while "
+                "B*T*H*d_k*d_v <= --mp-max-work, f80 while <= --f80-max-work, f64 above)")
+      ->capture_default_str();
+  a->add_option("--mp-max-work", o->mp_max_work, "largest B*T*H*d_k*d_v whose truth --truth auto computes in mp50")
+      ->capture_default_str();
+  a->add_option("--f80-max-work", o->f80_max_work, "largest B*T*H*d_k*d_v whose truth --truth auto computes in long double")
+      ->capture_default_str();
+  a->add_option("--windows", o->windows, "number of windows along T for the error-growth columns (1..1024)")
+      ->capture_default_str();
+
+  c.run = [o](Context& ctx) -> int {
+    auto given = [&](const char* name) { return ctx.app->get_option(name)->count() > 0; };
+    if (ctx.common.quick) {  // a small grid, float64 truth; options given explicitly still win
+      if (!given("--T")) o->T = {17, 300, 1000};
+      if (!given("--gate")) o->gate = {"bounded", "softplus"};
+      if (!given("--beta")) o->beta = {"sigmoid", "one"};
+      if (!given("--truth")) o->truth = "f64";
+    }
+    // ---- validate everything before any work (a bad config writes no file) ----
+    for (const auto* l : {&o->B, &o->T, &o->H, &o->dk, &o->dv, &o->C, &o->g_min})
+      require(!l->empty(), "parity: an empty list was given; every grid axis needs at least one value");
+    for (const auto* l : {&o->gate, &o->beta, &o->impl, &o->state, &o->matmul})
+      require(!l->empty(), "parity: an empty list was given; every grid axis needs at least one value");
+    for (double x : o->B) as_count(x, "B");
+    for (double x : o->T) as_count(x, "T");
+    for (double x : o->H) as_count(x, "H");
+    for (double x : o->dk) as_count(x, "dk");
+    for (double x : o->dv) as_count(x, "dv");
+    for (double x : o->C) as_count(x, "C");
+    for (double x : o->g_min)
+      require(std::isfinite(x) && x < 0, fmt::format("--g-min: {} is not accepted; give finite values < 0", x));
+    std::vector<GateKind> gates;
+    for (const auto& s : o->gate) gates.push_back(parse_gate_kind(s, "--gate"));
+    std::vector<BetaDist> betas;
+    for (const auto& s : o->beta) betas.push_back(parse_beta_dist(s, "--beta"));
+    for (const auto& s : o->impl)
+      require(std::find(kImpls.begin(), kImpls.end(), s) != kImpls.end(),
+              "--impl: '" + s + "' is unknown; accepted: float64, float32, twin-bf16, cuda-bf16");
+    std::vector<Format> states, matmuls;
+    for (const auto& s : o->state) {
+      const Format f = parse_format(s, "--state-precision");
+      require(f == Format::fp32 || f == Format::bf16, "--state-precision: '" + s + "' is not accepted; accepted: fp32, bf16");
+      states.push_back(f);
+    }
+    for (const auto& s : o->matmul) {
+      const Format f = parse_format(s, "--matmul-precision");
+      require(f != Format::fp64, "--matmul-precision: 'fp64' is not a tensor-core format; accepted: bf16, fp16, tf32, fp32");
+      matmuls.push_back(f);
+    }
+    require(o->truth == "auto" || o->truth == "mp" || o->truth == "f64" || o->truth == "f80",
+            "--truth: '" + o->truth + "' is unknown; accepted: auto, mp, f64, f80");
+    require(o->mp_max_work > 0, fmt::format("--mp-max-work: {} must be > 0", o->mp_max_work));
+    require(o->f80_max_work > 0, fmt::format("--f80-max-work: {} must be > 0", o->f80_max_work));
+    require(o->windows >= 1 && o->windows <= 1024, fmt::format("--windows: {} is not in 1..1024", o->windows));
+
+    // ---- the grid of input points ----
+    std::vector<KdaGenSpec> points;
+    for (double B : o->B)
+      for (double T : o->T)
+        for (double H : o->H)
+          for (double dk : o->dk)
+            for (double dv : o->dv)
+              for (GateKind g : gates)
+                for (std::size_t gi = 0; gi < o->g_min.size(); ++gi) {
+                  if (g == GateKind::softplus && gi > 0) continue;  // g_min only shapes the bounded gate
+                  for (BetaDist b : betas) {
+                    KdaGenSpec s;
+                    s.B = as_count(B, "B"); s.T = as_count(T, "T"); s.H = as_count(H, "H");
+                    s.d_k = as_count(dk, "dk"); s.d_v = as_count(dv, "dv");
+                    s.gate = g; s.g_min = o->g_min[gi]; s.beta = b; s.seed = ctx.common.seed;
+                    points.push_back(s);
+                  }
+                }
+    std::size_t per_point = 0;
+    for (const auto& s : o->impl)
+      per_point += (s == "float64" || s == "float32") ? 1 : (s == "twin-bf16" ? o->C.size() * states.size() * matmuls.size()
+                                                                              : o->C.size());
+    const std::size_t total = points.size() * per_point;
+
+    Table t;
+    t.col("point", 'i', "1", "index of the input grid point (inputs and truth shared by its rows)")
+        .col("generator", 's', "1", "named input generator (numerics/kda_inputs.hpp; anchor-kda = ANCHORS.md)")
+        .col("seed", 'i', "1", "generator seed")
+        .col("B", 'i', "1", "batch size").col("T", 'i', "1", "sequence length (tokens)")
+        .col("H", 'i', "1", "heads (HV = H)").col("d_k", 'i', "1", "key dimension").col("d_v", 'i', "1", "value dimension")
+        .col("gate", 's', "1", "gate kind: bounded (K3) or softplus (Kimi Linear)")
+        .col("g_min", 'd', "1", "lower bound of the bounded gate (NaN for softplus)")
+        .col("beta", 's', "1", "beta distribution: sigmoid, wide, one")
+        .col("impl", 's', "1", "implementation: float64, float32, twin-bf16, cuda-bf16")
+        .col("C", 'i', "1", "chunk size of a chunked implementation (0: not applicable, a recurrence)")
+        .col("state_precision", 's', "1", "format the state is kept in")
+        .col("matmul_precision", 's', "1", "operand format of the matmuls")
+        .col("out_format", 's', "1", "format o is delivered in")
+        .col("truth", 's', "1", "the truth this row is measured against (scalar type of the reference recurrence)")
+        .col("o_rel_rms", 'd', "1", "||o - o_truth||_2 / ||o_truth||_2 (metric of record)")
+        .col("o_max_abs", 'd', "1", "max |o - o_truth|")
+        .col("o_max_ulp_bf16", 'i', "1", "max distance in bf16 ulps between o and o_truth (both rounded to bf16)")
+        .col("o_nan", 'i', "1", "NaN count of o").col("o_inf", 'i', "1", "Inf count of o")
+        .col("S_rel_rms", 'd', "1", "relative RMS of the final state S [B, H, d_k, d_v]")
+        .col("S_max_abs", 'd', "1", "max abs error of the final state")
+        .col("S_max_ulp_bf16", 'i', "1", "max bf16-ulp distance of the final state")
+        .col("S_nan", 'i', "1", "NaN count of S").col("S_inf", 'i', "1", "Inf count of S")
+        .col("window", 'i', "1", "tokens per window of the error-along-T columns")
+        .col("o_rel_rms_first_window", 'd', "1", "relative RMS of o over the first window of tokens")
+        .col("o_rel_rms_last_window", 'd', "1", "relative RMS of o over the last window of tokens")
+        .col("o_rel_rms_max_window", 'd', "1", "largest window relative RMS of o")
+        .col("time_s", 'd', "s", "wall time of the implementation on this point")
+        .col("truth_time_s", 'd', "s", "wall time of the truth on this point");
+    Tensor<double> windows({total, static_cast<std::size_t>(o->windows)}, std::numeric_limits<double>::quiet_NaN());
+    std::vector<std::string> notes;
+    auto note = [&](const std::string& n) {
+      if (std::find(notes.begin(), notes.end(), n) == notes.end()) {
+        notes.push_back(n);
+        fmt::print(stderr, "parity: note: {}\n", n);
+      }
+    };
+
+    auto prog = ctx.progress("parity", total);
+    std::size_t row = 0;
+    for (std::size_t p = 0; p < points.size(); ++p) {
+      const KdaGenSpec& s = points[p];
+      const KdaInputs in = kda_inputs(s);
+      const double work = static_cast<double>(s.B * s.T * s.H * s.d_k * s.d_v);
+      const std::string tk =
+          o->truth != "auto" ? o->truth : (work <= o->mp_max_work ? "mp" : (work <= o->f80_max_work ? "f80" : "f64"));
+      const Truth tr = compute_truth(in, tk);
+      const std::size_t win = std::max<std::size_t>(1, (s.T + static_cast<std::size_t>(o->windows) - 1) /
+                                                           static_cast<std::size_t>(o->windows));
+      auto record = [&](const std::string& impl, std::int64_t C, const std::string& st, const std::string& mm,
+                        const ImplOut& r) {
+        const ErrorMetrics mo = compare(r.o, tr.o, "o"), ms = compare(r.S, tr.S, "S");
+        const auto w = rel_rms_windows(r.o, tr.o, s.B, s.T, win);
+        for (std::size_t j = 0; j < w.size() && j < static_cast<std::size_t>(o->windows); ++j) windows(row, j) = w[j];
+        const double wmax = *std::max_element(w.begin(), w.end());
+        std::string truth_name = tr.name;
+        if (impl == "float64" && tk == "f64") truth_name += " (the same computation: 0 by construction)";
+        t.row({static_cast<std::int64_t>(p), in.generator, static_cast<std::int64_t>(s.seed),
+               static_cast<std::int64_t>(s.B), static_cast<std::int64_t>(s.T), static_cast<std::int64_t>(s.H),
+               static_cast<std::int64_t>(s.d_k), static_cast<std::int64_t>(s.d_v), gate_kind_name(s.gate),
+               s.gate == GateKind::bounded ? s.g_min : std::numeric_limits<double>::quiet_NaN(), beta_dist_name(s.beta),
+               impl, C, st, mm, r.out_format, truth_name, mo.rel_rms, mo.max_abs, mo.max_ulp_bf16, mo.nan_count,
+               mo.inf_count, ms.rel_rms, ms.max_abs, ms.max_ulp_bf16, ms.nan_count, ms.inf_count,
+               static_cast<std::int64_t>(win), w.front(), w.back(), wmax, r.seconds, tr.seconds});
+        ++row;
+      };
+      const std::string label = fmt::format("T={} H={} {} {}", s.T, s.H, gate_kind_name(s.gate), beta_dist_name(s.beta));
+      for (const auto& impl : o->impl) {
+        if (impl == "float64") {
+          record(impl, 0, "fp64", "fp64", run_reference<double>(in, "fp64"));
+          prog.tick(1, label + " " + impl);
+        } else if (impl == "float32") {
+          record(impl, 0, "fp32", "fp32", run_reference<float>(in, "fp32"));
+          prog.tick(1, label + " " + impl);
+        } else if (impl == "twin-bf16") {
+          for (double C : o->C)
+            for (Format st : states)
+              for (Format mm : matmuls) {
+                std::string why;
+                if (auto r = run_twin(in, as_count(C, "C"), st, mm, why))
+                  record(impl, static_cast<std::int64_t>(C), format_name(st), format_name(mm), *r);
+                else
+                  note(why);
+                prog.tick(1, label + " " + impl);
+              }
+        } else {  // cuda-bf16
+          for (double C : o->C) {
+            std::string why;
+            if (auto r = run_cuda(in, as_count(C, "C"), why))
+              record(impl, static_cast<std::int64_t>(C), "fp32", "bf16", *r);
+            else
+              note(why);
+            prog.tick(1, label + " " + impl);
+          }
+        }
+      }
+    }
+    prog.finish();
+    require(t.rows() > 0, "parity: no implementation produced a row (" +
+                              (notes.empty() ? std::string("empty grid") : notes.front()) + "); nothing was written");
+    windows.shape[0] = t.rows();
+    windows.data.resize(t.rows() * static_cast<std::size_t>(o->windows));
+
+    // ---- summary: one row per implementation and precision ----
+    const auto& impl_c = std::get<std::vector<std::string>>(t.column("impl").data);
+    const auto& st_c = std::get<std::vector<std::string>>(t.column("state_precision").data);
+    const auto& mm_c = std::get<std::vector<std::string>>(t.column("matmul_precision").data);
+    const auto& err_c = std::get<std::vector<double>>(t.column("o_rel_rms").data);
+    const auto& errS_c = std::get<std::vector<double>>(t.column("S_rel_rms").data);
+    std::vector<std::string> keys;
+    std::map<std::string, std::vector<std::size_t>> groups;
+    for (std::size_t i = 0; i < t.rows(); ++i) {
+      const std::string k = impl_c[i] + "|" + st_c[i] + "|" + mm_c[i];
+      if (!groups.count(k)) keys.push_back(k);
+      groups[k].push_back(i);
+    }
+    Table sum;
+    sum.col("impl", 's', "1", "implementation").col("state_precision", 's', "1", "state format")
+        .col("matmul_precision", 's', "1", "matmul operand format").col("rows", 'i', "1", "rows summarised")
+        .col("o_rel_rms_median", 'd', "1", "median relative RMS of o over the rows")
+        .col("o_rel_rms_worst", 'd', "1", "largest relative RMS of o over the rows")
+        .col("S_rel_rms_median", 'd', "1", "median relative RMS of the final state")
+        .col("S_rel_rms_worst", 'd', "1", "largest relative RMS of the final state");
+    fmt::print("\n{:<11}{:>7}{:>8}{:>6}{:>16}{:>16}{:>16}{:>16}\n", "impl", "state", "matmul", "rows", "o median rRMS",
+               "o worst rRMS", "S median rRMS", "S worst rRMS");
+    for (const auto& k : keys) {
+      std::vector<double> eo, es;
+      for (std::size_t i : groups[k]) {
+        eo.push_back(err_c[i]);
+        es.push_back(errS_c[i]);
+      }
+      const std::size_t i0 = groups[k].front();
+      const double mo = median(eo), wo = *std::max_element(eo.begin(), eo.end());
+      const double ms = median(es), ws = *std::max_element(es.begin(), es.end());
+      sum.row({impl_c[i0], st_c[i0], mm_c[i0], static_cast<std::int64_t>(eo.size()), mo, wo, ms, ws});
+      fmt::print("{:<11}{:>7}{:>8}{:>6}{:>16.3e}{:>16.3e}{:>16.3e}{:>16.3e}\n", impl_c[i0], st_c[i0], mm_c[i0], eo.size(),
+                 mo, wo, ms, ws);
+    }
+    for (const auto& n : notes) fmt::print("note: {}\n", n);
+
+    auto f = ctx.open_results();
+    f->group("parity", "numeric parity of KDA implementations against a high-precision truth on the same rounded inputs");
+    f->write_table("parity/table", t);
+    f->attr("parity/table", "description", "one row per grid point and implementation; every metric a column");
+    f->write_table("parity/summary", sum);
+    f->attr("parity/summary", "description", "median and worst relative RMS per implementation and precision");
+    f->write_array("parity", "o_rel_rms_windows", windows, "1",
+                   "relative RMS of o per window along T, one row per table row (NaN where T has fewer windows)");
+    std::string all_notes;
+    for (const auto& n : notes) all_notes += (all_notes.empty() ? "" : "\n") + n;
+    f->attr("parity", "notes", all_notes.empty() ? std::string("none") : all_notes);
+    f->attr("parity", "truth_rule",
+            "--truth " + o->truth +
+                (o->truth == "auto" ? fmt::format(" (mp while B*T*H*d_k*d_v <= {}, f80 while <= {}, f64 above)",
+                                                  o->mp_max_work, o->f80_max_work)
+                                    : std::string()));
+    f->commit();
+    fmt::print("wrote {} ({} rows)\n", ctx.common.out, t.rows());
+    return 0;
   };
 }
 

@@ -1,17 +1,295 @@
-// `kdalab recall`: Multi-query associative recall without training: write N key/value pairs into each memory (softmax, MLA, linear attention, GLA, DeltaNet, Gated DeltaNet, KDA), read back each queried key and decode to the nearest value; accuracy and relative error vs N / d_k.
-// Placeholder registration: the options are described; the experiment itself is not built yet.
+// `kdalab recall`: multi-query associative recall without training (EQUATIONS.md section 9;
+// Zoology MQAR layout, Arora et al. 2023; ANCHORS.md "Experiments to reproduce").
+//
+// Mechanistic capacity, not Zoology's trained-model curves: N key/value pairs (key tokens from
+// [1, V/2), value tokens from [V/2, V) of a vocabulary of V) are embedded with random unit keys,
+// orthogonal keys (orthonormal in blocks of d_k) or correlated keys (pairwise cosine ~ overlap),
+// and unit random value embeddings; they are written one per token into each memory; a query
+// region of span * N tokens follows, where each key is queried once at a power-law distance
+// (P(gap) ~ gap^-a) with no writes in between (decays still apply). Each read is decoded to the
+// nearest value embedding; accuracy = fraction decoded to the right value token; rel_err =
+// sqrt(sum ||o - v||^2 / sum ||v||^2). All reads go through reference/ (kda.hpp, softmax.hpp,
+// latent_memory.hpp) in float64.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <numeric>
+#include <tuple>
+
 #include "experiments/cli.hpp"
+#include "experiments/memory_task.hpp"
+#include "numerics/random.hpp"
 #include "reference/error.hpp"
 
 namespace kdalab::cli {
 
+namespace {
+using namespace kdalab::exp;
+
+struct RecallOptions {
+  std::vector<std::string> memories = memory_names();
+  std::vector<std::string> keys{"random", "orthogonal", "correlated"};
+  std::vector<double> d_k{16, 32, 64, 128, 256};
+  std::vector<double> ratio{0.125, 0.25, 0.5, 1, 2, 4, 8};
+  std::vector<double> beta{1.0, 0.5};
+  std::vector<double> g_min{-5.0};
+  std::vector<double> dc_ratio{1.0, 0.5};
+  double overlap = 0.5;
+  double vocab = 8192;
+  double trials = 2;
+  double power_a = 1.0;
+  double span = 2.0;
+  double softmax_scale = 100.0;
+  double decay_bias_lo = -8.0, decay_bias_hi = -2.0;
+};
+
+/// Draws the query slot of every key: gap ~ P(gap) propto gap^-a on 1..Lq, nearest free slot.
+std::vector<Eigen::Index> power_law_slots(Rng& rng, Eigen::Index N, Eigen::Index Lq, double a) {
+  std::vector<double> cdf(static_cast<std::size_t>(Lq));
+  double acc = 0;
+  for (Eigen::Index s = 1; s <= Lq; ++s) cdf[static_cast<std::size_t>(s - 1)] = acc += std::pow(static_cast<double>(s), -a);
+  std::vector<bool> used(static_cast<std::size_t>(Lq), false);
+  std::vector<Eigen::Index> slot(static_cast<std::size_t>(N));
+  for (Eigen::Index i = N - 1; i >= 0; --i) {  // gap measured from the end of the writes
+    const double u = rng.uniform(0.0, acc);
+    auto s0 = static_cast<Eigen::Index>(std::lower_bound(cdf.begin(), cdf.end(), u) - cdf.begin());
+    Eigen::Index s = -1;
+    for (Eigen::Index off = 0; off < Lq && s < 0; ++off) {
+      if (s0 + off < Lq && !used[static_cast<std::size_t>(s0 + off)]) s = s0 + off;
+      else if (s0 - off >= 0 && !used[static_cast<std::size_t>(s0 - off)]) s = s0 - off;
+    }
+    used[static_cast<std::size_t>(s)] = true;
+    slot[static_cast<std::size_t>(i)] = s;
+  }
+  return slot;
+}
+
+struct Acc {
+  double correct = 0, count = 0, err2 = 0, ref2 = 0, dist = 0;
+  double numbers = 0;
+};
+}  // namespace
+
 void register_recall(Registry& reg) {
-  auto& c = reg.add("recall", "Multi-query associative recall without training: write N key/value pairs into each memory (softmax, MLA, linear attention, GLA, DeltaNet, Gated DeltaNet, KDA), read back each queried key and decode to the nearest value; accuracy and relative error vs N / d_k.", "results/recall.h5");
+  auto o = std::make_shared<RecallOptions>();
+  auto& c = reg.add("recall",
+                    "Multi-query associative recall without training (mechanistic capacity, not trained-model "
+                    "curves): write N key/value pairs into each memory (softmax, MLA through its d_c latent, linear "
+                    "attention, GLA, DeltaNet, Gated DeltaNet, KDA), read back each key at a power-law distance, "
+                    "decode to the nearest value; accuracy and relative error vs N / d_k.",
+                    "results/recall.h5");
   auto* a = c.app;
-  static std::string dk;
-  a->add_option("--d-k", dk, "key dimensions to sweep (list)");
-  c.run = [](Context&) -> int {
-    throw Error("'recall' is not built yet (see the open issues); nothing was written");
+  std::map<std::string, CLI::Option*> opt;
+  opt["memories"] = a->add_option("--memories", o->memories, "memories to test")->delimiter(',')->capture_default_str();
+  opt["keys"] = a->add_option("--keys", o->keys, "key embeddings: random, orthogonal, correlated")->delimiter(',')->capture_default_str();
+  opt["d-k"] = a->add_option("--d-k", o->d_k, "key dimensions d_k (d_v = d_k)")->delimiter(',')->capture_default_str();
+  opt["ratio"] = a->add_option("--ratio", o->ratio, "N / d_k values (pairs written per key dimension)")->delimiter(',')->capture_default_str();
+  opt["beta"] = a->add_option("--beta", o->beta, "write strengths beta of the delta memories, in (0, 1]")->delimiter(',')->capture_default_str();
+  opt["g-min"] = a->add_option("--g-min", o->g_min, "gate lower bounds g_min (< 0) of GLA, Gated DeltaNet, KDA")->delimiter(',')->capture_default_str();
+  opt["dc-ratio"] = a->add_option("--dc-ratio", o->dc_ratio, "MLA latent width d_c as a multiple of d_k + d_v")->delimiter(',')->capture_default_str();
+  opt["trials"] = a->add_option("--trials", o->trials, "independent sequences per point")->capture_default_str();
+  opt["vocab"] = a->add_option("--vocab", o->vocab, "vocabulary size V (keys from [1, V/2), values from [V/2, V))")->capture_default_str();
+  a->add_option("--overlap", o->overlap, "pairwise cosine of correlated keys, in [0, 1)")->capture_default_str();
+  a->add_option("--power-a", o->power_a, "exponent a of the query-gap power law P(gap) ~ gap^-a (>= 0)")->capture_default_str();
+  a->add_option("--span", o->span, "query region length as a multiple of N (>= 1)")->capture_default_str();
+  a->add_option("--softmax-scale", o->softmax_scale, "inverse temperature of the softmax and MLA reads (> 0)")->capture_default_str();
+  a->add_option("--decay-bias-lo", o->decay_bias_lo, "per-channel gate bias b ~ U(lo, hi): g = g_min Sigmoid(z + b), z ~ N(0,1)")->capture_default_str();
+  a->add_option("--decay-bias-hi", o->decay_bias_hi, "upper end of the gate bias range")->capture_default_str();
+  c.run = [o, opt](Context& ctx) {
+    if (ctx.common.quick) {  // small defaults, unless given
+      if (!opt.at("d-k")->count()) o->d_k = {16, 32, 64};
+      if (!opt.at("trials")->count()) o->trials = 2;
+      if (!opt.at("vocab")->count()) o->vocab = 2048;
+    }
+    std::vector<Memory> mems;
+    for (const auto& m : o->memories) mems.push_back(parse_memory(m, "--memories"));
+    for (const auto& k : o->keys)
+      require(k == "random" || k == "orthogonal" || k == "correlated",
+              "--keys: '" + k + "' is unknown; accepted: random, orthogonal, correlated");
+    for (double d : o->d_k) require(d >= 1 && d <= 4096 && d == std::floor(d), fmt::format("--d-k: {} is not an integer in [1, 4096]", d));
+    for (double r : o->ratio) require(r > 0 && r <= 64, fmt::format("--ratio: {} must be in (0, 64]", r));
+    for (double b : o->beta) require(b > 0 && b <= 1, fmt::format("--beta: {} must be in (0, 1]", b));
+    for (double g : o->g_min) require(g < 0 && std::isfinite(g), fmt::format("--g-min: {} must be a finite negative number", g));
+    for (double r : o->dc_ratio) require(r > 0 && r <= 4, fmt::format("--dc-ratio: {} must be in (0, 4]", r));
+    require(o->trials >= 1 && o->trials == std::floor(o->trials), fmt::format("--trials: {} is not a positive integer", o->trials));
+    require(o->vocab >= 4 && o->vocab == std::floor(o->vocab), fmt::format("--vocab: {} is not an integer >= 4", o->vocab));
+    require(o->overlap >= 0 && o->overlap < 1, fmt::format("--overlap: {} must be in [0, 1)", o->overlap));
+    require(o->power_a >= 0, fmt::format("--power-a: {} must be >= 0", o->power_a));
+    require(o->span >= 1, fmt::format("--span: {} must be >= 1", o->span));
+    require(o->softmax_scale > 0, fmt::format("--softmax-scale: {} must be > 0", o->softmax_scale));
+    require(o->decay_bias_lo <= o->decay_bias_hi, "--decay-bias-lo must be <= --decay-bias-hi");
+    const auto V = static_cast<Eigen::Index>(o->vocab);
+    for (double d : o->d_k)
+      for (double r : o->ratio) {
+        const auto N = std::max<Eigen::Index>(1, std::lround(r * d));
+        require(N <= V / 2 - 1, fmt::format("--vocab: {} leaves {} key tokens, fewer than N = {} (d_k {} x ratio {})",
+                                            o->vocab, V / 2 - 1, N, d, r));
+      }
+
+    Table t;
+    t.col("memory", 's', "1", "memory: softmax, mla, linear, gla, deltanet, gated_deltanet, kda")
+        .col("keys", 's', "1", "key embedding: random, orthogonal, correlated")
+        .col("d_k", 'i', "1", "key dimension (d_v = d_k)")
+        .col("N", 'i', "1", "key/value pairs written")
+        .col("ratio", 'd', "1", "N / d_k")
+        .col("beta", 'd', "1", "write strength (1 for memories without beta)")
+        .col("g_min", 'd', "1", "gate lower bound (0 for memories without decay)")
+        .col("d_c", 'i', "1", "MLA latent width (0 for other memories)")
+        .col("accuracy", 'd', "1", "fraction of queries decoded to the right value token")
+        .col("rel_err", 'd', "1", "sqrt(sum ||o - v||^2 / sum ||v||^2) over all queries")
+        .col("queries", 'i', "1", "queries read (N x trials)")
+        .col("mean_distance", 'd', "1", "mean tokens between a pair's write and its query")
+        .col("state_numbers", 'i', "1", "numbers the memory holds at read time (d_k d_v, N (d_k + d_v), or N d_c)");
+
+    Rng rng(ctx.common.seed);
+    const auto trials = static_cast<int>(o->trials);
+    auto prog = ctx.progress("recall", o->keys.size() * o->d_k.size() * o->ratio.size() * static_cast<std::size_t>(trials));
+    for (const auto& keymode : o->keys)
+      for (double dd : o->d_k)
+        for (double rr : o->ratio) {
+          const auto d = static_cast<Eigen::Index>(dd);
+          const auto N = std::max<Eigen::Index>(1, std::lround(rr * dd));
+          const auto Lq = static_cast<Eigen::Index>(std::ceil(o->span * static_cast<double>(N)));
+          const Eigen::Index L = N + Lq;
+          // (memory, beta, g_min, d_c) -> accumulators
+          std::map<std::tuple<int, double, double, Eigen::Index>, Acc> acc;
+          for (int tr = 0; tr < trials; ++tr) {
+            // Tokens: N distinct keys from [1, V/2), values from [V/2, V).
+            std::vector<Eigen::Index> key_ids(static_cast<std::size_t>(V / 2 - 1));
+            std::iota(key_ids.begin(), key_ids.end(), 1);
+            for (Eigen::Index i = 0; i < N; ++i) {  // partial Fisher-Yates with the portable engine
+              const auto j = i + static_cast<Eigen::Index>(rng.uniform(0.0, 1.0) * static_cast<double>(key_ids.size() - static_cast<std::size_t>(i)));
+              std::swap(key_ids[static_cast<std::size_t>(i)], key_ids[static_cast<std::size_t>(std::min<Eigen::Index>(j, static_cast<Eigen::Index>(key_ids.size()) - 1))]);
+            }
+            std::vector<Eigen::Index> val_idx(static_cast<std::size_t>(N));
+            for (auto& x : val_idx) x = std::min<Eigen::Index>(V - V / 2 - 1, static_cast<Eigen::Index>(rng.uniform(0.0, 1.0) * static_cast<double>(V - V / 2)));
+            const Mat<double> Kemb = keymode == "random"       ? random_unit_rows(rng, N, d)
+                                     : keymode == "orthogonal" ? orthogonal_rows(rng, N, d)
+                                                               : correlated_rows(rng, N, d, o->overlap);
+            const Mat<double> Vemb = random_unit_rows(rng, V - V / 2, d);  // value-token embeddings
+            const auto slot = power_law_slots(rng, N, Lq, o->power_a);
+            Sequence s;
+            s.k = Mat<double>::Zero(L, d);
+            s.v = Mat<double>::Zero(L, d);
+            s.q = Mat<double>::Zero(L, d);
+            s.write.assign(static_cast<std::size_t>(L), false);
+            s.read.assign(static_cast<std::size_t>(L), false);
+            std::vector<Eigen::Index> read_order;  // pair index of each read, in time order
+            std::vector<Eigen::Index> pair_at(static_cast<std::size_t>(Lq), -1);
+            for (Eigen::Index i = 0; i < N; ++i) {
+              s.k.row(i) = Kemb.row(i);
+              s.v.row(i) = Vemb.row(val_idx[static_cast<std::size_t>(i)]);
+              s.write[static_cast<std::size_t>(i)] = true;
+              pair_at[static_cast<std::size_t>(slot[static_cast<std::size_t>(i)])] = i;
+            }
+            double dist = 0;
+            for (Eigen::Index j = 0; j < Lq; ++j) {
+              const Eigen::Index i = pair_at[static_cast<std::size_t>(j)];
+              if (i < 0) continue;
+              s.q.row(N + j) = Kemb.row(i);
+              s.read[static_cast<std::size_t>(N + j)] = true;
+              read_order.push_back(i);
+              dist += static_cast<double>(N + j - i);
+            }
+            // Gate draws: per-channel bias b_i ~ U(lo, hi), z_t,i ~ N(0, 1); g = g_min Sigmoid(z + b).
+            Vec<double> bias(d);
+            for (Eigen::Index i = 0; i < d; ++i) bias(i) = rng.uniform(o->decay_bias_lo, o->decay_bias_hi);
+            Mat<double> sig(L, d);
+            for (Eigen::Index tt = 0; tt < L; ++tt)
+              for (Eigen::Index i = 0; i < d; ++i) sig(tt, i) = sigmoid<double>(rng.normal() + bias(i));
+            Mat<double> target(static_cast<Eigen::Index>(read_order.size()), d);
+            std::vector<Eigen::Index> target_tok(read_order.size());
+            for (std::size_t r = 0; r < read_order.size(); ++r) {
+              target.row(static_cast<Eigen::Index>(r)) = Vemb.row(val_idx[static_cast<std::size_t>(read_order[r])]);
+              target_tok[r] = val_idx[static_cast<std::size_t>(read_order[r])];
+            }
+            auto score = [&](const Mat<double>& out, Acc& a) {
+              const auto pred = nearest_rows(out, Vemb);
+              for (std::size_t r = 0; r < pred.size(); ++r) a.correct += pred[r] == target_tok[r] ? 1 : 0;
+              a.count += static_cast<double>(pred.size());
+              a.err2 += (out - target).squaredNorm();
+              a.ref2 += target.squaredNorm();
+              a.dist += dist;
+            };
+            for (Memory m : mems) {
+              const int mi = static_cast<int>(m);
+              if (m == Memory::mla) {
+                for (double dr : o->dc_ratio) {
+                  const auto dc = std::max<Eigen::Index>(1, std::lround(dr * 2.0 * dd));
+                  Mat<double> Gm(dc, 2 * d);
+                  for (Eigen::Index i = 0; i < dc; ++i)
+                    for (Eigen::Index j = 0; j < 2 * d; ++j) Gm(i, j) = rng.normal();
+                  const auto codec = LatentCodec<double>::from_gaussian(Gm, d, d);
+                  Acc& a = acc[{mi, 1.0, 0.0, dc}];
+                  score(run_memory(m, s, 1.0, 1.0, o->softmax_scale, &codec), a);
+                  a.numbers = static_cast<double>(N * dc);
+                }
+                continue;
+              }
+              if (m == Memory::softmax) {
+                Acc& a = acc[{mi, 1.0, 0.0, 0}];
+                s.g = Mat<double>::Zero(L, d);
+                score(run_memory(m, s, 1.0, 1.0, o->softmax_scale, nullptr), a);
+                a.numbers = static_cast<double>(N * 2 * d);
+                continue;
+              }
+              const std::vector<double> betas = uses_beta(m) ? o->beta : std::vector<double>{1.0};
+              const std::vector<double> gmins = uses_decay(m) ? o->g_min : std::vector<double>{0.0};
+              for (double gm : gmins) {
+                s.g = gm * sig;
+                if (m == Memory::gated_deltanet)  // scalar gate per head: the channel mean of KDA's g
+                  for (Eigen::Index tt = 0; tt < L; ++tt) s.g.row(tt).setConstant(s.g.row(tt).mean());
+                for (double b : betas) {
+                  Acc& a = acc[{mi, b, gm, 0}];
+                  score(run_memory(m, s, b, 1.0, o->softmax_scale, nullptr), a);
+                  a.numbers = static_cast<double>(d * d);
+                }
+              }
+            }
+            prog.tick();
+          }
+          for (const auto& [key, a] : acc) {
+            const auto& [mi, b, gm, dc] = key;
+            t.row({memory_name(static_cast<Memory>(mi)), keymode, static_cast<std::int64_t>(d), static_cast<std::int64_t>(N),
+                   static_cast<double>(N) / dd, b, gm, static_cast<std::int64_t>(dc), a.correct / a.count,
+                   std::sqrt(a.err2 / a.ref2), static_cast<std::int64_t>(a.count), a.dist / a.count,
+                   static_cast<std::int64_t>(a.numbers)});
+          }
+        }
+    prog.finish();
+    auto f = ctx.open_results();
+    f->group("recall",
+             "multi-query associative recall without training: mechanistic capacity of each memory (not Zoology's "
+             "trained-model curves); EQUATIONS.md section 9");
+    f->write_table("recall/capacity", t);
+    f->attr("recall/capacity", "description",
+            "one row per (memory, keys, d_k, N, beta, g_min, d_c): accuracy of nearest-value decoding and relative "
+            "read error, averaged over trials");
+    f->attr("recall", "softmax_scale", o->softmax_scale);
+    f->attr("recall", "vocab", o->vocab);
+    f->attr("recall", "overlap", o->overlap);
+    f->attr("recall", "power_a", o->power_a);
+    f->attr("recall", "out_scale", 1.0);
+    f->commit();
+    // Key numbers on stdout: accuracy at N = d_k for each memory and key mode.
+    for (std::size_t i = 0; i < t.rows(); ++i) {
+      const auto& ratio = std::get<std::vector<double>>(t.column("ratio").data)[i];
+      if (std::abs(ratio - 1.0) > 1e-9) continue;
+      fmt::print("{:>15} {:>11} d_k={:<4} N={:<4} beta={:<4} g_min={:<5} d_c={:<4} acc={:.3f} rel_err={:.3e}\n",
+                 std::get<std::vector<std::string>>(t.column("memory").data)[i],
+                 std::get<std::vector<std::string>>(t.column("keys").data)[i],
+                 std::get<std::vector<std::int64_t>>(t.column("d_k").data)[i],
+                 std::get<std::vector<std::int64_t>>(t.column("N").data)[i],
+                 std::get<std::vector<double>>(t.column("beta").data)[i],
+                 std::get<std::vector<double>>(t.column("g_min").data)[i],
+                 std::get<std::vector<std::int64_t>>(t.column("d_c").data)[i],
+                 std::get<std::vector<double>>(t.column("accuracy").data)[i],
+                 std::get<std::vector<double>>(t.column("rel_err").data)[i]);
+    }
+    fmt::print("wrote {}\n", ctx.common.out);
+    return 0;
   };
 }
 

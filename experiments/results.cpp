@@ -79,9 +79,16 @@ void set_num_attr(H5::H5Object& obj, const std::string& name, double value) {
 
 struct ResultsFile::Impl {
   H5::H5File file;
+  /// Opens group g, creating it and any missing parent groups.
   H5::Group open_group(const std::string& g) {
     if (g == "/" || g.empty()) return file.openGroup("/");
-    if (!file.nameExists(g)) return file.createGroup(g);
+    std::size_t pos = 0;
+    while (true) {
+      pos = g.find('/', pos + 1);
+      const std::string part = g.substr(0, pos);
+      if (!part.empty() && part != "/" && !file.nameExists(part)) file.createGroup(part);
+      if (pos == std::string::npos) break;
+    }
     return file.openGroup(g);
   }
 };
