@@ -18,7 +18,15 @@
 /// g <= 0); beta [B, T, HV]; S0 and the final state [B, HV, d_k, d_v]; o [B, T, HV, d_v]. Grouped
 /// value heads: HV is a multiple of H, value head j reads key head j / (HV / H).
 /// The seed-002 form (S of shape d_v x d_k, S_t = S_{t-1} Diag(alpha)(I - beta k k^T) + beta v k^T,
-/// o = S q) is the stated transpose of this one: S_seed = S^T (see to_seed_layout()).
+/// o = S q) is the stated transpose of this one: S_seed = S^T (see to_seed_layout(), kda_step_seed()).
+///
+/// Contents: kda_step (the delta form, also the decode step), kda_step_product (Eq. 1 literally),
+/// kda_step_gradient (one gradient step on 1/2 ||S^T k - v||^2, seed 000), kda_step_seed (seed 002
+/// orientation), kda_recurrent_head / kda_recurrent (batched, initial state in, final state out),
+/// kda_validate, kda_varlen / kda_recurrent_varlen (packed sequences by cu_seqlens, one state each),
+/// softmax_decode_reads / kda_decode_reads (seed 002 decode-cost table). The chunked form is in
+/// reference/kda_chunk.hpp, the gates in reference/gate.hpp, the full layer in reference/kda_layer.hpp.
+/// Range of g per gate (g in [g_min, 0] for the bounded gate): validate_gate() in reference/gate.hpp.
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -49,7 +57,8 @@ inline KdaVariant parse_variant(const std::string& s, const std::string& what = 
   throw Error(what + " = '" + s + "' is unknown; accepted: kda, gated_deltanet, deltanet, gla, linear");
 }
 
-/// One recurrence step on one head, in place: S (d_k x d_v) <- S_t, returns o_t (d_v).
+/// One recurrence step on one head (K3 report Eq. 1, delta form), in place: S (d_k x d_v) <- S_t,
+/// returns o_t (d_v).
 /// q, k, g: d_k; v: d_v; beta scalar. This is also the one-token decode step.
 /// Units: g is a natural-log decay (alpha = e^g). No input checks (callers validate).
 template <class S>
@@ -77,8 +86,9 @@ Vec<S> kda_step(Mat<S>& St, const Vec<S>& q, const Vec<S>& k, const Vec<S>& v, c
   return Vec<S>(scale * (St.transpose() * q));
 }
 
-/// The single-head recurrence over T tokens. q, k, g: T x d_k; v: T x d_v; beta: T; S0: d_k x d_v
-/// (pass a zero matrix for no initial state). Returns o (T x d_v); S0 is replaced by S_T.
+/// The single-head recurrence over T tokens (K3 report Eq. 1). q, k, g: T x d_k; v: T x d_v; beta: T;
+/// state: d_k x d_v, S_0 in (a zero matrix for no initial state), S_T out. Returns o (T x d_v).
+/// No input checks (kda_recurrent validates).
 template <class S>
 Mat<S> kda_recurrent_head(const Mat<S>& q, const Mat<S>& k, const Mat<S>& v, const Mat<S>& g, const Vec<S>& beta,
                           Mat<S>& state, const S& scale, KdaVariant var = KdaVariant::kda) {

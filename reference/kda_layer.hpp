@@ -119,6 +119,46 @@ struct KdaWeights {
     return w;
   }
 
+  /// Random weights from a caller's N(0, 1) source (for stacks that draw every layer from one
+  /// stream, e.g. reference/hybrid.hpp): `normal()` returns doubles, converted to S. Same member
+  /// order and shapes as random(); linear maps std * N(0, 1) (std = 0: 1/sqrt(fan_in)); conv taps
+  /// N(0, 1/K); A_log 0.3 N(0, 1); g_bias 0.5 N(0, 1); rms_w 1 + 0.1 N(0, 1).
+  /// Errors: KdaConfig::validate().
+  template <class Normal>
+  static KdaWeights from_normal(const KdaConfig& c, Normal&& normal, double std = 0.0) {
+    c.validate();
+    const auto N = [&](std::size_t r, std::size_t cols, double fan_in) {
+      Mat<S> m(static_cast<Eigen::Index>(r), static_cast<Eigen::Index>(cols));
+      const double sd = std > 0 ? std : 1.0 / std::sqrt(fan_in);
+      for (Eigen::Index i = 0; i < m.size(); ++i) m.data()[i] = S(sd * normal());
+      return m;
+    };
+    const auto F = [&](std::size_t r, std::size_t cols, double sd, double mean) {
+      Mat<S> m(static_cast<Eigen::Index>(r), static_cast<Eigen::Index>(cols));
+      for (Eigen::Index i = 0; i < m.size(); ++i) m.data()[i] = S(mean + sd * normal());
+      return m;
+    };
+    const double hid = static_cast<double>(c.hidden), K = static_cast<double>(c.conv_kernel);
+    const std::size_t qk = c.H * c.d_k, vw = c.HV * c.d_v, gw = c.HV * c.d_k;
+    KdaWeights w;
+    w.W_q = N(qk, c.hidden, hid);
+    w.W_k = N(qk, c.hidden, hid);
+    w.W_v = N(vw, c.hidden, hid);
+    w.conv_q = F(qk, c.conv_kernel, 1.0 / std::sqrt(K), 0.0);
+    w.conv_k = F(qk, c.conv_kernel, 1.0 / std::sqrt(K), 0.0);
+    w.conv_v = F(vw, c.conv_kernel, 1.0 / std::sqrt(K), 0.0);
+    w.W_beta = N(c.HV, c.hidden, hid);
+    w.W_a_down = N(c.rank(), c.hidden, hid);
+    w.W_a_up = N(gw, c.rank(), static_cast<double>(c.rank()));
+    w.W_alpha = N(gw, vw, static_cast<double>(vw));
+    w.A_log = F(c.HV, 1, 0.3, 0.0).col(0);
+    w.g_bias = F(c.HV, c.d_k, 0.5, 0.0);
+    w.rms_w = F(c.d_v, 1, 0.1, 1.0).col(0);
+    w.W_g = N(vw, c.hidden, hid);
+    w.W_o = N(c.hidden, vw, static_cast<double>(vw));
+    return w;
+  }
+
   /// Elementwise conversion to another scalar type.
   template <class R>
   KdaWeights<R> cast() const {

@@ -1,6 +1,7 @@
 #pragma once
 // Helpers shared by the KDA reference tests (tests/unit/test_kda*.cpp, test_gate*, test_layers*).
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <string>
 #include <vector>

@@ -169,6 +169,17 @@ TEST_CASE("KDA layer: seeded init is reproducible; bad input names the tensor or
   const KdaLayer<double> a(small_config(), 5), b(small_config(), 5), c(small_config(), 6);
   CHECK(rel_err<double>(a.weights().W_q, b.weights().W_q) == 0.0);
   CHECK(rel_err<double>(a.weights().W_q, c.weights().W_q) > 0.1);
+  // weights from a caller's normal stream: same stream, same weights; decode == prefill holds too
+  Rng r1(77), r2(77);
+  const auto w1 = KdaWeights<double>::from_normal(small_config(), [&] { return r1.normal(); });
+  const auto w2 = KdaWeights<double>::from_normal(small_config(), [&] { return r2.normal(); });
+  CHECK(rel_err<double>(w1.W_alpha, w2.W_alpha) == 0.0);
+  const KdaLayer<double> ln(small_config(), w1);
+  auto cp = ln.make_cache(), cd = ln.make_cache();
+  const Mat<double> xs = input(71, 9, 12);
+  const Mat<double> yp = ln.prefill(xs, cp);
+  for (Eigen::Index t = 0; t < 9; ++t)
+    CHECK((ln.decode(xs.row(t).transpose(), cd) - yp.row(t).transpose()).norm() <= 1e-12 * yp.row(t).norm());
   auto cache = a.make_cache();
   require_error([&] { a.prefill(input(67, 3, 11), cache); }, {"'x'", "hidden = 12"});
   Mat<double> x = input(68, 3, 12);
