@@ -211,24 +211,37 @@ class Hybrid {
 // ---- cache footprint of a model config ------------------------------------------------------
 
 /// Per-sequence cache of a model, in numbers (multiply by the element size for bytes):
-/// per_token = sum over MLA layers of (d_c + d_rope); fixed = sum over KDA layers of the state and
-/// ShortConv tails; full_mla_per_token = the same stack with every layer MLA; mha_per_token = every
-/// layer as plain MHA with the MLA head shapes.
+/// per_token = sum over MLA layers of (d_c + d_rope) (DeepSeek-V2 §2.1.3); kda_state = sum over KDA
+/// layers of H d_k d_v; kda_conv = sum over KDA layers of the ShortConv tails (K - 1)(2 H d_k + H d_v);
+/// full_mla_per_token = the same stack with every layer MLA; mha_per_token = every layer plain MHA
+/// with the MLA head shapes. Here d_k = d_v = linear_attn_config.head_dim.
 struct CacheFootprint {
-  std::size_t per_token = 0, fixed = 0, full_mla_per_token = 0, mha_per_token = 0;
-  /// Numbers held after n tokens.
-  double hybrid_at(double n) const { return fixed + per_token * n; }
-  double full_mla_at(double n) const { return full_mla_per_token * n; }
+  std::size_t per_token = 0, kda_state = 0, kda_conv = 0, full_mla_per_token = 0, mha_per_token = 0;
+  std::size_t fixed() const { return kda_state + kda_conv; }
+  /// Bytes held after n tokens: latents at `latent_bytes` each, KDA state at `state_bytes`, tails at `conv_bytes`.
+  double hybrid_bytes(double n, double latent_bytes, double state_bytes, double conv_bytes) const {
+    return latent_bytes * static_cast<double>(per_token) * n + state_bytes * static_cast<double>(kda_state) +
+           conv_bytes * static_cast<double>(kda_conv);
+  }
+  double full_mla_bytes(double n, double latent_bytes) const {
+    return latent_bytes * static_cast<double>(full_mla_per_token) * n;
+  }
 };
 
-/// Cache footprint of a parsed model config (needs MLA shapes, i.e. at least one MLA layer).
+/// Cache footprint of a parsed model config. Throws kdalab::Error when the model has no MLA layer
+/// (then there are no MLA shapes to compare with).
 inline CacheFootprint cache_footprint(const ModelConfig& m) {
   require(m.count(LayerKind::mla) > 0, "cache footprint" + detail::cfg_where(m.source) +
                                            ": the model has no MLA layer, so no MLA shapes to compare with");
   CacheFootprint f;
+  const std::size_t H = m.kda.num_heads, d = m.kda.head_dim, K = m.kda.conv_kernel;
   for (auto k : m.layers) {
-    if (k == LayerKind::mla) f.per_token += mla_cache_values_per_token(m.mla);
-    else f.fixed += kda_state_values(m.kda.num_heads, m.kda.head_dim, m.kda.head_dim, m.kda.conv_kernel);
+    if (k == LayerKind::mla) {
+      f.per_token += mla_cache_values_per_token(m.mla);
+    } else {
+      f.kda_state += H * d * d;
+      f.kda_conv += kda_state_values(H, d, d, K) - H * d * d;
+    }
   }
   f.full_mla_per_token = m.num_layers * mla_cache_values_per_token(m.mla);
   f.mha_per_token = m.num_layers * mha_cache_values_per_token(m.mla);

@@ -56,7 +56,9 @@ TEST_CASE("model config: Kimi Linear 48B has the published shapes", "[model_conf
   CHECK(f.per_token == 7 * 576);
   CHECK(f.full_mla_per_token == 27 * 576);
   CHECK(f.mha_per_token == 27 * 32 * (192 + 128));
-  CHECK(f.fixed == 20 * (32 * 128 * 128 + 3 * 32 * 384));
+  CHECK(f.kda_state == 20 * 32 * 128 * 128);
+  CHECK(f.kda_conv == 20 * 3 * 32 * 384);
+  CHECK(f.fixed() == 20 * (32 * 128 * 128 + 3 * 32 * 384));
 }
 
 TEST_CASE("model config: K3 public widths, illustrative layer count", "[model_config]") {
