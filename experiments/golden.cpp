@@ -22,6 +22,7 @@
 #include <filesystem>
 
 #include "experiments/cli.hpp"
+#include "experiments/kda_ops.hpp"
 #include "numerics/kda_inputs.hpp"
 #include "numerics/metrics.hpp"
 #include "numerics/tolerance.hpp"
@@ -69,36 +70,11 @@ std::vector<GoldenOp> golden_ops() {
 const std::vector<KdaVariant> kVariants{KdaVariant::gated_deltanet, KdaVariant::deltanet, KdaVariant::gla,
                                         KdaVariant::linear};
 
-/// Decode path: T one-token kda_step calls per (b, h) from S0 (distinct from kda_recurrent's loop).
-template <class S>
-KdaOutput<S> decode_steps(const Tensor<S>& q, const Tensor<S>& k, const Tensor<S>& v, const Tensor<S>& g,
-                          const Tensor<S>& beta, const Tensor<S>& S0, const S& scale) {
-  const KdaShape s = kda_validate(q, k, v, g, beta, &S0);
-  KdaOutput<S> out{Tensor<S>({s.B, s.T, s.HV, s.d_v}), S0};
-  for (std::size_t t = 0; t < s.T; ++t)  // token-major: every sequence advances one step at a time
-    for (std::size_t b = 0; b < s.B; ++b)
-      for (std::size_t h = 0; h < s.HV; ++h) {
-        Mat<S> St(s.d_k, s.d_v);
-        for (std::size_t i = 0; i < s.d_k; ++i)
-          for (std::size_t j = 0; j < s.d_v; ++j) St(i, j) = out.S_final(b, h, i, j);
-        Vec<S> qt(s.d_k), kt(s.d_k), gt(s.d_k), vt(s.d_v);
-        for (std::size_t i = 0; i < s.d_k; ++i) {
-          qt(i) = q(b, t, h, i); kt(i) = k(b, t, h, i); gt(i) = g(b, t, h, i);
-        }
-        for (std::size_t j = 0; j < s.d_v; ++j) vt(j) = v(b, t, h, j);
-        const Vec<S> ot = kda_step<S>(St, qt, kt, vt, gt, beta(b, t, h), scale);
-        for (std::size_t j = 0; j < s.d_v; ++j) out.o(b, t, h, j) = ot(j);
-        for (std::size_t i = 0; i < s.d_k; ++i)
-          for (std::size_t j = 0; j < s.d_v; ++j) out.S_final(b, h, i, j) = St(i, j);
-      }
-  return out;
-}
-
 template <class S>
 KdaOutput<S> run_op(const std::string& op, const KdaInputs& in, bool has_S0, KdaVariant var = KdaVariant::kda) {
   const Tensor<S> S0 = has_S0 ? in.S0.cast<S>() : Tensor<S>(in.S0.shape);
   if (op == "kda_decode")
-    return decode_steps<S>(in.q.cast<S>(), in.k.cast<S>(), in.v.cast<S>(), in.g.cast<S>(), in.beta.cast<S>(), S0,
+    return kda_decode_steps<S>(in.q.cast<S>(), in.k.cast<S>(), in.v.cast<S>(), in.g.cast<S>(), in.beta.cast<S>(), S0,
                            static_cast<S>(in.scale));
   return kda_recurrent<S>(in.q.cast<S>(), in.k.cast<S>(), in.v.cast<S>(), in.g.cast<S>(), in.beta.cast<S>(),
                           has_S0 ? &S0 : nullptr, static_cast<S>(in.scale), var);

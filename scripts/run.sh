@@ -17,6 +17,8 @@ echo
 # The default suite: quick versions of every experiment that is built.
 $k decode-cost --quick --force --out "$results/decode_cost.h5"
 echo
+$k parity --quick --force --out "$results/parity.h5"
+echo
 
 if [ -x scripts/figures.sh ]; then
   bash scripts/figures.sh "$results"/*.h5 || echo "run.sh: figures failed (see above); results are intact" >&2

@@ -1,0 +1,263 @@
+// `kdalab check`: files written from the golden fixtures give ~0 for the truth itself and the
+// expected error for a bf16-rounded candidate; every malformed file gives its own clear error.
+#include <H5Cpp.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <set>
+#include <string>
+
+#include "experiments/results.hpp"
+#include "numerics/bf16.hpp"
+#include "numerics/metrics.hpp"
+#include "numerics/tolerance.hpp"
+#include "tests/catch.hpp"
+
+using namespace kdalab;
+namespace fs = std::filesystem;
+
+namespace {
+struct Run {
+  int rc;
+  std::string out;
+};
+Run run(const std::string& args) {
+  const char* bin = std::getenv("KDALAB_BIN");
+  REQUIRE(bin != nullptr);
+  const std::string cmd = std::string(bin) + " " + args + " 2>&1";
+  Run r{-1, ""};
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::array<char, 4096> buf;
+  while (fgets(buf.data(), buf.size(), p)) r.out += buf.data();
+  const int st = pclose(p);
+  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+const std::string kGolden = "data/golden/kda_recurrent.h5";
+
+/// One dataset to write: data, HDF5 type, string attributes.
+struct Ds {
+  Tensor<double> t;
+  bool f32 = false;
+  std::map<std::string, std::string> attrs;
+};
+
+/// A check input file under construction: datasets and root attributes, editable per test.
+struct InputFile {
+  std::map<std::string, Ds> ds;
+  std::map<std::string, double> num;
+  std::map<std::string, std::string> str;
+  std::map<std::string, std::int64_t> ints;  // integer-typed datasets (dtype errors)
+
+  void write(const fs::path& p) const {
+    H5::H5File f(p.string(), H5F_ACC_TRUNC);
+    H5::StrType st(H5::PredType::C_S1, H5T_VARIABLE);
+    for (const auto& [name, d] : ds) {
+      std::vector<hsize_t> dims(d.t.shape.begin(), d.t.shape.end());
+      H5::DataSpace sp(static_cast<int>(dims.size()), dims.data());
+      H5::DataSet x = f.createDataSet(name, d.f32 ? H5::PredType::NATIVE_FLOAT : H5::PredType::NATIVE_DOUBLE, sp);
+      if (d.f32) {
+        std::vector<float> v(d.t.data.begin(), d.t.data.end());
+        x.write(v.data(), H5::PredType::NATIVE_FLOAT);
+      } else {
+        x.write(d.t.data.data(), H5::PredType::NATIVE_DOUBLE);
+      }
+      for (const auto& [k, v] : d.attrs) x.createAttribute(k, st, H5::DataSpace(H5S_SCALAR)).write(st, v);
+    }
+    for (const auto& [name, n] : ints) {
+      hsize_t dim = static_cast<hsize_t>(n);
+      std::vector<std::int64_t> v(dim, 1);
+      f.createDataSet(name, H5::PredType::NATIVE_INT64, H5::DataSpace(1, &dim)).write(v.data(), H5::PredType::NATIVE_INT64);
+    }
+    H5::Group root = f.openGroup("/");
+    for (const auto& [k, v] : num)
+      root.createAttribute(k, H5::PredType::NATIVE_DOUBLE, H5::DataSpace(H5S_SCALAR)).write(H5::PredType::NATIVE_DOUBLE, &v);
+    for (const auto& [k, v] : str) root.createAttribute(k, st, H5::DataSpace(H5S_SCALAR)).write(st, v);
+  }
+};
+
+Tensor<double> golden(const std::string& file, const std::string& name) { return h5read::array(file, "/anchor" + name); }
+
+/// The golden anchor case as derived inputs (g log-decay, beta values, q/k already normalised).
+InputFile derived_file(const std::string& file = kGolden, const std::string& c = "/anchor") {
+  InputFile f;
+  for (const char* n : {"q", "k", "v", "g", "beta"}) f.ds[n] = {h5read::array(file, c + "/" + n), false, {}};
+  f.ds["S0"] = {h5read::array(file, c + "/S0"), true, {{"layout", "KV"}}};
+  f.num["scale"] = h5read::attr_double(file, c, "scale");
+  f.num["l2norm_qk"] = 0;
+  return f;
+}
+
+/// The same case as raw kernel inputs: bf16 q/k/v/gate logits/beta logits, K3 gate parameters.
+InputFile raw_file() {
+  InputFile f;
+  f.ds["q"] = {golden(kGolden, "/q_raw"), true, {{"format", "bf16"}}};
+  f.ds["k"] = {golden(kGolden, "/k_raw"), true, {{"format", "bf16"}}};
+  f.ds["v"] = {golden(kGolden, "/v"), true, {{"format", "bf16"}}};
+  f.ds["g"] = {golden(kGolden, "/g_raw"), true, {{"format", "bf16"}}};
+  f.ds["beta"] = {golden(kGolden, "/beta_raw"), true, {{"format", "bf16"}}};
+  f.ds["A_log"] = {golden(kGolden, "/A_log"), false, {}};
+  f.ds["bias"] = {golden(kGolden, "/bias"), false, {}};
+  f.ds["S0"] = {golden(kGolden, "/S0"), true, {{"layout", "KV"}}};
+  f.num["scale"] = h5read::attr_double(kGolden, "/anchor", "scale");
+  f.num["l2norm_qk"] = 1;
+  f.num["g_min"] = -5;
+  f.str["gate"] = "k3";
+  f.str["beta"] = "logits";
+  return f;
+}
+
+fs::path tmpdir() {
+  const fs::path d = fs::temp_directory_path() / ("kdalab_test_check_" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  return d;
+}
+
+double reported(const std::string& report, const std::string& tensor) {
+  const auto names = h5read::strings(report, "/check/report/tensor");
+  const auto err = h5read::array(report, "/check/report/rel_rms");
+  for (std::size_t i = 0; i < names.size(); ++i)
+    if (names[i] == tensor) return err.data[i];
+  FAIL("tensor " << tensor << " not in the report");
+  return -1;
+}
+}  // namespace
+
+TEST_CASE("check: the truth itself reports ~0; a bf16-rounded candidate reports the bf16 error") {
+  const fs::path d = tmpdir();
+  const Tensor<double> o = golden(kGolden, "/o"), S = golden(kGolden, "/S_final");
+  Tensor<double> o_bf16 = o;
+  for (auto& x : o_bf16.data) x = round_bf16(x);
+  const double expected = rel_rms(o_bf16.data, o.data);
+  REQUIRE(expected > 1e-3);  // ~u_bf16 / sqrt(3)
+
+  for (const char* truth : {"mp", "f64"}) {
+    for (bool raw : {false, true}) {
+      INFO("truth " << truth << (raw ? ", raw kernel inputs (K3 gate, beta logits, l2norm)" : ", derived inputs"));
+      InputFile f = raw ? raw_file() : derived_file();
+      f.ds["o"] = {o, false, {}};
+      f.ds["S"] = {S, false, {{"layout", "KV"}}};
+      f.write(d / "self.h5");
+      Run r = run("check --op kda --in " + (d / "self.h5").string() + " --truth " + truth + " --force --out " +
+                  (d / "r.h5").string());
+      INFO(r.out);
+      REQUIRE(r.rc == 0);
+      CHECK(r.out.find("check: PASS") != std::string::npos);
+      CHECK(reported((d / "r.h5").string(), "o") < tol::check_self.value);
+      CHECK(reported((d / "r.h5").string(), "S") < tol::check_self.value);
+
+      f.ds["o"] = {o_bf16, true, {{"format", "bf16"}}};
+      f.write(d / "bf16.h5");
+      r = run("check --op kda --in " + (d / "bf16.h5").string() + " --truth " + truth + " --force --out " +
+              (d / "r.h5").string());
+      INFO(r.out);
+      REQUIRE(r.rc == 0);
+      const double got = reported((d / "r.h5").string(), "o");
+      CAPTURE(got, expected);
+      CHECK(std::fabs(got - expected) <= tol::check_metric_agreement.value * expected);
+      // a tolerance below the bf16 floor fails the verdict with exit 1
+      r = run("check --op kda --in " + (d / "bf16.h5").string() + " --truth " + truth + " --tol 1e-4 --force --out " +
+              (d / "r.h5").string());
+      CHECK(r.rc == 1);
+      CHECK(r.out.find("check: FAIL") != std::string::npos);
+    }
+  }
+  fs::remove_all(d);
+}
+
+TEST_CASE("check: no candidate writes the truth; VK layouts; kda-decode") {
+  const fs::path d = tmpdir();
+  InputFile f = derived_file();
+  Tensor<double> S0 = f.ds["S0"].t, S0vk({S0.dim(0), S0.dim(1), S0.dim(3), S0.dim(2)});
+  for (std::size_t b = 0; b < S0.dim(0); ++b)
+    for (std::size_t h = 0; h < S0.dim(1); ++h)
+      for (std::size_t i = 0; i < S0.dim(2); ++i)
+        for (std::size_t j = 0; j < S0.dim(3); ++j) S0vk(b, h, j, i) = S0(b, h, i, j);
+  f.ds["S0"] = {S0vk, true, {{"layout", "VK"}}};
+  f.write(d / "vk.h5");
+  const Run r = run("check --in " + (d / "vk.h5").string() + " --out " + (d / "truth.h5").string());
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  CHECK(r.out.find("no candidate") != std::string::npos);
+  const Tensor<double> o = golden(kGolden, "/o");
+  CHECK(rel_rms(h5read::array((d / "truth.h5").string(), "/check/o_truth").data, o.data) < tol::check_self.value);
+  CHECK(h5read::array((d / "truth.h5").string(), "/check/S_truth").shape == S0vk.shape);  // written back in VK
+
+  const std::string dec = "data/golden/kda_decode.h5";
+  InputFile g = derived_file(dec, "/anchor_decode");
+  g.ds["o"] = {h5read::array(dec, "/anchor_decode/o"), false, {}};
+  g.write(d / "dec.h5");
+  const Run r2 = run("check --op kda-decode --in " + (d / "dec.h5").string() + " --out " + (d / "dec_r.h5").string());
+  INFO(r2.out);
+  CHECK(r2.rc == 0);
+  CHECK(reported((d / "dec_r.h5").string(), "o") < tol::check_self.value);
+  fs::remove_all(d);
+}
+
+TEST_CASE("check: every malformed file gives its own clear error, exit 2 and no report") {
+  const fs::path d = tmpdir();
+  struct Bad {
+    const char* name;
+    std::function<void(InputFile&)> edit;
+    const char* says;
+    const char* op = "kda";
+  };
+  const std::vector<Bad> bads = {
+      {"missing q", [](InputFile& f) { f.ds.erase("q"); }, "dataset 'q' is missing"},
+      {"wrong rank", [](InputFile& f) { f.ds["q"].t.shape = {f.ds["q"].t.dim(0) * f.ds["q"].t.dim(1), f.ds["q"].t.dim(2), f.ds["q"].t.dim(3)}; },
+       "dataset 'q' has rank 3"},
+      {"S0 without layout", [](InputFile& f) { f.ds["S0"].attrs.clear(); }, "'S0' has no attribute layout"},
+      {"S0 unknown layout", [](InputFile& f) { f.ds["S0"].attrs["layout"] = "KVK"; }, "layout of 'S0' = 'KVK' is unknown"},
+      {"S0 wrong shape", [](InputFile& f) { f.ds["S0"].attrs["layout"] = "VK"; f.ds["S0"].t.shape[3] = 16;
+                                            f.ds["S0"].t.shape[2] = 64; }, "dataset 'S0' has shape"},
+      {"candidate S without layout", [](InputFile& f) { f.ds["S"] = {f.ds["S0"].t, false, {}}; }, "'S' has no attribute layout"},
+      {"k shape", [](InputFile& f) { f.ds["k"].t.shape[1] -= 1; f.ds["k"].t.data.resize(f.ds["k"].t.data.size() - 128); },
+       "dataset 'k' has shape"},
+      {"g shape", [](InputFile& f) { f.ds["g"] = {f.ds["beta"].t, false, {}}; }, "dataset 'g' has rank 3"},
+      {"o shape", [](InputFile& f) { f.ds["o"] = {f.ds["q"].t, false, {}}; f.ds["o"].t.shape[3] = 16;
+                                      f.ds["o"].t.shape[2] = 4; }, "candidate 'o' has shape"},
+      {"integer dtype", [](InputFile& f) { f.ds.erase("beta"); f.ints["beta"] = 4; }, "'beta' has an integer dtype"},
+      {"missing scale", [](InputFile& f) { f.num.erase("scale"); }, "attribute 'scale' is missing"},
+      {"missing l2norm_qk", [](InputFile& f) { f.num.erase("l2norm_qk"); }, "'l2norm_qk' is missing"},
+      {"unknown gate", [](InputFile& f) { f.str["gate"] = "sigmoid"; }, "gate = 'sigmoid' is unknown"},
+      {"k3 gate without A_log", [](InputFile& f) { f.str["gate"] = "k3"; f.num["g_min"] = -5; }, "dataset 'A_log' is missing"},
+      {"k3 gate without g_min", [](InputFile& f) {
+         f.str["gate"] = "k3"; f.ds["A_log"] = {Tensor<double>({2}, 0.5), false, {}};
+         f.ds["bias"] = {Tensor<double>({2, 32}, 0.5), false, {}}; }, "needs the root attribute 'g_min'"},
+      {"beta outside [0, 1]", [](InputFile& f) { f.ds["beta"].t.data[3] = 1.5; }, "outside [0, 1]"},
+      {"bf16 claim on fp32 data", [](InputFile& f) { f.ds["q"].attrs["format"] = "bf16"; }, "is not representable in bf16"},
+      {"decode without S0", [](InputFile& f) { f.ds.erase("S0"); }, "needs the initial state S0", "kda-decode"},
+  };
+  std::set<std::string> messages;
+  for (const Bad& b : bads) {
+    INFO(b.name);
+    InputFile f = derived_file();
+    b.edit(f);
+    const fs::path in = d / "bad.h5", out = d / "report.h5";
+    f.write(in);
+    const Run r = run(std::string("check --op ") + b.op + " --in " + in.string() + " --out " + out.string());
+    INFO(r.out);
+    CHECK(r.rc == 2);
+    CHECK(r.out.find(b.says) != std::string::npos);
+    CHECK(r.out.find("kdalab check: error:") != std::string::npos);
+    CHECK_FALSE(fs::exists(out));
+    messages.insert(r.out);
+  }
+  CHECK(messages.size() == bads.size());  // each variant has its own message
+  // missing input file, unknown op
+  Run r = run("check --in " + (d / "none.h5").string() + " --out " + (d / "x.h5").string());
+  CHECK(r.rc == 2);
+  CHECK(r.out.find("not found or not a readable HDF5 file") != std::string::npos);
+  r = run("check --op mla2 --in x --out " + (d / "x.h5").string());
+  CHECK(r.rc == 2);
+  CHECK(r.out.find("--op 'mla2'") != std::string::npos);
+  fs::remove_all(d);
+}

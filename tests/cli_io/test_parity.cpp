@@ -1,0 +1,132 @@
+// `kdalab parity`: the quick sweep writes its table and summary; bad configs exit 2 and write no file.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "experiments/results.hpp"
+#include "numerics/tolerance.hpp"
+#include "tests/catch.hpp"
+
+using namespace kdalab;
+namespace fs = std::filesystem;
+
+namespace {
+struct Run {
+  int rc;
+  std::string out;
+};
+Run run(const std::string& args) {
+  const char* bin = std::getenv("KDALAB_BIN");
+  REQUIRE(bin != nullptr);
+  const std::string cmd = std::string(bin) + " " + args + " 2>&1";
+  Run r{-1, ""};
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::array<char, 4096> buf;
+  while (fgets(buf.data(), buf.size(), p)) r.out += buf.data();
+  const int st = pclose(p);
+  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+fs::path tmpdir() {
+  const fs::path d = fs::temp_directory_path() / ("kdalab_test_parity_" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  return d;
+}
+void write(const fs::path& p, const std::string& s) { std::ofstream(p) << s; }
+}  // namespace
+
+TEST_CASE("parity --quick writes the table, the summary and which truth each row used") {
+  const fs::path d = tmpdir();
+  const std::string out = (d / "quick.h5").string();
+  const auto t0 = std::chrono::steady_clock::now();
+  const Run r = run("parity --quick --out " + out);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  CHECK(secs < 60.0);
+  CHECK(r.out.find("o median rRMS") != std::string::npos);  // the summary table is printed
+  CHECK(r.out.find("twin-bf16") != std::string::npos);      // the twin hook says why it has no rows
+  const auto impl = h5read::strings(out, "/parity/table/impl");
+  const auto truth = h5read::strings(out, "/parity/table/truth");
+  const auto err = h5read::array(out, "/parity/table/o_rel_rms");
+  REQUIRE(impl.size() == err.numel());
+  REQUIRE(impl.size() >= 2);
+  for (const char* col : {"o_max_abs", "o_max_ulp_bf16", "o_nan", "o_inf", "S_rel_rms", "o_rel_rms_last_window", "T",
+                          "C", "state_precision", "matmul_precision", "gate", "beta", "g_min", "generator"})
+    CHECK(h5read::exists(out, std::string("/parity/table/") + col));
+  for (std::size_t i = 0; i < impl.size(); ++i) {
+    CHECK(truth[i].rfind("float64", 0) == 0);  // --quick uses the float64 truth
+    if (impl[i] == "float32") {
+      CHECK(err.data[i] > 0.0);
+      CHECK(err.data[i] < tol::f32_vs_truth.value);
+    }
+  }
+  CHECK(h5read::strings(out, "/parity/summary/impl").size() >= 2);
+  CHECK(h5read::array(out, "/parity/o_rel_rms_windows").dim(0) == impl.size());
+  fs::remove_all(d);
+}
+
+TEST_CASE("parity with the multiprecision truth: float64 within 1e-12, float32 near u_fp32") {
+  const fs::path d = tmpdir();
+  const std::string out = (d / "mp.h5").string();
+  const Run r = run("parity --T 17 --dk 64 --dv 32 --impl float64,float32 --truth mp --quiet --out " + out);
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  const auto impl = h5read::strings(out, "/parity/table/impl");
+  const auto truth = h5read::strings(out, "/parity/table/truth");
+  const auto err = h5read::array(out, "/parity/table/o_rel_rms");
+  REQUIRE(impl.size() == 2);
+  CHECK(truth[0] == "cpp_bin_float_50");
+  CHECK(err.data[0] > 0.0);
+  CHECK(err.data[0] < tol::f64_vs_mp.value);
+  CHECK(err.data[1] < tol::f32_vs_truth.value);
+  fs::remove_all(d);
+}
+
+TEST_CASE("bad parity configs exit 2 and leave no file") {
+  const fs::path d = tmpdir();
+  struct Bad {
+    const char* name;
+    const char* json;
+    const char* says;
+  };
+  for (const Bad& b : {Bad{"unknown key", R"({"T": [17], "chunk": [16]})", "unknown key 'chunk'"},
+                       Bad{"empty grid", R"({"T": []})", "empty list"},
+                       Bad{"C = 0", R"({"T": [17], "C": [0]})", "--C: 0"},
+                       Bad{"unknown impl", R"({"impl": ["float16"]})", "float16"},
+                       Bad{"g_min >= 0", R"({"g-min": [0.5]})", "--g-min"},
+                       Bad{"bad truth", R"({"truth": "exact"})", "--truth"},
+                       Bad{"not JSON", R"({"T": [17)", "not valid JSON"}}) {
+    INFO(b.name);
+    const fs::path cfg = d / "bad.json", out = d / "bad.h5";
+    write(cfg, b.json);
+    const Run r = run("parity --quiet --config " + cfg.string() + " --out " + out.string());
+    INFO(r.out);
+    CHECK(r.rc == 2);
+    CHECK(r.out.find(b.says) != std::string::npos);
+    CHECK_FALSE(fs::exists(out));
+    for (const auto& e : fs::directory_iterator(d)) CHECK(e.path().filename().string().find(".tmp.") == std::string::npos);
+  }
+  // on the command line too
+  const Run r = run("parity --quiet --C 16,0 --out " + (d / "c0.h5").string());
+  CHECK(r.rc == 2);
+  CHECK_FALSE(fs::exists(d / "c0.h5"));
+  fs::remove_all(d);
+}
+
+TEST_CASE("the full parity config is valid") {
+  // parse only: an impossible --out folder fails after the config is read, before any work
+  const Run r = run("parity --config data/configs/parity.json --out /nonexistent_dir/x.h5");
+  INFO(r.out);
+  CHECK(r.rc == 2);
+  CHECK(r.out.find("does not exist") != std::string::npos);
+  CHECK(r.out.find("unknown key") == std::string::npos);
+}
