@@ -17,7 +17,8 @@
 /// There is no embedding table or LM head: the input X [T, hidden] is h_1, the output is [T, hidden].
 ///
 /// KDA layers enter through KdaLayerTraits<KdaL> (the hook): make(), make_cache(), prefill(),
-/// decode(). reference/kda_layer.hpp's KdaLayer provides it; tests may pass a stand-in.
+/// decode(). The default is reference/kda_layer.hpp's KdaLayer<S> (specialisation below); another
+/// KDA implementation plugs in by specialising the traits.
 #include <cstddef>
 #include <string>
 #include <variant>
@@ -25,6 +26,7 @@
 
 #include "reference/attn_res.hpp"
 #include "reference/error.hpp"
+#include "reference/kda_layer.hpp"
 #include "reference/layers.hpp"
 #include "reference/mla.hpp"
 #include "reference/model_config.hpp"
@@ -34,12 +36,49 @@ namespace kdalab {
 
 /// Hook for the KDA layer type. Specialise with:
 ///   using Cache = ...;
-///   template <class Normal> static KdaL make(const ModelConfig&, Normal&& normal, double std);
+///   template <class Normal> static KdaL make(const ModelConfig&, std::size_t layer, Normal&& normal, double std);
 ///   static Cache make_cache(const KdaL&);
 ///   static Mat<S> prefill(const KdaL&, const Mat<S>& X, Cache&);      X [T, hidden] -> [T, hidden]
 ///   static Vec<S> decode(const KdaL&, const Vec<S>& x_t, Cache&);     [hidden] -> [hidden]
 template <class KdaL>
 struct KdaLayerTraits;
+
+/// The KdaConfig of a model's KDA layers: H = HV = linear_attn_config.num_heads, d_k = d_v = head_dim,
+/// ShortConv kernel short_conv_kernel_size, gate bounded (gate_lower_bound present, K3) or softplus
+/// (Kimi Linear), decay logit low rank from x (rank d_k), RMSNorm eps rms_norm_eps, prefill in the
+/// chunked form (chunk 64, KdaConfig's default). The output gate W_g is full rank in KdaLayer; a
+/// Kimi Linear low-rank gate (use_full_rank_gate false) is a special case of it.
+inline KdaConfig kda_config(const ModelConfig& m) {
+  KdaConfig c;
+  c.hidden = m.hidden;
+  c.H = c.HV = m.kda.num_heads;
+  c.d_k = c.d_v = m.kda.head_dim;
+  c.gate = m.kda.bounded_gate ? GateKind::bounded : GateKind::softplus;
+  c.g_min = m.kda.g_min;
+  c.gate_input = GateInput::from_x;
+  c.conv_kernel = m.kda.conv_kernel;
+  c.rms_eps = m.rms_norm_eps;
+  return c;
+}
+
+/// Seed of KDA layer `layer` (0-based) of a model with seed `seed` (KdaWeights::random draws from it).
+inline std::uint64_t kda_layer_seed(std::uint64_t seed, std::size_t layer) {
+  return seed * 1000003ull + 7919ull * (layer + 1);
+}
+
+/// The hook for reference/kda_layer.hpp's KdaLayer: weights from kda_layer_seed() with KdaWeights'
+/// own initialisation (N(0, 1/fan_in), A_log and biases U(0, 1)); `normal` and `std` are not used.
+template <class S>
+struct KdaLayerTraits<KdaLayer<S>> {
+  using Cache = KdaCache<S>;
+  template <class Normal>
+  static KdaLayer<S> make(const ModelConfig& m, std::size_t layer, Normal&&, double) {
+    return KdaLayer<S>(kda_config(m), kda_layer_seed(m.opt.seed, layer));
+  }
+  static Cache make_cache(const KdaLayer<S>& k) { return k.make_cache(); }
+  static Mat<S> prefill(const KdaLayer<S>& k, const Mat<S>& X, Cache& c) { return k.prefill(X, c); }
+  static Vec<S> decode(const KdaLayer<S>& k, const Vec<S>& x, Cache& c) { return k.decode(x, c); }
+};
 
 /// Dense SwiGLU FFN weights (Shazeer 2020 Eq. 6): W_gate, W_up [ffn_dim, hidden]; W_down [hidden, ffn_dim].
 template <class S>
@@ -57,7 +96,7 @@ Mat<S> swiglu(const SwiGluWeights<S>& w, const Mat<S>& x) {
 
 /// One decoder layer: an attention sublayer (MLA or KDA), an optional SwiGLU, and the AttnRes
 /// pseudo-queries of its consumers (w_attn, w_ffn [hidden]; w_ffn unused at layer granularity).
-template <class S, class KdaL>
+template <class S, class KdaL = KdaLayer<S>>
 struct HybridLayer {
   LayerKind kind = LayerKind::mla;
   std::variant<MlaLayer<S>, KdaL> attn;
@@ -66,14 +105,14 @@ struct HybridLayer {
 };
 
 /// Per-sequence caches of the whole stack: one entry per layer (MLA latent cache or KDA cache).
-template <class S, class KdaL>
+template <class S, class KdaL = KdaLayer<S>>
 struct HybridCache {
   std::vector<std::variant<MlaCache<S>, typename KdaLayerTraits<KdaL>::Cache>> layer;
   std::size_t len = 0, capacity = 0;
 };
 
 /// The hybrid model. Build with Hybrid::random(config, normal); see the file comment for the math.
-template <class S, class KdaL>
+template <class S, class KdaL = KdaLayer<S>>
 class Hybrid {
  public:
   using Traits = KdaLayerTraits<KdaL>;
@@ -85,7 +124,7 @@ class Hybrid {
 
   /// Random weights from `normal` (a callable returning N(0,1) doubles; pass a seeded kdalab::Rng
   /// with cfg.opt.seed), drawn as doubles and converted to S, so the same seed gives the same model
-  /// in every scalar type. Per layer, in order: attention weights, SwiGLU (W_gate, W_up, W_down), then
+  /// in every scalar type (KDA layers: see KdaLayerTraits, seeded from cfg.opt.seed and the layer). Per layer, in order: attention weights, SwiGLU (W_gate, W_up, W_down), then
   /// the pseudo-queries w_attn, w_ffn; finally w_out. Weight std cfg.opt.init_std (0 = 1/sqrt(fan_in));
   /// pseudo-queries cfg.opt.pseudo_query_std * N(0,1) (0 = zero, the reports' init: uniform average).
   template <class Normal>
@@ -112,7 +151,7 @@ class Hybrid {
       if (L.kind == LayerKind::mla)
         L.attn = MlaLayer<S>{cfg.mla, mla_random_weights<S>(cfg.mla, normal, std)};
       else
-        L.attn = Traits::make(cfg, normal, std);
+        L.attn = Traits::make(cfg, l, normal, std);
       if (cfg.opt.ffn == FfnKind::swiglu) {
         L.ffn.W_gate = draw(cfg.opt.ffn_dim, d);
         L.ffn.W_up = draw(cfg.opt.ffn_dim, d);

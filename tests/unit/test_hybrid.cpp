@@ -67,6 +67,18 @@ TEST_CASE("hybrid: decode == prefill for every residual mode, granularity and FF
       }
 }
 
+TEST_CASE("hybrid: decode == prefill with Kimi Linear choices (softplus gate, ungated MLA, RoPE, full-rank q)", "[hybrid]") {
+  ModelConfig cfg = read_model_config(kToy);
+  cfg.kda.bounded_gate = false;
+  cfg.mla.output_gate = false;
+  cfg.mla.rope = true;
+  cfg.mla.d_cq = 0;
+  cfg.opt.residual = ResidualMode::plain;
+  const auto m = build<double>(cfg);
+  const Mat<double> X = inputs(70, cfg.hidden, 4);  // > one 64-token KDA chunk
+  CHECK(decode_vs_prefill(m, X) <= tol::f64_hybrid.value);
+}
+
 TEST_CASE("hybrid: block AttnRes with one decoder layer per block == full AttnRes (layer granularity)", "[hybrid]") {
   ModelConfig cfg = read_model_config(kToy);
   cfg.opt.granularity = AttnResGranularity::layer;
