@@ -38,7 +38,8 @@ double decode_vs_prefill(const ToyHybrid<S>& m, const Mat<S>& X) {
   const Mat<S> Yp = m.prefill(X, cp);
   Mat<S> Yd(X.rows(), X.cols());
   for (Eigen::Index t = 0; t < X.rows(); ++t) Yd.row(t) = m.decode(Vec<S>(X.row(t).transpose()), cd).transpose();
-  return rel(Yd, Yp);
+  const Mat<S> diff = Yd - Yp;  // in S: an mp50 difference must not be rounded to double first
+  return static_cast<double>(S(diff.norm() / Yp.norm()));
 }
 
 }  // namespace kdalab::testutil
