@@ -121,6 +121,8 @@ class Hybrid {
   ModelConfig cfg;
   std::vector<HybridLayer<S, KdaL>> layers;
   Vec<S> w_out;
+  /// How prefill evaluates the MLA layers (decode is always the absorbed step over the latent cache).
+  MlaEval mla_eval = MlaEval::naive;
 
   /// Random weights from `normal` (a callable returning N(0,1) doubles; pass a seeded kdalab::Rng
   /// with cfg.opt.seed), drawn as doubles and converted to S, so the same seed gives the same model
@@ -221,7 +223,7 @@ class Hybrid {
         auto& c = std::get<0>(cache.layer[l]);
         const auto& a = std::get<0>(L.attn);
         if (decode_step) return a.decode(Vec<S>(h.row(0).transpose()), c).transpose();
-        return a.prefill(h, c);
+        return a.prefill(h, c, mla_eval);
       }
       auto& c = std::get<1>(cache.layer[l]);
       const auto& a = std::get<1>(L.attn);

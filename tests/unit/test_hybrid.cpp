@@ -51,6 +51,20 @@ TEST_CASE("hybrid: chunked prefill then decode == one prefill", "[hybrid]") {
   CHECK(c2.len == T);
 }
 
+TEST_CASE("hybrid: prefill with absorbed or streaming MLA == naive MLA", "[hybrid]") {
+  const ModelConfig cfg = read_model_config(kToy);
+  auto m = build<double>(cfg);
+  const Mat<double> X = inputs(50, cfg.hidden, 8);
+  auto c0 = m.make_cache(50);
+  const Mat<double> Yn = m.prefill(X, c0);
+  for (auto ev : {MlaEval::absorbed, MlaEval::streaming}) {
+    m.mla_eval = ev;
+    auto c = m.make_cache(50);
+    INFO(mla_eval_name(ev));
+    CHECK(rel(m.prefill(X, c), Yn) <= tol::f64_hybrid.value);
+  }
+}
+
 TEST_CASE("hybrid: decode == prefill for every residual mode, granularity and FFN stand-in", "[hybrid]") {
   ModelConfig cfg = read_model_config(kToy);
   for (auto res : {ResidualMode::plain, ResidualMode::full, ResidualMode::block})

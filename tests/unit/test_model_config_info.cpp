@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <string>
 
+#include <sys/wait.h>
+
 #include "experiments/results.hpp"
 #include "tests/catch.hpp"
 
