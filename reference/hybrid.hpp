@@ -17,7 +17,8 @@
 /// There is no embedding table or LM head: the input X [T, hidden] is h_1, the output is [T, hidden].
 ///
 /// KDA layers enter through KdaLayerTraits<KdaL> (the hook): make(), make_cache(), prefill(),
-/// decode(). reference/kda_layer.hpp's KdaLayer provides it; tests may pass a stand-in.
+/// decode(). The default is reference/kda_layer.hpp's KdaLayer<S> (specialisation below); another
+/// KDA implementation plugs in by specialising the traits.
 #include <cstddef>
 #include <string>
 #include <variant>
@@ -25,6 +26,7 @@
 
 #include "reference/attn_res.hpp"
 #include "reference/error.hpp"
+#include "reference/kda_layer.hpp"
 #include "reference/layers.hpp"
 #include "reference/mla.hpp"
 #include "reference/model_config.hpp"
@@ -34,12 +36,49 @@ namespace kdalab {
 
 /// Hook for the KDA layer type. Specialise with:
 ///   using Cache = ...;
-///   template <class Normal> static KdaL make(const ModelConfig&, Normal&& normal, double std);
+///   template <class Normal> static KdaL make(const ModelConfig&, std::size_t layer, Normal&& normal, double std);
 ///   static Cache make_cache(const KdaL&);
 ///   static Mat<S> prefill(const KdaL&, const Mat<S>& X, Cache&);      X [T, hidden] -> [T, hidden]
 ///   static Vec<S> decode(const KdaL&, const Vec<S>& x_t, Cache&);     [hidden] -> [hidden]
 template <class KdaL>
 struct KdaLayerTraits;
+
+/// The KdaConfig of a model's KDA layers: H = HV = linear_attn_config.num_heads, d_k = d_v = head_dim,
+/// ShortConv kernel short_conv_kernel_size, gate bounded (gate_lower_bound present, K3) or softplus
+/// (Kimi Linear), decay logit low rank from x (rank d_k), RMSNorm eps rms_norm_eps, prefill in the
+/// chunked form (chunk 64, KdaConfig's default). The output gate W_g is full rank in KdaLayer; a
+/// Kimi Linear low-rank gate (use_full_rank_gate false) is a special case of it.
+inline KdaConfig kda_config(const ModelConfig& m) {
+  KdaConfig c;
+  c.hidden = m.hidden;
+  c.H = c.HV = m.kda.num_heads;
+  c.d_k = c.d_v = m.kda.head_dim;
+  c.gate = m.kda.bounded_gate ? GateKind::bounded : GateKind::softplus;
+  c.g_min = m.kda.g_min;
+  c.gate_input = GateInput::from_x;
+  c.conv_kernel = m.kda.conv_kernel;
+  c.rms_eps = m.rms_norm_eps;
+  return c;
+}
+
+/// Seed of KDA layer `layer` (0-based) of a model with seed `seed` (KdaWeights::random draws from it).
+inline std::uint64_t kda_layer_seed(std::uint64_t seed, std::size_t layer) {
+  return seed * 1000003ull + 7919ull * (layer + 1);
+}
+
+/// The hook for reference/kda_layer.hpp's KdaLayer: weights from kda_layer_seed() with KdaWeights'
+/// own initialisation (N(0, 1/fan_in), A_log and biases U(0, 1)); `normal` and `std` are not used.
+template <class S>
+struct KdaLayerTraits<KdaLayer<S>> {
+  using Cache = KdaCache<S>;
+  template <class Normal>
+  static KdaLayer<S> make(const ModelConfig& m, std::size_t layer, Normal&&, double) {
+    return KdaLayer<S>(kda_config(m), kda_layer_seed(m.opt.seed, layer));
+  }
+  static Cache make_cache(const KdaLayer<S>& k) { return k.make_cache(); }
+  static Mat<S> prefill(const KdaLayer<S>& k, const Mat<S>& X, Cache& c) { return k.prefill(X, c); }
+  static Vec<S> decode(const KdaLayer<S>& k, const Vec<S>& x, Cache& c) { return k.decode(x, c); }
+};
 
 /// Dense SwiGLU FFN weights (Shazeer 2020 Eq. 6): W_gate, W_up [ffn_dim, hidden]; W_down [hidden, ffn_dim].
 template <class S>
@@ -57,7 +96,7 @@ Mat<S> swiglu(const SwiGluWeights<S>& w, const Mat<S>& x) {
 
 /// One decoder layer: an attention sublayer (MLA or KDA), an optional SwiGLU, and the AttnRes
 /// pseudo-queries of its consumers (w_attn, w_ffn [hidden]; w_ffn unused at layer granularity).
-template <class S, class KdaL>
+template <class S, class KdaL = KdaLayer<S>>
 struct HybridLayer {
   LayerKind kind = LayerKind::mla;
   std::variant<MlaLayer<S>, KdaL> attn;
@@ -66,14 +105,14 @@ struct HybridLayer {
 };
 
 /// Per-sequence caches of the whole stack: one entry per layer (MLA latent cache or KDA cache).
-template <class S, class KdaL>
+template <class S, class KdaL = KdaLayer<S>>
 struct HybridCache {
   std::vector<std::variant<MlaCache<S>, typename KdaLayerTraits<KdaL>::Cache>> layer;
   std::size_t len = 0, capacity = 0;
 };
 
 /// The hybrid model. Build with Hybrid::random(config, normal); see the file comment for the math.
-template <class S, class KdaL>
+template <class S, class KdaL = KdaLayer<S>>
 class Hybrid {
  public:
   using Traits = KdaLayerTraits<KdaL>;
@@ -82,10 +121,12 @@ class Hybrid {
   ModelConfig cfg;
   std::vector<HybridLayer<S, KdaL>> layers;
   Vec<S> w_out;
+  /// How prefill evaluates the MLA layers (decode is always the absorbed step over the latent cache).
+  MlaEval mla_eval = MlaEval::naive;
 
   /// Random weights from `normal` (a callable returning N(0,1) doubles; pass a seeded kdalab::Rng
   /// with cfg.opt.seed), drawn as doubles and converted to S, so the same seed gives the same model
-  /// in every scalar type. Per layer, in order: attention weights, SwiGLU (W_gate, W_up, W_down), then
+  /// in every scalar type (KDA layers: see KdaLayerTraits, seeded from cfg.opt.seed and the layer). Per layer, in order: attention weights, SwiGLU (W_gate, W_up, W_down), then
   /// the pseudo-queries w_attn, w_ffn; finally w_out. Weight std cfg.opt.init_std (0 = 1/sqrt(fan_in));
   /// pseudo-queries cfg.opt.pseudo_query_std * N(0,1) (0 = zero, the reports' init: uniform average).
   template <class Normal>
@@ -112,7 +153,7 @@ class Hybrid {
       if (L.kind == LayerKind::mla)
         L.attn = MlaLayer<S>{cfg.mla, mla_random_weights<S>(cfg.mla, normal, std)};
       else
-        L.attn = Traits::make(cfg, normal, std);
+        L.attn = Traits::make(cfg, l, normal, std);
       if (cfg.opt.ffn == FfnKind::swiglu) {
         L.ffn.W_gate = draw(cfg.opt.ffn_dim, d);
         L.ffn.W_up = draw(cfg.opt.ffn_dim, d);
@@ -182,7 +223,7 @@ class Hybrid {
         auto& c = std::get<0>(cache.layer[l]);
         const auto& a = std::get<0>(L.attn);
         if (decode_step) return a.decode(Vec<S>(h.row(0).transpose()), c).transpose();
-        return a.prefill(h, c);
+        return a.prefill(h, c, mla_eval);
       }
       auto& c = std::get<1>(cache.layer[l]);
       const auto& a = std::get<1>(L.attn);
@@ -211,24 +252,37 @@ class Hybrid {
 // ---- cache footprint of a model config ------------------------------------------------------
 
 /// Per-sequence cache of a model, in numbers (multiply by the element size for bytes):
-/// per_token = sum over MLA layers of (d_c + d_rope); fixed = sum over KDA layers of the state and
-/// ShortConv tails; full_mla_per_token = the same stack with every layer MLA; mha_per_token = every
-/// layer as plain MHA with the MLA head shapes.
+/// per_token = sum over MLA layers of (d_c + d_rope) (DeepSeek-V2 §2.1.3); kda_state = sum over KDA
+/// layers of H d_k d_v; kda_conv = sum over KDA layers of the ShortConv tails (K - 1)(2 H d_k + H d_v);
+/// full_mla_per_token = the same stack with every layer MLA; mha_per_token = every layer plain MHA
+/// with the MLA head shapes. Here d_k = d_v = linear_attn_config.head_dim.
 struct CacheFootprint {
-  std::size_t per_token = 0, fixed = 0, full_mla_per_token = 0, mha_per_token = 0;
-  /// Numbers held after n tokens.
-  double hybrid_at(double n) const { return fixed + per_token * n; }
-  double full_mla_at(double n) const { return full_mla_per_token * n; }
+  std::size_t per_token = 0, kda_state = 0, kda_conv = 0, full_mla_per_token = 0, mha_per_token = 0;
+  std::size_t fixed() const { return kda_state + kda_conv; }
+  /// Bytes held after n tokens: latents at `latent_bytes` each, KDA state at `state_bytes`, tails at `conv_bytes`.
+  double hybrid_bytes(double n, double latent_bytes, double state_bytes, double conv_bytes) const {
+    return latent_bytes * static_cast<double>(per_token) * n + state_bytes * static_cast<double>(kda_state) +
+           conv_bytes * static_cast<double>(kda_conv);
+  }
+  double full_mla_bytes(double n, double latent_bytes) const {
+    return latent_bytes * static_cast<double>(full_mla_per_token) * n;
+  }
 };
 
-/// Cache footprint of a parsed model config (needs MLA shapes, i.e. at least one MLA layer).
+/// Cache footprint of a parsed model config. Throws kdalab::Error when the model has no MLA layer
+/// (then there are no MLA shapes to compare with).
 inline CacheFootprint cache_footprint(const ModelConfig& m) {
   require(m.count(LayerKind::mla) > 0, "cache footprint" + detail::cfg_where(m.source) +
                                            ": the model has no MLA layer, so no MLA shapes to compare with");
   CacheFootprint f;
+  const std::size_t H = m.kda.num_heads, d = m.kda.head_dim, K = m.kda.conv_kernel;
   for (auto k : m.layers) {
-    if (k == LayerKind::mla) f.per_token += mla_cache_values_per_token(m.mla);
-    else f.fixed += kda_state_values(m.kda.num_heads, m.kda.head_dim, m.kda.head_dim, m.kda.conv_kernel);
+    if (k == LayerKind::mla) {
+      f.per_token += mla_cache_values_per_token(m.mla);
+    } else {
+      f.kda_state += H * d * d;
+      f.kda_conv += kda_state_values(H, d, d, K) - H * d * d;
+    }
   }
   f.full_mla_per_token = m.num_layers * mla_cache_values_per_token(m.mla);
   f.mha_per_token = m.num_layers * mha_cache_values_per_token(m.mla);

@@ -166,9 +166,10 @@ inline std::string cfg_choice(const nlohmann::json& j, const std::string& key, c
 inline ModelConfig parse_model_config(const nlohmann::json& root, const std::string& source = "") {
   using namespace detail;
   require(root.is_object(), "model config" + cfg_where(source) + " is not a JSON object");
-  const nlohmann::json& j = (!root.contains("hidden_size") && root.contains("text_config") && root["text_config"].is_object())
-                                ? root["text_config"]
-                                : root;
+  const nlohmann::json* jp = &root;  // a pointer, not a reference to operator[] (g++ 13 -Wdangling-reference)
+  if (!root.contains("hidden_size"))
+    if (auto it = root.find("text_config"); it != root.end() && it->is_object()) jp = &*it;
+  const nlohmann::json& j = *jp;
   ModelConfig m;
   m.source = source;
   if (const auto* t = cfg_find(j, "model_type"); t && t->is_string()) m.model_type = t->get<std::string>();

@@ -51,6 +51,20 @@ TEST_CASE("hybrid: chunked prefill then decode == one prefill", "[hybrid]") {
   CHECK(c2.len == T);
 }
 
+TEST_CASE("hybrid: prefill with absorbed or streaming MLA == naive MLA", "[hybrid]") {
+  const ModelConfig cfg = read_model_config(kToy);
+  auto m = build<double>(cfg);
+  const Mat<double> X = inputs(50, cfg.hidden, 8);
+  auto c0 = m.make_cache(50);
+  const Mat<double> Yn = m.prefill(X, c0);
+  for (auto ev : {MlaEval::absorbed, MlaEval::streaming}) {
+    m.mla_eval = ev;
+    auto c = m.make_cache(50);
+    INFO(mla_eval_name(ev));
+    CHECK(rel(m.prefill(X, c), Yn) <= tol::f64_hybrid.value);
+  }
+}
+
 TEST_CASE("hybrid: decode == prefill for every residual mode, granularity and FFN stand-in", "[hybrid]") {
   ModelConfig cfg = read_model_config(kToy);
   for (auto res : {ResidualMode::plain, ResidualMode::full, ResidualMode::block})
@@ -65,6 +79,18 @@ TEST_CASE("hybrid: decode == prefill for every residual mode, granularity and FF
                                      << " ffn " << (ffn == FfnKind::swiglu ? "swiglu" : "identity"));
         CHECK(decode_vs_prefill(m, X) <= tol::f64_hybrid.value);
       }
+}
+
+TEST_CASE("hybrid: decode == prefill with Kimi Linear choices (softplus gate, ungated MLA, RoPE, full-rank q)", "[hybrid]") {
+  ModelConfig cfg = read_model_config(kToy);
+  cfg.kda.bounded_gate = false;
+  cfg.mla.output_gate = false;
+  cfg.mla.rope = true;
+  cfg.mla.d_cq = 0;
+  cfg.opt.residual = ResidualMode::plain;
+  const auto m = build<double>(cfg);
+  const Mat<double> X = inputs(70, cfg.hidden, 4);  // > one 64-token KDA chunk
+  CHECK(decode_vs_prefill(m, X) <= tol::f64_hybrid.value);
 }
 
 TEST_CASE("hybrid: block AttnRes with one decoder layer per block == full AttnRes (layer granularity)", "[hybrid]") {

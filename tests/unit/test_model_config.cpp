@@ -56,7 +56,9 @@ TEST_CASE("model config: Kimi Linear 48B has the published shapes", "[model_conf
   CHECK(f.per_token == 7 * 576);
   CHECK(f.full_mla_per_token == 27 * 576);
   CHECK(f.mha_per_token == 27 * 32 * (192 + 128));
-  CHECK(f.fixed == 20 * (32 * 128 * 128 + 3 * 32 * 384));
+  CHECK(f.kda_state == 20 * 32 * 128 * 128);
+  CHECK(f.kda_conv == 20 * 3 * 32 * 384);
+  CHECK(f.fixed() == 20 * (32 * 128 * 128 + 3 * 32 * 384));
 }
 
 TEST_CASE("model config: K3 public widths, illustrative layer count", "[model_config]") {
@@ -88,10 +90,13 @@ TEST_CASE("model config: a user's config.json loads the same way", "[model_confi
   CHECK(parse_model_config(wrapped).num_layers == 27);
   // 0-based ids
   json z = kimi_linear();
-  auto& lac = z["linear_attn_config"];
-  lac["kda_layer_index_base"] = 0;
-  for (auto& v : lac["kda_layers"]) v = v.get<int>() - 1;
-  for (auto& v : lac["full_attn_layers"]) v = v.get<int>() - 1;
+  z["linear_attn_config"]["kda_layer_index_base"] = 0;
+  for (const char* key : {"kda_layers", "full_attn_layers"}) {
+    const json old = z["linear_attn_config"][key];
+    json ids = json::array();
+    for (const auto& v : old) ids.push_back(v.get<int>() - 1);
+    z["linear_attn_config"][key] = ids;
+  }
   const ModelConfig b = parse_model_config(z);
   CHECK(b.layers == a.layers);
   CHECK(b.full_attn_layers == a.full_attn_layers);
