@@ -1,18 +1,329 @@
-// `kdalab bench`: Benchmarks of the CUDA kernels (median time by CUDA events, TB/s, TFLOP/s, % of the copy and matmul ceilings, peer time and ratio when a peer is importable); --compare BASELINE.h5 flags rows more than 10% slower.
-// Placeholder registration: the options are described; the experiment itself is not built yet.
+// `kdalab bench`: timings of the KDA CUDA kernels (kernels/kda.hpp).
+//
+//   kdalab bench --op kda-prefill|kda-decode|all [--shapes "B:T:H[:HV],..."] [--iters N]
+//                [--peer-json FILE] [--compare BASELINE.h5] --out results/bench.h5
+//
+// Per shape: median (and min) of --iters CUDA-event timings after --warmup launches, the bytes a
+// kernel must move at least (inputs read once, outputs written once; the workspace is not counted)
+// and the FLOPs of its algorithm, TB/s and TFLOP/s, and % of the ceilings: the device-to-device
+// copy bandwidth measured in the same run (1 GiB, bytes read + written) and the bf16 matmul rate
+// of ANCHORS.md (715 TFLOP/s, not re-measured). Decode at B <= 8 is timed as one CUDA graph of 100
+// steps (per-step time reported). Inputs are seeded device-side N(0,1) bf16 fills (never zeros).
+// --peer-json: a JSON object {"<op> B=.. T=.. H=.. HV=..": milliseconds} written by a peer timing
+//   script in the same machine session (fla); adds peer_ms and speedup = peer_ms / time_ms.
+// --compare: prints time / baseline time per row found in BASELINE.h5 (same group, same key) and
+//   flags rows more than 10% slower; exit code 1 when any row is flagged (the regression check).
+// Without CUDA (CPU build) or without a visible GPU: says so on stdout, writes nothing, exit 0.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
 #include "experiments/cli.hpp"
 #include "reference/error.hpp"
 
+#ifdef KDALAB_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "kernels/kda.hpp"
+#include "kernels/random_fill.hpp"
+#endif
+
 namespace kdalab::cli {
 
+namespace {
+
+struct BenchOptions {
+  std::string op = "all", shapes, peer_json, compare;
+  int iters = 30, warmup = 5;
+};
+
+struct Shape {
+  long long B, T, H, HV;
+};
+
+std::vector<Shape> parse_shapes(const std::string& text, const std::string& op) {
+  std::vector<Shape> r;
+  if (text.empty()) {
+    if (op == "kda-prefill") return {{1, 8192, 64, 64}, {1, 8192, 96, 96}, {1, 65536, 32, 32}, {4, 4096, 16, 32}};
+    return {{256, 1, 32, 32}, {1, 1, 32, 32}, {64, 1, 32, 64}};
+  }
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    long long v[4] = {0, 0, 0, 0};
+    int n = 0;
+    std::stringstream is(item);
+    std::string f;
+    while (std::getline(is, f, ':')) {
+      require(n < 4, "--shapes: '" + item + "' has more than 4 fields; accepted: B:T:H or B:T:H:HV");
+      try {
+        v[n++] = std::stoll(f);
+      } catch (...) {
+        throw Error("--shapes: '" + f + "' in '" + item + "' is not an integer; accepted: B:T:H[:HV]");
+      }
+    }
+    require(n >= 3, "--shapes: '" + item + "' needs B:T:H[:HV]");
+    if (n == 3) v[3] = v[2];
+    require(v[0] >= 1 && v[1] >= 1 && v[2] >= 1 && v[3] >= v[2] && v[3] % v[2] == 0,
+            "--shapes: '" + item + "' must have B, T, H >= 1 and HV a multiple of H");
+    require(op != "kda-decode" || v[1] == 1, "--shapes: decode shapes have T = 1, got '" + item + "'");
+    r.push_back({v[0], v[1], v[2], v[3]});
+  }
+  require(!r.empty(), "--shapes is empty");
+  return r;
+}
+
+[[maybe_unused]] std::string key_of(const std::string& op, const Shape& s) {
+  return fmt::format("{} B={} T={} H={} HV={}", op, s.B, s.T, s.H, s.HV);
+}
+
+#ifdef KDALAB_HAVE_CUDA
+using kernels::bf16_t;
+using kernels::cuda_check;
+
+struct Dev {
+  void* p = nullptr;
+  explicit Dev(std::size_t n) { cuda_check(cudaMalloc(&p, std::max<std::size_t>(n, 16)), "cudaMalloc"); }
+  ~Dev() { cudaFree(p); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  template <class T> T* as() const { return static_cast<T*>(p); }
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+template <class F>
+std::pair<double, double> time_ms(F&& launch, int warmup, int iters) {
+  cudaEvent_t a, b;
+  cuda_check(cudaEventCreate(&a), "event");
+  cuda_check(cudaEventCreate(&b), "event");
+  for (int i = 0; i < warmup; ++i) launch();
+  cuda_check(cudaDeviceSynchronize(), "warm-up");
+  std::vector<double> t;
+  for (int i = 0; i < iters; ++i) {
+    cuda_check(cudaEventRecord(a, nullptr), "record");
+    launch();
+    cuda_check(cudaEventRecord(b, nullptr), "record");
+    cuda_check(cudaEventSynchronize(b), "sync");
+    float ms = 0;
+    cuda_check(cudaEventElapsedTime(&ms, a, b), "elapsed");
+    t.push_back(ms);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return {median(t), *std::min_element(t.begin(), t.end())};
+}
+
+double copy_ceiling_tbs() {
+  const std::size_t n = std::size_t{1} << 30;
+  Dev x(n), y(n);
+  cuda_check(cudaMemset(x.p, 1, n), "memset");
+  auto [ms, mn] = time_ms([&] { cuda_check(cudaMemcpyAsync(y.p, x.p, n, cudaMemcpyDeviceToDevice, nullptr), "copy"); }, 3, 15);
+  (void)mn;
+  return 2.0 * n / (ms * 1e-3) / 1e12;
+}
+
+struct Measured {
+  double ms, ms_min, bytes, flops;
+};
+
+Measured bench_prefill(const Shape& s, int warmup, int iters, std::uint64_t seed) {
+  const long long D = 128, Cc = 16;
+  const std::size_t nq = s.B * s.T * s.H * D, nv = s.B * s.T * s.HV * D;
+  Dev q(nq * 2), k(nq * 2), v(nv * 2), g(nv * 2), beta(s.B * s.T * s.HV * 2), o(nv * 2);
+  Dev A_log(s.HV * 4), bias(s.HV * D * 4), S0(s.B * s.HV * D * D * 4), Sf(s.B * s.HV * D * D * 4);
+  kernels::fill_normal_bf16(q.as<bf16_t>(), nq, seed + 1, 1.0f, nullptr);
+  kernels::fill_normal_bf16(k.as<bf16_t>(), nq, seed + 2, 1.0f, nullptr);
+  kernels::fill_normal_bf16(v.as<bf16_t>(), nv, seed + 3, 1.0f, nullptr);
+  kernels::fill_normal_bf16(g.as<bf16_t>(), nv, seed + 4, 1.0f, nullptr);
+  kernels::fill_normal_bf16(beta.as<bf16_t>(), s.B * s.T * s.HV, seed + 5, 1.0f, nullptr);
+  kernels::fill_uniform_f32(A_log.as<float>(), s.HV, seed + 6, nullptr);
+  kernels::fill_uniform_f32(bias.as<float>(), s.HV * D, seed + 7, nullptr);
+  kernels::fill_normal_f32(S0.as<float>(), s.B * s.HV * D * D, seed + 8, 0.1f, nullptr);
+  kernels::KdaPrefillArgs a;
+  a.B = static_cast<int>(s.B); a.T = static_cast<int>(s.T); a.H = static_cast<int>(s.H); a.HV = static_cast<int>(s.HV);
+  a.q = q.as<bf16_t>(); a.k = k.as<bf16_t>(); a.v = v.as<bf16_t>(); a.g = g.as<bf16_t>(); a.beta = beta.as<bf16_t>();
+  a.gate.A_log = A_log.as<float>(); a.gate.bias = bias.as<float>(); a.gate.g_min = -5.0f;
+  a.scale = 1.0f / std::sqrt(128.0f);
+  a.S0 = S0.as<float>(); a.S_final = Sf.as<float>(); a.o = o.as<bf16_t>();
+  const std::size_t wsb = kernels::kda_prefill_workspace_bytes(a);
+  Dev ws(wsb);
+  a.workspace = ws.p; a.workspace_bytes = wsb;
+  auto [ms, mn] = time_ms([&] { kernels::kda_prefill(a, nullptr); }, warmup, iters);
+  const double chunks = static_cast<double>(s.B) * ((s.T + Cc - 1) / Cc) * s.HV;
+  const double flops = chunks * (4.0 * Cc * Cc * D + 2.0 * Cc * Cc * D + 6.0 * Cc * D * D + 2.0 * Cc * Cc * D);
+  const double bytes = 2.0 * (2.0 * nq + 3.0 * nv + s.B * s.T * s.HV) + 2.0 * 4.0 * s.B * s.HV * D * D;
+  return {ms, mn, bytes, flops};
+}
+
+Measured bench_decode(const Shape& s, int warmup, int iters, std::uint64_t seed) {
+  const long long D = 128;
+  const std::size_t nq = s.B * s.H * D, nv = s.B * s.HV * D, ns = s.B * s.HV * D * D;
+  Dev q(nq * 2), k(nq * 2), v(nv * 2), g(nv * 2), beta(s.B * s.HV * 2), o(nv * 2);
+  Dev A_log(s.HV * 4), bias(s.HV * D * 4), S(ns * 4);
+  kernels::fill_normal_bf16(q.as<bf16_t>(), nq, seed + 1, 1.0f, nullptr);
+  kernels::fill_normal_bf16(k.as<bf16_t>(), nq, seed + 2, 1.0f, nullptr);
+  kernels::fill_normal_bf16(v.as<bf16_t>(), nv, seed + 3, 1.0f, nullptr);
+  kernels::fill_normal_bf16(g.as<bf16_t>(), nv, seed + 4, 1.0f, nullptr);
+  kernels::fill_normal_bf16(beta.as<bf16_t>(), s.B * s.HV, seed + 5, 1.0f, nullptr);
+  kernels::fill_uniform_f32(A_log.as<float>(), s.HV, seed + 6, nullptr);
+  kernels::fill_uniform_f32(bias.as<float>(), s.HV * D, seed + 7, nullptr);
+  kernels::fill_normal_f32(S.as<float>(), ns, seed + 8, 0.1f, nullptr);
+  kernels::KdaDecodeArgs a;
+  a.B = static_cast<int>(s.B); a.H = static_cast<int>(s.H); a.HV = static_cast<int>(s.HV);
+  a.q = q.as<bf16_t>(); a.k = k.as<bf16_t>(); a.v = v.as<bf16_t>(); a.g = g.as<bf16_t>(); a.beta = beta.as<bf16_t>();
+  a.gate.A_log = A_log.as<float>(); a.gate.bias = bias.as<float>(); a.gate.g_min = -5.0f;
+  a.scale = 1.0f / std::sqrt(128.0f);
+  a.state = S.as<float>(); a.o = o.as<bf16_t>();
+  const double bytes = 2.0 * 4.0 * ns + 2.0 * (2.0 * nq + 3.0 * nv + s.B * s.HV);
+  const double flops = 7.0 * s.B * s.HV * D * D;
+  if (s.B > 8) {
+    auto [ms, mn] = time_ms([&] { kernels::kda_decode(a, nullptr); }, warmup, iters);
+    return {ms, mn, bytes, flops};
+  }
+  // small batch: one CUDA graph of 100 steps, per-step time
+  const int steps = 100;
+  cudaStream_t st;
+  cuda_check(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "stream");
+  cudaGraph_t gr;
+  cudaGraphExec_t ge;
+  cuda_check(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal), "capture");
+  for (int i = 0; i < steps; ++i) kernels::kda_decode(a, st);
+  cuda_check(cudaStreamEndCapture(st, &gr), "end capture");
+  cuda_check(cudaGraphInstantiate(&ge, gr, 0), "instantiate");
+  auto [ms, mn] = time_ms([&] { cuda_check(cudaGraphLaunch(ge, nullptr), "graph launch"); }, warmup, iters);
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(gr);
+  cudaStreamDestroy(st);
+  return {ms / steps, mn / steps, bytes, flops};
+}
+#endif
+
+}  // namespace
+
 void register_bench(Registry& reg) {
-  auto& c = reg.add("bench", "Benchmarks of the CUDA kernels (median time by CUDA events, TB/s, TFLOP/s, % of the copy and matmul ceilings, peer time and ratio when a peer is importable); --compare BASELINE.h5 flags rows more than 10% slower.", "results/bench.h5");
+  auto o = std::make_shared<BenchOptions>();
+  auto& c = reg.add("bench",
+                    "Benchmarks of the KDA CUDA kernels: median time by CUDA events, TB/s, TFLOP/s, % of the copy "
+                    "(measured) and bf16 matmul (715 TFLOP/s) ceilings, peer time and ratio from --peer-json; "
+                    "--compare BASELINE.h5 flags rows more than 10% slower (exit 1). No GPU: says so, writes "
+                    "nothing, exit 0.",
+                    "results/bench.h5");
   auto* a = c.app;
-  static std::string op, cmp;
-  a->add_option("--op", op, "kernel to benchmark: kda-prefill, kda-decode, mla-decode, mla-prefill, attn-res");
-  a->add_option("--compare", cmp, "baseline results file to compare against (prints ratios, flags > 10% slower)");
-  c.run = [](Context&) -> int {
-    throw Error("'bench' is not built yet (see the open issues); nothing was written");
+  a->add_option("--op", o->op, "kda-prefill, kda-decode or all")->capture_default_str();
+  a->add_option("--shapes", o->shapes,
+                "comma-separated B:T:H[:HV] (decode: T = 1); default: the ANCHORS.md shapes")->capture_default_str();
+  a->add_option("--iters", o->iters, "timed launches per shape (median reported)")->capture_default_str();
+  a->add_option("--warmup", o->warmup, "untimed launches before timing")->capture_default_str();
+  a->add_option("--peer-json", o->peer_json, "peer times (ms) keyed '<op> B=.. T=.. H=.. HV=..' from the same machine session");
+  a->add_option("--compare", o->compare, "baseline results file to compare against (prints ratios, flags > 10% slower)");
+  c.run = [o](Context& ctx) -> int {
+    require(o->op == "kda-prefill" || o->op == "kda-decode" || o->op == "all",
+            "--op = '" + o->op + "'; accepted: kda-prefill, kda-decode, all");
+    require(o->iters >= 1 && o->warmup >= 0, "--iters must be >= 1 and --warmup >= 0");
+    std::vector<std::string> ops = o->op == "all" ? std::vector<std::string>{"kda-prefill", "kda-decode"}
+                                                  : std::vector<std::string>{o->op};
+    require(o->op != "all" || o->shapes.empty(), "--shapes needs a single --op (kda-prefill or kda-decode)");
+    std::vector<std::vector<Shape>> shapes;
+    for (const auto& op : ops) shapes.push_back(parse_shapes(o->shapes, op));
+    nlohmann::json peer = nlohmann::json::object();
+    if (!o->peer_json.empty()) {
+      std::ifstream f(o->peer_json);
+      require(f.good(), "--peer-json: cannot open '" + o->peer_json + "'");
+      try {
+        f >> peer;
+      } catch (const std::exception& e) {
+        throw Error("--peer-json: '" + o->peer_json + "' is not valid JSON: " + e.what());
+      }
+      require(peer.is_object(), "--peer-json: '" + o->peer_json + "' must hold a JSON object");
+    }
+    if (!o->compare.empty())
+      require(h5read::exists(o->compare, "/bench"), "--compare: '" + o->compare + "' has no group /bench");
+#ifndef KDALAB_HAVE_CUDA
+    (void)ctx;
+    fmt::print("bench: the CUDA kernels are not built (configure with --preset cuda); nothing was measured or written\n");
+    return 0;
+#else
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+      cudaGetLastError();
+      fmt::print("bench: no GPU visible; nothing was measured or written\n");
+      return 0;
+    }
+    const double copy_tbs = copy_ceiling_tbs();
+    const double mm_tflops = 715.0;
+    fmt::print("copy ceiling (1 GiB D2D, read + write): {:.2f} TB/s; bf16 matmul ceiling (ANCHORS.md): {:.0f} TFLOP/s\n",
+               copy_tbs, mm_tflops);
+    auto f = ctx.open_results();
+    f->group("bench", "KDA kernel timings (kdalab bench)");
+    f->attr("bench", "copy_ceiling_TBps", copy_tbs);
+    f->attr("bench", "matmul_ceiling_TFLOPps", mm_tflops);
+    bool flagged = false;
+    for (std::size_t oi = 0; oi < ops.size(); ++oi) {
+      const std::string& op = ops[oi];
+      const std::string grp = "bench/" + std::string(op == "kda-prefill" ? "kda_prefill" : "kda_decode");
+      std::vector<std::string> bkeys;
+      std::vector<double> bms;
+      if (!o->compare.empty() && h5read::exists(o->compare, grp + "/key")) {
+        bkeys = h5read::strings(o->compare, grp + "/key");
+        bms = h5read::array(o->compare, grp + "/time_ms").data;
+      }
+      Table t;
+      t.col("key", 's', "1", "op and shape").col("B", 'i', "1", "batch (sequences)").col("T", 'i', "1", "tokens per sequence")
+          .col("H", 'i', "1", "key heads").col("HV", 'i', "1", "value heads").col("D", 'i', "1", "d_k = d_v")
+          .col("time_ms", 'd', "ms", "median kernel time (CUDA events; decode B <= 8: per step of a 100-step graph)")
+          .col("time_min_ms", 'd', "ms", "fastest of the timed launches")
+          .col("bytes", 'd', "B", "least bytes moved: inputs read once, outputs written once (no workspace)")
+          .col("flops", 'd', "FLOP", "floating-point operations of the algorithm")
+          .col("TBps", 'd', "TB/s", "bytes / median time").col("TFLOPps", 'd', "TFLOP/s", "flops / median time")
+          .col("pct_copy", 'd', "%", "TB/s over the copy ceiling measured in this run")
+          .col("pct_matmul", 'd', "%", "TFLOP/s over the bf16 matmul ceiling (715 TFLOP/s)")
+          .col("peer_ms", 'd', "ms", "peer (fla) time from --peer-json, NaN if none")
+          .col("speedup_vs_peer", 'd', "1", "peer_ms / time_ms")
+          .col("baseline_ms", 'd', "ms", "time in --compare file, NaN if none")
+          .col("ratio_vs_baseline", 'd', "1", "time_ms / baseline_ms (> 1.10 flagged)");
+      fmt::print("{:<40}{:>10}{:>9}{:>10}{:>8}{:>8}{:>10}{:>9}{:>10}\n", op, "ms", "TB/s", "TFLOP/s", "%copy", "%mm",
+                 "peer ms", "speedup", "vs base");
+      for (const Shape& s : shapes[oi]) {
+        const std::string key = key_of(op, s);
+        const Measured m = op == "kda-prefill" ? bench_prefill(s, o->warmup, o->iters, ctx.common.seed)
+                                               : bench_decode(s, o->warmup, o->iters, ctx.common.seed);
+        const double tbs = m.bytes / (m.ms * 1e-3) / 1e12, tfl = m.flops / (m.ms * 1e-3) / 1e12;
+        const double nan = std::numeric_limits<double>::quiet_NaN();
+        double pm = nan;
+        if (peer.contains(key) && peer[key].is_number()) pm = peer[key].get<double>();
+        double bm = nan;
+        for (std::size_t i = 0; i < bkeys.size(); ++i)
+          if (bkeys[i] == key) bm = bms[i];
+        const double ratio = m.ms / bm;
+        const bool slow = std::isfinite(ratio) && ratio > 1.10;
+        flagged = flagged || slow;
+        t.row({key, static_cast<std::int64_t>(s.B), static_cast<std::int64_t>(s.T), static_cast<std::int64_t>(s.H),
+               static_cast<std::int64_t>(s.HV), std::int64_t{128}, m.ms, m.ms_min, m.bytes, m.flops, tbs, tfl,
+               100.0 * tbs / copy_tbs, 100.0 * tfl / mm_tflops, pm, pm / m.ms, bm, ratio});
+        fmt::print("{:<40}{:>10.4f}{:>9.2f}{:>10.1f}{:>8.1f}{:>8.2f}{:>10.4f}{:>9.2f}{:>10}{}\n", key, m.ms, tbs, tfl,
+                   100.0 * tbs / copy_tbs, 100.0 * tfl / mm_tflops, pm, pm / m.ms,
+                   std::isfinite(ratio) ? fmt::format("{:.3f}", ratio) : std::string("-"),
+                   slow ? "  SLOWER >10%" : "");
+      }
+      f->write_table(grp, t);
+    }
+    f->commit();
+    fmt::print("wrote {}\n", ctx.common.out);
+    if (flagged) {
+      fmt::print("bench: rows more than 10% slower than {} (see above)\n", o->compare);
+      return 1;
+    }
+    return 0;
+#endif
   };
 }
 

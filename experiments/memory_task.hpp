@@ -76,20 +76,33 @@ inline Mat<double> run_memory(Memory m, const Sequence& s, double beta, double o
   if (m == Memory::softmax || m == Memory::mla) {
     if (m == Memory::mla && codec == nullptr) throw Error("run_memory: the MLA memory needs a latent codec");
     SoftmaxCache<double> cache(d_k, d_v, m == Memory::softmax ? L : 0);
-    Mat<double> C(m == Memory::mla ? L : 0, m == Memory::mla ? codec->d_c : 0);  // MLA latent cache
+    // MLA through reference/mla.hpp: one head, x = [k; v] for a write, [q; 0] for a read.
+    MlaConfig cfg;
+    MlaWeights<double> w;
+    if (codec) {
+      cfg = codec->mla_config();
+      w = codec->mla_weights(softmax_scale);
+    }
+    Mat<double> C(m == Memory::mla ? L : 0, codec ? codec->d_c : 0);  // the latent cache
     Eigen::Index n = 0;
+    Mat<double> x(1, d_k + d_v);
     for (Eigen::Index t = 0; t < L; ++t) {
       if (s.write[t]) {
         if (m == Memory::softmax) cache.append(s.k.row(t).transpose(), s.v.row(t).transpose());
-        else if (codec) C.row(n++) = codec->encode(s.k.row(t).transpose(), s.v.row(t).transpose()).transpose();
+        else if (codec) {
+          x << s.k.row(t), s.v.row(t);
+          C.row(n) = mla_project<double>(cfg, w, x, static_cast<std::size_t>(n)).c.row(0);
+          ++n;
+        }
       }
       if (s.read[t]) {
-        const Vec<double> o = m == Memory::softmax
-                                  ? cache.read(s.q.row(t).transpose(), softmax_scale)
-                                  : codec ? mla_latent_read<double>(s.q.row(t).transpose(), Mat<double>(C.topRows(n)),
-                                                                    *codec, softmax_scale)
-                                          : Vec<double>();
-        out.row(r++) = o.transpose();
+        if (m == Memory::softmax) out.row(r++) = cache.read(s.q.row(t).transpose(), softmax_scale).transpose();
+        else if (codec) {
+          x << s.q.row(t), Mat<double>::Zero(1, d_v);
+          const auto p = mla_project<double>(cfg, w, x, static_cast<std::size_t>(n));
+          out.row(r++) = mla_attend_absorbed<double>(cfg, w, p, Mat<double>(C.topRows(n)), Mat<double>(n, 0),
+                                                     static_cast<std::size_t>(n - 1)).row(0);
+        }
       }
     }
     return out;

@@ -12,10 +12,14 @@
 /// columns when d_c >= d_k + d_v) and [W_UK; W_UV] = W_DKV^T (its pseudo-inverse), the memory is
 /// exactly the softmax memory when d_c >= d_k + d_v and a projection onto a d_c-dimensional
 /// subspace when d_c < d_k + d_v (the latent bottleneck an untrained codec has).
+/// The experiments read through reference/mla.hpp (mla_config()/mla_weights() below build a
+/// one-head, NoPE, ungated MlaConfig and MlaWeights from the codec); mla_latent_read() is the same
+/// read written directly, kept as an independent cross-check (tests/unit/test_softmax.cpp).
 #include <algorithm>
 #include <string>
 
 #include "reference/error.hpp"
+#include "reference/mla.hpp"
 #include "reference/scalar.hpp"
 #include "reference/softmax.hpp"
 
@@ -64,6 +68,36 @@ struct LatentCodec {
     Vec<S> x(d_k + d_v);
     x << k_in, v_in;
     return Vec<S>(W_DKV * x);
+  }
+
+  /// The codec as one reference/mla.hpp layer: hidden = d_k + d_v (x = [k_in; v_in] for a write,
+  /// [q; 0] for a read), n_h = 1, d_nope = d_k, d_rope = 0, d_v, no output gate, full-rank W_Q.
+  MlaConfig mla_config() const {
+    MlaConfig c;
+    c.hidden = static_cast<std::size_t>(d_k + d_v);
+    c.n_h = 1;
+    c.d_c = static_cast<std::size_t>(d_c);
+    c.d_cq = 0;
+    c.d_nope = static_cast<std::size_t>(d_k);
+    c.d_rope = 0;
+    c.d_v = static_cast<std::size_t>(d_v);
+    c.output_gate = false;
+    return c;
+  }
+  /// MlaWeights for mla_config(): W_DKV, W_UK, W_UV from the codec; W_Q = s [I_{d_k} 0] with
+  /// s = inv_temperature * sqrt(d_k), so that mla.hpp's 1/sqrt(d_k) score scale leaves the logits
+  /// at inv_temperature * (k^C . q); W_KR empty (d_rope = 0); W_o = [0; I_{d_v}]... unused (o is read
+  /// before the output projection); W_g empty.
+  MlaWeights<S> mla_weights(const S& inv_temperature) const {
+    MlaWeights<S> w;
+    w.W_DKV = W_DKV;
+    w.W_KR = Mat<S>(0, d_k + d_v);
+    w.W_Q = Mat<S>::Zero(d_k, d_k + d_v);
+    w.W_Q.leftCols(d_k) = Mat<S>::Identity(d_k, d_k) * S(inv_temperature * ssqrt<S>(S(static_cast<double>(d_k))));
+    w.W_UK = W_UK;
+    w.W_UV = W_UV;
+    w.W_o = Mat<S>::Identity(d_k + d_v, d_v);
+    return w;
   }
 };
 

@@ -1,0 +1,102 @@
+#pragma once
+/// KDA (Kimi Delta Attention) CUDA kernels for sm_90a: chunked prefill and the decode step.
+/// A plain host API: device pointers, shapes, strides in elements, a cudaStream_t. No Eigen, no torch.
+///
+/// Math (K3 report Eq. 1 and Eq. 5; EQUATIONS.md section 1), per value head, state S (d_k x d_v,
+/// "KV" layout, fp32):
+///   g_t = g_min Sigmoid(exp(A_log) (g_raw_t + bias))        (K3 bounded gate, fused; switchable)
+///   q_t, k_t = L2Norm(q_t), L2Norm(k_t); beta_t = Sigmoid(beta_raw_t)   (fused; switchable)
+///   S_t = (I - beta_t k_t k_t^T) Diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T;   o_t = scale S_t^T q_t
+/// The prefill runs the chunk-16 algorithm of numerics/kda_twin.hpp with its kernel plan
+/// (intra-chunk products fp32, the three d_k x d_v products with bf16 operands on the tensor cores
+/// and fp32 accumulation, fp32 state, bf16 output). The decode step is plain fp32.
+///
+/// Layouts (row-major, last dimension contiguous; strides are in elements and may be left 0 for
+/// the contiguous default):
+///   q, k [B, T, H, D]; v, g, o [B, T, HV, D]; beta [B, T, HV]; A_log [HV] fp32; bias [HV, D] fp32;
+///   S0 / S_final / decode state [N, HV, D, D] fp32, N = number of sequences (B, or cu_seqlens
+///   entries - 1). The prefill's final state is the decode step's state (same layout).
+///   Value head j reads key head j / (HV / H).
+/// Errors: every check throws kdalab::Error naming the argument, its value and what is accepted
+/// (unsupported D, misaligned pointers, T = 0, g_min outside [-5, 0), HV not a multiple of H, ...).
+/// CUDA errors (launch or runtime) also throw kdalab::Error with the CUDA message.
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "reference/error.hpp"
+
+namespace kdalab::kernels {
+
+/// bf16 values are passed as raw 16-bit patterns (the upper half of an IEEE fp32).
+using bf16_t = std::uint16_t;
+
+/// Element strides of a [B, T, heads, D] (or [B, T, heads]) tensor. 0 = contiguous default.
+struct Strides {
+  std::int64_t b = 0, t = 0, h = 0;
+};
+
+/// The bounded K3 gate g = g_min Sigmoid(exp(A_log) (g_raw + bias)) and the safety switch.
+struct KdaGate {
+  const float* A_log = nullptr;  ///< [HV], device
+  const float* bias = nullptr;   ///< [HV, D], device
+  float g_min = -5.0f;           ///< accepted: -5 <= g_min < 0 (fp32 range of a 16-token chunk)
+  bool fused = true;             ///< false: the g input is the log-decay itself (needs allow_unsafe_range)
+  /// Lets g_min < -5 (or an unfused gate, whose range cannot be checked) through, for the
+  /// decay-range experiment: exp of the cumulative decay may then overflow.
+  bool allow_unsafe_range = false;
+};
+
+/// Arguments of the chunked prefill (forward).
+struct KdaPrefillArgs {
+  int B = 0;            ///< batch; must be 1 when cu_seqlens is given (packed sequences)
+  int T = 0;            ///< tokens per sequence (total tokens when cu_seqlens is given), >= 1
+  int H = 0, HV = 0;    ///< key heads, value heads (HV a multiple of H)
+  int D = 128;          ///< d_k = d_v; supported: 128
+  const bf16_t *q = nullptr, *k = nullptr, *v = nullptr;
+  const bf16_t* g = nullptr;     ///< raw gate logits (gate.fused) or the log-decay g
+  const bf16_t* beta = nullptr;  ///< raw beta logits (beta_sigmoid) or beta in [0, 1]
+  KdaGate gate;
+  float scale = 0.0f;            ///< explicit; usually D^-1/2
+  bool l2norm_qk = true, beta_sigmoid = true;
+  const float* S0 = nullptr;     ///< optional initial state [N, HV, D, D]
+  float* S_final = nullptr;      ///< optional final state [N, HV, D, D]
+  const int* cu_seqlens = nullptr;  ///< optional device int32 [N + 1], cu_seqlens[0] = 0, cu_seqlens[N] = T
+  int num_seqs = 0;              ///< N when cu_seqlens is given
+  int max_seqlen = 0;            ///< longest sequence when cu_seqlens is given (host-known)
+  bf16_t* o = nullptr;           ///< output [B, T, HV, D]
+  Strides sq, sk, sv, sg, so, sbeta;
+  void* workspace = nullptr;     ///< device scratch of kda_prefill_workspace_bytes() bytes, 16-byte aligned
+  std::size_t workspace_bytes = 0;
+};
+
+/// Bytes of device scratch the prefill needs for these shapes (checks the shapes too).
+std::size_t kda_prefill_workspace_bytes(const KdaPrefillArgs& a);
+
+/// Chunked prefill: o and (optionally) S_final from q, k, v, g, beta (and S0). Asynchronous on
+/// `stream`. Errors: kdalab::Error (see file comment), before anything is launched.
+void kda_prefill(const KdaPrefillArgs& a, cudaStream_t stream);
+
+/// Arguments of the decode step: one token per sequence, B sequences, state updated in place.
+struct KdaDecodeArgs {
+  int B = 0, H = 0, HV = 0, D = 128;
+  const bf16_t *q = nullptr, *k = nullptr;   ///< [B, H, D]
+  const bf16_t *v = nullptr, *g = nullptr;   ///< [B, HV, D]
+  const bf16_t* beta = nullptr;              ///< [B, HV]
+  KdaGate gate;
+  float scale = 0.0f;
+  bool l2norm_qk = true, beta_sigmoid = true;
+  float* state = nullptr;                    ///< [B, HV, D, D] fp32, in place (the prefill's S_final layout)
+  bf16_t* o = nullptr;                       ///< [B, HV, D]
+  std::int64_t sq_b = 0, sk_b = 0, sv_b = 0, sg_b = 0, so_b = 0, sbeta_b = 0;  ///< batch strides (0 = contiguous)
+};
+
+/// One decode step (no allocation, no host synchronisation: capturable in a CUDA graph).
+/// Errors: kdalab::Error (see file comment), before anything is launched.
+void kda_decode(const KdaDecodeArgs& a, cudaStream_t stream);
+
+/// Throws kdalab::Error with the CUDA message when e != cudaSuccess; `what` names the call.
+void cuda_check(cudaError_t e, const char* what);
+
+}  // namespace kdalab::kernels

@@ -1,0 +1,86 @@
+#pragma once
+// Device helpers shared by the KDA kernels: bf16 packing, mma.sync m16n8k16 (bf16 in, fp32
+// accumulate) by inline PTX, cp.async, and the host-side checks.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/kda.hpp"
+
+namespace kdalab::kernels::detail {
+
+__device__ __forceinline__ float bf2f(std::uint16_t b) { return __uint_as_float(static_cast<std::uint32_t>(b) << 16); }
+
+/// Two floats -> one 32-bit register of two bf16 (RNE); `lo` in the low half (first element).
+__device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<std::uint32_t*>(&v);
+}
+
+/// Unpacks 8 bf16 held in a uint4 into floats.
+__device__ __forceinline__ void unpack8(const uint4& u, float* f) {
+  const std::uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = __uint_as_float(w[i] << 16);
+    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+
+/// D = A B + D for one m16n8k16 tile: A 16x16 bf16 (row), B 16x8 bf16 (col), D 16x8 fp32.
+__device__ __forceinline__ void mma_bf16(float* d, const std::uint32_t* a, const std::uint32_t* b) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// ---- host-side checks -------------------------------------------------------------------------
+inline void check_ptr(const void* p, std::size_t align, const char* name, bool required = true) {
+  if (!p) {
+    if (required) throw Error(std::string("KDA kernel: pointer '") + name + "' is null; a device pointer is required");
+    return;
+  }
+  if (reinterpret_cast<std::uintptr_t>(p) % align != 0)
+    throw Error(std::string("KDA kernel: pointer '") + name + "' is not " + std::to_string(align) +
+                "-byte aligned (address % " + std::to_string(align) + " = " +
+                std::to_string(reinterpret_cast<std::uintptr_t>(p) % align) + "); accepted: " + std::to_string(align) +
+                "-byte aligned device pointers");
+}
+inline void check_stride(std::int64_t s, std::int64_t mult, const char* name) {
+  if (s <= 0 || s % mult != 0)
+    throw Error(std::string("KDA kernel: stride '") + name + "' = " + std::to_string(s) +
+                "; accepted: a positive multiple of " + std::to_string(mult) + " elements (16-byte rows)");
+}
+inline void check_gate(const KdaGate& g, int HV, const char* op) {
+  if (g.fused) {
+    check_ptr(g.A_log, 4, "gate.A_log");
+    check_ptr(g.bias, 16, "gate.bias");
+    if (!(g.g_min < 0.0f))
+      throw Error(std::string(op) + ": gate.g_min = " + std::to_string(g.g_min) + "; accepted: g_min < 0");
+    if (!(g.g_min >= -5.0f) && !g.allow_unsafe_range)
+      throw Error(std::string(op) + ": gate.g_min = " + std::to_string(g.g_min) +
+                  " is below -5: exp of a 16-token cumulative decay can leave the fp32 range; accepted: -5 <= g_min < 0, "
+                  "or set gate.allow_unsafe_range (decay-range experiment only)");
+  } else if (!g.allow_unsafe_range) {
+    throw Error(std::string(op) +
+                ": gate.fused = false reads g as given, whose range the kernel cannot check; accepted: gate.fused = true, "
+                "or gate.fused = false with gate.allow_unsafe_range (the caller guarantees -5 <= g <= 0)");
+  }
+  (void)HV;
+}
+
+}  // namespace kdalab::kernels::detail

@@ -1,0 +1,455 @@
+// KDA chunked prefill, bf16 in/out, fp32 state, chunk 16, D = 128 (sm_90a; mma.sync bf16).
+//
+// Two kernels, the algorithm and precision plan of numerics/kda_twin.hpp (kda_plan_kernel()):
+//  1. kda_prepare_kernel, token-parallel, one CTA (256 threads) per (16-token chunk, value head,
+//     sequence): fused gate, L2Norm, beta sigmoid; cumulative decay gam = exp(G); Qg, Kg, Ki, Kd;
+//     A = StrictLower(Diag(beta) Kg Ki^T) and P = Lower(Qg Ki^T) in fp32; [W | U] by fp32 forward
+//     substitution. Writes to the workspace slot of the chunk: W, Qg (bf16, in the A-operand
+//     fragment order of mma.m16n8k16), Kd (bf16, B-operand fragment order), U (fp32), P (fp32),
+//     gam_n (fp32).
+//  2. kda_state_kernel, chunk-sequential, one CTA of 2 warps per (32-column slice of d_v, value
+//     head, sequence), so H = 32 heads give 128 CTAs. Each warp keeps S^T for 16 value columns x
+//     128 key rows in mma accumulator registers (fp32); its C-fragment layout is exactly the
+//     B-fragment layout W S and Qg S need, so no shuffles. Per chunk: D = U - W S, o = scale (Qg S
+//     + P D) (P D in fp32 FMAs), S^T <- Diag(gam_n) S^T + D^T Kd. The next chunk's slot streams in
+//     by cp.async (two stages) while the current one is computed.
+#include <algorithm>
+#include <string>
+
+#include "kernels/kda_common.cuh"
+
+namespace kdalab::kernels {
+
+namespace {
+using namespace detail;
+
+constexpr int C = 16;     // chunk
+constexpr int D = 128;    // d_k = d_v
+constexpr int DP = 132;   // padded shared row (floats), keeps float4 alignment
+constexpr int SLICE = 32; // value columns per state CTA
+
+// Workspace slot per (chunk, value head), bytes.
+constexpr int OFF_W = 0, OFF_QG = 4096, OFF_KD = 8192, OFF_U = 12288, OFF_P = 20480, OFF_GN = 21504;
+constexpr int SLOT_BYTES = 22016;
+
+struct Params {
+  int B, T, H, HV, group, N, nchunk_fixed;
+  const bf16_t *q, *k, *v, *g, *beta;
+  Strides sq, sk, sv, sg, so, sbeta;
+  const float *A_log, *bias;
+  float g_min, scale;
+  bool fuse_gate, l2norm, beta_sigmoid;
+  const float* S0;
+  float* S_final;
+  const int* cu;
+  bf16_t* o;
+  unsigned char* ws;
+};
+
+struct Seq {
+  int bidx, bos, len;
+  long long slot0;
+};
+__device__ __forceinline__ Seq seq_info(const Params& p, int n) {
+  Seq s;
+  if (p.cu) {
+    s.bidx = 0;
+    s.bos = p.cu[n];
+    s.len = p.cu[n + 1] - s.bos;
+    s.slot0 = static_cast<long long>(n) + s.bos / C;
+  } else {
+    s.bidx = n;
+    s.bos = 0;
+    s.len = p.T;
+    s.slot0 = static_cast<long long>(n) * p.nchunk_fixed;
+  }
+  return s;
+}
+
+__global__ void __launch_bounds__(256) kda_prepare_kernel(Params p) {
+  const int c = blockIdx.x, hv = blockIdx.y, n = blockIdx.z, tid = threadIdx.x;
+  const Seq sq = seq_info(p, n);
+  const int t0 = c * C;
+  if (t0 >= sq.len) return;
+  const int nvalid = min(C, sq.len - t0);
+  const int h = hv / p.group;
+
+  __shared__ __align__(16) float sQ[C][DP];   // q -> Qg
+  __shared__ __align__(16) float sK[C][DP];   // k -> Kg -> W
+  __shared__ __align__(16) float sKi[C][DP];  // Ki
+  __shared__ __align__(16) float sV[C][DP];   // v
+  __shared__ __align__(16) float sG[C][DP];   // g -> gam -> Kd
+  __shared__ float sA[C][C + 1], sP[C][C + 1], sBeta[C], sGn[D];
+
+  // ---- load (16-byte loads), fusions ----
+  {
+    const int r = tid / 16, c8 = (tid % 16) * 8;
+    const bool ok = r < nvalid;
+    const long long t = sq.bos + t0 + r;
+    float fq[8], fk[8], fv[8], fg[8];
+    if (ok) {
+      unpack8(*reinterpret_cast<const uint4*>(p.q + sq.bidx * p.sq.b + t * p.sq.t + h * p.sq.h + c8), fq);
+      unpack8(*reinterpret_cast<const uint4*>(p.k + sq.bidx * p.sk.b + t * p.sk.t + h * p.sk.h + c8), fk);
+      unpack8(*reinterpret_cast<const uint4*>(p.v + sq.bidx * p.sv.b + t * p.sv.t + hv * p.sv.h + c8), fv);
+      unpack8(*reinterpret_cast<const uint4*>(p.g + sq.bidx * p.sg.b + t * p.sg.t + hv * p.sg.h + c8), fg);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) fq[i] = fk[i] = fv[i] = fg[i] = 0.0f;
+    }
+    if (p.l2norm) {
+      float nq = 0, nk = 0;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) { nq += fq[i] * fq[i]; nk += fk[i] * fk[i]; }
+#pragma unroll
+      for (int m = 8; m >= 1; m >>= 1) {
+        nq += __shfl_xor_sync(0xffffffffu, nq, m);
+        nk += __shfl_xor_sync(0xffffffffu, nk, m);
+      }
+      const float iq = nq > 0 ? 1.0f / sqrtf(nq) : 0.0f, ik = nk > 0 ? 1.0f / sqrtf(nk) : 0.0f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) { fq[i] *= iq; fk[i] *= ik; }
+    }
+    if (p.fuse_gate && ok) {
+      const float ea = expf(p.A_log[hv]);
+      const float4 b0 = *reinterpret_cast<const float4*>(p.bias + hv * D + c8);
+      const float4 b1 = *reinterpret_cast<const float4*>(p.bias + hv * D + c8 + 4);
+      const float bb[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+      for (int i = 0; i < 8; ++i) fg[i] = p.g_min * sigmoidf_(ea * (fg[i] + bb[i]));
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      sQ[r][c8 + i] = fq[i];
+      sK[r][c8 + i] = fk[i];
+      sV[r][c8 + i] = fv[i];
+      sG[r][c8 + i] = fg[i];
+    }
+    if (tid < C) {
+      float b = 0.0f;
+      if (tid < nvalid) {
+        const long long tt = sq.bos + t0 + tid;
+        b = bf2f(p.beta[sq.bidx * p.sbeta.b + tt * p.sbeta.t + hv * p.sbeta.h]);
+        if (p.beta_sigmoid) b = sigmoidf_(b);
+      }
+      sBeta[tid] = b;
+    }
+  }
+  __syncthreads();
+  // ---- cumulative decay per channel; Qg, Kg, Ki, Kd (thread = channel) ----
+  if (tid < D) {
+    const int i = tid;
+    float G = 0.0f, gam[C];
+#pragma unroll
+    for (int r = 0; r < C; ++r) {
+      G += sG[r][i];  // rows past nvalid carry g = 0: gam stays, gam[C-1] = gam_n
+      gam[r] = expf(G);
+    }
+    const float gn = gam[C - 1];
+    sGn[i] = gn;
+#pragma unroll
+    for (int r = 0; r < C; ++r) {
+      const float kk = sK[r][i];
+      sQ[r][i] *= gam[r];
+      sK[r][i] = kk * gam[r];
+      sKi[r][i] = kk / gam[r];
+      sG[r][i] = kk * (gn / gam[r]);
+    }
+  }
+  __syncthreads();
+  // ---- A and P (thread = (r, s)) ----
+  {
+    const int r = tid / C, s = tid % C;
+    float a = 0.0f, pp = 0.0f;
+    const float4* kr = reinterpret_cast<const float4*>(&sK[r][0]);
+    const float4* qr = reinterpret_cast<const float4*>(&sQ[r][0]);
+    const float4* ks = reinterpret_cast<const float4*>(&sKi[s][0]);
+    if (s <= r) {
+#pragma unroll 8
+      for (int i = 0; i < D / 4; ++i) {
+        const float4 x = ks[i], y = kr[i], z = qr[i];
+        a += y.x * x.x + y.y * x.y + y.z * x.z + y.w * x.w;
+        pp += z.x * x.x + z.y * x.y + z.z * x.z + z.w * x.w;
+      }
+    }
+    sA[r][s] = s < r ? sBeta[r] * a : 0.0f;
+    sP[r][s] = pp;
+  }
+  __syncthreads();
+  unsigned char* slot = p.ws + ((sq.slot0 + c) * p.HV + hv) * static_cast<long long>(SLOT_BYTES);
+  // ---- [W | U] = (I + A)^{-1} [Diag(beta) Kg | Diag(beta) V] (thread = column) ----
+  {
+    const int col = tid;
+    float x[C];
+#pragma unroll
+    for (int r = 0; r < C; ++r) {
+      float acc = sBeta[r] * (col < D ? sK[r][col] : sV[r][col - D]);
+#pragma unroll
+      for (int s = 0; s < r; ++s) acc -= sA[r][s] * x[s];
+      x[r] = acc;
+    }
+    if (col < D) {
+#pragma unroll
+      for (int r = 0; r < C; ++r) sK[r][col] = x[r];  // W (each thread owns its column)
+    } else {
+      float* U = reinterpret_cast<float*>(slot + OFF_U);
+#pragma unroll
+      for (int r = 0; r < C; ++r) U[r * D + (col - D)] = x[r];
+    }
+  }
+  __syncthreads();
+  // ---- fragment-ordered bf16 operands, P, gam_n ----
+  {
+    const int kt = tid / 32, lane = tid % 32, gq = lane / 4, tq = lane % 4;
+    const int c0 = 16 * kt + 2 * tq;
+    uint4 w, qg, kd;
+    w.x = pack_bf16(sK[gq][c0], sK[gq][c0 + 1]);
+    w.y = pack_bf16(sK[gq + 8][c0], sK[gq + 8][c0 + 1]);
+    w.z = pack_bf16(sK[gq][c0 + 8], sK[gq][c0 + 9]);
+    w.w = pack_bf16(sK[gq + 8][c0 + 8], sK[gq + 8][c0 + 9]);
+    qg.x = pack_bf16(sQ[gq][c0], sQ[gq][c0 + 1]);
+    qg.y = pack_bf16(sQ[gq + 8][c0], sQ[gq + 8][c0 + 1]);
+    qg.z = pack_bf16(sQ[gq][c0 + 8], sQ[gq][c0 + 9]);
+    qg.w = pack_bf16(sQ[gq + 8][c0 + 8], sQ[gq + 8][c0 + 9]);
+    // Kd as the B operand (k = chunk row, n = key channel) of n-tiles 2kt and 2kt+1
+    const int n0 = 16 * kt + gq, n1 = n0 + 8;
+    kd.x = pack_bf16(sG[2 * tq][n0], sG[2 * tq + 1][n0]);
+    kd.y = pack_bf16(sG[2 * tq + 8][n0], sG[2 * tq + 9][n0]);
+    kd.z = pack_bf16(sG[2 * tq][n1], sG[2 * tq + 1][n1]);
+    kd.w = pack_bf16(sG[2 * tq + 8][n1], sG[2 * tq + 9][n1]);
+    reinterpret_cast<uint4*>(slot + OFF_W)[tid] = w;
+    reinterpret_cast<uint4*>(slot + OFF_QG)[tid] = qg;
+    reinterpret_cast<uint4*>(slot + OFF_KD)[tid] = kd;
+    reinterpret_cast<float*>(slot + OFF_P)[tid] = sP[tid / C][tid % C];
+    if (tid < D) reinterpret_cast<float*>(slot + OFF_GN)[tid] = sGn[tid];
+  }
+}
+
+// Shared stage of one chunk for one state CTA (32 value columns).
+struct Stage {
+  uint4 W[256], Qg[256], Kd[256];
+  float U[C][SLICE];
+  float P[C][C];
+  float gn[D];
+};
+
+__global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
+  const int slice = blockIdx.x, hv = blockIdx.y, n = blockIdx.z;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gq = lane / 4, tq = lane % 4;
+  const Seq sq = seq_info(p, n);
+  const int nch = (sq.len + C - 1) / C;
+  const int vbase = slice * SLICE, v0 = vbase + warp * 16;  // this warp's 16 value columns
+
+  __shared__ __align__(16) Stage st[2];
+  __shared__ float Dsh[2][C][C + 1];
+
+  // S^T accumulators: Sacc[j][e] = S[8j + 2tq + (e&1)][v0 + gq + 8(e>>1)]
+  float Sacc[16][4];
+  const long long sbase = (static_cast<long long>(n) * p.HV + hv) * D * D;
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      Sacc[j][e] = p.S0 ? p.S0[sbase + (8 * j + 2 * tq + (e & 1)) * D + v0 + gq + 8 * (e >> 1)] : 0.0f;
+
+  auto issue = [&](int c, int s) {
+    const unsigned char* slot = p.ws + ((sq.slot0 + c) * p.HV + hv) * static_cast<long long>(SLOT_BYTES);
+    const uint4* src = reinterpret_cast<const uint4*>(slot);  // W, Qg, Kd: 768 x 16 B contiguous
+    uint4* dstw = st[s].W;
+    for (int i = tid; i < 768; i += 64) cp_async16(dstw + i, src + i);  // W, Qg, Kd are adjacent in Stage
+    for (int i = tid; i < C * SLICE / 4; i += 64) {
+      const int r = i / (SLICE / 4), c4 = i % (SLICE / 4);
+      cp_async16(&st[s].U[r][c4 * 4], slot + OFF_U + (r * D + vbase + c4 * 4) * 4);
+    }
+    for (int i = tid; i < 64; i += 64) cp_async16(&st[s].P[0][0] + 4 * i, slot + OFF_P + 16 * i);
+    for (int i = tid; i < 32; i += 64) cp_async16(&st[s].gn[0] + 4 * i, slot + OFF_GN + 16 * i);
+  };
+
+  if (nch > 0) issue(0, 0);
+  cp_async_commit();
+  for (int c = 0; c < nch; ++c) {
+    const int s = c & 1;
+    if (c + 1 < nch) {
+      issue(c + 1, s ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const Stage& S = st[s];
+    // ---- W S and Qg S (A from the stage, B from the S^T accumulators) ----
+    float ws[2][4] = {}, qs[2][4] = {};
+#pragma unroll
+    for (int kt = 0; kt < 8; ++kt) {
+      const uint4 wa = S.W[kt * 32 + lane], qa = S.Qg[kt * 32 + lane];
+      const std::uint32_t aw[4] = {wa.x, wa.y, wa.z, wa.w}, aq[4] = {qa.x, qa.y, qa.z, qa.w};
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const std::uint32_t b[2] = {pack_bf16(Sacc[2 * kt][2 * nt], Sacc[2 * kt][2 * nt + 1]),
+                                    pack_bf16(Sacc[2 * kt + 1][2 * nt], Sacc[2 * kt + 1][2 * nt + 1])};
+        mma_bf16(ws[nt], aw, b);
+        mma_bf16(qs[nt], aq, b);
+      }
+    }
+    // ---- D = U - W S (fp32) into the warp's shared tile ----
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = gq + 8 * (e >> 1), v = 8 * nt + 2 * tq + (e & 1);
+        Dsh[warp][r][v] = S.U[r][warp * 16 + v] - ws[nt][e];
+      }
+    __syncwarp();
+    // ---- o = scale (Qg S + P D) ----
+    const int t0 = c * C, nvalid = min(C, sq.len - t0);
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = gq + 8 * hh, v = 8 * nt + 2 * tq;
+        float pd0 = 0.0f, pd1 = 0.0f;
+#pragma unroll
+        for (int s2 = 0; s2 < C; ++s2) {
+          if (s2 <= r) {
+            const float pr = S.P[r][s2];
+            pd0 += pr * Dsh[warp][s2][v];
+            pd1 += pr * Dsh[warp][s2][v + 1];
+          }
+        }
+        if (r < nvalid) {
+          const float o0 = p.scale * (qs[nt][2 * hh] + pd0), o1 = p.scale * (qs[nt][2 * hh + 1] + pd1);
+          const long long t = sq.bos + t0 + r;
+          *reinterpret_cast<std::uint32_t*>(p.o + sq.bidx * p.so.b + t * p.so.t + hv * p.so.h + v0 + v) =
+              pack_bf16(o0, o1);
+        }
+      }
+    // ---- S^T <- Diag(gam_n) S^T + D^T Kd ----
+    const std::uint32_t ad[4] = {pack_bf16(Dsh[warp][2 * tq][gq], Dsh[warp][2 * tq + 1][gq]),
+                                 pack_bf16(Dsh[warp][2 * tq][gq + 8], Dsh[warp][2 * tq + 1][gq + 8]),
+                                 pack_bf16(Dsh[warp][2 * tq + 8][gq], Dsh[warp][2 * tq + 9][gq]),
+                                 pack_bf16(Dsh[warp][2 * tq + 8][gq + 8], Dsh[warp][2 * tq + 9][gq + 8])};
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const float g0 = S.gn[8 * j + 2 * tq], g1 = S.gn[8 * j + 2 * tq + 1];
+      Sacc[j][0] *= g0;
+      Sacc[j][1] *= g1;
+      Sacc[j][2] *= g0;
+      Sacc[j][3] *= g1;
+      const uint4 kb = S.Kd[(j / 2) * 32 + lane];
+      const std::uint32_t b[2] = {(j & 1) ? kb.z : kb.x, (j & 1) ? kb.w : kb.y};
+      mma_bf16(Sacc[j], ad, b);
+    }
+    __syncthreads();  // stage s and Dsh are reused
+  }
+  if (p.S_final) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        p.S_final[sbase + (8 * j + 2 * tq + (e & 1)) * D + v0 + gq + 8 * (e >> 1)] = Sacc[j][e];
+  }
+}
+
+Strides resolve(Strides s, long long T, long long heads, long long Dl) {
+  if (s.h == 0) s.h = Dl;
+  if (s.t == 0) s.t = heads * s.h;
+  if (s.b == 0) s.b = T * s.t;
+  return s;
+}
+
+struct Checked {
+  Params p;
+  int N, max_chunks;
+  long long slots;
+};
+
+Checked check_prefill(const KdaPrefillArgs& a) {
+  const char* op = "kda_prefill";
+  if (a.D != D)
+    throw Error(std::string(op) + ": D = " + std::to_string(a.D) + " is not supported; accepted: D = 128 (d_k = d_v)");
+  if (a.T < 1) throw Error(std::string(op) + ": T = " + std::to_string(a.T) + "; accepted: T >= 1");
+  if (a.B < 1) throw Error(std::string(op) + ": B = " + std::to_string(a.B) + "; accepted: B >= 1");
+  if (a.H < 1 || a.HV < 1 || a.HV % a.H != 0)
+    throw Error(std::string(op) + ": H = " + std::to_string(a.H) + ", HV = " + std::to_string(a.HV) +
+                "; accepted: H >= 1 and HV a positive multiple of H");
+  if (!(a.scale > 0.0f)) throw Error(std::string(op) + ": scale = " + std::to_string(a.scale) + "; accepted: scale > 0");
+  check_gate(a.gate, a.HV, op);
+  check_ptr(a.q, 16, "q");
+  check_ptr(a.k, 16, "k");
+  check_ptr(a.v, 16, "v");
+  check_ptr(a.g, 16, "g");
+  check_ptr(a.beta, 2, "beta");
+  check_ptr(a.o, 16, "o");
+  check_ptr(a.S0, 16, "S0", false);
+  check_ptr(a.S_final, 16, "S_final", false);
+  check_ptr(a.workspace, 16, "workspace", false);
+  Checked ck{};
+  Params& p = ck.p;
+  p.B = a.B; p.T = a.T; p.H = a.H; p.HV = a.HV; p.group = a.HV / a.H;
+  p.q = a.q; p.k = a.k; p.v = a.v; p.g = a.g; p.beta = a.beta; p.o = a.o;
+  p.sq = resolve(a.sq, a.T, a.H, D);
+  p.sk = resolve(a.sk, a.T, a.H, D);
+  p.sv = resolve(a.sv, a.T, a.HV, D);
+  p.sg = resolve(a.sg, a.T, a.HV, D);
+  p.so = resolve(a.so, a.T, a.HV, D);
+  p.sbeta = resolve(a.sbeta, a.T, a.HV, 1);
+  for (auto [s, name] : {std::pair{p.sq, "q"}, {p.sk, "k"}, {p.sv, "v"}, {p.sg, "g"}, {p.so, "o"}}) {
+    check_stride(s.b, 8, (std::string(name) + ".b").c_str());
+    check_stride(s.t, 8, (std::string(name) + ".t").c_str());
+    check_stride(s.h, 8, (std::string(name) + ".h").c_str());
+  }
+  p.A_log = a.gate.A_log; p.bias = a.gate.bias; p.g_min = a.gate.g_min; p.scale = a.scale;
+  p.fuse_gate = a.gate.fused; p.l2norm = a.l2norm_qk; p.beta_sigmoid = a.beta_sigmoid;
+  p.S0 = a.S0; p.S_final = a.S_final; p.cu = a.cu_seqlens;
+  if (a.cu_seqlens) {
+    check_ptr(a.cu_seqlens, 4, "cu_seqlens");
+    if (a.B != 1)
+      throw Error(std::string(op) + ": cu_seqlens given with B = " + std::to_string(a.B) +
+                  "; accepted: B = 1 (sequences packed along T)");
+    if (a.num_seqs < 1 || a.max_seqlen < 1 || a.max_seqlen > a.T)
+      throw Error(std::string(op) + ": cu_seqlens given with num_seqs = " + std::to_string(a.num_seqs) +
+                  ", max_seqlen = " + std::to_string(a.max_seqlen) + "; accepted: num_seqs >= 1, 1 <= max_seqlen <= T");
+    ck.N = a.num_seqs;
+    ck.max_chunks = (a.max_seqlen + C - 1) / C;
+    ck.slots = static_cast<long long>(a.num_seqs) + a.T / C + 1;
+    p.nchunk_fixed = 0;
+  } else {
+    ck.N = a.B;
+    ck.max_chunks = (a.T + C - 1) / C;
+    ck.slots = static_cast<long long>(a.B) * ck.max_chunks;
+    p.nchunk_fixed = ck.max_chunks;
+  }
+  p.N = ck.N;
+  return ck;
+}
+
+}  // namespace
+
+void cuda_check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess)
+    throw Error(std::string("CUDA error in ") + what + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
+}
+
+std::size_t kda_prefill_workspace_bytes(const KdaPrefillArgs& a) {
+  const Checked ck = check_prefill(a);
+  return static_cast<std::size_t>(ck.slots) * a.HV * SLOT_BYTES;
+}
+
+void kda_prefill(const KdaPrefillArgs& a, cudaStream_t stream) {
+  Checked ck = check_prefill(a);
+  const std::size_t need = static_cast<std::size_t>(ck.slots) * a.HV * SLOT_BYTES;
+  if (!a.workspace || a.workspace_bytes < need)
+    throw Error("kda_prefill: workspace of " + std::to_string(a.workspace_bytes) + " bytes at " +
+                (a.workspace ? "a valid pointer" : "null") + "; accepted: a 16-byte aligned device buffer of >= " +
+                std::to_string(need) + " bytes (kda_prefill_workspace_bytes())");
+  ck.p.ws = static_cast<unsigned char*>(a.workspace);
+  if (ck.N > 65535 || a.HV > 65535)
+    throw Error("kda_prefill: " + std::to_string(ck.N) + " sequences x " + std::to_string(a.HV) +
+                " value heads; accepted: each <= 65535 (grid limits)");
+  kda_prepare_kernel<<<dim3(ck.max_chunks, a.HV, ck.N), 256, 0, stream>>>(ck.p);
+  cuda_check(cudaGetLastError(), "kda_prepare_kernel launch");
+  kda_state_kernel<<<dim3(D / SLICE, a.HV, ck.N), 64, 0, stream>>>(ck.p);
+  cuda_check(cudaGetLastError(), "kda_state_kernel launch");
+}
+
+}  // namespace kdalab::kernels

@@ -1,0 +1,85 @@
+#!/usr/bin/python3
+"""Figure: per-token decode cost vs context n, log-log (kdalab decode-cost).
+
+Left: numbers one head reads per decode step, softmax 2 n d vs the KDA state d^2, with seed 002's
+table points (d = 64: n = 1,000 / 128,000 / 1,000,000) marked and their ratios printed.
+Right: measured time per decode step of the CPU reference (one head, float32) and, when present,
+the GPU kernels.
+Usage: /usr/bin/python3 scripts/fig_decode_cost.py RESULTS.h5 [--out-dir figures]
+"""
+import sys
+
+import h5py
+import numpy as np
+
+import figstyle as fs
+from figstyle import plt
+
+
+def main():
+    a = fs.parse_args(__doc__.splitlines()[0])
+    with h5py.File(a.results, "r") as f:
+        if "decode_cost/analytic" not in f:
+            return fs.skip(f"{a.results} has no decode_cost/analytic table")
+        t = fs.table(f, "decode_cost/analytic")
+        has_cpu = "decode_cost/cpu" in f
+        has_gpu = "decode_cost/gpu" in f and "impl" in f["decode_cost/gpu"]
+        ncols = 2 if (has_cpu or has_gpu) else 1
+        fig, axes = plt.subplots(1, ncols, figsize=(4.2 * ncols, 3.6), squeeze=False)
+        ax = axes[0][0]
+        n = np.logspace(3, 6, 50)
+        for d, c in ((64, "#1f77b4"), (128, "#2ca02c")):
+            ax.plot(n, 2 * n * d, "-", color=c, label=f"softmax, $2nd$ (d = {d})")
+            ax.plot(n, np.full_like(n, d * d), "--", color=c, label=f"KDA state, $d^2$ (d = {d})")
+        for d, mk in ((64, "o"), (128, "s")):
+            sel = t["d"] == d
+            if not sel.any():
+                continue
+            ax.plot(t["n"][sel], t["softmax_reads"][sel], mk, color="k", ms=5, mfc="none")
+            ax.plot(t["n"][sel], t["kda_reads"][sel], mk, color="k", ms=5, mfc="none")
+            if d == 64:
+                for nn, sm, r in zip(t["n"][sel], t["softmax_reads"][sel], t["ratio_floor"][sel]):
+                    left = nn < 1e4
+                    ax.annotate(f"{int(sm):,}\n{int(r):,}x", (nn, sm), textcoords="offset points",
+                                xytext=(6, -16) if left else (-4, 6), ha="left" if left else "right", fontsize=6.5)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("context $n$ (tokens cached)")
+        ax.set_ylabel("numbers read per decode step, one head")
+        ax.set_title("Analytic reads (seed 002's table: open markers)")
+        ax.legend(loc="upper left", fontsize=6.5)
+        if ncols == 2:
+            ax = axes[0][1]
+            if has_cpu:
+                c = fs.table(f, "decode_cost/cpu")
+                for impl, col, mk in (("softmax", "#d62728", "o"), ("kda", "#2ca02c", "s")):
+                    sel = c["impl"] == impl
+                    if sel.any():
+                        o = np.argsort(c["n"][sel])
+                        ax.plot(c["n"][sel][o], 1e6 * c["seconds_per_token"][sel][o], "-" + mk, ms=3.5, color=col,
+                                label=f"CPU reference: {'softmax read' if impl == 'softmax' else 'KDA step'} "
+                                      f"(d = {int(c['d'][sel][0])})")
+            if has_gpu:
+                g = fs.table(f, "decode_cost/gpu")
+                for impl in sorted(set(g["impl"].tolist())):
+                    sel = g["impl"] == impl
+                    o = np.argsort(g["n"][sel])
+                    ax.plot(g["n"][sel][o], 1e6 * g["seconds_per_token"][sel][o], "-^", ms=3.5, label=f"GPU: {impl}")
+            else:
+                note = fs.attr(f["decode_cost/gpu"], "note", "") if "decode_cost/gpu" in f else ""
+                if note:
+                    ax.text(0.02, 0.02, note, transform=ax.transAxes, fontsize=6, color="#777777", wrap=True)
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlabel("context $n$ (tokens cached)")
+            ax.set_ylabel("time per decode step (µs)")
+            ax.set_title("Measured per-token decode step")
+            ax.legend(loc="upper left", fontsize=6.5)
+        fig.suptitle("Decode cost per token vs context: softmax re-reads the cache, KDA reads a fixed state", y=1.02)
+        fs.label_footer(fig, f)
+        fig.tight_layout()
+        return fs.save(fig, a.out_dir, "decode_cost")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

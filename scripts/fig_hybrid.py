@@ -1,0 +1,76 @@
+#!/usr/bin/python3
+"""Figure: the hybrid's attention speedup over an all-MLA stack vs context and batch (kdalab decode-cost).
+
+Left: attention cost per token, all-MLA / hybrid, vs context n for the Kimi Linear 48B and K3
+layouts, with the limit L / L_MLA and the reported 6.24x (1.84 vs 11.48 ms at 1M) and ~2.2x at
+batch 1. Right: the largest batch whose caches and states fit the memory budget vs n.
+Usage: /usr/bin/python3 scripts/fig_hybrid.py RESULTS.h5 [--out-dir figures]
+"""
+import sys
+
+import h5py
+import numpy as np
+
+import figstyle as fs
+from figstyle import plt
+
+STYLE = {"kimi-linear-48b": ("#2ca02c", "Kimi Linear 48B (20 KDA + 7 MLA)"),
+         "kimi-k3": ("#1f77b4", "K3 layout (3:1 + final MLA; layer count illustrative)")}
+
+
+def main():
+    a = fs.parse_args(__doc__.splitlines()[0])
+    with h5py.File(a.results, "r") as f:
+        if "decode_cost/hybrid" not in f:
+            return fs.skip(f"{a.results} has no decode_cost/hybrid table")
+        h = fs.table(f, "decode_cost/hybrid")
+        at = f["decode_cost/hybrid"].attrs
+        fig, axes = plt.subplots(1, 2, figsize=(8.6, 3.7))
+        ax = axes[0]
+        for lay, (col, lab) in STYLE.items():
+            sel = (h["layout"] == lay) & (h["batch_kind"] == "one")
+            if not sel.any():
+                continue
+            o = np.argsort(h["n"][sel])
+            ax.plot(h["n"][sel][o], h["speedup_vs_mla"][sel][o], "-o", ms=3, color=col, label=lab)
+        ax.axhline(27 / 7, color="#2ca02c", ls=":", lw=0.9)
+        ax.text(1.1e3, 27 / 7 * 1.03, "limit 27/7 = 3.86x", fontsize=6.5, color="#2ca02c")
+        rep = float(at.get("reported_speedup", 11.48 / 1.84))
+        rep1 = float(at.get("reported_speedup_batch1", 2.2))
+        ax.axhline(rep, color="#d62728", ls="--", lw=1)
+        ax.text(1.1e3, rep * 1.03, f"reported at 1M: 11.48 / 1.84 ms = {rep:.2f}x (larger batch)", fontsize=6.5,
+                color="#d62728")
+        ax.axhline(rep1, color="#ff7f0e", ls="--", lw=1)
+        ax.text(1.1e3, rep1 * 1.03, f"reported at batch 1: ~{rep1:.1f}x", fontsize=6.5, color="#ff7f0e")
+        ax.set_xscale("log")
+        ax.set_ylim(0, max(rep * 1.15, 4.5))
+        ax.set_xlabel("context $n$ (tokens)")
+        ax.set_ylabel("attention speedup per token (all-MLA / hybrid)")
+        ax.set_title("Attention reads per token, any batch")
+        ax.legend(loc="lower right", fontsize=6.5)
+        ax = axes[1]
+        for lay in sorted(set(h["layout"].tolist())):
+            sel = (h["layout"] == lay) & (h["batch_kind"] == "max")
+            o = np.argsort(h["n"][sel])
+            col = STYLE.get(lay, ("#7f7f7f", lay))[0]
+            if lay == "all-mla-27":
+                col = STYLE["kimi-linear-48b"][0]
+            elif lay.startswith("all-mla"):
+                col = STYLE["kimi-k3"][0]
+            ls = "--" if lay.startswith("all-mla") else "-"
+            ax.plot(h["n"][sel][o], np.maximum(h["batch"][sel][o], 0.5), ls + "o", ms=3, color=col, label=lay)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("context $n$ (tokens)")
+        ax.set_ylabel("largest batch fitting the budget")
+        ax.set_title(f"Batch under {float(at.get('memory_gb', 100)):.0f} GB of caches + states")
+        ax.legend(loc="upper right", fontsize=6.5)
+        fig.suptitle("Hybrid vs all-MLA decode: attention cost per token and the batch each can hold", y=1.02)
+        fs.label_footer(fig, f, "Memory-bound model at " + f"{float(at.get('bandwidth_gbs', 0)):.0f} GB/s: MLA reads "
+                        "n (d_c + d_r) bf16 per layer, KDA reads and writes its fp32 state. " + fs.attr(f["decode_cost/hybrid"], "bound"))
+        fig.tight_layout()
+        return fs.save(fig, a.out_dir, "hybrid_speedup")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

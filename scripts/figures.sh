@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Draws every figure the given results files support into figures/ (FIGURES=dir to change).
+# Usage: scripts/figures.sh RESULTS.h5...
+# Each scripts/fig_<name>.py reads one file and exits 0 (drawn), 3 (this file does not hold what the
+# figure needs: skipped quietly) or anything else (an error: reported, the other figures still drawn).
+# Runs under /usr/bin/python3 (Debian's h5py and matplotlib), never whatever python3 is first on PATH.
+set -uo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+out=${FIGURES:-figures}
+py=${KDALAB_PYTHON:-/usr/bin/python3}
+if [ $# -eq 0 ]; then
+  echo "usage: scripts/figures.sh RESULTS.h5..." >&2
+  exit 2
+fi
+mkdir -p "$out"
+drawn=0
+failed=0
+for f in "$@"; do
+  if [ ! -f "$f" ]; then
+    echo "figures.sh: $f: no such file" >&2
+    failed=$((failed + 1))
+    continue
+  fi
+  for s in "$here"/fig_*.py; do
+    msg=$("$py" "$s" "$f" --out-dir "$out" 2>&1)
+    rc=$?
+    case $rc in
+      0) echo "$msg"; drawn=$((drawn + 1)) ;;
+      3) ;;
+      *) echo "figures.sh: $(basename "$s") failed on $f (exit $rc):" >&2; echo "$msg" >&2; failed=$((failed + 1)) ;;
+    esac
+  done
+done
+echo "figures.sh: $drawn figure(s) drawn into $out/, $failed failure(s)"
+[ "$failed" -eq 0 ]

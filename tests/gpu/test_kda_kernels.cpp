@@ -1,0 +1,273 @@
+// KDA CUDA kernels (kernels/kda.hpp) against the float64 recurrence (reference/kda.hpp) and the
+// kernel twin (numerics/kda_twin.hpp), on fresh seeded anchor-kda inputs; outputs poisoned (NaN)
+// before every run. Runs only where the CUDA kernels are built (ctest label gpu).
+#include <cstdio>
+#include <numeric>
+
+#include "numerics/kda_twin.hpp"
+#include "numerics/metrics.hpp"
+#include "numerics/tolerance.hpp"
+#include "reference/kda.hpp"
+#include "tests/catch.hpp"
+#include "tests/gpu/kda_gpu_util.hpp"
+
+using namespace kdalab;
+using namespace kda_gpu;
+
+namespace {
+
+KdaOutput<double> truth(const KdaInputs& in, bool use_S0 = true) {
+  Tensor<double> Z(in.S0.shape, 0.0);
+  return kda_recurrent<double>(in.q, in.k, in.v, in.g, in.beta, use_S0 ? &in.S0 : &Z, in.scale);
+}
+
+/// Tokens [bos, bos + len) of a [1, T, ...] tensor.
+Tensor<double> slice_tokens(const Tensor<double>& t, std::size_t bos, std::size_t len) {
+  std::vector<std::size_t> shp = t.shape;
+  const std::size_t row = t.numel() / (shp[0] * shp[1]);
+  shp[1] = len;
+  Tensor<double> r(shp);
+  std::copy(t.data.begin() + bos * row, t.data.begin() + (bos + len) * row, r.data.begin());
+  return r;
+}
+
+std::uint64_t fresh_seed() {
+  static std::uint64_t s = 20261129;
+  return ++s;
+}
+
+}  // namespace
+
+TEST_CASE("prefill on the ANCHORS.md cases: <= 2.0e-3 vs float64, twin within 10%", "[gpu][kda]") {
+  const std::size_t cases[][3] = {{1, 17, 1}, {3, 64, 1}, {1, 300, 2}, {1, 1000, 4}, {1, 4096, 2}};
+  for (const auto& cs : cases) {
+    const KdaInputs in = make_inputs(cs[0], cs[1], cs[2], 1, 1234);
+    const DevInputs d(in);
+    const auto r = run_prefill(prefill_args(in, d), in.B * in.T * in.HV * 128, in.B * in.HV * 128 * 128);
+    const auto ref = truth(in);
+    const auto mo = compare(r.o, ref.o.data), ms = compare(r.S, ref.S_final.data);
+    const auto tw = kda_twin(in, kda_plan_kernel());
+    const double e_twin = compare(tw.o.data, ref.o.data).rel_rms;
+    std::printf("kernel anchor (B,T,H)=(%zu,%zu,%zu): o rel_rms %.4e (twin %.4e, |diff|/kernel %.3f)  state %.4e  "
+                "max_ulp %lld\n",
+                cs[0], cs[1], cs[2], mo.rel_rms, e_twin, std::fabs(e_twin - mo.rel_rms) / mo.rel_rms, ms.rel_rms,
+                static_cast<long long>(mo.max_ulp_bf16));
+    CAPTURE(cs[0], cs[1], cs[2], mo.rel_rms, e_twin, ms.rel_rms);
+    REQUIRE(mo.nan_count == 0);
+    REQUIRE(mo.inf_count == 0);
+    REQUIRE(ms.nan_count == 0);
+    CHECK(mo.rel_rms <= tol::kda_bf16_goal.value);
+    CHECK(ms.rel_rms <= tol::kda_twin_state.value);
+    CHECK(std::fabs(e_twin - mo.rel_rms) <= tol::twin_vs_kernel.value * mo.rel_rms);
+  }
+}
+
+TEST_CASE("prefill shapes: T in {1,15,16,17,1000,4096}, B up to 8, HV = 2H, with and without S0", "[gpu][kda]") {
+  struct Cs { std::size_t B, T, H, group; bool S0; };
+  const Cs cases[] = {{1, 1, 1, 1, true},  {2, 15, 1, 2, true},   {8, 16, 2, 1, false}, {3, 17, 2, 2, true},
+                      {8, 33, 1, 1, true}, {2, 1000, 2, 2, false}, {1, 4096, 1, 2, true}};
+  for (const auto& cs : cases) {
+    const KdaInputs in = make_inputs(cs.B, cs.T, cs.H, cs.group, fresh_seed());
+    const DevInputs d(in);
+    const auto r = run_prefill(prefill_args(in, d, cs.S0), in.B * in.T * in.HV * 128, in.B * in.HV * 128 * 128);
+    const auto ref = truth(in, cs.S0);
+    const auto mo = compare(r.o, ref.o.data), ms = compare(r.S, ref.S_final.data);
+    std::printf("kernel shape B=%zu T=%zu H=%zu HV=%zu S0=%d: o %.4e state %.4e\n", cs.B, cs.T, cs.H, in.HV, cs.S0,
+                mo.rel_rms, ms.rel_rms);
+    CAPTURE(cs.B, cs.T, cs.H, in.HV, cs.S0, mo.rel_rms, ms.rel_rms);
+    REQUIRE(mo.nan_count + mo.inf_count + ms.nan_count + ms.inf_count == 0);
+    CHECK(mo.rel_rms <= tol::kda_bf16_goal.value);
+    CHECK(ms.rel_rms <= tol::kda_twin_state.value);
+  }
+}
+
+TEST_CASE("prefill varlen (cu_seqlens) with a last sequence of 1 token equals per-sequence truths", "[gpu][kda]") {
+  for (const std::vector<int>& lens : {std::vector<int>{37, 16, 100, 1}, std::vector<int>{1, 1, 5, 31, 17, 1}}) {
+    const int N = static_cast<int>(lens.size());
+    const int Ttot = std::accumulate(lens.begin(), lens.end(), 0);
+    const std::size_t H = 2, HV = 4;
+    KdaInputs all = make_inputs(1, Ttot, H, HV / H, fresh_seed());
+    // one S0 per sequence
+    Tensor<double> S0({static_cast<std::size_t>(N), HV, 128, 128});
+    Rng rng(fresh_seed());
+    rng.fill_normal(S0, 0.1, Format::fp32);
+    all.S0 = S0;
+    const DevInputs d(all);
+    std::vector<int> cu(N + 1, 0);
+    for (int i = 0; i < N; ++i) cu[i + 1] = cu[i] + lens[i];
+    DevBuf dcu(cu.size() * 4);
+    cuda_check(cudaMemcpy(dcu.p, cu.data(), dcu.bytes, cudaMemcpyHostToDevice), "cu_seqlens");
+    auto a = prefill_args(all, d);
+    a.cu_seqlens = dcu.as<int>();
+    a.num_seqs = N;
+    a.max_seqlen = *std::max_element(lens.begin(), lens.end());
+    const auto r = run_prefill(a, all.T * HV * 128, N * HV * 128 * 128);
+    for (int i = 0; i < N; ++i) {
+      KdaInputs s = all;
+      s.T = lens[i];
+      for (auto* t : {&s.q, &s.k, &s.v, &s.g, &s.beta}) *t = slice_tokens(*t, cu[i], lens[i]);
+      s.S0 = Tensor<double>({1, HV, 128, 128});
+      std::copy(S0.data.begin() + i * HV * 128 * 128, S0.data.begin() + (i + 1) * HV * 128 * 128, s.S0.data.begin());
+      const auto ref = truth(s);
+      const std::vector<double> o(r.o.begin() + cu[i] * HV * 128, r.o.begin() + cu[i + 1] * HV * 128);
+      const std::vector<double> S(r.S.begin() + i * HV * 128 * 128, r.S.begin() + (i + 1) * HV * 128 * 128);
+      const auto mo = compare(o, ref.o.data), ms = compare(S, ref.S_final.data);
+      CAPTURE(i, lens[i], mo.rel_rms, ms.rel_rms);
+      REQUIRE(mo.nan_count + mo.inf_count + ms.nan_count + ms.inf_count == 0);
+      CHECK(mo.rel_rms <= tol::kda_bf16_goal.value);
+      CHECK(ms.rel_rms <= tol::kda_twin_state.value);
+    }
+  }
+}
+
+TEST_CASE("decode steps vs float64 truth, prefill-then-decode == prefill of the longer sequence", "[gpu][kda]") {
+  const std::size_t B = 4, T0 = 37, steps = 5, H = 2, HV = 4;
+  const KdaInputs in = make_inputs(B, T0 + steps, H, HV / H, fresh_seed());
+  const DevInputs d(in);
+  const auto ref = truth(in);
+  // prefill of all T0 + steps tokens
+  const auto full = run_prefill(prefill_args(in, d), B * in.T * HV * 128, B * HV * 128 * 128);
+  // prefill of T0 tokens (strided view of the same buffers), then `steps` decode steps
+  auto a = prefill_args(in, d);
+  a.T = static_cast<int>(T0);
+  a.sq.b = a.sk.b = static_cast<std::int64_t>(in.T * H * 128);
+  a.sv.b = a.sg.b = a.so.b = static_cast<std::int64_t>(in.T * HV * 128);
+  a.sbeta.b = static_cast<std::int64_t>(in.T * HV);
+  a.sq.t = a.sk.t = H * 128;
+  a.sv.t = a.sg.t = a.so.t = HV * 128;
+  a.sbeta.t = HV;
+  DevBuf o(B * in.T * HV * 2 * 128), S(B * HV * 128 * 128 * 4);
+  o.poison();
+  S.poison();
+  a.o = o.as<bf16_t>();
+  a.S_final = S.as<float>();
+  DevBuf ws(kernels::kda_prefill_workspace_bytes(a));
+  a.workspace = ws.p;
+  a.workspace_bytes = ws.bytes;
+  kernels::kda_prefill(a, nullptr);
+  for (std::size_t t = T0; t < in.T; ++t) {
+    kernels::KdaDecodeArgs dd;
+    dd.B = B; dd.H = H; dd.HV = HV;
+    dd.q = d.q.as<bf16_t>() + t * H * 128;
+    dd.k = d.k.as<bf16_t>() + t * H * 128;
+    dd.v = d.v.as<bf16_t>() + t * HV * 128;
+    dd.g = d.g.as<bf16_t>() + t * HV * 128;
+    dd.beta = d.beta.as<bf16_t>() + t * HV;
+    dd.sq_b = dd.sk_b = in.T * H * 128;
+    dd.sv_b = dd.sg_b = dd.so_b = in.T * HV * 128;
+    dd.sbeta_b = in.T * HV;
+    dd.gate = a.gate;
+    dd.scale = a.scale;
+    dd.state = S.as<float>();
+    dd.o = o.as<bf16_t>() + t * HV * 128;
+    kernels::kda_decode(dd, nullptr);
+  }
+  cuda_check(cudaDeviceSynchronize(), "prefill + decode");
+  const auto o_pd = download_bf16(o);
+  const auto S_pd = download_f32(S);
+  const auto m_o = compare(o_pd, ref.o.data), m_S = compare(S_pd, ref.S_final.data);
+  const auto m_same_o = compare(o_pd, full.o), m_same_S = compare(S_pd, full.S);
+  std::printf("prefill(%zu)+decode(%zu) vs truth: o %.4e state %.4e; vs prefill(%zu): o %.4e state %.4e\n", T0, steps,
+              m_o.rel_rms, m_S.rel_rms, in.T, m_same_o.rel_rms, m_same_S.rel_rms);
+  REQUIRE(m_o.nan_count + m_S.nan_count == 0);
+  CHECK(m_o.rel_rms <= tol::kda_bf16_goal.value);
+  CHECK(m_S.rel_rms <= tol::kda_twin_state.value);
+  // two roundings of the same numbers (each within the goal of the truth): within twice the goal
+  CHECK(m_same_o.rel_rms <= 2 * tol::kda_bf16_goal.value);
+  CHECK(m_same_S.rel_rms <= 2 * tol::kda_twin_state.value);
+}
+
+TEST_CASE("decode in a CUDA graph equals direct launches", "[gpu][kda]") {
+  const std::size_t B = 3, H = 4, HV = 4;
+  const KdaInputs in = make_inputs(B, 1, H, 1, fresh_seed());
+  const DevInputs d(in);
+  DevBuf S1(in.S0.numel() * 4), S2(in.S0.numel() * 4), o1(B * HV * 128 * 2), o2(B * HV * 128 * 2);
+  cuda_check(cudaMemcpy(S1.p, d.S0.p, S1.bytes, cudaMemcpyDeviceToDevice), "copy");
+  cuda_check(cudaMemcpy(S2.p, d.S0.p, S2.bytes, cudaMemcpyDeviceToDevice), "copy");
+  o1.poison();
+  o2.poison();
+  kernels::KdaDecodeArgs dd;
+  dd.B = B; dd.H = H; dd.HV = HV;
+  dd.q = d.q.as<bf16_t>(); dd.k = d.k.as<bf16_t>(); dd.v = d.v.as<bf16_t>(); dd.g = d.g.as<bf16_t>();
+  dd.beta = d.beta.as<bf16_t>();
+  dd.gate.A_log = d.A_log.as<float>(); dd.gate.bias = d.bias.as<float>(); dd.gate.g_min = -5.0f;
+  dd.scale = static_cast<float>(in.scale);
+  dd.state = S1.as<float>(); dd.o = o1.as<bf16_t>();
+  for (int i = 0; i < 3; ++i) kernels::kda_decode(dd, nullptr);
+  cudaStream_t s;
+  cuda_check(cudaStreamCreate(&s), "stream");
+  dd.state = S2.as<float>(); dd.o = o2.as<bf16_t>();
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  cuda_check(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), "capture");
+  kernels::kda_decode(dd, s);
+  cuda_check(cudaStreamEndCapture(s, &g), "end capture");
+  cuda_check(cudaGraphInstantiate(&ge, g, 0), "instantiate");
+  for (int i = 0; i < 3; ++i) cuda_check(cudaGraphLaunch(ge, s), "graph launch");
+  cuda_check(cudaStreamSynchronize(s), "sync");
+  CHECK(download_f32(S1) == download_f32(S2));
+  CHECK(download_bf16(o1) == download_bf16(o2));
+  // one decode step from S0 vs the truth (o of a single token; fp32 math, bf16 output)
+  const auto ref = truth(in);
+  DevBuf S3(in.S0.numel() * 4), o3(B * HV * 128 * 2);
+  cuda_check(cudaMemcpy(S3.p, d.S0.p, S3.bytes, cudaMemcpyDeviceToDevice), "copy");
+  o3.poison();
+  dd.state = S3.as<float>(); dd.o = o3.as<bf16_t>();
+  kernels::kda_decode(dd, nullptr);
+  cuda_check(cudaDeviceSynchronize(), "decode");
+  const auto mo = compare(download_bf16(o3), ref.o.data), ms = compare(download_f32(S3), ref.S_final.data);
+  std::printf("decode one step vs truth: o %.4e state %.4e\n", mo.rel_rms, ms.rel_rms);
+  CHECK(mo.rel_rms <= tol::kda_bf16_goal.value);
+  CHECK(ms.rel_rms <= tol::f32_vs_truth.value);
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(g);
+  cudaStreamDestroy(s);
+}
+
+TEST_CASE("bad inputs give clear errors before any launch", "[gpu][kda]") {
+  const KdaInputs in = make_inputs(1, 20, 1, 1, fresh_seed());
+  const DevInputs d(in);
+  DevBuf o(in.T * 128 * 2), ws(1 << 20);
+  auto good = prefill_args(in, d);
+  good.o = o.as<bf16_t>();
+  good.workspace = ws.p;
+  good.workspace_bytes = ws.bytes;
+  REQUIRE_NOTHROW(kernels::kda_prefill(good, nullptr));
+  cuda_check(cudaDeviceSynchronize(), "good");
+  auto bad = good;
+  bad.D = 64;
+  CHECK_THROWS_AS(kernels::kda_prefill(bad, nullptr), Error);
+  bad = good;
+  bad.T = 0;
+  CHECK_THROWS_AS(kernels::kda_prefill(bad, nullptr), Error);
+  bad = good;
+  bad.q = good.q + 1;  // 2-byte offset: not 16-byte aligned
+  CHECK_THROWS_AS(kernels::kda_prefill(bad, nullptr), Error);
+  bad = good;
+  bad.gate.g_min = -6.0f;
+  CHECK_THROWS_AS(kernels::kda_prefill(bad, nullptr), Error);
+  bad.gate.allow_unsafe_range = true;
+  CHECK_NOTHROW(kernels::kda_prefill(bad, nullptr));
+  bad = good;
+  bad.gate.g_min = 0.0f;
+  CHECK_THROWS_AS(kernels::kda_prefill(bad, nullptr), Error);
+  bad = good;
+  bad.gate.fused = false;
+  CHECK_THROWS_AS(kernels::kda_prefill(bad, nullptr), Error);
+  bad = good;
+  bad.HV = 3;
+  bad.H = 2;
+  CHECK_THROWS_AS(kernels::kda_prefill(bad, nullptr), Error);
+  bad = good;
+  bad.workspace_bytes = 100;
+  CHECK_THROWS_AS(kernels::kda_prefill(bad, nullptr), Error);
+  bad = good;
+  bad.o = nullptr;
+  CHECK_THROWS_AS(kernels::kda_prefill(bad, nullptr), Error);
+  kernels::KdaDecodeArgs dd;
+  dd.B = 1; dd.H = 1; dd.HV = 1; dd.D = 256;
+  CHECK_THROWS_AS(kernels::kda_decode(dd, nullptr), Error);
+  dd.D = 128;
+  CHECK_THROWS_AS(kernels::kda_decode(dd, nullptr), Error);  // null pointers
+  cuda_check(cudaDeviceSynchronize(), "after bad inputs");
+}
