@@ -8,6 +8,10 @@
 // truth the row used. Implementations:
 //   float64    the recurrence of reference/kda.hpp in double     (C / precisions: n/a)
 //   float32    the same recurrence in float                       (C / precisions: n/a)
+//   float64-chunk, float32-chunk  the chunked UT/WY form of reference/kda_chunk.hpp with chunk C
+//              (16-token secondary tiles, forward substitution); float32 refuses a factored
+//              decay span above 80 nats (softplus gates can exceed it): such rows are skipped
+//              with a note naming the point
 //   twin-bf16  the kernel twin numerics/kda_twin.hpp (bf16 inputs and output), per (C, state
 //              precision, matmul precision); matmul "plan" is the CUDA kernel's chosen plan
 //              (kda_plan_kernel(): intra-chunk products fp32, the three d_k x d_v products bf16),
@@ -42,6 +46,7 @@
 #include "numerics/range.hpp"
 #include "reference/error.hpp"
 #include "reference/kda.hpp"
+#include "reference/kda_chunk.hpp"
 
 namespace kdalab::cli {
 
@@ -49,14 +54,14 @@ namespace {
 
 struct ParityOptions {
   std::vector<double> B{1}, T{17, 64, 300, 1000}, H{1}, dk{128}, dv{128}, C{16}, g_min{-5};
-  std::vector<std::string> gate{"bounded"}, beta{"sigmoid"}, impl{"float64", "float32", "twin-bf16", "cuda-bf16"},
+  std::vector<std::string> gate{"bounded"}, beta{"sigmoid"}, impl{"float64", "float32", "float64-chunk", "float32-chunk", "twin-bf16", "cuda-bf16"},
       state{"fp32", "bf16"}, matmul{"plan", "bf16"};
   std::string truth = "auto";
   double mp_max_work = 1e7, f80_max_work = 1.1e9;
   int windows = 16;
 };
 
-const std::vector<std::string> kImpls{"float64", "float32", "twin-bf16", "cuda-bf16"};
+const std::vector<std::string> kImpls{"float64", "float32", "float64-chunk", "float32-chunk", "twin-bf16", "cuda-bf16"};
 
 std::size_t as_count(double x, const std::string& opt, double min = 1) {
   require(std::isfinite(x) && x >= min && x == std::floor(x) && x <= 1e12,
@@ -77,6 +82,23 @@ ImplOut run_reference(const KdaInputs& in, const std::string& fmt_name) {
   const Tensor<S> S0 = in.S0.cast<S>();
   const KdaOutput<S> r = kda_recurrent<S>(in.q.cast<S>(), in.k.cast<S>(), in.v.cast<S>(), in.g.cast<S>(),
                                           in.beta.cast<S>(), &S0, static_cast<S>(in.scale));
+  ImplOut out;
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  out.o = r.o.template cast<double>().data;
+  out.S = r.S_final.template cast<double>().data;
+  out.out_format = fmt_name;
+  return out;
+}
+
+template <class S>
+ImplOut run_chunked(const KdaInputs& in, std::size_t C, const std::string& fmt_name) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const Tensor<S> S0 = in.S0.cast<S>();
+  ChunkOptions opt;
+  opt.C = C;
+  opt.tile = 16;
+  const KdaOutput<S> r = kda_chunked<S>(in.q.cast<S>(), in.k.cast<S>(), in.v.cast<S>(), in.g.cast<S>(),
+                                        in.beta.cast<S>(), &S0, static_cast<S>(in.scale), opt);
   ImplOut out;
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   out.o = r.o.template cast<double>().data;
@@ -178,7 +200,9 @@ void register_parity(Registry& reg) {
   a->add_option("--beta", o->beta, "beta distributions: sigmoid (anchor), wide (Sigmoid(N(0,16))), one (beta = 1)")
       ->delimiter(',')
       ->capture_default_str();
-  a->add_option("--impl", o->impl, "implementations: float64, float32, twin-bf16, cuda-bf16")->delimiter(',')->capture_default_str();
+  a->add_option("--impl", o->impl,
+                "implementations: float64, float32 (recurrences), float64-chunk, float32-chunk (chunked form, C), "
+                "twin-bf16 (kernel twin), cuda-bf16 (GPU only)")->delimiter(',')->capture_default_str();
   a->add_option("--state-precision", o->state, "state storage formats of the twin/kernel rows: fp32, bf16")
       ->delimiter(',')
       ->capture_default_str();
@@ -225,7 +249,8 @@ void register_parity(Registry& reg) {
     for (const auto& s : o->beta) betas.push_back(parse_beta_dist(s, "--beta"));
     for (const auto& s : o->impl)
       require(std::find(kImpls.begin(), kImpls.end(), s) != kImpls.end(),
-              "--impl: '" + s + "' is unknown; accepted: float64, float32, twin-bf16, cuda-bf16");
+              "--impl: '" + s + "' is unknown; accepted: float64, float32, float64-chunk, float32-chunk, twin-bf16, "
+              "cuda-bf16");
     std::vector<Format> states;
     for (const auto& s : o->state) {
       const Format f = parse_format(s, "--state-precision");
@@ -346,6 +371,18 @@ void register_parity(Registry& reg) {
         } else if (impl == "float32") {
           record(impl, 0, "fp32", "fp32", run_reference<float>(in, "fp32"));
           prog.tick(1, label + " " + impl);
+        } else if (impl == "float64-chunk" || impl == "float32-chunk") {
+          for (double C : o->C) {
+            const std::size_t Cn = as_count(C, "C");
+            const bool f64 = impl == "float64-chunk";
+            try {
+              record(impl, static_cast<std::int64_t>(Cn), f64 ? "fp64" : "fp32", f64 ? "fp64" : "fp32",
+                     f64 ? run_chunked<double>(in, Cn, "fp64") : run_chunked<float>(in, Cn, "fp32"));
+            } catch (const Error& e) {  // factored decay span over the scalar type's limit
+              note(fmt::format("{} C={} skipped at point {} ({}): {}", impl, Cn, p, label, e.what()));
+            }
+            prog.tick(1, label + " " + impl);
+          }
         } else if (impl == "twin-bf16") {
           for (double C : o->C)
             for (Format st : states)

@@ -56,6 +56,8 @@ TEST_CASE("parity --quick writes the table, the summary and which truth each row
   CHECK(r.out.find("o median rRMS") != std::string::npos);  // the summary table is printed
   CHECK(r.out.find("twin-bf16") != std::string::npos);
   CHECK(r.out.find("cuda-bf16 rows skipped") != std::string::npos);  // no GPU here: a note, no rows
+  // float32 chunked refuses softplus gates whose factored span exceeds 80 nats: a note, no row
+  CHECK(r.out.find("float32-chunk C=16 skipped") != std::string::npos);
   const auto impl = h5read::strings(out, "/parity/table/impl");
   const auto truth = h5read::strings(out, "/parity/table/truth");
   const auto err = h5read::array(out, "/parity/table/o_rel_rms");
@@ -74,6 +76,8 @@ TEST_CASE("parity --quick writes the table, the summary and which truth each row
       CHECK(err.data[i] > 0.0);
       CHECK(err.data[i] < tol::f32_vs_truth.value);
     }
+    if (impl[i] == "float64-chunk") CHECK(err.data[i] < tol::f64_identity.value);  // chunked == recurrent
+    if (impl[i] == "float32-chunk") CHECK(err.data[i] < tol::f32_vs_truth.value);
     if (impl[i] == "twin-bf16" && gate[i] == "bounded") {
       if (mm[i] == "plan") { ++plan_rows; plan_worst = std::max(plan_worst, err.data[i]); }
       if (mm[i] == "bf16") { ++bf16_rows; bf16_best = std::min(bf16_best, err.data[i]); }
