@@ -132,7 +132,7 @@ double copy_ceiling_tbs() {
 }
 
 struct Measured {
-  double ms, ms_min, bytes, flops;
+  double ms, ms_min, bytes, flops, prepare_ms = 0, state_ms = 0;
 };
 
 Measured bench_prefill(const Shape& s, int warmup, int iters, std::uint64_t seed) {
@@ -158,10 +158,17 @@ Measured bench_prefill(const Shape& s, int warmup, int iters, std::uint64_t seed
   Dev ws(wsb);
   a.workspace = ws.p; a.workspace_bytes = wsb;
   auto [ms, mn] = time_ms([&] { kernels::kda_prefill(a, nullptr); }, warmup, iters);
+  a.run_phases = 1;
+  const double prep = time_ms([&] { kernels::kda_prefill(a, nullptr); }, warmup, iters).first;
+  a.run_phases = 2;
+  const double state = time_ms([&] { kernels::kda_prefill(a, nullptr); }, warmup, iters).first;
+  a.state_variant = 2;
+  const double state_v2 = time_ms([&] { kernels::kda_prefill(a, nullptr); }, warmup, iters).first;
+  fmt::print("  (B={} T={} H={} HV={}: state pass v2 = {:.4f} ms)\n", s.B, s.T, s.H, s.HV, state_v2);
   const double chunks = static_cast<double>(s.B) * ((s.T + Cc - 1) / Cc) * s.HV;
   const double flops = chunks * (4.0 * Cc * Cc * D + 2.0 * Cc * Cc * D + 6.0 * Cc * D * D + 2.0 * Cc * Cc * D);
   const double bytes = 2.0 * (2.0 * nq + 3.0 * nv + s.B * s.T * s.HV) + 2.0 * 4.0 * s.B * s.HV * D * D;
-  return {ms, mn, bytes, flops};
+  return {ms, mn, bytes, flops, prep, state};
 }
 
 Measured bench_decode(const Shape& s, int warmup, int iters, std::uint64_t seed) {
@@ -281,6 +288,8 @@ void register_bench(Registry& reg) {
           .col("H", 'i', "1", "key heads").col("HV", 'i', "1", "value heads").col("D", 'i', "1", "d_k = d_v")
           .col("time_ms", 'd', "ms", "median kernel time (CUDA events; decode B <= 8: per step of a 100-step graph)")
           .col("time_min_ms", 'd', "ms", "fastest of the timed launches")
+          .col("prepare_ms", 'd', "ms", "prefill: the token-parallel prepare kernel alone (median); decode: 0")
+          .col("state_ms", 'd', "ms", "prefill: the chunk-sequential state pass alone (median); decode: 0")
           .col("bytes", 'd', "B", "least bytes moved: inputs read once, outputs written once (no workspace)")
           .col("flops", 'd', "FLOP", "floating-point operations of the algorithm")
           .col("TBps", 'd', "TB/s", "bytes / median time").col("TFLOPps", 'd', "TFLOP/s", "flops / median time")
@@ -290,8 +299,8 @@ void register_bench(Registry& reg) {
           .col("speedup_vs_peer", 'd', "1", "peer_ms / time_ms")
           .col("baseline_ms", 'd', "ms", "time in --compare file, NaN if none")
           .col("ratio_vs_baseline", 'd', "1", "time_ms / baseline_ms (> 1.10 flagged)");
-      fmt::print("{:<40}{:>10}{:>9}{:>10}{:>8}{:>8}{:>10}{:>9}{:>10}\n", op, "ms", "TB/s", "TFLOP/s", "%copy", "%mm",
-                 "peer ms", "speedup", "vs base");
+      fmt::print("{:<40}{:>10}{:>9}{:>9}{:>9}{:>10}{:>8}{:>8}{:>10}{:>9}{:>10}\n", op, "ms", "prep ms", "state ms",
+                 "TB/s", "TFLOP/s", "%copy", "%mm", "peer ms", "speedup", "vs base");
       for (const Shape& s : shapes[oi]) {
         const std::string key = key_of(op, s);
         const Measured m = op == "kda-prefill" ? bench_prefill(s, o->warmup, o->iters, ctx.common.seed)
@@ -307,9 +316,10 @@ void register_bench(Registry& reg) {
         const bool slow = std::isfinite(ratio) && ratio > 1.10;
         flagged = flagged || slow;
         t.row({key, static_cast<std::int64_t>(s.B), static_cast<std::int64_t>(s.T), static_cast<std::int64_t>(s.H),
-               static_cast<std::int64_t>(s.HV), std::int64_t{128}, m.ms, m.ms_min, m.bytes, m.flops, tbs, tfl,
+               static_cast<std::int64_t>(s.HV), std::int64_t{128}, m.ms, m.ms_min, m.prepare_ms, m.state_ms, m.bytes, m.flops, tbs, tfl,
                100.0 * tbs / copy_tbs, 100.0 * tfl / mm_tflops, pm, pm / m.ms, bm, ratio});
-        fmt::print("{:<40}{:>10.4f}{:>9.2f}{:>10.1f}{:>8.1f}{:>8.2f}{:>10.4f}{:>9.2f}{:>10}{}\n", key, m.ms, tbs, tfl,
+        fmt::print("{:<40}{:>10.4f}{:>9.4f}{:>9.4f}{:>9.2f}{:>10.1f}{:>8.1f}{:>8.2f}{:>10.4f}{:>9.2f}{:>10}{}\n", key, m.ms,
+                   m.prepare_ms, m.state_ms, tbs, tfl,
                    100.0 * tbs / copy_tbs, 100.0 * tfl / mm_tflops, pm, pm / m.ms,
                    std::isfinite(ratio) ? fmt::format("{:.3f}", ratio) : std::string("-"),
                    slow ? "  SLOWER >10%" : "");

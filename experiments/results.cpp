@@ -171,9 +171,12 @@ void ResultsFile::write_array(const std::string& g, const std::string& name, con
                               const std::string& units, const std::string& description,
                               const std::map<std::string, std::string>& attrs) {
   H5::Group grp = impl_->open_group(g);
-  std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
-  if (dims.empty()) dims.push_back(1);
-  H5::DataSpace space(static_cast<int>(dims.size()), dims.data());
+  // A fixed array, not a vector: g++ 13 reports a false -Wfree-nonheap-object on the vector form.
+  require(t.rank() <= 32, "write_array '" + name + "': rank " + std::to_string(t.rank()) + " > 32");
+  hsize_t dims[32];
+  const int rank = t.rank() == 0 ? 1 : static_cast<int>(t.rank());
+  for (int i = 0; i < rank; ++i) dims[i] = t.rank() == 0 ? 1 : t.shape[static_cast<std::size_t>(i)];
+  H5::DataSpace space(rank, dims);
   H5::DataSet ds = grp.createDataSet(name, H5::PredType::NATIVE_DOUBLE, space);
   if (t.numel()) ds.write(t.data.data(), H5::PredType::NATIVE_DOUBLE);
   set_str_attr(ds, "units", units);

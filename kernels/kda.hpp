@@ -69,13 +69,21 @@ struct KdaPrefillArgs {
   Strides sq, sk, sv, sg, so, sbeta;
   void* workspace = nullptr;     ///< device scratch of kda_prefill_workspace_bytes() bytes, 16-byte aligned
   std::size_t workspace_bytes = 0;
+  int state_variant = 3;         ///< state pass: 3 = P D on the tensor cores (hi/lo bf16), state update first; 2 = v2 (P D in fp32 FMAs)
+  /// v4 schedule: fixed-length batches with T >= 2048 run in <= 8 segments whose prepare kernel
+  /// overlaps the previous segment's state pass (a side stream + events, joined back to `stream`).
+  /// Numerically identical to the unsegmented schedule; false = one prepare then one state pass.
+  bool overlap_segments = true;
+  int run_phases = 3;            ///< diagnostics: 1 = prepare kernel only, 2 = state pass only (on a prepared workspace), 3 = both
 };
 
 /// Bytes of device scratch the prefill needs for these shapes (checks the shapes too).
 std::size_t kda_prefill_workspace_bytes(const KdaPrefillArgs& a);
 
 /// Chunked prefill: o and (optionally) S_final from q, k, v, g, beta (and S0). Asynchronous on
-/// `stream`. Errors: kdalab::Error (see file comment), before anything is launched.
+/// `stream` (with overlap_segments it forks to a side stream and joins back with events; turn it
+/// off for CUDA-graph capture). T need not be a multiple of 16. Errors: kdalab::Error (see file
+/// comment), before anything is launched.
 void kda_prefill(const KdaPrefillArgs& a, cudaStream_t stream);
 
 /// Arguments of the decode step: one token per sequence, B sequences, state updated in place.

@@ -19,6 +19,13 @@ __device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<std::uint32_t*>(&v);
 }
 
+/// Splits two floats into bf16 hi parts and bf16 lo parts (x ~ hi + lo to ~2^-16 relative).
+__device__ __forceinline__ void split_bf16(float x0, float x1, std::uint32_t& hi, std::uint32_t& lo) {
+  hi = pack_bf16(x0, x1);
+  const float h0 = __uint_as_float(hi << 16), h1 = __uint_as_float(hi & 0xffff0000u);
+  lo = pack_bf16(x0 - h0, x1 - h1);
+}
+
 /// Unpacks 8 bf16 held in a uint4 into floats.
 __device__ __forceinline__ void unpack8(const uint4& u, float* f) {
   const std::uint32_t w[4] = {u.x, u.y, u.z, u.w};

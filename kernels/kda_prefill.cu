@@ -11,10 +11,15 @@
 //     head, sequence), so H = 32 heads give 128 CTAs. Each warp keeps S^T for 16 value columns x
 //     128 key rows in mma accumulator registers (fp32); its C-fragment layout is exactly the
 //     B-fragment layout W S and Qg S need, so no shuffles. Per chunk: D = U - W S, o = scale (Qg S
-//     + P D) (P D in fp32 FMAs), S^T <- Diag(gam_n) S^T + D^T Kd. The next chunk's slot streams in
-//     by cp.async (two stages) while the current one is computed.
+//     + P D), S^T <- Diag(gam_n) S^T + D^T Kd. The next chunks' slots stream in by cp.async (NST
+//     stages) while the current one is computed. v3 (state_variant 3, default): the state update
+//     is issued first and P D runs on the tensor cores with hi/lo bf16 splits; v2: P D in fp32 FMAs.
+//  v4 schedule (overlap_segments): long fixed-length batches run in segments so that the prepare
+//     of segment k+1 overlaps the state pass of segment k (see segments_of()).
+// Versions, predictions and H200 timings: bench/NOTES.md.
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "kernels/kda_common.cuh"
 
@@ -27,10 +32,12 @@ constexpr int C = 16;     // chunk
 constexpr int D = 128;    // d_k = d_v
 constexpr int DP = 132;   // padded shared row (floats), keeps float4 alignment
 constexpr int SLICE = 32; // value columns per state CTA
+constexpr int NST = 3;    // cp.async pipeline depth of the state pass (v2: 6 gave no gain and cost occupancy)
 
 // Workspace slot per (chunk, value head), bytes.
-constexpr int OFF_W = 0, OFF_QG = 4096, OFF_KD = 8192, OFF_U = 12288, OFF_P = 20480, OFF_GN = 21504;
-constexpr int SLOT_BYTES = 22016;
+constexpr int OFF_W = 0, OFF_QG = 4096, OFF_KD = 8192, OFF_U = 12288, OFF_P = 20480, OFF_GN = 21504,
+              OFF_PF = 22016;  // P as hi + lo bf16 A fragments (2 x 32 x 16 B)
+constexpr int SLOT_BYTES = 23040;
 
 struct Params {
   int B, T, H, HV, group, N, nchunk_fixed;
@@ -221,6 +228,15 @@ __global__ void __launch_bounds__(256) kda_prepare_kernel(Params p) {
     reinterpret_cast<uint4*>(slot + OFF_KD)[tid] = kd;
     reinterpret_cast<float*>(slot + OFF_P)[tid] = sP[tid / C][tid % C];
     if (tid < D) reinterpret_cast<float*>(slot + OFF_GN)[tid] = sGn[tid];
+    if (tid < 32) {  // P = hi + lo, both bf16, A-fragment order (m16 x k16)
+      const float pv[8] = {sP[gq][2 * tq],     sP[gq][2 * tq + 1],     sP[gq + 8][2 * tq],     sP[gq + 8][2 * tq + 1],
+                           sP[gq][2 * tq + 8], sP[gq][2 * tq + 9],     sP[gq + 8][2 * tq + 8], sP[gq + 8][2 * tq + 9]};
+      std::uint32_t hi[4], lo[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) split_bf16(pv[2 * i], pv[2 * i + 1], hi[i], lo[i]);
+      reinterpret_cast<uint4*>(slot + OFF_PF)[tid] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+      reinterpret_cast<uint4*>(slot + OFF_PF)[32 + tid] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+    }
   }
 }
 
@@ -230,8 +246,14 @@ struct Stage {
   float U[C][SLICE];
   float P[C][C];
   float gn[D];
+  uint4 Pf[64];  // P hi (32 lanes) then P lo (32 lanes)
 };
 
+// kMmaPD = true (v3, the default): after D, the state update is issued first, then P D on the
+// tensor cores as Phi Dhi + Phi Dlo + Plo Dhi (bf16 hi/lo splits, fp32 accumulate: ~2^-16 relative,
+// i.e. fp32-class as the plan asks), accumulated straight onto Qg S. kMmaPD = false (v2): P D by
+// fp32 FMAs from shared memory, o before the state update.
+template <bool kMmaPD>
 __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
   const int slice = blockIdx.x, hv = blockIdx.y, n = blockIdx.z;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gq = lane / 4, tq = lane % 4;
@@ -239,7 +261,8 @@ __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
   const int nch = (sq.len + C - 1) / C;
   const int vbase = slice * SLICE, v0 = vbase + warp * 16;  // this warp's 16 value columns
 
-  __shared__ __align__(16) Stage st[2];
+  extern __shared__ __align__(16) unsigned char dyn_smem[];
+  Stage* st = reinterpret_cast<Stage*>(dyn_smem);  // NST stages
   __shared__ float Dsh[2][C][C + 1];
 
   // S^T accumulators: Sacc[j][e] = S[8j + 2tq + (e&1)][v0 + gq + 8(e>>1)]
@@ -262,23 +285,24 @@ __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
     }
     for (int i = tid; i < 64; i += 64) cp_async16(&st[s].P[0][0] + 4 * i, slot + OFF_P + 16 * i);
     for (int i = tid; i < 32; i += 64) cp_async16(&st[s].gn[0] + 4 * i, slot + OFF_GN + 16 * i);
+    if (kMmaPD) cp_async16(&st[s].Pf[tid], slot + OFF_PF + 16 * tid);
   };
 
-  if (nch > 0) issue(0, 0);
-  cp_async_commit();
+  // prologue: chunks 0 .. NST-2 in flight (one commit group per chunk, empty groups past the end)
+#pragma unroll
+  for (int i = 0; i < NST - 1; ++i) {
+    if (i < nch) issue(i, i);
+    cp_async_commit();
+  }
   for (int c = 0; c < nch; ++c) {
-    const int s = c & 1;
-    if (c + 1 < nch) {
-      issue(c + 1, s ^ 1);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
-    const Stage& S = st[s];
+    cp_async_wait<NST - 2>();  // the group of chunk c has landed (for this thread)
+    __syncthreads();           // ... for every thread; and every warp is done with chunk c - 1
+    if (c + NST - 1 < nch) issue(c + NST - 1, (c + NST - 1) % NST);
+    cp_async_commit();
+    const Stage& S = st[c % NST];
     // ---- W S and Qg S (A from the stage, B from the S^T accumulators) ----
-    float ws[2][4] = {}, qs[2][4] = {};
+    // W S is on the chunk-to-chunk critical path: two independent accumulation chains (even/odd kt)
+    float ws[2][4] = {}, ws2[2][4] = {}, qs[2][4] = {};
 #pragma unroll
     for (int kt = 0; kt < 8; ++kt) {
       const uint4 wa = S.W[kt * 32 + lane], qa = S.Qg[kt * 32 + lane];
@@ -287,10 +311,14 @@ __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
       for (int nt = 0; nt < 2; ++nt) {
         const std::uint32_t b[2] = {pack_bf16(Sacc[2 * kt][2 * nt], Sacc[2 * kt][2 * nt + 1]),
                                     pack_bf16(Sacc[2 * kt + 1][2 * nt], Sacc[2 * kt + 1][2 * nt + 1])};
-        mma_bf16(ws[nt], aw, b);
+        mma_bf16((kt & 1) ? ws2[nt] : ws[nt], aw, b);
         mma_bf16(qs[nt], aq, b);
       }
     }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) ws[nt][e] += ws2[nt][e];
     // ---- D = U - W S (fp32) into the warp's shared tile ----
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
@@ -300,8 +328,49 @@ __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
         Dsh[warp][r][v] = S.U[r][warp * 16 + v] - ws[nt][e];
       }
     __syncwarp();
-    // ---- o = scale (Qg S + P D) ----
     const int t0 = c * C, nvalid = min(C, sq.len - t0);
+    if constexpr (kMmaPD) {
+      // D^T as an A fragment (hi and lo parts); the same registers are the B fragments of P D
+      std::uint32_t ad[4], adl[4];
+      split_bf16(Dsh[warp][2 * tq][gq], Dsh[warp][2 * tq + 1][gq], ad[0], adl[0]);
+      split_bf16(Dsh[warp][2 * tq][gq + 8], Dsh[warp][2 * tq + 1][gq + 8], ad[1], adl[1]);
+      split_bf16(Dsh[warp][2 * tq + 8][gq], Dsh[warp][2 * tq + 9][gq], ad[2], adl[2]);
+      split_bf16(Dsh[warp][2 * tq + 8][gq + 8], Dsh[warp][2 * tq + 9][gq + 8], ad[3], adl[3]);
+      // ---- S^T <- Diag(gam_n) S^T + D^T Kd (first: it is the chunk-to-chunk critical path) ----
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const float g0 = S.gn[8 * j + 2 * tq], g1 = S.gn[8 * j + 2 * tq + 1];
+        Sacc[j][0] *= g0;
+        Sacc[j][1] *= g1;
+        Sacc[j][2] *= g0;
+        Sacc[j][3] *= g1;
+        const uint4 kb = S.Kd[(j / 2) * 32 + lane];
+        const std::uint32_t b[2] = {(j & 1) ? kb.z : kb.x, (j & 1) ? kb.w : kb.y};
+        mma_bf16(Sacc[j], ad, b);
+      }
+      // ---- o = scale (Qg S + P D), P D = Phi Dhi + Phi Dlo + Plo Dhi ----
+      const uint4 ph = S.Pf[lane], pl = S.Pf[32 + lane];
+      const std::uint32_t aph[4] = {ph.x, ph.y, ph.z, ph.w}, apl[4] = {pl.x, pl.y, pl.z, pl.w};
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const std::uint32_t bh[2] = {ad[nt], ad[nt + 2]}, bl[2] = {adl[nt], adl[nt + 2]};
+        mma_bf16(qs[nt], aph, bh);
+        mma_bf16(qs[nt], aph, bl);
+        mma_bf16(qs[nt], apl, bh);
+      }
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int r = gq + 8 * hh, v = 8 * nt + 2 * tq;
+          if (r < nvalid) {
+            const long long t = sq.bos + t0 + r;
+            *reinterpret_cast<std::uint32_t*>(p.o + sq.bidx * p.so.b + t * p.so.t + hv * p.so.h + v0 + v) =
+                pack_bf16(p.scale * qs[nt][2 * hh], p.scale * qs[nt][2 * hh + 1]);
+          }
+        }
+    } else {
+    // ---- o = scale (Qg S + P D) ----
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
@@ -339,7 +408,8 @@ __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
       const std::uint32_t b[2] = {(j & 1) ? kb.z : kb.x, (j & 1) ? kb.w : kb.y};
       mma_bf16(Sacc[j], ad, b);
     }
-    __syncthreads();  // stage s and Dsh are reused
+    }
+    __syncwarp();  // Dsh is rewritten next chunk
   }
   if (p.S_final) {
 #pragma unroll
@@ -430,14 +500,46 @@ void cuda_check(cudaError_t e, const char* what) {
     throw Error(std::string("CUDA error in ") + what + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
 }
 
+namespace {
+/// Segments of the overlapped schedule (v4): fixed-length batches with T >= 2048 are cut into K <= 8
+/// segments of a multiple of 16 tokens; the prepare kernel of segment k + 1 (caller's stream) runs
+/// while the state pass of segment k runs (a side stream of higher priority); the state crosses
+/// segments through an fp32 buffer, which is exact (the same fp32 values the registers held).
+struct Segments {
+  int K = 1, seg = 0;
+};
+Segments segments_of(const KdaPrefillArgs& a) {
+  Segments sg;
+  sg.seg = a.T;
+  if (a.cu_seqlens || !a.overlap_segments || a.T < 2048) return sg;
+  const int K0 = std::min(8, a.T / 1024);
+  sg.seg = ((a.T + K0 - 1) / K0 + C - 1) / C * C;
+  sg.K = (a.T + sg.seg - 1) / sg.seg;
+  return sg;
+}
+std::size_t state_buffer_bytes(const KdaPrefillArgs& a, const Segments& sg) {
+  return sg.K > 1 ? static_cast<std::size_t>(a.B) * a.HV * D * D * 4 : 0;
+}
+template <bool V3>
+void launch_state(const Params& p, int HV, int N, cudaStream_t stream) {
+  constexpr int smem = NST * static_cast<int>(sizeof(Stage));
+  cuda_check(cudaFuncSetAttribute(kda_state_kernel<V3>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+             "cudaFuncSetAttribute(kda_state_kernel)");
+  kda_state_kernel<V3><<<dim3(D / SLICE, HV, N), 64, smem, stream>>>(p);
+  cuda_check(cudaGetLastError(), "kda_state_kernel launch");
+}
+}  // namespace
+
 std::size_t kda_prefill_workspace_bytes(const KdaPrefillArgs& a) {
   const Checked ck = check_prefill(a);
-  return static_cast<std::size_t>(ck.slots) * a.HV * SLOT_BYTES;
+  return static_cast<std::size_t>(ck.slots) * a.HV * SLOT_BYTES + state_buffer_bytes(a, segments_of(a));
 }
 
 void kda_prefill(const KdaPrefillArgs& a, cudaStream_t stream) {
   Checked ck = check_prefill(a);
-  const std::size_t need = static_cast<std::size_t>(ck.slots) * a.HV * SLOT_BYTES;
+  const Segments sg = segments_of(a);
+  const std::size_t slot_bytes = static_cast<std::size_t>(ck.slots) * a.HV * SLOT_BYTES;
+  const std::size_t need = slot_bytes + state_buffer_bytes(a, sg);
   if (!a.workspace || a.workspace_bytes < need)
     throw Error("kda_prefill: workspace of " + std::to_string(a.workspace_bytes) + " bytes at " +
                 (a.workspace ? "a valid pointer" : "null") + "; accepted: a 16-byte aligned device buffer of >= " +
@@ -446,10 +548,58 @@ void kda_prefill(const KdaPrefillArgs& a, cudaStream_t stream) {
   if (ck.N > 65535 || a.HV > 65535)
     throw Error("kda_prefill: " + std::to_string(ck.N) + " sequences x " + std::to_string(a.HV) +
                 " value heads; accepted: each <= 65535 (grid limits)");
-  kda_prepare_kernel<<<dim3(ck.max_chunks, a.HV, ck.N), 256, 0, stream>>>(ck.p);
-  cuda_check(cudaGetLastError(), "kda_prepare_kernel launch");
-  kda_state_kernel<<<dim3(D / SLICE, a.HV, ck.N), 64, 0, stream>>>(ck.p);
-  cuda_check(cudaGetLastError(), "kda_state_kernel launch");
+  if (a.run_phases < 1 || a.run_phases > 3)
+    throw Error("kda_prefill: run_phases = " + std::to_string(a.run_phases) + "; accepted: 1, 2 or 3");
+  if (a.state_variant != 2 && a.state_variant != 3)
+    throw Error("kda_prefill: state_variant = " + std::to_string(a.state_variant) + "; accepted: 2 or 3");
+  auto state = [&](const Params& p, cudaStream_t s) {
+    if (a.state_variant == 3) launch_state<true>(p, a.HV, ck.N, s);
+    else launch_state<false>(p, a.HV, ck.N, s);
+  };
+  if (sg.K == 1 || a.run_phases != 3) {
+    if (a.run_phases & 1) {
+      kda_prepare_kernel<<<dim3(ck.max_chunks, a.HV, ck.N), 256, 0, stream>>>(ck.p);
+      cuda_check(cudaGetLastError(), "kda_prepare_kernel launch");
+    }
+    if (a.run_phases & 2) state(ck.p, stream);
+    return;
+  }
+  // overlapped schedule (see segments_of)
+  int prio_least = 0, prio_greatest = 0;
+  cuda_check(cudaDeviceGetStreamPriorityRange(&prio_least, &prio_greatest), "cudaDeviceGetStreamPriorityRange");
+  cudaStream_t side;
+  cuda_check(cudaStreamCreateWithPriority(&side, cudaStreamNonBlocking, prio_greatest), "cudaStreamCreateWithPriority");
+  std::vector<cudaEvent_t> ev(sg.K + 2);
+  for (auto& e : ev) cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+  cuda_check(cudaEventRecord(ev[sg.K], stream), "cudaEventRecord");
+  cuda_check(cudaStreamWaitEvent(side, ev[sg.K], 0), "cudaStreamWaitEvent");
+  float* sbuf = reinterpret_cast<float*>(static_cast<unsigned char*>(a.workspace) + slot_bytes);
+  const int seg_chunks = sg.seg / C;
+  for (int k = 0; k < sg.K; ++k) {
+    const long long t0 = static_cast<long long>(k) * sg.seg;
+    const int Tk = static_cast<int>(std::min<long long>(sg.seg, a.T - t0));
+    Params p = ck.p;
+    p.T = Tk;
+    p.nchunk_fixed = (Tk + C - 1) / C;
+    p.q += t0 * p.sq.t;
+    p.k += t0 * p.sk.t;
+    p.v += t0 * p.sv.t;
+    p.g += t0 * p.sg.t;
+    p.beta += t0 * p.sbeta.t;
+    p.o += t0 * p.so.t;
+    p.ws = ck.p.ws + static_cast<std::size_t>(k) * a.B * seg_chunks * a.HV * SLOT_BYTES;
+    p.S0 = k == 0 ? a.S0 : sbuf;
+    p.S_final = k == sg.K - 1 ? a.S_final : sbuf;
+    kda_prepare_kernel<<<dim3(p.nchunk_fixed, a.HV, ck.N), 256, 0, stream>>>(p);
+    cuda_check(cudaGetLastError(), "kda_prepare_kernel launch");
+    cuda_check(cudaEventRecord(ev[k], stream), "cudaEventRecord");
+    cuda_check(cudaStreamWaitEvent(side, ev[k], 0), "cudaStreamWaitEvent");
+    state(p, side);
+  }
+  cuda_check(cudaEventRecord(ev[sg.K + 1], side), "cudaEventRecord");
+  cuda_check(cudaStreamWaitEvent(stream, ev[sg.K + 1], 0), "cudaStreamWaitEvent");
+  for (auto& e : ev) cuda_check(cudaEventDestroy(e), "cudaEventDestroy");
+  cuda_check(cudaStreamDestroy(side), "cudaStreamDestroy");
 }
 
 }  // namespace kdalab::kernels

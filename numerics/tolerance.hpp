@@ -71,4 +71,11 @@ inline constexpr Tolerance check_metric_agreement{1e-6,
     "relative RMS of a bf16-rounded candidate (~1.7e-3) computed from two float64 truths that differ "
     "by ~1e-15: the metrics agree to ~1e-12 relative; 1e-6 is loose yet catches a wrong formula."};
 
+// ---- MLA kernels (ISSUE 7) ---------------------------------------------------------------------
+/// Absorbed MLA decode kernel (attended latent a = softmax(scale q~ C^T) C, fp32 output) vs float64 on
+/// the same bf16 latent cache and the exact (unrounded) absorbed query q~.
+inline constexpr Tolerance mla_decode_goal{2.0e-3,
+    "ISSUE 7 / ANCHORS.md goal. The kernel carries q~ and P as bf16 hi + lo (~2^-16 relative each) with fp32 "
+    "accumulation, so it should land near 1e-5; a bf16-rounded q~ alone costs 2.3-3.5e-3 and fails."};
+
 }  // namespace kdalab::tol

