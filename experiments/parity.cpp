@@ -8,8 +8,14 @@
 // truth the row used. Implementations:
 //   float64    the recurrence of reference/kda.hpp in double     (C / precisions: n/a)
 //   float32    the same recurrence in float                       (C / precisions: n/a)
-//   twin-bf16  the kernel twin numerics/kda_twin.hpp, per (C, state precision, matmul precision)
-//              -- HOOK: not on main yet; rows are skipped with a note (see run_twin below)
+//   float64-chunk, float32-chunk  the chunked UT/WY form of reference/kda_chunk.hpp with chunk C
+//              (16-token secondary tiles, forward substitution); float32 refuses a factored
+//              decay span above 80 nats (softplus gates can exceed it): such rows are skipped
+//              with a note naming the point
+//   twin-bf16  the kernel twin numerics/kda_twin.hpp (bf16 inputs and output), per (C, state
+//              precision, matmul precision); matmul "plan" is the CUDA kernel's chosen plan
+//              (kda_plan_kernel(): intra-chunk products fp32, the three d_k x d_v products bf16),
+//              "bf16"/"fp16"/"tf32"/"fp32" put every product's operands in that format
 //   cuda-bf16  the CUDA kernel, only when kdalab was built with CUDA and a GPU is present
 //              -- HOOK: kernels/ has no KDA API on main yet; skipped with a note
 // Truths: cpp_bin_float_50 ("mp"), x87 long double ("f80", 64-bit significand, 2^11 finer than
@@ -18,6 +24,10 @@
 // truth column says). --truth auto takes mp while B*T*H*d_k*d_v <= --mp-max-work, f80 while
 // <= --f80-max-work, f64 above (the issue's rule for T up to 1M on a CPU);
 // tests/numerics/test_f64_vs_mp.cpp proves float64 within 1e-12 of mp at shorter T.
+// Configs: data/configs/parity.json is the full grid (T up to 65,536, both gates, state fp32/bf16,
+// matmul plan/bf16; ~4 min on one core); data/configs/parity_long.json adds T = 1,048,576 for the
+// float64 / float32 / twin (kernel plan) rows with the float64 truth (~5 min: the twin costs
+// ~200 us per token and head on the CPU, so the long grid is kept to one precision plan).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -31,10 +41,12 @@
 #include "experiments/cli.hpp"
 #include "numerics/bf16.hpp"
 #include "numerics/kda_inputs.hpp"
+#include "numerics/kda_twin.hpp"
 #include "numerics/metrics.hpp"
 #include "numerics/range.hpp"
 #include "reference/error.hpp"
 #include "reference/kda.hpp"
+#include "reference/kda_chunk.hpp"
 
 namespace kdalab::cli {
 
@@ -42,14 +54,14 @@ namespace {
 
 struct ParityOptions {
   std::vector<double> B{1}, T{17, 64, 300, 1000}, H{1}, dk{128}, dv{128}, C{16}, g_min{-5};
-  std::vector<std::string> gate{"bounded"}, beta{"sigmoid"}, impl{"float64", "float32", "twin-bf16", "cuda-bf16"},
-      state{"fp32", "bf16"}, matmul{"bf16", "tf32"};
+  std::vector<std::string> gate{"bounded"}, beta{"sigmoid"}, impl{"float64", "float32", "float64-chunk", "float32-chunk", "twin-bf16", "cuda-bf16"},
+      state{"fp32", "bf16"}, matmul{"plan", "bf16"};
   std::string truth = "auto";
   double mp_max_work = 1e7, f80_max_work = 1.1e9;
   int windows = 16;
 };
 
-const std::vector<std::string> kImpls{"float64", "float32", "twin-bf16", "cuda-bf16"};
+const std::vector<std::string> kImpls{"float64", "float32", "float64-chunk", "float32-chunk", "twin-bf16", "cuda-bf16"};
 
 std::size_t as_count(double x, const std::string& opt, double min = 1) {
   require(std::isfinite(x) && x >= min && x == std::floor(x) && x <= 1e12,
@@ -78,14 +90,44 @@ ImplOut run_reference(const KdaInputs& in, const std::string& fmt_name) {
   return out;
 }
 
-/// TWIN HOOK (ISSUE 5): when numerics/kda_twin.hpp lands on main, call it here with the chunk
-/// size C, the state precision and the matmul (operand) precision, on in.q_raw/k_raw/v/g_raw/
-/// beta_raw/A_log/bias/S0 exactly as the kernel reads them, and return o (bf16) and the final S.
-/// Until then it returns nothing and the sweep records a note instead of rows.
-std::optional<ImplOut> run_twin(const KdaInputs&, std::size_t /*C*/, Format /*state*/, Format /*matmul*/,
-                                std::string& why) {
-  why = "twin-bf16 rows skipped: numerics/kda_twin.hpp (the kernel twin) is not on main yet";
-  return std::nullopt;
+template <class S>
+ImplOut run_chunked(const KdaInputs& in, std::size_t C, const std::string& fmt_name) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const Tensor<S> S0 = in.S0.cast<S>();
+  ChunkOptions opt;
+  opt.C = C;
+  opt.tile = 16;
+  const KdaOutput<S> r = kda_chunked<S>(in.q.cast<S>(), in.k.cast<S>(), in.v.cast<S>(), in.g.cast<S>(),
+                                        in.beta.cast<S>(), &S0, static_cast<S>(in.scale), opt);
+  ImplOut out;
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  out.o = r.o.template cast<double>().data;
+  out.S = r.S_final.template cast<double>().data;
+  out.out_format = fmt_name;
+  return out;
+}
+
+/// The kernel twin (numerics/kda_twin.hpp) on the raw inputs exactly as the kernel reads them:
+/// bf16 q_raw/k_raw/v/g_raw/beta_raw, L2Norm, gate and beta sigmoid fused (the softplus gate is
+/// not fused in the kernel: its rows read the derived g), chunk C, state format `state`, matmul
+/// operands per `matmul` ("plan" = kda_plan_kernel(), else every product in that format), o bf16.
+ImplOut run_twin(const KdaInputs& in, GateKind gate, std::size_t C, Format state, const std::string& matmul) {
+  KdaTwinPlan p = kda_plan_kernel();
+  if (matmul != "plan") {
+    const Format f = parse_format(matmul, "--matmul-precision");
+    p.kk = p.qk = p.solve = p.ws = p.qs = p.pd = p.kd = f;
+  }
+  p.chunk = C;
+  p.state = state;
+  p.fuse_gate = gate == GateKind::bounded;
+  const auto t0 = std::chrono::steady_clock::now();
+  KdaOutput<double> r = kda_twin(in, p);
+  ImplOut out;
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  out.o = std::move(r.o.data);
+  out.S = std::move(r.S_final.data);
+  out.out_format = format_name(p.out);
+  return out;
 }
 
 /// CUDA HOOK: the KDA kernel's host API is not on main yet; a GPU alone is not enough.
@@ -158,11 +200,15 @@ void register_parity(Registry& reg) {
   a->add_option("--beta", o->beta, "beta distributions: sigmoid (anchor), wide (Sigmoid(N(0,16))), one (beta = 1)")
       ->delimiter(',')
       ->capture_default_str();
-  a->add_option("--impl", o->impl, "implementations: float64, float32, twin-bf16, cuda-bf16")->delimiter(',')->capture_default_str();
+  a->add_option("--impl", o->impl,
+                "implementations: float64, float32 (recurrences), float64-chunk, float32-chunk (chunked form, C), "
+                "twin-bf16 (kernel twin), cuda-bf16 (GPU only)")->delimiter(',')->capture_default_str();
   a->add_option("--state-precision", o->state, "state storage formats of the twin/kernel rows: fp32, bf16")
       ->delimiter(',')
       ->capture_default_str();
-  a->add_option("--matmul-precision", o->matmul, "matmul operand formats of the twin/kernel rows: bf16, fp16, tf32, fp32")
+  a->add_option("--matmul-precision", o->matmul,
+                "matmul operand formats of the twin rows: plan (the CUDA kernel's plan: intra-chunk fp32, d_k x d_v "
+                "products bf16), or bf16, fp16, tf32, fp32 for every product")
       ->delimiter(',')
       ->capture_default_str();
   a->add_option("--truth", o->truth,
@@ -203,18 +249,23 @@ void register_parity(Registry& reg) {
     for (const auto& s : o->beta) betas.push_back(parse_beta_dist(s, "--beta"));
     for (const auto& s : o->impl)
       require(std::find(kImpls.begin(), kImpls.end(), s) != kImpls.end(),
-              "--impl: '" + s + "' is unknown; accepted: float64, float32, twin-bf16, cuda-bf16");
-    std::vector<Format> states, matmuls;
+              "--impl: '" + s + "' is unknown; accepted: float64, float32, float64-chunk, float32-chunk, twin-bf16, "
+              "cuda-bf16");
+    std::vector<Format> states;
     for (const auto& s : o->state) {
       const Format f = parse_format(s, "--state-precision");
       require(f == Format::fp32 || f == Format::bf16, "--state-precision: '" + s + "' is not accepted; accepted: fp32, bf16");
       states.push_back(f);
     }
     for (const auto& s : o->matmul) {
+      if (s == "plan") continue;
       const Format f = parse_format(s, "--matmul-precision");
-      require(f != Format::fp64, "--matmul-precision: 'fp64' is not a tensor-core format; accepted: bf16, fp16, tf32, fp32");
-      matmuls.push_back(f);
+      require(f != Format::fp64,
+              "--matmul-precision: 'fp64' is not a tensor-core format; accepted: plan, bf16, fp16, tf32, fp32");
     }
+    if (std::find(o->impl.begin(), o->impl.end(), "twin-bf16") != o->impl.end())
+      for (double C : o->C)
+        require(C <= 64, fmt::format("--C: {} is not accepted with the twin-bf16 implementation (1 <= C <= 64)", C));
     require(o->truth == "auto" || o->truth == "mp" || o->truth == "f64" || o->truth == "f80",
             "--truth: '" + o->truth + "' is unknown; accepted: auto, mp, f64, f80");
     require(o->mp_max_work > 0, fmt::format("--mp-max-work: {} must be > 0", o->mp_max_work));
@@ -241,7 +292,7 @@ void register_parity(Registry& reg) {
                 }
     std::size_t per_point = 0;
     for (const auto& s : o->impl)
-      per_point += (s == "float64" || s == "float32") ? 1 : (s == "twin-bf16" ? o->C.size() * states.size() * matmuls.size()
+      per_point += (s == "float64" || s == "float32") ? 1 : (s == "twin-bf16" ? o->C.size() * states.size() * o->matmul.size()
                                                                               : o->C.size());
     const std::size_t total = points.size() * per_point;
 
@@ -257,7 +308,8 @@ void register_parity(Registry& reg) {
         .col("impl", 's', "1", "implementation: float64, float32, twin-bf16, cuda-bf16")
         .col("C", 'i', "1", "chunk size of a chunked implementation (0: not applicable, a recurrence)")
         .col("state_precision", 's', "1", "format the state is kept in")
-        .col("matmul_precision", 's', "1", "operand format of the matmuls")
+        .col("matmul_precision", 's', "1",
+             "operand format of the matmuls (plan: kda_plan_kernel(), kk/qk/solve/pd fp32, ws/qs/kd bf16)")
         .col("out_format", 's', "1", "format o is delivered in")
         .col("truth", 's', "1", "the truth this row is measured against (scalar type of the reference recurrence)")
         .col("o_rel_rms", 'd', "1", "||o - o_truth||_2 / ||o_truth||_2 (metric of record)")
@@ -319,15 +371,24 @@ void register_parity(Registry& reg) {
         } else if (impl == "float32") {
           record(impl, 0, "fp32", "fp32", run_reference<float>(in, "fp32"));
           prog.tick(1, label + " " + impl);
+        } else if (impl == "float64-chunk" || impl == "float32-chunk") {
+          for (double C : o->C) {
+            const std::size_t Cn = as_count(C, "C");
+            const bool f64 = impl == "float64-chunk";
+            try {
+              record(impl, static_cast<std::int64_t>(Cn), f64 ? "fp64" : "fp32", f64 ? "fp64" : "fp32",
+                     f64 ? run_chunked<double>(in, Cn, "fp64") : run_chunked<float>(in, Cn, "fp32"));
+            } catch (const Error& e) {  // factored decay span over the scalar type's limit
+              note(fmt::format("{} C={} skipped at point {} ({}): {}", impl, Cn, p, label, e.what()));
+            }
+            prog.tick(1, label + " " + impl);
+          }
         } else if (impl == "twin-bf16") {
           for (double C : o->C)
             for (Format st : states)
-              for (Format mm : matmuls) {
-                std::string why;
-                if (auto r = run_twin(in, as_count(C, "C"), st, mm, why))
-                  record(impl, static_cast<std::int64_t>(C), format_name(st), format_name(mm), *r);
-                else
-                  note(why);
+              for (const std::string& mm : o->matmul) {
+                record(impl, static_cast<std::int64_t>(C), format_name(st), mm,
+                       run_twin(in, s.gate, as_count(C, "C"), st, mm));
                 prog.tick(1, label + " " + impl);
               }
         } else {  // cuda-bf16

@@ -15,6 +15,7 @@
 #include "numerics/metrics.hpp"
 #include "numerics/tolerance.hpp"
 #include "reference/kda.hpp"
+#include "reference/kda_chunk.hpp"
 #include "tests/catch.hpp"
 
 using namespace kdalab;
@@ -125,15 +126,25 @@ TEST_CASE("golden KDA: the named generator still draws the stored raw inputs bit
   }
 }
 
-TEST_CASE("golden KDA chunked fixture: chunked == recurrent truth (pending the chunked reference)") {
+TEST_CASE("golden KDA chunked: the chunked form for every stored C equals the mp50 recurrent truth") {
   const auto cases = all_cases("kda_chunked");
   CHECK(h5read::attr_string("data/golden/kda_chunked.h5", "/", "C") == "1,16,32");
-  // The chunked reference (reference/kda_chunk.hpp) is not on main yet: once it is, compare its
-  // output for every C above against /<case>/o here at tol::golden_f64. Until then the stored
-  // truth is checked against the recurrence, which it must equal.
   for (const Case& c : cases) {
-    INFO(c.group);
-    CHECK(rel_rms(run<double>(c).o.data, h5read::array(c.file, c.group + "/o").data) <= tol::golden_f64.value);
+    const auto o_ref = h5read::array(c.file, c.group + "/o").data;
+    const auto S_ref = h5read::array(c.file, c.group + "/S_final").data;
+    CHECK(rel_rms(run<double>(c).o.data, o_ref) <= tol::golden_f64.value);
+    for (std::size_t C : {1, 16, 32})
+      for (TriInverse inv : {TriInverse::forward_substitution, TriInverse::neumann}) {
+        INFO(c.group << " C=" << C << " " << tri_inverse_name(inv));
+        ChunkOptions opt;
+        opt.C = C;
+        opt.tile = 16;
+        opt.inverse = inv;
+        const KdaOutput<double> r = kda_chunked<double>(c.in.q, c.in.k, c.in.v, c.in.g, c.in.beta,
+                                                        c.has_S0 ? &c.in.S0 : nullptr, c.in.scale, opt);
+        CHECK(rel_rms(r.o.data, o_ref) <= tol::golden_f64.value);
+        CHECK(rel_rms(r.S_final.data, S_ref) <= tol::golden_f64.value);
+      }
   }
 }
 
