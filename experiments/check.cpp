@@ -18,6 +18,8 @@
 // takes mp while B*T*HV*d_k*d_v <= 2e7 (~20 s), f64 above. Exit: 0 pass (or no candidate: the
 // truth is written), 1 a candidate fails --tol, 2 bad input (any malformed file: a clear error).
 #include <H5Cpp.h>
+#include <filesystem>
+
 #include <fmt/format.h>
 
 #include <cmath>
@@ -355,6 +357,11 @@ void register_check(Registry& reg) {
     require(o->truth == "auto" || o->truth == "mp" || o->truth == "f64",
             "--truth '" + o->truth + "' is unknown; accepted: auto, mp, f64");
     require(std::isfinite(o->tol) && o->tol > 0, fmt::format("--tol {} is not accepted; give a number > 0", o->tol));
+    {
+      std::error_code e1, e2;
+      const auto a = std::filesystem::weakly_canonical(o->in, e1), b = std::filesystem::weakly_canonical(ctx.common.out, e2);
+      require(e1 || e2 || a != b, "--out '" + ctx.common.out + "' is the input file --in; give another report file");
+    }
     const CheckInput in = read_input(o->in, o->op);
     const double work = static_cast<double>(in.B * in.T * in.HV * in.d_k * in.d_v);
     const std::string tk = o->truth == "auto" ? (work <= 2e7 ? "mp" : "f64") : o->truth;

@@ -74,16 +74,17 @@ void register_copy(Registry& reg) {
     std::vector<Precision> precs;
     for (const auto& p : o->precision) precs.push_back(parse_precision(p, "--precision"));
     for (double d : o->d_k) require(d >= 1 && d <= 4096 && d == std::floor(d), fmt::format("--d-k: {} is not an integer in [1, 4096]", d));
-    for (double l : o->L) require(l >= 1 && l <= 1e6 && l == std::floor(l), fmt::format("--L: {} is not an integer in [1, 1e6]", l));
+    for (double l : o->L) require(l >= 1 && l <= 16384 && l == std::floor(l), fmt::format("--L: {} is not an integer in [1, 16384] (softmax copy costs L^2 d)", l));
     require(o->alphabet >= 2 && o->alphabet <= 1e6 && o->alphabet == std::floor(o->alphabet),
             fmt::format("--alphabet: {} is not an integer in [2, 1e6]", o->alphabet));
-    require(o->trials >= 1 && o->trials == std::floor(o->trials), fmt::format("--trials: {} is not a positive integer", o->trials));
+    require(o->trials >= 1 && o->trials <= 1e5 && o->trials == std::floor(o->trials), fmt::format("--trials: {} is not an integer in [1, 1e5]", o->trials));
     require(o->keys == "random" || o->keys == "orthogonal", "--keys: '" + o->keys + "' is unknown; accepted: random, orthogonal");
     require(o->beta > 0 && o->beta <= 1, fmt::format("--beta: {} must be in (0, 1]", o->beta));
     require(o->g_min < 0 && std::isfinite(o->g_min), fmt::format("--g-min: {} must be a finite negative number", o->g_min));
     require(o->dc_ratio > 0 && o->dc_ratio <= 4, fmt::format("--dc-ratio: {} must be in (0, 4]", o->dc_ratio));
-    require(o->softmax_scale > 0, fmt::format("--softmax-scale: {} must be > 0", o->softmax_scale));
-    require(o->decay_bias_lo <= o->decay_bias_hi, "--decay-bias-lo must be <= --decay-bias-hi");
+    require(o->softmax_scale > 0 && o->softmax_scale <= 1e6, fmt::format("--softmax-scale: {} must be in (0, 1e6]", o->softmax_scale));
+    require(std::fabs(o->decay_bias_lo) <= 100 && std::fabs(o->decay_bias_hi) <= 100 && o->decay_bias_lo <= o->decay_bias_hi,
+            fmt::format("--decay-bias-lo {} / --decay-bias-hi {}: each must be in [-100, 100] and lo <= hi", o->decay_bias_lo, o->decay_bias_hi));
 
     Table t;
     t.col("memory", 's', "1", "memory: softmax, mla, linear, gla, deltanet, gated_deltanet, kda")

@@ -101,16 +101,22 @@ void register_decode_cost(Registry& reg) {
       if (!cpu_n_opt->count()) o->cpu_n = {1024, 2048, 4096, 8192, 16384};
       if (!min_time_opt->count()) o->min_time = 0.02;
     }
-    for (double n : o->cpu_n) require(n >= 0 && n <= 1e7 && n == std::floor(n), fmt::format("--cpu-n: {} is not an integer in [0, 1e7]", n));
-    require(o->cpu_d >= 1 && o->cpu_d <= 1024 && o->cpu_d == std::floor(o->cpu_d), fmt::format("--cpu-d: {} is not an integer in [1, 1024]", o->cpu_d));
+    for (double n : o->cpu_n) require(n >= 0 && n <= 1e6 && n == std::floor(n), fmt::format("--cpu-n: {} is not an integer in [0, 1e6]", n));
+    require(o->cpu_d >= 1 && o->cpu_d <= 512 && o->cpu_d == std::floor(o->cpu_d), fmt::format("--cpu-d: {} is not an integer in [1, 512]", o->cpu_d));
+    // The CPU softmax cache holds 2 n d doubles: refuse more than 4 GiB before allocating.
+    for (double n : o->cpu_n)
+      require(2.0 * n * o->cpu_d * 8.0 <= 4.0 * 1073741824.0,
+              fmt::format("--cpu-n {} with --cpu-d {} needs a {:.1f} GiB softmax cache; accepted: 2 n d x 8 B <= 4 GiB", n,
+                          o->cpu_d, 2.0 * n * o->cpu_d * 8.0 / 1073741824.0));
     require(o->min_time > 0 && o->min_time <= 60, fmt::format("--min-time: {} must be in (0, 60]", o->min_time));
-    for (double n : o->ctx) require(n >= 1 && n == std::floor(n), fmt::format("--context: {} is not a positive integer", n));
-    require(o->bandwidth_gbs > 0, fmt::format("--bandwidth-gbs: {} must be > 0", o->bandwidth_gbs));
+    // Bounds keep every count inside int64 and every time finite (adversarial review finds).
+    for (double n : o->ctx) require(n >= 1 && n <= 1e9 && n == std::floor(n), fmt::format("--context: {} is not an integer in [1, 1e9]", n));
+    require(o->bandwidth_gbs >= 1 && o->bandwidth_gbs <= 1e6, fmt::format("--bandwidth-gbs: {} must be in [1, 1e6] GB/s", o->bandwidth_gbs));
     require(o->k3_layers >= 5 && o->k3_layers == std::floor(o->k3_layers) && std::fmod(o->k3_layers - 1, 4) == 0,
             fmt::format("--k3-layers: {} must be 4 m + 1 (3:1 blocks plus a final MLA), >= 5", o->k3_layers));
-    for (double n : o->n) require(n >= 1 && n == std::floor(n), fmt::format("--n: {} is not a positive integer", n));
-    for (double d : o->d) require(d >= 1 && d == std::floor(d), fmt::format("--d: {} is not a positive integer", d));
-    require(o->memory_gb > 0, fmt::format("--memory-gb: {} must be > 0", o->memory_gb));
+    for (double n : o->n) require(n >= 1 && n <= 1e12 && n == std::floor(n), fmt::format("--n: {} is not an integer in [1, 1e12]", n));
+    for (double d : o->d) require(d >= 1 && d <= 65536 && d == std::floor(d), fmt::format("--d: {} is not an integer in [1, 65536]", d));
+    require(o->memory_gb > 0 && o->memory_gb <= 1e6, fmt::format("--memory-gb: {} must be in (0, 1e6]", o->memory_gb));
     Table t;
     t.col("n", 'i', "1", "context length (tokens already cached)")
         .col("d", 'i', "1", "head dimension (d_k = d_v)")

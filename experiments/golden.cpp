@@ -85,7 +85,7 @@ KdaOutput<S> run_op(const std::string& op, const KdaInputs& in, bool has_S0, Kda
 void regen(const std::string& dir, const Context& ctx) {
   for (const auto& op : golden_ops()) {
     const std::string path = dir + "/" + op.op + ".h5";
-    ResultsFile f(path, true, RunInfo{ctx.command_line, ctx.config.dump(), "per case"});
+    ResultsFile f(path, ctx.common.force, RunInfo{ctx.command_line, ctx.config.dump(), "per case"});
     f.attr("/", "op", op.op);
     f.attr("/", "description", op.description);
     if (!op.chunk_sizes.empty()) f.attr("/", "C", op.chunk_sizes);
@@ -210,10 +210,17 @@ void register_golden(Registry& reg) {
   c.app->get_option("--out")->description("unused by golden (the fixtures go to --dir)");
   auto regen_flag = std::make_shared<bool>(false);
   auto dir = std::make_shared<std::string>("data/golden");
-  c.app->add_flag("--regen", *regen_flag, "rewrite data/golden/*.h5 from the cpp_bin_float_50 reference");
+  c.app->add_flag("--regen", *regen_flag, "rewrite data/golden/*.h5 from the cpp_bin_float_50 reference (existing files need --force)");
   c.app->add_option("--dir", *dir, "folder of the golden files")->capture_default_str();
   c.run = [regen_flag, dir](Context& ctx) -> int {
     if (*regen_flag) {
+      require(!dir->empty(), "--dir: an empty folder name is not accepted (default data/golden)");
+      // Existing fixtures are replaced only with --force (checked for all before any is rewritten).
+      for (const auto& op : golden_ops()) {
+        const std::string path = *dir + "/" + op.op + ".h5";
+        require(ctx.common.force || !std::filesystem::exists(path),
+                "golden file '" + path + "' exists; pass --force with --regen to rewrite the fixtures");
+      }
       std::filesystem::create_directories(*dir);
       regen(*dir, ctx);
       std::uintmax_t total = 0;

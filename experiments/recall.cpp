@@ -113,13 +113,14 @@ void register_recall(Registry& reg) {
     for (double b : o->beta) require(b > 0 && b <= 1, fmt::format("--beta: {} must be in (0, 1]", b));
     for (double g : o->g_min) require(g < 0 && std::isfinite(g), fmt::format("--g-min: {} must be a finite negative number", g));
     for (double r : o->dc_ratio) require(r > 0 && r <= 4, fmt::format("--dc-ratio: {} must be in (0, 4]", r));
-    require(o->trials >= 1 && o->trials == std::floor(o->trials), fmt::format("--trials: {} is not a positive integer", o->trials));
-    require(o->vocab >= 4 && o->vocab == std::floor(o->vocab), fmt::format("--vocab: {} is not an integer >= 4", o->vocab));
+    require(o->trials >= 1 && o->trials <= 1e5 && o->trials == std::floor(o->trials), fmt::format("--trials: {} is not an integer in [1, 1e5]", o->trials));
+    require(o->vocab >= 4 && o->vocab <= 1e9 && o->vocab == std::floor(o->vocab), fmt::format("--vocab: {} is not an integer in [4, 1e9]", o->vocab));
     require(o->overlap >= 0 && o->overlap < 1, fmt::format("--overlap: {} must be in [0, 1)", o->overlap));
     require(o->power_a >= 0, fmt::format("--power-a: {} must be >= 0", o->power_a));
-    require(o->span >= 1, fmt::format("--span: {} must be >= 1", o->span));
-    require(o->softmax_scale > 0, fmt::format("--softmax-scale: {} must be > 0", o->softmax_scale));
-    require(o->decay_bias_lo <= o->decay_bias_hi, "--decay-bias-lo must be <= --decay-bias-hi");
+    require(o->span >= 1 && o->span <= 1000, fmt::format("--span: {} must be in [1, 1000]", o->span));
+    require(o->softmax_scale > 0 && o->softmax_scale <= 1e6, fmt::format("--softmax-scale: {} must be in (0, 1e6]", o->softmax_scale));
+    require(std::fabs(o->decay_bias_lo) <= 100 && std::fabs(o->decay_bias_hi) <= 100 && o->decay_bias_lo <= o->decay_bias_hi,
+            fmt::format("--decay-bias-lo {} / --decay-bias-hi {}: each must be in [-100, 100] and lo <= hi", o->decay_bias_lo, o->decay_bias_hi));
     const auto V = static_cast<Eigen::Index>(o->vocab);
     for (double d : o->d_k)
       for (double r : o->ratio) {
