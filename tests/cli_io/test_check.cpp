@@ -18,6 +18,7 @@
 #include "numerics/metrics.hpp"
 #include "numerics/tolerance.hpp"
 #include "tests/catch.hpp"
+#include "tests/cli_io/cli_util.hpp"
 
 using namespace kdalab;
 namespace fs = std::filesystem;
@@ -27,18 +28,10 @@ struct Run {
   int rc;
   std::string out;
 };
+// The shared runner (tests/cli_io/cli_util.hpp), adapted to this file's field names.
 Run run(const std::string& args) {
-  const char* bin = std::getenv("KDALAB_BIN");
-  REQUIRE(bin != nullptr);
-  const std::string cmd = std::string(bin) + " " + args + " 2>&1";
-  Run r{-1, ""};
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::array<char, 4096> buf;
-  while (fgets(buf.data(), buf.size(), p)) r.out += buf.data();
-  const int st = pclose(p);
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
+  const auto r = testutil::run_kdalab(args);
+  return {r.code, r.output};
 }
 
 const std::string kGolden = "data/golden/kda_recurrent.h5";
