@@ -2,7 +2,7 @@
 # One pass on the GPU machine (see ../shared/GPU.md): configure + build the cuda preset in a fresh
 # folder, run the GPU tests, then the benchmarks given as arguments (default: all ops), with the torch
 # MLA baseline timed in the same session. Every step's log goes to $OUT (default ./gpu-out).
-# Usage: bench/gpu_pass.sh [bench-op ...]      e.g. bench/gpu_pass.sh mla-decode
+# Usage: bench/gpu_pass.sh [bench-op ...|none]      e.g. bench/gpu_pass.sh mla-decode
 set -u
 OUT=${OUT:-./gpu-out}; B=${BUILD:-/tmp/b}; mkdir -p "$OUT"
 step() { local name=$1; shift; echo "== $name: $*"; local t0=$SECONDS
@@ -15,7 +15,7 @@ step build cmake --build "$B" -j"$(nproc)" -- -k || {
 # the GPU tests run directly (not through ctest) so their printed accuracy numbers reach the logs
 for t in "$B"/tests/gpu_test_*; do [ -x "$t" ] && TAIL=${TEST_TAIL:-60} step "$(basename "$t")" "$t" --durations yes; done
 step ctest-generator ctest --test-dir "$B" -R generator --output-on-failure
-ops=("$@"); [ ${#ops[@]} -eq 0 ] && ops=(kda-prefill kda-decode mla-decode)
+ops=("$@"); [ ${#ops[@]} -eq 0 ] && ops=(kda-prefill kda-decode mla-decode); [ "${ops[0]}" = none ] && ops=()
 for op in "${ops[@]}"; do
   peer=()
   if [ "$op" = mla-decode ]; then
