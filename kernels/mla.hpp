@@ -65,6 +65,8 @@ struct MlaDecodeArgs {
   int num_splits = 0;            ///< slices per sequence; 0 = automatic (about one CTA per SM in total)
   void* workspace = nullptr;     ///< device scratch of mla_decode_workspace_bytes() bytes, 16-byte aligned
   std::size_t workspace_bytes = 0;
+  int variant = 2;               ///< split kernel: 1 = mma.sync (v1), 2 = wgmma (v2, default); same plan and workspace
+  bool p_hi_only = false;        ///< ablation (variant 2 only): P C with P_hi = bf16(P) alone (P_lo rows zero)
 };
 
 /// Splits per sequence and tokens per split that mla_decode will use for these arguments

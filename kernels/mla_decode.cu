@@ -50,6 +50,8 @@ struct SParams {
   long long sq_b;
   float scale_log2;  // scale * log2(e)
   float *ws_acc, *ws_ml, *out;
+  int q16;           // v2: q_hi / q_lo 16-byte aligned rows (cp.async); else 4-byte loads
+  int p_hi_only;     // v2 ablation: P lo rows = 0
 };
 
 /// cp.async of 16 bytes; src_bytes = 0 fills the 16 bytes with zeros (nothing is read).
@@ -298,6 +300,297 @@ __global__ void __launch_bounds__(128) mla_combine_kernel(SParams p) {
   *o = make_float4(a.x * inv, a.y * inv, a.z * inv, a.w * inv);
 }
 
+// ================================================================================================
+// v2 (variant 2): wgmma (sm_90a warpgroup MMA, both operands read from shared memory by descriptor).
+//
+// One CTA = 2 warpgroups (8 warps, 256 threads) per (slice, sequence), as v1. Shared memory (~211 KB):
+//   q~ tile  [64 rows x 512] bf16: row r < 32 = q_hi of head r, row 32 + r = q_lo of head r (rows of
+//            heads >= H are zeros), loaded once per CTA; 8 column blocks of [64 rows x 64] in the
+//            128-byte-swizzled K-major layout (16-byte chunk c of row r at r * 128 + ((c ^ (r % 8)) * 16));
+//   C ring   4 slots of 32 tokens, each 8 column blocks of [32 tokens x 64] in the same swizzled
+//            layout, filled by cp.async (3 tiles = 96 KB in flight while one is computed);
+//   S        [64 rows x 32 tokens] fp32 scores, P [64 rows x 32 tokens] bf16 (P_hi rows 0..31, P_lo
+//            rows 32..63; swizzled, the A operand of P C), corr [32] fp32.
+// Per 32-token tile:
+//   scores  warpgroup 0: S = [q_hi; q_lo] C_tile^T, 32 wgmma m64n32k16 (K = 512), fp32;
+//   softmax all 256 threads: s = S[h] + S[32 + h] (hi + lo rows), online softmax in the log2 domain as
+//           v1, P split into bf16 hi + lo rows;
+//   P C     warpgroup w: acc_w[64 rows x 256 cols] = corr acc_w + [P_hi; P_lo] C_tile[:, 256 w ..],
+//           2 wgmma m64n256k16 with C read as an MN-major (transposed) B operand: 128 fp32 per thread.
+// The hi and lo rows of acc are summed once, in the epilogue (through shared memory). With H = 32 the
+// hi + lo rows fill the M = 64 of the warpgroup MMA exactly, so the two-part precision costs no extra
+// matrix work (H = 16 leaves half of the rows zero).
+namespace v2 {
+constexpr int TT = 32;                        // tokens per tile (= v1: the split plan is shared)
+constexpr int SLOTS = 4;                      // cp.async ring depth
+constexpr int SLOT_BYTES = TT * DC * 2;       // 32 KB
+constexpr int SP = TT + 4;                    // fp32 row stride of S
+constexpr int OFF_Q = 0, OFF_C = 64 * DC * 2, OFF_S = OFF_C + SLOTS * SLOT_BYTES;
+constexpr int OFF_P = OFF_S + 10 * 1024;      // 64 x SP x 4 = 9216 B, rounded up to 1024
+constexpr int OFF_CORR = OFF_P + 64 * 128;
+constexpr std::size_t SMEM = OFF_CORR + 32 * 4 + 1024;  // + slack to align the base to 1024 bytes
+static_assert(64 * SP * 4 <= 10 * 1024, "S");
+static_assert(SMEM <= 227 * 1024, "smem");
+
+/// Byte offset of 16-byte chunk c (0..7) of row r in a [rows x 64 bf16] 128-byte-swizzled block.
+__device__ __forceinline__ int sw(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
+
+/// Shared-memory matrix descriptor (PTX ISA, wgmma matrix descriptor): start address, leading and
+/// stride byte offsets (all >> 4), 128-byte swizzle.
+__device__ __forceinline__ std::uint64_t desc(std::uint32_t saddr, std::uint32_t lbo, std::uint32_t sbo) {
+  return static_cast<std::uint64_t>((saddr & 0x3FFFF) >> 4) | (static_cast<std::uint64_t>((lbo & 0x3FFFF) >> 4) << 16) |
+         (static_cast<std::uint64_t>((sbo & 0x3FFFF) >> 4) << 32) | (std::uint64_t{1} << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+/// Makes this thread's generic-proxy shared-memory writes (st.shared, cp.async) visible to wgmma.
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+/// D[64 x 32] (+)= A B, A and B K-major in shared memory (descriptors); D: 16 fp32 per thread.
+__device__ __forceinline__ void wgmma_m64n32(float* d, std::uint64_t da, std::uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+      "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
+/// D[64 x 256] (+)= A B, A K-major, B MN-major (transposed) in shared memory; D: 128 fp32 per thread.
+__device__ __forceinline__ void wgmma_m64n256_tb(float* d, std::uint64_t da, std::uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+      "}, %128, %129, p, 1, 1, 0, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
+
+template <int H>
+__global__ void __launch_bounds__(NTHR, 1) mla_split_kernel_v2(SParams p) {
+  constexpr int TPH = NTHR / H;   // softmax threads per head
+  constexpr int TPT = TT / TPH;   // tokens per softmax thread
+  static_assert((H == 16 || H == 32) && TPT >= 2 && TPT % 2 == 0, "H");
+  const int split = blockIdx.x, b = blockIdx.y;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, cq = lane % 4;
+  const int wg = warp / 4, wl = warp % 4;  // warpgroup, warp in the warpgroup
+  const int len = seq_len(p, b);
+  if (len < 1 || len > p.max_len) return;  // the combine kernel writes NaN rows
+  const int start = split * p.split_len;
+  if (start >= len) return;                // empty slice: the combine kernel does not read it
+  const int end = min(start + p.split_len, len);
+  const int ntiles = (end - start + TT - 1) / TT;
+
+  extern __shared__ unsigned char smem_raw[];
+  const std::uint32_t raw_addr = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem_raw));
+  unsigned char* smem = smem_raw + ((1024 - (raw_addr & 1023)) & 1023);  // 1024-byte aligned (swizzle atoms)
+  const std::uint32_t sbase = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem));
+  float* s_s = reinterpret_cast<float*>(smem + OFF_S);
+  unsigned char* p_s = smem + OFF_P;
+  float* corr_s = reinterpret_cast<float*>(smem + OFF_CORR);
+  if (tid < 32) corr_s[tid] = 0.0f;  // heads >= H keep 0
+
+  // q~ rows (once): row r = 32 part + head, zeros for heads >= H
+#pragma unroll 4
+  for (int i = 0; i < 64 * (DC / 8) / NTHR; ++i) {
+    const int idx = tid + i * NTHR, r = idx / (DC / 8), ch = idx % (DC / 8), h = r % 32;
+    unsigned char* d = smem + OFF_Q + (ch / 8) * 8192 + sw(r, ch % 8);
+    if (h < H) {
+      const bf16_t* src = (r < 32 ? p.q_hi : p.q_lo) + b * p.sq_b + h * DC + ch * 8;
+      if (p.q16) {
+        cp_async16(d, src);
+      } else {
+        uint4 v;
+        v.x = ld32(src); v.y = ld32(src + 2); v.z = ld32(src + 4); v.w = ld32(src + 6);
+        *reinterpret_cast<uint4*>(d) = v;
+      }
+    } else {
+      *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+    }
+  }
+  // P rows of heads >= H stay zero (their acc rows are never read, but keep them finite)
+  for (int i = tid; i < 64 * 128 / 16; i += NTHR) reinterpret_cast<uint4*>(p_s)[i] = make_uint4(0, 0, 0, 0);
+
+  const bf16_t* cb = p.c + b * p.sc_b;
+  auto load_tile = [&](int tile, int slot) {
+    unsigned char* dst = smem + OFF_C + slot * SLOT_BYTES;
+    const int t0 = start + tile * TT;
+#pragma unroll
+    for (int i = 0; i < TT * (DC / 8) / NTHR; ++i) {
+      const int idx = tid + i * NTHR, row = idx / (DC / 8), ch = idx % (DC / 8);
+      const int tok = t0 + row;
+      unsigned char* d = dst + (ch / 8) * (TT * 128) + sw(row, ch % 8);
+      if (tok < end)
+        cp_async16(d, cb + tok * p.sc_t + ch * 8);
+      else
+        cp_async16_zfill(d, cb, 0);  // rows past the slice: zeros (P is 0 there)
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < SLOTS - 1; ++s) {  // group 0 also holds the q~ rows
+    if (s < ntiles) load_tile(s, s);
+    cp_async_commit();
+  }
+
+  float acc[128];
+#pragma unroll
+  for (int e = 0; e < 128; ++e) acc[e] = 0.0f;
+  const int hs = tid / TPH, j0 = (tid % TPH) * TPT;  // softmax: head hs, tokens j0 .. j0 + TPT - 1
+  float m_run = -INFINITY, l_run = 0.0f;
+  const int r0 = 16 * wl + g;  // this thread's accumulator rows r0, r0 + 8 (of the M = 64)
+
+  for (int it = 0; it < ntiles; ++it) {
+    cp_async_wait<SLOTS - 2>();
+    fence_async_smem();
+    __syncthreads();
+    {
+      const int nxt = it + SLOTS - 1;
+      if (nxt < ntiles) load_tile(nxt, nxt % SLOTS);
+      cp_async_commit();
+    }
+    const std::uint32_t ct = sbase + OFF_C + (it % SLOTS) * SLOT_BYTES;
+
+    // ---- scores, warpgroup 0: S[64 x 32] = [q_hi; q_lo] C_tile^T
+    if (wg == 0) {
+      float s[16];
+#pragma unroll
+      for (int e = 0; e < 16; ++e) s[e] = 0.0f;
+      wgmma_fence();
+#pragma unroll
+      for (int kb = 0; kb < DC / 64; ++kb)
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          wgmma_m64n32(s, desc(sbase + OFF_Q + kb * 8192 + kk * 32, 16, 1024), desc(ct + kb * (TT * 128) + kk * 32, 16, 1024),
+                       (kb | kk) != 0 ? 1 : 0);
+      wgmma_commit();
+      wgmma_wait0();
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        *reinterpret_cast<float2*>(s_s + r0 * SP + 8 * j + 2 * cq) = make_float2(s[4 * j], s[4 * j + 1]);
+        *reinterpret_cast<float2*>(s_s + (r0 + 8) * SP + 8 * j + 2 * cq) = make_float2(s[4 * j + 2], s[4 * j + 3]);
+      }
+    }
+    __syncthreads();
+
+    // ---- online softmax (log2 domain) of s = S[h] + S[32 + h], P as bf16 hi + lo rows
+    {
+      const int valid = min(TT, end - (start + it * TT));
+      float s[TPT];
+      float mx = -INFINITY;
+#pragma unroll
+      for (int e = 0; e < TPT; ++e) {
+        const float v = s_s[hs * SP + j0 + e] + s_s[(32 + hs) * SP + j0 + e];
+        s[e] = (j0 + e < valid) ? v * p.scale_log2 : -INFINITY;
+        mx = fmaxf(mx, s[e]);
+      }
+#pragma unroll
+      for (int m = TPH / 2; m >= 1; m >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, m));
+      const float m_new = fmaxf(m_run, mx);      // finite: token 0 of every tile is valid
+      const float corr = exp2f(m_run - m_new);   // 0 on the first tile (m_run = -inf)
+      float sum = 0.0f;
+#pragma unroll
+      for (int e = 0; e < TPT; e += 2) {
+        const float p0 = exp2f(s[e] - m_new), p1 = exp2f(s[e + 1] - m_new);
+        sum += p0 + p1;
+        std::uint32_t hi, lo;
+        split_bf16(p0, p1, hi, lo);
+        if (p.p_hi_only) lo = 0u;
+        const int t = j0 + e;
+        *reinterpret_cast<std::uint32_t*>(p_s + sw(hs, t / 8) + (t % 8) * 2) = hi;
+        *reinterpret_cast<std::uint32_t*>(p_s + sw(32 + hs, t / 8) + (t % 8) * 2) = lo;
+      }
+#pragma unroll
+      for (int m = TPH / 2; m >= 1; m >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, m);
+      l_run = l_run * corr + sum;
+      m_run = m_new;
+      if (tid % TPH == 0) corr_s[hs] = corr;
+    }
+    fence_async_smem();
+    __syncthreads();
+
+    // ---- P C, warpgroup wg: acc = corr acc + [P_hi; P_lo] C_tile[:, 256 wg .. 256 wg + 255]
+    {
+      const float c0 = corr_s[r0 % 32], c1 = corr_s[(r0 + 8) % 32];
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        acc[4 * j] *= c0; acc[4 * j + 1] *= c0;
+        acc[4 * j + 2] *= c1; acc[4 * j + 3] *= c1;
+      }
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < TT / 16; ++kk)
+        wgmma_m64n256_tb(acc, desc(sbase + OFF_P + kk * 32, 16, 1024),
+                         desc(ct + 4 * wg * (TT * 128) + kk * 16 * 128, TT * 128, 1024), 1);
+      wgmma_commit();
+      wgmma_wait0();
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+
+  // ---- epilogue: out rows = hi rows + lo rows of acc (lo warps hand theirs over through shared memory)
+  constexpr int MS = 256 + 4;  // fp32 row stride of the merge buffer
+  float* mrg = reinterpret_cast<float*>(smem + OFF_C) + wg * 32 * MS;
+  if (wl >= 2) {
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      *reinterpret_cast<float2*>(mrg + (r0 - 32) * MS + 8 * j + 2 * cq) = make_float2(acc[4 * j], acc[4 * j + 1]);
+      *reinterpret_cast<float2*>(mrg + (r0 - 24) * MS + 8 * j + 2 * cq) = make_float2(acc[4 * j + 2], acc[4 * j + 3]);
+    }
+  }
+  __syncthreads();
+  const long long slot = static_cast<long long>(b) * p.num_splits + split;
+  if (wl < 2) {
+    float* wa = p.ws_acc + slot * H * DC;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int h = r0 + 8 * half;  // 0 .. 31
+      if (h < H) {
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+          const float2 lo = *reinterpret_cast<const float2*>(mrg + h * MS + 8 * j + 2 * cq);
+          *reinterpret_cast<float2*>(wa + h * DC + 256 * wg + 8 * j + 2 * cq) =
+              make_float2(acc[4 * j + 2 * half] + lo.x, acc[4 * j + 2 * half + 1] + lo.y);
+        }
+      }
+    }
+  }
+  if (tid % TPH == 0) {
+    float* wm = p.ws_ml + (slot * H + hs) * 2;
+    wm[0] = m_run;
+    wm[1] = l_run;
+  }
+}
+}  // namespace v2
+
 const char* const OP = "mla_decode";
 
 void check_pointer(const void* ptr, std::size_t align, const char* name, bool required = true) {
@@ -324,7 +617,23 @@ void check_shapes(const MlaDecodeArgs& a) {
   if (a.max_len < 1 || a.max_len > a.capacity)
     fail("max_len = " + std::to_string(a.max_len) + "; accepted: 1 <= max_len <= capacity = " +
          std::to_string(a.capacity) + " (N = 0 or a context past the cache capacity)");
+  if (a.variant != 1 && a.variant != 2)
+    fail("variant = " + std::to_string(a.variant) + "; accepted: 1 (mma.sync split kernel) or 2 (wgmma split kernel)");
+  if (a.p_hi_only && a.variant != 2) fail("p_hi_only = true needs variant = 2 (an ablation of the v2 kernel)");
   if (a.num_splits < 0) fail("num_splits = " + std::to_string(a.num_splits) + "; accepted: >= 0 (0 = automatic)");
+}
+
+/// Sets the kernel's dynamic shared memory size on the first call (per kernel), then launches it.
+template <void (*kernel)(SParams)>
+void launch_split(std::size_t smem, dim3 grid, cudaStream_t stream, const SParams& p, const char* name) {
+  static bool attr = false;  // one flag per kernel (template instance)
+  if (!attr) {
+    cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+               (std::string("cudaFuncSetAttribute(") + name + ")").c_str());
+    attr = true;
+  }
+  kernel<<<grid, NTHR, smem, stream>>>(p);
+  cuda_check(cudaGetLastError(), (std::string(name) + " launch").c_str());
 }
 
 }  // namespace
@@ -403,28 +712,25 @@ void mla_decode(const MlaDecodeArgs& a, cudaStream_t stream) {
   p.ws_acc = static_cast<float*>(a.workspace);
   p.ws_ml = p.ws_acc + static_cast<std::size_t>(a.B) * pl.num_splits * a.H * DC;
   p.out = a.out;
+  p.q16 = (reinterpret_cast<std::uintptr_t>(a.q_hi) % 16 == 0 && reinterpret_cast<std::uintptr_t>(a.q_lo) % 16 == 0 &&
+           sq_b % 8 == 0) ? 1 : 0;
+  p.p_hi_only = a.p_hi_only ? 1 : 0;
   const dim3 grid(pl.num_splits, a.B), cgrid(a.H, a.B);
-  if (a.H == 32) {
-    static bool attr = false;
-    if (!attr) {
-      cuda_check(cudaFuncSetAttribute(mla_split_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(smem_bytes<32>())), "cudaFuncSetAttribute(mla_split_kernel<32>)");
-      attr = true;
-    }
-    mla_split_kernel<32><<<grid, NTHR, smem_bytes<32>(), stream>>>(p);
-    cuda_check(cudaGetLastError(), "mla_split_kernel launch");
-    mla_combine_kernel<32><<<cgrid, 128, 0, stream>>>(p);
+  if (a.variant == 2) {
+    if (a.H == 32)
+      launch_split<v2::mla_split_kernel_v2<32>>(v2::SMEM, grid, stream, p, "mla_split_kernel_v2<32>");
+    else
+      launch_split<v2::mla_split_kernel_v2<16>>(v2::SMEM, grid, stream, p, "mla_split_kernel_v2<16>");
   } else {
-    static bool attr = false;
-    if (!attr) {
-      cuda_check(cudaFuncSetAttribute(mla_split_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(smem_bytes<16>())), "cudaFuncSetAttribute(mla_split_kernel<16>)");
-      attr = true;
-    }
-    mla_split_kernel<16><<<grid, NTHR, smem_bytes<16>(), stream>>>(p);
-    cuda_check(cudaGetLastError(), "mla_split_kernel launch");
-    mla_combine_kernel<16><<<cgrid, 128, 0, stream>>>(p);
+    if (a.H == 32)
+      launch_split<mla_split_kernel<32>>(smem_bytes<32>(), grid, stream, p, "mla_split_kernel<32>");
+    else
+      launch_split<mla_split_kernel<16>>(smem_bytes<16>(), grid, stream, p, "mla_split_kernel<16>");
   }
+  if (a.H == 32)
+    mla_combine_kernel<32><<<cgrid, 128, 0, stream>>>(p);
+  else
+    mla_combine_kernel<16><<<cgrid, 128, 0, stream>>>(p);
   cuda_check(cudaGetLastError(), "mla_combine_kernel launch");
 }
 
