@@ -321,15 +321,16 @@ __global__ void __launch_bounds__(128) mla_combine_kernel(SParams p) {
 // hi + lo rows fill the M = 64 of the warpgroup MMA exactly, so the two-part precision costs no extra
 // matrix work (H = 16 leaves half of the rows zero).
 namespace v2 {
-constexpr int TT = 32;                        // tokens per tile (= v1: the split plan is shared)
-constexpr int SLOTS = 4;                      // cp.async ring depth
+constexpr int TT = 32;                        // tokens per cp.async slot (= v1's tile: the split plan is shared)
+constexpr int TILE = 64;                      // tokens per compute tile = 2 slots
+constexpr int SLOTS = 4;                      // 2 tiles: the one computed and the one in flight
 constexpr int SLOT_BYTES = TT * DC * 2;       // 32 KB
-constexpr int SP = TT + 4;                    // fp32 row stride of S
+constexpr int SP = TILE + 4;                  // fp32 row stride of S
 constexpr int OFF_Q = 0, OFF_C = 64 * DC * 2, OFF_S = OFF_C + SLOTS * SLOT_BYTES;
-constexpr int OFF_P = OFF_S + 10 * 1024;      // 64 x SP x 4 = 9216 B, rounded up to 1024
+constexpr int OFF_P = OFF_S + 17 * 1024;      // S: 64 x SP x 4 = 17408 B
 constexpr int OFF_CORR = OFF_P + 64 * 128;
 constexpr std::size_t SMEM = OFF_CORR + 32 * 4 + 1024;  // + slack to align the base to 1024 bytes
-static_assert(64 * SP * 4 <= 10 * 1024, "S");
+static_assert(64 * SP * 4 <= 17 * 1024, "S");
 static_assert(SMEM <= 227 * 1024, "smem");
 
 /// Byte offset of 16-byte chunk c (0..7) of row r in a [rows x 64 bf16] 128-byte-swizzled block.
@@ -396,8 +397,8 @@ __device__ __forceinline__ void wgmma_m64n256_tb(float* d, std::uint64_t da, std
 
 template <int H>
 __global__ void __launch_bounds__(NTHR, 1) mla_split_kernel_v2(SParams p) {
-  constexpr int TPH = NTHR / H;   // softmax threads per head
-  constexpr int TPT = TT / TPH;   // tokens per softmax thread
+  constexpr int TPH = NTHR / H;    // softmax threads per head
+  constexpr int TPT = TILE / TPH;  // tokens per softmax thread
   static_assert((H == 16 || H == 32) && TPT >= 2 && TPT % 2 == 0, "H");
   const int split = blockIdx.x, b = blockIdx.y;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, cq = lane % 4;
@@ -407,7 +408,7 @@ __global__ void __launch_bounds__(NTHR, 1) mla_split_kernel_v2(SParams p) {
   const int start = split * p.split_len;
   if (start >= len) return;                // empty slice: the combine kernel does not read it
   const int end = min(start + p.split_len, len);
-  const int ntiles = (end - start + TT - 1) / TT;
+  const int ntiles = (end - start + TILE - 1) / TILE;
 
   extern __shared__ unsigned char smem_raw[];
   const std::uint32_t raw_addr = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem_raw));
@@ -440,25 +441,25 @@ __global__ void __launch_bounds__(NTHR, 1) mla_split_kernel_v2(SParams p) {
   for (int i = tid; i < 64 * 128 / 16; i += NTHR) reinterpret_cast<uint4*>(p_s)[i] = make_uint4(0, 0, 0, 0);
 
   const bf16_t* cb = p.c + b * p.sc_b;
-  auto load_tile = [&](int tile, int slot) {
-    unsigned char* dst = smem + OFF_C + slot * SLOT_BYTES;
-    const int t0 = start + tile * TT;
+  // tile `tile` (64 tokens) into slots 2 buf, 2 buf + 1; rows past the slice are zeros (P is 0 there)
+  const int lrow = tid / (DC / 8), lch = tid % (DC / 8);  // this thread's first row and its 16-byte chunk
+  auto load_tile = [&](int tile, int buf) {
+    const int t0 = start + tile * TILE + lrow;
+    const bf16_t* src = cb + static_cast<long long>(t0) * p.sc_t + lch * 8;
+    unsigned char* dst = smem + OFF_C + 2 * buf * SLOT_BYTES + (lch / 8) * (TT * 128);
 #pragma unroll
-    for (int i = 0; i < TT * (DC / 8) / NTHR; ++i) {
-      const int idx = tid + i * NTHR, row = idx / (DC / 8), ch = idx % (DC / 8);
-      const int tok = t0 + row;
-      unsigned char* d = dst + (ch / 8) * (TT * 128) + sw(row, ch % 8);
-      if (tok < end)
-        cp_async16(d, cb + tok * p.sc_t + ch * 8);
+    for (int i = 0; i < TILE * (DC / 8) / NTHR; ++i) {
+      const int row = lrow + i * (NTHR / (DC / 8));  // 4 rows per step
+      unsigned char* d = dst + (row / TT) * SLOT_BYTES + sw(row % TT, lch % 8);
+      if (t0 + i * (NTHR / (DC / 8)) < end)
+        cp_async16(d, src);
       else
-        cp_async16_zfill(d, cb, 0);  // rows past the slice: zeros (P is 0 there)
+        cp_async16_zfill(d, cb, 0);
+      src += (NTHR / (DC / 8)) * p.sc_t;
     }
   };
-#pragma unroll
-  for (int s = 0; s < SLOTS - 1; ++s) {  // group 0 also holds the q~ rows
-    if (s < ntiles) load_tile(s, s);
-    cp_async_commit();
-  }
+  load_tile(0, 0);  // with the q~ rows in the same group
+  cp_async_commit();
 
   float acc[128];
 #pragma unroll
@@ -468,41 +469,40 @@ __global__ void __launch_bounds__(NTHR, 1) mla_split_kernel_v2(SParams p) {
   const int r0 = 16 * wl + g;  // this thread's accumulator rows r0, r0 + 8 (of the M = 64)
 
   for (int it = 0; it < ntiles; ++it) {
-    cp_async_wait<SLOTS - 2>();
+    cp_async_wait<0>();  // tile it
     fence_async_smem();
-    __syncthreads();
-    {
-      const int nxt = it + SLOTS - 1;
-      if (nxt < ntiles) load_tile(nxt, nxt % SLOTS);
-      cp_async_commit();
-    }
-    const std::uint32_t ct = sbase + OFF_C + (it % SLOTS) * SLOT_BYTES;
+    __syncthreads();     // tile it visible; P C of tile it - 1 done (its buffer is free)
+    if (it + 1 < ntiles) load_tile(it + 1, (it + 1) % 2);
+    cp_async_commit();
+    const std::uint32_t cbuf = sbase + OFF_C + 2 * (it % 2) * SLOT_BYTES;
 
-    // ---- scores, warpgroup 0: S[64 x 32] = [q_hi; q_lo] C_tile^T
-    if (wg == 0) {
-      float s[16];
+    // ---- scores, warpgroup wg: S[:, 32 wg .. 32 wg + 31] = [q_hi; q_lo] C_slot^T (32 wgmma m64n32k16)
+    {
+      float sc[16];
 #pragma unroll
-      for (int e = 0; e < 16; ++e) s[e] = 0.0f;
+      for (int e = 0; e < 16; ++e) sc[e] = 0.0f;
+      const std::uint32_t ct = cbuf + wg * SLOT_BYTES;
       wgmma_fence();
 #pragma unroll
       for (int kb = 0; kb < DC / 64; ++kb)
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
-          wgmma_m64n32(s, desc(sbase + OFF_Q + kb * 8192 + kk * 32, 16, 1024), desc(ct + kb * (TT * 128) + kk * 32, 16, 1024),
+          wgmma_m64n32(sc, desc(sbase + OFF_Q + kb * 8192 + kk * 32, 16, 1024), desc(ct + kb * (TT * 128) + kk * 32, 16, 1024),
                        (kb | kk) != 0 ? 1 : 0);
       wgmma_commit();
       wgmma_wait0();
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        *reinterpret_cast<float2*>(s_s + r0 * SP + 8 * j + 2 * cq) = make_float2(s[4 * j], s[4 * j + 1]);
-        *reinterpret_cast<float2*>(s_s + (r0 + 8) * SP + 8 * j + 2 * cq) = make_float2(s[4 * j + 2], s[4 * j + 3]);
+        const int col = 32 * wg + 8 * j + 2 * cq;
+        *reinterpret_cast<float2*>(s_s + r0 * SP + col) = make_float2(sc[4 * j], sc[4 * j + 1]);
+        *reinterpret_cast<float2*>(s_s + (r0 + 8) * SP + col) = make_float2(sc[4 * j + 2], sc[4 * j + 3]);
       }
     }
     __syncthreads();
 
     // ---- online softmax (log2 domain) of s = S[h] + S[32 + h], P as bf16 hi + lo rows
     {
-      const int valid = min(TT, end - (start + it * TT));
+      const int valid = min(TILE, end - (start + it * TILE));
       float s[TPT];
       float mx = -INFINITY;
 #pragma unroll
@@ -536,7 +536,7 @@ __global__ void __launch_bounds__(NTHR, 1) mla_split_kernel_v2(SParams p) {
     fence_async_smem();
     __syncthreads();
 
-    // ---- P C, warpgroup wg: acc = corr acc + [P_hi; P_lo] C_tile[:, 256 wg .. 256 wg + 255]
+    // ---- P C, warpgroup wg: acc = corr acc + [P_hi; P_lo] C_tile[:, 256 wg .. 256 wg + 255] (4 wgmma m64n256k16)
     {
       const float c0 = corr_s[r0 % 32], c1 = corr_s[(r0 + 8) % 32];
 #pragma unroll
@@ -546,9 +546,9 @@ __global__ void __launch_bounds__(NTHR, 1) mla_split_kernel_v2(SParams p) {
       }
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < TT / 16; ++kk)
+      for (int kk = 0; kk < TILE / 16; ++kk)
         wgmma_m64n256_tb(acc, desc(sbase + OFF_P + kk * 32, 16, 1024),
-                         desc(ct + 4 * wg * (TT * 128) + kk * 16 * 128, TT * 128, 1024), 1);
+                         desc(cbuf + (kk / 2) * SLOT_BYTES + 4 * wg * (TT * 128) + (kk % 2) * 16 * 128, TT * 128, 1024), 1);
       wgmma_commit();
       wgmma_wait0();
     }
