@@ -300,6 +300,66 @@ __global__ void __launch_bounds__(128) mla_combine_kernel(SParams p) {
   *o = make_float4(a.x * inv, a.y * inv, a.z * inv, a.w * inv);
 }
 
+/// Combine for variant 2: as mla_combine_kernel, but the max M and the sum L are reduced over the
+/// splits by all 128 threads at once, and the weighted sum of the partials runs 8 splits per step
+/// (independent loads in flight) instead of one dependent load per split.
+template <int H>
+__global__ void __launch_bounds__(128) mla_combine_kernel_v2(SParams p) {
+  __shared__ float red[2][4];
+  const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int len = seq_len(p, b);
+  float4* o = reinterpret_cast<float4*>(p.out + (static_cast<long long>(b) * H + h) * DC) + tid;
+  if (len < 1 || len > p.max_len) {
+    *o = make_float4(NAN, NAN, NAN, NAN);
+    return;
+  }
+  const int ns = (len + p.split_len - 1) / p.split_len;
+  const long long base = static_cast<long long>(b) * p.num_splits;
+  const float* ml = p.ws_ml + (base * H + h) * 2;  // (m, l) of split s at ml[s * 2 H], ml[s * 2 H + 1]
+  float M = -INFINITY;
+  for (int s = tid; s < ns; s += 128) M = fmaxf(M, ml[static_cast<long long>(s) * 2 * H]);
+#pragma unroll
+  for (int m = 16; m >= 1; m >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, m));
+  if (lane == 0) red[0][warp] = M;
+  __syncthreads();
+  M = fmaxf(fmaxf(red[0][0], red[0][1]), fmaxf(red[0][2], red[0][3]));
+  float L = 0.0f;
+  for (int s = tid; s < ns; s += 128) {
+    const float* x = ml + static_cast<long long>(s) * 2 * H;
+    L += exp2f(x[0] - M) * x[1];
+  }
+#pragma unroll
+  for (int m = 16; m >= 1; m >>= 1) L += __shfl_xor_sync(0xffffffffu, L, m);
+  if (lane == 0) red[1][warp] = L;
+  __syncthreads();
+  L = (red[1][0] + red[1][1]) + (red[1][2] + red[1][3]);
+  float4 a = make_float4(0, 0, 0, 0);
+  const float4* acc = reinterpret_cast<const float4*>(p.ws_acc + (base * H + h) * DC) + tid;
+  constexpr long long SS = static_cast<long long>(H) * DC / 4;  // float4 stride between splits
+  int s = 0;
+  for (; s + 8 <= ns; s += 8) {
+    float4 x[8];
+    float w[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      x[i] = acc[(s + i) * SS];
+      w[i] = ml[static_cast<long long>(s + i) * 2 * H];
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float wi = exp2f(w[i] - M);
+      a.x += wi * x[i].x; a.y += wi * x[i].y; a.z += wi * x[i].z; a.w += wi * x[i].w;
+    }
+  }
+  for (; s < ns; ++s) {
+    const float4 x = acc[s * SS];
+    const float wi = exp2f(ml[static_cast<long long>(s) * 2 * H] - M);
+    a.x += wi * x.x; a.y += wi * x.y; a.z += wi * x.z; a.w += wi * x.w;
+  }
+  const float inv = 1.0f / L;
+  *o = make_float4(a.x * inv, a.y * inv, a.z * inv, a.w * inv);
+}
+
 // ================================================================================================
 // v2 (variant 2): wgmma (sm_90a warpgroup MMA, both operands read from shared memory by descriptor).
 //
@@ -666,7 +726,8 @@ MlaDecodePlan mla_decode_plan(const MlaDecodeArgs& a) {
     splits = best;
   }
   splits = std::max(1, std::min(splits, max_tiles));
-  const int split_len = ((a.max_len + splits - 1) / splits + TT - 1) / TT * TT;
+  const int gran = a.variant == 2 ? v2::TILE : TT;  // slices of whole compute tiles
+  const int split_len = ((a.max_len + splits - 1) / splits + gran - 1) / gran * gran;
   MlaDecodePlan p;
   p.split_len = split_len;
   p.num_splits = (a.max_len + split_len - 1) / split_len;
@@ -727,10 +788,17 @@ void mla_decode(const MlaDecodeArgs& a, cudaStream_t stream) {
     else
       launch_split<mla_split_kernel<16>>(smem_bytes<16>(), grid, stream, p, "mla_split_kernel<16>");
   }
-  if (a.H == 32)
-    mla_combine_kernel<32><<<cgrid, 128, 0, stream>>>(p);
-  else
-    mla_combine_kernel<16><<<cgrid, 128, 0, stream>>>(p);
+  if (a.variant == 2) {
+    if (a.H == 32)
+      mla_combine_kernel_v2<32><<<cgrid, 128, 0, stream>>>(p);
+    else
+      mla_combine_kernel_v2<16><<<cgrid, 128, 0, stream>>>(p);
+  } else {
+    if (a.H == 32)
+      mla_combine_kernel<32><<<cgrid, 128, 0, stream>>>(p);
+    else
+      mla_combine_kernel<16><<<cgrid, 128, 0, stream>>>(p);
+  }
   cuda_check(cudaGetLastError(), "mla_combine_kernel launch");
 }
 
