@@ -1,7 +1,7 @@
 // `kdalab bench`: timings of the KDA CUDA kernels (kernels/kda.hpp).
 //
 //   kdalab bench --op kda-prefill|kda-decode|mla-decode|all [--shapes "B:T:H[:HV],..."] [--iters N]
-//                [--peer-json FILE] [--compare BASELINE.h5] --out results/bench.h5
+//                [--peer-json FILE] [--compare BASELINE.h5] [--variant 1|2] --out results/bench.h5
 //
 // Per shape: median (and min) of --iters CUDA-event timings after --warmup launches, the bytes a
 // kernel must move at least (inputs read once, outputs written once; the workspace is not counted)
@@ -15,7 +15,8 @@
 //   flags rows more than 10% slower; exit code 1 when any row is flagged (the regression check).
 // mla-decode (kernels/mla.hpp): shapes B:N:H with N the cached tokens per sequence (d_c = 512, bf16
 //   latent cache, q~ as bf16 hi + lo); bytes = the latent reads B N d_c 2 only (TB/s of latent reads),
-//   flops = 4 B H N d_c (scores and P C, one pass; the hi/lo passes are not counted).
+//   flops = 4 B H N d_c (scores and P C, one pass; the hi/lo passes are not counted). --variant picks
+//   the split kernel (MlaDecodeArgs::variant: 1 = mma.sync v1, 2 = wgmma v2, the default).
 // Without CUDA (CPU build) or without a visible GPU: says so on stdout, writes nothing, exit 0.
 #include <fmt/format.h>
 

@@ -1,6 +1,8 @@
 // Absorbed Gated-MLA decode over a bf16 latent cache (kernels/mla.hpp), d_c = 512, H in {16, 32}.
+// Two split kernels share the plan, the workspace layout and the host checks: v1 (variant 1, below:
+// mma.sync) and v2 (variant 2, the default, further down: wgmma, 64-token tiles).
 //
-// Split kernel: one CTA (8 warps) per (slice of split_len tokens, sequence), all H heads. The slice is
+// v1 split kernel: one CTA (8 warps) per (slice of split_len tokens, sequence), all H heads. The slice is
 // streamed in 32-token tiles through a 4-stage cp.async ring in shared memory (rows padded to 520
 // bf16 so that 32-bit fragment loads and ldmatrix rows hit distinct banks). Warp w owns latent columns
 // [64 w, 64 w + 64):
@@ -361,25 +363,30 @@ __global__ void __launch_bounds__(128) mla_combine_kernel_v2(SParams p) {
 }
 
 // ================================================================================================
-// v2 (variant 2): wgmma (sm_90a warpgroup MMA, both operands read from shared memory by descriptor).
+// v2 (variant 2, the default): wgmma (sm_90a warpgroup MMA, both operands read from shared memory
+// through matrix descriptors), 64-token compute tiles.
 //
-// One CTA = 2 warpgroups (8 warps, 256 threads) per (slice, sequence), as v1. Shared memory (~211 KB):
+// One CTA = 2 warpgroups (8 warps, 256 threads) per (slice, sequence), as v1. Shared memory (~218 KB):
 //   q~ tile  [64 rows x 512] bf16: row r < 32 = q_hi of head r, row 32 + r = q_lo of head r (rows of
 //            heads >= H are zeros), loaded once per CTA; 8 column blocks of [64 rows x 64] in the
 //            128-byte-swizzled K-major layout (16-byte chunk c of row r at r * 128 + ((c ^ (r % 8)) * 16));
-//   C ring   4 slots of 32 tokens, each 8 column blocks of [32 tokens x 64] in the same swizzled
-//            layout, filled by cp.async (3 tiles = 96 KB in flight while one is computed);
-//   S        [64 rows x 32 tokens] fp32 scores, P [64 rows x 32 tokens] bf16 (P_hi rows 0..31, P_lo
+//   C ring   4 slots of 32 tokens (32 KB each, 8 column blocks of [32 tokens x 64] in the same swizzled
+//            layout), filled by cp.async; a compute tile = 2 slots, so one 64-token tile is computed
+//            while the next one is in flight;
+//   S        [64 rows x 64 tokens] fp32 scores, P [64 rows x 64 tokens] bf16 (P_hi rows 0..31, P_lo
 //            rows 32..63; swizzled, the A operand of P C), corr [32] fp32.
-// Per 32-token tile:
-//   scores  warpgroup 0: S = [q_hi; q_lo] C_tile^T, 32 wgmma m64n32k16 (K = 512), fp32;
-//   softmax all 256 threads: s = S[h] + S[32 + h] (hi + lo rows), online softmax in the log2 domain as
-//           v1, P split into bf16 hi + lo rows;
+// Per 64-token tile (3 __syncthreads):
+//   scores  warpgroup w takes the 32 tokens of slot w: S[:, 32 w ..] = [q_hi; q_lo] C_slot^T,
+//           32 wgmma m64n32k16 (K = 512) into 16 fp32 per thread, stored to S;
+//   softmax all 256 threads: s = S[h] + S[32 + h] (the hi and lo rows), online softmax in the log2
+//           domain as v1 (8 threads per head), P split into bf16 hi + lo rows;
 //   P C     warpgroup w: acc_w[64 rows x 256 cols] = corr acc_w + [P_hi; P_lo] C_tile[:, 256 w ..],
-//           2 wgmma m64n256k16 with C read as an MN-major (transposed) B operand: 128 fp32 per thread.
+//           4 wgmma m64n256k16 with C read as an MN-major (transposed) B operand: 128 fp32 per thread.
 // The hi and lo rows of acc are summed once, in the epilogue (through shared memory). With H = 32 the
-// hi + lo rows fill the M = 64 of the warpgroup MMA exactly, so the two-part precision costs no extra
-// matrix work (H = 16 leaves half of the rows zero).
+// hi + lo rows fill the M = 64 of the warpgroup MMA exactly, so the two-part precision (q~ and P)
+// costs no extra matrix work (H = 16 leaves half of the rows zero). Slices are whole 64-token tiles;
+// the combine kernel of v2 reduces (M, L) over the slices with all threads and keeps 8 partials in
+// flight per thread.
 namespace v2 {
 constexpr int TT = 32;                        // tokens per cp.async slot (= v1's tile: the split plan is shared)
 constexpr int TILE = 64;                      // tokens per compute tile = 2 slots
