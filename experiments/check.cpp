@@ -1,7 +1,13 @@
 // `kdalab check`: check someone else's tensors against the truth (ISSUE 5 "Checking someone else's
 // tensors"; file format in README.md "Checking your own kernel's tensors (kdalab check)").
 //
-//   kdalab check --op kda|kda-decode --in FILE.h5 [--truth auto|mp|f64] [--tol X] --out report.h5
+//   kdalab check --op kda|kda-decode|mla|attn-res --in FILE.h5 [--truth auto|mp|f64] [--tol X] --out report.h5
+//
+// --op mla: datasets q [B, T, H, d_c] (absorbed query q~), c [B, N, d_c] (latent cache, N >= T),
+// optional q_rope [B, T, H, d_rope] + k_rope [B, N, d_rope], candidate o [B, T, H, d_c] (attended
+// latent); attribute scale. Query t attends causally to tokens 0 .. N - T + t.
+// --op attn-res: datasets v [N, T, d] (sources, v_0 = h_1), w [d], candidate h [T, d]; attributes
+// mode (full | block), block_sources (block), eps. The rest of this comment is --op kda:
 //
 // The input file holds, at its root: datasets q, k [B, T, H, d_k]; v [B, T, HV, d_v];
 // g [B, T, HV, d_k]; beta [B, T, HV]; optional S0; optional candidates o [B, T, HV, d_v] and S
@@ -22,6 +28,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <optional>
@@ -32,6 +39,7 @@
 #include "numerics/metrics.hpp"
 #include "numerics/tolerance.hpp"
 #include "reference/error.hpp"
+#include "reference/attn_res.hpp"
 #include "reference/kda.hpp"
 
 namespace kdalab::cli {
@@ -52,13 +60,20 @@ class InFile {
   }
   std::string where() const { return "check --in '" + path_ + "'"; }
 
-  bool has(const std::string& name) {
-    return f_.nameExists(name) && f_.childObjType(name) == H5O_TYPE_DATASET;
+  /// Whether `name` is present; a link that points to nothing (a dangling soft or external link)
+  /// is an error naming it, not "absent".
+  bool present(const std::string& name) {
+    if (!f_.nameExists(name)) return false;
+    require(H5Oexists_by_name(f_.getId(), name.c_str(), H5P_DEFAULT) > 0,
+            where() + ": '" + name + "' is a dangling link (a soft or external link to nothing); write the dataset itself");
+    return true;
   }
+
+  bool has(const std::string& name) { return present(name) && f_.childObjType(name) == H5O_TYPE_DATASET; }
 
   /// Reads float dataset `name` of rank `rank`; `what` describes the expected shape.
   Tensor<double> read(const std::string& name, std::size_t rank, const std::string& what) {
-    require(f_.nameExists(name), where() + ": dataset '" + name + "' is missing; expected " + what);
+    require(present(name), where() + ": dataset '" + name + "' is missing; expected " + what);
     require(f_.childObjType(name) == H5O_TYPE_DATASET, where() + ": '" + name + "' is not a dataset; expected " + what);
     H5::DataSet ds = f_.openDataSet(name);
     const H5T_class_t cls = ds.getTypeClass();
@@ -151,7 +166,7 @@ class InFile {
       if (!g.attrExists(name)) return std::nullopt;
       return g.openAttribute(name);
     }
-    if (!f_.nameExists(obj)) return std::nullopt;
+    if (!present(obj) || f_.childObjType(obj) != H5O_TYPE_DATASET) return std::nullopt;
     H5::DataSet d = f_.openDataSet(obj);
     if (!d.attrExists(name)) return std::nullopt;
     return d.openAttribute(name);
@@ -181,6 +196,13 @@ Tensor<double> swap_last(const Tensor<double>& t) {
       for (std::size_t i = 0; i < t.dim(2); ++i)
         for (std::size_t j = 0; j < t.dim(3); ++j) r(b, h, j, i) = t(b, h, i, j);
   return r;
+}
+
+/// Every input value must be finite: the error names the tensor, the value and its flat index.
+void require_finite(InFile& f, const std::string& name, const Tensor<double>& t) {
+  for (std::size_t i = 0; i < t.numel(); ++i)
+    require(std::isfinite(t.data[i]), f.where() + ": dataset '" + name + "' holds " + fmt::format("{}", t.data[i]) +
+                                          " at flat index " + std::to_string(i) + "; every input value must be finite");
 }
 
 std::string layout_of(InFile& f, const std::string& name) {
@@ -292,10 +314,11 @@ CheckInput read_input(const std::string& path, const std::string& op) {
     c.has_S = true;
     c.S_format = f.format_of("S");
   }
-  for (const auto* p : {&c.q, &c.k, &c.v, &c.g, &c.beta})
-    for (std::size_t i = 0; i < p->numel(); ++i)
-      require(std::isfinite(p->data[i]), f.where() + ": an input holds a non-finite value at flat index " +
-                                             std::to_string(i) + " (q, k, v, g, beta must be finite)");
+  const std::string bias_name = c.gate == Gate::softplus ? "dt_bias" : "bias";
+  for (auto [n, p] : std::initializer_list<std::pair<std::string, const Tensor<double>*>>{
+           {"q", &c.q}, {"k", &c.k}, {"v", &c.v}, {"g", &c.g}, {"beta", &c.beta}, {"A_log", &c.A_log},
+           {bias_name, &c.bias}, {"S0", &c.S0}})
+    require_finite(f, n, *p);
   return c;
 }
 
@@ -318,6 +341,12 @@ KdaOutput<S> truth(const CheckInput& c, const std::string& op) {
           for (std::size_t i = 0; i < c.d_k; ++i) {
             const S a = sexp<S>(S(c.A_log(h))), x = S(g(b, t, h, i) + S(c.bias(h, i)));
             g(b, t, h, i) = c.gate == Gate::k3 ? S(S(c.g_min) * sigmoid<S>(S(a * x))) : S(-a * softplus<S>(x));
+            if (!std::isfinite(static_cast<double>(g(b, t, h, i))))
+              throw Error(fmt::format("check: the gate of value head {} (A_log = {}, {}[{}, {}] = {}) gives a non-finite "
+                                      "log-decay g at [b {}, t {}, d_k {}]; A_log and {} must keep exp(A_log) (z + "
+                                      "bias) finite",
+                                      h, c.A_log(h), c.gate == Gate::k3 ? "bias" : "dt_bias", h, i, c.bias(h, i), b, t,
+                                      i, c.gate == Gate::k3 ? "bias" : "dt_bias"));
           }
   if (c.beta_logits)
     for (auto& x : beta.data) x = sigmoid<S>(x);
@@ -326,34 +355,262 @@ KdaOutput<S> truth(const CheckInput& c, const std::string& op) {
   return kda_recurrent<S>(q, k, c.v.cast<S>(), g, beta, c.has_S0 ? &S0 : nullptr, S(c.scale));
 }
 
+// ---- --op mla: the absorbed attention over a latent cache (kernels/mla.hpp's operation) ----------
+
+/// Inputs of --op mla, validated (README.md "kdalab check --op mla").
+struct MlaInput {
+  std::size_t B = 0, T = 0, H = 0, N = 0, d_c = 0, d_rope = 0;
+  Tensor<double> q, c, q_rope, k_rope, o_cand;
+  double scale = 0;
+  bool has_o = false;
+  std::string o_format = "fp32";
+};
+
+MlaInput read_mla(const std::string& path) {
+  InFile f(path);
+  MlaInput m;
+  m.q = f.read("q", 4, "q [B, T, H, d_c] (the absorbed query q~_i = W_UK,i^T q^C_i)");
+  m.B = m.q.dim(0); m.T = m.q.dim(1); m.H = m.q.dim(2); m.d_c = m.q.dim(3);
+  m.c = f.read("c", 3, "c [B, N, d_c] (the latent cache)");
+  m.N = m.c.dim(1);
+  require(m.c.dim(0) == m.B && m.c.dim(2) == m.d_c,
+          f.where() + ": dataset 'c' has shape " + shape_str(m.c.shape) + "; expected [B, N, d_c] with B = " +
+              std::to_string(m.B) + " and d_c = " + std::to_string(m.d_c) + " from q " + shape_str(m.q.shape));
+  require(m.B * m.T * m.H * m.d_c > 0, f.where() + ": q has an empty dimension");
+  require(m.N >= m.T, f.where() + ": c holds N = " + std::to_string(m.N) + " tokens, fewer than the T = " +
+                          std::to_string(m.T) + " queries; query t sits at position N - T + t, so N >= T is needed");
+  const bool qr = f.has("q_rope"), kr = f.has("k_rope");
+  require(qr == kr, f.where() + ": dataset '" + std::string(qr ? "q_rope" : "k_rope") + "' is given without '" +
+                        (qr ? "k_rope" : "q_rope") + "'; the decoupled-RoPE part needs both (or neither)");
+  if (qr) {
+    m.q_rope = f.read("q_rope", 4, "q_rope [B, T, H, d_rope]");
+    m.d_rope = m.q_rope.dim(3);
+    require(m.q_rope.shape == std::vector<std::size_t>{m.B, m.T, m.H, m.d_rope},
+            f.where() + ": dataset 'q_rope' has shape " + shape_str(m.q_rope.shape) + ", expected [B, T, H, d_rope] = " +
+                shape_str({m.B, m.T, m.H, m.d_rope}));
+    m.k_rope = f.read("k_rope", 3, "k_rope [B, N, d_rope]");
+    require(m.k_rope.shape == std::vector<std::size_t>{m.B, m.N, m.d_rope},
+            f.where() + ": dataset 'k_rope' has shape " + shape_str(m.k_rope.shape) + ", expected [B, N, d_rope] = " +
+                shape_str({m.B, m.N, m.d_rope}));
+  }
+  const auto scale = f.attr_num("/", "scale");
+  require(scale.has_value(), f.where() + ": root attribute 'scale' is missing (the softmax scale 1/sqrt(d_nope + "
+                                         "d_rope) of the layer; it cannot be derived from q~)");
+  require(std::isfinite(*scale) && *scale > 0,
+          f.where() + ": attribute scale = " + fmt::format("{}", *scale) + " is not accepted; give a finite scale > 0");
+  m.scale = *scale;
+  if (f.has("o")) {
+    m.o_cand = f.read("o", 4, "o [B, T, H, d_c] (the attended latent)");
+    require(m.o_cand.shape == m.q.shape, f.where() + ": candidate 'o' has shape " + shape_str(m.o_cand.shape) +
+                                             ", expected [B, T, H, d_c] = " + shape_str(m.q.shape));
+    m.has_o = true;
+    m.o_format = f.format_of("o");
+  }
+  for (auto [n, p] : std::initializer_list<std::pair<const char*, const Tensor<double>*>>{
+           {"q", &m.q}, {"c", &m.c}, {"q_rope", &m.q_rope}, {"k_rope", &m.k_rope}})
+    require_finite(f, n, *p);
+  return m;
+}
+
+/// The attended latent a[b, t, h] = sum_{tau <= N - T + t} softmax_tau(s) c[b, tau] with
+/// s_tau = scale (q~[b, t, h] . c[b, tau] + q_rope[b, t, h] . k_rope[b, tau]) (DeepSeek-V2 Eqs. 17-19
+/// absorbed; EQUATIONS.md section 5; reference/mla.hpp mla_attend_absorbed with W_UV = I), in S.
+template <class S>
+Tensor<double> mla_truth(const MlaInput& m) {
+  Tensor<double> out({m.B, m.T, m.H, m.d_c});
+  const Tensor<S> q = m.q.cast<S>(), c = m.c.cast<S>(), qr = m.q_rope.cast<S>(), kr = m.k_rope.cast<S>();
+  const S scale = S(m.scale);
+  std::vector<S> s(m.N), acc(m.d_c);
+  for (std::size_t b = 0; b < m.B; ++b)
+    for (std::size_t t = 0; t < m.T; ++t)
+      for (std::size_t h = 0; h < m.H; ++h) {
+        const std::size_t n = m.N - m.T + t + 1;
+        S mx = S(0);
+        for (std::size_t tau = 0; tau < n; ++tau) {
+          S z = S(0);
+          for (std::size_t i = 0; i < m.d_c; ++i) z += q(b, t, h, i) * c(b, tau, i);
+          for (std::size_t i = 0; i < m.d_rope; ++i) z += qr(b, t, h, i) * kr(b, tau, i);
+          s[tau] = S(z * scale);
+          if (tau == 0 || s[tau] > mx) mx = s[tau];
+        }
+        S l = S(0);
+        std::fill(acc.begin(), acc.end(), S(0));
+        for (std::size_t tau = 0; tau < n; ++tau) {
+          const S e = sexp<S>(S(s[tau] - mx));
+          l += e;
+          for (std::size_t i = 0; i < m.d_c; ++i) acc[i] += e * c(b, tau, i);
+        }
+        for (std::size_t i = 0; i < m.d_c; ++i) out(b, t, h, i) = static_cast<double>(S(acc[i] / l));
+      }
+  return out;
+}
+
+// ---- --op attn-res: softmax attention over depth (reference/attn_res.hpp) -----------------------
+
+/// Inputs of --op attn-res, validated (README.md "kdalab check --op attn-res").
+struct AttnResInput {
+  std::size_t N = 0, T = 0, d = 0, block_sources = 1;
+  Tensor<double> v, w, h_cand;
+  ResidualMode mode = ResidualMode::full;
+  double eps = 0;
+  bool has_h = false;
+  std::string h_format = "fp32";
+};
+
+AttnResInput read_attn_res(const std::string& path) {
+  InFile f(path);
+  AttnResInput a;
+  a.v = f.read("v", 3, "v [N, T, d] (the sources: v_0 = h_1 the embedding, then the sublayer outputs in order)");
+  a.N = a.v.dim(0); a.T = a.v.dim(1); a.d = a.v.dim(2);
+  require(a.N * a.T * a.d > 0, f.where() + ": dataset 'v' has an empty dimension " + shape_str(a.v.shape));
+  a.w = f.read("w", 1, "w [d] (the consumer's pseudo-query)");
+  require(a.w.dim(0) == a.d, f.where() + ": dataset 'w' has shape " + shape_str(a.w.shape) + ", expected [d] = [" +
+                                 std::to_string(a.d) + "] from v " + shape_str(a.v.shape));
+  const auto mode = f.attr_str("/", "mode");
+  require(mode.has_value(), f.where() + ": root attribute 'mode' is missing; accepted: full (every source), block "
+                                        "(block AttnRes, with attribute block_sources)");
+  if (*mode == "full") {
+    a.mode = ResidualMode::full;
+  } else if (*mode == "block") {
+    a.mode = ResidualMode::block;
+    const auto bs = f.attr_num("/", "block_sources");
+    require(bs.has_value(), f.where() + ": mode = \"block\" needs the root attribute 'block_sources' (sublayer outputs "
+                                        "per block, >= 1)");
+    require(std::isfinite(*bs) && *bs >= 1 && *bs == std::floor(*bs) && *bs <= 1e6,
+            f.where() + ": attribute block_sources = " + fmt::format("{}", *bs) + " is not accepted; give an integer >= 1");
+    a.block_sources = static_cast<std::size_t>(*bs);
+  } else {
+    throw Error(f.where() + ": root attribute mode = '" + *mode + "' is unknown; accepted: full, block");
+  }
+  const auto eps = f.attr_num("/", "eps");
+  require(eps.has_value(), f.where() + ": root attribute 'eps' is missing (the RMSNorm eps of the keys, e.g. 1e-6)");
+  require(std::isfinite(*eps) && *eps >= 0,
+          f.where() + ": attribute eps = " + fmt::format("{}", *eps) + " is not accepted; give a finite eps >= 0");
+  a.eps = *eps;
+  if (f.has("h")) {
+    a.h_cand = f.read("h", 2, "h [T, d] (the mixed input of the consumer)");
+    require(a.h_cand.shape == std::vector<std::size_t>{a.T, a.d},
+            f.where() + ": candidate 'h' has shape " + shape_str(a.h_cand.shape) + ", expected [T, d] = " +
+                shape_str({a.T, a.d}));
+    a.has_h = true;
+    a.h_format = f.format_of("h");
+  }
+  require_finite(f, "v", a.v);
+  require_finite(f, "w", a.w);
+  return a;
+}
+
+/// h = the DepthMixer (reference/attn_res.hpp) started at v_0, after pushing v_1 .. v_{N-1}, read with w.
+template <class S>
+Tensor<double> attn_res_truth(const AttnResInput& a) {
+  auto mat = [&](std::size_t i) {
+    Mat<S> m(static_cast<Eigen::Index>(a.T), static_cast<Eigen::Index>(a.d));
+    for (Eigen::Index j = 0; j < m.size(); ++j) m.data()[j] = S(a.v.data[i * a.T * a.d + static_cast<std::size_t>(j)]);
+    return m;
+  };
+  DepthMixer<S> mix(AttnResConfig{a.mode, a.block_sources, a.eps}, mat(0));
+  for (std::size_t i = 1; i < a.N; ++i) mix.push(mat(i));
+  Vec<S> w(static_cast<Eigen::Index>(a.d));
+  for (std::size_t i = 0; i < a.d; ++i) w(static_cast<Eigen::Index>(i)) = S(a.w.data[i]);
+  const Mat<S> h = mix.input(w);
+  Tensor<double> out({a.T, a.d});
+  for (Eigen::Index j = 0; j < h.size(); ++j) out.data[static_cast<std::size_t>(j)] = static_cast<double>(h.data()[j]);
+  return out;
+}
+
+/// What one check computed: the candidates with their truths, and the truth tensors to write.
+struct Outcome {
+  struct Cand {
+    std::string name, format;
+    Tensor<double> x, truth;
+  };
+  struct Out {
+    std::string name, description;
+    Tensor<double> t;
+    std::map<std::string, std::string> attrs;
+  };
+  std::string truth_name;
+  std::vector<Cand> cands;
+  std::vector<Out> truths;
+};
+
+std::string pick_truth(const std::string& opt, double work) { return opt == "auto" ? (work <= 2e7 ? "mp" : "f64") : opt; }
+std::string truth_label(const std::string& tk) { return tk == "mp" ? "cpp_bin_float_50" : "float64"; }
+
+Outcome check_kda(const std::string& in_path, const std::string& op, const std::string& truth_opt) {
+  const CheckInput in = read_input(in_path, op);
+  const std::string tk = pick_truth(truth_opt, static_cast<double>(in.B * in.T * in.HV * in.d_k * in.d_v));
+  KdaOutput<double> t;
+  if (tk == "mp") {
+    const auto r = truth<mp50>(in, op);
+    t = {r.o.cast<double>(), r.S_final.cast<double>()};
+  } else {
+    t = truth<double>(in, op);
+  }
+  Outcome r;
+  r.truth_name = truth_label(tk);
+  if (in.has_o) r.cands.push_back({"o", in.o_format, in.o_cand, t.o});
+  if (in.has_S) r.cands.push_back({"S", in.S_format, in.S_cand, t.S_final});
+  r.truths.push_back({"o_truth", "truth o [B, T, HV, d_v] on exactly the input file's tensors", t.o, {}});
+  const std::string lay = in.has_S ? in.S_layout : (in.has_S0 ? in.S0_layout : "KV");
+  r.truths.push_back({"S_truth", "truth final state in layout " + lay, lay == "VK" ? swap_last(t.S_final) : t.S_final,
+                      {{"layout", lay}}});
+  return r;
+}
+
+Outcome check_mla(const std::string& in_path, const std::string& truth_opt) {
+  const MlaInput m = read_mla(in_path);
+  const std::string tk = pick_truth(truth_opt, static_cast<double>(m.B * m.T * m.H * m.N * (m.d_c + m.d_rope)));
+  const Tensor<double> a = tk == "mp" ? mla_truth<mp50>(m) : mla_truth<double>(m);
+  Outcome r;
+  r.truth_name = truth_label(tk);
+  if (m.has_o) r.cands.push_back({"o", m.o_format, m.o_cand, a});
+  r.truths.push_back({"o_truth", "truth attended latent [B, T, H, d_c] on exactly the input file's tensors", a, {}});
+  return r;
+}
+
+Outcome check_attn_res(const std::string& in_path, const std::string& truth_opt) {
+  const AttnResInput a = read_attn_res(in_path);
+  const std::string tk = pick_truth(truth_opt, static_cast<double>(a.N * a.T * a.d) * 100.0);
+  const Tensor<double> h = tk == "mp" ? attn_res_truth<mp50>(a) : attn_res_truth<double>(a);
+  Outcome r;
+  r.truth_name = truth_label(tk);
+  if (a.has_h) r.cands.push_back({"h", a.h_format, a.h_cand, h});
+  r.truths.push_back({"h_truth", "truth h [T, d] (" + residual_mode_name(a.mode) + " AttnRes) on exactly the input "
+                      "file's tensors", h, {}});
+  return r;
+}
+
 }  // namespace
 
 void register_check(Registry& reg) {
   auto& c = reg.add("check",
-                    "Check your own kernel's tensors: read q, k, v, g (or gate logits), beta (or logits), optional "
-                    "S0 and the candidate o and final S from an HDF5 file (format: README.md), compute the truth on "
-                    "exactly those inputs and report relative RMS, max abs, max bf16 ULP and NaN/Inf counts per "
-                    "candidate, with a one-line verdict against --tol (exit 0 pass, 1 fail, 2 bad input). Without a "
-                    "candidate the truth is written to --out.",
+                    "Check your own kernel's tensors: read the inputs and your candidate outputs from an HDF5 file "
+                    "(format: README.md), compute the truth on exactly those inputs and report relative RMS, max abs, "
+                    "max bf16 ULP and NaN/Inf counts per candidate, with a one-line verdict against --tol (exit 0 "
+                    "pass, 1 fail, 2 bad input). Ops: kda (q, k, v, g or gate logits, beta, S0 -> o, S), kda-decode, "
+                    "mla (absorbed query q~, latent cache c -> attended latent o), attn-res (sources v, pseudo-query "
+                    "w -> h). Without a candidate the truth is written to --out.",
                     "results/check.h5");
   struct Opts {
     std::string op = "kda", in, truth = "auto";
     double tol = tol::check_default.value;
   };
   auto o = std::make_shared<Opts>();
-  c.app->add_option("--op", o->op, "operation: kda (prefill from S0 or zero), kda-decode (T one-token steps from S0)")
+  c.app->add_option("--op", o->op,
+                    "operation: kda (prefill from S0 or zero), kda-decode (T one-token steps from S0), mla (absorbed "
+                    "attention over a latent cache), attn-res (Attention Residuals over depth)")
       ->capture_default_str();
   c.app->add_option("--in", o->in, "input HDF5 file (format in README.md)");
-  c.app->add_option("--truth", o->truth, "truth: mp (cpp_bin_float_50), f64 (float64), auto (mp while B*T*HV*d_k*d_v "
-                                         "<= 2e7, f64 above)")
+  c.app->add_option("--truth", o->truth, "truth: mp (cpp_bin_float_50), f64 (float64), auto (mp while the work "
+                                         "(kda: B*T*HV*d_k*d_v; mla: B*T*H*N*d_c) <= 2e7, f64 above)")
       ->capture_default_str();
   c.app->add_option("--tol", o->tol, std::string("verdict tolerance on relative RMS (default: ") +
                                          tol::check_default.why + ")")
       ->capture_default_str();
   c.run = [o](Context& ctx) -> int {
-    require(o->op == "kda" || o->op == "kda-decode",
-            "--op '" + o->op + "' is unknown or not built yet; accepted: kda, kda-decode (mla and attn-res join when "
-                               "their references land)");
+    require(o->op == "kda" || o->op == "kda-decode" || o->op == "mla" || o->op == "attn-res",
+            "--op '" + o->op + "' is unknown; accepted: kda, kda-decode, mla, attn-res");
     require(o->truth == "auto" || o->truth == "mp" || o->truth == "f64",
             "--truth '" + o->truth + "' is unknown; accepted: auto, mp, f64");
     require(std::isfinite(o->tol) && o->tol > 0, fmt::format("--tol {} is not accepted; give a number > 0", o->tol));
@@ -362,17 +619,14 @@ void register_check(Registry& reg) {
       const auto a = std::filesystem::weakly_canonical(o->in, e1), b = std::filesystem::weakly_canonical(ctx.common.out, e2);
       require(e1 || e2 || a != b, "--out '" + ctx.common.out + "' is the input file --in; give another report file");
     }
-    const CheckInput in = read_input(o->in, o->op);
-    const double work = static_cast<double>(in.B * in.T * in.HV * in.d_k * in.d_v);
-    const std::string tk = o->truth == "auto" ? (work <= 2e7 ? "mp" : "f64") : o->truth;
-    KdaOutput<double> t;
-    if (tk == "mp") {
-      const auto r = truth<mp50>(in, o->op);
-      t = {r.o.cast<double>(), r.S_final.cast<double>()};
-    } else {
-      t = truth<double>(in, o->op);
+    Outcome res;
+    try {
+      res = o->op == "mla"        ? check_mla(o->in, o->truth)
+            : o->op == "attn-res" ? check_attn_res(o->in, o->truth)
+                                  : check_kda(o->in, o->op, o->truth);
+    } catch (const H5::Exception& e) {  // anything HDF5 refuses to read is a malformed input: exit 2
+      throw Error("check --in '" + o->in + "': HDF5 cannot read it (" + e.getDetailMsg() + ")");
     }
-    const std::string truth_name = tk == "mp" ? "cpp_bin_float_50" : "float64";
 
     Table rep;
     rep.col("tensor", 's', "1", "candidate tensor").col("format", 's', "1", "its declared format")
@@ -382,36 +636,30 @@ void register_check(Registry& reg) {
         .col("pass", 'i', "1", "1 if rel_rms <= tol and no NaN/Inf");
     bool all = true;
     std::string verdict;
-    auto judge = [&](const std::string& name, const std::string& fmt_name, const Tensor<double>& x,
-                     const Tensor<double>& ref) {
-      const ErrorMetrics m = compare(x.data, ref.data, name);
+    for (const auto& cand : res.cands) {
+      const ErrorMetrics m = compare(cand.x.data, cand.truth.data, cand.name);
       const bool ok = m.rel_rms <= o->tol && m.nan_count == 0 && m.inf_count == 0;
       all = all && ok;
-      rep.row({name, fmt_name, m.rel_rms, m.max_abs, m.max_ulp_bf16, m.nan_count, m.inf_count,
+      rep.row({cand.name, cand.format, m.rel_rms, m.max_abs, m.max_ulp_bf16, m.nan_count, m.inf_count,
                static_cast<std::int64_t>(m.n), o->tol, static_cast<std::int64_t>(ok)});
-      fmt::print("{:<3} rel RMS {:.3e}  max abs {:.3e}  max bf16 ulp {}  NaN {}  Inf {}  ({}, {} elements)\n", name,
-                 m.rel_rms, m.max_abs, m.max_ulp_bf16, m.nan_count, m.inf_count, fmt_name, m.n);
-      verdict += fmt::format("{}{} {:.3e} {} {:.1e}", verdict.empty() ? "" : "; ", name, m.rel_rms, ok ? "<=" : ">",
-                             o->tol);
-    };
-    if (in.has_o) judge("o", in.o_format, in.o_cand, t.o);
-    if (in.has_S) judge("S", in.S_format, in.S_cand, t.S_final);
+      fmt::print("{:<3} rel RMS {:.3e}  max abs {:.3e}  max bf16 ulp {}  NaN {}  Inf {}  ({}, {} elements)\n", cand.name,
+                 m.rel_rms, m.max_abs, m.max_ulp_bf16, m.nan_count, m.inf_count, cand.format, m.n);
+      verdict += fmt::format("{}{} {:.3e} {} {:.1e}", verdict.empty() ? "" : "; ", cand.name, m.rel_rms,
+                             ok ? "<=" : ">", o->tol);
+    }
 
     auto f = ctx.open_results();
-    f->group("check", "kdalab check of " + o->in + " (--op " + o->op + ") against the " + truth_name + " truth");
+    f->group("check", "kdalab check of " + o->in + " (--op " + o->op + ") against the " + res.truth_name + " truth");
     f->attr("check", "op", o->op);
     f->attr("check", "input", o->in);
-    f->attr("check", "truth", truth_name);
-    f->write_array("check", "o_truth", t.o, "1", "truth o [B, T, HV, d_v] on exactly the input file's tensors");
-    const std::string lay = in.has_S ? in.S_layout : (in.has_S0 ? in.S0_layout : "KV");
-    f->write_array("check", "S_truth", lay == "VK" ? swap_last(t.S_final) : t.S_final, "1",
-                   "truth final state in layout " + lay, {{"layout", lay}});
+    f->attr("check", "truth", res.truth_name);
+    for (const auto& t : res.truths) f->write_array("check", t.name, t.t, "1", t.description, t.attrs);
     std::string line;
-    if (!in.has_o && !in.has_S) {
-      line = "check: no candidate (o, S) in the file; wrote the " + truth_name + " truth to " + ctx.common.out;
+    if (res.cands.empty()) {
+      line = "check: no candidate in the file; wrote the " + res.truth_name + " truth to " + ctx.common.out;
     } else {
       f->write_table("check/report", rep);
-      line = fmt::format("check: {} ({}; truth {})", all ? "PASS" : "FAIL", verdict, truth_name);
+      line = fmt::format("check: {} ({}; truth {})", all ? "PASS" : "FAIL", verdict, res.truth_name);
     }
     f->attr("check", "verdict", line);
     f->commit();

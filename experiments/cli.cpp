@@ -48,8 +48,14 @@ Command& Registry::add(const std::string& name, const std::string& description, 
   return cmds_.back();
 }
 
+namespace {
+nlohmann::json effective_config(CLI::App* sub);
+}  // namespace
+
 std::unique_ptr<ResultsFile> Context::open_results() const {
-  RunInfo info{command_line, config.dump(), std::to_string(common.seed)};
+  // Recomputed here, not taken from `config` (made before the run): --quick and the experiments'
+  // own adjustments change option values inside run(), and the file must record what was used.
+  RunInfo info{command_line, (app ? effective_config(app) : config).dump(), std::to_string(common.seed)};
   return std::make_unique<ResultsFile>(common.out, common.force, info);
 }
 
@@ -183,6 +189,9 @@ nlohmann::json effective_config(CLI::App* sub) {
       if (r.size() == 1) j[n] = r.front();
       else j[n] = r;
     } else {
+      // The bound variable's current value (after --quick or a subcommand's own defaults), not the
+      // default string captured when the option was registered.
+      o->capture_default_str();
       j[n] = o->get_default_str();
     }
   }

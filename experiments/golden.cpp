@@ -15,14 +15,20 @@
 // and attributes B, T, H, d_k, d_v, scale, seed, g_min (numbers), generator, gate, beta,
 // has_S0 ("yes"/"no") (strings). Ops written now: kda_recurrent, kda_decode (T one-token steps
 // from S0 through kda_step), kda_chunked (inputs + recurrent truth, attribute C = chunk sizes;
-// reference/kda_chunk.hpp checked for every C with both 16x16 inverses). MLA / AttnRes / hybrid
-// fixtures are not written yet (their references landed late; see the issue notes).
+// reference/kda_chunk.hpp checked for every C with both 16x16 inverses).
+// Layer-level fixtures (layouts in experiments/golden_fixtures.hpp): kda_layer (the full KDA layer,
+// prefill and decode), mla (Gated MLA naive and absorbed, plus the absorbed query and attended latent
+// that `kdalab check --op mla` reads), attn_res (full and block AttnRes), hybrid (data/configs/toy.json
+// at T = 70). Every dataset is float64; a fixture dataset of another dtype, a dangling link or a missing
+// case is refused with exit 2 (golden::read_f64).
+#include <H5Cpp.h>
 #include <fmt/format.h>
 
 #include <filesystem>
 #include <sstream>
 
 #include "experiments/cli.hpp"
+#include "experiments/golden_layers.hpp"
 #include "experiments/kda_ops.hpp"
 #include "numerics/kda_inputs.hpp"
 #include "numerics/metrics.hpp"
@@ -148,7 +154,7 @@ int check_file(const std::string& path, const GoldenOp& op) {
     for (auto [n, x] : std::initializer_list<std::pair<const char*, const Tensor<double>*>>{
              {"q_raw", &in.q_raw}, {"k_raw", &in.k_raw}, {"v", &in.v}, {"g_raw", &in.g_raw}, {"beta_raw", &in.beta_raw},
              {"A_log", &in.A_log}, {"bias", &in.bias}, {"S0", &in.S0}}) {
-      const Tensor<double> st = h5read::array(path, g + "/" + n);
+      const Tensor<double> st = golden::read_f64(path, g + "/" + n);
       require(st.shape == x->shape, "golden '" + path + "' " + g + "/" + n + " has shape " + shape_str(st.shape) +
                                         ", the generator gives " + shape_str(x->shape));
       if (st.data != x->data) drifted += std::string(drifted.empty() ? "" : ",") + n;
@@ -158,13 +164,13 @@ int check_file(const std::string& path, const GoldenOp& op) {
     // derived inputs in float64 (libm may differ by an ulp between machines: relative 1e-15)
     for (auto [n, x] : std::initializer_list<std::pair<const char*, const Tensor<double>*>>{
              {"q", &in.q}, {"k", &in.k}, {"g", &in.g}, {"beta", &in.beta}})
-      line(op.op + g + "/" + n + " (derived) vs stored", rel_rms(x->data, h5read::array(path, g + "/" + n).data),
+      line(op.op + g + "/" + n + " (derived) vs stored", rel_rms(x->data, golden::read_f64(path, g + "/" + n).data),
            tol::golden_mp.value * 10);
     // outputs: the current float64 code on the stored derived inputs vs the stored mp50 truth
-    in.q = h5read::array(path, g + "/q");
-    in.k = h5read::array(path, g + "/k");
-    in.g = h5read::array(path, g + "/g");
-    in.beta = h5read::array(path, g + "/beta");
+    in.q = golden::read_f64(path, g + "/q");
+    in.k = golden::read_f64(path, g + "/k");
+    in.g = golden::read_f64(path, g + "/g");
+    in.beta = golden::read_f64(path, g + "/beta");
     if (op.op == "kda_chunked") {  // the chunked form for every stored C vs the recurrent mp50 truth
       std::stringstream cs(op.chunk_sizes);
       std::string tok;
@@ -177,21 +183,21 @@ int check_file(const std::string& path, const GoldenOp& op) {
           const KdaOutput<double> r = kda_chunked<double>(in.q, in.k, in.v, in.g, in.beta, c.has_S0 ? &in.S0 : nullptr,
                                                           in.scale, opt);
           const std::string w = op.op + g + "/o C=" + tok + " " + tri_inverse_name(inv);
-          line(w, rel_rms(r.o.data, h5read::array(path, g + "/o").data), tol::golden_f64.value);
+          line(w, rel_rms(r.o.data, golden::read_f64(path, g + "/o").data), tol::golden_f64.value);
           line(op.op + g + "/S_final C=" + tok + " " + tri_inverse_name(inv),
-               rel_rms(r.S_final.data, h5read::array(path, g + "/S_final").data), tol::golden_f64.value);
+               rel_rms(r.S_final.data, golden::read_f64(path, g + "/S_final").data), tol::golden_f64.value);
         }
       }
       continue;
     }
     const KdaOutput<double> r = run_op<double>(op.op, in, c.has_S0);
-    line(op.op + g + "/o (float64 now vs mp50 then)", rel_rms(r.o.data, h5read::array(path, g + "/o").data),
+    line(op.op + g + "/o (float64 now vs mp50 then)", rel_rms(r.o.data, golden::read_f64(path, g + "/o").data),
          tol::golden_f64.value);
-    line(op.op + g + "/S_final", rel_rms(r.S_final.data, h5read::array(path, g + "/S_final").data), tol::golden_f64.value);
+    line(op.op + g + "/S_final", rel_rms(r.S_final.data, golden::read_f64(path, g + "/S_final").data), tol::golden_f64.value);
     if (c.variants)
       for (KdaVariant v : kVariants)
         line(op.op + g + "/o_" + variant_name(v),
-             rel_rms(run_op<double>(op.op, in, c.has_S0, v).o.data, h5read::array(path, g + "/o_" + variant_name(v)).data),
+             rel_rms(run_op<double>(op.op, in, c.has_S0, v).o.data, golden::read_f64(path, g + "/o_" + variant_name(v)).data),
              tol::golden_f64.value);
   }
   return failed;
@@ -199,12 +205,15 @@ int check_file(const std::string& path, const GoldenOp& op) {
 
 }  // namespace
 
+/// The body of `kdalab golden` (--regen or the check); see the file comment for the exit codes.
+int run_golden(bool regen_flag, const std::string& dir_name, Context& ctx);
+
 void register_golden(Registry& reg) {
   auto& c = reg.add("golden",
                     "Golden fixtures: check the current code against data/golden/*.h5 (exit 0 all pass, 1 a numerics "
                     "change was caught, 2 a fixture is missing or malformed), or with --regen rewrite them from the "
-                    "cpp_bin_float_50 reference. Ops: kda_recurrent, kda_decode, kda_chunked (MLA, AttnRes, hybrid "
-                    "join when their references land).",
+                    "cpp_bin_float_50 reference. Ops: kda_recurrent, kda_decode, kda_chunked, kda_layer, mla (naive and "
+                    "absorbed), attn_res (full and block), hybrid (data/configs/toy.json).",
                     "");
   c.writes_output = false;
   c.app->get_option("--out")->description("unused by golden (the fixtures go to --dir)");
@@ -213,16 +222,41 @@ void register_golden(Registry& reg) {
   c.app->add_flag("--regen", *regen_flag, "rewrite data/golden/*.h5 from the cpp_bin_float_50 reference (existing files need --force)");
   c.app->add_option("--dir", *dir, "folder of the golden files")->capture_default_str();
   c.run = [regen_flag, dir](Context& ctx) -> int {
-    if (*regen_flag) {
+    try {
+      return run_golden(*regen_flag, *dir, ctx);
+    } catch (const H5::Exception& e) {  // a broken fixture (dangling link, bad object): bad input, exit 2
+      throw Error("golden: HDF5 error in a fixture under '" + *dir + "': " + e.getDetailMsg() +
+                  "; regenerate with 'kdalab golden --regen --force'");
+    }
+  };
+}
+
+int run_golden(bool regen_flag, const std::string& dir_name, Context& ctx) {
+  const std::string* dir = &dir_name;
+  {
+    if (regen_flag) {
       require(!dir->empty(), "--dir: an empty folder name is not accepted (default data/golden)");
       // Existing fixtures are replaced only with --force (checked for all before any is rewritten).
-      for (const auto& op : golden_ops()) {
-        const std::string path = *dir + "/" + op.op + ".h5";
+      std::vector<std::string> names;
+      for (const auto& op : golden_ops()) names.push_back(op.op);
+      for (const auto& op : golden::layer_ops()) names.push_back(op.op);
+      for (const auto& n : names) {
+        const std::string path = *dir + "/" + n + ".h5";
         require(ctx.common.force || !std::filesystem::exists(path),
                 "golden file '" + path + "' exists; pass --force with --regen to rewrite the fixtures");
       }
       std::filesystem::create_directories(*dir);
       regen(*dir, ctx);
+      for (const auto& op : golden::layer_ops()) {
+        const std::string path = *dir + "/" + op.op + ".h5";
+        ResultsFile f(path, ctx.common.force, RunInfo{ctx.command_line, ctx.config.dump(), "per case"});
+        f.attr("/", "op", op.op);
+        f.attr("/", "description", op.description);
+        f.attr("/", "cases", op.cases);
+        op.regen(f);
+        f.commit();
+        fmt::print("wrote {} ({} KiB)\n", path, std::filesystem::file_size(path) / 1024);
+      }
       std::uintmax_t total = 0;
       for (const auto& e : std::filesystem::directory_iterator(*dir))
         if (e.path().extension() == ".h5") total += e.file_size();
@@ -237,9 +271,22 @@ void register_golden(Registry& reg) {
               "golden file '" + path + "' is missing; run 'kdalab golden --regen' (and commit data/golden/)");
       failed += check_file(path, op);
     }
+    for (const auto& op : golden::layer_ops()) {
+      const std::string path = *dir + "/" + op.op + ".h5";
+      require(std::filesystem::exists(path),
+              "golden file '" + path + "' is missing; run 'kdalab golden --regen' (and commit data/golden/)");
+      const std::string cases = h5read::attr_string(path, "/", "cases");
+      require(cases == op.cases, "golden file '" + path + "' holds the cases '" + cases + "', this build expects '" +
+                                     op.cases + "'; regenerate with 'kdalab golden --regen --force'");
+      op.check(path, [&](const std::string& what, double err, double tol) {
+        const bool ok = err <= tol;
+        if (!ok) ++failed;
+        fmt::print("{:<4} {:<58} rel RMS {:9.2e} (tol {:.0e})\n", ok ? "ok" : "FAIL", what, err, tol);
+      });
+    }
     fmt::print("golden: {}\n", failed ? fmt::format("{} check(s) FAILED: the numerics changed", failed) : "all checks pass");
     return failed ? 1 : 0;
-  };
+  }
 }
 
 }  // namespace kdalab::cli

@@ -59,6 +59,11 @@ inline constexpr Tolerance lowp_matmul_band{4.0,
 inline constexpr Tolerance golden_f64{1e-13,
     "the stored truth is the mp50 result rounded once to float64 (1.1e-16); the float64 path adds "
     "~1e-15 on the small golden problems; 1e-13 catches any change of numerics at 1e-12 or above."};
+/// float64 toy hybrid (9 stacked KDA / MLA layers, AttnRes, SwiGLU) vs its golden mp50 output.
+inline constexpr Tolerance golden_f64_hybrid{1e-12,
+    "the stacked layers amplify float64 rounding: measured 3.4e-14 (prefill) and 2.0e-14 (decode) on toy.json at "
+    "T = 70, so golden_f64's 1e-13 would leave 3x; 1e-12 still catches any change of numerics in a layer (a "
+    "1e-3 change of one input gives >= 1e-7)."};
 /// cpp_bin_float_50 code vs a golden output (only the float64 storage rounding separates them).
 inline constexpr Tolerance golden_mp{1e-15,
     "the stored float64 value is the mp50 result rounded once: relative RMS <= u_fp64 = 1.1e-16."};

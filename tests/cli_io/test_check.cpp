@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -48,7 +49,8 @@ struct InputFile {
   std::map<std::string, Ds> ds;
   std::map<std::string, double> num;
   std::map<std::string, std::string> str;
-  std::map<std::string, std::int64_t> ints;  // integer-typed datasets (dtype errors)
+  std::map<std::string, std::int64_t> ints;  // int32 datasets of that length (dtype errors)
+  std::set<std::string> dangling;            // soft links to nothing
 
   void write(const fs::path& p) const {
     H5::H5File f(p.string(), H5F_ACC_TRUNC);
@@ -67,9 +69,10 @@ struct InputFile {
     }
     for (const auto& [name, n] : ints) {
       hsize_t dim = static_cast<hsize_t>(n);
-      std::vector<std::int64_t> v(dim, 1);
-      f.createDataSet(name, H5::PredType::NATIVE_INT64, H5::DataSpace(1, &dim)).write(v.data(), H5::PredType::NATIVE_INT64);
+      std::vector<std::int32_t> v(dim, 1);
+      f.createDataSet(name, H5::PredType::NATIVE_INT32, H5::DataSpace(1, &dim)).write(v.data(), H5::PredType::NATIVE_INT32);
     }
+    for (const auto& n : dangling) H5Lcreate_soft("/nowhere", f.getId(), n.c_str(), H5P_DEFAULT, H5P_DEFAULT);
     H5::Group root = f.openGroup("/");
     for (const auto& [k, v] : num)
       root.createAttribute(k, H5::PredType::NATIVE_DOUBLE, H5::DataSpace(H5S_SCALAR)).write(H5::PredType::NATIVE_DOUBLE, &v);
@@ -228,6 +231,30 @@ TEST_CASE("check: every malformed file gives its own clear error, exit 2 and no 
       {"beta outside [0, 1]", [](InputFile& f) { f.ds["beta"].t.data[3] = 1.5; }, "outside [0, 1]"},
       {"bf16 claim on fp32 data", [](InputFile& f) { f.ds["q"].attrs["format"] = "bf16"; }, "is not representable in bf16"},
       {"decode without S0", [](InputFile& f) { f.ds.erase("S0"); }, "needs the initial state S0", "kda-decode"},
+      // adversarial review finds: NaN names its tensor, gate parameters are blamed, dangling links, int32 o
+      {"NaN in q", [](InputFile& f) { f.ds["q"].t.data[3] = std::nan(""); }, "dataset 'q' holds nan at flat index 3"},
+      {"NaN in k", [](InputFile& f) { f.ds["k"].t.data[4] = std::nan(""); }, "dataset 'k' holds nan at flat index 4"},
+      {"Inf in v", [](InputFile& f) { f.ds["v"].t.data[5] = HUGE_VAL; }, "dataset 'v' holds inf at flat index 5"},
+      {"NaN in A_log", [](InputFile& f) {
+         f.str["gate"] = "k3"; f.num["g_min"] = -5; f.ds["A_log"] = {Tensor<double>({2}, 0.5), false, {}};
+         f.ds["A_log"].t.data[1] = std::nan(""); f.ds["bias"] = {Tensor<double>({2, 32}, 0.5), false, {}}; },
+       "dataset 'A_log' holds nan at flat index 1"},
+      {"NaN in bias", [](InputFile& f) {
+         f.str["gate"] = "k3"; f.num["g_min"] = -5; f.ds["A_log"] = {Tensor<double>({2}, 0.5), false, {}};
+         f.ds["bias"] = {Tensor<double>({2, 32}, 0.5), false, {}}; f.ds["bias"].t.data[9] = std::nan(""); },
+       "dataset 'bias' holds nan at flat index 9"},
+      {"NaN in dt_bias", [](InputFile& f) {
+         f.str["gate"] = "softplus"; f.ds["A_log"] = {Tensor<double>({2}, 0.5), false, {}};
+         f.ds["dt_bias"] = {Tensor<double>({2, 32}, 0.5), false, {}}; f.ds["dt_bias"].t.data[2] = std::nan(""); },
+       "dataset 'dt_bias' holds nan at flat index 2"},
+      {"A_log overflowing the gate", [](InputFile& f) {
+         f.str["gate"] = "softplus"; f.ds["A_log"] = {Tensor<double>({2}, 800.0), false, {}};
+         f.ds["dt_bias"] = {Tensor<double>({2, 32}, 0.5), false, {}}; },
+       "A_log and dt_bias must keep exp(A_log)"},
+      {"NaN in S0", [](InputFile& f) { f.ds["S0"].t.data[6] = std::nan(""); }, "dataset 'S0' holds nan at flat index 6"},
+      {"q a dangling link", [](InputFile& f) { f.ds.erase("q"); f.dangling.insert("q"); }, "'q' is a dangling link"},
+      {"S0 a dangling link", [](InputFile& f) { f.ds.erase("S0"); f.dangling.insert("S0"); }, "'S0' is a dangling link"},
+      {"o as int32", [](InputFile& f) { f.ints["o"] = 16; }, "dataset 'o' has an integer dtype"},
   };
   std::set<std::string> messages;
   for (const Bad& b : bads) {
