@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(MAX_THREADS) attn_res_kernel(AParams p) {
     }
     const float z = dw / sqrtf(ss * inv_d + p.eps);
     const float mn = fmaxf(m, z);
-    const float c = __expf(m - mn), e = __expf(z - mn);  // c = 0 when m = -inf (first source)
+    const float c = expf(m - mn), e = expf(z - mn);  // c = 0 when m = -inf (first source)
     l = l * c + e;
 #pragma unroll
     for (int j = 0; j < VPT; ++j)
