@@ -1,7 +1,8 @@
 // `kdalab bench`: timings of the KDA CUDA kernels (kernels/kda.hpp).
 //
 //   kdalab bench --op kda-prefill|kda-decode|mla-decode|mla-prefill|attn-res|all [--shapes "B:T:H[:HV],..."]
-//                [--iters N] [--prefix N0] [--peer-json FILE] [--compare BASELINE.h5] --out results/bench.h5
+//                [--iters N] [--prefix N0] [--peer-json FILE] [--compare BASELINE.h5] [--variant 1|2]
+//                --out results/bench.h5
 //
 // Per shape: median (and min) of --iters CUDA-event timings after --warmup launches, the bytes a
 // kernel must move at least (inputs read once, outputs written once; the workspace is not counted)
@@ -15,7 +16,8 @@
 //   flags rows more than 10% slower; exit code 1 when any row is flagged (the regression check).
 // mla-decode (kernels/mla.hpp): shapes B:N:H with N the cached tokens per sequence (d_c = 512, bf16
 //   latent cache, q~ as bf16 hi + lo); bytes = the latent reads B N d_c 2 only (TB/s of latent reads),
-//   flops = 4 B H N d_c (scores and P C, one pass; the hi/lo passes are not counted).
+//   flops = 4 B H N d_c (scores and P C, one pass; the hi/lo passes are not counted). --variant picks
+//   the split kernel (MlaDecodeArgs::variant: 1 = mma.sync v1, 2 = wgmma v2, the default).
 // mla-prefill (kernels/mla_prefill.hpp): shapes B:T:H with T new tokens behind a cached prefix of --prefix
 //   tokens (default 0); time = append + causal absorbed attention (q~ hi/lo given); prepare_ms = the query
 //   absorption (mla_absorb_query, d_nope = 128) alone; bytes = latent cache read once, c_new read + written,
@@ -54,6 +56,7 @@ namespace {
 struct BenchOptions {
   std::string op = "all", shapes, peer_json, compare;
   int iters = 30, warmup = 5;
+  int mla_variant = 2;  // mla-decode split kernel (kernels/mla.hpp MlaDecodeArgs::variant)
   long long prefix = 0;  // mla-prefill: cached tokens before the T new ones
 };
 
@@ -236,7 +239,7 @@ Measured bench_decode(const Shape& s, int warmup, int iters, std::uint64_t seed)
 }
 
 /// Absorbed MLA decode: B sequences of T cached tokens (the shape's T is the context N), H heads.
-Measured bench_mla_decode(const Shape& s, int warmup, int iters, std::uint64_t seed) {
+Measured bench_mla_decode(const Shape& s, int warmup, int iters, std::uint64_t seed, int variant) {
   const long long DC = 512;
   const std::size_t nc = static_cast<std::size_t>(s.B) * s.T * DC, nq = static_cast<std::size_t>(s.B) * s.H * DC;
   Dev c(nc * 2), q_hi(nq * 2), q_lo(nq * 2), out(nq * 4);
@@ -249,13 +252,14 @@ Measured bench_mla_decode(const Shape& s, int warmup, int iters, std::uint64_t s
   a.c = c.as<bf16_t>(); a.q_hi = q_hi.as<bf16_t>(); a.q_lo = q_lo.as<bf16_t>();
   a.scale = 1.0f / std::sqrt(192.0f);
   a.out = out.as<float>();
+  a.variant = variant;
   const std::size_t wsb = kernels::mla_decode_workspace_bytes(a);
   Dev ws(wsb);
   a.workspace = ws.p; a.workspace_bytes = wsb;
   const auto pl = kernels::mla_decode_plan(a);
   auto [ms, mn] = time_ms([&] { kernels::mla_decode(a, nullptr); }, warmup, iters);
-  fmt::print("  (B={} N={} H={}: {} splits of {} tokens, workspace {:.1f} MB)\n", s.B, s.T, s.H, pl.num_splits,
-             pl.split_len, wsb / 1e6);
+  fmt::print("  (B={} N={} H={}, variant {}: {} splits of {} tokens, workspace {:.1f} MB)\n", s.B, s.T, s.H, variant,
+             pl.num_splits, pl.split_len, wsb / 1e6);
   return {ms, mn, 2.0 * nc, 4.0 * s.B * s.H * s.T * DC};
 }
 
@@ -320,6 +324,8 @@ void register_bench(Registry& reg) {
   a->add_option("--iters", o->iters, "timed launches per shape (median reported)")->capture_default_str();
   a->add_option("--warmup", o->warmup, "untimed launches before timing")->capture_default_str();
   a->add_option("--peer-json", o->peer_json, "peer times (ms) keyed '<op> B=.. T=.. H=.. HV=..' from the same machine session");
+  a->add_option("--variant", o->mla_variant, "mla-decode split kernel: 1 (mma.sync, v1) or 2 (wgmma, v2)")
+      ->capture_default_str();
   a->add_option("--compare", o->compare, "baseline results file to compare against (prints ratios, flags > 10% slower)");
   c.run = [o](Context& ctx) -> int {
     require(o->op == "kda-prefill" || o->op == "kda-decode" || o->op == "mla-decode" || o->op == "mla-prefill" ||
@@ -327,6 +333,8 @@ void register_bench(Registry& reg) {
             "--op = '" + o->op + "'; accepted: kda-prefill, kda-decode, mla-decode, mla-prefill, attn-res, all");
     require(o->prefix >= 0, "--prefix = " + std::to_string(o->prefix) + "; accepted: >= 0 cached tokens");
     require(o->iters >= 1 && o->warmup >= 0, "--iters must be >= 1 and --warmup >= 0");
+    require(o->mla_variant == 1 || o->mla_variant == 2,
+            "--variant = " + std::to_string(o->mla_variant) + "; accepted: 1 (mma.sync) or 2 (wgmma), mla-decode only");
     std::vector<std::string> ops =
         o->op == "all" ? std::vector<std::string>{"kda-prefill", "kda-decode", "mla-decode", "mla-prefill", "attn-res"}
                        : std::vector<std::string>{o->op};
@@ -401,11 +409,12 @@ void register_bench(Registry& reg) {
                  "TB/s", "TFLOP/s", "%copy", "%mm", "peer ms", "speedup", "vs base");
       for (const Shape& s : shapes[oi]) {
         const std::string key = key_of(op, s, op == "mla-prefill" ? o->prefix : 0);
-        const Measured m = op == "kda-prefill"   ? bench_prefill(s, o->warmup, o->iters, ctx.common.seed)
-                           : op == "mla-decode"  ? bench_mla_decode(s, o->warmup, o->iters, ctx.common.seed)
-                           : op == "mla-prefill" ? bench_mla_prefill(s, o->prefix, o->warmup, o->iters, ctx.common.seed)
-                           : op == "attn-res"    ? bench_attn_res(s, o->warmup, o->iters, ctx.common.seed)
-                                                 : bench_decode(s, o->warmup, o->iters, ctx.common.seed);
+        const Measured m =
+            op == "kda-prefill"   ? bench_prefill(s, o->warmup, o->iters, ctx.common.seed)
+            : op == "mla-decode"  ? bench_mla_decode(s, o->warmup, o->iters, ctx.common.seed, o->mla_variant)
+            : op == "mla-prefill" ? bench_mla_prefill(s, o->prefix, o->warmup, o->iters, ctx.common.seed)
+            : op == "attn-res"    ? bench_attn_res(s, o->warmup, o->iters, ctx.common.seed)
+                                  : bench_decode(s, o->warmup, o->iters, ctx.common.seed);
         const double tbs = m.bytes / (m.ms * 1e-3) / 1e12, tfl = m.flops / (m.ms * 1e-3) / 1e12;
         const double nan = std::numeric_limits<double>::quiet_NaN();
         double pm = nan;

@@ -198,8 +198,8 @@ void register_decode_cost(Registry& reg) {
     Table gpu;
     gpu.col("n", 'i', "1", "context length (tokens in the MLA latent cache)")
         .col("kda_layer_s", 'd', "s", "KDA decode step of one layer (kernels::kda_decode, B = 1, 32 heads of 128, fp32 state)")
-        .col("mla_layer_s", 'd', "s", "absorbed MLA read of one layer (two cuBLAS bf16 GEMMs over the n x 512 latent cache, 32 heads; softmax excluded)")
-        .col("mla_bytes_per_s", 'd', "B/s", "latent-cache bytes the MLA read touches (2 reads of n x 512 bf16) / mla_layer_s")
+        .col("mla_layer_s", 'd', "s", "absorbed MLA decode step of one layer (kernels/mla.hpp mla_decode over the n x 512 bf16 latent cache, 32 heads, softmax and combine included)")
+        .col("mla_bytes_per_s", 'd', "B/s", "latent-cache bytes the MLA decode reads (n x 512 bf16, once) / mla_layer_s")
         .col("hybrid_48b_s", 'd', "s", "Kimi Linear 48B attention per token: 20 kda_layer_s + 7 mla_layer_s")
         .col("all_mla_27_s", 'd', "s", "all-MLA 27-layer attention per token: 27 mla_layer_s")
         .col("speedup_48b", 'd', "1", "all_mla_27_s / hybrid_48b_s (attention only, batch 1)");
@@ -220,8 +220,8 @@ void register_decode_cost(Registry& reg) {
       fmt::print("{:>10}{:>12}{:>12}{:>10}{:>14}{:>14}{:>10}\n", "n", "KDA (us)", "MLA (us)", "MLA TB/s", "48B hyb (us)",
                  "all-MLA (us)", "speedup");
       for (double n : gpu_n) {
-        const double t_mla = gpu_exp::time_mla_read_gemms(static_cast<std::int64_t>(n), 32, 512, iters);
-        const double bps = 2.0 * n * 512 * 2 / t_mla, hy48 = 20 * t_kda + 7 * t_mla, mla27 = 27 * t_mla;
+        const double t_mla = gpu_exp::time_mla_decode(static_cast<std::int64_t>(n), 32, iters);
+        const double bps = n * 512 * 2 / t_mla, hy48 = 20 * t_kda + 7 * t_mla, mla27 = 27 * t_mla;
         gpu.row({static_cast<std::int64_t>(n), t_kda, t_mla, bps, hy48, mla27, mla27 / hy48});
         fmt::print("{:>10}{:>12.1f}{:>12.1f}{:>10.2f}{:>14.1f}{:>14.1f}{:>9.2f}x\n", static_cast<std::int64_t>(n), t_kda * 1e6,
                    t_mla * 1e6, bps / 1e12, hy48 * 1e6, mla27 * 1e6, mla27 / hy48);

@@ -2,7 +2,6 @@
 #ifdef KDALAB_HAVE_CUDA
 #include "experiments/gpu_exp.hpp"
 
-#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -11,6 +10,7 @@
 #include <vector>
 
 #include "kernels/kda.hpp"
+#include "kernels/mla.hpp"
 #include "kernels/random_fill.hpp"
 #include "numerics/bf16.hpp"
 #include "reference/error.hpp"
@@ -43,9 +43,6 @@ Dev up_f32(const std::vector<float>& h) {
   Dev d(h.size() * 4);
   cuda_check(cudaMemcpy(d.p, h.data(), d.bytes, cudaMemcpyHostToDevice), "upload f32");
   return d;
-}
-void cublas_check(cublasStatus_t s, const char* what) {
-  if (s != CUBLAS_STATUS_SUCCESS) throw Error(std::string("cuBLAS: ") + what + " failed with status " + std::to_string(int(s)));
 }
 template <class F>
 double median_time(F&& launch, int iters) {
@@ -145,34 +142,28 @@ double time_kda_decode(int B, int H, int iters) {
   return median_time([&] { kernels::kda_decode(a, nullptr); }, iters);
 }
 
-double time_mla_read_gemms(std::int64_t n, int H, int d_c, int iters) {
-  Dev C(std::size_t(n) * d_c * 2), q(std::size_t(d_c) * H * 2), P(std::size_t(n) * H * 2), sc(std::size_t(n) * H * 4),
-      out(std::size_t(d_c) * H * 4);
+double time_mla_decode(std::int64_t n, int H, int iters) {
+  require(n >= 1 && n <= (std::int64_t{1} << 24), "time_mla_decode: n = " + std::to_string(n) + " must be in [1, 2^24]");
+  const int d_c = 512;
+  Dev C(std::size_t(n) * d_c * 2), q_hi(std::size_t(H) * d_c * 2), q_lo(std::size_t(H) * d_c * 2),
+      out(std::size_t(H) * d_c * 4);
   kernels::fill_normal_bf16(C.as<bf16_t>(), std::size_t(n) * d_c, 11, 1.0f, nullptr);
-  kernels::fill_normal_bf16(q.as<bf16_t>(), std::size_t(d_c) * H, 12, 1.0f, nullptr);
-  kernels::fill_normal_bf16(P.as<bf16_t>(), std::size_t(n) * H, 13, 1.0f / float(n), nullptr);
-  cublasHandle_t h;
-  cublas_check(cublasCreate(&h), "cublasCreate");
-  const float one = 1.0f, zero = 0.0f;
-  auto launch = [&] {
-    // scores [n x H] (column-major, ld n) = C^T [n x d_c] q~ [d_c x H]
-    cublas_check(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(n), H, d_c, &one, C.p, CUDA_R_16BF, d_c, q.p, CUDA_R_16BF,
-                              d_c, &zero, sc.p, CUDA_R_32F, int(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                 "scores GEMM");
-    // attended latent [d_c x H] = C [d_c x n] P [n x H]
-    cublas_check(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, d_c, H, int(n), &one, C.p, CUDA_R_16BF, d_c, P.p, CUDA_R_16BF,
-                              int(n), &zero, out.p, CUDA_R_32F, d_c, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                 "latent GEMM");
-  };
-  double t = 0;
-  try {
-    t = median_time(launch, iters);
-  } catch (...) {
-    cublasDestroy(h);
-    throw;
-  }
-  cublasDestroy(h);
-  return t;
+  kernels::fill_normal_bf16(q_hi.as<bf16_t>(), std::size_t(H) * d_c, 12, 1.0f, nullptr);
+  kernels::fill_normal_bf16(q_lo.as<bf16_t>(), std::size_t(H) * d_c, 13, 1.0f / 256.0f, nullptr);
+  kernels::MlaDecodeArgs a;
+  a.B = 1;
+  a.H = H;
+  a.capacity = a.max_len = static_cast<int>(n);
+  a.c = C.as<bf16_t>();
+  a.q_hi = q_hi.as<bf16_t>();
+  a.q_lo = q_lo.as<bf16_t>();
+  a.scale = 1.0f / std::sqrt(192.0f);
+  a.out = out.as<float>();
+  const std::size_t wsb = kernels::mla_decode_workspace_bytes(a);
+  Dev ws(wsb);
+  a.workspace = ws.p;
+  a.workspace_bytes = wsb;
+  return median_time([&] { kernels::mla_decode(a, nullptr); }, iters);
 }
 
 }  // namespace kdalab::gpu_exp

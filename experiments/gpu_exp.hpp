@@ -1,7 +1,7 @@
 #pragma once
 /// GPU measurements of the research experiments (ISSUE 8), compiled only with the CUDA kernels
 /// (KDALAB_HAVE_CUDA). Declarations only: no CUDA types leak into the experiment files.
-/// Every call throws kdalab::Error on a CUDA or cuBLAS failure.
+/// Every call throws kdalab::Error on a CUDA failure.
 #include <cstdint>
 
 #include "numerics/random.hpp"
@@ -19,10 +19,9 @@ KdaOutput<double> kda_prefill_on_gpu(const KdaInputs& in, double bias_shift, boo
 /// D = 128, fp32 state in place, after warm-up; `iters` timed launches (CUDA events).
 double time_kda_decode(int B, int H, int iters);
 
-/// Median seconds of an absorbed MLA decode read of one layer at batch 1 over a bf16 latent cache
-/// of n tokens x d_c, H heads, done as two cuBLAS bf16 GEMMs with fp32 accumulation: scores
-/// [n x H] = C^T q~ and the attended latent [d_c x H] = C P (P: bf16 probabilities). The softmax over
-/// the H x n scores is not included (it adds ~8 H n bytes of traffic vs the 2 (2 n d_c) of the GEMMs).
-double time_mla_read_gemms(std::int64_t n, int H, int d_c, int iters);
+/// Median seconds of one absorbed MLA decode step of one layer at batch 1 (kernels/mla.hpp mla_decode:
+/// bf16 latent cache of n tokens x d_c = 512, H query heads, hi + lo query, split over the sequence
+/// + combine), after warm-up; `iters` timed launches (CUDA events). Errors: n outside [1, 2^24].
+double time_mla_decode(std::int64_t n, int H, int iters);
 
 }  // namespace kdalab::gpu_exp

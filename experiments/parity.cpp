@@ -16,8 +16,8 @@
 //              precision, matmul precision); matmul "plan" is the CUDA kernel's chosen plan
 //              (kda_plan_kernel(): intra-chunk products fp32, the three d_k x d_v products bf16),
 //              "bf16"/"fp16"/"tf32"/"fp32" put every product's operands in that format
-//   cuda-bf16  the CUDA kernel, only when kdalab was built with CUDA and a GPU is present
-//              -- HOOK: kernels/ has no KDA API on main yet; skipped with a note
+//   cuda-bf16  the CUDA prefill kernel (kernels/kda.hpp), only when kdalab was built with CUDA and a
+//              GPU is present, bounded gate, C = 16, D = 128, HV = H; other points are skipped with a note
 // Truths: cpp_bin_float_50 ("mp"), x87 long double ("f80", 64-bit significand, 2^11 finer than
 // float64, so a float64 row measured against it is meaningful; ~13x slower than float64) or
 // float64 ("f64"; then the float64 row is the truth itself and reads 0 by construction, which its
@@ -39,6 +39,9 @@
 
 #include "experiments/build_info.hpp"
 #include "experiments/cli.hpp"
+#ifdef KDALAB_HAVE_CUDA
+#include "experiments/gpu_exp.hpp"
+#endif
 #include "numerics/bf16.hpp"
 #include "numerics/kda_inputs.hpp"
 #include "numerics/kda_twin.hpp"
@@ -130,14 +133,38 @@ ImplOut run_twin(const KdaInputs& in, GateKind gate, std::size_t C, Format state
   return out;
 }
 
-/// CUDA HOOK: the KDA kernel's host API is not on main yet; a GPU alone is not enough.
-std::optional<ImplOut> run_cuda(const KdaInputs&, std::size_t /*C*/, std::string& why) {
+/// The CUDA prefill kernel (kernels/kda.hpp through gpu_exp::kda_prefill_on_gpu: chunk 16, fused K3
+/// gate, L2Norm and beta sigmoid, fp32 state, bf16 o) on the raw inputs exactly as the twin reads them.
+/// The kernel reads A_log and the gate bias in fp32 (the truth keeps them in float64: a relative
+/// difference ~6e-8 in the gate, far below the ~1.7e-3 the row measures). Rows exist only when kdalab
+/// was built with CUDA and a GPU is present, for the bounded gate, C = 16, d_k = d_v = 128, HV = H;
+/// otherwise `why` says which condition failed and the row is skipped.
+std::optional<ImplOut> run_cuda(const KdaInputs& in, GateKind gate, std::size_t C, std::string& why) {
   const auto gpus = build_info::gpu_devices();
-  if (gpus.empty())
+  if (gpus.empty()) {
     why = "cuda-bf16 rows skipped: no GPU (" + build_info::gpu_note() + ")";
-  else
-    why = "cuda-bf16 rows skipped: a GPU is present but the KDA kernel host API (kernels/) is not on main yet";
+    return std::nullopt;
+  }
+#ifdef KDALAB_HAVE_CUDA
+  if (gate != GateKind::bounded || C != 16 || in.d_k != 128 || in.d_v != 128 || in.H != in.HV) {
+    why = fmt::format("cuda-bf16 row skipped at B={} T={} H={} d_k={} d_v={} C={} gate={}: the kernel runs the bounded "
+                      "(K3) gate, C = 16, d_k = d_v = 128, HV = H only",
+                      in.B, in.T, in.H, in.d_k, in.d_v, C, gate == GateKind::bounded ? "bounded" : "softplus");
+    return std::nullopt;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  KdaOutput<double> r = gpu_exp::kda_prefill_on_gpu(in, 0.0, false);
+  ImplOut out;
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  out.o = std::move(r.o.data);
+  out.S = std::move(r.S_final.data);
+  out.out_format = "bf16";
+  return out;
+#else
+  (void)in, (void)gate, (void)C;
+  why = "cuda-bf16 rows skipped: a GPU is present but this kdalab was built without CUDA (cmake --preset cuda)";
   return std::nullopt;
+#endif
 }
 
 struct Truth {
@@ -394,8 +421,8 @@ void register_parity(Registry& reg) {
         } else {  // cuda-bf16
           for (double C : o->C) {
             std::string why;
-            if (auto r = run_cuda(in, as_count(C, "C"), why))
-              record(impl, static_cast<std::int64_t>(C), "fp32", "bf16", *r);
+            if (auto r = run_cuda(in, s.gate, as_count(C, "C"), why))
+              record(impl, static_cast<std::int64_t>(C), "fp32", "plan", *r);
             else
               note(why);
             prog.tick(1, label + " " + impl);

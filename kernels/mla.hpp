@@ -16,12 +16,22 @@
 /// ~2^-16 relative), because a bf16-rounded absorbed query alone costs 2.3-3.5e-3 relative RMS
 /// (ANCHORS.md). The scores are two bf16 mma.sync products (q_hi C^T + q_lo C^T, fp32 accumulation);
 /// the probabilities P (fp32 online softmax) are likewise split into bf16 hi + lo for P C. Output fp32.
+/// Measured (v2, N = 4096): 3.8e-6 relative RMS vs float64; with q_lo = 0: 2.3e-3; with P_hi only
+/// (MlaDecodeArgs::p_hi_only): 4.8e-4.
 ///
 /// Algorithm: split-K over the sequence (flash-decoding). Each CTA takes one slice of split_len tokens
-/// of one sequence and all H heads (the latent is read once for all heads), streams it in 32-token tiles
-/// (cp.async, 4 stages), runs an online softmax, and writes its partial (running max m, sum l, unnormalised
+/// of one sequence and all H heads (the latent is read once for all heads), streams it through shared
+/// memory (cp.async), runs an online softmax, and writes its partial (running max m, sum l, unnormalised
 /// accumulator) to the workspace; a combine kernel merges the partials per (b, head):
 ///   M = max_s m_s,  L = sum_s l_s e^(m_s - M),  a = sum_s e^(m_s - M) acc_s / L.
+/// Two split kernels (MlaDecodeArgs::variant), same results to ~1e-5, same workspace size formula:
+///   variant 2 (default): warpgroup MMA (wgmma, sm_90a) on 64-token tiles; the 32 q_hi and 32 q_lo rows
+///     form the M = 64 of one wgmma, so scores = 32 wgmma m64n32k16 per 32 tokens, P C = wgmma
+///     m64n256k16 per 16 tokens and warpgroup; slices are whole 64-token tiles;
+///   variant 1: mma.sync m16n8k16 on 32-token tiles, warp w owns latent columns [64 w, 64 w + 64) for
+///     both the partial scores (summed over the 8 warps through shared memory) and P C.
+/// Measured on one H200 (bench/NOTES.md, H = 32): v2 N = 1M in 399 us (2.69 TB/s, v1 565 us),
+/// B = 64 x N = 32768 in 737 us (2.91 TB/s, v1 1036 us).
 ///
 /// Latent cache layout (shared with the prefill): c [B, N_max, row] bf16, row-major; token tau of
 /// sequence b is c + b * sc_b + tau * sc_t, its first d_c = 512 elements are c_tau. sc_t = 512 is the
@@ -32,9 +42,9 @@
 ///
 /// Errors: every check throws kdalab::Error naming the argument, its value and what is accepted
 /// (d_c != 512, d_rope != 0, H not in {16, 32}, max_len = 0 or > capacity, null or misaligned pointers,
-/// bad strides, scale not finite and > 0, workspace too small), before anything is launched. A per-sequence
-/// length lens[b] outside [1, max_len] cannot be checked on the host (it lives on the device): that
-/// sequence's output rows are set to NaN. CUDA errors throw kdalab::Error with the CUDA message.
+/// bad strides, scale not finite and > 0, workspace too small, variant not 1 or 2, p_hi_only with
+/// variant 1), before anything is launched. A per-sequence length lens[b] outside [1, max_len] cannot
+/// be checked on the host (it lives on the device): that sequence's output rows are set to NaN. CUDA errors throw kdalab::Error with the CUDA message.
 #include <cstddef>
 #include <cstdint>
 
@@ -65,16 +75,20 @@ struct MlaDecodeArgs {
   int num_splits = 0;            ///< slices per sequence; 0 = automatic (about one CTA per SM in total)
   void* workspace = nullptr;     ///< device scratch of mla_decode_workspace_bytes() bytes, 16-byte aligned
   std::size_t workspace_bytes = 0;
+  int variant = 2;               ///< split kernel: 1 = mma.sync (v1), 2 = wgmma (v2, default); plan and workspace follow it
+  bool p_hi_only = false;        ///< ablation (variant 2 only): P C with P_hi = bf16(P) alone (P_lo rows zero)
 };
 
 /// Splits per sequence and tokens per split that mla_decode will use for these arguments
-/// (num_splits = 0: chosen from the SM count of the current device and max_len). Checks the shapes.
+/// (num_splits = 0: chosen from the SM count of the current device and max_len; split_len is a multiple
+/// of the variant's tile: 32 tokens for variant 1, 64 for variant 2). Checks the shapes and the variant.
 struct MlaDecodePlan {
   int num_splits = 0, split_len = 0;
 };
 MlaDecodePlan mla_decode_plan(const MlaDecodeArgs& a);
 
-/// Bytes of device scratch mla_decode needs for these shapes (B * num_splits * H * (d_c + 2) * 4).
+/// Bytes of device scratch mla_decode needs for these shapes and variant (B * num_splits * H * (d_c + 2) * 4,
+/// num_splits from mla_decode_plan).
 std::size_t mla_decode_workspace_bytes(const MlaDecodeArgs& a);
 
 /// The decode step: out = softmax(scale q~ C^T) C per (sequence, head). Asynchronous on `stream`;

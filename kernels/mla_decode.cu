@@ -1,6 +1,8 @@
 // Absorbed Gated-MLA decode over a bf16 latent cache (kernels/mla.hpp), d_c = 512, H in {16, 32}.
+// Two split kernels share the plan, the workspace layout and the host checks: v1 (variant 1, below:
+// mma.sync) and v2 (variant 2, the default, further down: wgmma, 64-token tiles).
 //
-// Split kernel: one CTA (8 warps) per (slice of split_len tokens, sequence), all H heads. The slice is
+// v1 split kernel: one CTA (8 warps) per (slice of split_len tokens, sequence), all H heads. The slice is
 // streamed in 32-token tiles through a 4-stage cp.async ring in shared memory (rows padded to 520
 // bf16 so that 32-bit fragment loads and ldmatrix rows hit distinct banks). Warp w owns latent columns
 // [64 w, 64 w + 64):
@@ -50,6 +52,8 @@ struct SParams {
   long long sq_b;
   float scale_log2;  // scale * log2(e)
   float *ws_acc, *ws_ml, *out;
+  int q16;           // v2: q_hi / q_lo 16-byte aligned rows (cp.async); else 4-byte loads
+  int p_hi_only;     // v2 ablation: P lo rows = 0
 };
 
 /// cp.async of 16 bytes; src_bytes = 0 fills the 16 bytes with zeros (nothing is read).
@@ -298,6 +302,362 @@ __global__ void __launch_bounds__(128) mla_combine_kernel(SParams p) {
   *o = make_float4(a.x * inv, a.y * inv, a.z * inv, a.w * inv);
 }
 
+/// Combine for variant 2: as mla_combine_kernel, but the max M and the sum L are reduced over the
+/// splits by all 128 threads at once, and the weighted sum of the partials runs 8 splits per step
+/// (independent loads in flight) instead of one dependent load per split.
+template <int H>
+__global__ void __launch_bounds__(128) mla_combine_kernel_v2(SParams p) {
+  __shared__ float red[2][4];
+  const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int len = seq_len(p, b);
+  float4* o = reinterpret_cast<float4*>(p.out + (static_cast<long long>(b) * H + h) * DC) + tid;
+  if (len < 1 || len > p.max_len) {
+    *o = make_float4(NAN, NAN, NAN, NAN);
+    return;
+  }
+  const int ns = (len + p.split_len - 1) / p.split_len;
+  const long long base = static_cast<long long>(b) * p.num_splits;
+  const float* ml = p.ws_ml + (base * H + h) * 2;  // (m, l) of split s at ml[s * 2 H], ml[s * 2 H + 1]
+  float M = -INFINITY;
+  for (int s = tid; s < ns; s += 128) M = fmaxf(M, ml[static_cast<long long>(s) * 2 * H]);
+#pragma unroll
+  for (int m = 16; m >= 1; m >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, m));
+  if (lane == 0) red[0][warp] = M;
+  __syncthreads();
+  M = fmaxf(fmaxf(red[0][0], red[0][1]), fmaxf(red[0][2], red[0][3]));
+  float L = 0.0f;
+  for (int s = tid; s < ns; s += 128) {
+    const float* x = ml + static_cast<long long>(s) * 2 * H;
+    L += exp2f(x[0] - M) * x[1];
+  }
+#pragma unroll
+  for (int m = 16; m >= 1; m >>= 1) L += __shfl_xor_sync(0xffffffffu, L, m);
+  if (lane == 0) red[1][warp] = L;
+  __syncthreads();
+  L = (red[1][0] + red[1][1]) + (red[1][2] + red[1][3]);
+  float4 a = make_float4(0, 0, 0, 0);
+  const float4* acc = reinterpret_cast<const float4*>(p.ws_acc + (base * H + h) * DC) + tid;
+  constexpr long long SS = static_cast<long long>(H) * DC / 4;  // float4 stride between splits
+  int s = 0;
+  for (; s + 8 <= ns; s += 8) {
+    float4 x[8];
+    float w[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      x[i] = acc[(s + i) * SS];
+      w[i] = ml[static_cast<long long>(s + i) * 2 * H];
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float wi = exp2f(w[i] - M);
+      a.x += wi * x[i].x; a.y += wi * x[i].y; a.z += wi * x[i].z; a.w += wi * x[i].w;
+    }
+  }
+  for (; s < ns; ++s) {
+    const float4 x = acc[s * SS];
+    const float wi = exp2f(ml[static_cast<long long>(s) * 2 * H] - M);
+    a.x += wi * x.x; a.y += wi * x.y; a.z += wi * x.z; a.w += wi * x.w;
+  }
+  const float inv = 1.0f / L;
+  *o = make_float4(a.x * inv, a.y * inv, a.z * inv, a.w * inv);
+}
+
+// ================================================================================================
+// v2 (variant 2, the default): wgmma (sm_90a warpgroup MMA, both operands read from shared memory
+// through matrix descriptors), 64-token compute tiles.
+//
+// One CTA = 2 warpgroups (8 warps, 256 threads) per (slice, sequence), as v1. Shared memory (~218 KB):
+//   q~ tile  [64 rows x 512] bf16: row r < 32 = q_hi of head r, row 32 + r = q_lo of head r (rows of
+//            heads >= H are zeros), loaded once per CTA; 8 column blocks of [64 rows x 64] in the
+//            128-byte-swizzled K-major layout (16-byte chunk c of row r at r * 128 + ((c ^ (r % 8)) * 16));
+//   C ring   4 slots of 32 tokens (32 KB each, 8 column blocks of [32 tokens x 64] in the same swizzled
+//            layout), filled by cp.async; a compute tile = 2 slots, so one 64-token tile is computed
+//            while the next one is in flight;
+//   S        [64 rows x 64 tokens] fp32 scores, P [64 rows x 64 tokens] bf16 (P_hi rows 0..31, P_lo
+//            rows 32..63; swizzled, the A operand of P C), corr [32] fp32.
+// Per 64-token tile (3 __syncthreads):
+//   scores  warpgroup w takes the 32 tokens of slot w: S[:, 32 w ..] = [q_hi; q_lo] C_slot^T,
+//           32 wgmma m64n32k16 (K = 512) into 16 fp32 per thread, stored to S;
+//   softmax all 256 threads: s = S[h] + S[32 + h] (the hi and lo rows), online softmax in the log2
+//           domain as v1 (8 threads per head), P split into bf16 hi + lo rows;
+//   P C     warpgroup w: acc_w[64 rows x 256 cols] = corr acc_w + [P_hi; P_lo] C_tile[:, 256 w ..],
+//           4 wgmma m64n256k16 with C read as an MN-major (transposed) B operand: 128 fp32 per thread.
+// The hi and lo rows of acc are summed once, in the epilogue (through shared memory). With H = 32 the
+// hi + lo rows fill the M = 64 of the warpgroup MMA exactly, so the two-part precision (q~ and P)
+// costs no extra matrix work (H = 16 leaves half of the rows zero). Slices are whole 64-token tiles;
+// the combine kernel of v2 reduces (M, L) over the slices with all threads and keeps 8 partials in
+// flight per thread.
+namespace v2 {
+constexpr int TT = 32;                        // tokens per cp.async slot (= v1's tile: the split plan is shared)
+constexpr int TILE = 64;                      // tokens per compute tile = 2 slots
+constexpr int SLOTS = 4;                      // 2 tiles: the one computed and the one in flight
+constexpr int SLOT_BYTES = TT * DC * 2;       // 32 KB
+constexpr int SP = TILE + 4;                  // fp32 row stride of S
+constexpr int OFF_Q = 0, OFF_C = 64 * DC * 2, OFF_S = OFF_C + SLOTS * SLOT_BYTES;
+constexpr int OFF_P = OFF_S + 17 * 1024;      // S: 64 x SP x 4 = 17408 B
+constexpr int OFF_CORR = OFF_P + 64 * 128;
+constexpr std::size_t SMEM = OFF_CORR + 32 * 4 + 1024;  // + slack to align the base to 1024 bytes
+static_assert(64 * SP * 4 <= 17 * 1024, "S");
+static_assert(SMEM <= 227 * 1024, "smem");
+
+/// Byte offset of 16-byte chunk c (0..7) of row r in a [rows x 64 bf16] 128-byte-swizzled block.
+__device__ __forceinline__ int sw(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
+
+/// Shared-memory matrix descriptor (PTX ISA, wgmma matrix descriptor): start address, leading and
+/// stride byte offsets (all >> 4), 128-byte swizzle.
+__device__ __forceinline__ std::uint64_t desc(std::uint32_t saddr, std::uint32_t lbo, std::uint32_t sbo) {
+  return static_cast<std::uint64_t>((saddr & 0x3FFFF) >> 4) | (static_cast<std::uint64_t>((lbo & 0x3FFFF) >> 4) << 16) |
+         (static_cast<std::uint64_t>((sbo & 0x3FFFF) >> 4) << 32) | (std::uint64_t{1} << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+/// Makes this thread's generic-proxy shared-memory writes (st.shared, cp.async) visible to wgmma.
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+/// D[64 x 32] (+)= A B, A and B K-major in shared memory (descriptors); D: 16 fp32 per thread.
+__device__ __forceinline__ void wgmma_m64n32(float* d, std::uint64_t da, std::uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+      "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
+/// D[64 x 256] (+)= A B, A K-major, B MN-major (transposed) in shared memory; D: 128 fp32 per thread.
+__device__ __forceinline__ void wgmma_m64n256_tb(float* d, std::uint64_t da, std::uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+      "}, %128, %129, p, 1, 1, 0, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
+
+template <int H>
+__global__ void __launch_bounds__(NTHR, 1) mla_split_kernel_v2(SParams p) {
+  constexpr int TPH = NTHR / H;    // softmax threads per head
+  constexpr int TPT = TILE / TPH;  // tokens per softmax thread
+  static_assert((H == 16 || H == 32) && TPT >= 2 && TPT % 2 == 0, "H");
+  const int split = blockIdx.x, b = blockIdx.y;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, cq = lane % 4;
+  const int wg = warp / 4, wl = warp % 4;  // warpgroup, warp in the warpgroup
+  const int len = seq_len(p, b);
+  if (len < 1 || len > p.max_len) return;  // the combine kernel writes NaN rows
+  const int start = split * p.split_len;
+  if (start >= len) return;                // empty slice: the combine kernel does not read it
+  const int end = min(start + p.split_len, len);
+  const int ntiles = (end - start + TILE - 1) / TILE;
+
+  extern __shared__ unsigned char smem_raw[];
+  const std::uint32_t raw_addr = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem_raw));
+  unsigned char* smem = smem_raw + ((1024 - (raw_addr & 1023)) & 1023);  // 1024-byte aligned (swizzle atoms)
+  const std::uint32_t sbase = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem));
+  float* s_s = reinterpret_cast<float*>(smem + OFF_S);
+  unsigned char* p_s = smem + OFF_P;
+  float* corr_s = reinterpret_cast<float*>(smem + OFF_CORR);
+  if (tid < 32) corr_s[tid] = 0.0f;  // heads >= H keep 0
+
+  // q~ rows (once): row r = 32 part + head, zeros for heads >= H
+#pragma unroll 4
+  for (int i = 0; i < 64 * (DC / 8) / NTHR; ++i) {
+    const int idx = tid + i * NTHR, r = idx / (DC / 8), ch = idx % (DC / 8), h = r % 32;
+    unsigned char* d = smem + OFF_Q + (ch / 8) * 8192 + sw(r, ch % 8);
+    if (h < H) {
+      const bf16_t* src = (r < 32 ? p.q_hi : p.q_lo) + b * p.sq_b + h * DC + ch * 8;
+      if (p.q16) {
+        cp_async16(d, src);
+      } else {
+        uint4 v;
+        v.x = ld32(src); v.y = ld32(src + 2); v.z = ld32(src + 4); v.w = ld32(src + 6);
+        *reinterpret_cast<uint4*>(d) = v;
+      }
+    } else {
+      *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+    }
+  }
+  // P rows of heads >= H stay zero (their acc rows are never read, but keep them finite)
+  for (int i = tid; i < 64 * 128 / 16; i += NTHR) reinterpret_cast<uint4*>(p_s)[i] = make_uint4(0, 0, 0, 0);
+
+  const bf16_t* cb = p.c + b * p.sc_b;
+  // tile `tile` (64 tokens) into slots 2 buf, 2 buf + 1; rows past the slice are zeros (P is 0 there)
+  const int lrow = tid / (DC / 8), lch = tid % (DC / 8);  // this thread's first row and its 16-byte chunk
+  auto load_tile = [&](int tile, int buf) {
+    const int t0 = start + tile * TILE + lrow;
+    const bf16_t* src = cb + static_cast<long long>(t0) * p.sc_t + lch * 8;
+    unsigned char* dst = smem + OFF_C + 2 * buf * SLOT_BYTES + (lch / 8) * (TT * 128);
+#pragma unroll
+    for (int i = 0; i < TILE * (DC / 8) / NTHR; ++i) {
+      const int row = lrow + i * (NTHR / (DC / 8));  // 4 rows per step
+      unsigned char* d = dst + (row / TT) * SLOT_BYTES + sw(row % TT, lch % 8);
+      if (t0 + i * (NTHR / (DC / 8)) < end)
+        cp_async16(d, src);
+      else
+        cp_async16_zfill(d, cb, 0);
+      src += (NTHR / (DC / 8)) * p.sc_t;
+    }
+  };
+  load_tile(0, 0);  // with the q~ rows in the same group
+  cp_async_commit();
+
+  float acc[128];
+#pragma unroll
+  for (int e = 0; e < 128; ++e) acc[e] = 0.0f;
+  const int hs = tid / TPH, j0 = (tid % TPH) * TPT;  // softmax: head hs, tokens j0 .. j0 + TPT - 1
+  float m_run = -INFINITY, l_run = 0.0f;
+  const int r0 = 16 * wl + g;  // this thread's accumulator rows r0, r0 + 8 (of the M = 64)
+
+  for (int it = 0; it < ntiles; ++it) {
+    cp_async_wait<0>();  // tile it
+    fence_async_smem();
+    __syncthreads();     // tile it visible; P C of tile it - 1 done (its buffer is free)
+    if (it + 1 < ntiles) load_tile(it + 1, (it + 1) % 2);
+    cp_async_commit();
+    const std::uint32_t cbuf = sbase + OFF_C + 2 * (it % 2) * SLOT_BYTES;
+
+    // ---- scores, warpgroup wg: S[:, 32 wg .. 32 wg + 31] = [q_hi; q_lo] C_slot^T (32 wgmma m64n32k16)
+    {
+      float sc[16];
+#pragma unroll
+      for (int e = 0; e < 16; ++e) sc[e] = 0.0f;
+      const std::uint32_t ct = cbuf + wg * SLOT_BYTES;
+      wgmma_fence();
+#pragma unroll
+      for (int kb = 0; kb < DC / 64; ++kb)
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          wgmma_m64n32(sc, desc(sbase + OFF_Q + kb * 8192 + kk * 32, 16, 1024), desc(ct + kb * (TT * 128) + kk * 32, 16, 1024),
+                       (kb | kk) != 0 ? 1 : 0);
+      wgmma_commit();
+      wgmma_wait0();
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int col = 32 * wg + 8 * j + 2 * cq;
+        *reinterpret_cast<float2*>(s_s + r0 * SP + col) = make_float2(sc[4 * j], sc[4 * j + 1]);
+        *reinterpret_cast<float2*>(s_s + (r0 + 8) * SP + col) = make_float2(sc[4 * j + 2], sc[4 * j + 3]);
+      }
+    }
+    __syncthreads();
+
+    // ---- online softmax (log2 domain) of s = S[h] + S[32 + h], P as bf16 hi + lo rows
+    {
+      const int valid = min(TILE, end - (start + it * TILE));
+      float s[TPT];
+      float mx = -INFINITY;
+#pragma unroll
+      for (int e = 0; e < TPT; ++e) {
+        const float v = s_s[hs * SP + j0 + e] + s_s[(32 + hs) * SP + j0 + e];
+        s[e] = (j0 + e < valid) ? v * p.scale_log2 : -INFINITY;
+        mx = fmaxf(mx, s[e]);
+      }
+#pragma unroll
+      for (int m = TPH / 2; m >= 1; m >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, m));
+      const float m_new = fmaxf(m_run, mx);      // finite: token 0 of every tile is valid
+      const float corr = exp2f(m_run - m_new);   // 0 on the first tile (m_run = -inf)
+      float sum = 0.0f;
+#pragma unroll
+      for (int e = 0; e < TPT; e += 2) {
+        const float p0 = exp2f(s[e] - m_new), p1 = exp2f(s[e + 1] - m_new);
+        sum += p0 + p1;
+        std::uint32_t hi, lo;
+        split_bf16(p0, p1, hi, lo);
+        if (p.p_hi_only) lo = 0u;
+        const int t = j0 + e;
+        *reinterpret_cast<std::uint32_t*>(p_s + sw(hs, t / 8) + (t % 8) * 2) = hi;
+        *reinterpret_cast<std::uint32_t*>(p_s + sw(32 + hs, t / 8) + (t % 8) * 2) = lo;
+      }
+#pragma unroll
+      for (int m = TPH / 2; m >= 1; m >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, m);
+      l_run = l_run * corr + sum;
+      m_run = m_new;
+      if (tid % TPH == 0) corr_s[hs] = corr;
+    }
+    fence_async_smem();
+    __syncthreads();
+
+    // ---- P C, warpgroup wg: acc = corr acc + [P_hi; P_lo] C_tile[:, 256 wg .. 256 wg + 255] (4 wgmma m64n256k16)
+    {
+      const float c0 = corr_s[r0 % 32], c1 = corr_s[(r0 + 8) % 32];
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        acc[4 * j] *= c0; acc[4 * j + 1] *= c0;
+        acc[4 * j + 2] *= c1; acc[4 * j + 3] *= c1;
+      }
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < TILE / 16; ++kk)
+        wgmma_m64n256_tb(acc, desc(sbase + OFF_P + kk * 32, 16, 1024),
+                         desc(cbuf + (kk / 2) * SLOT_BYTES + 4 * wg * (TT * 128) + (kk % 2) * 16 * 128, TT * 128, 1024), 1);
+      wgmma_commit();
+      wgmma_wait0();
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+
+  // ---- epilogue: out rows = hi rows + lo rows of acc (lo warps hand theirs over through shared memory)
+  constexpr int MS = 256 + 4;  // fp32 row stride of the merge buffer
+  float* mrg = reinterpret_cast<float*>(smem + OFF_C) + wg * 32 * MS;
+  if (wl >= 2) {
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      *reinterpret_cast<float2*>(mrg + (r0 - 32) * MS + 8 * j + 2 * cq) = make_float2(acc[4 * j], acc[4 * j + 1]);
+      *reinterpret_cast<float2*>(mrg + (r0 - 24) * MS + 8 * j + 2 * cq) = make_float2(acc[4 * j + 2], acc[4 * j + 3]);
+    }
+  }
+  __syncthreads();
+  const long long slot = static_cast<long long>(b) * p.num_splits + split;
+  if (wl < 2) {
+    float* wa = p.ws_acc + slot * H * DC;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int h = r0 + 8 * half;  // 0 .. 31
+      if (h < H) {
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+          const float2 lo = *reinterpret_cast<const float2*>(mrg + h * MS + 8 * j + 2 * cq);
+          *reinterpret_cast<float2*>(wa + h * DC + 256 * wg + 8 * j + 2 * cq) =
+              make_float2(acc[4 * j + 2 * half] + lo.x, acc[4 * j + 2 * half + 1] + lo.y);
+        }
+      }
+    }
+  }
+  if (tid % TPH == 0) {
+    float* wm = p.ws_ml + (slot * H + hs) * 2;
+    wm[0] = m_run;
+    wm[1] = l_run;
+  }
+}
+}  // namespace v2
+
 const char* const OP = "mla_decode";
 
 void check_pointer(const void* ptr, std::size_t align, const char* name, bool required = true) {
@@ -324,7 +684,23 @@ void check_shapes(const MlaDecodeArgs& a) {
   if (a.max_len < 1 || a.max_len > a.capacity)
     fail("max_len = " + std::to_string(a.max_len) + "; accepted: 1 <= max_len <= capacity = " +
          std::to_string(a.capacity) + " (N = 0 or a context past the cache capacity)");
+  if (a.variant != 1 && a.variant != 2)
+    fail("variant = " + std::to_string(a.variant) + "; accepted: 1 (mma.sync split kernel) or 2 (wgmma split kernel)");
+  if (a.p_hi_only && a.variant != 2) fail("p_hi_only = true needs variant = 2 (an ablation of the v2 kernel)");
   if (a.num_splits < 0) fail("num_splits = " + std::to_string(a.num_splits) + "; accepted: >= 0 (0 = automatic)");
+}
+
+/// Sets the kernel's dynamic shared memory size on the first call (per kernel), then launches it.
+template <void (*kernel)(SParams)>
+void launch_split(std::size_t smem, dim3 grid, cudaStream_t stream, const SParams& p, const char* name) {
+  static bool attr = false;  // one flag per kernel (template instance)
+  if (!attr) {
+    cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+               (std::string("cudaFuncSetAttribute(") + name + ")").c_str());
+    attr = true;
+  }
+  kernel<<<grid, NTHR, smem, stream>>>(p);
+  cuda_check(cudaGetLastError(), (std::string(name) + " launch").c_str());
 }
 
 }  // namespace
@@ -357,7 +733,8 @@ MlaDecodePlan mla_decode_plan(const MlaDecodeArgs& a) {
     splits = best;
   }
   splits = std::max(1, std::min(splits, max_tiles));
-  const int split_len = ((a.max_len + splits - 1) / splits + TT - 1) / TT * TT;
+  const int gran = a.variant == 2 ? v2::TILE : TT;  // slices of whole compute tiles
+  const int split_len = ((a.max_len + splits - 1) / splits + gran - 1) / gran * gran;
   MlaDecodePlan p;
   p.split_len = split_len;
   p.num_splits = (a.max_len + split_len - 1) / split_len;
@@ -403,27 +780,31 @@ void mla_decode(const MlaDecodeArgs& a, cudaStream_t stream) {
   p.ws_acc = static_cast<float*>(a.workspace);
   p.ws_ml = p.ws_acc + static_cast<std::size_t>(a.B) * pl.num_splits * a.H * DC;
   p.out = a.out;
+  p.q16 = (reinterpret_cast<std::uintptr_t>(a.q_hi) % 16 == 0 && reinterpret_cast<std::uintptr_t>(a.q_lo) % 16 == 0 &&
+           sq_b % 8 == 0) ? 1 : 0;
+  p.p_hi_only = a.p_hi_only ? 1 : 0;
   const dim3 grid(pl.num_splits, a.B), cgrid(a.H, a.B);
-  if (a.H == 32) {
-    static bool attr = false;
-    if (!attr) {
-      cuda_check(cudaFuncSetAttribute(mla_split_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(smem_bytes<32>())), "cudaFuncSetAttribute(mla_split_kernel<32>)");
-      attr = true;
-    }
-    mla_split_kernel<32><<<grid, NTHR, smem_bytes<32>(), stream>>>(p);
-    cuda_check(cudaGetLastError(), "mla_split_kernel launch");
-    mla_combine_kernel<32><<<cgrid, 128, 0, stream>>>(p);
+  if (a.variant == 2) {
+    if (a.H == 32)
+      launch_split<v2::mla_split_kernel_v2<32>>(v2::SMEM, grid, stream, p, "mla_split_kernel_v2<32>");
+    else
+      launch_split<v2::mla_split_kernel_v2<16>>(v2::SMEM, grid, stream, p, "mla_split_kernel_v2<16>");
   } else {
-    static bool attr = false;
-    if (!attr) {
-      cuda_check(cudaFuncSetAttribute(mla_split_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(smem_bytes<16>())), "cudaFuncSetAttribute(mla_split_kernel<16>)");
-      attr = true;
-    }
-    mla_split_kernel<16><<<grid, NTHR, smem_bytes<16>(), stream>>>(p);
-    cuda_check(cudaGetLastError(), "mla_split_kernel launch");
-    mla_combine_kernel<16><<<cgrid, 128, 0, stream>>>(p);
+    if (a.H == 32)
+      launch_split<mla_split_kernel<32>>(smem_bytes<32>(), grid, stream, p, "mla_split_kernel<32>");
+    else
+      launch_split<mla_split_kernel<16>>(smem_bytes<16>(), grid, stream, p, "mla_split_kernel<16>");
+  }
+  if (a.variant == 2) {
+    if (a.H == 32)
+      mla_combine_kernel_v2<32><<<cgrid, 128, 0, stream>>>(p);
+    else
+      mla_combine_kernel_v2<16><<<cgrid, 128, 0, stream>>>(p);
+  } else {
+    if (a.H == 32)
+      mla_combine_kernel<32><<<cgrid, 128, 0, stream>>>(p);
+    else
+      mla_combine_kernel<16><<<cgrid, 128, 0, stream>>>(p);
   }
   cuda_check(cudaGetLastError(), "mla_combine_kernel launch");
 }

@@ -1,7 +1,8 @@
 // Absorbed MLA decode kernel (kernels/mla.hpp) against a float64 softmax(scale q~ C^T) C on the same
 // bf16 latent cache and the exact (unrounded, float64) absorbed query q~; fresh seeded inputs (never
-// zeros), outputs and workspace poisoned (NaN) before every run. Runs only where the CUDA kernels are
-// built (ctest label gpu).
+// zeros), outputs and workspace poisoned (NaN) before every run. Every case runs for both split kernels
+// (variant 1 = mma.sync, variant 2 = wgmma) and prints rel_rms per case and variant. Runs only where
+// the CUDA kernels are built (ctest label gpu).
 #include <cmath>
 #include <cstdio>
 #include <numeric>
@@ -130,17 +131,31 @@ std::vector<double> run(kernels::MlaDecodeArgs a) {
   return download_f32(out);
 }
 
-/// Kernel rows of (b, heads) vs their float64 truths, concatenated.
-ErrorMetrics check_heads(const std::vector<double>& out, const Cache& c, const Query& q, std::size_t b,
-                         const std::vector<std::size_t>& heads, std::size_t len, double scale) {
-  std::vector<double> o, r;
+/// float64 truths of (b, heads), concatenated (computed once, compared against every variant).
+std::vector<double> truth_rows(const Cache& c, const Query& q, std::size_t b, const std::vector<std::size_t>& heads,
+                               std::size_t len, double scale) {
+  std::vector<double> r;
   for (std::size_t h : heads) {
     const auto t = truth(c, q, b, h, len, scale);
     r.insert(r.end(), t.begin(), t.end());
-    o.insert(o.end(), out.begin() + (b * q.H + h) * DC, out.begin() + (b * q.H + h + 1) * DC);
   }
-  return compare(o, r);
+  return r;
 }
+
+/// Kernel rows of (b, heads) vs their truths from truth_rows.
+ErrorMetrics compare_rows(const std::vector<double>& out, const std::vector<double>& ref, std::size_t H, std::size_t b,
+                          const std::vector<std::size_t>& heads) {
+  std::vector<double> o;
+  for (std::size_t h : heads) o.insert(o.end(), out.begin() + (b * H + h) * DC, out.begin() + (b * H + h + 1) * DC);
+  return compare(o, ref);
+}
+
+kernels::MlaDecodeArgs with_variant(kernels::MlaDecodeArgs a, int variant) {
+  a.variant = variant;
+  return a;
+}
+
+constexpr int kVariants[] = {1, 2};
 
 std::vector<std::size_t> all_heads(std::size_t H) {
   std::vector<std::size_t> v(H);
@@ -157,14 +172,16 @@ TEST_CASE("mla decode: N in {1,2,63,64,65,4096,65536}, H = 32, vs float64 on the
   for (std::size_t N : {1, 2, 63, 64, 65, 4096, 65536}) {
     const Cache c(1, N, DC, fresh_seed());
     const Query q(1, 32, kSigma, fresh_seed());
-    const auto out = run(args_of(c, q, N, kScale));
-    const auto m = check_heads(out, c, q, 0, all_heads(32), N, kScale);
+    const auto ref = truth_rows(c, q, 0, all_heads(32), N, kScale);
     const auto pl = kernels::mla_decode_plan(args_of(c, q, N, kScale));
-    std::printf("mla decode N=%zu H=32 (%d splits of %d): rel_rms %.3e max_abs %.3e\n", N, pl.num_splits, pl.split_len,
-                m.rel_rms, m.max_abs);
-    CAPTURE(N, m.rel_rms, m.nan_count);
-    REQUIRE(m.nan_count + m.inf_count == 0);
-    CHECK(m.rel_rms <= tol::mla_decode_goal.value);
+    for (int v : kVariants) {
+      const auto m = compare_rows(run(with_variant(args_of(c, q, N, kScale), v)), ref, 32, 0, all_heads(32));
+      std::printf("mla decode v%d N=%zu H=32 (%d splits of %d): rel_rms %.3e max_abs %.3e\n", v, N, pl.num_splits,
+                  pl.split_len, m.rel_rms, m.max_abs);
+      CAPTURE(v, N, m.rel_rms, m.nan_count);
+      REQUIRE(m.nan_count + m.inf_count == 0);
+      CHECK(m.rel_rms <= tol::mla_decode_goal.value);
+    }
   }
 }
 
@@ -175,29 +192,44 @@ TEST_CASE("mla decode: H = 16, forced split counts, combined [c ; k_R] rows (sc_
     const Query q(1, 16, kSigma, fresh_seed());
     auto a = args_of(c, q, N, kScale);
     a.num_splits = splits;
-    const auto out = run(a);
-    const auto m = check_heads(out, c, q, 0, all_heads(16), N, kScale);
-    std::printf("mla decode N=%zu H=16 sc_t=576 num_splits=%d: rel_rms %.3e\n", N, splits, m.rel_rms);
-    CAPTURE(splits, m.rel_rms);
-    REQUIRE(m.nan_count + m.inf_count == 0);
-    CHECK(m.rel_rms <= tol::mla_decode_goal.value);
+    const auto ref = truth_rows(c, q, 0, all_heads(16), N, kScale);
+    for (int v : kVariants) {
+      const auto m = compare_rows(run(with_variant(a, v)), ref, 16, 0, all_heads(16));
+      std::printf("mla decode v%d N=%zu H=16 sc_t=576 num_splits=%d: rel_rms %.3e\n", v, N, splits, m.rel_rms);
+      CAPTURE(v, splits, m.rel_rms);
+      REQUIRE(m.nan_count + m.inf_count == 0);
+      CHECK(m.rel_rms <= tol::mla_decode_goal.value);
+    }
   }
 }
 
-TEST_CASE("mla decode: hi + lo query vs hi only (the lo part is what keeps the goal)", "[gpu][mla]") {
+TEST_CASE("mla decode: hi + lo query vs hi only (the lo part is what keeps the goal); P hi only (v2)", "[gpu][mla]") {
   const std::size_t N = 4096;
   const Cache c(1, N, DC, fresh_seed());
   const Query q(1, 32, kSigma, fresh_seed());
-  const auto m_hilo = check_heads(run(args_of(c, q, N, kScale)), c, q, 0, all_heads(32), N, kScale);
+  const auto ref = truth_rows(c, q, 0, all_heads(32), N, kScale);
   DevBuf zero(q.lo.bytes);
   cuda_check(cudaMemset(zero.p, 0, zero.bytes), "memset");  // ablation: q_lo = 0 (bf16-rounded q~)
-  auto a = args_of(c, q, N, kScale);
-  a.q_lo = zero.as<bf16_t>();
-  const auto m_hi = check_heads(run(a), c, q, 0, all_heads(32), N, kScale);
-  std::printf("mla decode N=4096: hi+lo rel_rms %.3e, hi only %.3e\n", m_hilo.rel_rms, m_hi.rel_rms);
-  REQUIRE(m_hilo.nan_count + m_hi.nan_count == 0);
-  CHECK(m_hilo.rel_rms <= tol::mla_decode_goal.value);
-  CHECK(m_hilo.rel_rms < m_hi.rel_rms);
+  for (int v : kVariants) {
+    const auto m_hilo = compare_rows(run(with_variant(args_of(c, q, N, kScale), v)), ref, 32, 0, all_heads(32));
+    auto a = with_variant(args_of(c, q, N, kScale), v);
+    a.q_lo = zero.as<bf16_t>();
+    const auto m_hi = compare_rows(run(a), ref, 32, 0, all_heads(32));
+    std::printf("mla decode v%d N=4096: q hi+lo rel_rms %.3e, q hi only %.3e\n", v, m_hilo.rel_rms, m_hi.rel_rms);
+    CAPTURE(v, m_hilo.rel_rms, m_hi.rel_rms);
+    REQUIRE(m_hilo.nan_count + m_hi.nan_count == 0);
+    CHECK(m_hilo.rel_rms <= tol::mla_decode_goal.value);
+    CHECK(m_hilo.rel_rms < m_hi.rel_rms);
+    if (v == 2) {
+      // ablation: P C with P_hi = bf16(P) only (q~ still hi + lo); printed for the trade-off in bench/NOTES.md
+      auto ap = with_variant(args_of(c, q, N, kScale), 2);
+      ap.p_hi_only = true;
+      const auto m_phi = compare_rows(run(ap), ref, 32, 0, all_heads(32));
+      std::printf("mla decode v2 N=4096: P hi+lo rel_rms %.3e, P hi only %.3e\n", m_hilo.rel_rms, m_phi.rel_rms);
+      REQUIRE(m_phi.nan_count == 0);
+      CHECK(m_hilo.rel_rms < m_phi.rel_rms);
+    }
+  }
 }
 
 TEST_CASE("mla decode: batch of different lengths (incl. 1), per-sequence truths", "[gpu][mla]") {
@@ -209,13 +241,17 @@ TEST_CASE("mla decode: batch of different lengths (incl. 1), per-sequence truths
   cuda_check(cudaMemcpy(dl.p, lens.data(), dl.bytes, cudaMemcpyHostToDevice), "lens");
   auto a = args_of(c, q, 3000, kScale);
   a.lens = dl.as<int>();
-  const auto out = run(a);
-  for (std::size_t b = 0; b < B; ++b) {
-    const auto m = check_heads(out, c, q, b, all_heads(32), lens[b], kScale);
-    std::printf("mla decode batch b=%zu len=%d: rel_rms %.3e\n", b, lens[b], m.rel_rms);
-    CAPTURE(b, lens[b], m.rel_rms);
-    REQUIRE(m.nan_count + m.inf_count == 0);
-    CHECK(m.rel_rms <= tol::mla_decode_goal.value);
+  std::vector<std::vector<double>> refs;
+  for (std::size_t b = 0; b < B; ++b) refs.push_back(truth_rows(c, q, b, all_heads(32), lens[b], kScale));
+  for (int v : kVariants) {
+    const auto out = run(with_variant(a, v));
+    for (std::size_t b = 0; b < B; ++b) {
+      const auto m = compare_rows(out, refs[b], 32, b, all_heads(32));
+      std::printf("mla decode v%d batch b=%zu len=%d: rel_rms %.3e\n", v, b, lens[b], m.rel_rms);
+      CAPTURE(v, b, lens[b], m.rel_rms);
+      REQUIRE(m.nan_count + m.inf_count == 0);
+      CHECK(m.rel_rms <= tol::mla_decode_goal.value);
+    }
   }
 }
 
@@ -225,22 +261,27 @@ TEST_CASE("mla decode: identical keys and very large logits give no NaN", "[gpu]
     Cache c(1, N, DC, fresh_seed());
     c.make_identical(fresh_seed());
     const Query q(1, 32, sigma, fresh_seed());
-    const auto out = run(args_of(c, q, N, kScale));
-    const auto m = check_heads(out, c, q, 0, all_heads(32), N, kScale);
-    std::printf("mla decode identical keys, sigma=%g: rel_rms %.3e\n", sigma, m.rel_rms);
-    CAPTURE(sigma, m.rel_rms);
-    REQUIRE(m.nan_count + m.inf_count == 0);
-    CHECK(m.rel_rms <= tol::mla_decode_goal.value);
+    const auto ref = truth_rows(c, q, 0, all_heads(32), N, kScale);
+    for (int v : kVariants) {
+      const auto m = compare_rows(run(with_variant(args_of(c, q, N, kScale), v)), ref, 32, 0, all_heads(32));
+      std::printf("mla decode v%d identical keys, sigma=%g: rel_rms %.3e\n", v, sigma, m.rel_rms);
+      CAPTURE(v, sigma, m.rel_rms);
+      REQUIRE(m.nan_count + m.inf_count == 0);
+      CHECK(m.rel_rms <= tol::mla_decode_goal.value);
+    }
   }
   {
     // logits with std ~ 2000 (q~ x 1000): a near one-hot softmax
     const Cache c(1, N, DC, fresh_seed());
     const Query q(1, 32, 1000.0, fresh_seed());
-    const auto out = run(args_of(c, q, N, kScale));
-    const auto m = check_heads(out, c, q, 0, all_heads(32), N, kScale);
-    std::printf("mla decode large logits: rel_rms %.3e\n", m.rel_rms);
-    REQUIRE(m.nan_count + m.inf_count == 0);
-    CHECK(m.rel_rms <= tol::mla_decode_goal.value);
+    const auto ref = truth_rows(c, q, 0, all_heads(32), N, kScale);
+    for (int v : kVariants) {
+      const auto m = compare_rows(run(with_variant(args_of(c, q, N, kScale), v)), ref, 32, 0, all_heads(32));
+      std::printf("mla decode v%d large logits: rel_rms %.3e\n", v, m.rel_rms);
+      CAPTURE(v, m.rel_rms);
+      REQUIRE(m.nan_count + m.inf_count == 0);
+      CHECK(m.rel_rms <= tol::mla_decode_goal.value);
+    }
   }
 }
 
@@ -252,56 +293,70 @@ TEST_CASE("mla decode: a device length outside [1, max_len] gives NaN rows for t
   cuda_check(cudaMemcpy(dl.p, lens.data(), 12, cudaMemcpyHostToDevice), "lens");
   auto a = args_of(c, q, 40, kScale);
   a.lens = dl.as<int>();
-  const auto out = run(a);
-  for (std::size_t b : {0, 2}) {
-    bool all_nan = true;
-    for (std::size_t i = b * 32 * DC; i < (b + 1) * 32 * DC; ++i) all_nan = all_nan && std::isnan(out[i]);
-    CHECK(all_nan);
+  const auto ref = truth_rows(c, q, 1, all_heads(32), 40, kScale);
+  for (int v : kVariants) {
+    const auto out = run(with_variant(a, v));
+    for (std::size_t b : {0, 2}) {
+      bool all_nan = true;
+      for (std::size_t i = b * 32 * DC; i < (b + 1) * 32 * DC; ++i) all_nan = all_nan && std::isnan(out[i]);
+      CAPTURE(v, b);
+      CHECK(all_nan);
+    }
+    const auto m = compare_rows(out, ref, 32, 1, all_heads(32));
+    std::printf("mla decode v%d bad device length: valid sequence rel_rms %.3e\n", v, m.rel_rms);
+    CAPTURE(v, m.rel_rms);
+    REQUIRE(m.nan_count == 0);
+    CHECK(m.rel_rms <= tol::mla_decode_goal.value);
   }
-  const auto m = check_heads(out, c, q, 1, all_heads(32), 40, kScale);
-  REQUIRE(m.nan_count == 0);
-  CHECK(m.rel_rms <= tol::mla_decode_goal.value);
 }
 
 TEST_CASE("mla decode: N = 1,048,576 on a sample of heads", "[gpu][mla]") {
   const std::size_t N = std::size_t{1} << 20;
   const Cache c(1, N, DC, fresh_seed());
   const Query q(1, 32, kSigma, fresh_seed());
-  const auto out = run(args_of(c, q, N, kScale));
-  std::size_t nan = 0;
-  for (double x : out) nan += std::isnan(x) ? 1 : 0;
-  REQUIRE(nan == 0);
-  const auto m = check_heads(out, c, q, 0, {0, 13, 31}, N, kScale);
-  std::printf("mla decode N=1048576 heads {0,13,31}: rel_rms %.3e\n", m.rel_rms);
-  CHECK(m.rel_rms <= tol::mla_decode_goal.value);
+  const std::vector<std::size_t> heads = {0, 13, 31};
+  const auto ref = truth_rows(c, q, 0, heads, N, kScale);
+  for (int v : kVariants) {
+    const auto out = run(with_variant(args_of(c, q, N, kScale), v));
+    std::size_t nan = 0;
+    for (double x : out) nan += std::isnan(x) ? 1 : 0;
+    CAPTURE(v);
+    REQUIRE(nan == 0);
+    const auto m = compare_rows(out, ref, 32, 0, heads);
+    std::printf("mla decode v%d N=1048576 heads {0,13,31}: rel_rms %.3e\n", v, m.rel_rms);
+    CHECK(m.rel_rms <= tol::mla_decode_goal.value);
+  }
 }
 
 TEST_CASE("mla decode in a CUDA graph equals direct launches", "[gpu][mla]") {
   const std::size_t N = 3000;
   const Cache c(2, N, DC, fresh_seed());
   const Query q(2, 32, kSigma, fresh_seed());
-  auto a = args_of(c, q, N, kScale);
-  const auto direct = run(a);
-  DevBuf out(2 * 32 * DC * 4), ws(kernels::mla_decode_workspace_bytes(a));
-  out.poison();
-  ws.poison();
-  a.out = out.as<float>();
-  a.workspace = ws.p;
-  a.workspace_bytes = ws.bytes;
-  cudaStream_t s;
-  cuda_check(cudaStreamCreate(&s), "stream");
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  cuda_check(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), "capture");
-  kernels::mla_decode(a, s);
-  cuda_check(cudaStreamEndCapture(s, &g), "end capture");
-  cuda_check(cudaGraphInstantiate(&ge, g, 0), "instantiate");
-  cuda_check(cudaGraphLaunch(ge, s), "graph launch");
-  cuda_check(cudaStreamSynchronize(s), "sync");
-  CHECK(download_f32(out) == direct);
-  cudaGraphExecDestroy(ge);
-  cudaGraphDestroy(g);
-  cudaStreamDestroy(s);
+  for (int v : kVariants) {
+    auto a = with_variant(args_of(c, q, N, kScale), v);
+    const auto direct = run(a);
+    DevBuf out(2 * 32 * DC * 4), ws(kernels::mla_decode_workspace_bytes(a));
+    out.poison();
+    ws.poison();
+    a.out = out.as<float>();
+    a.workspace = ws.p;
+    a.workspace_bytes = ws.bytes;
+    cudaStream_t s;
+    cuda_check(cudaStreamCreate(&s), "stream");
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    cuda_check(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), "capture");
+    kernels::mla_decode(a, s);
+    cuda_check(cudaStreamEndCapture(s, &g), "end capture");
+    cuda_check(cudaGraphInstantiate(&ge, g, 0), "instantiate");
+    cuda_check(cudaGraphLaunch(ge, s), "graph launch");
+    cuda_check(cudaStreamSynchronize(s), "sync");
+    CAPTURE(v);
+    CHECK(download_f32(out) == direct);
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+    cudaStreamDestroy(s);
+  }
 }
 
 TEST_CASE("mla decode: bad inputs give clear errors before any launch", "[gpu][mla]") {
@@ -352,6 +407,13 @@ TEST_CASE("mla decode: bad inputs give clear errors before any launch", "[gpu][m
   CHECK_THROWS_AS(kernels::mla_decode(bad, nullptr), Error);
   bad = good;
   bad.B = 0;
+  CHECK_THROWS_AS(kernels::mla_decode(bad, nullptr), Error);
+  bad = good;
+  bad.variant = 3;
+  CHECK_THROWS_AS(kernels::mla_decode(bad, nullptr), Error);
+  bad = good;
+  bad.variant = 1;
+  bad.p_hi_only = true;  // an ablation of the v2 kernel only
   CHECK_THROWS_AS(kernels::mla_decode(bad, nullptr), Error);
   cuda_check(cudaDeviceSynchronize(), "after bad inputs");
 }
