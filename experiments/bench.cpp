@@ -1,7 +1,8 @@
 // `kdalab bench`: timings of the KDA CUDA kernels (kernels/kda.hpp).
 //
-//   kdalab bench --op kda-prefill|kda-decode|mla-decode|all [--shapes "B:T:H[:HV],..."] [--iters N]
-//                [--peer-json FILE] [--compare BASELINE.h5] [--variant 1|2] --out results/bench.h5
+//   kdalab bench --op kda-prefill|kda-decode|mla-decode|mla-prefill|attn-res|all [--shapes "B:T:H[:HV],..."]
+//                [--iters N] [--prefix N0] [--peer-json FILE] [--compare BASELINE.h5] [--variant 1|2]
+//                --out results/bench.h5
 //
 // Per shape: median (and min) of --iters CUDA-event timings after --warmup launches, the bytes a
 // kernel must move at least (inputs read once, outputs written once; the workspace is not counted)
@@ -17,6 +18,14 @@
 //   latent cache, q~ as bf16 hi + lo); bytes = the latent reads B N d_c 2 only (TB/s of latent reads),
 //   flops = 4 B H N d_c (scores and P C, one pass; the hi/lo passes are not counted). --variant picks
 //   the split kernel (MlaDecodeArgs::variant: 1 = mma.sync v1, 2 = wgmma v2, the default).
+// mla-prefill (kernels/mla_prefill.hpp): shapes B:T:H with T new tokens behind a cached prefix of --prefix
+//   tokens (default 0); time = append + causal absorbed attention (q~ hi/lo given); prepare_ms = the query
+//   absorption (mla_absorb_query, d_nope = 128) alone; bytes = latent cache read once, c_new read + written,
+//   q_hi/q_lo read, the fp32 attended latent written; flops = 4 d_c H per causal (query, key) pair (one pass,
+//   hi/lo not counted).
+// attn-res (kernels/attn_res.hpp): shapes S:T:d in the B:T:H slots (S sources, T tokens, width d; the table's
+//   B, T, H, D columns hold S, T, d, d); bytes = the S T d bf16 sources read once + the bf16 output written;
+//   flops = 6 S T d (h.h, w.h, the weighted sum).
 // Without CUDA (CPU build) or without a visible GPU: says so on stdout, writes nothing, exit 0.
 #include <fmt/format.h>
 
@@ -33,8 +42,10 @@
 #ifdef KDALAB_HAVE_CUDA
 #include <cuda_runtime.h>
 
+#include "kernels/attn_res.hpp"
 #include "kernels/kda.hpp"
 #include "kernels/mla.hpp"
+#include "kernels/mla_prefill.hpp"
 #include "kernels/random_fill.hpp"
 #endif
 
@@ -46,6 +57,7 @@ struct BenchOptions {
   std::string op = "all", shapes, peer_json, compare;
   int iters = 30, warmup = 5;
   int mla_variant = 2;  // mla-decode split kernel (kernels/mla.hpp MlaDecodeArgs::variant)
+  long long prefix = 0;  // mla-prefill: cached tokens before the T new ones
 };
 
 struct Shape {
@@ -57,6 +69,10 @@ std::vector<Shape> parse_shapes(const std::string& text, const std::string& op) 
   if (text.empty()) {
     if (op == "kda-prefill") return {{1, 8192, 64, 64}, {1, 8192, 96, 96}, {1, 65536, 32, 32}, {4, 4096, 16, 32}};
     if (op == "mla-decode") return {{1, 65536, 32, 32}, {1, 1048576, 32, 32}, {64, 32768, 32, 32}, {256, 4096, 32, 32}};
+    if (op == "mla-prefill") return {{1, 8192, 32, 32}, {1, 2048, 32, 32}, {8, 512, 32, 32}};
+    // attn-res: S:T:d (K3: 8 completed blocks + the embedding = 9 sources, 10 with the partial sum, d = 7168;
+    // Kimi Linear: d = 2304)
+    if (op == "attn-res") return {{9, 8192, 7168, 7168}, {10, 8192, 7168, 7168}, {9, 8192, 2304, 2304}};
     return {{256, 1, 32, 32}, {1, 1, 32, 32}, {64, 1, 32, 64}};
   }
   std::stringstream ss(text);
@@ -85,7 +101,9 @@ std::vector<Shape> parse_shapes(const std::string& text, const std::string& op) 
   return r;
 }
 
-[[maybe_unused]] std::string key_of(const std::string& op, const Shape& s) {
+[[maybe_unused]] std::string key_of(const std::string& op, const Shape& s, long long prefix = 0) {
+  if (op == "mla-prefill" && prefix > 0) return fmt::format("{} B={} T={} H={} HV={} N0={}", op, s.B, s.T, s.H, s.HV, prefix);
+  if (op == "attn-res") return fmt::format("{} S={} T={} d={}", op, s.B, s.T, s.H);
   return fmt::format("{} B={} T={} H={} HV={}", op, s.B, s.T, s.H, s.HV);
 }
 
@@ -244,6 +262,48 @@ Measured bench_mla_decode(const Shape& s, int warmup, int iters, std::uint64_t s
              pl.num_splits, pl.split_len, wsb / 1e6);
   return {ms, mn, 2.0 * nc, 4.0 * s.B * s.H * s.T * DC};
 }
+
+/// Causal MLA prefill: B sequences of T new tokens behind `prefix` cached tokens, H heads, d_c = 512.
+Measured bench_mla_prefill(const Shape& s, long long prefix, int warmup, int iters, std::uint64_t seed) {
+  const long long DC = 512, DN = 128, N = prefix + s.T;
+  const std::size_t nc = static_cast<std::size_t>(s.B) * N * DC, nn = static_cast<std::size_t>(s.B) * s.T * DC;
+  const std::size_t nq = static_cast<std::size_t>(s.B) * s.T * s.H * DC, nqc = static_cast<std::size_t>(s.B) * s.T * s.H * DN;
+  Dev c(nc * 2), cnew(nn * 2), q_hi(nq * 2), q_lo(nq * 2), out(nq * 4), qC(nqc * 2), W(static_cast<std::size_t>(s.H) * DN * DC * 2);
+  kernels::fill_normal_bf16(c.as<bf16_t>(), nc, seed + 1, 1.0f, nullptr);
+  kernels::fill_normal_bf16(cnew.as<bf16_t>(), nn, seed + 2, 1.0f, nullptr);
+  kernels::fill_normal_bf16(qC.as<bf16_t>(), nqc, seed + 3, 1.0f, nullptr);
+  kernels::fill_normal_bf16(W.as<bf16_t>(), static_cast<std::size_t>(s.H) * DN * DC, seed + 4, 0.1f, nullptr);
+  kernels::MlaAbsorbArgs ab;
+  ab.n = static_cast<int>(s.B * s.T); ab.H = static_cast<int>(s.H); ab.d_nope = static_cast<int>(DN);
+  ab.q_C = qC.as<bf16_t>(); ab.W_UK = W.as<bf16_t>(); ab.q_hi = q_hi.as<bf16_t>(); ab.q_lo = q_lo.as<bf16_t>();
+  kernels::mla_absorb_query(ab, nullptr);  // q~ ~ 0.1 sqrt(128) N(0,1): logits with std ~1.3
+  kernels::MlaPrefillArgs a;
+  a.B = static_cast<int>(s.B); a.T = static_cast<int>(s.T); a.H = static_cast<int>(s.H);
+  a.capacity = static_cast<int>(N); a.prefix = static_cast<int>(prefix);
+  a.c = c.as<bf16_t>(); a.c_new = cnew.as<bf16_t>(); a.q_hi = q_hi.as<bf16_t>(); a.q_lo = q_lo.as<bf16_t>();
+  a.scale = 1.0f / std::sqrt(192.0f);
+  a.out = out.as<float>();
+  auto [ms, mn] = time_ms([&] { kernels::mla_prefill(a, nullptr); }, warmup, iters);
+  const double absorb = time_ms([&] { kernels::mla_absorb_query(ab, nullptr); }, warmup, iters).first;
+  fmt::print("  (B={} T={} H={} prefix={}: query absorption {:.4f} ms; {} CTAs of 32 query rows per sequence)\n", s.B, s.T,
+             s.H, prefix, absorb, (s.T * s.H + 31) / 32);
+  const double pairs = static_cast<double>(s.B) * (static_cast<double>(s.T) * prefix + 0.5 * s.T * (s.T + 1.0));
+  const double bytes = 2.0 * nc + 2.0 * 2.0 * nn + 2.0 * 2.0 * nq + 4.0 * nq;
+  return {ms, mn, bytes, pairs * s.H * 4.0 * DC, absorb, 0.0};
+}
+
+/// Block AttnRes: S sources (shape B), T tokens, width d (shape H), bf16 output.
+Measured bench_attn_res(const Shape& s, int warmup, int iters, std::uint64_t seed) {
+  const std::size_t S = s.B, T = s.T, d = s.H;
+  Dev src(S * T * d * 2), w(d * 4), out(T * d * 2);
+  kernels::fill_normal_bf16(src.as<bf16_t>(), S * T * d, seed + 1, 1.0f, nullptr);
+  kernels::fill_normal_f32(w.as<float>(), d, seed + 2, 3.0f / std::sqrt(static_cast<float>(d)), nullptr);
+  kernels::AttnResArgs a;
+  a.T = static_cast<int>(T); a.S = static_cast<int>(S); a.d = static_cast<int>(d);
+  a.src = src.as<bf16_t>(); a.w = w.as<float>(); a.out = out.as<bf16_t>();
+  auto [ms, mn] = time_ms([&] { kernels::attn_res(a, nullptr); }, warmup, iters);
+  return {ms, mn, 2.0 * S * T * d + 2.0 * T * d, 6.0 * S * T * d};
+}
 #endif
 
 }  // namespace
@@ -257,7 +317,8 @@ void register_bench(Registry& reg) {
                     "nothing, exit 0.",
                     "results/bench.h5");
   auto* a = c.app;
-  a->add_option("--op", o->op, "kda-prefill, kda-decode, mla-decode or all")->capture_default_str();
+  a->add_option("--op", o->op, "kda-prefill, kda-decode, mla-decode, mla-prefill, attn-res or all")->capture_default_str();
+  a->add_option("--prefix", o->prefix, "mla-prefill: cached tokens before the T new ones (N0)")->capture_default_str();
   a->add_option("--shapes", o->shapes,
                 "comma-separated B:T:H[:HV] (decode: T = 1); default: the ANCHORS.md shapes")->capture_default_str();
   a->add_option("--iters", o->iters, "timed launches per shape (median reported)")->capture_default_str();
@@ -267,14 +328,18 @@ void register_bench(Registry& reg) {
       ->capture_default_str();
   a->add_option("--compare", o->compare, "baseline results file to compare against (prints ratios, flags > 10% slower)");
   c.run = [o](Context& ctx) -> int {
-    require(o->op == "kda-prefill" || o->op == "kda-decode" || o->op == "mla-decode" || o->op == "all",
-            "--op = '" + o->op + "'; accepted: kda-prefill, kda-decode, mla-decode, all");
+    require(o->op == "kda-prefill" || o->op == "kda-decode" || o->op == "mla-decode" || o->op == "mla-prefill" ||
+                o->op == "attn-res" || o->op == "all",
+            "--op = '" + o->op + "'; accepted: kda-prefill, kda-decode, mla-decode, mla-prefill, attn-res, all");
+    require(o->prefix >= 0, "--prefix = " + std::to_string(o->prefix) + "; accepted: >= 0 cached tokens");
     require(o->iters >= 1 && o->warmup >= 0, "--iters must be >= 1 and --warmup >= 0");
     require(o->mla_variant == 1 || o->mla_variant == 2,
             "--variant = " + std::to_string(o->mla_variant) + "; accepted: 1 (mma.sync) or 2 (wgmma), mla-decode only");
-    std::vector<std::string> ops = o->op == "all" ? std::vector<std::string>{"kda-prefill", "kda-decode", "mla-decode"}
-                                                  : std::vector<std::string>{o->op};
-    require(o->op != "all" || o->shapes.empty(), "--shapes needs a single --op (kda-prefill, kda-decode or mla-decode)");
+    std::vector<std::string> ops =
+        o->op == "all" ? std::vector<std::string>{"kda-prefill", "kda-decode", "mla-decode", "mla-prefill", "attn-res"}
+                       : std::vector<std::string>{o->op};
+    require(o->op != "all" || o->shapes.empty(),
+            "--shapes needs a single --op (kda-prefill, kda-decode, mla-decode, mla-prefill or attn-res)");
     std::vector<std::vector<Shape>> shapes;
     for (const auto& op : ops) shapes.push_back(parse_shapes(o->shapes, op));
     nlohmann::json peer = nlohmann::json::object();
@@ -313,7 +378,11 @@ void register_bench(Registry& reg) {
     for (std::size_t oi = 0; oi < ops.size(); ++oi) {
       const std::string& op = ops[oi];
       const std::string grp =
-          "bench/" + std::string(op == "kda-prefill" ? "kda_prefill" : op == "mla-decode" ? "mla_decode" : "kda_decode");
+          "bench/" + std::string(op == "kda-prefill"   ? "kda_prefill"
+                                 : op == "mla-decode"  ? "mla_decode"
+                                 : op == "mla-prefill" ? "mla_prefill"
+                                 : op == "attn-res"    ? "attn_res"
+                                                       : "kda_decode");
       std::vector<std::string> bkeys;
       std::vector<double> bms;
       if (!o->compare.empty() && h5read::exists(o->compare, grp + "/key")) {
@@ -339,10 +408,13 @@ void register_bench(Registry& reg) {
       fmt::print("{:<40}{:>10}{:>9}{:>9}{:>9}{:>10}{:>8}{:>8}{:>10}{:>9}{:>10}\n", op, "ms", "prep ms", "state ms",
                  "TB/s", "TFLOP/s", "%copy", "%mm", "peer ms", "speedup", "vs base");
       for (const Shape& s : shapes[oi]) {
-        const std::string key = key_of(op, s);
-        const Measured m = op == "kda-prefill"  ? bench_prefill(s, o->warmup, o->iters, ctx.common.seed)
-                           : op == "mla-decode" ? bench_mla_decode(s, o->warmup, o->iters, ctx.common.seed, o->mla_variant)
-                                                : bench_decode(s, o->warmup, o->iters, ctx.common.seed);
+        const std::string key = key_of(op, s, op == "mla-prefill" ? o->prefix : 0);
+        const Measured m =
+            op == "kda-prefill"   ? bench_prefill(s, o->warmup, o->iters, ctx.common.seed)
+            : op == "mla-decode"  ? bench_mla_decode(s, o->warmup, o->iters, ctx.common.seed, o->mla_variant)
+            : op == "mla-prefill" ? bench_mla_prefill(s, o->prefix, o->warmup, o->iters, ctx.common.seed)
+            : op == "attn-res"    ? bench_attn_res(s, o->warmup, o->iters, ctx.common.seed)
+                                  : bench_decode(s, o->warmup, o->iters, ctx.common.seed);
         const double tbs = m.bytes / (m.ms * 1e-3) / 1e12, tfl = m.flops / (m.ms * 1e-3) / 1e12;
         const double nan = std::numeric_limits<double>::quiet_NaN();
         double pm = nan;
@@ -354,7 +426,7 @@ void register_bench(Registry& reg) {
         const bool slow = std::isfinite(ratio) && ratio > 1.10;
         flagged = flagged || slow;
         t.row({key, static_cast<std::int64_t>(s.B), static_cast<std::int64_t>(s.T), static_cast<std::int64_t>(s.H),
-               static_cast<std::int64_t>(s.HV), std::int64_t{op == "mla-decode" ? 512 : 128}, m.ms, m.ms_min, m.prepare_ms, m.state_ms, m.bytes, m.flops, tbs, tfl,
+               static_cast<std::int64_t>(s.HV), std::int64_t{op == "mla-decode" || op == "mla-prefill" ? 512 : op == "attn-res" ? s.H : 128}, m.ms, m.ms_min, m.prepare_ms, m.state_ms, m.bytes, m.flops, tbs, tfl,
                100.0 * tbs / copy_tbs, 100.0 * tfl / mm_tflops, pm, pm / m.ms, bm, ratio});
         fmt::print("{:<40}{:>10.4f}{:>9.4f}{:>9.4f}{:>9.2f}{:>10.1f}{:>8.1f}{:>8.2f}{:>10.4f}{:>9.2f}{:>10}{}\n", key, m.ms,
                    m.prepare_ms, m.state_ms, tbs, tfl,

@@ -83,6 +83,19 @@ inline constexpr Tolerance mla_decode_goal{2.0e-3,
     "ISSUE 7 / ANCHORS.md goal. The kernel carries q~ and P as bf16 hi + lo (~2^-16 relative each) with fp32 "
     "accumulation, so it should land near 1e-5; a bf16-rounded q~ alone costs 2.3-3.5e-3 and fails."};
 
+/// Gated MLA causal prefill kernel (absorbed: attended latent a = causal softmax(scale q~ C^T) C, fp32)
+/// vs float64 on the same bf16 latents and the exact absorbed query q~ (or on the bf16 q^C, W_UK).
+inline constexpr Tolerance mla_prefill_goal{2.0e-3,
+    "ISSUE 7 goal. Same precision plan as the decode kernel (q~ and P as bf16 hi + lo, fp32 accumulation), "
+    "expected near 1e-5; a bf16-rounded q~ alone would cost 2.3-3.5e-3 and fail."};
+/// Block AttnRes kernel, fp32 output, vs float64 on the same bf16 sources and fp32 pseudo-query.
+inline constexpr Tolerance attn_res_f32{1e-5,
+    "fp32 sums of d <= 16384 products per logit (relative error ~u_fp32 sqrt(d) ~ 1e-6 of |z|, |z| ~ 1-10) and "
+    "an fp32 weighted sum of S sources: ~1e-6 observed scale; 1e-5 fails any wrong weight or missing RMSNorm."};
+/// Block AttnRes kernel, bf16 output, vs float64: the bf16 output rounding dominates.
+inline constexpr Tolerance attn_res_bf16{2.0e-3,
+    "rounding the output to bf16 costs ~1.6e-3 relative RMS (the bf16 output floor); the fp32 math adds ~1e-6."};
+
 /// Recall experiment (ISSUE 8), linear attention with random unit keys: measured relative read
 /// error / sqrt((N - 1) / d_k) must lie in [1 / f, f].
 inline constexpr Tolerance recall_linear_sqrt_factor{1.5,

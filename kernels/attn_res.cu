@@ -1,0 +1,258 @@
+// Block Attention Residuals over a batch of tokens (kernels/attn_res.hpp): one CTA per token, the
+// sources streamed once through registers with an online softmax over them.
+//
+// Thread j of the CTA owns the 16-byte vectors j, j + NT, .., j + (VPT - 1) NT of every source row
+// (coalesced: consecutive threads read consecutive 16 bytes); w sits in shared memory. Per source: convert the 8 VPT bf16 to
+// fp32, sum h^2 and w h, reduce the two sums over the CTA (warp shuffles, then one shared-memory
+// exchange of double-buffered slots: one __syncthreads per source), z = w.h / sqrt(h.h / d + eps),
+// then the running (m, l, acc) update  m' = max(m, z), acc = acc e^(m - m') + h e^(z - m'),
+// l = l e^(m - m') + e^(z - m'). The next source's loads are issued before the current one is reduced.
+#include <cmath>
+#include <string>
+
+#include "kernels/attn_res.hpp"
+#include "kernels/kda_common.cuh"
+
+namespace kdalab::kernels {
+
+namespace {
+using namespace detail;
+
+constexpr int MAX_VPT = 8;
+constexpr int MAX_THREADS = 256;  // VPT = ceil(d / 2048) keeps the CTA at <= 256 threads
+
+struct AParams {
+  int T, S, d, nvec;
+  const bf16_t* src;
+  long long s_src, s_tok;
+  const float* w;
+  float eps;
+  const float *m_in, *l_in, *acc_in;
+  float *m_out, *l_out, *acc_out;
+  bf16_t* out;
+  float* out_f32;
+};
+
+template <int VPT>
+__global__ void __launch_bounds__(MAX_THREADS) attn_res_kernel(AParams p) {
+  const int t = blockIdx.x, tid = threadIdx.x, NT = blockDim.x;
+  const int lane = tid % 32, warp = tid / 32, nwarp = NT / 32;
+  __shared__ float red[2][2][32];  // [parity][sum h^2 | sum w h][warp]
+
+  bool ok[VPT];
+  int vi[VPT];
+#pragma unroll
+  for (int j = 0; j < VPT; ++j) {
+    vi[j] = tid + j * NT;
+    ok[j] = vi[j] < p.nvec;
+  }
+  // pseudo-query in shared memory (registers are kept for acc and the in-flight loads)
+  extern __shared__ __align__(16) float wsh[];
+  for (int v = tid; v < p.nvec * 2; v += NT) reinterpret_cast<float4*>(wsh)[v] = reinterpret_cast<const float4*>(p.w)[v];
+  __syncthreads();
+  // running softmax partial (m, l, acc), from partial_in when given
+  float m = -INFINITY, l = 0.0f;
+  float acc[VPT][8];
+  const long long trow = static_cast<long long>(t) * p.d;
+  if (p.acc_in) {
+    m = p.m_in[t];
+    l = p.l_in[t];
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {
+      if (ok[j]) {
+        const float4 a = reinterpret_cast<const float4*>(p.acc_in + trow)[2 * vi[j]];
+        const float4 b = reinterpret_cast<const float4*>(p.acc_in + trow)[2 * vi[j] + 1];
+        acc[j][0] = a.x; acc[j][1] = a.y; acc[j][2] = a.z; acc[j][3] = a.w;
+        acc[j][4] = b.x; acc[j][5] = b.y; acc[j][6] = b.z; acc[j][7] = b.w;
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[j][e] = 0.0f;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < VPT; ++j)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[j][e] = 0.0f;
+  }
+
+  const bf16_t* base = p.src + static_cast<long long>(t) * p.s_tok;
+  auto load = [&](uint4* r, int i) {
+    const uint4* row = reinterpret_cast<const uint4*>(base + static_cast<long long>(i) * p.s_src);
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) r[j] = ok[j] ? __ldcs(row + vi[j]) : make_uint4(0, 0, 0, 0);
+  };
+  uint4 cur[VPT], nxt[VPT];
+  load(cur, 0);
+  const float inv_d = 1.0f / static_cast<float>(p.d);
+  for (int i = 0; i < p.S; ++i) {
+    if (i + 1 < p.S) load(nxt, i + 1);
+    float h[VPT][8];
+    float ss = 0.0f, dw = 0.0f;
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {
+      unpack8(cur[j], h[j]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) ss = fmaf(h[j][e], h[j][e], ss);
+      if (ok[j]) {
+        const float4 w0 = reinterpret_cast<const float4*>(wsh)[2 * vi[j]];
+        const float4 w1 = reinterpret_cast<const float4*>(wsh)[2 * vi[j] + 1];
+        dw = fmaf(w0.x, h[j][0], dw); dw = fmaf(w0.y, h[j][1], dw); dw = fmaf(w0.z, h[j][2], dw);
+        dw = fmaf(w0.w, h[j][3], dw); dw = fmaf(w1.x, h[j][4], dw); dw = fmaf(w1.y, h[j][5], dw);
+        dw = fmaf(w1.z, h[j][6], dw); dw = fmaf(w1.w, h[j][7], dw);
+      }
+    }
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) {
+      ss += __shfl_xor_sync(0xffffffffu, ss, o);
+      dw += __shfl_xor_sync(0xffffffffu, dw, o);
+    }
+    const int par = i & 1;
+    if (lane == 0) {
+      red[par][0][warp] = ss;
+      red[par][1][warp] = dw;
+    }
+    __syncthreads();
+    ss = 0.0f;
+    dw = 0.0f;
+    for (int k = 0; k < nwarp; ++k) {
+      ss += red[par][0][k];
+      dw += red[par][1][k];
+    }
+    const float z = dw / sqrtf(ss * inv_d + p.eps);
+    const float mn = fmaxf(m, z);
+    const float c = expf(m - mn), e = expf(z - mn);  // c = 0 when m = -inf (first source)
+    l = l * c + e;
+#pragma unroll
+    for (int j = 0; j < VPT; ++j)
+#pragma unroll
+      for (int k = 0; k < 8; ++k) acc[j][k] = fmaf(acc[j][k], c, e * h[j][k]);
+    m = mn;
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) cur[j] = nxt[j];
+  }
+
+  if (p.acc_out) {
+    if (tid == 0) {
+      p.m_out[t] = m;
+      p.l_out[t] = l;
+    }
+#pragma unroll
+    for (int j = 0; j < VPT; ++j)
+      if (ok[j]) {
+        float4* o = reinterpret_cast<float4*>(p.acc_out + trow) + 2 * vi[j];
+        o[0] = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
+        o[1] = make_float4(acc[j][4], acc[j][5], acc[j][6], acc[j][7]);
+      }
+  }
+  const float inv = 1.0f / l;
+  if (p.out_f32) {
+#pragma unroll
+    for (int j = 0; j < VPT; ++j)
+      if (ok[j]) {
+        float4* o = reinterpret_cast<float4*>(p.out_f32 + trow) + 2 * vi[j];
+        o[0] = make_float4(acc[j][0] * inv, acc[j][1] * inv, acc[j][2] * inv, acc[j][3] * inv);
+        o[1] = make_float4(acc[j][4] * inv, acc[j][5] * inv, acc[j][6] * inv, acc[j][7] * inv);
+      }
+  }
+  if (p.out) {
+#pragma unroll
+    for (int j = 0; j < VPT; ++j)
+      if (ok[j]) {
+        uint4 u;
+        u.x = pack_bf16(acc[j][0] * inv, acc[j][1] * inv);
+        u.y = pack_bf16(acc[j][2] * inv, acc[j][3] * inv);
+        u.z = pack_bf16(acc[j][4] * inv, acc[j][5] * inv);
+        u.w = pack_bf16(acc[j][6] * inv, acc[j][7] * inv);
+        reinterpret_cast<uint4*>(p.out + trow)[vi[j]] = u;
+      }
+  }
+}
+
+const char* const OP = "attn_res";
+
+[[noreturn]] void fail(const std::string& m) { throw Error(std::string(OP) + ": " + m); }
+
+void check_pointer(const void* ptr, std::size_t align, const char* name) {
+  const auto off = reinterpret_cast<std::uintptr_t>(ptr) % align;
+  if (off != 0)
+    fail(std::string("pointer '") + name + "' is not " + std::to_string(align) + "-byte aligned (address % " +
+         std::to_string(align) + " = " + std::to_string(off) + "); accepted: " + std::to_string(align) +
+         "-byte aligned device pointers");
+}
+
+/// 0 = none given, 1 = all three given; a mix is an error.
+bool check_partial(const AttnResPartial& q, const char* name) {
+  const int n = (q.m != nullptr) + (q.l != nullptr) + (q.acc != nullptr);
+  if (n == 0) return false;
+  if (n != 3)
+    fail(std::string(name) + " has " + std::to_string(n) + " of its 3 pointers (m, l, acc) set; accepted: all three or none");
+  check_pointer(q.m, 4, (std::string(name) + ".m").c_str());
+  check_pointer(q.l, 4, (std::string(name) + ".l").c_str());
+  check_pointer(q.acc, 16, (std::string(name) + ".acc").c_str());
+  return true;
+}
+
+template <int VPT>
+void launch(const AParams& p, int threads, cudaStream_t stream) {
+  const int smem = p.d * 4;  // the pseudo-query, fp32
+  if (smem > 48 * 1024) {
+    static bool attr = false;  // once per instantiation (so that a call inside graph capture sets nothing)
+    if (!attr) {
+      cuda_check(cudaFuncSetAttribute(attn_res_kernel<VPT>, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024),
+                 "cudaFuncSetAttribute(attn_res_kernel)");
+      attr = true;
+    }
+  }
+  attn_res_kernel<VPT><<<p.T, threads, smem, stream>>>(p);
+}
+
+}  // namespace
+
+void attn_res(const AttnResArgs& a, cudaStream_t stream) {
+  if (a.T < 1) fail("T = " + std::to_string(a.T) + "; accepted: T >= 1 token");
+  if (a.S < 1) fail("S = " + std::to_string(a.S) + "; accepted: S >= 1 source (the embedding h_0 is always one)");
+  if (a.d < 8 || a.d % 8 != 0 || a.d > 16384)
+    fail("d = " + std::to_string(a.d) + "; accepted: a multiple of 8 with 8 <= d <= 16384");
+  if (!a.src) fail("pointer 'src' is null; a device pointer is required");
+  if (!a.w) fail("pointer 'w' (pseudo-query) is null; a device pointer is required");
+  check_pointer(a.src, 16, "src");
+  check_pointer(a.w, 16, "w");
+  if (a.out) check_pointer(a.out, 16, "out");
+  if (a.out_f32) check_pointer(a.out_f32, 16, "out_f32");
+  const bool pin = check_partial(a.partial_in, "partial_in");
+  const bool pout = check_partial(a.partial_out, "partial_out");
+  if (!a.out && !a.out_f32 && !pout) fail("no output: set out, out_f32 or partial_out");
+  if (!std::isfinite(a.eps) || a.eps < 0.0f) fail("eps = " + std::to_string(a.eps) + "; accepted: a finite eps >= 0");
+  const long long s_tok = a.s_tok ? a.s_tok : a.d;
+  if (s_tok < a.d || s_tok % 8 != 0)
+    fail("s_tok = " + std::to_string(s_tok) + "; accepted: a multiple of 8 elements >= d = " + std::to_string(a.d));
+  const long long s_src = a.s_src ? a.s_src : static_cast<long long>(a.T) * s_tok;
+  if (s_src < 0 || s_src % 8 != 0)
+    fail("s_src = " + std::to_string(s_src) + "; accepted: a non-negative multiple of 8 elements");
+  const int nvec = a.d / 8;
+  int vpt = (nvec + 255) / 256;
+  vpt = vpt < 1 ? 1 : vpt;
+  const int threads = ((nvec + vpt - 1) / vpt + 31) / 32 * 32;
+  if (vpt > MAX_VPT || threads > MAX_THREADS) fail("d = " + std::to_string(a.d) + " needs too many registers; accepted: d <= 16384");
+  AParams p{};
+  p.T = a.T; p.S = a.S; p.d = a.d; p.nvec = nvec;
+  p.src = a.src; p.s_src = s_src; p.s_tok = s_tok; p.w = a.w; p.eps = a.eps;
+  if (pin) { p.m_in = a.partial_in.m; p.l_in = a.partial_in.l; p.acc_in = a.partial_in.acc; }
+  if (pout) { p.m_out = a.partial_out.m; p.l_out = a.partial_out.l; p.acc_out = a.partial_out.acc; }
+  p.out = a.out;
+  p.out_f32 = a.out_f32;
+  switch (vpt) {
+    case 1: launch<1>(p, threads, stream); break;
+    case 2: launch<2>(p, threads, stream); break;
+    case 3: launch<3>(p, threads, stream); break;
+    case 4: launch<4>(p, threads, stream); break;
+    case 5: launch<5>(p, threads, stream); break;
+    case 6: launch<6>(p, threads, stream); break;
+    case 7: launch<7>(p, threads, stream); break;
+    default: launch<8>(p, threads, stream); break;
+  }
+  cuda_check(cudaGetLastError(), "attn_res_kernel launch");
+}
+
+}  // namespace kdalab::kernels

@@ -1,0 +1,481 @@
+// Causal MLA prefill kernel (kernels/mla_prefill.hpp) against float64: softmax(scale q~ C^T) C per
+// (token, head) over the causal prefix, on the same bf16 latents and the exact (unrounded) absorbed
+// query q~; end to end against reference/mla.hpp mla_attend_naive (bf16 q^C, W_UK, W_UV, latents);
+// prefill then decode (kernels/mla.hpp) == prefill of the longer sequence. Fresh seeded inputs (never
+// zeros); outputs, and the cache rows the prefill must write, poisoned (NaN) before every run.
+// Runs only where the CUDA kernels are built (ctest label gpu).
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "kernels/mla.hpp"
+#include "kernels/mla_prefill.hpp"
+#include "numerics/metrics.hpp"
+#include "numerics/tolerance.hpp"
+#include "reference/mla.hpp"
+#include "tests/catch.hpp"
+#include "tests/gpu/kda_gpu_util.hpp"
+
+using namespace kdalab;
+using namespace kda_gpu;
+
+namespace {
+
+constexpr std::size_t DC = 512;
+const double kScale = 1.0 / std::sqrt(192.0);  // 1/sqrt(d_nope + d_rope) of Kimi Linear / K3 (128 + 64)
+const double kSigma = 1.2;                     // q~ ~ 1.2 N(0, 1): logits with std ~2
+
+std::uint64_t fresh_seed() {
+  static std::uint64_t s = 20261129 + 7400;
+  return ++s;
+}
+
+DevBuf upload_bits(const std::vector<bf16_t>& v) {
+  DevBuf d(v.size() * 2);
+  cuda_check(cudaMemcpy(d.p, v.data(), d.bytes, cudaMemcpyHostToDevice), "upload bf16 bits");
+  return d;
+}
+
+void copy_bits(DevBuf& d, const std::vector<bf16_t>& v) {
+  cuda_check(cudaMemcpy(d.p, v.data(), v.size() * 2, cudaMemcpyHostToDevice), "upload bf16 bits");
+}
+
+std::vector<bf16_t> download_bits(const DevBuf& d) {
+  std::vector<bf16_t> h(d.bytes / 2);
+  cuda_check(cudaMemcpy(h.data(), d.p, d.bytes, cudaMemcpyDeviceToHost), "download bf16 bits");
+  return h;
+}
+
+/// One prefill problem: B sequences, a cache of `cap` rows of `row` elements whose first N0 rows hold a
+/// random prefix (rows >= N0 poisoned), T new latents c_new [B, T, 512], exact q~ [B, T, H, 512].
+struct Problem {
+  std::size_t B, T, H, N0, cap, row;
+  std::vector<double> lat;      // [B, N0 + T, 512]: prefix then new latents (bf16 values)
+  std::vector<bf16_t> cache_h;  // initial cache bits [B, cap, row]
+  std::vector<double> q;        // exact q~ [B, T, H, 512]
+  DevBuf cache, c_new, q_hi, q_lo;
+
+  Problem(std::size_t B_, std::size_t T_, std::size_t H_, std::size_t N0_, std::size_t extra = 0, std::size_t row_ = DC,
+          double sigma = kSigma)
+      : B(B_), T(T_), H(H_), N0(N0_), cap(N0_ + T_ + extra), row(row_), lat(B_ * (N0_ + T_) * DC),
+        cache_h(B_ * (N0_ + T_ + extra) * row_, 0xFFFF), q(B_ * T_ * H_ * DC), cache(cache_h.size() * 2),
+        c_new(B_ * T_ * DC * 2), q_hi(q.size() * 2), q_lo(q.size() * 2) {
+    Rng rng(fresh_seed());
+    for (auto& x : lat) x = round_bf16(rng.normal());
+    for (auto& x : q) x = sigma * rng.normal();
+    upload();
+  }
+  std::size_t N() const { return N0 + T; }
+  double& L(std::size_t b, std::size_t tau, std::size_t k) { return lat[(b * N() + tau) * DC + k]; }
+  double L(std::size_t b, std::size_t tau, std::size_t k) const { return lat[(b * N() + tau) * DC + k]; }
+  /// Every latent of every sequence = one random row (a cache of identical keys).
+  void make_identical() {
+    Rng rng(fresh_seed());
+    std::vector<double> r(DC);
+    for (auto& x : r) x = round_bf16(rng.normal());
+    for (std::size_t i = 0; i < lat.size(); ++i) lat[i] = r[i % DC];
+    upload();
+  }
+  void upload() {
+    std::fill(cache_h.begin(), cache_h.end(), bf16_t(0xFFFF));  // rows >= N0 and the row padding: NaN
+    for (std::size_t b = 0; b < B; ++b)
+      for (std::size_t tau = 0; tau < N0; ++tau)
+        for (std::size_t k = 0; k < DC; ++k) cache_h[(b * cap + tau) * row + k] = bf16_bits(L(b, tau, k));
+    copy_bits(cache, cache_h);
+    std::vector<bf16_t> cn(B * T * DC), hi(q.size()), lo(q.size());
+    for (std::size_t b = 0; b < B; ++b)
+      for (std::size_t t = 0; t < T; ++t)
+        for (std::size_t k = 0; k < DC; ++k) cn[(b * T + t) * DC + k] = bf16_bits(L(b, N0 + t, k));
+    for (std::size_t i = 0; i < q.size(); ++i) {
+      const double h = round_bf16(q[i]);
+      hi[i] = bf16_bits(h);
+      lo[i] = bf16_bits(round_bf16(q[i] - h));
+    }
+    copy_bits(c_new, cn);
+    copy_bits(q_hi, hi);
+    copy_bits(q_lo, lo);
+  }
+  kernels::MlaPrefillArgs args() const {
+    kernels::MlaPrefillArgs a;
+    a.B = static_cast<int>(B);
+    a.T = static_cast<int>(T);
+    a.H = static_cast<int>(H);
+    a.capacity = static_cast<int>(cap);
+    a.prefix = static_cast<int>(N0);
+    a.c = cache.as<bf16_t>();
+    a.sc_t = static_cast<std::int64_t>(row);
+    a.c_new = c_new.as<bf16_t>();
+    a.q_hi = q_hi.as<bf16_t>();
+    a.q_lo = q_lo.as<bf16_t>();
+    a.scale = static_cast<float>(kScale);
+    return a;
+  }
+  /// float64 truth of (b, t, h): softmax over tau <= N0 + t of scale q~ . c_tau, then sum p c_tau.
+  std::vector<double> truth(std::size_t b, std::size_t t, std::size_t h) const {
+    const double* qv = q.data() + ((b * T + t) * H + h) * DC;
+    const std::size_t n = N0 + t + 1;
+    std::vector<double> s(n), a(DC, 0.0);
+    double m = -INFINITY;
+    for (std::size_t tau = 0; tau < n; ++tau) {
+      double acc = 0;
+      for (std::size_t k = 0; k < DC; ++k) acc += qv[k] * L(b, tau, k);
+      s[tau] = kScale * acc;
+      m = std::max(m, s[tau]);
+    }
+    double l = 0;
+    for (std::size_t tau = 0; tau < n; ++tau) {
+      const double p = std::exp(s[tau] - m);
+      l += p;
+      for (std::size_t k = 0; k < DC; ++k) a[k] += p * L(b, tau, k);
+    }
+    for (auto& x : a) x /= l;
+    return a;
+  }
+};
+
+/// Runs the prefill (out allocated here and poisoned) and downloads a [B, T, H, 512].
+std::vector<double> run(const kernels::MlaPrefillArgs& a) {
+  DevBuf out(static_cast<std::size_t>(a.B) * a.T * a.H * DC * 4);
+  out.poison();
+  auto x = a;
+  x.out = out.as<float>();
+  kernels::mla_prefill(x, nullptr);
+  cuda_check(cudaDeviceSynchronize(), "mla_prefill");
+  return download_f32(out);
+}
+
+/// (t, h) rows to check: all when T H <= 1024, else the tokens at and around the 16/32-boundaries and the
+/// ends, with every head.
+std::vector<std::pair<std::size_t, std::size_t>> rows_to_check(std::size_t T, std::size_t H) {
+  std::vector<std::size_t> ts;
+  if (T * H <= 1024) {
+    for (std::size_t t = 0; t < T; ++t) ts.push_back(t);
+  } else {
+    for (std::size_t t : {std::size_t{0}, std::size_t{1}, std::size_t{15}, std::size_t{16}, std::size_t{17},
+                          std::size_t{31}, std::size_t{32}, std::size_t{33}, T / 2, T - 17, T - 2, T - 1})
+      if (t < T && (ts.empty() || t > ts.back())) ts.push_back(t);
+  }
+  std::vector<std::pair<std::size_t, std::size_t>> r;
+  for (std::size_t t : ts)
+    for (std::size_t h = 0; h < H; ++h) r.push_back({t, h});
+  return r;
+}
+
+/// Kernel rows vs their float64 truths over the sampled rows of sequence b.
+ErrorMetrics check(const Problem& P, const std::vector<double>& out, std::size_t b) {
+  std::vector<double> o, r;
+  for (auto [t, h] : rows_to_check(P.T, P.H)) {
+    const auto tr = P.truth(b, t, h);
+    r.insert(r.end(), tr.begin(), tr.end());
+    const std::size_t off = ((b * P.T + t) * P.H + h) * DC;
+    o.insert(o.end(), out.begin() + off, out.begin() + off + DC);
+  }
+  return compare(o, r);
+}
+
+/// The cache after the prefill: prefix rows unchanged, rows N0 .. N0+T-1 = c_new exactly, the rest and the
+/// row padding still poisoned. Returns the number of wrong elements.
+std::size_t cache_errors(const Problem& P) {
+  const auto h = download_bits(P.cache);
+  std::size_t bad = 0;
+  for (std::size_t b = 0; b < P.B; ++b)
+    for (std::size_t tau = 0; tau < P.cap; ++tau)
+      for (std::size_t k = 0; k < P.row; ++k) {
+        const bf16_t got = h[(b * P.cap + tau) * P.row + k];
+        const bf16_t want = (tau < P.N() && k < DC) ? bf16_bits(P.L(b, tau, k)) : bf16_t(0xFFFF);
+        bad += got != want ? 1 : 0;
+      }
+  return bad;
+}
+
+}  // namespace
+
+TEST_CASE("mla prefill: T in {1,15,16,17,300,1000} x prefix {0, 777}, H = 32, vs float64 on the exact q~", "[gpu][mla]") {
+  for (std::size_t N0 : {0, 777})
+    for (std::size_t T : {1, 15, 16, 17, 300, 1000}) {
+      Problem P(1, T, 32, N0, 5);
+      const auto out = run(P.args());
+      const auto m = check(P, out, 0);
+      const std::size_t cerr = cache_errors(P);
+      std::printf("mla prefill T=%zu N0=%zu H=32: rel_rms %.3e max_abs %.3e (%zu rows checked), cache errors %zu\n", T, N0,
+                  m.rel_rms, m.max_abs, m.n / DC, cerr);
+      CAPTURE(T, N0, m.rel_rms, m.nan_count);
+      REQUIRE(m.nan_count + m.inf_count == 0);
+      CHECK(m.rel_rms <= tol::mla_prefill_goal.value);
+      CHECK(cerr == 0);
+      std::size_t nan = 0;
+      for (double x : out) nan += std::isfinite(x) ? 0 : 1;
+      CHECK(nan == 0);
+    }
+}
+
+TEST_CASE("mla prefill: B = 2, H in {16, 48, 1}, [c ; k_R] rows (sc_t = 576), per-sequence truths", "[gpu][mla]") {
+  for (std::size_t H : {16, 48, 1}) {
+    Problem P(2, 45, H, 33, 3, 576);
+    const auto out = run(P.args());
+    for (std::size_t b = 0; b < 2; ++b) {
+      const auto m = check(P, out, b);
+      std::printf("mla prefill B=2 b=%zu T=45 N0=33 H=%zu sc_t=576: rel_rms %.3e\n", b, H, m.rel_rms);
+      CAPTURE(H, b, m.rel_rms);
+      REQUIRE(m.nan_count + m.inf_count == 0);
+      CHECK(m.rel_rms <= tol::mla_prefill_goal.value);
+    }
+    const std::size_t cerr = cache_errors(P);
+    std::printf("mla prefill B=2 H=%zu: cache errors %zu\n", H, cerr);
+    CHECK(cerr == 0);
+  }
+}
+
+TEST_CASE("mla prefill: hi + lo query vs hi only (the lo part is what keeps the goal)", "[gpu][mla]") {
+  Problem P(1, 64, 32, 2000);
+  const auto m_hilo = check(P, run(P.args()), 0);
+  Problem P2(1, 64, 32, 2000);
+  P2.q = P.q;
+  P2.lat = P.lat;
+  P2.upload();
+  DevBuf zero(P2.q_lo.bytes);
+  cuda_check(cudaMemset(zero.p, 0, zero.bytes), "memset");  // ablation: q_lo = 0 (bf16-rounded q~)
+  auto a = P2.args();
+  a.q_lo = zero.as<bf16_t>();
+  const auto m_hi = check(P2, run(a), 0);
+  std::printf("mla prefill T=64 N0=2000: hi+lo rel_rms %.3e, hi only %.3e\n", m_hilo.rel_rms, m_hi.rel_rms);
+  REQUIRE(m_hilo.nan_count + m_hi.nan_count == 0);
+  CHECK(m_hilo.rel_rms <= tol::mla_prefill_goal.value);
+  CHECK(m_hilo.rel_rms < m_hi.rel_rms);
+}
+
+TEST_CASE("mla prefill then decode == prefill of the longer sequence", "[gpu][mla]") {
+  for (std::size_t H : {32, 16}) {
+    const std::size_t N0 = 300, T = 77;
+    // the longer sequence: T + 1 new tokens after the prefix, prefilled at once
+    Problem L(1, T + 1, H, N0, 2);
+    const auto out_long = run(L.args());
+    // the same tokens: prefill of the first T, then one decode step for token T (the caller appends c_T)
+    Problem S(1, T, H, N0, 3);
+    S.lat.assign(L.lat.begin(), L.lat.begin() + (N0 + T) * DC);
+    S.q.assign(L.q.begin(), L.q.begin() + T * H * DC);
+    S.upload();
+    const auto out_short = run(S.args());
+    std::vector<bf16_t> cT(DC);
+    for (std::size_t k = 0; k < DC; ++k) cT[k] = bf16_bits(L.L(0, N0 + T, k));
+    cuda_check(cudaMemcpy(S.cache.as<bf16_t>() + (N0 + T) * S.row, cT.data(), DC * 2, cudaMemcpyHostToDevice), "append c_T");
+    std::vector<bf16_t> hi(H * DC), lo(H * DC);
+    for (std::size_t i = 0; i < H * DC; ++i) {
+      const double x = L.q[T * H * DC + i], h = round_bf16(x);
+      hi[i] = bf16_bits(h);
+      lo[i] = bf16_bits(round_bf16(x - h));
+    }
+    const DevBuf dhi = upload_bits(hi), dlo = upload_bits(lo);
+    kernels::MlaDecodeArgs d;
+    d.B = 1;
+    d.H = static_cast<int>(H);
+    d.capacity = static_cast<int>(S.cap);
+    d.max_len = static_cast<int>(N0 + T + 1);
+    d.c = S.cache.as<bf16_t>();
+    d.sc_t = static_cast<std::int64_t>(S.row);
+    d.q_hi = dhi.as<bf16_t>();
+    d.q_lo = dlo.as<bf16_t>();
+    d.scale = static_cast<float>(kScale);
+    DevBuf dout(H * DC * 4), ws(kernels::mla_decode_workspace_bytes(d));
+    dout.poison();
+    ws.poison();
+    d.out = dout.as<float>();
+    d.workspace = ws.p;
+    d.workspace_bytes = ws.bytes;
+    kernels::mla_decode(d, nullptr);
+    cuda_check(cudaDeviceSynchronize(), "mla_decode");
+    const auto dec = download_f32(dout);
+    // token T: decode vs the long prefill's last rows, and both vs the float64 truth
+    const std::vector<double> last(out_long.begin() + T * H * DC, out_long.end());
+    std::vector<double> tr;
+    for (std::size_t h = 0; h < H; ++h) {
+      const auto x = L.truth(0, T, h);
+      tr.insert(tr.end(), x.begin(), x.end());
+    }
+    const auto m_dp = compare(dec, last), m_d = compare(dec, tr), m_p = compare(last, tr);
+    // tokens 0 .. T-1: the short prefill vs the long one (same CTAs at H = 32: bitwise)
+    const std::vector<double> first(out_long.begin(), out_long.begin() + T * H * DC);
+    const auto m_ss = compare(out_short, first);
+    std::printf("mla prefill+decode H=%zu N0=%zu T=%zu: decode vs prefill(T+1) last token %.3e (decode vs truth %.3e, "
+                "prefill vs truth %.3e); prefill(T) vs prefill(T+1) first T tokens %.3e\n",
+                H, N0, T, m_dp.rel_rms, m_d.rel_rms, m_p.rel_rms, m_ss.rel_rms);
+    REQUIRE(m_dp.nan_count + m_ss.nan_count == 0);
+    CHECK(m_dp.rel_rms <= tol::mla_prefill_goal.value);
+    CHECK(m_d.rel_rms <= tol::mla_prefill_goal.value);
+    CHECK(m_p.rel_rms <= tol::mla_prefill_goal.value);
+    if (H == 32) CHECK(m_ss.rel_rms == 0.0);
+    else CHECK(m_ss.rel_rms <= tol::mla_prefill_goal.value);
+  }
+}
+
+TEST_CASE("mla prefill: identical keys and very large logits give no NaN", "[gpu][mla]") {
+  for (double sigma : {kSigma, 1000.0}) {
+    Problem P(1, 100, 32, 500, 0, DC, sigma);
+    P.make_identical();
+    const auto m = check(P, run(P.args()), 0);
+    std::printf("mla prefill identical keys, sigma=%g: rel_rms %.3e\n", sigma, m.rel_rms);
+    REQUIRE(m.nan_count + m.inf_count == 0);
+    CHECK(m.rel_rms <= tol::mla_prefill_goal.value);
+  }
+  Problem P(1, 100, 32, 500, 0, DC, 1000.0);  // logits with std ~2000: near one-hot rows
+  const auto m = check(P, run(P.args()), 0);
+  std::printf("mla prefill large logits: rel_rms %.3e\n", m.rel_rms);
+  REQUIRE(m.nan_count + m.inf_count == 0);
+  CHECK(m.rel_rms <= tol::mla_prefill_goal.value);
+}
+
+TEST_CASE("mla prefill end to end vs reference/mla.hpp (bf16 q^C, W_UK, W_UV, latents; absorb kernel)", "[gpu][mla]") {
+  MlaConfig cfg;
+  cfg.hidden = 64;
+  cfg.n_h = 8;
+  cfg.d_c = 512;
+  cfg.d_nope = 128;
+  cfg.d_v = 128;
+  cfg.d_rope = 0;
+  cfg.output_gate = false;
+  Rng rng(fresh_seed());
+  auto w = mla_random_weights<double>(cfg, [&] { return rng.normal(); });
+  for (Mat<double>* m : {&w.W_UK, &w.W_UV}) *m = m->unaryExpr([](double x) { return round_bf16(x); });
+  for (std::size_t N0 : {0, 45}) {
+    const std::size_t T = 70, N = N0 + T, H = cfg.n_h;
+    MlaProjected<double> p;
+    p.q_C.resize(T, H * 128);
+    p.c.resize(T, DC);
+    p.q_R.resize(T, 0);
+    Mat<double> C(N, DC), K_R(N, 0);
+    for (Eigen::Index t = 0; t < static_cast<Eigen::Index>(T); ++t)
+      for (Eigen::Index j = 0; j < static_cast<Eigen::Index>(H * 128); ++j) p.q_C(t, j) = round_bf16(2.0 * rng.normal());
+    for (Eigen::Index i = 0; i < static_cast<Eigen::Index>(N); ++i)
+      for (Eigen::Index k = 0; k < static_cast<Eigen::Index>(DC); ++k) C(i, k) = round_bf16(rng.normal());
+    p.c = C.bottomRows(T);
+    const Mat<double> O = mla_attend_naive<double>(cfg, w, p, C, K_R, N0);  // [T, H d_v]
+    // device: q^C and W_UK -> q~ hi/lo; cache prefix + c_new; prefill; host applies W_UV per head
+    std::vector<bf16_t> qc(T * H * 128), wuk(H * 128 * DC), cache(N * DC, 0xFFFF), cn(T * DC);
+    for (std::size_t t = 0; t < T; ++t)
+      for (std::size_t j = 0; j < H * 128; ++j) qc[t * H * 128 + j] = bf16_bits(p.q_C(t, j));
+    for (std::size_t r = 0; r < H * 128; ++r)
+      for (std::size_t k = 0; k < DC; ++k) wuk[r * DC + k] = bf16_bits(w.W_UK(r, k));
+    for (std::size_t i = 0; i < N; ++i)
+      for (std::size_t k = 0; k < DC; ++k) (i < N0 ? cache[i * DC + k] : cn[(i - N0) * DC + k]) = bf16_bits(C(i, k));
+    const DevBuf dqc = upload_bits(qc), dw = upload_bits(wuk), dcache = upload_bits(cache), dcn = upload_bits(cn);
+    DevBuf qh(T * H * DC * 2), ql(T * H * DC * 2);
+    qh.poison();
+    ql.poison();
+    kernels::MlaAbsorbArgs ab;
+    ab.n = static_cast<int>(T);
+    ab.H = static_cast<int>(H);
+    ab.d_nope = 128;
+    ab.q_C = dqc.as<bf16_t>();
+    ab.W_UK = dw.as<bf16_t>();
+    ab.q_hi = qh.as<bf16_t>();
+    ab.q_lo = ql.as<bf16_t>();
+    kernels::mla_absorb_query(ab, nullptr);
+    kernels::MlaPrefillArgs a;
+    a.B = 1;
+    a.T = static_cast<int>(T);
+    a.H = static_cast<int>(H);
+    a.capacity = static_cast<int>(N);
+    a.prefix = static_cast<int>(N0);
+    a.c = dcache.as<bf16_t>();
+    a.c_new = dcn.as<bf16_t>();
+    a.q_hi = qh.as<bf16_t>();
+    a.q_lo = ql.as<bf16_t>();
+    a.scale = static_cast<float>(1.0 / std::sqrt(128.0));  // mla_scale: 1/sqrt(d_nope + d_rope), d_rope = 0
+    const auto lat = run(a);
+    std::vector<double> o(T * H * 128), r(T * H * 128);
+    for (std::size_t t = 0; t < T; ++t)
+      for (std::size_t h = 0; h < H; ++h) {
+        Vec<double> av(DC);
+        for (std::size_t k = 0; k < DC; ++k) av(k) = lat[(t * H + h) * DC + k];
+        const Vec<double> oh = w.W_UV.middleRows(h * 128, 128) * av;
+        for (std::size_t j = 0; j < 128; ++j) {
+          o[(t * H + h) * 128 + j] = oh(j);
+          r[(t * H + h) * 128 + j] = O(t, h * 128 + j);
+        }
+      }
+    const auto m = compare(o, r);
+    std::printf("mla prefill end to end (absorb + prefill + host W_UV) vs reference naive, T=70 N0=%zu H=8: rel_rms %.3e\n",
+                N0, m.rel_rms);
+    REQUIRE(m.nan_count + m.inf_count == 0);
+    CHECK(m.rel_rms <= tol::mla_prefill_goal.value);
+  }
+}
+
+TEST_CASE("mla prefill (append + attention) in a CUDA graph equals direct launches", "[gpu][mla]") {
+  Problem P(2, 50, 32, 70, 1);
+  const auto direct = run(P.args());
+  P.upload();  // fresh cache: rows >= N0 poisoned again
+  DevBuf out(2 * 50 * 32 * DC * 4);
+  out.poison();
+  auto a = P.args();
+  a.out = out.as<float>();
+  cudaStream_t st;
+  cuda_check(cudaStreamCreate(&st), "stream");
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  cuda_check(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal), "capture");
+  kernels::mla_prefill(a, st);
+  cuda_check(cudaStreamEndCapture(st, &g), "end capture");
+  cuda_check(cudaGraphInstantiate(&ge, g, 0), "instantiate");
+  cuda_check(cudaGraphLaunch(ge, st), "graph launch");
+  cuda_check(cudaStreamSynchronize(st), "sync");
+  const auto graphed = download_f32(out);
+  const std::size_t cerr = cache_errors(P);
+  std::printf("mla prefill in a CUDA graph: identical to direct launches: %s, cache errors %zu\n",
+              graphed == direct ? "yes" : "no", cerr);
+  CHECK(graphed == direct);
+  CHECK(cerr == 0);
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(g);
+  cudaStreamDestroy(st);
+}
+
+TEST_CASE("mla prefill: bad inputs give clear errors before any launch", "[gpu][mla]") {
+  Problem P(1, 20, 32, 10, 2);
+  DevBuf out(20 * 32 * DC * 4);
+  auto good = P.args();
+  good.out = out.as<float>();
+  REQUIRE_NOTHROW(kernels::mla_prefill(good, nullptr));
+  cuda_check(cudaDeviceSynchronize(), "good");
+  auto expect_error = [](auto&& call, const char* what) {
+    bool threw = false;
+    try {
+      call();
+    } catch (const Error& e) {
+      threw = true;
+      std::printf("mla prefill bad input (%s): %s\n", what, e.what());
+    }
+    CHECK(threw);
+  };
+  auto bad = good;
+  auto pre = [&] { kernels::mla_prefill(bad, nullptr); };
+  bad = good; bad.d_c = 256; expect_error(pre, "d_c = 256");
+  bad = good; bad.d_rope = 64; expect_error(pre, "d_rope = 64");
+  bad = good; bad.H = 0; expect_error(pre, "H = 0");
+  bad = good; bad.T = 0; expect_error(pre, "T = 0");
+  bad = good; bad.B = 0; expect_error(pre, "B = 0");
+  bad = good; bad.prefix = -1; expect_error(pre, "prefix < 0");
+  bad = good; bad.T = 23; expect_error(pre, "N0 + T > capacity");
+  bad = good; bad.c = nullptr; expect_error(pre, "c null");
+  bad = good; bad.c = good.c + 1; expect_error(pre, "c misaligned");
+  bad = good; bad.c_new = good.c_new + 4; expect_error(pre, "c_new misaligned");
+  bad = good; bad.q_lo = nullptr; expect_error(pre, "q_lo null");
+  bad = good; bad.out = nullptr; expect_error(pre, "out null");
+  bad = good; bad.scale = 0.0f; expect_error(pre, "scale = 0");
+  bad = good; bad.scale = NAN; expect_error(pre, "scale NaN");
+  bad = good; bad.sc_t = 500; expect_error(pre, "sc_t < 512");
+  bad = good; bad.sq_t = 32 * 512 + 1; expect_error(pre, "sq_t odd");
+  bad = good; bad.sn_t = 100; expect_error(pre, "sn_t < 512");
+  kernels::MlaAbsorbArgs ab;
+  ab.n = 20; ab.H = 32; ab.d_nope = 128;
+  ab.q_C = P.q_hi.as<bf16_t>(); ab.W_UK = P.q_hi.as<bf16_t>(); ab.q_hi = P.q_hi.as<bf16_t>(); ab.q_lo = P.q_lo.as<bf16_t>();
+  auto abad = ab;
+  auto absorb = [&] { kernels::mla_absorb_query(abad, nullptr); };
+  abad = ab; abad.d_nope = 0; expect_error(absorb, "absorb d_nope = 0");
+  abad = ab; abad.n = 0; expect_error(absorb, "absorb n = 0");
+  abad = ab; abad.d_c = 576; expect_error(absorb, "absorb d_c = 576");
+  abad = ab; abad.W_UK = nullptr; expect_error(absorb, "absorb W_UK null");
+  cuda_check(cudaDeviceSynchronize(), "after bad inputs");
+}
