@@ -74,6 +74,9 @@ struct KdaPrefillArgs {
   /// overlaps the previous segment's state pass (a side stream + events, joined back to `stream`).
   /// Numerically identical to the unsegmented schedule; false = one prepare then one state pass.
   bool overlap_segments = true;
+  /// v5: the fp32 copy of P (1 KB per chunk and value head), which only state_variant 2 reads, is
+  /// neither written nor loaded; false = the v4 workspace traffic (bit-identical results either way).
+  bool compact_workspace = true;
   int run_phases = 3;            ///< diagnostics: 1 = prepare kernel only, 2 = state pass only (on a prepared workspace), 3 = both
 };
 

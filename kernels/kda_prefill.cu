@@ -34,7 +34,10 @@ constexpr int DP = 132;   // padded shared row (floats), keeps float4 alignment
 constexpr int SLICE = 32; // value columns per state CTA
 constexpr int NST = 3;    // cp.async pipeline depth of the state pass (v2: 6 gave no gain and cost occupancy)
 
-// Workspace slot per (chunk, value head), bytes.
+// Workspace slot per (chunk, value head), bytes. W, Qg, Kd are bf16 (mma operand fragments) since
+// v1; U, gam_n stay fp32 (used in fp32). P in fp32 (OFF_P) is read only by state_variant 2: v5 writes
+// it only when that variant (or the v4 layout, compact_workspace = false) asks for it; the slot
+// stride is unchanged, so a workspace is valid for every variant.
 constexpr int OFF_W = 0, OFF_QG = 4096, OFF_KD = 8192, OFF_U = 12288, OFF_P = 20480, OFF_GN = 21504,
               OFF_PF = 22016;  // P as hi + lo bf16 A fragments (2 x 32 x 16 B)
 constexpr int SLOT_BYTES = 23040;
@@ -46,6 +49,7 @@ struct Params {
   const float *A_log, *bias;
   float g_min, scale;
   bool fuse_gate, l2norm, beta_sigmoid;
+  bool write_p;  // the prepare writes fp32 P and the state pass loads it (state_variant 2, or the v4 layout)
   const float* S0;
   float* S_final;
   const int* cu;
@@ -226,7 +230,7 @@ __global__ void __launch_bounds__(256) kda_prepare_kernel(Params p) {
     reinterpret_cast<uint4*>(slot + OFF_W)[tid] = w;
     reinterpret_cast<uint4*>(slot + OFF_QG)[tid] = qg;
     reinterpret_cast<uint4*>(slot + OFF_KD)[tid] = kd;
-    reinterpret_cast<float*>(slot + OFF_P)[tid] = sP[tid / C][tid % C];
+    if (p.write_p) reinterpret_cast<float*>(slot + OFF_P)[tid] = sP[tid / C][tid % C];
     if (tid < D) reinterpret_cast<float*>(slot + OFF_GN)[tid] = sGn[tid];
     if (tid < 32) {  // P = hi + lo, both bf16, A-fragment order (m16 x k16)
       const float pv[8] = {sP[gq][2 * tq],     sP[gq][2 * tq + 1],     sP[gq + 8][2 * tq],     sP[gq + 8][2 * tq + 1],
@@ -283,7 +287,8 @@ __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
       const int r = i / (SLICE / 4), c4 = i % (SLICE / 4);
       cp_async16(&st[s].U[r][c4 * 4], slot + OFF_U + (r * D + vbase + c4 * 4) * 4);
     }
-    for (int i = tid; i < 64; i += 64) cp_async16(&st[s].P[0][0] + 4 * i, slot + OFF_P + 16 * i);
+    if (!kMmaPD || p.write_p)
+      for (int i = tid; i < 64; i += 64) cp_async16(&st[s].P[0][0] + 4 * i, slot + OFF_P + 16 * i);
     for (int i = tid; i < 32; i += 64) cp_async16(&st[s].gn[0] + 4 * i, slot + OFF_GN + 16 * i);
     if (kMmaPD) cp_async16(&st[s].Pf[tid], slot + OFF_PF + 16 * tid);
   };
@@ -470,6 +475,7 @@ Checked check_prefill(const KdaPrefillArgs& a) {
   }
   p.A_log = a.gate.A_log; p.bias = a.gate.bias; p.g_min = a.gate.g_min; p.scale = a.scale;
   p.fuse_gate = a.gate.fused; p.l2norm = a.l2norm_qk; p.beta_sigmoid = a.beta_sigmoid;
+  p.write_p = a.state_variant == 2 || !a.compact_workspace;
   p.S0 = a.S0; p.S_final = a.S_final; p.cu = a.cu_seqlens;
   if (a.cu_seqlens) {
     check_ptr(a.cu_seqlens, 4, "cu_seqlens");

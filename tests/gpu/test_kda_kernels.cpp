@@ -1,6 +1,7 @@
 // KDA CUDA kernels (kernels/kda.hpp) against the float64 recurrence (reference/kda.hpp) and the
 // kernel twin (numerics/kda_twin.hpp), on fresh seeded anchor-kda inputs; outputs poisoned (NaN)
 // before every run. Runs only where the CUDA kernels are built (ctest label gpu).
+#include <array>
 #include <cstdio>
 #include <numeric>
 
@@ -113,6 +114,25 @@ TEST_CASE("overlapped segment schedule is bit-identical to one prepare + one sta
   CHECK(r_on.o == r_off.o);
   CHECK(r_on.S == r_off.S);
   CHECK(mo.rel_rms <= tol::kda_bf16_goal.value);
+}
+
+TEST_CASE("v5 compact workspace (no fp32 P) is bit-identical to the v4 workspace traffic", "[gpu][kda]") {
+  for (const auto& cs : {std::array<std::size_t, 4>{1, 1000, 4, 1}, std::array<std::size_t, 4>{2, 4100, 1, 2}}) {
+    const KdaInputs in = make_inputs(cs[0], cs[1], cs[2], cs[3], fresh_seed());
+    const DevInputs d(in);
+    auto a = prefill_args(in, d);
+    const std::size_t no = in.B * in.T * in.HV * 128, ns = in.B * in.HV * 128 * 128;
+    a.compact_workspace = true;
+    const auto r5 = run_prefill(a, no, ns);
+    a.compact_workspace = false;
+    const auto r4 = run_prefill(a, no, ns);
+    const auto mo = compare(r5.o, truth(in).o.data);
+    std::printf("compact workspace B=%zu T=%zu H=%zu HV=%zu: o %.4e, o identical to v4 layout: %d, S_final identical: %d\n",
+                cs[0], cs[1], cs[2], in.HV, mo.rel_rms, static_cast<int>(r5.o == r4.o), static_cast<int>(r5.S == r4.S));
+    REQUIRE(mo.nan_count + mo.inf_count == 0);
+    CHECK(r5.o == r4.o);
+    CHECK(r5.S == r4.S);
+  }
 }
 
 TEST_CASE("prefill varlen (cu_seqlens) with a last sequence of 1 token equals per-sequence truths", "[gpu][kda]") {
