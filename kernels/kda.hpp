@@ -77,11 +77,26 @@ struct KdaPrefillArgs {
   /// v5: the fp32 copy of P (1 KB per chunk and value head), which only state_variant 2 reads, is
   /// neither written nor loaded; false = the v4 workspace traffic (bit-identical results either way).
   bool compact_workspace = true;
+  /// v5 segment-parallel state pass (fixed-length batches, state_variant 3): 0 = auto, 1 = off,
+  /// P >= 2 = forced P segments (at most 64; fewer when T has fewer chunks). The chunk sequence is cut
+  /// into P segments; pass 1 runs every segment but the last in parallel from S = 0 (-> B_seg) and
+  /// from S = I with v = 0 (-> A_seg, d_k x d_k); a combine kernel scans S_start(s + 1) = A_seg S_start(s)
+  /// + B_seg in fp32; pass 2 runs all segments in parallel from their S_start (o, S_final). It does
+  /// ~2.6x the state work, so it pays only when the one-shot pass leaves SMs idle: auto takes it
+  /// when N * HV * 4 CTAs <= the SM count (each CTA alone on its SM, latency-bound) and T >= 16384,
+  /// choosing P by a wave model (H = 32, T = 65536: P = 3); it replaces the v4 overlapped schedule.
+  /// Not bit-identical to the one-shot pass (A_seg carries its own bf16 operand roundings; the
+  /// twin's KdaTwinPlan::segments models it). Workspace: + 3 (P-1) N HV D^2 fp32.
+  int segment_state = 0;
   int run_phases = 3;            ///< diagnostics: 1 = prepare kernel only, 2 = state pass only (on a prepared workspace), 3 = both
 };
 
 /// Bytes of device scratch the prefill needs for these shapes (checks the shapes too).
 std::size_t kda_prefill_workspace_bytes(const KdaPrefillArgs& a);
+
+/// The number of segments the v5 segment-parallel state pass will use for these arguments on the
+/// current device (1 = the one-shot state pass; see KdaPrefillArgs::segment_state). Checks the shapes.
+int kda_prefill_segments(const KdaPrefillArgs& a);
 
 /// Chunked prefill: o and (optionally) S_final from q, k, v, g, beta (and S0). Asynchronous on
 /// `stream` (with overlap_segments it forks to a side stream and joins back with events; turn it
