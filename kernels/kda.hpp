@@ -95,7 +95,9 @@ struct KdaPrefillArgs {
 std::size_t kda_prefill_workspace_bytes(const KdaPrefillArgs& a);
 
 /// The number of segments the v5 segment-parallel state pass will use for these arguments on the
-/// current device (1 = the one-shot state pass; see KdaPrefillArgs::segment_state). Checks the shapes.
+/// current device (1 = the one-shot state pass; see KdaPrefillArgs::segment_state). Reads only the
+/// shapes and options (no pointer checks; kda_prefill checks everything). Errors: kdalab::Error for
+/// T, B or HV < 1.
 int kda_prefill_segments(const KdaPrefillArgs& a);
 
 /// Chunked prefill: o and (optionally) S_final from q, k, v, g, beta (and S0). Asynchronous on

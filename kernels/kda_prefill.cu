@@ -681,8 +681,12 @@ void launch_state(const Params& p, int HV, int N, cudaStream_t stream) {
 }  // namespace
 
 int kda_prefill_segments(const KdaPrefillArgs& a) {
-  const Checked ck = check_prefill(a);
-  return segment_plan(a, ck.N, ck.max_chunks).P;
+  if (a.T < 1 || a.B < 1 || a.HV < 1 || (a.cu_seqlens && (a.num_seqs < 1 || a.max_seqlen < 1)))
+    throw Error("kda_prefill_segments: T = " + std::to_string(a.T) + ", B = " + std::to_string(a.B) + ", HV = " +
+                std::to_string(a.HV) + "; accepted: T, B, HV >= 1 (and num_seqs, max_seqlen >= 1 with cu_seqlens)");
+  const int N = a.cu_seqlens ? a.num_seqs : a.B;
+  const int nch = ((a.cu_seqlens ? a.max_seqlen : a.T) + C - 1) / C;
+  return segment_plan(a, N, nch).P;
 }
 
 std::size_t kda_prefill_workspace_bytes(const KdaPrefillArgs& a) {
