@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(256) kda_prepare_kernel(Params p) {
         nq += __shfl_xor_sync(0xffffffffu, nq, m);
         nk += __shfl_xor_sync(0xffffffffu, nk, m);
       }
-      const float iq = nq > 0 ? 1.0f / sqrtf(nq) : 0.0f, ik = nk > 0 ? 1.0f / sqrtf(nk) : 0.0f;
+      const float iq = inv_l2norm(nq), ik = inv_l2norm(nk);
 #pragma unroll
       for (int i = 0; i < 8; ++i) { fq[i] *= iq; fk[i] *= ik; }
     }
@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(256) kda_prepare_kernel(Params p) {
       const float4 b1 = *reinterpret_cast<const float4*>(p.bias + hv * D + c8 + 4);
       const float bb[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
 #pragma unroll
-      for (int i = 0; i < 8; ++i) fg[i] = p.g_min * sigmoidf_(ea * (fg[i] + bb[i]));
+      for (int i = 0; i < 8; ++i) fg[i] = k3_gate(fg[i], ea, bb[i], p.g_min);
     }
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
@@ -146,8 +146,7 @@ __global__ void __launch_bounds__(256) kda_prepare_kernel(Params p) {
       float b = 0.0f;
       if (tid < nvalid) {
         const long long tt = sq.bos + t0 + tid;
-        b = bf2f(p.beta[sq.bidx * p.sbeta.b + tt * p.sbeta.t + hv * p.sbeta.h]);
-        if (p.beta_sigmoid) b = sigmoidf_(b);
+        b = beta_of(bf2f(p.beta[sq.bidx * p.sbeta.b + tt * p.sbeta.t + hv * p.sbeta.h]), p.beta_sigmoid);
       }
       sBeta[tid] = b;
     }
