@@ -84,7 +84,9 @@ struct KdaPrefillArgs {
   /// + B_seg in fp32; pass 2 runs all segments in parallel from their S_start (o, S_final). It does
   /// ~2.6x the state work, so it pays only when the one-shot pass leaves SMs idle: auto takes it
   /// when N * HV * 4 CTAs <= the SM count (each CTA alone on its SM, latency-bound) and T >= 16384,
-  /// choosing P by a wave model (H = 32, T = 65536: P = 3); it replaces the v4 overlapped schedule.
+  /// choosing P by a wave model (H = 32, T = 65536: P = 3). With overlap_segments (and run_phases
+  /// 3) the prepare runs per segment and overlaps pass 1 of the segments before it (a side stream, as
+  /// v4); bit-identical to the serial order.
   /// Not bit-identical to the one-shot pass (A_seg carries its own bf16 operand roundings; the
   /// twin's KdaTwinPlan::segments models it). Workspace: + 3 (P-1) N HV D^2 fp32.
   int segment_state = 0;

@@ -59,6 +59,8 @@ struct Params {
   // sg = blockIdx.z % nseg_grid covers chunks [sg * seg_chunks, min(nch, (sg + 1) * seg_chunks)).
   // One-shot pass: nseg_grid = 1, seg_chunks = 1 << 30.
   int nseg_grid, seg_chunks;
+  int seg_base;    // first segment of this launch (pass 1 launched per segment in the overlapped schedule)
+  int chunk_base;  // first chunk of this prepare launch (the overlapped segment schedule)
   float* seg_S;  // [P - 1][N][HV][D][D] fp32: S_start of segments 1 .. P-1
   float* seg_A;  // [P - 1][N][HV][D][D] fp32: A_seg (d_k x d_k) of segments 0 .. P-2
   float* seg_B;  // [P - 1][N][HV][D][D] fp32: B_seg of segments 0 .. P-2
@@ -85,7 +87,7 @@ __device__ __forceinline__ Seq seq_info(const Params& p, int n) {
 }
 
 __global__ void __launch_bounds__(256) kda_prepare_kernel(Params p) {
-  const int c = blockIdx.x, hv = blockIdx.y, n = blockIdx.z, tid = threadIdx.x;
+  const int c = blockIdx.x + p.chunk_base, hv = blockIdx.y, n = blockIdx.z, tid = threadIdx.x;
   const Seq sq = seq_info(p, n);
   const int t0 = c * C;
   if (t0 >= sq.len) return;
@@ -271,7 +273,7 @@ struct Stage {
 template <bool kMmaPD, bool kPass1 = false>
 __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
   static_assert(kMmaPD || !kPass1, "pass 1 exists only for the v3 state step");
-  const int hv = blockIdx.y, n = blockIdx.z / p.nseg_grid, sgi = blockIdx.z % p.nseg_grid;
+  const int hv = blockIdx.y, n = blockIdx.z / p.nseg_grid, sgi = p.seg_base + blockIdx.z % p.nseg_grid;
   const bool acols = kPass1 && blockIdx.x >= D / SLICE;  // A_seg columns (pass 1)
   const int slice = acols ? blockIdx.x - D / SLICE : blockIdx.x;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gq = lane / 4, tq = lane % 4;
@@ -445,7 +447,7 @@ __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
     __syncwarp();  // Dsh is rewritten next chunk
   }
   float* S_out = kPass1 ? (acols ? p.seg_A : p.seg_B) + sgi * seg_stride
-                        : sgi == p.nseg_grid - 1 ? p.S_final : nullptr;
+                        : sgi == p.seg_base + p.nseg_grid - 1 ? p.S_final : nullptr;  // pass 2: seg_base 0
   if (S_out) {
 #pragma unroll
     for (int j = 0; j < 16; ++j)
@@ -569,6 +571,8 @@ Checked check_prefill(const KdaPrefillArgs& a) {
   p.N = ck.N;
   p.nseg_grid = 1;
   p.seg_chunks = 1 << 30;
+  p.seg_base = 0;
+  p.chunk_base = 0;
   p.seg_S = p.seg_A = p.seg_B = nullptr;
   if (a.segment_state < 0 || a.segment_state > 64)
     throw Error(std::string(op) + ": segment_state = " + std::to_string(a.segment_state) +
@@ -632,8 +636,8 @@ struct SegPlan {
 /// 512 steps; 8192x96: 2.9/SM 0.884 ms / 512; 65536x32: 1/SM 5.196 ms / 4096; 4 is extrapolated),
 /// at most 4 CTAs per SM (51 KB of smem each), more make waves. Pass 1 steps weigh 0.75 (no Qg S,
 /// P D, o; half the bytes). P in 2..16 minimising pass 1 + pass 2 is taken when it is below 0.9 of
-/// the one-shot pass (the segment path gives up the v4 prepare/state overlap, worth ~0.7 ms at
-/// 65536x32). H = 32, T = 65536 on 132 SMs: P = 3, model 4.5 ms vs 5.2 ms one-shot (0.87).
+/// the one-shot pass (both schedules overlap the prepare with state work; v4's overlap hid ~0.7 ms
+/// of the 2.9 ms prepare at 65536x32). H = 32, T = 65536 on 132 SMs: P = 3, model 4.5 ms vs 5.2 ms one-shot (0.87).
 double pass_cost(long long ctas, int sms, double steps) {
   static const double t[5] = {0.0, 1.27, 1.38, 1.73, 2.1};
   const long long per_sm = (ctas + sms - 1) / sms;
@@ -717,7 +721,7 @@ void kda_prefill(const KdaPrefillArgs& a, cudaStream_t stream) {
     if (a.state_variant == 3) launch_state<true>(p, a.HV, ck.N, s);
     else launch_state<false>(p, a.HV, ck.N, s);
   };
-  if (sp.P > 1) {  // v5 segment-parallel state pass: prepare, pass 1, combine, pass 2 (one stream)
+  if (sp.P > 1) {  // v5 segment-parallel state pass: prepare, pass 1, combine, pass 2
     if (static_cast<long long>(ck.N) * sp.P > 65535)
       throw Error("kda_prefill: " + std::to_string(ck.N) + " sequences x " + std::to_string(sp.P) +
                   " segments; accepted: <= 65535 (grid limit); use segment_state = 1");
@@ -727,19 +731,58 @@ void kda_prefill(const KdaPrefillArgs& a, cudaStream_t stream) {
     p.seg_A = p.seg_S + seg_elems;
     p.seg_B = p.seg_A + seg_elems;
     p.seg_chunks = sp.seg_chunks;
+    constexpr int smem = NST * static_cast<int>(sizeof(Stage));
+    cuda_check(cudaFuncSetAttribute(kda_state_kernel<true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+               "cudaFuncSetAttribute(kda_state_kernel pass 1)");
+    cuda_check(cudaFuncSetAttribute(kda_segment_combine_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, CMB_SMEM),
+               "cudaFuncSetAttribute(kda_segment_combine_kernel)");
+    if (a.overlap_segments && a.run_phases == 3) {
+      // overlapped (like v4): the prepare of segment k (caller's stream) runs while pass 1 of the
+      // segments before it runs on a higher-priority side stream; combine and pass 2 follow on the
+      // side stream (pass 2 after the last prepare); joined back to `stream`. Same kernels and
+      // data as the serial order below, so bit-identical to it (tested).
+      int prio_least = 0, prio_greatest = 0;
+      cuda_check(cudaDeviceGetStreamPriorityRange(&prio_least, &prio_greatest), "cudaDeviceGetStreamPriorityRange");
+      cudaStream_t side;
+      cuda_check(cudaStreamCreateWithPriority(&side, cudaStreamNonBlocking, prio_greatest), "cudaStreamCreateWithPriority");
+      std::vector<cudaEvent_t> ev(sp.P + 2);
+      for (auto& e : ev) cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+      cuda_check(cudaEventRecord(ev[sp.P], stream), "cudaEventRecord");
+      cuda_check(cudaStreamWaitEvent(side, ev[sp.P], 0), "cudaStreamWaitEvent");
+      for (int k = 0; k < sp.P; ++k) {
+        Params pk = p;
+        pk.chunk_base = k * sp.seg_chunks;
+        const int nk = std::min(ck.max_chunks, (k + 1) * sp.seg_chunks) - pk.chunk_base;
+        kda_prepare_kernel<<<dim3(nk, a.HV, ck.N), 256, 0, stream>>>(pk);
+        cuda_check(cudaGetLastError(), "kda_prepare_kernel launch");
+        cuda_check(cudaEventRecord(ev[k], stream), "cudaEventRecord");
+        cuda_check(cudaStreamWaitEvent(side, ev[k], 0), "cudaStreamWaitEvent");
+        if (k + 1 < sp.P) {
+          pk.chunk_base = 0;
+          pk.seg_base = k;
+          pk.nseg_grid = 1;
+          kda_state_kernel<true, true><<<dim3(2 * D / SLICE, a.HV, ck.N), 64, smem, side>>>(pk);
+          cuda_check(cudaGetLastError(), "kda_state_kernel pass 1 launch");
+        }
+      }
+      kda_segment_combine_kernel<<<dim3(D / SLICE, a.HV, ck.N), 256, CMB_SMEM, side>>>(p, sp.P);
+      cuda_check(cudaGetLastError(), "kda_segment_combine_kernel launch");
+      p.nseg_grid = sp.P;
+      launch_state<true>(p, a.HV, ck.N * sp.P, side);
+      cuda_check(cudaEventRecord(ev[sp.P + 1], side), "cudaEventRecord");
+      cuda_check(cudaStreamWaitEvent(stream, ev[sp.P + 1], 0), "cudaStreamWaitEvent");
+      for (auto& e : ev) cuda_check(cudaEventDestroy(e), "cudaEventDestroy");
+      cuda_check(cudaStreamDestroy(side), "cudaStreamDestroy");
+      return;
+    }
     if (a.run_phases & 1) {
       kda_prepare_kernel<<<dim3(ck.max_chunks, a.HV, ck.N), 256, 0, stream>>>(p);
       cuda_check(cudaGetLastError(), "kda_prepare_kernel launch");
     }
     if (a.run_phases & 2) {
-      constexpr int smem = NST * static_cast<int>(sizeof(Stage));
-      cuda_check(cudaFuncSetAttribute(kda_state_kernel<true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-                 "cudaFuncSetAttribute(kda_state_kernel pass 1)");
       p.nseg_grid = sp.P - 1;
       kda_state_kernel<true, true><<<dim3(2 * D / SLICE, a.HV, ck.N * (sp.P - 1)), 64, smem, stream>>>(p);
       cuda_check(cudaGetLastError(), "kda_state_kernel pass 1 launch");
-      cuda_check(cudaFuncSetAttribute(kda_segment_combine_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, CMB_SMEM),
-                 "cudaFuncSetAttribute(kda_segment_combine_kernel)");
       kda_segment_combine_kernel<<<dim3(D / SLICE, a.HV, ck.N), 256, CMB_SMEM, stream>>>(p, sp.P);
       cuda_check(cudaGetLastError(), "kda_segment_combine_kernel launch");
       p.nseg_grid = sp.P;

@@ -150,7 +150,14 @@ TEST_CASE("v5 segment-parallel state pass (forced) vs float64, twin segment mode
     auto a = prefill_args(in, d);
     a.segment_state = cs.P;
     REQUIRE(kernels::kda_prefill_segments(a) == cs.P);
-    const auto rs = run_prefill(a, no, ns);
+    const auto rs = run_prefill(a, no, ns);  // overlapped schedule (overlap_segments = true)
+    a.overlap_segments = false;
+    const auto rs_serial = run_prefill(a, no, ns);
+    a.overlap_segments = true;
+    const bool same = rs.o == rs_serial.o && rs.S == rs_serial.S;
+    std::printf("segments P=%d B=%zu T=%zu: overlapped schedule identical to the serial one: %d\n", cs.P, cs.B, cs.T,
+                static_cast<int>(same));
+    CHECK(same);
     a.segment_state = 1;
     REQUIRE(kernels::kda_prefill_segments(a) == 1);
     const auto r1 = run_prefill(a, no, ns);
