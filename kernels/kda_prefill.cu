@@ -55,8 +55,8 @@ struct Params {
   const int* cu;
   bf16_t* o;
   unsigned char* ws;
-  // v5 segment-parallel state pass (see run_segmented()): grid.z = N * nseg_grid, segment
-  // sg = blockIdx.z % nseg_grid covers chunks [sg * seg_chunks, min(nch, (sg + 1) * seg_chunks)).
+  // v5 segment-parallel state pass (the segment path of kda_prefill()): grid.z = N * nseg_grid, segment
+  // sg = seg_base + blockIdx.z % nseg_grid covers chunks [sg * seg_chunks, min(nch, (sg + 1) * seg_chunks)).
   // One-shot pass: nseg_grid = 1, seg_chunks = 1 << 30.
   int nseg_grid, seg_chunks;
   int seg_base;    // first segment of this launch (pass 1 launched per segment in the overlapped schedule)
