@@ -79,10 +79,11 @@ struct KdaPrefillArgs {
   bool compact_workspace = true;
   /// v5 segment-parallel state pass (fixed-length batches, state_variant 3): 0 = auto, 1 = off,
   /// P >= 2 = forced P segments (at most 64; fewer when T has fewer chunks). The chunk sequence is cut
-  /// into P segments; pass 1 runs every segment but the last in parallel from S = 0 (-> B_seg) and
-  /// from S = I with v = 0 (-> A_seg, d_k x d_k); a combine kernel scans S_start(s + 1) = A_seg S_start(s)
-  /// + B_seg in fp32; pass 2 runs all segments in parallel from their S_start (o, S_final). It does
-  /// ~2.6x the state work, so it pays only when the one-shot pass leaves SMs idle: auto takes it
+  /// into P segments; pass 1 runs, in parallel, segment 0's full pass from S0 (o; its end state is
+  /// S_start(1)) and segments 1..P-2 from S = 0 (-> B_seg) and from S = I with v = 0 (-> A_seg,
+  /// d_k x d_k); a combine kernel scans S_start(s + 1) = A_seg S_start(s) + B_seg in fp32; pass 2 runs
+  /// segments 1..P-1 in parallel from their S_start (o, S_final). It does up to ~2.5x the state
+  /// work, so it pays only when the one-shot pass leaves SMs idle: auto takes it
   /// when N * HV * 4 CTAs <= the SM count (each CTA alone on its SM, latency-bound) and T >= 16384,
   /// choosing P by a wave model (H = 32, T = 65536: P = 3). With overlap_segments (and run_phases
   /// 3) the prepare runs per segment and overlaps pass 1 of the segments before it (a side stream, as

@@ -266,15 +266,20 @@ struct Stage {
 // i.e. fp32-class as the plan asks), accumulated straight onto Qg S. kMmaPD = false (v2): P D by
 // fp32 FMAs from shared memory, o before the state update.
 //
-// kPass1 (v5 segment path, pass 1; kMmaPD only): no o. Slices 0..3 run the segment from S = 0 with
-// the true U (-> B_seg columns), slices 4..7 from S = I with U = 0 (-> A_seg columns: D = -W S);
-// the end state goes to seg_B / seg_A. Without kPass1 the kernel is the state pass of one segment
-// (all chunks when nseg_grid = 1), starting from S0 (segment 0) or seg_S.
+// kPass1 (v5 segment path, pass 1; kMmaPD only), segments 1..: no o; slices 0..3 run the segment
+// from S = 0 with the true U (-> B_seg columns), slices 4..7 from S = I with U = 0 (-> A_seg
+// columns: D = -W S); the end state goes to seg_B / seg_A. Segment 0 in pass 1 is the full state
+// pass from S0 (o written; slices 4..7 exit) whose end state is S_start(1) (seg_S[0]). Without
+// kPass1 the kernel is the state pass of one segment (all chunks when nseg_grid = 1), starting from
+// S0 (segment 0) or seg_S.
 template <bool kMmaPD, bool kPass1 = false>
 __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
   static_assert(kMmaPD || !kPass1, "pass 1 exists only for the v3 state step");
   const int hv = blockIdx.y, n = blockIdx.z / p.nseg_grid, sgi = p.seg_base + blockIdx.z % p.nseg_grid;
   const bool acols = kPass1 && blockIdx.x >= D / SLICE;  // A_seg columns (pass 1)
+  if (kPass1 && sgi == 0 && acols) return;  // segment 0 needs no A_seg (it starts from the known S0)
+  // the full state step (o, Qg S, P D): the state pass, and segment 0 in pass 1 (its end state is S_start(1))
+  const bool full = !kPass1 || sgi == 0;
   const int slice = acols ? blockIdx.x - D / SLICE : blockIdx.x;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gq = lane / 4, tq = lane % 4;
   const Seq sq = seq_info(p, n);
@@ -290,7 +295,7 @@ __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
   float Sacc[16][4];
   const long long sbase = (static_cast<long long>(n) * p.HV + hv) * D * D;
   const long long seg_stride = static_cast<long long>(p.N) * p.HV * D * D;
-  const float* S_in = kPass1 ? nullptr : sgi == 0 ? p.S0 : p.seg_S + (sgi - 1) * seg_stride;
+  const float* S_in = sgi == 0 ? p.S0 : kPass1 ? nullptr : p.seg_S + (sgi - 1) * seg_stride;
 #pragma unroll
   for (int j = 0; j < 16; ++j)
 #pragma unroll
@@ -303,7 +308,7 @@ __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
     const unsigned char* slot = p.ws + ((sq.slot0 + c) * p.HV + hv) * static_cast<long long>(SLOT_BYTES);
     const uint4* src = reinterpret_cast<const uint4*>(slot);  // W, Qg, Kd: 768 x 16 B contiguous
     uint4* dstw = st[s].W;
-    if constexpr (kPass1) {  // W and Kd only
+    if (!full) {  // W and Kd only
       for (int i = tid; i < 512; i += 64) cp_async16(dstw + i + (i >= 256 ? 256 : 0), src + i + (i >= 256 ? 256 : 0));
     } else {
       for (int i = tid; i < 768; i += 64) cp_async16(dstw + i, src + i);  // W, Qg, Kd are adjacent in Stage
@@ -313,10 +318,10 @@ __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
         const int r = i / (SLICE / 4), c4 = i % (SLICE / 4);
         cp_async16(&st[s].U[r][c4 * 4], slot + OFF_U + (r * D + vbase + c4 * 4) * 4);
       }
-    if (!kMmaPD || (p.write_p && !kPass1))
+    if (!kMmaPD || (p.write_p && full))
       for (int i = tid; i < 64; i += 64) cp_async16(&st[s].P[0][0] + 4 * i, slot + OFF_P + 16 * i);
     for (int i = tid; i < 32; i += 64) cp_async16(&st[s].gn[0] + 4 * i, slot + OFF_GN + 16 * i);
-    if (kMmaPD && !kPass1) cp_async16(&st[s].Pf[tid], slot + OFF_PF + 16 * tid);
+    if (kMmaPD && full) cp_async16(&st[s].Pf[tid], slot + OFF_PF + 16 * tid);
   };
 
   // prologue: chunks 0 .. NST-2 in flight (one commit group per chunk, empty groups past the end)
@@ -336,14 +341,14 @@ __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
     float ws[2][4] = {}, ws2[2][4] = {}, qs[2][4] = {};
 #pragma unroll
     for (int kt = 0; kt < 8; ++kt) {
-      const uint4 wa = S.W[kt * 32 + lane], qa = kPass1 ? uint4{} : S.Qg[kt * 32 + lane];  // pass 1 loads no Qg
+      const uint4 wa = S.W[kt * 32 + lane], qa = full ? S.Qg[kt * 32 + lane] : uint4{};  // pass 1 loads no Qg
       const std::uint32_t aw[4] = {wa.x, wa.y, wa.z, wa.w}, aq[4] = {qa.x, qa.y, qa.z, qa.w};
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
         const std::uint32_t b[2] = {pack_bf16(Sacc[2 * kt][2 * nt], Sacc[2 * kt][2 * nt + 1]),
                                     pack_bf16(Sacc[2 * kt + 1][2 * nt], Sacc[2 * kt + 1][2 * nt + 1])};
         mma_bf16((kt & 1) ? ws2[nt] : ws[nt], aw, b);
-        if constexpr (!kPass1) mma_bf16(qs[nt], aq, b);
+        if (full) mma_bf16(qs[nt], aq, b);
       }
     }
 #pragma unroll
@@ -381,7 +386,7 @@ __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
         const std::uint32_t b[2] = {(j & 1) ? kb.z : kb.x, (j & 1) ? kb.w : kb.y};
         mma_bf16(Sacc[j], ad, b);
       }
-      if constexpr (!kPass1) {
+      if (full) {
       // ---- o = scale (Qg S + P D), P D = Phi Dhi + Phi Dlo + Plo Dhi ----
       const uint4 ph = S.Pf[lane], pl = S.Pf[32 + lane];
       const std::uint32_t aph[4] = {ph.x, ph.y, ph.z, ph.w}, apl[4] = {pl.x, pl.y, pl.z, pl.w};
@@ -446,8 +451,8 @@ __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
     }
     __syncwarp();  // Dsh is rewritten next chunk
   }
-  float* S_out = kPass1 ? (acols ? p.seg_A : p.seg_B) + sgi * seg_stride
-                        : sgi == p.seg_base + p.nseg_grid - 1 ? p.S_final : nullptr;  // pass 2: seg_base 0
+  float* S_out = kPass1 ? (sgi == 0 ? p.seg_S : (acols ? p.seg_A : p.seg_B) + sgi * seg_stride)
+                        : sgi == p.seg_base + p.nseg_grid - 1 ? p.S_final : nullptr;  // pass 2: the last segment
   if (S_out) {
 #pragma unroll
     for (int j = 0; j < 16; ++j)
@@ -457,8 +462,9 @@ __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
   }
 }
 
-// v5 segment path, combine: S_start(s + 1) = A_seg(s) S_start(s) + B_seg(s) for s = 0 .. P-2, in
-// fp32 (FMA chain from B over m = 0..127), S_start(0) = S0 (or 0). One CTA (256 threads) per
+// v5 segment path, combine: S_start(s + 1) = A_seg(s) S_start(s) + B_seg(s) for s = 1 .. P-2, in
+// fp32 (FMA chain from B over m = 0..127), from S_start(1) = seg_S[0] (segment 0's end state, pass
+// 1). Launched for P >= 3. One CTA (256 threads) per
 // (32-column slice of d_v, value head, sequence): column slices of S are independent.
 constexpr int CMB_SMEM = (D * D + D * SLICE) * 4;  // A_seg (64 KB) + the S slice (16 KB)
 __global__ void __launch_bounds__(256) kda_segment_combine_kernel(Params p, int nseg) {
@@ -471,9 +477,9 @@ __global__ void __launch_bounds__(256) kda_segment_combine_kernel(Params p, int 
   const int vb = slice * SLICE, j = tid % SLICE, i0 = tid / SLICE;  // rows i0 + 8 r, r = 0..15
   for (int e = tid; e < D * SLICE; e += 256) {
     const int r = e / SLICE, cc = e % SLICE;
-    Ssh[e] = p.S0 ? p.S0[sbase + r * D + vb + cc] : 0.0f;
+    Ssh[e] = p.seg_S[sbase + r * D + vb + cc];
   }
-  for (int sg = 0; sg + 1 < nseg; ++sg) {
+  for (int sg = 1; sg + 1 < nseg; ++sg) {
     const float* A = p.seg_A + sg * seg_stride + sbase;
     const float* Bm = p.seg_B + sg * seg_stride + sbase;
     for (int e = tid; e < D * D / 4; e += 256)
@@ -637,7 +643,9 @@ struct SegPlan {
 /// at most 4 CTAs per SM (51 KB of smem each), more make waves. Pass 1 steps weigh 0.75 (no Qg S,
 /// P D, o; half the bytes). P in 2..16 minimising pass 1 + pass 2 is taken when it is below 0.9 of
 /// the one-shot pass (both schedules overlap the prepare with state work; v4's overlap hid ~0.7 ms
-/// of the 2.9 ms prepare at 65536x32). H = 32, T = 65536 on 132 SMs: P = 3, model 4.5 ms vs 5.2 ms one-shot (0.87).
+/// of the 2.9 ms prepare at 65536x32). Pass 1 = segment 0's full pass (N HV 4 CTAs, weight 1) +
+/// segments 1..P-2 (N HV 8 CTAs each, weight 0.75); pass 2 = segments 1..P-1.
+/// H = 32, T = 65536 on 132 SMs: P = 3, model 3.85 ms vs 5.2 ms one-shot (0.74).
 double pass_cost(long long ctas, int sms, double steps) {
   static const double t[5] = {0.0, 1.27, 1.38, 1.73, 2.1};
   const long long per_sm = (ctas + sms - 1) / sms;
@@ -657,7 +665,9 @@ SegPlan segment_plan(const KdaPrefillArgs& a, int N, int nch) {
     double best = 0.9 * pass_cost(base, sms, nch);
     for (int q = 2; q <= 16; ++q) {
       const double L = (nch + q - 1) / q;
-      const double cost = 0.75 * pass_cost((q - 1) * 2 * base, sms, L) + pass_cost(q * base, sms, L);
+      // pass 1: segment 0 full (base CTAs) + segments 1..q-2 (2 base CTAs each, lighter); pass 2: q - 1 segments
+      const double w1 = (1.0 + 0.75 * 2 * (q - 2)) / (1.0 + 2 * (q - 2));
+      const double cost = w1 * pass_cost((1 + 2LL * (q - 2)) * base, sms, L) + pass_cost((q - 1) * base, sms, L);
       if (cost < best) {
         best = cost;
         P = q;
@@ -765,10 +775,13 @@ void kda_prefill(const KdaPrefillArgs& a, cudaStream_t stream) {
           cuda_check(cudaGetLastError(), "kda_state_kernel pass 1 launch");
         }
       }
-      kda_segment_combine_kernel<<<dim3(D / SLICE, a.HV, ck.N), 256, CMB_SMEM, side>>>(p, sp.P);
-      cuda_check(cudaGetLastError(), "kda_segment_combine_kernel launch");
-      p.nseg_grid = sp.P;
-      launch_state<true>(p, a.HV, ck.N * sp.P, side);
+      if (sp.P >= 3) {
+        kda_segment_combine_kernel<<<dim3(D / SLICE, a.HV, ck.N), 256, CMB_SMEM, side>>>(p, sp.P);
+        cuda_check(cudaGetLastError(), "kda_segment_combine_kernel launch");
+      }
+      p.seg_base = 1;  // pass 2: segments 1 .. P-1 (segment 0's o came from pass 1)
+      p.nseg_grid = sp.P - 1;
+      launch_state<true>(p, a.HV, ck.N * (sp.P - 1), side);
       cuda_check(cudaEventRecord(ev[sp.P + 1], side), "cudaEventRecord");
       cuda_check(cudaStreamWaitEvent(stream, ev[sp.P + 1], 0), "cudaStreamWaitEvent");
       for (auto& e : ev) cuda_check(cudaEventDestroy(e), "cudaEventDestroy");
@@ -783,10 +796,13 @@ void kda_prefill(const KdaPrefillArgs& a, cudaStream_t stream) {
       p.nseg_grid = sp.P - 1;
       kda_state_kernel<true, true><<<dim3(2 * D / SLICE, a.HV, ck.N * (sp.P - 1)), 64, smem, stream>>>(p);
       cuda_check(cudaGetLastError(), "kda_state_kernel pass 1 launch");
-      kda_segment_combine_kernel<<<dim3(D / SLICE, a.HV, ck.N), 256, CMB_SMEM, stream>>>(p, sp.P);
-      cuda_check(cudaGetLastError(), "kda_segment_combine_kernel launch");
-      p.nseg_grid = sp.P;
-      launch_state<true>(p, a.HV, ck.N * sp.P, stream);
+      if (sp.P >= 3) {
+        kda_segment_combine_kernel<<<dim3(D / SLICE, a.HV, ck.N), 256, CMB_SMEM, stream>>>(p, sp.P);
+        cuda_check(cudaGetLastError(), "kda_segment_combine_kernel launch");
+      }
+      p.seg_base = 1;  // pass 2: segments 1 .. P-1
+      p.nseg_grid = sp.P - 1;
+      launch_state<true>(p, a.HV, ck.N * (sp.P - 1), stream);
     }
     return;
   }

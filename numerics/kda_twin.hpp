@@ -65,10 +65,11 @@ struct KdaTwinPlan {
   std::size_t chunk = 16;
   bool use_S0 = true;
   /// Segment-parallel state pass (kernel v5, kernels/kda_prefill.cu): 0 or 1 = off; P >= 2 = the
-  /// chunks are cut into segments of ceil(nchunks / P) chunks; every segment but the last gets
-  /// A_seg (the state path run from S = I with v = 0, d_k x d_k) and B_seg (run from S = 0), both at
-  /// the plan's precisions; S_start(s + 1) = A_seg S_start(s) + B_seg in fp32 (accum); then each
-  /// segment's o from its S_start. Exact in float64 (tests/unit/test_kda_segments.cpp).
+  /// chunks are cut into segments of ceil(nchunks / P) chunks; segment 0 runs the full pass from S0
+  /// (its end state is S_start(1)); segments 1..P-2 get A_seg (the state path run from S = I with
+  /// v = 0, d_k x d_k) and B_seg (run from S = 0), both at the plan's precisions; S_start(s + 1) =
+  /// A_seg S_start(s) + B_seg in fp32 (accum); then segments 1..P-1 from their S_start (o,
+  /// final state). Exact in float64 (tests/unit/test_kda_segments.cpp).
   std::size_t segments = 0;
 };
 
@@ -244,10 +245,20 @@ inline KdaOutput<double> kda_twin(const KdaInputs& in, const KdaTwinPlan& p) {
     for (std::size_t hv = 0; hv < HV; ++hv) {
       for (std::size_t i = 0; i < dk * dv; ++i) S[i] = p.use_S0 ? rnd(in.S0.data[(b * HV + hv) * dk * dv + i], p.state) : 0.0;
       Sstart[0] = S;
-      // segment mode, pass 1 + combine: A_seg (from I, v = 0) and B_seg (from 0) of every segment but
-      // the last; S_start of segment s + 1 = A_seg S_start(s) + B_seg, fp32 products (accumulated
-      // exactly, rounded once: the kernel's ordered fp32 FMAs differ only in accumulation order)
+      // segment mode, pass 1 + combine: segment 0 runs the full state pass from S0 (o too) and its end
+      // state is S_start(1); segments 1..P-2 get A_seg (from I, v = 0) and B_seg (from 0), and
+      // S_start(s + 1) = A_seg S_start(s) + B_seg, fp32 products (accumulated exactly, rounded once:
+      // the kernel's ordered fp32 FMAs differ only in accumulation order)
       for (std::size_t sg = 0; sg + 1 < nseg; ++sg) {
+        if (sg == 0) {
+          for (std::size_t c = 0; c < seg_chunks; ++c) {
+            const std::size_t t0 = c * C, n = std::min(C, T - t0);
+            prep(b, hv, t0, n);
+            step(S, dv, true, true, b, hv, t0, n);
+          }
+          Sstart[1] = S;
+          continue;
+        }
         Aseg.assign(dk * dk, 0.0);
         for (std::size_t i = 0; i < dk; ++i) Aseg[i * dk + i] = 1.0;
         Bseg.assign(dk * dv, 0.0);
@@ -265,8 +276,8 @@ inline KdaOutput<double> kda_twin(const KdaInputs& in, const KdaTwinPlan& p) {
             Sstart[sg + 1][i * dv + j] = rnd(rnd(acc, fa), p.state);
           }
       }
-      // the state pass (segment mode: pass 2, each segment from its S_start; else one segment)
-      for (std::size_t sg = 0; sg < nseg; ++sg) {
+      // the state pass (segment mode: pass 2, segments 1.. from their S_start; else one segment)
+      for (std::size_t sg = nseg > 1 ? 1 : 0; sg < nseg; ++sg) {
         S = Sstart[sg];
         for (std::size_t c = sg * seg_chunks; c < std::min(nchunk, (sg + 1) * seg_chunks); ++c) {
           const std::size_t t0 = c * C, n = std::min(C, T - t0);

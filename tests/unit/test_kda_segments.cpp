@@ -6,7 +6,8 @@
 //   A_seg = prod_t (I - beta_t k_t k_t^T) Diag(alpha_t)   (d_k x d_k: the same recurrence run from S = I with v = 0)
 //   B_seg = the segment's final state from S = 0 with the true v.
 // Pass 1 (segments in parallel): A_seg, B_seg; combine (sequential over segments): S_start of each
-// segment; pass 2 (segments in parallel): o from the true S_start. Also the twin's segment mode
+// segment; pass 2 (segments in parallel): o from the true S_start. (The kernel runs segment 0's
+// pass directly from S0 in pass 1, a special case: S_start(1) is then its end state.) Also the twin's segment mode
 // (numerics/kda_twin.hpp, KdaTwinPlan::segments) against its one-shot mode and the float64 truth.
 #include <cstdio>
 
