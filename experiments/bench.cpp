@@ -187,6 +187,15 @@ Measured bench_prefill(const Shape& s, int warmup, int iters, std::uint64_t seed
   const double prep = time_ms([&] { kernels::kda_prefill(a, nullptr); }, warmup, iters).first;
   a.run_phases = 2;
   const double state = time_ms([&] { kernels::kda_prefill(a, nullptr); }, warmup, iters).first;
+  if (const int segs = kernels::kda_prefill_segments(a); segs > 1) {  // v5: the segment path and the one-shot schedule
+    auto a1 = a;
+    a1.segment_state = 1;
+    const double state1 = time_ms([&] { kernels::kda_prefill(a1, nullptr); }, warmup, iters).first;
+    a1.run_phases = 3;
+    const double all1 = time_ms([&] { kernels::kda_prefill(a1, nullptr); }, warmup, iters).first;
+    fmt::print("  (B={} T={} H={} HV={}: segment-parallel state pass P = {}; one-shot schedule (segment_state = 1): "
+               "total {:.4f} ms, state pass {:.4f} ms)\n", s.B, s.T, s.H, s.HV, segs, all1, state1);
+  }
   a.state_variant = 2;
   const double state_v2 = time_ms([&] { kernels::kda_prefill(a, nullptr); }, warmup, iters).first;
   fmt::print("  (B={} T={} H={} HV={}: state pass v2 = {:.4f} ms)\n", s.B, s.T, s.H, s.HV, state_v2);

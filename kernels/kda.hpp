@@ -74,11 +74,34 @@ struct KdaPrefillArgs {
   /// overlaps the previous segment's state pass (a side stream + events, joined back to `stream`).
   /// Numerically identical to the unsegmented schedule; false = one prepare then one state pass.
   bool overlap_segments = true;
+  /// v5: the fp32 copy of P (1 KB per chunk and value head), which only state_variant 2 reads, is
+  /// neither written nor loaded; false = the v4 workspace traffic (bit-identical results either way).
+  bool compact_workspace = true;
+  /// v5 segment-parallel state pass (fixed-length batches, state_variant 3): 0 = auto, 1 = off,
+  /// P >= 2 = forced P segments (at most 64; fewer when T has fewer chunks). The chunk sequence is cut
+  /// into P segments; pass 1 runs, in parallel, segment 0's full pass from S0 (o; its end state is
+  /// S_start(1)) and segments 1..P-2 from S = 0 (-> B_seg) and from S = I with v = 0 (-> A_seg,
+  /// d_k x d_k); a combine kernel scans S_start(s + 1) = A_seg S_start(s) + B_seg in fp32; pass 2 runs
+  /// segments 1..P-1 in parallel from their S_start (o, S_final). It does up to ~2.5x the state
+  /// work, so it pays only when the one-shot pass leaves SMs idle: auto takes it
+  /// when N * HV * 4 CTAs <= the SM count (each CTA alone on its SM, latency-bound) and T >= 16384,
+  /// choosing P by a wave model (H = 32, T = 65536: P = 3). With overlap_segments (and run_phases
+  /// 3) the prepare runs per segment and overlaps pass 1 of the segments before it (a side stream, as
+  /// v4); bit-identical to the serial order.
+  /// Not bit-identical to the one-shot pass (A_seg carries its own bf16 operand roundings; the
+  /// twin's KdaTwinPlan::segments models it). Workspace: + 3 (P-1) N HV D^2 fp32.
+  int segment_state = 0;
   int run_phases = 3;            ///< diagnostics: 1 = prepare kernel only, 2 = state pass only (on a prepared workspace), 3 = both
 };
 
 /// Bytes of device scratch the prefill needs for these shapes (checks the shapes too).
 std::size_t kda_prefill_workspace_bytes(const KdaPrefillArgs& a);
+
+/// The number of segments the v5 segment-parallel state pass will use for these arguments on the
+/// current device (1 = the one-shot state pass; see KdaPrefillArgs::segment_state). Reads only the
+/// shapes and options (no pointer checks; kda_prefill checks everything). Errors: kdalab::Error for
+/// T, B or HV < 1.
+int kda_prefill_segments(const KdaPrefillArgs& a);
 
 /// Chunked prefill: o and (optionally) S_final from q, k, v, g, beta (and S0). Asynchronous on
 /// `stream` (with overlap_segments it forks to a side stream and joins back with events; turn it

@@ -55,6 +55,16 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 
+// ---- the fused input transforms, one copy for the prefill and the decode kernels --------------
+/// K3 bounded gate (K3 report Eq. 5): g = g_min Sigmoid(exp(A_log) (g_raw + bias)); ea = expf(A_log).
+__device__ __forceinline__ float k3_gate(float g_raw, float ea, float bias, float g_min) {
+  return g_min * sigmoidf_(ea * (g_raw + bias));
+}
+/// The fused L2Norm's factor 1 / ||x|| from the squared norm n2 (0 for a zero vector).
+__device__ __forceinline__ float inv_l2norm(float n2) { return n2 > 0 ? 1.0f / sqrtf(n2) : 0.0f; }
+/// beta from its input: Sigmoid(beta_raw) when the beta sigmoid is fused, else the input itself.
+__device__ __forceinline__ float beta_of(float b, bool fused_sigmoid) { return fused_sigmoid ? sigmoidf_(b) : b; }
+
 // ---- host-side checks -------------------------------------------------------------------------
 inline void check_ptr(const void* p, std::size_t align, const char* name, bool required = true) {
   if (!p) {

@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(128) kda_decode_kernel(DParams p) {
     float qi = bf2f(p.q[b * p.sq + h * D + i]);
     float ki = bf2f(p.k[b * p.sk + h * D + i]);
     float gi = bf2f(p.g[b * p.sg + hv * D + i]);
-    if (p.fuse_gate) gi = p.g_min * sigmoidf_(expf(p.A_log[hv]) * (gi + p.bias[hv * D + i]));
+    if (p.fuse_gate) gi = k3_gate(gi, expf(p.A_log[hv]), p.bias[hv * D + i], p.g_min);
     if (p.l2norm) {
       float nq = qi * qi, nk = ki * ki;
 #pragma unroll
@@ -59,8 +59,8 @@ __global__ void __launch_bounds__(128) kda_decode_kernel(DParams p) {
       __syncthreads();
       nq = red[0][0][0] + red[1][0][0] + red[2][0][0] + red[3][0][0];
       nk = red[0][1][0] + red[1][1][0] + red[2][1][0] + red[3][1][0];
-      qi *= nq > 0 ? 1.0f / sqrtf(nq) : 0.0f;
-      ki *= nk > 0 ? 1.0f / sqrtf(nk) : 0.0f;
+      qi *= inv_l2norm(nq);
+      ki *= inv_l2norm(nk);
       __syncthreads();
     }
     sq[i] = qi;
@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(128) kda_decode_kernel(DParams p) {
     sa[i] = expf(gi);
     if (tid == 0) {
       float be = bf2f(p.beta[b * p.sbeta + hv]);
-      sred[0] = p.beta_sigmoid ? sigmoidf_(be) : be;
+      sred[0] = beta_of(be, p.beta_sigmoid);
     }
   }
   __syncthreads();

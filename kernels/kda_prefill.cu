@@ -34,7 +34,10 @@ constexpr int DP = 132;   // padded shared row (floats), keeps float4 alignment
 constexpr int SLICE = 32; // value columns per state CTA
 constexpr int NST = 3;    // cp.async pipeline depth of the state pass (v2: 6 gave no gain and cost occupancy)
 
-// Workspace slot per (chunk, value head), bytes.
+// Workspace slot per (chunk, value head), bytes. W, Qg, Kd are bf16 (mma operand fragments) since
+// v1; U, gam_n stay fp32 (used in fp32). P in fp32 (OFF_P) is read only by state_variant 2: v5 writes
+// it only when that variant (or the v4 layout, compact_workspace = false) asks for it; the slot
+// stride is unchanged, so a workspace is valid for every variant.
 constexpr int OFF_W = 0, OFF_QG = 4096, OFF_KD = 8192, OFF_U = 12288, OFF_P = 20480, OFF_GN = 21504,
               OFF_PF = 22016;  // P as hi + lo bf16 A fragments (2 x 32 x 16 B)
 constexpr int SLOT_BYTES = 23040;
@@ -46,11 +49,21 @@ struct Params {
   const float *A_log, *bias;
   float g_min, scale;
   bool fuse_gate, l2norm, beta_sigmoid;
+  bool write_p;  // the prepare writes fp32 P and the state pass loads it (state_variant 2, or the v4 layout)
   const float* S0;
   float* S_final;
   const int* cu;
   bf16_t* o;
   unsigned char* ws;
+  // v5 segment-parallel state pass (the segment path of kda_prefill()): grid.z = N * nseg_grid, segment
+  // sg = seg_base + blockIdx.z % nseg_grid covers chunks [sg * seg_chunks, min(nch, (sg + 1) * seg_chunks)).
+  // One-shot pass: nseg_grid = 1, seg_chunks = 1 << 30.
+  int nseg_grid, seg_chunks;
+  int seg_base;    // first segment of this launch (pass 1 launched per segment in the overlapped schedule)
+  int chunk_base;  // first chunk of this prepare launch (the overlapped segment schedule)
+  float* seg_S;  // [P - 1][N][HV][D][D] fp32: S_start of segments 1 .. P-1
+  float* seg_A;  // [P - 1][N][HV][D][D] fp32: A_seg (d_k x d_k) of segments 0 .. P-2
+  float* seg_B;  // [P - 1][N][HV][D][D] fp32: B_seg of segments 0 .. P-2
 };
 
 struct Seq {
@@ -74,7 +87,7 @@ __device__ __forceinline__ Seq seq_info(const Params& p, int n) {
 }
 
 __global__ void __launch_bounds__(256) kda_prepare_kernel(Params p) {
-  const int c = blockIdx.x, hv = blockIdx.y, n = blockIdx.z, tid = threadIdx.x;
+  const int c = blockIdx.x + p.chunk_base, hv = blockIdx.y, n = blockIdx.z, tid = threadIdx.x;
   const Seq sq = seq_info(p, n);
   const int t0 = c * C;
   if (t0 >= sq.len) return;
@@ -112,7 +125,7 @@ __global__ void __launch_bounds__(256) kda_prepare_kernel(Params p) {
         nq += __shfl_xor_sync(0xffffffffu, nq, m);
         nk += __shfl_xor_sync(0xffffffffu, nk, m);
       }
-      const float iq = nq > 0 ? 1.0f / sqrtf(nq) : 0.0f, ik = nk > 0 ? 1.0f / sqrtf(nk) : 0.0f;
+      const float iq = inv_l2norm(nq), ik = inv_l2norm(nk);
 #pragma unroll
       for (int i = 0; i < 8; ++i) { fq[i] *= iq; fk[i] *= ik; }
     }
@@ -122,7 +135,7 @@ __global__ void __launch_bounds__(256) kda_prepare_kernel(Params p) {
       const float4 b1 = *reinterpret_cast<const float4*>(p.bias + hv * D + c8 + 4);
       const float bb[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
 #pragma unroll
-      for (int i = 0; i < 8; ++i) fg[i] = p.g_min * sigmoidf_(ea * (fg[i] + bb[i]));
+      for (int i = 0; i < 8; ++i) fg[i] = k3_gate(fg[i], ea, bb[i], p.g_min);
     }
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
@@ -135,8 +148,7 @@ __global__ void __launch_bounds__(256) kda_prepare_kernel(Params p) {
       float b = 0.0f;
       if (tid < nvalid) {
         const long long tt = sq.bos + t0 + tid;
-        b = bf2f(p.beta[sq.bidx * p.sbeta.b + tt * p.sbeta.t + hv * p.sbeta.h]);
-        if (p.beta_sigmoid) b = sigmoidf_(b);
+        b = beta_of(bf2f(p.beta[sq.bidx * p.sbeta.b + tt * p.sbeta.t + hv * p.sbeta.h]), p.beta_sigmoid);
       }
       sBeta[tid] = b;
     }
@@ -226,7 +238,7 @@ __global__ void __launch_bounds__(256) kda_prepare_kernel(Params p) {
     reinterpret_cast<uint4*>(slot + OFF_W)[tid] = w;
     reinterpret_cast<uint4*>(slot + OFF_QG)[tid] = qg;
     reinterpret_cast<uint4*>(slot + OFF_KD)[tid] = kd;
-    reinterpret_cast<float*>(slot + OFF_P)[tid] = sP[tid / C][tid % C];
+    if (p.write_p) reinterpret_cast<float*>(slot + OFF_P)[tid] = sP[tid / C][tid % C];
     if (tid < D) reinterpret_cast<float*>(slot + OFF_GN)[tid] = sGn[tid];
     if (tid < 32) {  // P = hi + lo, both bf16, A-fragment order (m16 x k16)
       const float pv[8] = {sP[gq][2 * tq],     sP[gq][2 * tq + 1],     sP[gq + 8][2 * tq],     sP[gq + 8][2 * tq + 1],
@@ -253,13 +265,27 @@ struct Stage {
 // tensor cores as Phi Dhi + Phi Dlo + Plo Dhi (bf16 hi/lo splits, fp32 accumulate: ~2^-16 relative,
 // i.e. fp32-class as the plan asks), accumulated straight onto Qg S. kMmaPD = false (v2): P D by
 // fp32 FMAs from shared memory, o before the state update.
-template <bool kMmaPD>
+//
+// kPass1 (v5 segment path, pass 1; kMmaPD only), segments 1..: no o; slices 0..3 run the segment
+// from S = 0 with the true U (-> B_seg columns), slices 4..7 from S = I with U = 0 (-> A_seg
+// columns: D = -W S); the end state goes to seg_B / seg_A. Segment 0 in pass 1 is the full state
+// pass from S0 (o written; slices 4..7 exit) whose end state is S_start(1) (seg_S[0]). Without
+// kPass1 the kernel is the state pass of one segment (all chunks when nseg_grid = 1), starting from
+// S0 (segment 0) or seg_S.
+template <bool kMmaPD, bool kPass1 = false>
 __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
-  const int slice = blockIdx.x, hv = blockIdx.y, n = blockIdx.z;
+  static_assert(kMmaPD || !kPass1, "pass 1 exists only for the v3 state step");
+  const int hv = blockIdx.y, n = blockIdx.z / p.nseg_grid, sgi = p.seg_base + blockIdx.z % p.nseg_grid;
+  const bool acols = kPass1 && blockIdx.x >= D / SLICE;  // A_seg columns (pass 1)
+  if (kPass1 && sgi == 0 && acols) return;  // segment 0 needs no A_seg (it starts from the known S0)
+  // the full state step (o, Qg S, P D): the state pass, and segment 0 in pass 1 (its end state is S_start(1))
+  const bool full = !kPass1 || sgi == 0;
+  const int slice = acols ? blockIdx.x - D / SLICE : blockIdx.x;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gq = lane / 4, tq = lane % 4;
   const Seq sq = seq_info(p, n);
-  const int nch = (sq.len + C - 1) / C;
-  const int vbase = slice * SLICE, v0 = vbase + warp * 16;  // this warp's 16 value columns
+  const int nch_all = (sq.len + C - 1) / C;
+  const int c_begin = sgi * p.seg_chunks, nch = min(nch_all, c_begin + p.seg_chunks);
+  const int vbase = slice * SLICE, v0 = vbase + warp * 16;  // this warp's 16 value (or A_seg) columns
 
   extern __shared__ __align__(16) unsigned char dyn_smem[];
   Stage* st = reinterpret_cast<Stage*>(dyn_smem);  // NST stages
@@ -268,51 +294,61 @@ __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
   // S^T accumulators: Sacc[j][e] = S[8j + 2tq + (e&1)][v0 + gq + 8(e>>1)]
   float Sacc[16][4];
   const long long sbase = (static_cast<long long>(n) * p.HV + hv) * D * D;
+  const long long seg_stride = static_cast<long long>(p.N) * p.HV * D * D;
+  const float* S_in = sgi == 0 ? p.S0 : kPass1 ? nullptr : p.seg_S + (sgi - 1) * seg_stride;
 #pragma unroll
   for (int j = 0; j < 16; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e)
-      Sacc[j][e] = p.S0 ? p.S0[sbase + (8 * j + 2 * tq + (e & 1)) * D + v0 + gq + 8 * (e >> 1)] : 0.0f;
+    for (int e = 0; e < 4; ++e) {
+      const int row = 8 * j + 2 * tq + (e & 1), col = v0 + gq + 8 * (e >> 1);
+      Sacc[j][e] = S_in ? S_in[sbase + row * D + col] : (acols && row == col) ? 1.0f : 0.0f;
+    }
 
   auto issue = [&](int c, int s) {
     const unsigned char* slot = p.ws + ((sq.slot0 + c) * p.HV + hv) * static_cast<long long>(SLOT_BYTES);
     const uint4* src = reinterpret_cast<const uint4*>(slot);  // W, Qg, Kd: 768 x 16 B contiguous
     uint4* dstw = st[s].W;
-    for (int i = tid; i < 768; i += 64) cp_async16(dstw + i, src + i);  // W, Qg, Kd are adjacent in Stage
-    for (int i = tid; i < C * SLICE / 4; i += 64) {
-      const int r = i / (SLICE / 4), c4 = i % (SLICE / 4);
-      cp_async16(&st[s].U[r][c4 * 4], slot + OFF_U + (r * D + vbase + c4 * 4) * 4);
+    if (!full) {  // W and Kd only
+      for (int i = tid; i < 512; i += 64) cp_async16(dstw + i + (i >= 256 ? 256 : 0), src + i + (i >= 256 ? 256 : 0));
+    } else {
+      for (int i = tid; i < 768; i += 64) cp_async16(dstw + i, src + i);  // W, Qg, Kd are adjacent in Stage
     }
-    for (int i = tid; i < 64; i += 64) cp_async16(&st[s].P[0][0] + 4 * i, slot + OFF_P + 16 * i);
+    if (!acols)
+      for (int i = tid; i < C * SLICE / 4; i += 64) {
+        const int r = i / (SLICE / 4), c4 = i % (SLICE / 4);
+        cp_async16(&st[s].U[r][c4 * 4], slot + OFF_U + (r * D + vbase + c4 * 4) * 4);
+      }
+    if (!kMmaPD || (p.write_p && full))
+      for (int i = tid; i < 64; i += 64) cp_async16(&st[s].P[0][0] + 4 * i, slot + OFF_P + 16 * i);
     for (int i = tid; i < 32; i += 64) cp_async16(&st[s].gn[0] + 4 * i, slot + OFF_GN + 16 * i);
-    if (kMmaPD) cp_async16(&st[s].Pf[tid], slot + OFF_PF + 16 * tid);
+    if (kMmaPD && full) cp_async16(&st[s].Pf[tid], slot + OFF_PF + 16 * tid);
   };
 
   // prologue: chunks 0 .. NST-2 in flight (one commit group per chunk, empty groups past the end)
 #pragma unroll
   for (int i = 0; i < NST - 1; ++i) {
-    if (i < nch) issue(i, i);
+    if (c_begin + i < nch) issue(c_begin + i, i);
     cp_async_commit();
   }
-  for (int c = 0; c < nch; ++c) {
+  for (int c = c_begin; c < nch; ++c) {
     cp_async_wait<NST - 2>();  // the group of chunk c has landed (for this thread)
     __syncthreads();           // ... for every thread; and every warp is done with chunk c - 1
-    if (c + NST - 1 < nch) issue(c + NST - 1, (c + NST - 1) % NST);
+    if (c + NST - 1 < nch) issue(c + NST - 1, (c - c_begin + NST - 1) % NST);
     cp_async_commit();
-    const Stage& S = st[c % NST];
+    const Stage& S = st[(c - c_begin) % NST];
     // ---- W S and Qg S (A from the stage, B from the S^T accumulators) ----
     // W S is on the chunk-to-chunk critical path: two independent accumulation chains (even/odd kt)
     float ws[2][4] = {}, ws2[2][4] = {}, qs[2][4] = {};
 #pragma unroll
     for (int kt = 0; kt < 8; ++kt) {
-      const uint4 wa = S.W[kt * 32 + lane], qa = S.Qg[kt * 32 + lane];
+      const uint4 wa = S.W[kt * 32 + lane], qa = full ? S.Qg[kt * 32 + lane] : uint4{};  // pass 1 loads no Qg
       const std::uint32_t aw[4] = {wa.x, wa.y, wa.z, wa.w}, aq[4] = {qa.x, qa.y, qa.z, qa.w};
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
         const std::uint32_t b[2] = {pack_bf16(Sacc[2 * kt][2 * nt], Sacc[2 * kt][2 * nt + 1]),
                                     pack_bf16(Sacc[2 * kt + 1][2 * nt], Sacc[2 * kt + 1][2 * nt + 1])};
         mma_bf16((kt & 1) ? ws2[nt] : ws[nt], aw, b);
-        mma_bf16(qs[nt], aq, b);
+        if (full) mma_bf16(qs[nt], aq, b);
       }
     }
 #pragma unroll
@@ -325,10 +361,12 @@ __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = gq + 8 * (e >> 1), v = 8 * nt + 2 * tq + (e & 1);
-        Dsh[warp][r][v] = S.U[r][warp * 16 + v] - ws[nt][e];
+        Dsh[warp][r][v] = (acols ? 0.0f : S.U[r][warp * 16 + v]) - ws[nt][e];
       }
     __syncwarp();
     const int t0 = c * C, nvalid = min(C, sq.len - t0);
+    (void)nvalid;
+    (void)qs;
     if constexpr (kMmaPD) {
       // D^T as an A fragment (hi and lo parts); the same registers are the B fragments of P D
       std::uint32_t ad[4], adl[4];
@@ -348,6 +386,7 @@ __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
         const std::uint32_t b[2] = {(j & 1) ? kb.z : kb.x, (j & 1) ? kb.w : kb.y};
         mma_bf16(Sacc[j], ad, b);
       }
+      if (full) {
       // ---- o = scale (Qg S + P D), P D = Phi Dhi + Phi Dlo + Plo Dhi ----
       const uint4 ph = S.Pf[lane], pl = S.Pf[32 + lane];
       const std::uint32_t aph[4] = {ph.x, ph.y, ph.z, ph.w}, apl[4] = {pl.x, pl.y, pl.z, pl.w};
@@ -369,6 +408,7 @@ __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
                 pack_bf16(p.scale * qs[nt][2 * hh], p.scale * qs[nt][2 * hh + 1]);
           }
         }
+      }
     } else {
     // ---- o = scale (Qg S + P D) ----
 #pragma unroll
@@ -411,12 +451,56 @@ __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
     }
     __syncwarp();  // Dsh is rewritten next chunk
   }
-  if (p.S_final) {
+  float* S_out = kPass1 ? (sgi == 0 ? p.seg_S : (acols ? p.seg_A : p.seg_B) + sgi * seg_stride)
+                        : sgi == p.seg_base + p.nseg_grid - 1 ? p.S_final : nullptr;  // pass 2: the last segment
+  if (S_out) {
 #pragma unroll
     for (int j = 0; j < 16; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e)
-        p.S_final[sbase + (8 * j + 2 * tq + (e & 1)) * D + v0 + gq + 8 * (e >> 1)] = Sacc[j][e];
+        S_out[sbase + (8 * j + 2 * tq + (e & 1)) * D + v0 + gq + 8 * (e >> 1)] = Sacc[j][e];
+  }
+}
+
+// v5 segment path, combine: S_start(s + 1) = A_seg(s) S_start(s) + B_seg(s) for s = 1 .. P-2, in
+// fp32 (FMA chain from B over m = 0..127), from S_start(1) = seg_S[0] (segment 0's end state, pass
+// 1). Launched for P >= 3. One CTA (256 threads) per
+// (32-column slice of d_v, value head, sequence): column slices of S are independent.
+constexpr int CMB_SMEM = (D * D + D * SLICE) * 4;  // A_seg (64 KB) + the S slice (16 KB)
+__global__ void __launch_bounds__(256) kda_segment_combine_kernel(Params p, int nseg) {
+  const int slice = blockIdx.x, hv = blockIdx.y, n = blockIdx.z, tid = threadIdx.x;
+  extern __shared__ __align__(16) unsigned char dyn_smem[];
+  float* Ash = reinterpret_cast<float*>(dyn_smem);  // [D][D]
+  float* Ssh = Ash + D * D;                          // [D][SLICE]
+  const long long sbase = (static_cast<long long>(n) * p.HV + hv) * D * D;
+  const long long seg_stride = static_cast<long long>(p.N) * p.HV * D * D;
+  const int vb = slice * SLICE, j = tid % SLICE, i0 = tid / SLICE;  // rows i0 + 8 r, r = 0..15
+  for (int e = tid; e < D * SLICE; e += 256) {
+    const int r = e / SLICE, cc = e % SLICE;
+    Ssh[e] = p.seg_S[sbase + r * D + vb + cc];
+  }
+  for (int sg = 1; sg + 1 < nseg; ++sg) {
+    const float* A = p.seg_A + sg * seg_stride + sbase;
+    const float* Bm = p.seg_B + sg * seg_stride + sbase;
+    for (int e = tid; e < D * D / 4; e += 256)
+      reinterpret_cast<float4*>(Ash)[e] = reinterpret_cast<const float4*>(A)[e];
+    float acc[16];
+#pragma unroll
+    for (int r = 0; r < 16; ++r) acc[r] = Bm[(i0 + 8 * r) * D + vb + j];
+    __syncthreads();  // Ash and Ssh (previous segment's result) complete
+#pragma unroll 4
+    for (int m = 0; m < D; ++m) {
+      const float sv = Ssh[m * SLICE + j];
+#pragma unroll
+      for (int r = 0; r < 16; ++r) acc[r] = fmaf(Ash[(i0 + 8 * r) * D + m], sv, acc[r]);
+    }
+    __syncthreads();  // every thread is done reading Ash and Ssh
+    float* Sout = p.seg_S + sg * seg_stride + sbase;
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+      Ssh[(i0 + 8 * r) * SLICE + j] = acc[r];
+      Sout[(i0 + 8 * r) * D + vb + j] = acc[r];
+    }
   }
 }
 
@@ -470,6 +554,7 @@ Checked check_prefill(const KdaPrefillArgs& a) {
   }
   p.A_log = a.gate.A_log; p.bias = a.gate.bias; p.g_min = a.gate.g_min; p.scale = a.scale;
   p.fuse_gate = a.gate.fused; p.l2norm = a.l2norm_qk; p.beta_sigmoid = a.beta_sigmoid;
+  p.write_p = a.state_variant == 2 || !a.compact_workspace;
   p.S0 = a.S0; p.S_final = a.S_final; p.cu = a.cu_seqlens;
   if (a.cu_seqlens) {
     check_ptr(a.cu_seqlens, 4, "cu_seqlens");
@@ -490,6 +575,18 @@ Checked check_prefill(const KdaPrefillArgs& a) {
     p.nchunk_fixed = ck.max_chunks;
   }
   p.N = ck.N;
+  p.nseg_grid = 1;
+  p.seg_chunks = 1 << 30;
+  p.seg_base = 0;
+  p.chunk_base = 0;
+  p.seg_S = p.seg_A = p.seg_B = nullptr;
+  if (a.segment_state < 0 || a.segment_state > 64)
+    throw Error(std::string(op) + ": segment_state = " + std::to_string(a.segment_state) +
+                "; accepted: 0 (auto), 1 (off) or 2..64 segments");
+  if (a.segment_state >= 2 && (a.cu_seqlens || a.state_variant != 3))
+    throw Error(std::string(op) + ": segment_state = " + std::to_string(a.segment_state) +
+                " needs fixed-length sequences (no cu_seqlens) and state_variant = 3; got " +
+                (a.cu_seqlens ? "cu_seqlens" : "state_variant = " + std::to_string(a.state_variant)));
   return ck;
 }
 
@@ -520,6 +617,72 @@ Segments segments_of(const KdaPrefillArgs& a) {
 std::size_t state_buffer_bytes(const KdaPrefillArgs& a, const Segments& sg) {
   return sg.K > 1 ? static_cast<std::size_t>(a.B) * a.HV * D * D * 4 : 0;
 }
+
+/// SMs of the current device (queried once per device).
+int sm_count() {
+  static int cache[64] = {};
+  int dev = 0;
+  cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
+  int sms = dev < 64 ? cache[dev] : 0;
+  if (sms == 0) {
+    cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+    if (dev < 64) cache[dev] = sms;
+  }
+  return sms;
+}
+
+/// The v5 segment-parallel state pass (see kda.hpp, segment_state): P segments of seg_chunks chunks.
+struct SegPlan {
+  int P = 1, seg_chunks = 0;
+};
+/// Auto rule (segment_state = 0): only for fixed-length batches, state_variant 3, when the one-shot
+/// pass has at most one CTA per SM (N * HV * 4 <= SMs: 2 warps per SM, latency-bound) and >= 1024
+/// chunks (T >= 16384). Cost model in us per chunk step, from the v3/v4 H200 runs: a step takes
+/// t(k) = 1.27, 1.38, 1.73, 2.1 us with k = 1, 2, 3, 4 state CTAs per SM (8192x64: 2/SM 0.706 ms /
+/// 512 steps; 8192x96: 2.9/SM 0.884 ms / 512; 65536x32: 1/SM 5.196 ms / 4096; 4 is extrapolated),
+/// at most 4 CTAs per SM (51 KB of smem each), more make waves. Pass 1 steps weigh 0.75 (no Qg S,
+/// P D, o; half the bytes). P in 2..16 minimising pass 1 + pass 2 is taken when it is below 0.9 of
+/// the one-shot pass (both schedules overlap the prepare with state work; v4's overlap hid ~0.7 ms
+/// of the 2.9 ms prepare at 65536x32). Pass 1 = segment 0's full pass (N HV 4 CTAs, weight 1) +
+/// segments 1..P-2 (N HV 8 CTAs each, weight 0.75); pass 2 = segments 1..P-1.
+/// H = 32, T = 65536 on 132 SMs: P = 3, model 3.85 ms vs 5.2 ms one-shot (0.74).
+double pass_cost(long long ctas, int sms, double steps) {
+  static const double t[5] = {0.0, 1.27, 1.38, 1.73, 2.1};
+  const long long per_sm = (ctas + sms - 1) / sms;
+  if (per_sm <= 4) return steps * t[per_sm];
+  return static_cast<double>((per_sm + 3) / 4) * steps * t[4];
+}
+SegPlan segment_plan(const KdaPrefillArgs& a, int N, int nch) {
+  SegPlan sp;
+  if (a.cu_seqlens || a.state_variant != 3 || a.segment_state == 1) return sp;
+  int P = 0;
+  if (a.segment_state >= 2) {
+    P = a.segment_state;
+  } else {
+    const int sms = sm_count();
+    const long long base = static_cast<long long>(N) * a.HV * (D / SLICE);
+    if (base > sms || nch < 1024) return sp;
+    double best = 0.9 * pass_cost(base, sms, nch);
+    for (int q = 2; q <= 16; ++q) {
+      const double L = (nch + q - 1) / q;
+      // pass 1: segment 0 full (base CTAs) + segments 1..q-2 (2 base CTAs each, lighter); pass 2: q - 1 segments
+      const double w1 = (1.0 + 0.75 * 2 * (q - 2)) / (1.0 + 2 * (q - 2));
+      const double cost = w1 * pass_cost((1 + 2LL * (q - 2)) * base, sms, L) + pass_cost((q - 1) * base, sms, L);
+      if (cost < best) {
+        best = cost;
+        P = q;
+      }
+    }
+    if (P == 0) return sp;
+  }
+  sp.seg_chunks = (nch + P - 1) / P;
+  sp.P = (nch + sp.seg_chunks - 1) / sp.seg_chunks;
+  if (sp.P < 2) sp = SegPlan{};
+  return sp;
+}
+std::size_t seg_buffer_bytes(const KdaPrefillArgs& a, int N, const SegPlan& sp) {
+  return sp.P > 1 ? 3ull * (sp.P - 1) * N * a.HV * D * D * 4 : 0;
+}
 template <bool V3>
 void launch_state(const Params& p, int HV, int N, cudaStream_t stream) {
   constexpr int smem = NST * static_cast<int>(sizeof(Stage));
@@ -530,16 +693,28 @@ void launch_state(const Params& p, int HV, int N, cudaStream_t stream) {
 }
 }  // namespace
 
+int kda_prefill_segments(const KdaPrefillArgs& a) {
+  if (a.T < 1 || a.B < 1 || a.HV < 1 || (a.cu_seqlens && (a.num_seqs < 1 || a.max_seqlen < 1)))
+    throw Error("kda_prefill_segments: T = " + std::to_string(a.T) + ", B = " + std::to_string(a.B) + ", HV = " +
+                std::to_string(a.HV) + "; accepted: T, B, HV >= 1 (and num_seqs, max_seqlen >= 1 with cu_seqlens)");
+  const int N = a.cu_seqlens ? a.num_seqs : a.B;
+  const int nch = ((a.cu_seqlens ? a.max_seqlen : a.T) + C - 1) / C;
+  return segment_plan(a, N, nch).P;
+}
+
 std::size_t kda_prefill_workspace_bytes(const KdaPrefillArgs& a) {
   const Checked ck = check_prefill(a);
-  return static_cast<std::size_t>(ck.slots) * a.HV * SLOT_BYTES + state_buffer_bytes(a, segments_of(a));
+  const SegPlan sp = segment_plan(a, ck.N, ck.max_chunks);
+  return static_cast<std::size_t>(ck.slots) * a.HV * SLOT_BYTES +
+         (sp.P > 1 ? seg_buffer_bytes(a, ck.N, sp) : state_buffer_bytes(a, segments_of(a)));
 }
 
 void kda_prefill(const KdaPrefillArgs& a, cudaStream_t stream) {
   Checked ck = check_prefill(a);
+  const SegPlan sp = segment_plan(a, ck.N, ck.max_chunks);
   const Segments sg = segments_of(a);
   const std::size_t slot_bytes = static_cast<std::size_t>(ck.slots) * a.HV * SLOT_BYTES;
-  const std::size_t need = slot_bytes + state_buffer_bytes(a, sg);
+  const std::size_t need = slot_bytes + (sp.P > 1 ? seg_buffer_bytes(a, ck.N, sp) : state_buffer_bytes(a, sg));
   if (!a.workspace || a.workspace_bytes < need)
     throw Error("kda_prefill: workspace of " + std::to_string(a.workspace_bytes) + " bytes at " +
                 (a.workspace ? "a valid pointer" : "null") + "; accepted: a 16-byte aligned device buffer of >= " +
@@ -556,6 +731,81 @@ void kda_prefill(const KdaPrefillArgs& a, cudaStream_t stream) {
     if (a.state_variant == 3) launch_state<true>(p, a.HV, ck.N, s);
     else launch_state<false>(p, a.HV, ck.N, s);
   };
+  if (sp.P > 1) {  // v5 segment-parallel state pass: prepare, pass 1, combine, pass 2
+    if (static_cast<long long>(ck.N) * sp.P > 65535)
+      throw Error("kda_prefill: " + std::to_string(ck.N) + " sequences x " + std::to_string(sp.P) +
+                  " segments; accepted: <= 65535 (grid limit); use segment_state = 1");
+    Params p = ck.p;
+    const std::size_t seg_elems = static_cast<std::size_t>(sp.P - 1) * ck.N * a.HV * D * D;
+    p.seg_S = reinterpret_cast<float*>(static_cast<unsigned char*>(a.workspace) + slot_bytes);
+    p.seg_A = p.seg_S + seg_elems;
+    p.seg_B = p.seg_A + seg_elems;
+    p.seg_chunks = sp.seg_chunks;
+    constexpr int smem = NST * static_cast<int>(sizeof(Stage));
+    cuda_check(cudaFuncSetAttribute(kda_state_kernel<true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+               "cudaFuncSetAttribute(kda_state_kernel pass 1)");
+    cuda_check(cudaFuncSetAttribute(kda_segment_combine_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, CMB_SMEM),
+               "cudaFuncSetAttribute(kda_segment_combine_kernel)");
+    if (a.overlap_segments && a.run_phases == 3) {
+      // overlapped (like v4): the prepare of segment k (caller's stream) runs while pass 1 of the
+      // segments before it runs on a higher-priority side stream; combine and pass 2 follow on the
+      // side stream (pass 2 after the last prepare); joined back to `stream`. Same kernels and
+      // data as the serial order below, so bit-identical to it (tested).
+      int prio_least = 0, prio_greatest = 0;
+      cuda_check(cudaDeviceGetStreamPriorityRange(&prio_least, &prio_greatest), "cudaDeviceGetStreamPriorityRange");
+      cudaStream_t side;
+      cuda_check(cudaStreamCreateWithPriority(&side, cudaStreamNonBlocking, prio_greatest), "cudaStreamCreateWithPriority");
+      std::vector<cudaEvent_t> ev(sp.P + 2);
+      for (auto& e : ev) cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+      cuda_check(cudaEventRecord(ev[sp.P], stream), "cudaEventRecord");
+      cuda_check(cudaStreamWaitEvent(side, ev[sp.P], 0), "cudaStreamWaitEvent");
+      for (int k = 0; k < sp.P; ++k) {
+        Params pk = p;
+        pk.chunk_base = k * sp.seg_chunks;
+        const int nk = std::min(ck.max_chunks, (k + 1) * sp.seg_chunks) - pk.chunk_base;
+        kda_prepare_kernel<<<dim3(nk, a.HV, ck.N), 256, 0, stream>>>(pk);
+        cuda_check(cudaGetLastError(), "kda_prepare_kernel launch");
+        cuda_check(cudaEventRecord(ev[k], stream), "cudaEventRecord");
+        cuda_check(cudaStreamWaitEvent(side, ev[k], 0), "cudaStreamWaitEvent");
+        if (k + 1 < sp.P) {
+          pk.chunk_base = 0;
+          pk.seg_base = k;
+          pk.nseg_grid = 1;
+          kda_state_kernel<true, true><<<dim3(2 * D / SLICE, a.HV, ck.N), 64, smem, side>>>(pk);
+          cuda_check(cudaGetLastError(), "kda_state_kernel pass 1 launch");
+        }
+      }
+      if (sp.P >= 3) {
+        kda_segment_combine_kernel<<<dim3(D / SLICE, a.HV, ck.N), 256, CMB_SMEM, side>>>(p, sp.P);
+        cuda_check(cudaGetLastError(), "kda_segment_combine_kernel launch");
+      }
+      p.seg_base = 1;  // pass 2: segments 1 .. P-1 (segment 0's o came from pass 1)
+      p.nseg_grid = sp.P - 1;
+      launch_state<true>(p, a.HV, ck.N * (sp.P - 1), side);
+      cuda_check(cudaEventRecord(ev[sp.P + 1], side), "cudaEventRecord");
+      cuda_check(cudaStreamWaitEvent(stream, ev[sp.P + 1], 0), "cudaStreamWaitEvent");
+      for (auto& e : ev) cuda_check(cudaEventDestroy(e), "cudaEventDestroy");
+      cuda_check(cudaStreamDestroy(side), "cudaStreamDestroy");
+      return;
+    }
+    if (a.run_phases & 1) {
+      kda_prepare_kernel<<<dim3(ck.max_chunks, a.HV, ck.N), 256, 0, stream>>>(p);
+      cuda_check(cudaGetLastError(), "kda_prepare_kernel launch");
+    }
+    if (a.run_phases & 2) {
+      p.nseg_grid = sp.P - 1;
+      kda_state_kernel<true, true><<<dim3(2 * D / SLICE, a.HV, ck.N * (sp.P - 1)), 64, smem, stream>>>(p);
+      cuda_check(cudaGetLastError(), "kda_state_kernel pass 1 launch");
+      if (sp.P >= 3) {
+        kda_segment_combine_kernel<<<dim3(D / SLICE, a.HV, ck.N), 256, CMB_SMEM, stream>>>(p, sp.P);
+        cuda_check(cudaGetLastError(), "kda_segment_combine_kernel launch");
+      }
+      p.seg_base = 1;  // pass 2: segments 1 .. P-1
+      p.nseg_grid = sp.P - 1;
+      launch_state<true>(p, a.HV, ck.N * (sp.P - 1), stream);
+    }
+    return;
+  }
   if (sg.K == 1 || a.run_phases != 3) {
     if (a.run_phases & 1) {
       kda_prepare_kernel<<<dim3(ck.max_chunks, a.HV, ck.N), 256, 0, stream>>>(ck.p);

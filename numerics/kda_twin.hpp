@@ -64,6 +64,13 @@ struct KdaTwinPlan {
   bool fuse_gate = true, l2norm = true, beta_sigmoid = true;
   std::size_t chunk = 16;
   bool use_S0 = true;
+  /// Segment-parallel state pass (kernel v5, kernels/kda_prefill.cu): 0 or 1 = off; P >= 2 = the
+  /// chunks are cut into segments of ceil(nchunks / P) chunks; segment 0 runs the full pass from S0
+  /// (its end state is S_start(1)); segments 1..P-2 get A_seg (the state path run from S = I with
+  /// v = 0, d_k x d_k) and B_seg (run from S = 0), both at the plan's precisions; S_start(s + 1) =
+  /// A_seg S_start(s) + B_seg in fp32 (accum); then segments 1..P-1 from their S_start (o,
+  /// final state). Exact in float64 (tests/unit/test_kda_segments.cpp).
+  std::size_t segments = 0;
 };
 
 /// The plan the CUDA prefill kernel runs (see file comment for its measured errors).
@@ -130,101 +137,152 @@ inline KdaOutput<double> kda_twin(const KdaInputs& in, const KdaTwinPlan& p) {
     const double inv = n2 > 0 ? 1.0 / std::sqrt(n2) : 0.0;
     for (std::size_t i = 0; i < dk; ++i) dst[i] = rnd(dst[i] * inv, fa);
   };
+  const std::size_t nx = dk + dv;
+  std::vector<double> row(dk);
+  // ---- one chunk's intra-chunk quantities (fusions, decay, Qg/Kg/Ki/Kd, A, P, [W | U]) ----
+  auto prep = [&](std::size_t b, std::size_t hv, std::size_t t0, std::size_t n) {
+    const std::size_t h = hv / group;
+    for (std::size_t r = 0; r < n; ++r) {
+      const std::size_t t = t0 + r;
+      l2(qsrc, b, t, h, &q[r * dk]);
+      l2(ksrc, b, t, h, &k[r * dk]);
+      for (std::size_t j = 0; j < dv; ++j) V[r * dv + j] = in.v(b, t, hv, j);
+      for (std::size_t i = 0; i < dk; ++i)
+        g[r * dk + i] = p.fuse_gate ? rnd(in.g_min * sigmoid<double>(std::exp(in.A_log(hv)) * (in.g_raw(b, t, hv, i) + in.bias(hv, i))), fa)
+                                    : in.g(b, t, hv, i);
+      beta[r] = p.beta_sigmoid ? rnd(sigmoid<double>(in.beta_raw(b, t, hv)), fa) : in.beta(b, t, hv);
+    }
+    for (std::size_t i = 0; i < dk; ++i) {
+      double G = 0;
+      for (std::size_t r = 0; r < n; ++r) {
+        G = rnd(G + g[r * dk + i], fa);
+        gam[r * dk + i] = rnd(std::exp(G), fa);
+      }
+    }
+    for (std::size_t r = 0; r < n; ++r)
+      for (std::size_t i = 0; i < dk; ++i) {
+        const double gr = gam[r * dk + i], gn = gam[(n - 1) * dk + i];
+        Qg[r * dk + i] = rnd(q[r * dk + i] * gr, fa);
+        Kg[r * dk + i] = rnd(k[r * dk + i] * gr, fa);
+        Ki[r * dk + i] = rnd(k[r * dk + i] / gr, fa);
+        Kd[r * dk + i] = rnd(k[r * dk + i] * rnd(gn / gr, fa), fa);
+      }
+    // ---- A = StrictLower(Diag(beta) Kg Ki^T), P = Lower(Qg Ki^T) ----
+    auto dotrows = [&](const std::vector<double>& X1, std::size_t r, const std::vector<double>& X2, std::size_t s) {
+      double acc = 0;
+      for (std::size_t i = 0; i < dk; ++i) acc += X1[r * dk + i] * X2[s * dk + i];
+      return acc;
+    };
+    op1 = Kg; op2 = Ki;
+    rnd_all(op1, p.kk); rnd_all(op2, p.kk);
+    for (std::size_t r = 0; r < n; ++r)
+      for (std::size_t s = 0; s < n; ++s) A[r * C + s] = s < r ? rnd(beta[r] * rnd(dotrows(op1, r, op2, s), fa), fa) : 0.0;
+    op1 = Qg; op2 = Ki;
+    rnd_all(op1, p.qk); rnd_all(op2, p.qk);
+    for (std::size_t r = 0; r < n; ++r)
+      for (std::size_t s = 0; s < n; ++s) P[r * C + s] = s <= r ? rnd(dotrows(op1, r, op2, s), fa) : 0.0;
+    // ---- [W | U] by forward substitution on (I + A) X = [Diag(beta) Kg | Diag(beta) V] ----
+    for (std::size_t r = 0; r < n; ++r)
+      for (std::size_t c = 0; c < nx; ++c) {
+        double acc = c < dk ? rnd(beta[r] * Kg[r * dk + c], fa) : rnd(beta[r] * V[r * dv + (c - dk)], fa);
+        for (std::size_t s = 0; s < r; ++s) acc -= rnd(A[r * C + s], p.solve) * Xs[s * nx + c];
+        X[r * nx + c] = rnd(acc, fa);
+        Xs[r * nx + c] = rnd(X[r * nx + c], p.solve);
+      }
+  };
+  // ---- one chunk's inter-chunk part on a state Sx of nc columns: D = U - W S (U = 0 when !useU:
+  // the A_seg columns of the segment mode), o = scale (Qg S + P D) when write_o, S <- Diag(gam_n) S + Kd^T D ----
+  auto step = [&](std::vector<double>& Sx, std::size_t nc, bool useU, bool write_o, std::size_t b, std::size_t hv,
+                  std::size_t t0, std::size_t n) {
+    Dl.assign(C * nc, 0.0);
+    Sop = Sx;
+    rnd_all(Sop, p.ws);
+    for (std::size_t r = 0; r < n; ++r) {
+      for (std::size_t i = 0; i < dk; ++i) row[i] = rnd(X[r * nx + i], p.ws);
+      for (std::size_t j = 0; j < nc; ++j) {
+        double acc = 0;
+        for (std::size_t i = 0; i < dk; ++i) acc += row[i] * Sop[i * nc + j];
+        Dl[r * nc + j] = rnd((useU ? X[r * nx + dk + j] : 0.0) - rnd(acc, fa), fa);
+      }
+    }
+    if (write_o) {
+      Sop = Sx;
+      rnd_all(Sop, p.qs);
+      op2 = Dl;
+      rnd_all(op2, p.pd);
+      for (std::size_t r = 0; r < n; ++r) {
+        for (std::size_t i = 0; i < dk; ++i) row[i] = rnd(Qg[r * dk + i], p.qs);
+        double Pr[64];
+        for (std::size_t s = 0; s <= r; ++s) Pr[s] = rnd(P[r * C + s], p.pd);
+        for (std::size_t j = 0; j < nc; ++j) {
+          double qs = 0, pd = 0;
+          for (std::size_t i = 0; i < dk; ++i) qs += row[i] * Sop[i * nc + j];
+          for (std::size_t s = 0; s <= r; ++s) pd += Pr[s] * op2[s * nc + j];
+          out.o(b, t0 + r, hv, j) = rnd(in.scale * (rnd(qs, fa) + rnd(pd, fa)), p.out);
+        }
+      }
+    }
+    // ---- S <- Diag(gam_n) S + Kd^T D ----
+    op1 = Kd;
+    rnd_all(op1, p.kd);
+    op2 = Dl;
+    rnd_all(op2, p.kd);
+    for (std::size_t i = 0; i < dk; ++i) {
+      const double gn = gam[(n - 1) * dk + i];
+      for (std::size_t j = 0; j < nc; ++j) {
+        double acc = 0;
+        for (std::size_t r = 0; r < n; ++r) acc += op1[r * dk + i] * op2[r * nc + j];
+        Sx[i * nc + j] = rnd(rnd(gn * Sx[i * nc + j], fa) + rnd(acc, fa), p.state);
+      }
+    }
+  };
+  const std::size_t nchunk = (T + C - 1) / C;
+  const std::size_t seg_chunks = p.segments >= 2 ? (nchunk + p.segments - 1) / p.segments : nchunk;
+  const std::size_t nseg = (nchunk + seg_chunks - 1) / seg_chunks;
+  std::vector<double> Aseg, Bseg;
+  std::vector<std::vector<double>> Sstart(nseg);
   for (std::size_t b = 0; b < B; ++b)
     for (std::size_t hv = 0; hv < HV; ++hv) {
-      const std::size_t h = hv / group;
       for (std::size_t i = 0; i < dk * dv; ++i) S[i] = p.use_S0 ? rnd(in.S0.data[(b * HV + hv) * dk * dv + i], p.state) : 0.0;
-      for (std::size_t t0 = 0; t0 < T; t0 += C) {
-        const std::size_t n = std::min(C, T - t0);
-        // ---- load + fusions (gate, L2Norm, beta sigmoid), cumulative decay ----
-        for (std::size_t r = 0; r < n; ++r) {
-          const std::size_t t = t0 + r;
-          l2(qsrc, b, t, h, &q[r * dk]);
-          l2(ksrc, b, t, h, &k[r * dk]);
-          for (std::size_t j = 0; j < dv; ++j) V[r * dv + j] = in.v(b, t, hv, j);
-          for (std::size_t i = 0; i < dk; ++i)
-            g[r * dk + i] = p.fuse_gate ? rnd(in.g_min * sigmoid<double>(std::exp(in.A_log(hv)) * (in.g_raw(b, t, hv, i) + in.bias(hv, i))), fa)
-                                        : in.g(b, t, hv, i);
-          beta[r] = p.beta_sigmoid ? rnd(sigmoid<double>(in.beta_raw(b, t, hv)), fa) : in.beta(b, t, hv);
-        }
-        for (std::size_t i = 0; i < dk; ++i) {
-          double G = 0;
-          for (std::size_t r = 0; r < n; ++r) {
-            G = rnd(G + g[r * dk + i], fa);
-            gam[r * dk + i] = rnd(std::exp(G), fa);
+      Sstart[0] = S;
+      // segment mode, pass 1 + combine: segment 0 runs the full state pass from S0 (o too) and its end
+      // state is S_start(1); segments 1..P-2 get A_seg (from I, v = 0) and B_seg (from 0), and
+      // S_start(s + 1) = A_seg S_start(s) + B_seg, fp32 products (accumulated exactly, rounded once:
+      // the kernel's ordered fp32 FMAs differ only in accumulation order)
+      for (std::size_t sg = 0; sg + 1 < nseg; ++sg) {
+        if (sg == 0) {
+          for (std::size_t c = 0; c < seg_chunks; ++c) {
+            const std::size_t t0 = c * C, n = std::min(C, T - t0);
+            prep(b, hv, t0, n);
+            step(S, dv, true, true, b, hv, t0, n);
           }
+          Sstart[1] = S;
+          continue;
         }
-        for (std::size_t r = 0; r < n; ++r)
-          for (std::size_t i = 0; i < dk; ++i) {
-            const double gr = gam[r * dk + i], gn = gam[(n - 1) * dk + i];
-            Qg[r * dk + i] = rnd(q[r * dk + i] * gr, fa);
-            Kg[r * dk + i] = rnd(k[r * dk + i] * gr, fa);
-            Ki[r * dk + i] = rnd(k[r * dk + i] / gr, fa);
-            Kd[r * dk + i] = rnd(k[r * dk + i] * rnd(gn / gr, fa), fa);
-          }
-        // ---- A = StrictLower(Diag(beta) Kg Ki^T), P = Lower(Qg Ki^T) ----
-        auto dotrows = [&](const std::vector<double>& X1, std::size_t r, const std::vector<double>& X2, std::size_t s) {
-          double acc = 0;
-          for (std::size_t i = 0; i < dk; ++i) acc += X1[r * dk + i] * X2[s * dk + i];
-          return acc;
-        };
-        {
-          op1 = Kg; op2 = Ki;
-          rnd_all(op1, p.kk); rnd_all(op2, p.kk);
-          for (std::size_t r = 0; r < n; ++r)
-            for (std::size_t s = 0; s < n; ++s) A[r * C + s] = s < r ? rnd(beta[r] * rnd(dotrows(op1, r, op2, s), fa), fa) : 0.0;
-          op1 = Qg; op2 = Ki;
-          rnd_all(op1, p.qk); rnd_all(op2, p.qk);
-          for (std::size_t r = 0; r < n; ++r)
-            for (std::size_t s = 0; s < n; ++s) P[r * C + s] = s <= r ? rnd(dotrows(op1, r, op2, s), fa) : 0.0;
+        Aseg.assign(dk * dk, 0.0);
+        for (std::size_t i = 0; i < dk; ++i) Aseg[i * dk + i] = 1.0;
+        Bseg.assign(dk * dv, 0.0);
+        for (std::size_t c = sg * seg_chunks; c < (sg + 1) * seg_chunks; ++c) {
+          const std::size_t t0 = c * C, n = std::min(C, T - t0);
+          prep(b, hv, t0, n);
+          step(Bseg, dv, true, false, b, hv, t0, n);
+          step(Aseg, dk, false, false, b, hv, t0, n);
         }
-        // ---- [W | U] by forward substitution on (I + A) X = [Diag(beta) Kg | Diag(beta) V] ----
-        const std::size_t nx = dk + dv;
-        for (std::size_t r = 0; r < n; ++r)
-          for (std::size_t c = 0; c < nx; ++c) {
-            double acc = c < dk ? rnd(beta[r] * Kg[r * dk + c], fa) : rnd(beta[r] * V[r * dv + (c - dk)], fa);
-            for (std::size_t s = 0; s < r; ++s) acc -= rnd(A[r * C + s], p.solve) * Xs[s * nx + c];
-            X[r * nx + c] = rnd(acc, fa);
-            Xs[r * nx + c] = rnd(X[r * nx + c], p.solve);
-          }
-        // ---- D = U - W S; o = scale (Qg S + P D) ----
-        Sop = S;
-        rnd_all(Sop, p.ws);
-        for (std::size_t r = 0; r < n; ++r) {
-          for (std::size_t i = 0; i < dk; ++i) op1[i] = rnd(X[r * nx + i], p.ws);
+        Sstart[sg + 1].assign(dk * dv, 0.0);
+        for (std::size_t i = 0; i < dk; ++i)
           for (std::size_t j = 0; j < dv; ++j) {
-            double acc = 0;
-            for (std::size_t i = 0; i < dk; ++i) acc += op1[i] * Sop[i * dv + j];
-            Dl[r * dv + j] = rnd(X[r * nx + dk + j] - rnd(acc, fa), fa);
+            double acc = Bseg[i * dv + j];
+            for (std::size_t m = 0; m < dk; ++m) acc += Aseg[i * dk + m] * Sstart[sg][m * dv + j];
+            Sstart[sg + 1][i * dv + j] = rnd(rnd(acc, fa), p.state);
           }
-        }
-        Sop = S;
-        rnd_all(Sop, p.qs);
-        op2 = Dl;
-        rnd_all(op2, p.pd);
-        for (std::size_t r = 0; r < n; ++r) {
-          for (std::size_t i = 0; i < dk; ++i) op1[i] = rnd(Qg[r * dk + i], p.qs);
-          double Pr[64];
-          for (std::size_t s = 0; s <= r; ++s) Pr[s] = rnd(P[r * C + s], p.pd);
-          for (std::size_t j = 0; j < dv; ++j) {
-            double qs = 0, pd = 0;
-            for (std::size_t i = 0; i < dk; ++i) qs += op1[i] * Sop[i * dv + j];
-            for (std::size_t s = 0; s <= r; ++s) pd += Pr[s] * op2[s * dv + j];
-            out.o(b, t0 + r, hv, j) = rnd(in.scale * (rnd(qs, fa) + rnd(pd, fa)), p.out);
-          }
-        }
-        // ---- S <- Diag(gam_n) S + Kd^T D ----
-        op1 = Kd;
-        rnd_all(op1, p.kd);
-        op2 = Dl;
-        rnd_all(op2, p.kd);
-        for (std::size_t i = 0; i < dk; ++i) {
-          const double gn = gam[(n - 1) * dk + i];
-          for (std::size_t j = 0; j < dv; ++j) {
-            double acc = 0;
-            for (std::size_t r = 0; r < n; ++r) acc += op1[r * dk + i] * op2[r * dv + j];
-            S[i * dv + j] = rnd(rnd(gn * S[i * dv + j], fa) + rnd(acc, fa), p.state);
-          }
+      }
+      // the state pass (segment mode: pass 2, segments 1.. from their S_start; else one segment)
+      for (std::size_t sg = nseg > 1 ? 1 : 0; sg < nseg; ++sg) {
+        S = Sstart[sg];
+        for (std::size_t c = sg * seg_chunks; c < std::min(nchunk, (sg + 1) * seg_chunks); ++c) {
+          const std::size_t t0 = c * C, n = std::min(C, T - t0);
+          prep(b, hv, t0, n);
+          step(S, dv, true, true, b, hv, t0, n);
         }
       }
       for (std::size_t i = 0; i < dk * dv; ++i) out.S_final.data[(b * HV + hv) * dk * dv + i] = S[i];

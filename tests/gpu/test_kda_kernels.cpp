@@ -1,6 +1,7 @@
 // KDA CUDA kernels (kernels/kda.hpp) against the float64 recurrence (reference/kda.hpp) and the
 // kernel twin (numerics/kda_twin.hpp), on fresh seeded anchor-kda inputs; outputs poisoned (NaN)
 // before every run. Runs only where the CUDA kernels are built (ctest label gpu).
+#include <array>
 #include <cstdio>
 #include <numeric>
 
@@ -9,6 +10,7 @@
 #include "numerics/tolerance.hpp"
 #include "reference/kda.hpp"
 #include "tests/catch.hpp"
+#include "kernels/random_fill.hpp"
 #include "tests/gpu/kda_gpu_util.hpp"
 
 using namespace kdalab;
@@ -113,6 +115,167 @@ TEST_CASE("overlapped segment schedule is bit-identical to one prepare + one sta
   CHECK(r_on.o == r_off.o);
   CHECK(r_on.S == r_off.S);
   CHECK(mo.rel_rms <= tol::kda_bf16_goal.value);
+}
+
+TEST_CASE("v5 compact workspace (no fp32 P) is bit-identical to the v4 workspace traffic", "[gpu][kda]") {
+  for (const auto& cs : {std::array<std::size_t, 4>{1, 1000, 4, 1}, std::array<std::size_t, 4>{2, 4100, 1, 2}}) {
+    const KdaInputs in = make_inputs(cs[0], cs[1], cs[2], cs[3], fresh_seed());
+    const DevInputs d(in);
+    auto a = prefill_args(in, d);
+    const std::size_t no = in.B * in.T * in.HV * 128, ns = in.B * in.HV * 128 * 128;
+    a.compact_workspace = true;
+    const auto r5 = run_prefill(a, no, ns);
+    a.compact_workspace = false;
+    const auto r4 = run_prefill(a, no, ns);
+    const auto mo = compare(r5.o, truth(in).o.data);
+    std::printf("compact workspace B=%zu T=%zu H=%zu HV=%zu: o %.4e, o identical to v4 layout: %d, S_final identical: %d\n",
+                cs[0], cs[1], cs[2], in.HV, mo.rel_rms, static_cast<int>(r5.o == r4.o), static_cast<int>(r5.S == r4.S));
+    REQUIRE(mo.nan_count + mo.inf_count == 0);
+    CHECK(r5.o == r4.o);
+    CHECK(r5.S == r4.S);
+  }
+}
+
+TEST_CASE("v5 segment-parallel state pass (forced) vs float64, twin segment mode and the one-shot pass", "[gpu][kda][segments]") {
+  // (B, T, H, group, P, long memory): anchor gates forget the state within a few tokens, the
+  // long-memory inputs (make_long_memory) carry it across segments, so a wrong combine shows there
+  struct Cs { std::size_t B, T, H, group; int P; bool lm; };
+  const Cs cases[] = {{1, 17, 1, 1, 2, false}, {2, 4100, 1, 2, 4, false}, {1, 4100, 1, 2, 4, true},
+                      {1, 1000, 2, 1, 8, true}, {3, 333, 1, 1, 3, true}};
+  for (const auto& cs : cases) {
+    KdaInputs in = make_inputs(cs.B, cs.T, cs.H, cs.group, fresh_seed());
+    if (cs.lm) make_long_memory(in);
+    const DevInputs d(in);
+    const std::size_t no = in.B * in.T * in.HV * 128, ns = in.B * in.HV * 128 * 128;
+    auto a = prefill_args(in, d);
+    a.segment_state = cs.P;
+    REQUIRE(kernels::kda_prefill_segments(a) == cs.P);
+    const auto rs = run_prefill(a, no, ns);  // overlapped schedule (overlap_segments = true)
+    a.overlap_segments = false;
+    const auto rs_serial = run_prefill(a, no, ns);
+    a.overlap_segments = true;
+    const bool same = rs.o == rs_serial.o && rs.S == rs_serial.S;
+    std::printf("segments P=%d B=%zu T=%zu: overlapped schedule identical to the serial one: %d\n", cs.P, cs.B, cs.T,
+                static_cast<int>(same));
+    CHECK(same);
+    a.segment_state = 1;
+    REQUIRE(kernels::kda_prefill_segments(a) == 1);
+    const auto r1 = run_prefill(a, no, ns);
+    const auto ref = truth(in);
+    KdaTwinPlan tp = kda_plan_kernel();
+    tp.segments = static_cast<std::size_t>(cs.P);
+    const auto tw = kda_twin(in, tp);
+    const auto mo = compare(rs.o, ref.o.data), ms = compare(rs.S, ref.S_final.data);
+    const auto m1 = compare(r1.o, ref.o.data), s1 = compare(r1.S, ref.S_final.data);
+    const double e_tw = compare(tw.o.data, ref.o.data).rel_rms, s_tw = compare(tw.S_final.data, ref.S_final.data).rel_rms;
+    const double d_k1 = compare(rs.o, r1.o).rel_rms;
+    std::printf("segments P=%d %s B=%zu T=%zu H=%zu HV=%zu: o %.4e (twin seg %.4e, |diff|/kernel %.3f; one-shot kernel %.4e; "
+                "seg vs one-shot %.2e)  state %.4e (twin %.4e, one-shot %.4e)\n",
+                cs.P, cs.lm ? "long-memory" : "anchor", cs.B, cs.T, cs.H, in.HV, mo.rel_rms, e_tw,
+                std::fabs(e_tw - mo.rel_rms) / mo.rel_rms, m1.rel_rms, d_k1, ms.rel_rms, s_tw, s1.rel_rms);
+    CAPTURE(cs.P, cs.lm, cs.B, cs.T, mo.rel_rms, e_tw, m1.rel_rms, ms.rel_rms, s_tw);
+    REQUIRE(mo.nan_count + mo.inf_count + ms.nan_count + ms.inf_count == 0);
+    CHECK(std::fabs(e_tw - mo.rel_rms) <= tol::twin_vs_kernel.value * mo.rel_rms);
+    CHECK(std::fabs(s_tw - ms.rel_rms) <= tol::twin_vs_kernel.value * ms.rel_rms);
+    // the segment scan costs at most the 10% twin/kernel margin over the one-shot pass
+    CHECK(mo.rel_rms <= (1.0 + tol::twin_vs_kernel.value) * m1.rel_rms);
+    if (!cs.lm) {
+      CHECK(mo.rel_rms <= o_bound(in, ref.o.data));
+      CHECK(ms.rel_rms <= tol::kda_twin_state.value);
+    }
+  }
+}
+
+TEST_CASE("v5 T = 65536, H = 32 (auto rule -> segment path) vs float64 and the twin on sampled heads", "[gpu][kda][segments][long]") {
+  const std::size_t T = 65536, H = 32, D = 128;
+  const std::size_t nq = T * H * D;
+  DevBuf q(nq * 2), k(nq * 2), v(nq * 2), g(nq * 2), beta(T * H * 2), A_log(H * 4), bias(H * D * 4), S0(H * D * D * 4);
+  const std::uint64_t seed = fresh_seed();
+  kernels::fill_normal_bf16(q.as<bf16_t>(), nq, seed + 1, 1.0f, nullptr);
+  kernels::fill_normal_bf16(k.as<bf16_t>(), nq, seed + 2, 1.0f, nullptr);
+  kernels::fill_normal_bf16(v.as<bf16_t>(), nq, seed + 3, 1.0f, nullptr);
+  kernels::fill_normal_bf16(g.as<bf16_t>(), nq, seed + 4, 1.0f, nullptr);
+  kernels::fill_normal_bf16(beta.as<bf16_t>(), T * H, seed + 5, 1.0f, nullptr);
+  kernels::fill_uniform_f32(A_log.as<float>(), H, seed + 6, nullptr);
+  kernels::fill_uniform_f32(bias.as<float>(), H * D, seed + 7, nullptr);
+  kernels::fill_normal_f32(S0.as<float>(), H * D * D, seed + 8, 0.1f, nullptr);
+  cuda_check(cudaDeviceSynchronize(), "fill");
+  kernels::KdaPrefillArgs a;
+  a.B = 1; a.T = static_cast<int>(T); a.H = static_cast<int>(H); a.HV = static_cast<int>(H);
+  a.q = q.as<bf16_t>(); a.k = k.as<bf16_t>(); a.v = v.as<bf16_t>(); a.g = g.as<bf16_t>(); a.beta = beta.as<bf16_t>();
+  a.gate.A_log = A_log.as<float>(); a.gate.bias = bias.as<float>(); a.gate.g_min = -5.0f;
+  a.scale = 1.0f / std::sqrt(128.0f);
+  a.S0 = S0.as<float>();
+  const int P = kernels::kda_prefill_segments(a);
+  DevBuf o(nq * 2), Sf(H * D * D * 4), o1(nq * 2), Sf1(H * D * D * 4);
+  o.poison(); Sf.poison(); o1.poison(); Sf1.poison();
+  auto run = [&](kernels::KdaPrefillArgs x, DevBuf& ob, DevBuf& sb) {
+    x.o = ob.as<bf16_t>();
+    x.S_final = sb.as<float>();
+    DevBuf ws(kernels::kda_prefill_workspace_bytes(x));
+    ws.poison();
+    x.workspace = ws.p;
+    x.workspace_bytes = ws.bytes;
+    kernels::kda_prefill(x, nullptr);
+    cuda_check(cudaDeviceSynchronize(), "kda_prefill T=65536");
+  };
+  run(a, o, Sf);
+  auto a1 = a;
+  a1.segment_state = 1;
+  run(a1, o1, Sf1);
+  {
+    const auto all_s = download_bf16(o), all_1 = download_bf16(o1);
+    const auto mo = compare(all_s, all_1);
+    std::printf("T=65536 H=32: auto rule chose P=%d segments; all heads, seg vs one-shot kernel: o %.3e, nan %zu\n", P,
+                mo.rel_rms, static_cast<std::size_t>(mo.nan_count));
+    CHECK(P >= 2);  // the rule's target case (132 SMs: P = 3)
+    REQUIRE(mo.nan_count + mo.inf_count == 0);
+  }
+  std::vector<float> A_h(H), bias_h(H * D), S0_h(H * D * D), Sf_h(H * D * D), Sf1_h(H * D * D);
+  cuda_check(cudaMemcpy(A_h.data(), A_log.p, A_log.bytes, cudaMemcpyDeviceToHost), "A_log");
+  cuda_check(cudaMemcpy(bias_h.data(), bias.p, bias.bytes, cudaMemcpyDeviceToHost), "bias");
+  cuda_check(cudaMemcpy(S0_h.data(), S0.p, S0.bytes, cudaMemcpyDeviceToHost), "S0");
+  cuda_check(cudaMemcpy(Sf_h.data(), Sf.p, Sf.bytes, cudaMemcpyDeviceToHost), "S_final");
+  cuda_check(cudaMemcpy(Sf1_h.data(), Sf1.p, Sf1.bytes, cudaMemcpyDeviceToHost), "S_final one-shot");
+  for (std::size_t hv : {std::size_t{21}}) {  // one head: the twin takes ~30-60 s per 65536 tokens on one core
+    auto mk = [](std::vector<std::size_t> shp, std::vector<double> data) {
+      Tensor<double> t(std::move(shp));
+      REQUIRE(t.data.size() == data.size());
+      t.data = std::move(data);
+      return t;
+    };
+    KdaInputs in;  // the one head hv as a B = 1, H = 1 problem (heads are independent)
+    in.B = 1; in.T = T; in.H = 1; in.HV = 1; in.d_k = D; in.d_v = D;
+    in.g_min = -5.0;
+    in.scale = 1.0 / std::sqrt(128.0);
+    in.q_raw = mk({1, T, 1, D}, download_head_bf16(q.as<bf16_t>(), T, H, hv));
+    in.k_raw = mk({1, T, 1, D}, download_head_bf16(k.as<bf16_t>(), T, H, hv));
+    in.v = mk({1, T, 1, D}, download_head_bf16(v.as<bf16_t>(), T, H, hv));
+    in.g_raw = mk({1, T, 1, D}, download_head_bf16(g.as<bf16_t>(), T, H, hv));
+    in.beta_raw = mk({1, T, 1}, download_head_bf16(beta.as<bf16_t>(), T, H, hv, 1));
+    in.A_log = mk({1}, std::vector<double>{A_h[hv]});
+    in.bias = mk({1, D}, std::vector<double>(bias_h.begin() + hv * D, bias_h.begin() + (hv + 1) * D));
+    in.S0 = mk({1, 1, D, D}, std::vector<double>(S0_h.begin() + hv * D * D, S0_h.begin() + (hv + 1) * D * D));
+    derive_kda(in);
+    const auto ref = truth(in);
+    KdaTwinPlan tp = kda_plan_kernel();
+    tp.segments = static_cast<std::size_t>(P);
+    const auto tw = kda_twin(in, tp);
+    const auto ko = download_head_bf16(o.as<bf16_t>(), T, H, hv), ko1 = download_head_bf16(o1.as<bf16_t>(), T, H, hv);
+    const std::vector<double> kS(Sf_h.begin() + hv * D * D, Sf_h.begin() + (hv + 1) * D * D),
+        kS1(Sf1_h.begin() + hv * D * D, Sf1_h.begin() + (hv + 1) * D * D);
+    const auto mo = compare(ko, ref.o.data), m1 = compare(ko1, ref.o.data), ms = compare(kS, ref.S_final.data);
+    const double e_tw = compare(tw.o.data, ref.o.data).rel_rms;
+    std::printf("T=65536 H=32 head %zu: kernel seg o %.4e (twin seg %.4e, |diff|/kernel %.3f; one-shot kernel %.4e)  state %.4e "
+                "(one-shot %.4e)\n",
+                hv, mo.rel_rms, e_tw, std::fabs(e_tw - mo.rel_rms) / mo.rel_rms, m1.rel_rms, ms.rel_rms,
+                compare(kS1, ref.S_final.data).rel_rms);
+    CAPTURE(hv, mo.rel_rms, e_tw, m1.rel_rms, ms.rel_rms);
+    REQUIRE(mo.nan_count + mo.inf_count + ms.nan_count == 0);
+    CHECK(mo.rel_rms <= tol::kda_bf16_goal.value);
+    CHECK(ms.rel_rms <= tol::kda_twin_state.value);
+    CHECK(std::fabs(e_tw - mo.rel_rms) <= tol::twin_vs_kernel.value * mo.rel_rms);
+  }
 }
 
 TEST_CASE("prefill varlen (cu_seqlens) with a last sequence of 1 token equals per-sequence truths", "[gpu][kda]") {
