@@ -1,7 +1,7 @@
 // `kdalab bench`: timings of the KDA CUDA kernels (kernels/kda.hpp).
 //
 //   kdalab bench --op kda-prefill|kda-decode|mla-decode|mla-prefill|attn-res|all [--shapes "B:T:H[:HV],..."]
-//                [--iters N] [--prefix N0] [--peer-json FILE] [--compare BASELINE.h5] [--variant 1|2]
+//                [--iters N] [--prefix N0] [--peer-json FILE] [--compare BASELINE.h5] [--variant 1|2] [--segments P]
 //                --out results/bench.h5
 //
 // Per shape: median (and min) of --iters CUDA-event timings after --warmup launches, the bytes a
@@ -57,6 +57,7 @@ struct BenchOptions {
   std::string op = "all", shapes, peer_json, compare;
   int iters = 30, warmup = 5;
   int mla_variant = 2;  // mla-decode split kernel (kernels/mla.hpp MlaDecodeArgs::variant)
+  int kda_segments = 1; // kda-prefill state pass (kernels/kda.hpp KdaPrefillArgs::segment_state): 1 off, 0 auto, P forced
   long long prefix = 0;  // mla-prefill: cached tokens before the T new ones
 };
 
@@ -160,7 +161,7 @@ struct Measured {
   double ms, ms_min, bytes, flops, prepare_ms = 0, state_ms = 0;
 };
 
-Measured bench_prefill(const Shape& s, int warmup, int iters, std::uint64_t seed) {
+Measured bench_prefill(const Shape& s, int warmup, int iters, std::uint64_t seed, int segment_state) {
   const long long D = 128, Cc = 16;
   const std::size_t nq = s.B * s.T * s.H * D, nv = s.B * s.T * s.HV * D;
   Dev q(nq * 2), k(nq * 2), v(nv * 2), g(nv * 2), beta(s.B * s.T * s.HV * 2), o(nv * 2);
@@ -179,6 +180,7 @@ Measured bench_prefill(const Shape& s, int warmup, int iters, std::uint64_t seed
   a.gate.A_log = A_log.as<float>(); a.gate.bias = bias.as<float>(); a.gate.g_min = -5.0f;
   a.scale = 1.0f / std::sqrt(128.0f);
   a.S0 = S0.as<float>(); a.S_final = Sf.as<float>(); a.o = o.as<bf16_t>();
+  a.segment_state = segment_state;
   const std::size_t wsb = kernels::kda_prefill_workspace_bytes(a);
   Dev ws(wsb);
   a.workspace = ws.p; a.workspace_bytes = wsb;
@@ -333,6 +335,9 @@ void register_bench(Registry& reg) {
   a->add_option("--iters", o->iters, "timed launches per shape (median reported)")->capture_default_str();
   a->add_option("--warmup", o->warmup, "untimed launches before timing")->capture_default_str();
   a->add_option("--peer-json", o->peer_json, "peer times (ms) keyed '<op> B=.. T=.. H=.. HV=..' from the same machine session");
+  a->add_option("--segments", o->kda_segments,
+                "kda-prefill state pass: 1 = one-shot (default), 0 = the v5 auto rule, P >= 2 = P segments in parallel "
+                "(KdaPrefillArgs::segment_state)")->capture_default_str();
   a->add_option("--variant", o->mla_variant, "mla-decode split kernel: 1 (mma.sync, v1) or 2 (wgmma, v2)")
       ->capture_default_str();
   a->add_option("--compare", o->compare, "baseline results file to compare against (prints ratios, flags > 10% slower)");
@@ -342,6 +347,8 @@ void register_bench(Registry& reg) {
             "--op = '" + o->op + "'; accepted: kda-prefill, kda-decode, mla-decode, mla-prefill, attn-res, all");
     require(o->prefix >= 0, "--prefix = " + std::to_string(o->prefix) + "; accepted: >= 0 cached tokens");
     require(o->iters >= 1 && o->warmup >= 0, "--iters must be >= 1 and --warmup >= 0");
+    require(o->kda_segments >= 0 && o->kda_segments <= 64,
+            "--segments = " + std::to_string(o->kda_segments) + "; accepted: 0 (auto), 1 (off) or 2..64 segments");
     require(o->mla_variant == 1 || o->mla_variant == 2,
             "--variant = " + std::to_string(o->mla_variant) + "; accepted: 1 (mma.sync) or 2 (wgmma), mla-decode only");
     std::vector<std::string> ops =
@@ -410,7 +417,7 @@ void register_bench(Registry& reg) {
           .col("TBps", 'd', "TB/s", "bytes / median time").col("TFLOPps", 'd', "TFLOP/s", "flops / median time")
           .col("pct_copy", 'd', "%", "TB/s over the copy ceiling measured in this run")
           .col("pct_matmul", 'd', "%", "TFLOP/s over the bf16 matmul ceiling (715 TFLOP/s)")
-          .col("peer_ms", 'd', "ms", "peer (fla) time from --peer-json, NaN if none")
+          .col("peer_ms", 'd', "ms", "peer time from --peer-json (fla for KDA, the torch baseline for MLA), NaN if none")
           .col("speedup_vs_peer", 'd', "1", "peer_ms / time_ms")
           .col("baseline_ms", 'd', "ms", "time in --compare file, NaN if none")
           .col("ratio_vs_baseline", 'd', "1", "time_ms / baseline_ms (> 1.10 flagged)");
@@ -419,7 +426,7 @@ void register_bench(Registry& reg) {
       for (const Shape& s : shapes[oi]) {
         const std::string key = key_of(op, s, op == "mla-prefill" ? o->prefix : 0);
         const Measured m =
-            op == "kda-prefill"   ? bench_prefill(s, o->warmup, o->iters, ctx.common.seed)
+            op == "kda-prefill"   ? bench_prefill(s, o->warmup, o->iters, ctx.common.seed, o->kda_segments)
             : op == "mla-decode"  ? bench_mla_decode(s, o->warmup, o->iters, ctx.common.seed, o->mla_variant)
             : op == "mla-prefill" ? bench_mla_prefill(s, o->prefix, o->warmup, o->iters, ctx.common.seed)
             : op == "attn-res"    ? bench_attn_res(s, o->warmup, o->iters, ctx.common.seed)

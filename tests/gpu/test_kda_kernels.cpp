@@ -206,6 +206,7 @@ TEST_CASE("v5 T = 65536, H = 32 (auto rule -> segment path) vs float64 and the t
   a.gate.A_log = A_log.as<float>(); a.gate.bias = bias.as<float>(); a.gate.g_min = -5.0f;
   a.scale = 1.0f / std::sqrt(128.0f);
   a.S0 = S0.as<float>();
+  a.segment_state = 0;  // the auto rule (the default is off until v5 has run on a GPU)
   const int P = kernels::kda_prefill_segments(a);
   DevBuf o(nq * 2), Sf(H * D * D * 4), o1(nq * 2), Sf1(H * D * D * 4);
   o.poison(); Sf.poison(); o1.poison(); Sf1.poison();
