@@ -29,6 +29,8 @@
 // Without CUDA (CPU build) or without a visible GPU: says so on stdout, writes nothing, exit 0.
 #include <fmt/format.h>
 
+#include <filesystem>
+
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -85,11 +87,17 @@ std::vector<Shape> parse_shapes(const std::string& text, const std::string& op) 
     std::string f;
     while (std::getline(is, f, ':')) {
       require(n < 4, "--shapes: '" + item + "' has more than 4 fields; accepted: B:T:H or B:T:H:HV");
+      std::size_t used = 0;
       try {
-        v[n++] = std::stoll(f);
+        v[n] = std::stoll(f, &used);
       } catch (...) {
-        throw Error("--shapes: '" + f + "' in '" + item + "' is not an integer; accepted: B:T:H[:HV]");
+        used = 0;
       }
+      require(used > 0 && used == f.size(),
+              "--shapes: '" + f + "' in '" + item + "' is not an integer; accepted: B:T:H[:HV]");
+      require(v[n] <= (1LL << 31), "--shapes: '" + f + "' in '" + item + "' is larger than 2^31; accepted: B:T:H[:HV] "
+                                   "with each field in [1, 2^31]");
+      ++n;
     }
     require(n >= 3, "--shapes: '" + item + "' needs B:T:H[:HV]");
     if (n == 3) v[3] = v[2];
@@ -369,8 +377,11 @@ void register_bench(Registry& reg) {
       }
       require(peer.is_object(), "--peer-json: '" + o->peer_json + "' must hold a JSON object");
     }
-    if (!o->compare.empty())
+    if (!o->compare.empty()) {
+      require(std::filesystem::is_regular_file(o->compare), "--compare: '" + o->compare + "' does not exist or is not a "
+                                                            "file; give a bench results file (e.g. data/baselines/h200-kda.h5)");
       require(h5read::exists(o->compare, "/bench"), "--compare: '" + o->compare + "' has no group /bench");
+    }
 #ifndef KDALAB_HAVE_CUDA
     (void)ctx;
     fmt::print("bench: the CUDA kernels are not built (configure with --preset cuda); nothing was measured or written\n");

@@ -30,6 +30,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <map>
 #include <optional>
 
@@ -45,6 +46,19 @@
 namespace kdalab::cli {
 
 namespace {
+
+/// Largest tensor `kdalab check` reads (elements): 2^31 float64 values = 16 GiB, beyond any CPU truth
+/// that finishes; also the guard against shapes whose element count overflows 64 bits.
+constexpr double kMaxCheckElements = 2147483648.0;
+
+/// The truth must be finite before it is compared or written: float64 overflows on huge inputs
+/// (inf - inf in the softmax max subtraction) and 0/0 appears with eps = 0 on an all-zero source.
+void require_finite_truth(const Tensor<double>& t, const std::string& name, const std::string& truth, const std::string& hint) {
+  for (std::size_t i = 0; i < t.numel(); ++i)
+    require(std::isfinite(t.data[i]), "check: the " + truth + " truth of '" + name + "' is not finite at flat index " +
+                                          std::to_string(i) + " (value " + fmt::format("{}", t.data[i]) + "); " + hint +
+                                          "; nothing was written");
+}
 
 /// A reader of one input file that turns every HDF5 problem into a kdalab::Error naming it.
 class InFile {
@@ -69,7 +83,15 @@ class InFile {
     return true;
   }
 
-  bool has(const std::string& name) { return present(name) && f_.childObjType(name) == H5O_TYPE_DATASET; }
+  /// Whether dataset `name` is present; a group (or other object) under that name is an error naming
+  /// it, never "absent" (an optional candidate or rope tensor must not be skipped silently).
+  bool has(const std::string& name) {
+    if (!present(name)) return false;
+    require(f_.childObjType(name) == H5O_TYPE_DATASET,
+            where() + ": '" + name + "' is a group (or another non-dataset object), not a dataset; write the tensor "
+                                     "as a dataset");
+    return true;
+  }
 
   /// Reads float dataset `name` of rank `rank`; `what` describes the expected shape.
   Tensor<double> read(const std::string& name, std::size_t rank, const std::string& what) {
@@ -90,6 +112,15 @@ class InFile {
     const int r = sp.getSimpleExtentNdims();
     std::vector<hsize_t> dims(static_cast<std::size_t>(std::max(r, 0)));
     if (r > 0) sp.getSimpleExtentDims(dims.data());
+    {  // a shape whose element count overflows or exceeds what a CPU truth can hold is bad input
+      const double n = std::accumulate(dims.begin(), dims.end(), 1.0, [](double a, hsize_t d) { return a * double(d); });
+      std::string shp = "[";
+      for (std::size_t i = 0; i < dims.size(); ++i) shp += (i ? ", " : "") + std::to_string(dims[i]);
+      require(n <= kMaxCheckElements, where() + ": dataset '" + name + "' has shape " + shp + "] = " +
+                                          fmt::format("{:.3g}", n) + " elements; accepted: at most " +
+                                          fmt::format("{:.3g}", kMaxCheckElements) +
+                                          " elements per tensor (the CPU truth holds every tensor in float64)");
+    }
     Tensor<double> t(std::vector<std::size_t>(dims.begin(), dims.end()));
     require(t.rank() == rank, where() + ": dataset '" + name + "' has rank " + std::to_string(t.rank()) + " (shape " +
                                   shape_str(t.shape) + "); expected " + what);
@@ -549,6 +580,9 @@ Outcome check_kda(const std::string& in_path, const std::string& op, const std::
   }
   Outcome r;
   r.truth_name = truth_label(tk);
+  const std::string kh = tk == "mp" ? "the inputs overflow even cpp_bin_float_50" : "the inputs overflow float64; try --truth mp";
+  require_finite_truth(t.o, "o", r.truth_name, kh);
+  require_finite_truth(t.S_final, "S", r.truth_name, kh);
   if (in.has_o) r.cands.push_back({"o", in.o_format, in.o_cand, t.o});
   if (in.has_S) r.cands.push_back({"S", in.S_format, in.S_cand, t.S_final});
   r.truths.push_back({"o_truth", "truth o [B, T, HV, d_v] on exactly the input file's tensors", t.o, {}});
@@ -564,6 +598,9 @@ Outcome check_mla(const std::string& in_path, const std::string& truth_opt) {
   const Tensor<double> a = tk == "mp" ? mla_truth<mp50>(m) : mla_truth<double>(m);
   Outcome r;
   r.truth_name = truth_label(tk);
+  require_finite_truth(a, "o", r.truth_name,
+                       tk == "mp" ? "the scores overflow even cpp_bin_float_50; scale q or c down"
+                                  : "the scores overflow float64 (|scale q . c| too large); try --truth mp or scale q or c down");
   if (m.has_o) r.cands.push_back({"o", m.o_format, m.o_cand, a});
   r.truths.push_back({"o_truth", "truth attended latent [B, T, H, d_c] on exactly the input file's tensors", a, {}});
   return r;
@@ -575,6 +612,9 @@ Outcome check_attn_res(const std::string& in_path, const std::string& truth_opt)
   const Tensor<double> h = tk == "mp" ? attn_res_truth<mp50>(a) : attn_res_truth<double>(a);
   Outcome r;
   r.truth_name = truth_label(tk);
+  require_finite_truth(h, "h", r.truth_name,
+                       "RMSNorm divides by sqrt(mean(v^2) + eps): with eps = 0 a source whose values are all 0 (or "
+                       "underflow when squared) gives 0/0; give eps > 0");
   if (a.has_h) r.cands.push_back({"h", a.h_format, a.h_cand, h});
   r.truths.push_back({"h_truth", "truth h [T, d] (" + residual_mode_name(a.mode) + " AttnRes) on exactly the input "
                       "file's tensors", h, {}});

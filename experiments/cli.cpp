@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iterator>
 #include <sstream>
+#include <stdexcept>
 
 #include "experiments/build_info.hpp"
 #include "reference/error.hpp"
@@ -286,6 +287,10 @@ int run(int argc, char** argv) {
     return cmd->run(ctx);
   } catch (const Error& e) {
     print_error(ctx.name, e.what());
+    return 2;
+  } catch (const std::length_error&) {  // a vector/string asked for more than max_size(): a size given was too large
+    print_error(ctx.name, "a requested size is too large to hold in memory; reduce the sizes given (T, B, N, "
+                          "trials, shapes in the input file, ...); nothing was written");
     return 2;
   } catch (const std::bad_alloc&) {
     print_error(ctx.name, "not enough memory for the requested problem size; reduce the sizes given (T, B, N, "

@@ -373,6 +373,13 @@ void check_mla(const std::string& path, const std::function<void(const std::stri
     line("mla" + g + "/a (attended latent)", rel_rms(to_tensor(r.a).data, read_f64(path, g + "/a").data),
          tol::golden_f64.value);
     line("mla" + g + "/q_abs", rel_rms(to_tensor(r.q_abs).data, read_f64(path, g + "/q_abs").data), tol::golden_f64.value);
+    // the kernel-level pieces `kdalab check --op mla` tests feed on: the latent c and the rope parts
+    line("mla" + g + "/c (latent)", rel_rms(to_tensor(r.c).data, read_f64(path, g + "/c").data), tol::golden_f64.value);
+    if (fx.c.cfg.d_rope > 0) {
+      line("mla" + g + "/k_R", rel_rms(to_tensor(r.k_R).data, read_f64(path, g + "/k_R").data), tol::golden_f64.value);
+      line("mla" + g + "/q_R", rel_rms(to_tensor(r.q_R).data, read_f64(path, g + "/q_R").data),
+           tol::golden_f64.value);
+    }
   }
 }
 

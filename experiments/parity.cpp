@@ -192,8 +192,10 @@ Truth compute_truth(const KdaInputs& in, const std::string& kind) {
   return t;
 }
 
+/// Median of x; NaN when x is empty or holds a NaN (sorting NaN is undefined, and a NaN row must show).
 double median(std::vector<double> x) {
-  if (x.empty()) return std::numeric_limits<double>::quiet_NaN();
+  if (x.empty() || std::any_of(x.begin(), x.end(), [](double v) { return std::isnan(v); }))
+    return std::numeric_limits<double>::quiet_NaN();
   std::sort(x.begin(), x.end());
   const std::size_t n = x.size();
   return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
@@ -349,8 +351,8 @@ void register_parity(Registry& reg) {
         .col("S_nan", 'i', "1", "NaN count of S").col("S_inf", 'i', "1", "Inf count of S")
         .col("window", 'i', "1", "tokens per window of the error-along-T columns")
         .col("o_rel_rms_first_window", 'd', "1", "relative RMS of o over the first window of tokens")
-        .col("o_rel_rms_last_window", 'd', "1", "relative RMS of o over the last window of tokens")
-        .col("o_rel_rms_max_window", 'd', "1", "largest window relative RMS of o")
+        .col("o_rel_rms_last_window", 'd', "1", "relative RMS of o over the last window of tokens (NaN if o has NaN/Inf there)")
+        .col("o_rel_rms_max_window", 'd', "1", "largest window relative RMS of o (NaN if any window is NaN)")
         .col("time_s", 'd', "s", "wall time of the implementation on this point")
         .col("truth_time_s", 'd', "s", "wall time of the truth on this point");
     Tensor<double> windows({total, static_cast<std::size_t>(o->windows)}, std::numeric_limits<double>::quiet_NaN());
@@ -373,12 +375,18 @@ void register_parity(Registry& reg) {
       const Truth tr = compute_truth(in, tk);
       const std::size_t win = std::max<std::size_t>(1, (s.T + static_cast<std::size_t>(o->windows) - 1) /
                                                            static_cast<std::size_t>(o->windows));
+      const std::string label = fmt::format("T={} H={} {} {}", s.T, s.H, gate_kind_name(s.gate), beta_dist_name(s.beta));
       auto record = [&](const std::string& impl, std::int64_t C, const std::string& st, const std::string& mm,
                         const ImplOut& r) {
         const ErrorMetrics mo = compare(r.o, tr.o, "o"), ms = compare(r.S, tr.S, "S");
         const auto w = rel_rms_windows(r.o, tr.o, s.B, s.T, win);
         for (std::size_t j = 0; j < w.size() && j < static_cast<std::size_t>(o->windows); ++j) windows(row, j) = w[j];
-        const double wmax = *std::max_element(w.begin(), w.end());
+        double wmax = 0;  // NaN-aware: a NaN window makes the max NaN (std::max_element would skip past it)
+        for (double x : w) wmax = (std::isnan(x) || std::isnan(wmax)) ? std::numeric_limits<double>::quiet_NaN() : std::max(wmax, x);
+        if (mo.nan_count + mo.inf_count + ms.nan_count + ms.inf_count > 0)
+          note(fmt::format("{} C={} at point {} ({}): o has {} NaN / {} Inf, S has {} NaN / {} Inf (recorded in the row; "
+                           "the factored chunk form overflows at this C and gate: see kdalab decay-range)",
+                           impl, C, p, label, mo.nan_count, mo.inf_count, ms.nan_count, ms.inf_count));
         std::string truth_name = tr.name;
         if (impl == "float64" && tk == "f64") truth_name += " (the same computation: 0 by construction)";
         t.row({static_cast<std::int64_t>(p), in.generator, static_cast<std::int64_t>(s.seed),
@@ -390,7 +398,6 @@ void register_parity(Registry& reg) {
                static_cast<std::int64_t>(win), w.front(), w.back(), wmax, r.seconds, tr.seconds});
         ++row;
       };
-      const std::string label = fmt::format("T={} H={} {} {}", s.T, s.H, gate_kind_name(s.gate), beta_dist_name(s.beta));
       for (const auto& impl : o->impl) {
         if (impl == "float64") {
           record(impl, 0, "fp64", "fp64", run_reference<double>(in, "fp64"));
@@ -465,8 +472,13 @@ void register_parity(Registry& reg) {
         es.push_back(errS_c[i]);
       }
       const std::size_t i0 = groups[k].front();
-      const double mo = median(eo), wo = *std::max_element(eo.begin(), eo.end());
-      const double ms = median(es), ws = *std::max_element(es.begin(), es.end());
+      auto worst = [](const std::vector<double>& v) {  // NaN-aware maximum: any NaN row makes the worst NaN
+        double m = 0;
+        for (double x : v) m = (std::isnan(x) || std::isnan(m)) ? std::numeric_limits<double>::quiet_NaN() : std::max(m, x);
+        return m;
+      };
+      const double mo = median(eo), wo = worst(eo);
+      const double ms = median(es), ws = worst(es);
       sum.row({impl_c[i0], st_c[i0], mm_c[i0], static_cast<std::int64_t>(eo.size()), mo, wo, ms, ws});
       fmt::print("{:<11}{:>7}{:>8}{:>6}{:>16.3e}{:>16.3e}{:>16.3e}{:>16.3e}\n", impl_c[i0], st_c[i0], mm_c[i0], eo.size(),
                  mo, wo, ms, ws);

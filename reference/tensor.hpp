@@ -4,6 +4,7 @@
 /// No math lives here: reference/ maps slices of it into Eigen.
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <initializer_list>
 #include <numeric>
 #include <string>
@@ -29,8 +30,15 @@ struct Tensor {
   explicit Tensor(std::vector<std::size_t> shp, S fill = S(0)) : shape(std::move(shp)) {
     data.assign(numel_of(shape), fill);
   }
+  /// Product of the dims. Errors: kdalab::Error when it overflows std::size_t (a shape read from a
+  /// file can be anything; a wrapped count would size a small buffer for a huge loop).
   static std::size_t numel_of(const std::vector<std::size_t>& s) {
-    return std::accumulate(s.begin(), s.end(), std::size_t{1}, std::multiplies<>());
+    std::size_t n = 1;
+    for (std::size_t d : s) {
+      require(d == 0 || n <= SIZE_MAX / d, "tensor shape has more elements than 2^64: its element count overflows");
+      n *= d;
+    }
+    return n;
   }
   std::size_t numel() const { return data.size(); }
   std::size_t rank() const { return shape.size(); }
