@@ -643,7 +643,7 @@ void register_check(Registry& reg) {
       ->capture_default_str();
   c.app->add_option("--in", o->in, "input HDF5 file (format in README.md)");
   c.app->add_option("--truth", o->truth, "truth: mp (cpp_bin_float_50), f64 (float64), auto (mp while the work "
-                                         "(kda: B*T*HV*d_k*d_v; mla: B*T*H*N*d_c) <= 2e7, f64 above)")
+                                         "(kda: B*T*HV*d_k*d_v; mla: B*T*H*N*(d_c + d_rope); attn-res: 100*N*T*d) <= 2e7, f64 above)")
       ->capture_default_str();
   c.app->add_option("--tol", o->tol, std::string("verdict tolerance on relative RMS (default: ") +
                                          tol::check_default.why + ")")

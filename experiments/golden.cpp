@@ -269,7 +269,11 @@ int run_golden(bool regen_flag, const std::string& dir_name, Context& ctx) {
       const std::string path = *dir + "/" + op.op + ".h5";
       require(std::filesystem::exists(path),
               "golden file '" + path + "' is missing; run 'kdalab golden --regen' (and commit data/golden/)");
-      failed += check_file(path, op);
+      try {
+        failed += check_file(path, op);
+      } catch (const Error& e) {  // name the fixture file: the inner message names only the tensor
+        throw Error("golden file '" + path + "': " + e.what() + "; regenerate with 'kdalab golden --regen --force' if the file was damaged");
+      }
     }
     for (const auto& op : golden::layer_ops()) {
       const std::string path = *dir + "/" + op.op + ".h5";
@@ -278,11 +282,15 @@ int run_golden(bool regen_flag, const std::string& dir_name, Context& ctx) {
       const std::string cases = h5read::attr_string(path, "/", "cases");
       require(cases == op.cases, "golden file '" + path + "' holds the cases '" + cases + "', this build expects '" +
                                      op.cases + "'; regenerate with 'kdalab golden --regen --force'");
-      op.check(path, [&](const std::string& what, double err, double tol) {
-        const bool ok = err <= tol;
-        if (!ok) ++failed;
-        fmt::print("{:<4} {:<58} rel RMS {:9.2e} (tol {:.0e})\n", ok ? "ok" : "FAIL", what, err, tol);
-      });
+      try {
+        op.check(path, [&](const std::string& what, double err, double tol) {
+          const bool ok = err <= tol;
+          if (!ok) ++failed;
+          fmt::print("{:<4} {:<58} rel RMS {:9.2e} (tol {:.0e})\n", ok ? "ok" : "FAIL", what, err, tol);
+        });
+      } catch (const Error& e) {  // name the fixture file: the inner message names only the tensor
+        throw Error("golden file '" + path + "': " + e.what() + "; regenerate with 'kdalab golden --regen --force' if the file was damaged");
+      }
     }
     fmt::print("golden: {}\n", failed ? fmt::format("{} check(s) FAILED: the numerics changed", failed) : "all checks pass");
     return failed ? 1 : 0;

@@ -63,7 +63,7 @@ def main():
                 Z[r, c] = np.nan if bad else np.log10(max(e, 1e-17))
                 flags = "ovf" if t["overflow"][i] > 0 else ("0" if t["underflow"][i] > 0 else
                                                            ("sub" if t["subnormal"][i] > 0 else ""))
-                lab = "NaN" if bad else f"{e:.0e}"
+                lab = ("NaN" if t["o_nan"][i] > 0 else "Inf") if bad else f"{e:.0e}"
                 txt[r][c] = lab + ("\n" + flags if flags else "")
                 if impl == "cuda" and t["allow_unsafe_range"][i] == 1:
                     txt[r][c] += "\nunsafe"

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 jobs=$(nproc 2>/dev/null || echo 2)
 cmake --preset default >/dev/null
-cmake --build build/default -j "$jobs"
+cmake --build build/default -j "$jobs" --target kdalab   # the tests are built by scripts/test.sh
 k=build/default/experiments/kdalab
 results=${RESULTS:-results}
 mkdir -p "$results"
