@@ -76,3 +76,18 @@ TEST_CASE("golden: a fixture whose o is int32 or float32, or a dangling link, ex
   CHECK(r.code == 2);
   CHECK(r.output.find("has no case 'gated_rope_lowrank_q'") != std::string::npos);
 }
+
+TEST_CASE("golden: a stored output of the wrong size exits 2 naming the fixture file") {
+  TempDir d;
+  for (const auto& e : fs::directory_iterator("data/golden")) fs::copy_file(e.path(), d.path / e.path().filename());
+  replace(d.file("attn_res.h5"), "/d32_N8_block3/h_full", [](H5::H5File& f, const std::string& n) {
+    hsize_t dims[2] = {2, 3};
+    std::vector<double> v(6, 0.5);
+    f.createDataSet(n, H5::PredType::NATIVE_DOUBLE, H5::DataSpace(2, dims)).write(v.data(), H5::PredType::NATIVE_DOUBLE);
+  });
+  const auto r = run_kdalab("golden --dir " + d.path.string());
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(r.output.find("golden file '") != std::string::npos);
+  CHECK(r.output.find("attn_res.h5") != std::string::npos);
+}
