@@ -63,7 +63,8 @@ def main():
             elif lay.startswith("all-mla"):
                 col = STYLE["kimi-k3"][0]
             ls = "--" if lay.startswith("all-mla") else "-"
-            ax.plot(h["n"][sel][o], np.maximum(h["batch"][sel][o], 0.5), ls + "o", ms=3, color=col, label=lay)
+            mk = dict(marker="s", mfc="none", ms=4) if lay.startswith("all-mla") else dict(marker="o", ms=3)
+            ax.plot(h["n"][sel][o], np.maximum(h["batch"][sel][o], 0.5), ls=ls, color=col, label=lay, **mk)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("context $n$ (tokens)")
