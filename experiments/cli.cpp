@@ -15,6 +15,10 @@
 #include "experiments/build_info.hpp"
 #include "reference/error.hpp"
 
+namespace CLI::detail {
+std::string to_string(double v) { return fmt::format("{}", v); }
+}  // namespace CLI::detail
+
 namespace kdalab::cli {
 
 Command& Registry::add(const std::string& name, const std::string& description, const std::string& default_out) {

@@ -6,6 +6,17 @@
 /// option names without dashes ("T", "out", "seed", ...); options given on the command line
 /// override the file; an unknown key, a missing file or malformed JSON is an error (exit 2).
 /// CLI11's own config reader is not used (CLI11 2.1.2 ignores --config on subcommands).
+#include <string>
+
+namespace CLI::detail {
+/// CLI11 2.1 renders option values of type double through a default std::stringstream (6 significant
+/// digits: 1048576 -> "1.04858e+06"), which made the results files' `config` attribute and --help
+/// lossy. This non-template overload, declared before CLI11's templates, wins their tie in overload
+/// resolution and prints the shortest string that reads back to the same double (fmt "{}").
+/// Must stay the only place CLI11 is included (one overload set in every translation unit).
+std::string to_string(double v);
+}  // namespace CLI::detail
+
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <functional>

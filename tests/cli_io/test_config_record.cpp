@@ -28,6 +28,8 @@ TEST_CASE("results config records the values --quick and --config set, not the d
   CHECK(q.at("min-time") == "0.02");
   CHECK(q.at("quick") == true);
   CHECK(q.at("cpu-n") == "0");
+  // numbers keep every digit (CLI11 alone printed 1048576 as "1.04858e+06"), so a replay is exact
+  CHECK(q.at("context").get<std::string>().find("1048576]") != std::string::npos);
   // a --config file's values (and the command line over them)
   d.write("c.json", R"({"min-time": 0.03, "cpu-d": 64, "quick": true})");
   r = run_kdalab("decode-cost --config " + d.file("c.json") + " --quiet --cpu-n 0 --gpu-n 0 --cpu-d 32 --out " +
