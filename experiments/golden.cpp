@@ -244,6 +244,10 @@ int run_golden(bool regen_flag, const std::string& dir_name, Context& ctx) {
         const std::string path = *dir + "/" + n + ".h5";
         require(ctx.common.force || !std::filesystem::exists(path),
                 "golden file '" + path + "' exists; pass --force with --regen to rewrite the fixtures");
+        // also before any is rewritten: every target must be replaceable (a folder or other non-file
+        // under a fixture's name would otherwise stop the regeneration half-way)
+        require(!std::filesystem::exists(path) || std::filesystem::is_regular_file(path),
+                "golden file '" + path + "' exists but is not a regular file (a folder?); move it away; nothing was rewritten");
       }
       std::filesystem::create_directories(*dir);
       regen(*dir, ctx);

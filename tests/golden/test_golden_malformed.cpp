@@ -91,3 +91,16 @@ TEST_CASE("golden: a stored output of the wrong size exits 2 naming the fixture 
   CHECK(r.output.find("golden file '") != std::string::npos);
   CHECK(r.output.find("attn_res.h5") != std::string::npos);
 }
+
+TEST_CASE("golden --regen --force refuses before rewriting anything when one target is a folder") {
+  TempDir d;
+  for (const auto& e : fs::directory_iterator("data/golden")) fs::copy_file(e.path(), d.path / e.path().filename());
+  fs::remove(d.path / "hybrid.h5");
+  fs::create_directory(d.path / "hybrid.h5");
+  const auto before = fs::last_write_time(d.path / "kda_recurrent.h5");
+  const auto r = run_kdalab("golden --regen --force --dir " + d.path.string());
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(r.output.find("not a regular file") != std::string::npos);
+  CHECK(fs::last_write_time(d.path / "kda_recurrent.h5") == before);  // nothing rewritten
+}
