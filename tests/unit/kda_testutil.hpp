@@ -30,6 +30,26 @@ Vec<S> randv(Rng& rng, Eigen::Index n, double a, double b) {
   for (Eigen::Index i = 0; i < n; ++i) v(i) = S(rng.uniform(a, b));
   return v;
 }
+/// One head of seeded float64 KDA inputs: q, k unit rows [T, d_k], v [T, d_v], g [T, d_k] in
+/// [-g_span, 0], beta [T] ~ U(beta_lo, beta_hi), S0 [d_k, d_v] ~ N(0, s0_sigma^2). Fixed draw order
+/// (q, k, v, beta, S0, then g row by row), so a seed names the same inputs in every test.
+struct Head {
+  Mat<double> q, k, v, g;
+  Vec<double> beta;
+  Mat<double> S0;
+};
+inline Head random_head(std::uint64_t seed, Eigen::Index T, Eigen::Index dk, Eigen::Index dv, double beta_lo,
+                        double beta_hi, double s0_sigma, double g_span) {
+  Rng rng(seed);
+  Head h{randn<double>(rng, T, dk), randn<double>(rng, T, dk), randn<double>(rng, T, dv), Mat<double>(T, dk),
+         randv<double>(rng, T, beta_lo, beta_hi), randn<double>(rng, dk, dv, s0_sigma)};
+  for (Eigen::Index t = 0; t < T; ++t) {
+    h.q.row(t).normalize();
+    h.k.row(t).normalize();
+    for (Eigen::Index i = 0; i < dk; ++i) h.g(t, i) = -g_span * rng.uniform();
+  }
+  return h;
+}
 /// Relative 2-norm error ||a - b|| / ||b|| computed in S, returned as double.
 template <class S>
 double rel_err(const Mat<S>& a, const Mat<S>& b) {

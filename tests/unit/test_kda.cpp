@@ -11,21 +11,9 @@ using namespace kdalab;
 using namespace kdatest;
 
 namespace {
-struct Head {
-  Mat<double> q, k, v, g;
-  Vec<double> beta;
-  Mat<double> S0;
-};
+/// Anchor-like heads: beta ~ U(0.05, 1), S0 ~ N(0, 0.01), g in [-5, 0].
 Head random_head(std::uint64_t seed, Eigen::Index T, Eigen::Index dk, Eigen::Index dv) {
-  Rng rng(seed);
-  Head h{randn<double>(rng, T, dk), randn<double>(rng, T, dk), randn<double>(rng, T, dv), Mat<double>(T, dk),
-         randv<double>(rng, T, 0.05, 1.0), randn<double>(rng, dk, dv, 0.1)};
-  for (Eigen::Index t = 0; t < T; ++t) {
-    h.q.row(t).normalize();
-    h.k.row(t).normalize();
-    for (Eigen::Index i = 0; i < dk; ++i) h.g(t, i) = -5.0 * rng.uniform();
-  }
-  return h;
+  return kdatest::random_head(seed, T, dk, dv, 0.05, 1.0, 0.1, 5.0);
 }
 }  // namespace
 

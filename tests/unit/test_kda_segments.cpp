@@ -34,24 +34,10 @@ KdaInputs long_memory(std::size_t B, std::size_t T, std::size_t H, std::size_t D
   return in;
 }
 
-struct Head {
-  Mat<double> q, k, v, g;
-  Vec<double> beta;
-  Mat<double> S0;
-};
+// a slow decay (g in [-0.05, 0]) and a weak erase (beta in [0.01, 0.1]) so the initial state is not
+// forgotten within a segment and A_seg is far from 0: a wrong combine then shows in the final state and in o
 Head random_head(std::uint64_t seed, Eigen::Index T, Eigen::Index dk, Eigen::Index dv) {
-  Rng rng(seed);
-  Head h{randn<double>(rng, T, dk), randn<double>(rng, T, dk), randn<double>(rng, T, dv), Mat<double>(T, dk),
-         randv<double>(rng, T, 0.01, 0.1), randn<double>(rng, dk, dv, 0.5)};
-  for (Eigen::Index t = 0; t < T; ++t) {
-    h.q.row(t).normalize();
-    h.k.row(t).normalize();
-    // a slow decay (g in [-0.05, 0]) and a weak erase (beta in [0.01, 0.1]) so the initial state is
-    // not forgotten within a segment and A_seg is far from 0: a wrong combine then shows in the final
-    // state and in o
-    for (Eigen::Index i = 0; i < dk; ++i) h.g(t, i) = -0.05 * rng.uniform();
-  }
-  return h;
+  return kdatest::random_head(seed, T, dk, dv, 0.01, 0.1, 0.5, 0.05);
 }
 
 /// Rows [t0, t1) of m.
