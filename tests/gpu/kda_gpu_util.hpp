@@ -156,4 +156,31 @@ inline PrefillResult run_prefill(kernels::KdaPrefillArgs a, std::size_t o_elems,
   return {download_bf16(o), download_f32(S)};
 }
 
+/// Captures `launch(stream)` into a CUDA graph on a fresh stream, replays the graph `replays` times
+/// and synchronises; the stream, graph and executable graph are released also when a call throws.
+template <class F>
+void run_in_graph(F&& launch, int replays = 1) {
+  cudaStream_t s = nullptr;
+  cudaGraph_t g = nullptr;
+  cudaGraphExec_t ge = nullptr;
+  cuda_check(cudaStreamCreate(&s), "stream");
+  auto release = [&] {
+    if (ge) cudaGraphExecDestroy(ge);
+    if (g) cudaGraphDestroy(g);
+    cudaStreamDestroy(s);
+  };
+  try {
+    cuda_check(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), "capture");
+    launch(s);
+    cuda_check(cudaStreamEndCapture(s, &g), "end capture");
+    cuda_check(cudaGraphInstantiate(&ge, g, 0), "instantiate");
+    for (int i = 0; i < replays; ++i) cuda_check(cudaGraphLaunch(ge, s), "graph launch");
+    cuda_check(cudaStreamSynchronize(s), "sync");
+  } catch (...) {
+    release();
+    throw;
+  }
+  release();
+}
+
 }  // namespace kda_gpu

@@ -393,17 +393,8 @@ TEST_CASE("decode in a CUDA graph equals direct launches", "[gpu][kda]") {
   dd.scale = static_cast<float>(in.scale);
   dd.state = S1.as<float>(); dd.o = o1.as<bf16_t>();
   for (int i = 0; i < 3; ++i) kernels::kda_decode(dd, nullptr);
-  cudaStream_t s;
-  cuda_check(cudaStreamCreate(&s), "stream");
   dd.state = S2.as<float>(); dd.o = o2.as<bf16_t>();
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  cuda_check(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), "capture");
-  kernels::kda_decode(dd, s);
-  cuda_check(cudaStreamEndCapture(s, &g), "end capture");
-  cuda_check(cudaGraphInstantiate(&ge, g, 0), "instantiate");
-  for (int i = 0; i < 3; ++i) cuda_check(cudaGraphLaunch(ge, s), "graph launch");
-  cuda_check(cudaStreamSynchronize(s), "sync");
+  run_in_graph([&](cudaStream_t s) { kernels::kda_decode(dd, s); }, 3);
   CHECK(download_f32(S1) == download_f32(S2));
   CHECK(download_bf16(o1) == download_bf16(o2));
   // one decode step from S0 vs the truth (o of a single token; fp32 math, bf16 output)
@@ -424,9 +415,6 @@ TEST_CASE("decode in a CUDA graph equals direct launches", "[gpu][kda]") {
     CHECK(mo.rel_rms <= std::max(tol::kda_bf16_goal.value, (1.0 + tol::twin_vs_kernel.value) * floor));
   }
   CHECK(ms.rel_rms <= tol::f32_vs_truth.value);
-  cudaGraphExecDestroy(ge);
-  cudaGraphDestroy(g);
-  cudaStreamDestroy(s);
 }
 
 TEST_CASE("bad inputs give clear errors before any launch", "[gpu][kda]") {

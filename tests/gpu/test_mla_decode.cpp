@@ -341,21 +341,9 @@ TEST_CASE("mla decode in a CUDA graph equals direct launches", "[gpu][mla]") {
     a.out = out.as<float>();
     a.workspace = ws.p;
     a.workspace_bytes = ws.bytes;
-    cudaStream_t s;
-    cuda_check(cudaStreamCreate(&s), "stream");
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    cuda_check(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), "capture");
-    kernels::mla_decode(a, s);
-    cuda_check(cudaStreamEndCapture(s, &g), "end capture");
-    cuda_check(cudaGraphInstantiate(&ge, g, 0), "instantiate");
-    cuda_check(cudaGraphLaunch(ge, s), "graph launch");
-    cuda_check(cudaStreamSynchronize(s), "sync");
+    run_in_graph([&](cudaStream_t s) { kernels::mla_decode(a, s); });
     CAPTURE(v);
     CHECK(download_f32(out) == direct);
-    cudaGraphExecDestroy(ge);
-    cudaGraphDestroy(g);
-    cudaStreamDestroy(s);
   }
 }
 

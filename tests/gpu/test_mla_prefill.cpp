@@ -411,25 +411,13 @@ TEST_CASE("mla prefill (append + attention) in a CUDA graph equals direct launch
   out.poison();
   auto a = P.args();
   a.out = out.as<float>();
-  cudaStream_t st;
-  cuda_check(cudaStreamCreate(&st), "stream");
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  cuda_check(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal), "capture");
-  kernels::mla_prefill(a, st);
-  cuda_check(cudaStreamEndCapture(st, &g), "end capture");
-  cuda_check(cudaGraphInstantiate(&ge, g, 0), "instantiate");
-  cuda_check(cudaGraphLaunch(ge, st), "graph launch");
-  cuda_check(cudaStreamSynchronize(st), "sync");
+  run_in_graph([&](cudaStream_t st) { kernels::mla_prefill(a, st); });
   const auto graphed = download_f32(out);
   const std::size_t cerr = cache_errors(P);
   std::printf("mla prefill in a CUDA graph: identical to direct launches: %s, cache errors %zu\n",
               graphed == direct ? "yes" : "no", cerr);
   CHECK(graphed == direct);
   CHECK(cerr == 0);
-  cudaGraphExecDestroy(ge);
-  cudaGraphDestroy(g);
-  cudaStreamDestroy(st);
 }
 
 TEST_CASE("mla prefill: bad inputs give clear errors before any launch", "[gpu][mla]") {
