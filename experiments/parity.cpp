@@ -25,9 +25,10 @@
 // <= --f80-max-work, f64 above (the rule for T up to 1M on a CPU);
 // tests/numerics/test_f64_vs_mp.cpp proves float64 within 1e-12 of mp at shorter T.
 // Configs: data/configs/parity.json is the full grid (T up to 65,536, both gates, state fp32/bf16,
-// matmul plan/bf16; ~4 min on one core); data/configs/parity_long.json adds T = 1,048,576 for the
-// float64 / float32 / twin (kernel plan) rows with the float64 truth (~5 min: the twin costs
-// ~200 us per token and head on the CPU, so the long grid is kept to one precision plan).
+// matmul plan/bf16; measured 39 min on the shared, loaded 2-core machine in session 1);
+// data/configs/parity_long.json adds T = 1,048,576 for the float64 / float32 / twin (kernel plan) rows
+// with the float64 truth (measured 7 min and 13.7 GB peak memory: every tensor is held in float64; the
+// twin alone took 214 s, ~200 us per token and head, so the long grid is kept to one precision plan).
 #include <fmt/format.h>
 
 #include <algorithm>
