@@ -302,22 +302,13 @@ __global__ void __launch_bounds__(128) mla_combine_kernel(SParams p) {
   *o = make_float4(a.x * inv, a.y * inv, a.z * inv, a.w * inv);
 }
 
-/// Combine for variant 2: as mla_combine_kernel, but the max M and the sum L are reduced over the
-/// splits by all 128 threads at once, and the weighted sum of the partials runs 8 splits per step
-/// (independent loads in flight) instead of one dependent load per split.
+/// (M, L) of one head over the ns slices of one sequence, reduced by all 128 threads of the CTA at once:
+///   M = max_s m_s,  L = sum_s l_s 2^(m_s - M)  (log2 domain).
+/// ml: (m, l) of slice s at ml[s * 2 H], ml[s * 2 H + 1]; red: 8 floats of shared memory. Every thread of
+/// the CTA must call it (two __syncthreads).
 template <int H>
-__global__ void __launch_bounds__(128) mla_combine_kernel_v2(SParams p) {
-  __shared__ float red[2][4];
-  const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int len = seq_len(p, b);
-  float4* o = reinterpret_cast<float4*>(p.out + (static_cast<long long>(b) * H + h) * DC) + tid;
-  if (len < 1 || len > p.max_len) {
-    *o = make_float4(NAN, NAN, NAN, NAN);
-    return;
-  }
-  const int ns = (len + p.split_len - 1) / p.split_len;
-  const long long base = static_cast<long long>(b) * p.num_splits;
-  const float* ml = p.ws_ml + (base * H + h) * 2;  // (m, l) of split s at ml[s * 2 H], ml[s * 2 H + 1]
+__device__ __forceinline__ float2 combine_ml(const float* ml, int ns, int tid, float (*red)[4]) {
+  const int lane = tid % 32, warp = tid / 32;
   float M = -INFINITY;
   for (int s = tid; s < ns; s += 128) M = fmaxf(M, ml[static_cast<long long>(s) * 2 * H]);
 #pragma unroll
@@ -335,6 +326,27 @@ __global__ void __launch_bounds__(128) mla_combine_kernel_v2(SParams p) {
   if (lane == 0) red[1][warp] = L;
   __syncthreads();
   L = (red[1][0] + red[1][1]) + (red[1][2] + red[1][3]);
+  return make_float2(M, L);
+}
+
+/// Combine for variant 2: as mla_combine_kernel, but the max M and the sum L are reduced over the
+/// splits by all 128 threads at once, and the weighted sum of the partials runs 8 splits per step
+/// (independent loads in flight) instead of one dependent load per split.
+template <int H>
+__global__ void __launch_bounds__(128) mla_combine_kernel_v2(SParams p) {
+  __shared__ float red[2][4];
+  const int h = blockIdx.x, b = blockIdx.y, tid = threadIdx.x;
+  const int len = seq_len(p, b);
+  float4* o = reinterpret_cast<float4*>(p.out + (static_cast<long long>(b) * H + h) * DC) + tid;
+  if (len < 1 || len > p.max_len) {
+    *o = make_float4(NAN, NAN, NAN, NAN);
+    return;
+  }
+  const int ns = (len + p.split_len - 1) / p.split_len;
+  const long long base = static_cast<long long>(b) * p.num_splits;
+  const float* ml = p.ws_ml + (base * H + h) * 2;  // (m, l) of split s at ml[s * 2 H], ml[s * 2 H + 1]
+  const float2 ML = combine_ml<H>(ml, ns, tid, red);
+  const float M = ML.x, L = ML.y;
   float4 a = make_float4(0, 0, 0, 0);
   const float4* acc = reinterpret_cast<const float4*>(p.ws_acc + (base * H + h) * DC) + tid;
   constexpr long long SS = static_cast<long long>(H) * DC / 4;  // float4 stride between splits
@@ -362,6 +374,65 @@ __global__ void __launch_bounds__(128) mla_combine_kernel_v2(SParams p) {
   *o = make_float4(a.x * inv, a.y * inv, a.z * inv, a.w * inv);
 }
 
+/// Combine for variant 3: one CTA of 128 threads per (head, sequence, quarter of the d_c columns), so a
+/// B = 1 step has 4 H CTAs (v2's combine: H CTAs, 32 SMs busy for 114 x 32 x 2 KB of partials) with 4x
+/// the loads in flight. Warp w takes the slices s = w, w + 4, ... (8 per step, lane = one float4 of the
+/// quarter); the 4 warps' sums meet in shared memory. (M, L) as v2 (combine_ml, every CTA of a head
+/// redoes it: 2 ns floats). Launched with programmatic dependent launch (mla_decode): griddepcontrol.wait
+/// first waits for the whole split grid to complete and its writes to be visible (a no-op when launched
+/// without the attribute), so only the launch overlaps the split kernel's tail, never a read.
+template <int H>
+__global__ void __launch_bounds__(128) mla_combine_kernel_v3(SParams p) {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  __shared__ float red[2][4];
+  __shared__ float4 part[3][32];
+  const int h = blockIdx.x, b = blockIdx.y, quarter = blockIdx.z, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int len = seq_len(p, b);
+  float4* o = reinterpret_cast<float4*>(p.out + (static_cast<long long>(b) * H + h) * DC + 128 * quarter) + lane;
+  if (len < 1 || len > p.max_len) {
+    if (warp == 0) *o = make_float4(NAN, NAN, NAN, NAN);
+    return;
+  }
+  const int ns = (len + p.split_len - 1) / p.split_len;
+  const long long base = static_cast<long long>(b) * p.num_splits;
+  const float* ml = p.ws_ml + (base * H + h) * 2;
+  const float2 ML = combine_ml<H>(ml, ns, tid, red);
+  const float M = ML.x, L = ML.y;
+  float4 a = make_float4(0, 0, 0, 0);
+  const float4* acc = reinterpret_cast<const float4*>(p.ws_acc + (base * H + h) * DC + 128 * quarter) + lane;
+  constexpr long long SS = static_cast<long long>(H) * DC / 4;  // float4 stride between splits
+  int s = warp;
+  for (; s + 28 < ns; s += 32) {  // slices s, s + 4, .., s + 28
+    float4 x[8];
+    float w[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      x[i] = acc[(s + 4 * i) * SS];
+      w[i] = ml[static_cast<long long>(s + 4 * i) * 2 * H];
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float wi = exp2f(w[i] - M);
+      a.x += wi * x[i].x; a.y += wi * x[i].y; a.z += wi * x[i].z; a.w += wi * x[i].w;
+    }
+  }
+  for (; s < ns; s += 4) {
+    const float4 x = acc[s * SS];
+    const float wi = exp2f(ml[static_cast<long long>(s) * 2 * H] - M);
+    a.x += wi * x.x; a.y += wi * x.y; a.z += wi * x.z; a.w += wi * x.w;
+  }
+  if (warp > 0) part[warp - 1][lane] = a;
+  __syncthreads();
+  if (warp == 0) {
+#pragma unroll
+    for (int w = 0; w < 3; ++w) {
+      const float4 x = part[w][lane];
+      a.x += x.x; a.y += x.y; a.z += x.z; a.w += x.w;
+    }
+    const float inv = 1.0f / L;
+    *o = make_float4(a.x * inv, a.y * inv, a.z * inv, a.w * inv);
+  }
+}
 // ================================================================================================
 // v2 (variant 2, the default): wgmma (sm_90a warpgroup MMA, both operands read from shared memory
 // through matrix descriptors), 64-token compute tiles.
@@ -462,11 +533,168 @@ __device__ __forceinline__ void wgmma_m64n256_tb(float* d, std::uint64_t da, std
 }
 
 
+// ---- pieces of the wgmma tile code shared by v2 and v3 (one copy; both kernels call them) --------
+
+/// Loads q~ rows into the [64 x 512] q~ tile (row r < 32: q_hi of head r, 32 + r: q_lo; rows of heads
+/// >= H are zeros), column blocks [kb0, kb0 + NKB) only, by NT threads of which this one is t.
+/// 16-byte cp.async when p.q16 (in the caller's current commit group), else 4-byte loads + st.shared.
+template <int H, int NT, int NKB>
+__device__ __forceinline__ void load_q_rows(unsigned char* q_s, const SParams& p, int b, int t, int kb0) {
+  constexpr int NCH = NKB * 8;  // 16-byte chunks per row in the loaded blocks
+#pragma unroll 4
+  for (int i = 0; i < 64 * NCH / NT; ++i) {
+    const int idx = t + i * NT, r = idx / NCH, ch = kb0 * 8 + idx % NCH, h = r % 32;
+    unsigned char* d = q_s + (ch / 8) * 8192 + sw(r, ch % 8);
+    if (h < H) {
+      const bf16_t* src = (r < 32 ? p.q_hi : p.q_lo) + b * p.sq_b + h * DC + ch * 8;
+      if (p.q16) {
+        cp_async16(d, src);
+      } else {
+        uint4 v;
+        v.x = ld32(src); v.y = ld32(src + 2); v.z = ld32(src + 4); v.w = ld32(src + 6);
+        *reinterpret_cast<uint4*>(d) = v;
+      }
+    } else {
+      *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+/// Scores of one warpgroup over latent column blocks [kb0, kb0 + NKB) (K = 64 NKB) of one 32-token slot:
+/// sc = [q_hi; q_lo][:, K range] C_slot[:, K range]^T, 4 NKB wgmma m64n32k16 (16 fp32 per thread, the
+/// m64n32 accumulator layout), waited for. q_addr / c_slot: shared addresses of the q~ tile and the slot.
+template <int NKB>
+__device__ __forceinline__ void scores_kblocks(float* sc, std::uint32_t q_addr, std::uint32_t c_slot, int kb0) {
+#pragma unroll
+  for (int e = 0; e < 16; ++e) sc[e] = 0.0f;
+  wgmma_fence();
+#pragma unroll
+  for (int kb = kb0; kb < kb0 + NKB; ++kb)
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      wgmma_m64n32(sc, desc(q_addr + kb * 8192 + kk * 32, 16, 1024), desc(c_slot + kb * (TT * 128) + kk * 32, 16, 1024),
+                   (kb != kb0 || kk != 0) ? 1 : 0);
+  wgmma_commit();
+  wgmma_wait0();
+}
+
+/// Stores a m64n32 accumulator (rows r0, r0 + 8 of this thread, r0 = 16 warp-in-warpgroup + lane / 4)
+/// to the fp32 buffer s (row stride sp floats) at columns col0 + 0 .. 31.
+__device__ __forceinline__ void store_scores(const float* sc, float* s, int sp, int col0, int r0, int cq) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int col = col0 + 8 * j + 2 * cq;
+    *reinterpret_cast<float2*>(s + r0 * sp + col) = make_float2(sc[4 * j], sc[4 * j + 1]);
+    *reinterpret_cast<float2*>(s + (r0 + 8) * sp + col) = make_float2(sc[4 * j + 2], sc[4 * j + 3]);
+  }
+}
+
+/// One online-softmax step (log2 domain; flash-decoding, EQUATIONS.md section 5) of head hs over this
+/// thread's TPT tokens j0 .. j0 + TPT - 1 of a tile (TPH consecutive threads share the head): s = the raw
+/// scores q~ . c (hi + lo rows summed), tokens >= valid are masked. Writes P as bf16 hi (row hs) + lo
+/// (row 32 + hs) into the swizzled P tile p_s, the rescale factor corr = 2^(m_old - m_new) to corr_s[hs],
+/// and updates the running max m_run and sum l_run. p_hi_only: lo rows 0 (ablation).
+template <int TPH, int TPT>
+__device__ __forceinline__ void softmax_step(float* s, int j0, int valid, float scale_log2, int p_hi_only, int hs,
+                                             int tid, unsigned char* p_s, float* corr_s, float& m_run, float& l_run) {
+  float mx = -INFINITY;
+#pragma unroll
+  for (int e = 0; e < TPT; ++e) {
+    s[e] = (j0 + e < valid) ? s[e] * scale_log2 : -INFINITY;
+    mx = fmaxf(mx, s[e]);
+  }
+#pragma unroll
+  for (int m = TPH / 2; m >= 1; m >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, m));
+  const float m_new = fmaxf(m_run, mx);      // finite: token 0 of every tile is valid
+  const float corr = exp2f(m_run - m_new);   // 0 on the first tile (m_run = -inf)
+  float sum = 0.0f;
+#pragma unroll
+  for (int e = 0; e < TPT; e += 2) {
+    const float p0 = exp2f(s[e] - m_new), p1 = exp2f(s[e + 1] - m_new);
+    sum += p0 + p1;
+    std::uint32_t hi, lo;
+    split_bf16(p0, p1, hi, lo);
+    if (p_hi_only) lo = 0u;
+    const int t = j0 + e;
+    *reinterpret_cast<std::uint32_t*>(p_s + sw(hs, t / 8) + (t % 8) * 2) = hi;
+    *reinterpret_cast<std::uint32_t*>(p_s + sw(32 + hs, t / 8) + (t % 8) * 2) = lo;
+  }
+#pragma unroll
+  for (int m = TPH / 2; m >= 1; m >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, m);
+  l_run = l_run * corr + sum;
+  m_run = m_new;
+  if (tid % TPH == 0) corr_s[hs] = corr;
+}
+
+/// P C of one warpgroup over KSTEPS x 16 tokens: acc = corr acc + [P_hi; P_lo] C[:, 256 wg .. 256 wg + 255],
+/// KSTEPS wgmma m64n256k16 (acc: 128 fp32 per thread), waited for. p_addr: the P tile (K-major, swizzled);
+/// c_base: the first 32-token slot of the tile (token 16 kk is in slot kk / 2, rows 16 (kk % 2) ..), read
+/// as an MN-major B operand: LBO = one column block (TT x 128 bytes), SBO = 8 tokens (1024 bytes).
+template <int KSTEPS>
+__device__ __forceinline__ void pc_step(float* acc, const float* corr_s, int r0, std::uint32_t p_addr,
+                                        std::uint32_t c_base, int wg) {
+  const float c0 = corr_s[r0 % 32], c1 = corr_s[(r0 + 8) % 32];
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    acc[4 * j] *= c0; acc[4 * j + 1] *= c0;
+    acc[4 * j + 2] *= c1; acc[4 * j + 3] *= c1;
+  }
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < KSTEPS; ++kk)
+    wgmma_m64n256_tb(acc, desc(p_addr + kk * 32, 16, 1024),
+                     desc(c_base + (kk / 2) * SLOT_BYTES + 4 * wg * (TT * 128) + (kk % 2) * 16 * 128, TT * 128, 1024), 1);
+  wgmma_commit();
+  wgmma_wait0();
+}
+
+/// Epilogue: the slice's partial (unnormalised acc [H, d_c] = hi rows + lo rows of the two warpgroups'
+/// m64n256 accumulators, and (m, l) per head) to the workspace. The lo warps (wl >= 2) hand their rows
+/// over through mrg (shared, 2 x 32 x 260 fp32; the caller guarantees no load or wgmma still uses it).
+/// Every thread of the CTA must call it (one __syncthreads).
+template <int H, int TPH>
+__device__ __forceinline__ void write_partial(const float* acc, float* mrg_base, const SParams& p, int b, int split,
+                                              int tid, int wg, int wl, int r0, int cq, int hs, float m_run, float l_run) {
+  constexpr int MS = 256 + 4;  // fp32 row stride of the merge buffer
+  float* mrg = mrg_base + wg * 32 * MS;
+  if (wl >= 2) {
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      *reinterpret_cast<float2*>(mrg + (r0 - 32) * MS + 8 * j + 2 * cq) = make_float2(acc[4 * j], acc[4 * j + 1]);
+      *reinterpret_cast<float2*>(mrg + (r0 - 24) * MS + 8 * j + 2 * cq) = make_float2(acc[4 * j + 2], acc[4 * j + 3]);
+    }
+  }
+  __syncthreads();
+  const long long slot = static_cast<long long>(b) * p.num_splits + split;
+  if (wl < 2) {
+    float* wa = p.ws_acc + slot * H * DC;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int h = r0 + 8 * half;  // 0 .. 31
+      if (h < H) {
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+          const float2 lo = *reinterpret_cast<const float2*>(mrg + h * MS + 8 * j + 2 * cq);
+          *reinterpret_cast<float2*>(wa + h * DC + 256 * wg + 8 * j + 2 * cq) =
+              make_float2(acc[4 * j + 2 * half] + lo.x, acc[4 * j + 2 * half + 1] + lo.y);
+        }
+      }
+    }
+  }
+  if (tid % TPH == 0) {
+    float* wm = p.ws_ml + (slot * H + hs) * 2;
+    wm[0] = m_run;
+    wm[1] = l_run;
+  }
+}
+constexpr std::size_t MERGE_BYTES = 2 * 32 * (256 + 4) * 4;  // write_partial's mrg
+
 template <int H>
 __global__ void __launch_bounds__(NTHR, 1) mla_split_kernel_v2(SParams p) {
   constexpr int TPH = NTHR / H;    // softmax threads per head
   constexpr int TPT = TILE / TPH;  // tokens per softmax thread
   static_assert((H == 16 || H == 32) && TPT >= 2 && TPT % 2 == 0, "H");
+  static_assert(MERGE_BYTES <= SLOTS * SLOT_BYTES, "the epilogue's merge buffer lives in the C ring");
   const int split = blockIdx.x, b = blockIdx.y;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, cq = lane % 4;
   const int wg = warp / 4, wl = warp % 4;  // warpgroup, warp in the warpgroup
@@ -486,24 +714,7 @@ __global__ void __launch_bounds__(NTHR, 1) mla_split_kernel_v2(SParams p) {
   float* corr_s = reinterpret_cast<float*>(smem + OFF_CORR);
   if (tid < 32) corr_s[tid] = 0.0f;  // heads >= H keep 0
 
-  // q~ rows (once): row r = 32 part + head, zeros for heads >= H
-#pragma unroll 4
-  for (int i = 0; i < 64 * (DC / 8) / NTHR; ++i) {
-    const int idx = tid + i * NTHR, r = idx / (DC / 8), ch = idx % (DC / 8), h = r % 32;
-    unsigned char* d = smem + OFF_Q + (ch / 8) * 8192 + sw(r, ch % 8);
-    if (h < H) {
-      const bf16_t* src = (r < 32 ? p.q_hi : p.q_lo) + b * p.sq_b + h * DC + ch * 8;
-      if (p.q16) {
-        cp_async16(d, src);
-      } else {
-        uint4 v;
-        v.x = ld32(src); v.y = ld32(src + 2); v.z = ld32(src + 4); v.w = ld32(src + 6);
-        *reinterpret_cast<uint4*>(d) = v;
-      }
-    } else {
-      *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
-    }
-  }
+  load_q_rows<H, NTHR, DC / 64>(smem + OFF_Q, p, b, tid, 0);  // q~ rows (once), all 8 column blocks
   // P rows of heads >= H stay zero (their acc rows are never read, but keep them finite)
   for (int i = tid; i < 64 * 128 / 16; i += NTHR) reinterpret_cast<uint4*>(p_s)[i] = make_uint4(0, 0, 0, 0);
 
@@ -546,24 +757,8 @@ __global__ void __launch_bounds__(NTHR, 1) mla_split_kernel_v2(SParams p) {
     // ---- scores, warpgroup wg: S[:, 32 wg .. 32 wg + 31] = [q_hi; q_lo] C_slot^T (32 wgmma m64n32k16)
     {
       float sc[16];
-#pragma unroll
-      for (int e = 0; e < 16; ++e) sc[e] = 0.0f;
-      const std::uint32_t ct = cbuf + wg * SLOT_BYTES;
-      wgmma_fence();
-#pragma unroll
-      for (int kb = 0; kb < DC / 64; ++kb)
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-          wgmma_m64n32(sc, desc(sbase + OFF_Q + kb * 8192 + kk * 32, 16, 1024), desc(ct + kb * (TT * 128) + kk * 32, 16, 1024),
-                       (kb | kk) != 0 ? 1 : 0);
-      wgmma_commit();
-      wgmma_wait0();
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int col = 32 * wg + 8 * j + 2 * cq;
-        *reinterpret_cast<float2*>(s_s + r0 * SP + col) = make_float2(sc[4 * j], sc[4 * j + 1]);
-        *reinterpret_cast<float2*>(s_s + (r0 + 8) * SP + col) = make_float2(sc[4 * j + 2], sc[4 * j + 3]);
-      }
+      scores_kblocks<DC / 64>(sc, sbase + OFF_Q, cbuf + wg * SLOT_BYTES, 0);
+      store_scores(sc, s_s, SP, 32 * wg, r0, cq);
     }
     __syncthreads();
 
@@ -571,94 +766,203 @@ __global__ void __launch_bounds__(NTHR, 1) mla_split_kernel_v2(SParams p) {
     {
       const int valid = min(TILE, end - (start + it * TILE));
       float s[TPT];
-      float mx = -INFINITY;
 #pragma unroll
-      for (int e = 0; e < TPT; ++e) {
-        const float v = s_s[hs * SP + j0 + e] + s_s[(32 + hs) * SP + j0 + e];
-        s[e] = (j0 + e < valid) ? v * p.scale_log2 : -INFINITY;
-        mx = fmaxf(mx, s[e]);
-      }
-#pragma unroll
-      for (int m = TPH / 2; m >= 1; m >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, m));
-      const float m_new = fmaxf(m_run, mx);      // finite: token 0 of every tile is valid
-      const float corr = exp2f(m_run - m_new);   // 0 on the first tile (m_run = -inf)
-      float sum = 0.0f;
-#pragma unroll
-      for (int e = 0; e < TPT; e += 2) {
-        const float p0 = exp2f(s[e] - m_new), p1 = exp2f(s[e + 1] - m_new);
-        sum += p0 + p1;
-        std::uint32_t hi, lo;
-        split_bf16(p0, p1, hi, lo);
-        if (p.p_hi_only) lo = 0u;
-        const int t = j0 + e;
-        *reinterpret_cast<std::uint32_t*>(p_s + sw(hs, t / 8) + (t % 8) * 2) = hi;
-        *reinterpret_cast<std::uint32_t*>(p_s + sw(32 + hs, t / 8) + (t % 8) * 2) = lo;
-      }
-#pragma unroll
-      for (int m = TPH / 2; m >= 1; m >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, m);
-      l_run = l_run * corr + sum;
-      m_run = m_new;
-      if (tid % TPH == 0) corr_s[hs] = corr;
+      for (int e = 0; e < TPT; ++e) s[e] = s_s[hs * SP + j0 + e] + s_s[(32 + hs) * SP + j0 + e];
+      softmax_step<TPH, TPT>(s, j0, valid, p.scale_log2, p.p_hi_only, hs, tid, p_s, corr_s, m_run, l_run);
     }
     fence_async_smem();
     __syncthreads();
 
     // ---- P C, warpgroup wg: acc = corr acc + [P_hi; P_lo] C_tile[:, 256 wg .. 256 wg + 255] (4 wgmma m64n256k16)
-    {
-      const float c0 = corr_s[r0 % 32], c1 = corr_s[(r0 + 8) % 32];
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        acc[4 * j] *= c0; acc[4 * j + 1] *= c0;
-        acc[4 * j + 2] *= c1; acc[4 * j + 3] *= c1;
-      }
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < TILE / 16; ++kk)
-        wgmma_m64n256_tb(acc, desc(sbase + OFF_P + kk * 32, 16, 1024),
-                         desc(cbuf + (kk / 2) * SLOT_BYTES + 4 * wg * (TT * 128) + (kk % 2) * 16 * 128, TT * 128, 1024), 1);
-      wgmma_commit();
-      wgmma_wait0();
-    }
+    pc_step<TILE / 16>(acc, corr_s, r0, sbase + OFF_P, cbuf, wg);
   }
   cp_async_wait<0>();
   __syncthreads();
 
   // ---- epilogue: out rows = hi rows + lo rows of acc (lo warps hand theirs over through shared memory)
-  constexpr int MS = 256 + 4;  // fp32 row stride of the merge buffer
-  float* mrg = reinterpret_cast<float*>(smem + OFF_C) + wg * 32 * MS;
-  if (wl >= 2) {
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      *reinterpret_cast<float2*>(mrg + (r0 - 32) * MS + 8 * j + 2 * cq) = make_float2(acc[4 * j], acc[4 * j + 1]);
-      *reinterpret_cast<float2*>(mrg + (r0 - 24) * MS + 8 * j + 2 * cq) = make_float2(acc[4 * j + 2], acc[4 * j + 3]);
-    }
-  }
-  __syncthreads();
-  const long long slot = static_cast<long long>(b) * p.num_splits + split;
-  if (wl < 2) {
-    float* wa = p.ws_acc + slot * H * DC;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int h = r0 + 8 * half;  // 0 .. 31
-      if (h < H) {
-#pragma unroll
-        for (int j = 0; j < 32; ++j) {
-          const float2 lo = *reinterpret_cast<const float2*>(mrg + h * MS + 8 * j + 2 * cq);
-          *reinterpret_cast<float2*>(wa + h * DC + 256 * wg + 8 * j + 2 * cq) =
-              make_float2(acc[4 * j + 2 * half] + lo.x, acc[4 * j + 2 * half + 1] + lo.y);
-        }
-      }
-    }
-  }
-  if (tid % TPH == 0) {
-    float* wm = p.ws_ml + (slot * H + hs) * 2;
-    wm[0] = m_run;
-    wm[1] = l_run;
-  }
+  write_partial<H, TPH>(acc, reinterpret_cast<float*>(smem + OFF_C), p, b, split, tid, wg, wl, r0, cq, hs, m_run, l_run);
 }
 }  // namespace v2
 
+// ================================================================================================
+// v3 (variant 3): v2's math, precision plan, workspace and tile pieces (the helpers above), on 32-token
+// compute tiles with a 4-slot ring so that 3 to 4 tiles (96-128 KB) of loads are in flight per SM at all
+// times. v2 has at most one 64 KB tile in flight and none at the top of an iteration: by Little's law
+// ~64 KB / ~2 us of loaded latency ~= 2.7 TB/s over 132 SMs, what it measures.
+//
+// Shared memory (~219 KB, 1 CTA per SM as v2): q~ tile (64 KB, v2's layout), C ring of 4 slots x 32 tokens
+// (32 KB each, v2's slot layout), S_0 and S_1 [64 rows x 32 tokens] fp32 (one per warpgroup: 18 KB),
+// P [64 rows x 32 tokens] bf16 in v2's swizzled [64 x 128 B] tile (8 KB, first 64 B of each row used),
+// corr [32] fp32.
+// Ownership: warpgroup wg owns latent column half [256 wg, 256 wg + 256) (column blocks 4 wg .. 4 wg + 3)
+// of every slot and of q~. It loads that half (cp.async, 8 x 16 B per thread per slot), computes the
+// scores over K = its half (K-split: 16 wgmma m64n32k16 into S_wg; softmax adds the two halves), and runs
+// P C for its output columns (2 wgmma m64n256k16), which read the same half. So a slot half is only ever
+// read by the warpgroup that fills it: its completion needs only that warpgroup's threads
+// (cp.async.wait_group + fence.proxy.async + a 128-thread named barrier), and the warpgroup refills it
+// with tile it + 4 as soon as its own P C of tile it has completed, whatever the other warpgroup does.
+// Per-slot completion: one cp.async commit group per tile (empty groups past the slice keep the count):
+// wait_group<3> = "tile it has landed; tiles it + 1 .. it + 3 may still be in flight".
+// Per 32-token tile: [wg barrier] scores -> S_wg; __syncthreads; softmax of s = (S_0[h] + S_0[32 + h]) +
+// (S_1[h] + S_1[32 + h]) (softmax_step: 8 threads per head x 4 tokens at H = 32); __syncthreads; P C
+// (pc_step); [wg barrier]; refill. The split kernel signals programmatic dependent launch after its loop,
+// so the combine (mla_combine_kernel_v3, 4 CTAs per head) is launched while the last slices finish.
+namespace v3 {
+using v2::desc;
+using v2::fence_async_smem;
+using v2::load_q_rows;
+using v2::pc_step;
+using v2::scores_kblocks;
+using v2::softmax_step;
+using v2::store_scores;
+using v2::sw;
+using v2::write_partial;
+using v2::SLOT_BYTES;
+using v2::TT;
+constexpr int TILE = 32;      // tokens per compute tile = one slot
+constexpr int SLOTS = 4;      // ring: tile it computed, it + 1 .. it + 3 in flight (+ it + 4 once its P C is done)
+constexpr int SP = TILE + 4;  // fp32 row stride of S_0, S_1 (144 B: 16-byte aligned rows for float4 reads)
+constexpr int OFF_Q = 0, OFF_C = 64 * DC * 2, OFF_S = OFF_C + SLOTS * SLOT_BYTES;
+constexpr int OFF_P = OFF_S + 2 * 64 * SP * 4;  // S_0, S_1: 2 x 64 x 36 x 4 = 18432 B
+constexpr int OFF_CORR = OFF_P + 64 * 128;
+constexpr std::size_t SMEM = OFF_CORR + 32 * 4 + 1024;  // + slack to align the base to 1024 bytes
+static_assert(SMEM <= 227 * 1024, "smem: more than the 227 KB a CTA may have");
+static_assert(2 * SMEM > 228 * 1024, "the plan assumes 1 CTA per SM (slices are sized for one wave)");
+static_assert(OFF_P % 1024 == 0 && OFF_C % 1024 == 0, "swizzled tiles start on 1024-byte swizzle atoms");
+static_assert(v2::MERGE_BYTES <= SLOTS * SLOT_BYTES, "the epilogue's merge buffer lives in the C ring");
+static_assert(TILE == TT, "a compute tile is one slot");
+
+/// Barrier of the 128 threads of warpgroup wg (named barrier 1 + wg; 0 is __syncthreads).
+__device__ __forceinline__ void wg_barrier(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory"); }
+
+/// N consecutive floats from shared memory (one vector load for N = 2 or 4; the caller aligns src).
+template <int N>
+__device__ __forceinline__ void ld_floats(const float* src, float* dst) {
+  if constexpr (N == 4) {
+    const float4 v = *reinterpret_cast<const float4*>(src);
+    dst[0] = v.x; dst[1] = v.y; dst[2] = v.z; dst[3] = v.w;
+  } else if constexpr (N == 2) {
+    const float2 v = *reinterpret_cast<const float2*>(src);
+    dst[0] = v.x; dst[1] = v.y;
+  } else {
+#pragma unroll
+    for (int e = 0; e < N; ++e) dst[e] = src[e];
+  }
+}
+
+template <int H>
+__global__ void __launch_bounds__(NTHR, 1) mla_split_kernel_v3(SParams p) {
+  constexpr int TPH = NTHR / H;    // softmax threads per head: 8 (H = 32) or 16
+  constexpr int TPT = TILE / TPH;  // tokens per softmax thread: 4 or 2
+  static_assert((H == 16 || H == 32) && TPT >= 2 && TPT % 2 == 0, "H");
+  const int split = blockIdx.x, b = blockIdx.y;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, cq = lane % 4;
+  const int wg = warp / 4, wl = warp % 4, wt = tid % 128;  // warpgroup, warp in it, thread in it
+  const int len = seq_len(p, b);
+  if (len < 1 || len > p.max_len) return;  // the combine kernel writes NaN rows
+  const int start = split * p.split_len;
+  if (start >= len) return;                // empty slice: the combine kernel does not read it
+  const int end = min(start + p.split_len, len);
+  const int ntiles = (end - start + TILE - 1) / TILE;
+
+  extern __shared__ unsigned char smem_raw[];
+  const std::uint32_t raw_addr = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem_raw));
+  unsigned char* smem = smem_raw + ((1024 - (raw_addr & 1023)) & 1023);  // 1024-byte aligned (swizzle atoms)
+  const std::uint32_t sbase = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem));
+  float* s_s = reinterpret_cast<float*>(smem + OFF_S);  // S_0 rows 0..63, S_1 rows 64..127
+  unsigned char* p_s = smem + OFF_P;
+  float* corr_s = reinterpret_cast<float*>(smem + OFF_CORR);
+  if (tid < 32) corr_s[tid] = 0.0f;  // heads >= H keep 0
+
+  // this warpgroup's half of the q~ rows (column blocks 4 wg .. 4 wg + 3): only its own wgmma read it
+  load_q_rows<H, 128, DC / 128>(smem + OFF_Q, p, b, wt, 4 * wg);
+  // P rows of heads >= H stay zero (their acc rows are never read, but keep them finite)
+  for (int i = tid; i < 64 * 128 / 16; i += NTHR) reinterpret_cast<uint4*>(p_s)[i] = make_uint4(0, 0, 0, 0);
+
+  // this warpgroup's column half of tile `tile` (32 tokens) into slot `slot`: thread wt copies chunk
+  // lch (of the half's 32 16-byte chunks per row) of rows lrow, lrow + 4, .., lrow + 28 (a warp reads
+  // 512 contiguous bytes of one row); rows past the slice are zeros (P is 0 there; 0 * 0 stays 0)
+  const bf16_t* cb = p.c + b * p.sc_b;
+  const int lrow = wt / 32, lch = wt % 32;
+  const bf16_t* csrc = cb + 256 * wg + 8 * lch;
+  unsigned char* cdst = smem + OFF_C + (4 * wg + lch / 8) * (TT * 128);
+  auto load_half = [&](int tile, int slot) {
+    const int t0 = start + tile * TILE + lrow;
+    const bf16_t* src = csrc + static_cast<long long>(t0) * p.sc_t;
+    unsigned char* dst = cdst + slot * SLOT_BYTES;
+#pragma unroll
+    for (int i = 0; i < TILE / 4; ++i) {
+      unsigned char* d = dst + sw(lrow + 4 * i, lch % 8);
+      if (t0 + 4 * i < end)
+        cp_async16(d, src);
+      else
+        cp_async16_zfill(d, cb, 0);
+      src += 4 * p.sc_t;
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < SLOTS; ++s) {
+    if (s < ntiles) load_half(s, s);
+    cp_async_commit();  // group s = tile s (group 0 also holds the q~ half)
+  }
+
+  float acc[128];
+#pragma unroll
+  for (int e = 0; e < 128; ++e) acc[e] = 0.0f;
+  const int hs = tid / TPH, j0 = (tid % TPH) * TPT;  // softmax: head hs, tokens j0 .. j0 + TPT - 1
+  float m_run = -INFINITY, l_run = 0.0f;
+  const int r0 = 16 * wl + g;  // this thread's accumulator rows r0, r0 + 8 (of the M = 64)
+
+  for (int it = 0; it < ntiles; ++it) {
+    const int slot = it % SLOTS;
+    const std::uint32_t cslot = sbase + OFF_C + slot * SLOT_BYTES;
+    cp_async_wait<SLOTS - 1>();  // this thread's copies of tile it (and of q~) have landed
+    fence_async_smem();          // ... and are visible to the async proxy (wgmma)
+    wg_barrier(wg);              // the warpgroup's half of the slot is complete
+
+    // ---- scores, K-split: S_wg = [q_hi; q_lo][:, half wg] C_slot[:, half wg]^T (16 wgmma m64n32k16)
+    {
+      float sc[16];
+      scores_kblocks<DC / 128>(sc, sbase + OFF_Q, cslot, 4 * wg);
+      store_scores(sc, s_s + wg * 64 * SP, SP, 0, r0, cq);
+    }
+    __syncthreads();  // S_0 and S_1 complete
+
+    // ---- online softmax (log2 domain) of s = S_0[h] + S_0[32 + h] + S_1[h] + S_1[32 + h]
+    {
+      const int valid = min(TILE, end - (start + it * TILE));
+      float s[TPT], x0[TPT], x1[TPT], x2[TPT], x3[TPT];
+      ld_floats<TPT>(s_s + hs * SP + j0, x0);
+      ld_floats<TPT>(s_s + (32 + hs) * SP + j0, x1);
+      ld_floats<TPT>(s_s + (64 + hs) * SP + j0, x2);
+      ld_floats<TPT>(s_s + (96 + hs) * SP + j0, x3);
+#pragma unroll
+      for (int e = 0; e < TPT; ++e) s[e] = (x0[e] + x1[e]) + (x2[e] + x3[e]);
+      softmax_step<TPH, TPT>(s, j0, valid, p.scale_log2, p.p_hi_only, hs, tid, p_s, corr_s, m_run, l_run);
+    }
+    fence_async_smem();
+    __syncthreads();  // P and corr visible (P to the async proxy)
+
+    // ---- P C, warpgroup wg: acc = corr acc + [P_hi; P_lo] C_slot[:, 256 wg .. 256 wg + 255] (2 wgmma m64n256k16)
+    pc_step<TILE / 16>(acc, corr_s, r0, sbase + OFF_P, cslot, wg);
+    wg_barrier(wg);  // every warp of the warpgroup is past its wgmma wait: the slot half is free
+    if (it + SLOTS < ntiles) load_half(it + SLOTS, slot);
+    cp_async_commit();
+  }
+  // programmatic dependent launch: the combine may be launched now (it waits for this grid's completion)
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  cp_async_wait<0>();
+  __syncthreads();
+
+  // ---- epilogue (v2's): out rows = hi rows + lo rows of acc, (m, l) per head -> workspace
+  write_partial<H, TPH>(acc, reinterpret_cast<float*>(smem + OFF_C), p, b, split, tid, wg, wl, r0, cq, hs, m_run, l_run);
+}
+}  // namespace v3
+
 const char* const OP = "mla_decode";
+/// v3 split planning: a slice's fixed cost in tokens of streaming (the q~ load, 64 KB, and the partial,
+/// 64 KB written + read by the combine: ~128 tokens of 1 KB at the streaming rate).
+constexpr int V3_FIXED_TOKENS = 128;
 
 void check_pointer(const void* ptr, std::size_t align, const char* name, bool required = true) {
   if (!ptr) {
@@ -684,9 +988,11 @@ void check_shapes(const MlaDecodeArgs& a) {
   if (a.max_len < 1 || a.max_len > a.capacity)
     fail("max_len = " + std::to_string(a.max_len) + "; accepted: 1 <= max_len <= capacity = " +
          std::to_string(a.capacity) + " (N = 0 or a context past the cache capacity)");
-  if (a.variant != 1 && a.variant != 2)
-    fail("variant = " + std::to_string(a.variant) + "; accepted: 1 (mma.sync split kernel) or 2 (wgmma split kernel)");
-  if (a.p_hi_only && a.variant != 2) fail("p_hi_only = true needs variant = 2 (an ablation of the v2 kernel)");
+  if (a.variant < 1 || a.variant > 3)
+    fail("variant = " + std::to_string(a.variant) +
+         "; accepted: 1 (mma.sync split kernel), 2 (wgmma split kernel) or 3 (wgmma, 4-slot load pipeline)");
+  if (a.p_hi_only && a.variant == 1)
+    fail("p_hi_only = true needs variant = 2 or 3 (an ablation of the wgmma kernels)");
   if (a.num_splits < 0) fail("num_splits = " + std::to_string(a.num_splits) + "; accepted: >= 0 (0 = automatic)");
 }
 
@@ -701,6 +1007,25 @@ void launch_split(std::size_t smem, dim3 grid, cudaStream_t stream, const SParam
   }
   kernel<<<grid, NTHR, smem, stream>>>(p);
   cuda_check(cudaGetLastError(), (std::string(name) + " launch").c_str());
+}
+
+/// Launches a combine kernel (128 threads) with programmatic dependent launch
+/// (cudaLaunchAttributeProgrammaticStreamSerialization): it may start while the split kernel before it in
+/// the stream finishes (after that kernel's griddepcontrol.launch_dependents); its griddepcontrol.wait
+/// holds every read until the split grid has completed. Works under CUDA-graph capture (a programmatic edge).
+template <void (*kernel)(SParams)>
+void launch_combine_pdl(dim3 grid, cudaStream_t stream, const SParams& p, const char* name) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(128);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  cuda_check(cudaLaunchKernelEx(&cfg, kernel, p), (std::string(name) + " launch (programmatic dependent launch)").c_str());
 }
 
 }  // namespace
@@ -731,9 +1056,22 @@ MlaDecodePlan mla_decode_plan(const MlaDecodeArgs& a) {
       if (eff >= 0.95) break;
     }
     splits = best;
+    if (a.variant == 3) {
+      // v3: the split count of least modelled time, waves x (split_len + V3_FIXED_TOKENS) with split_len
+      // rounded up to whole 32-token tiles and the resulting slice count (v2's rule above takes the first
+      // s with >= 95% fill before rounding: N = 65536 gives 121 slices of 544 where 128 of 512 fit one wave)
+      long long best_cost = -1;
+      for (int s = 1; s <= std::min(smax, 4 * ((sms + a.B - 1) / a.B)); ++s) {
+        const int len = ((a.max_len + s - 1) / s + v3::TILE - 1) / v3::TILE * v3::TILE;
+        const int ns = (a.max_len + len - 1) / len;
+        const long long waves = (static_cast<long long>(a.B) * ns + sms - 1) / sms;
+        const long long cost = waves * (len + V3_FIXED_TOKENS);
+        if (best_cost < 0 || cost < best_cost) { best_cost = cost; splits = ns; }
+      }
+    }
   }
   splits = std::max(1, std::min(splits, max_tiles));
-  const int gran = a.variant == 2 ? v2::TILE : TT;  // slices of whole compute tiles
+  const int gran = a.variant == 2 ? v2::TILE : a.variant == 3 ? v3::TILE : TT;  // slices of whole compute tiles
   const int split_len = ((a.max_len + splits - 1) / splits + gran - 1) / gran * gran;
   MlaDecodePlan p;
   p.split_len = split_len;
@@ -784,6 +1122,18 @@ void mla_decode(const MlaDecodeArgs& a, cudaStream_t stream) {
            sq_b % 8 == 0) ? 1 : 0;
   p.p_hi_only = a.p_hi_only ? 1 : 0;
   const dim3 grid(pl.num_splits, a.B), cgrid(a.H, a.B);
+  if (a.variant == 3) {
+    if (a.H == 32)
+      launch_split<v3::mla_split_kernel_v3<32>>(v3::SMEM, grid, stream, p, "mla_split_kernel_v3<32>");
+    else
+      launch_split<v3::mla_split_kernel_v3<16>>(v3::SMEM, grid, stream, p, "mla_split_kernel_v3<16>");
+    const dim3 qgrid(a.H, a.B, 4);  // 4 column quarters per (head, sequence)
+    if (a.H == 32)
+      launch_combine_pdl<mla_combine_kernel_v3<32>>(qgrid, stream, p, "mla_combine_kernel_v3<32>");
+    else
+      launch_combine_pdl<mla_combine_kernel_v3<16>>(qgrid, stream, p, "mla_combine_kernel_v3<16>");
+    return;
+  }
   if (a.variant == 2) {
     if (a.H == 32)
       launch_split<v2::mla_split_kernel_v2<32>>(v2::SMEM, grid, stream, p, "mla_split_kernel_v2<32>");
