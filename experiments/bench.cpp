@@ -1,7 +1,7 @@
 // `kdalab bench`: timings of the KDA CUDA kernels (kernels/kda.hpp).
 //
 //   kdalab bench --op kda-prefill|kda-decode|mla-decode|mla-prefill|attn-res|all [--shapes "B:T:H[:HV],..."]
-//                [--iters N] [--prefix N0] [--peer-json FILE] [--compare BASELINE.h5] [--variant 1|2] [--segments P]
+//                [--iters N] [--prefix N0] [--peer-json FILE] [--compare BASELINE.h5] [--variant 1|2|3] [--segments P]
 //                --out results/bench.h5
 //
 // Per shape: median (and min) of --iters CUDA-event timings after --warmup launches, the bytes a
@@ -17,7 +17,8 @@
 // mla-decode (kernels/mla.hpp): shapes B:N:H with N the cached tokens per sequence (d_c = 512, bf16
 //   latent cache, q~ as bf16 hi + lo); bytes = the latent reads B N d_c 2 only (TB/s of latent reads),
 //   flops = 4 B H N d_c (scores and P C, one pass; the hi/lo passes are not counted). --variant picks
-//   the split kernel (MlaDecodeArgs::variant: 1 = mma.sync v1, 2 = wgmma v2, the default).
+//   the split kernel (MlaDecodeArgs::variant: 1 = mma.sync v1, 2 = wgmma v2, the default, 3 = wgmma with
+//   the 4-slot load pipeline v3).
 // mla-prefill (kernels/mla_prefill.hpp): shapes B:T:H with T new tokens behind a cached prefix of --prefix
 //   tokens (default 0); time = append + causal absorbed attention (q~ hi/lo given); prepare_ms = the query
 //   absorption (mla_absorb_query, d_nope = 128) alone; bytes = latent cache read once, c_new read + written,
@@ -346,7 +347,7 @@ void register_bench(Registry& reg) {
   a->add_option("--segments", o->kda_segments,
                 "kda-prefill state pass: 1 = one-shot (default), 0 = the v5 auto rule, P >= 2 = P segments in parallel "
                 "(KdaPrefillArgs::segment_state)")->capture_default_str();
-  a->add_option("--variant", o->mla_variant, "mla-decode split kernel: 1 (mma.sync, v1) or 2 (wgmma, v2)")
+  a->add_option("--variant", o->mla_variant, "mla-decode split kernel: 1 (mma.sync, v1), 2 (wgmma, v2) or 3 (wgmma, 4-slot pipeline, v3)")
       ->capture_default_str();
   a->add_option("--compare", o->compare, "baseline results file to compare against (prints ratios, flags > 10% slower)");
   c.run = [o](Context& ctx) -> int {
@@ -357,8 +358,9 @@ void register_bench(Registry& reg) {
     require(o->iters >= 1 && o->warmup >= 0, "--iters must be >= 1 and --warmup >= 0");
     require(o->kda_segments >= 0 && o->kda_segments <= 64,
             "--segments = " + std::to_string(o->kda_segments) + "; accepted: 0 (auto), 1 (off) or 2..64 segments");
-    require(o->mla_variant == 1 || o->mla_variant == 2,
-            "--variant = " + std::to_string(o->mla_variant) + "; accepted: 1 (mma.sync) or 2 (wgmma), mla-decode only");
+    require(o->mla_variant >= 1 && o->mla_variant <= 3,
+            "--variant = " + std::to_string(o->mla_variant) +
+                "; accepted: 1 (mma.sync), 2 (wgmma) or 3 (wgmma, 4-slot pipeline), mla-decode only");
     std::vector<std::string> ops =
         o->op == "all" ? std::vector<std::string>{"kda-prefill", "kda-decode", "mla-decode", "mla-prefill", "attn-res"}
                        : std::vector<std::string>{o->op};

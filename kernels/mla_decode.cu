@@ -1,6 +1,7 @@
 // Absorbed Gated-MLA decode over a bf16 latent cache (kernels/mla.hpp), d_c = 512, H in {16, 32}.
-// Two split kernels share the plan, the workspace layout and the host checks: v1 (variant 1, below:
-// mma.sync) and v2 (variant 2, the default, further down: wgmma, 64-token tiles).
+// Three split kernels share the plan, the workspace layout and the host checks: v1 (variant 1, below:
+// mma.sync), v2 (variant 2, the default, further down: wgmma, 64-token tiles) and v3 (variant 3, last:
+// v2's tile pieces on 32-token tiles with a 4-slot load pipeline).
 //
 // v1 split kernel: one CTA (8 warps) per (slice of split_len tokens, sequence), all H heads. The slice is
 // streamed in 32-token tiles through a 4-stage cp.async ring in shared memory (rows padded to 520

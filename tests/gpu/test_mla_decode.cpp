@@ -1,8 +1,8 @@
 // Absorbed MLA decode kernel (kernels/mla.hpp) against a float64 softmax(scale q~ C^T) C on the same
 // bf16 latent cache and the exact (unrounded, float64) absorbed query q~; fresh seeded inputs (never
-// zeros), outputs and workspace poisoned (NaN) before every run. Every case runs for both split kernels
-// (variant 1 = mma.sync, variant 2 = wgmma) and prints rel_rms per case and variant. Runs only where
-// the CUDA kernels are built (ctest label gpu).
+// zeros), outputs and workspace poisoned (NaN) before every run. Every case runs for every split kernel
+// (variant 1 = mma.sync, 2 = wgmma, 3 = wgmma with the 4-slot load pipeline) and prints rel_rms per case
+// and variant. Runs only where the CUDA kernels are built (ctest label gpu).
 #include <cmath>
 #include <cstdio>
 #include <numeric>
@@ -155,7 +155,7 @@ kernels::MlaDecodeArgs with_variant(kernels::MlaDecodeArgs a, int variant) {
   return a;
 }
 
-constexpr int kVariants[] = {1, 2};
+constexpr int kVariants[] = {1, 2, 3};
 
 std::vector<std::size_t> all_heads(std::size_t H) {
   std::vector<std::size_t> v(H);
@@ -173,8 +173,8 @@ TEST_CASE("mla decode: N in {1,2,63,64,65,4096,65536}, H = 32, vs float64 on the
     const Cache c(1, N, DC, fresh_seed());
     const Query q(1, 32, kSigma, fresh_seed());
     const auto ref = truth_rows(c, q, 0, all_heads(32), N, kScale);
-    const auto pl = kernels::mla_decode_plan(args_of(c, q, N, kScale));
     for (int v : kVariants) {
+      const auto pl = kernels::mla_decode_plan(with_variant(args_of(c, q, N, kScale), v));
       const auto m = compare_rows(run(with_variant(args_of(c, q, N, kScale), v)), ref, 32, 0, all_heads(32));
       std::printf("mla decode v%d N=%zu H=32 (%d splits of %d): rel_rms %.3e max_abs %.3e\n", v, N, pl.num_splits,
                   pl.split_len, m.rel_rms, m.max_abs);
@@ -186,7 +186,7 @@ TEST_CASE("mla decode: N in {1,2,63,64,65,4096,65536}, H = 32, vs float64 on the
 }
 
 TEST_CASE("mla decode: H = 16, forced split counts, combined [c ; k_R] rows (sc_t = 576)", "[gpu][mla]") {
-  for (int splits : {1, 3, 7, 0}) {
+  for (int splits : {1, 3, 7, 100, 0}) {  // 100: slices of 64 tokens (v3: 2 tiles, fewer than its 4 ring slots)
     const std::size_t N = 4100;
     const Cache c(1, N, 576, fresh_seed());
     const Query q(1, 16, kSigma, fresh_seed());
@@ -220,12 +220,12 @@ TEST_CASE("mla decode: hi + lo query vs hi only (the lo part is what keeps the g
     REQUIRE(m_hilo.nan_count + m_hi.nan_count == 0);
     CHECK(m_hilo.rel_rms <= tol::mla_decode_goal.value);
     CHECK(m_hilo.rel_rms < m_hi.rel_rms);
-    if (v == 2) {
+    if (v >= 2) {
       // ablation: P C with P_hi = bf16(P) only (q~ still hi + lo); printed for the trade-off in bench/NOTES.md
-      auto ap = with_variant(args_of(c, q, N, kScale), 2);
+      auto ap = with_variant(args_of(c, q, N, kScale), v);
       ap.p_hi_only = true;
       const auto m_phi = compare_rows(run(ap), ref, 32, 0, all_heads(32));
-      std::printf("mla decode v2 N=4096: P hi+lo rel_rms %.3e, P hi only %.3e\n", m_hilo.rel_rms, m_phi.rel_rms);
+      std::printf("mla decode v%d N=4096: P hi+lo rel_rms %.3e, P hi only %.3e\n", v, m_hilo.rel_rms, m_phi.rel_rms);
       REQUIRE(m_phi.nan_count == 0);
       CHECK(m_hilo.rel_rms < m_phi.rel_rms);
     }
@@ -397,11 +397,40 @@ TEST_CASE("mla decode: bad inputs give clear errors before any launch", "[gpu][m
   bad.B = 0;
   CHECK_THROWS_AS(kernels::mla_decode(bad, nullptr), Error);
   bad = good;
-  bad.variant = 3;
+  bad.variant = 4;
+  CHECK_THROWS_AS(kernels::mla_decode(bad, nullptr), Error);
+  bad = good;
+  bad.variant = 0;
   CHECK_THROWS_AS(kernels::mla_decode(bad, nullptr), Error);
   bad = good;
   bad.variant = 1;
-  bad.p_hi_only = true;  // an ablation of the v2 kernel only
+  bad.p_hi_only = true;  // an ablation of the wgmma kernels (v2, v3) only
   CHECK_THROWS_AS(kernels::mla_decode(bad, nullptr), Error);
   cuda_check(cudaDeviceSynchronize(), "after bad inputs");
+}
+
+TEST_CASE("mla decode plan: whole tiles, every token covered, v3 fills one wave at B = 1", "[gpu][mla]") {
+  int dev = 0, sms = 0;
+  cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
+  cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "SM count");
+  struct Shape { int B, N; };
+  for (const Shape sh : {Shape{1, 1}, Shape{1, 65}, Shape{1, 4096}, Shape{1, 65536}, Shape{1, 1 << 20}, Shape{64, 32768},
+                         Shape{256, 4096}}) {
+    kernels::MlaDecodeArgs a;
+    a.B = sh.B;
+    a.capacity = a.max_len = sh.N;
+    for (int v : kVariants) {
+      a.variant = v;
+      const auto pl = kernels::mla_decode_plan(a);
+      const int tile = v == 2 ? 64 : 32;
+      std::printf("mla decode plan v%d B=%d N=%d: %d splits of %d tokens (%d CTAs on %d SMs)\n", v, sh.B, sh.N,
+                  pl.num_splits, pl.split_len, sh.B * pl.num_splits, sms);
+      CAPTURE(v, sh.B, sh.N, pl.num_splits, pl.split_len);
+      CHECK(pl.split_len % tile == 0);
+      CHECK(static_cast<long long>(pl.num_splits) * pl.split_len >= sh.N);          // every token in a slice
+      CHECK(static_cast<long long>(pl.num_splits - 1) * pl.split_len < sh.N);       // no empty slice
+      if (v == 3 && sh.B == 1 && sh.N >= 65536) CHECK(pl.num_splits <= sms);        // one wave of 1-CTA-per-SM slices
+      if (v == 3 && sh.B == 1 && sh.N >= 65536) CHECK(pl.num_splits >= sms * 9 / 10);  // ... that fills >= 90% of it
+    }
+  }
 }
