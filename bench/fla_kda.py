@@ -4,6 +4,9 @@ and writes fla's outputs on the ANCHORS.md anchor cases as `kdalab check --op kd
 
 kdalab's own harness around a peer; it imports fla (fla-org/flash-linear-attention) from --fla-path
 (default peers/fla-src, a git-ignored copy of the `fla/` package) and never builds, copies or changes it.
+It loads only fla.ops.kda (bare parent packages fla, fla.ops, fla.modules: their __init__ files import
+every op, fla.layers and fla.models, i.e. einops and transformers), which needs torch, triton and
+packaging; if that fails it falls back to the ordinary `import fla.ops.kda` (--full-import forces it).
 
   python3 bench/fla_kda.py [--fla-path peers/fla-src] [--json OUT.json] [--check-dir DIR]
                            [--ops kda-prefill,kda-decode,check] [--time-budget S] [--prewarm N]
@@ -26,7 +29,7 @@ kdalab's kernels take it: raw gate logits, raw beta logits, un-normalised q/k):
       closest match to kdalab's C++ launches). The JSON value is --report (default graph; eager where
       capture failed, said in the meta).
   check: for each ANCHORS.md case (B, T, H) in (1,17,1) (3,64,1) (1,300,2) (1,1000,4) (1,4096,2):
-      anchor-kda inputs drawn with torch (seed --seed + case index), fla chunk_kda as above, and one
+      anchor-kda inputs drawn with torch (seed --seed + 1000 + case index), fla chunk_kda as above, one
       HDF5 file per case in the format of README.md "Checking your own kernel's tensors": q, k, v, g
       (logits), beta (logits) as float32 holding bf16 (format = "bf16"), A_log [H], bias [H, D], S0
       (layout KV), candidates o (bf16) and S (fp32, layout KV); root attributes scale, l2norm_qk = 1,
@@ -36,13 +39,16 @@ kdalab's kernels take it: raw gate logits, raw beta logits, un-normalised q/k):
 Output JSON (--json): {"kda-prefill B=1 T=8192 H=64 HV=64": ms, ...} for `kdalab bench --peer-json`,
 plus one object under "_fla_meta" (fla commit, versions, flags, eager and graph times; ignored by
 kdalab bench). Rewritten after every shape, so a run cut short keeps what it measured. One file per
-peer: merge with another peer's file (e.g. bench/torch_mla_decode.py's) before --peer-json.
+peer: `kdalab bench` takes one --peer-json, so for --op all merge the peers' files first, e.g.
+  python3 -c 'import json,sys; print(json.dumps({k: v for f in sys.argv[1:] for k, v in json.load(open(f)).items()}))' \
+      fla_kda.json torch_mla.json > peers.json
 
 Compile cost: fla's Triton kernels are JIT-compiled and autotuned per head count (H, HV are
-compile-time constants): ~100 compiles per (H, HV). --prewarm N first runs every shape once in N
-parallel worker processes (sharing Triton's on-disk compile cache), so the main process then only
-loads binaries and benchmarks the autotune configs; FLA_CACHE_RESULTS=0 keeps the workers' autotune
-timings (taken while they share the GPU) from being reused.
+compile-time constants): ~100 compiles per (H, HV), one after another in one process. --prewarm N
+first runs every shape once in N parallel worker processes, grouped by (H, HV); in the workers
+Triton's benchmark runs each autotune config once untimed, so they only fill Triton's on-disk compile
+cache. The main process then loads the binaries and autotunes with real timings, alone on the GPU
+(FLA_CACHE_RESULTS=0: no autotune result is reused from disk).
 
 Exit codes: 0 done (shapes skipped for the time budget are listed), 2 bad usage or fla not found at
 --fla-path, 1 an unexpected failure (torch or CUDA missing, fla import error).
@@ -174,12 +180,24 @@ def fla_commit(root):
 # loading fla
 
 
+def fla_version(root):
+    """fla.__version__ as fla/__init__.py states it (read, not executed), or '0+unknown'."""
+    import re
+    try:
+        with open(os.path.join(root, "fla", "__init__.py")) as fh:
+            m = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", fh.read(), re.M)
+        return m.group(1) if m else "0+unknown"
+    except OSError:
+        return "0+unknown"
+
+
 def load_fla(root, full_import):
     """Imports fla.ops.kda from `root` and returns (chunk_kda, fused_recurrent_kda_fwd, how).
 
     Default: registers bare package modules for `fla`, `fla.ops` and `fla.modules` (their __init__
-    files import every op, fla.layers and fla.models, hence transformers / einops), then imports
-    fla.ops.kda, which needs only torch, triton and packaging from outside fla.
+    files import every op, fla.layers and fla.models, hence transformers / einops; `fla` gets only
+    __version__, read from fla/__init__.py), then imports fla.ops.kda, which needs only torch, triton
+    and packaging from outside fla.
     """
     if root not in sys.path:
         sys.path.insert(0, root)
@@ -198,11 +216,22 @@ def load_fla(root, full_import):
             spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
             spec.submodule_search_locations = [folder]
             m.__spec__ = spec
+            if name == "fla":  # fla.utils._decorators does `from .. import __version__`
+                m.__version__ = fla_version(root)
             sys.modules[name] = m
             if "." in name:
                 parent, child = name.rsplit(".", 1)
                 setattr(sys.modules[parent], child, m)
-    kda = importlib.import_module("fla.ops.kda")
+    try:
+        kda = importlib.import_module("fla.ops.kda")
+    except Exception as e:
+        if full_import:
+            raise
+        # fall back to the ordinary package import (needs what fla/__init__ pulls in: einops, ...)
+        for n in [n for n in sys.modules if n == "fla" or n.startswith("fla.")]:
+            del sys.modules[n]
+        kda = importlib.import_module("fla.ops.kda")
+        how = f"full package import (the bare load failed: {type(e).__name__}: {e})"
     fr = importlib.import_module("fla.ops.kda.fused_recurrent")
     return kda.chunk_kda, fr.fused_recurrent_kda_fwd, how
 
@@ -235,7 +264,7 @@ class Harness:
         self.safe_gate = not args.no_safe_gate
 
     # -- inputs ---------------------------------------------------------------------------------
-    def inputs(self, B, T, H, HV, seed, bf16_direct=True):
+    def inputs(self, B, T, H, HV, seed):
         """bench.cpp's distribution (also ANCHORS.md anchor-kda): q, k [B,T,H,D], v, g_raw [B,T,HV,D],
         beta_raw [B,T,HV] N(0,1) in bf16; A_log [HV], bias [HV,D] U(0,1) fp32; S0 [B,HV,D,D] 0.1 N(0,1) fp32."""
         torch = self.torch
@@ -470,7 +499,7 @@ def write_check_file(path, arrays, scale, g_min, extra_attrs):
 def write_json(path, data):
     tmp = f"{path}.tmp.{os.getpid()}"
     with open(tmp, "w") as fh:
-        json.dump(data, fh, indent=1, sort_keys=False)
+        json.dump(data, fh, indent=1, default=str)
         fh.write("\n")
     os.replace(tmp, path)
 
@@ -487,22 +516,37 @@ def worker_main(args, root):
     """--_worker 'op:B:T:H:HV;...': run each shape once (fills Triton's on-disk compile cache)."""
     h = Harness(args, root)
     torch = h.torch
+    try:  # compile every autotune config, run each once, skip the timing (the main process times them)
+        import triton.testing
+
+        def run_once(fn, *a, quantiles=None, **k):
+            fn()
+            torch.cuda.synchronize()
+            return [1.0] * len(quantiles) if quantiles else 1.0
+        triton.testing.do_bench = run_once
+    except Exception as e:
+        log(f"worker {os.getpid()}: Triton's benchmark not replaced ({e}); autotuning in full")
+    failed = 0
     for item in args._worker.split(";"):
         op, B, T, H, HV = item.split(":")
         B, T, H, HV = int(B), int(T), int(H), int(HV)
         t = time.monotonic()
-        x = h.inputs(B, T, H, HV, args.seed)
-        with torch.no_grad():
-            if op == "decode":
-                S, o = x["S0"].clone(), torch.empty(B, 1, HV, D, device=h.dev, dtype=torch.bfloat16)
-                h.decode_call(x, S, o)
-            else:
-                h.prefill_call(x)
-        torch.cuda.synchronize()
-        log(f"worker {os.getpid()}: {item} {time.monotonic() - t:.1f} s")
-        del x
+        try:
+            x = h.inputs(B, T, H, HV, args.seed)
+            with torch.no_grad():
+                if op == "decode":
+                    S, o = x["S0"].clone(), torch.empty(B, 1, HV, D, device=h.dev, dtype=torch.bfloat16)
+                    h.decode_call(x, S, o)
+                else:
+                    h.prefill_call(x)
+            torch.cuda.synchronize()
+            log(f"worker {os.getpid()}: {item} {time.monotonic() - t:.1f} s")
+        except Exception as e:  # go on with the other shapes; the main process reports the failure itself
+            failed += 1
+            log(f"worker {os.getpid()}: {item} failed: {type(e).__name__}: {e}")
+        x = S = o = None
         torch.cuda.empty_cache()
-    return 0
+    return 1 if failed else 0
 
 
 def prewarm(args, root, jobs, budget_left):
@@ -609,6 +653,12 @@ def main(argv=None):
         return budget is not None and elapsed() > budget
 
     if "check" in ops:
+        try:
+            import h5py  # noqa: F401  (needed for the check files: fail before any GPU work)
+        except ImportError as e:
+            print(f"fla_kda.py: h5py is not importable ({e}); it writes the check files (or leave out --ops check)",
+                  file=sys.stderr)
+            return 1
         os.makedirs(args.check_dir, exist_ok=True)
     jdir = os.path.dirname(os.path.abspath(args.json))
     os.makedirs(jdir, exist_ok=True)
@@ -623,7 +673,8 @@ def main(argv=None):
     if "check" in ops:
         jobs += [("prefill", B, T, H, H) for (B, T, H) in ANCHOR_CASES]
     if args.prewarm != 0 and len({(j[3], j[4]) for j in jobs}) > 1:
-        pre = prewarm(args, root, jobs, None if budget is None else budget - elapsed())
+        # at most 60% of what is left of the budget: the main process still autotunes and times
+        pre = prewarm(args, root, jobs, None if budget is None else 0.6 * (budget - elapsed()))
 
     try:
         h = Harness(args, root)
