@@ -262,6 +262,7 @@ class Harness:
         self.decode_inplace = "inplace_final_state" in params and "out" in params
         self.dev = torch.device("cuda")
         self.safe_gate = not args.no_safe_gate
+        self.graph_error = None  # after one failed capture, no more captures (eager times only)
 
     # -- inputs ---------------------------------------------------------------------------------
     def inputs(self, B, T, H, HV, seed):
@@ -356,11 +357,15 @@ class Harness:
         eager, eager_min = self.time_eager(fn, a.iters)
         r = dict(first_call_s=round(first_s, 2), eager_ms=eager, eager_min_ms=eager_min)
         reps = a.reps or (100 if is_decode else max(1, min(20, math.ceil(2.0 / max(eager, 1e-3)))))
+        if self.graph_error is not None:
+            r.update(graph_ms=None, graph_error="not tried: an earlier capture failed: " + self.graph_error)
+            return r
         try:
             graph, graph_min = self.time_graph(fn, reps, a.iters)
             r.update(graph_ms=graph, graph_min_ms=graph_min, graph_reps=reps)
         except Exception as e:  # capture not possible: keep the eager number, say why
-            r.update(graph_ms=None, graph_error=f"{type(e).__name__}: {e}"[:300])
+            self.graph_error = f"{type(e).__name__}: {e}"[:300]
+            r.update(graph_ms=None, graph_error=self.graph_error)
             torch.cuda.synchronize()
         return r
 
@@ -372,7 +377,7 @@ class Harness:
             r = self.measure(lambda: self.prefill_call(x), is_decode=False)
         nq, nv = B * T * H * D, B * T * HV * D
         r["bytes"] = 2.0 * (2 * nq + 3 * nv + B * T * HV) + 2.0 * 4.0 * B * HV * D * D  # as bench.cpp
-        del x
+        x = None  # free the inputs before the next shape
         torch.cuda.empty_cache()
         return r
 
@@ -388,7 +393,7 @@ class Harness:
             r["note"] = "fused_recurrent_kda_fwd without inplace_final_state/out: state copied each call"
         ns, nq, nv = B * HV * D * D, B * H * D, B * HV * D
         r["bytes"] = 2.0 * 4.0 * ns + 2.0 * (2 * nq + 3 * nv + B * HV)  # as bench.cpp
-        del x, S, o
+        x = S = o = None
         torch.cuda.empty_cache()
         return r
 
@@ -653,10 +658,9 @@ def main(argv=None):
         return budget is not None and elapsed() > budget
 
     if "check" in ops:
-        try:
-            import h5py  # noqa: F401  (needed for the check files: fail before any GPU work)
-        except ImportError as e:
-            print(f"fla_kda.py: h5py is not importable ({e}); it writes the check files (or leave out --ops check)",
+        import importlib.util
+        if importlib.util.find_spec("h5py") is None:  # the check files need it: fail before any GPU work
+            print("fla_kda.py: h5py is not importable; it writes the check files (or leave out --ops check)",
                   file=sys.stderr)
             return 1
         os.makedirs(args.check_dir, exist_ok=True)
