@@ -76,8 +76,9 @@ struct KdaPrefillArgs {
   bool overlap_segments = true;
   /// v5: the fp32 copy of P (1 KB per chunk and value head), which only state_variant 2 reads, is
   /// neither written nor loaded; false = the v4 workspace traffic (bit-identical results either way).
-  /// Default false until the v5 GPU tests have run on a GPU (v5 was compiled, not yet run; see NOTES).
-  bool compact_workspace = false;
+  /// Default true since the v5 GPU tests passed on the H200 (session 3: o and S_final bit-identical to
+  /// the v4 layout; see bench/NOTES.md).
+  bool compact_workspace = true;
   /// v5 segment-parallel state pass (fixed-length batches, state_variant 3): 0 = auto, 1 = off,
   /// P >= 2 = forced P segments (at most 64; fewer when T has fewer chunks). The chunk sequence is cut
   /// into P segments; pass 1 runs, in parallel, segment 0's full pass from S0 (o; its end state is
@@ -91,9 +92,9 @@ struct KdaPrefillArgs {
   /// v4); bit-identical to the serial order.
   /// Not bit-identical to the one-shot pass (A_seg carries its own bf16 operand roundings; the
   /// twin's KdaTwinPlan::segments models it). Workspace: + 3 (P-1) N HV D^2 fp32.
-  /// Default 1 (off) until the v5 GPU tests have run on a GPU (compiled, not yet run; see NOTES);
-  /// 0 opts in to the auto rule.
-  int segment_state = 1;
+  /// Default 0 (auto) since the v5 GPU tests passed on the H200 (session 3): T = 65536, H = 32 takes
+  /// P = 3 and runs 7.58 ms vs 7.86 ms one-shot (bench/NOTES.md); other ANCHORS shapes keep one shot.
+  int segment_state = 0;
   int run_phases = 3;            ///< diagnostics: 1 = prepare kernel only, 2 = state pass only (on a prepared workspace), 3 = both
 };
 
