@@ -39,9 +39,9 @@ kdalab's kernels take it: raw gate logits, raw beta logits, un-normalised q/k):
 Output JSON (--json): {"kda-prefill B=1 T=8192 H=64 HV=64": ms, ...} for `kdalab bench --peer-json`,
 plus one object under "_fla_meta" (fla commit, versions, flags, eager and graph times; ignored by
 kdalab bench). Rewritten after every shape, so a run cut short keeps what it measured. One file per
-peer: `kdalab bench` takes one --peer-json, so for --op all merge the peers' files first, e.g.
-  python3 -c 'import json,sys; print(json.dumps({k: v for f in sys.argv[1:] for k, v in json.load(open(f)).items()}))' \
-      fla_kda.json torch_mla.json > peers.json
+peer: `kdalab bench --peer-json fla_kda.json --peer-json torch_mla.json` merges them (bench/gpu_pass.sh
+runs this script when peers/fla-src is there). Expect ~5-8 min on an H200 for everything (most of it
+Triton compiling and autotuning): give --time-budget inside a device command's limit.
 
 Compile cost: fla's Triton kernels are JIT-compiled and autotuned per head count (H, HV are
 compile-time constants): ~100 compiles per (H, HV), one after another in one process. --prewarm N
