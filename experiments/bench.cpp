@@ -1,7 +1,7 @@
 // `kdalab bench`: timings of the KDA CUDA kernels (kernels/kda.hpp).
 //
 //   kdalab bench --op kda-prefill|kda-decode|mla-decode|mla-prefill|attn-res|all [--shapes "B:T:H[:HV],..."]
-//                [--iters N] [--prefix N0] [--peer-json FILE..] [--compare BASELINE.h5..] [--variant 1|2] [--segments P]
+//                [--iters N] [--prefix N0] [--peer-json FILE..] [--compare BASELINE.h5..] [--variant 1|2] [--segments P] [--overlap 0|1]
 //                --out results/bench.h5
 //
 // Per shape: median (and min) of --iters CUDA-event timings after --warmup launches, the bytes a
@@ -63,6 +63,7 @@ struct BenchOptions {
   int iters = 30, warmup = 5;
   int mla_variant = 2;  // mla-decode split kernel (kernels/mla.hpp MlaDecodeArgs::variant)
   int kda_segments = 0; // kda-prefill state pass (kernels/kda.hpp KdaPrefillArgs::segment_state): 0 auto, 1 off, P forced
+  int kda_overlap = 1;  // kda-prefill: KdaPrefillArgs::overlap_segments (prepare of segment k+1 beside the state work of k)
   long long prefix = 0;  // mla-prefill: cached tokens before the T new ones
 };
 
@@ -172,7 +173,7 @@ struct Measured {
   double ms, ms_min, bytes, flops, prepare_ms = 0, state_ms = 0;
 };
 
-Measured bench_prefill(const Shape& s, int warmup, int iters, std::uint64_t seed, int segment_state) {
+Measured bench_prefill(const Shape& s, int warmup, int iters, std::uint64_t seed, int segment_state, bool overlap) {
   const long long D = 128, Cc = 16;
   const std::size_t nq = s.B * s.T * s.H * D, nv = s.B * s.T * s.HV * D;
   Dev q(nq * 2), k(nq * 2), v(nv * 2), g(nv * 2), beta(s.B * s.T * s.HV * 2), o(nv * 2);
@@ -192,6 +193,7 @@ Measured bench_prefill(const Shape& s, int warmup, int iters, std::uint64_t seed
   a.scale = 1.0f / std::sqrt(128.0f);
   a.S0 = S0.as<float>(); a.S_final = Sf.as<float>(); a.o = o.as<bf16_t>();
   a.segment_state = segment_state;
+  a.overlap_segments = overlap;
   const std::size_t wsb = kernels::kda_prefill_workspace_bytes(a);
   Dev ws(wsb);
   a.workspace = ws.p; a.workspace_bytes = wsb;
@@ -347,6 +349,10 @@ void register_bench(Registry& reg) {
   a->add_option("--warmup", o->warmup, "untimed launches before timing")->capture_default_str();
   a->add_option("--peer-json", o->peer_json, "peer times (ms) keyed '<op> B=.. T=.. H=.. HV=..' from the same machine session; several files "
                 "(or the option repeated) are merged, e.g. bench/fla_kda.py's and bench/torch_mla_decode.py's");
+  a->add_option("--overlap", o->kda_overlap,
+                "kda-prefill: 1 = the overlapped schedule (prepare of segment k + 1 runs beside the state work of "
+                "segment k; default), 0 = prepare then state pass, serially (KdaPrefillArgs::overlap_segments)")
+      ->capture_default_str();
   a->add_option("--segments", o->kda_segments,
                 "kda-prefill state pass: 0 = the v5 auto rule (default; P = 3 at T = 65536, H = 32), 1 = one-shot, P >= 2 = P segments in parallel "
                 "(KdaPrefillArgs::segment_state)")->capture_default_str();
@@ -360,6 +366,8 @@ void register_bench(Registry& reg) {
             "--op = '" + o->op + "'; accepted: kda-prefill, kda-decode, mla-decode, mla-prefill, attn-res, all");
     require(o->prefix >= 0, "--prefix = " + std::to_string(o->prefix) + "; accepted: >= 0 cached tokens");
     require(o->iters >= 1 && o->warmup >= 0, "--iters must be >= 1 and --warmup >= 0");
+    require(o->kda_overlap == 0 || o->kda_overlap == 1,
+            "--overlap = " + std::to_string(o->kda_overlap) + "; accepted: 0 (serial) or 1 (overlapped schedule)");
     require(o->kda_segments >= 0 && o->kda_segments <= 64,
             "--segments = " + std::to_string(o->kda_segments) + "; accepted: 0 (auto), 1 (off) or 2..64 segments");
     require(o->mla_variant == 1 || o->mla_variant == 2,
@@ -447,7 +455,7 @@ void register_bench(Registry& reg) {
       for (const Shape& s : shapes[oi]) {
         const std::string key = key_of(op, s, op == "mla-prefill" ? o->prefix : 0);
         const Measured m =
-            op == "kda-prefill"   ? bench_prefill(s, o->warmup, o->iters, ctx.common.seed, o->kda_segments)
+            op == "kda-prefill"   ? bench_prefill(s, o->warmup, o->iters, ctx.common.seed, o->kda_segments, o->kda_overlap != 0)
             : op == "mla-decode"  ? bench_mla_decode(s, o->warmup, o->iters, ctx.common.seed, o->mla_variant)
             : op == "mla-prefill" ? bench_mla_prefill(s, o->prefix, o->warmup, o->iters, ctx.common.seed)
             : op == "attn-res"    ? bench_attn_res(s, o->warmup, o->iters, ctx.common.seed)
