@@ -211,6 +211,16 @@ Measured bench_prefill(const Shape& s, int warmup, int iters, std::uint64_t seed
     fmt::print("  (B={} T={} H={} HV={}: segment-parallel state pass P = {}; one-shot schedule (segment_state = 1): "
                "total {:.4f} ms, state pass {:.4f} ms)\n", s.B, s.T, s.H, s.HV, segs, all1, state1);
   }
+  {  // prepare v6 (opt-in, kernels/kda.hpp prepare_variant) beside the default (v4): alone and the whole prefill
+    auto a6 = a;
+    a6.prepare_variant = 6;
+    a6.run_phases = 1;
+    const double prep6 = time_ms([&] { kernels::kda_prefill(a6, nullptr); }, warmup, iters).first;
+    a6.run_phases = 3;
+    const double all6 = time_ms([&] { kernels::kda_prefill(a6, nullptr); }, warmup, iters).first;
+    fmt::print("  (B={} T={} H={} HV={}: prep v{} = {:.4f} ms, prep v6 = {:.4f} ms ({:.2f}x); total with prep v6 = {:.4f} ms)\n",
+               s.B, s.T, s.H, s.HV, a.prepare_variant, prep, prep6, prep / prep6, all6);
+  }
   a.state_variant = 2;
   const double state_v2 = time_ms([&] { kernels::kda_prefill(a, nullptr); }, warmup, iters).first;
   fmt::print("  (B={} T={} H={} HV={}: state pass v2 = {:.4f} ms)\n", s.B, s.T, s.H, s.HV, state_v2);
