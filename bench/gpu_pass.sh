@@ -5,18 +5,21 @@
 # --compare against data/baselines/h200-kda.h5. Logs and results go to $OUT (default ./gpu-out) and
 # are also packed into $OUT/gpu_pass.tgz (the device tool returns only a few files).
 # Usage: bench/gpu_pass.sh [all|kda-prefill|kda-decode|mla-decode|...|none]   (default: all)
+# Env: TESTS="gpu_test_a gpu_test_b" runs only those GPU test binaries (default: all).
 # Env: SANITIZE=1 also runs each GPU test under compute-sanitizer memcheck (timeout SAN_TIMEOUT s each).
 set -u
 OUT=${OUT:-./gpu-out}; B=${BUILD:-/tmp/b}; mkdir -p "$OUT"
+pack() { tar czf /tmp/gpu_pass.tgz --exclude=gpu_pass.tgz -C "$OUT" . && mv /tmp/gpu_pass.tgz "$OUT/gpu_pass.tgz"; }
+# Each step's log is packed as soon as it ends, so a pass cut short by the device's time limit still returns its logs.
 step() { local name=$1; shift; echo "== $name: $*"; local t0=$SECONDS
   "$@" > "$OUT/$name.log" 2>&1; local rc=$?; tail -n ${TAIL:-25} "$OUT/$name.log"
-  echo "== $name rc=$rc ($((SECONDS - t0)) s)"; return $rc; }
-pack() { tar czf /tmp/gpu_pass.tgz -C "$OUT" . && mv /tmp/gpu_pass.tgz "$OUT/gpu_pass.tgz"; }
+  echo "== $name rc=$rc ($((SECONDS - t0)) s)"; pack; return $rc; }
 step configure cmake --preset cuda -B "$B" || { pack; exit 1; }
 step build cmake --build "$B" -j"$(nproc)" -- -k || {
   echo "== -Werror build failed (see build.log); rebuilding with -DKDALAB_WERROR=OFF to keep measuring"
   cmake -B "$B" -DKDALAB_WERROR=OFF > /dev/null && step build-nowerror cmake --build "$B" -j"$(nproc)" -- -k; }
 for t in "$B"/tests/gpu_test_*; do
+  [ -n "${TESTS:-}" ] && ! [[ " $TESTS " == *" $(basename "$t") "* ]] && continue
   [ -x "$t" ] || continue
   TAIL=${TEST_TAIL:-60} step "$(basename "$t")" "$t" --durations yes
   [ "${SANITIZE:-0}" = 1 ] && TAIL=3 step "san-$(basename "$t")" timeout "${SAN_TIMEOUT:-90}" compute-sanitizer --tool memcheck "$t"
@@ -26,8 +29,12 @@ op=${1:-all}
 if [ "$op" != none ]; then
   peer=(); cmp=()
   case "$op" in all|mla-decode)
-    step torch-mla python3 bench/torch_mla_decode.py "$OUT/torch_mla.json" && peer=(--peer-json "$OUT/torch_mla.json");; esac
-  [ -f data/baselines/h200-kda.h5 ] && cmp=(--compare data/baselines/h200-kda.h5)
+    step torch-mla python3 bench/torch_mla_decode.py "$OUT/torch_mla.json" && peer+=(--peer-json "$OUT/torch_mla.json");; esac
+  # fla (KDA peer) when its source was carried to peers/fla-src (git-ignored; see bench/fla_kda.py)
+  case "$op" in all|kda-prefill|kda-decode)
+    [ -d peers/fla-src ] && step fla-kda python3 bench/fla_kda.py --fla-path peers/fla-src --json "$OUT/fla_kda.json" \
+      --check-dir "$OUT/fla_check" && peer+=(--peer-json "$OUT/fla_kda.json");; esac
+  for f in data/baselines/h200-kda.h5 data/baselines/h200-mla.h5; do [ -f "$f" ] && cmp+=(--compare "$f"); done
   TAIL=${BENCH_TAIL:-40} step "bench-$op" "$B/experiments/kdalab" bench --op "$op" "${peer[@]}" "${cmp[@]}" --out "$OUT/bench-$op.h5"
 fi
 pack

@@ -1,7 +1,7 @@
 // `kdalab bench`: timings of the KDA CUDA kernels (kernels/kda.hpp).
 //
 //   kdalab bench --op kda-prefill|kda-decode|mla-decode|mla-prefill|attn-res|all [--shapes "B:T:H[:HV],..."]
-//                [--iters N] [--prefix N0] [--peer-json FILE] [--compare BASELINE.h5] [--variant 1|2|3] [--segments P]
+//                [--iters N] [--prefix N0] [--peer-json FILE..] [--compare BASELINE.h5..] [--variant 1|2|3] [--segments P] [--overlap 0|1]
 //                --out results/bench.h5
 //
 // Per shape: median (and min) of --iters CUDA-event timings after --warmup launches, the bytes a
@@ -12,7 +12,8 @@
 // steps (per-step time reported). Inputs are seeded device-side N(0,1) bf16 fills (never zeros).
 // --peer-json: a JSON object {"<op> B=.. T=.. H=.. HV=..": milliseconds} written by a peer timing
 //   script in the same machine session (fla); adds peer_ms and speedup = peer_ms / time_ms.
-// --compare: prints time / baseline time per row found in BASELINE.h5 (same group, same key) and
+// --compare: prints time / baseline time per row found in the BASELINE.h5 files (same group, same key; the first
+//   file holding the key wins) and
 //   flags rows more than 10% slower; exit code 1 when any row is flagged (the regression check).
 // mla-decode (kernels/mla.hpp): shapes B:N:H with N the cached tokens per sequence (d_c = 512, bf16
 //   latent cache, q~ as bf16 hi + lo); bytes = the latent reads B N d_c 2 only (TB/s of latent reads),
@@ -29,6 +30,7 @@
 //   flops = 6 S T d (h.h, w.h, the weighted sum).
 // Without CUDA (CPU build) or without a visible GPU: says so on stdout, writes nothing, exit 0.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <filesystem>
 
@@ -57,10 +59,12 @@ namespace kdalab::cli {
 namespace {
 
 struct BenchOptions {
-  std::string op = "all", shapes, peer_json, compare;
+  std::string op = "all", shapes;
+  std::vector<std::string> peer_json, compare;  // several files: peers merged, baselines searched in order
   int iters = 30, warmup = 5;
   int mla_variant = 2;  // mla-decode split kernel (kernels/mla.hpp MlaDecodeArgs::variant)
-  int kda_segments = 1; // kda-prefill state pass (kernels/kda.hpp KdaPrefillArgs::segment_state): 1 off, 0 auto, P forced
+  int kda_segments = 0; // kda-prefill state pass (kernels/kda.hpp KdaPrefillArgs::segment_state): 0 auto, 1 off, P forced
+  int kda_overlap = 1;  // kda-prefill: KdaPrefillArgs::overlap_segments (prepare of segment k+1 beside the state work of k)
   long long prefix = 0;  // mla-prefill: cached tokens before the T new ones
 };
 
@@ -170,7 +174,7 @@ struct Measured {
   double ms, ms_min, bytes, flops, prepare_ms = 0, state_ms = 0;
 };
 
-Measured bench_prefill(const Shape& s, int warmup, int iters, std::uint64_t seed, int segment_state) {
+Measured bench_prefill(const Shape& s, int warmup, int iters, std::uint64_t seed, int segment_state, bool overlap) {
   const long long D = 128, Cc = 16;
   const std::size_t nq = s.B * s.T * s.H * D, nv = s.B * s.T * s.HV * D;
   Dev q(nq * 2), k(nq * 2), v(nv * 2), g(nv * 2), beta(s.B * s.T * s.HV * 2), o(nv * 2);
@@ -190,6 +194,7 @@ Measured bench_prefill(const Shape& s, int warmup, int iters, std::uint64_t seed
   a.scale = 1.0f / std::sqrt(128.0f);
   a.S0 = S0.as<float>(); a.S_final = Sf.as<float>(); a.o = o.as<bf16_t>();
   a.segment_state = segment_state;
+  a.overlap_segments = overlap;
   const std::size_t wsb = kernels::kda_prefill_workspace_bytes(a);
   Dev ws(wsb);
   a.workspace = ws.p; a.workspace_bytes = wsb;
@@ -206,6 +211,16 @@ Measured bench_prefill(const Shape& s, int warmup, int iters, std::uint64_t seed
     const double all1 = time_ms([&] { kernels::kda_prefill(a1, nullptr); }, warmup, iters).first;
     fmt::print("  (B={} T={} H={} HV={}: segment-parallel state pass P = {}; one-shot schedule (segment_state = 1): "
                "total {:.4f} ms, state pass {:.4f} ms)\n", s.B, s.T, s.H, s.HV, segs, all1, state1);
+  }
+  {  // prepare v6 (opt-in, kernels/kda.hpp prepare_variant) beside the default (v4): alone and the whole prefill
+    auto a6 = a;
+    a6.prepare_variant = 6;
+    a6.run_phases = 1;
+    const double prep6 = time_ms([&] { kernels::kda_prefill(a6, nullptr); }, warmup, iters).first;
+    a6.run_phases = 3;
+    const double all6 = time_ms([&] { kernels::kda_prefill(a6, nullptr); }, warmup, iters).first;
+    fmt::print("  (B={} T={} H={} HV={}: prep v{} = {:.4f} ms, prep v6 = {:.4f} ms ({:.2f}x); total with prep v6 = {:.4f} ms)\n",
+               s.B, s.T, s.H, s.HV, a.prepare_variant, prep, prep6, prep / prep6, all6);
   }
   a.state_variant = 2;
   const double state_v2 = time_ms([&] { kernels::kda_prefill(a, nullptr); }, warmup, iters).first;
@@ -343,19 +358,27 @@ void register_bench(Registry& reg) {
                 "comma-separated B:T:H[:HV] (decode: T = 1); default: the ANCHORS.md shapes")->capture_default_str();
   a->add_option("--iters", o->iters, "timed launches per shape (median reported)")->capture_default_str();
   a->add_option("--warmup", o->warmup, "untimed launches before timing")->capture_default_str();
-  a->add_option("--peer-json", o->peer_json, "peer times (ms) keyed '<op> B=.. T=.. H=.. HV=..' from the same machine session");
+  a->add_option("--peer-json", o->peer_json, "peer times (ms) keyed '<op> B=.. T=.. H=.. HV=..' from the same machine session; several files "
+                "(or the option repeated) are merged, e.g. bench/fla_kda.py's and bench/torch_mla_decode.py's");
+  a->add_option("--overlap", o->kda_overlap,
+                "kda-prefill: 1 = the overlapped schedule (prepare of segment k + 1 runs beside the state work of "
+                "segment k; default), 0 = prepare then state pass, serially (KdaPrefillArgs::overlap_segments)")
+      ->capture_default_str();
   a->add_option("--segments", o->kda_segments,
-                "kda-prefill state pass: 1 = one-shot (default), 0 = the v5 auto rule, P >= 2 = P segments in parallel "
+                "kda-prefill state pass: 0 = the v5 auto rule (default; P = 3 at T = 65536, H = 32), 1 = one-shot, P >= 2 = P segments in parallel "
                 "(KdaPrefillArgs::segment_state)")->capture_default_str();
   a->add_option("--variant", o->mla_variant, "mla-decode split kernel: 1 (mma.sync, v1), 2 (wgmma, v2) or 3 (wgmma, 4-slot pipeline, v3)")
       ->capture_default_str();
-  a->add_option("--compare", o->compare, "baseline results file to compare against (prints ratios, flags > 10% slower)");
+  a->add_option("--compare", o->compare, "baseline results file(s) to compare against (prints ratios, flags > 10% slower); several files (or the "
+                "option repeated): each row is looked up in them in order, e.g. data/baselines/h200-kda.h5 h200-mla.h5");
   c.run = [o](Context& ctx) -> int {
     require(o->op == "kda-prefill" || o->op == "kda-decode" || o->op == "mla-decode" || o->op == "mla-prefill" ||
                 o->op == "attn-res" || o->op == "all",
             "--op = '" + o->op + "'; accepted: kda-prefill, kda-decode, mla-decode, mla-prefill, attn-res, all");
     require(o->prefix >= 0, "--prefix = " + std::to_string(o->prefix) + "; accepted: >= 0 cached tokens");
     require(o->iters >= 1 && o->warmup >= 0, "--iters must be >= 1 and --warmup >= 0");
+    require(o->kda_overlap == 0 || o->kda_overlap == 1,
+            "--overlap = " + std::to_string(o->kda_overlap) + "; accepted: 0 (serial) or 1 (overlapped schedule)");
     require(o->kda_segments >= 0 && o->kda_segments <= 64,
             "--segments = " + std::to_string(o->kda_segments) + "; accepted: 0 (auto), 1 (off) or 2..64 segments");
     require(o->mla_variant >= 1 && o->mla_variant <= 3,
@@ -369,20 +392,22 @@ void register_bench(Registry& reg) {
     std::vector<std::vector<Shape>> shapes;
     for (const auto& op : ops) shapes.push_back(parse_shapes(o->shapes, op));
     nlohmann::json peer = nlohmann::json::object();
-    if (!o->peer_json.empty()) {
-      std::ifstream f(o->peer_json);
-      require(f.good(), "--peer-json: cannot open '" + o->peer_json + "'");
+    for (const std::string& pj : o->peer_json) {
+      std::ifstream f(pj);
+      require(f.good(), "--peer-json: cannot open '" + pj + "'");
+      nlohmann::json one;
       try {
-        f >> peer;
+        f >> one;
       } catch (const std::exception& e) {
-        throw Error("--peer-json: '" + o->peer_json + "' is not valid JSON: " + e.what());
+        throw Error("--peer-json: '" + pj + "' is not valid JSON: " + e.what());
       }
-      require(peer.is_object(), "--peer-json: '" + o->peer_json + "' must hold a JSON object");
+      require(one.is_object(), "--peer-json: '" + pj + "' must hold a JSON object");
+      peer.update(one);  // a key in a later file replaces the same key of an earlier one
     }
-    if (!o->compare.empty()) {
-      require(std::filesystem::is_regular_file(o->compare), "--compare: '" + o->compare + "' does not exist or is not a "
-                                                            "file; give a bench results file (e.g. data/baselines/h200-kda.h5)");
-      require(h5read::exists(o->compare, "/bench"), "--compare: '" + o->compare + "' has no group /bench");
+    for (const std::string& cf : o->compare) {
+      require(std::filesystem::is_regular_file(cf), "--compare: '" + cf + "' does not exist or is not a "
+                                                    "file; give a bench results file (e.g. data/baselines/h200-kda.h5)");
+      require(h5read::exists(cf, "/bench"), "--compare: '" + cf + "' has no group /bench");
     }
 #ifndef KDALAB_HAVE_CUDA
     (void)ctx;
@@ -414,10 +439,13 @@ void register_bench(Registry& reg) {
                                                        : "kda_decode");
       std::vector<std::string> bkeys;
       std::vector<double> bms;
-      if (!o->compare.empty() && h5read::exists(o->compare, grp + "/key")) {
-        bkeys = h5read::strings(o->compare, grp + "/key");
-        bms = h5read::array(o->compare, grp + "/time_ms").data;
-      }
+      for (const std::string& cf : o->compare)  // rows of every baseline file; the first file holding a key wins
+        if (h5read::exists(cf, grp + "/key")) {
+          const auto k = h5read::strings(cf, grp + "/key");
+          const auto ms = h5read::array(cf, grp + "/time_ms").data;
+          bkeys.insert(bkeys.end(), k.begin(), k.end());
+          bms.insert(bms.end(), ms.begin(), ms.end());
+        }
       Table t;
       t.col("key", 's', "1", "op and shape").col("B", 'i', "1", "batch (sequences)").col("T", 'i', "1", "tokens per sequence")
           .col("H", 'i', "1", "key heads").col("HV", 'i', "1", "value heads").col("D", 'i', "1", "d_k = d_v (KDA); d_c (MLA)")
@@ -439,7 +467,7 @@ void register_bench(Registry& reg) {
       for (const Shape& s : shapes[oi]) {
         const std::string key = key_of(op, s, op == "mla-prefill" ? o->prefix : 0);
         const Measured m =
-            op == "kda-prefill"   ? bench_prefill(s, o->warmup, o->iters, ctx.common.seed, o->kda_segments)
+            op == "kda-prefill"   ? bench_prefill(s, o->warmup, o->iters, ctx.common.seed, o->kda_segments, o->kda_overlap != 0)
             : op == "mla-decode"  ? bench_mla_decode(s, o->warmup, o->iters, ctx.common.seed, o->mla_variant)
             : op == "mla-prefill" ? bench_mla_prefill(s, o->prefix, o->warmup, o->iters, ctx.common.seed)
             : op == "attn-res"    ? bench_attn_res(s, o->warmup, o->iters, ctx.common.seed)
@@ -449,8 +477,8 @@ void register_bench(Registry& reg) {
         double pm = nan;
         if (peer.contains(key) && peer[key].is_number()) pm = peer[key].get<double>();
         double bm = nan;
-        for (std::size_t i = 0; i < bkeys.size(); ++i)
-          if (bkeys[i] == key) bm = bms[i];
+        for (std::size_t i = 0; i < bkeys.size() && i < bms.size(); ++i)
+          if (bkeys[i] == key) { bm = bms[i]; break; }
         const double ratio = m.ms / bm;
         const bool slow = std::isfinite(ratio) && ratio > 1.10;
         flagged = flagged || slow;
@@ -468,7 +496,7 @@ void register_bench(Registry& reg) {
     f->commit();
     fmt::print("wrote {}\n", ctx.common.out);
     if (flagged) {
-      fmt::print("bench: rows more than 10% slower than {} (see above)\n", o->compare);
+      fmt::print("bench: rows more than 10% slower than {} (see above)\n", fmt::join(o->compare, ", "));
       return 1;
     }
     return 0;

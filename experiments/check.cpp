@@ -20,6 +20,9 @@
 // Every dataset is float32 or float64; format = "bf16" (dataset or root attribute) declares
 // float32 data holding bf16 values, which is verified (kdalab never re-rounds silently).
 // --op kda-decode runs T one-token decode steps from S0 (S0 required).
+// --kernel (--op kda, CUDA build + GPU): also runs kdalab's prefill kernel (kernels/kda.hpp) on exactly the
+// file's inputs and reports its o and S as candidates o_kdalab, S_kdalab beside the file's own (a peer's):
+// kdalab and the peer on identical inputs, one truth, one report.
 // The truth is computed on exactly these inputs in cpp_bin_float_50 (mp) or float64 (f64); auto
 // takes mp while B*T*HV*d_k*d_v <= 2e7 (~20 s), f64 above. Exit: 0 pass (or no candidate: the
 // truth is written), 1 a candidate fails --tol, 2 bad input (any malformed file: a clear error).
@@ -36,6 +39,9 @@
 
 #include "experiments/cli.hpp"
 #include "experiments/kda_ops.hpp"
+#ifdef KDALAB_HAVE_CUDA
+#include "experiments/gpu_exp.hpp"
+#endif
 #include "numerics/bf16.hpp"
 #include "numerics/metrics.hpp"
 #include "numerics/tolerance.hpp"
@@ -568,8 +574,36 @@ struct Outcome {
 std::string pick_truth(const std::string& opt, double work) { return opt == "auto" ? (work <= 2e7 ? "mp" : "f64") : opt; }
 std::string truth_label(const std::string& tk) { return tk == "mp" ? "cpp_bin_float_50" : "float64"; }
 
-Outcome check_kda(const std::string& in_path, const std::string& op, const std::string& truth_opt) {
+/// kdalab's CUDA prefill (kernels/kda.hpp through gpu_exp::kda_prefill_on_gpu) on exactly the file's inputs.
+/// Errors (kdalab::Error, exit 2): a CPU build, or inputs the kernel does not take (it fuses the K3 gate,
+/// the beta sigmoid and the q/k L2Norm, D = 128, HV = H); the file's values are bf16 for q, k, v, g, beta
+/// (verified by read_input when declared) and fp32-rounded for A_log, bias, S0.
+KdaOutput<double> run_kdalab_kernel(const CheckInput& c, const std::string& path) {
+  const std::string w = "check --kernel ('" + path + "'): ";
+#ifndef KDALAB_HAVE_CUDA
+  (void)c;
+  throw Error(w + "this kdalab was built without the CUDA kernels; configure with --preset cuda and run on a GPU");
+#else
+  require(c.gate == Gate::k3, w + "the kernel fuses the K3 gate; the file needs gate = \"k3\"");
+  require(c.beta_logits, w + "the kernel applies the beta sigmoid; the file needs beta = \"logits\"");
+  require(c.l2norm, w + "the kernel L2-normalises q and k; the file needs l2norm_qk = 1");
+  require(c.d_k == 128 && c.d_v == 128, w + fmt::format("d_k = {}, d_v = {}; the kernel takes d_k = d_v = 128", c.d_k, c.d_v));
+  require(c.H == c.HV, w + fmt::format("H = {}, HV = {}; kdalab check --kernel takes HV = H", c.H, c.HV));
+  require(c.g_min >= -5.0, w + fmt::format("g_min = {}; the kernel accepts -5 <= g_min < 0", c.g_min));
+  KdaInputs in;
+  in.B = c.B; in.T = c.T; in.H = c.H; in.HV = c.HV; in.d_k = c.d_k; in.d_v = c.d_v;
+  in.g_min = c.g_min; in.scale = c.scale;
+  in.q_raw = c.q; in.k_raw = c.k; in.v = c.v; in.g_raw = c.g; in.beta_raw = c.beta; in.A_log = c.A_log; in.bias = c.bias;
+  in.S0 = c.has_S0 ? c.S0 : Tensor<double>({c.B, c.HV, c.d_k, c.d_v});  // no S0: start from zero
+  return gpu_exp::kda_prefill_on_gpu(in, 0.0, false);
+#endif
+}
+
+Outcome check_kda(const std::string& in_path, const std::string& op, const std::string& truth_opt, bool kernel) {
   const CheckInput in = read_input(in_path, op);
+  require(!kernel || op == "kda", "--kernel runs kdalab's prefill kernel: it needs --op kda, not --op " + op);
+  std::optional<KdaOutput<double>> mine;
+  if (kernel) mine = run_kdalab_kernel(in, in_path);  // before the (slow) truth: a refusal costs nothing
   const std::string tk = pick_truth(truth_opt, static_cast<double>(in.B * in.T * in.HV * in.d_k * in.d_v));
   KdaOutput<double> t;
   if (tk == "mp") {
@@ -585,6 +619,10 @@ Outcome check_kda(const std::string& in_path, const std::string& op, const std::
   require_finite_truth(t.S_final, "S", r.truth_name, kh);
   if (in.has_o) r.cands.push_back({"o", in.o_format, in.o_cand, t.o});
   if (in.has_S) r.cands.push_back({"S", in.S_format, in.S_cand, t.S_final});
+  if (mine) {
+    r.cands.push_back({"o_kdalab", "bf16", mine->o, t.o});
+    r.cands.push_back({"S_kdalab", "fp32", mine->S_final, t.S_final});
+  }
   r.truths.push_back({"o_truth", "truth o [B, T, HV, d_v] on exactly the input file's tensors", t.o, {}});
   const std::string lay = in.has_S ? in.S_layout : (in.has_S0 ? in.S0_layout : "KV");
   r.truths.push_back({"S_truth", "truth final state in layout " + lay, lay == "VK" ? swap_last(t.S_final) : t.S_final,
@@ -635,6 +673,7 @@ void register_check(Registry& reg) {
   struct Opts {
     std::string op = "kda", in, truth = "auto";
     double tol = tol::check_default.value;
+    bool kernel = false;
   };
   auto o = std::make_shared<Opts>();
   c.app->add_option("--op", o->op,
@@ -648,6 +687,10 @@ void register_check(Registry& reg) {
   c.app->add_option("--tol", o->tol, std::string("verdict tolerance on relative RMS (default: ") +
                                          tol::check_default.why + ")")
       ->capture_default_str();
+  c.app->add_flag("--kernel", o->kernel,
+                  "--op kda: also run kdalab's CUDA prefill kernel on exactly the file's inputs and report its o and S "
+                  "as candidates o_kdalab, S_kdalab beside the file's (e.g. a peer's): both against one truth. Needs a "
+                  "CUDA build and a GPU, gate = \"k3\", beta = \"logits\", l2norm_qk = 1, d_k = d_v = 128, HV = H");
   c.run = [o](Context& ctx) -> int {
     require(o->op == "kda" || o->op == "kda-decode" || o->op == "mla" || o->op == "attn-res",
             "--op '" + o->op + "' is unknown; accepted: kda, kda-decode, mla, attn-res");
@@ -663,7 +706,7 @@ void register_check(Registry& reg) {
     try {
       res = o->op == "mla"        ? check_mla(o->in, o->truth)
             : o->op == "attn-res" ? check_attn_res(o->in, o->truth)
-                                  : check_kda(o->in, o->op, o->truth);
+                                  : check_kda(o->in, o->op, o->truth, o->kernel);
     } catch (const H5::Exception& e) {  // anything HDF5 refuses to read is a malformed input: exit 2
       throw Error("check --in '" + o->in + "': HDF5 cannot read it (" + e.getDetailMsg() + ")");
     }
@@ -682,7 +725,7 @@ void register_check(Registry& reg) {
       all = all && ok;
       rep.row({cand.name, cand.format, m.rel_rms, m.max_abs, m.max_ulp_bf16, m.nan_count, m.inf_count,
                static_cast<std::int64_t>(m.n), o->tol, static_cast<std::int64_t>(ok)});
-      fmt::print("{:<3} rel RMS {:.3e}  max abs {:.3e}  max bf16 ulp {}  NaN {}  Inf {}  ({}, {} elements)\n", cand.name,
+      fmt::print("{:<8} rel RMS {:.3e}  max abs {:.3e}  max bf16 ulp {}  NaN {}  Inf {}  ({}, {} elements)\n", cand.name,
                  m.rel_rms, m.max_abs, m.max_ulp_bf16, m.nan_count, m.inf_count, cand.format, m.n);
       verdict += fmt::format("{}{} {:.3e} {} {:.1e}", verdict.empty() ? "" : "; ", cand.name, m.rel_rms,
                              ok ? "<=" : ">", o->tol);

@@ -76,8 +76,9 @@ struct KdaPrefillArgs {
   bool overlap_segments = true;
   /// v5: the fp32 copy of P (1 KB per chunk and value head), which only state_variant 2 reads, is
   /// neither written nor loaded; false = the v4 workspace traffic (bit-identical results either way).
-  /// Default false until the v5 GPU tests have run on a GPU (v5 was compiled, not yet run; see NOTES).
-  bool compact_workspace = false;
+  /// Default true since the v5 GPU tests passed on the H200 (session 3: o and S_final bit-identical to
+  /// the v4 layout; see bench/NOTES.md).
+  bool compact_workspace = true;
   /// v5 segment-parallel state pass (fixed-length batches, state_variant 3): 0 = auto, 1 = off,
   /// P >= 2 = forced P segments (at most 64; fewer when T has fewer chunks). The chunk sequence is cut
   /// into P segments; pass 1 runs, in parallel, segment 0's full pass from S0 (o; its end state is
@@ -91,10 +92,26 @@ struct KdaPrefillArgs {
   /// v4); bit-identical to the serial order.
   /// Not bit-identical to the one-shot pass (A_seg carries its own bf16 operand roundings; the
   /// twin's KdaTwinPlan::segments models it). Workspace: + 3 (P-1) N HV D^2 fp32.
-  /// Default 1 (off) until the v5 GPU tests have run on a GPU (compiled, not yet run; see NOTES);
-  /// 0 opts in to the auto rule.
-  int segment_state = 1;
+  /// Default 0 (auto) since the v5 GPU tests passed on the H200 (session 3): T = 65536, H = 32 takes
+  /// P = 3 and runs 7.58 ms vs 7.86 ms one-shot (bench/NOTES.md); other ANCHORS shapes keep one shot.
+  int segment_state = 0;
   int run_phases = 3;            ///< diagnostics: 1 = prepare kernel only, 2 = state pass only (on a prepared workspace), 3 = both
+  /// Prepare kernel: 4 = v4 (fp32 FMAs from shared memory; the measured default), 6 = v6 (A = Diag(beta)
+  /// Kg Ki^T and P = Qg Ki^T on the tensor cores as tf32 3-pass products with fp32 accumulation, ~2^-21
+  /// relative per product term instead of fp32 FMAs' 2^-24; fragments written from registers; ~2.4x less
+  /// shared-memory traffic). Same slot layout (KdaSlot) and consumers; Qg, Kd, gam_n bit-identical to
+  /// v4, A, P, W, U within the 3-pass rounding. Default 4 until v6 has run on a GPU (bench/NOTES.md).
+  int prepare_variant = 4;
+};
+
+/// Layout of one workspace slot (one 16-token chunk of one value head), byte offsets from the slot
+/// start; the slot of (chunk c, value head hv, sequence n) starts at ((slot0 + c) HV + hv) KdaSlot::bytes,
+/// slot0 = n ceil(T / 16) for fixed-length batches (n + cu_seqlens[n] / 16 with cu_seqlens).
+/// W, Qg [16 x 128] and P hi / lo (Pf, [16 x 16]): bf16 A fragments of mma.m16n8k16 (uint4 per (k-tile kt,
+/// lane)); Kd [16 x 128]: bf16 B fragments (k = chunk row); U [16][128] fp32; P [16][16] fp32 (written
+/// only for state_variant 2 or compact_workspace = false); gam_n [128] fp32. For tests and diagnostics.
+struct KdaSlot {
+  static constexpr int W = 0, Qg = 4096, Kd = 8192, U = 12288, P = 20480, gam_n = 21504, Pf = 22016, bytes = 23040;
 };
 
 /// Bytes of device scratch the prefill needs for these shapes (checks the shapes too).

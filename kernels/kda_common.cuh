@@ -1,6 +1,6 @@
 #pragma once
 // Device helpers shared by the KDA kernels: bf16 packing, mma.sync m16n8k16 (bf16 in, fp32
-// accumulate) by inline PTX, cp.async, and the host-side checks.
+// accumulate) and m16n8k8 (tf32 in, fp32 accumulate; hi/lo splits) by inline PTX, cp.async, and the host-side checks.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -40,6 +40,38 @@ __device__ __forceinline__ void unpack8(const uint4& u, float* f) {
 __device__ __forceinline__ void mma_bf16(float* d, const std::uint32_t* a, const std::uint32_t* b) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+/// Unpacks 4 bf16 held in a uint2 into floats.
+__device__ __forceinline__ void unpack4(const uint2& u, float* f) {
+  f[0] = __uint_as_float(u.x << 16);
+  f[1] = __uint_as_float(u.x & 0xffff0000u);
+  f[2] = __uint_as_float(u.y << 16);
+  f[3] = __uint_as_float(u.y & 0xffff0000u);
+}
+
+/// fp32 -> tf32 (round to nearest, ties away; PTX cvt.rna.tf32.f32), as the 32-bit pattern mma reads.
+__device__ __forceinline__ std::uint32_t to_tf32(float x) {
+  std::uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+/// Splits x into tf32 hi + lo (x - hi is exact in fp32; x ~ hi + lo to ~2^-22 relative), the operands of
+/// the 3-pass fp32-class product a b ~ a_hi b_hi + a_hi b_lo + a_lo b_hi (the dropped a_lo b_lo is ~2^-22).
+__device__ __forceinline__ void split_tf32(float x, std::uint32_t& hi, std::uint32_t& lo) {
+  hi = to_tf32(x);
+  lo = to_tf32(x - __uint_as_float(hi));
+}
+
+/// D = A B + D for one m16n8k8 tile: A 16x8 tf32 (row), B 8x8 tf32 (col), D 16x8 fp32. Fragments
+/// (g = lane / 4, t = lane % 4): a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4);
+/// b0 (k = t, n = g), b1 (k = t + 4, n = g); d0, d1 (g, 2t + {0, 1}), d2, d3 (g + 8, 2t + {0, 1}).
+__device__ __forceinline__ void mma_tf32(float* d, const std::uint32_t* a, const std::uint32_t* b) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));

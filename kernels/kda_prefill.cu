@@ -14,6 +14,8 @@
 //     + P D), S^T <- Diag(gam_n) S^T + D^T Kd. The next chunks' slots stream in by cp.async (NST
 //     stages) while the current one is computed. v3 (state_variant 3, default): the state update
 //     is issued first and P D runs on the tensor cores with hi/lo bf16 splits; v2: P D in fp32 FMAs.
+//  v6 prepare (prepare_variant 6; kda_prepare_v6_kernel): the same slot, A and P on the tensor cores
+//     (tf32 3-pass), fragments written from registers, ~2.4x less shared-memory traffic (see below).
 //  v4 schedule (overlap_segments): long fixed-length batches run in segments so that the prepare
 //     of segment k+1 overlaps the state pass of segment k (see segments_of()).
 // Versions, predictions and H200 timings: bench/NOTES.md.
@@ -38,9 +40,11 @@ constexpr int NST = 3;    // cp.async pipeline depth of the state pass (v2: 6 ga
 // v1; U, gam_n stay fp32 (used in fp32). P in fp32 (OFF_P) is read only by state_variant 2: v5 writes
 // it only when that variant (or the v4 layout, compact_workspace = false) asks for it; the slot
 // stride is unchanged, so a workspace is valid for every variant.
-constexpr int OFF_W = 0, OFF_QG = 4096, OFF_KD = 8192, OFF_U = 12288, OFF_P = 20480, OFF_GN = 21504,
-              OFF_PF = 22016;  // P as hi + lo bf16 A fragments (2 x 32 x 16 B)
-constexpr int SLOT_BYTES = 23040;
+constexpr int OFF_W = KdaSlot::W, OFF_QG = KdaSlot::Qg, OFF_KD = KdaSlot::Kd, OFF_U = KdaSlot::U, OFF_P = KdaSlot::P,
+              OFF_GN = KdaSlot::gam_n, OFF_PF = KdaSlot::Pf;  // Pf: P as hi + lo bf16 A fragments (2 x 32 x 16 B)
+constexpr int SLOT_BYTES = KdaSlot::bytes;
+static_assert(OFF_W == 0 && OFF_QG == 4096 && OFF_KD == 8192 && OFF_U == 12288 && OFF_P == 20480 && OFF_GN == 21504 &&
+              OFF_PF == 22016 && SLOT_BYTES == 23040, "slot layout (the state kernel's Stage copy relies on it)");
 
 struct Params {
   int B, T, H, HV, group, N, nchunk_fixed;
@@ -248,6 +252,250 @@ __global__ void __launch_bounds__(256) kda_prepare_kernel(Params p) {
       for (int i = 0; i < 4; ++i) split_bf16(pv[2 * i], pv[2 * i + 1], hi[i], lo[i]);
       reinterpret_cast<uint4*>(slot + OFF_PF)[tid] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
       reinterpret_cast<uint4*>(slot + OFF_PF)[32 + tid] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+    }
+  }
+}
+
+// ---- prepare v6 (KdaPrefillArgs::prepare_variant = 6) ------------------------------------------
+// The same slot contents as kda_prepare_kernel (v4) with ~2.4x less shared-memory traffic (v4 is
+// bound by it: ncu L1/smem 79%, DRAM 22%). Per CTA (one chunk, one value head), v4 -> v6:
+//  - loads: 8-byte loads of channels 4j.. and 64 + 4j.. so each quarter-warp's float4 store covers
+//    128 contiguous bytes (v4's 8-channel split made 2-way bank conflicts);
+//  - decay phase (thread = channel): Qg and Kd go from registers straight to their global fragments
+//    (Qg: channels i, i^1 swap 8 values by shuffle; Kd: no exchange), no fp32 Kd copy in smem and
+//    no strided fragment packing pass;
+//  - A = Kg Ki^T and P = Qg Ki^T on the tensor cores (mma.m16n8k8, tf32 3-pass: a_hi b_hi +
+//    a_hi b_lo + a_lo b_hi, fp32 accumulation; ~2^-21 relative per product term, against 2^-24 for the
+//    v4 fp32 FMAs), K = 128 split over the 8 warps (16 channels each), the 8 partial 16 x 16 tiles
+//    summed through shared memory in fixed order; v4 streamed three 128-float rows per (r, s) thread;
+//  - forward substitution: the A row as float4 broadcasts (v4: one scalar load per A entry);
+//  - W from the substitution registers straight to its fragments (as Qg).
+// Bit-identical to v4: Qg, Kd, gam_n. Within the tf32 3-pass rounding of v4: A, P (fp32 and hi/lo),
+// hence W, U (GPU test "prepare v6 slots vs prepare v4" prints the differences).
+
+/// Thread = channel i (0..127, whole warps) holding the column X[r] = M[r][i] of a 16 x 128 matrix M:
+/// writes M as the bf16 A fragments of mma.m16n8k16 that kda_prepare_kernel writes (uint4 (kt, lane =
+/// 4 g + tq) = {(g, c0), (g + 8, c0), (g, c0 + 8), (g + 8, c0 + 8)} column pairs, c0 = 16 kt + 2 tq,
+/// column c0 in the low half). Channels i and i ^ 1 swap 8 values; the even one writes rows g = 0..3,
+/// the odd one g = 4..7 (8-byte stores).
+__device__ __forceinline__ void store_afrag_col(uint4* frag, const float (&X)[C], int i) {
+  const int par = i & 1, kt = i / 16, hh = (i % 16) / 8, tq = (i % 8) / 2;
+#pragma unroll
+  for (int gg = 0; gg < 4; ++gg) {
+    // send the partner its rows (4 (1 - par) + gg, + 8), receive mine (4 par + gg, + 8) of its channel
+    const float s0 = par ? X[gg] : X[gg + 4], s1 = par ? X[gg + 8] : X[gg + 12];
+    const float y0 = __shfl_xor_sync(0xffffffffu, s0, 1), y1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+    const float x0 = par ? X[gg + 4] : X[gg], x1 = par ? X[gg + 12] : X[gg + 8];
+    const std::uint32_t w0 = par ? pack_bf16(y0, x0) : pack_bf16(x0, y0);  // even channel in the low half
+    const std::uint32_t w1 = par ? pack_bf16(y1, x1) : pack_bf16(x1, y1);
+    const int g = 4 * par + gg;
+    reinterpret_cast<uint2*>(frag + kt * 32 + g * 4 + tq)[hh] = make_uint2(w0, w1);
+  }
+}
+
+/// Thread = channel n holding X[r] = Kd[r][n]: writes the bf16 B fragments of mma.m16n8k16 (k = chunk
+/// row, n = key channel) that kda_prepare_kernel writes: uint4 (kt, lane = 4 gq + tq) =
+/// {(2tq, 2tq+1) @ n0, (2tq+8, 2tq+9) @ n0, the same @ n0 + 8}, n0 = 16 kt + gq.
+__device__ __forceinline__ void store_bfrag_col(uint4* frag, const float (&X)[C], int n) {
+  const int kt = n / 16, gq = n % 8, hh = (n % 16) / 8;
+#pragma unroll
+  for (int tq = 0; tq < 4; ++tq)
+    reinterpret_cast<uint2*>(frag + kt * 32 + gq * 4 + tq)[hh] =
+        make_uint2(pack_bf16(X[2 * tq], X[2 * tq + 1]), pack_bf16(X[2 * tq + 8], X[2 * tq + 9]));
+}
+
+__global__ void __launch_bounds__(256) kda_prepare_v6_kernel(Params p) {
+  const int c = blockIdx.x + p.chunk_base, hv = blockIdx.y, n = blockIdx.z, tid = threadIdx.x;
+  const Seq sq = seq_info(p, n);
+  const int t0 = c * C;
+  if (t0 >= sq.len) return;
+  const int nvalid = min(C, sq.len - t0);
+  const int h = hv / p.group;
+
+  // [0] q -> Qg, [1] g -> Ki, [2] k -> Kg, [3] v; [0] and [1] (16896 B, contiguous) then hold the
+  // 8 warps' partial A / P tiles (8 x 256 float2 = 16384 B)
+  __shared__ __align__(16) float sT[4][C][DP];
+  __shared__ __align__(16) float sA[C][C];
+  __shared__ float sBeta[C];
+  float(*sQ)[DP] = sT[0];
+  float(*sKi)[DP] = sT[1];
+  float(*sK)[DP] = sT[2];
+  float(*sV)[DP] = sT[3];
+  unsigned char* slot = p.ws + ((sq.slot0 + c) * p.HV + hv) * static_cast<long long>(SLOT_BYTES);
+
+  // ---- load (8-byte loads of channels 4j..4j+3 and 64+4j..), fusions (as v4) ----
+  {
+    const int r = tid / 16, j = tid % 16;
+    const bool ok = r < nvalid;
+    const long long t = sq.bos + t0 + r;
+    float fq[8], fk[8], fv[8], fg[8];  // [4 hf + e] = channel 4j + 64 hf + e
+    if (ok) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int cc = 4 * j + 64 * hf;
+        unpack4(*reinterpret_cast<const uint2*>(p.q + sq.bidx * p.sq.b + t * p.sq.t + h * p.sq.h + cc), fq + 4 * hf);
+        unpack4(*reinterpret_cast<const uint2*>(p.k + sq.bidx * p.sk.b + t * p.sk.t + h * p.sk.h + cc), fk + 4 * hf);
+        unpack4(*reinterpret_cast<const uint2*>(p.v + sq.bidx * p.sv.b + t * p.sv.t + hv * p.sv.h + cc), fv + 4 * hf);
+        unpack4(*reinterpret_cast<const uint2*>(p.g + sq.bidx * p.sg.b + t * p.sg.t + hv * p.sg.h + cc), fg + 4 * hf);
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) fq[e] = fk[e] = fv[e] = fg[e] = 0.0f;
+    }
+    if (p.l2norm) {
+      float nq = 0, nk = 0;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) { nq += fq[e] * fq[e]; nk += fk[e] * fk[e]; }
+#pragma unroll
+      for (int m = 8; m >= 1; m >>= 1) {
+        nq += __shfl_xor_sync(0xffffffffu, nq, m);
+        nk += __shfl_xor_sync(0xffffffffu, nk, m);
+      }
+      const float iq = inv_l2norm(nq), ik = inv_l2norm(nk);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) { fq[e] *= iq; fk[e] *= ik; }
+    }
+    if (p.fuse_gate && ok) {
+      const float ea = expf(p.A_log[hv]);
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const float4 b = *reinterpret_cast<const float4*>(p.bias + hv * D + 4 * j + 64 * hf);
+        const float bb[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) fg[4 * hf + e] = k3_gate(fg[4 * hf + e], ea, bb[e], p.g_min);
+      }
+    }
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int cc = 4 * j + 64 * hf, o = 4 * hf;
+      *reinterpret_cast<float4*>(&sQ[r][cc]) = make_float4(fq[o], fq[o + 1], fq[o + 2], fq[o + 3]);
+      *reinterpret_cast<float4*>(&sK[r][cc]) = make_float4(fk[o], fk[o + 1], fk[o + 2], fk[o + 3]);
+      *reinterpret_cast<float4*>(&sV[r][cc]) = make_float4(fv[o], fv[o + 1], fv[o + 2], fv[o + 3]);
+      *reinterpret_cast<float4*>(&sKi[r][cc]) = make_float4(fg[o], fg[o + 1], fg[o + 2], fg[o + 3]);
+    }
+    if (tid < C) {
+      float b = 0.0f;
+      if (tid < nvalid) {
+        const long long tt = sq.bos + t0 + tid;
+        b = beta_of(bf2f(p.beta[sq.bidx * p.sbeta.b + tt * p.sbeta.t + hv * p.sbeta.h]), p.beta_sigmoid);
+      }
+      sBeta[tid] = b;
+    }
+  }
+  __syncthreads();
+  // ---- cumulative decay per channel (thread = channel, as v4); Qg, Kd fragments and gam_n to the slot ----
+  if (tid < D) {
+    const int i = tid;
+    float G = 0.0f, gam[C];
+#pragma unroll
+    for (int r = 0; r < C; ++r) {
+      G += sKi[r][i];  // g; rows past nvalid carry g = 0: gam stays, gam[C-1] = gam_n
+      gam[r] = expf(G);
+    }
+    const float gn = gam[C - 1];
+    reinterpret_cast<float*>(slot + OFF_GN)[i] = gn;
+    float qg[C], kd[C];
+#pragma unroll
+    for (int r = 0; r < C; ++r) {
+      const float kk = sK[r][i];
+      qg[r] = sQ[r][i] * gam[r];
+      sQ[r][i] = qg[r];
+      sK[r][i] = kk * gam[r];
+      sKi[r][i] = kk / gam[r];
+      kd[r] = kk * (gn / gam[r]);
+    }
+    store_afrag_col(reinterpret_cast<uint4*>(slot + OFF_QG), qg, i);
+    store_bfrag_col(reinterpret_cast<uint4*>(slot + OFF_KD), kd, i);
+  }
+  __syncthreads();
+  // ---- A = Kg Ki^T and P = Qg Ki^T: tf32 3-pass mma, warp w sums channels [16 w, 16 w + 16) ----
+  {
+    const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    float acc[2][2][4] = {};  // [A | P][n-tile: s in 8 nt ..][C fragment]
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks) {
+      const int cb = 16 * warp + 8 * ks + t;
+      std::uint32_t kh[4], kl[4], qh[4], ql[4];
+      split_tf32(sK[g][cb], kh[0], kl[0]);
+      split_tf32(sK[g + 8][cb], kh[1], kl[1]);
+      split_tf32(sK[g][cb + 4], kh[2], kl[2]);
+      split_tf32(sK[g + 8][cb + 4], kh[3], kl[3]);
+      split_tf32(sQ[g][cb], qh[0], ql[0]);
+      split_tf32(sQ[g + 8][cb], qh[1], ql[1]);
+      split_tf32(sQ[g][cb + 4], qh[2], ql[2]);
+      split_tf32(sQ[g + 8][cb + 4], qh[3], ql[3]);
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        std::uint32_t bh[2], bl[2];  // B[k][s] = Ki[s][k]
+        split_tf32(sKi[8 * nt + g][cb], bh[0], bl[0]);
+        split_tf32(sKi[8 * nt + g][cb + 4], bh[1], bl[1]);
+        mma_tf32(acc[0][nt], kl, bh);
+        mma_tf32(acc[0][nt], kh, bl);
+        mma_tf32(acc[0][nt], kh, bh);
+        mma_tf32(acc[1][nt], ql, bh);
+        mma_tf32(acc[1][nt], qh, bl);
+        mma_tf32(acc[1][nt], qh, bh);
+      }
+    }
+    __syncthreads();  // every warp is done reading Qg and Ki: their space takes the partial tiles
+    float2* red = reinterpret_cast<float2*>(&sT[0][0][0]);
+#pragma unroll
+    for (int pr = 0; pr < 2; ++pr)
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf)
+          red[warp * 256 + ((pr * 2 + nt) * 2 + hf) * 32 + lane] = make_float2(acc[pr][nt][2 * hf], acc[pr][nt][2 * hf + 1]);
+    __syncthreads();
+    // thread tid sums fragment slot tid over the warps: product pr, n-tile nt, rows g + 8 hf, columns s0, s0 + 1
+    float2 sum = red[tid];
+#pragma unroll
+    for (int w = 1; w < 8; ++w) {
+      const float2 x = red[w * 256 + tid];
+      sum.x += x.x;
+      sum.y += x.y;
+    }
+    const int idx = tid / 32, pr = idx / 4, nt = (idx / 2) & 1, hf = idx & 1;
+    const int r = g + 8 * hf, s0 = 8 * nt + 2 * t;
+    if (pr == 0) {  // A = StrictLower(Diag(beta) Kg Ki^T)
+      const float b = sBeta[r];
+      *reinterpret_cast<float2*>(&sA[r][s0]) = make_float2(s0 < r ? b * sum.x : 0.0f, s0 + 1 < r ? b * sum.y : 0.0f);
+    } else {  // P = Lower(Qg Ki^T): fp32 (write_p) and hi + lo bf16 A fragments (word 2 nt + hf of lane)
+      const float p0 = s0 <= r ? sum.x : 0.0f, p1 = s0 + 1 <= r ? sum.y : 0.0f;
+      if (p.write_p) *reinterpret_cast<float2*>(slot + OFF_P + (r * C + s0) * 4) = make_float2(p0, p1);
+      std::uint32_t hi, lo;
+      split_bf16(p0, p1, hi, lo);
+      reinterpret_cast<std::uint32_t*>(slot + OFF_PF)[lane * 4 + nt * 2 + hf] = hi;
+      reinterpret_cast<std::uint32_t*>(slot + OFF_PF + 512)[lane * 4 + nt * 2 + hf] = lo;
+    }
+  }
+  __syncthreads();
+  // ---- [W | U] = (I + A)^{-1} [Diag(beta) Kg | Diag(beta) V] (thread = column, v4's order) ----
+  {
+    const int col = tid;
+    float x[C];
+#pragma unroll
+    for (int r = 0; r < C; ++r) {
+      float acc = sBeta[r] * (col < D ? sK[r][col] : sV[r][col - D]);
+      const float4* ar = reinterpret_cast<const float4*>(&sA[r][0]);
+#pragma unroll
+      for (int m = 0; m < C / 4; ++m) {
+        if (4 * m < r) {
+          const float4 a4 = ar[m];
+          const float av[4] = {a4.x, a4.y, a4.z, a4.w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (4 * m + e < r) acc -= av[e] * x[4 * m + e];
+        }
+      }
+      x[r] = acc;
+    }
+    if (col < D) {
+      store_afrag_col(reinterpret_cast<uint4*>(slot + OFF_W), x, col);
+    } else {
+      float* U = reinterpret_cast<float*>(slot + OFF_U);
+#pragma unroll
+      for (int r = 0; r < C; ++r) U[r * D + (col - D)] = x[r];
     }
   }
 }
@@ -683,6 +931,12 @@ SegPlan segment_plan(const KdaPrefillArgs& a, int N, int nch) {
 std::size_t seg_buffer_bytes(const KdaPrefillArgs& a, int N, const SegPlan& sp) {
   return sp.P > 1 ? 3ull * (sp.P - 1) * N * a.HV * D * D * 4 : 0;
 }
+/// The prepare kernel of KdaPrefillArgs::prepare_variant (4 or 6; checked in kda_prefill) on `grid`.
+void launch_prepare(const Params& p, dim3 grid, int variant, cudaStream_t stream) {
+  if (variant == 6) kda_prepare_v6_kernel<<<grid, 256, 0, stream>>>(p);
+  else kda_prepare_kernel<<<grid, 256, 0, stream>>>(p);
+  cuda_check(cudaGetLastError(), "kda_prepare_kernel launch");
+}
 template <bool V3>
 void launch_state(const Params& p, int HV, int N, cudaStream_t stream) {
   constexpr int smem = NST * static_cast<int>(sizeof(Stage));
@@ -727,6 +981,8 @@ void kda_prefill(const KdaPrefillArgs& a, cudaStream_t stream) {
     throw Error("kda_prefill: run_phases = " + std::to_string(a.run_phases) + "; accepted: 1, 2 or 3");
   if (a.state_variant != 2 && a.state_variant != 3)
     throw Error("kda_prefill: state_variant = " + std::to_string(a.state_variant) + "; accepted: 2 or 3");
+  if (a.prepare_variant != 4 && a.prepare_variant != 6)
+    throw Error("kda_prefill: prepare_variant = " + std::to_string(a.prepare_variant) + "; accepted: 4 or 6");
   auto state = [&](const Params& p, cudaStream_t s) {
     if (a.state_variant == 3) launch_state<true>(p, a.HV, ck.N, s);
     else launch_state<false>(p, a.HV, ck.N, s);
@@ -763,8 +1019,7 @@ void kda_prefill(const KdaPrefillArgs& a, cudaStream_t stream) {
         Params pk = p;
         pk.chunk_base = k * sp.seg_chunks;
         const int nk = std::min(ck.max_chunks, (k + 1) * sp.seg_chunks) - pk.chunk_base;
-        kda_prepare_kernel<<<dim3(nk, a.HV, ck.N), 256, 0, stream>>>(pk);
-        cuda_check(cudaGetLastError(), "kda_prepare_kernel launch");
+        launch_prepare(pk, dim3(nk, a.HV, ck.N), a.prepare_variant, stream);
         cuda_check(cudaEventRecord(ev[k], stream), "cudaEventRecord");
         cuda_check(cudaStreamWaitEvent(side, ev[k], 0), "cudaStreamWaitEvent");
         if (k + 1 < sp.P) {
@@ -789,8 +1044,7 @@ void kda_prefill(const KdaPrefillArgs& a, cudaStream_t stream) {
       return;
     }
     if (a.run_phases & 1) {
-      kda_prepare_kernel<<<dim3(ck.max_chunks, a.HV, ck.N), 256, 0, stream>>>(p);
-      cuda_check(cudaGetLastError(), "kda_prepare_kernel launch");
+      launch_prepare(p, dim3(ck.max_chunks, a.HV, ck.N), a.prepare_variant, stream);
     }
     if (a.run_phases & 2) {
       p.nseg_grid = sp.P - 1;
@@ -808,8 +1062,7 @@ void kda_prefill(const KdaPrefillArgs& a, cudaStream_t stream) {
   }
   if (sg.K == 1 || a.run_phases != 3) {
     if (a.run_phases & 1) {
-      kda_prepare_kernel<<<dim3(ck.max_chunks, a.HV, ck.N), 256, 0, stream>>>(ck.p);
-      cuda_check(cudaGetLastError(), "kda_prepare_kernel launch");
+      launch_prepare(ck.p, dim3(ck.max_chunks, a.HV, ck.N), a.prepare_variant, stream);
     }
     if (a.run_phases & 2) state(ck.p, stream);
     return;
@@ -840,8 +1093,7 @@ void kda_prefill(const KdaPrefillArgs& a, cudaStream_t stream) {
     p.ws = ck.p.ws + static_cast<std::size_t>(k) * a.B * seg_chunks * a.HV * SLOT_BYTES;
     p.S0 = k == 0 ? a.S0 : sbuf;
     p.S_final = k == sg.K - 1 ? a.S_final : sbuf;
-    kda_prepare_kernel<<<dim3(p.nchunk_fixed, a.HV, ck.N), 256, 0, stream>>>(p);
-    cuda_check(cudaGetLastError(), "kda_prepare_kernel launch");
+    launch_prepare(p, dim3(p.nchunk_fixed, a.HV, ck.N), a.prepare_variant, stream);
     cuda_check(cudaEventRecord(ev[k], stream), "cudaEventRecord");
     cuda_check(cudaStreamWaitEvent(side, ev[k], 0), "cudaStreamWaitEvent");
     state(p, side);

@@ -48,6 +48,21 @@ inline constexpr Tolerance kda_twin_plan{1.8e-3,
 inline constexpr Tolerance kda_twin_state{3.0e-3,
     "the state is stored in fp32; its error comes from the bf16 operands of the d_k x d_v products: measured "
     "2.2e-3 .. 2.5e-3 on the ANCHORS.md cases (no output rounding in it); 3.0e-3 leaves ~20% margin."};
+/// KDA prepare v6 vs v4 (kernels/kda_prefill.cu, same inputs): fp32 slot fields U, P and P as hi + lo
+/// bf16, max |v6 - v4| / max |v4| over each field.
+inline constexpr Tolerance kda_prep_v6_fp32{5e-5,
+    "v6 computes A = Diag(beta) Kg Ki^T and P = Qg Ki^T as tf32 3-pass products (~2^-21 = 5e-7 relative per "
+    "term) where v4 uses fp32 FMAs (2^-24); U inherits A's change through the 16-step substitution (||k|| <= 1, "
+    "beta <= 1), and P as hi + lo bf16 represents P to ~2^-17 = 8e-6 relative on either side; 5e-5 leaves margin "
+    "while a layout or indexing error shows as O(1)."};
+/// KDA prepare v6 vs v4: the bf16 fragment field W, max |v6 - v4| / max |v4|.
+inline constexpr Tolerance kda_prep_v6_bf16{7.9e-3,
+    "W is rounded to bf16 after the substitution: a ~1e-6 change flips an occasional rounding by one bf16 ulp, "
+    "at most 2^-7 = 7.8e-3 of the field's largest entry; a layout error gives O(1)."};
+/// KDA prefill with prepare v6 vs with prepare v4: relative RMS of the difference of o and of S_final.
+inline constexpr Tolerance kda_prep_v6_o{5e-4,
+    "o (bf16) and the state's bf16 operands flip an occasional rounding (2^-8 relative) when W, U move by ~1e-6; "
+    "5e-4 is 0.3 of the bf16 output floor (1.66e-3), far below the O(1) of a wrong prepare."};
 
 // ---- numerics / parity / golden / check (ISSUE 5) ----------------------------------------------
 /// Band of a low-precision matmul's relative error, in units of the operand format's unit

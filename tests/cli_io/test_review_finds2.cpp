@@ -5,6 +5,8 @@
 #include <H5Cpp.h>
 
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -104,6 +106,22 @@ TEST_CASE("bench: --shapes with trailing garbage and a missing --compare file ar
   INFO(r.output);
   CHECK(r.code == 2);
   CHECK(r.output.find("--compare") != std::string::npos);
+  // several baselines / peers: the second, missing one is named (the first exists)
+  r = run_kdalab("bench --op kda-prefill --compare data/baselines/h200-kda.h5 --compare " + d.file("none2.h5") +
+                 " --out " + d.file("b.h5"));
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(r.output.find("none2.h5") != std::string::npos);
+  {
+    std::ofstream(d.file("p1.json")) << "{\"kda-prefill B=1 T=8192 H=64 HV=64\": 2.0}";
+    std::ofstream(d.file("p2.json")) << "[1, 2]";
+  }
+  r = run_kdalab("bench --op kda-prefill --peer-json " + d.file("p1.json") + " --peer-json " + d.file("p2.json") +
+                 " --out " + d.file("b.h5"));
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(r.output.find("p2.json") != std::string::npos);
+  CHECK(!std::filesystem::exists(d.file("b.h5")));
 }
 
 TEST_CASE("parity: a twin row that overflows at C = 64 is noted and its summary reads NaN", "[cli]") {

@@ -1,8 +1,11 @@
 // KDA CUDA kernels (kernels/kda.hpp) against the float64 recurrence (reference/kda.hpp) and the
 // kernel twin (numerics/kda_twin.hpp), on fresh seeded anchor-kda inputs; outputs poisoned (NaN)
 // before every run. Runs only where the CUDA kernels are built (ctest label gpu).
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <numeric>
 
 #include "numerics/kda_twin.hpp"
@@ -463,4 +466,188 @@ TEST_CASE("bad inputs give clear errors before any launch", "[gpu][kda]") {
   dd.D = 128;
   CHECK_THROWS_AS(kernels::kda_decode(dd, nullptr), Error);  // null pointers
   cuda_check(cudaDeviceSynchronize(), "after bad inputs");
+}
+
+// ---- prepare v6 (KdaPrefillArgs::prepare_variant = 6) against prepare v4 ------------------------
+namespace {
+
+/// Runs only the prepare kernel of `variant` (run_phases = 1, fp32 P written too) on a poisoned
+/// workspace and returns the workspace bytes.
+std::vector<unsigned char> prepare_slots(kernels::KdaPrefillArgs a, int variant, std::size_t o_elems) {
+  a.prepare_variant = variant;
+  a.run_phases = 1;
+  a.compact_workspace = false;
+  DevBuf o(o_elems * 2);
+  a.o = o.as<bf16_t>();
+  a.S_final = nullptr;
+  const std::size_t wsb = kernels::kda_prefill_workspace_bytes(a);
+  DevBuf ws(wsb);
+  ws.poison();
+  a.workspace = ws.p;
+  a.workspace_bytes = wsb;
+  kernels::kda_prefill(a, nullptr);
+  cuda_check(cudaDeviceSynchronize(), "kda_prefill (prepare only)");
+  std::vector<unsigned char> h(wsb);
+  cuda_check(cudaMemcpy(h.data(), ws.p, wsb, cudaMemcpyDeviceToHost), "download workspace");
+  return h;
+}
+
+/// max |new - ref|, max |ref|, elements, bitwise-different elements and non-finite ones of one slot field.
+struct FieldDiff {
+  double max_abs = 0, max_ref = 0;
+  std::size_t n = 0, differ = 0, nonfinite = 0;
+  double rel() const { return max_ref > 0 ? max_abs / max_ref : max_abs; }
+  void add(double x, double r) {
+    ++n;
+    if (!std::isfinite(x) || !std::isfinite(r)) {
+      ++nonfinite;
+      return;
+    }
+    if (x != r) ++differ;
+    max_abs = std::max(max_abs, std::fabs(x - r));
+    max_ref = std::max(max_ref, std::fabs(r));
+  }
+};
+
+double slot_bf16(const unsigned char* p, std::size_t k) {
+  std::uint16_t u;
+  std::memcpy(&u, p + 2 * k, 2);
+  return bf16_from_bits(u);
+}
+double slot_f32(const unsigned char* p, std::size_t k) {
+  float f;
+  std::memcpy(&f, p + 4 * k, 4);
+  return f;
+}
+
+}  // namespace
+
+TEST_CASE("prepare v6 slots vs prepare v4 (W, Qg, Kd, U, P, gam_n) on the anchor inputs", "[gpu][kda][prep6]") {
+  using S = kernels::KdaSlot;
+  struct Cs { std::size_t B, T, H, group; std::uint64_t seed; };
+  const Cs cases[] = {{1, 17, 1, 1, 1234}, {3, 64, 1, 1, 1234}, {1, 300, 2, 1, 1234}, {1, 1000, 4, 1, 1234},
+                      {2, 100, 1, 2, fresh_seed()}};
+  for (const auto& cs : cases) {
+    const KdaInputs in = make_inputs(cs.B, cs.T, cs.H, cs.group, cs.seed);
+    const DevInputs d(in);
+    const auto a = prefill_args(in, d);
+    const std::size_t no = in.B * in.T * in.HV * 128;
+    const auto w4 = prepare_slots(a, 4, no), w6 = prepare_slots(a, 6, no);
+    REQUIRE(w4.size() == w6.size());
+    const std::size_t slots = in.B * ((in.T + 15) / 16) * in.HV;
+    REQUIRE(slots * S::bytes <= w4.size());
+    FieldDiff W, Qg, Kd, U, P, Pf, gn;
+    for (std::size_t sl = 0; sl < slots; ++sl) {
+      const unsigned char *s4 = w4.data() + sl * S::bytes, *s6 = w6.data() + sl * S::bytes;
+      for (std::size_t k = 0; k < 16 * 128; ++k) {
+        W.add(slot_bf16(s6 + S::W, k), slot_bf16(s4 + S::W, k));
+        Qg.add(slot_bf16(s6 + S::Qg, k), slot_bf16(s4 + S::Qg, k));
+        Kd.add(slot_bf16(s6 + S::Kd, k), slot_bf16(s4 + S::Kd, k));
+        U.add(slot_f32(s6 + S::U, k), slot_f32(s4 + S::U, k));
+      }
+      for (std::size_t k = 0; k < 256; ++k) {
+        P.add(slot_f32(s6 + S::P, k), slot_f32(s4 + S::P, k));
+        Pf.add(slot_bf16(s6 + S::Pf, k) + slot_bf16(s6 + S::Pf + 512, k),
+               slot_bf16(s4 + S::Pf, k) + slot_bf16(s4 + S::Pf + 512, k));
+      }
+      for (std::size_t k = 0; k < 128; ++k) gn.add(slot_f32(s6 + S::gam_n, k), slot_f32(s4 + S::gam_n, k));
+    }
+    std::printf("prepare v6 vs v4 (B,T,H,HV)=(%zu,%zu,%zu,%zu), %zu slots: max|diff|/max|v4| (differing elements)\n"
+                "  W %.3e (%zu/%zu)  U %.3e (%zu)  P %.3e (%zu)  P hi+lo %.3e (%zu)  Qg %.3e (%zu)  Kd %.3e (%zu)  "
+                "gam_n %.3e (%zu)\n",
+                cs.B, cs.T, cs.H, in.HV, slots, W.rel(), W.differ, W.n, U.rel(), U.differ, P.rel(), P.differ, Pf.rel(),
+                Pf.differ, Qg.rel(), Qg.differ, Kd.rel(), Kd.differ, gn.rel(), gn.differ);
+    CAPTURE(cs.B, cs.T, cs.H, in.HV, W.rel(), U.rel(), P.rel(), Pf.rel(), Qg.differ, Kd.differ, gn.differ);
+    for (const FieldDiff* f : {&W, &Qg, &Kd, &U, &P, &Pf, &gn}) REQUIRE(f->nonfinite == 0);
+    CHECK(Qg.differ == 0);  // same fp32 arithmetic as v4, same rounding
+    CHECK(Kd.differ == 0);
+    CHECK(gn.differ == 0);
+    CHECK(W.rel() <= tol::kda_prep_v6_bf16.value);
+    CHECK(U.rel() <= tol::kda_prep_v6_fp32.value);
+    CHECK(P.rel() <= tol::kda_prep_v6_fp32.value);
+    CHECK(Pf.rel() <= tol::kda_prep_v6_fp32.value);
+  }
+}
+
+TEST_CASE("prefill with prepare v6: anchor cases <= 2.0e-3 vs float64, twin within 10%, o close to prepare v4",
+          "[gpu][kda][prep6]") {
+  const std::size_t cases[][3] = {{1, 17, 1}, {3, 64, 1}, {1, 300, 2}, {1, 1000, 4}, {1, 4096, 2}};
+  for (const auto& cs : cases) {
+    const KdaInputs in = make_inputs(cs[0], cs[1], cs[2], 1, 1234);
+    const DevInputs d(in);
+    const auto ref = truth(in);
+    const double e_twin = compare(kda_twin(in, kda_plan_kernel()).o.data, ref.o.data).rel_rms;
+    const std::size_t no = in.B * in.T * in.HV * 128, ns = in.B * in.HV * 128 * 128;
+    auto a = prefill_args(in, d);
+    a.prepare_variant = 4;
+    const auto r4 = run_prefill(a, no, ns);
+    a.prepare_variant = 6;
+    const auto r6 = run_prefill(a, no, ns);
+    const auto mo = compare(r6.o, ref.o.data), ms = compare(r6.S, ref.S_final.data);
+    const double d_o = compare(r6.o, r4.o).rel_rms, d_s = compare(r6.S, r4.S).rel_rms;
+    std::printf("prepare v6 anchor (B,T,H)=(%zu,%zu,%zu): o rel_rms %.4e (twin %.4e, |diff|/kernel %.3f)  state %.4e  "
+                "vs prepare v4: o %.3e, S_final %.3e\n",
+                cs[0], cs[1], cs[2], mo.rel_rms, e_twin, std::fabs(e_twin - mo.rel_rms) / mo.rel_rms, ms.rel_rms, d_o, d_s);
+    CAPTURE(cs[0], cs[1], cs[2], mo.rel_rms, e_twin, ms.rel_rms, d_o, d_s);
+    REQUIRE(mo.nan_count + mo.inf_count + ms.nan_count + ms.inf_count == 0);
+    CHECK(mo.rel_rms <= tol::kda_bf16_goal.value);
+    CHECK(ms.rel_rms <= tol::kda_twin_state.value);
+    CHECK(std::fabs(e_twin - mo.rel_rms) <= tol::twin_vs_kernel.value * mo.rel_rms);
+    CHECK(d_o <= tol::kda_prep_v6_o.value);
+    CHECK(d_s <= tol::kda_prep_v6_o.value);
+  }
+  // varlen (cu_seqlens, a last sequence of 1 token, HV = 2H) and the forced segment-parallel path: v6 vs v4
+  {
+    const std::vector<int> lens{37, 16, 100, 1};
+    const int N = static_cast<int>(lens.size()), Ttot = std::accumulate(lens.begin(), lens.end(), 0);
+    KdaInputs all = make_inputs(1, Ttot, 2, 2, fresh_seed());
+    Tensor<double> S0({static_cast<std::size_t>(N), all.HV, 128, 128});
+    Rng rng(fresh_seed());
+    rng.fill_normal(S0, 0.1, Format::fp32);
+    all.S0 = S0;
+    const DevInputs d(all);
+    std::vector<int> cu(N + 1, 0);
+    for (int i = 0; i < N; ++i) cu[i + 1] = cu[i] + lens[i];
+    DevBuf dcu(cu.size() * 4);
+    cuda_check(cudaMemcpy(dcu.p, cu.data(), dcu.bytes, cudaMemcpyHostToDevice), "cu_seqlens");
+    auto a = prefill_args(all, d);
+    a.cu_seqlens = dcu.as<int>();
+    a.num_seqs = N;
+    a.max_seqlen = *std::max_element(lens.begin(), lens.end());
+    const std::size_t no = all.T * all.HV * 128, ns = N * all.HV * 128 * 128;
+    a.prepare_variant = 4;
+    const auto r4 = run_prefill(a, no, ns);
+    a.prepare_variant = 6;
+    const auto r6 = run_prefill(a, no, ns);
+    const auto mo = compare(r6.o, r4.o), ms = compare(r6.S, r4.S);
+    std::printf("prepare v6 vs v4, varlen {37,16,100,1} H=2 HV=4: o %.3e, S_final %.3e\n", mo.rel_rms, ms.rel_rms);
+    REQUIRE(mo.nan_count + mo.inf_count + ms.nan_count + ms.inf_count == 0);
+    CHECK(mo.rel_rms <= tol::kda_prep_v6_o.value);
+    CHECK(ms.rel_rms <= tol::kda_prep_v6_o.value);
+  }
+  {
+    const KdaInputs in = make_inputs(1, 2000, 1, 2, fresh_seed());
+    const DevInputs d(in);
+    auto a = prefill_args(in, d);
+    a.segment_state = 3;
+    const std::size_t no = in.B * in.T * in.HV * 128, ns = in.B * in.HV * 128 * 128;
+    a.prepare_variant = 4;
+    const auto r4 = run_prefill(a, no, ns);
+    a.prepare_variant = 6;
+    const auto r6 = run_prefill(a, no, ns);
+    const auto mo = compare(r6.o, r4.o), ms = compare(r6.S, r4.S);
+    std::printf("prepare v6 vs v4, segment-parallel state pass P=3 T=2000 HV=2: o %.3e, S_final %.3e\n", mo.rel_rms,
+                ms.rel_rms);
+    REQUIRE(mo.nan_count + mo.inf_count + ms.nan_count + ms.inf_count == 0);
+    CHECK(mo.rel_rms <= tol::kda_prep_v6_o.value);
+    CHECK(ms.rel_rms <= tol::kda_prep_v6_o.value);
+  }
+  // an unknown variant is refused before any launch
+  {
+    const KdaInputs in = make_inputs(1, 17, 1, 1, fresh_seed());
+    const DevInputs d(in);
+    auto a = prefill_args(in, d);
+    a.prepare_variant = 5;
+    CHECK_THROWS(run_prefill(a, in.T * in.HV * 128, in.HV * 128 * 128));
+  }
 }
