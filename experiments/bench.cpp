@@ -1,7 +1,7 @@
 // `kdalab bench`: timings of the KDA CUDA kernels (kernels/kda.hpp).
 //
 //   kdalab bench --op kda-prefill|kda-decode|mla-decode|mla-prefill|attn-res|all [--shapes "B:T:H[:HV],..."]
-//                [--iters N] [--prefix N0] [--peer-json FILE..] [--compare BASELINE.h5..] [--variant 1|2|3] [--segments P] [--overlap 0|1]
+//                [--iters N] [--prefix N0] [--peer-json FILE..] [--compare BASELINE.h5..] [--variant 1|2|3] [--segments P] [--overlap 0|1|2]
 //                --out results/bench.h5
 //
 // Per shape: median (and min) of --iters CUDA-event timings after --warmup launches, the bytes a
@@ -64,7 +64,7 @@ struct BenchOptions {
   int iters = 30, warmup = 5;
   int mla_variant = 2;  // mla-decode split kernel (kernels/mla.hpp MlaDecodeArgs::variant)
   int kda_segments = 0; // kda-prefill state pass (kernels/kda.hpp KdaPrefillArgs::segment_state): 0 auto, 1 off, P forced
-  int kda_overlap = 1;  // kda-prefill: KdaPrefillArgs::overlap_segments (prepare of segment k+1 beside the state work of k)
+  int kda_overlap = 1;  // kda-prefill schedule: 0 serial, 1 library defaults, 2 segment path overlapped too
   long long prefix = 0;  // mla-prefill: cached tokens before the T new ones
 };
 
@@ -174,7 +174,7 @@ struct Measured {
   double ms, ms_min, bytes, flops, prepare_ms = 0, state_ms = 0;
 };
 
-Measured bench_prefill(const Shape& s, int warmup, int iters, std::uint64_t seed, int segment_state, bool overlap) {
+Measured bench_prefill(const Shape& s, int warmup, int iters, std::uint64_t seed, int segment_state, int overlap) {
   const long long D = 128, Cc = 16;
   const std::size_t nq = s.B * s.T * s.H * D, nv = s.B * s.T * s.HV * D;
   Dev q(nq * 2), k(nq * 2), v(nv * 2), g(nv * 2), beta(s.B * s.T * s.HV * 2), o(nv * 2);
@@ -194,7 +194,8 @@ Measured bench_prefill(const Shape& s, int warmup, int iters, std::uint64_t seed
   a.scale = 1.0f / std::sqrt(128.0f);
   a.S0 = S0.as<float>(); a.S_final = Sf.as<float>(); a.o = o.as<bf16_t>();
   a.segment_state = segment_state;
-  a.overlap_segments = overlap;
+  a.overlap_segments = overlap != 0;      // v4 one-shot schedule: on by default
+  a.overlap_segment_pass = overlap == 2;  // v5 segment path: off by default (measured slower)
   const std::size_t wsb = kernels::kda_prefill_workspace_bytes(a);
   Dev ws(wsb);
   a.workspace = ws.p; a.workspace_bytes = wsb;
@@ -212,15 +213,15 @@ Measured bench_prefill(const Shape& s, int warmup, int iters, std::uint64_t seed
     fmt::print("  (B={} T={} H={} HV={}: segment-parallel state pass P = {}; one-shot schedule (segment_state = 1): "
                "total {:.4f} ms, state pass {:.4f} ms)\n", s.B, s.T, s.H, s.HV, segs, all1, state1);
   }
-  {  // prepare v6 (opt-in, kernels/kda.hpp prepare_variant) beside the default (v4): alone and the whole prefill
-    auto a6 = a;
-    a6.prepare_variant = 6;
-    a6.run_phases = 1;
-    const double prep6 = time_ms([&] { kernels::kda_prefill(a6, nullptr); }, warmup, iters).first;
-    a6.run_phases = 3;
-    const double all6 = time_ms([&] { kernels::kda_prefill(a6, nullptr); }, warmup, iters).first;
-    fmt::print("  (B={} T={} H={} HV={}: prep v{} = {:.4f} ms, prep v6 = {:.4f} ms ({:.2f}x); total with prep v6 = {:.4f} ms)\n",
-               s.B, s.T, s.H, s.HV, a.prepare_variant, prep, prep6, prep / prep6, all6);
+  {  // the previous prepare kernel (v4, kernels/kda.hpp prepare_variant) beside the default (v6): alone and the whole prefill
+    auto a4 = a;
+    a4.prepare_variant = 4;
+    a4.run_phases = 1;
+    const double prep4 = time_ms([&] { kernels::kda_prefill(a4, nullptr); }, warmup, iters).first;
+    a4.run_phases = 3;
+    const double all4 = time_ms([&] { kernels::kda_prefill(a4, nullptr); }, warmup, iters).first;
+    fmt::print("  (B={} T={} H={} HV={}: prep v{} = {:.4f} ms, prep v4 = {:.4f} ms ({:.2f}x); total with prep v4 = {:.4f} ms)\n",
+               s.B, s.T, s.H, s.HV, a.prepare_variant, prep, prep4, prep4 / prep, all4);
   }
   a.state_variant = 2;
   const double state_v2 = time_ms([&] { kernels::kda_prefill(a, nullptr); }, warmup, iters).first;
@@ -361,8 +362,9 @@ void register_bench(Registry& reg) {
   a->add_option("--peer-json", o->peer_json, "peer times (ms) keyed '<op> B=.. T=.. H=.. HV=..' from the same machine session; several files "
                 "(or the option repeated) are merged, e.g. bench/fla_kda.py's and bench/torch_mla_decode.py's");
   a->add_option("--overlap", o->kda_overlap,
-                "kda-prefill: 1 = the overlapped schedule (prepare of segment k + 1 runs beside the state work of "
-                "segment k; default), 0 = prepare then state pass, serially (KdaPrefillArgs::overlap_segments)")
+                "kda-prefill schedule: 1 = the library defaults (the one-shot state pass overlaps the prepare of later "
+                "segments, KdaPrefillArgs::overlap_segments; the v5 segment path runs serially), 0 = everything serial, "
+                "2 = the v5 segment path overlapped too (overlap_segment_pass)")
       ->capture_default_str();
   a->add_option("--segments", o->kda_segments,
                 "kda-prefill state pass: 0 = the v5 auto rule (default; P = 3 at T = 65536, H = 32), 1 = one-shot, P >= 2 = P segments in parallel "
@@ -377,8 +379,8 @@ void register_bench(Registry& reg) {
             "--op = '" + o->op + "'; accepted: kda-prefill, kda-decode, mla-decode, mla-prefill, attn-res, all");
     require(o->prefix >= 0, "--prefix = " + std::to_string(o->prefix) + "; accepted: >= 0 cached tokens");
     require(o->iters >= 1 && o->warmup >= 0, "--iters must be >= 1 and --warmup >= 0");
-    require(o->kda_overlap == 0 || o->kda_overlap == 1,
-            "--overlap = " + std::to_string(o->kda_overlap) + "; accepted: 0 (serial) or 1 (overlapped schedule)");
+    require(o->kda_overlap >= 0 && o->kda_overlap <= 2,
+            "--overlap = " + std::to_string(o->kda_overlap) + "; accepted: 0 (serial), 1 (library defaults) or 2 (all overlapped)");
     require(o->kda_segments >= 0 && o->kda_segments <= 64,
             "--segments = " + std::to_string(o->kda_segments) + "; accepted: 0 (auto), 1 (off) or 2..64 segments");
     require(o->mla_variant >= 1 && o->mla_variant <= 3,
@@ -467,7 +469,7 @@ void register_bench(Registry& reg) {
       for (const Shape& s : shapes[oi]) {
         const std::string key = key_of(op, s, op == "mla-prefill" ? o->prefix : 0);
         const Measured m =
-            op == "kda-prefill"   ? bench_prefill(s, o->warmup, o->iters, ctx.common.seed, o->kda_segments, o->kda_overlap != 0)
+            op == "kda-prefill"   ? bench_prefill(s, o->warmup, o->iters, ctx.common.seed, o->kda_segments, o->kda_overlap)
             : op == "mla-decode"  ? bench_mla_decode(s, o->warmup, o->iters, ctx.common.seed, o->mla_variant)
             : op == "mla-prefill" ? bench_mla_prefill(s, o->prefix, o->warmup, o->iters, ctx.common.seed)
             : op == "attn-res"    ? bench_attn_res(s, o->warmup, o->iters, ctx.common.seed)

@@ -184,7 +184,9 @@ nlohmann::json effective_config(CLI::App* sub) {
   nlohmann::json j = nlohmann::json::object();
   for (CLI::Option* o : sub->get_options()) {
     const std::string n = long_name(o);
-    if (n.empty() || n == "help" || n == "config") continue;
+    // --force is not recorded: replaying a results file's config must never overwrite a file unless the
+    // replaying command line says --force itself (newcomer find, session 3)
+    if (n.empty() || n == "help" || n == "config" || n == "force") continue;
     if (o->get_expected_max() == 0) {
       j[n] = o->count() > 0;
       continue;

@@ -95,13 +95,20 @@ struct KdaPrefillArgs {
   /// Default 0 (auto) since the v5 GPU tests passed on the H200 (session 3): T = 65536, H = 32 takes
   /// P = 3 and runs 7.58 ms vs 7.86 ms one-shot (bench/NOTES.md); other ANCHORS shapes keep one shot.
   int segment_state = 0;
+  /// v5 segment path only: true = the prepare of segment k runs beside pass 1 of the segments before it
+  /// (a side stream, bit-identical to the serial order); false (default) = prepare, pass 1, combine,
+  /// pass 2 in order. The overlap measured slower on the H200 (session 3, T = 65536, H = 32: 7.30 ms
+  /// overlapped vs 6.92 ms serial; prepare 2.9 + state 4.0 ms apart): the two compete for the SMs.
+  bool overlap_segment_pass = false;
   int run_phases = 3;            ///< diagnostics: 1 = prepare kernel only, 2 = state pass only (on a prepared workspace), 3 = both
-  /// Prepare kernel: 4 = v4 (fp32 FMAs from shared memory; the measured default), 6 = v6 (A = Diag(beta)
+  /// Prepare kernel: 4 = v4 (fp32 FMAs from shared memory), 6 = v6 (the default) (A = Diag(beta)
   /// Kg Ki^T and P = Qg Ki^T on the tensor cores as tf32 3-pass products with fp32 accumulation, ~2^-21
   /// relative per product term instead of fp32 FMAs' 2^-24; fragments written from registers; ~2.4x less
   /// shared-memory traffic). Same slot layout (KdaSlot) and consumers; Qg, Kd, gam_n bit-identical to
-  /// v4, A, P, W, U within the 3-pass rounding. Default 4 until v6 has run on a GPU (bench/NOTES.md).
-  int prepare_variant = 4;
+  /// v4 (Kd rarely one bf16 ulp apart), A, P, W, U within the 3-pass rounding. Default 6 since its H200 run
+  /// (session 3): 1.13x faster than v4 (0.730 -> 0.645 ms at T = 8192, H = 64), o within 3e-5 of v4's,
+  /// twin agreement unchanged, S_final identical (bench/NOTES.md).
+  int prepare_variant = 6;
 };
 
 /// Layout of one workspace slot (one 16-token chunk of one value head), byte offsets from the slot

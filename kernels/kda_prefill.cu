@@ -1002,7 +1002,7 @@ void kda_prefill(const KdaPrefillArgs& a, cudaStream_t stream) {
                "cudaFuncSetAttribute(kda_state_kernel pass 1)");
     cuda_check(cudaFuncSetAttribute(kda_segment_combine_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, CMB_SMEM),
                "cudaFuncSetAttribute(kda_segment_combine_kernel)");
-    if (a.overlap_segments && a.run_phases == 3) {
+    if (a.overlap_segment_pass && a.run_phases == 3) {
       // overlapped (like v4): the prepare of segment k (caller's stream) runs while pass 1 of the
       // segments before it runs on a higher-priority side stream; combine and pass 2 follow on the
       // side stream (pass 2 after the last prepare); joined back to `stream`. Same kernels and

@@ -57,7 +57,8 @@ inline constexpr Tolerance kda_prep_v6_fp32{5e-5,
     "while a layout or indexing error shows as O(1)."};
 /// KDA prepare v6 vs v4: the bf16 fragment field W, max |v6 - v4| / max |v4|.
 inline constexpr Tolerance kda_prep_v6_bf16{7.9e-3,
-    "W is rounded to bf16 after the substitution: a ~1e-6 change flips an occasional rounding by one bf16 ulp, "
+    "W (and, rarely, Kd) is rounded to bf16 after fp32 arithmetic that differs in the last bits: a ~1e-6 change "
+    "flips an occasional rounding by one bf16 ulp, "
     "at most 2^-7 = 7.8e-3 of the field's largest entry; a layout error gives O(1)."};
 /// KDA prefill with prepare v6 vs with prepare v4: relative RMS of the difference of o and of S_final.
 inline constexpr Tolerance kda_prep_v6_o{5e-4,

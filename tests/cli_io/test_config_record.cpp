@@ -27,6 +27,14 @@ TEST_CASE("results config records the values --quick and --config set, not the d
   const auto q = recorded(d.file("quick.h5"));
   CHECK(q.at("min-time") == "0.02");
   CHECK(q.at("quick") == true);
+  CHECK(!q.contains("force"));  // a replay never overwrites on its own
+  // replaying a --force run's config without --force leaves the existing file alone (exit 2)
+  r = run_kdalab("decode-cost --quick --quiet --force --cpu-n 0 --gpu-n 0 --out " + d.file("quick.h5"));
+  REQUIRE(r.code == 0);
+  d.write("replay.json", h5read::attr_string(d.file("quick.h5"), "/", "config"));
+  r = run_kdalab("decode-cost --config " + d.file("replay.json"));
+  INFO(r.output);
+  CHECK(r.code == 2);
   CHECK(q.at("cpu-n") == "0");
   // numbers keep every digit (CLI11 alone printed 1048576 as "1.04858e+06"), so a replay is exact
   CHECK(q.at("context").get<std::string>().find("1048576]") != std::string::npos);
