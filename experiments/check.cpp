@@ -258,6 +258,8 @@ CheckInput read_input(const std::string& path, const std::string& op) {
   CheckInput c;
   c.q = f.read("q", 4, "q [B, T, H, d_k]");
   c.B = c.q.dim(0); c.T = c.q.dim(1); c.H = c.q.dim(2); c.d_k = c.q.dim(3);
+  require(f.has("k") || !f.has("c"), f.where() + ": dataset 'k' is missing and the file has a latent cache 'c': it "
+                                                 "looks like an --op mla input; give --op mla (--op " + op + " needs q, k, v, g, beta)");
   c.k = f.read("k", 4, "k [B, T, H, d_k]");
   require(c.k.shape == c.q.shape, f.where() + ": dataset 'k' has shape " + shape_str(c.k.shape) +
                                       ", q has " + shape_str(c.q.shape) + "; they must agree");

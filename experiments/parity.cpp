@@ -335,7 +335,7 @@ void register_parity(Registry& reg) {
         .col("gate", 's', "1", "gate kind: bounded (K3) or softplus (Kimi Linear)")
         .col("g_min", 'd', "1", "lower bound of the bounded gate (NaN for softplus)")
         .col("beta", 's', "1", "beta distribution: sigmoid, wide, one")
-        .col("impl", 's', "1", "implementation: float64, float32, twin-bf16, cuda-bf16")
+        .col("impl", 's', "1", "implementation: float64, float32, float64-chunk, float32-chunk, twin-bf16, cuda-bf16")
         .col("C", 'i', "1", "chunk size of a chunked implementation (0: not applicable, a recurrence)")
         .col("state_precision", 's', "1", "format the state is kept in")
         .col("matmul_precision", 's', "1",
@@ -464,7 +464,7 @@ void register_parity(Registry& reg) {
         .col("o_rel_rms_worst", 'd', "1", "largest relative RMS of o over the rows")
         .col("S_rel_rms_median", 'd', "1", "median relative RMS of the final state")
         .col("S_rel_rms_worst", 'd', "1", "largest relative RMS of the final state");
-    fmt::print("\n{:<11}{:>7}{:>8}{:>6}{:>16}{:>16}{:>16}{:>16}\n", "impl", "state", "matmul", "rows", "o median rRMS",
+    fmt::print("\n{:<15}{:>7}{:>8}{:>6}{:>16}{:>16}{:>16}{:>16}\n", "impl", "state", "matmul", "rows", "o median rRMS",
                "o worst rRMS", "S median rRMS", "S worst rRMS");
     for (const auto& k : keys) {
       std::vector<double> eo, es;
@@ -481,7 +481,7 @@ void register_parity(Registry& reg) {
       const double mo = median(eo), wo = worst(eo);
       const double ms = median(es), ws = worst(es);
       sum.row({impl_c[i0], st_c[i0], mm_c[i0], static_cast<std::int64_t>(eo.size()), mo, wo, ms, ws});
-      fmt::print("{:<11}{:>7}{:>8}{:>6}{:>16.3e}{:>16.3e}{:>16.3e}{:>16.3e}\n", impl_c[i0], st_c[i0], mm_c[i0], eo.size(),
+      fmt::print("{:<15}{:>7}{:>8}{:>6}{:>16.3e}{:>16.3e}{:>16.3e}{:>16.3e}\n", impl_c[i0], st_c[i0], mm_c[i0], eo.size(),
                  mo, wo, ms, ws);
     }
     for (const auto& n : notes) fmt::print("note: {}\n", n);

@@ -192,6 +192,15 @@ TEST_CASE("check --op mla without a candidate writes the truth") {
   CHECK(rel_rms(h5read::array(d.file("t.h5"), "/check/o_truth").data, mla_a(kMlaCase, 3).data) < tol::check_self.value);
 }
 
+TEST_CASE("check --op kda on an MLA file says to use --op mla (newcomer find)") {
+  TempDir d;
+  mla_file(kMlaCase, 3).write(d.file("in.h5"));
+  const auto r = run_kdalab("check --op kda --in " + d.file("in.h5") + " --out " + d.file("t.h5"));
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(r.output.find("give --op mla") != std::string::npos);
+}
+
 TEST_CASE("check --op mla: every malformed file gives its own clear error, exit 2 and no report") {
   all_bad([] { return mla_file(); }, "mla",
           {
