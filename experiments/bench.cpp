@@ -226,6 +226,21 @@ Measured bench_prefill(const Shape& s, int warmup, int iters, std::uint64_t seed
   a.state_variant = 2;
   const double state_v2 = time_ms([&] { kernels::kda_prefill(a, nullptr); }, warmup, iters).first;
   fmt::print("  (B={} T={} H={} HV={}: state pass v2 = {:.4f} ms)\n", s.B, s.T, s.H, s.HV, state_v2);
+  {  // state pass v4 (kernels/kda.hpp state_variant 4: key dim of S over 2 warps; 5: over 4), one-shot schedule
+    auto a4 = a;
+    a4.segment_state = 1;
+    double st4[2], all4[2];
+    for (int i = 0; i < 2; ++i) {
+      a4.state_variant = 4 + i;
+      a4.run_phases = 3;  // the whole prefill first: the workspace then holds this schedule's slots
+      all4[i] = time_ms([&] { kernels::kda_prefill(a4, nullptr); }, warmup, iters).first;
+      a4.run_phases = 2;
+      st4[i] = time_ms([&] { kernels::kda_prefill(a4, nullptr); }, warmup, iters).first;
+    }
+    fmt::print("  (B={} T={} H={} HV={}: state pass v4 = {:.4f} ms, total {:.4f} ms; v4 key split 4 (state_variant 5) = "
+               "{:.4f} ms, total {:.4f} ms; default state pass {:.4f} ms)\n",
+               s.B, s.T, s.H, s.HV, st4[0], all4[0], st4[1], all4[1], state);
+  }
   const double chunks = static_cast<double>(s.B) * ((s.T + Cc - 1) / Cc) * s.HV;
   const double flops = chunks * (4.0 * Cc * Cc * D + 2.0 * Cc * Cc * D + 6.0 * Cc * D * D + 2.0 * Cc * Cc * D);
   const double bytes = 2.0 * (2.0 * nq + 3.0 * nv + s.B * s.T * s.HV) + 2.0 * 4.0 * s.B * s.HV * D * D;

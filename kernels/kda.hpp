@@ -69,7 +69,15 @@ struct KdaPrefillArgs {
   Strides sq, sk, sv, sg, so, sbeta;
   void* workspace = nullptr;     ///< device scratch of kda_prefill_workspace_bytes() bytes, 16-byte aligned
   std::size_t workspace_bytes = 0;
-  int state_variant = 3;         ///< state pass: 3 = P D on the tensor cores (hi/lo bf16), state update first; 2 = v2 (P D in fp32 FMAs)
+  /// State pass: 3 (default) = P D on the tensor cores (hi/lo bf16), state update first; 2 = v2 (P D in fp32
+  /// FMAs); 4 = v4 (opt-in, not yet run on a GPU): v3's step with the key dimension of S split over 2 warps per
+  /// 16 value columns (4 warps per CTA, same grid; partial W S and Qg S reduced through shared memory, each
+  /// warp updates its own 64 key rows); 5 = the same with 4 warps per 16 value columns (8 per CTA). Same slot,
+  /// same bf16 operand roundings as v3; only the fp32 summation order of W S and Qg S differs (o, S_final within
+  /// tol::kda_state_v4_vs_v3 of v3). 4 and 5 run the one-shot state pass (and the v4 overlapped schedule); the v5
+  /// segment path needs 3 (auto never takes it for 4 / 5; a forced segment_state >= 2 is refused).
+  /// Errors: other values -> kdalab::Error.
+  int state_variant = 3;
   /// v4 schedule: fixed-length batches with T >= 2048 run in <= 8 segments whose prepare kernel
   /// overlaps the previous segment's state pass (a side stream + events, joined back to `stream`).
   /// Numerically identical to the unsegmented schedule; false = one prepare then one state pass.

@@ -710,6 +710,198 @@ __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
   }
 }
 
+// ---- state pass v4 (state_variant 4: KS = 2; state_variant 5: KS = 4) ---------------------------
+// The v3 state step (same slot, same bf16 operand roundings, fp32 state) with the KEY dimension of S
+// split over KS warps per 16 value columns: one CTA of 2 KS warps per (32 value columns, value head,
+// sequence), the same grid as v3. Warp (vw = warp & 1, kw = warp >> 1) holds S^T for the value columns
+// v0 = 32 slice + 16 vw .. + 15 and the key rows k0 = kw 128 / KS .. + 128 / KS - 1 (64 / KS fp32
+// accumulator registers instead of 64). Per chunk:
+//  1. partial W S and Qg S over the warp's key rows (8 / KS k-tiles each instead of 8), stored to
+//     shared memory (Wp transposed [v][r], XOR-swizzled; Qp [r][v] for the o columns other warps own);
+//  2. a named barrier of the KS warps of the same value half;
+//  3. every warp forms D = U - (sum over kw' = 0..KS-1 of the W S partials, in that fixed order) for
+//     its 16 value columns directly in the D^T A-fragment layout (all KS warps compute bit-identical
+//     D: same operands, same order), hi/lo bf16 split as v3;
+//  4. S^T <- Diag(gam_n) S^T + D^T Kd on its own key rows only (16 / KS mma);
+//  5. warps kw = 0 and 1 each finish 8 of the 16 o columns (n-tile nt = kw): Qg S summed over the KS
+//     partials (fixed order kw' = 0..KS-1), + P D (Phi Dhi + Phi Dlo + Plo Dhi, as v3), o stored.
+// Versus v3 only the fp32 summation order of W S and Qg S changes (v3: two chains over even / odd
+// k-tiles, then one add; v4: one chain per key part, then the parts added in order). Per-warp issue per
+// step drops from ~54 to ~27 mma (KS = 2), the warps per SM double: the v3 step is latency-bound with
+// one warp per scheduler (bench/NOTES.md, "KDA state pass v7"). One-shot pass only (nseg_grid = 1):
+// the v5 segment path keeps state_variant 3 kernels.
+template <int KS>
+__global__ void __launch_bounds__(64 * KS) kda_state_ks_kernel(Params p) {
+  static_assert(KS == 2 || KS == 4, "key split of 2 or 4 warps");
+  constexpr int NT = 64 * KS;      // threads
+  constexpr int KR = D / KS;       // key rows per warp
+  constexpr int NJ = KR / 8;       // n-tiles of the S^T update (8 key rows each)
+  constexpr int NKT = KR / 16;     // k-tiles of W S and Qg S (16 key rows each)
+  constexpr int QSL = KS == 2 ? 1 : 2;  // Qp slots per warp: KS = 2 stores only the n-tile the partner owns
+  const int hv = blockIdx.y, n = blockIdx.z, slice = blockIdx.x;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gq = lane / 4, tq = lane % 4;
+  const int vw = warp & 1, kw = warp >> 1;
+  const Seq sq = seq_info(p, n);
+  const int nch = (sq.len + C - 1) / C;
+  const int vbase = slice * SLICE, v0 = vbase + vw * 16, k0 = kw * KR;
+
+  extern __shared__ __align__(16) unsigned char dyn_smem[];
+  Stage* st = reinterpret_cast<Stage*>(dyn_smem);  // NST stages
+  // W S partials, transposed: Wp[vw][kw][v][r ^ 8 ((v >> 1) & 1)] (conflict-free float2 reads of D^T pairs)
+  __shared__ __align__(16) float Wp[2][KS][16][16];
+  // Qg S partials: Qp[vw][kw][slot][r][v'] for the n-tile nt (v = 8 nt + v'); slot = nt (KS = 4) or 0
+  // (KS = 2: warp kw stores n-tile 1 - kw only, the one its partner finishes)
+  __shared__ __align__(16) float Qp[2][KS][QSL][16][8];
+
+  // S^T accumulators: Sacc[jj][e] = S[k0 + 8jj + 2tq + (e&1)][v0 + gq + 8(e>>1)]
+  float Sacc[NJ][4];
+  const long long sbase = (static_cast<long long>(n) * p.HV + hv) * D * D;
+#pragma unroll
+  for (int jj = 0; jj < NJ; ++jj)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = k0 + 8 * jj + 2 * tq + (e & 1), col = v0 + gq + 8 * (e >> 1);
+      Sacc[jj][e] = p.S0 ? p.S0[sbase + row * D + col] : 0.0f;
+    }
+
+  auto issue = [&](int c, int s) {
+    const unsigned char* slot = p.ws + ((sq.slot0 + c) * p.HV + hv) * static_cast<long long>(SLOT_BYTES);
+    const uint4* src = reinterpret_cast<const uint4*>(slot);  // W, Qg, Kd: 768 x 16 B contiguous
+    uint4* dstw = st[s].W;
+    for (int i = tid; i < 768; i += NT) cp_async16(dstw + i, src + i);  // W, Qg, Kd are adjacent in Stage
+    for (int i = tid; i < C * SLICE / 4; i += NT) {
+      const int r = i / (SLICE / 4), c4 = i % (SLICE / 4);
+      cp_async16(&st[s].U[r][c4 * 4], slot + OFF_U + (r * D + vbase + c4 * 4) * 4);
+    }
+    if (tid < 32) cp_async16(&st[s].gn[0] + 4 * tid, slot + OFF_GN + 16 * tid);
+    if (tid < 64) cp_async16(&st[s].Pf[tid], slot + OFF_PF + 16 * tid);
+  };
+
+  // prologue: chunks 0 .. NST-2 in flight (one commit group per chunk, empty groups past the end)
+#pragma unroll
+  for (int i = 0; i < NST - 1; ++i) {
+    if (i < nch) issue(i, i);
+    cp_async_commit();
+  }
+  const int sw_r = ((gq >> 1) & 1) << 3;  // Wp swizzle of the rows this lane reads (v = gq, gq + 8)
+  for (int c = 0; c < nch; ++c) {
+    cp_async_wait<NST - 2>();  // the group of chunk c has landed (for this thread)
+    __syncthreads();           // ... for every thread; and every warp is done with chunk c - 1 (Wp, Qp free)
+    if (c + NST - 1 < nch) issue(c + NST - 1, (c + NST - 1) % NST);
+    cp_async_commit();
+    const Stage& S = st[c % NST];
+    // ---- 1. partial W S and Qg S over key rows [k0, k0 + KR) ----
+    float ws[2][4] = {}, ws2[2][4] = {}, qs[2][4] = {};
+#pragma unroll
+    for (int kl = 0; kl < NKT; ++kl) {
+      const int kt = kw * NKT + kl;
+      const uint4 wa = S.W[kt * 32 + lane], qa = S.Qg[kt * 32 + lane];
+      const std::uint32_t aw[4] = {wa.x, wa.y, wa.z, wa.w}, aq[4] = {qa.x, qa.y, qa.z, qa.w};
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const std::uint32_t b[2] = {pack_bf16(Sacc[2 * kl][2 * nt], Sacc[2 * kl][2 * nt + 1]),
+                                    pack_bf16(Sacc[2 * kl + 1][2 * nt], Sacc[2 * kl + 1][2 * nt + 1])};
+        mma_bf16((kl & 1) ? ws2[nt] : ws[nt], aw, b);
+        mma_bf16(qs[nt], aq, b);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        // ws[nt][e] is (r = gq + 8 (e >> 1), v = 8 nt + 2 tq + (e & 1)); swizzle bit from (v >> 1) & 1 = tq & 1
+        const int r = gq + 8 * (e >> 1), v = 8 * nt + 2 * tq + (e & 1);
+        Wp[vw][kw][v][r ^ ((tq & 1) << 3)] = NKT > 1 ? ws[nt][e] + ws2[nt][e] : ws[nt][e];
+      }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      if (KS == 2 && nt == kw) continue;  // finished by this warp from its registers
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+        *reinterpret_cast<float2*>(&Qp[vw][kw][KS == 2 ? 0 : nt][gq + 8 * hh][2 * tq]) =
+            make_float2(qs[nt][2 * hh], qs[nt][2 * hh + 1]);
+    }
+    // ---- 2. the KS warps of this value half meet (named barrier 1 + vw; 0 is __syncthreads) ----
+    if (vw == 0) asm volatile("bar.sync 1, %0;\n" ::"n"(32 * KS) : "memory");
+    else asm volatile("bar.sync 2, %0;\n" ::"n"(32 * KS) : "memory");
+    // ---- 3. D = U - W S in the D^T A-fragment layout, hi / lo bf16 ----
+    // ad[2 rh + vh] = (D[8 rh + 2 tq][8 vh + gq], D[8 rh + 2 tq + 1][8 vh + gq]) (v3's layout)
+    std::uint32_t ad[4], adl[4];
+#pragma unroll
+    for (int rh = 0; rh < 2; ++rh)
+#pragma unroll
+      for (int vh = 0; vh < 2; ++vh) {
+        const int r = 8 * rh + 2 * tq, v = 8 * vh + gq;
+        float2 w = *reinterpret_cast<const float2*>(&Wp[vw][0][v][r ^ sw_r]);
+#pragma unroll
+        for (int kp = 1; kp < KS; ++kp) {
+          const float2 x = *reinterpret_cast<const float2*>(&Wp[vw][kp][v][r ^ sw_r]);
+          w.x += x.x;
+          w.y += x.y;
+        }
+        split_bf16(S.U[r][vw * 16 + v] - w.x, S.U[r + 1][vw * 16 + v] - w.y, ad[2 * rh + vh], adl[2 * rh + vh]);
+      }
+    // ---- 4. S^T <- Diag(gam_n) S^T + D^T Kd on this warp's key rows (the critical path: first) ----
+#pragma unroll
+    for (int jj = 0; jj < NJ; ++jj) {
+      const int j = kw * NJ + jj;  // global n-tile of 8 key rows (NJ even: j & 1 == jj & 1)
+      const float2 g = *reinterpret_cast<const float2*>(&S.gn[8 * j + 2 * tq]);
+      Sacc[jj][0] *= g.x;
+      Sacc[jj][1] *= g.y;
+      Sacc[jj][2] *= g.x;
+      Sacc[jj][3] *= g.y;
+      const uint4 kb = S.Kd[(j / 2) * 32 + lane];
+      const std::uint32_t b[2] = {(jj & 1) ? kb.z : kb.x, (jj & 1) ? kb.w : kb.y};
+      mma_bf16(Sacc[jj], ad, b);
+    }
+    // ---- 5. o columns 8 nt .. 8 nt + 7 of this value half, nt = kw (warps kw = 0, 1) ----
+    if (kw < 2) {
+      const int nt = kw;
+      // register selects (no dynamic register-array index: that would go to local memory)
+      const float qo[4] = {nt ? qs[1][0] : qs[0][0], nt ? qs[1][1] : qs[0][1], nt ? qs[1][2] : qs[0][2],
+                           nt ? qs[1][3] : qs[0][3]};
+      float oc[4];
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        float sx = 0.0f, sy = 0.0f;
+#pragma unroll
+        for (int kp = 0; kp < KS; ++kp) {
+          float2 x;
+          if (kp == kw) x = make_float2(qo[2 * hh], qo[2 * hh + 1]);
+          else x = *reinterpret_cast<const float2*>(&Qp[vw][kp][KS == 2 ? 0 : nt][gq + 8 * hh][2 * tq]);
+          sx = kp == 0 ? x.x : sx + x.x;
+          sy = kp == 0 ? x.y : sy + x.y;
+        }
+        oc[2 * hh] = sx;
+        oc[2 * hh + 1] = sy;
+      }
+      const uint4 ph = S.Pf[lane], pl = S.Pf[32 + lane];
+      const std::uint32_t aph[4] = {ph.x, ph.y, ph.z, ph.w}, apl[4] = {pl.x, pl.y, pl.z, pl.w};
+      const std::uint32_t bh[2] = {nt ? ad[1] : ad[0], nt ? ad[3] : ad[2]}, bl[2] = {nt ? adl[1] : adl[0], nt ? adl[3] : adl[2]};
+      mma_bf16(oc, aph, bh);
+      mma_bf16(oc, aph, bl);
+      mma_bf16(oc, apl, bh);
+      const int t0 = c * C, nvalid = min(C, sq.len - t0);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = gq + 8 * hh, v = 8 * nt + 2 * tq;
+        if (r < nvalid) {
+          const long long t = sq.bos + t0 + r;
+          *reinterpret_cast<std::uint32_t*>(p.o + sq.bidx * p.so.b + t * p.so.t + hv * p.so.h + v0 + v) =
+              pack_bf16(p.scale * oc[2 * hh], p.scale * oc[2 * hh + 1]);
+        }
+      }
+    }
+  }
+  if (p.S_final) {
+#pragma unroll
+    for (int jj = 0; jj < NJ; ++jj)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        p.S_final[sbase + (k0 + 8 * jj + 2 * tq + (e & 1)) * D + v0 + gq + 8 * (e >> 1)] = Sacc[jj][e];
+  }
+}
+
 // v5 segment path, combine: S_start(s + 1) = A_seg(s) S_start(s) + B_seg(s) for s = 1 .. P-2, in
 // fp32 (FMA chain from B over m = 0..127), from S_start(1) = seg_S[0] (segment 0's end state, pass
 // 1). Launched for P >= 3. One CTA (256 threads) per
@@ -945,6 +1137,19 @@ void launch_state(const Params& p, int HV, int N, cudaStream_t stream) {
   kda_state_kernel<V3><<<dim3(D / SLICE, HV, N), 64, smem, stream>>>(p);
   cuda_check(cudaGetLastError(), "kda_state_kernel launch");
 }
+/// The state pass v4 (state_variant 4: KS = 2; 5: KS = 4): the v3 grid, 2 KS warps per CTA.
+template <int KS>
+void launch_state_ks(const Params& p, int HV, int N, cudaStream_t stream) {
+  constexpr int smem = NST * static_cast<int>(sizeof(Stage));
+  cuda_check(cudaFuncSetAttribute(kda_state_ks_kernel<KS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+             "cudaFuncSetAttribute(kda_state_ks_kernel)");
+  // 4 CTAs of ~56 KB per SM (KS = 2) need the whole shared-memory carveout
+  cuda_check(cudaFuncSetAttribute(kda_state_ks_kernel<KS>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                  cudaSharedmemCarveoutMaxShared),
+             "cudaFuncSetAttribute(kda_state_ks_kernel carveout)");
+  kda_state_ks_kernel<KS><<<dim3(D / SLICE, HV, N), 64 * KS, smem, stream>>>(p);
+  cuda_check(cudaGetLastError(), "kda_state_ks_kernel launch");
+}
 }  // namespace
 
 int kda_prefill_segments(const KdaPrefillArgs& a) {
@@ -979,12 +1184,15 @@ void kda_prefill(const KdaPrefillArgs& a, cudaStream_t stream) {
                 " value heads; accepted: each <= 65535 (grid limits)");
   if (a.run_phases < 1 || a.run_phases > 3)
     throw Error("kda_prefill: run_phases = " + std::to_string(a.run_phases) + "; accepted: 1, 2 or 3");
-  if (a.state_variant != 2 && a.state_variant != 3)
-    throw Error("kda_prefill: state_variant = " + std::to_string(a.state_variant) + "; accepted: 2 or 3");
+  if (a.state_variant < 2 || a.state_variant > 5)
+    throw Error("kda_prefill: state_variant = " + std::to_string(a.state_variant) +
+                "; accepted: 2, 3, 4 (key split over 2 warps) or 5 (key split over 4 warps)");
   if (a.prepare_variant != 4 && a.prepare_variant != 6)
     throw Error("kda_prefill: prepare_variant = " + std::to_string(a.prepare_variant) + "; accepted: 4 or 6");
   auto state = [&](const Params& p, cudaStream_t s) {
     if (a.state_variant == 3) launch_state<true>(p, a.HV, ck.N, s);
+    else if (a.state_variant == 4) launch_state_ks<2>(p, a.HV, ck.N, s);
+    else if (a.state_variant == 5) launch_state_ks<4>(p, a.HV, ck.N, s);
     else launch_state<false>(p, a.HV, ck.N, s);
   };
   if (sp.P > 1) {  // v5 segment-parallel state pass: prepare, pass 1, combine, pass 2

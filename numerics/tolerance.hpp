@@ -64,6 +64,12 @@ inline constexpr Tolerance kda_prep_v6_bf16{7.9e-3,
 inline constexpr Tolerance kda_prep_v6_o{5e-4,
     "o (bf16) and the state's bf16 operands flip an occasional rounding (2^-8 relative) when W, U move by ~1e-6; "
     "5e-4 is 0.3 of the bf16 output floor (1.66e-3), far below the O(1) of a wrong prepare."};
+/// KDA prefill, state pass v4 (state_variant 4 / 5, key dimension of S split over warps) vs v3: relative RMS
+/// of the difference of o and of S_final.
+inline constexpr Tolerance kda_state_v4_vs_v3{5e-4,
+    "v4 sums W S and Qg S in another fp32 order (~1e-7 relative); that flips an occasional bf16 rounding of "
+    "D, o or the S operand of the next chunk (2^-8 relative each); 5e-4 is 0.3 of the bf16 output floor "
+    "(1.66e-3), far below the O(1) of a wrong key-row offset or a missing partial sum."};
 
 // ---- numerics / parity / golden / check (ISSUE 5) ----------------------------------------------
 /// Band of a low-precision matmul's relative error, in units of the operand format's unit

@@ -655,3 +655,304 @@ TEST_CASE("prefill with prepare v6: anchor cases <= 2.0e-3 vs float64, twin with
     CHECK_THROWS(run_prefill(a, in.T * in.HV * 128, in.HV * 128 * 128));
   }
 }
+
+// ---- state pass v4 (state_variant 4: key dimension of S split over 2 warps; 5: over 4) -----------
+namespace {
+/// relative RMS of a[lo, hi) vs b[lo, hi)
+double rel_part(const std::vector<double>& a, const std::vector<double>& b, std::size_t lo, std::size_t hi) {
+  return compare(std::vector<double>(a.begin() + lo, a.begin() + hi), std::vector<double>(b.begin() + lo, b.begin() + hi))
+      .rel_rms;
+}
+}  // namespace
+
+TEST_CASE("state pass v4 (state_variant 4, 5): anchor cases <= 2.0e-3 vs float64, twin within 10%, close to v3",
+          "[gpu][kda][state4]") {
+  const std::size_t cases[][3] = {{1, 17, 1}, {3, 64, 1}, {1, 300, 2}, {1, 1000, 4}, {1, 4096, 2}};
+  for (const auto& cs : cases) {
+    const KdaInputs in = make_inputs(cs[0], cs[1], cs[2], 1, 1234);
+    const DevInputs d(in);
+    const auto ref = truth(in);
+    const double e_twin = compare(kda_twin(in, kda_plan_kernel()).o.data, ref.o.data).rel_rms;
+    const std::size_t no = in.B * in.T * in.HV * 128, ns = in.B * in.HV * 128 * 128;
+    auto a = prefill_args(in, d);
+    a.state_variant = 3;
+    const auto r3 = run_prefill(a, no, ns);
+    for (int variant : {4, 5}) {
+      a.state_variant = variant;
+      const auto r = run_prefill(a, no, ns);
+      const auto mo = compare(r.o, ref.o.data), ms = compare(r.S, ref.S_final.data);
+      const auto d_o = compare(r.o, r3.o), d_s = compare(r.S, r3.S);
+      std::printf("state v%d anchor (B,T,H)=(%zu,%zu,%zu): o rel_rms %.4e (twin %.4e, |diff|/kernel %.3f)  state %.4e  "
+                  "vs v3: o %.3e (identical %d, max_ulp %lld), S_final %.3e\n",
+                  variant, cs[0], cs[1], cs[2], mo.rel_rms, e_twin, std::fabs(e_twin - mo.rel_rms) / mo.rel_rms,
+                  ms.rel_rms, d_o.rel_rms, static_cast<int>(r.o == r3.o), static_cast<long long>(d_o.max_ulp_bf16),
+                  d_s.rel_rms);
+      CAPTURE(variant, cs[0], cs[1], cs[2], mo.rel_rms, e_twin, ms.rel_rms, d_o.rel_rms, d_s.rel_rms);
+      REQUIRE(mo.nan_count + mo.inf_count + ms.nan_count + ms.inf_count == 0);
+      CHECK(mo.rel_rms <= tol::kda_bf16_goal.value);
+      CHECK(ms.rel_rms <= tol::kda_twin_state.value);
+      CHECK(std::fabs(e_twin - mo.rel_rms) <= tol::twin_vs_kernel.value * mo.rel_rms);
+      CHECK(d_o.rel_rms <= tol::kda_state_v4_vs_v3.value);
+      CHECK(d_s.rel_rms <= tol::kda_state_v4_vs_v3.value);
+    }
+  }
+}
+
+TEST_CASE("state pass v4: prefill shapes (T in {1,15,16,17,1000,4096}, B up to 8, HV = 2H, with and without S0), "
+          "varlen, overlapped schedule", "[gpu][kda][state4]") {
+  struct Cs { std::size_t B, T, H, group; bool S0; };
+  const Cs cases[] = {{1, 1, 1, 1, true},  {2, 15, 1, 2, true},   {8, 16, 2, 1, false}, {3, 17, 2, 2, true},
+                      {8, 33, 1, 1, true}, {2, 1000, 2, 2, false}, {1, 4096, 1, 2, true}, {2, 4100, 1, 2, true}};
+  for (const auto& cs : cases) {
+    const KdaInputs in = make_inputs(cs.B, cs.T, cs.H, cs.group, fresh_seed());
+    const DevInputs d(in);
+    const auto ref = truth(in, cs.S0);
+    const std::size_t no = in.B * in.T * in.HV * 128, ns = in.B * in.HV * 128 * 128;
+    auto a = prefill_args(in, d, cs.S0);
+    a.state_variant = 3;
+    const auto r3 = run_prefill(a, no, ns);
+    for (int variant : {4, 5}) {
+      a.state_variant = variant;
+      a.overlap_segments = true;  // T >= 2048: the v4 overlapped schedule (segments through an fp32 state buffer)
+      const auto r = run_prefill(a, no, ns);
+      a.overlap_segments = false;
+      const auto r1 = run_prefill(a, no, ns);
+      const auto mo = compare(r.o, ref.o.data), ms = compare(r.S, ref.S_final.data);
+      // per sequence vs v3: a wrong sequence / head / column block cannot hide in the total
+      double wo = 0, wsd = 0;
+      for (std::size_t b = 0; b < in.B; ++b) {
+        wo = std::max(wo, rel_part(r.o, r3.o, b * in.T * in.HV * 128, (b + 1) * in.T * in.HV * 128));
+        wsd = std::max(wsd, rel_part(r.S, r3.S, b * in.HV * 128 * 128, (b + 1) * in.HV * 128 * 128));
+      }
+      const bool same = r.o == r1.o && r.S == r1.S;
+      std::printf("state v%d shape B=%zu T=%zu H=%zu HV=%zu S0=%d: o %.4e state %.4e; vs v3 (worst sequence): o %.3e "
+                  "S_final %.3e; overlapped == unsegmented: %d\n",
+                  variant, cs.B, cs.T, cs.H, in.HV, cs.S0, mo.rel_rms, ms.rel_rms, wo, wsd, static_cast<int>(same));
+      CAPTURE(variant, cs.B, cs.T, cs.H, in.HV, cs.S0, mo.rel_rms, ms.rel_rms, wo, wsd);
+      REQUIRE(mo.nan_count + mo.inf_count + ms.nan_count + ms.inf_count == 0);
+      CHECK(mo.rel_rms <= o_bound(in, ref.o.data, cs.S0));
+      CHECK(ms.rel_rms <= tol::kda_twin_state.value);
+      CHECK(wo <= tol::kda_state_v4_vs_v3.value);
+      CHECK(wsd <= tol::kda_state_v4_vs_v3.value);
+      CHECK(same);
+    }
+  }
+  // varlen (cu_seqlens) with a last sequence of 1 token: each sequence vs its float64 truth and vs v3
+  for (const std::vector<int>& lens : {std::vector<int>{37, 16, 100, 1}, std::vector<int>{1, 1, 5, 31, 17, 1}}) {
+    const int N = static_cast<int>(lens.size()), Ttot = std::accumulate(lens.begin(), lens.end(), 0);
+    const std::size_t HV = 4;
+    KdaInputs all = make_inputs(1, Ttot, 2, 2, fresh_seed());
+    Tensor<double> S0({static_cast<std::size_t>(N), HV, 128, 128});
+    Rng rng(fresh_seed());
+    rng.fill_normal(S0, 0.1, Format::fp32);
+    all.S0 = S0;
+    const DevInputs d(all);
+    std::vector<int> cu(N + 1, 0);
+    for (int i = 0; i < N; ++i) cu[i + 1] = cu[i] + lens[i];
+    DevBuf dcu(cu.size() * 4);
+    cuda_check(cudaMemcpy(dcu.p, cu.data(), dcu.bytes, cudaMemcpyHostToDevice), "cu_seqlens");
+    auto a = prefill_args(all, d);
+    a.cu_seqlens = dcu.as<int>();
+    a.num_seqs = N;
+    a.max_seqlen = *std::max_element(lens.begin(), lens.end());
+    const std::size_t no = all.T * HV * 128, ns = N * HV * 128 * 128;
+    a.state_variant = 3;
+    const auto r3 = run_prefill(a, no, ns);
+    for (int variant : {4, 5}) {
+      a.state_variant = variant;
+      const auto r = run_prefill(a, no, ns);
+      double wt = 0, wst = 0, wo = 0, wsd = 0;
+      for (int i = 0; i < N; ++i) {
+        KdaInputs s = all;
+        s.T = lens[i];
+        for (auto* t : {&s.q, &s.k, &s.v, &s.g, &s.beta, &s.q_raw, &s.k_raw, &s.g_raw, &s.beta_raw})
+          *t = slice_tokens(*t, cu[i], lens[i]);
+        s.S0 = Tensor<double>({1, HV, 128, 128});
+        std::copy(S0.data.begin() + i * HV * 128 * 128, S0.data.begin() + (i + 1) * HV * 128 * 128, s.S0.data.begin());
+        const auto ref = truth(s);
+        const std::size_t olo = cu[i] * HV * 128, ohi = cu[i + 1] * HV * 128;
+        const std::size_t slo = i * HV * 128 * 128, shi = (i + 1) * HV * 128 * 128;
+        const auto mo = compare(std::vector<double>(r.o.begin() + olo, r.o.begin() + ohi), ref.o.data);
+        const auto ms = compare(std::vector<double>(r.S.begin() + slo, r.S.begin() + shi), ref.S_final.data);
+        const double d_o = rel_part(r.o, r3.o, olo, ohi), d_s = rel_part(r.S, r3.S, slo, shi);
+        wt = std::max(wt, mo.rel_rms);
+        wst = std::max(wst, ms.rel_rms);
+        wo = std::max(wo, d_o);
+        wsd = std::max(wsd, d_s);
+        CAPTURE(variant, i, lens[i], mo.rel_rms, ms.rel_rms, d_o, d_s);
+        REQUIRE(mo.nan_count + mo.inf_count + ms.nan_count + ms.inf_count == 0);
+        CHECK(mo.rel_rms <= o_bound(s, ref.o.data));
+        CHECK(ms.rel_rms <= tol::kda_twin_state.value);
+        CHECK(d_o <= tol::kda_state_v4_vs_v3.value);
+        CHECK(d_s <= tol::kda_state_v4_vs_v3.value);
+      }
+      std::printf("state v%d varlen %zu sequences (last len 1): worst o %.4e state %.4e vs truth; vs v3 o %.3e S_final %.3e\n",
+                  variant, lens.size(), wt, wst, wo, wsd);
+    }
+  }
+}
+
+TEST_CASE("state pass v4: prefill-then-decode == prefill of the longer sequence; bad state_variant refused",
+          "[gpu][kda][state4]") {
+  const std::size_t B = 4, T0 = 37, steps = 5, H = 2, HV = 4;
+  const KdaInputs in = make_inputs(B, T0 + steps, H, HV / H, fresh_seed());
+  const DevInputs d(in);
+  const auto ref = truth(in);
+  for (int variant : {4, 5}) {
+    auto af = prefill_args(in, d);
+    af.state_variant = variant;
+    const auto full = run_prefill(af, B * in.T * HV * 128, B * HV * 128 * 128);
+    auto a = prefill_args(in, d);
+    a.state_variant = variant;
+    a.T = static_cast<int>(T0);
+    a.sq.b = a.sk.b = static_cast<std::int64_t>(in.T * H * 128);
+    a.sv.b = a.sg.b = a.so.b = static_cast<std::int64_t>(in.T * HV * 128);
+    a.sbeta.b = static_cast<std::int64_t>(in.T * HV);
+    a.sq.t = a.sk.t = H * 128;
+    a.sv.t = a.sg.t = a.so.t = HV * 128;
+    a.sbeta.t = HV;
+    DevBuf o(B * in.T * HV * 2 * 128), S(B * HV * 128 * 128 * 4);
+    o.poison();
+    S.poison();
+    a.o = o.as<bf16_t>();
+    a.S_final = S.as<float>();
+    DevBuf ws(kernels::kda_prefill_workspace_bytes(a));
+    ws.poison();
+    a.workspace = ws.p;
+    a.workspace_bytes = ws.bytes;
+    kernels::kda_prefill(a, nullptr);
+    for (std::size_t t = T0; t < in.T; ++t) {
+      kernels::KdaDecodeArgs dd;
+      dd.B = B; dd.H = H; dd.HV = HV;
+      dd.q = d.q.as<bf16_t>() + t * H * 128;
+      dd.k = d.k.as<bf16_t>() + t * H * 128;
+      dd.v = d.v.as<bf16_t>() + t * HV * 128;
+      dd.g = d.g.as<bf16_t>() + t * HV * 128;
+      dd.beta = d.beta.as<bf16_t>() + t * HV;
+      dd.sq_b = dd.sk_b = in.T * H * 128;
+      dd.sv_b = dd.sg_b = dd.so_b = in.T * HV * 128;
+      dd.sbeta_b = in.T * HV;
+      dd.gate = a.gate;
+      dd.scale = a.scale;
+      dd.state = S.as<float>();
+      dd.o = o.as<bf16_t>() + t * HV * 128;
+      kernels::kda_decode(dd, nullptr);
+    }
+    cuda_check(cudaDeviceSynchronize(), "prefill v4 + decode");
+    const auto o_pd = download_bf16(o);
+    const auto S_pd = download_f32(S);
+    const auto m_o = compare(o_pd, ref.o.data), m_S = compare(S_pd, ref.S_final.data);
+    const auto m_same_o = compare(o_pd, full.o), m_same_S = compare(S_pd, full.S);
+    std::printf("state v%d prefill(%zu)+decode(%zu) vs truth: o %.4e state %.4e; vs prefill(%zu): o %.4e state %.4e\n",
+                variant, T0, steps, m_o.rel_rms, m_S.rel_rms, in.T, m_same_o.rel_rms, m_same_S.rel_rms);
+    REQUIRE(m_o.nan_count + m_S.nan_count == 0);
+    CHECK(m_o.rel_rms <= tol::kda_bf16_goal.value);
+    CHECK(m_S.rel_rms <= tol::kda_twin_state.value);
+    CHECK(m_same_o.rel_rms <= 2 * tol::kda_bf16_goal.value);
+    CHECK(m_same_S.rel_rms <= 2 * tol::kda_twin_state.value);
+  }
+  // bad state_variant values, and the v5 segment path (state_variant 3 only) forced with variant 4
+  const KdaInputs in2 = make_inputs(1, 40, 1, 1, fresh_seed());
+  const DevInputs d2(in2);
+  for (int bad : {-1, 0, 1, 6}) {
+    auto a = prefill_args(in2, d2);
+    a.state_variant = bad;
+    CAPTURE(bad);
+    CHECK_THROWS_AS(run_prefill(a, in2.T * 128, 128 * 128), Error);
+  }
+  {
+    auto a = prefill_args(in2, d2);
+    a.state_variant = 4;
+    a.segment_state = 2;
+    CHECK_THROWS_AS(run_prefill(a, in2.T * 128, 128 * 128), Error);
+    a.segment_state = 0;  // the auto rule never takes the segment path for state_variant 4
+    CHECK(kernels::kda_prefill_segments(a) == 1);
+  }
+}
+
+TEST_CASE("state pass v4: T = 65536, H = 32 one-shot vs v3 one-shot (all heads) and float64 (one head)",
+          "[gpu][kda][state4][long]") {
+  const std::size_t T = 65536, H = 32, D = 128;
+  const std::size_t nq = T * H * D;
+  DevBuf q(nq * 2), k(nq * 2), v(nq * 2), g(nq * 2), beta(T * H * 2), A_log(H * 4), bias(H * D * 4), S0(H * D * D * 4);
+  const std::uint64_t seed = fresh_seed();
+  kernels::fill_normal_bf16(q.as<bf16_t>(), nq, seed + 1, 1.0f, nullptr);
+  kernels::fill_normal_bf16(k.as<bf16_t>(), nq, seed + 2, 1.0f, nullptr);
+  kernels::fill_normal_bf16(v.as<bf16_t>(), nq, seed + 3, 1.0f, nullptr);
+  kernels::fill_normal_bf16(g.as<bf16_t>(), nq, seed + 4, 1.0f, nullptr);
+  kernels::fill_normal_bf16(beta.as<bf16_t>(), T * H, seed + 5, 1.0f, nullptr);
+  kernels::fill_uniform_f32(A_log.as<float>(), H, seed + 6, nullptr);
+  kernels::fill_uniform_f32(bias.as<float>(), H * D, seed + 7, nullptr);
+  kernels::fill_normal_f32(S0.as<float>(), H * D * D, seed + 8, 0.1f, nullptr);
+  cuda_check(cudaDeviceSynchronize(), "fill");
+  kernels::KdaPrefillArgs a;
+  a.B = 1; a.T = static_cast<int>(T); a.H = static_cast<int>(H); a.HV = static_cast<int>(H);
+  a.q = q.as<bf16_t>(); a.k = k.as<bf16_t>(); a.v = v.as<bf16_t>(); a.g = g.as<bf16_t>(); a.beta = beta.as<bf16_t>();
+  a.gate.A_log = A_log.as<float>(); a.gate.bias = bias.as<float>(); a.gate.g_min = -5.0f;
+  a.scale = 1.0f / std::sqrt(128.0f);
+  a.S0 = S0.as<float>();
+  a.segment_state = 1;  // one-shot
+  auto run = [&](kernels::KdaPrefillArgs x) {
+    DevBuf ob(nq * 2), sb(H * D * D * 4);
+    ob.poison();
+    sb.poison();
+    x.o = ob.as<bf16_t>();
+    x.S_final = sb.as<float>();
+    DevBuf ws(kernels::kda_prefill_workspace_bytes(x));
+    ws.poison();
+    x.workspace = ws.p;
+    x.workspace_bytes = ws.bytes;
+    kernels::kda_prefill(x, nullptr);
+    cuda_check(cudaDeviceSynchronize(), "kda_prefill T=65536");
+    return PrefillResult{download_bf16(ob), download_f32(sb)};
+  };
+  a.state_variant = 3;
+  const auto r3 = run(a);
+  const std::size_t hv = 21;
+  KdaInputs in;  // head hv as a B = 1, H = 1 problem (heads are independent)
+  {
+    auto mk = [](std::vector<std::size_t> shp, std::vector<double> data) {
+      Tensor<double> t(std::move(shp));
+      REQUIRE(t.data.size() == data.size());
+      t.data = std::move(data);
+      return t;
+    };
+    std::vector<float> A_h(H), bias_h(H * D), S0_h(H * D * D);
+    cuda_check(cudaMemcpy(A_h.data(), A_log.p, A_log.bytes, cudaMemcpyDeviceToHost), "A_log");
+    cuda_check(cudaMemcpy(bias_h.data(), bias.p, bias.bytes, cudaMemcpyDeviceToHost), "bias");
+    cuda_check(cudaMemcpy(S0_h.data(), S0.p, S0.bytes, cudaMemcpyDeviceToHost), "S0");
+    in.B = 1; in.T = T; in.H = 1; in.HV = 1; in.d_k = D; in.d_v = D;
+    in.g_min = -5.0;
+    in.scale = 1.0 / std::sqrt(128.0);
+    in.q_raw = mk({1, T, 1, D}, download_head_bf16(q.as<bf16_t>(), T, H, hv));
+    in.k_raw = mk({1, T, 1, D}, download_head_bf16(k.as<bf16_t>(), T, H, hv));
+    in.v = mk({1, T, 1, D}, download_head_bf16(v.as<bf16_t>(), T, H, hv));
+    in.g_raw = mk({1, T, 1, D}, download_head_bf16(g.as<bf16_t>(), T, H, hv));
+    in.beta_raw = mk({1, T, 1}, download_head_bf16(beta.as<bf16_t>(), T, H, hv, 1));
+    in.A_log = mk({1}, std::vector<double>{A_h[hv]});
+    in.bias = mk({1, D}, std::vector<double>(bias_h.begin() + hv * D, bias_h.begin() + (hv + 1) * D));
+    in.S0 = mk({1, 1, D, D}, std::vector<double>(S0_h.begin() + hv * D * D, S0_h.begin() + (hv + 1) * D * D));
+    derive_kda(in);
+  }
+  const auto ref = truth(in);
+  for (int variant : {4, 5}) {
+    a.state_variant = variant;
+    const auto r = run(a);
+    const auto d_o = compare(r.o, r3.o), d_s = compare(r.S, r3.S);
+    // head hv: o rows are [T][H][D] with the head in the middle
+    std::vector<double> ko(T * D);
+    for (std::size_t t = 0; t < T; ++t)
+      std::copy(r.o.begin() + (t * H + hv) * D, r.o.begin() + (t * H + hv + 1) * D, ko.begin() + t * D);
+    const std::vector<double> kS(r.S.begin() + hv * D * D, r.S.begin() + (hv + 1) * D * D);
+    const auto mo = compare(ko, ref.o.data), ms = compare(kS, ref.S_final.data);
+    std::printf("state v%d T=65536 H=32 one-shot: all heads vs v3 one-shot: o %.3e S_final %.3e (nan %zu); head %zu vs "
+                "float64: o %.4e state %.4e\n",
+                variant, d_o.rel_rms, d_s.rel_rms, static_cast<std::size_t>(d_o.nan_count), hv, mo.rel_rms, ms.rel_rms);
+    CAPTURE(variant, d_o.rel_rms, d_s.rel_rms, mo.rel_rms, ms.rel_rms);
+    REQUIRE(d_o.nan_count + d_o.inf_count + d_s.nan_count + d_s.inf_count == 0);
+    CHECK(d_o.rel_rms <= tol::kda_state_v4_vs_v3.value);
+    CHECK(d_s.rel_rms <= tol::kda_state_v4_vs_v3.value);
+    CHECK(mo.rel_rms <= tol::kda_bf16_goal.value);
+    CHECK(ms.rel_rms <= tol::kda_twin_state.value);
+  }
+}
