@@ -290,8 +290,9 @@ void register_decode_cost(Registry& reg) {
         bmla > 0 ? double(b48) / double(bmla) : INFINITY);
     fmt::print("\nHybrid attention cost per token (memory-bound model at {:.0f} GB/s, budget {:.0f} GB):\n",
                o->bandwidth_gbs, o->memory_gb);
-    fmt::print("{:>18}{:>10}{:>8}{:>14}{:>10}\n", "layout", "n", "batch", "us/token", "speedup");
+    fmt::print("{:>18}{:>10}{:>11}{:>8}{:>14}{:>10}\n", "layout", "n", "batch kind", "batch", "us/token", "speedup");
     {
+      const auto& kc = std::get<std::vector<std::string>>(hy.column("batch_kind").data);
       const auto& lc = std::get<std::vector<std::string>>(hy.column("layout").data);
       const auto& nc = std::get<std::vector<std::int64_t>>(hy.column("n").data);
       const auto& bc = std::get<std::vector<std::int64_t>>(hy.column("batch").data);
@@ -299,7 +300,7 @@ void register_decode_cost(Registry& reg) {
       const auto& spc = std::get<std::vector<double>>(hy.column("speedup_vs_mla").data);
       for (std::size_t i = 0; i < hy.rows(); ++i)
         if (nc[i] == 131072 || nc[i] == 1048576)
-          fmt::print("{:>18}{:>10}{:>8}{:>14.1f}{:>9.2f}x\n", lc[i], nc[i], bc[i], sc[i] * 1e6, spc[i]);
+          fmt::print("{:>18}{:>10}{:>11}{:>8}{:>14.1f}{:>9.2f}x\n", lc[i], nc[i], kc[i], bc[i], sc[i] * 1e6, spc[i]);
     }
     fmt::print("\nReported (Kimi Linear): TPOT at 1M 1.84 ms vs 11.48 ms = {:.2f}x; ~{:.1f}x at batch 1.\n", reported,
                reported_b1);
