@@ -501,10 +501,21 @@ def write_check_file(path, arrays, scale, g_min, extra_attrs):
             os.remove(tmp)
 
 
+def _finite_json(x):
+    """NaN/Inf (e.g. a non-finite fla output's rel RMS) -> null: strict JSON that kdalab bench can read."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite_json(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite_json(v) for v in x]
+    return x
+
+
 def write_json(path, data):
     tmp = f"{path}.tmp.{os.getpid()}"
     with open(tmp, "w") as fh:
-        json.dump(data, fh, indent=1, default=str)
+        json.dump(_finite_json(data), fh, indent=1, default=str, allow_nan=False)
         fh.write("\n")
     os.replace(tmp, path)
 

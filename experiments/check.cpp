@@ -282,7 +282,8 @@ CheckInput read_input(const std::string& path, const std::string& op) {
   const auto scale = f.attr_num("/", "scale");
   require(scale.has_value(), f.where() + ": root attribute 'scale' is missing (the output scale, e.g. d_k^-1/2 = " +
                                  fmt::format("{:.6g}", 1.0 / std::sqrt(static_cast<double>(c.d_k))) + ")");
-  require(std::isfinite(*scale), f.where() + ": attribute scale is not finite");
+  require(std::isfinite(*scale) && *scale > 0, f.where() + ": attribute scale = " + fmt::format("{}", *scale) +
+                                                   " is not accepted; give a finite scale > 0 (usually d_k^-1/2)");
   c.scale = *scale;
   const auto l2 = f.attr_num("/", "l2norm_qk");
   require(l2.has_value(), f.where() + ": root attribute 'l2norm_qk' is missing (1: kdalab L2-normalises q and k per "
@@ -592,6 +593,20 @@ KdaOutput<double> run_kdalab_kernel(const CheckInput& c, const std::string& path
   require(c.d_k == 128 && c.d_v == 128, w + fmt::format("d_k = {}, d_v = {}; the kernel takes d_k = d_v = 128", c.d_k, c.d_v));
   require(c.H == c.HV, w + fmt::format("H = {}, HV = {}; kdalab check --kernel takes HV = H", c.H, c.HV));
   require(c.g_min >= -5.0, w + fmt::format("g_min = {}; the kernel accepts -5 <= g_min < 0", c.g_min));
+  // the kernel reads q, k, v, g, beta in bf16 and A_log, bias, S0 in fp32: inputs that are not exactly such
+  // numbers would be rounded for the kernel only, and kernel and truth would see different inputs
+  for (auto [n, t] : std::initializer_list<std::pair<const char*, const Tensor<double>*>>{
+           {"q", &c.q}, {"k", &c.k}, {"v", &c.v}, {"g", &c.g}, {"beta", &c.beta}})
+    for (std::size_t i = 0; i < t->numel(); ++i)
+      require(round_bf16(t->data[i]) == t->data[i],
+              w + fmt::format("dataset '{}' holds {} at flat index {}, not a bf16 number; the kernel reads bf16 "
+                              "inputs: round them to bf16 (and declare format = \"bf16\")", n, t->data[i], i));
+  for (auto [n, t] : std::initializer_list<std::pair<const char*, const Tensor<double>*>>{
+           {"A_log", &c.A_log}, {"bias", &c.bias}, {"S0", &c.S0}})
+    for (std::size_t i = 0; i < t->numel(); ++i)
+      require(static_cast<double>(static_cast<float>(t->data[i])) == t->data[i],
+              w + fmt::format("dataset '{}' holds {} at flat index {}, not an fp32 number; the kernel reads it in "
+                              "fp32: store it as float32", n, t->data[i], i));
   KdaInputs in;
   in.B = c.B; in.T = c.T; in.H = c.H; in.HV = c.HV; in.d_k = c.d_k; in.d_v = c.d_v;
   in.g_min = c.g_min; in.scale = c.scale;
@@ -696,6 +711,7 @@ void register_check(Registry& reg) {
   c.run = [o](Context& ctx) -> int {
     require(o->op == "kda" || o->op == "kda-decode" || o->op == "mla" || o->op == "attn-res",
             "--op '" + o->op + "' is unknown; accepted: kda, kda-decode, mla, attn-res");
+    require(!o->kernel || o->op == "kda", "--kernel runs kdalab's KDA prefill kernel: it needs --op kda, not --op " + o->op);
     require(o->truth == "auto" || o->truth == "mp" || o->truth == "f64",
             "--truth '" + o->truth + "' is unknown; accepted: auto, mp, f64");
     require(std::isfinite(o->tol) && o->tol > 0, fmt::format("--tol {} is not accepted; give a number > 0", o->tol));

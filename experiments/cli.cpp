@@ -142,6 +142,11 @@ std::vector<std::string> config_tokens(CLI::App* sub, const std::string& path) {
     };
     if (o->get_expected_max() == 0) {  // a flag
       require(v.is_boolean(), "--config '" + path + "': key '" + key + "' is a flag and takes true or false, got " + v.dump());
+      // an overwrite is asked for on the command line only: replaying a results file's config (older files
+      // recorded "force": true) must never overwrite a file by itself (adversarial find, session 3)
+      require(key != "force" || !v.get<bool>(),
+              "--config '" + path + "': key 'force' = true is not taken from a config file (a replay must never "
+              "overwrite a file by itself); give --force on the command line to overwrite --out");
       if (v.get<bool>()) toks.push_back("--" + key);
       continue;
     }
@@ -163,7 +168,7 @@ std::vector<std::string> config_tokens(CLI::App* sub, const std::string& path) {
 void require_finite_options(CLI::App* sub) {
   for (CLI::Option* o : sub->get_options()) {
     const std::string n = long_name(o);
-    if (n.empty() || n == "out" || n == "config" || n == "in" || n == "dir" || n == "compare") continue;
+    if (n.empty() || n == "out" || n == "config" || n == "in" || n == "dir" || n == "compare" || n == "peer-json") continue;
     for (const std::string& v : o->results()) {
       std::string t = v;
       for (auto& ch : t) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));

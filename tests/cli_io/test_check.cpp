@@ -222,6 +222,7 @@ TEST_CASE("check: every malformed file gives its own clear error, exit 2 and no 
                                       f.ds["o"].t.shape[2] = 4; }, "candidate 'o' has shape"},
       {"integer dtype", [](InputFile& f) { f.ds.erase("beta"); f.ints["beta"] = 4; }, "'beta' has an integer dtype"},
       {"missing scale", [](InputFile& f) { f.num.erase("scale"); }, "attribute 'scale' is missing"},
+      {"zero scale", [](InputFile& f) { f.num["scale"] = 0.0; }, "scale = 0 is not accepted"},
       {"missing l2norm_qk", [](InputFile& f) { f.num.erase("l2norm_qk"); }, "'l2norm_qk' is missing"},
       {"unknown gate", [](InputFile& f) { f.str["gate"] = "sigmoid"; }, "gate = 'sigmoid' is unknown"},
       {"k3 gate without A_log", [](InputFile& f) { f.str["gate"] = "k3"; f.num["g_min"] = -5; }, "dataset 'A_log' is missing"},

@@ -199,6 +199,12 @@ TEST_CASE("check --op kda on an MLA file says to use --op mla (newcomer find)") 
   INFO(r.output);
   CHECK(r.code == 2);
   CHECK(r.output.find("give --op mla") != std::string::npos);
+  // --kernel is a KDA-only option: with --op mla it is refused, not ignored (adversarial find)
+  const auto r2 = run_kdalab("check --op mla --kernel --in " + d.file("in.h5") + " --out " + d.file("t2.h5"));
+  INFO(r2.output);
+  CHECK(r2.code == 2);
+  CHECK(r2.output.find("--kernel") != std::string::npos);
+  CHECK(!std::filesystem::exists(d.file("t2.h5")));
 }
 
 TEST_CASE("check --op mla: every malformed file gives its own clear error, exit 2 and no report") {

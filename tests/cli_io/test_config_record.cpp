@@ -35,6 +35,13 @@ TEST_CASE("results config records the values --quick and --config set, not the d
   r = run_kdalab("decode-cost --config " + d.file("replay.json"));
   INFO(r.output);
   CHECK(r.code == 2);
+  // "force": true in a config file (older results files recorded it) is refused, never applied
+  d.write("force.json", R"({"force": true})");
+  r = run_kdalab("decode-cost --config " + d.file("force.json") + " --quick --quiet --cpu-n 0 --gpu-n 0 --out " +
+                 d.file("quick.h5"));
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(r.output.find("key 'force'") != std::string::npos);
   CHECK(q.at("cpu-n") == "0");
   // numbers keep every digit (CLI11 alone printed 1048576 as "1.04858e+06"), so a replay is exact
   CHECK(q.at("context").get<std::string>().find("1048576]") != std::string::npos);

@@ -122,6 +122,17 @@ TEST_CASE("bench: --shapes with trailing garbage and a missing --compare file ar
   CHECK(r.code == 2);
   CHECK(r.output.find("p2.json") != std::string::npos);
   CHECK(!std::filesystem::exists(d.file("b.h5")));
+  // a peer file whose name starts with "inf" is a file name, not a number (adversarial find)
+  std::ofstream(d.file("info.json")) << "{}";
+  r = run_kdalab("bench --op kda-prefill --peer-json " + d.file("info.json") + " --out " + d.file("b.h5"));
+  INFO(r.output);
+  CHECK(r.code == 0);
+  // a --compare file that is not HDF5 is named with the option
+  std::ofstream(d.file("not.h5")) << "plain text";
+  r = run_kdalab("bench --op kda-prefill --compare " + d.file("not.h5") + " --out " + d.file("b.h5"));
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(r.output.find("--compare") != std::string::npos);
 }
 
 TEST_CASE("parity: a twin row that overflows at C = 64 is noted and its summary reads NaN", "[cli]") {
