@@ -378,7 +378,7 @@ void register_bench(Registry& reg) {
   a->add_option("--iters", o->iters, "timed launches per shape (median reported)")->capture_default_str();
   a->add_option("--warmup", o->warmup, "untimed launches before timing")->capture_default_str();
   a->add_option("--peer-json", o->peer_json, "peer times (ms) keyed '<op> B=.. T=.. H=.. HV=..' from the same machine session; several files "
-                "(or the option repeated) are merged, e.g. bench/fla_kda.py's and bench/torch_mla_decode.py's");
+                "(or the option repeated) are merged (each key in one file only; keys starting with _ are metadata and skipped), e.g. bench/fla_kda.py's and bench/torch_mla_decode.py's");
   a->add_option("--overlap", o->kda_overlap,
                 "kda-prefill schedule: 1 = the library defaults (the one-shot state pass overlaps the prepare of later "
                 "segments, KdaPrefillArgs::overlap_segments; the v5 segment path runs serially), 0 = everything serial, "
@@ -422,7 +422,15 @@ void register_bench(Registry& reg) {
         throw Error("--peer-json: '" + pj + "' is not valid JSON: " + e.what());
       }
       require(one.is_object(), "--peer-json: '" + pj + "' must hold a JSON object");
-      peer.update(one);  // a key in a later file replaces the same key of an earlier one
+      for (auto it = one.begin(); it != one.end(); ++it) {  // keys starting with '_' are metadata (e.g. _fla_meta)
+        if (!it.key().empty() && it.key()[0] == '_') continue;
+        require(it.value().is_number() || it.value().is_null(),
+                "--peer-json: '" + pj + "': key '" + it.key() + "' has the value " + it.value().dump() +
+                    "; accepted: a time in milliseconds (a number) or null (not measured)");
+        require(!peer.contains(it.key()), "--peer-json: key '" + it.key() + "' is in two peer files (the second is '" +
+                                              pj + "'); give each shape's peer time once");
+        peer[it.key()] = it.value();
+      }
     }
     for (const std::string& cf : o->compare) {
       require(std::filesystem::is_regular_file(cf), "--compare: '" + cf + "' does not exist or is not a "

@@ -127,6 +127,21 @@ TEST_CASE("bench: --shapes with trailing garbage and a missing --compare file ar
   r = run_kdalab("bench --op kda-prefill --peer-json " + d.file("info.json") + " --out " + d.file("b.h5"));
   INFO(r.output);
   CHECK(r.code == 0);
+  // a peer time that is not a number, or the same key in two peer files, is bad input; _metadata is skipped
+  std::ofstream(d.file("p3.json")) << R"({"kda-prefill B=1 T=8192 H=64 HV=64": "fast"})";
+  r = run_kdalab("bench --op kda-prefill --peer-json " + d.file("p3.json") + " --out " + d.file("b.h5"));
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(r.output.find("\"fast\"") != std::string::npos);
+  std::ofstream(d.file("p4.json")) << R"({"kda-prefill B=1 T=8192 H=64 HV=64": 1.5, "_meta": {"x": "y"}})";
+  r = run_kdalab("bench --op kda-prefill --peer-json " + d.file("p1.json") + " --peer-json " + d.file("p4.json") +
+                 " --out " + d.file("b.h5"));
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(r.output.find("two peer files") != std::string::npos);
+  r = run_kdalab("bench --op kda-prefill --peer-json " + d.file("p4.json") + " --out " + d.file("b.h5"));
+  INFO(r.output);
+  CHECK(r.code == 0);
   // a --compare file that is not HDF5 is named with the option
   std::ofstream(d.file("not.h5")) << "plain text";
   r = run_kdalab("bench --op kda-prefill --compare " + d.file("not.h5") + " --out " + d.file("b.h5"));
