@@ -35,6 +35,6 @@ if [ "$op" != none ]; then
     [ -d peers/fla-src ] && step fla-kda python3 bench/fla_kda.py --fla-path peers/fla-src --json "$OUT/fla_kda.json" \
       --check-dir "$OUT/fla_check" && peer+=(--peer-json "$OUT/fla_kda.json");; esac
   for f in data/baselines/h200-kda.h5 data/baselines/h200-mla.h5; do [ -f "$f" ] && cmp+=(--compare "$f"); done
-  TAIL=${BENCH_TAIL:-40} step "bench-$op" "$B/experiments/kdalab" bench --op "$op" "${peer[@]}" "${cmp[@]}" --out "$OUT/bench-$op.h5"
+  TAIL=${BENCH_TAIL:-40} step "bench-$op" "$B/experiments/kdalab" bench --op "$op" --variants "${peer[@]}" "${cmp[@]}" --out "$OUT/bench-$op.h5"
 fi
 pack

@@ -1,7 +1,7 @@
 // `kdalab bench`: timings of the KDA CUDA kernels (kernels/kda.hpp).
 //
 //   kdalab bench --op kda-prefill|kda-decode|mla-decode|mla-prefill|attn-res|all [--shapes "B:T:H[:HV],..."]
-//                [--iters N] [--prefix N0] [--peer-json FILE..] [--compare BASELINE.h5..] [--variant 1|2|3] [--segments P] [--overlap 0|1|2]
+//                [--iters N] [--prefix N0] [--peer-json FILE..] [--compare BASELINE.h5..] [--variant 1|2|3] [--segments P] [--overlap 0|1|2] [--variants]
 //                --out results/bench.h5
 //
 // Per shape: median (and min) of --iters CUDA-event timings after --warmup launches, the bytes a
@@ -65,6 +65,7 @@ struct BenchOptions {
   int mla_variant = 2;  // mla-decode split kernel (kernels/mla.hpp MlaDecodeArgs::variant)
   int kda_segments = 0; // kda-prefill state pass (kernels/kda.hpp KdaPrefillArgs::segment_state): 0 auto, 1 off, P forced
   int kda_overlap = 1;  // kda-prefill schedule: 0 serial, 1 library defaults, 2 segment path overlapped too
+  bool variants = false;  // kda-prefill: also time the non-default kernel variants (printed lines)
   long long prefix = 0;  // mla-prefill: cached tokens before the T new ones
 };
 
@@ -174,8 +175,19 @@ struct Measured {
   double ms, ms_min, bytes, flops, prepare_ms = 0, state_ms = 0;
 };
 
-Measured bench_prefill(const Shape& s, int warmup, int iters, std::uint64_t seed, int segment_state, int overlap) {
-  const long long D = 128, Cc = 16;
+/// The least bytes and the FLOPs of a KDA prefill of shape s (chunk 16, D = 128) with its timings.
+Measured prefill_measured(const Shape& s, double ms, double mn, double prep, double state) {
+  const double D = 128, Cc = 16;
+  const double nq = double(s.B) * s.T * s.H * D, nv = double(s.B) * s.T * s.HV * D;
+  const double chunks = static_cast<double>(s.B) * ((s.T + 15) / 16) * s.HV;  // integer ceil(T / 16)
+  const double flops = chunks * (4.0 * Cc * Cc * D + 2.0 * Cc * Cc * D + 6.0 * Cc * D * D + 2.0 * Cc * Cc * D);
+  const double bytes = 2.0 * (2.0 * nq + 3.0 * nv + double(s.B) * s.T * s.HV) + 2.0 * 4.0 * s.B * s.HV * D * D;
+  return {ms, mn, bytes, flops, prep, state};
+}
+
+Measured bench_prefill(const Shape& s, int warmup, int iters, std::uint64_t seed, int segment_state, int overlap,
+                       bool variants) {
+  const long long D = 128;
   const std::size_t nq = s.B * s.T * s.H * D, nv = s.B * s.T * s.HV * D;
   Dev q(nq * 2), k(nq * 2), v(nv * 2), g(nv * 2), beta(s.B * s.T * s.HV * 2), o(nv * 2);
   Dev A_log(s.HV * 4), bias(s.HV * D * 4), S0(s.B * s.HV * D * D * 4), Sf(s.B * s.HV * D * D * 4);
@@ -204,6 +216,8 @@ Measured bench_prefill(const Shape& s, int warmup, int iters, std::uint64_t seed
   const double prep = time_ms([&] { kernels::kda_prefill(a, nullptr); }, warmup, iters).first;
   a.run_phases = 2;
   const double state = time_ms([&] { kernels::kda_prefill(a, nullptr); }, warmup, iters).first;
+  if (!variants) return prefill_measured(s, ms, mn, prep, state);
+  // --variants: the non-default kernels and schedules beside the defaults (printed, not in the table)
   if (const int segs = kernels::kda_prefill_segments(a); segs > 1) {  // v5: the segment path and the one-shot schedule
     auto a1 = a;
     a1.segment_state = 1;
@@ -244,10 +258,7 @@ Measured bench_prefill(const Shape& s, int warmup, int iters, std::uint64_t seed
                "{:.4f} ms, total {:.4f} ms; default state pass {:.4f} ms)\n",
                s.B, s.T, s.H, s.HV, st4[0], all4[0], st4[1], all4[1], state);
   }
-  const double chunks = static_cast<double>(s.B) * ((s.T + Cc - 1) / Cc) * s.HV;
-  const double flops = chunks * (4.0 * Cc * Cc * D + 2.0 * Cc * Cc * D + 6.0 * Cc * D * D + 2.0 * Cc * Cc * D);
-  const double bytes = 2.0 * (2.0 * nq + 3.0 * nv + s.B * s.T * s.HV) + 2.0 * 4.0 * s.B * s.HV * D * D;
-  return {ms, mn, bytes, flops, prep, state};
+  return prefill_measured(s, ms, mn, prep, state);
 }
 
 Measured bench_decode(const Shape& s, int warmup, int iters, std::uint64_t seed) {
@@ -384,6 +395,9 @@ void register_bench(Registry& reg) {
                 "segments, KdaPrefillArgs::overlap_segments; the v5 segment path runs serially), 0 = everything serial, "
                 "2 = the v5 segment path overlapped too (overlap_segment_pass)")
       ->capture_default_str();
+  a->add_flag("--variants", o->variants,
+              "kda-prefill: also time the non-default variants beside the defaults and print them (the one-shot "
+              "schedule beside the segment path, prepare v4, state passes v2, v4 and v5); the table keeps the defaults");
   a->add_option("--segments", o->kda_segments,
                 "kda-prefill state pass: 0 = the v5 auto rule (default; P = 3 at T = 65536, H = 32), 1 = one-shot, P >= 2 = P segments in parallel "
                 "(KdaPrefillArgs::segment_state)")->capture_default_str();
@@ -465,12 +479,8 @@ void register_bench(Registry& reg) {
     bool flagged = false;
     for (std::size_t oi = 0; oi < ops.size(); ++oi) {
       const std::string& op = ops[oi];
-      const std::string grp =
-          "bench/" + std::string(op == "kda-prefill"   ? "kda_prefill"
-                                 : op == "mla-decode"  ? "mla_decode"
-                                 : op == "mla-prefill" ? "mla_prefill"
-                                 : op == "attn-res"    ? "attn_res"
-                                                       : "kda_decode");
+      std::string grp = "bench/" + op;  // the op with '_' for '-': bench/kda_prefill, bench/attn_res, ...
+      std::replace(grp.begin(), grp.end(), '-', '_');
       std::vector<std::string> bkeys;
       std::vector<double> bms;
       for (const std::string& cf : o->compare)  // rows of every baseline file; the first file holding a key wins
@@ -501,7 +511,7 @@ void register_bench(Registry& reg) {
       for (const Shape& s : shapes[oi]) {
         const std::string key = key_of(op, s, op == "mla-prefill" ? o->prefix : 0);
         const Measured m =
-            op == "kda-prefill"   ? bench_prefill(s, o->warmup, o->iters, ctx.common.seed, o->kda_segments, o->kda_overlap)
+            op == "kda-prefill"   ? bench_prefill(s, o->warmup, o->iters, ctx.common.seed, o->kda_segments, o->kda_overlap, o->variants)
             : op == "mla-decode"  ? bench_mla_decode(s, o->warmup, o->iters, ctx.common.seed, o->mla_variant)
             : op == "mla-prefill" ? bench_mla_prefill(s, o->prefix, o->warmup, o->iters, ctx.common.seed)
             : op == "attn-res"    ? bench_attn_res(s, o->warmup, o->iters, ctx.common.seed)

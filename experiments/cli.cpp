@@ -163,12 +163,13 @@ std::vector<std::string> config_tokens(CLI::App* sub, const std::string& path) {
   return toks;
 }
 
-/// Rejects NaN/Inf (and out-of-range numbers like 1e400) in every option value: no experiment
-/// accepts them, and letting one through can crash or write NaN silently.
+/// Rejects NaN/Inf (and out-of-range numbers like 1e400) in every numeric option value: no experiment
+/// accepts them, and letting one through can crash or write NaN silently. Text options (file names,
+/// lists parsed by their subcommand) are left alone: "info.json" is a name, not a number.
 void require_finite_options(CLI::App* sub) {
   for (CLI::Option* o : sub->get_options()) {
     const std::string n = long_name(o);
-    if (n.empty() || n == "out" || n == "config" || n == "in" || n == "dir" || n == "compare" || n == "peer-json") continue;
+    if (n.empty() || o->get_type_name().rfind("TEXT", 0) == 0) continue;
     for (const std::string& v : o->results()) {
       std::string t = v;
       for (auto& ch : t) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
