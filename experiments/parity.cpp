@@ -193,6 +193,14 @@ Truth compute_truth(const KdaInputs& in, const std::string& kind) {
   return t;
 }
 
+/// Largest element of x (0 when empty); NaN when any element is NaN (std::max_element would skip it,
+/// and a NaN row or window must show in the summaries).
+double nan_max(const std::vector<double>& x) {
+  double m = 0;
+  for (double v : x) m = (std::isnan(v) || std::isnan(m)) ? std::numeric_limits<double>::quiet_NaN() : std::max(m, v);
+  return m;
+}
+
 /// Median of x; NaN when x is empty or holds a NaN (sorting NaN is undefined, and a NaN row must show).
 double median(std::vector<double> x) {
   if (x.empty() || std::any_of(x.begin(), x.end(), [](double v) { return std::isnan(v); }))
@@ -382,8 +390,7 @@ void register_parity(Registry& reg) {
         const ErrorMetrics mo = compare(r.o, tr.o, "o"), ms = compare(r.S, tr.S, "S");
         const auto w = rel_rms_windows(r.o, tr.o, s.B, s.T, win);
         for (std::size_t j = 0; j < w.size() && j < static_cast<std::size_t>(o->windows); ++j) windows(row, j) = w[j];
-        double wmax = 0;  // NaN-aware: a NaN window makes the max NaN (std::max_element would skip past it)
-        for (double x : w) wmax = (std::isnan(x) || std::isnan(wmax)) ? std::numeric_limits<double>::quiet_NaN() : std::max(wmax, x);
+        const double wmax = nan_max(w);
         if (mo.nan_count + mo.inf_count + ms.nan_count + ms.inf_count > 0)
           note(fmt::format("{} C={} at point {} ({}): o has {} NaN / {} Inf, S has {} NaN / {} Inf (recorded in the row; "
                            "the factored chunk form overflows at this C and gate: see kdalab decay-range)",
@@ -473,13 +480,8 @@ void register_parity(Registry& reg) {
         es.push_back(errS_c[i]);
       }
       const std::size_t i0 = groups[k].front();
-      auto worst = [](const std::vector<double>& v) {  // NaN-aware maximum: any NaN row makes the worst NaN
-        double m = 0;
-        for (double x : v) m = (std::isnan(x) || std::isnan(m)) ? std::numeric_limits<double>::quiet_NaN() : std::max(m, x);
-        return m;
-      };
-      const double mo = median(eo), wo = worst(eo);
-      const double ms = median(es), ws = worst(es);
+      const double mo = median(eo), wo = nan_max(eo);
+      const double ms = median(es), ws = nan_max(es);
       sum.row({impl_c[i0], st_c[i0], mm_c[i0], static_cast<std::int64_t>(eo.size()), mo, wo, ms, ws});
       fmt::print("{:<15}{:>7}{:>8}{:>6}{:>16.3e}{:>16.3e}{:>16.3e}{:>16.3e}\n", impl_c[i0], st_c[i0], mm_c[i0], eo.size(),
                  mo, wo, ms, ws);

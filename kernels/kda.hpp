@@ -101,7 +101,8 @@ struct KdaPrefillArgs {
   /// Not bit-identical to the one-shot pass (A_seg carries its own bf16 operand roundings; the
   /// twin's KdaTwinPlan::segments models it). Workspace: + 3 (P-1) N HV D^2 fp32.
   /// Default 0 (auto) since the v5 GPU tests passed on the H200 (session 3): T = 65536, H = 32 takes
-  /// P = 3 and runs 7.58 ms vs 7.86 ms one-shot (bench/NOTES.md); other ANCHORS shapes keep one shot.
+  /// P = 3 (state pass 4.09 ms vs 5.43 ms one-shot, whole prefill 6.62 vs 7.23 ms with prepare v6; bench/NOTES.md);
+  /// other ANCHORS shapes keep one shot.
   int segment_state = 0;
   /// v5 segment path only: true = the prepare of segment k runs beside pass 1 of the segments before it
   /// (a side stream, bit-identical to the serial order); false (default) = prepare, pass 1, combine,
