@@ -231,6 +231,16 @@ void register_golden(Registry& reg) {
   };
 }
 
+/// Runs `check` on fixture `path`; an error inside (it names only the tensor) is rethrown naming the file.
+template <class F>
+void naming_fixture(const std::string& path, F&& check) {
+  try {
+    check();
+  } catch (const Error& e) {
+    throw Error("golden file '" + path + "': " + e.what() + "; regenerate with 'kdalab golden --regen --force' if the file was damaged");
+  }
+}
+
 int run_golden(bool regen_flag, const std::string& dir_name, Context& ctx) {
   const std::string* dir = &dir_name;
   {
@@ -273,11 +283,7 @@ int run_golden(bool regen_flag, const std::string& dir_name, Context& ctx) {
       const std::string path = *dir + "/" + op.op + ".h5";
       require(std::filesystem::exists(path),
               "golden file '" + path + "' is missing; run 'kdalab golden --regen' (and commit data/golden/)");
-      try {
-        failed += check_file(path, op);
-      } catch (const Error& e) {  // name the fixture file: the inner message names only the tensor
-        throw Error("golden file '" + path + "': " + e.what() + "; regenerate with 'kdalab golden --regen --force' if the file was damaged");
-      }
+      naming_fixture(path, [&] { failed += check_file(path, op); });
     }
     for (const auto& op : golden::layer_ops()) {
       const std::string path = *dir + "/" + op.op + ".h5";
@@ -286,15 +292,13 @@ int run_golden(bool regen_flag, const std::string& dir_name, Context& ctx) {
       const std::string cases = h5read::attr_string(path, "/", "cases");
       require(cases == op.cases, "golden file '" + path + "' holds the cases '" + cases + "', this build expects '" +
                                      op.cases + "'; regenerate with 'kdalab golden --regen --force'");
-      try {
+      naming_fixture(path, [&] {
         op.check(path, [&](const std::string& what, double err, double tol) {
           const bool ok = err <= tol;
           if (!ok) ++failed;
           fmt::print("{:<4} {:<58} rel RMS {:9.2e} (tol {:.0e})\n", ok ? "ok" : "FAIL", what, err, tol);
         });
-      } catch (const Error& e) {  // name the fixture file: the inner message names only the tensor
-        throw Error("golden file '" + path + "': " + e.what() + "; regenerate with 'kdalab golden --regen --force' if the file was damaged");
-      }
+      });
     }
     fmt::print("golden: {}\n", failed ? fmt::format("{} check(s) FAILED: the numerics changed", failed) : "all checks pass");
     return failed ? 1 : 0;
