@@ -8,8 +8,14 @@ It loads only fla.ops.kda (bare parent packages fla, fla.ops, fla.modules: their
 every op, fla.layers and fla.models, i.e. einops and transformers), which needs torch, triton and
 packaging; if that fails it falls back to the ordinary `import fla.ops.kda` (--full-import forces it).
 
-  python3 bench/fla_kda.py [--fla-path peers/fla-src] [--json OUT.json] [--check-dir DIR]
-                           [--ops kda-prefill,kda-decode,check] [--time-budget S] [--prewarm N]
+  python3 bench/fla_kda.py [--fla-path peers/fla-src] [--json OUT.json] [--check-dir DIR] [--force]
+                           [--ops kda-prefill,kda-decode,check] [--time-budget S] [--prewarm N] [--dry-run]
+
+Outputs (kdalab's rule): --json's folder must exist and be writable; --check-dir is created if missing
+(its parent folder must exist and be writable). An existing --json file, or an existing check file in
+--check-dir (fla_kda_B<B>_T<T>_H<H>.h5, only with --ops check), is never overwritten without --force:
+one line on stderr naming the option and the path, exit 2, nothing written. --dry-run makes the same
+checks (arguments, --fla-path, outputs), prints the plan and exits without importing torch or fla.
 
 What it runs (bf16 in/out, fp32 state, D = d_k = d_v = 128, scale = D^-1/2, everything fused the way
 kdalab's kernels take it: raw gate logits, raw beta logits, un-normalised q/k):
@@ -50,8 +56,8 @@ Triton's benchmark runs each autotune config once untimed, so they only fill Tri
 cache. The main process then loads the binaries and autotunes with real timings, alone on the GPU
 (FLA_CACHE_RESULTS=0: no autotune result is reused from disk).
 
-Exit codes: 0 done (shapes skipped for the time budget are listed), 2 bad usage or fla not found at
---fla-path, 1 an unexpected failure (torch or CUDA missing, fla import error).
+Exit codes: 0 done (shapes skipped for the time budget are listed), 2 bad usage, fla not found at
+--fla-path or an output path refused, 1 an unexpected failure (torch or CUDA missing, fla import error).
 """
 import argparse
 import json
@@ -120,8 +126,14 @@ def build_parser():
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--fla-path", default="peers/fla-src",
                    help="folder holding fla's python package (PATH/fla/ops/kda), or the fla package folder itself")
-    p.add_argument("--json", default="fla_kda.json", help="peer timings out: {key: ms} + _fla_meta")
-    p.add_argument("--check-dir", default="fla_check", help="folder for the kdalab check input files (created)")
+    p.add_argument("--json", default="fla_kda.json",
+                   help="peer timings out: {key: ms} + _fla_meta; its folder must exist; an existing file "
+                        "only with --force")
+    p.add_argument("--check-dir", default="fla_check",
+                   help="folder for the kdalab check input files (--ops check; created if missing, its parent "
+                        "must exist); existing fla_kda_B*_T*_H*.h5 files in it only with --force")
+    p.add_argument("--force", action="store_true",
+                   help="overwrite an existing --json file and existing check files in --check-dir")
     p.add_argument("--ops", default=",".join(OPS), help="comma-separated subset of " + ", ".join(OPS))
     p.add_argument("--prefill-shapes", default=",".join("%d:%d:%d:%d" % s for s in PREFILL_SHAPES),
                    help="B:T:H[:HV],...; the default is kdalab bench's")
@@ -149,7 +161,9 @@ def build_parser():
     p.add_argument("--time-budget", type=float, default=0,
                    help="seconds; shapes not started by then are skipped and listed (0: no limit). "
                         "Leave ~60 s of a device command's limit for start-up and writing")
-    p.add_argument("--dry-run", action="store_true", help="check the arguments and the fla path, print the plan, exit")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check the arguments, the fla path and the output paths, print the plan, exit "
+                        "(imports neither torch nor fla)")
     p.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
     return p
 
@@ -165,6 +179,54 @@ def resolve_fla_root(path):
         f"--fla-path '{path}': fla not found there (looked for '{os.path.join(path, 'fla', 'ops', 'kda', '__init__.py')}'); "
         "give the folder that holds fla's python package `fla/` (e.g. peers/fla-src, made with "
         "`git archive HEAD fla | tar -x -C peers/fla-src` from a clone of fla-org/flash-linear-attention)")
+
+
+def check_file_name(case):
+    """The check file written for ANCHORS.md case (B, T, H) inside --check-dir."""
+    return "fla_kda_B%d_T%d_H%d.h5" % case
+
+
+def _writable_folder(option, path, folder):
+    """UsageError unless `folder` (where `path` of --`option` goes) is an existing, writable folder."""
+    if not os.path.isdir(folder):
+        raise UsageError(f"--{option} '{path}': folder '{folder}' does not exist; create it first")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"--{option} '{path}': folder '{folder}' is not writable")
+
+
+def check_outputs(args, ops):
+    """kdalab's output rule for --json and (with --ops check) --check-dir, before anything is run or written:
+    the folder exists and is writable, an existing file is overwritten only with --force. Returns a list of
+    plan lines ('PATH (new)' / 'PATH (overwritten: --force)'). Raises UsageError naming the option and path."""
+    plan = []
+    j = args.json
+    if not j:
+        raise UsageError("--json: an output file name is required (e.g. --json fla_kda.json)")
+    if os.path.isdir(j):
+        raise UsageError(f"--json '{j}' is a directory; give a file name ending in .json")
+    _writable_folder("json", j, os.path.dirname(j) or ".")
+    if os.path.lexists(j) and not args.force:
+        raise UsageError(f"--json '{j}' already exists; pass --force to overwrite it (the old file is kept otherwise)")
+    plan.append(f"json -> {j} ({'overwritten: --force' if os.path.lexists(j) else 'new'})")
+    if "check" in ops:
+        d = args.check_dir
+        if not d:
+            raise UsageError("--check-dir: a folder name is required (e.g. --check-dir fla_check)")
+        if os.path.exists(d):
+            if not os.path.isdir(d):
+                raise UsageError(f"--check-dir '{d}' exists and is not a folder; give a folder (created if missing)")
+            _writable_folder("check-dir", d, d)
+            there = [n for n in (check_file_name(c) for c in ANCHOR_CASES) if os.path.lexists(os.path.join(d, n))]
+            if there and not args.force:
+                raise UsageError(f"--check-dir '{d}': {os.path.join(d, there[0])} already exists"
+                                 + (f" (and {len(there) - 1} more check files)" if len(there) > 1 else "")
+                                 + "; pass --force to overwrite them (the old files are kept otherwise)")
+            plan.append(f"check files -> {d}/ ({len(there)} of {len(ANCHOR_CASES)} overwritten: --force)" if there
+                        else f"check files -> {d}/ (new)")
+        else:
+            _writable_folder("check-dir", d, os.path.dirname(os.path.normpath(d)) or ".")
+            plan.append(f"check files -> {d}/ (folder created)")
+    return plan
 
 
 def fla_commit(root):
@@ -452,7 +514,7 @@ class Harness:
         attrs = dict(meta)
         attrs.update(case=f"B={B} T={T} H={H} HV={H} D={D}", seed=seed,
                      generator="anchor-kda distribution (ANCHORS.md), drawn with torch.Generator(cuda)")
-        path = os.path.join(out_dir, f"fla_kda_B{B}_T{T}_H{H}.h5")
+        path = os.path.join(out_dir, check_file_name(case))
         write_check_file(path, arrays, scale=D ** -0.5, g_min=G_MIN, extra_attrs=attrs)
         r = dict(file=path, rel_rms_o_vs_f64=rel(o2, o_ref), rel_rms_S_vs_f64=rel(S2, S_ref),
                  first_call_s=round(first_s, 2), deterministic=deterministic,
@@ -617,8 +679,7 @@ def prewarm(args, root, jobs, budget_left):
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    try:
-        root = resolve_fla_root(args.fla_path)
+    try:  # the arguments, then --fla-path, then the output paths (kdalab bench's order: --out last)
         ops = [o.strip() for o in args.ops.split(",") if o.strip()]
         bad = [o for o in ops if o not in OPS]
         if bad or not ops:
@@ -630,6 +691,8 @@ def main(argv=None):
                              "accepted: --iters >= 1 (50 or more for the record), --warmup >= 0, --reps >= 0")
         if args.time_budget < 0:
             raise UsageError(f"--time-budget {args.time_budget}: accepted: seconds >= 0 (0: no limit)")
+        root = resolve_fla_root(args.fla_path)
+        plan = [] if args._worker else check_outputs(args, ops)  # a prewarm worker writes neither
     except UsageError as e:
         print(f"fla_kda.py: {e}", file=sys.stderr)
         return 2
@@ -651,8 +714,10 @@ def main(argv=None):
         if "kda-decode" in ops:
             log("decode shapes: " + ", ".join(key_of("kda-decode", s) for s in decode))
         if "check" in ops:
-            log(f"check cases -> {args.check_dir}: " + ", ".join("B=%d T=%d H=%d" % c for c in ANCHOR_CASES))
-        log(f"json -> {args.json}")
+            log("check cases: " + ", ".join("B=%d T=%d H=%d" % c for c in ANCHOR_CASES))
+        for line in plan:
+            log(line)
+        log("dry run: nothing was imported, run or written")
         return 0
 
     try:

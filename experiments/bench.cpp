@@ -1,8 +1,9 @@
-// `kdalab bench`: timings of the KDA CUDA kernels (kernels/kda.hpp).
+// `kdalab bench`: timings of the CUDA kernels: KDA (kernels/kda.hpp), MLA decode and prefill (kernels/mla.hpp,
+// kernels/mla_prefill.hpp) and Block AttnRes (kernels/attn_res.hpp).
 //
 //   kdalab bench --op kda-prefill|kda-decode|mla-decode|mla-prefill|attn-res|all [--shapes "B:T:H[:HV],..."]
-//                [--iters N] [--prefix N0] [--peer-json FILE..] [--compare BASELINE.h5..] [--variant 1|2|3] [--segments P] [--overlap 0|1|2] [--variants]
-//                --out results/bench.h5
+//                [--iters N] [--warmup N] [--quick] [--prefix N0] [--peer-json FILE..] [--compare BASELINE.h5..]
+//                [--variant 1|2|3] [--segments P] [--overlap 0|1|2] [--variants] --out results/bench.h5
 //
 // Per shape: median (and min) of --iters CUDA-event timings after --warmup launches, the bytes a
 // kernel must move at least (inputs read once, outputs written once; the workspace is not counted)
@@ -28,7 +29,12 @@
 // attn-res (kernels/attn_res.hpp): shapes S:T:d in the B:T:H slots (S sources, T tokens, width d; the table's
 //   B, T, H, D columns hold S, T, d, d); bytes = the S T d bf16 sources read once + the bf16 output written;
 //   flops = 6 S T d (h.h, w.h, the weighted sum).
-// Without CUDA (CPU build) or without a visible GPU: says so on stdout, writes nothing, exit 0.
+// Order of the checks (the same errors, exit 2, in every build): --op, the numbers (--iters, --warmup, --prefix,
+// --overlap, --segments, --variant), --shapes, the --peer-json files, the --compare files, then --out (folder
+// exists and is writable; an existing file only with --force). Only then: without the CUDA kernels (CPU build)
+// or without a visible GPU, one line on stderr saying so, nothing written, exit 3 (kExitNotAvailable: "cannot
+// run in this build / on this machine"; not 0, so a GPU-less CI gate running `bench --compare` fails instead
+// of passing with nothing compared; not 2, which is bad input).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -57,6 +63,11 @@
 namespace kdalab::cli {
 
 namespace {
+
+/// Exit code of `kdalab bench` when the benchmark cannot run here: a build without the CUDA kernels, or no
+/// GPU visible. Distinct from 0 (measured), 1 (a row > 10% slower than --compare, or an unexpected failure)
+/// and 2 (bad input).
+constexpr int kExitNotAvailable = 3;
 
 struct BenchOptions {
   std::string op = "all", shapes;
@@ -371,25 +382,57 @@ Measured bench_attn_res(const Shape& s, int warmup, int iters, std::uint64_t see
 }
 #endif
 
+/// The default shapes of every op as --help prints them ("kda-prefill 1:8192:64, ...; kda-decode ..."), made
+/// from parse_shapes() so that the help cannot drift from what runs.
+std::string default_shapes_help() {
+  std::string r;
+  for (const char* op : {"kda-prefill", "kda-decode", "mla-decode", "mla-prefill", "attn-res"}) {
+    r += (r.empty() ? "" : "; ") + std::string(op);
+    const auto v = parse_shapes("", op);
+    for (std::size_t i = 0; i < v.size(); ++i)
+      r += (i ? ", " : " ") + fmt::format("{}:{}:{}", v[i].B, v[i].T, v[i].H) +
+           (v[i].HV != v[i].H ? fmt::format(":{}", v[i].HV) : std::string());
+  }
+  return r;
+}
+
 }  // namespace
 
 void register_bench(Registry& reg) {
   auto o = std::make_shared<BenchOptions>();
   auto& c = reg.add("bench",
-                    "Benchmarks of the KDA and MLA CUDA kernels: median time by CUDA events, TB/s, TFLOP/s, % of the copy "
+                    "Benchmarks of the KDA, MLA and AttnRes CUDA kernels: median time by CUDA events, TB/s, TFLOP/s, % of the copy "
                     "(measured) and bf16 matmul (715 TFLOP/s) ceilings, peer time and ratio from --peer-json; "
-                    "--compare BASELINE.h5 flags rows more than 10% slower (exit 1). No GPU: says so, writes "
-                    "nothing, exit 0.",
+                    "--compare BASELINE.h5 flags rows more than 10% slower (exit 1). Every option (--out last) is "
+                    "checked first, the same way in every build (bad input: exit 2). Without the CUDA kernels (a "
+                    "CPU build) or without a GPU: says so on stderr, measures, compares and writes nothing, exit 3.",
                     "results/bench.h5");
+  c.writes_output = false;  // --out is checked in run(), after the other options (see the order at the top)
   auto* a = c.app;
-  a->add_option("--op", o->op, "kda-prefill, kda-decode, mla-decode, mla-prefill, attn-res or all")->capture_default_str();
-  a->add_option("--prefix", o->prefix, "mla-prefill: cached tokens before the T new ones (N0)")->capture_default_str();
+  // the common options, as they apply to bench
+  a->get_option("--out")->description("HDF5 results file (group /bench/<op>), written atomically and only when the "
+                                      "benchmark runs; its folder must exist; an existing file only with --force");
+  a->get_option("--seed")->description("seed of the device-side input fills (N(0,1) bf16 tensors, U(0,1) gate "
+                                       "parameters), an integer in [0, 2^64 - 1] (recorded in the results file)");
+  a->get_option("--quick")->description("a smoke run: --iters 5 and --warmup 1 unless given (rough times; the shapes "
+                                        "are unchanged, pick small ones with --shapes)");
+  a->get_option("--quiet")->description("no effect for bench (it prints no progress lines; the table is always printed)");
+  a->add_option("--op", o->op,
+                "kda-prefill (chunked KDA prefill), kda-decode (one KDA decode step per sequence), mla-decode (absorbed "
+                "MLA decode over a latent cache), mla-prefill (causal absorbed MLA prefill), attn-res (Block Attention "
+                "Residuals) or all (each of them, with its default shapes)")->capture_default_str();
+  a->add_option("--prefix", o->prefix, "mla-prefill: cached tokens before the T new ones (N0), >= 0")->capture_default_str();
   a->add_option("--shapes", o->shapes,
-                "comma-separated B:T:H[:HV] (decode: T = 1); default: the ANCHORS.md shapes")->capture_default_str();
-  a->add_option("--iters", o->iters, "timed launches per shape (median reported)")->capture_default_str();
-  a->add_option("--warmup", o->warmup, "untimed launches before timing")->capture_default_str();
-  a->add_option("--peer-json", o->peer_json, "peer times (ms) keyed '<op> B=.. T=.. H=.. HV=..' from the same machine session; several files "
-                "(or the option repeated) are merged (each key in one file only; keys starting with _ are metadata and skipped), e.g. bench/fla_kda.py's and bench/torch_mla_decode.py's");
+                "comma-separated B:T:H[:HV] (HV a multiple of H, default H), only with a single --op; kda-decode: T = 1; "
+                "mla-decode: B:N:H with N cached tokens; attn-res: S:T:d (sources, tokens, width). Default (the "
+                "ANCHORS.md shapes): " + default_shapes_help());
+  a->add_option("--iters", o->iters, "timed launches per shape (median and min reported), >= 1")->capture_default_str();
+  a->add_option("--warmup", o->warmup, "untimed launches before timing, >= 0")->capture_default_str();
+  a->add_option("--peer-json", o->peer_json,
+                "peer times (ms) as a JSON object keyed like the table's first column ('<op> B=.. T=.. H=.. HV=..', "
+                "'attn-res S=.. T=.. d=..'), a number or null, from the same machine session; several files (or the "
+                "option repeated) are merged (each key in one file only; keys starting with _ are metadata and skipped), "
+                "e.g. bench/fla_kda.py's and bench/torch_mla_decode.py's. Default: none (peer_ms NaN)");
   a->add_option("--overlap", o->kda_overlap,
                 "kda-prefill schedule: 1 = the library defaults (the one-shot state pass overlaps the prepare of later "
                 "segments, KdaPrefillArgs::overlap_segments; the v5 segment path runs serially), 0 = everything serial, "
@@ -397,20 +440,30 @@ void register_bench(Registry& reg) {
       ->capture_default_str();
   a->add_flag("--variants", o->variants,
               "kda-prefill: also time the non-default variants beside the defaults and print them (the one-shot "
-              "schedule beside the segment path, prepare v4, state passes v2, v4 and v5); the table keeps the defaults");
+              "schedule beside the segment path, prepare v4, state passes v2, v4 and v5); the table keeps the defaults. "
+              "Default: off");
   a->add_option("--segments", o->kda_segments,
-                "kda-prefill state pass: 0 = the v5 auto rule (default; P = 3 at T = 65536, H = 32), 1 = one-shot, P >= 2 = P segments in parallel "
-                "(KdaPrefillArgs::segment_state)")->capture_default_str();
-  a->add_option("--variant", o->mla_variant, "mla-decode split kernel: 1 (mma.sync, v1), 2 (wgmma, v2) or 3 (wgmma, 4-slot pipeline, v3)")
+                "kda-prefill state pass: 0 = the v5 auto rule (P = 3 at T = 65536, H = 32), 1 = one-shot, 2..64 = P "
+                "segments in parallel (KdaPrefillArgs::segment_state)")->capture_default_str();
+  a->add_option("--variant", o->mla_variant,
+                "mla-decode split kernel: 1 (mma.sync, v1), 2 (wgmma, v2) or 3 (wgmma, 4-slot pipeline, v3)")
       ->capture_default_str();
-  a->add_option("--compare", o->compare, "baseline results file(s) to compare against (prints ratios, flags > 10% slower); several files (or the "
-                "option repeated): each row is looked up in them in order, e.g. data/baselines/h200-kda.h5 h200-mla.h5");
+  a->add_option("--compare", o->compare,
+                "baseline bench results file(s) to compare against: prints time / baseline per row found (same group, "
+                "same key), flags rows more than 10% slower and then exits 1; several files (or the option repeated): "
+                "each row is looked up in them in order, e.g. data/baselines/h200-kda.h5 data/baselines/h200-mla.h5. "
+                "Default: none. Without a GPU nothing is compared: exit 3, never 0");
   c.run = [o](Context& ctx) -> int {
     require(o->op == "kda-prefill" || o->op == "kda-decode" || o->op == "mla-decode" || o->op == "mla-prefill" ||
                 o->op == "attn-res" || o->op == "all",
             "--op = '" + o->op + "'; accepted: kda-prefill, kda-decode, mla-decode, mla-prefill, attn-res, all");
     require(o->prefix >= 0, "--prefix = " + std::to_string(o->prefix) + "; accepted: >= 0 cached tokens");
-    require(o->iters >= 1 && o->warmup >= 0, "--iters must be >= 1 and --warmup >= 0");
+    require(o->iters >= 1, "--iters = " + std::to_string(o->iters) + "; accepted: an integer >= 1 (timed launches per shape)");
+    require(o->warmup >= 0, "--warmup = " + std::to_string(o->warmup) + "; accepted: an integer >= 0 (untimed launches)");
+    if (ctx.common.quick) {  // a smoke run: fewer launches unless --iters / --warmup were given (or set in --config)
+      if (ctx.app->get_option("--iters")->count() == 0) o->iters = 5;
+      if (ctx.app->get_option("--warmup")->count() == 0) o->warmup = 1;
+    }
     require(o->kda_overlap >= 0 && o->kda_overlap <= 2,
             "--overlap = " + std::to_string(o->kda_overlap) + "; accepted: 0 (serial), 1 (library defaults) or 2 (all overlapped)");
     require(o->kda_segments >= 0 && o->kda_segments <= 64,
@@ -457,16 +510,24 @@ void register_bench(Registry& reg) {
       }
       require(has_bench, "--compare: '" + cf + "' has no group /bench");
     }
+    // --out last among the options (Command::writes_output is off for bench, so cli.cpp does not check it
+    // first): a bad option above is named whatever --out is, and the same way in every build
+    check_output_path(ctx.common.out, ctx.common.force);
+    // Only now: can this build and machine run the benchmark at all? Not 0 (nothing was measured or compared),
+    // not 2 (the input was fine): kExitNotAvailable.
+    const std::string nothing = o->compare.empty() ? "nothing was measured or written"
+                                                   : "nothing was measured, compared or written";
 #ifndef KDALAB_HAVE_CUDA
-    (void)ctx;
-    fmt::print("bench: the CUDA kernels are not built (configure with --preset cuda); nothing was measured or written\n");
-    return 0;
+    fmt::print(stderr, "kdalab bench: not available in this build: the CUDA kernels are not built (build with "
+                       "`cmake --preset cuda` and run on a GPU); {} (exit {})\n", nothing, kExitNotAvailable);
+    return kExitNotAvailable;
 #else
     int ndev = 0;
-    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+    if (const cudaError_t e = cudaGetDeviceCount(&ndev); e != cudaSuccess || ndev == 0) {
       cudaGetLastError();
-      fmt::print("bench: no GPU visible; nothing was measured or written\n");
-      return 0;
+      fmt::print(stderr, "kdalab bench: not available on this machine: no GPU visible ({}); {} (exit {})\n",
+                 e != cudaSuccess ? cudaGetErrorString(e) : "0 devices", nothing, kExitNotAvailable);
+      return kExitNotAvailable;
     }
     const double copy_tbs = copy_ceiling_tbs();
     const double mm_tflops = 715.0;

@@ -692,21 +692,32 @@ void register_check(Registry& reg) {
     bool kernel = false;
   };
   auto o = std::make_shared<Opts>();
+  // the common options, as they apply to check (newcomer read of --help, session 4)
+  c.app->get_option("--out")->description("HDF5 report to write: group /check with the truth tensors, the table "
+                                          "/check/report (one row per candidate) and the verdict; written atomically, "
+                                          "also on FAIL; an existing file only with --force; not the --in file");
+  c.app->get_option("--seed")->description("no effect for check (nothing random: the truth is computed on the file's "
+                                           "inputs); recorded in the report");
+  c.app->get_option("--quick")->description("no effect for check (the truth is always computed in full; --truth f64 "
+                                            "is the fast one)");
+  c.app->get_option("--quiet")->description("no effect for check (it prints no progress lines)");
   c.app->add_option("--op", o->op,
                     "operation: kda (prefill from S0 or zero), kda-decode (T one-token steps from S0), mla (absorbed "
                     "attention over a latent cache), attn-res (Attention Residuals over depth)")
       ->capture_default_str();
-  c.app->add_option("--in", o->in, "input HDF5 file (format in README.md)");
-  c.app->add_option("--truth", o->truth, "truth: mp (cpp_bin_float_50), f64 (float64), auto (mp while the work "
+  c.app->add_option("--in", o->in, "input HDF5 file with the inputs and your candidates (format in README.md); required");
+  c.app->add_option("--truth", o->truth, "truth: mp (cpp_bin_float_50, slow: ~20 s at the auto limit), f64 (float64), auto (mp while the work "
                                          "(kda: B*T*HV*d_k*d_v; mla: B*T*H*N*(d_c + d_rope); attn-res: 100*N*T*d) <= 2e7, f64 above)")
       ->capture_default_str();
-  c.app->add_option("--tol", o->tol, std::string("verdict tolerance on relative RMS (default: ") +
+  c.app->add_option("--tol", o->tol, std::string("verdict tolerance on relative RMS, > 0; a candidate passes when its "
+                                                 "relative RMS <= tol and it has no NaN/Inf (default: ") +
                                          tol::check_default.why + ")")
       ->capture_default_str();
   c.app->add_flag("--kernel", o->kernel,
                   "--op kda: also run kdalab's CUDA prefill kernel on exactly the file's inputs and report its o and S "
                   "as candidates o_kdalab, S_kdalab beside the file's (e.g. a peer's): both against one truth. Needs a "
-                  "CUDA build and a GPU, gate = \"k3\", beta = \"logits\", l2norm_qk = 1, d_k = d_v = 128, HV = H");
+                  "CUDA build (a CPU build refuses it: exit 2) and a GPU, gate = \"k3\", beta = \"logits\", l2norm_qk = 1, d_k = d_v = 128, "
+                  "HV = H, and inputs that are bf16 (q, k, v, g, beta) / fp32 (A_log, bias, S0) numbers. Default: off");
   c.run = [o](Context& ctx) -> int {
     require(o->op == "kda" || o->op == "kda-decode" || o->op == "mla" || o->op == "attn-res",
             "--op '" + o->op + "' is unknown; accepted: kda, kda-decode, mla, attn-res");
