@@ -20,10 +20,11 @@ inline std::string kdalab_bin() {
   return b ? b : "build/default/experiments/kdalab";
 }
 
-/// Runs `kdalab <args>` through the shell, capturing stdout+stderr and the exit code.
-inline RunResult run_kdalab(const std::string& args) {
+/// Runs the shell command line `cmd` (from the working directory, the repo root under ctest), capturing
+/// stdout+stderr and the exit code (-1 when it did not exit normally).
+inline RunResult run_command(const std::string& cmd_line) {
   RunResult r;
-  const std::string cmd = kdalab_bin() + " " + args + " 2>&1";
+  const std::string cmd = cmd_line + " 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) return r;
   char buf[4096];
@@ -32,6 +33,20 @@ inline RunResult run_kdalab(const std::string& args) {
   const int st = ::pclose(p);
   r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
   return r;
+}
+
+/// Runs `kdalab <args>` through the shell, capturing stdout+stderr and the exit code.
+inline RunResult run_kdalab(const std::string& args) { return run_command(kdalab_bin() + " " + args); }
+
+/// Whether `r`, a `kdalab bench` run with valid options, ended as this build allows: without the CUDA kernels
+/// exit 3 saying "not available in this build" (experiments/bench.cpp kExitNotAvailable); a CUDA build exit 0
+/// (measured) or exit 3 saying "no GPU visible". Never 0 without a GPU: a GPU-less CI gate must not pass.
+inline bool bench_valid_exit(const RunResult& r) {
+#ifdef KDALAB_HAVE_CUDA
+  return r.code == 0 || (r.code == 3 && r.output.find("no GPU visible") != std::string::npos);
+#else
+  return r.code == 3 && r.output.find("not available in this build") != std::string::npos;
+#endif
 }
 
 /// A fresh empty folder under the system temp dir, removed on destruction.
