@@ -487,6 +487,8 @@ __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_grou
 __device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
 /// Makes this thread's generic-proxy shared-memory writes (st.shared, cp.async) visible to wgmma.
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+/// Barrier of the 128 threads of warpgroup wg (named barrier 1 + wg; 0 is __syncthreads).
+__device__ __forceinline__ void wg_barrier(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory"); }
 
 /// D[64 x 32] (+)= A B, A and B K-major in shared memory (descriptors); D: 16 fp32 per thread.
 __device__ __forceinline__ void wgmma_m64n32(float* d, std::uint64_t da, std::uint64_t db, int scale_d) {
@@ -690,7 +692,13 @@ __device__ __forceinline__ void write_partial(const float* acc, float* mrg_base,
 }
 constexpr std::size_t MERGE_BYTES = 2 * 32 * (256 + 4) * 4;  // write_partial's mrg
 
-template <int H>
+/// kRefill = false: variant 2 as measured in sessions 2-3 (the loads of tile it + 1 are issued after tile it
+/// has landed, so at the top of each iteration nothing else is in flight). kRefill = true: variant 4, the same
+/// math on the same tiles, but each warpgroup refills its column half (256 latent columns, the only part its
+/// own P C reads) of the 2-slot buffer of tile it with tile it + 2 as soon as its P C of tile it is done
+/// (a 128-thread named barrier, as v3), so tiles it + 1 and it + 2 (up to 128 KB) are in flight while tile
+/// it + 1 is awaited; and it releases the combine early (programmatic dependent launch, as v3).
+template <int H, bool kRefill = false>
 __global__ void __launch_bounds__(NTHR, 1) mla_split_kernel_v2(SParams p) {
   constexpr int TPH = NTHR / H;    // softmax threads per head
   constexpr int TPT = TILE / TPH;  // tokens per softmax thread
@@ -737,8 +745,31 @@ __global__ void __launch_bounds__(NTHR, 1) mla_split_kernel_v2(SParams p) {
       src += (NTHR / (DC / 8)) * p.sc_t;
     }
   };
+  // v4 (kRefill): this warpgroup's column half (chunks 32 wg .. 32 wg + 31 of each row) of tile `tile` into
+  // buffer `buf`: thread wt copies chunk hch of rows hrow, hrow + 4, .., hrow + 60 (a warp reads 512
+  // contiguous bytes of one row); rows past the slice are zeros
+  const int wt = tid % 128, hrow = wt / 32, hch = 32 * wg + wt % 32;
+  auto load_half = [&](int tile, int buf) {
+    const int t0 = start + tile * TILE + hrow;
+    const bf16_t* src = cb + static_cast<long long>(t0) * p.sc_t + hch * 8;
+    unsigned char* dst = smem + OFF_C + 2 * buf * SLOT_BYTES + (hch / 8) * (TT * 128);
+#pragma unroll
+    for (int i = 0; i < TILE / 4; ++i) {
+      const int row = hrow + 4 * i;
+      unsigned char* d = dst + (row / TT) * SLOT_BYTES + sw(row % TT, hch % 8);
+      if (t0 + 4 * i < end)
+        cp_async16(d, src);
+      else
+        cp_async16_zfill(d, cb, 0);
+      src += 4 * p.sc_t;
+    }
+  };
   load_tile(0, 0);  // with the q~ rows in the same group
   cp_async_commit();
+  if constexpr (kRefill) {  // group 1 = tile 1 (empty when the slice has one tile)
+    if (ntiles > 1) load_tile(1, 1);
+    cp_async_commit();
+  }
 
   float acc[128];
 #pragma unroll
@@ -748,11 +779,17 @@ __global__ void __launch_bounds__(NTHR, 1) mla_split_kernel_v2(SParams p) {
   const int r0 = 16 * wl + g;  // this thread's accumulator rows r0, r0 + 8 (of the M = 64)
 
   for (int it = 0; it < ntiles; ++it) {
-    cp_async_wait<0>();  // tile it
-    fence_async_smem();
-    __syncthreads();     // tile it visible; P C of tile it - 1 done (its buffer is free)
-    if (it + 1 < ntiles) load_tile(it + 1, (it + 1) % 2);
-    cp_async_commit();
+    if constexpr (kRefill) {
+      cp_async_wait<1>();  // this thread's copies of tile it have landed (tile it + 1 may be in flight)
+      fence_async_smem();
+      __syncthreads();     // tile it complete and visible to wgmma
+    } else {
+      cp_async_wait<0>();  // tile it
+      fence_async_smem();
+      __syncthreads();     // tile it visible; P C of tile it - 1 done (its buffer is free)
+      if (it + 1 < ntiles) load_tile(it + 1, (it + 1) % 2);
+      cp_async_commit();
+    }
     const std::uint32_t cbuf = sbase + OFF_C + 2 * (it % 2) * SLOT_BYTES;
 
     // ---- scores, warpgroup wg: S[:, 32 wg .. 32 wg + 31] = [q_hi; q_lo] C_slot^T (32 wgmma m64n32k16)
@@ -776,7 +813,15 @@ __global__ void __launch_bounds__(NTHR, 1) mla_split_kernel_v2(SParams p) {
 
     // ---- P C, warpgroup wg: acc = corr acc + [P_hi; P_lo] C_tile[:, 256 wg .. 256 wg + 255] (4 wgmma m64n256k16)
     pc_step<TILE / 16>(acc, corr_s, r0, sbase + OFF_P, cbuf, wg);
+    if constexpr (kRefill) {
+      // every warp of this warpgroup is past its wgmma wait: its column half of buffer it % 2 is free (the
+      // other warpgroup's scores read it before the barrier after the scores; its P C reads the other half)
+      wg_barrier(wg);
+      if (it + 2 < ntiles) load_half(it + 2, it % 2);
+      cp_async_commit();
+    }
   }
+  if constexpr (kRefill) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   cp_async_wait<0>();
   __syncthreads();
 
@@ -811,6 +856,7 @@ __global__ void __launch_bounds__(NTHR, 1) mla_split_kernel_v2(SParams p) {
 namespace v3 {
 using v2::desc;
 using v2::fence_async_smem;
+using v2::wg_barrier;
 using v2::load_q_rows;
 using v2::pc_step;
 using v2::scores_kblocks;
@@ -833,8 +879,6 @@ static_assert(OFF_P % 1024 == 0 && OFF_C % 1024 == 0, "swizzled tiles start on 1
 static_assert(v2::MERGE_BYTES <= SLOTS * SLOT_BYTES, "the epilogue's merge buffer lives in the C ring");
 static_assert(TILE == TT, "a compute tile is one slot");
 
-/// Barrier of the 128 threads of warpgroup wg (named barrier 1 + wg; 0 is __syncthreads).
-__device__ __forceinline__ void wg_barrier(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory"); }
 
 /// N consecutive floats from shared memory (one vector load for N = 2 or 4; the caller aligns src).
 template <int N>
@@ -989,11 +1033,12 @@ void check_shapes(const MlaDecodeArgs& a) {
   if (a.max_len < 1 || a.max_len > a.capacity)
     fail("max_len = " + std::to_string(a.max_len) + "; accepted: 1 <= max_len <= capacity = " +
          std::to_string(a.capacity) + " (N = 0 or a context past the cache capacity)");
-  if (a.variant < 1 || a.variant > 3)
+  if (a.variant < 1 || a.variant > 4)
     fail("variant = " + std::to_string(a.variant) +
-         "; accepted: 1 (mma.sync split kernel), 2 (wgmma split kernel) or 3 (wgmma, 4-slot load pipeline)");
+         "; accepted: 1 (mma.sync split kernel), 2 (wgmma split kernel), 3 (wgmma, 4-slot load pipeline) or 4 "
+         "(variant 2 with per-warpgroup early refill)");
   if (a.p_hi_only && a.variant == 1)
-    fail("p_hi_only = true needs variant = 2 or 3 (an ablation of the wgmma kernels)");
+    fail("p_hi_only = true needs variant = 2, 3 or 4 (an ablation of the wgmma kernels)");
   if (a.num_splits < 0) fail("num_splits = " + std::to_string(a.num_splits) + "; accepted: >= 0 (0 = automatic)");
 }
 
@@ -1057,13 +1102,14 @@ MlaDecodePlan mla_decode_plan(const MlaDecodeArgs& a) {
       if (eff >= 0.95) break;
     }
     splits = best;
-    if (a.variant == 3) {
+    if (a.variant == 3 || a.variant == 4) {
       // v3: the split count of least modelled time, waves x (split_len + V3_FIXED_TOKENS) with split_len
       // rounded up to whole 32-token tiles and the resulting slice count (v2's rule above takes the first
       // s with >= 95% fill before rounding: N = 65536 gives 121 slices of 544 where 128 of 512 fit one wave)
       long long best_cost = -1;
       for (int s = 1; s <= std::min(smax, 4 * ((sms + a.B - 1) / a.B)); ++s) {
-        const int len = ((a.max_len + s - 1) / s + v3::TILE - 1) / v3::TILE * v3::TILE;
+        const int tile = a.variant == 3 ? v3::TILE : v2::TILE;
+        const int len = ((a.max_len + s - 1) / s + tile - 1) / tile * tile;
         const int ns = (a.max_len + len - 1) / len;
         const long long waves = (static_cast<long long>(a.B) * ns + sms - 1) / sms;
         const long long cost = waves * (len + V3_FIXED_TOKENS);
@@ -1072,7 +1118,7 @@ MlaDecodePlan mla_decode_plan(const MlaDecodeArgs& a) {
     }
   }
   splits = std::max(1, std::min(splits, max_tiles));
-  const int gran = a.variant == 2 ? v2::TILE : a.variant == 3 ? v3::TILE : TT;  // slices of whole compute tiles
+  const int gran = (a.variant == 2 || a.variant == 4) ? v2::TILE : a.variant == 3 ? v3::TILE : TT;  // slices of whole compute tiles
   const int split_len = ((a.max_len + splits - 1) / splits + gran - 1) / gran * gran;
   MlaDecodePlan p;
   p.split_len = split_len;
@@ -1123,8 +1169,12 @@ void mla_decode(const MlaDecodeArgs& a, cudaStream_t stream) {
            sq_b % 8 == 0) ? 1 : 0;
   p.p_hi_only = a.p_hi_only ? 1 : 0;
   const dim3 grid(pl.num_splits, a.B), cgrid(a.H, a.B);
-  if (a.variant == 3) {
-    if (a.H == 32)
+  if (a.variant == 3 || a.variant == 4) {
+    if (a.variant == 4 && a.H == 32)
+      launch_split<v2::mla_split_kernel_v2<32, true>>(v2::SMEM, grid, stream, p, "mla_split_kernel_v2<32, refill>");
+    else if (a.variant == 4)
+      launch_split<v2::mla_split_kernel_v2<16, true>>(v2::SMEM, grid, stream, p, "mla_split_kernel_v2<16, refill>");
+    else if (a.H == 32)
       launch_split<v3::mla_split_kernel_v3<32>>(v3::SMEM, grid, stream, p, "mla_split_kernel_v3<32>");
     else
       launch_split<v3::mla_split_kernel_v3<16>>(v3::SMEM, grid, stream, p, "mla_split_kernel_v3<16>");

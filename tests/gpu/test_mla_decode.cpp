@@ -1,7 +1,7 @@
 // Absorbed MLA decode kernel (kernels/mla.hpp) against a float64 softmax(scale q~ C^T) C on the same
 // bf16 latent cache and the exact (unrounded, float64) absorbed query q~; fresh seeded inputs (never
 // zeros), outputs and workspace poisoned (NaN) before every run. Every case runs for every split kernel
-// (variant 1 = mma.sync, 2 = wgmma, 3 = wgmma with the 4-slot load pipeline) and prints rel_rms per case
+// (variant 1 = mma.sync, 2 = wgmma, 3 = wgmma with the 4-slot load pipeline, 4 = 2 with early refill) and prints rel_rms per case
 // and variant. Runs only where the CUDA kernels are built (ctest label gpu).
 #include <cmath>
 #include <cstdio>
@@ -155,7 +155,7 @@ kernels::MlaDecodeArgs with_variant(kernels::MlaDecodeArgs a, int variant) {
   return a;
 }
 
-constexpr int kVariants[] = {1, 2, 3};
+constexpr int kVariants[] = {1, 2, 3, 4};
 
 std::vector<std::size_t> all_heads(std::size_t H) {
   std::vector<std::size_t> v(H);
@@ -397,7 +397,7 @@ TEST_CASE("mla decode: bad inputs give clear errors before any launch", "[gpu][m
   bad.B = 0;
   CHECK_THROWS_AS(kernels::mla_decode(bad, nullptr), Error);
   bad = good;
-  bad.variant = 4;
+  bad.variant = 5;
   CHECK_THROWS_AS(kernels::mla_decode(bad, nullptr), Error);
   bad = good;
   bad.variant = 0;
@@ -422,15 +422,15 @@ TEST_CASE("mla decode plan: whole tiles, every token covered, v3 fills one wave 
     for (int v : kVariants) {
       a.variant = v;
       const auto pl = kernels::mla_decode_plan(a);
-      const int tile = v == 2 ? 64 : 32;
+      const int tile = (v == 2 || v == 4) ? 64 : 32;
       std::printf("mla decode plan v%d B=%d N=%d: %d splits of %d tokens (%d CTAs on %d SMs)\n", v, sh.B, sh.N,
                   pl.num_splits, pl.split_len, sh.B * pl.num_splits, sms);
       CAPTURE(v, sh.B, sh.N, pl.num_splits, pl.split_len);
       CHECK(pl.split_len % tile == 0);
       CHECK(static_cast<long long>(pl.num_splits) * pl.split_len >= sh.N);          // every token in a slice
       CHECK(static_cast<long long>(pl.num_splits - 1) * pl.split_len < sh.N);       // no empty slice
-      if (v == 3 && sh.B == 1 && sh.N >= 65536) CHECK(pl.num_splits <= sms);        // one wave of 1-CTA-per-SM slices
-      if (v == 3 && sh.B == 1 && sh.N >= 65536) CHECK(pl.num_splits >= sms * 9 / 10);  // ... that fills >= 90% of it
+      if (v >= 3 && sh.B == 1 && sh.N >= 65536) CHECK(pl.num_splits <= sms);        // one wave of 1-CTA-per-SM slices
+      if (v >= 3 && sh.B == 1 && sh.N >= 65536) CHECK(pl.num_splits >= sms * 9 / 10);  // ... that fills >= 90% of it
     }
   }
 }
