@@ -43,7 +43,7 @@ constexpr int ROW = DH + 8;          // shared row stride (bf16): 272 bytes
 constexpr int ARR = KT * ROW;        // one array (K hi, K lo, V hi or V lo) of one stage, in bf16
 constexpr std::size_t SMEM = std::size_t(STAGES) * 4 * ARR * 2;  // 104,448 bytes
 static_assert(QT == 16 * NWARP, "one m16 tile of query rows per warp");
-static_assert(KT % 16 == 0 && (4 * KT * 32) % NTHR == 0, "tile layout");
+static_assert(KT % 16 == 0 && (2 * KT * 32) % NTHR == 0, "tile layout");
 
 struct NParams {
   int T, H, N0, N;            // N = N0 + T keys per sequence
@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(NTHR, 1) mla_naive_attn_kernel(NParams p) {
   auto load_tile = [&](int tile, int stage) {
     bf16_t* st = ring + stage * 4 * ARR;
 #pragma unroll
-    for (int j = 0; j < 4 * KT * 32 / NTHR; ++j) {
+    for (int j = 0; j < 2 * KT * 32 / NTHR; ++j) {  // K and V: KT rows of 32 16-byte chunks (hi 16, lo 16) each
       const int idx = tid + j * NTHR;
       const int which = idx / (KT * 32), rem = idx % (KT * 32), r = rem / 32, ch = rem % 32;  // which: 0 K, 1 V
       const int tok = tile * KT + r;

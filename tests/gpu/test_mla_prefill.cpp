@@ -602,7 +602,7 @@ std::size_t non_finite(const std::vector<double>& v) {
 
 }  // namespace
 
-TEST_CASE("mla prefill heads [naive]: naive and absorbed+W_UV vs float64 reference, T x N0, B = 2, H = 32 (16)",
+TEST_CASE("mla prefill heads, naive: naive and absorbed+W_UV vs float64 reference, T x N0, B = 2, H = 32 (16)",
           "[gpu][mla][naive]") {
   using kernels::MlaPrefillPath;
   struct Case { std::size_t T, N0, H; };
@@ -636,7 +636,7 @@ TEST_CASE("mla prefill heads [naive]: naive and absorbed+W_UV vs float64 referen
   }
 }
 
-TEST_CASE("mla prefill heads [naive]: P hi + lo vs P hi only (ablation), logit std 1 and 4", "[gpu][mla][naive]") {
+TEST_CASE("mla prefill heads, naive: P hi + lo vs P hi only (ablation), logit std 1 and 4", "[gpu][mla][naive]") {
   for (double sigma : {1.0, 4.0}) {
     HeadsProblem P(1, 300, 32, 37, sigma);
     const auto truth = P.truth();
@@ -653,7 +653,7 @@ TEST_CASE("mla prefill heads [naive]: P hi + lo vs P hi only (ablation), logit s
   }
 }
 
-TEST_CASE("mla prefill heads [naive]: identical keys and very large logits give no NaN", "[gpu][mla][naive]") {
+TEST_CASE("mla prefill heads, naive: identical keys and very large logits give no NaN", "[gpu][mla][naive]") {
   using kernels::MlaPrefillPath;
   for (double sigma : {1.0, 1000.0})
     for (bool identical : {true, false}) {
@@ -673,7 +673,7 @@ TEST_CASE("mla prefill heads [naive]: identical keys and very large logits give 
     }
 }
 
-TEST_CASE("mla prefill heads [naive]: the rule's choices (11 pairs > 1024 N)", "[gpu][mla][naive]") {
+TEST_CASE("mla prefill heads, naive: the rule's choices (11 pairs > 1024 N)", "[gpu][mla][naive]") {
   using kernels::MlaPrefillPath;
   kernels::MlaPrefillHeadsArgs a;
   auto pick = [&](int T, int N0) {
@@ -696,7 +696,7 @@ TEST_CASE("mla prefill heads [naive]: the rule's choices (11 pairs > 1024 N)", "
   CHECK(pick(1, 0) == MlaPrefillPath::naive);
 }
 
-TEST_CASE("mla prefill heads [naive]: bad inputs give clear errors before any launch", "[gpu][mla][naive]") {
+TEST_CASE("mla prefill heads, naive: bad inputs give clear errors before any launch", "[gpu][mla][naive]") {
   HeadsProblem P(1, 20, 32, 10);
   DevBuf out(20 * 32 * 128 * 4), ws(kernels::mla_prefill_heads_workspace_bytes(P.args(kernels::MlaPrefillPath::naive)) +
                                     kernels::mla_prefill_heads_workspace_bytes(P.args(kernels::MlaPrefillPath::absorbed)));
