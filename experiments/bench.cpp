@@ -1,7 +1,7 @@
 // `kdalab bench`: timings of the KDA CUDA kernels (kernels/kda.hpp).
 //
 //   kdalab bench --op kda-prefill|kda-decode|mla-decode|mla-prefill|attn-res|all [--shapes "B:T:H[:HV],..."]
-//                [--iters N] [--prefix N0] [--peer-json FILE..] [--compare BASELINE.h5..] [--variant 1|2|3] [--segments P] [--overlap 0|1|2] [--variants]
+//                [--iters N] [--prefix N0] [--peer-json FILE..] [--compare BASELINE.h5..] [--variant 1|2|4] [--segments P] [--overlap 0|1|2] [--variants]
 //                --out results/bench.h5
 //
 // Per shape: median (and min) of --iters CUDA-event timings after --warmup launches, the bytes a
@@ -18,8 +18,8 @@
 // mla-decode (kernels/mla.hpp): shapes B:N:H with N the cached tokens per sequence (d_c = 512, bf16
 //   latent cache, q~ as bf16 hi + lo); bytes = the latent reads B N d_c 2 only (TB/s of latent reads),
 //   flops = 4 B H N d_c (scores and P C, one pass; the hi/lo passes are not counted). --variant picks
-//   the split kernel (MlaDecodeArgs::variant: 1 = mma.sync v1, 2 = wgmma v2, the default, 3 = wgmma with
-//   the 4-slot load pipeline v3).
+//   the split kernel (MlaDecodeArgs::variant: 1 = mma.sync v1, 2 = wgmma v2, the default, 4 = v2 with
+//   early per-warpgroup refill v4; 3 was removed in session 4).
 // mla-prefill (kernels/mla_prefill.hpp): shapes B:T:H with T new tokens behind a cached prefix of --prefix
 //   tokens (default 0); time = append + causal absorbed attention (q~ hi/lo given); prepare_ms = the query
 //   absorption (mla_absorb_query, d_nope = 128) alone; bytes = latent cache read once, c_new read + written,
@@ -173,6 +173,25 @@ std::pair<double, double> time_ms(F&& launch, int warmup, int iters) {
   return {median(t), *std::min_element(t.begin(), t.end())};
 }
 
+/// Median and minimum time per step (ms) of `steps` launches captured into one CUDA graph (a decode loop
+/// as an inference engine runs it: no host launch gap between steps). step(stream) enqueues one step.
+template <class F>
+std::pair<double, double> graph_step_ms(F&& step, int steps, int warmup, int iters) {
+  cudaStream_t st;
+  cuda_check(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "stream");
+  cudaGraph_t gr;
+  cudaGraphExec_t ge;
+  cuda_check(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal), "capture");
+  for (int i = 0; i < steps; ++i) step(st);
+  cuda_check(cudaStreamEndCapture(st, &gr), "end capture");
+  cuda_check(cudaGraphInstantiate(&ge, gr, 0), "instantiate");
+  auto [ms, mn] = time_ms([&] { cuda_check(cudaGraphLaunch(ge, nullptr), "graph launch"); }, warmup, iters);
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(gr);
+  cudaStreamDestroy(st);
+  return {ms / steps, mn / steps};
+}
+
 double copy_ceiling_tbs() {
   const std::size_t n = std::size_t{1} << 30;
   Dev x(n), y(n);
@@ -298,20 +317,8 @@ Measured bench_decode(const Shape& s, int warmup, int iters, std::uint64_t seed)
     return {ms, mn, bytes, flops};
   }
   // small batch: one CUDA graph of 100 steps, per-step time
-  const int steps = 100;
-  cudaStream_t st;
-  cuda_check(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "stream");
-  cudaGraph_t gr;
-  cudaGraphExec_t ge;
-  cuda_check(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal), "capture");
-  for (int i = 0; i < steps; ++i) kernels::kda_decode(a, st);
-  cuda_check(cudaStreamEndCapture(st, &gr), "end capture");
-  cuda_check(cudaGraphInstantiate(&ge, gr, 0), "instantiate");
-  auto [ms, mn] = time_ms([&] { cuda_check(cudaGraphLaunch(ge, nullptr), "graph launch"); }, warmup, iters);
-  cudaGraphExecDestroy(ge);
-  cudaGraphDestroy(gr);
-  cudaStreamDestroy(st);
-  return {ms / steps, mn / steps, bytes, flops};
+  auto [ms, mn] = graph_step_ms([&](cudaStream_t st) { kernels::kda_decode(a, st); }, 100, warmup, iters);
+  return {ms, mn, bytes, flops};
 }
 
 /// Absorbed MLA decode: B sequences of T cached tokens (the shape's T is the context N), H heads.
@@ -336,6 +343,12 @@ Measured bench_mla_decode(const Shape& s, int warmup, int iters, std::uint64_t s
   auto [ms, mn] = time_ms([&] { kernels::mla_decode(a, nullptr); }, warmup, iters);
   fmt::print("  (B={} N={} H={}, variant {}: {} splits of {} tokens, workspace {:.1f} MB)\n", s.B, s.T, s.H, variant,
              pl.num_splits, pl.split_len, wsb / 1e6);
+  if (s.B <= 8) {  // a decode loop runs in a graph: the per-step time without the host launch gap (printed beside)
+    const auto [gms, gmn] = graph_step_ms([&](cudaStream_t st) { kernels::mla_decode(a, st); }, 20, 2, std::max(3, iters / 5));
+    fmt::print("  (B={} N={} H={}, variant {}: in a CUDA graph of 20 steps {:.1f} us per step, {:.2f} TB/s; the table "
+               "times single launches)\n", s.B, s.T, s.H, variant, 1e3 * gms, 2.0 * nc / (gms * 1e-3) / 1e12);
+    (void)gmn;
+  }
   return {ms, mn, 2.0 * nc, 4.0 * s.B * s.H * s.T * DC};
 }
 
@@ -456,7 +469,7 @@ void register_bench(Registry& reg) {
   a->add_option("--segments", o->kda_segments,
                 "kda-prefill state pass: 0 = the v5 auto rule (default; P = 3 at T = 65536, H = 32), 1 = one-shot, P >= 2 = P segments in parallel "
                 "(KdaPrefillArgs::segment_state)")->capture_default_str();
-  a->add_option("--variant", o->mla_variant, "mla-decode split kernel: 1 (mma.sync, v1), 2 (wgmma, v2) or 3 (wgmma, 4-slot pipeline, v3)")
+  a->add_option("--variant", o->mla_variant, "mla-decode split kernel: 1 (mma.sync, v1), 2 (wgmma, v2, the default) or 4 (v2 with early refill and a PDL combine, v4)")
       ->capture_default_str();
   a->add_option("--compare", o->compare, "baseline results file(s) to compare against (prints ratios, flags > 10% slower); several files (or the "
                 "option repeated): each row is looked up in them in order, e.g. data/baselines/h200-kda.h5 h200-mla.h5");
@@ -470,9 +483,9 @@ void register_bench(Registry& reg) {
             "--overlap = " + std::to_string(o->kda_overlap) + "; accepted: 0 (serial), 1 (library defaults) or 2 (all overlapped)");
     require(o->kda_segments >= 0 && o->kda_segments <= 64,
             "--segments = " + std::to_string(o->kda_segments) + "; accepted: 0 (auto), 1 (off) or 2..64 segments");
-    require(o->mla_variant >= 1 && o->mla_variant <= 3,
+    require(o->mla_variant == 1 || o->mla_variant == 2 || o->mla_variant == 4,
             "--variant = " + std::to_string(o->mla_variant) +
-                "; accepted: 1 (mma.sync), 2 (wgmma) or 3 (wgmma, 4-slot pipeline), mla-decode only");
+                "; accepted: 1 (mma.sync), 2 (wgmma) or 4 (v2 with early refill), mla-decode only (3 was removed)");
     std::vector<std::string> ops =
         o->op == "all" ? std::vector<std::string>{"kda-prefill", "kda-decode", "mla-decode", "mla-prefill", "attn-res"}
                        : std::vector<std::string>{o->op};

@@ -30,13 +30,15 @@
 ///     m64n256k16 per 16 tokens and warpgroup; slices are whole 64-token tiles;
 ///   variant 1: mma.sync m16n8k16 on 32-token tiles, warp w owns latent columns [64 w, 64 w + 64) for
 ///     both the partial scores (summed over the 8 warps through shared memory) and P C;
-///   variant 3: v2's math and precision on 32-token tiles through a 4-slot cp.async ring (3-4 tiles =
-///     96-128 KB of loads in flight per SM; v2: at most one 64 KB tile). Warpgroup w owns latent columns
-///     [256 w, 256 w + 256) of every slot: it loads them, scores over them (K-split, 16 wgmma m64n32k16;
-///     the two halves are added in the softmax) and runs P C on them (2 wgmma m64n256k16), so it refills
-///     its half of a slot as soon as its own P C is done. Slices are whole 32-token tiles, sized for one
-///     wave (N = 65536: 128 x 512; N = 1M: 132 x 7968 on 132 SMs); its combine runs 4 CTAs per (head,
-///     sequence) and is launched with programmatic dependent launch. Not yet measured (bench/NOTES.md).
+///   variant 4: variant 2's kernel (64-token tiles, same math, same results) with an early refill: each
+///     warpgroup reloads its column half of a 64-token buffer with tile it + 2 as soon as its own P C of
+///     tile it is done, so up to two tiles (128 KB) are in flight while the next one is awaited (v2 issues
+///     tile it + 1 only after tile it has landed); its own plan (least modelled time, waves x (split_len
+///     + 128), 64-token tiles: N = 65536 -> 128 x 512, N = 1M -> 132 x 8000) and combine (4 CTAs per head,
+///     launched with programmatic dependent launch). Measured (session 4, bench/NOTES.md): faster than v2
+///     at B = 1 (N = 64K 46.9 vs 52.0 us, N = 1M 385.6 vs 400.1 us), slower for batches (B = 64 x 32K 763
+///     vs 748 us, B = 256 x 4K 439 vs 399 us). Variant 3 (32-token tiles, 4-slot ring, session 3) was
+///     removed: variant 4 was faster on every measured shape.
 /// Measured on one H200 (bench/NOTES.md, H = 32): v2 N = 1M in 399 us (2.69 TB/s, v1 565 us),
 /// B = 64 x N = 32768 in 737 us (2.91 TB/s, v1 1036 us).
 ///
@@ -49,7 +51,7 @@
 ///
 /// Errors: every check throws kdalab::Error naming the argument, its value and what is accepted
 /// (d_c != 512, d_rope != 0, H not in {16, 32}, max_len = 0 or > capacity, null or misaligned pointers,
-/// bad strides, scale not finite and > 0, workspace too small, variant not 1, 2 or 3, p_hi_only with
+/// bad strides, scale not finite and > 0, workspace too small, variant not 1 .. 4, p_hi_only with
 /// variant 1), before anything is launched. A per-sequence length lens[b] outside [1, max_len] cannot
 /// be checked on the host (it lives on the device): that sequence's output rows are set to NaN. CUDA errors throw kdalab::Error with the CUDA message.
 #include <cstddef>
@@ -83,13 +85,14 @@ struct MlaDecodeArgs {
   void* workspace = nullptr;     ///< device scratch of mla_decode_workspace_bytes() bytes, 16-byte aligned
   std::size_t workspace_bytes = 0;
   int variant = 2;               ///< split kernel: 1 = mma.sync (v1), 2 = wgmma (v2, default), 3 = wgmma + 4-slot load
-                                 ///< pipeline (v3, default once measured faster); plan and workspace follow it
-  bool p_hi_only = false;        ///< ablation (variants 2 and 3): P C with P_hi = bf16(P) alone (P_lo rows zero)
+                                 ///< 4 = v2 with early per-warpgroup refill, its own plan and PDL combine (3 was removed);
+                                 ///< plan and workspace follow it
+  bool p_hi_only = false;        ///< ablation (variants 2, 3, 4): P C with P_hi = bf16(P) alone (P_lo rows zero)
 };
 
 /// Splits per sequence and tokens per split that mla_decode will use for these arguments
 /// (num_splits = 0: chosen from the SM count of the current device and max_len; split_len is a multiple
-/// of the variant's tile: 32 tokens for variants 1 and 3, 64 for variant 2; variant 3 picks the count of
+/// of the variant's tile: 32 tokens for variants 1 and 3, 64 for variants 2 and 4; variants 3 and 4 pick the count of
 /// least modelled time, waves x (split_len + 128), v1/v2 the fewest slices filling >= 95% of the last
 /// wave). Checks the shapes and the variant.
 struct MlaDecodePlan {

@@ -1,7 +1,9 @@
 // Absorbed Gated-MLA decode over a bf16 latent cache (kernels/mla.hpp), d_c = 512, H in {16, 32}.
 // Three split kernels share the plan, the workspace layout and the host checks: v1 (variant 1, below:
-// mma.sync), v2 (variant 2, the default, further down: wgmma, 64-token tiles) and v3 (variant 3, last:
-// v2's tile pieces on 32-token tiles with a 4-slot load pipeline).
+// mma.sync), v2 (variant 2, the default, further down: wgmma, 64-token tiles) and v4 (variant 4: v2's
+// kernel with early per-warpgroup refill, v4's plan and combine with programmatic dependent launch).
+// Variant 3 (32-token tiles through a 4-slot ring, session 3) was removed in session 4: v4 measured faster
+// on every shape (bench/NOTES.md); its combine and plan live on in v4.
 //
 // v1 split kernel: one CTA (8 warps) per (slice of split_len tokens, sequence), all H heads. The slice is
 // streamed in 32-token tiles through a 4-stage cp.async ring in shared memory (rows padded to 520
@@ -375,7 +377,7 @@ __global__ void __launch_bounds__(128) mla_combine_kernel_v2(SParams p) {
   *o = make_float4(a.x * inv, a.y * inv, a.z * inv, a.w * inv);
 }
 
-/// Combine for variant 3: one CTA of 128 threads per (head, sequence, quarter of the d_c columns), so a
+/// Combine for variant 4 (written for the removed variant 3): one CTA of 128 threads per (head, sequence, quarter of the d_c columns), so a
 /// B = 1 step has 4 H CTAs (v2's combine: H CTAs, 32 SMs busy for 114 x 32 x 2 KB of partials) with 4x
 /// the loads in flight. Warp w takes the slices s = w, w + 4, ... (8 per step, lane = one float4 of the
 /// quarter); the 4 warps' sums meet in shared memory. (M, L) as v2 (combine_ml, every CTA of a head
@@ -383,7 +385,7 @@ __global__ void __launch_bounds__(128) mla_combine_kernel_v2(SParams p) {
 /// first waits for the whole split grid to complete and its writes to be visible (a no-op when launched
 /// without the attribute), so only the launch overlaps the split kernel's tail, never a read.
 template <int H>
-__global__ void __launch_bounds__(128) mla_combine_kernel_v3(SParams p) {
+__global__ void __launch_bounds__(128) mla_combine_kernel_v4(SParams p) {
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   __shared__ float red[2][4];
   __shared__ float4 part[3][32];
@@ -487,6 +489,8 @@ __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_grou
 __device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
 /// Makes this thread's generic-proxy shared-memory writes (st.shared, cp.async) visible to wgmma.
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+/// Barrier of the 128 threads of warpgroup wg (named barrier 1 + wg; 0 is __syncthreads).
+__device__ __forceinline__ void wg_barrier(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory"); }
 
 /// D[64 x 32] (+)= A B, A and B K-major in shared memory (descriptors); D: 16 fp32 per thread.
 __device__ __forceinline__ void wgmma_m64n32(float* d, std::uint64_t da, std::uint64_t db, int scale_d) {
@@ -534,7 +538,7 @@ __device__ __forceinline__ void wgmma_m64n256_tb(float* d, std::uint64_t da, std
 }
 
 
-// ---- pieces of the wgmma tile code shared by v2 and v3 (one copy; both kernels call them) --------
+// ---- pieces of the wgmma tile code shared by the wgmma kernels (v2, v4) --------
 
 /// Loads q~ rows into the [64 x 512] q~ tile (row r < 32: q_hi of head r, 32 + r: q_lo; rows of heads
 /// >= H are zeros), column blocks [kb0, kb0 + NKB) only, by NT threads of which this one is t.
@@ -690,7 +694,13 @@ __device__ __forceinline__ void write_partial(const float* acc, float* mrg_base,
 }
 constexpr std::size_t MERGE_BYTES = 2 * 32 * (256 + 4) * 4;  // write_partial's mrg
 
-template <int H>
+/// kRefill = false: variant 2 as measured in sessions 2-3 (the loads of tile it + 1 are issued after tile it
+/// has landed, so at the top of each iteration nothing else is in flight). kRefill = true: variant 4, the same
+/// math on the same tiles, but each warpgroup refills its column half (256 latent columns, the only part its
+/// own P C reads) of the 2-slot buffer of tile it with tile it + 2 as soon as its P C of tile it is done
+/// (a 128-thread named barrier), so tiles it + 1 and it + 2 (up to 128 KB) are in flight while tile
+/// it + 1 is awaited; and it releases the combine early (programmatic dependent launch).
+template <int H, bool kRefill = false>
 __global__ void __launch_bounds__(NTHR, 1) mla_split_kernel_v2(SParams p) {
   constexpr int TPH = NTHR / H;    // softmax threads per head
   constexpr int TPT = TILE / TPH;  // tokens per softmax thread
@@ -737,8 +747,31 @@ __global__ void __launch_bounds__(NTHR, 1) mla_split_kernel_v2(SParams p) {
       src += (NTHR / (DC / 8)) * p.sc_t;
     }
   };
+  // v4 (kRefill): this warpgroup's column half (chunks 32 wg .. 32 wg + 31 of each row) of tile `tile` into
+  // buffer `buf`: thread wt copies chunk hch of rows hrow, hrow + 4, .., hrow + 60 (a warp reads 512
+  // contiguous bytes of one row); rows past the slice are zeros
+  const int wt = tid % 128, hrow = wt / 32, hch = 32 * wg + wt % 32;
+  auto load_half = [&](int tile, int buf) {
+    const int t0 = start + tile * TILE + hrow;
+    const bf16_t* src = cb + static_cast<long long>(t0) * p.sc_t + hch * 8;
+    unsigned char* dst = smem + OFF_C + 2 * buf * SLOT_BYTES + (hch / 8) * (TT * 128);
+#pragma unroll
+    for (int i = 0; i < TILE / 4; ++i) {
+      const int row = hrow + 4 * i;
+      unsigned char* d = dst + (row / TT) * SLOT_BYTES + sw(row % TT, hch % 8);
+      if (t0 + 4 * i < end)
+        cp_async16(d, src);
+      else
+        cp_async16_zfill(d, cb, 0);
+      src += 4 * p.sc_t;
+    }
+  };
   load_tile(0, 0);  // with the q~ rows in the same group
   cp_async_commit();
+  if constexpr (kRefill) {  // group 1 = tile 1 (empty when the slice has one tile)
+    if (ntiles > 1) load_tile(1, 1);
+    cp_async_commit();
+  }
 
   float acc[128];
 #pragma unroll
@@ -748,11 +781,17 @@ __global__ void __launch_bounds__(NTHR, 1) mla_split_kernel_v2(SParams p) {
   const int r0 = 16 * wl + g;  // this thread's accumulator rows r0, r0 + 8 (of the M = 64)
 
   for (int it = 0; it < ntiles; ++it) {
-    cp_async_wait<0>();  // tile it
-    fence_async_smem();
-    __syncthreads();     // tile it visible; P C of tile it - 1 done (its buffer is free)
-    if (it + 1 < ntiles) load_tile(it + 1, (it + 1) % 2);
-    cp_async_commit();
+    if constexpr (kRefill) {
+      cp_async_wait<1>();  // this thread's copies of tile it have landed (tile it + 1 may be in flight)
+      fence_async_smem();
+      __syncthreads();     // tile it complete and visible to wgmma
+    } else {
+      cp_async_wait<0>();  // tile it
+      fence_async_smem();
+      __syncthreads();     // tile it visible; P C of tile it - 1 done (its buffer is free)
+      if (it + 1 < ntiles) load_tile(it + 1, (it + 1) % 2);
+      cp_async_commit();
+    }
     const std::uint32_t cbuf = sbase + OFF_C + 2 * (it % 2) * SLOT_BYTES;
 
     // ---- scores, warpgroup wg: S[:, 32 wg .. 32 wg + 31] = [q_hi; q_lo] C_slot^T (32 wgmma m64n32k16)
@@ -776,7 +815,15 @@ __global__ void __launch_bounds__(NTHR, 1) mla_split_kernel_v2(SParams p) {
 
     // ---- P C, warpgroup wg: acc = corr acc + [P_hi; P_lo] C_tile[:, 256 wg .. 256 wg + 255] (4 wgmma m64n256k16)
     pc_step<TILE / 16>(acc, corr_s, r0, sbase + OFF_P, cbuf, wg);
+    if constexpr (kRefill) {
+      // every warp of this warpgroup is past its wgmma wait: its column half of buffer it % 2 is free (the
+      // other warpgroup's scores read it before the barrier after the scores; its P C reads the other half)
+      wg_barrier(wg);
+      if (it + 2 < ntiles) load_half(it + 2, it % 2);
+      cp_async_commit();
+    }
   }
+  if constexpr (kRefill) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   cp_async_wait<0>();
   __syncthreads();
 
@@ -785,185 +832,11 @@ __global__ void __launch_bounds__(NTHR, 1) mla_split_kernel_v2(SParams p) {
 }
 }  // namespace v2
 
-// ================================================================================================
-// v3 (variant 3): v2's math, precision plan, workspace and tile pieces (the helpers above), on 32-token
-// compute tiles with a 4-slot ring so that 3 to 4 tiles (96-128 KB) of loads are in flight per SM at all
-// times. v2 has at most one 64 KB tile in flight and none at the top of an iteration: by Little's law
-// ~64 KB / ~2 us of loaded latency ~= 2.7 TB/s over 132 SMs, what it measures.
-//
-// Shared memory (~219 KB, 1 CTA per SM as v2): q~ tile (64 KB, v2's layout), C ring of 4 slots x 32 tokens
-// (32 KB each, v2's slot layout), S_0 and S_1 [64 rows x 32 tokens] fp32 (one per warpgroup: 18 KB),
-// P [64 rows x 32 tokens] bf16 in v2's swizzled [64 x 128 B] tile (8 KB, first 64 B of each row used),
-// corr [32] fp32.
-// Ownership: warpgroup wg owns latent column half [256 wg, 256 wg + 256) (column blocks 4 wg .. 4 wg + 3)
-// of every slot and of q~. It loads that half (cp.async, 8 x 16 B per thread per slot), computes the
-// scores over K = its half (K-split: 16 wgmma m64n32k16 into S_wg; softmax adds the two halves), and runs
-// P C for its output columns (2 wgmma m64n256k16), which read the same half. So a slot half is only ever
-// read by the warpgroup that fills it: its completion needs only that warpgroup's threads
-// (cp.async.wait_group + fence.proxy.async + a 128-thread named barrier), and the warpgroup refills it
-// with tile it + 4 as soon as its own P C of tile it has completed, whatever the other warpgroup does.
-// Per-slot completion: one cp.async commit group per tile (empty groups past the slice keep the count):
-// wait_group<3> = "tile it has landed; tiles it + 1 .. it + 3 may still be in flight".
-// Per 32-token tile: [wg barrier] scores -> S_wg; __syncthreads; softmax of s = (S_0[h] + S_0[32 + h]) +
-// (S_1[h] + S_1[32 + h]) (softmax_step: 8 threads per head x 4 tokens at H = 32); __syncthreads; P C
-// (pc_step); [wg barrier]; refill. The split kernel signals programmatic dependent launch after its loop,
-// so the combine (mla_combine_kernel_v3, 4 CTAs per head) is launched while the last slices finish.
-namespace v3 {
-using v2::desc;
-using v2::fence_async_smem;
-using v2::load_q_rows;
-using v2::pc_step;
-using v2::scores_kblocks;
-using v2::softmax_step;
-using v2::store_scores;
-using v2::sw;
-using v2::write_partial;
-using v2::SLOT_BYTES;
-using v2::TT;
-constexpr int TILE = 32;      // tokens per compute tile = one slot
-constexpr int SLOTS = 4;      // ring: tile it computed, it + 1 .. it + 3 in flight (+ it + 4 once its P C is done)
-constexpr int SP = TILE + 4;  // fp32 row stride of S_0, S_1 (144 B: 16-byte aligned rows for float4 reads)
-constexpr int OFF_Q = 0, OFF_C = 64 * DC * 2, OFF_S = OFF_C + SLOTS * SLOT_BYTES;
-constexpr int OFF_P = OFF_S + 2 * 64 * SP * 4;  // S_0, S_1: 2 x 64 x 36 x 4 = 18432 B
-constexpr int OFF_CORR = OFF_P + 64 * 128;
-constexpr std::size_t SMEM = OFF_CORR + 32 * 4 + 1024;  // + slack to align the base to 1024 bytes
-static_assert(SMEM <= 227 * 1024, "smem: more than the 227 KB a CTA may have");
-static_assert(2 * SMEM > 228 * 1024, "the plan assumes 1 CTA per SM (slices are sized for one wave)");
-static_assert(OFF_P % 1024 == 0 && OFF_C % 1024 == 0, "swizzled tiles start on 1024-byte swizzle atoms");
-static_assert(v2::MERGE_BYTES <= SLOTS * SLOT_BYTES, "the epilogue's merge buffer lives in the C ring");
-static_assert(TILE == TT, "a compute tile is one slot");
-
-/// Barrier of the 128 threads of warpgroup wg (named barrier 1 + wg; 0 is __syncthreads).
-__device__ __forceinline__ void wg_barrier(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory"); }
-
-/// N consecutive floats from shared memory (one vector load for N = 2 or 4; the caller aligns src).
-template <int N>
-__device__ __forceinline__ void ld_floats(const float* src, float* dst) {
-  if constexpr (N == 4) {
-    const float4 v = *reinterpret_cast<const float4*>(src);
-    dst[0] = v.x; dst[1] = v.y; dst[2] = v.z; dst[3] = v.w;
-  } else if constexpr (N == 2) {
-    const float2 v = *reinterpret_cast<const float2*>(src);
-    dst[0] = v.x; dst[1] = v.y;
-  } else {
-#pragma unroll
-    for (int e = 0; e < N; ++e) dst[e] = src[e];
-  }
-}
-
-template <int H>
-__global__ void __launch_bounds__(NTHR, 1) mla_split_kernel_v3(SParams p) {
-  constexpr int TPH = NTHR / H;    // softmax threads per head: 8 (H = 32) or 16
-  constexpr int TPT = TILE / TPH;  // tokens per softmax thread: 4 or 2
-  static_assert((H == 16 || H == 32) && TPT >= 2 && TPT % 2 == 0, "H");
-  const int split = blockIdx.x, b = blockIdx.y;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, cq = lane % 4;
-  const int wg = warp / 4, wl = warp % 4, wt = tid % 128;  // warpgroup, warp in it, thread in it
-  const int len = seq_len(p, b);
-  if (len < 1 || len > p.max_len) return;  // the combine kernel writes NaN rows
-  const int start = split * p.split_len;
-  if (start >= len) return;                // empty slice: the combine kernel does not read it
-  const int end = min(start + p.split_len, len);
-  const int ntiles = (end - start + TILE - 1) / TILE;
-
-  extern __shared__ unsigned char smem_raw[];
-  const std::uint32_t raw_addr = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem_raw));
-  unsigned char* smem = smem_raw + ((1024 - (raw_addr & 1023)) & 1023);  // 1024-byte aligned (swizzle atoms)
-  const std::uint32_t sbase = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem));
-  float* s_s = reinterpret_cast<float*>(smem + OFF_S);  // S_0 rows 0..63, S_1 rows 64..127
-  unsigned char* p_s = smem + OFF_P;
-  float* corr_s = reinterpret_cast<float*>(smem + OFF_CORR);
-  if (tid < 32) corr_s[tid] = 0.0f;  // heads >= H keep 0
-
-  // this warpgroup's half of the q~ rows (column blocks 4 wg .. 4 wg + 3): only its own wgmma read it
-  load_q_rows<H, 128, DC / 128>(smem + OFF_Q, p, b, wt, 4 * wg);
-  // P rows of heads >= H stay zero (their acc rows are never read, but keep them finite)
-  for (int i = tid; i < 64 * 128 / 16; i += NTHR) reinterpret_cast<uint4*>(p_s)[i] = make_uint4(0, 0, 0, 0);
-
-  // this warpgroup's column half of tile `tile` (32 tokens) into slot `slot`: thread wt copies chunk
-  // lch (of the half's 32 16-byte chunks per row) of rows lrow, lrow + 4, .., lrow + 28 (a warp reads
-  // 512 contiguous bytes of one row); rows past the slice are zeros (P is 0 there; 0 * 0 stays 0)
-  const bf16_t* cb = p.c + b * p.sc_b;
-  const int lrow = wt / 32, lch = wt % 32;
-  const bf16_t* csrc = cb + 256 * wg + 8 * lch;
-  unsigned char* cdst = smem + OFF_C + (4 * wg + lch / 8) * (TT * 128);
-  auto load_half = [&](int tile, int slot) {
-    const int t0 = start + tile * TILE + lrow;
-    const bf16_t* src = csrc + static_cast<long long>(t0) * p.sc_t;
-    unsigned char* dst = cdst + slot * SLOT_BYTES;
-#pragma unroll
-    for (int i = 0; i < TILE / 4; ++i) {
-      unsigned char* d = dst + sw(lrow + 4 * i, lch % 8);
-      if (t0 + 4 * i < end)
-        cp_async16(d, src);
-      else
-        cp_async16_zfill(d, cb, 0);
-      src += 4 * p.sc_t;
-    }
-  };
-#pragma unroll
-  for (int s = 0; s < SLOTS; ++s) {
-    if (s < ntiles) load_half(s, s);
-    cp_async_commit();  // group s = tile s (group 0 also holds the q~ half)
-  }
-
-  float acc[128];
-#pragma unroll
-  for (int e = 0; e < 128; ++e) acc[e] = 0.0f;
-  const int hs = tid / TPH, j0 = (tid % TPH) * TPT;  // softmax: head hs, tokens j0 .. j0 + TPT - 1
-  float m_run = -INFINITY, l_run = 0.0f;
-  const int r0 = 16 * wl + g;  // this thread's accumulator rows r0, r0 + 8 (of the M = 64)
-
-  for (int it = 0; it < ntiles; ++it) {
-    const int slot = it % SLOTS;
-    const std::uint32_t cslot = sbase + OFF_C + slot * SLOT_BYTES;
-    cp_async_wait<SLOTS - 1>();  // this thread's copies of tile it (and of q~) have landed
-    fence_async_smem();          // ... and are visible to the async proxy (wgmma)
-    wg_barrier(wg);              // the warpgroup's half of the slot is complete
-
-    // ---- scores, K-split: S_wg = [q_hi; q_lo][:, half wg] C_slot[:, half wg]^T (16 wgmma m64n32k16)
-    {
-      float sc[16];
-      scores_kblocks<DC / 128>(sc, sbase + OFF_Q, cslot, 4 * wg);
-      store_scores(sc, s_s + wg * 64 * SP, SP, 0, r0, cq);
-    }
-    __syncthreads();  // S_0 and S_1 complete
-
-    // ---- online softmax (log2 domain) of s = S_0[h] + S_0[32 + h] + S_1[h] + S_1[32 + h]
-    {
-      const int valid = min(TILE, end - (start + it * TILE));
-      float s[TPT], x0[TPT], x1[TPT], x2[TPT], x3[TPT];
-      ld_floats<TPT>(s_s + hs * SP + j0, x0);
-      ld_floats<TPT>(s_s + (32 + hs) * SP + j0, x1);
-      ld_floats<TPT>(s_s + (64 + hs) * SP + j0, x2);
-      ld_floats<TPT>(s_s + (96 + hs) * SP + j0, x3);
-#pragma unroll
-      for (int e = 0; e < TPT; ++e) s[e] = (x0[e] + x1[e]) + (x2[e] + x3[e]);
-      softmax_step<TPH, TPT>(s, j0, valid, p.scale_log2, p.p_hi_only, hs, tid, p_s, corr_s, m_run, l_run);
-    }
-    fence_async_smem();
-    __syncthreads();  // P and corr visible (P to the async proxy)
-
-    // ---- P C, warpgroup wg: acc = corr acc + [P_hi; P_lo] C_slot[:, 256 wg .. 256 wg + 255] (2 wgmma m64n256k16)
-    pc_step<TILE / 16>(acc, corr_s, r0, sbase + OFF_P, cslot, wg);
-    wg_barrier(wg);  // every warp of the warpgroup is past its wgmma wait: the slot half is free
-    if (it + SLOTS < ntiles) load_half(it + SLOTS, slot);
-    cp_async_commit();
-  }
-  // programmatic dependent launch: the combine may be launched now (it waits for this grid's completion)
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-  cp_async_wait<0>();
-  __syncthreads();
-
-  // ---- epilogue (v2's): out rows = hi rows + lo rows of acc, (m, l) per head -> workspace
-  write_partial<H, TPH>(acc, reinterpret_cast<float*>(smem + OFF_C), p, b, split, tid, wg, wl, r0, cq, hs, m_run, l_run);
-}
-}  // namespace v3
 
 const char* const OP = "mla_decode";
-/// v3 split planning: a slice's fixed cost in tokens of streaming (the q~ load, 64 KB, and the partial,
+/// v4 split planning: a slice's fixed cost in tokens of streaming (the q~ load, 64 KB, and the partial,
 /// 64 KB written + read by the combine: ~128 tokens of 1 KB at the streaming rate).
-constexpr int V3_FIXED_TOKENS = 128;
+constexpr int V4_FIXED_TOKENS = 128;
 
 void check_pointer(const void* ptr, std::size_t align, const char* name, bool required = true) {
   if (!ptr) {
@@ -989,11 +862,12 @@ void check_shapes(const MlaDecodeArgs& a) {
   if (a.max_len < 1 || a.max_len > a.capacity)
     fail("max_len = " + std::to_string(a.max_len) + "; accepted: 1 <= max_len <= capacity = " +
          std::to_string(a.capacity) + " (N = 0 or a context past the cache capacity)");
-  if (a.variant < 1 || a.variant > 3)
+  if (a.variant != 1 && a.variant != 2 && a.variant != 4)
     fail("variant = " + std::to_string(a.variant) +
-         "; accepted: 1 (mma.sync split kernel), 2 (wgmma split kernel) or 3 (wgmma, 4-slot load pipeline)");
+         "; accepted: 1 (mma.sync split kernel), 2 (wgmma split kernel) or 4 (variant 2 with per-warpgroup early "
+         "refill)" + (a.variant == 3 ? std::string(" (variant 3 was removed: variant 4 is faster on every measured shape)") : ""));
   if (a.p_hi_only && a.variant == 1)
-    fail("p_hi_only = true needs variant = 2 or 3 (an ablation of the wgmma kernels)");
+    fail("p_hi_only = true needs variant = 2 or 4 (an ablation of the wgmma kernels)");
   if (a.num_splits < 0) fail("num_splits = " + std::to_string(a.num_splits) + "; accepted: >= 0 (0 = automatic)");
 }
 
@@ -1057,22 +931,22 @@ MlaDecodePlan mla_decode_plan(const MlaDecodeArgs& a) {
       if (eff >= 0.95) break;
     }
     splits = best;
-    if (a.variant == 3) {
-      // v3: the split count of least modelled time, waves x (split_len + V3_FIXED_TOKENS) with split_len
-      // rounded up to whole 32-token tiles and the resulting slice count (v2's rule above takes the first
-      // s with >= 95% fill before rounding: N = 65536 gives 121 slices of 544 where 128 of 512 fit one wave)
+    if (a.variant == 4) {
+      // v4: the split count of least modelled time, waves x (split_len + V4_FIXED_TOKENS) with split_len
+      // rounded up to whole 64-token tiles and the resulting slice count (v2's rule above takes the first
+      // s with >= 95% fill before rounding: N = 65536 gives 114 slices of 576 where 128 of 512 fit one wave)
       long long best_cost = -1;
       for (int s = 1; s <= std::min(smax, 4 * ((sms + a.B - 1) / a.B)); ++s) {
-        const int len = ((a.max_len + s - 1) / s + v3::TILE - 1) / v3::TILE * v3::TILE;
+        const int len = ((a.max_len + s - 1) / s + v2::TILE - 1) / v2::TILE * v2::TILE;
         const int ns = (a.max_len + len - 1) / len;
         const long long waves = (static_cast<long long>(a.B) * ns + sms - 1) / sms;
-        const long long cost = waves * (len + V3_FIXED_TOKENS);
+        const long long cost = waves * (len + V4_FIXED_TOKENS);
         if (best_cost < 0 || cost < best_cost) { best_cost = cost; splits = ns; }
       }
     }
   }
   splits = std::max(1, std::min(splits, max_tiles));
-  const int gran = a.variant == 2 ? v2::TILE : a.variant == 3 ? v3::TILE : TT;  // slices of whole compute tiles
+  const int gran = a.variant == 1 ? TT : v2::TILE;  // slices of whole compute tiles
   const int split_len = ((a.max_len + splits - 1) / splits + gran - 1) / gran * gran;
   MlaDecodePlan p;
   p.split_len = split_len;
@@ -1123,16 +997,16 @@ void mla_decode(const MlaDecodeArgs& a, cudaStream_t stream) {
            sq_b % 8 == 0) ? 1 : 0;
   p.p_hi_only = a.p_hi_only ? 1 : 0;
   const dim3 grid(pl.num_splits, a.B), cgrid(a.H, a.B);
-  if (a.variant == 3) {
+  if (a.variant == 4) {
     if (a.H == 32)
-      launch_split<v3::mla_split_kernel_v3<32>>(v3::SMEM, grid, stream, p, "mla_split_kernel_v3<32>");
+      launch_split<v2::mla_split_kernel_v2<32, true>>(v2::SMEM, grid, stream, p, "mla_split_kernel_v2<32, refill>");
     else
-      launch_split<v3::mla_split_kernel_v3<16>>(v3::SMEM, grid, stream, p, "mla_split_kernel_v3<16>");
+      launch_split<v2::mla_split_kernel_v2<16, true>>(v2::SMEM, grid, stream, p, "mla_split_kernel_v2<16, refill>");
     const dim3 qgrid(a.H, a.B, 4);  // 4 column quarters per (head, sequence)
     if (a.H == 32)
-      launch_combine_pdl<mla_combine_kernel_v3<32>>(qgrid, stream, p, "mla_combine_kernel_v3<32>");
+      launch_combine_pdl<mla_combine_kernel_v4<32>>(qgrid, stream, p, "mla_combine_kernel_v4<32>");
     else
-      launch_combine_pdl<mla_combine_kernel_v3<16>>(qgrid, stream, p, "mla_combine_kernel_v3<16>");
+      launch_combine_pdl<mla_combine_kernel_v4<16>>(qgrid, stream, p, "mla_combine_kernel_v4<16>");
     return;
   }
   if (a.variant == 2) {

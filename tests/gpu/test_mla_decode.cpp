@@ -1,7 +1,7 @@
 // Absorbed MLA decode kernel (kernels/mla.hpp) against a float64 softmax(scale q~ C^T) C on the same
 // bf16 latent cache and the exact (unrounded, float64) absorbed query q~; fresh seeded inputs (never
 // zeros), outputs and workspace poisoned (NaN) before every run. Every case runs for every split kernel
-// (variant 1 = mma.sync, 2 = wgmma, 3 = wgmma with the 4-slot load pipeline) and prints rel_rms per case
+// (variant 1 = mma.sync, 2 = wgmma, 4 = 2 with early refill; 3 was removed) and prints rel_rms per case
 // and variant. Runs only where the CUDA kernels are built (ctest label gpu).
 #include <cmath>
 #include <cstdio>
@@ -155,7 +155,7 @@ kernels::MlaDecodeArgs with_variant(kernels::MlaDecodeArgs a, int variant) {
   return a;
 }
 
-constexpr int kVariants[] = {1, 2, 3};
+constexpr int kVariants[] = {1, 2, 4};
 
 std::vector<std::size_t> all_heads(std::size_t H) {
   std::vector<std::size_t> v(H);
@@ -186,7 +186,7 @@ TEST_CASE("mla decode: N in {1,2,63,64,65,4096,65536}, H = 32, vs float64 on the
 }
 
 TEST_CASE("mla decode: H = 16, forced split counts, combined [c ; k_R] rows (sc_t = 576)", "[gpu][mla]") {
-  for (int splits : {1, 3, 7, 100, 0}) {  // 100: slices of 64 tokens (v3: 2 tiles, fewer than its 4 ring slots)
+  for (int splits : {1, 3, 7, 100, 0}) {  // 100: slices of 64 tokens (v2/v4: 1 tile each)
     const std::size_t N = 4100;
     const Cache c(1, N, 576, fresh_seed());
     const Query q(1, 16, kSigma, fresh_seed());
@@ -397,19 +397,21 @@ TEST_CASE("mla decode: bad inputs give clear errors before any launch", "[gpu][m
   bad.B = 0;
   CHECK_THROWS_AS(kernels::mla_decode(bad, nullptr), Error);
   bad = good;
-  bad.variant = 4;
+  bad.variant = 5;
+  CHECK_THROWS_AS(kernels::mla_decode(bad, nullptr), Error);
+  bad.variant = 3;  // removed in session 4
   CHECK_THROWS_AS(kernels::mla_decode(bad, nullptr), Error);
   bad = good;
   bad.variant = 0;
   CHECK_THROWS_AS(kernels::mla_decode(bad, nullptr), Error);
   bad = good;
   bad.variant = 1;
-  bad.p_hi_only = true;  // an ablation of the wgmma kernels (v2, v3) only
+  bad.p_hi_only = true;  // an ablation of the wgmma kernels (v2, v4) only
   CHECK_THROWS_AS(kernels::mla_decode(bad, nullptr), Error);
   cuda_check(cudaDeviceSynchronize(), "after bad inputs");
 }
 
-TEST_CASE("mla decode plan: whole tiles, every token covered, v3 fills one wave at B = 1", "[gpu][mla]") {
+TEST_CASE("mla decode plan: whole tiles, every token covered, v4 fills one wave at B = 1", "[gpu][mla]") {
   int dev = 0, sms = 0;
   cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
   cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "SM count");
@@ -422,15 +424,15 @@ TEST_CASE("mla decode plan: whole tiles, every token covered, v3 fills one wave 
     for (int v : kVariants) {
       a.variant = v;
       const auto pl = kernels::mla_decode_plan(a);
-      const int tile = v == 2 ? 64 : 32;
+      const int tile = v == 1 ? 32 : 64;
       std::printf("mla decode plan v%d B=%d N=%d: %d splits of %d tokens (%d CTAs on %d SMs)\n", v, sh.B, sh.N,
                   pl.num_splits, pl.split_len, sh.B * pl.num_splits, sms);
       CAPTURE(v, sh.B, sh.N, pl.num_splits, pl.split_len);
       CHECK(pl.split_len % tile == 0);
       CHECK(static_cast<long long>(pl.num_splits) * pl.split_len >= sh.N);          // every token in a slice
       CHECK(static_cast<long long>(pl.num_splits - 1) * pl.split_len < sh.N);       // no empty slice
-      if (v == 3 && sh.B == 1 && sh.N >= 65536) CHECK(pl.num_splits <= sms);        // one wave of 1-CTA-per-SM slices
-      if (v == 3 && sh.B == 1 && sh.N >= 65536) CHECK(pl.num_splits >= sms * 9 / 10);  // ... that fills >= 90% of it
+      if (v >= 3 && sh.B == 1 && sh.N >= 65536) CHECK(pl.num_splits <= sms);        // one wave of 1-CTA-per-SM slices
+      if (v >= 3 && sh.B == 1 && sh.N >= 65536) CHECK(pl.num_splits >= sms * 9 / 10);  // ... that fills >= 90% of it
     }
   }
 }
