@@ -26,6 +26,11 @@
 //   absorption (mla_absorb_query, d_nope = 128) alone; bytes = latent cache read once, c_new read + written,
 //   q_hi/q_lo read, the fp32 attended latent written; flops = 4 d_c H per causal (query, key) pair (one pass,
 //   hi/lo not counted).
+//   Each shape also gets a row "mla-prefill-naive B=.. T=.. H=.. HV=..": kernels/mla_prefill.hpp mla_prefill_heads with
+//   path = naive (append + K, V reconstruction by cuBLAS + hi/lo split + causal flash attention, o = W_UV a per head,
+//   [B, T, H, 128] fp32); bytes = latents, c_new, q^C, W_UK, W_UV read, o written (fp32 K, V workspace not counted);
+//   flops = 4 d_h H per causal pair + 2 d_c (d_nope + d_v) H per key (one pass, hi/lo not counted). A printed line
+//   gives the rule's choice, the absorbed path through the same API (absorb + prefill + W_UV) and P hi only.
 // attn-res (kernels/attn_res.hpp): shapes S:T:d in the B:T:H slots (S sources, T tokens, width d; the table's
 //   B, T, H, D columns hold S, T, d, d); bytes = the S T d bf16 sources read once + the bf16 output written;
 //   flops = 6 S T d (h.h, w.h, the weighted sum).
@@ -46,6 +51,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <tuple>
 
 #include "experiments/cli.hpp"
 #include "reference/error.hpp"
@@ -82,6 +88,7 @@ struct BenchOptions {
 
 struct Shape {
   long long B, T, H, HV;
+  bool naive = false;  // mla-prefill: the naive-path row (mla_prefill_heads, path = naive) of this shape
 };
 
 std::vector<Shape> parse_shapes(const std::string& text, const std::string& op) {
@@ -128,6 +135,10 @@ std::vector<Shape> parse_shapes(const std::string& text, const std::string& op) 
 }
 
 [[maybe_unused]] std::string key_of(const std::string& op, const Shape& s, long long prefix = 0) {
+  if (op == "mla-prefill" && s.naive) {  // the naive row beside the absorbed one (whose key is unchanged)
+    if (prefix > 0) return fmt::format("{}-naive B={} T={} H={} HV={} N0={}", op, s.B, s.T, s.H, s.HV, prefix);
+    return fmt::format("{}-naive B={} T={} H={} HV={}", op, s.B, s.T, s.H, s.HV);
+  }
   if (op == "mla-prefill" && prefix > 0) return fmt::format("{} B={} T={} H={} HV={} N0={}", op, s.B, s.T, s.H, s.HV, prefix);
   if (op == "attn-res") return fmt::format("{} S={} T={} d={}", op, s.B, s.T, s.H);
   return fmt::format("{} B={} T={} H={} HV={}", op, s.B, s.T, s.H, s.HV);
@@ -381,6 +392,50 @@ Measured bench_mla_prefill(const Shape& s, long long prefix, int warmup, int ite
   return {ms, mn, bytes, pairs * s.H * 4.0 * DC, absorb, 0.0};
 }
 
+/// MLA prefill with per-head output (kernels/mla_prefill.hpp mla_prefill_heads), naive path: append + K, V
+/// reconstruction (cuBLAS) + hi/lo split + causal flash attention -> o [B, T, H, 128] fp32. Also prints the
+/// rule's choice, the heads API's absorbed path (absorb + prefill + W_UV) and the P-hi-only ablation.
+Measured bench_mla_prefill_naive(const Shape& s, long long prefix, int warmup, int iters, std::uint64_t seed) {
+  const long long DC = 512, DN = 128, N = prefix + s.T;
+  const std::size_t nc = static_cast<std::size_t>(s.B) * N * DC, nn = static_cast<std::size_t>(s.B) * s.T * DC;
+  const std::size_t nqc = static_cast<std::size_t>(s.B) * s.T * s.H * DN, nw = static_cast<std::size_t>(s.H) * DN * DC;
+  Dev c(nc * 2), cnew(nn * 2), qC(nqc * 2), Wk(nw * 2), Wv(nw * 2), out(nqc * 4);
+  kernels::fill_normal_bf16(c.as<bf16_t>(), nc, seed + 1, 1.0f, nullptr);
+  kernels::fill_normal_bf16(cnew.as<bf16_t>(), nn, seed + 2, 1.0f, nullptr);
+  kernels::fill_normal_bf16(qC.as<bf16_t>(), nqc, seed + 3, 1.0f, nullptr);
+  kernels::fill_normal_bf16(Wk.as<bf16_t>(), nw, seed + 4, 0.1f, nullptr);  // logits with std ~1.3 (as the absorbed row)
+  kernels::fill_normal_bf16(Wv.as<bf16_t>(), nw, seed + 5, 0.1f, nullptr);
+  kernels::MlaPrefillHeadsArgs a;
+  a.B = static_cast<int>(s.B); a.T = static_cast<int>(s.T); a.H = static_cast<int>(s.H);
+  a.capacity = static_cast<int>(N); a.prefix = static_cast<int>(prefix);
+  a.c = c.as<bf16_t>(); a.c_new = cnew.as<bf16_t>(); a.q_C = qC.as<bf16_t>(); a.W_UK = Wk.as<bf16_t>(); a.W_UV = Wv.as<bf16_t>();
+  a.scale = 1.0f / std::sqrt(192.0f);
+  a.out = out.as<float>();
+  const kernels::MlaPrefillPath rule = kernels::mla_prefill_choose(a);
+  auto timed = [&](kernels::MlaPrefillPath path, bool p_hi_only) {
+    a.path = path;
+    a.p_hi_only = p_hi_only;
+    const std::size_t wsb = kernels::mla_prefill_heads_workspace_bytes(a);
+    Dev ws(wsb);
+    a.workspace = ws.p; a.workspace_bytes = wsb;
+    const auto r = time_ms([&] { kernels::mla_prefill_heads(a, nullptr); }, warmup, iters);
+    return std::tuple{r.first, r.second, wsb};
+  };
+  const auto [ms, mn, wsb] = timed(kernels::MlaPrefillPath::naive, false);
+  const auto [ms_hi, mn_hi, wsb_hi] = timed(kernels::MlaPrefillPath::naive, true);
+  const auto [ms_abs, mn_abs, wsb_abs] = timed(kernels::MlaPrefillPath::absorbed, false);
+  (void)mn_hi; (void)wsb_hi; (void)mn_abs;
+  fmt::print("  (B={} T={} H={} prefix={}: rule picks {}; o = W_UV a per head: naive {:.4f} ms (workspace {:.0f} MB), naive "
+             "P hi only {:.4f} ms, absorbed (absorb + prefill + W_UV) {:.4f} ms (workspace {:.0f} MB), absorbed / naive "
+             "{:.2f})\n",
+             s.B, s.T, s.H, prefix, kernels::mla_prefill_path_name(rule), ms, wsb / 1e6, ms_hi, ms_abs, wsb_abs / 1e6,
+             ms_abs / ms);
+  const double pairs = static_cast<double>(s.B) * (static_cast<double>(s.T) * prefix + 0.5 * s.T * (s.T + 1.0));
+  const double recon = static_cast<double>(s.B) * N * s.H * 2.0 * DC * (2.0 * DN);  // K and V for every key
+  const double bytes = 2.0 * nc + 2.0 * 2.0 * nn + 2.0 * nqc + 4.0 * nqc + 2.0 * 2.0 * nw;
+  return {ms, mn, bytes, pairs * s.H * 4.0 * DN + recon, 0.0, 0.0};
+}
+
 /// Block AttnRes: S sources (shape B), T tokens, width d (shape H), bf16 output.
 Measured bench_attn_res(const Shape& s, int warmup, int iters, std::uint64_t seed) {
   const std::size_t S = s.B, T = s.T, d = s.H;
@@ -491,7 +546,18 @@ void register_bench(Registry& reg) {
     require(o->op != "all" || o->shapes.empty(),
             "--shapes needs a single --op (kda-prefill, kda-decode, mla-decode, mla-prefill or attn-res)");
     std::vector<std::vector<Shape>> shapes;
-    for (const auto& op : ops) shapes.push_back(parse_shapes(o->shapes, op));
+    for (const auto& op : ops) {
+      shapes.push_back(parse_shapes(o->shapes, op));
+      if (op == "mla-prefill") {  // each shape's naive-path row right after its absorbed row
+        std::vector<Shape> both;
+        for (Shape s : shapes.back()) {
+          both.push_back(s);
+          s.naive = true;
+          both.push_back(s);
+        }
+        shapes.back() = both;
+      }
+    }
     nlohmann::json peer = nlohmann::json::object();
     for (const std::string& pj : o->peer_json) {
       std::ifstream f(pj);
@@ -588,6 +654,7 @@ void register_bench(Registry& reg) {
         const Measured m =
             op == "kda-prefill"   ? bench_prefill(s, o->warmup, o->iters, ctx.common.seed, o->kda_segments, o->kda_overlap, o->variants)
             : op == "mla-decode"  ? bench_mla_decode(s, o->warmup, o->iters, ctx.common.seed, o->mla_variant)
+            : op == "mla-prefill" && s.naive ? bench_mla_prefill_naive(s, o->prefix, o->warmup, o->iters, ctx.common.seed)
             : op == "mla-prefill" ? bench_mla_prefill(s, o->prefix, o->warmup, o->iters, ctx.common.seed)
             : op == "attn-res"    ? bench_attn_res(s, o->warmup, o->iters, ctx.common.seed)
                                   : bench_decode(s, o->warmup, o->iters, ctx.common.seed);

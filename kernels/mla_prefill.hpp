@@ -18,17 +18,9 @@
 /// mla_absorb_query() computes them from q^C [.., H, d_nope] and W_UK in fp32.
 /// NoPE only: d_rope = 0 (the decoupled-RoPE score part is refused, as in mla_decode).
 ///
-/// Naive or absorbed, the rule (and why v1 runs absorbed for every T):
-///   per (query, key, head), absorbed costs 8 d_c = 4096 FLOPs on the tensor cores (scores and P C over
-///   the d_c-wide latent, each with a hi and a lo row); naive costs 2 (d_nope + d_v) = 512 FLOPs plus, once
-///   per key and head, the reconstruction k = W_UK,i c, v = W_UV,i c: 2 d_c (d_nope + d_v) = 262,144 FLOPs,
-///   and it writes/reads H (d_nope + d_v) bf16 per key (16 KB per token at H = 32, vs the 1 KB latent).
-///   A key attended by n queries: absorbed 4096 n vs naive 512 n + 262,144, so
-///     absorbed when T <= 64 (n <= T: reconstruction never pays back), naive when T > 64.
-///   v1 implements the absorbed path only (correct for every T; the rule's naive branch is not built yet):
-///   it shares its precision plan and its cache reads with the decode kernel and reaches ~1e-5. The naive
-///   path rounds k and v per head to bf16 (~1.1e-3 relative each) and P to bf16 (~1.1e-3): its accuracy
-///   against the 2e-3 goal must be measured (or k, v carried as hi + lo) before it is used.
+/// Naive or absorbed: mla_prefill() below is the absorbed path alone (it returns the attended latent a). The
+/// entry that picks a path is mla_prefill_heads() (end of this file): it returns o_i = W_UV,i a_i [B, T, H, d_v]
+/// either way, and its rule, derived there, compares the tensor-core FLOPs the two paths execute.
 ///
 /// Precision: q~ as bf16 hi + lo (a bf16-rounded q~ alone costs 2.3-3.5e-3 relative RMS, ANCHORS.md);
 /// scores = q_hi C^T + q_lo C^T by mma.sync bf16 with fp32 accumulation; fp32 online softmax; P split into
@@ -106,5 +98,104 @@ struct MlaAbsorbArgs {
 /// layout of mla_prefill and mla_decode (contiguous [n, H, d_c]). Asynchronous on `stream`.
 /// Errors: kdalab::Error (n < 1, H or d_nope out of range, d_c != 512, null or misaligned pointers).
 void mla_absorb_query(const MlaAbsorbArgs& a, cudaStream_t stream);
+
+// ---- per-head output o_i = W_UV,i a_i, naive or absorbed (kernels/mla_prefill_naive.cu) ----------------------
+
+/// Which evaluation mla_prefill_heads() runs. automatic = the rule below.
+enum class MlaPrefillPath { automatic = 0, absorbed = 1, naive = 2 };
+
+/// "auto", "absorbed" or "naive".
+const char* mla_prefill_path_name(MlaPrefillPath p);
+
+/// Arguments of mla_prefill_heads(): the causal prefill of T new tokens per sequence behind a cached prefix of
+/// N0 tokens, returning the per-head attention output o [B, T, H, d_v] (before the output gate and W_o).
+///
+/// Math (DeepSeek-V2 §2.1 Eqs. 9-19; K3 report Eq. 7; EQUATIONS.md section 5; reference/mla.hpp
+/// mla_attend_naive / mla_attend_absorbed), per sequence b, new token t (absolute position N0 + t), head i:
+///   k_{tau,i} = W_UK,i c_tau (d_nope), v_{tau,i} = W_UV,i c_tau (d_v) for every key tau = 0 .. N0 + t,
+///   s_tau = scale q^C_{t,i} . k_{tau,i},  p = softmax_tau(s),  o_{t,i} = sum_tau p_tau v_{tau,i} = W_UV,i a_{t,i}.
+///
+/// The two paths (both return o; they agree to ~1e-5 relative RMS, see "Precision"):
+///   absorbed  mla_absorb_query (q~ = W_UK,i^T q^C as bf16 hi + lo) -> mla_prefill (a [B, T, H, d_c] fp32,
+///             appends c_new) -> o_i = W_UV,i a_i by an fp32 cuBLAS batched GEMM (W_UV converted to fp32).
+///   naive     append c_new; reconstruct K = C W_UK^T and V = C W_UV^T for all N = N0 + T keys of every sequence
+///             (one cuBLAS GEMM each, bf16 inputs, fp32 accumulation and output [B, N, H, 128]); split each
+///             fp32 row in place into bf16 hi + lo; causal flash attention (mma.sync m16n8k16, 128 queries of one
+///             (sequence, head) per CTA, 32-key tiles, fp32 online softmax, causal mask with the N0 offset).
+///
+/// Precision plan of the naive path (decided by a CPU emulation before the kernel was written, float64 truth
+/// vs each plan's roundings on the reference/mla.hpp test distribution: W_UK, W_UV ~ N(0, 1/d_c) and latents
+/// ~ N(0, 1) rounded to bf16, q^C ~ sigma N(0, 1) in bf16, sigma = 1, 2, 4 (logit std ~ sigma), N up to 1037;
+/// bench/NOTES.md "MLA prefill, naive path"): relative RMS of o
+///   k, v, P all bf16 (a plain bf16 flash attention)   2.4e-3 .. 4.2e-3   fails the 2e-3 goal
+///   k hi + lo, v bf16, P bf16                         1.75e-3 .. 1.96e-3 (no margin)
+///   k hi + lo, v bf16, P hi + lo                      1.6e-3             (v's rounding alone)
+///   k hi + lo, v hi + lo, P bf16                      0.59e-3 .. 1.12e-3 (P's rounding alone)
+///   k hi + lo, v hi + lo, P hi + lo                   3.5e-6 .. 6.1e-6   <- this kernel's default
+///   (fp16 v and P would give 2.3e-4 in one P V pass, but v = W_UV c has no bound below fp16's 65504.)
+/// q^C is a bf16 input (exact). k and v are carried as bf16 hi + lo of the fp32 reconstruction, P as bf16 hi + lo
+/// of the fp32 probabilities: scores = q k_hi + q k_lo (2 mma passes), P V = P_hi V_hi + P_hi V_lo + P_lo V_hi
+/// (3 passes; P_lo V_lo ~2^-16 dropped). p_hi_only drops P_lo V_hi (4 passes, ~1e-3): an ablation.
+///
+/// The rule (path = automatic). Tensor-core FLOPs each path executes per sequence and head, with
+/// pairs = T N0 + T (T + 1) / 2 causal (query, key) pairs and N = N0 + T keys:
+///   absorbed  8 d_c = 4096 per pair (scores and P C over d_c = 512, hi and lo rows on both);
+///   naive     5 x 2 x 128 = 1280 per pair (2 score passes, 3 P V passes) plus the reconstruction
+///             2 d_c (d_nope + d_v) = 262,144 per key.
+/// naive iff 4096 pairs > 1280 pairs + 262,144 N, i.e. 11 pairs > 1024 N (exact in integers): with N0 = 0,
+/// naive for T >= 186; behind a long prefix (pairs ~ T N) naive for T >= ~94. The rule counts FLOPs only: the
+/// naive workspace is B N H 1 KB (a short chunk behind a 1M-token prefix would need 32 GB at H = 32: force
+/// absorbed there, or decode). To be recalibrated from measured rates (kdalab bench --op mla-prefill prints
+/// both paths and the rule's choice).
+///
+/// Layouts: cache and c_new as MlaPrefillArgs (rows N0 .. N0 + T - 1 are written by either path); q^C
+/// [B, T, H, d_nope] bf16 with token stride sqc_t (0 = H d_nope; batch stride T sqc_t); W_UK [H d_nope, d_c] and
+/// W_UV [H d_v, d_c] bf16 row-major (reference/mla.hpp: head i owns rows i d_nope ..); out o [B, T, H, d_v] fp32
+/// contiguous. Supported: d_c = 512, d_nope = d_v = 128, d_rope = 0 (NoPE).
+struct MlaPrefillHeadsArgs {
+  int B = 0;                      ///< sequences, 1 <= B <= 65535
+  int T = 0;                      ///< new tokens per sequence, >= 1
+  int H = 32;                     ///< heads, 1 <= H <= 256
+  int d_c = 512;                  ///< latent width; supported: 512
+  int d_nope = 128;               ///< per-head query/key width; supported: 128
+  int d_v = 128;                  ///< per-head value width; supported: 128
+  int d_rope = 0;                 ///< supported: 0 (NoPE)
+  int capacity = 0;               ///< N_max: tokens the cache holds per sequence
+  int prefix = 0;                 ///< N0: tokens already cached; N0 + T <= capacity
+  bf16_t* c = nullptr;            ///< latent cache [B, N_max, sc_t], 16-byte aligned (as MlaPrefillArgs::c)
+  std::int64_t sc_b = 0;          ///< batch stride of c (0 = N_max sc_t); multiple of 8
+  std::int64_t sc_t = 0;          ///< row stride of c (0 = d_c); multiple of 8, >= d_c
+  const bf16_t* c_new = nullptr;  ///< [B, T, d_c] latents of the new tokens, 16-byte aligned; null = already cached
+  std::int64_t sn_b = 0;          ///< batch stride of c_new (0 = T sn_t); multiple of 8
+  std::int64_t sn_t = 0;          ///< token stride of c_new (0 = d_c); multiple of 8, >= d_c
+  const bf16_t* q_C = nullptr;    ///< [B, T, H, d_nope] bf16 (not absorbed), 4-byte aligned
+  std::int64_t sqc_t = 0;         ///< token stride of q_C (0 = H d_nope); even, >= H d_nope
+  const bf16_t* W_UK = nullptr;   ///< [H d_nope, d_c] bf16, 4-byte aligned
+  const bf16_t* W_UV = nullptr;   ///< [H d_v, d_c] bf16, 4-byte aligned
+  float scale = 0.0f;             ///< softmax scale, explicit: 1/sqrt(d_nope + d_rope) of the layer
+  MlaPrefillPath path = MlaPrefillPath::automatic;  ///< automatic (the rule), absorbed or naive (override)
+  bool p_hi_only = false;         ///< naive path ablation: P as bf16 hi only (4 mma passes, ~1e-3); default off
+  void* workspace = nullptr;      ///< device scratch of >= mla_prefill_heads_workspace_bytes(args) bytes, 256-byte aligned
+  std::size_t workspace_bytes = 0;
+  float* out = nullptr;           ///< o [B, T, H, d_v] fp32, 8-byte aligned
+};
+
+/// The path mla_prefill_heads() runs for `a`: a.path when it is absorbed or naive, else the rule above.
+/// No checks, no CUDA calls.
+MlaPrefillPath mla_prefill_choose(const MlaPrefillHeadsArgs& a);
+
+/// Workspace bytes mla_prefill_heads() needs for `a` on the path mla_prefill_choose(a) picks:
+/// naive 2 B (N0 + T) H d_nope 4 (fp32 K and V, split in place into bf16 hi + lo); absorbed
+/// B T H d_c (2 + 2 + 4) (q~ hi, lo, a) + H d_v d_c 4 (W_UV in fp32), each part rounded up to 256 bytes.
+/// Errors: kdalab::Error on B, T, H or prefix out of range (no CUDA calls).
+std::size_t mla_prefill_heads_workspace_bytes(const MlaPrefillHeadsArgs& a);
+
+/// The prefill with per-head output: appends c_new to the cache, then writes o [B, T, H, d_v] fp32 by the path
+/// mla_prefill_choose(a) picks. Asynchronous on `stream`, no allocation (cuBLAS: one handle per process, made on
+/// the first call, on the device current then; not for CUDA-graph capture on its first call). Errors:
+/// kdalab::Error naming the argument, its value and what is accepted (unsupported widths, T < 1, N0 < 0,
+/// N0 + T > capacity, null or misaligned pointers, bad strides, scale not finite and > 0, workspace too small),
+/// before anything is launched; CUDA and cuBLAS errors throw kdalab::Error with their message.
+void mla_prefill_heads(const MlaPrefillHeadsArgs& a, cudaStream_t stream);
 
 }  // namespace kdalab::kernels

@@ -467,3 +467,277 @@ TEST_CASE("mla prefill: bad inputs give clear errors before any launch", "[gpu][
   abad = ab; abad.W_UK = nullptr; expect_error(absorb, "absorb W_UK null");
   cuda_check(cudaDeviceSynchronize(), "after bad inputs");
 }
+
+// ---- mla_prefill_heads: o = W_UV,i a_i [B, T, H, 128], naive or absorbed (kernels/mla_prefill_naive.cu) -------
+
+namespace {
+
+const char* path_name(kernels::MlaPrefillPath p) { return kernels::mla_prefill_path_name(p); }
+
+/// One mla_prefill_heads problem: B sequences, cache of `cap` rows (prefix rows random, the rest poisoned),
+/// T new latents c_new, q^C [B, T, H, 128] ~ sigma N(0, 1) in bf16, W_UK, W_UV [H 128, 512] ~ N(0, 1/512) in bf16
+/// (reference/mla.hpp mla_random_weights' 1/sqrt(fan_in)), latents ~ N(0, 1) in bf16: logits with std ~ sigma.
+struct HeadsProblem {
+  std::size_t B, T, H, N0, cap;
+  std::vector<double> lat, qc, wuk, wuv;  // [B, N, 512], [B, T, H, 128], [H 128, 512] x 2 (bf16 values)
+  DevBuf cache, c_new, q, W_UK, W_UV;
+
+  HeadsProblem(std::size_t B_, std::size_t T_, std::size_t H_, std::size_t N0_, double sigma = 1.0)
+      : B(B_), T(T_), H(H_), N0(N0_), cap(N0_ + T_ + 3), lat(B_ * (N0_ + T_) * DC), qc(B_ * T_ * H_ * 128),
+        wuk(H_ * 128 * DC), wuv(H_ * 128 * DC), cache(B_ * (N0_ + T_ + 3) * DC * 2), c_new(B_ * T_ * DC * 2),
+        q(qc.size() * 2), W_UK(wuk.size() * 2), W_UV(wuv.size() * 2) {
+    Rng rng(fresh_seed());
+    for (auto& x : lat) x = round_bf16(rng.normal());
+    for (auto& x : qc) x = round_bf16(sigma * rng.normal());
+    for (auto& x : wuk) x = round_bf16(rng.normal() / std::sqrt(512.0));
+    for (auto& x : wuv) x = round_bf16(rng.normal() / std::sqrt(512.0));
+    upload();
+  }
+  std::size_t N() const { return N0 + T; }
+  double L(std::size_t b, std::size_t tau, std::size_t k) const { return lat[(b * N() + tau) * DC + k]; }
+  void make_identical() {  // every latent of every sequence = one random row: all keys (and values) equal per head
+    for (std::size_t i = 0; i < lat.size(); ++i) lat[i] = lat[i % DC];
+    upload();
+  }
+  static std::vector<bf16_t> bits(const std::vector<double>& v) {
+    std::vector<bf16_t> r(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) r[i] = bf16_bits(v[i]);
+    return r;
+  }
+  /// Fresh cache (prefix rows, the rest NaN) and all inputs on the device.
+  void upload() {
+    std::vector<bf16_t> ch(B * cap * DC, 0xFFFF), cn(B * T * DC);
+    for (std::size_t b = 0; b < B; ++b)
+      for (std::size_t tau = 0; tau < N(); ++tau)
+        for (std::size_t k = 0; k < DC; ++k)
+          (tau < N0 ? ch[(b * cap + tau) * DC + k] : cn[(b * T + tau - N0) * DC + k]) = bf16_bits(L(b, tau, k));
+    copy_bits(cache, ch);
+    copy_bits(c_new, cn);
+    copy_bits(q, bits(qc));
+    copy_bits(W_UK, bits(wuk));
+    copy_bits(W_UV, bits(wuv));
+  }
+  kernels::MlaPrefillHeadsArgs args(kernels::MlaPrefillPath path) const {
+    kernels::MlaPrefillHeadsArgs a;
+    a.B = static_cast<int>(B);
+    a.T = static_cast<int>(T);
+    a.H = static_cast<int>(H);
+    a.capacity = static_cast<int>(cap);
+    a.prefix = static_cast<int>(N0);
+    a.c = cache.as<bf16_t>();
+    a.c_new = c_new.as<bf16_t>();
+    a.q_C = q.as<bf16_t>();
+    a.W_UK = W_UK.as<bf16_t>();
+    a.W_UV = W_UV.as<bf16_t>();
+    a.scale = static_cast<float>(1.0 / std::sqrt(128.0));  // mla_scale: 1/sqrt(d_nope + d_rope), d_rope = 0
+    a.path = path;
+    return a;
+  }
+  /// float64 truth o [B, T, H, 128]: reference/mla.hpp mla_attend_naive per sequence.
+  std::vector<double> truth() const {
+    MlaConfig cfg;
+    cfg.hidden = 64;
+    cfg.n_h = H;
+    cfg.d_c = DC;
+    cfg.d_nope = 128;
+    cfg.d_v = 128;
+    cfg.d_rope = 0;
+    cfg.output_gate = false;
+    MlaWeights<double> w;
+    w.W_UK.resize(H * 128, DC);
+    w.W_UV.resize(H * 128, DC);
+    for (std::size_t r = 0; r < H * 128; ++r)
+      for (std::size_t k = 0; k < DC; ++k) {
+        w.W_UK(r, k) = wuk[r * DC + k];
+        w.W_UV(r, k) = wuv[r * DC + k];
+      }
+    std::vector<double> o(B * T * H * 128);
+    for (std::size_t b = 0; b < B; ++b) {
+      MlaProjected<double> p;
+      p.q_C.resize(T, H * 128);
+      p.q_R.resize(T, 0);
+      Mat<double> C(N(), DC), K_R(N(), 0);
+      for (std::size_t t = 0; t < T; ++t)
+        for (std::size_t j = 0; j < H * 128; ++j) p.q_C(t, j) = qc[(b * T + t) * H * 128 + j];
+      for (std::size_t i = 0; i < N(); ++i)
+        for (std::size_t k = 0; k < DC; ++k) C(i, k) = L(b, i, k);
+      p.c = C.bottomRows(T);
+      const Mat<double> O = mla_attend_naive<double>(cfg, w, p, C, K_R, N0);  // [T, H 128]
+      for (std::size_t t = 0; t < T; ++t)
+        for (std::size_t j = 0; j < H * 128; ++j) o[(b * T + t) * H * 128 + j] = O(t, j);
+    }
+    return o;
+  }
+  /// Cache after the prefill: rows < N0 + T = the latents exactly, the rest still NaN. Wrong elements.
+  std::size_t cache_errors() const {
+    const auto h = download_bits(cache);
+    std::size_t bad = 0;
+    for (std::size_t b = 0; b < B; ++b)
+      for (std::size_t tau = 0; tau < cap; ++tau)
+        for (std::size_t k = 0; k < DC; ++k)
+          bad += h[(b * cap + tau) * DC + k] != (tau < N() ? bf16_bits(L(b, tau, k)) : bf16_t(0xFFFF)) ? 1 : 0;
+    return bad;
+  }
+};
+
+/// Runs mla_prefill_heads (fresh cache, poisoned out and workspace) and downloads o [B, T, H, 128].
+std::vector<double> run_heads(HeadsProblem& P, kernels::MlaPrefillHeadsArgs a) {
+  P.upload();
+  DevBuf out(P.B * P.T * P.H * 128 * 4), ws(kernels::mla_prefill_heads_workspace_bytes(a));
+  out.poison();
+  ws.poison();
+  a.out = out.as<float>();
+  a.workspace = ws.p;
+  a.workspace_bytes = ws.bytes;
+  kernels::mla_prefill_heads(a, nullptr);
+  cuda_check(cudaDeviceSynchronize(), "mla_prefill_heads");
+  return download_f32(out);
+}
+
+std::size_t non_finite(const std::vector<double>& v) {
+  std::size_t n = 0;
+  for (double x : v) n += std::isfinite(x) ? 0 : 1;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("mla prefill heads, naive: naive and absorbed+W_UV vs float64 reference, T x N0, B = 2, H = 32 (16)",
+          "[gpu][mla][naive]") {
+  using kernels::MlaPrefillPath;
+  struct Case { std::size_t T, N0, H; };
+  std::vector<Case> cases;
+  for (std::size_t N0 : {0, 37})
+    for (std::size_t T : {1, 17, 64, 65, 300, 1000}) cases.push_back({T, N0, 32});
+  for (std::size_t T : {65, 300}) cases.push_back({T, 37, 16});
+  for (const Case& c : cases) {
+    HeadsProblem P(2, c.T, c.H, c.N0);
+    const auto truth = P.truth();
+    const auto on = run_heads(P, P.args(MlaPrefillPath::naive));
+    const std::size_t cache_n = P.cache_errors();
+    const auto oa = run_heads(P, P.args(MlaPrefillPath::absorbed));
+    const std::size_t cache_a = P.cache_errors();
+    const MlaPrefillPath chosen = kernels::mla_prefill_choose(P.args(MlaPrefillPath::automatic));
+    const auto oauto = run_heads(P, P.args(MlaPrefillPath::automatic));
+    const auto mn = compare(on, truth), ma = compare(oa, truth), mna = compare(on, oa);
+    const bool auto_same = oauto == (chosen == MlaPrefillPath::naive ? on : oa);
+    std::printf("mla prefill heads B=2 T=%zu N0=%zu H=%zu: naive rel_rms %.3e (max_abs %.2e), absorbed+W_UV %.3e, "
+                "naive vs absorbed %.3e; rule picks %s (auto output identical: %s); cache errors naive %zu absorbed %zu\n",
+                c.T, c.N0, c.H, mn.rel_rms, mn.max_abs, ma.rel_rms, mna.rel_rms, path_name(chosen),
+                auto_same ? "yes" : "no", cache_n, cache_a);
+    CAPTURE(c.T, c.N0, c.H, mn.rel_rms, ma.rel_rms, mna.rel_rms);
+    REQUIRE(non_finite(on) + non_finite(oa) == 0);
+    CHECK(mn.rel_rms <= tol::mla_prefill_heads_goal.value);
+    CHECK(ma.rel_rms <= tol::mla_prefill_heads_goal.value);
+    CHECK(mna.rel_rms <= tol::mla_prefill_naive_vs_absorbed.value);
+    CHECK(auto_same);
+    CHECK(cache_n == 0);
+    CHECK(cache_a == 0);
+  }
+}
+
+TEST_CASE("mla prefill heads, naive: P hi + lo vs P hi only (ablation), logit std 1 and 4", "[gpu][mla][naive]") {
+  for (double sigma : {1.0, 4.0}) {
+    HeadsProblem P(1, 300, 32, 37, sigma);
+    const auto truth = P.truth();
+    auto a = P.args(kernels::MlaPrefillPath::naive);
+    const auto m_hilo = compare(run_heads(P, a), truth);
+    a.p_hi_only = true;
+    const auto m_hi = compare(run_heads(P, a), truth);
+    std::printf("mla prefill heads naive T=300 N0=37 H=32 sigma=%g: P hi+lo %.3e, P hi only %.3e (emulation: ~5e-6 / "
+                "0.6e-3 .. 1.1e-3)\n", sigma, m_hilo.rel_rms, m_hi.rel_rms);
+    REQUIRE(m_hilo.nan_count + m_hi.nan_count + m_hilo.inf_count + m_hi.inf_count == 0);
+    CHECK(m_hilo.rel_rms <= tol::mla_prefill_heads_goal.value);
+    CHECK(m_hi.rel_rms <= tol::mla_prefill_naive_p_hi.value);
+    CHECK(m_hilo.rel_rms < m_hi.rel_rms);
+  }
+}
+
+TEST_CASE("mla prefill heads, naive: identical keys and very large logits give no NaN", "[gpu][mla][naive]") {
+  using kernels::MlaPrefillPath;
+  for (double sigma : {1.0, 1000.0})
+    for (bool identical : {true, false}) {
+      if (!identical && sigma == 1.0) continue;
+      HeadsProblem P(1, 200, 32, 50, sigma);  // sigma 1000: logits with std ~1000, near one-hot rows
+      if (identical) P.make_identical();
+      const auto truth = P.truth();
+      const auto on = run_heads(P, P.args(MlaPrefillPath::naive));
+      const auto oa = run_heads(P, P.args(MlaPrefillPath::absorbed));
+      const auto mn = compare(on, truth), ma = compare(oa, truth);
+      std::printf("mla prefill heads %s, sigma=%g: naive rel_rms %.3e, absorbed+W_UV %.3e, non-finite %zu / %zu\n",
+                  identical ? "identical keys" : "distinct keys", sigma, mn.rel_rms, ma.rel_rms, non_finite(on),
+                  non_finite(oa));
+      REQUIRE(non_finite(on) + non_finite(oa) == 0);
+      CHECK(mn.rel_rms <= tol::mla_prefill_heads_goal.value);
+      CHECK(ma.rel_rms <= tol::mla_prefill_heads_goal.value);
+    }
+}
+
+TEST_CASE("mla prefill heads, naive: the rule's choices (11 pairs > 1024 N)", "[gpu][mla][naive]") {
+  using kernels::MlaPrefillPath;
+  kernels::MlaPrefillHeadsArgs a;
+  auto pick = [&](int T, int N0) {
+    a.T = T;
+    a.prefix = N0;
+    return kernels::mla_prefill_choose(a);
+  };
+  const std::vector<std::pair<int, int>> shapes = {{1, 0},    {64, 0},      {185, 0},     {186, 0}, {2048, 0}, {8192, 0},
+                                                   {512, 0},  {93, 100000}, {94, 100000}, {65, 37}, {300, 37}};
+  for (auto [T, N0] : shapes)
+    std::printf("mla prefill heads rule: T=%d N0=%d -> %s\n", T, N0, path_name(pick(T, N0)));
+  CHECK(pick(185, 0) == MlaPrefillPath::absorbed);
+  CHECK(pick(186, 0) == MlaPrefillPath::naive);
+  CHECK(pick(64, 0) == MlaPrefillPath::absorbed);
+  CHECK(pick(93, 100000) == MlaPrefillPath::absorbed);
+  CHECK(pick(94, 100000) == MlaPrefillPath::naive);
+  a.path = MlaPrefillPath::absorbed;
+  CHECK(pick(8192, 0) == MlaPrefillPath::absorbed);
+  a.path = MlaPrefillPath::naive;
+  CHECK(pick(1, 0) == MlaPrefillPath::naive);
+}
+
+TEST_CASE("mla prefill heads, naive: bad inputs give clear errors before any launch", "[gpu][mla][naive]") {
+  HeadsProblem P(1, 20, 32, 10);
+  DevBuf out(20 * 32 * 128 * 4), ws(kernels::mla_prefill_heads_workspace_bytes(P.args(kernels::MlaPrefillPath::naive)) +
+                                    kernels::mla_prefill_heads_workspace_bytes(P.args(kernels::MlaPrefillPath::absorbed)));
+  auto good = P.args(kernels::MlaPrefillPath::naive);
+  good.out = out.as<float>();
+  good.workspace = ws.p;
+  good.workspace_bytes = ws.bytes;
+  REQUIRE_NOTHROW(kernels::mla_prefill_heads(good, nullptr));
+  cuda_check(cudaDeviceSynchronize(), "good");
+  auto expect_error = [](auto&& call, const char* what) {
+    bool threw = false;
+    try {
+      call();
+    } catch (const Error& e) {
+      threw = true;
+      std::printf("mla prefill heads bad input (%s): %s\n", what, e.what());
+    }
+    CHECK(threw);
+  };
+  auto bad = good;
+  auto run1 = [&] { kernels::mla_prefill_heads(bad, nullptr); };
+  bad = good; bad.d_c = 256; expect_error(run1, "d_c = 256");
+  bad = good; bad.d_nope = 64; expect_error(run1, "d_nope = 64");
+  bad = good; bad.d_v = 192; expect_error(run1, "d_v = 192");
+  bad = good; bad.d_rope = 64; expect_error(run1, "d_rope = 64");
+  bad = good; bad.T = 0; expect_error(run1, "T = 0");
+  bad = good; bad.B = 0; expect_error(run1, "B = 0");
+  bad = good; bad.H = 300; expect_error(run1, "H = 300");
+  bad = good; bad.prefix = -1; expect_error(run1, "prefix < 0");
+  bad = good; bad.T = 24; expect_error(run1, "N0 + T > capacity");
+  bad = good; bad.q_C = nullptr; expect_error(run1, "q_C null");
+  bad = good; bad.W_UK = nullptr; expect_error(run1, "W_UK null");
+  bad = good; bad.W_UV = good.W_UV + 1; expect_error(run1, "W_UV misaligned");
+  bad = good; bad.c = good.c + 4; expect_error(run1, "c misaligned");
+  bad = good; bad.out = nullptr; expect_error(run1, "out null");
+  bad = good; bad.scale = -1.0f; expect_error(run1, "scale < 0");
+  bad = good; bad.sqc_t = 32 * 128 + 1; expect_error(run1, "sqc_t odd");
+  bad = good; bad.sc_t = 500; expect_error(run1, "sc_t < 512");
+  bad = good; bad.workspace = nullptr; expect_error(run1, "workspace null");
+  bad = good; bad.workspace_bytes = 1000; expect_error(run1, "workspace too small");
+  bad = good; bad.path = static_cast<kernels::MlaPrefillPath>(7); expect_error(run1, "path = 7");
+  bad = good; bad.path = kernels::MlaPrefillPath::absorbed; bad.workspace_bytes = 1000; expect_error(run1, "absorbed workspace too small");
+  cuda_check(cudaDeviceSynchronize(), "after bad inputs");
+}

@@ -1,0 +1,496 @@
+// Gated-MLA causal prefill with per-head output o [B, T, H, d_v] (kernels/mla_prefill.hpp,
+// mla_prefill_heads): the naive-reconstruction path, the absorbed path followed by W_UV, and the rule.
+//
+// Naive path, on the caller's stream:
+//   append    c_new -> cache rows N0 .. N0 + T - 1 (16 bytes per thread);
+//   K, V      two cuBLAS strided-batched GEMMs (bf16 C and W, fp32 accumulation, fp32 output):
+//             K[b, tau, i, :] = W_UK,i c_tau, V[b, tau, i, :] = W_UV,i c_tau for tau = 0 .. N0 + T - 1;
+//   split     each fp32 row of 128 (512 bytes) rewritten in place as [bf16 hi (128) | bf16 lo (128)], one warp
+//             per row (every lane's loads complete before any lane's stores: __syncwarp between);
+//   attention one CTA (8 warps) per (128 queries, head, sequence), launched longest first; warp w owns query
+//             rows 16 w .. 16 w + 15, q^C fragments in registers. Keys stream in 32-key tiles (K hi, K lo,
+//             V hi, V lo; rows padded to 136 bf16: conflict-free 32-bit fragment loads and ldmatrix) through a
+//             3-stage cp.async ring; keys past the CTA's last position are zero-filled (never NaN garbage).
+//             Per tile and warp: S = q K_hi^T + q K_lo^T (mma.sync m16n8k16, fp32); causal mask per row
+//             (key tau allowed iff tau <= N0 + t); fp32 online softmax in the log2 domain in registers
+//             (row max/sum over the 4 lanes of a quad); P from the S accumulators as bf16 hi + lo A fragments;
+//             O = corr O + P_hi V_hi + P_hi V_lo + P_lo V_hi (V fragments by ldmatrix.trans). A warp skips
+//             the tiles that start past its last row's position (they only take part in the barrier).
+// Absorbed path: mla_absorb_query -> mla_prefill (a, fp32) -> W_UV converted to fp32 -> cuBLAS SGEMM batched
+// over heads: o_i = W_UV,i a_i (fp32, no tensor-core rounding).
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+#include <string>
+
+#include "kernels/kda_common.cuh"
+#include "kernels/mla_prefill.hpp"
+
+namespace kdalab::kernels {
+
+namespace {
+using namespace detail;
+
+constexpr int DC = 512;              // d_c
+constexpr int DH = 128;              // d_nope = d_v
+constexpr int QT = 128;              // queries per CTA
+constexpr int KT = 32;               // keys per tile
+constexpr int STAGES = 3;            // cp.async ring depth
+constexpr int NWARP = 8, NTHR = 256;
+constexpr int ROW = DH + 8;          // shared row stride (bf16): 272 bytes
+constexpr int ARR = KT * ROW;        // one array (K hi, K lo, V hi or V lo) of one stage, in bf16
+constexpr std::size_t SMEM = std::size_t(STAGES) * 4 * ARR * 2;  // 104,448 bytes
+static_assert(QT == 16 * NWARP, "one m16 tile of query rows per warp");
+static_assert(KT % 16 == 0 && (2 * KT * 32) % NTHR == 0, "tile layout");
+
+struct NParams {
+  int T, H, N0, N;            // N = N0 + T keys per sequence
+  const bf16_t* q;            // q^C [B, T, H, 128]
+  long long sq_b, sq_t;
+  const bf16_t* kv;           // K rows then V rows; row (b, tau, i) = [hi 128 | lo 128] bf16
+  long long v_off;            // bf16 elements from the K rows to the V rows (= B N H 256)
+  float scale_log2;           // scale * log2(e)
+  float* out;                 // o [B, T, H, 128] fp32
+};
+
+__device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, int src_bytes) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
+}
+
+__device__ __forceinline__ void ldsm_x4_trans(std::uint32_t* r, const void* smem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+
+__device__ __forceinline__ std::uint32_t ld32(const bf16_t* p) { return *reinterpret_cast<const std::uint32_t*>(p); }
+
+template <bool PLO>
+__global__ void __launch_bounds__(NTHR, 1) mla_naive_attn_kernel(NParams p) {
+  const int qt = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);  // longest CTAs first
+  const int head = blockIdx.y, b = blockIdx.z;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, cq = lane % 4;
+  const int q0 = qt * QT;
+  const int kend = p.N0 + min(q0 + QT, p.T);  // keys 0 .. kend - 1
+  const int ntiles = (kend + KT - 1) / KT;
+  const int r0 = q0 + 16 * warp;              // the warp's first query row
+  // the warp's last position (-1: no valid row, the warp computes nothing)
+  const int wmax = r0 < p.T ? p.N0 + min(r0 + 15, p.T - 1) : -1;
+  const int ra = r0 + g, rb = ra + 8;
+  const int posa = p.N0 + min(ra, p.T - 1), posb = p.N0 + min(rb, p.T - 1);  // rows past T: clamped, not written
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16_t* ring = reinterpret_cast<bf16_t*>(smem);
+
+  const long long seq_row0 = static_cast<long long>(b) * p.N;  // first key row of this sequence
+  auto load_tile = [&](int tile, int stage) {
+    bf16_t* st = ring + stage * 4 * ARR;
+#pragma unroll
+    for (int j = 0; j < 2 * KT * 32 / NTHR; ++j) {  // K and V: KT rows of 32 16-byte chunks (hi 16, lo 16) each
+      const int idx = tid + j * NTHR;
+      const int which = idx / (KT * 32), rem = idx % (KT * 32), r = rem / 32, ch = rem % 32;  // which: 0 K, 1 V
+      const int tok = tile * KT + r;
+      bf16_t* dst = st + (2 * which + ch / 16) * ARR + r * ROW + (ch % 16) * 8;
+      if (tok < kend)
+        cp_async16(dst, p.kv + which * p.v_off + ((seq_row0 + tok) * p.H + head) * 256 + ch * 8);
+      else
+        cp_async16_zfill(dst, p.kv, 0);  // past the last key: zeros (masked, and never 0 x NaN)
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < ntiles) load_tile(s, s);
+    cp_async_commit();
+  }
+
+  // q^C A fragments (16 rows x 128, row-major): k-step ks holds columns 16 ks .. 16 ks + 15
+  std::uint32_t qa[DH / 16][4];
+  {
+    const bf16_t* qb = p.q + b * p.sq_b + static_cast<long long>(head) * DH;
+    const bf16_t* pa = ra < p.T ? qb + ra * p.sq_t : nullptr;
+    const bf16_t* pb = rb < p.T ? qb + rb * p.sq_t : nullptr;
+#pragma unroll
+    for (int ks = 0; ks < DH / 16; ++ks) {
+      const int k0 = 16 * ks + 2 * cq;
+      qa[ks][0] = pa ? ld32(pa + k0) : 0u;
+      qa[ks][1] = pb ? ld32(pb + k0) : 0u;
+      qa[ks][2] = pa ? ld32(pa + k0 + 8) : 0u;
+      qa[ks][3] = pb ? ld32(pb + k0 + 8) : 0u;
+    }
+  }
+
+  float acc[DH / 8][4];
+#pragma unroll
+  for (int nt = 0; nt < DH / 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+  float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;  // l: this thread's partial sums
+
+  for (int it = 0; it < ntiles; ++it) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();  // tile it landed for everyone; everyone is done with tile it - 1 (its stage is refilled next)
+    {
+      const int nxt = it + STAGES - 1;
+      if (nxt < ntiles) load_tile(nxt, nxt % STAGES);
+      cp_async_commit();
+    }
+    if (it * KT > wmax) continue;  // every key of the tile is past every row of this warp
+    const bf16_t* st = ring + (it % STAGES) * 4 * ARR;
+    const bf16_t *khi = st, *klo = st + ARR, *vhi = st + 2 * ARR, *vlo = st + 3 * ARR;
+
+    // ---- S = q (K_hi + K_lo)^T, fp32
+    float s[KT / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < KT / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < DH / 16; ++ks)
+#pragma unroll
+      for (int nt = 0; nt < KT / 8; ++nt) {
+        const int off = (8 * nt + g) * ROW + 16 * ks + 2 * cq;
+        const std::uint32_t bh[2] = {ld32(khi + off), ld32(khi + off + 8)};
+        const std::uint32_t bl[2] = {ld32(klo + off), ld32(klo + off + 8)};
+        mma_bf16(s[nt], qa[ks], bh);
+        mma_bf16(s[nt], qa[ks], bl);
+      }
+
+    // ---- causal mask, online softmax (log2 domain); rows a = g, b = g + 8 of the warp's 16
+    float mxa = -INFINITY, mxb = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < KT / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = it * KT + 8 * nt + 2 * cq + (e & 1);
+        const bool ok = key <= (e < 2 ? posa : posb);
+        s[nt][e] = ok ? s[nt][e] * p.scale_log2 : -INFINITY;
+        if (e < 2) mxa = fmaxf(mxa, s[nt][e]);
+        else mxb = fmaxf(mxb, s[nt][e]);
+      }
+#pragma unroll
+    for (int m = 1; m <= 2; m <<= 1) {
+      mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, m));
+      mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, m));
+    }
+    // finite: tile 0 holds key 0, allowed for every row, and every warp with a valid row processes tile 0
+    const float mna = fmaxf(m_a, mxa), mnb = fmaxf(m_b, mxb);
+    const float ca = exp2f(m_a - mna), cb = exp2f(m_b - mnb);  // 0 on the first tile
+    m_a = mna;
+    m_b = mnb;
+    float sa = 0.0f, sb = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < KT / 8; ++nt) {
+      s[nt][0] = exp2f(s[nt][0] - mna);
+      s[nt][1] = exp2f(s[nt][1] - mna);
+      s[nt][2] = exp2f(s[nt][2] - mnb);
+      s[nt][3] = exp2f(s[nt][3] - mnb);
+      sa += s[nt][0] + s[nt][1];
+      sb += s[nt][2] + s[nt][3];
+    }
+    l_a = l_a * ca + sa;
+    l_b = l_b * cb + sb;
+#pragma unroll
+    for (int nt = 0; nt < DH / 8; ++nt) {
+      acc[nt][0] *= ca;
+      acc[nt][1] *= ca;
+      acc[nt][2] *= cb;
+      acc[nt][3] *= cb;
+    }
+
+    // ---- O += P_hi V_hi + P_hi V_lo (+ P_lo V_hi); P's A fragments straight from the S accumulators
+#pragma unroll
+    for (int kk = 0; kk < KT / 16; ++kk) {
+      std::uint32_t ph[4], pl[4];
+      split_bf16(s[2 * kk][0], s[2 * kk][1], ph[0], pl[0]);
+      split_bf16(s[2 * kk][2], s[2 * kk][3], ph[1], pl[1]);
+      split_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1], ph[2], pl[2]);
+      split_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3], ph[3], pl[3]);
+      const int vrow = 16 * kk + (lane % 8) + 8 * ((lane / 8) & 1);
+#pragma unroll
+      for (int np = 0; np < DH / 16; ++np) {
+        const int off = vrow * ROW + 16 * np + 8 * (lane / 16);
+        std::uint32_t bh[4], bl[4];
+        ldsm_x4_trans(bh, vhi + off);
+        ldsm_x4_trans(bl, vlo + off);
+        mma_bf16(acc[2 * np], ph, bh);
+        mma_bf16(acc[2 * np + 1], ph, bh + 2);
+        mma_bf16(acc[2 * np], ph, bl);
+        mma_bf16(acc[2 * np + 1], ph, bl + 2);
+        if constexpr (PLO) {
+          mma_bf16(acc[2 * np], pl, bh);
+          mma_bf16(acc[2 * np + 1], pl, bh + 2);
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int m = 1; m <= 2; m <<= 1) {
+    l_a += __shfl_xor_sync(0xffffffffu, l_a, m);
+    l_b += __shfl_xor_sync(0xffffffffu, l_b, m);
+  }
+  if (wmax < 0) return;
+  const float ia = 1.0f / l_a, ib = 1.0f / l_b;
+  float* ob = p.out + (static_cast<long long>(b) * p.T * p.H + head) * DH;
+#pragma unroll
+  for (int nt = 0; nt < DH / 8; ++nt) {
+    const int col = 8 * nt + 2 * cq;
+    if (ra < p.T)
+      *reinterpret_cast<float2*>(ob + static_cast<long long>(ra) * p.H * DH + col) = make_float2(acc[nt][0] * ia, acc[nt][1] * ia);
+    if (rb < p.T)
+      *reinterpret_cast<float2*>(ob + static_cast<long long>(rb) * p.H * DH + col) = make_float2(acc[nt][2] * ib, acc[nt][3] * ib);
+  }
+}
+
+/// Each fp32 row of 128 (rows 0 .. nrows - 1, contiguous) -> [bf16 hi 128 | bf16 lo 128] in the same 512 bytes.
+__global__ void mla_split_rows_kernel(float* __restrict__ rows, long long nrows) {
+  const long long warps = static_cast<long long>(gridDim.x) * (blockDim.x / 32);
+  const int lane = threadIdx.x % 32;
+  for (long long r = blockIdx.x * static_cast<long long>(blockDim.x / 32) + threadIdx.x / 32; r < nrows; r += warps) {
+    float* row = rows + r * DH;
+    const float4 x = *reinterpret_cast<const float4*>(row + 4 * lane);
+    __syncwarp();  // every lane holds its four values before any lane overwrites the row
+    std::uint32_t h01, l01, h23, l23;
+    split_bf16(x.x, x.y, h01, l01);
+    split_bf16(x.z, x.w, h23, l23);
+    bf16_t* out = reinterpret_cast<bf16_t*>(row);
+    *reinterpret_cast<uint2*>(out + 4 * lane) = make_uint2(h01, h23);
+    *reinterpret_cast<uint2*>(out + DH + 4 * lane) = make_uint2(l01, l23);
+  }
+}
+
+/// Cache rows N0 .. N0 + T - 1 of every sequence <- c_new (the first d_c elements of each row).
+__global__ void mla_heads_append_kernel(const bf16_t* __restrict__ src, long long sn_b, long long sn_t,
+                                        bf16_t* __restrict__ c, long long sc_b, long long sc_t, int N0, int T,
+                                        long long total) {
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const int v = static_cast<int>(i % (DC / 8));
+    const long long row = i / (DC / 8);
+    const long long t = row % T, b = row / T;
+    *reinterpret_cast<uint4*>(c + b * sc_b + (N0 + t) * sc_t + v * 8) =
+        *reinterpret_cast<const uint4*>(src + b * sn_b + t * sn_t + v * 8);
+  }
+}
+
+__global__ void bf16_to_f32_kernel(const bf16_t* __restrict__ x, float* __restrict__ y, long long n) {
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<long long>(gridDim.x) * blockDim.x)
+    y[i] = bf2f(x[i]);
+}
+
+[[noreturn]] void fail(const std::string& m) { throw Error("mla_prefill_heads: " + m); }
+
+void check_ptr_h(const void* ptr, std::size_t align, const char* name) {
+  if (!ptr) fail(std::string("pointer '") + name + "' is null; a device pointer is required");
+  const auto off = reinterpret_cast<std::uintptr_t>(ptr) % align;
+  if (off != 0)
+    fail(std::string("pointer '") + name + "' is not " + std::to_string(align) + "-byte aligned (address % " +
+         std::to_string(align) + " = " + std::to_string(off) + "); accepted: " + std::to_string(align) +
+         "-byte aligned device pointers");
+}
+
+void cublas_check(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS)
+    throw Error(std::string("mla_prefill_heads: cuBLAS ") + what + " failed: " + cublasGetStatusString(s));
+}
+
+cublasHandle_t cublas_handle() {
+  static std::once_flag once;
+  static cublasHandle_t h = nullptr;
+  static cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+  std::call_once(once, [] { st = cublasCreate(&h); });
+  cublas_check(st, "cublasCreate");
+  return h;
+}
+
+constexpr std::size_t align256(std::size_t x) { return (x + 255) / 256 * 256; }
+
+void check_shape(const MlaPrefillHeadsArgs& a) {
+  if (a.B < 1 || a.B > 65535) fail("B = " + std::to_string(a.B) + "; accepted: 1 <= B <= 65535");
+  if (a.T < 1) fail("T = " + std::to_string(a.T) + "; accepted: T >= 1 new token");
+  if (a.H < 1 || a.H > 256) fail("H = " + std::to_string(a.H) + "; accepted: 1 <= H <= 256");
+  if (a.prefix < 0) fail("prefix (N0) = " + std::to_string(a.prefix) + "; accepted: N0 >= 0 cached tokens");
+  if (a.capacity < 1) fail("capacity = " + std::to_string(a.capacity) + "; accepted: >= 1 token");
+  if (static_cast<long long>(a.prefix) + a.T > a.capacity)
+    fail("prefix N0 = " + std::to_string(a.prefix) + " plus T = " + std::to_string(a.T) + " passes the cache capacity " +
+         std::to_string(a.capacity) + "; accepted: N0 + T <= capacity (allocate a larger cache)");
+}
+
+}  // namespace
+
+const char* mla_prefill_path_name(MlaPrefillPath p) {
+  switch (p) {
+    case MlaPrefillPath::automatic: return "auto";
+    case MlaPrefillPath::absorbed: return "absorbed";
+    case MlaPrefillPath::naive: return "naive";
+  }
+  return "?";
+}
+
+MlaPrefillPath mla_prefill_choose(const MlaPrefillHeadsArgs& a) {
+  if (a.path == MlaPrefillPath::absorbed || a.path == MlaPrefillPath::naive) return a.path;
+  // naive iff 4096 pairs > 1280 pairs + 262,144 N  <=>  11 pairs > 1024 N (kernels/mla_prefill.hpp)
+  const long long T = std::max(a.T, 0), N0 = std::max(a.prefix, 0);
+  const long long pairs = T * N0 + T * (T + 1) / 2, N = N0 + T;
+  return 11 * pairs > 1024 * N ? MlaPrefillPath::naive : MlaPrefillPath::absorbed;
+}
+
+std::size_t mla_prefill_heads_workspace_bytes(const MlaPrefillHeadsArgs& a) {
+  check_shape(a);
+  const std::size_t B = a.B, T = a.T, H = a.H, N = static_cast<std::size_t>(a.prefix) + a.T;
+  if (mla_prefill_choose(a) == MlaPrefillPath::naive) return 2 * align256(B * N * H * DH * 4);
+  return 2 * align256(B * T * H * DC * 2) + align256(B * T * H * DC * 4) + align256(H * DH * DC * 4);
+}
+
+void mla_prefill_heads(const MlaPrefillHeadsArgs& a, cudaStream_t stream) {
+  if (a.d_c != DC) fail("d_c = " + std::to_string(a.d_c) + " is not supported; accepted: d_c = 512");
+  if (a.d_nope != DH) fail("d_nope = " + std::to_string(a.d_nope) + " is not supported; accepted: d_nope = 128");
+  if (a.d_v != DH) fail("d_v = " + std::to_string(a.d_v) + " is not supported; accepted: d_v = 128");
+  if (a.d_rope != 0)
+    fail("d_rope = " + std::to_string(a.d_rope) + ": the decoupled-RoPE score part is not implemented; accepted: d_rope = 0 (NoPE)");
+  if (a.path != MlaPrefillPath::automatic && a.path != MlaPrefillPath::absorbed && a.path != MlaPrefillPath::naive)
+    fail("path = " + std::to_string(static_cast<int>(a.path)) + "; accepted: automatic, absorbed or naive");
+  check_shape(a);
+  check_ptr_h(a.c, 16, "c");
+  if (a.c_new) check_ptr_h(a.c_new, 16, "c_new");
+  check_ptr_h(a.q_C, 4, "q_C");
+  check_ptr_h(a.W_UK, 4, "W_UK");
+  check_ptr_h(a.W_UV, 4, "W_UV");
+  check_ptr_h(a.out, 8, "out");
+  if (!std::isfinite(a.scale) || !(a.scale > 0.0f)) fail("scale = " + std::to_string(a.scale) + "; accepted: a finite scale > 0");
+  const long long sc_t = a.sc_t ? a.sc_t : DC;
+  if (sc_t < DC || sc_t % 8 != 0)
+    fail("sc_t = " + std::to_string(sc_t) + "; accepted: a multiple of 8 elements >= d_c = 512 (512: latent only; 576: [c ; k_R] rows)");
+  const long long sc_b = a.sc_b ? a.sc_b : static_cast<long long>(a.capacity) * sc_t;
+  if (sc_b % 8 != 0 || (a.B > 1 && sc_b < static_cast<long long>(a.capacity) * sc_t))
+    fail("sc_b = " + std::to_string(sc_b) + "; accepted: a multiple of 8 elements >= capacity * sc_t = " +
+         std::to_string(static_cast<long long>(a.capacity) * sc_t));
+  const long long sn_t = a.sn_t ? a.sn_t : DC;
+  const long long sn_b = a.sn_b ? a.sn_b : static_cast<long long>(a.T) * sn_t;
+  if (a.c_new && (sn_t < DC || sn_t % 8 != 0 || sn_b % 8 != 0 || (a.B > 1 && sn_b < static_cast<long long>(a.T) * sn_t)))
+    fail("c_new strides sn_t = " + std::to_string(sn_t) + ", sn_b = " + std::to_string(sn_b) +
+         "; accepted: multiples of 8 elements, sn_t >= 512, sn_b >= T * sn_t");
+  const long long sqc_t = a.sqc_t ? a.sqc_t : static_cast<long long>(a.H) * DH;
+  if (sqc_t % 2 != 0 || sqc_t < static_cast<long long>(a.H) * DH)
+    fail("sqc_t = " + std::to_string(sqc_t) + "; accepted: even, >= H * d_nope = " + std::to_string(a.H * DH));
+  const MlaPrefillPath path = mla_prefill_choose(a);
+  const std::size_t need = mla_prefill_heads_workspace_bytes(a);
+  if (!a.workspace) fail("pointer 'workspace' is null; accepted: >= " + std::to_string(need) + " bytes of device memory");
+  check_ptr_h(a.workspace, 256, "workspace");
+  if (a.workspace_bytes < need)
+    fail("workspace_bytes = " + std::to_string(a.workspace_bytes) + " for the " + mla_prefill_path_name(path) +
+         " path; accepted: >= mla_prefill_heads_workspace_bytes(args) = " + std::to_string(need));
+  cublasHandle_t hb = cublas_handle();
+  cublas_check(cublasSetStream(hb, stream), "cublasSetStream");
+  const float one = 1.0f, zero = 0.0f;
+  const long long B = a.B, T = a.T, H = a.H, N = static_cast<long long>(a.prefix) + a.T;
+
+  if (path == MlaPrefillPath::absorbed) {
+    unsigned char* ws = static_cast<unsigned char*>(a.workspace);
+    bf16_t* q_hi = reinterpret_cast<bf16_t*>(ws);
+    bf16_t* q_lo = reinterpret_cast<bf16_t*>(ws + align256(B * T * H * DC * 2));
+    float* lat = reinterpret_cast<float*>(ws + 2 * align256(B * T * H * DC * 2));
+    float* wuv = reinterpret_cast<float*>(ws + 2 * align256(B * T * H * DC * 2) + align256(B * T * H * DC * 4));
+    MlaAbsorbArgs ab;
+    ab.n = static_cast<int>(B * T);
+    ab.H = a.H;
+    ab.d_nope = DH;
+    ab.q_C = a.q_C;
+    ab.sqc_t = sqc_t;
+    ab.W_UK = a.W_UK;
+    ab.q_hi = q_hi;
+    ab.q_lo = q_lo;
+    mla_absorb_query(ab, stream);
+    MlaPrefillArgs pa;
+    pa.B = a.B;
+    pa.T = a.T;
+    pa.H = a.H;
+    pa.capacity = a.capacity;
+    pa.prefix = a.prefix;
+    pa.c = a.c;
+    pa.sc_b = sc_b;
+    pa.sc_t = sc_t;
+    pa.c_new = a.c_new;
+    pa.sn_b = sn_b;
+    pa.sn_t = sn_t;
+    pa.q_hi = q_hi;
+    pa.q_lo = q_lo;
+    pa.scale = a.scale;
+    pa.out = lat;
+    mla_prefill(pa, stream);
+    const long long nw = H * DH * DC;
+    bf16_to_f32_kernel<<<static_cast<int>(std::min<long long>((nw + 255) / 256, 4096)), 256, 0, stream>>>(a.W_UV, wuv, nw);
+    cuda_check(cudaGetLastError(), "bf16_to_f32_kernel launch");
+    // column-major view, per head i: o_i^T [128 x BT] (ld H 128) = W_UV,i [128 x 512] (stored col-major 512 x 128,
+    // ld 512: op T) x a_i^T [512 x BT] (ld H 512)
+    cublas_check(cublasSgemmStridedBatched(hb, CUBLAS_OP_T, CUBLAS_OP_N, DH, static_cast<int>(B * T), DC, &one, wuv, DC,
+                                           static_cast<long long>(DH) * DC, lat, static_cast<int>(H * DC), DC, &zero, a.out,
+                                           static_cast<int>(H * DH), DH, static_cast<int>(H)),
+                 "cublasSgemmStridedBatched (o = W_UV a)");
+    return;
+  }
+
+  // ---- naive
+  if (a.c_new) {
+    const long long total = B * T * (DC / 8);
+    const int blocks = static_cast<int>(std::min<long long>((total + 255) / 256, 65535LL * 8));
+    mla_heads_append_kernel<<<blocks, 256, 0, stream>>>(a.c_new, sn_b, sn_t, a.c, sc_b, sc_t, a.prefix, a.T, total);
+    cuda_check(cudaGetLastError(), "mla_heads_append_kernel launch");
+  }
+  float* Kf = static_cast<float*>(a.workspace);
+  float* Vf = reinterpret_cast<float*>(static_cast<unsigned char*>(a.workspace) + align256(B * N * H * DH * 4));
+  // column-major view, per sequence b: K_b^T [H 128 x N] (ld H 128) = W_UK [H 128 x 512] (stored col-major
+  // 512 x H 128, ld 512: op T) x C_b^T [512 x N] (ld sc_t); bf16 inputs, fp32 accumulation and output
+  for (int which = 0; which < 2; ++which)
+    cublas_check(cublasGemmStridedBatchedEx(hb, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(H * DH), static_cast<int>(N), DC,
+                                            &one, which == 0 ? a.W_UK : a.W_UV, CUDA_R_16BF, DC, 0, a.c, CUDA_R_16BF,
+                                            static_cast<int>(sc_t), sc_b, &zero, which == 0 ? Kf : Vf, CUDA_R_32F,
+                                            static_cast<int>(H * DH), N * H * DH, static_cast<int>(B), CUBLAS_COMPUTE_32F,
+                                            CUBLAS_GEMM_DEFAULT),
+                 which == 0 ? "cublasGemmStridedBatchedEx (K = C W_UK^T)" : "cublasGemmStridedBatchedEx (V = C W_UV^T)");
+  // K and V rows are contiguous only when the V part starts right after the K part (align256 of a multiple of
+  // 512 bytes is the identity), so one split launch covers both
+  const long long nrows = 2 * B * N * H;
+  const int sblocks = static_cast<int>(std::min<long long>((nrows + 7) / 8, 65535LL * 4));
+  mla_split_rows_kernel<<<sblocks, 256, 0, stream>>>(Kf, nrows);
+  cuda_check(cudaGetLastError(), "mla_split_rows_kernel launch");
+
+  NParams p{};
+  p.T = a.T;
+  p.H = a.H;
+  p.N0 = a.prefix;
+  p.N = static_cast<int>(N);
+  p.q = a.q_C;
+  p.sq_t = sqc_t;
+  p.sq_b = T * sqc_t;
+  p.kv = reinterpret_cast<const bf16_t*>(Kf);
+  p.v_off = B * N * H * 256;
+  p.scale_log2 = a.scale * 1.4426950408889634f;
+  p.out = a.out;
+  static bool attr[2] = {false, false};  // once per instantiation
+  const dim3 grid(static_cast<unsigned>((T + QT - 1) / QT), static_cast<unsigned>(H), static_cast<unsigned>(B));
+  if (a.p_hi_only) {
+    if (!attr[0]) {
+      cuda_check(cudaFuncSetAttribute(mla_naive_attn_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(SMEM)), "cudaFuncSetAttribute(mla_naive_attn_kernel<false>)");
+      attr[0] = true;
+    }
+    mla_naive_attn_kernel<false><<<grid, NTHR, SMEM, stream>>>(p);
+  } else {
+    if (!attr[1]) {
+      cuda_check(cudaFuncSetAttribute(mla_naive_attn_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(SMEM)), "cudaFuncSetAttribute(mla_naive_attn_kernel<true>)");
+      attr[1] = true;
+    }
+    mla_naive_attn_kernel<true><<<grid, NTHR, SMEM, stream>>>(p);
+  }
+  cuda_check(cudaGetLastError(), "mla_naive_attn_kernel launch");
+}
+
+}  // namespace kdalab::kernels
