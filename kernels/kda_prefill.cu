@@ -327,12 +327,11 @@ struct PrepV6 {
   static constexpr int static_bytes = (dyn ? 0 : tile_bytes) + (red_in_tiles ? 0 : 8 * 256 * 8) + C * C * 4 + C * 4;
   static_assert(static_bytes <= 48 * 1024, "prepare v6: static shared memory above 48 KB");
   static_assert(static_bytes + dyn_bytes <= 227 * 1024, "prepare v6: shared memory per CTA above 227 KB");
-  // D = 256: 2 CTAs per SM asked of ptxas (unbounded it takes 169 registers: one 8-warp CTA per SM)
-  static constexpr int min_ctas = D == 256 ? 2 : 1;
+
 };
 
 template <int D>
-__global__ void __launch_bounds__(256, PrepV6<D>::min_ctas) kda_prepare_v6_kernel(Params p) {
+__global__ void __launch_bounds__(256) kda_prepare_v6_kernel(Params p) {
   static_assert(D == 64 || D == 128 || D == 256, "prepare v6: D = 64, 128 or 256");
   constexpr int DP = PrepV6<D>::DP;
   constexpr int NHF = D / 64;  // 64-channel blocks a loading thread covers (4 channels each)
@@ -551,8 +550,9 @@ __global__ void __launch_bounds__(256, PrepV6<D>::min_ctas) kda_prepare_v6_kerne
     if (tid < 2 * D) subst(tid);
   } else {
     static_assert(2 * D == 512, "D = 256: two columns per thread");
-    subst(tid);
-    subst(tid + 256);
+    // one after the other: interleaved (unrolled) the two chains took 168 registers (1 CTA per SM)
+#pragma unroll 1
+    for (int col = tid; col < 2 * D; col += 256) subst(col);
   }
 }
 
