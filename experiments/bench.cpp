@@ -1,7 +1,7 @@
 // `kdalab bench`: timings of the CUDA kernels: KDA (kernels/kda.hpp), MLA decode and prefill (kernels/mla.hpp,
 // kernels/mla_prefill.hpp) and Block AttnRes (kernels/attn_res.hpp).
 //
-//   kdalab bench --op kda-prefill|kda-decode|mla-decode|mla-prefill|attn-res|all [--shapes "B:T:H[:HV],..."]
+//   kdalab bench --op kda-prefill|kda-decode|mla-decode|mla-prefill|attn-res|all [--shapes "B:T:H[:HV[:D]],..."]
 //                [--iters N] [--warmup N] [--quick] [--prefix N0] [--peer-json FILE..] [--compare BASELINE.h5..]
 //                [--variant 1|2|4] [--segments P] [--overlap 0|1|2] [--variants] --out results/bench.h5
 //
@@ -31,6 +31,9 @@
 //   [B, T, H, 128] fp32); bytes = latents, c_new, q^C, W_UK, W_UV read, o written (fp32 K, V workspace not counted);
 //   flops = 4 d_h H per causal pair + 2 d_c (d_nope + d_v) H per key (one pass, hi/lo not counted). A printed line
 //   gives the rule's choice, the absorbed path through the same API (absorb + prefill + W_UV) and P hi only.
+// kda-prefill / kda-decode: D = d_k = d_v is the optional 5th shape field (64, 128 or 256; default 128); rows
+//   with D != 128 carry " D=<D>" at the end of their key (D = 128 keys are unchanged). The defaults add
+//   D = 64 and D = 256 rows; --variants times the non-default kernels at D = 128 only (D = 128-only variants).
 // attn-res (kernels/attn_res.hpp): shapes S:T:d in the B:T:H slots (S sources, T tokens, width d; the table's
 //   B, T, H, D columns hold S, T, d, d); bytes = the S T d bf16 sources read once + the bf16 output written;
 //   flops = 6 S T d (h.h, w.h, the weighted sum).
@@ -89,28 +92,34 @@ struct BenchOptions {
 struct Shape {
   long long B, T, H, HV;
   bool naive = false;  // mla-prefill: the naive-path row (mla_prefill_heads, path = naive) of this shape
+  long long D = 128;  // kda-prefill / kda-decode: d_k = d_v
 };
 
 std::vector<Shape> parse_shapes(const std::string& text, const std::string& op) {
   std::vector<Shape> r;
   if (text.empty()) {
-    if (op == "kda-prefill") return {{1, 8192, 64, 64}, {1, 8192, 96, 96}, {1, 65536, 32, 32}, {4, 4096, 16, 32}};
+    if (op == "kda-prefill")
+      return {{1, 8192, 64, 64}, {1, 8192, 96, 96}, {1, 65536, 32, 32}, {4, 4096, 16, 32}, {1, 8192, 64, 64, 64},
+              {1, 8192, 32, 32, 256}};
     if (op == "mla-decode") return {{1, 65536, 32, 32}, {1, 1048576, 32, 32}, {64, 32768, 32, 32}, {256, 4096, 32, 32}};
     if (op == "mla-prefill") return {{1, 8192, 32, 32}, {1, 2048, 32, 32}, {8, 512, 32, 32}};
     // attn-res: S:T:d (K3: 8 completed blocks + the embedding = 9 sources, 10 with the partial sum, d = 7168;
     // Kimi Linear: d = 2304)
     if (op == "attn-res") return {{9, 8192, 7168, 7168}, {10, 8192, 7168, 7168}, {9, 8192, 2304, 2304}};
-    return {{256, 1, 32, 32}, {1, 1, 32, 32}, {64, 1, 32, 64}};
+    return {{256, 1, 32, 32}, {1, 1, 32, 32}, {64, 1, 32, 64}, {256, 1, 32, 32, 64}, {256, 1, 32, 32, 256}};
   }
   std::stringstream ss(text);
   std::string item;
   while (std::getline(ss, item, ',')) {
-    long long v[4] = {0, 0, 0, 0};
+    const bool kda = op == "kda-prefill" || op == "kda-decode";
+    const int nmax = kda ? 5 : 4;  // kda: a 5th field D
+    long long v[5] = {0, 0, 0, 0, 128};
     int n = 0;
     std::stringstream is(item);
     std::string f;
     while (std::getline(is, f, ':')) {
-      require(n < 4, "--shapes: '" + item + "' has more than 4 fields; accepted: B:T:H or B:T:H:HV");
+      require(n < nmax, "--shapes: '" + item + "' has more than " + std::to_string(nmax) + " fields; accepted: B:T:H, B:T:H:HV" +
+                            (kda ? " or B:T:H:HV:D" : ""));
       std::size_t used = 0;
       try {
         v[n] = std::stoll(f, &used);
@@ -128,7 +137,9 @@ std::vector<Shape> parse_shapes(const std::string& text, const std::string& op) 
     require(v[0] >= 1 && v[1] >= 1 && v[2] >= 1 && v[3] >= v[2] && v[3] % v[2] == 0,
             "--shapes: '" + item + "' must have B, T, H >= 1 and HV a multiple of H");
     require(op != "kda-decode" || v[1] == 1, "--shapes: decode shapes have T = 1, got '" + item + "'");
-    r.push_back({v[0], v[1], v[2], v[3]});
+    require(v[4] == 64 || v[4] == 128 || v[4] == 256,
+            "--shapes: D = " + std::to_string(v[4]) + " in '" + item + "'; accepted: D = 64, 128 or 256");
+    r.push_back({v[0], v[1], v[2], v[3], v[4]});
   }
   require(!r.empty(), "--shapes is empty");
   return r;
@@ -141,6 +152,7 @@ std::vector<Shape> parse_shapes(const std::string& text, const std::string& op) 
   }
   if (op == "mla-prefill" && prefix > 0) return fmt::format("{} B={} T={} H={} HV={} N0={}", op, s.B, s.T, s.H, s.HV, prefix);
   if (op == "attn-res") return fmt::format("{} S={} T={} d={}", op, s.B, s.T, s.H);
+  if (s.D != 128) return fmt::format("{} B={} T={} H={} HV={} D={}", op, s.B, s.T, s.H, s.HV, s.D);
   return fmt::format("{} B={} T={} H={} HV={}", op, s.B, s.T, s.H, s.HV);
 }
 
@@ -216,9 +228,9 @@ struct Measured {
   double ms, ms_min, bytes, flops, prepare_ms = 0, state_ms = 0;
 };
 
-/// The least bytes and the FLOPs of a KDA prefill of shape s (chunk 16, D = 128) with its timings.
+/// The least bytes and the FLOPs of a KDA prefill of shape s (chunk 16, D = s.D) with its timings.
 Measured prefill_measured(const Shape& s, double ms, double mn, double prep, double state) {
-  const double D = 128, Cc = 16;
+  const double D = static_cast<double>(s.D), Cc = 16;
   const double nq = double(s.B) * s.T * s.H * D, nv = double(s.B) * s.T * s.HV * D;
   const double chunks = static_cast<double>(s.B) * ((s.T + 15) / 16) * s.HV;  // integer ceil(T / 16)
   const double flops = chunks * (4.0 * Cc * Cc * D + 2.0 * Cc * Cc * D + 6.0 * Cc * D * D + 2.0 * Cc * Cc * D);
@@ -228,7 +240,7 @@ Measured prefill_measured(const Shape& s, double ms, double mn, double prep, dou
 
 Measured bench_prefill(const Shape& s, int warmup, int iters, std::uint64_t seed, int segment_state, int overlap,
                        bool variants) {
-  const long long D = 128;
+  const long long D = s.D;
   const std::size_t nq = s.B * s.T * s.H * D, nv = s.B * s.T * s.HV * D;
   Dev q(nq * 2), k(nq * 2), v(nv * 2), g(nv * 2), beta(s.B * s.T * s.HV * 2), o(nv * 2);
   Dev A_log(s.HV * 4), bias(s.HV * D * 4), S0(s.B * s.HV * D * D * 4), Sf(s.B * s.HV * D * D * 4);
@@ -242,9 +254,10 @@ Measured bench_prefill(const Shape& s, int warmup, int iters, std::uint64_t seed
   kernels::fill_normal_f32(S0.as<float>(), s.B * s.HV * D * D, seed + 8, 0.1f, nullptr);
   kernels::KdaPrefillArgs a;
   a.B = static_cast<int>(s.B); a.T = static_cast<int>(s.T); a.H = static_cast<int>(s.H); a.HV = static_cast<int>(s.HV);
+  a.D = static_cast<int>(D);
   a.q = q.as<bf16_t>(); a.k = k.as<bf16_t>(); a.v = v.as<bf16_t>(); a.g = g.as<bf16_t>(); a.beta = beta.as<bf16_t>();
   a.gate.A_log = A_log.as<float>(); a.gate.bias = bias.as<float>(); a.gate.g_min = -5.0f;
-  a.scale = 1.0f / std::sqrt(128.0f);
+  a.scale = 1.0f / std::sqrt(static_cast<float>(D));
   a.S0 = S0.as<float>(); a.S_final = Sf.as<float>(); a.o = o.as<bf16_t>();
   a.segment_state = segment_state;
   a.overlap_segments = overlap != 0;      // v4 one-shot schedule: on by default
@@ -257,7 +270,7 @@ Measured bench_prefill(const Shape& s, int warmup, int iters, std::uint64_t seed
   const double prep = time_ms([&] { kernels::kda_prefill(a, nullptr); }, warmup, iters).first;
   a.run_phases = 2;
   const double state = time_ms([&] { kernels::kda_prefill(a, nullptr); }, warmup, iters).first;
-  if (!variants) return prefill_measured(s, ms, mn, prep, state);
+  if (!variants || D != 128) return prefill_measured(s, ms, mn, prep, state);  // the variants are D = 128 only
   // --variants: the non-default kernels and schedules beside the defaults (printed, not in the table)
   if (const int segs = kernels::kda_prefill_segments(a); segs > 1) {  // v5: the segment path and the one-shot schedule
     auto a1 = a;
@@ -303,7 +316,7 @@ Measured bench_prefill(const Shape& s, int warmup, int iters, std::uint64_t seed
 }
 
 Measured bench_decode(const Shape& s, int warmup, int iters, std::uint64_t seed) {
-  const long long D = 128;
+  const long long D = s.D;
   const std::size_t nq = s.B * s.H * D, nv = s.B * s.HV * D, ns = s.B * s.HV * D * D;
   Dev q(nq * 2), k(nq * 2), v(nv * 2), g(nv * 2), beta(s.B * s.HV * 2), o(nv * 2);
   Dev A_log(s.HV * 4), bias(s.HV * D * 4), S(ns * 4);
@@ -317,9 +330,10 @@ Measured bench_decode(const Shape& s, int warmup, int iters, std::uint64_t seed)
   kernels::fill_normal_f32(S.as<float>(), ns, seed + 8, 0.1f, nullptr);
   kernels::KdaDecodeArgs a;
   a.B = static_cast<int>(s.B); a.H = static_cast<int>(s.H); a.HV = static_cast<int>(s.HV);
+  a.D = static_cast<int>(D);
   a.q = q.as<bf16_t>(); a.k = k.as<bf16_t>(); a.v = v.as<bf16_t>(); a.g = g.as<bf16_t>(); a.beta = beta.as<bf16_t>();
   a.gate.A_log = A_log.as<float>(); a.gate.bias = bias.as<float>(); a.gate.g_min = -5.0f;
-  a.scale = 1.0f / std::sqrt(128.0f);
+  a.scale = 1.0f / std::sqrt(static_cast<float>(D));
   a.state = S.as<float>(); a.o = o.as<bf16_t>();
   const double bytes = 2.0 * 4.0 * ns + 2.0 * (2.0 * nq + 3.0 * nv + s.B * s.HV);
   const double flops = 7.0 * s.B * s.HV * D * D;
@@ -459,7 +473,8 @@ std::string default_shapes_help() {
     const auto v = parse_shapes("", op);
     for (std::size_t i = 0; i < v.size(); ++i)
       r += (i ? ", " : " ") + fmt::format("{}:{}:{}", v[i].B, v[i].T, v[i].H) +
-           (v[i].HV != v[i].H ? fmt::format(":{}", v[i].HV) : std::string());
+           (v[i].HV != v[i].H || v[i].D != 128 ? fmt::format(":{}", v[i].HV) : std::string()) +
+           (v[i].D != 128 ? fmt::format(":{}", v[i].D) : std::string());
   }
   return r;
 }
@@ -491,7 +506,8 @@ void register_bench(Registry& reg) {
                 "Residuals) or all (each of them, with its default shapes)")->capture_default_str();
   a->add_option("--prefix", o->prefix, "mla-prefill: cached tokens before the T new ones (N0), >= 0")->capture_default_str();
   a->add_option("--shapes", o->shapes,
-                "comma-separated B:T:H[:HV] (HV a multiple of H, default H), only with a single --op; kda-decode: T = 1; "
+                "comma-separated B:T:H[:HV] (HV a multiple of H, default H), only with a single --op; kda-prefill / kda-decode: "
+                "B:T:H[:HV[:D]] with D = d_k = d_v in {64, 128, 256} (default 128); kda-decode: T = 1; "
                 "mla-decode: B:N:H with N cached tokens; attn-res: S:T:d (sources, tokens, width). Default (the "
                 "ANCHORS.md shapes): " + default_shapes_help());
   a->add_option("--iters", o->iters, "timed launches per shape (median and min reported), >= 1")->capture_default_str();
@@ -669,7 +685,7 @@ void register_bench(Registry& reg) {
         const bool slow = std::isfinite(ratio) && ratio > 1.10;
         flagged = flagged || slow;
         t.row({key, static_cast<std::int64_t>(s.B), static_cast<std::int64_t>(s.T), static_cast<std::int64_t>(s.H),
-               static_cast<std::int64_t>(s.HV), std::int64_t{op == "mla-decode" || op == "mla-prefill" ? 512 : op == "attn-res" ? s.H : 128}, m.ms, m.ms_min, m.prepare_ms, m.state_ms, m.bytes, m.flops, tbs, tfl,
+               static_cast<std::int64_t>(s.HV), std::int64_t{op == "mla-decode" || op == "mla-prefill" ? 512 : op == "attn-res" ? s.H : s.D}, m.ms, m.ms_min, m.prepare_ms, m.state_ms, m.bytes, m.flops, tbs, tfl,
                100.0 * tbs / copy_tbs, 100.0 * tfl / mm_tflops, pm, pm / m.ms, bm, ratio});
         fmt::print("{:<40}{:>10.4f}{:>9.4f}{:>9.4f}{:>9.2f}{:>10.1f}{:>8.1f}{:>8.2f}{:>10.4f}{:>9.2f}{:>10}{}\n", key, m.ms,
                    m.prepare_ms, m.state_ms, tbs, tfl,

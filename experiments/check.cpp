@@ -579,7 +579,7 @@ std::string truth_label(const std::string& tk) { return tk == "mp" ? "cpp_bin_fl
 
 /// kdalab's CUDA prefill (kernels/kda.hpp through gpu_exp::kda_prefill_on_gpu) on exactly the file's inputs.
 /// Errors (kdalab::Error, exit 2): a CPU build, or inputs the kernel does not take (it fuses the K3 gate,
-/// the beta sigmoid and the q/k L2Norm, D = 128, HV = H); the file's values are bf16 for q, k, v, g, beta
+/// the beta sigmoid and the q/k L2Norm, d_k = d_v in {64, 128, 256}, HV = H); the file's values are bf16 for q, k, v, g, beta
 /// (verified by read_input when declared) and fp32-rounded for A_log, bias, S0.
 KdaOutput<double> run_kdalab_kernel(const CheckInput& c, const std::string& path) {
   const std::string w = "check --kernel ('" + path + "'): ";
@@ -590,7 +590,8 @@ KdaOutput<double> run_kdalab_kernel(const CheckInput& c, const std::string& path
   require(c.gate == Gate::k3, w + "the kernel fuses the K3 gate; the file needs gate = \"k3\"");
   require(c.beta_logits, w + "the kernel applies the beta sigmoid; the file needs beta = \"logits\"");
   require(c.l2norm, w + "the kernel L2-normalises q and k; the file needs l2norm_qk = 1");
-  require(c.d_k == 128 && c.d_v == 128, w + fmt::format("d_k = {}, d_v = {}; the kernel takes d_k = d_v = 128", c.d_k, c.d_v));
+  require(c.d_k == c.d_v && (c.d_k == 64 || c.d_k == 128 || c.d_k == 256),
+          w + fmt::format("d_k = {}, d_v = {}; the kernel takes d_k = d_v in {{64, 128, 256}}", c.d_k, c.d_v));
   require(c.H == c.HV, w + fmt::format("H = {}, HV = {}; kdalab check --kernel takes HV = H", c.H, c.HV));
   require(c.g_min >= -5.0, w + fmt::format("g_min = {}; the kernel accepts -5 <= g_min < 0", c.g_min));
   // the kernel reads q, k, v, g, beta in bf16 and A_log, bias, S0 in fp32: inputs that are not exactly such
@@ -716,7 +717,7 @@ void register_check(Registry& reg) {
   c.app->add_flag("--kernel", o->kernel,
                   "--op kda: also run kdalab's CUDA prefill kernel on exactly the file's inputs and report its o and S "
                   "as candidates o_kdalab, S_kdalab beside the file's (e.g. a peer's): both against one truth. Needs a "
-                  "CUDA build (a CPU build refuses it: exit 2) and a GPU, gate = \"k3\", beta = \"logits\", l2norm_qk = 1, d_k = d_v = 128, "
+                  "CUDA build (a CPU build refuses it: exit 2) and a GPU, gate = \"k3\", beta = \"logits\", l2norm_qk = 1, d_k = d_v in {64, 128, 256}, "
                   "HV = H, and inputs that are bf16 (q, k, v, g, beta) / fp32 (A_log, bias, S0) numbers. Default: off");
   c.run = [o](Context& ctx) -> int {
     require(o->op == "kda" || o->op == "kda-decode" || o->op == "mla" || o->op == "attn-res",

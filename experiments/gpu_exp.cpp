@@ -69,7 +69,9 @@ double median_time(F&& launch, int iters) {
 }  // namespace
 
 KdaOutput<double> kda_prefill_on_gpu(const KdaInputs& in, double bias_shift, bool unsafe) {
-  require(in.d_k == 128 && in.d_v == 128 && in.H == in.HV, "kda_prefill_on_gpu: the kernel needs D = 128 and HV = H");
+  require(in.d_k == in.d_v && (in.d_k == 64 || in.d_k == 128 || in.d_k == 256) && in.H == in.HV,
+          "kda_prefill_on_gpu: the kernel needs D = d_k = d_v in {64, 128, 256} and HV = H");
+  const std::size_t D = in.d_k;
   Dev q = up_bf16(in.q_raw), k = up_bf16(in.k_raw), v = up_bf16(in.v), g = up_bf16(in.g_raw), beta = up_bf16(in.beta_raw);
   std::vector<float> A(in.A_log.numel()), bias(in.bias.numel()), S0(in.S0.numel());
   for (std::size_t i = 0; i < A.size(); ++i) A[i] = static_cast<float>(in.A_log.data[i]);
@@ -80,7 +82,7 @@ KdaOutput<double> kda_prefill_on_gpu(const KdaInputs& in, double bias_shift, boo
   a.B = static_cast<int>(in.B);
   a.T = static_cast<int>(in.T);
   a.H = a.HV = static_cast<int>(in.H);
-  a.D = 128;
+  a.D = static_cast<int>(D);
   a.q = q.as<bf16_t>();
   a.k = k.as<bf16_t>();
   a.v = v.as<bf16_t>();
@@ -92,7 +94,7 @@ KdaOutput<double> kda_prefill_on_gpu(const KdaInputs& in, double bias_shift, boo
   a.gate.allow_unsafe_range = unsafe;
   a.scale = static_cast<float>(in.scale);
   a.S0 = dS0.as<float>();
-  KdaOutput<double> out{Tensor<double>({in.B, in.T, in.HV, 128}), Tensor<double>({in.B, in.HV, 128, 128})};
+  KdaOutput<double> out{Tensor<double>({in.B, in.T, in.HV, D}), Tensor<double>({in.B, in.HV, D, D})};
   Dev o(out.o.numel() * 2), S(out.S_final.numel() * 4);
   cuda_check(cudaMemset(o.p, 0xFF, o.bytes), "poison o");
   cuda_check(cudaMemset(S.p, 0xFF, S.bytes), "poison S");

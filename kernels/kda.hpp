@@ -17,6 +17,12 @@
 ///   S0 / S_final / decode state [N, HV, D, D] fp32, N = number of sequences (B, or cu_seqlens
 ///   entries - 1). The prefill's final state is the decode step's state (same layout).
 ///   Value head j reads key head j / (HV / H).
+/// D = d_k = d_v in {64, 128, 256} (a template parameter of every default kernel; D = 128 is the
+/// original instruction path). D = 64: the same kernels as D = 128 with half the key / value tiles.
+/// D = 256: the state pass is the key-split kernel (state_variant 4's, 2 warps per 16 value columns, 64
+/// fp32 of S per thread; the one-warp-per-16-columns v3 step would hold 128 and spill) and the v5 segment
+/// path is not taken (its d_k x d_k A_seg combine does not fit shared memory); prepare v4 and state
+/// variants 2 / 4 / 5 are D = 128 only.
 /// Errors: every check throws kdalab::Error naming the argument, its value and what is accepted
 /// (unsupported D, misaligned pointers, T = 0, g_min outside [-5, 0), HV not a multiple of H, ...).
 /// CUDA errors (launch or runtime) also throw kdalab::Error with the CUDA message.
@@ -53,7 +59,7 @@ struct KdaPrefillArgs {
   int B = 0;            ///< batch; must be 1 when cu_seqlens is given (packed sequences)
   int T = 0;            ///< tokens per sequence (total tokens when cu_seqlens is given), >= 1
   int H = 0, HV = 0;    ///< key heads, value heads (HV a multiple of H)
-  int D = 128;          ///< d_k = d_v; supported: 128
+  int D = 128;          ///< d_k = d_v; supported: 64, 128, 256 (see the file comment for what differs)
   const bf16_t *q = nullptr, *k = nullptr, *v = nullptr;
   const bf16_t* g = nullptr;     ///< raw gate logits (gate.fused) or the log-decay g
   const bf16_t* beta = nullptr;  ///< raw beta logits (beta_sigmoid) or beta in [0, 1]
@@ -76,6 +82,7 @@ struct KdaPrefillArgs {
   /// same bf16 operand roundings as v3; only the fp32 summation order of W S and Qg S differs (o, S_final within
   /// tol::kda_state_v4_vs_v3 of v3). 4 and 5 run the one-shot state pass (and the v4 overlapped schedule); the v5
   /// segment path needs 3 (auto never takes it for 4 / 5; a forced segment_state >= 2 is refused).
+  /// D != 128: only 3 is accepted; at D = 256 it runs the key-split kernel of variant 4 (same numerics as 4).
   /// Errors: other values -> kdalab::Error.
   int state_variant = 3;
   /// v4 schedule: fixed-length batches with T >= 2048 run in <= 8 segments whose prepare kernel
@@ -102,7 +109,8 @@ struct KdaPrefillArgs {
   /// twin's KdaTwinPlan::segments models it). Workspace: + 3 (P-1) N HV D^2 fp32.
   /// Default 0 (auto) since the v5 GPU tests passed on the H200 (session 3): T = 65536, H = 32 takes
   /// P = 3 (state pass 4.09 ms vs 5.43 ms one-shot, whole prefill 6.62 vs 7.23 ms with prepare v6; bench/NOTES.md);
-  /// other ANCHORS shapes keep one shot.
+  /// other ANCHORS shapes keep one shot. D = 64: the same path (D / 32 = 2 column slices per head in the
+  /// auto rule's CTA count). D = 256: refused when forced (>= 2), auto takes 1.
   int segment_state = 0;
   /// v5 segment path only: true = the prepare of segment k runs beside pass 1 of the segments before it
   /// (a side stream, bit-identical to the serial order); false (default) = prepare, pass 1, combine,
@@ -116,19 +124,31 @@ struct KdaPrefillArgs {
   /// shared-memory traffic). Same slot layout (KdaSlot) and consumers; Qg, Kd, gam_n bit-identical to
   /// v4 (Kd rarely one bf16 ulp apart), A, P, W, U within the 3-pass rounding. Default 6 since its H200 run
   /// (session 3): 1.13x faster than v4 (0.730 -> 0.645 ms at T = 8192, H = 64), o within 3e-5 of v4's,
-  /// twin agreement unchanged, S_final identical (bench/NOTES.md).
+  /// twin agreement unchanged, S_final identical (bench/NOTES.md). D != 128: only 6.
   int prepare_variant = 6;
 };
 
-/// Layout of one workspace slot (one 16-token chunk of one value head), byte offsets from the slot
-/// start; the slot of (chunk c, value head hv, sequence n) starts at ((slot0 + c) HV + hv) KdaSlot::bytes,
-/// slot0 = n ceil(T / 16) for fixed-length batches (n + cu_seqlens[n] / 16 with cu_seqlens).
-/// W, Qg [16 x 128] and P hi / lo (Pf, [16 x 16]): bf16 A fragments of mma.m16n8k16 (uint4 per (k-tile kt,
-/// lane)); Kd [16 x 128]: bf16 B fragments (k = chunk row); U [16][128] fp32; P [16][16] fp32 (written
-/// only for state_variant 2 or compact_workspace = false); gam_n [128] fp32. For tests and diagnostics.
-struct KdaSlot {
-  static constexpr int W = 0, Qg = 4096, Kd = 8192, U = 12288, P = 20480, gam_n = 21504, Pf = 22016, bytes = 23040;
+/// Layout of one workspace slot (one 16-token chunk of one value head) for d_k = d_v = D, byte offsets
+/// from the slot start; the slot of (chunk c, value head hv, sequence n) starts at ((slot0 + c) HV + hv)
+/// KdaSlotOf<D>::bytes, slot0 = n ceil(T / 16) for fixed-length batches (n + cu_seqlens[n] / 16 with
+/// cu_seqlens). W, Qg [16 x D] and P hi / lo (Pf, [16 x 16]): bf16 A fragments of mma.m16n8k16 (uint4 per
+/// (k-tile kt, lane), kt = 0 .. D / 16 - 1); Kd [16 x D]: bf16 B fragments (k = chunk row); U [16][D] fp32;
+/// P [16][16] fp32 (written only for state_variant 2 or compact_workspace = false); gam_n [D] fp32.
+/// W, Qg, Kd are adjacent (the state pass copies them as one block). Sizes: D = 64: 12,544 B; D = 128:
+/// 23,040 B (the original layout, unchanged); D = 256: 44,032 B. For tests and diagnostics.
+template <int D>
+struct KdaSlotOf {
+  static_assert(D == 64 || D == 128 || D == 256, "KdaSlotOf: D = d_k = d_v must be 64, 128 or 256");
+  static constexpr int W = 0, Qg = 32 * D, Kd = 64 * D, U = 96 * D, P = 160 * D, gam_n = 160 * D + 1024,
+                       Pf = 164 * D + 1024, bytes = 164 * D + 2048;
 };
+/// The D = 128 slot (the layout before D became a parameter).
+struct KdaSlot : KdaSlotOf<128> {};
+static_assert(KdaSlot::W == 0 && KdaSlot::Qg == 4096 && KdaSlot::Kd == 8192 && KdaSlot::U == 12288 &&
+                  KdaSlot::P == 20480 && KdaSlot::gam_n == 21504 && KdaSlot::Pf == 22016 && KdaSlot::bytes == 23040,
+              "the D = 128 slot layout must not change");
+/// KdaSlotOf<D>::bytes for a run-time D in {64, 128, 256}; 0 for any other D.
+constexpr int kda_slot_bytes(int D) { return D == 64 || D == 128 || D == 256 ? 164 * D + 2048 : 0; }
 
 /// Bytes of device scratch the prefill needs for these shapes (checks the shapes too).
 std::size_t kda_prefill_workspace_bytes(const KdaPrefillArgs& a);
@@ -147,7 +167,7 @@ void kda_prefill(const KdaPrefillArgs& a, cudaStream_t stream);
 
 /// Arguments of the decode step: one token per sequence, B sequences, state updated in place.
 struct KdaDecodeArgs {
-  int B = 0, H = 0, HV = 0, D = 128;
+  int B = 0, H = 0, HV = 0, D = 128;          ///< D = d_k = d_v: 64, 128 or 256
   const bf16_t *q = nullptr, *k = nullptr;   ///< [B, H, D]
   const bf16_t *v = nullptr, *g = nullptr;   ///< [B, HV, D]
   const bf16_t* beta = nullptr;              ///< [B, HV]

@@ -98,6 +98,12 @@ __device__ __forceinline__ float inv_l2norm(float n2) { return n2 > 0 ? 1.0f / s
 __device__ __forceinline__ float beta_of(float b, bool fused_sigmoid) { return fused_sigmoid ? sigmoidf_(b) : b; }
 
 // ---- host-side checks -------------------------------------------------------------------------
+/// D = d_k = d_v of the KDA kernels: 64, 128 or 256; anything else throws kdalab::Error naming `op` and D.
+inline void check_dim(int D, const char* op) {
+  if (D != 64 && D != 128 && D != 256)
+    throw Error(std::string(op) + ": D = " + std::to_string(D) +
+                " is not supported; accepted: D = d_k = d_v in {64, 128, 256}");
+}
 inline void check_ptr(const void* p, std::size_t align, const char* name, bool required = true) {
   if (!p) {
     if (required) throw Error(std::string("KDA kernel: pointer '") + name + "' is null; a device pointer is required");

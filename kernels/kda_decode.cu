@@ -1,12 +1,13 @@
-// KDA decode step: one token per sequence, fp32 state [B, HV, D, D] updated in place, D = 128.
+// KDA decode step: one token per sequence, fp32 state [B, HV, D, D] updated in place, D = d_k = d_v
+// in {64, 128, 256} (a template parameter; D = 128 is the original kernel).
 //
-// One CTA (128 threads) per (32-column slice of d_v, value head, sequence): 4 slices per head so
-// that B = 1, H = 32 still launches 128 CTAs. Thread t holds rows 8 (t / 8) .. +7 and columns
-// 4 (t % 8) .. +3 of its slice (32 fp32 in registers, float4 loads/stores: each warp touches 4 rows x
-// 128 contiguous bytes). Math in fp32 (K3 report Eq. 1):
+// One CTA (D threads) per (32-column slice of d_v, value head, sequence): D / 32 slices per head so
+// that B = 1, H = 32 still launches 128 CTAs at D = 128. Thread t holds rows 8 (t / 8) .. +7 and columns
+// 4 (t % 8) .. +3 of its slice (32 fp32 in registers at every D, float4 loads/stores: each warp touches
+// 4 rows x 128 contiguous bytes). Math in fp32 (K3 report Eq. 1):
 //   S' = Diag(exp(g)) S;  u = S'^T k;  delta = beta (v - u);  S = S' + k delta^T;  o = scale S^T q.
-// Reductions over the 128 key rows: shuffles within the warp (4 row groups), then shared memory
-// across the 4 warps. No allocation, no host synchronisation: capturable in a CUDA graph.
+// Reductions over the D key rows: shuffles within the warp (4 row groups), then shared memory
+// across the D / 32 warps. No allocation, no host synchronisation: capturable in a CUDA graph.
 #include <string>
 
 #include "kernels/kda_common.cuh"
@@ -16,7 +17,7 @@ namespace kdalab::kernels {
 namespace {
 using namespace detail;
 
-constexpr int D = 128, SLICE = 32;
+constexpr int SLICE = 32;
 
 struct DParams {
   int B, H, HV, group;
@@ -29,9 +30,12 @@ struct DParams {
   bf16_t* o;
 };
 
-__global__ void __launch_bounds__(128) kda_decode_kernel(DParams p) {
+template <int D>
+__global__ void __launch_bounds__(D) kda_decode_kernel(DParams p) {
+  static_assert(D == 64 || D == 128 || D == 256, "decode: D = 64, 128 or 256");
+  constexpr int NW = D / 32;  // warps; thread = key row group (8 rows) x 4 columns, one channel per thread
   const int slice = blockIdx.x, hv = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
-  const int warp = tid / 32, cg = tid % 8, rg = tid / 8;  // rg 0..15: rows 8 rg .. 8 rg + 7
+  const int warp = tid / 32, cg = tid % 8, rg = tid / 8;  // rg 0..D/8-1: rows 8 rg .. 8 rg + 7
   const int h = hv / p.group;
   const int col = slice * SLICE + 4 * cg;
   float4* S = reinterpret_cast<float4*>(p.state + (static_cast<long long>(b) * p.HV + hv) * D * D);
@@ -41,7 +45,7 @@ __global__ void __launch_bounds__(128) kda_decode_kernel(DParams p) {
 #pragma unroll
   for (int i = 0; i < 8; ++i) s[i] = S[((8 * rg + i) * D + col) / 4];
 
-  __shared__ float sq[D], sk[D], sa[D], red[4][2][SLICE], sred[4];
+  __shared__ float sq[D], sk[D], sa[D], red[NW][2][SLICE], sred[4];
   {
     const int i = tid;  // one channel per thread
     float qi = bf2f(p.q[b * p.sq + h * D + i]);
@@ -57,8 +61,12 @@ __global__ void __launch_bounds__(128) kda_decode_kernel(DParams p) {
       }
       if (tid % 32 == 0) { red[warp][0][0] = nq; red[warp][1][0] = nk; }
       __syncthreads();
-      nq = red[0][0][0] + red[1][0][0] + red[2][0][0] + red[3][0][0];
-      nk = red[0][1][0] + red[1][1][0] + red[2][1][0] + red[3][1][0];
+      nq = red[0][0][0];  // ((r0 + r1) + r2) + ...: the D = 128 order
+#pragma unroll
+      for (int w = 1; w < NW; ++w) nq += red[w][0][0];
+      nk = red[0][1][0];
+#pragma unroll
+      for (int w = 1; w < NW; ++w) nk += red[w][1][0];
       qi *= inv_l2norm(nq);
       ki *= inv_l2norm(nk);
       __syncthreads();
@@ -99,7 +107,9 @@ __global__ void __launch_bounds__(128) kda_decode_kernel(DParams p) {
   float dl[4];
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
-    const float ue = red[0][0][4 * cg + e] + red[1][0][4 * cg + e] + red[2][0][4 * cg + e] + red[3][0][4 * cg + e];
+    float ue = red[0][0][4 * cg + e];
+#pragma unroll
+    for (int w = 1; w < NW; ++w) ue += red[w][0][4 * cg + e];
     dl[e] = beta * (bf2f(vp[e]) - ue);
   }
   // S = S' + k delta^T; partial o over the rows
@@ -128,7 +138,7 @@ __global__ void __launch_bounds__(128) kda_decode_kernel(DParams p) {
     const int c2 = 2 * tid;
     float r0 = 0, r1 = 0;
 #pragma unroll
-    for (int w = 0; w < 4; ++w) { r0 += red[w][1][c2]; r1 += red[w][1][c2 + 1]; }
+    for (int w = 0; w < NW; ++w) { r0 += red[w][1][c2]; r1 += red[w][1][c2 + 1]; }
     *reinterpret_cast<std::uint32_t*>(p.o + b * p.so + hv * D + slice * SLICE + c2) =
         pack_bf16(p.scale * r0, p.scale * r1);
   }
@@ -138,8 +148,8 @@ __global__ void __launch_bounds__(128) kda_decode_kernel(DParams p) {
 
 void kda_decode(const KdaDecodeArgs& a, cudaStream_t stream) {
   const char* op = "kda_decode";
-  if (a.D != D)
-    throw Error(std::string(op) + ": D = " + std::to_string(a.D) + " is not supported; accepted: D = 128 (d_k = d_v)");
+  check_dim(a.D, op);
+  const int D = a.D;
   if (a.B < 1 || a.B > 65535)
     throw Error(std::string(op) + ": B = " + std::to_string(a.B) + "; accepted: 1 <= B <= 65535");
   if (a.H < 1 || a.HV < 1 || a.HV % a.H != 0 || a.HV > 65535)
@@ -167,7 +177,9 @@ void kda_decode(const KdaDecodeArgs& a, cudaStream_t stream) {
     throw Error(std::string(op) + ": so_b = " + std::to_string(p.so) + "; accepted: an even number of elements");
   p.A_log = a.gate.A_log; p.bias = a.gate.bias; p.g_min = a.gate.g_min; p.scale = a.scale;
   p.fuse_gate = a.gate.fused; p.l2norm = a.l2norm_qk; p.beta_sigmoid = a.beta_sigmoid;
-  kda_decode_kernel<<<dim3(D / SLICE, a.HV, a.B), 128, 0, stream>>>(p);
+  if (D == 64) kda_decode_kernel<64><<<dim3(64 / SLICE, a.HV, a.B), 64, 0, stream>>>(p);
+  else if (D == 256) kda_decode_kernel<256><<<dim3(256 / SLICE, a.HV, a.B), 256, 0, stream>>>(p);
+  else kda_decode_kernel<128><<<dim3(128 / SLICE, a.HV, a.B), 128, 0, stream>>>(p);
   cuda_check(cudaGetLastError(), "kda_decode_kernel launch");
 }
 

@@ -1,4 +1,5 @@
-// KDA chunked prefill, bf16 in/out, fp32 state, chunk 16, D = 128 (sm_90a; mma.sync bf16).
+// KDA chunked prefill, bf16 in/out, fp32 state, chunk 16, D = d_k = d_v in {64, 128, 256} (sm_90a;
+// mma.sync bf16). D is a template parameter of the default kernels; D = 128 is the original path.
 //
 // Two kernels, the algorithm and precision plan of numerics/kda_twin.hpp (kda_plan_kernel()):
 //  1. kda_prepare_kernel, token-parallel, one CTA (256 threads) per (16-token chunk, value head,
@@ -18,6 +19,10 @@
 //     (tf32 3-pass), fragments written from registers, ~2.4x less shared-memory traffic (see below).
 //  v4 schedule (overlap_segments): long fixed-length batches run in segments so that the prepare
 //     of segment k+1 overlaps the state pass of segment k (see segments_of()).
+//  D (KdaPrefillArgs::D): the text above is written for D = 128 (8 k-tiles, 128 key rows). D = 64 and
+//     256 run the same kernels with D / 16 k-tiles and D / 32 column slices per head; at D = 256 the
+//     state pass is kda_state_ks_kernel<256, 2> (64 fp32 of S per thread; the v3 warp would hold 128),
+//     prepare v6 takes its 66.6 KB of tiles from dynamic shared memory, and the segment path is refused.
 // Versions, predictions and H200 timings: bench/NOTES.md.
 #include <algorithm>
 #include <string>
@@ -31,20 +36,21 @@ namespace {
 using namespace detail;
 
 constexpr int C = 16;     // chunk
-constexpr int D = 128;    // d_k = d_v
-constexpr int DP = 132;   // padded shared row (floats), keeps float4 alignment
+constexpr int D128 = 128; // d_k = d_v of the D = 128-only kernels (prepare v4, state v2)
 constexpr int SLICE = 32; // value columns per state CTA
 constexpr int NST = 3;    // cp.async pipeline depth of the state pass (v2: 6 gave no gain and cost occupancy)
 
-// Workspace slot per (chunk, value head), bytes. W, Qg, Kd are bf16 (mma operand fragments) since
-// v1; U, gam_n stay fp32 (used in fp32). P in fp32 (OFF_P) is read only by state_variant 2: v5 writes
-// it only when that variant (or the v4 layout, compact_workspace = false) asks for it; the slot
-// stride is unchanged, so a workspace is valid for every variant.
-constexpr int OFF_W = KdaSlot::W, OFF_QG = KdaSlot::Qg, OFF_KD = KdaSlot::Kd, OFF_U = KdaSlot::U, OFF_P = KdaSlot::P,
-              OFF_GN = KdaSlot::gam_n, OFF_PF = KdaSlot::Pf;  // Pf: P as hi + lo bf16 A fragments (2 x 32 x 16 B)
-constexpr int SLOT_BYTES = KdaSlot::bytes;
-static_assert(OFF_W == 0 && OFF_QG == 4096 && OFF_KD == 8192 && OFF_U == 12288 && OFF_P == 20480 && OFF_GN == 21504 &&
-              OFF_PF == 22016 && SLOT_BYTES == 23040, "slot layout (the state kernel's Stage copy relies on it)");
+// Workspace slot per (chunk, value head), bytes (KdaSlotOf<D>, kernels/kda.hpp). W, Qg, Kd are bf16
+// (mma operand fragments) since v1; U, gam_n stay fp32 (used in fp32). P in fp32 (P) is read only by
+// state_variant 2: v5 writes it only when that variant (or the v4 layout, compact_workspace = false)
+// asks for it; the slot stride is unchanged, so a workspace is valid for every variant.
+// Pf: P as hi + lo bf16 A fragments (2 x 32 x 16 B).
+template <int D>
+using Slot = KdaSlotOf<D>;
+static_assert(Slot<128>::W == 0 && Slot<128>::Qg == 4096 && Slot<128>::Kd == 8192 && Slot<128>::U == 12288 &&
+                  Slot<128>::P == 20480 && Slot<128>::gam_n == 21504 && Slot<128>::Pf == 22016 &&
+                  Slot<128>::bytes == 23040,
+              "slot layout (the state kernel's Stage copy relies on it)");
 
 struct Params {
   int B, T, H, HV, group, N, nchunk_fixed;
@@ -91,6 +97,9 @@ __device__ __forceinline__ Seq seq_info(const Params& p, int n) {
 }
 
 __global__ void __launch_bounds__(256) kda_prepare_kernel(Params p) {
+  constexpr int D = D128, DP = D128 + 4;  // v4 is D = 128 only
+  constexpr int OFF_W = Slot<D>::W, OFF_QG = Slot<D>::Qg, OFF_KD = Slot<D>::Kd, OFF_U = Slot<D>::U, OFF_P = Slot<D>::P,
+                OFF_GN = Slot<D>::gam_n, OFF_PF = Slot<D>::Pf, SLOT_BYTES = Slot<D>::bytes;
   const int c = blockIdx.x + p.chunk_base, hv = blockIdx.y, n = blockIdx.z, tid = threadIdx.x;
   const Seq sq = seq_info(p, n);
   const int t0 = c * C;
@@ -304,7 +313,30 @@ __device__ __forceinline__ void store_bfrag_col(uint4* frag, const float (&X)[C]
         make_uint2(pack_bf16(X[2 * tq], X[2 * tq + 1]), pack_bf16(X[2 * tq + 8], X[2 * tq + 9]));
 }
 
+/// Shared-memory plan of prepare v6 for d_k = d_v = D: four 16 x (D + 4) fp32 tiles (static up to D = 128;
+/// dynamic at D = 256, where they are 66.6 KB, above the 48 KB static limit), A (1 KB), beta; the 8 warps'
+/// partial A / P tiles (16 KB) go over tiles [0] and [1] when those are large enough (D >= 128), else into
+/// their own static buffer (D = 64).
+template <int D>
+struct PrepV6 {
+  static constexpr int DP = D + 4;                             // padded row (floats), keeps float4 alignment
+  static constexpr int tile_bytes = 4 * C * DP * 4;            // sT
+  static constexpr bool dyn = tile_bytes > 48 * 1024;          // D = 256
+  static constexpr int dyn_bytes = dyn ? tile_bytes : 0;
+  static constexpr bool red_in_tiles = 2 * C * DP * 4 >= 8 * 256 * 8;
+  static constexpr int static_bytes = (dyn ? 0 : tile_bytes) + (red_in_tiles ? 0 : 8 * 256 * 8) + C * C * 4 + C * 4;
+  static_assert(static_bytes <= 48 * 1024, "prepare v6: static shared memory above 48 KB");
+  static_assert(static_bytes + dyn_bytes <= 227 * 1024, "prepare v6: shared memory per CTA above 227 KB");
+
+};
+
+template <int D>
 __global__ void __launch_bounds__(256) kda_prepare_v6_kernel(Params p) {
+  static_assert(D == 64 || D == 128 || D == 256, "prepare v6: D = 64, 128 or 256");
+  constexpr int DP = PrepV6<D>::DP;
+  constexpr int NHF = D / 64;  // 64-channel blocks a loading thread covers (4 channels each)
+  constexpr int CPW = D / 8;   // channels per warp in the A / P products (8 per k-step)
+  using SL = Slot<D>;  // (static members, not local constants: a lambda's capture of those changed the D = 128 PTX)
   const int c = blockIdx.x + p.chunk_base, hv = blockIdx.y, n = blockIdx.z, tid = threadIdx.x;
   const Seq sq = seq_info(p, n);
   const int t0 = c * C;
@@ -312,26 +344,33 @@ __global__ void __launch_bounds__(256) kda_prepare_v6_kernel(Params p) {
   const int nvalid = min(C, sq.len - t0);
   const int h = hv / p.group;
 
-  // [0] q -> Qg, [1] g -> Ki, [2] k -> Kg, [3] v; [0] and [1] (16896 B, contiguous) then hold the
-  // 8 warps' partial A / P tiles (8 x 256 float2 = 16384 B)
-  __shared__ __align__(16) float sT[4][C][DP];
+  // [0] q -> Qg, [1] g -> Ki, [2] k -> Kg, [3] v; [0] and [1] (16896 B at D = 128, contiguous) then hold
+  // the 8 warps' partial A / P tiles (8 x 256 float2 = 16384 B; own buffer at D = 64)
+  float(*sT)[C][DP];
+  if constexpr (PrepV6<D>::dyn) {
+    extern __shared__ __align__(16) unsigned char dyn_smem[];
+    sT = reinterpret_cast<float(*)[C][DP]>(dyn_smem);
+  } else {
+    __shared__ __align__(16) float sT_static[4][C][DP];
+    sT = sT_static;
+  }
   __shared__ __align__(16) float sA[C][C];
   __shared__ float sBeta[C];
   float(*sQ)[DP] = sT[0];
   float(*sKi)[DP] = sT[1];
   float(*sK)[DP] = sT[2];
   float(*sV)[DP] = sT[3];
-  unsigned char* slot = p.ws + ((sq.slot0 + c) * p.HV + hv) * static_cast<long long>(SLOT_BYTES);
+  unsigned char* slot = p.ws + ((sq.slot0 + c) * p.HV + hv) * static_cast<long long>(SL::bytes);
 
-  // ---- load (8-byte loads of channels 4j..4j+3 and 64+4j..), fusions (as v4) ----
+  // ---- load (8-byte loads of channels 4j..4j+3, 64+4j.., ...), fusions (as v4) ----
   {
     const int r = tid / 16, j = tid % 16;
     const bool ok = r < nvalid;
     const long long t = sq.bos + t0 + r;
-    float fq[8], fk[8], fv[8], fg[8];  // [4 hf + e] = channel 4j + 64 hf + e
+    float fq[4 * NHF], fk[4 * NHF], fv[4 * NHF], fg[4 * NHF];  // [4 hf + e] = channel 4j + 64 hf + e
     if (ok) {
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
+      for (int hf = 0; hf < NHF; ++hf) {
         const int cc = 4 * j + 64 * hf;
         unpack4(*reinterpret_cast<const uint2*>(p.q + sq.bidx * p.sq.b + t * p.sq.t + h * p.sq.h + cc), fq + 4 * hf);
         unpack4(*reinterpret_cast<const uint2*>(p.k + sq.bidx * p.sk.b + t * p.sk.t + h * p.sk.h + cc), fk + 4 * hf);
@@ -340,12 +379,12 @@ __global__ void __launch_bounds__(256) kda_prepare_v6_kernel(Params p) {
       }
     } else {
 #pragma unroll
-      for (int e = 0; e < 8; ++e) fq[e] = fk[e] = fv[e] = fg[e] = 0.0f;
+      for (int e = 0; e < 4 * NHF; ++e) fq[e] = fk[e] = fv[e] = fg[e] = 0.0f;
     }
     if (p.l2norm) {
       float nq = 0, nk = 0;
 #pragma unroll
-      for (int e = 0; e < 8; ++e) { nq += fq[e] * fq[e]; nk += fk[e] * fk[e]; }
+      for (int e = 0; e < 4 * NHF; ++e) { nq += fq[e] * fq[e]; nk += fk[e] * fk[e]; }
 #pragma unroll
       for (int m = 8; m >= 1; m >>= 1) {
         nq += __shfl_xor_sync(0xffffffffu, nq, m);
@@ -353,12 +392,12 @@ __global__ void __launch_bounds__(256) kda_prepare_v6_kernel(Params p) {
       }
       const float iq = inv_l2norm(nq), ik = inv_l2norm(nk);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) { fq[e] *= iq; fk[e] *= ik; }
+      for (int e = 0; e < 4 * NHF; ++e) { fq[e] *= iq; fk[e] *= ik; }
     }
     if (p.fuse_gate && ok) {
       const float ea = expf(p.A_log[hv]);
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
+      for (int hf = 0; hf < NHF; ++hf) {
         const float4 b = *reinterpret_cast<const float4*>(p.bias + hv * D + 4 * j + 64 * hf);
         const float bb[4] = {b.x, b.y, b.z, b.w};
 #pragma unroll
@@ -366,7 +405,7 @@ __global__ void __launch_bounds__(256) kda_prepare_v6_kernel(Params p) {
       }
     }
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
+    for (int hf = 0; hf < NHF; ++hf) {
       const int cc = 4 * j + 64 * hf, o = 4 * hf;
       *reinterpret_cast<float4*>(&sQ[r][cc]) = make_float4(fq[o], fq[o + 1], fq[o + 2], fq[o + 3]);
       *reinterpret_cast<float4*>(&sK[r][cc]) = make_float4(fk[o], fk[o + 1], fk[o + 2], fk[o + 3]);
@@ -393,7 +432,7 @@ __global__ void __launch_bounds__(256) kda_prepare_v6_kernel(Params p) {
       gam[r] = expf(G);
     }
     const float gn = gam[C - 1];
-    reinterpret_cast<float*>(slot + OFF_GN)[i] = gn;
+    reinterpret_cast<float*>(slot + SL::gam_n)[i] = gn;
     float qg[C], kd[C];
 #pragma unroll
     for (int r = 0; r < C; ++r) {
@@ -404,17 +443,17 @@ __global__ void __launch_bounds__(256) kda_prepare_v6_kernel(Params p) {
       sKi[r][i] = kk / gam[r];
       kd[r] = kk * (gn / gam[r]);
     }
-    store_afrag_col(reinterpret_cast<uint4*>(slot + OFF_QG), qg, i);
-    store_bfrag_col(reinterpret_cast<uint4*>(slot + OFF_KD), kd, i);
+    store_afrag_col(reinterpret_cast<uint4*>(slot + SL::Qg), qg, i);
+    store_bfrag_col(reinterpret_cast<uint4*>(slot + SL::Kd), kd, i);
   }
   __syncthreads();
-  // ---- A = Kg Ki^T and P = Qg Ki^T: tf32 3-pass mma, warp w sums channels [16 w, 16 w + 16) ----
+  // ---- A = Kg Ki^T and P = Qg Ki^T: tf32 3-pass mma, warp w sums channels [CPW w, CPW w + CPW) ----
   {
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     float acc[2][2][4] = {};  // [A | P][n-tile: s in 8 nt ..][C fragment]
 #pragma unroll
-    for (int ks = 0; ks < 2; ++ks) {
-      const int cb = 16 * warp + 8 * ks + t;
+    for (int ks = 0; ks < CPW / 8; ++ks) {
+      const int cb = CPW * warp + 8 * ks + t;
       std::uint32_t kh[4], kl[4], qh[4], ql[4];
       split_tf32(sK[g][cb], kh[0], kl[0]);
       split_tf32(sK[g + 8][cb], kh[1], kl[1]);
@@ -438,7 +477,13 @@ __global__ void __launch_bounds__(256) kda_prepare_v6_kernel(Params p) {
       }
     }
     __syncthreads();  // every warp is done reading Qg and Ki: their space takes the partial tiles
-    float2* red = reinterpret_cast<float2*>(&sT[0][0][0]);
+    float2* red;
+    if constexpr (PrepV6<D>::red_in_tiles) {
+      red = reinterpret_cast<float2*>(&sT[0][0][0]);
+    } else {
+      __shared__ __align__(16) float2 red_static[8 * 256];
+      red = red_static;
+    }
 #pragma unroll
     for (int pr = 0; pr < 2; ++pr)
 #pragma unroll
@@ -462,17 +507,18 @@ __global__ void __launch_bounds__(256) kda_prepare_v6_kernel(Params p) {
       *reinterpret_cast<float2*>(&sA[r][s0]) = make_float2(s0 < r ? b * sum.x : 0.0f, s0 + 1 < r ? b * sum.y : 0.0f);
     } else {  // P = Lower(Qg Ki^T): fp32 (write_p) and hi + lo bf16 A fragments (word 2 nt + hf of lane)
       const float p0 = s0 <= r ? sum.x : 0.0f, p1 = s0 + 1 <= r ? sum.y : 0.0f;
-      if (p.write_p) *reinterpret_cast<float2*>(slot + OFF_P + (r * C + s0) * 4) = make_float2(p0, p1);
+      if (p.write_p) *reinterpret_cast<float2*>(slot + SL::P + (r * C + s0) * 4) = make_float2(p0, p1);
       std::uint32_t hi, lo;
       split_bf16(p0, p1, hi, lo);
-      reinterpret_cast<std::uint32_t*>(slot + OFF_PF)[lane * 4 + nt * 2 + hf] = hi;
-      reinterpret_cast<std::uint32_t*>(slot + OFF_PF + 512)[lane * 4 + nt * 2 + hf] = lo;
+      reinterpret_cast<std::uint32_t*>(slot + SL::Pf)[lane * 4 + nt * 2 + hf] = hi;
+      reinterpret_cast<std::uint32_t*>(slot + SL::Pf + 512)[lane * 4 + nt * 2 + hf] = lo;
     }
   }
   __syncthreads();
   // ---- [W | U] = (I + A)^{-1} [Diag(beta) Kg | Diag(beta) V] (thread = column, v4's order) ----
-  {
-    const int col = tid;
+  // 2 D columns: thread tid takes column tid (D = 128), tid < 128 (D = 64; whole warps idle past it),
+  // tid and tid + 256 (D = 256). W columns (< D) cover whole warps, as store_afrag_col's shuffles need.
+  auto subst = [&](const int col) {
     float x[C];
 #pragma unroll
     for (int r = 0; r < C; ++r) {
@@ -491,23 +537,36 @@ __global__ void __launch_bounds__(256) kda_prepare_v6_kernel(Params p) {
       x[r] = acc;
     }
     if (col < D) {
-      store_afrag_col(reinterpret_cast<uint4*>(slot + OFF_W), x, col);
+      store_afrag_col(reinterpret_cast<uint4*>(slot + SL::W), x, col);
     } else {
-      float* U = reinterpret_cast<float*>(slot + OFF_U);
+      float* U = reinterpret_cast<float*>(slot + SL::U);
 #pragma unroll
       for (int r = 0; r < C; ++r) U[r * D + (col - D)] = x[r];
     }
+  };
+  if constexpr (2 * D == 256) {
+    subst(tid);
+  } else if constexpr (2 * D < 256) {
+    if (tid < 2 * D) subst(tid);
+  } else {
+    static_assert(2 * D == 512, "D = 256: two columns per thread");
+    // one after the other: interleaved (unrolled) the two chains took 168 registers (1 CTA per SM)
+#pragma unroll 1
+    for (int col = tid; col < 2 * D; col += 256) subst(col);
   }
 }
 
-// Shared stage of one chunk for one state CTA (32 value columns).
+// Shared stage of one chunk for one state CTA (32 value columns), d_k = d_v = D. W, Qg, Kd adjacent (as
+// in the slot): one block copy.
+template <int D>
 struct Stage {
-  uint4 W[256], Qg[256], Kd[256];
+  uint4 W[2 * D], Qg[2 * D], Kd[2 * D];
   float U[C][SLICE];
   float P[C][C];
   float gn[D];
   uint4 Pf[64];  // P hi (32 lanes) then P lo (32 lanes)
 };
+static_assert(sizeof(Stage<128>) == 16896, "the D = 128 stage (50,688 B for NST = 3)");
 
 // kMmaPD = true (v3, the default): after D, the state update is issued first, then P D on the
 // tensor cores as Phi Dhi + Phi Dlo + Plo Dhi (bf16 hi/lo splits, fp32 accumulate: ~2^-16 relative,
@@ -520,9 +579,16 @@ struct Stage {
 // pass from S0 (o written; slices 4..7 exit) whose end state is S_start(1) (seg_S[0]). Without
 // kPass1 the kernel is the state pass of one segment (all chunks when nseg_grid = 1), starting from
 // S0 (segment 0) or seg_S.
-template <bool kMmaPD, bool kPass1 = false>
+//
+// D: 64 or 128 (D / 16 k-tiles of W S and Qg S, D / 8 n-tiles of the update, D / 2 fp32 of S per thread);
+// kMmaPD = false (v2) only at D = 128. D = 256 uses kda_state_ks_kernel<256, 2> (128 fp32 per thread here).
+template <int D, bool kMmaPD, bool kPass1 = false>
 __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
   static_assert(kMmaPD || !kPass1, "pass 1 exists only for the v3 state step");
+  static_assert(D == 64 || D == 128, "the one-warp-per-16-columns state step: D = 64 or 128");
+  static_assert(kMmaPD || D == 128, "state pass v2: D = 128 only");
+  using SL = Slot<D>;  // (static members, not local constants: a lambda's capture of those changed the D = 128 PTX)
+  constexpr int NJ = D / 8, NKT = D / 16;  // n-tiles (8 key rows) of S^T, k-tiles (16 key rows) of W S
   const int hv = blockIdx.y, n = blockIdx.z / p.nseg_grid, sgi = p.seg_base + blockIdx.z % p.nseg_grid;
   const bool acols = kPass1 && blockIdx.x >= D / SLICE;  // A_seg columns (pass 1)
   if (kPass1 && sgi == 0 && acols) return;  // segment 0 needs no A_seg (it starts from the known S0)
@@ -536,16 +602,16 @@ __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
   const int vbase = slice * SLICE, v0 = vbase + warp * 16;  // this warp's 16 value (or A_seg) columns
 
   extern __shared__ __align__(16) unsigned char dyn_smem[];
-  Stage* st = reinterpret_cast<Stage*>(dyn_smem);  // NST stages
+  Stage<D>* st = reinterpret_cast<Stage<D>*>(dyn_smem);  // NST stages
   __shared__ float Dsh[2][C][C + 1];
 
   // S^T accumulators: Sacc[j][e] = S[8j + 2tq + (e&1)][v0 + gq + 8(e>>1)]
-  float Sacc[16][4];
+  float Sacc[NJ][4];
   const long long sbase = (static_cast<long long>(n) * p.HV + hv) * D * D;
   const long long seg_stride = static_cast<long long>(p.N) * p.HV * D * D;
   const float* S_in = sgi == 0 ? p.S0 : kPass1 ? nullptr : p.seg_S + (sgi - 1) * seg_stride;
 #pragma unroll
-  for (int j = 0; j < 16; ++j)
+  for (int j = 0; j < NJ; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int row = 8 * j + 2 * tq + (e & 1), col = v0 + gq + 8 * (e >> 1);
@@ -553,23 +619,24 @@ __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
     }
 
   auto issue = [&](int c, int s) {
-    const unsigned char* slot = p.ws + ((sq.slot0 + c) * p.HV + hv) * static_cast<long long>(SLOT_BYTES);
-    const uint4* src = reinterpret_cast<const uint4*>(slot);  // W, Qg, Kd: 768 x 16 B contiguous
+    const unsigned char* slot = p.ws + ((sq.slot0 + c) * p.HV + hv) * static_cast<long long>(SL::bytes);
+    const uint4* src = reinterpret_cast<const uint4*>(slot);  // W, Qg, Kd: 6 D x 16 B contiguous
     uint4* dstw = st[s].W;
     if (!full) {  // W and Kd only
-      for (int i = tid; i < 512; i += 64) cp_async16(dstw + i + (i >= 256 ? 256 : 0), src + i + (i >= 256 ? 256 : 0));
+      for (int i = tid; i < 4 * D; i += 64)
+        cp_async16(dstw + i + (i >= 2 * D ? 2 * D : 0), src + i + (i >= 2 * D ? 2 * D : 0));
     } else {
-      for (int i = tid; i < 768; i += 64) cp_async16(dstw + i, src + i);  // W, Qg, Kd are adjacent in Stage
+      for (int i = tid; i < 6 * D; i += 64) cp_async16(dstw + i, src + i);  // W, Qg, Kd are adjacent in Stage
     }
     if (!acols)
       for (int i = tid; i < C * SLICE / 4; i += 64) {
         const int r = i / (SLICE / 4), c4 = i % (SLICE / 4);
-        cp_async16(&st[s].U[r][c4 * 4], slot + OFF_U + (r * D + vbase + c4 * 4) * 4);
+        cp_async16(&st[s].U[r][c4 * 4], slot + SL::U + (r * D + vbase + c4 * 4) * 4);
       }
     if (!kMmaPD || (p.write_p && full))
-      for (int i = tid; i < 64; i += 64) cp_async16(&st[s].P[0][0] + 4 * i, slot + OFF_P + 16 * i);
-    for (int i = tid; i < 32; i += 64) cp_async16(&st[s].gn[0] + 4 * i, slot + OFF_GN + 16 * i);
-    if (kMmaPD && full) cp_async16(&st[s].Pf[tid], slot + OFF_PF + 16 * tid);
+      for (int i = tid; i < 64; i += 64) cp_async16(&st[s].P[0][0] + 4 * i, slot + SL::P + 16 * i);
+    for (int i = tid; i < D / 4; i += 64) cp_async16(&st[s].gn[0] + 4 * i, slot + SL::gam_n + 16 * i);
+    if (kMmaPD && full) cp_async16(&st[s].Pf[tid], slot + SL::Pf + 16 * tid);
   };
 
   // prologue: chunks 0 .. NST-2 in flight (one commit group per chunk, empty groups past the end)
@@ -583,12 +650,12 @@ __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
     __syncthreads();           // ... for every thread; and every warp is done with chunk c - 1
     if (c + NST - 1 < nch) issue(c + NST - 1, (c - c_begin + NST - 1) % NST);
     cp_async_commit();
-    const Stage& S = st[(c - c_begin) % NST];
+    const Stage<D>& S = st[(c - c_begin) % NST];
     // ---- W S and Qg S (A from the stage, B from the S^T accumulators) ----
     // W S is on the chunk-to-chunk critical path: two independent accumulation chains (even/odd kt)
     float ws[2][4] = {}, ws2[2][4] = {}, qs[2][4] = {};
 #pragma unroll
-    for (int kt = 0; kt < 8; ++kt) {
+    for (int kt = 0; kt < NKT; ++kt) {
       const uint4 wa = S.W[kt * 32 + lane], qa = full ? S.Qg[kt * 32 + lane] : uint4{};  // pass 1 loads no Qg
       const std::uint32_t aw[4] = {wa.x, wa.y, wa.z, wa.w}, aq[4] = {qa.x, qa.y, qa.z, qa.w};
 #pragma unroll
@@ -624,7 +691,7 @@ __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
       split_bf16(Dsh[warp][2 * tq + 8][gq + 8], Dsh[warp][2 * tq + 9][gq + 8], ad[3], adl[3]);
       // ---- S^T <- Diag(gam_n) S^T + D^T Kd (first: it is the chunk-to-chunk critical path) ----
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
+      for (int j = 0; j < NJ; ++j) {
         const float g0 = S.gn[8 * j + 2 * tq], g1 = S.gn[8 * j + 2 * tq + 1];
         Sacc[j][0] *= g0;
         Sacc[j][1] *= g1;
@@ -681,12 +748,13 @@ __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
         }
       }
     // ---- S^T <- Diag(gam_n) S^T + D^T Kd ----
+    static_assert(NJ == 16, "v2: D = 128");
     const std::uint32_t ad[4] = {pack_bf16(Dsh[warp][2 * tq][gq], Dsh[warp][2 * tq + 1][gq]),
                                  pack_bf16(Dsh[warp][2 * tq][gq + 8], Dsh[warp][2 * tq + 1][gq + 8]),
                                  pack_bf16(Dsh[warp][2 * tq + 8][gq], Dsh[warp][2 * tq + 9][gq]),
                                  pack_bf16(Dsh[warp][2 * tq + 8][gq + 8], Dsh[warp][2 * tq + 9][gq + 8])};
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
+    for (int j = 0; j < NJ; ++j) {
       const float g0 = S.gn[8 * j + 2 * tq], g1 = S.gn[8 * j + 2 * tq + 1];
       Sacc[j][0] *= g0;
       Sacc[j][1] *= g1;
@@ -703,7 +771,7 @@ __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
                         : sgi == p.seg_base + p.nseg_grid - 1 ? p.S_final : nullptr;  // pass 2: the last segment
   if (S_out) {
 #pragma unroll
-    for (int j = 0; j < 16; ++j)
+    for (int j = 0; j < NJ; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e)
         S_out[sbase + (8 * j + 2 * tq + (e & 1)) * D + v0 + gq + 8 * (e >> 1)] = Sacc[j][e];
@@ -730,9 +798,14 @@ __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
 // step drops from ~54 to ~27 mma (KS = 2), the warps per SM double: the v3 step is latency-bound with
 // one warp per scheduler (bench/NOTES.md, "KDA state pass v7"). One-shot pass only (nseg_grid = 1):
 // the v5 segment path keeps state_variant 3 kernels.
-template <int KS>
+//
+// D = 256 (kda_state_ks_kernel<256, 2>, the D = 256 state pass for state_variant 3): key rows 0..127 and
+// 128..255 per warp pair, 16 n-tiles (64 fp32 of S) per thread as v3 at D = 128; 8 k-tiles of partial W S.
+template <int D, int KS>
 __global__ void __launch_bounds__(64 * KS) kda_state_ks_kernel(Params p) {
   static_assert(KS == 2 || KS == 4, "key split of 2 or 4 warps");
+  static_assert(D == 128 || (D == 256 && KS == 2), "key split: D = 128 (KS = 2, 4) or D = 256 (KS = 2)");
+  using SL = Slot<D>;  // (static members, not local constants: a lambda's capture of those changed the D = 128 PTX)
   constexpr int NT = 64 * KS;      // threads
   constexpr int KR = D / KS;       // key rows per warp
   constexpr int NJ = KR / 8;       // n-tiles of the S^T update (8 key rows each)
@@ -746,7 +819,7 @@ __global__ void __launch_bounds__(64 * KS) kda_state_ks_kernel(Params p) {
   const int vbase = slice * SLICE, v0 = vbase + vw * 16, k0 = kw * KR;
 
   extern __shared__ __align__(16) unsigned char dyn_smem[];
-  Stage* st = reinterpret_cast<Stage*>(dyn_smem);  // NST stages
+  Stage<D>* st = reinterpret_cast<Stage<D>*>(dyn_smem);  // NST stages
   // W S partials, transposed: Wp[vw][kw][v][r ^ 8 ((v >> 1) & 1)] (conflict-free float2 reads of D^T pairs)
   __shared__ __align__(16) float Wp[2][KS][16][16];
   // Qg S partials: Qp[vw][kw][slot][r][v'] for the n-tile nt (v = 8 nt + v'); slot = nt (KS = 4) or 0
@@ -765,16 +838,17 @@ __global__ void __launch_bounds__(64 * KS) kda_state_ks_kernel(Params p) {
     }
 
   auto issue = [&](int c, int s) {
-    const unsigned char* slot = p.ws + ((sq.slot0 + c) * p.HV + hv) * static_cast<long long>(SLOT_BYTES);
-    const uint4* src = reinterpret_cast<const uint4*>(slot);  // W, Qg, Kd: 768 x 16 B contiguous
+    const unsigned char* slot = p.ws + ((sq.slot0 + c) * p.HV + hv) * static_cast<long long>(SL::bytes);
+    const uint4* src = reinterpret_cast<const uint4*>(slot);  // W, Qg, Kd: 6 D x 16 B contiguous
     uint4* dstw = st[s].W;
-    for (int i = tid; i < 768; i += NT) cp_async16(dstw + i, src + i);  // W, Qg, Kd are adjacent in Stage
+    for (int i = tid; i < 6 * D; i += NT) cp_async16(dstw + i, src + i);  // W, Qg, Kd are adjacent in Stage
     for (int i = tid; i < C * SLICE / 4; i += NT) {
       const int r = i / (SLICE / 4), c4 = i % (SLICE / 4);
-      cp_async16(&st[s].U[r][c4 * 4], slot + OFF_U + (r * D + vbase + c4 * 4) * 4);
+      cp_async16(&st[s].U[r][c4 * 4], slot + SL::U + (r * D + vbase + c4 * 4) * 4);
     }
-    if (tid < 32) cp_async16(&st[s].gn[0] + 4 * tid, slot + OFF_GN + 16 * tid);
-    if (tid < 64) cp_async16(&st[s].Pf[tid], slot + OFF_PF + 16 * tid);
+    static_assert(D / 4 <= NT, "gam_n: one 16-byte copy per thread");
+    if (tid < D / 4) cp_async16(&st[s].gn[0] + 4 * tid, slot + SL::gam_n + 16 * tid);
+    if (tid < 64) cp_async16(&st[s].Pf[tid], slot + SL::Pf + 16 * tid);
   };
 
   // prologue: chunks 0 .. NST-2 in flight (one commit group per chunk, empty groups past the end)
@@ -789,7 +863,7 @@ __global__ void __launch_bounds__(64 * KS) kda_state_ks_kernel(Params p) {
     __syncthreads();           // ... for every thread; and every warp is done with chunk c - 1 (Wp, Qp free)
     if (c + NST - 1 < nch) issue(c + NST - 1, (c + NST - 1) % NST);
     cp_async_commit();
-    const Stage& S = st[c % NST];
+    const Stage<D>& S = st[c % NST];
     // ---- 1. partial W S and Qg S over key rows [k0, k0 + KR) ----
     float ws[2][4] = {}, ws2[2][4] = {}, qs[2][4] = {};
 #pragma unroll
@@ -906,15 +980,21 @@ __global__ void __launch_bounds__(64 * KS) kda_state_ks_kernel(Params p) {
 // fp32 (FMA chain from B over m = 0..127), from S_start(1) = seg_S[0] (segment 0's end state, pass
 // 1). Launched for P >= 3. One CTA (256 threads) per
 // (32-column slice of d_v, value head, sequence): column slices of S are independent.
-constexpr int CMB_SMEM = (D * D + D * SLICE) * 4;  // A_seg (64 KB) + the S slice (16 KB)
+// D = 64 or 128 (rows i0 + 8 r, r < D / 8); at D = 256 A_seg alone would be 256 KB of shared memory.
+template <int D>
+constexpr int cmb_smem = (D * D + D * SLICE) * 4;  // A_seg (64 KB at D = 128) + the S slice (16 KB)
+static_assert(cmb_smem<128> <= 227 * 1024, "combine: shared memory per CTA");
+template <int D>
 __global__ void __launch_bounds__(256) kda_segment_combine_kernel(Params p, int nseg) {
+  static_assert(D == 64 || D == 128, "combine: D = 64 or 128");
+  constexpr int NR = D / 8;  // rows per thread
   const int slice = blockIdx.x, hv = blockIdx.y, n = blockIdx.z, tid = threadIdx.x;
   extern __shared__ __align__(16) unsigned char dyn_smem[];
   float* Ash = reinterpret_cast<float*>(dyn_smem);  // [D][D]
   float* Ssh = Ash + D * D;                          // [D][SLICE]
   const long long sbase = (static_cast<long long>(n) * p.HV + hv) * D * D;
   const long long seg_stride = static_cast<long long>(p.N) * p.HV * D * D;
-  const int vb = slice * SLICE, j = tid % SLICE, i0 = tid / SLICE;  // rows i0 + 8 r, r = 0..15
+  const int vb = slice * SLICE, j = tid % SLICE, i0 = tid / SLICE;  // rows i0 + 8 r, r = 0..NR-1
   for (int e = tid; e < D * SLICE; e += 256) {
     const int r = e / SLICE, cc = e % SLICE;
     Ssh[e] = p.seg_S[sbase + r * D + vb + cc];
@@ -924,20 +1004,20 @@ __global__ void __launch_bounds__(256) kda_segment_combine_kernel(Params p, int 
     const float* Bm = p.seg_B + sg * seg_stride + sbase;
     for (int e = tid; e < D * D / 4; e += 256)
       reinterpret_cast<float4*>(Ash)[e] = reinterpret_cast<const float4*>(A)[e];
-    float acc[16];
+    float acc[NR];
 #pragma unroll
-    for (int r = 0; r < 16; ++r) acc[r] = Bm[(i0 + 8 * r) * D + vb + j];
+    for (int r = 0; r < NR; ++r) acc[r] = Bm[(i0 + 8 * r) * D + vb + j];
     __syncthreads();  // Ash and Ssh (previous segment's result) complete
 #pragma unroll 4
     for (int m = 0; m < D; ++m) {
       const float sv = Ssh[m * SLICE + j];
 #pragma unroll
-      for (int r = 0; r < 16; ++r) acc[r] = fmaf(Ash[(i0 + 8 * r) * D + m], sv, acc[r]);
+      for (int r = 0; r < NR; ++r) acc[r] = fmaf(Ash[(i0 + 8 * r) * D + m], sv, acc[r]);
     }
     __syncthreads();  // every thread is done reading Ash and Ssh
     float* Sout = p.seg_S + sg * seg_stride + sbase;
 #pragma unroll
-    for (int r = 0; r < 16; ++r) {
+    for (int r = 0; r < NR; ++r) {
       Ssh[(i0 + 8 * r) * SLICE + j] = acc[r];
       Sout[(i0 + 8 * r) * D + vb + j] = acc[r];
     }
@@ -959,8 +1039,17 @@ struct Checked {
 
 Checked check_prefill(const KdaPrefillArgs& a) {
   const char* op = "kda_prefill";
-  if (a.D != D)
-    throw Error(std::string(op) + ": D = " + std::to_string(a.D) + " is not supported; accepted: D = 128 (d_k = d_v)");
+  check_dim(a.D, op);
+  const int D = a.D;
+  if (D != 128 && (a.prepare_variant != 6 || a.state_variant != 3))
+    throw Error(std::string(op) + ": prepare_variant = " + std::to_string(a.prepare_variant) + ", state_variant = " +
+                std::to_string(a.state_variant) + " with D = " + std::to_string(D) +
+                "; accepted at D = 64 and 256: prepare_variant = 6 and state_variant = 3 (prepare v4 and state variants "
+                "2, 4, 5 are D = 128 only)");
+  if (D == 256 && a.segment_state >= 2)
+    throw Error(std::string(op) + ": segment_state = " + std::to_string(a.segment_state) +
+                " with D = 256; accepted at D = 256: 0 (auto, which takes 1) or 1 (the segment path's d_k x d_k "
+                "combine does not fit shared memory at D = 256)");
   if (a.T < 1) throw Error(std::string(op) + ": T = " + std::to_string(a.T) + "; accepted: T >= 1");
   if (a.B < 1) throw Error(std::string(op) + ": B = " + std::to_string(a.B) + "; accepted: B >= 1");
   if (a.H < 1 || a.HV < 1 || a.HV % a.H != 0)
@@ -1055,7 +1144,7 @@ Segments segments_of(const KdaPrefillArgs& a) {
   return sg;
 }
 std::size_t state_buffer_bytes(const KdaPrefillArgs& a, const Segments& sg) {
-  return sg.K > 1 ? static_cast<std::size_t>(a.B) * a.HV * D * D * 4 : 0;
+  return sg.K > 1 ? static_cast<std::size_t>(a.B) * a.HV * a.D * a.D * 4 : 0;
 }
 
 /// SMs of the current device (queried once per device).
@@ -1094,13 +1183,13 @@ double pass_cost(long long ctas, int sms, double steps) {
 }
 SegPlan segment_plan(const KdaPrefillArgs& a, int N, int nch) {
   SegPlan sp;
-  if (a.cu_seqlens || a.state_variant != 3 || a.segment_state == 1) return sp;
+  if (a.cu_seqlens || a.state_variant != 3 || a.segment_state == 1 || a.D == 256) return sp;  // D = 256: refused
   int P = 0;
   if (a.segment_state >= 2) {
     P = a.segment_state;
   } else {
     const int sms = sm_count();
-    const long long base = static_cast<long long>(N) * a.HV * (D / SLICE);
+    const long long base = static_cast<long long>(N) * a.HV * (a.D / SLICE);  // one-shot state CTAs
     if (base > sms || nch < 1024) return sp;
     double best = 0.9 * pass_cost(base, sms, nch);
     for (int q = 2; q <= 16; ++q) {
@@ -1121,38 +1210,60 @@ SegPlan segment_plan(const KdaPrefillArgs& a, int N, int nch) {
   return sp;
 }
 std::size_t seg_buffer_bytes(const KdaPrefillArgs& a, int N, const SegPlan& sp) {
-  return sp.P > 1 ? 3ull * (sp.P - 1) * N * a.HV * D * D * 4 : 0;
+  return sp.P > 1 ? 3ull * (sp.P - 1) * N * a.HV * a.D * a.D * 4 : 0;
 }
-/// The prepare kernel of KdaPrefillArgs::prepare_variant (4 or 6; checked in kda_prefill) on `grid`.
-void launch_prepare(const Params& p, dim3 grid, int variant, cudaStream_t stream) {
-  if (variant == 6) kda_prepare_v6_kernel<<<grid, 256, 0, stream>>>(p);
-  else kda_prepare_kernel<<<grid, 256, 0, stream>>>(p);
+/// Dynamic shared memory of the state pass kernels (NST stages), checked against the 227 KB per CTA
+/// (with the kernels' static shared memory: v3 2,176 B; key split 6,144 / 16,384 B).
+template <int D>
+constexpr int state_smem = NST * static_cast<int>(sizeof(Stage<D>));
+static_assert(state_smem<64> + 2176 <= 227 * 1024 && state_smem<128> + 16384 <= 227 * 1024 &&
+                  state_smem<256> + 6144 <= 227 * 1024,
+              "state pass: shared memory per CTA above 227 KB");
+static_assert(state_smem<128> == 50688, "the D = 128 state pass keeps its 50,688 B");
+
+/// The prepare kernel of KdaPrefillArgs::prepare_variant (4 or 6; checked in kda_prefill) on `grid`, for
+/// d_k = d_v = D (checked: 64, 128, 256; v4 only at 128).
+void launch_prepare(const Params& p, dim3 grid, int variant, int D, cudaStream_t stream) {
+  if (D == 64) {
+    kda_prepare_v6_kernel<64><<<grid, 256, 0, stream>>>(p);
+  } else if (D == 256) {
+    constexpr int smem = PrepV6<256>::dyn_bytes;
+    cuda_check(cudaFuncSetAttribute(kda_prepare_v6_kernel<256>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+               "cudaFuncSetAttribute(kda_prepare_v6_kernel<256>)");
+    kda_prepare_v6_kernel<256><<<grid, 256, smem, stream>>>(p);
+  } else if (variant == 6) {
+    kda_prepare_v6_kernel<128><<<grid, 256, 0, stream>>>(p);
+  } else {
+    kda_prepare_kernel<<<grid, 256, 0, stream>>>(p);
+  }
   cuda_check(cudaGetLastError(), "kda_prepare_kernel launch");
 }
-template <bool V3>
+template <int D, bool V3>
 void launch_state(const Params& p, int HV, int N, cudaStream_t stream) {
-  constexpr int smem = NST * static_cast<int>(sizeof(Stage));
-  cuda_check(cudaFuncSetAttribute(kda_state_kernel<V3>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+  constexpr int smem = state_smem<D>;
+  cuda_check(cudaFuncSetAttribute(kda_state_kernel<D, V3>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
              "cudaFuncSetAttribute(kda_state_kernel)");
-  kda_state_kernel<V3><<<dim3(D / SLICE, HV, N), 64, smem, stream>>>(p);
+  kda_state_kernel<D, V3><<<dim3(D / SLICE, HV, N), 64, smem, stream>>>(p);
   cuda_check(cudaGetLastError(), "kda_state_kernel launch");
 }
-/// The state pass v4 (state_variant 4: KS = 2; 5: KS = 4): the v3 grid, 2 KS warps per CTA.
-template <int KS>
+/// The state pass v4 (state_variant 4: KS = 2; 5: KS = 4): the v3 grid, 2 KS warps per CTA. D = 256's
+/// state pass (KS = 2).
+template <int D, int KS>
 void launch_state_ks(const Params& p, int HV, int N, cudaStream_t stream) {
-  constexpr int smem = NST * static_cast<int>(sizeof(Stage));
-  cuda_check(cudaFuncSetAttribute(kda_state_ks_kernel<KS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+  constexpr int smem = state_smem<D>;
+  cuda_check(cudaFuncSetAttribute(kda_state_ks_kernel<D, KS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
              "cudaFuncSetAttribute(kda_state_ks_kernel)");
-  // 4 CTAs of ~56 KB per SM (KS = 2) need the whole shared-memory carveout
-  cuda_check(cudaFuncSetAttribute(kda_state_ks_kernel<KS>, cudaFuncAttributePreferredSharedMemoryCarveout,
+  // 4 CTAs of ~56 KB per SM (KS = 2, D = 128) need the whole shared-memory carveout (D = 256: 2 of ~93 KB)
+  cuda_check(cudaFuncSetAttribute(kda_state_ks_kernel<D, KS>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                   cudaSharedmemCarveoutMaxShared),
              "cudaFuncSetAttribute(kda_state_ks_kernel carveout)");
-  kda_state_ks_kernel<KS><<<dim3(D / SLICE, HV, N), 64 * KS, smem, stream>>>(p);
+  kda_state_ks_kernel<D, KS><<<dim3(D / SLICE, HV, N), 64 * KS, smem, stream>>>(p);
   cuda_check(cudaGetLastError(), "kda_state_ks_kernel launch");
 }
 }  // namespace
 
 int kda_prefill_segments(const KdaPrefillArgs& a) {
+  check_dim(a.D, "kda_prefill_segments");
   if (a.T < 1 || a.B < 1 || a.HV < 1 || (a.cu_seqlens && (a.num_seqs < 1 || a.max_seqlen < 1)))
     throw Error("kda_prefill_segments: T = " + std::to_string(a.T) + ", B = " + std::to_string(a.B) + ", HV = " +
                 std::to_string(a.HV) + "; accepted: T, B, HV >= 1 (and num_seqs, max_seqlen >= 1 with cu_seqlens)");
@@ -1164,15 +1275,93 @@ int kda_prefill_segments(const KdaPrefillArgs& a) {
 std::size_t kda_prefill_workspace_bytes(const KdaPrefillArgs& a) {
   const Checked ck = check_prefill(a);
   const SegPlan sp = segment_plan(a, ck.N, ck.max_chunks);
-  return static_cast<std::size_t>(ck.slots) * a.HV * SLOT_BYTES +
+  return static_cast<std::size_t>(ck.slots) * a.HV * kda_slot_bytes(a.D) +
          (sp.P > 1 ? seg_buffer_bytes(a, ck.N, sp) : state_buffer_bytes(a, segments_of(a)));
 }
+
+namespace {
+/// The v5 segment-parallel state pass of kda_prefill() (prepare, pass 1, combine, pass 2) for D = 64 or 128.
+template <int D>
+void run_segment_path(const KdaPrefillArgs& a, const Checked& ck, const SegPlan& sp, std::size_t slot_bytes,
+                      cudaStream_t stream) {
+  if (static_cast<long long>(ck.N) * sp.P > 65535)
+    throw Error("kda_prefill: " + std::to_string(ck.N) + " sequences x " + std::to_string(sp.P) +
+                " segments; accepted: <= 65535 (grid limit); use segment_state = 1");
+  Params p = ck.p;
+  const std::size_t seg_elems = static_cast<std::size_t>(sp.P - 1) * ck.N * a.HV * D * D;
+  p.seg_S = reinterpret_cast<float*>(static_cast<unsigned char*>(a.workspace) + slot_bytes);
+  p.seg_A = p.seg_S + seg_elems;
+  p.seg_B = p.seg_A + seg_elems;
+  p.seg_chunks = sp.seg_chunks;
+  constexpr int smem = state_smem<D>;
+  cuda_check(cudaFuncSetAttribute(kda_state_kernel<D, true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+             "cudaFuncSetAttribute(kda_state_kernel pass 1)");
+  cuda_check(cudaFuncSetAttribute(kda_segment_combine_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, cmb_smem<D>),
+             "cudaFuncSetAttribute(kda_segment_combine_kernel)");
+  if (a.overlap_segment_pass && a.run_phases == 3) {
+    // overlapped (like v4): the prepare of segment k (caller's stream) runs while pass 1 of the
+    // segments before it runs on a higher-priority side stream; combine and pass 2 follow on the
+    // side stream (pass 2 after the last prepare); joined back to `stream`. Same kernels and
+    // data as the serial order below, so bit-identical to it (tested).
+    int prio_least = 0, prio_greatest = 0;
+    cuda_check(cudaDeviceGetStreamPriorityRange(&prio_least, &prio_greatest), "cudaDeviceGetStreamPriorityRange");
+    cudaStream_t side;
+    cuda_check(cudaStreamCreateWithPriority(&side, cudaStreamNonBlocking, prio_greatest), "cudaStreamCreateWithPriority");
+    std::vector<cudaEvent_t> ev(sp.P + 2);
+    for (auto& e : ev) cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+    cuda_check(cudaEventRecord(ev[sp.P], stream), "cudaEventRecord");
+    cuda_check(cudaStreamWaitEvent(side, ev[sp.P], 0), "cudaStreamWaitEvent");
+    for (int k = 0; k < sp.P; ++k) {
+      Params pk = p;
+      pk.chunk_base = k * sp.seg_chunks;
+      const int nk = std::min(ck.max_chunks, (k + 1) * sp.seg_chunks) - pk.chunk_base;
+      launch_prepare(pk, dim3(nk, a.HV, ck.N), a.prepare_variant, D, stream);
+      cuda_check(cudaEventRecord(ev[k], stream), "cudaEventRecord");
+      cuda_check(cudaStreamWaitEvent(side, ev[k], 0), "cudaStreamWaitEvent");
+      if (k + 1 < sp.P) {
+        pk.chunk_base = 0;
+        pk.seg_base = k;
+        pk.nseg_grid = 1;
+        kda_state_kernel<D, true, true><<<dim3(2 * D / SLICE, a.HV, ck.N), 64, smem, side>>>(pk);
+        cuda_check(cudaGetLastError(), "kda_state_kernel pass 1 launch");
+      }
+    }
+    if (sp.P >= 3) {
+      kda_segment_combine_kernel<D><<<dim3(D / SLICE, a.HV, ck.N), 256, cmb_smem<D>, side>>>(p, sp.P);
+      cuda_check(cudaGetLastError(), "kda_segment_combine_kernel launch");
+    }
+    p.seg_base = 1;  // pass 2: segments 1 .. P-1 (segment 0's o came from pass 1)
+    p.nseg_grid = sp.P - 1;
+    launch_state<D, true>(p, a.HV, ck.N * (sp.P - 1), side);
+    cuda_check(cudaEventRecord(ev[sp.P + 1], side), "cudaEventRecord");
+    cuda_check(cudaStreamWaitEvent(stream, ev[sp.P + 1], 0), "cudaStreamWaitEvent");
+    for (auto& e : ev) cuda_check(cudaEventDestroy(e), "cudaEventDestroy");
+    cuda_check(cudaStreamDestroy(side), "cudaStreamDestroy");
+    return;
+  }
+  if (a.run_phases & 1) {
+    launch_prepare(p, dim3(ck.max_chunks, a.HV, ck.N), a.prepare_variant, D, stream);
+  }
+  if (a.run_phases & 2) {
+    p.nseg_grid = sp.P - 1;
+    kda_state_kernel<D, true, true><<<dim3(2 * D / SLICE, a.HV, ck.N * (sp.P - 1)), 64, smem, stream>>>(p);
+    cuda_check(cudaGetLastError(), "kda_state_kernel pass 1 launch");
+    if (sp.P >= 3) {
+      kda_segment_combine_kernel<D><<<dim3(D / SLICE, a.HV, ck.N), 256, cmb_smem<D>, stream>>>(p, sp.P);
+      cuda_check(cudaGetLastError(), "kda_segment_combine_kernel launch");
+    }
+    p.seg_base = 1;  // pass 2: segments 1 .. P-1
+    p.nseg_grid = sp.P - 1;
+    launch_state<D, true>(p, a.HV, ck.N * (sp.P - 1), stream);
+  }
+}
+}  // namespace
 
 void kda_prefill(const KdaPrefillArgs& a, cudaStream_t stream) {
   Checked ck = check_prefill(a);
   const SegPlan sp = segment_plan(a, ck.N, ck.max_chunks);
   const Segments sg = segments_of(a);
-  const std::size_t slot_bytes = static_cast<std::size_t>(ck.slots) * a.HV * SLOT_BYTES;
+  const std::size_t slot_bytes = static_cast<std::size_t>(ck.slots) * a.HV * kda_slot_bytes(a.D);
   const std::size_t need = slot_bytes + (sp.P > 1 ? seg_buffer_bytes(a, ck.N, sp) : state_buffer_bytes(a, sg));
   if (!a.workspace || a.workspace_bytes < need)
     throw Error("kda_prefill: workspace of " + std::to_string(a.workspace_bytes) + " bytes at " +
@@ -1190,87 +1379,21 @@ void kda_prefill(const KdaPrefillArgs& a, cudaStream_t stream) {
   if (a.prepare_variant != 4 && a.prepare_variant != 6)
     throw Error("kda_prefill: prepare_variant = " + std::to_string(a.prepare_variant) + "; accepted: 4 or 6");
   auto state = [&](const Params& p, cudaStream_t s) {
-    if (a.state_variant == 3) launch_state<true>(p, a.HV, ck.N, s);
-    else if (a.state_variant == 4) launch_state_ks<2>(p, a.HV, ck.N, s);
-    else if (a.state_variant == 5) launch_state_ks<4>(p, a.HV, ck.N, s);
-    else launch_state<false>(p, a.HV, ck.N, s);
+    if (a.D == 64) launch_state<64, true>(p, a.HV, ck.N, s);          // (checked: state_variant 3)
+    else if (a.D == 256) launch_state_ks<256, 2>(p, a.HV, ck.N, s);   // D = 256's state pass (state_variant 3)
+    else if (a.state_variant == 3) launch_state<128, true>(p, a.HV, ck.N, s);
+    else if (a.state_variant == 4) launch_state_ks<128, 2>(p, a.HV, ck.N, s);
+    else if (a.state_variant == 5) launch_state_ks<128, 4>(p, a.HV, ck.N, s);
+    else launch_state<128, false>(p, a.HV, ck.N, s);
   };
-  if (sp.P > 1) {  // v5 segment-parallel state pass: prepare, pass 1, combine, pass 2
-    if (static_cast<long long>(ck.N) * sp.P > 65535)
-      throw Error("kda_prefill: " + std::to_string(ck.N) + " sequences x " + std::to_string(sp.P) +
-                  " segments; accepted: <= 65535 (grid limit); use segment_state = 1");
-    Params p = ck.p;
-    const std::size_t seg_elems = static_cast<std::size_t>(sp.P - 1) * ck.N * a.HV * D * D;
-    p.seg_S = reinterpret_cast<float*>(static_cast<unsigned char*>(a.workspace) + slot_bytes);
-    p.seg_A = p.seg_S + seg_elems;
-    p.seg_B = p.seg_A + seg_elems;
-    p.seg_chunks = sp.seg_chunks;
-    constexpr int smem = NST * static_cast<int>(sizeof(Stage));
-    cuda_check(cudaFuncSetAttribute(kda_state_kernel<true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-               "cudaFuncSetAttribute(kda_state_kernel pass 1)");
-    cuda_check(cudaFuncSetAttribute(kda_segment_combine_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, CMB_SMEM),
-               "cudaFuncSetAttribute(kda_segment_combine_kernel)");
-    if (a.overlap_segment_pass && a.run_phases == 3) {
-      // overlapped (like v4): the prepare of segment k (caller's stream) runs while pass 1 of the
-      // segments before it runs on a higher-priority side stream; combine and pass 2 follow on the
-      // side stream (pass 2 after the last prepare); joined back to `stream`. Same kernels and
-      // data as the serial order below, so bit-identical to it (tested).
-      int prio_least = 0, prio_greatest = 0;
-      cuda_check(cudaDeviceGetStreamPriorityRange(&prio_least, &prio_greatest), "cudaDeviceGetStreamPriorityRange");
-      cudaStream_t side;
-      cuda_check(cudaStreamCreateWithPriority(&side, cudaStreamNonBlocking, prio_greatest), "cudaStreamCreateWithPriority");
-      std::vector<cudaEvent_t> ev(sp.P + 2);
-      for (auto& e : ev) cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
-      cuda_check(cudaEventRecord(ev[sp.P], stream), "cudaEventRecord");
-      cuda_check(cudaStreamWaitEvent(side, ev[sp.P], 0), "cudaStreamWaitEvent");
-      for (int k = 0; k < sp.P; ++k) {
-        Params pk = p;
-        pk.chunk_base = k * sp.seg_chunks;
-        const int nk = std::min(ck.max_chunks, (k + 1) * sp.seg_chunks) - pk.chunk_base;
-        launch_prepare(pk, dim3(nk, a.HV, ck.N), a.prepare_variant, stream);
-        cuda_check(cudaEventRecord(ev[k], stream), "cudaEventRecord");
-        cuda_check(cudaStreamWaitEvent(side, ev[k], 0), "cudaStreamWaitEvent");
-        if (k + 1 < sp.P) {
-          pk.chunk_base = 0;
-          pk.seg_base = k;
-          pk.nseg_grid = 1;
-          kda_state_kernel<true, true><<<dim3(2 * D / SLICE, a.HV, ck.N), 64, smem, side>>>(pk);
-          cuda_check(cudaGetLastError(), "kda_state_kernel pass 1 launch");
-        }
-      }
-      if (sp.P >= 3) {
-        kda_segment_combine_kernel<<<dim3(D / SLICE, a.HV, ck.N), 256, CMB_SMEM, side>>>(p, sp.P);
-        cuda_check(cudaGetLastError(), "kda_segment_combine_kernel launch");
-      }
-      p.seg_base = 1;  // pass 2: segments 1 .. P-1 (segment 0's o came from pass 1)
-      p.nseg_grid = sp.P - 1;
-      launch_state<true>(p, a.HV, ck.N * (sp.P - 1), side);
-      cuda_check(cudaEventRecord(ev[sp.P + 1], side), "cudaEventRecord");
-      cuda_check(cudaStreamWaitEvent(stream, ev[sp.P + 1], 0), "cudaStreamWaitEvent");
-      for (auto& e : ev) cuda_check(cudaEventDestroy(e), "cudaEventDestroy");
-      cuda_check(cudaStreamDestroy(side), "cudaStreamDestroy");
-      return;
-    }
-    if (a.run_phases & 1) {
-      launch_prepare(p, dim3(ck.max_chunks, a.HV, ck.N), a.prepare_variant, stream);
-    }
-    if (a.run_phases & 2) {
-      p.nseg_grid = sp.P - 1;
-      kda_state_kernel<true, true><<<dim3(2 * D / SLICE, a.HV, ck.N * (sp.P - 1)), 64, smem, stream>>>(p);
-      cuda_check(cudaGetLastError(), "kda_state_kernel pass 1 launch");
-      if (sp.P >= 3) {
-        kda_segment_combine_kernel<<<dim3(D / SLICE, a.HV, ck.N), 256, CMB_SMEM, stream>>>(p, sp.P);
-        cuda_check(cudaGetLastError(), "kda_segment_combine_kernel launch");
-      }
-      p.seg_base = 1;  // pass 2: segments 1 .. P-1
-      p.nseg_grid = sp.P - 1;
-      launch_state<true>(p, a.HV, ck.N * (sp.P - 1), stream);
-    }
+  if (sp.P > 1) {  // v5 segment-parallel state pass: prepare, pass 1, combine, pass 2 (D = 64, 128)
+    if (a.D == 64) run_segment_path<64>(a, ck, sp, slot_bytes, stream);
+    else run_segment_path<128>(a, ck, sp, slot_bytes, stream);
     return;
   }
   if (sg.K == 1 || a.run_phases != 3) {
     if (a.run_phases & 1) {
-      launch_prepare(ck.p, dim3(ck.max_chunks, a.HV, ck.N), a.prepare_variant, stream);
+      launch_prepare(ck.p, dim3(ck.max_chunks, a.HV, ck.N), a.prepare_variant, a.D, stream);
     }
     if (a.run_phases & 2) state(ck.p, stream);
     return;
@@ -1298,10 +1421,10 @@ void kda_prefill(const KdaPrefillArgs& a, cudaStream_t stream) {
     p.g += t0 * p.sg.t;
     p.beta += t0 * p.sbeta.t;
     p.o += t0 * p.so.t;
-    p.ws = ck.p.ws + static_cast<std::size_t>(k) * a.B * seg_chunks * a.HV * SLOT_BYTES;
+    p.ws = ck.p.ws + static_cast<std::size_t>(k) * a.B * seg_chunks * a.HV * kda_slot_bytes(a.D);
     p.S0 = k == 0 ? a.S0 : sbuf;
     p.S_final = k == sg.K - 1 ? a.S_final : sbuf;
-    launch_prepare(p, dim3(p.nchunk_fixed, a.HV, ck.N), a.prepare_variant, stream);
+    launch_prepare(p, dim3(p.nchunk_fixed, a.HV, ck.N), a.prepare_variant, a.D, stream);
     cuda_check(cudaEventRecord(ev[k], stream), "cudaEventRecord");
     cuda_check(cudaStreamWaitEvent(side, ev[k], 0), "cudaStreamWaitEvent");
     state(p, side);

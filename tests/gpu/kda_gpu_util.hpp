@@ -65,15 +65,16 @@ inline void round_gate_params_fp32(KdaInputs& in) {
   derive_kda(in);
 }
 
-/// anchor-kda inputs with HV = group * H (q_raw, k_raw cut to H heads), gate params in fp32.
-inline KdaInputs make_inputs(std::size_t B, std::size_t T, std::size_t H, std::size_t group, std::uint64_t seed) {
-  KdaInputs in = anchor_kda(B, T, H * group, 128, seed);
+/// anchor-kda inputs with HV = group * H (q_raw, k_raw cut to H heads), d_k = d_v = D, gate params in fp32.
+inline KdaInputs make_inputs(std::size_t B, std::size_t T, std::size_t H, std::size_t group, std::uint64_t seed,
+                             std::size_t D = 128) {
+  KdaInputs in = anchor_kda(B, T, H * group, D, seed);
   if (group > 1) {
-    Tensor<double> q({B, T, H, 128}), k({B, T, H, 128});
+    Tensor<double> q({B, T, H, D}), k({B, T, H, D});
     for (std::size_t b = 0; b < B; ++b)
       for (std::size_t t = 0; t < T; ++t)
         for (std::size_t h = 0; h < H; ++h)
-          for (std::size_t i = 0; i < 128; ++i) {
+          for (std::size_t i = 0; i < D; ++i) {
             q(b, t, h, i) = in.q_raw(b, t, h, i);
             k(b, t, h, i) = in.k_raw(b, t, h, i);
           }
@@ -121,7 +122,7 @@ inline kernels::KdaPrefillArgs prefill_args(const KdaInputs& in, const DevInputs
   a.T = static_cast<int>(in.T);
   a.H = static_cast<int>(in.H);
   a.HV = static_cast<int>(in.HV);
-  a.D = 128;
+  a.D = static_cast<int>(in.d_k);
   a.q = d.q.as<bf16_t>();
   a.k = d.k.as<bf16_t>();
   a.v = d.v.as<bf16_t>();
