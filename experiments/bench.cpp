@@ -91,8 +91,8 @@ struct BenchOptions {
 
 struct Shape {
   long long B, T, H, HV;
-  bool naive = false;  // mla-prefill: the naive-path row (mla_prefill_heads, path = naive) of this shape
   long long D = 128;  // kda-prefill / kda-decode: d_k = d_v
+  bool naive = false;  // mla-prefill: the naive-path row (mla_prefill_heads, path = naive) of this shape
 };
 
 std::vector<Shape> parse_shapes(const std::string& text, const std::string& op) {
