@@ -559,11 +559,13 @@ TEST_CASE("prepare v6 slots vs prepare v4 (W, Qg, Kd, U, P, gam_n) on the anchor
                 Pf.differ, Qg.rel(), Qg.differ, Kd.rel(), Kd.differ, gn.rel(), gn.differ);
     CAPTURE(cs.B, cs.T, cs.H, in.HV, W.rel(), U.rel(), P.rel(), Pf.rel(), Qg.differ, Kd.differ, gn.differ);
     for (const FieldDiff* f : {&W, &Qg, &Kd, &U, &P, &Pf, &gn}) REQUIRE(f->nonfinite == 0);
-    CHECK(Qg.differ == 0);  // same fp32 arithmetic as v4, same rounding
     CHECK(gn.differ == 0);
-    // Kd = k gam_n / gam: the same formula, but the H200 run showed 1 of 516,096 bf16 entries one ulp apart
-    // (a tiny entry, 6.6e-13 of the field's largest; an fp32 last-bit difference in k or the quotient
-    // tipping a bf16 tie): one-ulp flips on a few entries are allowed, as for W; a layout error gives O(1)
+    // Qg = q exp(G) and Kd = k gam_n / gam: the same formulas as v4, but H200 runs showed single bf16 entries one
+    // ulp apart (Kd: 1 of 516,096, 6.6e-13 of the field's largest, session 3; Qg: 1 of 57,344, 4.1e-21 of the
+    // largest, session 4 on a fresh seed): an fp32 last-bit difference on a tiny (near-denormal) product tips a
+    // bf16 tie. One-ulp flips on a few entries are allowed, as for W; a layout error gives O(1) differences
+    CHECK(Qg.rel() <= tol::kda_prep_v6_bf16.value);
+    CHECK(Qg.differ <= 1 + Qg.n / 1000);
     CHECK(Kd.rel() <= tol::kda_prep_v6_bf16.value);
     CHECK(Kd.differ <= 1 + Kd.n / 1000);
     CHECK(W.rel() <= tol::kda_prep_v6_bf16.value);
