@@ -59,20 +59,6 @@ struct SParams {
   int p_hi_only;     // v2 ablation: P lo rows = 0
 };
 
-/// cp.async of 16 bytes; src_bytes = 0 fills the 16 bytes with zeros (nothing is read).
-__device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, int src_bytes) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
-}
-
-__device__ __forceinline__ std::uint32_t ld32(const bf16_t* p) { return *reinterpret_cast<const std::uint32_t*>(p); }
-
-__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t* r, const void* smem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(s));
-}
 
 __device__ __forceinline__ int seq_len(const SParams& p, int b) { return p.lens ? p.lens[b] : p.max_len; }
 
@@ -249,7 +235,7 @@ __global__ void __launch_bounds__(NTHR, 1) mla_split_kernel(SParams p) {
 #pragma unroll
       for (int np = 0; np < 4; ++np) {
         std::uint32_t bq[4];
-        ldmatrix_x4_trans(bq, ct + (16 * ks + (lane % 8) + 8 * ((lane / 8) & 1)) * CROW + 64 * warp + 16 * np +
+        ldsm_x4_trans(bq, ct + (16 * ks + (lane % 8) + 8 * ((lane / 8) & 1)) * CROW + 64 * warp + 16 * np +
                                   8 * (lane / 16));
 #pragma unroll
         for (int i = 0; i < 2 * MT; ++i) {

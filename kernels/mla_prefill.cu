@@ -52,21 +52,6 @@ struct PParams {
   float* out;
 };
 
-/// cp.async of 16 bytes with a source size: 0 fills the 16 bytes with zeros and reads nothing.
-__device__ __forceinline__ void cp_async16_src(void* smem, const void* gmem, int src_bytes) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
-}
-
-/// Four transposed 8x8 bf16 matrices from shared memory (B fragments of P C from a row-major C tile).
-__device__ __forceinline__ void ldsm_x4_t(std::uint32_t* r, const void* smem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(s));
-}
-
-__device__ __forceinline__ std::uint32_t lds32(const bf16_t* p) { return *reinterpret_cast<const std::uint32_t*>(p); }
 
 __global__ void __launch_bounds__(NTHR, 1) mla_prefill_kernel(PParams p) {
   const int blk = p.nblk - 1 - static_cast<int>(blockIdx.x);  // the longest CTAs (last rows) first
@@ -94,7 +79,7 @@ __global__ void __launch_bounds__(NTHR, 1) mla_prefill_kernel(PParams p) {
       if (tok < kend)
         cp_async16(dst + r * CROW + ch * 8, cb + tok * p.sc_t + ch * 8);
       else
-        cp_async16_src(dst + r * CROW + ch * 8, cb, 0);  // past the last key: zeros (masked anyway)
+        cp_async16_zfill(dst + r * CROW + ch * 8, cb, 0);  // past the last key: zeros (masked anyway)
     }
   };
 #pragma unroll
@@ -115,10 +100,10 @@ __global__ void __launch_bounds__(NTHR, 1) mla_prefill_kernel(PParams p) {
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
       const int k0 = 64 * warp + 16 * ks + 2 * cq;
-      qa[i][ks][0] = pa ? lds32(pa + k0) : 0u;
-      qa[i][ks][1] = pb ? lds32(pb + k0) : 0u;
-      qa[i][ks][2] = pa ? lds32(pa + k0 + 8) : 0u;
-      qa[i][ks][3] = pb ? lds32(pb + k0 + 8) : 0u;
+      qa[i][ks][0] = pa ? ld32(pa + k0) : 0u;
+      qa[i][ks][1] = pb ? ld32(pb + k0) : 0u;
+      qa[i][ks][2] = pa ? ld32(pa + k0 + 8) : 0u;
+      qa[i][ks][3] = pb ? ld32(pb + k0 + 8) : 0u;
     }
   }
 
@@ -159,7 +144,7 @@ __global__ void __launch_bounds__(NTHR, 1) mla_prefill_kernel(PParams p) {
 #pragma unroll
       for (int nt = 0; nt < TT / 8; ++nt) {
         const bf16_t* bp = ct + (8 * nt + g) * CROW + 64 * warp + 16 * ks + 2 * cq;
-        const std::uint32_t bfr[2] = {lds32(bp), lds32(bp + 8)};
+        const std::uint32_t bfr[2] = {ld32(bp), ld32(bp + 8)};
 #pragma unroll
         for (int i = 0; i < 4; ++i) mma_bf16(sc[i % 2][nt], qa[i][ks], bfr);
       }
@@ -232,15 +217,15 @@ __global__ void __launch_bounds__(NTHR, 1) mla_prefill_kernel(PParams p) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {  // P rows 16 i ..: i = 0, 1 hi (rows 0..31), i = 2, 3 lo (rows 32..63)
         const bf16_t* pp = ps + (16 * i + g) * PP + 16 * ks + 2 * cq;
-        pa[i][0] = lds32(pp);
-        pa[i][1] = lds32(pp + 8 * PP);
-        pa[i][2] = lds32(pp + 8);
-        pa[i][3] = lds32(pp + 8 * PP + 8);
+        pa[i][0] = ld32(pp);
+        pa[i][1] = ld32(pp + 8 * PP);
+        pa[i][2] = ld32(pp + 8);
+        pa[i][3] = ld32(pp + 8 * PP + 8);
       }
 #pragma unroll
       for (int np = 0; np < 4; ++np) {
         std::uint32_t bq[4];
-        ldsm_x4_t(bq, ct + (16 * ks + (lane % 8) + 8 * ((lane / 8) & 1)) * CROW + 64 * warp + 16 * np + 8 * (lane / 16));
+        ldsm_x4_trans(bq, ct + (16 * ks + (lane % 8) + 8 * ((lane / 8) & 1)) * CROW + 64 * warp + 16 * np + 8 * (lane / 16));
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           mma_bf16(acc[i % 2][2 * np], pa[i], bq);

@@ -55,19 +55,6 @@ struct NParams {
   float* out;                 // o [B, T, H, 128] fp32
 };
 
-__device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, int src_bytes) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
-}
-
-__device__ __forceinline__ void ldsm_x4_trans(std::uint32_t* r, const void* smem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(s));
-}
-
-__device__ __forceinline__ std::uint32_t ld32(const bf16_t* p) { return *reinterpret_cast<const std::uint32_t*>(p); }
 
 template <bool PLO>
 __global__ void __launch_bounds__(NTHR, 1) mla_naive_attn_kernel(NParams p) {
