@@ -1160,6 +1160,44 @@ int sm_count() {
   return sms;
 }
 
+/// A side stream of the greatest priority forked from `stream` (it first waits for everything enqueued on
+/// `stream` so far) and n events for the caller's cross-stream edges: link(i, from, to) makes `to` wait for
+/// what `from` has enqueued so far (event i < n); join() makes `stream` wait for the side stream. The stream
+/// and the events are destroyed with the object (also when a launch throws; queued work still completes).
+class SideStream {
+ public:
+  SideStream(cudaStream_t stream, int n) : stream_(stream), ev_(n + 2, nullptr) {
+    int prio_least = 0, prio_greatest = 0;
+    cuda_check(cudaDeviceGetStreamPriorityRange(&prio_least, &prio_greatest), "cudaDeviceGetStreamPriorityRange");
+    cuda_check(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, prio_greatest), "cudaStreamCreateWithPriority");
+    try {
+      for (auto& e : ev_) cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+      link(n, stream_, side_);
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  SideStream(const SideStream&) = delete;
+  SideStream& operator=(const SideStream&) = delete;
+  ~SideStream() { release(); }
+  cudaStream_t side() const { return side_; }
+  void link(int i, cudaStream_t from, cudaStream_t to) {
+    cuda_check(cudaEventRecord(ev_[i], from), "cudaEventRecord");
+    cuda_check(cudaStreamWaitEvent(to, ev_[i], 0), "cudaStreamWaitEvent");
+  }
+  void join() { link(static_cast<int>(ev_.size()) - 1, side_, stream_); }
+
+ private:
+  void release() {
+    for (auto& e : ev_)
+      if (e) cudaEventDestroy(e);
+    if (side_) cudaStreamDestroy(side_);
+  }
+  cudaStream_t stream_ = nullptr, side_ = nullptr;
+  std::vector<cudaEvent_t> ev_;
+};
+
 /// The v5 segment-parallel state pass (see kda.hpp, segment_state): P segments of seg_chunks chunks.
 struct SegPlan {
   int P = 1, seg_chunks = 0;
@@ -1303,21 +1341,14 @@ void run_segment_path(const KdaPrefillArgs& a, const Checked& ck, const SegPlan&
     // segments before it runs on a higher-priority side stream; combine and pass 2 follow on the
     // side stream (pass 2 after the last prepare); joined back to `stream`. Same kernels and
     // data as the serial order below, so bit-identical to it (tested).
-    int prio_least = 0, prio_greatest = 0;
-    cuda_check(cudaDeviceGetStreamPriorityRange(&prio_least, &prio_greatest), "cudaDeviceGetStreamPriorityRange");
-    cudaStream_t side;
-    cuda_check(cudaStreamCreateWithPriority(&side, cudaStreamNonBlocking, prio_greatest), "cudaStreamCreateWithPriority");
-    std::vector<cudaEvent_t> ev(sp.P + 2);
-    for (auto& e : ev) cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
-    cuda_check(cudaEventRecord(ev[sp.P], stream), "cudaEventRecord");
-    cuda_check(cudaStreamWaitEvent(side, ev[sp.P], 0), "cudaStreamWaitEvent");
+    SideStream ss(stream, sp.P);
+    const cudaStream_t side = ss.side();
     for (int k = 0; k < sp.P; ++k) {
       Params pk = p;
       pk.chunk_base = k * sp.seg_chunks;
       const int nk = std::min(ck.max_chunks, (k + 1) * sp.seg_chunks) - pk.chunk_base;
       launch_prepare(pk, dim3(nk, a.HV, ck.N), a.prepare_variant, D, stream);
-      cuda_check(cudaEventRecord(ev[k], stream), "cudaEventRecord");
-      cuda_check(cudaStreamWaitEvent(side, ev[k], 0), "cudaStreamWaitEvent");
+      ss.link(k, stream, side);
       if (k + 1 < sp.P) {
         pk.chunk_base = 0;
         pk.seg_base = k;
@@ -1333,10 +1364,7 @@ void run_segment_path(const KdaPrefillArgs& a, const Checked& ck, const SegPlan&
     p.seg_base = 1;  // pass 2: segments 1 .. P-1 (segment 0's o came from pass 1)
     p.nseg_grid = sp.P - 1;
     launch_state<D, true>(p, a.HV, ck.N * (sp.P - 1), side);
-    cuda_check(cudaEventRecord(ev[sp.P + 1], side), "cudaEventRecord");
-    cuda_check(cudaStreamWaitEvent(stream, ev[sp.P + 1], 0), "cudaStreamWaitEvent");
-    for (auto& e : ev) cuda_check(cudaEventDestroy(e), "cudaEventDestroy");
-    cuda_check(cudaStreamDestroy(side), "cudaStreamDestroy");
+    ss.join();
     return;
   }
   if (a.run_phases & 1) {
@@ -1399,14 +1427,8 @@ void kda_prefill(const KdaPrefillArgs& a, cudaStream_t stream) {
     return;
   }
   // overlapped schedule (see segments_of)
-  int prio_least = 0, prio_greatest = 0;
-  cuda_check(cudaDeviceGetStreamPriorityRange(&prio_least, &prio_greatest), "cudaDeviceGetStreamPriorityRange");
-  cudaStream_t side;
-  cuda_check(cudaStreamCreateWithPriority(&side, cudaStreamNonBlocking, prio_greatest), "cudaStreamCreateWithPriority");
-  std::vector<cudaEvent_t> ev(sg.K + 2);
-  for (auto& e : ev) cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
-  cuda_check(cudaEventRecord(ev[sg.K], stream), "cudaEventRecord");
-  cuda_check(cudaStreamWaitEvent(side, ev[sg.K], 0), "cudaStreamWaitEvent");
+  SideStream ss(stream, sg.K);
+  const cudaStream_t side = ss.side();
   float* sbuf = reinterpret_cast<float*>(static_cast<unsigned char*>(a.workspace) + slot_bytes);
   const int seg_chunks = sg.seg / C;
   for (int k = 0; k < sg.K; ++k) {
@@ -1425,14 +1447,10 @@ void kda_prefill(const KdaPrefillArgs& a, cudaStream_t stream) {
     p.S0 = k == 0 ? a.S0 : sbuf;
     p.S_final = k == sg.K - 1 ? a.S_final : sbuf;
     launch_prepare(p, dim3(p.nchunk_fixed, a.HV, ck.N), a.prepare_variant, a.D, stream);
-    cuda_check(cudaEventRecord(ev[k], stream), "cudaEventRecord");
-    cuda_check(cudaStreamWaitEvent(side, ev[k], 0), "cudaStreamWaitEvent");
+    ss.link(k, stream, side);
     state(p, side);
   }
-  cuda_check(cudaEventRecord(ev[sg.K + 1], side), "cudaEventRecord");
-  cuda_check(cudaStreamWaitEvent(stream, ev[sg.K + 1], 0), "cudaStreamWaitEvent");
-  for (auto& e : ev) cuda_check(cudaEventDestroy(e), "cudaEventDestroy");
-  cuda_check(cudaStreamDestroy(side), "cudaStreamDestroy");
+  ss.join();
 }
 
 }  // namespace kdalab::kernels
