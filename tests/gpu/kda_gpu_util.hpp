@@ -3,11 +3,13 @@
 // and a run of the prefill kernel returning o and the final state as doubles.
 #include <cuda_runtime_api.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
 #include "kernels/kda.hpp"
+#include "kernels/random_fill.hpp"
 #include "numerics/bf16.hpp"
 #include "numerics/random.hpp"
 
@@ -28,6 +30,34 @@ struct DevBuf {
   ~DevBuf() { if (p) cudaFree(p); }
   template <class T> T* as() const { return static_cast<T*>(p); }
   void poison() { cuda_check(cudaMemset(p, 0xFF, bytes), "cudaMemset poison"); }
+};
+
+/// One long sequence of KDA prefill inputs filled on the device (B = 1, HV = H, d_k = d_v = D): q, k, v and the
+/// raw gate logits g ~ N(0, 1) bf16, beta logits N(0, 1), A_log and bias U(0, 1) fp32, S0 N(0, 0.1^2) fp32, from
+/// seed + 1 .. seed + 8; `a` points at them (K3 gate, g_min = -5, scale D^-1/2, S0 given; o, S_final, workspace
+/// left to the caller). The inputs of the T = 65536 [long] cases.
+struct LongKdaInputs {
+  std::size_t T, H, D, nq;
+  DevBuf q, k, v, g, beta, A_log, bias, S0;
+  kernels::KdaPrefillArgs a;
+  LongKdaInputs(std::size_t T_, std::size_t H_, std::size_t D_, std::uint64_t seed)
+      : T(T_), H(H_), D(D_), nq(T_ * H_ * D_), q(nq * 2), k(nq * 2), v(nq * 2), g(nq * 2), beta(T * H * 2),
+        A_log(H * 4), bias(H * D * 4), S0(H * D * D * 4) {
+    kernels::fill_normal_bf16(q.as<bf16_t>(), nq, seed + 1, 1.0f, nullptr);
+    kernels::fill_normal_bf16(k.as<bf16_t>(), nq, seed + 2, 1.0f, nullptr);
+    kernels::fill_normal_bf16(v.as<bf16_t>(), nq, seed + 3, 1.0f, nullptr);
+    kernels::fill_normal_bf16(g.as<bf16_t>(), nq, seed + 4, 1.0f, nullptr);
+    kernels::fill_normal_bf16(beta.as<bf16_t>(), T * H, seed + 5, 1.0f, nullptr);
+    kernels::fill_uniform_f32(A_log.as<float>(), H, seed + 6, nullptr);
+    kernels::fill_uniform_f32(bias.as<float>(), H * D, seed + 7, nullptr);
+    kernels::fill_normal_f32(S0.as<float>(), H * D * D, seed + 8, 0.1f, nullptr);
+    cuda_check(cudaDeviceSynchronize(), "fill");
+    a.B = 1; a.T = static_cast<int>(T); a.H = static_cast<int>(H); a.HV = static_cast<int>(H); a.D = static_cast<int>(D);
+    a.q = q.as<bf16_t>(); a.k = k.as<bf16_t>(); a.v = v.as<bf16_t>(); a.g = g.as<bf16_t>(); a.beta = beta.as<bf16_t>();
+    a.gate.A_log = A_log.as<float>(); a.gate.bias = bias.as<float>(); a.gate.g_min = -5.0f;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(D));
+    a.S0 = S0.as<float>();
+  }
 };
 
 inline DevBuf upload_bf16(const Tensor<double>& t) {

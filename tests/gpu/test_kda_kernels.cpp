@@ -191,24 +191,10 @@ TEST_CASE("v5 segment-parallel state pass (forced) vs float64, twin segment mode
 
 TEST_CASE("v5 T = 65536, H = 32 (auto rule -> segment path) vs float64 and the twin on sampled heads", "[gpu][kda][segments][long]") {
   const std::size_t T = 65536, H = 32, D = 128;
-  const std::size_t nq = T * H * D;
-  DevBuf q(nq * 2), k(nq * 2), v(nq * 2), g(nq * 2), beta(T * H * 2), A_log(H * 4), bias(H * D * 4), S0(H * D * D * 4);
-  const std::uint64_t seed = fresh_seed();
-  kernels::fill_normal_bf16(q.as<bf16_t>(), nq, seed + 1, 1.0f, nullptr);
-  kernels::fill_normal_bf16(k.as<bf16_t>(), nq, seed + 2, 1.0f, nullptr);
-  kernels::fill_normal_bf16(v.as<bf16_t>(), nq, seed + 3, 1.0f, nullptr);
-  kernels::fill_normal_bf16(g.as<bf16_t>(), nq, seed + 4, 1.0f, nullptr);
-  kernels::fill_normal_bf16(beta.as<bf16_t>(), T * H, seed + 5, 1.0f, nullptr);
-  kernels::fill_uniform_f32(A_log.as<float>(), H, seed + 6, nullptr);
-  kernels::fill_uniform_f32(bias.as<float>(), H * D, seed + 7, nullptr);
-  kernels::fill_normal_f32(S0.as<float>(), H * D * D, seed + 8, 0.1f, nullptr);
-  cuda_check(cudaDeviceSynchronize(), "fill");
-  kernels::KdaPrefillArgs a;
-  a.B = 1; a.T = static_cast<int>(T); a.H = static_cast<int>(H); a.HV = static_cast<int>(H);
-  a.q = q.as<bf16_t>(); a.k = k.as<bf16_t>(); a.v = v.as<bf16_t>(); a.g = g.as<bf16_t>(); a.beta = beta.as<bf16_t>();
-  a.gate.A_log = A_log.as<float>(); a.gate.bias = bias.as<float>(); a.gate.g_min = -5.0f;
-  a.scale = 1.0f / std::sqrt(128.0f);
-  a.S0 = S0.as<float>();
+  LongKdaInputs in(T, H, D, fresh_seed());
+  const std::size_t nq = in.nq;
+  DevBuf &A_log = in.A_log, &bias = in.bias, &S0 = in.S0;
+  kernels::KdaPrefillArgs a = in.a;
   a.segment_state = 0;  // the auto rule (the default is off until v5 has run on a GPU)
   const int P = kernels::kda_prefill_segments(a);
   DevBuf o(nq * 2), Sf(H * D * D * 4), o1(nq * 2), Sf1(H * D * D * 4);
@@ -875,24 +861,10 @@ TEST_CASE("state pass v4: prefill-then-decode == prefill of the longer sequence;
 TEST_CASE("state pass v4: T = 65536, H = 32 one-shot vs v3 one-shot (all heads) and float64 (one head)",
           "[gpu][kda][state4][long]") {
   const std::size_t T = 65536, H = 32, D = 128;
-  const std::size_t nq = T * H * D;
-  DevBuf q(nq * 2), k(nq * 2), v(nq * 2), g(nq * 2), beta(T * H * 2), A_log(H * 4), bias(H * D * 4), S0(H * D * D * 4);
-  const std::uint64_t seed = fresh_seed();
-  kernels::fill_normal_bf16(q.as<bf16_t>(), nq, seed + 1, 1.0f, nullptr);
-  kernels::fill_normal_bf16(k.as<bf16_t>(), nq, seed + 2, 1.0f, nullptr);
-  kernels::fill_normal_bf16(v.as<bf16_t>(), nq, seed + 3, 1.0f, nullptr);
-  kernels::fill_normal_bf16(g.as<bf16_t>(), nq, seed + 4, 1.0f, nullptr);
-  kernels::fill_normal_bf16(beta.as<bf16_t>(), T * H, seed + 5, 1.0f, nullptr);
-  kernels::fill_uniform_f32(A_log.as<float>(), H, seed + 6, nullptr);
-  kernels::fill_uniform_f32(bias.as<float>(), H * D, seed + 7, nullptr);
-  kernels::fill_normal_f32(S0.as<float>(), H * D * D, seed + 8, 0.1f, nullptr);
-  cuda_check(cudaDeviceSynchronize(), "fill");
-  kernels::KdaPrefillArgs a;
-  a.B = 1; a.T = static_cast<int>(T); a.H = static_cast<int>(H); a.HV = static_cast<int>(H);
-  a.q = q.as<bf16_t>(); a.k = k.as<bf16_t>(); a.v = v.as<bf16_t>(); a.g = g.as<bf16_t>(); a.beta = beta.as<bf16_t>();
-  a.gate.A_log = A_log.as<float>(); a.gate.bias = bias.as<float>(); a.gate.g_min = -5.0f;
-  a.scale = 1.0f / std::sqrt(128.0f);
-  a.S0 = S0.as<float>();
+  LongKdaInputs in(T, H, D, fresh_seed());
+  const std::size_t nq = in.nq;
+  DevBuf &A_log = in.A_log, &bias = in.bias, &S0 = in.S0;
+  kernels::KdaPrefillArgs a = in.a;
   a.segment_state = 1;  // one-shot
   auto run = [&](kernels::KdaPrefillArgs x) {
     DevBuf ob(nq * 2), sb(H * D * D * 4);
@@ -1281,24 +1253,10 @@ TEST_CASE("D = 64, 256: T = 65536, H = 32 (D = 64: auto rule) vs the one-shot pa
           "[gpu][kda][dim][long]") {
   for (const std::size_t D : kDims) {
     const std::size_t T = 65536, H = 32;
-    const std::size_t nq = T * H * D;
-    DevBuf q(nq * 2), k(nq * 2), v(nq * 2), g(nq * 2), beta(T * H * 2), A_log(H * 4), bias(H * D * 4), S0(H * D * D * 4);
-    const std::uint64_t seed = fresh_seed();
-    kernels::fill_normal_bf16(q.as<bf16_t>(), nq, seed + 1, 1.0f, nullptr);
-    kernels::fill_normal_bf16(k.as<bf16_t>(), nq, seed + 2, 1.0f, nullptr);
-    kernels::fill_normal_bf16(v.as<bf16_t>(), nq, seed + 3, 1.0f, nullptr);
-    kernels::fill_normal_bf16(g.as<bf16_t>(), nq, seed + 4, 1.0f, nullptr);
-    kernels::fill_normal_bf16(beta.as<bf16_t>(), T * H, seed + 5, 1.0f, nullptr);
-    kernels::fill_uniform_f32(A_log.as<float>(), H, seed + 6, nullptr);
-    kernels::fill_uniform_f32(bias.as<float>(), H * D, seed + 7, nullptr);
-    kernels::fill_normal_f32(S0.as<float>(), H * D * D, seed + 8, 0.1f, nullptr);
-    cuda_check(cudaDeviceSynchronize(), "fill");
-    kernels::KdaPrefillArgs a;
-    a.B = 1; a.T = static_cast<int>(T); a.H = static_cast<int>(H); a.HV = static_cast<int>(H); a.D = static_cast<int>(D);
-    a.q = q.as<bf16_t>(); a.k = k.as<bf16_t>(); a.v = v.as<bf16_t>(); a.g = g.as<bf16_t>(); a.beta = beta.as<bf16_t>();
-    a.gate.A_log = A_log.as<float>(); a.gate.bias = bias.as<float>(); a.gate.g_min = -5.0f;
-    a.scale = 1.0f / std::sqrt(static_cast<float>(D));
-    a.S0 = S0.as<float>();
+    LongKdaInputs in(T, H, D, fresh_seed());
+    const std::size_t nq = in.nq;
+    DevBuf &A_log = in.A_log, &bias = in.bias, &S0 = in.S0;
+    kernels::KdaPrefillArgs a = in.a;
     a.segment_state = 0;
     const int P = kernels::kda_prefill_segments(a);
     const auto r = run_prefill(a, nq, H * D * D);
