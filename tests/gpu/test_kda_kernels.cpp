@@ -191,10 +191,11 @@ TEST_CASE("v5 segment-parallel state pass (forced) vs float64, twin segment mode
 
 TEST_CASE("v5 T = 65536, H = 32 (auto rule -> segment path) vs float64 and the twin on sampled heads", "[gpu][kda][segments][long]") {
   const std::size_t T = 65536, H = 32, D = 128;
-  LongKdaInputs in(T, H, D, fresh_seed());
-  const std::size_t nq = in.nq;
-  DevBuf &A_log = in.A_log, &bias = in.bias, &S0 = in.S0;
-  kernels::KdaPrefillArgs a = in.a;
+  LongKdaInputs li(T, H, D, fresh_seed());
+  const std::size_t nq = li.nq;
+  [[maybe_unused]] DevBuf &q = li.q, &k = li.k, &v = li.v, &g = li.g, &beta = li.beta, &A_log = li.A_log,
+                           &bias = li.bias, &S0 = li.S0;
+  kernels::KdaPrefillArgs a = li.a;
   a.segment_state = 0;  // the auto rule (the default is off until v5 has run on a GPU)
   const int P = kernels::kda_prefill_segments(a);
   DevBuf o(nq * 2), Sf(H * D * D * 4), o1(nq * 2), Sf1(H * D * D * 4);
@@ -861,10 +862,11 @@ TEST_CASE("state pass v4: prefill-then-decode == prefill of the longer sequence;
 TEST_CASE("state pass v4: T = 65536, H = 32 one-shot vs v3 one-shot (all heads) and float64 (one head)",
           "[gpu][kda][state4][long]") {
   const std::size_t T = 65536, H = 32, D = 128;
-  LongKdaInputs in(T, H, D, fresh_seed());
-  const std::size_t nq = in.nq;
-  DevBuf &A_log = in.A_log, &bias = in.bias, &S0 = in.S0;
-  kernels::KdaPrefillArgs a = in.a;
+  LongKdaInputs li(T, H, D, fresh_seed());
+  const std::size_t nq = li.nq;
+  [[maybe_unused]] DevBuf &q = li.q, &k = li.k, &v = li.v, &g = li.g, &beta = li.beta, &A_log = li.A_log,
+                           &bias = li.bias, &S0 = li.S0;
+  kernels::KdaPrefillArgs a = li.a;
   a.segment_state = 1;  // one-shot
   auto run = [&](kernels::KdaPrefillArgs x) {
     DevBuf ob(nq * 2), sb(H * D * D * 4);
@@ -1253,10 +1255,11 @@ TEST_CASE("D = 64, 256: T = 65536, H = 32 (D = 64: auto rule) vs the one-shot pa
           "[gpu][kda][dim][long]") {
   for (const std::size_t D : kDims) {
     const std::size_t T = 65536, H = 32;
-    LongKdaInputs in(T, H, D, fresh_seed());
-    const std::size_t nq = in.nq;
-    DevBuf &A_log = in.A_log, &bias = in.bias, &S0 = in.S0;
-    kernels::KdaPrefillArgs a = in.a;
+    LongKdaInputs li(T, H, D, fresh_seed());
+    const std::size_t nq = li.nq;
+    [[maybe_unused]] DevBuf &q = li.q, &k = li.k, &v = li.v, &g = li.g, &beta = li.beta, &A_log = li.A_log,
+                             &bias = li.bias, &S0 = li.S0;
+    kernels::KdaPrefillArgs a = li.a;
     a.segment_state = 0;
     const int P = kernels::kda_prefill_segments(a);
     const auto r = run_prefill(a, nq, H * D * D);
