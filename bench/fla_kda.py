@@ -17,7 +17,9 @@ Outputs (kdalab's rule): --json's folder must exist and be writable; --check-dir
 one line on stderr naming the option and the path, exit 2, nothing written. --dry-run makes the same
 checks (arguments, --fla-path, outputs), prints the plan and exits without importing torch or fla.
 
-What it runs (bf16 in/out, fp32 state, D = d_k = d_v = 128, scale = D^-1/2, everything fused the way
+What it runs (bf16 in/out, fp32 state, D = d_k = d_v = 128 only: kdalab bench's D = 64 and D = 256 rows
+(" D=64" / " D=256" keys) have no fla peer, and a D field in --prefill-shapes / --decode-shapes is refused;
+scale = D^-1/2, everything fused the way
 kdalab's kernels take it: raw gate logits, raw beta logits, un-normalised q/k):
   kda-prefill: fla.ops.kda.chunk_kda(q, k, v, g_raw, beta_raw, A_log=, dt_bias=, initial_state=S0,
       output_final_state=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
@@ -97,12 +99,22 @@ class UsageError(Exception):
 # command line
 
 
+def _is_number(x):
+    """True for a field of ASCII digits only ('²' is isdigit() but not a number int() takes)."""
+    x = x.strip()
+    return x.isascii() and x.isdecimal()
+
+
 def parse_shapes(text, op):
-    """'B:T:H[:HV],...' -> [(B, T, H, HV)]; decode shapes need T = 1 (as kdalab bench --shapes)."""
+    """'B:T:H[:HV],...' -> [(B, T, H, HV)]; decode shapes need T = 1 (as kdalab bench --shapes). D = 128 only:
+    a 5th (D) field is refused (kdalab bench's D = 64 / 256 rows have no fla peer here)."""
     out = []
     for item in text.split(","):
         f = item.strip().split(":")
-        if len(f) not in (3, 4) or not all(x.strip().isdigit() for x in f):
+        if len(f) == 5:
+            raise UsageError(f"--{op}-shapes: '{item}' has a D field; this script times D = d_k = d_v = 128 only "
+                             "(kdalab bench's D = 64 / 256 rows have no fla peer); give B:T:H or B:T:H:HV")
+        if len(f) not in (3, 4) or not all(_is_number(x) for x in f):
             raise UsageError(f"--{op}-shapes: '{item}' is not B:T:H or B:T:H:HV with positive integers")
         v = [int(x) for x in f]
         if len(v) == 3:
@@ -139,13 +151,14 @@ def build_parser():
                    help="B:T:H[:HV],...; the default is kdalab bench's")
     p.add_argument("--decode-shapes", default=",".join("%d:%d:%d:%d" % s for s in DECODE_SHAPES),
                    help="B:1:H[:HV],...; the default is kdalab bench's")
-    p.add_argument("--iters", type=int, default=100, help="timed calls (or graph replays) per shape, median reported (>= 50)")
+    p.add_argument("--iters", type=int, default=100, help="timed calls (or graph replays) per shape, median reported (>= 1; use 50 or more for the record)")
     p.add_argument("--warmup", type=int, default=10, help="untimed calls after the first (compile + autotune) call")
     p.add_argument("--reps", type=int, default=0,
                    help="calls per CUDA graph (0: decode 100, prefill enough for >= 2 ms per replay, at most 20)")
     p.add_argument("--report", choices=("graph", "eager"), default="graph",
                    help="which time goes into the JSON value (both are printed and kept in _fla_meta)")
-    p.add_argument("--seed", type=int, default=20261129, help="base seed (timing inputs and anchor cases)")
+    p.add_argument("--seed", type=int, default=20261129,
+                   help="base seed (timing inputs and anchor cases), an integer in [0, 2^63 - 1]")
     p.add_argument("--no-safe-gate", action="store_true",
                    help="chunk_kda safe_gate=False (fla's token-parallel intra-chunk path; still lower_bound = -5)")
     p.add_argument("--chunk-size", type=int, default=64, choices=(32, 64), help="chunk_kda chunk_size")
@@ -158,8 +171,9 @@ def build_parser():
     p.add_argument("--prewarm", type=int, default=-1,
                    help="parallel worker processes that JIT-compile and autotune every shape first "
                         "(-1: one per distinct (H, HV), at most 8; 0: off)")
-    p.add_argument("--time-budget", type=float, default=0,
-                   help="seconds; shapes not started by then are skipped and listed (0: no limit). "
+    p.add_argument("--time-budget", type=float, default=None,
+                   help="seconds, finite and > 0; shapes not started by then are skipped and listed (default: no "
+                        "limit). "
                         "Leave ~60 s of a device command's limit for start-up and writing")
     p.add_argument("--dry-run", action="store_true",
                    help="check the arguments, the fla path and the output paths, print the plan, exit "
@@ -188,6 +202,8 @@ def check_file_name(case):
 
 def _writable_folder(option, path, folder):
     """UsageError unless `folder` (where `path` of --`option` goes) is an existing, writable folder."""
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise UsageError(f"--{option} '{path}': '{folder}' is a file, not a folder; give a path inside a folder")
     if not os.path.isdir(folder):
         raise UsageError(f"--{option} '{path}': folder '{folder}' does not exist; create it first")
     if not os.access(folder, os.W_OK | os.X_OK):
@@ -689,8 +705,11 @@ def main(argv=None):
         if args.iters < 1 or args.warmup < 0 or args.reps < 0:
             raise UsageError(f"--iters {args.iters} / --warmup {args.warmup} / --reps {args.reps}: "
                              "accepted: --iters >= 1 (50 or more for the record), --warmup >= 0, --reps >= 0")
-        if args.time_budget < 0:
-            raise UsageError(f"--time-budget {args.time_budget}: accepted: seconds >= 0 (0: no limit)")
+        if args.time_budget is not None and not (math.isfinite(args.time_budget) and args.time_budget > 0):
+            raise UsageError(f"--time-budget {args.time_budget}: accepted: seconds, finite and > 0 (leave it out "
+                             "for no limit)")
+        if not 0 <= args.seed <= 2**63 - 1:
+            raise UsageError(f"--seed {args.seed}: accepted: an integer in [0, 2^63 - 1]")
         root = resolve_fla_root(args.fla_path)
         plan = [] if args._worker else check_outputs(args, ops)  # a prewarm worker writes neither
     except UsageError as e:

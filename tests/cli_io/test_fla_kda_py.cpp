@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "tests/catch.hpp"
 #include "tests/cli_io/cli_util.hpp"
@@ -151,4 +152,43 @@ TEST_CASE("fla_kda.py: an existing check file in --check-dir is refused without 
   CHECK(has(r, "--check-dir"));
   CHECK(has(r, "does not exist"));
   CHECK(f.out_count() == 2);  // chk and plain
+}
+
+TEST_CASE("fla_kda.py: shapes, --time-budget, --seed and paths through a file are usage errors (exit 2, no traceback)",
+          "[cli][python]") {
+  if (!have_python3()) {
+    WARN("python3 is not on the PATH: bench/fla_kda.py tests skipped");
+    return;
+  }
+  Fakes f;
+  std::ofstream(f.out("afile")) << "x";
+  struct Case {
+    std::string args, says;
+  };
+  const std::vector<Case> cases = {
+      {"--prefill-shapes 1:\xc2\xb2:1", "is not B:T:H"},  // '²': isdigit() but not an int() number
+      {"--prefill-shapes 1:8192:32:32:64", "D = d_k = d_v = 128 only"},
+      {"--decode-shapes 256:1:32:32:256", "no fla peer"},
+      {"--time-budget nan", "finite and > 0"},
+      {"--time-budget inf", "finite and > 0"},
+      {"--time-budget 0", "finite and > 0"},
+      {"--seed -1", "[0, 2^63 - 1]"},
+      {"--seed 9223372036854775808", "[0, 2^63 - 1]"},
+      {"--check-dir " + f.out("afile/sub"), "is a file, not a folder"},
+      {"--ops kda-decode --json " + f.out("afile/t.json"), "is a file, not a folder"},
+  };
+  for (const auto& c : cases) {
+    const auto r = f.run("--dry-run --json " + f.out("t.json") + " " + c.args);
+    INFO(c.args << "\n" << r.output);
+    CHECK(r.code == 2);
+    CHECK(has(r, c.says));
+    CHECK(!has(r, "Traceback"));
+  }
+  const auto r = f.run("--dry-run --json " + f.out("t.json") + " --check-dir " + f.out("chk") +
+                       " --seed 9223372036854775807 --time-budget 30 --iters 1");
+  INFO(r.output);
+  CHECK(r.code == 0);
+  const auto h = f.run("--help");
+  CHECK(has(h, "(>= 1; use 50 or more for the record)"));
+  CHECK(f.out_count() == 1);  // afile only
 }
