@@ -15,7 +15,10 @@
 //   script in the same machine session (fla); adds peer_ms and speedup = peer_ms / time_ms.
 // --compare: prints time / baseline time per row found in the BASELINE.h5 files (same group, same key; the first
 //   file holding the key wins) and
-//   flags rows more than 10% slower; exit code 1 when any row is flagged (the regression check).
+//   flags rows more than 10% slower; exit code 1 when any row is flagged (the regression check); prints how many rows
+//   had no baseline row. Each file is read completely before any GPU work: /bench a group, each /bench/<op> group
+//   that bench would read with a 1-D string `key` and a numeric `time_ms` (finite, > 0) of the same length; --out
+//   is never one of the --compare files (same file through a symlink or another spelling included).
 // mla-decode (kernels/mla.hpp): shapes B:N:H with N the cached tokens per sequence (d_c = 512, bf16
 //   latent cache, q~ as bf16 hi + lo); bytes = the latent reads B N d_c 2 only (TB/s of latent reads),
 //   flops = 4 B H N d_c (scores and P C, one pass; the hi/lo passes are not counted). --variant picks
@@ -46,12 +49,16 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <H5Cpp.h>
+
+#include <cstring>
 #include <filesystem>
 
 #include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <tuple>
@@ -142,6 +149,79 @@ std::vector<Shape> parse_shapes(const std::string& text, const std::string& op) 
     r.push_back({v[0], v[1], v[2], v[3], v[4]});
   }
   require(!r.empty(), "--shapes is empty");
+  return r;
+}
+
+/// The rows of one --compare file: per bench group ("kda_prefill", ...) the `key` and `time_ms` columns.
+struct BaselineRows {
+  std::map<std::string, std::pair<std::vector<std::string>, std::vector<double>>> groups;
+};
+
+/// Reads a --compare file completely, before any GPU work: /bench must be a group; each group /bench/<grp> of
+/// `grps` (the ops bench will time, '-' as '_') that the file has must be a group with a 1-D string dataset `key`
+/// and a 1-D numeric dataset `time_ms` of the same length, every time finite and > 0. A group the file lacks is
+/// skipped (its rows have no baseline). Errors: kdalab::Error naming --compare, the file and what is wrong (exit
+/// 2); an HDF5 library failure (H5::Exception, not a std::exception) becomes a kdalab::Error too.
+BaselineRows read_compare_file(const std::string& cf, const std::vector<std::string>& grps) {
+  const std::string what = "--compare: '" + cf + "'";
+  const std::string give = "; give a kdalab bench results file (e.g. data/baselines/h200-kda.h5)";
+  std::error_code ec;
+  require(!std::filesystem::is_directory(cf, ec), what + " is a directory" + give);
+  require(std::filesystem::is_regular_file(cf, ec), what + " does not exist or is not a file" + give);
+  H5::Exception::dontPrint();
+  BaselineRows r;
+  try {
+    H5::H5File f(cf, H5F_ACC_RDONLY);
+    require(f.nameExists("bench"), what + " has no group /bench" + give);
+    require(f.childObjType("bench") == H5O_TYPE_GROUP, what + ": /bench is not a group" + give);
+    H5::Group b = f.openGroup("bench");
+    for (const std::string& grp : grps) {
+      if (!b.nameExists(grp)) continue;  // e.g. no MLA rows in a KDA baseline: those rows have no baseline
+      const std::string where = what + ": /bench/" + grp;
+      require(b.childObjType(grp) == H5O_TYPE_GROUP, where + " is not a group (a table with 'key' and 'time_ms')" + give);
+      H5::Group g = b.openGroup(grp);
+      for (const char* col : {"key", "time_ms"})
+        require(g.nameExists(col) && g.childObjType(col) == H5O_TYPE_DATASET,
+                where + " has no dataset '" + col + "'" + give);
+      H5::DataSet kd = g.openDataSet("key"), td = g.openDataSet("time_ms");
+      require(kd.getTypeClass() == H5T_STRING, where + "/key is not a string dataset (the row keys)" + give);
+      require(td.getTypeClass() == H5T_FLOAT || td.getTypeClass() == H5T_INTEGER,
+              where + "/time_ms is not a numeric dataset (milliseconds)" + give);
+      H5::DataSpace ks = kd.getSpace(), ts = td.getSpace();
+      require(ks.getSimpleExtentNdims() == 1, where + "/key is not 1-D" + give);
+      require(ts.getSimpleExtentNdims() == 1, where + "/time_ms is not 1-D" + give);
+      hsize_t nk = 0, nt = 0;
+      ks.getSimpleExtentDims(&nk);
+      ts.getSimpleExtentDims(&nt);
+      require(nk == nt, where + ": 'key' has " + std::to_string(nk) + " rows and 'time_ms' " + std::to_string(nt) +
+                            "; accepted: columns of the same length" + give);
+      std::vector<std::string> keys;
+      const H5::StrType st = kd.getStrType();
+      if (st.isVariableStr()) {
+        std::vector<char*> p(nk, nullptr);
+        if (nk) kd.read(p.data(), st);
+        for (char* c : p) keys.emplace_back(c ? c : "");
+        if (nk) H5::DataSet::vlenReclaim(p.data(), st, ks);
+      } else {  // fixed-length strings (e.g. numpy 'S' arrays), NUL-padded
+        const std::size_t len = st.getSize();
+        std::vector<char> buf(nk * len);
+        if (nk) kd.read(buf.data(), st);
+        for (hsize_t i = 0; i < nk; ++i) {
+          const char* c = buf.data() + i * len;
+          keys.emplace_back(c, strnlen(c, len));
+        }
+      }
+      std::vector<double> ms(nt);
+      if (nt) td.read(ms.data(), H5::PredType::NATIVE_DOUBLE);
+      for (hsize_t i = 0; i < nt; ++i)
+        require(std::isfinite(ms[i]) && ms[i] > 0,
+                where + "/time_ms row " + std::to_string(i) + " ('" + keys[i] + "') = " + fmt::format("{}", ms[i]) +
+                    "; accepted: a time in milliseconds, finite and > 0" + give);
+      r.groups[grp] = {std::move(keys), std::move(ms)};
+    }
+  } catch (const H5::Exception& e) {
+    throw Error(what + " is not a readable HDF5 bench file (" + e.getDetailMsg() + ")" + give);
+  }
   return r;
 }
 
@@ -536,7 +616,9 @@ void register_bench(Registry& reg) {
   a->add_option("--compare", o->compare,
                 "baseline bench results file(s) to compare against: prints time / baseline per row found (same group, "
                 "same key), flags rows more than 10% slower and then exits 1; several files (or the option repeated): "
-                "each row is looked up in them in order, e.g. data/baselines/h200-kda.h5 data/baselines/h200-mla.h5. "
+                "each row is looked up in them in order, e.g. data/baselines/h200-kda.h5 data/baselines/h200-mla.h5; each "
+                "file is checked completely first (/bench/<op>: a string 'key' and a numeric 'time_ms' of one length) "
+                "and is never the --out file; the rows without a baseline row are counted. "
                 "Default: none. Without a GPU nothing is compared: exit 3, never 0");
   c.run = [o](Context& ctx) -> int {
     require(o->op == "kda-prefill" || o->op == "kda-decode" || o->op == "mla-decode" || o->op == "mla-prefill" ||
@@ -595,16 +677,21 @@ void register_bench(Registry& reg) {
         peer[it.key()] = it.value();
       }
     }
+    std::vector<std::string> grps;  // the bench groups of the ops timed: bench/kda_prefill, bench/attn_res, ...
+    for (std::string g : ops) {
+      std::replace(g.begin(), g.end(), '-', '_');
+      grps.push_back(g);
+    }
+    [[maybe_unused]] std::vector<BaselineRows> baselines;  // every --compare file read completely now, before any GPU work
+    for (const std::string& cf : o->compare) baselines.push_back(read_compare_file(cf, grps));
+    // --out is never one of the --compare files (same path, a symlink or another spelling of it): the baseline
+    // is read, never overwritten (with --force it would be)
     for (const std::string& cf : o->compare) {
-      require(std::filesystem::is_regular_file(cf), "--compare: '" + cf + "' does not exist or is not a "
-                                                    "file; give a bench results file (e.g. data/baselines/h200-kda.h5)");
-      bool has_bench = false;
-      try {
-        has_bench = h5read::exists(cf, "/bench");
-      } catch (const std::exception& e) {
-        throw Error("--compare: '" + cf + "' is not a readable HDF5 file (" + e.what() + "); give a bench results file");
-      }
-      require(has_bench, "--compare: '" + cf + "' has no group /bench");
+      std::error_code e1, e2, e3;
+      const auto a = std::filesystem::weakly_canonical(cf, e1), b = std::filesystem::weakly_canonical(ctx.common.out, e2);
+      const bool same = (!e1 && !e2 && a == b) || std::filesystem::equivalent(cf, ctx.common.out, e3);
+      require(!same, "--out '" + ctx.common.out + "' is the --compare file '" + cf +
+                         "'; give another results file (a baseline is read, never overwritten)");
     }
     // --out last among the options (Command::writes_output is off for bench, so cli.cpp does not check it
     // first): a bad option above is named whatever --out is, and the same way in every build
@@ -634,18 +721,17 @@ void register_bench(Registry& reg) {
     f->attr("bench", "copy_ceiling_TBps", copy_tbs);
     f->attr("bench", "matmul_ceiling_TFLOPps", mm_tflops);
     bool flagged = false;
+    std::vector<std::string> no_baseline;  // --compare: keys of the rows no baseline file holds
     for (std::size_t oi = 0; oi < ops.size(); ++oi) {
       const std::string& op = ops[oi];
       std::string grp = "bench/" + op;  // the op with '_' for '-': bench/kda_prefill, bench/attn_res, ...
       std::replace(grp.begin(), grp.end(), '-', '_');
       std::vector<std::string> bkeys;
       std::vector<double> bms;
-      for (const std::string& cf : o->compare)  // rows of every baseline file; the first file holding a key wins
-        if (h5read::exists(cf, grp + "/key")) {
-          const auto k = h5read::strings(cf, grp + "/key");
-          const auto ms = h5read::array(cf, grp + "/time_ms").data;
-          bkeys.insert(bkeys.end(), k.begin(), k.end());
-          bms.insert(bms.end(), ms.begin(), ms.end());
+      for (const BaselineRows& bl : baselines)  // rows of every baseline file; the first file holding a key wins
+        if (const auto it = bl.groups.find(grps[oi]); it != bl.groups.end()) {
+          bkeys.insert(bkeys.end(), it->second.first.begin(), it->second.first.end());
+          bms.insert(bms.end(), it->second.second.begin(), it->second.second.end());
         }
       Table t;
       t.col("key", 's', "1", "op and shape").col("B", 'i', "1", "batch (sequences)").col("T", 'i', "1", "tokens per sequence")
@@ -681,6 +767,7 @@ void register_bench(Registry& reg) {
         double bm = nan;
         for (std::size_t i = 0; i < bkeys.size() && i < bms.size(); ++i)
           if (bkeys[i] == key) { bm = bms[i]; break; }
+        if (!o->compare.empty() && !std::isfinite(bm)) no_baseline.push_back(key);
         const double ratio = m.ms / bm;
         const bool slow = std::isfinite(ratio) && ratio > 1.10;
         flagged = flagged || slow;
@@ -697,6 +784,9 @@ void register_bench(Registry& reg) {
     }
     f->commit();
     fmt::print("wrote {}\n", ctx.common.out);
+    if (!o->compare.empty())
+      fmt::print("bench --compare: {} rows have no baseline row{}{}\n", no_baseline.size(), no_baseline.empty() ? "" : ": ",
+                 fmt::join(no_baseline, ", "));
     if (flagged) {
       fmt::print("bench: rows more than 10% slower than {} (see above)\n", fmt::join(o->compare, ", "));
       return 1;
