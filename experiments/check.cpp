@@ -25,7 +25,8 @@
 // kdalab and the peer on identical inputs, one truth, one report.
 // The truth is computed on exactly these inputs in cpp_bin_float_50 (mp) or float64 (f64); auto
 // takes mp while B*T*HV*d_k*d_v <= 2e7 (~20 s), f64 above. Exit: 0 pass (or no candidate: the
-// truth is written), 1 a candidate fails --tol, 2 bad input (any malformed file: a clear error).
+// truth is written), 1 a candidate fails --tol, 2 bad input (any malformed file: a clear error), 3 --kernel
+// where it cannot run (a build without the CUDA kernels, or no GPU visible; the input is checked first).
 #include <H5Cpp.h>
 #include <filesystem>
 
@@ -40,6 +41,8 @@
 #include "experiments/cli.hpp"
 #include "experiments/kda_ops.hpp"
 #ifdef KDALAB_HAVE_CUDA
+#include <cuda_runtime.h>
+
 #include "experiments/gpu_exp.hpp"
 #endif
 #include "numerics/bf16.hpp"
@@ -577,16 +580,24 @@ struct Outcome {
 std::string pick_truth(const std::string& opt, double work) { return opt == "auto" ? (work <= 2e7 ? "mp" : "f64") : opt; }
 std::string truth_label(const std::string& tk) { return tk == "mp" ? "cpp_bin_float_50" : "float64"; }
 
+/// Exit code of `kdalab check` when the work asked for cannot run here (--kernel in a build without the CUDA
+/// kernels, or with no GPU visible); as `kdalab bench`: not 2 (the input was fine), not 0 (nothing was checked).
+constexpr int kExitNotAvailable = 3;
+
+/// Thrown when the work cannot run in this build / on this machine; run() prints it and exits kExitNotAvailable.
+struct NotAvailable : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 /// kdalab's CUDA prefill (kernels/kda.hpp through gpu_exp::kda_prefill_on_gpu) on exactly the file's inputs.
-/// Errors (kdalab::Error, exit 2): a CPU build, or inputs the kernel does not take (it fuses the K3 gate,
+/// Errors: kdalab::Error (exit 2) for inputs the kernel does not take (it fuses the K3 gate,
 /// the beta sigmoid and the q/k L2Norm, d_k = d_v in {64, 128, 256}, HV = H); the file's values are bf16 for q, k, v, g, beta
-/// (verified by read_input when declared) and fp32-rounded for A_log, bias, S0.
+/// (verified by read_input when declared) and fp32-rounded for A_log, bias, S0; then NotAvailable (exit 3) in a
+/// build without the CUDA kernels or with no GPU visible (cudaGetDeviceCount < 1).
 KdaOutput<double> run_kdalab_kernel(const CheckInput& c, const std::string& path) {
   const std::string w = "check --kernel ('" + path + "'): ";
-#ifndef KDALAB_HAVE_CUDA
-  (void)c;
-  throw Error(w + "this kdalab was built without the CUDA kernels; configure with --preset cuda and run on a GPU");
-#else
+  // the inputs are checked first, the same way in every build (bad input: exit 2); only then whether the kernel
+  // can run here (NotAvailable: exit 3)
   require(c.gate == Gate::k3, w + "the kernel fuses the K3 gate; the file needs gate = \"k3\"");
   require(c.beta_logits, w + "the kernel applies the beta sigmoid; the file needs beta = \"logits\"");
   require(c.l2norm, w + "the kernel L2-normalises q and k; the file needs l2norm_qk = 1");
@@ -608,6 +619,16 @@ KdaOutput<double> run_kdalab_kernel(const CheckInput& c, const std::string& path
       require(static_cast<double>(static_cast<float>(t->data[i])) == t->data[i],
               w + fmt::format("dataset '{}' holds {} at flat index {}, not an fp32 number; the kernel reads it in "
                               "fp32: store it as float32", n, t->data[i], i));
+#ifndef KDALAB_HAVE_CUDA
+  throw NotAvailable("check --kernel: not available in this build: this kdalab was built without the CUDA kernels "
+                     "(configure with `cmake --preset cuda` and run on a GPU); nothing was checked or written");
+#else
+  int ndev = 0;
+  if (const cudaError_t e = cudaGetDeviceCount(&ndev); e != cudaSuccess || ndev < 1) {
+    cudaGetLastError();
+    throw NotAvailable(std::string("check --kernel: not available on this machine: no GPU visible (") +
+                       (e != cudaSuccess ? cudaGetErrorString(e) : "0 devices") + "); nothing was checked or written");
+  }
   KdaInputs in;
   in.B = c.B; in.T = c.T; in.H = c.H; in.HV = c.HV; in.d_k = c.d_k; in.d_v = c.d_v;
   in.g_min = c.g_min; in.scale = c.scale;
@@ -683,7 +704,7 @@ void register_check(Registry& reg) {
                     "Check your own kernel's tensors: read the inputs and your candidate outputs from an HDF5 file "
                     "(format: README.md), compute the truth on exactly those inputs and report relative RMS, max abs, "
                     "max bf16 ULP and NaN/Inf counts per candidate, with a one-line verdict against --tol (exit 0 "
-                    "pass, 1 fail, 2 bad input). Ops: kda (q, k, v, g or gate logits, beta, S0 -> o, S), kda-decode, "
+                    "pass, 1 fail, 2 bad input, 3 --kernel without the CUDA kernels or a GPU). Ops: kda (q, k, v, g or gate logits, beta, S0 -> o, S), kda-decode, "
                     "mla (absorbed query q~, latent cache c -> attended latent o), attn-res (sources v, pseudo-query "
                     "w -> h). Without a candidate the truth is written to --out.",
                     "results/check.h5");
@@ -717,7 +738,7 @@ void register_check(Registry& reg) {
   c.app->add_flag("--kernel", o->kernel,
                   "--op kda: also run kdalab's CUDA prefill kernel on exactly the file's inputs and report its o and S "
                   "as candidates o_kdalab, S_kdalab beside the file's (e.g. a peer's): both against one truth. Needs a "
-                  "CUDA build (a CPU build refuses it: exit 2) and a GPU, gate = \"k3\", beta = \"logits\", l2norm_qk = 1, d_k = d_v in {64, 128, 256}, "
+                  "CUDA build and a GPU (without either: exit 3, after the input is checked), gate = \"k3\", beta = \"logits\", l2norm_qk = 1, d_k = d_v in {64, 128, 256}, "
                   "HV = H, and inputs that are bf16 (q, k, v, g, beta) / fp32 (A_log, bias, S0) numbers. Default: off");
   c.run = [o](Context& ctx) -> int {
     require(o->op == "kda" || o->op == "kda-decode" || o->op == "mla" || o->op == "attn-res",
@@ -738,6 +759,9 @@ void register_check(Registry& reg) {
                                   : check_kda(o->in, o->op, o->truth, o->kernel);
     } catch (const H5::Exception& e) {  // anything HDF5 refuses to read is a malformed input: exit 2
       throw Error("check --in '" + o->in + "': HDF5 cannot read it (" + e.getDetailMsg() + ")");
+    } catch (const NotAvailable& e) {  // --kernel in a CPU build or without a GPU: exit 3, nothing written
+      fmt::print(stderr, "kdalab {} (exit {})\n", e.what(), kExitNotAvailable);
+      return kExitNotAvailable;
     }
 
     Table rep;

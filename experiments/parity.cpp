@@ -139,11 +139,14 @@ ImplOut run_twin(const KdaInputs& in, GateKind gate, std::size_t C, Format state
 /// The kernel reads A_log and the gate bias in fp32 (the truth keeps them in float64: a relative
 /// difference ~6e-8 in the gate, far below the ~1.7e-3 the row measures). Rows exist only when kdalab
 /// was built with CUDA and a GPU is present, for the bounded gate, C = 16, d_k = d_v = 128, HV = H;
-/// otherwise `why` says which condition failed and the row is skipped.
-std::optional<ImplOut> run_cuda(const KdaInputs& in, GateKind gate, std::size_t C, std::string& why) {
+/// otherwise `why` says which condition failed and the row is skipped; `unavailable` is set when the reason is
+/// this build or machine (no GPU, or no CUDA kernels built), not the point's shape.
+std::optional<ImplOut> run_cuda(const KdaInputs& in, GateKind gate, std::size_t C, std::string& why,
+                                bool& unavailable) {
   const auto gpus = build_info::gpu_devices();
   if (gpus.empty()) {
     why = "cuda-bf16 rows skipped: no GPU (" + build_info::gpu_note() + ")";
+    unavailable = true;
     return std::nullopt;
   }
 #ifdef KDALAB_HAVE_CUDA
@@ -164,6 +167,7 @@ std::optional<ImplOut> run_cuda(const KdaInputs& in, GateKind gate, std::size_t 
 #else
   (void)in, (void)gate, (void)C;
   why = "cuda-bf16 rows skipped: a GPU is present but this kdalab was built without CUDA (cmake --preset cuda)";
+  unavailable = true;
   return std::nullopt;
 #endif
 }
@@ -366,6 +370,7 @@ void register_parity(Registry& reg) {
         .col("truth_time_s", 'd', "s", "wall time of the truth on this point");
     Tensor<double> windows({total, static_cast<std::size_t>(o->windows)}, std::numeric_limits<double>::quiet_NaN());
     std::vector<std::string> notes;
+    bool cuda_unavailable = false;  // a cuda-bf16 row was skipped because this build / machine cannot run it
     auto note = [&](const std::string& n) {
       if (std::find(notes.begin(), notes.end(), n) == notes.end()) {
         notes.push_back(n);
@@ -436,7 +441,7 @@ void register_parity(Registry& reg) {
         } else {  // cuda-bf16
           for (double C : o->C) {
             std::string why;
-            if (auto r = run_cuda(in, s.gate, as_count(C, "C"), why))
+            if (auto r = run_cuda(in, s.gate, as_count(C, "C"), why, cuda_unavailable))
               record(impl, static_cast<std::int64_t>(C), "fp32", "plan", *r);
             else
               note(why);
@@ -446,6 +451,11 @@ void register_parity(Registry& reg) {
       }
     }
     prog.finish();
+    if (t.rows() == 0 && cuda_unavailable) {  // e.g. --impl cuda-bf16 alone without a GPU: not bad input, exit 3
+      fmt::print(stderr, "kdalab parity: not available in this build / on this machine: no implementation produced a "
+                         "row ({}); nothing was written (exit 3)\n", notes.empty() ? std::string("cuda-bf16") : notes.front());
+      return 3;
+    }
     require(t.rows() > 0, "parity: no implementation produced a row (" +
                               (notes.empty() ? std::string("empty grid") : notes.front()) + "); nothing was written");
     windows.shape[0] = t.rows();

@@ -190,3 +190,84 @@ TEST_CASE("bench --out is never one of the --compare files (same path, symlink, 
   ss << f.rdbuf();
   CHECK(ss.str() == before);
 }
+
+namespace {
+
+/// A `kdalab check --op kda --kernel` input the kernel takes (K3 gate, beta logits, l2norm_qk = 1, d_k = d_v = 64,
+/// H = HV, bf16 q/k/v/g/beta, fp32 A_log/bias/S0), seeded random values that are exact bf16 numbers (k/8).
+void write_kernel_input(const std::string& path, bool good_gate = true) {
+  std::mt19937 rng(20261129);
+  std::uniform_int_distribution<int> u(-16, 16);
+  auto vals = [&](std::size_t n) {
+    std::vector<float> v(n);
+    for (auto& x : v) x = static_cast<float>(u(rng)) / 8.0f;
+    return v;
+  };
+  write_h5(path, [&](H5::H5File& f) {
+    H5::StrType st(H5::PredType::C_S1, H5T_VARIABLE);
+    auto ds = [&](const std::string& name, std::vector<hsize_t> dims, std::vector<float> v, const char* fmt_attr) {
+      H5::DataSpace sp(static_cast<int>(dims.size()), dims.data());
+      H5::DataSet x = f.createDataSet(name, H5::PredType::NATIVE_FLOAT, sp);
+      x.write(v.data(), H5::PredType::NATIVE_FLOAT);
+      if (fmt_attr) x.createAttribute("format", st, H5::DataSpace(H5S_SCALAR)).write(st, std::string(fmt_attr));
+      return x;
+    };
+    const hsize_t B = 1, T = 4, H = 1, D = 64;
+    for (const char* n : {"q", "k", "v", "g"}) ds(n, {B, T, H, D}, vals(B * T * H * D), "bf16");
+    ds("beta", {B, T, H}, vals(B * T * H), "bf16");
+    ds("A_log", {H}, vals(H), nullptr);
+    ds("bias", {H, D}, vals(H * D), nullptr);
+    H5::DataSet s0 = ds("S0", {B, H, D, D}, vals(B * H * D * D), nullptr);
+    s0.createAttribute("layout", st, H5::DataSpace(H5S_SCALAR)).write(st, std::string("KV"));
+    H5::Group root = f.openGroup("/");
+    auto num = [&](const char* k, double v) {
+      root.createAttribute(k, H5::PredType::NATIVE_DOUBLE, H5::DataSpace(H5S_SCALAR)).write(H5::PredType::NATIVE_DOUBLE, &v);
+    };
+    num("scale", 0.125);
+    num("l2norm_qk", 1);
+    num("g_min", -5);
+    root.createAttribute("gate", st, H5::DataSpace(H5S_SCALAR)).write(st, std::string(good_gate ? "k3" : "none"));
+    root.createAttribute("beta", st, H5::DataSpace(H5S_SCALAR)).write(st, std::string("logits"));
+  });
+}
+
+}  // namespace
+
+TEST_CASE("exit 3 = not available here: check --kernel and parity --impl cuda-bf16 without CUDA kernels or a GPU",
+          "[cli]") {
+  TempDir d;
+  write_kernel_input(d.file("in.h5"));
+  auto r = run_kdalab("check --op kda --kernel --in " + d.file("in.h5") + " --out " + d.file("r.h5"));
+  INFO(r.output);
+#ifndef KDALAB_HAVE_CUDA
+  CHECK(r.code == 3);
+  CHECK(has(r, "not available in this build"));
+  CHECK(has(r, "--preset cuda"));
+  CHECK(!fs::exists(d.file("r.h5")));
+#else
+  CHECK((r.code == 0 || (r.code == 3 && has(r, "no GPU visible"))));
+  if (r.code == 3) CHECK(!fs::exists(d.file("r.h5")));
+  fs::remove(d.file("r.h5"));
+#endif
+  // input the kernel does not take is bad input (exit 2) in every build, before the build is looked at
+  write_kernel_input(d.file("in2.h5"), false);
+  r = run_kdalab("check --op kda --kernel --in " + d.file("in2.h5") + " --out " + d.file("r.h5"));
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(has(r, "gate = \"k3\""));
+  CHECK(!fs::exists(d.file("r.h5")));
+  // check --help names exit 3
+  r = run_kdalab("check --help");
+  CHECK(has(r, "3 --kernel without"));
+  // parity with only the CUDA implementation, where it cannot run: exit 3, nothing written
+  r = run_kdalab("parity --impl cuda-bf16 --B 1 --T 16 --H 1 --dk 128 --dv 128 --C 16 --truth f64 --quiet --out " +
+                 d.file("p.h5"));
+  INFO(r.output);
+#ifndef KDALAB_HAVE_CUDA
+  CHECK(r.code == 3);
+  CHECK(has(r, "not available in this build / on this machine"));
+  CHECK(!fs::exists(d.file("p.h5")));
+#else
+  CHECK((r.code == 0 || r.code == 3));
+#endif
+}
