@@ -594,7 +594,8 @@ void register_bench(Registry& reg) {
   a->add_option("--warmup", o->warmup, "untimed launches before timing, >= 0")->capture_default_str();
   a->add_option("--peer-json", o->peer_json,
                 "peer times (ms) as a JSON object keyed like the table's first column ('<op> B=.. T=.. H=.. HV=..', "
-                "'attn-res S=.. T=.. d=..'), a number or null, from the same machine session; several files (or the "
+                "'attn-res S=.. T=.. d=..'), a time > 0 (finite) or null, from the same machine session (the whole file is that "
+                "one object, each key once); several files (or the "
                 "option repeated) are merged (each key in one file only; keys starting with _ are metadata and skipped), "
                 "e.g. bench/fla_kda.py's and bench/torch_mla_decode.py's. Default: none (peer_ms NaN)");
   a->add_option("--overlap", o->kda_overlap,
@@ -658,20 +659,41 @@ void register_bench(Registry& reg) {
     }
     nlohmann::json peer = nlohmann::json::object();
     for (const std::string& pj : o->peer_json) {
-      std::ifstream f(pj);
+      std::error_code ec;
+      require(!std::filesystem::is_directory(pj, ec), "--peer-json: '" + pj + "' is a directory; give a JSON file");
+      std::ifstream f(pj, std::ios::binary);
       require(f.good(), "--peer-json: cannot open '" + pj + "'");
+      const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+      // the whole file is one JSON value (trailing text refused), and no object in it repeats a key (nlohmann
+      // would keep the last one silently)
+      std::vector<std::vector<std::string>> open_keys;  // the keys seen so far in each object being parsed
+      std::string repeated;
+      const auto cb = [&](int, nlohmann::json::parse_event_t ev, nlohmann::json& j) {
+        if (ev == nlohmann::json::parse_event_t::object_start) open_keys.emplace_back();
+        if (ev == nlohmann::json::parse_event_t::object_end && !open_keys.empty()) open_keys.pop_back();
+        if (ev == nlohmann::json::parse_event_t::key && !open_keys.empty() && j.is_string()) {
+          auto& seen = open_keys.back();
+          const std::string k = j.get<std::string>();
+          if (repeated.empty() && std::find(seen.begin(), seen.end(), k) != seen.end()) repeated = k;
+          seen.push_back(k);
+        }
+        return true;
+      };
       nlohmann::json one;
       try {
-        f >> one;
+        one = nlohmann::json::parse(text, cb);
       } catch (const std::exception& e) {
-        throw Error("--peer-json: '" + pj + "' is not valid JSON: " + e.what());
+        throw Error("--peer-json: '" + pj + "' is not valid JSON (one object, nothing after it): " + e.what());
       }
+      require(repeated.empty(), "--peer-json: '" + pj + "': key '" + repeated +
+                                    "' appears twice in the file; give each key once");
       require(one.is_object(), "--peer-json: '" + pj + "' must hold a JSON object");
       for (auto it = one.begin(); it != one.end(); ++it) {  // keys starting with '_' are metadata (e.g. _fla_meta)
         if (!it.key().empty() && it.key()[0] == '_') continue;
-        require(it.value().is_number() || it.value().is_null(),
-                "--peer-json: '" + pj + "': key '" + it.key() + "' has the value " + it.value().dump() +
-                    "; accepted: a time in milliseconds (a number) or null (not measured)");
+        const bool ok = it.value().is_null() ||
+                        (it.value().is_number() && std::isfinite(it.value().get<double>()) && it.value().get<double>() > 0);
+        require(ok, "--peer-json: '" + pj + "': key '" + it.key() + "' has the value " + it.value().dump() +
+                        "; accepted: a time in milliseconds (a finite number > 0) or null (not measured)");
         require(!peer.contains(it.key()), "--peer-json: key '" + it.key() + "' is in two peer files (the second is '" +
                                               pj + "'); give each shape's peer time once");
         peer[it.key()] = it.value();

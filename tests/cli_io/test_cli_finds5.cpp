@@ -271,3 +271,41 @@ TEST_CASE("exit 3 = not available here: check --kernel and parity --impl cuda-bf
   CHECK((r.code == 0 || r.code == 3));
 #endif
 }
+
+TEST_CASE("bench --peer-json: the whole file, no repeated key, times > 0 and finite or null, a directory named",
+          "[cli][bench]") {
+  TempDir d;
+  const std::string key = "\"kda-prefill B=1 T=16 H=1 HV=1\"";
+  struct Case {
+    std::string text, says;
+  };
+  const std::vector<Case> cases = {
+      {"{" + key + ": 1.5} trailing", "not valid JSON"},
+      {"{" + key + ": 1.5}{}", "not valid JSON"},
+      {"{" + key + ": 1.5, " + key + ": 2.5}", "appears twice"},
+      {"{" + key + ": 0}", "finite number > 0"},
+      {"{" + key + ": -1.5}", "finite number > 0"},
+      {"{" + key + ": 1e999}", "--peer-json"},
+  };
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const std::string name = std::string("p") + std::to_string(i) + std::string(".json");
+    d.write(name, cases[i].text);
+    const auto r = run_kdalab(kTiny + " --peer-json " + d.file(name) + " --out " + d.file("b.h5"));
+    INFO(cases[i].text << "\n" << r.output);
+    CHECK(r.code == 2);
+    CHECK(has(r, "--peer-json"));
+    CHECK(has(r, name));
+    CHECK(has(r, cases[i].says));
+    CHECK(!fs::exists(d.file("b.h5")));
+  }
+  fs::create_directories(d.path / "dir.json");
+  auto r = run_kdalab(kTiny + " --peer-json " + (d.path / "dir.json").string() + " --out " + d.file("b.h5"));
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(has(r, "is a directory"));
+  // valid: trailing white space, null, a repeated key inside _metadata's own objects is still refused elsewhere
+  d.write("ok.json", "{" + key + ": 1.5, \"kda-prefill B=2 T=16 H=1 HV=1\": null, \"_meta\": {\"a\": 1}}\n\n");
+  r = run_kdalab(kTiny + " --peer-json " + d.file("ok.json") + " --out " + d.file("b.h5"));
+  INFO(r.output);
+  CHECK(bench_valid_exit(r));
+}
