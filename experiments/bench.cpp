@@ -41,7 +41,9 @@
 //   B, T, H, D columns hold S, T, d, d); bytes = the S T d bf16 sources read once + the bf16 output written;
 //   flops = 6 S T d (h.h, w.h, the weighted sum).
 // Order of the checks (the same errors, exit 2, in every build): --op, the numbers (--iters, --warmup, --prefix,
-// --overlap, --segments, --variant), --shapes, the --peer-json files, the --compare files, then --out (folder
+// --overlap, --segments, --variant), options the op ignores (--variant != 2 without mla-decode, --prefix > 0 without
+// mla-prefill; --op all takes both), --shapes (fields the op ignores refused: HV != H for the MLA ops, a 4th
+// attn-res field), the --peer-json files, the --compare files, then --out (folder
 // exists and is writable; an existing file only with --force). Only then: without the CUDA kernels (CPU build)
 // or without a visible GPU, one line on stderr saying so, nothing written, exit 3 (kExitNotAvailable: "cannot
 // run in this build / on this machine"; not 0, so a GPU-less CI gate running `bench --compare` fails instead
@@ -115,34 +117,48 @@ std::vector<Shape> parse_shapes(const std::string& text, const std::string& op) 
     if (op == "attn-res") return {{9, 8192, 7168, 7168}, {10, 8192, 7168, 7168}, {9, 8192, 2304, 2304}};
     return {{256, 1, 32, 32}, {1, 1, 32, 32}, {64, 1, 32, 64}, {256, 1, 32, 32, 64}, {256, 1, 32, 32, 256}};
   }
+  const bool kda = op == "kda-prefill" || op == "kda-decode";
+  const std::string form = kda ? "B:T:H[:HV[:D]]" : op == "mla-decode" ? "B:N:H" : op == "attn-res" ? "S:T:d" : "B:T:H";
+  constexpr long long kMaxField = 2147483647LL;  // 2^31 - 1: the kernels take int sizes
+  require(text.back() != ',', "--shapes: '" + text + "' ends with ','; accepted: comma-separated " + form);
   std::stringstream ss(text);
   std::string item;
   while (std::getline(ss, item, ',')) {
-    const bool kda = op == "kda-prefill" || op == "kda-decode";
     const int nmax = kda ? 5 : 4;  // kda: a 5th field D
+    require(item.empty() || item.back() != ':', "--shapes: '" + item + "' ends with ':'; accepted: " + form);
     long long v[5] = {0, 0, 0, 0, 128};
     int n = 0;
     std::stringstream is(item);
     std::string f;
     while (std::getline(is, f, ':')) {
-      require(n < nmax, "--shapes: '" + item + "' has more than " + std::to_string(nmax) + " fields; accepted: B:T:H, B:T:H:HV" +
-                            (kda ? " or B:T:H:HV:D" : ""));
+      require(n < nmax, "--shapes: '" + item + "' has more than " + std::to_string(nmax) + " fields; accepted: " + form);
       std::size_t used = 0;
+      bool too_large = false;
       try {
         v[n] = std::stoll(f, &used);
+      } catch (const std::out_of_range&) {
+        too_large = true;
       } catch (...) {
         used = 0;
       }
+      require(!too_large, "--shapes: '" + f + "' in '" + item + "' is too large; accepted: " + form +
+                              " with each field in [1, 2^31 - 1]");
       require(used > 0 && used == f.size(),
-              "--shapes: '" + f + "' in '" + item + "' is not an integer; accepted: B:T:H[:HV]");
-      require(v[n] <= (1LL << 31), "--shapes: '" + f + "' in '" + item + "' is larger than 2^31; accepted: B:T:H[:HV] "
-                                   "with each field in [1, 2^31]");
+              "--shapes: '" + f + "' in '" + item + "' is not an integer; accepted: " + form);
+      require(v[n] <= kMaxField, "--shapes: '" + f + "' in '" + item + "' is too large (2^31 - 1 at most); accepted: " +
+                                     form + " with each field in [1, 2^31 - 1]");
       ++n;
     }
-    require(n >= 3, "--shapes: '" + item + "' needs B:T:H[:HV]");
+    require(n >= 3, "--shapes: '" + item + "' needs " + form);
+    // fields the op would ignore are refused, not dropped silently
+    require(op != "attn-res" || n == 3, "--shapes: '" + item + "' has " + std::to_string(n) +
+                                            " fields; attn-res shapes are S:T:d (sources, tokens, width), 3 fields");
     if (n == 3) v[3] = v[2];
     require(v[0] >= 1 && v[1] >= 1 && v[2] >= 1 && v[3] >= v[2] && v[3] % v[2] == 0,
             "--shapes: '" + item + "' must have B, T, H >= 1 and HV a multiple of H");
+    require((op != "mla-decode" && op != "mla-prefill") || v[3] == v[2],
+            "--shapes: '" + item + "' has HV = " + std::to_string(v[3]) + " != H = " + std::to_string(v[2]) + "; " + op +
+                " shapes are " + form + " (one latent cache shared by every head: no HV)");
     require(op != "kda-decode" || v[1] == 1, "--shapes: decode shapes have T = 1, got '" + item + "'");
     require(v[4] == 64 || v[4] == 128 || v[4] == 256,
             "--shapes: D = " + std::to_string(v[4]) + " in '" + item + "'; accepted: D = 64, 128 or 256");
@@ -584,11 +600,12 @@ void register_bench(Registry& reg) {
                 "kda-prefill (chunked KDA prefill), kda-decode (one KDA decode step per sequence), mla-decode (absorbed "
                 "MLA decode over a latent cache), mla-prefill (causal absorbed MLA prefill), attn-res (Block Attention "
                 "Residuals) or all (each of them, with its default shapes)")->capture_default_str();
-  a->add_option("--prefix", o->prefix, "mla-prefill: cached tokens before the T new ones (N0), >= 0")->capture_default_str();
+  a->add_option("--prefix", o->prefix, "mla-prefill: cached tokens before the T new ones (N0), >= 0; > 0 only with --op mla-prefill or all")->capture_default_str();
   a->add_option("--shapes", o->shapes,
                 "comma-separated B:T:H[:HV] (HV a multiple of H, default H), only with a single --op; kda-prefill / kda-decode: "
                 "B:T:H[:HV[:D]] with D = d_k = d_v in {64, 128, 256} (default 128); kda-decode: T = 1; "
-                "mla-decode: B:N:H with N cached tokens; attn-res: S:T:d (sources, tokens, width). Default (the "
+                "mla-decode: B:N:H with N cached tokens, mla-prefill: B:T:H (no HV: one latent cache for every head); attn-res: "
+                "S:T:d (sources, tokens, width, 3 fields); each field <= 2^31 - 1. Leave it out for the default (the "
                 "ANCHORS.md shapes): " + default_shapes_help());
   a->add_option("--iters", o->iters, "timed launches per shape (median and min reported), >= 1")->capture_default_str();
   a->add_option("--warmup", o->warmup, "untimed launches before timing, >= 0")->capture_default_str();
@@ -612,7 +629,7 @@ void register_bench(Registry& reg) {
                 "segments in parallel (KdaPrefillArgs::segment_state)")->capture_default_str();
   a->add_option("--variant", o->mla_variant,
                 "mla-decode split kernel: 1 (mma.sync, v1), 2 (wgmma, v2) or 4 (v2 with early refill and a PDL combine, "
-                "v4); 3 was removed")
+                "v4); 3 was removed. Only with --op mla-decode or all (refused with another op)")
       ->capture_default_str();
   a->add_option("--compare", o->compare,
                 "baseline bench results file(s) to compare against: prints time / baseline per row found (same group, "
@@ -639,6 +656,13 @@ void register_bench(Registry& reg) {
     require(o->mla_variant == 1 || o->mla_variant == 2 || o->mla_variant == 4,
             "--variant = " + std::to_string(o->mla_variant) +
                 "; accepted: 1 (mma.sync), 2 (wgmma) or 4 (v2 with early refill), mla-decode only (3 was removed)");
+    // options the chosen op would ignore are refused, not dropped silently (--op all applies each to its op)
+    require(o->mla_variant == 2 || o->op == "mla-decode" || o->op == "all",
+            "--variant " + std::to_string(o->mla_variant) + " applies to --op mla-decode (or all) only, not --op " + o->op);
+    require(o->prefix == 0 || o->op == "mla-prefill" || o->op == "all",
+            "--prefix " + std::to_string(o->prefix) + " applies to --op mla-prefill (or all) only, not --op " + o->op);
+    require(ctx.app->get_option("--shapes")->count() == 0 || !o->shapes.empty(),
+            "--shapes is empty; leave it out for the default shapes");
     std::vector<std::string> ops =
         o->op == "all" ? std::vector<std::string>{"kda-prefill", "kda-decode", "mla-decode", "mla-prefill", "attn-res"}
                        : std::vector<std::string>{o->op};

@@ -309,3 +309,75 @@ TEST_CASE("bench --peer-json: the whole file, no repeated key, times > 0 and fin
   INFO(r.output);
   CHECK(bench_valid_exit(r));
 }
+
+TEST_CASE("bench: options and shape fields the chosen op ignores are refused, naming the option and its ops",
+          "[cli][bench]") {
+  TempDir d;
+  struct Case {
+    std::string args, says;
+  };
+  const std::vector<Case> cases = {
+      {"--op kda-prefill --variant 4", "--variant 4 applies to --op mla-decode"},
+      {"--op attn-res --variant 1", "--variant 1 applies to --op mla-decode"},
+      {"--op kda-decode --prefix 16", "--prefix 16 applies to --op mla-prefill"},
+      {"--op mla-decode --prefix 16", "--prefix 16 applies to --op mla-prefill"},
+      {"--op mla-decode --shapes 1:64:2:4", "HV = 4 != H = 2"},
+      {"--op mla-prefill --shapes 1:64:2:4", "HV = 4 != H = 2"},
+      {"--op attn-res --shapes 9:16:64:64", "S:T:d"},
+  };
+  for (const auto& c : cases) {
+    const auto r = run_kdalab("bench " + c.args + " --out " + d.file("b.h5"));
+    INFO(c.args << "\n" << r.output);
+    CHECK(r.code == 2);
+    CHECK(has(r, c.says));
+    CHECK(!has(r, "not available"));
+  }
+  // what applies is still accepted
+  for (const std::string& args : {std::string("--op mla-decode --variant 4 --shapes 1:64:2"),
+                                  std::string("--op mla-prefill --prefix 16 --shapes 1:64:2:2"),
+                                  std::string("--op kda-prefill --variant 2 --shapes 1:16:1:2")}) {
+    const auto r = run_kdalab("bench " + args + " --iters 1 --warmup 0 --out " + d.file("b.h5"));
+    INFO(args << "\n" << r.output);
+    CHECK(bench_valid_exit(r));
+    fs::remove(d.file("b.h5"));
+  }
+  const auto h = run_kdalab("bench --help");
+  CHECK(has(h, "Only with --op mla-decode or all"));
+  CHECK(has(h, "> 0 only with --op mla-prefill or all"));
+}
+
+TEST_CASE("bench --shapes: trailing ',' or ':', empty, 2^31 and too-large fields refused with what is accepted",
+          "[cli][bench]") {
+  TempDir d;
+  struct Case {
+    std::string args, says;
+  };
+  const std::vector<Case> cases = {
+      {"--op kda-prefill --shapes 1:16:1,", "ends with ','"},
+      {"--op kda-prefill --shapes 1:16:1:", "ends with ':'"},
+      {"--op kda-prefill --shapes ''", "leave it out for the default"},
+      {"--op kda-prefill --shapes 1:2147483648:1", "too large (2^31 - 1 at most)"},
+      {"--op kda-prefill --shapes 1:99999999999999999999:1", "too large"},
+      {"--op kda-prefill --shapes 1:x:1", "B:T:H[:HV[:D]]"},
+      {"--op kda-decode --shapes 1:1:z", "B:T:H[:HV[:D]]"},
+      {"--op mla-decode --shapes 1:x:1", "B:N:H"},
+  };
+  for (const auto& c : cases) {
+    const auto r = run_kdalab("bench " + c.args + " --out " + d.file("b.h5"));
+    INFO(c.args << "\n" << r.output);
+    CHECK(r.code == 2);
+    CHECK(has(r, "--shapes"));
+    CHECK(has(r, c.says));
+  }
+  d.write("c.json", R"({"op": "kda-prefill", "shapes": ""})");
+  auto r = run_kdalab("bench --config " + d.file("c.json") + " --out " + d.file("b.h5"));
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(has(r, "leave it out"));
+  // 2^31 - 1 is the limit and accepted by the parser (a CPU build then says it cannot run: exit 3)
+#ifndef KDALAB_HAVE_CUDA
+  r = run_kdalab("bench --op kda-prefill --shapes 1:16:2147483647 --out " + d.file("b.h5"));
+  INFO(r.output);
+  CHECK(r.code == 3);
+#endif
+}
