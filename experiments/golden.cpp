@@ -203,6 +203,14 @@ int check_file(const std::string& path, const GoldenOp& op) {
   return failed;
 }
 
+/// The message for a fixture that is not there: --dir is relative to the working directory, so the usual
+/// cause is running from outside the repository root (regenerating there would write fixtures elsewhere).
+std::string missing_fixture(const std::string& path) {
+  return "golden file '" + path + "' is missing (--dir is relative to the working directory, " +
+         std::filesystem::current_path().string() + "): run kdalab from the repository root or give --dir " +
+         "<repo>/data/golden; only if the fixture really is new, create it with 'kdalab golden --regen' and commit data/golden/";
+}
+
 }  // namespace
 
 /// The body of `kdalab golden` (--regen or the check); see the file comment for the exit codes.
@@ -282,13 +290,13 @@ int run_golden(bool regen_flag, const std::string& dir_name, Context& ctx) {
     for (const auto& op : golden_ops()) {
       const std::string path = *dir + "/" + op.op + ".h5";
       require(std::filesystem::exists(path),
-              "golden file '" + path + "' is missing; run 'kdalab golden --regen' (and commit data/golden/)");
+              missing_fixture(path));
       naming_fixture(path, [&] { failed += check_file(path, op); });
     }
     for (const auto& op : golden::layer_ops()) {
       const std::string path = *dir + "/" + op.op + ".h5";
       require(std::filesystem::exists(path),
-              "golden file '" + path + "' is missing; run 'kdalab golden --regen' (and commit data/golden/)");
+              missing_fixture(path));
       const std::string cases = h5read::attr_string(path, "/", "cases");
       require(cases == op.cases, "golden file '" + path + "' holds the cases '" + cases + "', this build expects '" +
                                      op.cases + "'; regenerate with 'kdalab golden --regen --force'");

@@ -141,3 +141,14 @@ TEST_CASE("non-finite option values, bad seeds, unknown subcommands and over-lon
   CHECK(longname.output.find("too long") != std::string::npos);
   CHECK(d.count() == 0);
 }
+
+TEST_CASE("golden run outside the repository root names the working directory instead of suggesting --regen", "[cli]") {
+  TempDir d;
+  const std::string bin = std::filesystem::absolute(kdalab_bin()).string();
+  const auto r = run_command("cd " + d.path.string() + " && " + bin + " golden");
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(r.output.find("working directory") != std::string::npos);
+  CHECK(r.output.find("--dir") != std::string::npos);
+  CHECK(!std::filesystem::exists(d.file("data")));  // nothing written there
+}
