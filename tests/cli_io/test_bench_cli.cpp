@@ -113,8 +113,8 @@ TEST_CASE("bench: valid options in a build that cannot run the benchmark: exit 3
 
 namespace {
 
-/// The option lines of a CLI11 help text ("  --name TYPE=default   description"). Newer CLI11 versions (v2.4 on
-/// the GPU machine, v2.3 in Debian) wrap long descriptions onto indented continuation lines and print defaults
+/// The option lines of a CLI11 help text ("  --name TYPE=default   description"). Newer CLI11 versions (2.4.1 on
+/// the GPU machine, 2.1 in Debian 12) wrap long descriptions onto indented continuation lines and print defaults
 /// as "TYPE [default]": continuation lines are joined to their option line.
 std::vector<std::string> option_lines(const std::string& help) {
   std::vector<std::string> r;
