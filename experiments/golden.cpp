@@ -225,6 +225,11 @@ void register_golden(Registry& reg) {
                     "");
   c.writes_output = false;
   c.app->get_option("--out")->description("unused by golden (the fixtures go to --dir)");
+  c.app->get_option("--seed")->description("no effect for golden (each fixture's inputs come from its own fixed seed, "
+                                           "recorded in the fixture file)");
+  c.app->get_option("--quick")->description("no effect for golden (the check always runs every fixture in full)");
+  c.app->get_option("--quiet")->description("no effect for golden (it prints one line per check and a verdict)");
+  c.app->get_option("--force")->description("with --regen: overwrite existing fixture files in --dir (no effect on the check)");
   auto regen_flag = std::make_shared<bool>(false);
   auto dir = std::make_shared<std::string>("data/golden");
   c.app->add_flag("--regen", *regen_flag, "rewrite data/golden/*.h5 from the cpp_bin_float_50 reference (existing files need --force)");

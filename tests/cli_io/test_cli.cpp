@@ -152,3 +152,11 @@ TEST_CASE("golden run outside the repository root names the working directory in
   CHECK(r.output.find("--dir") != std::string::npos);
   CHECK(!std::filesystem::exists(d.file("data")));  // nothing written there
 }
+
+TEST_CASE("golden --help says which shared options have no effect for it", "[cli]") {
+  const auto r = run_kdalab("golden --help");
+  INFO(r.output);
+  CHECK(r.code == 0);
+  CHECK(r.output.find("recorded in the results file") == std::string::npos);  // golden writes no results file
+  CHECK(r.output.find("no effect for golden") != std::string::npos);
+}
