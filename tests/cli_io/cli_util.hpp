@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <sstream>
 #include <string>
 #include <sys/wait.h>
 
@@ -47,6 +48,17 @@ inline bool bench_valid_exit(const RunResult& r) {
 #else
   return r.code == 3 && r.output.find("not available in this build") != std::string::npos;
 #endif
+}
+
+/// True when the captured output of `r` contains `s`.
+inline bool has(const RunResult& r, const std::string& s) { return r.output.find(s) != std::string::npos; }
+
+/// The whole content of the file at `path` ("" when it cannot be read).
+inline std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
 }
 
 /// A fresh empty folder under the system temp dir, removed on destruction.

@@ -13,19 +13,6 @@
 
 using namespace kdalab::testutil;
 
-namespace {
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-bool has(const RunResult& r, const std::string& s) { return r.output.find(s) != std::string::npos; }
-
-}  // namespace
-
 TEST_CASE("bench: a bad option is named before --out is looked at, exit 2, nothing written", "[cli][bench]") {
   TempDir d;
   const std::string missing_dir_out = " --out " + d.file("no/such/folder/b.h5");

@@ -20,8 +20,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-bool has(const RunResult& r, const std::string& s) { return r.output.find(s) != std::string::npos; }
-
 /// Writes an HDF5 file at `path` whose content `fill` makes.
 void write_h5(const std::string& path, const std::function<void(H5::H5File&)>& fill) {
   H5::H5File f(path, H5F_ACC_TRUNC);

@@ -19,15 +19,6 @@ namespace {
 
 bool have_python3() { return run_command("command -v python3 >/dev/null").code == 0; }
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-bool has(const RunResult& r, const std::string& s) { return r.output.find(s) != std::string::npos; }
-
 /// A temp folder with fake/torch (raises on import) and fla/fla/ops/kda/__init__.py (raises on import).
 struct Fakes {
   TempDir d;
