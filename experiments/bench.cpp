@@ -211,29 +211,13 @@ BaselineRows read_compare_file(const std::string& cf, const std::vector<std::str
       ts.getSimpleExtentDims(&nt);
       require(nk == nt, where + ": 'key' has " + std::to_string(nk) + " rows and 'time_ms' " + std::to_string(nt) +
                             "; accepted: columns of the same length" + give);
-      std::vector<std::string> keys;
-      const H5::StrType st = kd.getStrType();
-      if (st.isVariableStr()) {
-        std::vector<char*> p(nk, nullptr);
-        if (nk) kd.read(p.data(), st);
-        for (char* c : p) keys.emplace_back(c ? c : "");
-        if (nk) H5::DataSet::vlenReclaim(p.data(), st, ks);
-      } else {  // fixed-length strings (e.g. numpy 'S' arrays), NUL-padded
-        const std::size_t len = st.getSize();
-        std::vector<char> buf(nk * len);
-        if (nk) kd.read(buf.data(), st);
-        for (hsize_t i = 0; i < nk; ++i) {
-          const char* c = buf.data() + i * len;
-          keys.emplace_back(c, strnlen(c, len));
-        }
-      }
-      std::vector<double> ms(nt);
-      if (nt) td.read(ms.data(), H5::PredType::NATIVE_DOUBLE);
+      std::vector<std::string> keys = h5read::strings(cf, "bench/" + grp + "/key");  // variable or fixed length
+      const std::vector<double> ms = h5read::array(cf, "bench/" + grp + "/time_ms").data;
       for (hsize_t i = 0; i < nt; ++i)
         require(std::isfinite(ms[i]) && ms[i] > 0,
                 where + "/time_ms row " + std::to_string(i) + " ('" + keys[i] + "') = " + fmt::format("{}", ms[i]) +
                     "; accepted: a time in milliseconds, finite and > 0" + give);
-      r.groups[grp] = {std::move(keys), std::move(ms)};
+      r.groups[grp] = {std::move(keys), ms};
     }
   } catch (const H5::Exception& e) {
     throw Error(what + " is not a readable HDF5 bench file (" + e.getDetailMsg() + ")" + give);

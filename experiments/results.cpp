@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -272,10 +273,17 @@ std::vector<std::string> strings(const std::string& file, const std::string& dat
   require(ds.getTypeClass() == H5T_STRING, "dataset '" + dataset + "' in '" + file + "' is not a string column");
   hsize_t n = 0;
   ds.getSpace().getSimpleExtentDims(&n);
-  std::vector<char*> p(n, nullptr);
-  auto t = vlen_utf8();
-  if (n) ds.read(p.data(), t);
   std::vector<std::string> out;
+  if (const H5::StrType ft = ds.getStrType(); !ft.isVariableStr()) {  // fixed-length (e.g. numpy 'S'), NUL-padded
+    const std::size_t len = ft.getSize();
+    std::vector<char> buf(n * len);
+    if (n) ds.read(buf.data(), ft);
+    for (hsize_t i = 0; i < n; ++i) out.emplace_back(buf.data() + i * len, strnlen(buf.data() + i * len, len));
+    return out;
+  }
+  std::vector<char*> p(n, nullptr);
+  const H5::StrType t = ds.getStrType();  // the file's own variable-length type: ASCII or UTF-8 (no charset conversion)
+  if (n) ds.read(p.data(), t);
   for (auto* s : p) out.emplace_back(s ? s : "");
   if (n) H5::DataSet::vlenReclaim(p.data(), t, ds.getSpace());
   return out;
