@@ -126,6 +126,44 @@ struct KdaPrefillArgs {
   /// (session 3): 1.13x faster than v4 (0.730 -> 0.645 ms at T = 8192, H = 64), o within 3e-5 of v4's,
   /// twin agreement unchanged, S_final identical (bench/NOTES.md). D != 128: only 6.
   int prepare_variant = 6;
+  /// Two-chunk ("pair") state step, opt-in (default false; not yet run on a GPU). The state pass advances S by
+  /// 32 tokens per step with every decay factor inside one 16-token chunk: the two chunks c = 2p, c + 1 of a pair
+  /// are combined in the prepare (the cross terms M = W_{c+1} Kd_c^T, Wb = W_{c+1} Diag(gam_n(c)) - M W_c,
+  /// Ub = U_{c+1} - M U_c, Qb = Qg_{c+1} Diag(gam_n(c)), Pbl = Qg_{c+1} Kd_c^T, Kt = Kd_c Diag(gam_n(c+1)) in
+  /// fp32-class arithmetic, nothing rounded to bf16 before them), and the state pass runs per pair
+  /// D2 = U2 - W2 S, o = scale (Qg2 S + P2 D2), S <- Diag(gam_n(c) gam_n(c+1)) S + Kd2^T bf16(D2) on the
+  /// 32-row operands W2 = [W_c; Wb], Qg2 = [Qg_c; Qb], Kd2 = [Kt; Kd_{c+1}], U2 = [U_c; Ub],
+  /// P2 = [[P_c, 0], [Pbl, P_{c+1}]] (each of W2, Qg2, Kd2 rounded to bf16 once; U2, gam_n2 fp32; P2 as bf16
+  /// hi + lo). A chunk past the sequence end is an all-padding chunk (q = k = v = g = beta = 0). Half as many
+  /// dependent steps as the one-chunk pass; the bf16 operand roundings differ from it (o, S_final within the
+  /// ~1e-3 class of the bf16 plan, not bit-identical; at T <= 16 the same operations as the one-chunk pass plus
+  /// exact zero terms, so expected identical there). Source: the pair
+  /// specification (bench/NOTES.md "KDA pair step (kernel)"); the twin runs the same algorithm
+  /// (KdaTwinPlan::pair_chunks). Workspace: KdaPairSlot per (pair, value head).
+  /// Supported in this first version: D = 128, fixed-length batches and cu_seqlens (pairs per sequence =
+  /// ceil(len / 32)), S0 / S_final, HV = group H, every fusion; the schedule is serial (one pair prepare
+  /// kernel, then one pair state pass: overlap_segments, overlap_segment_pass and compact_workspace are
+  /// ignored; run_phases 1 / 2 / 3 time the two kernels). Errors (kdalab::Error naming pair_chunks and the
+  /// value): D != 128, segment_state >= 2, state_variant != 3, prepare_variant != 6.
+  bool pair_chunks = false;
+};
+
+/// Layout of one pair workspace slot (KdaPrefillArgs::pair_chunks; two 16-token chunks c = 2p, c + 1 of one
+/// value head, D = 128), byte offsets from the slot start; the slot of (pair p, value head hv, sequence n)
+/// starts at ((pslot0 + p) HV + hv) KdaPairSlot::bytes, pslot0 = n ceil(T / 32) for fixed-length batches
+/// (n + cu_seqlens[n] / 32 with cu_seqlens). Rows 0..15 belong to chunk c, rows 16..31 to chunk c + 1.
+///   W2, Qg2 [32 x 128]: bf16 A fragments of mma.m16n8k16, uint4 per (m-tile mt, k-tile kt, lane) at index
+///     (mt 8 + kt) 32 + lane, each m-tile in KdaSlot's W / Qg fragment order (mt 0 = W_c / Qg_c, mt 1 = Wb / Qb);
+///   Kd2 [32 x 128]: bf16 B fragments (k = pair row), uint4 per (k-step ks, n-pair kt, lane) at
+///     (ks 8 + kt) 32 + lane, each k-step in KdaSlot's Kd order (ks 0 = Kt, ks 1 = Kd_{c+1});
+///   U2 [32][128] fp32 (rows 0..15 U_c, 16..31 Ub);
+///   Pf2: P2's three non-zero 16 x 16 blocks as bf16 hi + lo A fragments, block b at Pf2 + 1024 b (hi: 32
+///     uint4, then lo: 32 uint4, KdaSlot::Pf's order): b = 0 P_c (rows 0..15, cols 0..15), b = 1 Pbl (rows
+///     16..31, cols 0..15, full block), b = 2 P_{c+1} (rows 16..31, cols 16..31); the zero block is not stored;
+///   gam_n2 [128] fp32 = gam_n(c) gam_n(c + 1).
+/// W2, Qg2, Kd2 are adjacent (the state pass copies them as one block). 44,544 B (two KdaSlot: 46,080 B).
+struct KdaPairSlot {
+  static constexpr int W2 = 0, Qg2 = 8192, Kd2 = 16384, U2 = 24576, Pf2 = 40960, gam_n2 = 44032, bytes = 44544;
 };
 
 /// Layout of one workspace slot (one 16-token chunk of one value head) for d_k = d_v = D, byte offsets

@@ -23,12 +23,15 @@
 //     256 run the same kernels with D / 16 k-tiles and D / 32 column slices per head; at D = 256 the
 //     state pass is kda_state_ks_kernel<256, 2> (64 fp32 of S per thread; the v3 warp would hold 128),
 //     prepare v6 takes its 66.6 KB of tiles from dynamic shared memory, and the segment path is refused.
+//  pair step (KdaPrefillArgs::pair_chunks, opt-in, D = 128): checked and dispatched here, kernels in
+//     kernels/kda_pair.cu (a pair prepare writing a KdaPairSlot per two chunks, a state pass of 32 tokens per step).
 // Versions, predictions and H200 timings: bench/NOTES.md.
 #include <algorithm>
 #include <string>
 #include <vector>
 
 #include "kernels/kda_common.cuh"
+#include "kernels/kda_pair.cuh"
 
 namespace kdalab::kernels {
 
@@ -1041,6 +1044,18 @@ Checked check_prefill(const KdaPrefillArgs& a) {
   const char* op = "kda_prefill";
   check_dim(a.D, op);
   const int D = a.D;
+  if (a.pair_chunks) {  // the two-chunk step (first version): D = 128, one-shot, the default kernels' plan
+    if (D != 128)
+      throw Error(std::string(op) + ": pair_chunks = true with D = " + std::to_string(D) +
+                  "; accepted: D = 128 (the pair step's first version), or pair_chunks = false");
+    if (a.segment_state >= 2)
+      throw Error(std::string(op) + ": pair_chunks = true with segment_state = " + std::to_string(a.segment_state) +
+                  "; accepted: segment_state 0 or 1 (the pair step has no segment-parallel path), or pair_chunks = false");
+    if (a.state_variant != 3 || a.prepare_variant != 6)
+      throw Error(std::string(op) + ": pair_chunks = true with state_variant = " + std::to_string(a.state_variant) +
+                  ", prepare_variant = " + std::to_string(a.prepare_variant) +
+                  "; accepted: state_variant = 3 and prepare_variant = 6 (the pair kernels replace both)");
+  }
   if (D != 128 && (a.prepare_variant != 6 || a.state_variant != 3))
     throw Error(std::string(op) + ": prepare_variant = " + std::to_string(a.prepare_variant) + ", state_variant = " +
                 std::to_string(a.state_variant) + " with D = " + std::to_string(D) +
@@ -1221,7 +1236,7 @@ double pass_cost(long long ctas, int sms, double steps) {
 }
 SegPlan segment_plan(const KdaPrefillArgs& a, int N, int nch) {
   SegPlan sp;
-  if (a.cu_seqlens || a.state_variant != 3 || a.segment_state == 1 || a.D == 256) return sp;  // D = 256: refused
+  if (a.cu_seqlens || a.state_variant != 3 || a.segment_state == 1 || a.D == 256 || a.pair_chunks) return sp;  // D = 256, pair: refused
   int P = 0;
   if (a.segment_state >= 2) {
     P = a.segment_state;
@@ -1312,6 +1327,7 @@ int kda_prefill_segments(const KdaPrefillArgs& a) {
 
 std::size_t kda_prefill_workspace_bytes(const KdaPrefillArgs& a) {
   const Checked ck = check_prefill(a);
+  if (a.pair_chunks) return static_cast<std::size_t>(detail::kda_pair_slots(a)) * a.HV * KdaPairSlot::bytes;
   const SegPlan sp = segment_plan(a, ck.N, ck.max_chunks);
   return static_cast<std::size_t>(ck.slots) * a.HV * kda_slot_bytes(a.D) +
          (sp.P > 1 ? seg_buffer_bytes(a, ck.N, sp) : state_buffer_bytes(a, segments_of(a)));
@@ -1385,8 +1401,32 @@ void run_segment_path(const KdaPrefillArgs& a, const Checked& ck, const SegPlan&
 }
 }  // namespace
 
+namespace {
+/// The pair path of kda_prefill() (KdaPrefillArgs::pair_chunks, checked by check_prefill): workspace and grid
+/// checks, then the pair prepare kernel and the pair state pass, serially on `stream` (kernels/kda_pair.cu).
+void run_pair_path(const KdaPrefillArgs& a, const Checked& ck, cudaStream_t stream) {
+  const std::size_t need = static_cast<std::size_t>(detail::kda_pair_slots(a)) * a.HV * KdaPairSlot::bytes;
+  if (!a.workspace || a.workspace_bytes < need)
+    throw Error("kda_prefill: workspace of " + std::to_string(a.workspace_bytes) + " bytes at " +
+                (a.workspace ? "a valid pointer" : "null") + " with pair_chunks = true; accepted: a 16-byte aligned device "
+                "buffer of >= " + std::to_string(need) + " bytes (kda_prefill_workspace_bytes())");
+  if (ck.N > 65535 || a.HV > 65535)
+    throw Error("kda_prefill: " + std::to_string(ck.N) + " sequences x " + std::to_string(a.HV) +
+                " value heads; accepted: each <= 65535 (grid limits)");
+  if (a.run_phases < 1 || a.run_phases > 3)
+    throw Error("kda_prefill: run_phases = " + std::to_string(a.run_phases) + "; accepted: 1, 2 or 3");
+  KdaPrefillArgs r = a;  // the strides resolved by check_prefill
+  r.sq = ck.p.sq; r.sk = ck.p.sk; r.sv = ck.p.sv; r.sg = ck.p.sg; r.so = ck.p.so; r.sbeta = ck.p.sbeta;
+  detail::kda_pair_launch(r, ck.N, ck.max_chunks, stream);
+}
+}  // namespace
+
 void kda_prefill(const KdaPrefillArgs& a, cudaStream_t stream) {
   Checked ck = check_prefill(a);
+  if (a.pair_chunks) {
+    run_pair_path(a, ck, stream);
+    return;
+  }
   const SegPlan sp = segment_plan(a, ck.N, ck.max_chunks);
   const Segments sg = segments_of(a);
   const std::size_t slot_bytes = static_cast<std::size_t>(ck.slots) * a.HV * kda_slot_bytes(a.D);
