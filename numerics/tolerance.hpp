@@ -70,6 +70,27 @@ inline constexpr Tolerance kda_state_v4_vs_v3{5e-4,
     "v4 sums W S and Qg S in another fp32 order (~1e-7 relative); that flips an occasional bf16 rounding of "
     "D, o or the S operand of the next chunk (2^-8 relative each); 5e-4 is 0.3 of the bf16 output floor "
     "(1.66e-3), far below the O(1) of a wrong key-row offset or a missing partial sum."};
+/// KDA prefill with the two-chunk pair step (KdaPrefillArgs::pair_chunks) vs the one-chunk kernel, both against
+/// the float64 truth on the same inputs (relative, on relative RMS): err_pair <= (1 + value) max(err_default, goal).
+inline constexpr Tolerance kda_pair_vs_default{0.1,
+    "the pair step rounds W2, Qg2, Kd2 to bf16 once each, as the one-chunk pass rounds W, Qg, Kd: the same plan on "
+    "other operands (Wb = W_{c+1} gp - M W_c, Qb, Kt), so its error should match the one-chunk kernel's (anchor o "
+    "~1.66e-3, bf16 output floor ~1.66e-3); 10% is the twin/kernel margin of ISSUE 6, while an algebra error gives O(1)."};
+/// KDA prefill with pair_chunks at T <= 16 vs the one-chunk kernel: relative RMS of the difference of o and S_final.
+inline constexpr Tolerance kda_pair_short_vs_default{5e-4,
+    "at T <= 16 the pair step runs the one-chunk operations plus exact zero terms (the second chunk is all padding: "
+    "gq = 1, Wb = Ub = Qb = Pbl = 0), expected identical; 5e-4 (0.3 of the bf16 output floor) allows an occasional "
+    "bf16 flip from a flushed denormal, while a wrong layout gives O(1)."};
+/// Pair workspace slot (KdaPairSlot) vs a float64 computation of the pair specification on the same inputs:
+/// fp32 fields (U2, gam_n2, P2 as hi + lo), max |kernel - float64| / max |float64| over each field.
+inline constexpr Tolerance kda_pair_slot_fp32{1e-4,
+    "the kernel's gate, decay and L2Norm run in fp32 (G = a sum of up to 16 g of |g| <= 5: ~5e-6 absolute, so gam "
+    "~5e-6 relative), A, P, M, Pbl are tf32 3-pass products (~2^-21 per term), the substitution and the cross terms "
+    "fp32 FMAs; measured fields move by ~1e-6 .. 1e-5 of their largest entry; a layout error gives O(1)."};
+/// Pair slot vs float64: bf16 fragment fields (W2, Qg2, Kd2), max |kernel - bf16(float64)| / max |float64|.
+inline constexpr Tolerance kda_pair_slot_bf16{7.9e-3,
+    "each entry is the fp32 value rounded once to bf16; the fp32 value differs from float64 by ~1e-5 relative, "
+    "which flips an occasional rounding by one bf16 ulp: at most 2^-7 = 7.8e-3 of the field's largest entry."};
 
 // ---- numerics / parity / golden / check (ISSUE 5) ----------------------------------------------
 /// Band of a low-precision matmul's relative error, in units of the operand format's unit

@@ -1,0 +1,587 @@
+// The two-chunk ("pair") KDA prefill step (KdaPrefillArgs::pair_chunks, kernels/kda_pair.cu) on the GPU: against
+// the float64 recurrence (reference/kda.hpp) beside the one-chunk default kernel on the same inputs, its workspace
+// slot against a float64 computation of the pair specification (bench/NOTES.md "KDA pair step (kernel)"), varlen,
+// prefill-then-decode, bad input. Fresh seeded anchor-kda inputs, outputs and workspace poisoned (NaN) before every
+// run. Tag [pair]; [pair][long] = T = 65536, H = 32. Every case prints its numbers (one run gives the lead all).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "numerics/metrics.hpp"
+#include "numerics/tolerance.hpp"
+#include "reference/kda.hpp"
+#include "tests/catch.hpp"
+#include "tests/gpu/kda_gpu_util.hpp"
+
+using namespace kdalab;
+using namespace kda_gpu;
+
+namespace {
+
+constexpr std::size_t Dm = 128;  // the pair step's first version: D = 128 only
+
+KdaOutput<double> truth(const KdaInputs& in, bool use_S0 = true) {
+  Tensor<double> Z(in.S0.shape, 0.0);
+  return kda_recurrent<double>(in.q, in.k, in.v, in.g, in.beta, use_S0 ? &in.S0 : &Z, in.scale);
+}
+
+std::uint64_t fresh_seed() {
+  static std::uint64_t s = 20261206;
+  return ++s;
+}
+
+/// Tokens [bos, bos + len) of a [1, T, ...] tensor.
+Tensor<double> slice_tokens(const Tensor<double>& t, std::size_t bos, std::size_t len) {
+  std::vector<std::size_t> shp = t.shape;
+  const std::size_t row = t.numel() / (shp[0] * shp[1]);
+  shp[1] = len;
+  Tensor<double> r(shp);
+  std::copy(t.data.begin() + bos * row, t.data.begin() + (bos + len) * row, r.data.begin());
+  return r;
+}
+
+/// The pair kernel's bound against float64: within tol::kda_pair_vs_default of the one-chunk kernel's error on the
+/// same inputs, or of `floor` (the goal) where the one-chunk kernel is below it.
+double pair_bound(double e_default, double floor) {
+  return (1.0 + tol::kda_pair_vs_default.value) * std::max(e_default, floor);
+}
+
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST_CASE("pair step on the ANCHORS.md cases: o <= 2.0e-3 vs float64, beside the one-chunk kernel", "[gpu][kda][pair]") {
+  const std::size_t cases[][3] = {{1, 17, 1}, {3, 64, 1}, {1, 300, 2}, {1, 1000, 4}, {1, 4096, 2}};
+  for (const auto& cs : cases) {
+    const KdaInputs in = make_inputs(cs[0], cs[1], cs[2], 1, 1234);
+    const DevInputs d(in);
+    const auto ref = truth(in);
+    const std::size_t no = in.B * in.T * in.HV * Dm, ns = in.B * in.HV * Dm * Dm;
+    auto a = prefill_args(in, d);
+    const auto r1 = run_prefill(a, no, ns);
+    a.pair_chunks = true;
+    const auto r2 = run_prefill(a, no, ns);
+    const auto mo = compare(r2.o, ref.o.data), ms = compare(r2.S, ref.S_final.data);
+    const auto mo1 = compare(r1.o, ref.o.data), ms1 = compare(r1.S, ref.S_final.data);
+    const double d_o = compare(r2.o, r1.o).rel_rms, d_s = compare(r2.S, r1.S).rel_rms;
+    std::printf("pair anchor (B,T,H)=(%zu,%zu,%zu): o rel_rms %.4e (one-chunk kernel %.4e)  state %.4e (one-chunk %.4e)  "
+                "pair vs one-chunk: o %.3e, S_final %.3e, max_ulp %lld\n",
+                cs[0], cs[1], cs[2], mo.rel_rms, mo1.rel_rms, ms.rel_rms, ms1.rel_rms, d_o, d_s,
+                static_cast<long long>(mo.max_ulp_bf16));
+    CAPTURE(cs[0], cs[1], cs[2], mo.rel_rms, mo1.rel_rms, ms.rel_rms, ms1.rel_rms, d_o, d_s);
+    REQUIRE(mo.nan_count + mo.inf_count + ms.nan_count + ms.inf_count == 0);
+    CHECK(mo.rel_rms <= tol::kda_bf16_goal.value);
+    CHECK(ms.rel_rms <= tol::kda_twin_state.value);
+    CHECK(mo.rel_rms <= pair_bound(mo1.rel_rms, tol::kda_bf16_goal.value));
+    CHECK(ms.rel_rms <= pair_bound(ms1.rel_rms, tol::kda_twin_state.value));
+  }
+}
+
+TEST_CASE("pair step shapes: T in {1,15,16,17,31,32,33,1000,4096}, B = 2, HV = 2H, with and without S0",
+          "[gpu][kda][pair]") {
+  struct Cs { std::size_t T, H; bool S0; };
+  const Cs cases[] = {{1, 1, true},   {15, 1, true},  {16, 2, false}, {17, 1, true},   {31, 1, true},
+                      {32, 2, true},  {33, 1, false}, {1000, 1, true}, {4096, 1, true}};
+  for (const auto& cs : cases) {
+    const KdaInputs in = make_inputs(2, cs.T, cs.H, 2, fresh_seed());
+    const DevInputs d(in);
+    const auto ref = truth(in, cs.S0);
+    const std::size_t no = in.B * in.T * in.HV * Dm, ns = in.B * in.HV * Dm * Dm;
+    auto a = prefill_args(in, d, cs.S0);
+    const auto r1 = run_prefill(a, no, ns);
+    a.pair_chunks = true;
+    const auto r2 = run_prefill(a, no, ns);
+    const auto mo = compare(r2.o, ref.o.data), ms = compare(r2.S, ref.S_final.data);
+    const auto mo1 = compare(r1.o, ref.o.data), ms1 = compare(r1.S, ref.S_final.data);
+    const double d_o = compare(r2.o, r1.o).rel_rms, d_s = compare(r2.S, r1.S).rel_rms;
+    const bool same = r2.o == r1.o && r2.S == r1.S;
+    std::printf("pair shape B=2 T=%zu H=%zu HV=%zu S0=%d: o %.4e (one-chunk %.4e)  state %.4e (one-chunk %.4e)  "
+                "pair vs one-chunk: o %.3e, S %.3e, identical %d\n",
+                cs.T, cs.H, in.HV, cs.S0, mo.rel_rms, mo1.rel_rms, ms.rel_rms, ms1.rel_rms, d_o, d_s, static_cast<int>(same));
+    CAPTURE(cs.T, cs.H, cs.S0, mo.rel_rms, mo1.rel_rms, ms.rel_rms, ms1.rel_rms, d_o, d_s);
+    REQUIRE(mo.nan_count + mo.inf_count + ms.nan_count + ms.inf_count == 0);
+    CHECK(mo.rel_rms <= pair_bound(mo1.rel_rms, tol::kda_bf16_goal.value));
+    CHECK(ms.rel_rms <= pair_bound(ms1.rel_rms, tol::kda_twin_state.value));
+    // two roundings of the same numbers (each near the goal from the truth): within twice the goal
+    CHECK(d_o <= 2 * tol::kda_bf16_goal.value);
+    CHECK(d_s <= 2 * tol::kda_twin_state.value);
+    if (cs.T <= 16) {  // one pair whose second chunk is all padding: the one-chunk operations plus exact zeros
+      CHECK(d_o <= tol::kda_pair_short_vs_default.value);
+      CHECK(d_s <= tol::kda_pair_short_vs_default.value);
+    }
+  }
+}
+
+TEST_CASE("pair step varlen (cu_seqlens, a last sequence of 1 token) equals per-sequence truths", "[gpu][kda][pair]") {
+  for (const std::vector<int>& lens : {std::vector<int>{37, 16, 100, 1}, std::vector<int>{1, 1, 5, 31, 17, 1},
+                                       std::vector<int>{32, 33, 64, 1}}) {
+    const int N = static_cast<int>(lens.size());
+    const int Ttot = std::accumulate(lens.begin(), lens.end(), 0);
+    const std::size_t H = 2, HV = 4;
+    KdaInputs all = make_inputs(1, Ttot, H, HV / H, fresh_seed());
+    Tensor<double> S0({static_cast<std::size_t>(N), HV, Dm, Dm});  // one S0 per sequence
+    Rng rng(fresh_seed());
+    rng.fill_normal(S0, 0.1, Format::fp32);
+    all.S0 = S0;
+    const DevInputs d(all);
+    std::vector<int> cu(N + 1, 0);
+    for (int i = 0; i < N; ++i) cu[i + 1] = cu[i] + lens[i];
+    DevBuf dcu(cu.size() * 4);
+    cuda_check(cudaMemcpy(dcu.p, cu.data(), dcu.bytes, cudaMemcpyHostToDevice), "cu_seqlens");
+    auto a = prefill_args(all, d);
+    a.cu_seqlens = dcu.as<int>();
+    a.num_seqs = N;
+    a.max_seqlen = *std::max_element(lens.begin(), lens.end());
+    const std::size_t no = all.T * HV * Dm, ns = N * HV * Dm * Dm;
+    const auto r1 = run_prefill(a, no, ns);
+    a.pair_chunks = true;
+    const auto r2 = run_prefill(a, no, ns);
+    double worst_o = 0, worst_s = 0;
+    for (int i = 0; i < N; ++i) {
+      KdaInputs s = all;
+      s.T = lens[i];
+      for (auto* t : {&s.q, &s.k, &s.v, &s.g, &s.beta, &s.q_raw, &s.k_raw, &s.g_raw, &s.beta_raw})
+        *t = slice_tokens(*t, cu[i], lens[i]);
+      s.S0 = Tensor<double>({1, HV, Dm, Dm});
+      std::copy(S0.data.begin() + i * HV * Dm * Dm, S0.data.begin() + (i + 1) * HV * Dm * Dm, s.S0.data.begin());
+      const auto ref = truth(s);
+      auto part = [&](const std::vector<double>& x, std::size_t lo, std::size_t hi) {
+        return std::vector<double>(x.begin() + lo, x.begin() + hi);
+      };
+      const std::size_t olo = cu[i] * HV * Dm, ohi = cu[i + 1] * HV * Dm, slo = i * HV * Dm * Dm, shi = (i + 1) * HV * Dm * Dm;
+      const auto mo = compare(part(r2.o, olo, ohi), ref.o.data), ms = compare(part(r2.S, slo, shi), ref.S_final.data);
+      const auto mo1 = compare(part(r1.o, olo, ohi), ref.o.data), ms1 = compare(part(r1.S, slo, shi), ref.S_final.data);
+      CAPTURE(i, lens[i], mo.rel_rms, mo1.rel_rms, ms.rel_rms, ms1.rel_rms);
+      REQUIRE(mo.nan_count + mo.inf_count + ms.nan_count + ms.inf_count == 0);
+      CHECK(mo.rel_rms <= pair_bound(mo1.rel_rms, tol::kda_bf16_goal.value));
+      CHECK(ms.rel_rms <= pair_bound(ms1.rel_rms, tol::kda_twin_state.value));
+      worst_o = std::max(worst_o, mo.rel_rms / std::max(mo1.rel_rms, tol::kda_bf16_goal.value));
+      worst_s = std::max(worst_s, ms.rel_rms / std::max(ms1.rel_rms, tol::kda_twin_state.value));
+    }
+    std::printf("pair varlen %zu sequences (T = %d, last len %d): worst per-sequence o / max(one-chunk, goal) = %.3f, "
+                "state / max(one-chunk, bound) = %.3f; all sequences pair vs one-chunk: o %.3e, S %.3e\n",
+                lens.size(), Ttot, lens.back(), worst_o, worst_s, compare(r2.o, r1.o).rel_rms, compare(r2.S, r1.S).rel_rms);
+  }
+}
+
+TEST_CASE("pair step: prefill-then-decode == pair prefill of the longer sequence", "[gpu][kda][pair]") {
+  const std::size_t B = 4, T0 = 37, steps = 5, H = 2, HV = 4;
+  const KdaInputs in = make_inputs(B, T0 + steps, H, HV / H, fresh_seed());
+  const DevInputs d(in);
+  const auto ref = truth(in);
+  auto af = prefill_args(in, d);
+  af.pair_chunks = true;
+  const auto full = run_prefill(af, B * in.T * HV * Dm, B * HV * Dm * Dm);
+  // pair prefill of T0 tokens (strided view of the same buffers), then `steps` decode steps
+  auto a = prefill_args(in, d);
+  a.pair_chunks = true;
+  a.T = static_cast<int>(T0);
+  a.sq.b = a.sk.b = static_cast<std::int64_t>(in.T * H * Dm);
+  a.sv.b = a.sg.b = a.so.b = static_cast<std::int64_t>(in.T * HV * Dm);
+  a.sbeta.b = static_cast<std::int64_t>(in.T * HV);
+  a.sq.t = a.sk.t = H * Dm;
+  a.sv.t = a.sg.t = a.so.t = HV * Dm;
+  a.sbeta.t = HV;
+  DevBuf o(B * in.T * HV * 2 * Dm), S(B * HV * Dm * Dm * 4);
+  o.poison();
+  S.poison();
+  a.o = o.as<bf16_t>();
+  a.S_final = S.as<float>();
+  DevBuf ws(kernels::kda_prefill_workspace_bytes(a));
+  ws.poison();
+  a.workspace = ws.p;
+  a.workspace_bytes = ws.bytes;
+  kernels::kda_prefill(a, nullptr);
+  for (std::size_t t = T0; t < in.T; ++t) {
+    kernels::KdaDecodeArgs dd;
+    dd.B = B; dd.H = H; dd.HV = HV;
+    dd.q = d.q.as<bf16_t>() + t * H * Dm;
+    dd.k = d.k.as<bf16_t>() + t * H * Dm;
+    dd.v = d.v.as<bf16_t>() + t * HV * Dm;
+    dd.g = d.g.as<bf16_t>() + t * HV * Dm;
+    dd.beta = d.beta.as<bf16_t>() + t * HV;
+    dd.sq_b = dd.sk_b = in.T * H * Dm;
+    dd.sv_b = dd.sg_b = dd.so_b = in.T * HV * Dm;
+    dd.sbeta_b = in.T * HV;
+    dd.gate = a.gate;
+    dd.scale = a.scale;
+    dd.state = S.as<float>();
+    dd.o = o.as<bf16_t>() + t * HV * Dm;
+    kernels::kda_decode(dd, nullptr);
+  }
+  cuda_check(cudaDeviceSynchronize(), "pair prefill + decode");
+  const auto o_pd = download_bf16(o);
+  const auto S_pd = download_f32(S);
+  const auto m_o = compare(o_pd, ref.o.data), m_S = compare(S_pd, ref.S_final.data);
+  const auto m_same_o = compare(o_pd, full.o), m_same_S = compare(S_pd, full.S);
+  std::printf("pair prefill(%zu)+decode(%zu) vs truth: o %.4e state %.4e; vs pair prefill(%zu): o %.4e state %.4e\n", T0,
+              steps, m_o.rel_rms, m_S.rel_rms, in.T, m_same_o.rel_rms, m_same_S.rel_rms);
+  REQUIRE(m_o.nan_count + m_S.nan_count == 0);
+  CHECK(m_o.rel_rms <= tol::kda_bf16_goal.value);
+  CHECK(m_S.rel_rms <= tol::kda_twin_state.value);
+  // two roundings of the same numbers (each within the goal of the truth): within twice the goal
+  CHECK(m_same_o.rel_rms <= 2 * tol::kda_bf16_goal.value);
+  CHECK(m_same_S.rel_rms <= 2 * tol::kda_twin_state.value);
+}
+
+// ---- the pair workspace slot against a float64 computation of the pair specification ----------------------
+namespace {
+
+/// One 16-token chunk's quantities in float64 (numerics/kda_twin.hpp's algorithm without rounding; rows past the
+/// sequence end are padding: q = k = v = g = beta = 0).
+struct ChunkRef {
+  std::vector<double> Qg, Kd, W, U, P, gn;  // [16][D] (P [16][16], gn [D])
+};
+ChunkRef chunk_ref(const KdaInputs& in, std::size_t b, std::size_t hv, std::size_t c) {
+  const std::size_t D = in.d_k, h = hv / (in.HV / in.H);
+  ChunkRef x;
+  std::vector<double> q(16 * D, 0.0), k(16 * D, 0.0), v(16 * D, 0.0), g(16 * D, 0.0), beta(16, 0.0);
+  for (std::size_t r = 0; r < 16; ++r) {
+    const std::size_t t = 16 * c + r;
+    if (t >= in.T) continue;
+    for (std::size_t i = 0; i < D; ++i) {
+      q[r * D + i] = in.q(b, t, h, i);
+      k[r * D + i] = in.k(b, t, h, i);
+      v[r * D + i] = in.v(b, t, hv, i);
+      g[r * D + i] = in.g(b, t, hv, i);
+    }
+    beta[r] = in.beta(b, t, hv);
+  }
+  std::vector<double> gam(16 * D), Kg(16 * D), Ki(16 * D);
+  x.Qg.assign(16 * D, 0.0);
+  x.Kd.assign(16 * D, 0.0);
+  x.gn.assign(D, 0.0);
+  for (std::size_t i = 0; i < D; ++i) {
+    double G = 0;
+    for (std::size_t r = 0; r < 16; ++r) {
+      G += g[r * D + i];
+      gam[r * D + i] = std::exp(G);
+    }
+    x.gn[i] = gam[15 * D + i];
+  }
+  for (std::size_t r = 0; r < 16; ++r)
+    for (std::size_t i = 0; i < D; ++i) {
+      const double gr = gam[r * D + i];
+      x.Qg[r * D + i] = q[r * D + i] * gr;
+      Kg[r * D + i] = k[r * D + i] * gr;
+      Ki[r * D + i] = k[r * D + i] / gr;
+      x.Kd[r * D + i] = k[r * D + i] * x.gn[i] / gr;
+    }
+  std::vector<double> A(256, 0.0);
+  x.P.assign(256, 0.0);
+  for (std::size_t r = 0; r < 16; ++r)
+    for (std::size_t s = 0; s <= r; ++s) {
+      double a = 0, p = 0;
+      for (std::size_t i = 0; i < D; ++i) {
+        a += Kg[r * D + i] * Ki[s * D + i];
+        p += x.Qg[r * D + i] * Ki[s * D + i];
+      }
+      if (s < r) A[r * 16 + s] = beta[r] * a;
+      x.P[r * 16 + s] = p;
+    }
+  x.W.assign(16 * D, 0.0);
+  x.U.assign(16 * D, 0.0);
+  for (std::size_t r = 0; r < 16; ++r)
+    for (std::size_t cc = 0; cc < 2 * D; ++cc) {
+      double acc = beta[r] * (cc < D ? Kg[r * D + cc] : v[r * D + cc - D]);
+      for (std::size_t s = 0; s < r; ++s) acc -= A[r * 16 + s] * (cc < D ? x.W[s * D + cc] : x.U[s * D + cc - D]);
+      (cc < D ? x.W[r * D + cc] : x.U[r * D + cc - D]) = acc;
+    }
+  return x;
+}
+
+/// The pair quantities of the specification, float64: W2, Qg2, Kd2, U2 [32][D], P2 [32][32], gn2 [D].
+struct PairRef {
+  std::vector<double> W2, Qg2, Kd2, U2, P2, gn2;
+};
+PairRef pair_ref(const KdaInputs& in, std::size_t b, std::size_t hv, std::size_t pp) {
+  const std::size_t D = in.d_k;
+  const ChunkRef c0 = chunk_ref(in, b, hv, 2 * pp), c1 = chunk_ref(in, b, hv, 2 * pp + 1);
+  PairRef x;
+  x.W2.assign(32 * D, 0.0);
+  x.Qg2 = x.Kd2 = x.U2 = x.W2;
+  x.P2.assign(32 * 32, 0.0);
+  x.gn2.assign(D, 0.0);
+  std::vector<double> M(256, 0.0), Pbl(256, 0.0);
+  for (std::size_t r = 0; r < 16; ++r)
+    for (std::size_t s = 0; s < 16; ++s)
+      for (std::size_t i = 0; i < D; ++i) {
+        M[r * 16 + s] += c1.W[r * D + i] * c0.Kd[s * D + i];
+        Pbl[r * 16 + s] += c1.Qg[r * D + i] * c0.Kd[s * D + i];
+      }
+  for (std::size_t r = 0; r < 16; ++r)
+    for (std::size_t i = 0; i < D; ++i) {
+      const double gp = c0.gn[i], gq = c1.gn[i];
+      double wb = c1.W[r * D + i] * gp, ub = c1.U[r * D + i];
+      for (std::size_t s = 0; s < 16; ++s) {
+        wb -= M[r * 16 + s] * c0.W[s * D + i];
+        ub -= M[r * 16 + s] * c0.U[s * D + i];
+      }
+      x.W2[r * D + i] = c0.W[r * D + i];
+      x.W2[(16 + r) * D + i] = wb;
+      x.U2[r * D + i] = c0.U[r * D + i];
+      x.U2[(16 + r) * D + i] = ub;
+      x.Qg2[r * D + i] = c0.Qg[r * D + i];
+      x.Qg2[(16 + r) * D + i] = c1.Qg[r * D + i] * gp;
+      x.Kd2[r * D + i] = c0.Kd[r * D + i] * gq;
+      x.Kd2[(16 + r) * D + i] = c1.Kd[r * D + i];
+    }
+  for (std::size_t i = 0; i < D; ++i) x.gn2[i] = c0.gn[i] * c1.gn[i];
+  for (std::size_t r = 0; r < 16; ++r)
+    for (std::size_t s = 0; s < 16; ++s) {
+      x.P2[r * 32 + s] = c0.P[r * 16 + s];
+      x.P2[(16 + r) * 32 + s] = Pbl[r * 16 + s];
+      x.P2[(16 + r) * 32 + 16 + s] = c1.P[r * 16 + s];
+    }
+  return x;
+}
+
+double u16_at(const unsigned char* p, std::size_t byte) {
+  std::uint16_t u;
+  std::memcpy(&u, p + byte, 2);
+  return bf16_from_bits(u);
+}
+double f32_at(const unsigned char* p, std::size_t byte) {
+  float f;
+  std::memcpy(&f, p + byte, 4);
+  return f;
+}
+/// Byte offset of element (r, c) of a 16 x 16k matrix stored as mma.m16n8k16 A fragments (uint4 per (k-tile, lane)),
+/// from the PTX fragment definition: lane = 4 (r % 8) + (c % 8) / 2, register (r / 8) + 2 ((c % 16) / 8), half c % 2.
+std::size_t afrag_byte(std::size_t r, std::size_t c) {
+  const std::size_t lane = 4 * (r % 8) + (c % 8) / 2, reg = r / 8 + 2 * ((c % 16) / 8);
+  return 16 * ((c / 16) * 32 + lane) + 4 * reg + 2 * (c % 2);
+}
+/// Byte offset of element (k, n) of a 16 x N matrix (k = row) stored as B fragments of two n-tiles per uint4
+/// (KdaSlot::Kd's order): lane = 4 (n % 8) + (k % 8) / 2, register 2 ((n % 16) / 8) + k / 8, half k % 2.
+std::size_t bfrag_byte(std::size_t k, std::size_t n) {
+  const std::size_t lane = 4 * (n % 8) + (k % 8) / 2, reg = 2 * ((n % 16) / 8) + k / 8;
+  return 16 * ((n / 16) * 32 + lane) + 4 * reg + 2 * (k % 2);
+}
+
+}  // namespace
+
+TEST_CASE("pair workspace slot (KdaPairSlot) vs a float64 computation of the pair specification", "[gpu][kda][pair]") {
+  using PS = kernels::KdaPairSlot;
+  struct Cs { std::size_t B, T, H, group; std::uint64_t seed; };
+  const Cs cases[] = {{1, 300, 2, 1, 1234}, {2, 50, 1, 2, fresh_seed()}, {1, 17, 1, 1, fresh_seed()}};
+  for (const auto& cs : cases) {
+    const KdaInputs in = make_inputs(cs.B, cs.T, cs.H, cs.group, cs.seed);
+    const DevInputs d(in);
+    auto a = prefill_args(in, d);
+    a.pair_chunks = true;
+    a.run_phases = 1;  // the pair prepare only
+    DevBuf o(in.B * in.T * in.HV * Dm * 2);
+    a.o = o.as<bf16_t>();
+    const std::size_t wsb = kernels::kda_prefill_workspace_bytes(a);
+    const std::size_t npair = (in.T + 31) / 32;
+    REQUIRE(wsb == in.B * npair * in.HV * PS::bytes);
+    DevBuf ws(wsb);
+    ws.poison();
+    a.workspace = ws.p;
+    a.workspace_bytes = wsb;
+    kernels::kda_prefill(a, nullptr);
+    cuda_check(cudaDeviceSynchronize(), "pair prepare");
+    std::vector<unsigned char> h(wsb);
+    cuda_check(cudaMemcpy(h.data(), ws.p, wsb, cudaMemcpyDeviceToHost), "download workspace");
+    struct Field {
+      const char* name;
+      double max_abs = 0, max_ref = 0;
+      std::size_t nonfinite = 0;
+      void add(double x, double r) {
+        if (!std::isfinite(x)) ++nonfinite;
+        else max_abs = std::max(max_abs, std::fabs(x - r));
+        max_ref = std::max(max_ref, std::fabs(r));
+      }
+      double rel() const { return max_ref > 0 ? max_abs / max_ref : max_abs; }
+    };
+    Field W2{"W2"}, Qg2{"Qg2"}, Kd2{"Kd2"}, U2{"U2"}, P2{"P2"}, gn2{"gam_n2"};
+    double range_w[2] = {0, 0}, range_u[2] = {0, 0};  // max |W_c|, |Wb| and |U_c|, |Ub| (float64)
+    for (std::size_t b = 0; b < in.B; ++b)
+      for (std::size_t pp = 0; pp < npair; ++pp)
+        for (std::size_t hv = 0; hv < in.HV; ++hv) {
+          const PairRef x = pair_ref(in, b, hv, pp);
+          const unsigned char* s = h.data() + ((b * npair + pp) * in.HV + hv) * PS::bytes;
+          for (std::size_t R = 0; R < 32; ++R)
+            for (std::size_t i = 0; i < Dm; ++i) {
+              const std::size_t mt = R / 16, r = R % 16;
+              W2.add(u16_at(s + PS::W2 + mt * 4096, afrag_byte(r, i)), round_bf16(x.W2[R * Dm + i]));
+              Qg2.add(u16_at(s + PS::Qg2 + mt * 4096, afrag_byte(r, i)), round_bf16(x.Qg2[R * Dm + i]));
+              Kd2.add(u16_at(s + PS::Kd2 + mt * 4096, bfrag_byte(r, i)), round_bf16(x.Kd2[R * Dm + i]));
+              U2.add(f32_at(s + PS::U2, 4 * (R * Dm + i)), x.U2[R * Dm + i]);
+              range_w[mt] = std::max(range_w[mt], std::fabs(x.W2[R * Dm + i]));
+              range_u[mt] = std::max(range_u[mt], std::fabs(x.U2[R * Dm + i]));
+            }
+          // P2's blocks: 0 = (rows 0..15, cols 0..15), 1 = (16.., 0..15), 2 = (16.., 16..); hi + lo
+          const std::size_t r0[3] = {0, 16, 16}, c0[3] = {0, 0, 16};
+          for (std::size_t blk = 0; blk < 3; ++blk)
+            for (std::size_t r = 0; r < 16; ++r)
+              for (std::size_t c = 0; c < 16; ++c) {
+                const std::size_t off = PS::Pf2 + 1024 * blk + afrag_byte(r, c);
+                P2.add(u16_at(s, off) + u16_at(s, off + 512), x.P2[(r0[blk] + r) * 32 + c0[blk] + c]);
+              }
+          for (std::size_t i = 0; i < Dm; ++i) gn2.add(f32_at(s + PS::gam_n2, 4 * i), x.gn2[i]);
+        }
+    std::printf("pair slot vs float64 (B,T,H,HV)=(%zu,%zu,%zu,%zu), %zu slots: max|diff|/max|ref|  W2 %.3e  Qg2 %.3e  "
+                "Kd2 %.3e  U2 %.3e  P2 %.3e  gam_n2 %.3e;  ranges: max|W_c| %.3g max|Wb| %.3g, max|U_c| %.3g max|Ub| %.3g\n",
+                cs.B, cs.T, cs.H, in.HV, in.B * npair * in.HV, W2.rel(), Qg2.rel(), Kd2.rel(), U2.rel(), P2.rel(),
+                gn2.rel(), range_w[0], range_w[1], range_u[0], range_u[1]);
+    for (const Field* f : {&W2, &Qg2, &Kd2, &U2, &P2, &gn2}) {
+      CAPTURE(f->name, f->rel(), f->nonfinite);
+      REQUIRE(f->nonfinite == 0);
+    }
+    CHECK(W2.rel() <= tol::kda_pair_slot_bf16.value);
+    CHECK(Qg2.rel() <= tol::kda_pair_slot_bf16.value);
+    CHECK(Kd2.rel() <= tol::kda_pair_slot_bf16.value);
+    CHECK(U2.rel() <= tol::kda_pair_slot_fp32.value);
+    CHECK(P2.rel() <= tol::kda_pair_slot_fp32.value);
+    CHECK(gn2.rel() <= tol::kda_pair_slot_fp32.value);
+  }
+}
+
+TEST_CASE("pair step: unsupported options give clear errors naming pair_chunks; segments auto = 1", "[gpu][kda][pair]") {
+  const KdaInputs in = make_inputs(1, 20, 1, 1, fresh_seed());
+  const DevInputs d(in);
+  DevBuf o(in.T * Dm * 2), S(Dm * Dm * 4);
+  auto good = prefill_args(in, d);
+  good.pair_chunks = true;
+  good.o = o.as<bf16_t>();
+  good.S_final = S.as<float>();
+  DevBuf ws(kernels::kda_prefill_workspace_bytes(good));
+  good.workspace = ws.p;
+  good.workspace_bytes = ws.bytes;
+  REQUIRE_NOTHROW(kernels::kda_prefill(good, nullptr));
+  cuda_check(cudaDeviceSynchronize(), "good");
+  struct Bad { const char* what; kernels::KdaPrefillArgs a; const char* names; };
+  std::vector<Bad> bads;
+  for (const int D : {64, 256}) {
+    Bad b{"D", good, "D = "};
+    b.a.D = D;
+    bads.push_back(b);
+  }
+  for (const int P : {2, 3}) {
+    Bad b{"segment_state", good, "segment_state = "};
+    b.a.segment_state = P;
+    bads.push_back(b);
+  }
+  for (const int sv : {2, 4, 5}) {
+    Bad b{"state_variant", good, "state_variant = "};
+    b.a.state_variant = sv;
+    bads.push_back(b);
+  }
+  {
+    Bad b{"prepare_variant", good, "prepare_variant = "};
+    b.a.prepare_variant = 4;
+    bads.push_back(b);
+  }
+  {
+    Bad b{"workspace", good, "pair_chunks = true"};
+    b.a.workspace_bytes = kernels::KdaPairSlot::bytes - 16;  // one pair needs one slot
+    bads.push_back(b);
+  }
+  for (const Bad& b : bads) {
+    const std::string m = message_of([&] { kernels::kda_prefill(b.a, nullptr); });
+    std::printf("pair bad %s: \"%s\"\n", b.what, m.c_str());
+    CAPTURE(b.what, m);
+    CHECK(m.find("pair_chunks") != std::string::npos);
+    CHECK(m.find(b.names) != std::string::npos);
+    if (b.what != std::string("workspace")) {  // the option checks also guard the workspace size query
+      const std::string mw = message_of([&] { (void)kernels::kda_prefill_workspace_bytes(b.a); });
+      CAPTURE(mw);
+      CHECK(mw.find("pair_chunks") != std::string::npos);
+    }
+  }
+  // segment_state 0 (auto) and 1 are accepted and run one-shot; the auto rule's target shape says 1 with pairs
+  auto a = good;
+  a.segment_state = 1;
+  CHECK_NOTHROW(kernels::kda_prefill(a, nullptr));
+  kernels::KdaPrefillArgs big = good;
+  big.T = 65536;
+  big.H = big.HV = 32;
+  const int seg_pair = kernels::kda_prefill_segments(big);
+  big.pair_chunks = false;
+  std::printf("pair: kda_prefill_segments at T = 65536, H = 32: %d with pair_chunks, %d without\n", seg_pair,
+              kernels::kda_prefill_segments(big));
+  CHECK(seg_pair == 1);
+  cuda_check(cudaDeviceSynchronize(), "after bad inputs");
+}
+
+TEST_CASE("pair step T = 65536, H = 32 vs the default prefill on all heads and float64 on one head",
+          "[gpu][kda][pair][long]") {
+  const std::size_t T = 65536, H = 32;
+  LongKdaInputs li(T, H, Dm, fresh_seed());
+  const std::size_t nq = li.nq;
+  kernels::KdaPrefillArgs a = li.a;
+  DevBuf o1(nq * 2), S1(H * Dm * Dm * 4), o2(nq * 2), S2(H * Dm * Dm * 4);
+  auto run = [&](kernels::KdaPrefillArgs x, DevBuf& ob, DevBuf& sb) {
+    ob.poison();
+    sb.poison();
+    x.o = ob.as<bf16_t>();
+    x.S_final = sb.as<float>();
+    DevBuf ws(kernels::kda_prefill_workspace_bytes(x));
+    ws.poison();
+    x.workspace = ws.p;
+    x.workspace_bytes = ws.bytes;
+    kernels::kda_prefill(x, nullptr);
+    cuda_check(cudaDeviceSynchronize(), "kda_prefill T=65536");
+  };
+  run(a, o1, S1);
+  a.pair_chunks = true;
+  run(a, o2, S2);
+  const auto ko1 = download_bf16(o1), ko2 = download_bf16(o2);
+  const auto kS1 = download_f32(S1), kS2 = download_f32(S2);
+  const auto mo = compare(ko2, ko1), ms = compare(kS2, kS1);
+  std::printf("pair T=65536 H=32 all heads, pair vs default: o %.3e (nan %lld), S_final %.3e (nan %lld)\n", mo.rel_rms,
+              static_cast<long long>(mo.nan_count), ms.rel_rms, static_cast<long long>(ms.nan_count));
+  REQUIRE(mo.nan_count + mo.inf_count + ms.nan_count + ms.inf_count == 0);
+  CHECK(mo.rel_rms <= 2 * tol::kda_bf16_goal.value);
+  CHECK(ms.rel_rms <= 2 * tol::kda_twin_state.value);
+  // one head vs the float64 recurrence (heads are independent)
+  const std::size_t hv = 7;
+  std::vector<float> A_h(H), bias_h(H * Dm), S0_h(H * Dm * Dm);
+  cuda_check(cudaMemcpy(A_h.data(), li.A_log.p, li.A_log.bytes, cudaMemcpyDeviceToHost), "A_log");
+  cuda_check(cudaMemcpy(bias_h.data(), li.bias.p, li.bias.bytes, cudaMemcpyDeviceToHost), "bias");
+  cuda_check(cudaMemcpy(S0_h.data(), li.S0.p, li.S0.bytes, cudaMemcpyDeviceToHost), "S0");
+  auto mk = [](std::vector<std::size_t> shp, std::vector<double> data) {
+    Tensor<double> t(std::move(shp));
+    REQUIRE(t.data.size() == data.size());
+    t.data = std::move(data);
+    return t;
+  };
+  KdaInputs in;
+  in.B = 1; in.T = T; in.H = 1; in.HV = 1; in.d_k = Dm; in.d_v = Dm;
+  in.g_min = -5.0;
+  in.scale = 1.0 / std::sqrt(128.0);
+  in.q_raw = mk({1, T, 1, Dm}, download_head_bf16(li.q.as<bf16_t>(), T, H, hv));
+  in.k_raw = mk({1, T, 1, Dm}, download_head_bf16(li.k.as<bf16_t>(), T, H, hv));
+  in.v = mk({1, T, 1, Dm}, download_head_bf16(li.v.as<bf16_t>(), T, H, hv));
+  in.g_raw = mk({1, T, 1, Dm}, download_head_bf16(li.g.as<bf16_t>(), T, H, hv));
+  in.beta_raw = mk({1, T, 1}, download_head_bf16(li.beta.as<bf16_t>(), T, H, hv, 1));
+  in.A_log = mk({1}, std::vector<double>{A_h[hv]});
+  in.bias = mk({1, Dm}, std::vector<double>(bias_h.begin() + hv * Dm, bias_h.begin() + (hv + 1) * Dm));
+  in.S0 = mk({1, 1, Dm, Dm}, std::vector<double>(S0_h.begin() + hv * Dm * Dm, S0_h.begin() + (hv + 1) * Dm * Dm));
+  derive_kda(in);
+  const auto ref = truth(in);
+  const auto h1 = download_head_bf16(o1.as<bf16_t>(), T, H, hv), h2 = download_head_bf16(o2.as<bf16_t>(), T, H, hv);
+  const std::vector<double> s2(kS2.begin() + hv * Dm * Dm, kS2.begin() + (hv + 1) * Dm * Dm),
+      s1(kS1.begin() + hv * Dm * Dm, kS1.begin() + (hv + 1) * Dm * Dm);
+  const auto m2 = compare(h2, ref.o.data), m1 = compare(h1, ref.o.data);
+  const auto q2 = compare(s2, ref.S_final.data), q1 = compare(s1, ref.S_final.data);
+  std::printf("pair T=65536 H=32 head %zu vs float64: o %.4e (default %.4e), state %.4e (default %.4e)\n", hv, m2.rel_rms,
+              m1.rel_rms, q2.rel_rms, q1.rel_rms);
+  CHECK(m2.rel_rms <= tol::kda_bf16_goal.value);
+  CHECK(m2.rel_rms <= pair_bound(m1.rel_rms, tol::kda_bf16_goal.value));
+  CHECK(q2.rel_rms <= pair_bound(q1.rel_rms, tol::kda_twin_state.value));
+}
