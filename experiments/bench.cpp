@@ -371,6 +371,24 @@ Measured bench_prefill(const Shape& s, int warmup, int iters, std::uint64_t seed
     fmt::print("  (B={} T={} H={} HV={}: prep v{} = {:.4f} ms, prep v4 = {:.4f} ms ({:.2f}x); total with prep v4 = {:.4f} ms)\n",
                s.B, s.T, s.H, s.HV, a.prepare_variant, prep, prep4, prep4 / prep, all4);
   }
+  {  // the two-chunk pair step (kernels/kda.hpp pair_chunks, opt-in): its own workspace (KdaPairSlot), serial schedule
+    auto ap = a;
+    ap.pair_chunks = true;
+    ap.segment_state = 0;  // the pair step is one-shot (a forced --segments P >= 2 would be refused)
+    const std::size_t wsp = kernels::kda_prefill_workspace_bytes(ap);
+    Dev wsbuf(wsp);
+    ap.workspace = wsbuf.p;
+    ap.workspace_bytes = wsp;
+    ap.run_phases = 3;
+    const double allp = time_ms([&] { kernels::kda_prefill(ap, nullptr); }, warmup, iters).first;
+    ap.run_phases = 1;
+    const double prepp = time_ms([&] { kernels::kda_prefill(ap, nullptr); }, warmup, iters).first;
+    ap.run_phases = 2;
+    const double statep = time_ms([&] { kernels::kda_prefill(ap, nullptr); }, warmup, iters).first;
+    fmt::print("  (B={} T={} H={} HV={}: pair: prepare pair = {:.4f} ms, state pair = {:.4f} ms, total = {:.4f} ms; "
+               "default: prepare {:.4f}, state {:.4f}, total {:.4f} ms; total pair / default = {:.3f})\n",
+               s.B, s.T, s.H, s.HV, prepp, statep, allp, prep, state, ms, allp / ms);
+  }
   a.state_variant = 2;  // v2 reads the fp32 P, which the compact workspace leaves out: prepare it first (the
   a.run_phases = 1;     // prepare writes P when state_variant = 2), then time the state pass alone
   kernels::kda_prefill(a, nullptr);
@@ -606,7 +624,8 @@ void register_bench(Registry& reg) {
       ->capture_default_str();
   a->add_flag("--variants", o->variants,
               "kda-prefill: also time the non-default variants beside the defaults and print them (the one-shot "
-              "schedule beside the segment path, prepare v4, state passes v2, v4 and v5); the table keeps the defaults. "
+              "schedule beside the segment path, prepare v4, the two-chunk pair step, state passes v2, v4 and v5); the "
+              "table keeps the defaults. "
               "Default: off");
   a->add_option("--segments", o->kda_segments,
                 "kda-prefill state pass: 0 = the v5 auto rule (P = 3 at T = 65536, H = 32), 1 = one-shot, 2..64 = P "
