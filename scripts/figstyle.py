@@ -139,7 +139,7 @@ def _jsonable(a):
 def describe(fig):
     """What the figure shows, as plain data (the --dump output): per axes its title, labels, scales,
     limits, lines (label, color, linestyle, marker, markersize, markerfacecolor, linewidth, zorder,
-    x, y) and legend texts; the figure-level legends and texts (the footer)."""
+    x, y, coords) and legend texts; the figure-level legends and texts (the footer)."""
     axes = []
     for ax in fig.axes:
         lines = []
@@ -148,7 +148,9 @@ def describe(fig):
                           "linestyle": ln.get_linestyle(), "marker": str(ln.get_marker()),
                           "markersize": float(ln.get_markersize()),
                           "markerfacecolor": str(ln.get_markerfacecolor()), "linewidth": float(ln.get_linewidth()),
-                          "zorder": float(ln.get_zorder()), "x": _jsonable(ln.get_xdata()), "y": _jsonable(ln.get_ydata())})
+                          "zorder": float(ln.get_zorder()), "x": _jsonable(ln.get_xdata()), "y": _jsonable(ln.get_ydata()),
+                          # "axes" for axhline/axvline, whose other coordinate is a fraction of the axes
+                          "coords": "data" if ln.get_transform() == ax.transData else "axes"})
         leg = ax.get_legend()
         axes.append({"title": ax.get_title(), "xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel(),
                      "xscale": ax.get_xscale(), "yscale": ax.get_yscale(), "xlim": list(map(float, ax.get_xlim())),
@@ -161,11 +163,11 @@ def describe(fig):
 
 
 def save(fig, out_dir, name):
+    os.makedirs(out_dir, exist_ok=True)
     if _ARGS is not None and _ARGS.dump:
         fig.canvas.draw()  # limits and tight_layout as saved
         with open(_ARGS.dump, "w") as fh:
             json.dump(describe(fig), fh, indent=1)
-    os.makedirs(out_dir, exist_ok=True)
     paths = [os.path.join(out_dir, name + ext) for ext in (".png", ".pdf")]
     for p in paths:
         fig.savefig(p)
