@@ -162,12 +162,18 @@ def summarise_table(path, g, f):
 
 
 def notes(name, obj):
+    """A group's `note` / `notes` attribute: one or two lines printed whole (wrapped), more one line each."""
     for key in ("note", "notes"):
         if key in obj.attrs:
             v = text(obj.attrs[key])
             if v and v != "none":
-                for line in v.splitlines():
-                    print("  " + textwrap.shorten(f"{name} {key}: {line}", width=160, placeholder=" …"))
+                lines = v.splitlines()
+                for line in lines:
+                    if len(lines) <= 2:
+                        print(textwrap.fill(f"{name} {key}: {line}", width=150, initial_indent="  ",
+                                            subsequent_indent="    "))
+                    else:
+                        print("  " + textwrap.shorten(f"{name} {key}: {line}", width=150, placeholder=" …"))
 
 
 def main(paths):
@@ -184,9 +190,9 @@ def main(paths):
 
             def visit(name, obj):
                 if isinstance(obj, h5py.Group):
-                    notes(name, obj)
                     if summarise_table(name, obj, f):
                         done.update(f"{name}/{k}" for k in columns(obj))
+                    notes(name, obj)
                 elif name not in done and len(obj.shape) != 1:
                     u = unit_of(obj)
                     print(f"  {name}: {' x '.join(map(str, obj.shape)) or 'scalar'}" + (f" [{u}]" if u else ""))
