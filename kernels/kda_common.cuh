@@ -53,17 +53,16 @@ __device__ __forceinline__ void unpack4(const uint2& u, float* f) {
   f[3] = __uint_as_float(u.y & 0xffff0000u);
 }
 
-/// fp32 -> tf32 (round to nearest, ties away; PTX cvt.rna.tf32.f32), as the 32-bit pattern mma reads.
-__device__ __forceinline__ std::uint32_t to_tf32(float x) {
-  std::uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-  return r;
-}
-/// Splits x into tf32 hi + lo (x - hi is exact in fp32; x ~ hi + lo to ~2^-22 relative), the operands of
-/// the 3-pass fp32-class product a b ~ a_hi b_hi + a_hi b_lo + a_lo b_hi (the dropped a_lo b_lo is ~2^-22).
+/// Splits finite x into tf32 hi + lo, the operands of the 3-pass fp32-class product a b ~ a_hi b_hi + a_hi b_lo +
+/// a_lo b_hi (the dropped a_lo b_lo is <= 2^-22 relative). hi = x rounded to tf32 with cvt.rna's rule (nearest,
+/// ties away from zero) done on the bit pattern: + 2^12 then clear the 13 low bits (2 integer instructions
+/// instead of cvt's ~5; same result for finite |x| < FLT_MAX). lo = x - hi (exact in fp32) is passed as its raw
+/// fp32 bits: the tensor core reads the 19 high bits of a tf32 operand, i.e. truncates lo (<= 2^-10 |lo| <=
+/// 2^-21 |x|; the session-4 version rounded lo with cvt.rna: <= 2^-22 |x|). Session 5: ~6% of prepare v6's
+/// instructions were these conversions.
 __device__ __forceinline__ void split_tf32(float x, std::uint32_t& hi, std::uint32_t& lo) {
-  hi = to_tf32(x);
-  lo = to_tf32(x - __uint_as_float(hi));
+  hi = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+  lo = __float_as_uint(x - __uint_as_float(hi));
 }
 
 /// D = A B + D for one m16n8k8 tile: A 16x8 tf32 (row), B 8x8 tf32 (col), D 16x8 fp32. Fragments

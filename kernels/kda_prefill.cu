@@ -440,9 +440,10 @@ __global__ void __launch_bounds__(256, D == 256 ? 3 : 4) kda_prepare_v6_kernel(P
 #pragma unroll
     for (int r = 0; r < C; ++r) {
       const float kk = sK[r][i];
-      // one correctly rounded reciprocal instead of two IEEE divisions (k / gam, gn / gam: ~9 instructions and a
-      // slow-path branch each; session 5): Ki and Kd carry one more fp32 rounding (<= 1 ulp), fp32-class
-      const float rg = __frcp_rn(gam[r]);
+      // one fast reciprocal (MUFU.RCP, <= 1 ulp; gam >= exp(16 g_min) = 1.8e-35 is a normal number) instead of
+      // two IEEE divisions (k / gam, gn / gam: ~9 instructions and a slow-path branch each; session 5): Ki and Kd
+      // are within ~2 ulp of the divisions' results, fp32-class
+      const float rg = __fdividef(1.0f, gam[r]);
       qg[r] = sQ[r][i] * gam[r];
       sQ[r][i] = qg[r];
       sK[r][i] = kk * gam[r];
