@@ -35,6 +35,8 @@ if [ "$op" != none ]; then
     [ -d peers/fla-src ] && step fla-kda python3 bench/fla_kda.py --fla-path peers/fla-src --json "$OUT/fla_kda.json" \
       --check-dir "$OUT/fla_check" && peer+=(--peer-json "$OUT/fla_kda.json");; esac
   for f in data/baselines/h200-kda.h5 data/baselines/h200-mla.h5; do [ -f "$f" ] && cmp+=(--compare "$f"); done
-  TAIL=${BENCH_TAIL:-40} step "bench-$op" "$B/experiments/kdalab" bench --op "$op" --variants "${peer[@]}" "${cmp[@]}" --out "$OUT/bench-$op.h5"
+  # --variants acts on the kda-prefill rows only: bench refuses it with another op (exit 2); all takes it
+  var=(); case "$op" in all|kda-prefill) var=(--variants);; esac
+  TAIL=${BENCH_TAIL:-40} step "bench-$op" "$B/experiments/kdalab" bench --op "$op" "${var[@]}" "${peer[@]}" "${cmp[@]}" --out "$OUT/bench-$op.h5"
 fi
 pack

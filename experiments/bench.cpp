@@ -12,7 +12,8 @@
 // of ANCHORS.md (715 TFLOP/s, not re-measured). Decode at B <= 8 is timed as one CUDA graph of 100
 // steps (per-step time reported). Inputs are seeded device-side N(0,1) bf16 fills (never zeros).
 // --peer-json: a JSON object {"<op> B=.. T=.. H=.. HV=..": milliseconds} written by a peer timing
-//   script in the same machine session (fla); adds peer_ms and speedup = peer_ms / time_ms.
+//   script in the same machine session (fla); adds peer_ms and speedup = peer_ms / time_ms. --out is never one of
+//   the --peer-json files (checked as for --compare).
 // --compare: prints time / baseline time per row found in the BASELINE.h5 files (same group, same key; the first
 //   file holding the key wins) and
 //   flags rows more than 10% slower; exit code 1 when any row is flagged (the regression check); prints how many rows
@@ -42,8 +43,9 @@
 //   flops = 6 S T d (h.h, w.h, the weighted sum).
 // Order of the checks (the same errors, exit 2, in every build): --op, the numbers (--iters, --warmup, --prefix,
 // --overlap, --segments, --variant), options the op ignores (--variant != 2 without mla-decode, --prefix > 0 without
-// mla-prefill; --op all takes both), --shapes (fields the op ignores refused: HV != H for the MLA ops, a 4th
-// attn-res field), the --peer-json files, the --compare files, then --out (folder
+// mla-prefill, --segments != 0, --overlap != 1 or --variants without kda-prefill; --op all takes each of them, it
+// acts on that op's rows), --shapes (fields the op ignores refused: HV != H for the MLA ops, a 4th
+// attn-res field), the --peer-json files, the --compare files, --out not one of those files, then --out (folder
 // exists and is writable; an existing file only with --force). Only then: without the CUDA kernels (CPU build)
 // or without a visible GPU, one line on stderr saying so, nothing written, exit 3 (kExitNotAvailable: "cannot
 // run in this build / on this machine"; not 0, so a GPU-less CI gate running `bench --compare` fails instead
@@ -616,20 +618,22 @@ void register_bench(Registry& reg) {
                 "'attn-res S=.. T=.. d=..'), a time > 0 (finite) or null, from the same machine session (the whole file is that "
                 "one object, each key once); several files (or the "
                 "option repeated) are merged (each key in one file only; keys starting with _ are metadata and skipped), "
-                "e.g. bench/fla_kda.py's and bench/torch_mla_decode.py's. Default: none (peer_ms NaN)");
+                "e.g. bench/fla_kda.py's and bench/torch_mla_decode.py's; never the --out file. Default: none (peer_ms NaN)");
+  // --overlap, --segments, --variants act on the kda-prefill rows only
+  const std::string kda_prefill_only =
+      "Only with --op kda-prefill or all (with all it acts on the kda-prefill rows; refused with another op)";
   a->add_option("--overlap", o->kda_overlap,
                 "kda-prefill schedule: 1 = the library defaults (the one-shot state pass overlaps the prepare of later "
                 "segments, KdaPrefillArgs::overlap_segments; the v5 segment path runs serially), 0 = everything serial, "
-                "2 = the v5 segment path overlapped too (overlap_segment_pass)")
+                "2 = the v5 segment path overlapped too (overlap_segment_pass). " + kda_prefill_only)
       ->capture_default_str();
   a->add_flag("--variants", o->variants,
               "kda-prefill: also time the non-default variants beside the defaults and print them (the one-shot "
-              "schedule beside the segment path, prepare v4, the two-chunk pair step, state passes v2, v4 and v5); the "
-              "table keeps the defaults. "
-              "Default: off");
+              "schedule beside the segment path, prepare v4, the two-chunk pair step, state passes v2, v4 and v5; "
+              "D = 128 rows only); the table keeps the defaults. Default: off. " + kda_prefill_only);
   a->add_option("--segments", o->kda_segments,
                 "kda-prefill state pass: 0 = the v5 auto rule (P = 3 at T = 65536, H = 32), 1 = one-shot, 2..64 = P "
-                "segments in parallel (KdaPrefillArgs::segment_state)")->capture_default_str();
+                "segments in parallel (KdaPrefillArgs::segment_state). " + kda_prefill_only)->capture_default_str();
   a->add_option("--variant", o->mla_variant,
                 "mla-decode split kernel: 1 (mma.sync, v1), 2 (wgmma, v2) or 4 (v2 with early refill and a PDL combine, "
                 "v4); 3 was removed. Only with --op mla-decode or all (refused with another op)")
@@ -659,11 +663,22 @@ void register_bench(Registry& reg) {
     require(o->mla_variant == 1 || o->mla_variant == 2 || o->mla_variant == 4,
             "--variant = " + std::to_string(o->mla_variant) +
                 "; accepted: 1 (mma.sync), 2 (wgmma) or 4 (v2 with early refill), mla-decode only (3 was removed)");
-    // options the chosen op would ignore are refused, not dropped silently (--op all applies each to its op)
-    require(o->mla_variant == 2 || o->op == "mla-decode" || o->op == "all",
-            "--variant " + std::to_string(o->mla_variant) + " applies to --op mla-decode (or all) only, not --op " + o->op);
-    require(o->prefix == 0 || o->op == "mla-prefill" || o->op == "all",
-            "--prefix " + std::to_string(o->prefix) + " applies to --op mla-prefill (or all) only, not --op " + o->op);
+    // options that act on one op only, set to other than their default, are refused with another op, not dropped
+    // silently; --op all takes each of them (it acts on that op's rows)
+    struct OneOpOption {
+      bool set;           // given with a value other than the default (BenchOptions{})
+      std::string given;  // the option and its value, as the message names them
+      const char* op;     // the op it acts on
+    };
+    const BenchOptions def;
+    for (const OneOpOption& x :
+         {OneOpOption{o->mla_variant != def.mla_variant, "--variant " + std::to_string(o->mla_variant), "mla-decode"},
+          OneOpOption{o->prefix != def.prefix, "--prefix " + std::to_string(o->prefix), "mla-prefill"},
+          OneOpOption{o->kda_segments != def.kda_segments, "--segments " + std::to_string(o->kda_segments), "kda-prefill"},
+          OneOpOption{o->kda_overlap != def.kda_overlap, "--overlap " + std::to_string(o->kda_overlap), "kda-prefill"},
+          OneOpOption{o->variants != def.variants, "--variants", "kda-prefill"}})
+      require(!x.set || o->op == x.op || o->op == "all",
+              x.given + " applies to --op " + x.op + " (or all) only, not --op " + o->op);
     require(ctx.app->get_option("--shapes")->count() == 0 || !o->shapes.empty(),
             "--shapes is empty; leave it out for the default shapes");
     std::vector<std::string> ops =
@@ -733,15 +748,20 @@ void register_bench(Registry& reg) {
     }
     [[maybe_unused]] std::vector<BaselineRows> baselines;  // every --compare file read completely now, before any GPU work
     for (const std::string& cf : o->compare) baselines.push_back(read_compare_file(cf, grps));
-    // --out is never one of the --compare files (same path, a symlink or another spelling of it): the baseline
-    // is read, never overwritten (with --force it would be)
-    for (const std::string& cf : o->compare) {
-      std::error_code e1, e2, e3;
-      const auto a = std::filesystem::weakly_canonical(cf, e1), b = std::filesystem::weakly_canonical(ctx.common.out, e2);
-      const bool same = (!e1 && !e2 && a == b) || std::filesystem::equivalent(cf, ctx.common.out, e3);
-      require(!same, "--out '" + ctx.common.out + "' is the --compare file '" + cf +
-                         "'; give another results file (a baseline is read, never overwritten)");
-    }
+    // --out is never one of the input files, --compare or --peer-json (same path, a symlink or another spelling of
+    // it): an input is read, never overwritten (with --force it would be)
+    struct InputFiles {
+      const char* option;
+      const std::vector<std::string>& files;
+    };
+    for (const InputFiles& in : {InputFiles{"--compare", o->compare}, InputFiles{"--peer-json", o->peer_json}})
+      for (const std::string& file : in.files) {
+        std::error_code e1, e2, e3;
+        const auto a = std::filesystem::weakly_canonical(file, e1), b = std::filesystem::weakly_canonical(ctx.common.out, e2);
+        const bool same = (!e1 && !e2 && a == b) || std::filesystem::equivalent(file, ctx.common.out, e3);
+        require(!same, "--out '" + ctx.common.out + "' is the " + in.option + " file '" + file +
+                           "'; give another results file (" + in.option + " files are read, never overwritten)");
+      }
     // --out last among the options (Command::writes_output is off for bench, so cli.cpp does not check it
     // first): a bad option above is named whatever --out is, and the same way in every build
     check_output_path(ctx.common.out, ctx.common.force);

@@ -10,6 +10,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <fstream>
+#include <string>
+#include <vector>
 
 #include "experiments/build_info.hpp"
 #include "experiments/cli.hpp"
@@ -58,6 +61,85 @@ double time_per_call(F&& f, double min_time) {
   }
   std::sort(per.begin(), per.end());
   return per[per.size() / 2];
+}
+
+/// One data or unified CPU cache level of CPU 0 as Linux reports it (/sys/devices/system/cpu/cpu0/cache/index*/).
+struct CacheLevel {
+  int level = 0;
+  std::string type;         ///< "Data" or "Unified"
+  double bytes = 0;         ///< size in bytes
+  std::string shared_cpus;  ///< CPUs sharing it, e.g. "0-1"
+};
+
+/// The data/unified caches of CPU 0, smallest level first; empty where sysfs does not say (not Linux, a
+/// container without /sys). Never throws.
+std::vector<CacheLevel> cpu0_caches() {
+  std::vector<CacheLevel> out;
+  for (int i = 0; i < 16; ++i) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
+    std::ifstream lv(dir + "level"), ty(dir + "type"), sz(dir + "size"), sh(dir + "shared_cpu_list");
+    CacheLevel c;
+    std::string size;
+    if (!(lv >> c.level) || !(ty >> c.type) || !(sz >> size) || c.type == "Instruction" || size.empty()) continue;
+    sh >> c.shared_cpus;
+    const char unit = size.back();
+    const double mult = unit == 'K' ? 1024.0 : unit == 'M' ? 1048576.0 : unit == 'G' ? 1073741824.0 : 1.0;
+    try {
+      c.bytes = std::stod(size) * mult;
+    } catch (const std::exception&) {
+      continue;
+    }
+    out.push_back(c);
+  }
+  std::sort(out.begin(), out.end(), [](const CacheLevel& a, const CacheLevel& b) { return a.level < b.level; });
+  return out;
+}
+
+/// Bytes as "512 KiB" / "8.0 MiB".
+std::string mib(double bytes) {
+  return bytes < 1048576.0 ? fmt::format("{:.0f} KiB", bytes / 1024.0) : fmt::format("{:.1f} MiB", bytes / 1048576.0);
+}
+
+/// Why the measured CPU softmax read can grow faster than n: its working set, K and V (2 n d float32) plus n
+/// float32 logits, against the caches of this machine. n, sec: the softmax rows in increasing n; d the head
+/// dimension. Names the pair of consecutive n where the time per number read rises most, when it rises more
+/// than 1.5x; otherwise says that no such step was seen. One line (printed and recorded as decode_cost/cpu's
+/// `note`); the measurement itself is not changed.
+std::string softmax_cache_note(const std::vector<double>& n, const std::vector<double>& sec, double d,
+                               const std::vector<CacheLevel>& caches) {
+  std::string ctext;
+  for (const auto& c : caches)
+    ctext += fmt::format("{}L{}{} {}", ctext.empty() ? "" : ", ", c.level, c.type == "Data" ? "d" : "", mib(c.bytes));
+  if (!caches.empty() && !caches.back().shared_cpus.empty())
+    ctext += fmt::format(" shared by CPUs {} (and, on a VM, maybe by other guests)", caches.back().shared_cpus);
+  ctext = caches.empty() ? std::string("this machine's cache sizes are unknown (no sysfs cache entries)")
+                         : "caches here (sysfs, CPU 0): " + ctext;
+  auto ws = [&](double nn) { return nn * (2.0 * d + 1.0) * 4.0; };
+  auto gbs = [&](std::size_t i) { return 2.0 * n[i] * d * 4.0 / sec[i] / 1e9; };
+  std::size_t at = 0;
+  double rise = 1.0;
+  for (std::size_t i = 1; i < n.size(); ++i) {
+    const double r = (sec[i] / n[i]) / (sec[i - 1] / n[i - 1]);
+    if (r > rise) {
+      rise = r;
+      at = i;
+    }
+  }
+  if (n.size() < 2) return "softmax read: one n measured; " + ctext;
+  if (rise <= 1.5)
+    return fmt::format("softmax read: time per number read within 1.5x over n = {}..{} (working set {} .. {}); {}",
+                       n.front(), n.back(), mib(ws(n.front())), mib(ws(n.back())), ctext);
+  auto where = [&](double bytes) {
+    for (const auto& c : caches)
+      if (bytes <= c.bytes) return fmt::format("{:.0f}% of the L{}", 100.0 * bytes / c.bytes, c.level);
+    return std::string("more than every cache");
+  };
+  return fmt::format(
+      "softmax read: {:.1f}x the time for {:.0f}x the tokens from n = {} to {} (read rate {:.1f} -> {:.1f} GB/s): "
+      "its working set (K and V, 2 n d x 4 B, plus n logits) grows from {} ({}) to {} ({}); {}. A cache-size effect "
+      "of this measurement, not of the method: the numbers read per token stay 2 n d.",
+      sec[at] / sec[at - 1], n[at] / n[at - 1], n[at - 1], n[at], gbs(at - 1), gbs(at), mib(ws(n[at - 1])),
+      where(ws(n[at - 1])), mib(ws(n[at])), where(ws(n[at])), ctext);
 }
 
 /// An attention stack for the hybrid cost model (EQUATIONS.md section 7).
@@ -145,6 +227,7 @@ void register_decode_cost(Registry& reg) {
         .col("numbers_read", 'i', "1", "numbers the step reads: 2 n d (softmax) or d^2 (KDA state)");
     const auto d = static_cast<Eigen::Index>(o->cpu_d);
     std::vector<double> cpu_n;
+    std::string cpu_note;  // the working set vs the caches (softmax_cache_note)
     for (double n : o->cpu_n)
       if (n > 0) cpu_n.push_back(n);
     if (!cpu_n.empty()) {
@@ -160,6 +243,7 @@ void register_decode_cost(Registry& reg) {
       SoftmaxCache<float> cache(d, d, n_max);
       std::size_t next = 0;
       std::sort(cpu_n.begin(), cpu_n.end());
+      cpu_n.erase(std::unique(cpu_n.begin(), cpu_n.end()), cpu_n.end());  // a repeated n would misalign the rows
       for (Eigen::Index n = 1; n <= n_max && next < cpu_n.size(); ++n) {
         Vec<float> k = randvec(d);
         k.normalize();
@@ -191,6 +275,9 @@ void register_decode_cost(Registry& reg) {
       for (std::size_t i = 0; i < cpu_n.size(); ++i)
         fmt::print("{:>10}{:>16.2f}{:>16.2f}{:>9.1f}x\n", static_cast<std::int64_t>(cpu_n[i]), sc[i] * 1e6,
                    sc[cpu_n.size() + i] * 1e6, sc[i] / sc[cpu_n.size() + i]);
+      cpu_note = softmax_cache_note(cpu_n, std::vector<double>(sc.begin(), sc.begin() + static_cast<std::ptrdiff_t>(cpu_n.size())),
+                                    static_cast<double>(d), cpu0_caches());
+      fmt::print("note: {}\n", cpu_note);
     }
 
     // (c) GPU hook: rows only when the CUDA kernels are built and a GPU is present.
@@ -320,6 +407,7 @@ void register_decode_cost(Registry& reg) {
       f->write_table("decode_cost/cpu", cpu);
       f->attr("decode_cost/cpu", "description",
               "measured per-token decode step of the CPU reference, one head, float32: softmax cache read vs KDA step");
+      f->attr("decode_cost/cpu", "note", cpu_note);
     }
     f->group("decode_cost/gpu", "GPU-measured decode steps (CUDA kernels); empty when not run");
     if (gpu.rows() > 0) f->write_table("decode_cost/gpu", gpu);

@@ -371,11 +371,9 @@ void register_parity(Registry& reg) {
     Tensor<double> windows({total, static_cast<std::size_t>(o->windows)}, std::numeric_limits<double>::quiet_NaN());
     std::vector<std::string> notes;
     bool cuda_unavailable = false;  // a cuda-bf16 row was skipped because this build / machine cannot run it
+    // Collected once each and printed once, after the summary table (and kept in the file's `notes`).
     auto note = [&](const std::string& n) {
-      if (std::find(notes.begin(), notes.end(), n) == notes.end()) {
-        notes.push_back(n);
-        fmt::print(stderr, "parity: note: {}\n", n);
-      }
+      if (std::find(notes.begin(), notes.end(), n) == notes.end()) notes.push_back(n);
     };
 
     auto prog = ctx.progress("parity", total);
@@ -451,6 +449,8 @@ void register_parity(Registry& reg) {
       }
     }
     prog.finish();
+    if (t.rows() == 0)  // the first note goes into the one-line error below; the others are printed here, once
+      for (std::size_t i = 1; i < notes.size(); ++i) fmt::print(stderr, "parity: note: {}\n", notes[i]);
     if (t.rows() == 0 && cuda_unavailable) {  // e.g. --impl cuda-bf16 alone without a GPU: not bad input, exit 3
       fmt::print(stderr, "kdalab parity: not available in this build / on this machine: no implementation produced a "
                          "row ({}); nothing was written (exit 3)\n", notes.empty() ? std::string("cuda-bf16") : notes.front());

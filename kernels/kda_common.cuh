@@ -53,17 +53,16 @@ __device__ __forceinline__ void unpack4(const uint2& u, float* f) {
   f[3] = __uint_as_float(u.y & 0xffff0000u);
 }
 
-/// fp32 -> tf32 (round to nearest, ties away; PTX cvt.rna.tf32.f32), as the 32-bit pattern mma reads.
-__device__ __forceinline__ std::uint32_t to_tf32(float x) {
-  std::uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-  return r;
-}
-/// Splits x into tf32 hi + lo (x - hi is exact in fp32; x ~ hi + lo to ~2^-22 relative), the operands of
-/// the 3-pass fp32-class product a b ~ a_hi b_hi + a_hi b_lo + a_lo b_hi (the dropped a_lo b_lo is ~2^-22).
+/// Splits finite x into tf32 hi + lo, the operands of the 3-pass fp32-class product a b ~ a_hi b_hi + a_hi b_lo +
+/// a_lo b_hi (the dropped a_lo b_lo is <= 2^-22 relative). hi = x rounded to tf32 with cvt.rna's rule (nearest,
+/// ties away from zero) done on the bit pattern: + 2^12 then clear the 13 low bits (2 integer instructions
+/// instead of cvt's ~5; same result for finite |x| < FLT_MAX). lo = x - hi (exact in fp32) is passed as its raw
+/// fp32 bits: the tensor core reads the 19 high bits of a tf32 operand, i.e. truncates lo (<= 2^-10 |lo| <=
+/// 2^-21 |x|; the session-4 version rounded lo with cvt.rna: <= 2^-22 |x|). Session 5: ~6% of prepare v6's
+/// instructions were these conversions.
 __device__ __forceinline__ void split_tf32(float x, std::uint32_t& hi, std::uint32_t& lo) {
-  hi = to_tf32(x);
-  lo = to_tf32(x - __uint_as_float(hi));
+  hi = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+  lo = __float_as_uint(x - __uint_as_float(hi));
 }
 
 /// D = A B + D for one m16n8k8 tile: A 16x8 tf32 (row), B 8x8 tf32 (col), D 16x8 fp32. Fragments
@@ -99,15 +98,20 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
-__device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+/// Sigmoid(x) = 1 / (1 + exp(-x)) in fp32: expf (the accurate one) and a fast reciprocal (__fdividef, <= 2 ulp;
+/// 0 when exp(-x) overflows, i.e. x < -88.7, where the true value is < 3e-39). ~10 instructions instead of
+/// ~25 for the IEEE division with its slow-path branch (prepare v6 ncu, session 5: the fused gate was 9% of the
+/// prepare's instructions). Error ~3 ulp relative: fp32-class, 4 orders below the bf16 operand roundings.
+__device__ __forceinline__ float sigmoidf_(float x) { return __fdividef(1.0f, 1.0f + expf(-x)); }
 
 // ---- the fused input transforms, one copy for the prefill and the decode kernels --------------
 /// K3 bounded gate (K3 report Eq. 5): g = g_min Sigmoid(exp(A_log) (g_raw + bias)); ea = expf(A_log).
 __device__ __forceinline__ float k3_gate(float g_raw, float ea, float bias, float g_min) {
   return g_min * sigmoidf_(ea * (g_raw + bias));
 }
-/// The fused L2Norm's factor 1 / ||x|| from the squared norm n2 (0 for a zero vector).
-__device__ __forceinline__ float inv_l2norm(float n2) { return n2 > 0 ? 1.0f / sqrtf(n2) : 0.0f; }
+/// The fused L2Norm's factor 1 / ||x|| from the squared norm n2 (0 for a zero vector): rsqrtf (MUFU.RSQ,
+/// <= 2 ulp) instead of the IEEE sqrt and division (two roundings, two slow-path branches; session 5).
+__device__ __forceinline__ float inv_l2norm(float n2) { return n2 > 0 ? rsqrtf(n2) : 0.0f; }
 /// beta from its input: Sigmoid(beta_raw) when the beta sigmoid is fused, else the input itself.
 __device__ __forceinline__ float beta_of(float b, bool fused_sigmoid) { return fused_sigmoid ? sigmoidf_(b) : b; }
 

@@ -333,8 +333,11 @@ struct PrepV6 {
 
 };
 
+// 4 CTAs (32 warps) per SM at D = 64 / 128 need <= 64 registers: the minimum-blocks bound keeps ptxas there
+// (session 5's cheaper gate / reciprocal code took 72 without it, i.e. 3 CTAs per SM); D = 256 is held to 3 CTAs
+// by its 66.6 KB of dynamic shared memory (and now by this bound: <= 85 registers; it took 96 before session 5).
 template <int D>
-__global__ void __launch_bounds__(256) kda_prepare_v6_kernel(Params p) {
+__global__ void __launch_bounds__(256, D == 256 ? 3 : 4) kda_prepare_v6_kernel(Params p) {
   static_assert(D == 64 || D == 128 || D == 256, "prepare v6: D = 64, 128 or 256");
   constexpr int DP = PrepV6<D>::DP;
   constexpr int NHF = D / 64;  // 64-channel blocks a loading thread covers (4 channels each)
@@ -440,11 +443,15 @@ __global__ void __launch_bounds__(256) kda_prepare_v6_kernel(Params p) {
 #pragma unroll
     for (int r = 0; r < C; ++r) {
       const float kk = sK[r][i];
+      // one fast reciprocal (MUFU.RCP, <= 1 ulp; gam >= exp(16 g_min) = 1.8e-35 is a normal number) instead of
+      // two IEEE divisions (k / gam, gn / gam: ~9 instructions and a slow-path branch each; session 5): Ki and Kd
+      // are within ~2 ulp of the divisions' results, fp32-class
+      const float rg = __fdividef(1.0f, gam[r]);
       qg[r] = sQ[r][i] * gam[r];
       sQ[r][i] = qg[r];
       sK[r][i] = kk * gam[r];
-      sKi[r][i] = kk / gam[r];
-      kd[r] = kk * (gn / gam[r]);
+      sKi[r][i] = kk * rg;
+      kd[r] = kk * (gn * rg);
     }
     store_afrag_col(reinterpret_cast<uint4*>(slot + SL::Qg), qg, i);
     store_bfrag_col(reinterpret_cast<uint4*>(slot + SL::Kd), kd, i);

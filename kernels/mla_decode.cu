@@ -625,10 +625,14 @@ template <int KSTEPS>
 __device__ __forceinline__ void pc_step(float* acc, const float* corr_s, int r0, std::uint32_t p_addr,
                                         std::uint32_t c_base, int wg) {
   const float c0 = corr_s[r0 % 32], c1 = corr_s[(r0 + 8) % 32];
+  // the running max of both rows unchanged (corr = 1, the common case after the first tiles): x * 1 = x
+  // exactly, so the 128 multiplies are skipped (bit-identical; on the first tile acc = 0 and corr = 0)
+  if (c0 != 1.0f || c1 != 1.0f) {
 #pragma unroll
-  for (int j = 0; j < 32; ++j) {
-    acc[4 * j] *= c0; acc[4 * j + 1] *= c0;
-    acc[4 * j + 2] *= c1; acc[4 * j + 3] *= c1;
+    for (int j = 0; j < 32; ++j) {
+      acc[4 * j] *= c0; acc[4 * j + 1] *= c0;
+      acc[4 * j + 2] *= c1; acc[4 * j + 3] *= c1;
+    }
   }
   wgmma_fence();
 #pragma unroll

@@ -4,7 +4,8 @@
 Left: numbers one head reads per decode step, softmax 2 n d vs the KDA state d^2, with seed 002's
 table points (d = 64: n = 1,000 / 128,000 / 1,000,000) marked and their ratios printed.
 Right: measured time per decode step of the CPU reference (one head, float32) and, when present,
-the GPU kernels.
+the GPU kernels. The footer carries decode-cost's note on the CPU softmax curve (its working set vs this
+machine's caches) when the file has one.
 Usage: /usr/bin/python3 scripts/fig_decode_cost.py RESULTS.h5 [--out-dir figures]
 """
 import sys
@@ -63,7 +64,7 @@ def main():
                 g = fs.table(f, "decode_cost/gpu")
                 o = np.argsort(g["n"])
                 ax.plot(g["n"][o], 1e6 * g["mla_layer_s"][o], "-^", ms=3.5, color="#7f7f7f",
-                        label="H200: MLA read, 32 heads, $d_c$ = 512 (cuBLAS bf16)")
+                        label="H200: absorbed MLA decode, 32 heads, $d_c$ = 512 (kdalab kernel)")
                 ax.plot(g["n"][o], 1e6 * g["kda_layer_s"][o], "--v", ms=3.5, color="#1f77b4",
                         label="H200: KDA decode step, 32 heads (kdalab kernel)")
             else:
@@ -77,7 +78,9 @@ def main():
             ax.set_title("Measured per-token decode step")
             ax.legend(loc="upper left", fontsize=6.5)
         fig.suptitle("Decode cost per token vs context: softmax re-reads the cache, KDA reads a fixed state", y=1.02)
-        fs.label_footer(fig, f)
+        # Why the CPU softmax curve may bend up (its working set against the caches): decode-cost's own note.
+        cpu_note = fs.attr(f["decode_cost/cpu"], "note", "") if has_cpu else ""
+        fs.label_footer(fig, f, "CPU: " + cpu_note if cpu_note else "")
         fig.tight_layout()
         return fs.save(fig, a.out_dir, "decode_cost")
 

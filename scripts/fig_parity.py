@@ -6,15 +6,26 @@ Relative RMS of o against the high-precision truth vs sequence length T, one lin
 kdalab goal (2.0e-3) and the peers (fla 4.0-4.6e-3, FlashKDA 5.6-5.8e-3) of ANCHORS.md.
 Reads the table parity/table (or a group "parity" holding the columns directly): columns impl,
 T and o_rel_rms (or rel_rms), plus precision or state_precision/matmul_precision when present.
-Usage: /usr/bin/python3 scripts/fig_parity.py RESULTS.h5 [--out-dir figures]
+Series that lie on each other (every median within COINCIDE, 2%: e.g. the twin's state fp32 and bf16 rows,
+whose o is the same, or the CUDA kernel and its twin) stay visible: the first of such a group is drawn
+underneath with a large open marker and a thick solid line, each further one on top with a smaller marker
+of another shape and a thinner dashed/dotted line, and its legend entry says which series it lies on.
+Usage: /usr/bin/python3 scripts/fig_parity.py RESULTS.h5 [--out-dir figures] [--dump FILE.json]
 """
 import sys
 
 import h5py
+import matplotlib.ticker as mticker
 import numpy as np
 
 import figstyle as fs
 from figstyle import plt
+
+
+ZERO_AT = 1e-18  # an exact 0 is drawn here on the log axis
+COINCIDE = 0.02  # two series coincide when every median differs by less than this, relatively
+MARKERS = ["o", "s", "D", "^", "v", "P", "X", "*"]
+LINESTYLES = ["-", "--", ":", "-."]
 
 
 def find_table(f):
@@ -42,27 +53,92 @@ def main():
         else:
             prec = np.array([""] * n)
         labels = np.array([f"{i}" + (f" ({p})" if p else "") for i, p in zip(t["impl"], prec)])
-        fig, ax = plt.subplots(figsize=(7.4, 4.0))
-        cmap = plt.get_cmap("tab10")
-        for k, lab in enumerate(sorted(set(labels.tolist()))):
+        series = []  # (label, Ts, median, lo, hi)
+        for lab in sorted(set(labels.tolist())):
             sel = labels == lab
             Ts = np.array(sorted(set(t["T"][sel].tolist())))
-            med = np.array([np.median(t[err_col][sel][t["T"][sel] == T]) for T in Ts])
-            lo = np.array([np.min(t[err_col][sel][t["T"][sel] == T]) for T in Ts])
-            hi = np.array([np.max(t[err_col][sel][t["T"][sel] == T]) for T in Ts])
-            ax.plot(Ts, np.maximum(med, 1e-18), "-o", ms=3.5, color=cmap(k % 10), label=lab)
-            ax.fill_between(Ts, np.maximum(lo, 1e-18), np.maximum(hi, 1e-18), color=cmap(k % 10), alpha=0.15, lw=0)
-        for y, txt, c in ((1.66e-3, "bf16 output floor 1.66e-3", "#555555"), (2.0e-3, "kdalab goal 2.0e-3", "#2ca02c"),
-                          (4.0e-3, "fla chunk_kda 4.0e-3", "#d62728"), (5.6e-3, "FlashKDA 5.6e-3", "#9467bd")):
-            ax.axhline(y, color=c, ls="--", lw=0.8, label=txt)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("sequence length $T$ (tokens)")
+            per_T = [t[err_col][sel][t["T"][sel] == T] for T in Ts]
+            series.append((lab, Ts, np.array([np.median(v) for v in per_T]), np.array([np.min(v) for v in per_T]),
+                           np.array([np.max(v) for v in per_T])))
+
+        def coincide(a, b):
+            if a[1].shape != b[1].shape or not np.array_equal(a[1], b[1]):
+                return False
+            x, y = np.maximum(a[2], ZERO_AT), np.maximum(b[2], ZERO_AT)
+            return bool(np.all(np.abs(x - y) <= COINCIDE * np.maximum(x, y)))
+
+        # Groups of coinciding series, in label order; a CUDA kernel series goes first (drawn underneath).
+        groups = []
+        for k, sr in enumerate(series):
+            for g in groups:
+                if coincide(series[g[0]], sr):
+                    g.append(k)
+                    break
+            else:
+                groups.append([k])
+        for g in groups:
+            g.sort(key=lambda k: (not series[k][0].startswith("cuda"), k))
+        # The bf16 class (median >= 1e-4 somewhere: the twin, the kernel) also gets a zoomed panel, where it
+        # can be told apart from the reference lines it sits among (1.66e-3 .. 5.6e-3).
+        zoomed = [k for k in range(len(series)) if np.nanmax(series[k][2]) >= 1e-4]
+        fig, axes = plt.subplots(1, 2 if zoomed else 1, figsize=(10.6 if zoomed else 7.4, 4.0), squeeze=False,
+                                 gridspec_kw={"width_ratios": [1.25, 1]} if zoomed else None)
+        ax, axz = axes[0][0], (axes[0][1] if zoomed else None)
+        cmap = plt.get_cmap("tab10")
+        for g in groups:
+            for rank, k in enumerate(g):
+                lab, Ts, med, lo, hi = series[k]
+                c = cmap(k % 10)
+                text = lab
+                if not np.any(med > 0):
+                    text += f"\n  exactly 0 (drawn at {ZERO_AT:.0e})"
+                if rank > 0:
+                    text += f"\n  lies on {series[g[0]][0]}"
+                if len(g) == 1:
+                    style = dict(ls="-", marker="o", ms=3.5, lw=1.5, mfc=c, zorder=2)
+                else:  # underneath: big, open, thick; on top: smaller, other shapes, thinner and broken lines
+                    style = dict(ls=LINESTYLES[rank % len(LINESTYLES)], marker=MARKERS[rank % len(MARKERS)],
+                                 ms=max(2.5, 9.0 - 5.0 * rank ** 0.5), lw=max(0.8, 2.8 - 1.0 * rank),
+                                 mfc="none" if rank == 0 else c, mew=1.2, zorder=2 + rank)
+                for a_ in ([ax, axz] if k in zoomed else [ax]):
+                    a_.plot(Ts, np.maximum(med, ZERO_AT), color=c, label=text if a_ is ax else "_" + text, **style)
+                    a_.fill_between(Ts, np.maximum(lo, ZERO_AT), np.maximum(hi, ZERO_AT), color=c, alpha=0.12, lw=0)
+        refs = ((1.66e-3, "bf16 output floor 1.66e-3", ":"), (2.0e-3, "kdalab goal 2.0e-3", "--"),
+                (4.0e-3, "fla chunk_kda 4.0e-3", "-."), (5.6e-3, "FlashKDA 5.6e-3", (0, (5, 2, 1, 2, 1, 2))))
+        for y, txt, ls in refs:
+            ax.axhline(y, color="#444444", ls=ls, lw=0.8, label=txt, zorder=1)
+            if axz is not None:
+                axz.axhline(y, color="#444444", ls=ls, lw=0.8, zorder=1)
+        all_T = sorted(set(t["T"].tolist()))
+        for a_ in ([ax, axz] if axz is not None else [ax]):
+            a_.set_xscale("log")
+            if len(all_T) == 1:  # one T (e.g. a long-T run): centre it, not 1e6 .. 1e7
+                a_.set_xlim(all_T[0] / 1.6, all_T[0] * 1.6)
+            a_.set_yscale("log")
+            a_.set_xlabel("sequence length $T$ (tokens)")
         ax.set_ylabel(r"relative RMS error of $o$ vs truth")
         ax.set_title("KDA numeric parity by implementation and precision")
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=6.5, frameon=False)
-        fs.label_footer(fig, f, "Median over the grid points at each T (band: min to max); an exact 0 is drawn at 1e-18. Truth: the "
-                        "high-precision recurrence on the same rounded inputs (anchor-kda, ANCHORS.md).")
+        if axz is not None:
+            lo_z = min([np.nanmin(series[k][3]) for k in zoomed] + [refs[0][0]])
+            hi_z = max([np.nanmax(series[k][4]) for k in zoomed] + [refs[-1][0]])
+            axz.set_ylim(lo_z / 1.15, hi_z * 1.15)
+            axz.yaxis.set_major_locator(mticker.LogLocator(base=10, subs=np.arange(1.0, 10.0)))
+            axz.yaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:.0e}".replace("e-0", "e-")))
+            axz.yaxis.set_minor_formatter(mticker.NullFormatter())
+            axz.set_title("zoom: the bf16 rows among the reference lines")
+            axr = axz.twinx()  # the reference lines named at the right edge, where no series can hide them
+            axr.set_yscale("log")
+            axr.set_ylim(axz.get_ylim())
+            axr.set_yticks([y for y, _, _ in refs], [txt for _, txt, _ in refs], fontsize=6, color="#444444")
+            axr.yaxis.set_minor_locator(mticker.NullLocator())
+            axr.grid(False)
+            axr.spines["right"].set_visible(False)
+        fig.legend(*ax.get_legend_handles_labels(), loc="upper left", bbox_to_anchor=(1.0, 0.93), fontsize=6.5,
+                   frameon=False)
+        fs.label_footer(fig, f, f"Median over the grid points at each T (band: min to max); an exact 0 is drawn at {ZERO_AT:.0e}. "
+                        "Series whose medians agree within 2% at every T are drawn on top of each other with smaller "
+                        "markers and broken lines ('lies on' in the legend). Truth: the high-precision recurrence on "
+                        "the same rounded inputs (anchor-kda, ANCHORS.md).")
         fig.tight_layout()
         return fs.save(fig, a.out_dir, "parity_error")
 

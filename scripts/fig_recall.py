@@ -4,15 +4,24 @@
 Accuracy and relative read error vs N / d_k for every memory, one column per key embedding, at one
 d_k (64 if present), beta = 1, g_min = -5 (if present), MLA latent d_c = d_k + d_v (solid) and
 (d_k + d_v) / 2 (dashed). Reference curve: linear attention's sqrt(N / d_k) crosstalk.
-Usage: /usr/bin/python3 scripts/fig_recall.py RESULTS.h5 [--out-dir figures]
+Error axis: log, from just below the smallest error >= EXACT_BELOW (1e-8) to just above the largest (never
+clipped). A read error below 1e-8 (an exact 0, or float64 rounding at 1e-16..1e-10: the memory recalls
+exactly) is not put on that axis (it would stretch it to 1e-17 and squeeze the curves into a sliver): it is
+marked in the strip "exact" under the error panel, one row per memory, in the memory's colour.
+Usage: /usr/bin/python3 scripts/fig_recall.py RESULTS.h5 [--out-dir figures] [--dump FILE.json]
 """
 import sys
 
 import h5py
+import matplotlib.ticker as mticker
 import numpy as np
 
 import figstyle as fs
 from figstyle import plt
+
+# A relative read error below this is exact recall for every purpose here (float64 rounding is ~1e-16,
+# float32's epsilon 1.2e-7): marked in the "exact" strip instead of drawn on the log error axis.
+EXACT_BELOW = 1e-8
 
 
 def main():
@@ -26,10 +35,13 @@ def main():
         gmins = sorted(set(t["g_min"][t["g_min"] < 0].tolist()))
         gm = -5.0 if -5.0 in gmins else (gmins[0] if gmins else 0.0)
         keymodes = [k for k in ("random", "orthogonal", "correlated") if k in set(t["keys"].tolist())]
-        fig, axes = plt.subplots(2, len(keymodes), figsize=(3.4 * len(keymodes), 6.4), squeeze=False, sharex=True,
-                                 gridspec_kw={"height_ratios": [1, 1.5]})
+        fig, axes = plt.subplots(3, len(keymodes), figsize=(3.4 * len(keymodes), 7.0), squeeze=False, sharex=True,
+                                 gridspec_kw={"height_ratios": [1, 1.3, 0.42]})
+        err_lo, err_hi = np.inf, 0.0  # the smallest error >= EXACT_BELOW and the largest, over every panel
         for j, km in enumerate(keymodes):
-            ax_a, ax_e = axes[0][j], axes[1][j]
+            ax_a, ax_e, ax_x = axes[0][j], axes[1][j], axes[2][j]
+            row = 0  # the series' row in the "exact" strip
+            strip_labels = []
             for mem in fs.COLORS:
                 base = (t["keys"] == km) & (t["d_k"] == dk) & (t["memory"] == mem)
                 if mem in ("deltanet", "gated_deltanet", "kda"):
@@ -47,33 +59,61 @@ def main():
                     x = t["ratio"][sel][o]
                     ls = "--" if mem == "linear" and ls == "-" else ls
                     ax_a.plot(x, t["accuracy"][sel][o], ls, marker="o", ms=3, color=fs.COLORS[mem], label=lab)
-                    ax_e.plot(x, np.maximum(t["rel_err"][sel][o], 1e-17), ls, marker="o", ms=3, color=fs.COLORS[mem])
+                    e = t["rel_err"][sel][o].astype(float)
+                    exact = e < EXACT_BELOW
+                    shown = np.where(exact, np.nan, e)  # the line breaks where the memory is exact
+                    ax_e.plot(x, shown, ls, marker="o", ms=3, color=fs.COLORS[mem], label="_" + lab)
+                    if (~exact).any():
+                        err_lo = min(err_lo, float(np.nanmin(shown)))
+                        err_hi = max(err_hi, float(np.nanmax(shown)))
+                    ax_x.plot(x[exact], np.full(int(exact.sum()), row), "v", ms=4, mfc="none", mew=0.9,
+                              color=fs.COLORS[mem], label="_" + lab + " exact")
+                    strip_labels.append(lab)
+                    row += 1
             if km == "random":
                 xx = np.logspace(np.log10(1 / 8), np.log10(8), 50)
                 ax_e.plot(xx, np.sqrt(xx), ":", color=fs.COLORS["linear"], lw=1.2, label=r"$\sqrt{N/d_k}$")
-                ax_e.legend(loc="center right")
-            ax_a.axvline(1.0, color="#999999", lw=0.8, ls=":")
-            ax_e.axvline(1.0, color="#999999", lw=0.8, ls=":")
+                ax_e.legend(loc="lower right")
+            for ax in (ax_a, ax_e, ax_x):
+                ax.axvline(1.0, color="#999999", lw=0.8, ls=":")
             title = {"random": "random unit keys", "orthogonal": "orthogonal keys (blocks of $d_k$)",
                      "correlated": f"correlated keys (overlap {f['recall'].attrs.get('overlap', '?')})"}[km]
             ax_a.set_title(title)
             ax_a.set_xscale("log", base=2)
             ax_a.set_ylim(-0.03, 1.03)
             ax_e.set_yscale("log")
-            ax_e.set_ylim(1e-17, 10)
-            ax_e.set_xlabel("pairs per key dimension  $N / d_k$")
+            ax_x.set_ylim(row - 0.4, -0.6)  # first memory on top, as in the legend
+            ax_x.set_yticks([])
+            ax_x.grid(axis="y", visible=False)
+            ax_x.set_xlabel("pairs per key dimension  $N / d_k$")
             if j == 0:
                 ax_a.set_ylabel("recall accuracy (nearest value)")
                 ax_e.set_ylabel(r"relative read error $\|o - v\| / \|v\|$")
+                ax_x.set_ylabel(f"exact\n(< {EXACT_BELOW:.0e})", fontsize=7.5)
+        # One error scale for every panel, from the data: a third of a decade of room either side (the largest,
+        # linear attention's ~15 on correlated keys, is never clipped).
+        if err_hi > 0:
+            for ax_e in axes[1]:
+                ax_e.set_ylim(err_lo / 10 ** 0.35, err_hi * 10 ** 0.35)
+                if err_hi / err_lo < 1e4:  # a few decades: label 1-2-5 ticks (0.2, 0.5, 1, 2, ...), not only powers of 10
+                    ax_e.yaxis.set_major_locator(mticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+                    ax_e.yaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:g}"))
+                    ax_e.yaxis.set_minor_formatter(mticker.NullFormatter())
+        ratios = sorted(set(t["ratio"][t["d_k"] == dk].tolist()))
+        for ax in axes[2]:
+            ax.set_xticks(ratios)
         h, lab = axes[0][0].get_legend_handles_labels()
-        fig.legend(h, lab, loc="upper center", ncol=4, bbox_to_anchor=(0.5, 0.965), frameon=False)
+        fig.legend(h, lab, loc="upper center", ncol=4, bbox_to_anchor=(0.5, 0.97), frameon=False)
         fig.suptitle(f"Associative recall without training: mechanistic capacity at $d_k = d_v = {dk}$, "
                      f"$\\beta = 1$, $g_{{\\min}} = {gm:g}$", y=1.0)
         fs.label_footer(fig, f, "Mechanistic capacity of untrained memories on Zoology-style MQAR sequences "
                         "(not Zoology's trained-model curves). Delta rule with beta=1 is exact up to d_k orthonormal "
                         "keys; linear attention's error grows like sqrt(N/d); softmax (inverse temperature "
-                        f"{f['recall'].attrs.get('softmax_scale', '?')}) stays exact.")
-        fig.tight_layout(rect=(0, 0, 1, 0.9))
+                        f"{f['recall'].attrs.get('softmax_scale', '?')}) stays exact. A read error below "
+                        f"{EXACT_BELOW:.0e} (an exact 0 or float64 rounding, ~1e-16..1e-10) is not drawn on the error "
+                        "axis: an open triangle in the strip 'exact' marks it (one row per memory, in the legend's "
+                        "order and colours).")
+        fig.tight_layout(rect=(0, 0, 1, 0.905))
         return fs.save(fig, a.out_dir, "recall_capacity")
 
 

@@ -4,6 +4,9 @@ Every figure: h5py + matplotlib (Agg), reads one results file, is labelled with 
 and the config it was run with (root attributes), and is saved as PNG and PDF.
 Exit codes of a fig_*.py script: 0 drawn, 3 the file does not hold what this figure needs
 (scripts/figures.sh skips it quietly), 2 bad usage.
+`--dump FILE.json` also writes what was drawn (per axes: title, scales, limits, every line with its
+label, style and data; the legends; the footer text), for tests and for checking a figure without
+looking at it.
 """
 import argparse
 import json
@@ -35,11 +38,18 @@ LABELS = {
 }
 
 
+_ARGS = None
+
+
 def parse_args(description):
+    global _ARGS
     p = argparse.ArgumentParser(description=description)
     p.add_argument("results", help="kdalab results file (.h5)")
     p.add_argument("--out-dir", default="figures", help="folder for the PNG and PDF (default figures/)")
-    return p.parse_args()
+    p.add_argument("--dump", metavar="FILE.json", help="also write what was drawn as JSON (axes limits and scales, "
+                   "lines with label, style and data, legends, footer text)")
+    _ARGS = p.parse_args()
+    return _ARGS
 
 
 def attr(f, name, default=""):
@@ -61,6 +71,41 @@ def table(f, group):
     return out
 
 
+def _num(x):
+    """A JSON number as the results files store it: an integral value as an integer (16, not 16.0),
+    any other with the shortest digits that read back to the same double (0.02, -5.46)."""
+    if isinstance(x, bool):
+        return "true" if x else "false"
+    if isinstance(x, float) and x.is_integer() and abs(x) < 1e15:
+        return str(int(x))
+    return repr(x)
+
+
+def _option_value(v):
+    """An option value as the command line takes it and the root `config` attribute stores it:
+    lists as [a,b,c] (strings unquoted), numbers by _num."""
+    if isinstance(v, list):
+        return "[" + ",".join(_option_value(x) for x in v) + "]"
+    if isinstance(v, (int, float)):
+        return _num(v)
+    if v is None:
+        return "null"
+    return str(v)
+
+
+def format_config(cfg):
+    """The config JSON text (root `config` or a group's `options`) as `key=value` pairs in the form the
+    command line takes (`d-k=[16,32,64] g-min=[-5] keys=[random,orthogonal]`): integral numbers print as
+    integers, never 16.0; text that is not a JSON object is returned unchanged."""
+    try:
+        obj = json.loads(cfg)
+    except ValueError:
+        return cfg
+    if not isinstance(obj, dict):
+        return cfg
+    return " ".join(f"{k}={_option_value(v)}" for k, v in obj.items())
+
+
 def label_footer(fig, f, extra="", group=None):
     """Bottom-of-figure provenance: git sha, date, seed and the config (the group's `options`
     attribute, the values actually used after --quick, when present; else the root config)."""
@@ -73,20 +118,56 @@ def label_footer(fig, f, extra="", group=None):
                 break
     if group is not None and group in f and "options" in f[group].attrs:
         cfg = attr(f[group], "options", cfg)
-    try:
-        cfg = json.dumps(json.loads(cfg), separators=(",", ":"))
-    except ValueError:
-        pass
+    cfg = format_config(cfg)
     text = f"kdalab {attr(f, 'software_version', '?')} · git {sha} · {attr(f, 'date', '?')} · seed {attr(f, 'seed', '?')}\n"
-    text += textwrap.shorten("config " + cfg, width=170, placeholder=" …")
+    cfg_lines = textwrap.wrap("config " + cfg, width=170, subsequent_indent="  ", break_on_hyphens=False)
+    if len(cfg_lines) > 2:
+        cfg_lines = cfg_lines[:1] + [textwrap.shorten(" ".join(cfg_lines[1:]), width=168, placeholder=" …")]
+        cfg_lines[1] = "  " + cfg_lines[1]
+    text += "\n".join(cfg_lines)
     if extra:
         text = textwrap.fill(extra, width=170) + "\n" + text
     text += "\ncommand: " + textwrap.shorten(attr(f, "command_line", ""), width=170, placeholder=" …")
     fig.text(0.01, -0.01, text, ha="left", va="top", fontsize=6, color="#555555", family="monospace", wrap=True)
 
 
+def _jsonable(a):
+    a = np.asarray(a, dtype=float).ravel()
+    return [None if not np.isfinite(x) else float(x) for x in a]
+
+
+def describe(fig):
+    """What the figure shows, as plain data (the --dump output): per axes its title, labels, scales,
+    limits, lines (label, color, linestyle, marker, markersize, markerfacecolor, linewidth, zorder,
+    x, y, coords) and legend texts; the figure-level legends and texts (the footer)."""
+    axes = []
+    for ax in fig.axes:
+        lines = []
+        for ln in ax.get_lines():
+            lines.append({"label": ln.get_label(), "color": matplotlib.colors.to_hex(ln.get_color()),
+                          "linestyle": ln.get_linestyle(), "marker": str(ln.get_marker()),
+                          "markersize": float(ln.get_markersize()),
+                          "markerfacecolor": str(ln.get_markerfacecolor()), "linewidth": float(ln.get_linewidth()),
+                          "zorder": float(ln.get_zorder()), "x": _jsonable(ln.get_xdata()), "y": _jsonable(ln.get_ydata()),
+                          # "axes" for axhline/axvline, whose other coordinate is a fraction of the axes
+                          "coords": "data" if ln.get_transform() == ax.transData else "axes"})
+        leg = ax.get_legend()
+        axes.append({"title": ax.get_title(), "xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel(),
+                     "xscale": ax.get_xscale(), "yscale": ax.get_yscale(), "xlim": list(map(float, ax.get_xlim())),
+                     "ylim": list(map(float, ax.get_ylim())), "lines": lines,
+                     "legend": [t.get_text() for t in leg.get_texts()] if leg else [],
+                     "texts": [t.get_text() for t in ax.texts]})
+    return {"axes": axes, "legends": [[t.get_text() for t in lg.get_texts()] for lg in fig.legends],
+            "texts": [t.get_text() for t in fig.texts],
+            "suptitle": fig._suptitle.get_text() if getattr(fig, "_suptitle", None) is not None else ""}
+
+
 def save(fig, out_dir, name):
     os.makedirs(out_dir, exist_ok=True)
+    if _ARGS is not None and _ARGS.dump:
+        fig.canvas.draw()  # limits and tight_layout as saved
+        with open(_ARGS.dump, "w") as fh:
+            json.dump(describe(fig), fh, indent=1)
     paths = [os.path.join(out_dir, name + ext) for ext in (".png", ".pdf")]
     for p in paths:
         fig.savefig(p)

@@ -3,6 +3,9 @@
 # Usage: scripts/figures.sh RESULTS.h5...
 # Each scripts/fig_<name>.py reads one file and exits 0 (drawn), 3 (this file does not hold what the
 # figure needs: skipped quietly) or anything else (an error: reported, the other figures still drawn).
+# When a second results file of the same run draws a figure already drawn (e.g. results/parity.h5 and
+# results/parity_long.h5 both draw parity_error), the later one is saved as <figure>-<results file stem>
+# instead of replacing the first.
 # Runs under /usr/bin/python3 (Debian's h5py and matplotlib), never whatever python3 is first on PATH.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -13,19 +16,35 @@ if [ $# -eq 0 ]; then
   exit 2
 fi
 mkdir -p "$out"
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/kdalab-figures.XXXXXX") || exit 1
+trap 'rm -rf "$tmp"' EXIT
 drawn=0
 failed=0
+seen=" "  # figure file names written by this run
 for f in "$@"; do
   if [ ! -f "$f" ]; then
     echo "figures.sh: $f: no such file" >&2
     failed=$((failed + 1))
     continue
   fi
+  stem=$(basename "$f" .h5)
   for s in "$here"/fig_*.py; do
-    msg=$("$py" "$s" "$f" --out-dir "$out" 2>&1)
+    rm -rf "$tmp/d" && mkdir "$tmp/d"
+    msg=$("$py" "$s" "$f" --out-dir "$tmp/d" 2>&1)
     rc=$?
     case $rc in
-      0) echo "$msg"; drawn=$((drawn + 1)) ;;
+      0)
+        written=""
+        for p in "$tmp/d"/*; do
+          [ -e "$p" ] || continue
+          name=$(basename "$p")
+          case "$seen" in *" $name "*) name="${name%.*}-$stem.${name##*.}" ;; esac
+          seen="$seen$name "
+          mv -f "$p" "$out/$name"
+          written="$written $out/$name"
+        done
+        echo "wrote$written"
+        drawn=$((drawn + 1)) ;;
       3) ;;
       *) echo "figures.sh: $(basename "$s") failed on $f (exit $rc):" >&2; echo "$msg" >&2; failed=$((failed + 1)) ;;
     esac

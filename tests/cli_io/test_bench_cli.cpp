@@ -2,6 +2,7 @@
 // the build; a build that cannot run the benchmark refuses with exit 3, --compare included (session-3 closing
 // note: a CPU build checked --out first and exited 0 with --compare, so a GPU-less CI gate passed vacuously).
 // Also: `bench --help` and `check --help` explain every option and state its default.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -169,4 +170,24 @@ TEST_CASE("bench --help and check --help explain every option and state its defa
   CHECK(b.output.find("No GPU: says so, writes nothing, exit 0") == std::string::npos);
   const auto c = run_kdalab("check --help");
   CHECK(c.output.find("required") != std::string::npos);  // --in
+  // the options that act on one op say which ops take them (bench refuses them with another op)
+  struct OneOp {
+    std::string option, says;
+  };
+  const std::string kda = "Only with --op kda-prefill or all (with all it acts on the kda-prefill rows";
+  const auto blines = option_lines(b.output);
+  for (const OneOp& x : {OneOp{"--variant", "Only with --op mla-decode or all"},
+                         OneOp{"--prefix", "> 0 only with --op mla-prefill or all"}, OneOp{"--segments", kda},
+                         OneOp{"--overlap", kda}, OneOp{"--variants", kda}}) {
+    const auto it = std::find_if(blines.begin(), blines.end(), [&](const std::string& l) {
+      std::stringstream ls(l);
+      std::string name;
+      ls >> name;
+      return name == x.option;
+    });
+    INFO(x.option);
+    REQUIRE(it != blines.end());
+    INFO(*it);
+    CHECK(it->find(x.says) != std::string::npos);
+  }
 }

@@ -159,34 +159,36 @@ TEST_CASE("bench --compare: each file is checked fully before any GPU work, exit
 #endif
 }
 
-TEST_CASE("bench --out is never one of the --compare files (same path, symlink, other spelling), exit 2", "[cli][bench]") {
+TEST_CASE("bench --out is never one of the --compare or --peer-json files (same path, symlink, other spelling), exit 2",
+          "[cli][bench]") {
   TempDir d;
   fs::copy_file("data/baselines/h200-kda.h5", d.file("base.h5"));
+  d.write("peer.json", "{\"kda-prefill B=1 T=16 H=1 HV=1\": 1.5}");  // valid: read completely before --out is looked at
+  d.write("peer2.json", "{\"kda-prefill B=2 T=16 H=1 HV=1\": 2.5}");
   fs::create_directories(d.path / "sub");
-  fs::create_symlink(d.file("base.h5"), d.file("link.h5"));
-  const std::string before = [&] {
-    std::ifstream f(d.file("base.h5"), std::ios::binary);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-  }();
-  for (const std::string& out : {d.file("base.h5"), d.file("link.h5"), (d.path / "sub" / ".." / "base.h5").string()})
-    for (const std::string& force : {std::string(), std::string(" --force")}) {
-      const auto r = run_kdalab(kTiny + " --compare data/baselines/h200-mla.h5 " + d.file("base.h5") + " --out " + out + force);
-      INFO(out << force << "\n" << r.output);
-      CHECK(r.code == 2);
-      CHECK(has(r, "--out"));
-      CHECK(has(r, "is the --compare file"));
-    }
-  // the other way round: --compare through the link, --out the file itself
-  const auto r = run_kdalab(kTiny + " --compare " + d.file("link.h5") + " --out " + d.file("base.h5") + " --force");
-  INFO(r.output);
-  CHECK(r.code == 2);
-  CHECK(has(r, "is the --compare file"));
-  std::ifstream f(d.file("base.h5"), std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  CHECK(ss.str() == before);
+  struct Input {
+    std::string option, file, first;  // first: another file of the same option, given before `file`
+  };
+  for (const Input& in : {Input{"--compare", "base.h5", "data/baselines/h200-mla.h5"},
+                          Input{"--peer-json", "peer.json", d.file("peer2.json")}}) {
+    const std::string link = "link-" + in.file;
+    fs::create_symlink(d.file(in.file), d.file(link));
+    const std::string before = slurp(d.file(in.file));
+    for (const std::string& out : {d.file(in.file), d.file(link), (d.path / "sub" / ".." / in.file).string()})
+      for (const std::string& force : {std::string(), std::string(" --force")}) {
+        const auto r = run_kdalab(kTiny + " " + in.option + " " + in.first + " " + d.file(in.file) + " --out " + out + force);
+        INFO(in.option << " " << out << force << "\n" << r.output);
+        CHECK(r.code == 2);
+        CHECK(has(r, "--out"));
+        CHECK(has(r, "is the " + in.option + " file"));
+      }
+    // the other way round: the input through the link, --out the file itself
+    const auto r = run_kdalab(kTiny + " " + in.option + " " + d.file(link) + " --out " + d.file(in.file) + " --force");
+    INFO(in.option << "\n" << r.output);
+    CHECK(r.code == 2);
+    CHECK(has(r, "is the " + in.option + " file"));
+    CHECK(slurp(d.file(in.file)) == before);
+  }
 }
 
 namespace {
@@ -316,7 +318,7 @@ TEST_CASE("bench: options and shape fields the chosen op ignores are refused, na
   struct Case {
     std::string args, says;
   };
-  const std::vector<Case> cases = {
+  std::vector<Case> cases = {
       {"--op kda-prefill --variant 4", "--variant 4 applies to --op mla-decode"},
       {"--op attn-res --variant 1", "--variant 1 applies to --op mla-decode"},
       {"--op kda-decode --prefix 16", "--prefix 16 applies to --op mla-prefill"},
@@ -325,25 +327,39 @@ TEST_CASE("bench: options and shape fields the chosen op ignores are refused, na
       {"--op mla-prefill --shapes 1:64:2:4", "HV = 4 != H = 2"},
       {"--op attn-res --shapes 9:16:64:64", "S:T:d"},
   };
+  // --segments, --overlap, --variants act on kda-prefill only: refused with every other single op
+  for (const std::string op : {"kda-decode", "mla-decode", "mla-prefill", "attn-res"})
+    for (const std::string given : {"--segments 2", "--segments 1", "--overlap 0", "--overlap 2", "--variants"})
+      cases.push_back({"--op " + op + " " + given, given + " applies to --op kda-prefill (or all) only, not --op " + op});
   for (const auto& c : cases) {
     const auto r = run_kdalab("bench " + c.args + " --out " + d.file("b.h5"));
     INFO(c.args << "\n" << r.output);
     CHECK(r.code == 2);
     CHECK(has(r, c.says));
     CHECK(!has(r, "not available"));
+    CHECK(!fs::exists(d.file("b.h5")));
   }
-  // what applies is still accepted
+  // what applies is still accepted (--variants on a default shape, timed that way in session 4)
   for (const std::string& args : {std::string("--op mla-decode --variant 4 --shapes 1:64:16"),
                                   std::string("--op mla-prefill --prefix 16 --shapes 1:64:2:2"),
-                                  std::string("--op kda-prefill --variant 2 --shapes 1:16:1:2")}) {
+                                  std::string("--op kda-prefill --variant 2 --shapes 1:16:1:2"),
+                                  std::string("--op kda-prefill --segments 1 --overlap 0 --variants --shapes 4:4096:16:32"),
+                                  std::string("--op kda-decode --segments 0 --overlap 1 --shapes 1:1:2")}) {
     const auto r = run_kdalab("bench " + args + " --iters 1 --warmup 0 --out " + d.file("b.h5"));
     INFO(args << "\n" << r.output);
     CHECK(bench_valid_exit(r));
     fs::remove(d.file("b.h5"));
   }
-  const auto h = run_kdalab("bench --help");
-  CHECK(has(h, "Only with --op mla-decode or all"));
-  CHECK(has(h, "> 0 only with --op mla-prefill or all"));
+  // --op all takes every one of them (each acts on its op's rows): the run gets as far as --out, the last check,
+  // in every build and without any GPU work
+  const auto r = run_kdalab("bench --op all --variant 4 --prefix 16 --segments 2 --overlap 2 --variants --out " +
+                            d.file("no/such/folder/b.h5"));
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(has(r, "--out"));
+  CHECK(has(r, "does not exist"));
+  CHECK(!has(r, "applies to"));
+  // --help says which ops each takes: test_bench_cli.cpp
 }
 
 TEST_CASE("bench --shapes: trailing ',' or ':', empty, 2^31 and too-large fields refused with what is accepted",

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -420,6 +421,70 @@ TEST_CASE("mla prefill (append + attention) in a CUDA graph equals direct launch
   CHECK(cerr == 0);
 }
 
+namespace {
+
+/// One bad-input case of a kernel's argument check: `change` turns a copy of the good arguments into bad ones;
+/// the call must then throw kdalab::Error whose message contains `says` (the option named, its value).
+template <class Args>
+struct BadCase {
+  const char* what;        // printed label
+  void (*change)(Args&);   // what is made wrong
+  const char* says;        // expected fragment of the message
+};
+
+/// Runs `call` on `good` changed by each case: each must throw kdalab::Error (one CHECK) with the case's fragment in
+/// its message (one CHECK); every message is printed as "<label> bad input (<what>): <message>".
+template <class Args, class Call>
+void expect_errors(const char* label, const Args& good, const std::vector<BadCase<Args>>& cases, Call&& call) {
+  for (const BadCase<Args>& c : cases) {
+    Args bad = good;
+    c.change(bad);
+    bool threw = false;
+    std::string message;
+    try {
+      call(bad);
+    } catch (const Error& e) {
+      threw = true;
+      message = e.what();
+      std::printf("%s bad input (%s): %s\n", label, c.what, e.what());
+    }
+    INFO(label << " bad input (" << c.what << "): " << message);
+    CHECK(threw);
+    CHECK(message.find(c.says) != std::string::npos);
+  }
+}
+
+// Problem(1, 20, 32, 10, 2): B = 1, T = 20, H = 32, N0 = 10, capacity 32, sc_t = 512; device pointers 256-byte aligned
+const std::vector<BadCase<kernels::MlaPrefillArgs>> kPrefillBad = {
+    {"d_c = 256", [](auto& a) { a.d_c = 256; }, "mla_prefill: d_c = 256 is not supported"},
+    {"d_rope = 64", [](auto& a) { a.d_rope = 64; }, "mla_prefill: d_rope = 64: "},
+    {"H = 0", [](auto& a) { a.H = 0; }, "mla_prefill: H = 0; accepted: 1 <= H <= 256"},
+    {"T = 0", [](auto& a) { a.T = 0; }, "mla_prefill: T = 0; accepted: T >= 1"},
+    {"B = 0", [](auto& a) { a.B = 0; }, "mla_prefill: B = 0; accepted: 1 <= B <= 65535"},
+    {"prefix < 0", [](auto& a) { a.prefix = -1; }, "mla_prefill: prefix (N0) = -1; accepted: N0 >= 0"},
+    {"N0 + T > capacity", [](auto& a) { a.T = 23; }, "mla_prefill: prefix N0 = 10 plus T = 23 passes the cache capacity 32"},
+    {"c null", [](auto& a) { a.c = nullptr; }, "mla_prefill: pointer 'c' is null"},
+    {"c misaligned", [](auto& a) { a.c = a.c + 1; }, "mla_prefill: pointer 'c' is not 16-byte aligned"},
+    {"c_new misaligned", [](auto& a) { a.c_new = a.c_new + 4; }, "mla_prefill: pointer 'c_new' is not 16-byte aligned"},
+    {"q_lo null", [](auto& a) { a.q_lo = nullptr; }, "mla_prefill: pointer 'q_lo' is null"},
+    {"out null", [](auto& a) { a.out = nullptr; }, "mla_prefill: pointer 'out' is null"},
+    {"scale = 0", [](auto& a) { a.scale = 0.0f; }, "mla_prefill: scale = 0.000000; accepted: a finite scale > 0"},
+    {"scale NaN", [](auto& a) { a.scale = NAN; }, "mla_prefill: scale = nan; accepted: a finite scale > 0"},
+    {"sc_t < 512", [](auto& a) { a.sc_t = 500; }, "mla_prefill: sc_t = 500; accepted"},
+    {"sq_t odd", [](auto& a) { a.sq_t = 32 * 512 + 1; }, "mla_prefill: query strides sq_t = 16385"},
+    {"sn_t < 512", [](auto& a) { a.sn_t = 100; }, "mla_prefill: c_new strides sn_t = 100"},
+};
+
+// n = 20, H = 32, d_nope = 128 (d_c = 512), device pointers
+const std::vector<BadCase<kernels::MlaAbsorbArgs>> kAbsorbBad = {
+    {"absorb d_nope = 0", [](auto& a) { a.d_nope = 0; }, "mla_absorb_query: d_nope = 0; accepted"},
+    {"absorb n = 0", [](auto& a) { a.n = 0; }, "mla_absorb_query: n = 0; accepted"},
+    {"absorb d_c = 576", [](auto& a) { a.d_c = 576; }, "mla_absorb_query: d_c = 576 is not supported"},
+    {"absorb W_UK null", [](auto& a) { a.W_UK = nullptr; }, "mla_absorb_query: pointer 'W_UK' is null"},
+};
+
+}  // namespace
+
 TEST_CASE("mla prefill: bad inputs give clear errors before any launch", "[gpu][mla]") {
   Problem P(1, 20, 32, 10, 2);
   DevBuf out(20 * 32 * DC * 4);
@@ -427,44 +492,11 @@ TEST_CASE("mla prefill: bad inputs give clear errors before any launch", "[gpu][
   good.out = out.as<float>();
   REQUIRE_NOTHROW(kernels::mla_prefill(good, nullptr));
   cuda_check(cudaDeviceSynchronize(), "good");
-  auto expect_error = [](auto&& call, const char* what) {
-    bool threw = false;
-    try {
-      call();
-    } catch (const Error& e) {
-      threw = true;
-      std::printf("mla prefill bad input (%s): %s\n", what, e.what());
-    }
-    CHECK(threw);
-  };
-  auto bad = good;
-  auto pre = [&] { kernels::mla_prefill(bad, nullptr); };
-  bad = good; bad.d_c = 256; expect_error(pre, "d_c = 256");
-  bad = good; bad.d_rope = 64; expect_error(pre, "d_rope = 64");
-  bad = good; bad.H = 0; expect_error(pre, "H = 0");
-  bad = good; bad.T = 0; expect_error(pre, "T = 0");
-  bad = good; bad.B = 0; expect_error(pre, "B = 0");
-  bad = good; bad.prefix = -1; expect_error(pre, "prefix < 0");
-  bad = good; bad.T = 23; expect_error(pre, "N0 + T > capacity");
-  bad = good; bad.c = nullptr; expect_error(pre, "c null");
-  bad = good; bad.c = good.c + 1; expect_error(pre, "c misaligned");
-  bad = good; bad.c_new = good.c_new + 4; expect_error(pre, "c_new misaligned");
-  bad = good; bad.q_lo = nullptr; expect_error(pre, "q_lo null");
-  bad = good; bad.out = nullptr; expect_error(pre, "out null");
-  bad = good; bad.scale = 0.0f; expect_error(pre, "scale = 0");
-  bad = good; bad.scale = NAN; expect_error(pre, "scale NaN");
-  bad = good; bad.sc_t = 500; expect_error(pre, "sc_t < 512");
-  bad = good; bad.sq_t = 32 * 512 + 1; expect_error(pre, "sq_t odd");
-  bad = good; bad.sn_t = 100; expect_error(pre, "sn_t < 512");
+  expect_errors("mla prefill", good, kPrefillBad, [](const auto& a) { kernels::mla_prefill(a, nullptr); });
   kernels::MlaAbsorbArgs ab;
   ab.n = 20; ab.H = 32; ab.d_nope = 128;
   ab.q_C = P.q_hi.as<bf16_t>(); ab.W_UK = P.q_hi.as<bf16_t>(); ab.q_hi = P.q_hi.as<bf16_t>(); ab.q_lo = P.q_lo.as<bf16_t>();
-  auto abad = ab;
-  auto absorb = [&] { kernels::mla_absorb_query(abad, nullptr); };
-  abad = ab; abad.d_nope = 0; expect_error(absorb, "absorb d_nope = 0");
-  abad = ab; abad.n = 0; expect_error(absorb, "absorb n = 0");
-  abad = ab; abad.d_c = 576; expect_error(absorb, "absorb d_c = 576");
-  abad = ab; abad.W_UK = nullptr; expect_error(absorb, "absorb W_UK null");
+  expect_errors("mla prefill", ab, kAbsorbBad, [](const auto& a) { kernels::mla_absorb_query(a, nullptr); });
   cuda_check(cudaDeviceSynchronize(), "after bad inputs");
 }
 
@@ -696,6 +728,42 @@ TEST_CASE("mla prefill heads, naive: the rule's choices (11 pairs > 1024 N)", "[
   CHECK(pick(1, 0) == MlaPrefillPath::naive);
 }
 
+namespace {
+
+// HeadsProblem(1, 20, 32, 10): B = 1, T = 20, H = 32, N0 = 10, capacity 33, path naive, the workspace of both paths
+const std::vector<BadCase<kernels::MlaPrefillHeadsArgs>> kHeadsBad = {
+    {"d_c = 256", [](auto& a) { a.d_c = 256; }, "mla_prefill_heads: d_c = 256 is not supported"},
+    {"d_nope = 64", [](auto& a) { a.d_nope = 64; }, "mla_prefill_heads: d_nope = 64 is not supported"},
+    {"d_v = 192", [](auto& a) { a.d_v = 192; }, "mla_prefill_heads: d_v = 192 is not supported"},
+    {"d_rope = 64", [](auto& a) { a.d_rope = 64; }, "mla_prefill_heads: d_rope = 64: "},
+    {"T = 0", [](auto& a) { a.T = 0; }, "mla_prefill_heads: T = 0; accepted: T >= 1"},
+    {"B = 0", [](auto& a) { a.B = 0; }, "mla_prefill_heads: B = 0; accepted: 1 <= B <= 65535"},
+    {"H = 300", [](auto& a) { a.H = 300; }, "mla_prefill_heads: H = 300; accepted: 1 <= H <= 256"},
+    {"prefix < 0", [](auto& a) { a.prefix = -1; }, "mla_prefill_heads: prefix (N0) = -1; accepted: N0 >= 0"},
+    {"N0 + T > capacity", [](auto& a) { a.T = 24; },
+     "mla_prefill_heads: prefix N0 = 10 plus T = 24 passes the cache capacity 33"},
+    {"q_C null", [](auto& a) { a.q_C = nullptr; }, "mla_prefill_heads: pointer 'q_C' is null"},
+    {"W_UK null", [](auto& a) { a.W_UK = nullptr; }, "mla_prefill_heads: pointer 'W_UK' is null"},
+    {"W_UV misaligned", [](auto& a) { a.W_UV = a.W_UV + 1; }, "mla_prefill_heads: pointer 'W_UV' is not 4-byte aligned"},
+    {"c misaligned", [](auto& a) { a.c = a.c + 4; }, "mla_prefill_heads: pointer 'c' is not 16-byte aligned"},
+    {"out null", [](auto& a) { a.out = nullptr; }, "mla_prefill_heads: pointer 'out' is null"},
+    {"scale < 0", [](auto& a) { a.scale = -1.0f; }, "mla_prefill_heads: scale = -1.000000; accepted: a finite scale > 0"},
+    {"sqc_t odd", [](auto& a) { a.sqc_t = 32 * 128 + 1; }, "mla_prefill_heads: sqc_t = 4097; accepted: even"},
+    {"sc_t < 512", [](auto& a) { a.sc_t = 500; }, "mla_prefill_heads: sc_t = 500; accepted"},
+    {"workspace null", [](auto& a) { a.workspace = nullptr; }, "mla_prefill_heads: pointer 'workspace' is null"},
+    {"workspace too small", [](auto& a) { a.workspace_bytes = 1000; },
+     "mla_prefill_heads: workspace_bytes = 1000 for the naive path"},
+    {"path = 7", [](auto& a) { a.path = static_cast<kernels::MlaPrefillPath>(7); }, "mla_prefill_heads: path = 7; accepted"},
+    {"absorbed workspace too small",
+     [](auto& a) {
+       a.path = kernels::MlaPrefillPath::absorbed;
+       a.workspace_bytes = 1000;
+     },
+     "mla_prefill_heads: workspace_bytes = 1000 for the absorbed path"},
+};
+
+}  // namespace
+
 TEST_CASE("mla prefill heads, naive: bad inputs give clear errors before any launch", "[gpu][mla][naive]") {
   HeadsProblem P(1, 20, 32, 10);
   DevBuf out(20 * 32 * 128 * 4), ws(kernels::mla_prefill_heads_workspace_bytes(P.args(kernels::MlaPrefillPath::naive)) +
@@ -706,38 +774,6 @@ TEST_CASE("mla prefill heads, naive: bad inputs give clear errors before any lau
   good.workspace_bytes = ws.bytes;
   REQUIRE_NOTHROW(kernels::mla_prefill_heads(good, nullptr));
   cuda_check(cudaDeviceSynchronize(), "good");
-  auto expect_error = [](auto&& call, const char* what) {
-    bool threw = false;
-    try {
-      call();
-    } catch (const Error& e) {
-      threw = true;
-      std::printf("mla prefill heads bad input (%s): %s\n", what, e.what());
-    }
-    CHECK(threw);
-  };
-  auto bad = good;
-  auto run1 = [&] { kernels::mla_prefill_heads(bad, nullptr); };
-  bad = good; bad.d_c = 256; expect_error(run1, "d_c = 256");
-  bad = good; bad.d_nope = 64; expect_error(run1, "d_nope = 64");
-  bad = good; bad.d_v = 192; expect_error(run1, "d_v = 192");
-  bad = good; bad.d_rope = 64; expect_error(run1, "d_rope = 64");
-  bad = good; bad.T = 0; expect_error(run1, "T = 0");
-  bad = good; bad.B = 0; expect_error(run1, "B = 0");
-  bad = good; bad.H = 300; expect_error(run1, "H = 300");
-  bad = good; bad.prefix = -1; expect_error(run1, "prefix < 0");
-  bad = good; bad.T = 24; expect_error(run1, "N0 + T > capacity");
-  bad = good; bad.q_C = nullptr; expect_error(run1, "q_C null");
-  bad = good; bad.W_UK = nullptr; expect_error(run1, "W_UK null");
-  bad = good; bad.W_UV = good.W_UV + 1; expect_error(run1, "W_UV misaligned");
-  bad = good; bad.c = good.c + 4; expect_error(run1, "c misaligned");
-  bad = good; bad.out = nullptr; expect_error(run1, "out null");
-  bad = good; bad.scale = -1.0f; expect_error(run1, "scale < 0");
-  bad = good; bad.sqc_t = 32 * 128 + 1; expect_error(run1, "sqc_t odd");
-  bad = good; bad.sc_t = 500; expect_error(run1, "sc_t < 512");
-  bad = good; bad.workspace = nullptr; expect_error(run1, "workspace null");
-  bad = good; bad.workspace_bytes = 1000; expect_error(run1, "workspace too small");
-  bad = good; bad.path = static_cast<kernels::MlaPrefillPath>(7); expect_error(run1, "path = 7");
-  bad = good; bad.path = kernels::MlaPrefillPath::absorbed; bad.workspace_bytes = 1000; expect_error(run1, "absorbed workspace too small");
+  expect_errors("mla prefill heads", good, kHeadsBad, [](const auto& a) { kernels::mla_prefill_heads(a, nullptr); });
   cuda_check(cudaDeviceSynchronize(), "after bad inputs");
 }

@@ -1,0 +1,84 @@
+// The notes an experiment prints about its run: `kdalab parity` prints each note once (its "skipped > 80 nats"
+// and "cuda-bf16 rows skipped" notes were printed twice: live on stderr and again after the summary table)
+// and records them in the file; `kdalab decode-cost` explains its CPU softmax curve with a one-line note (the
+// working set against this machine's caches), printed once and recorded as decode_cost/cpu's `note`.
+#include <string>
+#include <vector>
+
+#include "experiments/results.hpp"
+#include "tests/catch.hpp"
+#include "tests/cli_io/cli_util.hpp"
+
+using namespace kdalab::testutil;
+
+namespace {
+std::size_t count(const std::string& text, const std::string& s) {
+  std::size_t n = 0;
+  for (std::size_t p = text.find(s); p != std::string::npos; p = text.find(s, p + 1)) ++n;
+  return n;
+}
+/// The text after "note: " on every line that starts with it.
+std::vector<std::string> note_lines(const std::string& out) {
+  std::vector<std::string> notes;
+  std::size_t p = 0;
+  while (p < out.size()) {
+    const std::size_t e = out.find('\n', p);
+    const std::string line = out.substr(p, e == std::string::npos ? std::string::npos : e - p);
+    if (line.rfind("note: ", 0) == 0) notes.push_back(line.substr(6));
+    if (e == std::string::npos) break;
+    p = e + 1;
+  }
+  return notes;
+}
+}  // namespace
+
+TEST_CASE("parity prints each note once, after the summary, and records it", "[cli]") {
+  TempDir d;
+  // softplus gates at T = 17, d_k = 128 reach a factored span > 80 nats at C = 16: float32-chunk skips them
+  const auto r = run_kdalab("parity --T 17 --dk 128 --dv 128 --gate softplus --beta sigmoid,one --C 16 "
+                            "--impl float32,float32-chunk,cuda-bf16 --truth f64 --out " + d.file("p.h5"));
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  const auto notes = note_lines(r.output);
+  REQUIRE(notes.size() >= 2);  // one per skipped point (two betas)
+  CHECK(count(r.output, "float32-chunk C=16 skipped at point 0") == 1);
+  CHECK(count(r.output, "float32-chunk C=16 skipped at point 1") == 1);
+  std::size_t span_notes = 0;  // the "> 80 nats" notes: each phrase appears in its note only
+  for (const auto& n : notes) span_notes += count(n, "80 nats");
+  CHECK(span_notes >= 2);
+  CHECK(count(r.output, "80 nats") == span_notes);
+  const std::string recorded = kdalab::h5read::attr_string(d.file("p.h5"), "/parity", "notes");
+  for (const auto& n : notes) {
+    INFO(n);
+    CHECK(count(r.output, n) == 1);  // printed once: no second copy on stderr
+    CHECK(recorded.find(n) != std::string::npos);
+  }
+  CHECK(r.output.find("note: ") > r.output.find("o median rRMS"));  // after the summary table
+}
+
+TEST_CASE("parity with no row prints every note once, the first in its one-line error", "[cli]") {
+  TempDir d;
+  const auto r = run_kdalab("parity --T 17 --dk 128 --dv 128 --gate softplus --beta sigmoid,one --C 16 "
+                            "--impl float32-chunk --truth f64 --quiet --out " + d.file("p.h5"));
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(count(r.output, "skipped at point 0") == 1);
+  CHECK(count(r.output, "skipped at point 1") == 1);
+  CHECK(d.count() == 0);
+}
+
+TEST_CASE("decode-cost notes the CPU softmax working set against the caches, once, and records it", "[cli]") {
+  TempDir d;
+  const auto r = run_kdalab("decode-cost --cpu-n 1024,2048,2048 --cpu-d 64 --min-time 0.01 --n 1000 --d 64 "
+                            "--context 1024 --gpu-n 0 --quiet --out " + d.file("dc.h5"));
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  const auto notes = note_lines(r.output);
+  REQUIRE(notes.size() == 1);
+  CHECK(notes[0].rfind("softmax read: ", 0) == 0);
+  CHECK(notes[0].find("working set") != std::string::npos);
+  CHECK((notes[0].find("caches") != std::string::npos || notes[0].find("cache sizes are unknown") != std::string::npos));
+  CHECK(kdalab::h5read::attr_string(d.file("dc.h5"), "/decode_cost/cpu", "note") == notes[0]);
+  // a repeated --cpu-n value is measured once: one softmax and one KDA row per distinct n
+  CHECK(kdalab::h5read::strings(d.file("dc.h5"), "/decode_cost/cpu/impl").size() == 4);
+}

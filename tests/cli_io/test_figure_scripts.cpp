@@ -1,0 +1,193 @@
+// The figure and summary scripts (scripts/fig_*.py, scripts/summary.py, scripts/figures.sh) on small
+// results files, read back through the scripts' --dump JSON (what was drawn: axes limits, lines, legends,
+// footer): the recall error axis is set by the data (not stretched to 1e-17; errors < 1e-8 go to the "exact"
+// strip), coinciding parity series stay visible and say so, footers print config values as the file stores
+// them (16, not 16.0), decode-cost's cache note reaches the footer, the summary prints key numbers with the
+// recorded units (never "[1]"), and figures.sh keeps a second file's same figure under another name.
+// Runs /usr/bin/python3 (as scripts/run.sh does); skipped with a warning when it lacks h5py or matplotlib.
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "tests/catch.hpp"
+#include "tests/cli_io/cli_util.hpp"
+
+using namespace kdalab::testutil;
+using nlohmann::json;
+
+namespace {
+const char* kPy = "/usr/bin/python3";
+
+bool have_plotting() {
+  return run_command(std::string(kPy) + " -c 'import h5py, matplotlib' >/dev/null 2>&1").code == 0;
+}
+
+/// Runs scripts/<script> on `h5` with --dump, returns the dump (REQUIREs exit 0).
+json draw(const TempDir& d, const std::string& script, const std::string& h5) {
+  const std::string dump = d.file(script + ".json");
+  const auto r = run_command(std::string(kPy) + " scripts/" + script + " " + h5 + " --out-dir " + d.file("fig") +
+                             " --dump " + dump);
+  INFO(script << ": " << r.output);
+  REQUIRE(r.code == 0);
+  return json::parse(slurp(dump));
+}
+
+std::string footer(const json& j) {
+  std::string all;
+  for (const auto& t : j["texts"]) all += t.get<std::string>() + "\n";
+  return all;
+}
+
+/// The config line(s) of a footer (from "config " to "command:").
+std::string config_text(const json& j) {
+  const std::string f = footer(j);
+  const auto a = f.find("config "), b = f.find("command:");
+  return a == std::string::npos ? std::string() : f.substr(a, b - a);
+}
+}  // namespace
+
+TEST_CASE("fig_recall: error axis from the data, exact errors in their strip, integer config values", "[cli][python]") {
+  if (!have_plotting()) {
+    WARN("/usr/bin/python3 lacks h5py or matplotlib (scripts/setup.sh installs them): figure tests skipped");
+    return;
+  }
+  TempDir d;
+  const auto r = run_kdalab("recall --d-k 16 --ratio 0.5,1,2,4 --trials 1 --keys random,orthogonal "
+                            "--memories softmax,linear,deltanet,kda --quiet --out " + d.file("recall.h5"));
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  const json j = draw(d, "fig_recall.py", d.file("recall.h5"));
+  int error_axes = 0, strips = 0;
+  double smallest_drawn = INFINITY;
+  for (const auto& ax : j["axes"]) {
+    const std::string yl = ax["ylabel"];
+    const bool error_panel = ax["yscale"] == "log";
+    if (yl.find("exact") != std::string::npos) ++strips;
+    if (!error_panel) continue;
+    ++error_axes;
+    const double lo = ax["ylim"][0], hi = ax["ylim"][1];
+    CHECK(lo >= 1e-9);  // was 1e-17: the curves sat in a sliver at the top
+    for (const auto& ln : ax["lines"]) {
+      if (ln["coords"] != "data") continue;  // the N = d_k marker line (axvline): y in axes fractions
+      for (const auto& y : ln["y"])
+        if (!y.is_null()) {
+          const double v = y;
+          smallest_drawn = std::min(smallest_drawn, v);
+          CHECK(v <= hi);  // never clipped at the top
+          CHECK(v >= lo);
+        }
+    }
+  }
+  CHECK(error_axes == 2);  // random and orthogonal keys
+  CHECK(strips >= 1);
+  CHECK(smallest_drawn >= 1e-8);  // exact recall (softmax: 0, delta rule below capacity: ~1e-16) is not on the log axis
+  const std::string f = footer(j);
+  CHECK(f.find("below 1e-08") != std::string::npos);  // the caption says what happened to them
+  const std::string cfg = config_text(j);
+  INFO(cfg);
+  CHECK(cfg.find("d-k=[16]") != std::string::npos);  // the file's options hold 16.0: printed as stored on the command line
+  CHECK(cfg.find("16.0") == std::string::npos);
+  CHECK(cfg.find("ratio=[0.5,1,2,4]") != std::string::npos);
+}
+
+TEST_CASE("fig_parity: coinciding series stay visible and the legend says which lie on which", "[cli][python]") {
+  if (!have_plotting()) {
+    WARN("/usr/bin/python3 lacks h5py or matplotlib: figure tests skipped");
+    return;
+  }
+  TempDir d;
+  // A parity table where 'twin-bf16' and 'cuda-bf16' agree to 0.1% and 'float32' does not.
+  const std::string h5 = d.file("parity.h5");
+  const auto w = run_command(std::string(kPy) + " -c \"import h5py, numpy as np\n"
+                             "f = h5py.File('" + h5 + "', 'w')\n"
+                             "f.attrs['config'] = '{\\\"T\\\": \\\"[64,256]\\\", \\\"C\\\": [16.0, 32.0]}'\n"
+                             "g = f.create_group('parity/table')\n"
+                             "g['impl'] = np.array([b'float32', b'float32', b'twin-bf16', b'twin-bf16', b'cuda-bf16', b'cuda-bf16'])\n"
+                             "g['T'] = np.array([64, 256, 64, 256, 64, 256])\n"
+                             "g['o_rel_rms'] = np.array([1.2e-7, 1.3e-7, 1.70e-3, 1.75e-3, 1.7017e-3, 1.7505e-3])\n\"");
+  INFO(w.output);
+  REQUIRE(w.code == 0);
+  const json j = draw(d, "fig_parity.py", h5);
+  const auto& lines = j["axes"][0]["lines"];
+  const json* twin = nullptr;
+  const json* cuda = nullptr;
+  for (const auto& ln : lines) {
+    const std::string lab = ln["label"];
+    if (lab.rfind("twin-bf16", 0) == 0) twin = &ln;
+    if (lab.rfind("cuda-bf16", 0) == 0) cuda = &ln;
+  }
+  REQUIRE(twin != nullptr);
+  REQUIRE(cuda != nullptr);
+  // the kernel is drawn underneath (larger marker, lower z), the twin on top with another marker and line style
+  CHECK((*cuda)["markersize"].get<double>() > (*twin)["markersize"].get<double>() + 2.0);
+  CHECK((*cuda)["marker"] != (*twin)["marker"]);
+  CHECK((*cuda)["linestyle"] != (*twin)["linestyle"]);
+  CHECK((*twin)["zorder"].get<double>() > (*cuda)["zorder"].get<double>());
+  CHECK((*twin)["label"].get<std::string>().find("lies on cuda-bf16") != std::string::npos);
+  for (const auto& ln : lines)  // the series that coincides with nothing says nothing
+    if (ln["label"].get<std::string>().rfind("float32", 0) == 0)
+      CHECK(ln["label"].get<std::string>().find("lies on") == std::string::npos);
+  // the legend (a figure legend) carries the same words
+  std::string legend;
+  for (const auto& lg : j["legends"])
+    for (const auto& t : lg) legend += t.get<std::string>() + "\n";
+  CHECK(legend.find("lies on cuda-bf16") != std::string::npos);
+  // root config with number lists: printed as the command line takes them
+  const std::string cfg = config_text(j);
+  INFO(cfg);
+  CHECK(cfg.find("C=[16,32]") != std::string::npos);
+  CHECK(cfg.find("T=[64,256]") != std::string::npos);
+}
+
+TEST_CASE("decode-cost's cache note reaches the figure footer; summary.py prints numbers with their units",
+          "[cli][python]") {
+  if (!have_plotting()) {
+    WARN("/usr/bin/python3 lacks h5py or matplotlib: figure tests skipped");
+    return;
+  }
+  TempDir d;
+  const auto r = run_kdalab("decode-cost --cpu-n 1024,2048 --cpu-d 64 --min-time 0.01 --n 1000 --d 64 --context 1024 "
+                            "--gpu-n 0 --quiet --out " + d.file("dc.h5"));
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  const json j = draw(d, "fig_decode_cost.py", d.file("dc.h5"));
+  CHECK(footer(j).find("CPU: softmax read:") != std::string::npos);
+  CHECK(config_text(j).find("cpu-n=[1024,2048]") != std::string::npos);
+
+  const auto s = run_command(std::string(kPy) + " scripts/summary.py " + d.file("dc.h5"));
+  INFO(s.output);
+  REQUIRE(s.code == 0);
+  CHECK(has(s, "decode_cost/cpu: 4 rows"));
+  CHECK(has(s, "seconds_per_token [s]"));  // the unit the file records
+  CHECK(has(s, "decode_cost/cpu note: softmax read:"));
+  CHECK(has(s, "speedup_vs_mla"));
+  CHECK(!has(s, "[1]"));  // dimensionless columns carry no unit text
+  CHECK(has(s, " 1024 "));  // numbers, not only dataset names
+}
+
+TEST_CASE("figures.sh keeps a second results file's same figure under <figure>-<stem>", "[cli][python]") {
+  if (!have_plotting()) {
+    WARN("/usr/bin/python3 lacks h5py or matplotlib: figure tests skipped");
+    return;
+  }
+  TempDir d;
+  for (const char* name : {"parity.h5", "parity_long.h5"}) {
+    const auto r = run_kdalab(std::string("parity --T 17 --dk 16 --dv 16 --impl float64,float32 --truth f64 --quiet --out ") +
+                              d.file(name));
+    INFO(r.output);
+    REQUIRE(r.code == 0);
+  }
+  // figures.sh runs every fig_*.py beside it: a copy with only the parity figure keeps this test to two drawings
+  std::filesystem::create_directories(d.file("scripts"));
+  for (const char* s : {"figures.sh", "figstyle.py", "fig_parity.py"})
+    std::filesystem::copy_file(std::string("scripts/") + s, d.file(std::string("scripts/") + s));
+  const auto r = run_command("FIGURES=" + d.file("fig") + " bash " + d.file("scripts/figures.sh") + " " +
+                             d.file("parity.h5") + " " + d.file("parity_long.h5"));
+  INFO(r.output);
+  CHECK(r.code == 0);
+  CHECK(std::filesystem::exists(d.file("fig/parity_error.png")));
+  CHECK(std::filesystem::exists(d.file("fig/parity_error-parity_long.png")));
+  CHECK(std::filesystem::exists(d.file("fig/parity_error-parity_long.pdf")));
+}
