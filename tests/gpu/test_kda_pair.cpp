@@ -260,11 +260,14 @@ TEST_CASE("pair step: prefill-then-decode == pair prefill of the longer sequence
   const auto S_pd = download_f32(S);
   const auto m_o = compare(o_pd, ref.o.data), m_S = compare(S_pd, ref.S_final.data);
   const auto m_same_o = compare(o_pd, full.o), m_same_S = compare(S_pd, full.S);
-  std::printf("pair prefill(%zu)+decode(%zu), slow gates b=-2, vs truth: o %.4e state %.4e; vs pair prefill(%zu): o %.4e "
-              "state %.4e\n", T0, steps, m_o.rel_rms, m_S.rel_rms, in.T, m_same_o.rel_rms, m_same_S.rel_rms);
+  const auto m_full_o = compare(full.o, ref.o.data), m_full_S = compare(full.S, ref.S_final.data);
+  std::printf("pair prefill(%zu)+decode(%zu), slow gates b=-2, vs truth: o %.4e state %.4e (pair prefill(%zu) vs truth: o "
+              "%.4e state %.4e); vs pair prefill(%zu): o %.4e state %.4e\n", T0, steps, m_o.rel_rms, m_S.rel_rms, in.T,
+              m_full_o.rel_rms, m_full_S.rel_rms, in.T, m_same_o.rel_rms, m_same_S.rel_rms);
   REQUIRE(m_o.nan_count + m_S.nan_count == 0);
-  CHECK(m_o.rel_rms <= tol::kda_bf16_goal.value);
-  CHECK(m_S.rel_rms <= tol::kda_twin_state.value);
+  // the decode steps are fp32 math: no worse than the pair prefill of all tokens (or the goal)
+  CHECK(m_o.rel_rms <= pair_bound(m_full_o.rel_rms, tol::kda_bf16_goal.value));
+  CHECK(m_S.rel_rms <= pair_bound(m_full_S.rel_rms, tol::kda_twin_state.value));
   // two roundings of the same numbers (each within the goal of the truth): within twice the goal
   CHECK(m_same_o.rel_rms <= 2 * tol::kda_bf16_goal.value);
   CHECK(m_same_S.rel_rms <= 2 * tol::kda_twin_state.value);
