@@ -1,7 +1,8 @@
 // Absorbed Gated-MLA decode over a bf16 latent cache (kernels/mla.hpp), d_c = 512, H in {16, 32}.
-// Three split kernels share the plan, the workspace layout and the host checks: v1 (variant 1, below:
-// mma.sync), v2 (variant 2, the default, further down: wgmma, 64-token tiles) and v4 (variant 4: v2's
-// kernel with early per-warpgroup refill, v4's plan and combine with programmatic dependent launch).
+// Four split kernels share the plan, the workspace layout and the host checks: v1 (variant 1, below:
+// mma.sync), v2 (variant 2, the default, further down: wgmma, 64-token tiles), v4 (variant 4: v2's
+// kernel with early per-warpgroup refill, v4's plan and combine with programmatic dependent launch) and v5
+// (variant 5, namespace v5: the seesaw kernel on pairs of 64-token blocks, v4's plan and combine).
 // Variant 3 (32-token tiles through a 4-slot ring, session 3) was removed in session 4: v4 measured faster
 // on every shape (bench/NOTES.md); its combine and plan live on in v4.
 //
@@ -1240,7 +1241,10 @@ __global__ void __launch_bounds__(NTHR, 1) mla_split_kernel_v5(SParams p) {
       const int bA = 2 * i, bB = 2 * i + 1;
       const bool hasB = bB < nblk;
       float sc[32];
-      // ---- S_B: k-blocks 4-7 (this warpgroup's loads), then 0-3 once warpgroup 0's have landed
+      // ---- S_B: k-blocks 4-7 (this warpgroup's loads), then 0-3 once warpgroup 0's have landed (one branch for
+      // both halves: a control-flow join between them would copy the in-flight accumulators and make ptxas
+      // serialize the wgmmas); without block B only the landing handshake
+      float mx[2] = {-INFINITY, -INFINITY};
       cp_async_wait<1>();
       v2::fence_async_smem();
       v2::wg_barrier(1);
@@ -1248,19 +1252,21 @@ __global__ void __launch_bounds__(NTHR, 1) mla_split_kernel_v5(SParams p) {
         v2::wgmma_fence();
         scores_half(sc, q_addr, c1_addr, 4, true);
         v2::wgmma_commit();
-      }
-      cp_async_wait<0>();  // block bA's R half too (warpgroup 0 scores it)
-      v2::fence_async_smem();
-      bar_arrive(BAR_LANDED_R);
-      bar_sync(BAR_LANDED_L);
-      float mx[2] = {-INFINITY, -INFINITY};
-      if (hasB) {
+        cp_async_wait<0>();  // block bA's R half too (warpgroup 0 scores it)
+        v2::fence_async_smem();
+        bar_arrive(BAR_LANDED_R);
+        bar_sync(BAR_LANDED_L);
         scores_half(sc, q_addr, c1_addr, 0, false);
         v2::wgmma_commit();
         wgmma_wait<0>();
 #pragma unroll
         for (int e = 0; e < 32; ++e) fence_reg(sc[e]);
         row_scores(sc, min(BLK, end - (start + bB * BLK)), p.scale_log2, cq, mx);
+      } else {
+        cp_async_wait<0>();
+        v2::fence_async_smem();
+        bar_arrive(BAR_LANDED_R);
+        bar_sync(BAR_LANDED_L);
       }
       // ---- mB = max(mA, rowmax S_B) to warpgroup 0
       bar_sync(BAR_M0);
