@@ -23,8 +23,8 @@
 // mla-decode (kernels/mla.hpp): shapes B:N:H with N the cached tokens per sequence (d_c = 512, bf16
 //   latent cache, q~ as bf16 hi + lo); bytes = the latent reads B N d_c 2 only (TB/s of latent reads),
 //   flops = 4 B H N d_c (scores and P C, one pass; the hi/lo passes are not counted). --variant picks
-//   the split kernel (MlaDecodeArgs::variant: 1 = mma.sync v1, 2 = wgmma v2, the default, 4 = v2 with
-//   early per-warpgroup refill v4, 5 = the seesaw kernel v5; 3 was removed in session 4).
+//   the split kernel (MlaDecodeArgs::variant: 1 = mma.sync v1, 2 = wgmma v2, 4 = v2 with
+//   early per-warpgroup refill v4, 5 = the seesaw kernel v5, the default since session 5; 3 was removed in session 4).
 // mla-prefill (kernels/mla_prefill.hpp): shapes B:T:H with T new tokens behind a cached prefix of --prefix
 //   tokens (default 0); time = append + causal absorbed attention (q~ hi/lo given); prepare_ms = the query
 //   absorption (mla_absorb_query, d_nope = 128) alone; bytes = latent cache read once, c_new read + written,
@@ -93,7 +93,7 @@ struct BenchOptions {
   std::string op = "all", shapes;
   std::vector<std::string> peer_json, compare;  // several files: peers merged, baselines searched in order
   int iters = 30, warmup = 5;
-  int mla_variant = 2;  // mla-decode split kernel (kernels/mla.hpp MlaDecodeArgs::variant)
+  int mla_variant = 5;  // mla-decode split kernel (kernels/mla.hpp MlaDecodeArgs::variant)
   int kda_segments = 0; // kda-prefill state pass (kernels/kda.hpp KdaPrefillArgs::segment_state): 0 auto, 1 off, P forced
   int kda_overlap = 1;  // kda-prefill schedule: 0 serial, 1 library defaults, 2 segment path overlapped too
   bool variants = false;  // kda-prefill: also time the non-default kernel variants (printed lines)
@@ -636,7 +636,7 @@ void register_bench(Registry& reg) {
                 "segments in parallel (KdaPrefillArgs::segment_state). " + kda_prefill_only)->capture_default_str();
   a->add_option("--variant", o->mla_variant,
                 "mla-decode split kernel: 1 (mma.sync, v1), 2 (wgmma, v2), 4 (v2 with early refill and a PDL combine, "
-                "v4) or 5 (seesaw: two warpgroups on alternate 64-token blocks, v5); 3 was removed. Only with --op "
+                "v4) or 5 (seesaw: two warpgroups on alternate 64-token blocks, v5, the library default); 3 was removed. Only with --op "
                 "mla-decode or all (refused with another op)")
       ->capture_default_str();
   a->add_option("--compare", o->compare,

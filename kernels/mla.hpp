@@ -25,7 +25,7 @@
 /// accumulator) to the workspace; a combine kernel merges the partials per (b, head):
 ///   M = max_s m_s,  L = sum_s l_s e^(m_s - M),  a = sum_s e^(m_s - M) acc_s / L.
 /// Four split kernels (MlaDecodeArgs::variant), same results to ~1e-5, same workspace size formula:
-///   variant 2 (default): warpgroup MMA (wgmma, sm_90a) on 64-token tiles; the 32 q_hi and 32 q_lo rows
+///   variant 2 (the default until session 5): warpgroup MMA (wgmma, sm_90a) on 64-token tiles; the 32 q_hi and 32 q_lo rows
 ///     form the M = 64 of one wgmma, so scores = 32 wgmma m64n32k16 per 32 tokens, P C = wgmma
 ///     m64n256k16 per 16 tokens and warpgroup; slices are whole 64-token tiles;
 ///   variant 1: mma.sync m16n8k16 on 32-token tiles, warp w owns latent columns [64 w, 64 w + 64) for
@@ -39,7 +39,9 @@
 ///     at B = 1 (N = 64K 46.9 vs 52.0 us, N = 1M 385.6 vs 400.1 us), slower for batches (B = 64 x 32K 763
 ///     vs 748 us, B = 256 x 4K 439 vs 399 us). Variant 3 (32-token tiles, 4-slot ring, session 3) was
 ///     removed: variant 4 was faster on every measured shape.
-///   variant 5 (opt-in, session 5, compiled only: not yet run on a GPU): the "seesaw" kernel, same math and
+///   variant 5 (the default since session 5: its first H200 run passed every decode test and was faster than
+///     v2 and v4 on every benchmark shape, e.g. N = 1M 324 us (305 us per step in a CUDA graph) vs v2's 401 us,
+///     B = 64 x 32K 648 vs 777 us; bench/NOTES.md): the "seesaw" kernel, same math and
 ///     precision plan. q~ rows interleaved (row 2h = q_hi[h], 2h + 1 = q_lo[h]), so the hi + lo score of a head is
 ///     one lane shuffle and the softmax stays in registers; 64-token blocks in pairs, warpgroup 0 scores block A
 ///     and warpgroup 1 block B (wgmma m64n64k16, K = 512) at the same time; the running max goes from warpgroup 0
@@ -92,9 +94,9 @@ struct MlaDecodeArgs {
   int num_splits = 0;            ///< slices per sequence; 0 = automatic (about one CTA per SM in total)
   void* workspace = nullptr;     ///< device scratch of mla_decode_workspace_bytes() bytes, 16-byte aligned
   std::size_t workspace_bytes = 0;
-  int variant = 2;               ///< split kernel: 1 = mma.sync (v1), 2 = wgmma (v2, default),
+  int variant = 5;               ///< split kernel: 5 = seesaw (v5, the default), 1 = mma.sync (v1), 2 = wgmma (v2),
                                  ///< 4 = v2 with early per-warpgroup refill, its own plan and PDL combine,
-                                 ///< 5 = seesaw (v5: v4's plan and combine); 3 was removed; plan and workspace follow it
+                                 ///< (v5 uses v4's plan and combine); 3 was removed; plan and workspace follow it
   bool p_hi_only = false;        ///< ablation (variants 2, 4, 5): P C with P_hi = bf16(P) alone (P_lo rows zero)
 };
 

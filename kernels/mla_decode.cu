@@ -1,6 +1,6 @@
 // Absorbed Gated-MLA decode over a bf16 latent cache (kernels/mla.hpp), d_c = 512, H in {16, 32}.
 // Four split kernels share the plan, the workspace layout and the host checks: v1 (variant 1, below:
-// mma.sync), v2 (variant 2, the default, further down: wgmma, 64-token tiles), v4 (variant 4: v2's
+// mma.sync), v2 (variant 2, the default until session 5, further down: wgmma, 64-token tiles), v4 (variant 4: v2's
 // kernel with early per-warpgroup refill, v4's plan and combine with programmatic dependent launch) and v5
 // (variant 5, namespace v5: the seesaw kernel on pairs of 64-token blocks, v4's plan and combine).
 // Variant 3 (32-token tiles through a 4-slot ring, session 3) was removed in session 4: v4 measured faster
@@ -424,7 +424,7 @@ __global__ void __launch_bounds__(128) mla_combine_kernel_v4(SParams p) {
   }
 }
 // ================================================================================================
-// v2 (variant 2, the default): wgmma (sm_90a warpgroup MMA, both operands read from shared memory
+// v2 (variant 2, the default until session 5; v5 now): wgmma (sm_90a warpgroup MMA, both operands read from shared memory
 // through matrix descriptors), 64-token compute tiles.
 //
 // One CTA = 2 warpgroups (8 warps, 256 threads) per (slice, sequence), as v1. Shared memory (~218 KB):
