@@ -240,11 +240,12 @@ __global__ void __launch_bounds__(512, 2) kda_prepare_pair_kernel(PairParams p) 
 #pragma unroll
     for (int r = 0; r < C; ++r) {
       const float kk = sK[r][i];
+      const float rg = __fdividef(1.0f, gam[r]);  // v6's one fast reciprocal (gam >= exp(16 g_min) is normal)
       qg[r] = sQ[r][i] * gam[r];
       sQ[r][i] = qg[r];
       sK[r][i] = kk * gam[r];
-      sKi[r][i] = kk / gam[r];
-      kd[r] = kk * (gn / gam[r]);
+      sKi[r][i] = kk * rg;
+      kd[r] = kk * (gn * rg);
     }
     if (half == 0) {
       pair_store_afrag(reinterpret_cast<uint4*>(slot + PS::Qg2), qg, i);  // m-tile 0 = Qg_c
