@@ -3,7 +3,7 @@
 //
 //   kdalab bench --op kda-prefill|kda-decode|mla-decode|mla-prefill|attn-res|all [--shapes "B:T:H[:HV[:D]],..."]
 //                [--iters N] [--warmup N] [--quick] [--prefix N0] [--peer-json FILE..] [--compare BASELINE.h5..]
-//                [--variant 1|2|4] [--segments P] [--overlap 0|1|2] [--variants] --out results/bench.h5
+//                [--variant 1|2|4|5] [--segments P] [--overlap 0|1|2] [--variants] --out results/bench.h5
 //
 // Per shape: median (and min) of --iters CUDA-event timings after --warmup launches, the bytes a
 // kernel must move at least (inputs read once, outputs written once; the workspace is not counted)
@@ -23,8 +23,8 @@
 // mla-decode (kernels/mla.hpp): shapes B:N:H with N the cached tokens per sequence (d_c = 512, bf16
 //   latent cache, q~ as bf16 hi + lo); bytes = the latent reads B N d_c 2 only (TB/s of latent reads),
 //   flops = 4 B H N d_c (scores and P C, one pass; the hi/lo passes are not counted). --variant picks
-//   the split kernel (MlaDecodeArgs::variant: 1 = mma.sync v1, 2 = wgmma v2, the default, 4 = v2 with
-//   early per-warpgroup refill v4; 3 was removed in session 4).
+//   the split kernel (MlaDecodeArgs::variant: 1 = mma.sync v1, 2 = wgmma v2, 4 = v2 with
+//   early per-warpgroup refill v4, 5 = the seesaw kernel v5, the default since session 5; 3 was removed in session 4).
 // mla-prefill (kernels/mla_prefill.hpp): shapes B:T:H with T new tokens behind a cached prefix of --prefix
 //   tokens (default 0); time = append + causal absorbed attention (q~ hi/lo given); prepare_ms = the query
 //   absorption (mla_absorb_query, d_nope = 128) alone; bytes = latent cache read once, c_new read + written,
@@ -93,7 +93,7 @@ struct BenchOptions {
   std::string op = "all", shapes;
   std::vector<std::string> peer_json, compare;  // several files: peers merged, baselines searched in order
   int iters = 30, warmup = 5;
-  int mla_variant = 2;  // mla-decode split kernel (kernels/mla.hpp MlaDecodeArgs::variant)
+  int mla_variant = 5;  // mla-decode split kernel (kernels/mla.hpp MlaDecodeArgs::variant)
   int kda_segments = 0; // kda-prefill state pass (kernels/kda.hpp KdaPrefillArgs::segment_state): 0 auto, 1 off, P forced
   int kda_overlap = 1;  // kda-prefill schedule: 0 serial, 1 library defaults, 2 segment path overlapped too
   bool variants = false;  // kda-prefill: also time the non-default kernel variants (printed lines)
@@ -635,8 +635,9 @@ void register_bench(Registry& reg) {
                 "kda-prefill state pass: 0 = the v5 auto rule (P = 3 at T = 65536, H = 32), 1 = one-shot, 2..64 = P "
                 "segments in parallel (KdaPrefillArgs::segment_state). " + kda_prefill_only)->capture_default_str();
   a->add_option("--variant", o->mla_variant,
-                "mla-decode split kernel: 1 (mma.sync, v1), 2 (wgmma, v2) or 4 (v2 with early refill and a PDL combine, "
-                "v4); 3 was removed. Only with --op mla-decode or all (refused with another op)")
+                "mla-decode split kernel: 1 (mma.sync, v1), 2 (wgmma, v2), 4 (v2 with early refill and a PDL combine, "
+                "v4) or 5 (seesaw: two warpgroups on alternate 64-token blocks, v5, the library default); 3 was removed. Only with --op "
+                "mla-decode or all (refused with another op)")
       ->capture_default_str();
   a->add_option("--compare", o->compare,
                 "baseline bench results file(s) to compare against: prints time / baseline per row found (same group, "
@@ -660,9 +661,10 @@ void register_bench(Registry& reg) {
             "--overlap = " + std::to_string(o->kda_overlap) + "; accepted: 0 (serial), 1 (library defaults) or 2 (all overlapped)");
     require(o->kda_segments >= 0 && o->kda_segments <= 64,
             "--segments = " + std::to_string(o->kda_segments) + "; accepted: 0 (auto), 1 (off) or 2..64 segments");
-    require(o->mla_variant == 1 || o->mla_variant == 2 || o->mla_variant == 4,
+    require(o->mla_variant == 1 || o->mla_variant == 2 || o->mla_variant == 4 || o->mla_variant == 5,
             "--variant = " + std::to_string(o->mla_variant) +
-                "; accepted: 1 (mma.sync), 2 (wgmma) or 4 (v2 with early refill), mla-decode only (3 was removed)");
+                "; accepted: 1 (mma.sync), 2 (wgmma), 4 (v2 with early refill) or 5 (seesaw), mla-decode only (3 was "
+                "removed)");
     // options that act on one op only, set to other than their default, are refused with another op, not dropped
     // silently; --op all takes each of them (it acts on that op's rows)
     struct OneOpOption {

@@ -24,8 +24,8 @@
 /// memory (cp.async), runs an online softmax, and writes its partial (running max m, sum l, unnormalised
 /// accumulator) to the workspace; a combine kernel merges the partials per (b, head):
 ///   M = max_s m_s,  L = sum_s l_s e^(m_s - M),  a = sum_s e^(m_s - M) acc_s / L.
-/// Three split kernels (MlaDecodeArgs::variant), same results to ~1e-5, same workspace size formula:
-///   variant 2 (default): warpgroup MMA (wgmma, sm_90a) on 64-token tiles; the 32 q_hi and 32 q_lo rows
+/// Four split kernels (MlaDecodeArgs::variant), same results to ~1e-5, same workspace size formula:
+///   variant 2 (the default until session 5): warpgroup MMA (wgmma, sm_90a) on 64-token tiles; the 32 q_hi and 32 q_lo rows
 ///     form the M = 64 of one wgmma, so scores = 32 wgmma m64n32k16 per 32 tokens, P C = wgmma
 ///     m64n256k16 per 16 tokens and warpgroup; slices are whole 64-token tiles;
 ///   variant 1: mma.sync m16n8k16 on 32-token tiles, warp w owns latent columns [64 w, 64 w + 64) for
@@ -39,6 +39,16 @@
 ///     at B = 1 (N = 64K 46.9 vs 52.0 us, N = 1M 385.6 vs 400.1 us), slower for batches (B = 64 x 32K 763
 ///     vs 748 us, B = 256 x 4K 439 vs 399 us). Variant 3 (32-token tiles, 4-slot ring, session 3) was
 ///     removed: variant 4 was faster on every measured shape.
+///   variant 5 (the default since session 5: its first H200 run passed every decode test and was faster than
+///     v2 and v4 on every benchmark shape, e.g. N = 1M 324 us (305 us per step in a CUDA graph) vs v2's 401 us,
+///     B = 64 x 32K 648 vs 777 us; bench/NOTES.md): the "seesaw" kernel, same math and
+///     precision plan. q~ rows interleaved (row 2h = q_hi[h], 2h + 1 = q_lo[h]), so the hi + lo score of a head is
+///     one lane shuffle and the softmax stays in registers; 64-token blocks in pairs, warpgroup 0 scores block A
+///     and warpgroup 1 block B (wgmma m64n64k16, K = 512) at the same time; the running max goes from warpgroup 0
+///     to 1 through shared memory; each warpgroup accumulates its 256-column half of the output over both blocks,
+///     its own P straight from registers (register-A wgmma), the other's P from shared memory, so one
+///     warpgroup's softmax overlaps the other's P C (schedule idea: FlashMLA's published "seesaw"; our code).
+///     v4's plan and combine. Its result differs from v2's by ~1e-5 relative (P rounded at other running maxima).
 /// Measured on one H200 (bench/NOTES.md, H = 32): v2 N = 1M in 399 us (2.69 TB/s, v1 565 us),
 /// B = 64 x N = 32768 in 737 us (2.91 TB/s, v1 1036 us).
 ///
@@ -51,7 +61,7 @@
 ///
 /// Errors: every check throws kdalab::Error naming the argument, its value and what is accepted
 /// (d_c != 512, d_rope != 0, H not in {16, 32}, max_len = 0 or > capacity, null or misaligned pointers,
-/// bad strides, scale not finite and > 0, workspace too small, variant not 1 .. 4, p_hi_only with
+/// bad strides, scale not finite and > 0, workspace too small, variant not 1, 2, 4 or 5, p_hi_only with
 /// variant 1), before anything is launched. A per-sequence length lens[b] outside [1, max_len] cannot
 /// be checked on the host (it lives on the device): that sequence's output rows are set to NaN. CUDA errors throw kdalab::Error with the CUDA message.
 #include <cstddef>
@@ -84,15 +94,15 @@ struct MlaDecodeArgs {
   int num_splits = 0;            ///< slices per sequence; 0 = automatic (about one CTA per SM in total)
   void* workspace = nullptr;     ///< device scratch of mla_decode_workspace_bytes() bytes, 16-byte aligned
   std::size_t workspace_bytes = 0;
-  int variant = 2;               ///< split kernel: 1 = mma.sync (v1), 2 = wgmma (v2, default), 3 = wgmma + 4-slot load
-                                 ///< 4 = v2 with early per-warpgroup refill, its own plan and PDL combine (3 was removed);
-                                 ///< plan and workspace follow it
-  bool p_hi_only = false;        ///< ablation (variants 2, 3, 4): P C with P_hi = bf16(P) alone (P_lo rows zero)
+  int variant = 5;               ///< split kernel: 5 = seesaw (v5, the default), 1 = mma.sync (v1), 2 = wgmma (v2),
+                                 ///< 4 = v2 with early per-warpgroup refill, its own plan and PDL combine,
+                                 ///< (v5 uses v4's plan and combine); 3 was removed; plan and workspace follow it
+  bool p_hi_only = false;        ///< ablation (variants 2, 4, 5): P C with P_hi = bf16(P) alone (P_lo rows zero)
 };
 
 /// Splits per sequence and tokens per split that mla_decode will use for these arguments
 /// (num_splits = 0: chosen from the SM count of the current device and max_len; split_len is a multiple
-/// of the variant's tile: 32 tokens for variants 1 and 3, 64 for variants 2 and 4; variants 3 and 4 pick the count of
+/// of the variant's tile: 32 tokens for variant 1, 64 for variants 2, 4 and 5; variants 4 and 5 pick the count of
 /// least modelled time, waves x (split_len + 128), v1/v2 the fewest slices filling >= 95% of the last
 /// wave). Checks the shapes and the variant.
 struct MlaDecodePlan {

@@ -138,6 +138,12 @@ inline constexpr Tolerance mla_decode_goal{2.0e-3,
     "ISSUE 7 / ANCHORS.md goal. The kernel carries q~ and P as bf16 hi + lo (~2^-16 relative each) with fp32 "
     "accumulation, so it should land near 1e-5; a bf16-rounded q~ alone costs 2.3-3.5e-3 and fails."};
 
+/// MLA decode split kernel v5 (seesaw) vs v2 on the same inputs: relative RMS of the difference of the two outputs.
+inline constexpr Tolerance mla_decode_v5_vs_v2{5.0e-5,
+    "Same precision plan (q~ and P as bf16 hi + lo, fp32 accumulation), both ~3e-6 .. 1.6e-5 from float64; they "
+    "round P at different running maxima (per 128 vs 64 tokens; v5 rescales the handed-over P before splitting) and "
+    "sum in another order, so they differ by ~1e-5. A fragment, swizzle, shuffle or rescale bug gives 1e-3 .. 1."};
+
 /// Gated MLA causal prefill kernel (absorbed: attended latent a = causal softmax(scale q~ C^T) C, fp32)
 /// vs float64 on the same bf16 latents and the exact absorbed query q~ (or on the bf16 q^C, W_UK).
 inline constexpr Tolerance mla_prefill_goal{2.0e-3,
