@@ -633,7 +633,8 @@ void register_bench(Registry& reg) {
               "D = 128 rows only); the table keeps the defaults. Default: off. " + kda_prefill_only);
   a->add_option("--segments", o->kda_segments,
                 "kda-prefill state pass: 0 = the v5 auto rule (P = 3 at T = 65536, H = 32), 1 = one-shot, 2..64 = P "
-                "segments in parallel (KdaPrefillArgs::segment_state). " + kda_prefill_only)->capture_default_str();
+                "segments in parallel (KdaPrefillArgs::segment_state; 2..64 refused when a shape has D = 256, which has no segment "
+                "path: the default shapes include one, so give --shapes). " + kda_prefill_only)->capture_default_str();
   a->add_option("--variant", o->mla_variant,
                 "mla-decode split kernel: 1 (mma.sync, v1), 2 (wgmma, v2), 4 (v2 with early refill and a PDL combine, "
                 "v4) or 5 (seesaw: two warpgroups on alternate 64-token blocks, v5, the library default); 3 was removed. Only with --op "
@@ -700,6 +701,23 @@ void register_bench(Registry& reg) {
         }
         shapes.back() = both;
       }
+    }
+    // kda-prefill options that cannot act on the chosen shapes are refused here, before any GPU work (they were
+    // refused by the kernel mid-run, or did nothing)
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      if (ops[i] != "kda-prefill") continue;
+      bool d128 = false;
+      for (const Shape& s : shapes[i]) {
+        require(o->kda_segments < 2 || s.D != 256,
+                "--segments " + std::to_string(o->kda_segments) + " forces the segment-parallel state pass, which D = 256 " +
+                    "does not have (shape " + std::to_string(s.B) + ":" + std::to_string(s.T) + ":" + std::to_string(s.H) +
+                    ":" + std::to_string(s.HV) + ":256" + (o->shapes.empty() ? ", a default shape" : "") +
+                    "); accepted with D = 256: --segments 0 (auto) or 1 (off), or give --shapes without D = 256");
+        d128 = d128 || s.D == 128;
+      }
+      require(!o->variants || d128,
+              "--variants times the non-default kernels at D = 128 only, and no kda-prefill shape has D = 128; add a "
+              "D = 128 shape or leave --variants out");
     }
     nlohmann::json peer = nlohmann::json::object();
     for (const std::string& pj : o->peer_json) {

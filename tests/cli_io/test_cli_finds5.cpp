@@ -352,7 +352,8 @@ TEST_CASE("bench: options and shape fields the chosen op ignores are refused, na
   }
   // --op all takes every one of them (each acts on its op's rows): the run gets as far as --out, the last check,
   // in every build and without any GPU work
-  const auto r = run_kdalab("bench --op all --variant 4 --prefix 16 --segments 2 --overlap 2 --variants --out " +
+  // (--segments 1, not 2: forced segments are refused up front with the default D = 256 row, tested below)
+  const auto r = run_kdalab("bench --op all --variant 4 --prefix 16 --segments 1 --overlap 2 --variants --out " +
                             d.file("no/such/folder/b.h5"));
   INFO(r.output);
   CHECK(r.code == 2);
@@ -396,4 +397,33 @@ TEST_CASE("bench --shapes: trailing ',' or ':', empty, 2^31 and too-large fields
   INFO(r.output);
   CHECK(r.code == 3);
 #endif
+}
+
+TEST_CASE("bench: --segments >= 2 with a D = 256 kda-prefill shape and --variants without a D = 128 shape are refused "
+          "up front", "[cli][bench]") {
+  // found in session 5 (cli5 engineer): --segments 2 with the default shapes reached the D = 256 row and was refused
+  // by the kernel mid-run (after GPU work, rows lost); --variants with only D != 128 shapes silently did nothing
+  TempDir d;
+  struct Case {
+    std::string args, says;
+  };
+  for (const Case& c : {Case{"--op kda-prefill --segments 2", "a default shape"},
+                        Case{"--op all --segments 3", "a default shape"},
+                        Case{"--op kda-prefill --segments 2 --shapes 1:4096:2:2:256", "shape 1:4096:2:2:256"},
+                        Case{"--op kda-prefill --variants --shapes 1:4096:2:2:64,1:64:1:1:256", "D = 128 only"}}) {
+    const auto r = run_kdalab("bench " + c.args + " --out " + d.file("b.h5"));
+    INFO(c.args << "\n" << r.output);
+    CHECK(r.code == 2);
+    CHECK(has(r, c.says));
+    CHECK(!fs::exists(d.file("b.h5")));
+  }
+  // what can act is accepted: forced segments without D = 256 rows, --segments 1 with them, --variants with a D = 128
+  // row (the run then gets as far as --out, the last check)
+  for (const std::string args : {"--op kda-prefill --segments 2 --shapes 1:4096:2:2:64,1:4096:2", "--op all --segments 1",
+                                 "--op kda-prefill --variants --shapes 1:64:1:1:256,1:64:1"}) {
+    const auto r = run_kdalab("bench " + args + " --out " + d.file("no/such/folder/b.h5"));
+    INFO(args << "\n" << r.output);
+    CHECK(r.code == 2);
+    CHECK(has(r, "does not exist"));
+  }
 }
