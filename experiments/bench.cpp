@@ -42,7 +42,7 @@
 //   B, T, H, D columns hold S, T, d, d); bytes = the S T d bf16 sources read once + the bf16 output written;
 //   flops = 6 S T d (h.h, w.h, the weighted sum).
 // Order of the checks (the same errors, exit 2, in every build): --op, the numbers (--iters, --warmup, --prefix,
-// --overlap, --segments, --variant), options the op ignores (--variant != 2 without mla-decode, --prefix > 0 without
+// --overlap, --segments, --variant), options the op ignores (--variant != 5 without mla-decode, --prefix > 0 without
 // mla-prefill, --segments != 0, --overlap != 1 or --variants without kda-prefill; --op all takes each of them, it
 // acts on that op's rows), --shapes (fields the op ignores refused: HV != H for the MLA ops, a 4th
 // attn-res field), the --peer-json files, the --compare files, --out not one of those files, then --out (folder

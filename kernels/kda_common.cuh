@@ -55,11 +55,11 @@ __device__ __forceinline__ void unpack4(const uint2& u, float* f) {
 
 /// Splits finite x into tf32 hi + lo, the operands of the 3-pass fp32-class product a b ~ a_hi b_hi + a_hi b_lo +
 /// a_lo b_hi (the dropped a_lo b_lo is <= 2^-22 relative). hi = x rounded to tf32 with cvt.rna's rule (nearest,
-/// ties away from zero) done on the bit pattern: + 2^12 then clear the 13 low bits (2 integer instructions
-/// instead of cvt's ~5; same result for finite |x| < FLT_MAX). lo = x - hi (exact in fp32) is passed as its raw
-/// fp32 bits: the tensor core reads the 19 high bits of a tf32 operand, i.e. truncates lo (<= 2^-10 |lo| <=
-/// 2^-21 |x|; the session-4 version rounded lo with cvt.rna: <= 2^-22 |x|). Session 5: ~6% of prepare v6's
-/// instructions were these conversions.
+/// ties away from zero) done on the bit pattern: + 2^12 then clear the 13 low bits (two integer instructions
+/// instead of cvt.rna's sequence with its FSETP checks in the session-5 SASS; same result for finite |x| < FLT_MAX).
+/// lo = x - hi (exact in fp32) is passed as its raw fp32 bits, assuming the tensor core ignores a tf32 operand's 13
+/// low bits, i.e. truncates lo (<= 2^-10 |lo| <= 2^-21 |x|; the session-4 version rounded lo with cvt.rna: <= 2^-22
+/// |x|). Consistent with the H200 run: prepare v6's A / P slots stayed within 3.3e-7 of prepare v4's fp32 FMAs.
 __device__ __forceinline__ void split_tf32(float x, std::uint32_t& hi, std::uint32_t& lo) {
   hi = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
   lo = __float_as_uint(x - __uint_as_float(hi));
@@ -99,9 +99,10 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 /// Sigmoid(x) = 1 / (1 + exp(-x)) in fp32: expf (the accurate one) and a fast reciprocal (__fdividef, <= 2 ulp;
-/// 0 when exp(-x) overflows, i.e. x < -88.7, where the true value is < 3e-39). ~10 instructions instead of
-/// ~25 for the IEEE division with its slow-path branch (prepare v6 ncu, session 5: the fused gate was 9% of the
-/// prepare's instructions). Error ~3 ulp relative: fp32-class, 4 orders below the bf16 operand roundings.
+/// 0 when exp(-x) overflows, i.e. x < -88.7, where the true value is < 3e-39), instead of the IEEE division,
+/// which took ~25 SASS instructions per gate element with its slow-path branch (session-5 ncu of prepare v6; this
+/// change and the other step-1 cuts took the prepare from 415.5 M to 365.9 M instructions at T = 8192, H = 64).
+/// Error ~3 ulp relative: fp32-class, 4 orders below the bf16 operand roundings.
 __device__ __forceinline__ float sigmoidf_(float x) { return __fdividef(1.0f, 1.0f + expf(-x)); }
 
 // ---- the fused input transforms, one copy for the prefill and the decode kernels --------------
