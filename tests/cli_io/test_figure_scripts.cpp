@@ -20,8 +20,11 @@ using nlohmann::json;
 namespace {
 const char* kPy = "/usr/bin/python3";
 
-bool have_plotting() {
-  return run_command(std::string(kPy) + " -c 'import h5py, matplotlib' >/dev/null 2>&1").code == 0;
+/// True (with a warning) when /usr/bin/python3 lacks h5py or matplotlib: the calling test then returns early.
+bool skip_without_plotting() {
+  if (run_command(std::string(kPy) + " -c 'import h5py, matplotlib' >/dev/null 2>&1").code == 0) return false;
+  WARN("/usr/bin/python3 lacks h5py or matplotlib (scripts/setup.sh installs them): figure tests skipped");
+  return true;
 }
 
 /// Runs scripts/<script> on `h5` with --dump, returns the dump (REQUIREs exit 0).
@@ -49,10 +52,7 @@ std::string config_text(const json& j) {
 }  // namespace
 
 TEST_CASE("fig_recall: error axis from the data, exact errors in their strip, integer config values", "[cli][python]") {
-  if (!have_plotting()) {
-    WARN("/usr/bin/python3 lacks h5py or matplotlib (scripts/setup.sh installs them): figure tests skipped");
-    return;
-  }
+  if (skip_without_plotting()) return;
   TempDir d;
   const auto r = run_kdalab("recall --d-k 16 --ratio 0.5,1,2,4 --trials 1 --keys random,orthogonal "
                             "--memories softmax,linear,deltanet,kda --quiet --out " + d.file("recall.h5"));
@@ -93,10 +93,7 @@ TEST_CASE("fig_recall: error axis from the data, exact errors in their strip, in
 }
 
 TEST_CASE("fig_parity: coinciding series stay visible and the legend says which lie on which", "[cli][python]") {
-  if (!have_plotting()) {
-    WARN("/usr/bin/python3 lacks h5py or matplotlib: figure tests skipped");
-    return;
-  }
+  if (skip_without_plotting()) return;
   TempDir d;
   // A parity table where 'twin-bf16' and 'cuda-bf16' agree to 0.1% and 'float32' does not.
   const std::string h5 = d.file("parity.h5");
@@ -143,10 +140,7 @@ TEST_CASE("fig_parity: coinciding series stay visible and the legend says which 
 
 TEST_CASE("decode-cost's cache note reaches the figure footer; summary.py prints numbers with their units",
           "[cli][python]") {
-  if (!have_plotting()) {
-    WARN("/usr/bin/python3 lacks h5py or matplotlib: figure tests skipped");
-    return;
-  }
+  if (skip_without_plotting()) return;
   TempDir d;
   const auto r = run_kdalab("decode-cost --cpu-n 1024,2048 --cpu-d 64 --min-time 0.01 --n 1000 --d 64 --context 1024 "
                             "--gpu-n 0 --quiet --out " + d.file("dc.h5"));
@@ -168,10 +162,7 @@ TEST_CASE("decode-cost's cache note reaches the figure footer; summary.py prints
 }
 
 TEST_CASE("figures.sh keeps a second results file's same figure under <figure>-<stem>", "[cli][python]") {
-  if (!have_plotting()) {
-    WARN("/usr/bin/python3 lacks h5py or matplotlib: figure tests skipped");
-    return;
-  }
+  if (skip_without_plotting()) return;
   TempDir d;
   for (const char* name : {"parity.h5", "parity_long.h5"}) {
     const auto r = run_kdalab(std::string("parity --T 17 --dk 16 --dv 16 --impl float64,float32 --truth f64 --quiet --out ") +
