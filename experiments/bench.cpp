@@ -637,7 +637,8 @@ void register_bench(Registry& reg) {
                 "path: the default shapes include one, so give --shapes). " + kda_prefill_only)->capture_default_str();
   a->add_option("--variant", o->mla_variant,
                 "mla-decode split kernel: 1 (mma.sync, v1), 2 (wgmma, v2), 4 (v2 with early refill and a PDL combine, "
-                "v4) or 5 (seesaw: two warpgroups on alternate 64-token blocks, v5, the library default); 3 was removed. Only with --op "
+                "v4), 5 (seesaw: two warpgroups on alternate 64-token blocks, v5, the library default) or 6 (v5's split "
+                "kernel with the one-round combine); 3 was removed. Only with --op "
                 "mla-decode or all (refused with another op)")
       ->capture_default_str();
   a->add_option("--compare", o->compare,
@@ -662,10 +663,11 @@ void register_bench(Registry& reg) {
             "--overlap = " + std::to_string(o->kda_overlap) + "; accepted: 0 (serial), 1 (library defaults) or 2 (all overlapped)");
     require(o->kda_segments >= 0 && o->kda_segments <= 64,
             "--segments = " + std::to_string(o->kda_segments) + "; accepted: 0 (auto), 1 (off) or 2..64 segments");
-    require(o->mla_variant == 1 || o->mla_variant == 2 || o->mla_variant == 4 || o->mla_variant == 5,
+    require(o->mla_variant == 1 || o->mla_variant == 2 || o->mla_variant == 4 || o->mla_variant == 5 ||
+                o->mla_variant == 6,
             "--variant = " + std::to_string(o->mla_variant) +
-                "; accepted: 1 (mma.sync), 2 (wgmma), 4 (v2 with early refill) or 5 (seesaw), mla-decode only (3 was "
-                "removed)");
+                "; accepted: 1 (mma.sync), 2 (wgmma), 4 (v2 with early refill), 5 (seesaw) or 6 (seesaw with the "
+                "one-round combine), mla-decode only (3 was removed)");
     // options that act on one op only, set to other than their default, are refused with another op, not dropped
     // silently; --op all takes each of them (it acts on that op's rows)
     struct OneOpOption {

@@ -49,6 +49,10 @@
 ///     its own P straight from registers (register-A wgmma), the other's P from shared memory, so one
 ///     warpgroup's softmax overlaps the other's P C (schedule idea: FlashMLA's published "seesaw"; our code).
 ///     v4's plan and combine. Its result differs from v2's by ~1e-5 relative (P rounded at other running maxima).
+///   variant 6: variant 5's split kernel with a one-round combine: per (head, sequence, column quarter) one warp per
+///     slice up to 16, each merging its slices with its own running maximum, so the (m, l) pairs and the partials
+///     are loaded in one round (v4's combine reduces (m, l) over all slices first, then loads the partials in
+///     rounds of 32 slices). Same result as variant 5 up to the fp32 order of the combine's sums.
 /// Measured on one H200 (bench/NOTES.md, H = 32): v2 N = 1M in 399 us (2.69 TB/s, v1 565 us),
 /// B = 64 x N = 32768 in 737 us (2.91 TB/s, v1 1036 us).
 ///
@@ -61,7 +65,7 @@
 ///
 /// Errors: every check throws kdalab::Error naming the argument, its value and what is accepted
 /// (d_c != 512, d_rope != 0, H not in {16, 32}, max_len = 0 or > capacity, null or misaligned pointers,
-/// bad strides, scale not finite and > 0, workspace too small, variant not 1, 2, 4 or 5, p_hi_only with
+/// bad strides, scale not finite and > 0, workspace too small, variant not 1, 2, 4, 5 or 6, p_hi_only with
 /// variant 1), before anything is launched. A per-sequence length lens[b] outside [1, max_len] cannot
 /// be checked on the host (it lives on the device): that sequence's output rows are set to NaN. CUDA errors throw kdalab::Error with the CUDA message.
 #include <cstddef>
@@ -96,13 +100,14 @@ struct MlaDecodeArgs {
   std::size_t workspace_bytes = 0;
   int variant = 5;               ///< split kernel: 5 = seesaw (v5, the default), 1 = mma.sync (v1), 2 = wgmma (v2),
                                  ///< 4 = v2 with early per-warpgroup refill, its own plan and PDL combine,
-                                 ///< (v5 uses v4's plan and combine); 3 was removed; plan and workspace follow it
-  bool p_hi_only = false;        ///< ablation (variants 2, 4, 5): P C with P_hi = bf16(P) alone (P_lo rows zero)
+                                 ///< (v5 uses v4's plan and combine), 6 = v5's split kernel with the one-round
+                                 ///< combine; 3 was removed; plan and workspace follow it
+  bool p_hi_only = false;        ///< ablation (variants 2, 4, 5, 6): P C with P_hi = bf16(P) alone (P_lo rows zero)
 };
 
 /// Splits per sequence and tokens per split that mla_decode will use for these arguments
 /// (num_splits = 0: chosen from the SM count of the current device and max_len; split_len is a multiple
-/// of the variant's tile: 32 tokens for variant 1, 64 for variants 2, 4 and 5; variants 4 and 5 pick the count of
+/// of the variant's tile: 32 tokens for variant 1, 64 for variants 2, 4, 5 and 6; variants 4, 5 and 6 pick the count of
 /// least modelled time, waves x (split_len + 128), v1/v2 the fewest slices filling >= 95% of the last
 /// wave). Checks the shapes and the variant.
 struct MlaDecodePlan {

@@ -2,7 +2,8 @@
 // Four split kernels share the plan, the workspace layout and the host checks: v1 (variant 1, below:
 // mma.sync), v2 (variant 2, the default until session 5, further down: wgmma, 64-token tiles), v4 (variant 4: v2's
 // kernel with early per-warpgroup refill, v4's plan and combine with programmatic dependent launch) and v5
-// (variant 5, namespace v5: the seesaw kernel on pairs of 64-token blocks, v4's plan and combine).
+// (variant 5, namespace v5: the seesaw kernel on pairs of 64-token blocks, v4's plan and combine); variant 6 is v5's
+// split kernel with a one-round combine (mla_combine_kernel_v6).
 // Variant 3 (32-token tiles through a 4-slot ring, session 3) was removed in session 4: v4 measured faster
 // on every shape (bench/NOTES.md); its combine and plan live on in v4.
 //
@@ -421,6 +422,82 @@ __global__ void __launch_bounds__(128) mla_combine_kernel_v4(SParams p) {
     }
     const float inv = 1.0f / L;
     *o = make_float4(a.x * inv, a.y * inv, a.z * inv, a.w * inv);
+  }
+}
+/// Combine for variant 6 (v5's split kernel): one CTA of 32 nw threads per (head, sequence, quarter of the d_c
+/// columns), nw = blockDim.x / 32 = min(16, num_splits) warps. Warp w takes the slices s = w, w + nw, .. and
+/// merges them with its own running maximum (8 slices per step: the (m, l) pair and the float4 partial of each
+/// slice are loaded together, so a step is ONE round of loads; v4's combine first reduces (M, L) over all slices
+/// and only then loads the partials: two dependent rounds, and 4 warps x 8 loads = 32 slices per round). With
+/// ns <= 8 nw slices (N = 64K: 128 slices, 16 warps) every load of the CTA is in flight at once. The warps'
+/// (m_w, l_w, a_w) meet in shared memory; warp 0 forms a = sum_w 2^(m_w - M) a_w / sum_w 2^(m_w - M) l_w.
+/// Same result as v4's combine up to the fp32 order of the sums. Launched with programmatic dependent launch
+/// (griddepcontrol.wait first, as v4).
+template <int H>
+__global__ void __launch_bounds__(512) mla_combine_kernel_v6(SParams p) {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  __shared__ float4 part[16][32];
+  __shared__ float2 mlw[16];
+  const int h = blockIdx.x, b = blockIdx.y, quarter = blockIdx.z, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int nw = blockDim.x / 32;
+  const int len = seq_len(p, b);
+  float4* o = reinterpret_cast<float4*>(p.out + (static_cast<long long>(b) * H + h) * DC + 128 * quarter) + lane;
+  if (len < 1 || len > p.max_len) {
+    if (warp == 0) *o = make_float4(NAN, NAN, NAN, NAN);
+    return;
+  }
+  const int ns = (len + p.split_len - 1) / p.split_len;
+  const long long base = static_cast<long long>(b) * p.num_splits;
+  const float2* ml = reinterpret_cast<const float2*>(p.ws_ml + (base * H + h) * 2);  // (m, l) of slice s at ml[s H]
+  const float4* acc = reinterpret_cast<const float4*>(p.ws_acc + (base * H + h) * DC + 128 * quarter) + lane;
+  constexpr long long SS = static_cast<long long>(H) * DC / 4;  // float4 stride between slices
+  float m = -INFINITY, l = 0.0f;
+  float4 a = make_float4(0, 0, 0, 0);
+  for (int s0 = warp; s0 < ns; s0 += 8 * nw) {  // 8 slices s0, s0 + nw, .. per step (past ns: weight 0)
+    float4 x[8];
+    float2 w[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int s = s0 + i * nw;
+      if (s < ns) {
+        x[i] = acc[s * SS];
+        w[i] = ml[static_cast<long long>(s) * H];
+      } else {
+        x[i] = make_float4(0, 0, 0, 0);
+        w[i] = make_float2(-INFINITY, 0.0f);
+      }
+    }
+    float mn = m;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) mn = fmaxf(mn, w[i].x);  // finite: slice s0 < ns is in this step
+    const float corr = exp2f(m - mn);                    // 0 on the first step (m = -inf)
+    l *= corr;
+    a.x *= corr; a.y *= corr; a.z *= corr; a.w *= corr;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float wi = exp2f(w[i].x - mn);  // 0 past ns
+      l += wi * w[i].y;
+      a.x += wi * x[i].x; a.y += wi * x[i].y; a.z += wi * x[i].z; a.w += wi * x[i].w;
+    }
+    m = mn;
+  }
+  part[warp][lane] = a;
+  if (lane == 0) mlw[warp] = make_float2(m, l);
+  __syncthreads();
+  if (warp == 0) {
+    const int nact = min(nw, ns);  // warps w < ns took at least one slice (the others kept m = -inf)
+    float M = -INFINITY;
+    for (int w = 0; w < nact; ++w) M = fmaxf(M, mlw[w].x);
+    float L = 0.0f;
+    float4 r = make_float4(0, 0, 0, 0);
+    for (int w = 0; w < nact; ++w) {
+      const float f = exp2f(mlw[w].x - M);
+      const float4 x = part[w][lane];
+      L += f * mlw[w].y;
+      r.x += f * x.x; r.y += f * x.y; r.z += f * x.z; r.w += f * x.w;
+    }
+    const float inv = 1.0f / L;
+    *o = make_float4(r.x * inv, r.y * inv, r.z * inv, r.w * inv);
   }
 }
 // ================================================================================================
@@ -1391,13 +1468,13 @@ void check_shapes(const MlaDecodeArgs& a) {
   if (a.max_len < 1 || a.max_len > a.capacity)
     fail("max_len = " + std::to_string(a.max_len) + "; accepted: 1 <= max_len <= capacity = " +
          std::to_string(a.capacity) + " (N = 0 or a context past the cache capacity)");
-  if (a.variant != 1 && a.variant != 2 && a.variant != 4 && a.variant != 5)
+  if (a.variant != 1 && a.variant != 2 && a.variant != 4 && a.variant != 5 && a.variant != 6)
     fail("variant = " + std::to_string(a.variant) +
          "; accepted: 1 (mma.sync split kernel), 2 (wgmma split kernel), 4 (variant 2 with per-warpgroup early "
-         "refill) or 5 (seesaw split kernel)" +
+         "refill), 5 (seesaw split kernel) or 6 (seesaw split kernel with the one-round combine)" +
          (a.variant == 3 ? std::string(" (variant 3 was removed: variant 4 is faster on every measured shape)") : ""));
   if (a.p_hi_only && a.variant == 1)
-    fail("p_hi_only = true needs variant = 2, 4 or 5 (an ablation of the wgmma kernels)");
+    fail("p_hi_only = true needs variant = 2, 4, 5 or 6 (an ablation of the wgmma kernels)");
   if (a.num_splits < 0) fail("num_splits = " + std::to_string(a.num_splits) + "; accepted: >= 0 (0 = automatic)");
 }
 
@@ -1414,15 +1491,15 @@ void launch_split(std::size_t smem, dim3 grid, cudaStream_t stream, const SParam
   cuda_check(cudaGetLastError(), (std::string(name) + " launch").c_str());
 }
 
-/// Launches a combine kernel (128 threads) with programmatic dependent launch
+/// Launches a combine kernel (`threads` threads: 128, or v6's 32 x min(16, slices)) with programmatic dependent launch
 /// (cudaLaunchAttributeProgrammaticStreamSerialization): it may start while the split kernel before it in
 /// the stream finishes (after that kernel's griddepcontrol.launch_dependents); its griddepcontrol.wait
 /// holds every read until the split grid has completed. Works under CUDA-graph capture (a programmatic edge).
 template <void (*kernel)(SParams)>
-void launch_combine_pdl(dim3 grid, cudaStream_t stream, const SParams& p, const char* name) {
+void launch_combine_pdl(dim3 grid, cudaStream_t stream, const SParams& p, const char* name, int threads = 128) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
-  cfg.blockDim = dim3(128);
+  cfg.blockDim = dim3(threads);
   cfg.dynamicSmemBytes = 0;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
@@ -1461,8 +1538,8 @@ MlaDecodePlan mla_decode_plan(const MlaDecodeArgs& a) {
       if (eff >= 0.95) break;
     }
     splits = best;
-    if (a.variant == 4 || a.variant == 5) {
-      // v4 (and v5): the split count of least modelled time, waves x (split_len + V4_FIXED_TOKENS) with split_len
+    if (a.variant >= 4) {
+      // v4 (and v5, v6): the split count of least modelled time, waves x (split_len + V4_FIXED_TOKENS) with split_len
       // rounded up to whole 64-token tiles and the resulting slice count (v2's rule above takes the first
       // s with >= 95% fill before rounding: N = 65536 gives 114 slices of 576 where 128 of 512 fit one wave)
       long long best_cost = -1;
@@ -1527,12 +1604,20 @@ void mla_decode(const MlaDecodeArgs& a, cudaStream_t stream) {
            sq_b % 8 == 0) ? 1 : 0;
   p.p_hi_only = a.p_hi_only ? 1 : 0;
   const dim3 grid(pl.num_splits, a.B), cgrid(a.H, a.B);
-  if (a.variant == 5) {
+  if (a.variant == 5 || a.variant == 6) {
     if (a.H == 32)
       launch_split<v5::mla_split_kernel_v5<32>>(v5::SMEM, grid, stream, p, "mla_split_kernel_v5<32>");
     else
       launch_split<v5::mla_split_kernel_v5<16>>(v5::SMEM, grid, stream, p, "mla_split_kernel_v5<16>");
-    const dim3 qgrid(a.H, a.B, 4);  // v4's combine: 4 column quarters per (head, sequence)
+    const dim3 qgrid(a.H, a.B, 4);  // v4's and v6's combine: 4 column quarters per (head, sequence)
+    if (a.variant == 6) {  // one warp per slice up to 16 (mla_combine_kernel_v6)
+      const int threads = 32 * std::min(16, pl.num_splits);
+      if (a.H == 32)
+        launch_combine_pdl<mla_combine_kernel_v6<32>>(qgrid, stream, p, "mla_combine_kernel_v6<32>", threads);
+      else
+        launch_combine_pdl<mla_combine_kernel_v6<16>>(qgrid, stream, p, "mla_combine_kernel_v6<16>", threads);
+      return;
+    }
     if (a.H == 32)
       launch_combine_pdl<mla_combine_kernel_v4<32>>(qgrid, stream, p, "mla_combine_kernel_v4<32>");
     else

@@ -144,6 +144,13 @@ inline constexpr Tolerance mla_decode_v5_vs_v2{5.0e-5,
     "round P at different running maxima (per 128 vs 64 tokens; v5 rescales the handed-over P before splitting) and "
     "sum in another order, so they differ by ~1e-5. A fragment, swizzle, shuffle or rescale bug gives 1e-3 .. 1."};
 
+/// MLA decode variant 6 vs 5 on the same inputs (the same split kernel and partials; only the combine differs:
+/// per-warp running maxima merged at the end vs one global maximum): relative RMS of the difference.
+inline constexpr Tolerance mla_decode_combine_order{1.0e-5,
+    "Both combines form a = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s in fp32 from the same partials, in another "
+    "order and with one extra rescale per warp: ~a few fp32 ulps (2^-24 = 6e-8) per output, ~1e-7 relative expected; "
+    "1e-5 leaves 100x. A dropped rescale or a wrong slice stride gives 1e-2 .. 1."};
+
 /// Gated MLA causal prefill kernel (absorbed: attended latent a = causal softmax(scale q~ C^T) C, fp32)
 /// vs float64 on the same bf16 latents and the exact absorbed query q~ (or on the bf16 q^C, W_UK).
 inline constexpr Tolerance mla_prefill_goal{2.0e-3,

@@ -1,8 +1,9 @@
 // Absorbed MLA decode kernel (kernels/mla.hpp) against a float64 softmax(scale q~ C^T) C on the same
 // bf16 latent cache and the exact (unrounded, float64) absorbed query q~; fresh seeded inputs (never
 // zeros), outputs and workspace poisoned (NaN) before every run. Every case runs for every split kernel
-// (variant 1 = mma.sync, 2 = wgmma, 4 = 2 with early refill, 5 = seesaw; 3 was removed) and prints rel_rms per
-// case and variant; v5 is also compared with v2 directly (same precision plan: they agree to ~1e-5).
+// (variant 1 = mma.sync, 2 = wgmma, 4 = 2 with early refill, 5 = seesaw, 6 = seesaw with the one-round combine; 3 was
+// removed) and prints rel_rms per case and variant; v5 is also compared with v2 directly (same precision plan: they
+// agree to ~1e-5) and v6 with v5 (same split kernel: only the combine's fp32 summation order differs).
 // Runs only where the CUDA kernels are built (ctest label gpu).
 #include <cmath>
 #include <cstdio>
@@ -156,7 +157,7 @@ kernels::MlaDecodeArgs with_variant(kernels::MlaDecodeArgs a, int variant) {
   return a;
 }
 
-constexpr int kVariants[] = {1, 2, 4, 5};
+constexpr int kVariants[] = {1, 2, 4, 5, 6};
 
 std::vector<std::size_t> all_heads(std::size_t H) {
   std::vector<std::size_t> v(H);
@@ -233,26 +234,30 @@ TEST_CASE("mla decode: hi + lo query vs hi only (the lo part is what keeps the g
   }
 }
 
-TEST_CASE("mla decode v5 equals v2 to the rounding of their hi + lo parts (odd / even block counts, H 16 / 32)",
+TEST_CASE("mla decode v5 equals v2 to the rounding of their hi + lo parts, v6 equals v5 to the combine's order (odd / even block counts, H 16 / 32)",
           "[gpu][mla]") {
   // v5 pairs 64-token blocks (a slice with an odd block count ends on a pair without block B) and hands the running
   // max from warpgroup 0 to 1; v2 runs the same math tile by tile. Both are ~1e-5 from float64, so their difference
   // is that small too; a wrong fragment, swizzle, shuffle partner or rescale shows as 1e-3 .. 1.
   struct Case { std::size_t N, H; int splits; };
   for (const Case cs : {Case{64, 32, 0}, Case{65, 32, 0}, Case{129, 16, 0}, Case{200, 32, 1}, Case{4100, 32, 100},
-                        Case{4100, 16, 3}, Case{4100, 32, 7}, Case{65536, 32, 0}}) {
+                        Case{4100, 16, 3}, Case{4100, 32, 7}, Case{65536, 32, 0},
+                        Case{65536, 32, 1024}, Case{20000, 16, 300}}) {  // > 8 x 16 slices: v6's warps take several steps
     const Cache c(1, cs.N, DC, fresh_seed());
     const Query q(1, cs.H, kSigma, fresh_seed());
     auto a = args_of(c, q, cs.N, kScale);
     a.num_splits = cs.splits;
-    const auto o2 = run(with_variant(a, 2)), o5 = run(with_variant(a, 5));
+    const auto o2 = run(with_variant(a, 2)), o5 = run(with_variant(a, 5)), o6 = run(with_variant(a, 6));
     const auto m = compare(o5, o2);
+    const auto m6 = compare(o6, o5);  // same split kernel, combine v6 vs v4: only the fp32 order of the sums differs
     const auto pl = kernels::mla_decode_plan(with_variant(a, 5));
-    std::printf("mla decode v5 vs v2 N=%zu H=%zu (v5: %d splits of %d): rel_rms %.3e max_abs %.3e\n", cs.N, cs.H,
-                pl.num_splits, pl.split_len, m.rel_rms, m.max_abs);
-    CAPTURE(cs.N, cs.H, cs.splits, m.rel_rms);
+    std::printf("mla decode v5 vs v2 N=%zu H=%zu (v5: %d splits of %d): rel_rms %.3e max_abs %.3e; v6 vs v5 rel_rms "
+                "%.3e max_abs %.3e\n", cs.N, cs.H, pl.num_splits, pl.split_len, m.rel_rms, m.max_abs, m6.rel_rms, m6.max_abs);
+    CAPTURE(cs.N, cs.H, cs.splits, m.rel_rms, m6.rel_rms);
     REQUIRE(m.nan_count + m.inf_count == 0);
+    REQUIRE(m6.nan_count + m6.inf_count == 0);
     CHECK(m.rel_rms <= tol::mla_decode_v5_vs_v2.value);
+    CHECK(m6.rel_rms <= tol::mla_decode_combine_order.value);
   }
 }
 
@@ -421,7 +426,7 @@ TEST_CASE("mla decode: bad inputs give clear errors before any launch", "[gpu][m
   bad.B = 0;
   CHECK_THROWS_AS(kernels::mla_decode(bad, nullptr), Error);
   bad = good;
-  bad.variant = 6;
+  bad.variant = 7;
   CHECK_THROWS_AS(kernels::mla_decode(bad, nullptr), Error);
   bad.variant = 3;  // removed in session 4
   CHECK_THROWS_AS(kernels::mla_decode(bad, nullptr), Error);
