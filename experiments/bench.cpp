@@ -3,7 +3,7 @@
 //
 //   kdalab bench --op kda-prefill|kda-decode|mla-decode|mla-prefill|attn-res|all [--shapes "B:T:H[:HV[:D]],..."]
 //                [--iters N] [--warmup N] [--quick] [--prefix N0] [--peer-json FILE..] [--compare BASELINE.h5..]
-//                [--variant 1|2|4|5] [--segments P] [--overlap 0|1|2] [--variants] --out results/bench.h5
+//                [--variant 1|2|4|5|6] [--segments P] [--overlap 0|1|2] [--variants] --out results/bench.h5
 //
 // Per shape: median (and min) of --iters CUDA-event timings after --warmup launches, the bytes a
 // kernel must move at least (inputs read once, outputs written once; the workspace is not counted)
@@ -24,7 +24,8 @@
 //   latent cache, q~ as bf16 hi + lo); bytes = the latent reads B N d_c 2 only (TB/s of latent reads),
 //   flops = 4 B H N d_c (scores and P C, one pass; the hi/lo passes are not counted). --variant picks
 //   the split kernel (MlaDecodeArgs::variant: 1 = mma.sync v1, 2 = wgmma v2, 4 = v2 with
-//   early per-warpgroup refill v4, 5 = the seesaw kernel v5, the default since session 5; 3 was removed in session 4).
+//   early per-warpgroup refill v4, 5 = the seesaw kernel v5 (the default in session 5), 6 = v5 with the one-round
+//   combine, the default since session 6; 3 was removed in session 4).
 // mla-prefill (kernels/mla_prefill.hpp): shapes B:T:H with T new tokens behind a cached prefix of --prefix
 //   tokens (default 0); time = append + causal absorbed attention (q~ hi/lo given); prepare_ms = the query
 //   absorption (mla_absorb_query, d_nope = 128) alone; bytes = latent cache read once, c_new read + written,
@@ -42,7 +43,7 @@
 //   B, T, H, D columns hold S, T, d, d); bytes = the S T d bf16 sources read once + the bf16 output written;
 //   flops = 6 S T d (h.h, w.h, the weighted sum).
 // Order of the checks (the same errors, exit 2, in every build): --op, the numbers (--iters, --warmup, --prefix,
-// --overlap, --segments, --variant), options the op ignores (--variant != 5 without mla-decode, --prefix > 0 without
+// --overlap, --segments, --variant), options the op ignores (--variant != 6 without mla-decode, --prefix > 0 without
 // mla-prefill, --segments != 0, --overlap != 1 or --variants without kda-prefill; --op all takes each of them, it
 // acts on that op's rows), --shapes (fields the op ignores refused: HV != H for the MLA ops, a 4th
 // attn-res field), the --peer-json files, the --compare files, --out not one of those files, then --out (folder
@@ -93,7 +94,7 @@ struct BenchOptions {
   std::string op = "all", shapes;
   std::vector<std::string> peer_json, compare;  // several files: peers merged, baselines searched in order
   int iters = 30, warmup = 5;
-  int mla_variant = 5;  // mla-decode split kernel (kernels/mla.hpp MlaDecodeArgs::variant)
+  int mla_variant = 6;  // mla-decode split kernel (kernels/mla.hpp MlaDecodeArgs::variant)
   int kda_segments = 0; // kda-prefill state pass (kernels/kda.hpp KdaPrefillArgs::segment_state): 0 auto, 1 off, P forced
   int kda_overlap = 1;  // kda-prefill schedule: 0 serial, 1 library defaults, 2 segment path overlapped too
   bool variants = false;  // kda-prefill: also time the non-default kernel variants (printed lines)
@@ -637,8 +638,8 @@ void register_bench(Registry& reg) {
                 "path: the default shapes include one, so give --shapes). " + kda_prefill_only)->capture_default_str();
   a->add_option("--variant", o->mla_variant,
                 "mla-decode split kernel: 1 (mma.sync, v1), 2 (wgmma, v2), 4 (v2 with early refill and a PDL combine, "
-                "v4), 5 (seesaw: two warpgroups on alternate 64-token blocks, v5, the library default) or 6 (v5's split "
-                "kernel with the one-round combine); 3 was removed. Only with --op "
+                "v4), 5 (seesaw: two warpgroups on alternate 64-token blocks, v5) or 6 (v5's split kernel with the "
+                "one-round combine, v6, the library default); 3 was removed. Only with --op "
                 "mla-decode or all (refused with another op)")
       ->capture_default_str();
   a->add_option("--compare", o->compare,

@@ -24,7 +24,7 @@
 /// memory (cp.async), runs an online softmax, and writes its partial (running max m, sum l, unnormalised
 /// accumulator) to the workspace; a combine kernel merges the partials per (b, head):
 ///   M = max_s m_s,  L = sum_s l_s e^(m_s - M),  a = sum_s e^(m_s - M) acc_s / L.
-/// Four split kernels (MlaDecodeArgs::variant), same results to ~1e-5, same workspace size formula:
+/// Four split kernels, five variants (MlaDecodeArgs::variant), same results to ~1e-5, same workspace size formula:
 ///   variant 2 (the default until session 5): warpgroup MMA (wgmma, sm_90a) on 64-token tiles; the 32 q_hi and 32 q_lo rows
 ///     form the M = 64 of one wgmma, so scores = 32 wgmma m64n32k16 per 32 tokens, P C = wgmma
 ///     m64n256k16 per 16 tokens and warpgroup; slices are whole 64-token tiles;
@@ -39,7 +39,7 @@
 ///     at B = 1 (N = 64K 46.9 vs 52.0 us, N = 1M 385.6 vs 400.1 us), slower for batches (B = 64 x 32K 763
 ///     vs 748 us, B = 256 x 4K 439 vs 399 us). Variant 3 (32-token tiles, 4-slot ring, session 3) was
 ///     removed: variant 4 was faster on every measured shape.
-///   variant 5 (the default since session 5: its first H200 run passed every decode test and was faster than
+///   variant 5 (the default in session 5: its first H200 run passed every decode test and was faster than
 ///     v2 and v4 on every benchmark shape, e.g. N = 1M 324 us (305 us per step in a CUDA graph) vs v2's 401 us,
 ///     B = 64 x 32K 648 vs 777 us; bench/NOTES.md): the "seesaw" kernel, same math and
 ///     precision plan. q~ rows interleaved (row 2h = q_hi[h], 2h + 1 = q_lo[h]), so the hi + lo score of a head is
@@ -49,7 +49,9 @@
 ///     its own P straight from registers (register-A wgmma), the other's P from shared memory, so one
 ///     warpgroup's softmax overlaps the other's P C (schedule idea: FlashMLA's published "seesaw"; our code).
 ///     v4's plan and combine. Its result differs from v2's by ~1e-5 relative (P rounded at other running maxima).
-///   variant 6: variant 5's split kernel with a one-round combine: per (head, sequence, column quarter) one warp per
+///   variant 6 (the default since session 6: same results as v5 to ~2e-7, faster on every benchmark shape, e.g.
+///     N = 64K 34.9 vs 36.6 us per step in a CUDA graph, B = 256 x 4K 351 vs 391 us; bench/NOTES.md): variant 5's
+///     split kernel with a one-round combine: per (head, sequence, column quarter) one warp per
 ///     slice up to 16, each merging its slices with its own running maximum, so the (m, l) pairs and the partials
 ///     are loaded in one round (v4's combine reduces (m, l) over all slices first, then loads the partials in
 ///     rounds of 32 slices). Same result as variant 5 up to the fp32 order of the combine's sums.
@@ -98,7 +100,8 @@ struct MlaDecodeArgs {
   int num_splits = 0;            ///< slices per sequence; 0 = automatic (about one CTA per SM in total)
   void* workspace = nullptr;     ///< device scratch of mla_decode_workspace_bytes() bytes, 16-byte aligned
   std::size_t workspace_bytes = 0;
-  int variant = 5;               ///< split kernel: 5 = seesaw (v5, the default), 1 = mma.sync (v1), 2 = wgmma (v2),
+  int variant = 6;               ///< split kernel: 6 = seesaw + one-round combine (v6, the default), 5 = seesaw with
+                                 ///< v4's combine (v5), 1 = mma.sync (v1), 2 = wgmma (v2),
                                  ///< 4 = v2 with early per-warpgroup refill, its own plan and PDL combine,
                                  ///< (v5 uses v4's plan and combine), 6 = v5's split kernel with the one-round
                                  ///< combine; 3 was removed; plan and workspace follow it

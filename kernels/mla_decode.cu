@@ -501,7 +501,7 @@ __global__ void __launch_bounds__(512) mla_combine_kernel_v6(SParams p) {
   }
 }
 // ================================================================================================
-// v2 (variant 2, the default until session 5; v5 now): wgmma (sm_90a warpgroup MMA, both operands read from shared memory
+// v2 (variant 2, the default until session 5; v6 now): wgmma (sm_90a warpgroup MMA, both operands read from shared memory
 // through matrix descriptors), 64-token compute tiles.
 //
 // One CTA = 2 warpgroups (8 warps, 256 threads) per (slice, sequence), as v1. Shared memory (~218 KB):

@@ -342,7 +342,7 @@ TEST_CASE("bench: options and shape fields the chosen op ignores are refused, na
   // what applies is still accepted (--variants on a default shape, timed that way in session 4)
   for (const std::string& args : {std::string("--op mla-decode --variant 4 --shapes 1:64:16"),
                                   std::string("--op mla-prefill --prefix 16 --shapes 1:64:2:2"),
-                                  std::string("--op kda-prefill --variant 5 --shapes 1:16:1:2"),
+                                  std::string("--op kda-prefill --variant 6 --shapes 1:16:1:2"),  // the default variant: not "set"
                                   std::string("--op kda-prefill --segments 1 --overlap 0 --variants --shapes 4:4096:16:32"),
                                   std::string("--op kda-decode --segments 0 --overlap 1 --shapes 1:1:2")}) {
     const auto r = run_kdalab("bench " + args + " --iters 1 --warmup 0 --out " + d.file("b.h5"));
