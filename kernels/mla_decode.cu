@@ -365,6 +365,20 @@ __global__ void __launch_bounds__(128) mla_combine_kernel_v2(SParams p) {
   *o = make_float4(a.x * inv, a.y * inv, a.z * inv, a.w * inv);
 }
 
+/// The common start of the column-quarter combines (v4, v6) for (head h, sequence b, quarter): o = this lane's float4
+/// of the output quarter; returns the slice count ns of sequence b, or 0 after warp 0 wrote NaN there when the device
+/// length lens[b] is outside [1, max_len] (then the CTA must return).
+template <int H>
+__device__ __forceinline__ int quarter_start(const SParams& p, int h, int b, int quarter, int lane, int warp, float4*& o) {
+  const int len = seq_len(p, b);
+  o = reinterpret_cast<float4*>(p.out + (static_cast<long long>(b) * H + h) * DC + 128 * quarter) + lane;
+  if (len < 1 || len > p.max_len) {
+    if (warp == 0) *o = make_float4(NAN, NAN, NAN, NAN);
+    return 0;
+  }
+  return (len + p.split_len - 1) / p.split_len;
+}
+
 /// Combine for variant 4 (written for the removed variant 3): one CTA of 128 threads per (head, sequence, quarter of the d_c columns), so a
 /// B = 1 step has 4 H CTAs (v2's combine: H CTAs, 32 SMs busy for 114 x 32 x 2 KB of partials) with 4x
 /// the loads in flight. Warp w takes the slices s = w, w + 4, ... (8 per step, lane = one float4 of the
@@ -378,13 +392,9 @@ __global__ void __launch_bounds__(128) mla_combine_kernel_v4(SParams p) {
   __shared__ float red[2][4];
   __shared__ float4 part[3][32];
   const int h = blockIdx.x, b = blockIdx.y, quarter = blockIdx.z, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int len = seq_len(p, b);
-  float4* o = reinterpret_cast<float4*>(p.out + (static_cast<long long>(b) * H + h) * DC + 128 * quarter) + lane;
-  if (len < 1 || len > p.max_len) {
-    if (warp == 0) *o = make_float4(NAN, NAN, NAN, NAN);
-    return;
-  }
-  const int ns = (len + p.split_len - 1) / p.split_len;
+  float4* o = nullptr;
+  const int ns = quarter_start<H>(p, h, b, quarter, lane, warp, o);
+  if (ns == 0) return;
   const long long base = static_cast<long long>(b) * p.num_splits;
   const float* ml = p.ws_ml + (base * H + h) * 2;
   const float2 ML = combine_ml<H>(ml, ns, tid, red);
@@ -440,13 +450,9 @@ __global__ void __launch_bounds__(512) mla_combine_kernel_v6(SParams p) {
   __shared__ float2 mlw[16];
   const int h = blockIdx.x, b = blockIdx.y, quarter = blockIdx.z, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int nw = blockDim.x / 32;
-  const int len = seq_len(p, b);
-  float4* o = reinterpret_cast<float4*>(p.out + (static_cast<long long>(b) * H + h) * DC + 128 * quarter) + lane;
-  if (len < 1 || len > p.max_len) {
-    if (warp == 0) *o = make_float4(NAN, NAN, NAN, NAN);
-    return;
-  }
-  const int ns = (len + p.split_len - 1) / p.split_len;
+  float4* o = nullptr;
+  const int ns = quarter_start<H>(p, h, b, quarter, lane, warp, o);
+  if (ns == 0) return;
   const long long base = static_cast<long long>(b) * p.num_splits;
   const float2* ml = reinterpret_cast<const float2*>(p.ws_ml + (base * H + h) * 2);  // (m, l) of slice s at ml[s H]
   const float4* acc = reinterpret_cast<const float4*>(p.ws_acc + (base * H + h) * DC + 128 * quarter) + lane;
