@@ -363,6 +363,18 @@ Measured bench_prefill(const Shape& s, int warmup, int iters, std::uint64_t seed
     const double all1 = time_ms([&] { kernels::kda_prefill(a1, nullptr); }, warmup, iters).first;
     fmt::print("  (B={} T={} H={} HV={}: segment-parallel state pass P = {}; one-shot schedule (segment_state = 1): "
                "total {:.4f} ms, state pass {:.4f} ms)\n", s.B, s.T, s.H, s.HV, segs, all1, state1);
+  } else if (kernels::kda_prefill_state_kernel(a) != a.state_variant) {  // the auto rule took the one-shot key split
+    auto a3 = a;
+    a3.segment_state = 3;  // the segment path it replaced (the wave model's P is 2 or 3)
+    a3.run_phases = 3;     // (a holds the state-pass-only timing's 2 here)
+    const int p3 = kernels::kda_prefill_segments(a3);
+    const std::size_t ws3b = kernels::kda_prefill_workspace_bytes(a3);
+    Dev ws3(ws3b);
+    a3.workspace = ws3.p;
+    a3.workspace_bytes = ws3b;
+    const double all3 = time_ms([&] { kernels::kda_prefill(a3, nullptr); }, warmup, iters).first;
+    fmt::print("  (B={} T={} H={} HV={}: auto rule: one-shot schedule with the key-split state pass (state_variant 4); "
+               "the segment path P = {} instead: total {:.4f} ms)\n", s.B, s.T, s.H, s.HV, p3, all3);
   }
   {  // the previous prepare kernel (v4, kernels/kda.hpp prepare_variant) beside the default (v6): alone and the whole prefill
     auto a4 = a;
@@ -633,7 +645,8 @@ void register_bench(Registry& reg) {
               "schedule beside the segment path, prepare v4, the two-chunk pair step, state passes v2, v4 and v5; "
               "D = 128 rows only); the table keeps the defaults. Default: off. " + kda_prefill_only);
   a->add_option("--segments", o->kda_segments,
-                "kda-prefill state pass: 0 = the v5 auto rule (P = 3 at T = 65536, H = 32), 1 = one-shot, 2..64 = P "
+                "kda-prefill state pass: 0 = the auto rule (T = 65536: H = 16 -> P = 9 segments; H = 32 -> the one-shot key-split "
+                "pass, where the wave model's P is 2 or 3), 1 = one-shot, 2..64 = P "
                 "segments in parallel (KdaPrefillArgs::segment_state; 2..64 refused when a shape has D = 256, which has no segment "
                 "path: the default shapes include one, so give --shapes). " + kda_prefill_only)->capture_default_str();
   a->add_option("--variant", o->mla_variant,

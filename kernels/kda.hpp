@@ -102,15 +102,21 @@ struct KdaPrefillArgs {
   /// segments 1..P-1 in parallel from their S_start (o, S_final). It does up to ~2.5x the state
   /// work, so it pays only when the one-shot pass leaves SMs idle: auto takes it
   /// when N * HV * 4 CTAs <= the SM count (each CTA alone on its SM, latency-bound) and T >= 16384,
-  /// choosing P by a wave model (H = 32, T = 65536: P = 3). With overlap_segments (and run_phases
+  /// choosing P by a wave model (H = 32, T = 65536: P = 3, replaced by the one-shot key-split pass since session 6,
+  /// see below). With overlap_segments (and run_phases
   /// 3) the prepare runs per segment and overlaps pass 1 of the segments before it (a side stream, as
   /// v4); bit-identical to the serial order.
   /// Not bit-identical to the one-shot pass (A_seg carries its own bf16 operand roundings; the
   /// twin's KdaTwinPlan::segments models it). Workspace: + 3 (P-1) N HV D^2 fp32.
-  /// Default 0 (auto) since the v5 GPU tests passed on the H200 (session 3): T = 65536, H = 32 takes
-  /// P = 3 (state pass 4.09 ms vs 5.43 ms one-shot, whole prefill 6.62 vs 7.23 ms with prepare v6; bench/NOTES.md);
-  /// other ANCHORS shapes keep one shot. D = 64: the same path (D / 32 = 2 column slices per head in the
-  /// auto rule's CTA count). D = 256: refused when forced (>= 2), auto takes 1.
+  /// Default 0 (auto) since the v5 GPU tests passed on the H200 (session 3); other ANCHORS shapes keep one shot.
+  /// Auto at D = 128 since session 6: where the wave model's best P is 2 or 3 (e.g. H = 32, T >= 16384 on 132
+  /// SMs) it takes the ONE-SHOT schedule with the key-split state kernel (state_variant 4's, KS = 2) instead of
+  /// the segment path, when state_variant is 3 (the default): measured on the H200 (session 6, bench/NOTES.md)
+  /// 0.96 .. 1.00 of the P = 3 segment path's whole prefill on 5 shapes (T = 65536, H = 32: 5.94 vs 6.13 ms);
+  /// P >= 4 keeps the segment path (T = 65536, H = 16: P = 9, 3.24 ms vs 5.11 ms one-shot key-split).
+  /// kda_prefill_state_kernel() says which state kernel runs. D = 64: the same segment path (D / 32 = 2
+  /// column slices per head in the auto rule's CTA count), no key-split switch. D = 256: refused when forced
+  /// (>= 2), auto takes 1.
   int segment_state = 0;
   /// v5 segment path only: true = the prepare of segment k runs beside pass 1 of the segments before it
   /// (a side stream, bit-identical to the serial order); false (default) = prepare, pass 1, combine,
@@ -196,6 +202,13 @@ std::size_t kda_prefill_workspace_bytes(const KdaPrefillArgs& a);
 /// shapes and options (no pointer checks; kda_prefill checks everything). Errors: kdalab::Error for
 /// T, B or HV < 1.
 int kda_prefill_segments(const KdaPrefillArgs& a);
+
+/// The state pass kda_prefill will run for these arguments on the current device: 2, 3, 4 or 5 as
+/// KdaPrefillArgs::state_variant, except that the auto rule (segment_state = 0, state_variant = 3, D = 128) returns
+/// 4 where it takes the one-shot key-split pass instead of a 2- or 3-segment path (see segment_state). D = 256:
+/// 3 (its state pass is the key-split kernel under that name). Reads only the shapes and options; errors as
+/// kda_prefill_segments.
+int kda_prefill_state_kernel(const KdaPrefillArgs& a);
 
 /// Chunked prefill: o and (optionally) S_final from q, k, v, g, beta (and S0). Asynchronous on
 /// `stream` (with overlap_segments it forks to a side stream and joins back with events; turn it

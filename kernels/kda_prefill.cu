@@ -1269,6 +1269,22 @@ SegPlan segment_plan(const KdaPrefillArgs& a, int N, int nch) {
   if (sp.P < 2) sp = SegPlan{};
   return sp;
 }
+/// The state schedule kda_prefill runs: the segment plan and the state kernel. The auto rule (segment_state = 0,
+/// state_variant 3, D = 128, no pair step) replaces a 2- or 3-segment plan by the one-shot pass with the key-split
+/// kernel (state_variant 4): measured 0.96 .. 1.00 of the P = 3 path on 5 shapes, P = 9 (H = 16) 0.63 the other
+/// way (session 6, bench/NOTES.md).
+struct StatePlan {
+  SegPlan sp;
+  int state_variant = 3;
+};
+StatePlan state_plan(const KdaPrefillArgs& a, int N, int nch) {
+  StatePlan s{segment_plan(a, N, nch), a.state_variant};
+  if (a.segment_state == 0 && a.state_variant == 3 && a.D == 128 && !a.pair_chunks && s.sp.P >= 2 && s.sp.P <= 3) {
+    s.sp = SegPlan{};
+    s.state_variant = 4;
+  }
+  return s;
+}
 std::size_t seg_buffer_bytes(const KdaPrefillArgs& a, int N, const SegPlan& sp) {
   return sp.P > 1 ? 3ull * (sp.P - 1) * N * a.HV * a.D * a.D * 4 : 0;
 }
@@ -1329,13 +1345,20 @@ int kda_prefill_segments(const KdaPrefillArgs& a) {
                 std::to_string(a.HV) + "; accepted: T, B, HV >= 1 (and num_seqs, max_seqlen >= 1 with cu_seqlens)");
   const int N = a.cu_seqlens ? a.num_seqs : a.B;
   const int nch = ((a.cu_seqlens ? a.max_seqlen : a.T) + C - 1) / C;
-  return segment_plan(a, N, nch).P;
+  return state_plan(a, N, nch).sp.P;
+}
+
+int kda_prefill_state_kernel(const KdaPrefillArgs& a) {
+  kda_prefill_segments(a);  // the same checks
+  const int N = a.cu_seqlens ? a.num_seqs : a.B;
+  const int nch = ((a.cu_seqlens ? a.max_seqlen : a.T) + C - 1) / C;
+  return state_plan(a, N, nch).state_variant;
 }
 
 std::size_t kda_prefill_workspace_bytes(const KdaPrefillArgs& a) {
   const Checked ck = check_prefill(a);
   if (a.pair_chunks) return static_cast<std::size_t>(detail::kda_pair_slots(a)) * a.HV * KdaPairSlot::bytes;
-  const SegPlan sp = segment_plan(a, ck.N, ck.max_chunks);
+  const SegPlan sp = state_plan(a, ck.N, ck.max_chunks).sp;
   return static_cast<std::size_t>(ck.slots) * a.HV * kda_slot_bytes(a.D) +
          (sp.P > 1 ? seg_buffer_bytes(a, ck.N, sp) : state_buffer_bytes(a, segments_of(a)));
 }
@@ -1434,7 +1457,8 @@ void kda_prefill(const KdaPrefillArgs& a, cudaStream_t stream) {
     run_pair_path(a, ck, stream);
     return;
   }
-  const SegPlan sp = segment_plan(a, ck.N, ck.max_chunks);
+  const StatePlan stp = state_plan(a, ck.N, ck.max_chunks);
+  const SegPlan sp = stp.sp;
   const Segments sg = segments_of(a);
   const std::size_t slot_bytes = static_cast<std::size_t>(ck.slots) * a.HV * kda_slot_bytes(a.D);
   const std::size_t need = slot_bytes + (sp.P > 1 ? seg_buffer_bytes(a, ck.N, sp) : state_buffer_bytes(a, sg));
@@ -1456,9 +1480,9 @@ void kda_prefill(const KdaPrefillArgs& a, cudaStream_t stream) {
   auto state = [&](const Params& p, cudaStream_t s) {
     if (a.D == 64) launch_state<64, true>(p, a.HV, ck.N, s);          // (checked: state_variant 3)
     else if (a.D == 256) launch_state_ks<256, 2>(p, a.HV, ck.N, s);   // D = 256's state pass (state_variant 3)
-    else if (a.state_variant == 3) launch_state<128, true>(p, a.HV, ck.N, s);
-    else if (a.state_variant == 4) launch_state_ks<128, 2>(p, a.HV, ck.N, s);
-    else if (a.state_variant == 5) launch_state_ks<128, 4>(p, a.HV, ck.N, s);
+    else if (stp.state_variant == 3) launch_state<128, true>(p, a.HV, ck.N, s);
+    else if (stp.state_variant == 4) launch_state_ks<128, 2>(p, a.HV, ck.N, s);  // (or the auto rule's choice)
+    else if (stp.state_variant == 5) launch_state_ks<128, 4>(p, a.HV, ck.N, s);
     else launch_state<128, false>(p, a.HV, ck.N, s);
   };
   if (sp.P > 1) {  // v5 segment-parallel state pass: prepare, pass 1, combine, pass 2 (D = 64, 128)

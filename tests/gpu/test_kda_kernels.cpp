@@ -189,17 +189,29 @@ TEST_CASE("v5 segment-parallel state pass (forced) vs float64, twin segment mode
   }
 }
 
-TEST_CASE("v5 T = 65536, H = 32 (auto rule -> segment path) vs float64 and the twin on sampled heads", "[gpu][kda][segments][long]") {
+TEST_CASE("v5 T = 65536, H = 32 (segment path P = 3; auto -> one-shot key split) vs float64, the twin and each other", "[gpu][kda][segments][long]") {
   const std::size_t T = 65536, H = 32, D = 128;
   LongKdaInputs li(T, H, D, fresh_seed());
   const std::size_t nq = li.nq;
   [[maybe_unused]] DevBuf &q = li.q, &k = li.k, &v = li.v, &g = li.g, &beta = li.beta, &A_log = li.A_log,
                            &bias = li.bias, &S0 = li.S0;
   kernels::KdaPrefillArgs a = li.a;
-  a.segment_state = 0;  // the auto rule (the default is off until v5 has run on a GPU)
+  // the auto rule (segment_state = 0) took this segment path (P = 3) until session 6; it now takes the one-shot
+  // schedule with the key-split state kernel here (measured faster): both are checked
+  {
+    auto aa = a;
+    aa.segment_state = 0;
+    const int P_auto = kernels::kda_prefill_segments(aa), sv_auto = kernels::kda_prefill_state_kernel(aa);
+    std::printf("T=65536 H=32: auto rule: P = %d, state kernel %d\n", P_auto, sv_auto);
+    CHECK(P_auto == 1);
+    CHECK(sv_auto == 4);
+    aa.segment_state = 9;  // forced segments keep their state kernel
+    CHECK(kernels::kda_prefill_state_kernel(aa) == 3);
+  }
+  a.segment_state = 3;
   const int P = kernels::kda_prefill_segments(a);
-  DevBuf o(nq * 2), Sf(H * D * D * 4), o1(nq * 2), Sf1(H * D * D * 4);
-  o.poison(); Sf.poison(); o1.poison(); Sf1.poison();
+  DevBuf o(nq * 2), Sf(H * D * D * 4), o1(nq * 2), Sf1(H * D * D * 4), oa(nq * 2), Sfa(H * D * D * 4);
+  o.poison(); Sf.poison(); o1.poison(); Sf1.poison(); oa.poison(); Sfa.poison();
   auto run = [&](kernels::KdaPrefillArgs x, DevBuf& ob, DevBuf& sb) {
     x.o = ob.as<bf16_t>();
     x.S_final = sb.as<float>();
@@ -217,10 +229,21 @@ TEST_CASE("v5 T = 65536, H = 32 (auto rule -> segment path) vs float64 and the t
   {
     const auto all_s = download_bf16(o), all_1 = download_bf16(o1);
     const auto mo = compare(all_s, all_1);
-    std::printf("T=65536 H=32: auto rule chose P=%d segments; all heads, seg vs one-shot kernel: o %.3e, nan %zu\n", P,
+    std::printf("T=65536 H=32: forced P=%d segments; all heads, seg vs one-shot kernel: o %.3e, nan %zu\n", P,
                 mo.rel_rms, static_cast<std::size_t>(mo.nan_count));
-    CHECK(P >= 2);  // the rule's target case (132 SMs: P = 3)
+    CHECK(P == 3);
     REQUIRE(mo.nan_count + mo.inf_count == 0);
+  }
+  {  // the auto rule's one-shot key-split pass vs the one-shot v3 pass (only the fp32 order of W S, Qg S differs)
+    auto aa = a;
+    aa.segment_state = 0;
+    run(aa, oa, Sfa);
+    const auto m_o = compare(download_bf16(oa), download_bf16(o1)), m_s = compare(download_f32(Sfa), download_f32(Sf1));
+    std::printf("T=65536 H=32: auto (one-shot key split) vs one-shot v3, all heads: o %.3e S_final %.3e, nan %zu\n",
+                m_o.rel_rms, m_s.rel_rms, static_cast<std::size_t>(m_o.nan_count + m_s.nan_count));
+    REQUIRE(m_o.nan_count + m_o.inf_count + m_s.nan_count + m_s.inf_count == 0);
+    CHECK(m_o.rel_rms <= tol::kda_state_v4_vs_v3.value);
+    CHECK(m_s.rel_rms <= tol::kda_state_v4_vs_v3.value);
   }
   std::vector<float> A_h(H), bias_h(H * D), S0_h(H * D * D), Sf_h(H * D * D), Sf1_h(H * D * D);
   cuda_check(cudaMemcpy(A_h.data(), A_log.p, A_log.bytes, cudaMemcpyDeviceToHost), "A_log");
