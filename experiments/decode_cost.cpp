@@ -28,6 +28,15 @@
 namespace kdalab::cli {
 
 namespace {
+/// Element type of the CPU-measured decode step (b): the softmax KV cache is SoftmaxCache<CpuScalar> and the
+/// KDA step kda_step<CpuScalar>. The cache-size guard, its message and the working-set note take their bytes
+/// per number from sizeof(CpuScalar), so they stay right if this type changes.
+using CpuScalar = float;
+
+/// Largest CPU softmax cache (K and V, 2 n d numbers of CpuScalar) decode-cost allocates: 4 GiB.
+constexpr double kCpuCacheMaxBytes = 4.0 * 1073741824.0;
+
+/// Options of `kdalab decode-cost` (one field per command-line option; see register_decode_cost).
 struct DecodeCostOptions {
   std::vector<double> n{1000, 128000, 1000000};
   std::vector<double> d{64, 128};
@@ -100,8 +109,8 @@ std::string mib(double bytes) {
   return bytes < 1048576.0 ? fmt::format("{:.0f} KiB", bytes / 1024.0) : fmt::format("{:.1f} MiB", bytes / 1048576.0);
 }
 
-/// Why the measured CPU softmax read can grow faster than n: its working set, K and V (2 n d float32) plus n
-/// float32 logits, against the caches of this machine. n, sec: the softmax rows in increasing n; d the head
+/// Why the measured CPU softmax read can grow faster than n: its working set, K and V (2 n d CpuScalar) plus n
+/// CpuScalar logits, against the caches of this machine. n, sec: the softmax rows in increasing n; d the head
 /// dimension. Names the pair of consecutive n where the time per number read rises most, when it rises more
 /// than 1.5x; otherwise says that no such step was seen. One line (printed and recorded as decode_cost/cpu's
 /// `note`); the measurement itself is not changed.
@@ -114,8 +123,9 @@ std::string softmax_cache_note(const std::vector<double>& n, const std::vector<d
     ctext += fmt::format(" shared by CPUs {} (and, on a VM, maybe by other guests)", caches.back().shared_cpus);
   ctext = caches.empty() ? std::string("this machine's cache sizes are unknown (no sysfs cache entries)")
                          : "caches here (sysfs, CPU 0): " + ctext;
-  auto ws = [&](double nn) { return nn * (2.0 * d + 1.0) * 4.0; };
-  auto gbs = [&](std::size_t i) { return 2.0 * n[i] * d * 4.0 / sec[i] / 1e9; };
+  constexpr double B = sizeof(CpuScalar);  // bytes per cached number
+  auto ws = [&](double nn) { return nn * (2.0 * d + 1.0) * B; };
+  auto gbs = [&](std::size_t i) { return 2.0 * n[i] * d * B / sec[i] / 1e9; };
   std::size_t at = 0;
   double rise = 1.0;
   for (std::size_t i = 1; i < n.size(); ++i) {
@@ -136,9 +146,9 @@ std::string softmax_cache_note(const std::vector<double>& n, const std::vector<d
   };
   return fmt::format(
       "softmax read: {:.1f}x the time for {:.0f}x the tokens from n = {} to {} (read rate {:.1f} -> {:.1f} GB/s): "
-      "its working set (K and V, 2 n d x 4 B, plus n logits) grows from {} ({}) to {} ({}); {}. A cache-size effect "
+      "its working set (K and V, 2 n d x {} B, plus n logits) grows from {} ({}) to {} ({}); {}. A cache-size effect "
       "of this measurement, not of the method: the numbers read per token stay 2 n d.",
-      sec[at] / sec[at - 1], n[at] / n[at - 1], n[at - 1], n[at], gbs(at - 1), gbs(at), mib(ws(n[at - 1])),
+      sec[at] / sec[at - 1], n[at] / n[at - 1], n[at - 1], n[at], gbs(at - 1), gbs(at), sizeof(CpuScalar), mib(ws(n[at - 1])),
       where(ws(n[at - 1])), mib(ws(n[at])), where(ws(n[at])), ctext);
 }
 
@@ -152,6 +162,7 @@ struct Layout {
 };
 }  // namespace
 
+/// Registers `kdalab decode-cost` (the per-token decode cost experiment described at the top of this file) with `reg`.
 void register_decode_cost(Registry& reg) {
   auto o = std::make_shared<DecodeCostOptions>();
   auto& c = reg.add("decode-cost",
@@ -183,13 +194,18 @@ void register_decode_cost(Registry& reg) {
       if (!cpu_n_opt->count()) o->cpu_n = {1024, 2048, 4096, 8192, 16384};
       if (!min_time_opt->count()) o->min_time = 0.02;
     }
-    for (double n : o->cpu_n) require(n >= 0 && n <= 1e6 && n == std::floor(n), fmt::format("--cpu-n: {} is not an integer in [0, 1e6]", n));
     require(o->cpu_d >= 1 && o->cpu_d <= 512 && o->cpu_d == std::floor(o->cpu_d), fmt::format("--cpu-d: {} is not an integer in [1, 512]", o->cpu_d));
-    // The CPU softmax cache holds 2 n d doubles: refuse more than 4 GiB before allocating.
-    for (double n : o->cpu_n)
-      require(2.0 * n * o->cpu_d * 8.0 <= 4.0 * 1073741824.0,
-              fmt::format("--cpu-n {} with --cpu-d {} needs a {:.1f} GiB softmax cache; accepted: 2 n d x 8 B <= 4 GiB", n,
-                          o->cpu_d, 2.0 * n * o->cpu_d * 8.0 / 1073741824.0));
+    // Each --cpu-n value: an integer in [0, 1e6] whose softmax cache (K and V: 2 n d numbers of CpuScalar, allocated
+    // up front) fits kCpuCacheMaxBytes; one message says both, with the bytes this n would need. With float32 the
+    // range bound is the tighter one (2 x 1e6 x 512 x 4 B = 3.8 GiB); the byte bound takes over if CpuScalar grows.
+    for (double n : o->cpu_n) {
+      const double bytes = 2.0 * n * o->cpu_d * static_cast<double>(sizeof(CpuScalar));
+      require(n >= 0 && n <= 1e6 && n == std::floor(n) && bytes <= kCpuCacheMaxBytes,
+              fmt::format("--cpu-n: {} with --cpu-d {} is not accepted (its softmax cache, 2 n d x {} B, would take "
+                          "{:.3g} GiB); accepted: integers n in [0, 1e6] with 2 n d x {} B <= {:.0f} GiB",
+                          n, o->cpu_d, sizeof(CpuScalar), bytes / 1073741824.0, sizeof(CpuScalar),
+                          kCpuCacheMaxBytes / 1073741824.0));
+    }
     require(o->min_time > 0 && o->min_time <= 60, fmt::format("--min-time: {} must be in (0, 60]", o->min_time));
     // Bounds keep every count inside int64 and every time finite (adversarial review finds).
     for (double n : o->ctx) require(n >= 1 && n <= 1e9 && n == std::floor(n), fmt::format("--context: {} is not an integer in [1, 1e9]", n));
@@ -218,12 +234,12 @@ void register_decode_cost(Registry& reg) {
       }
     prog.finish();
 
-    // (b) CPU reference, float32, one head: a softmax cache read over n tokens vs one KDA step.
+    // (b) CPU reference, CpuScalar (float32), one head: a softmax cache read over n tokens vs one KDA step.
     Table cpu;
     cpu.col("impl", 's', "1", "softmax (reference/softmax.hpp cache read) or kda (reference/kda.hpp kda_step)")
         .col("n", 'i', "1", "context length (tokens cached)")
         .col("d", 'i', "1", "head dimension (d_k = d_v)")
-        .col("seconds_per_token", 'd', "s", "median wall time of one decode step of one head, float32, one core")
+        .col("seconds_per_token", 'd', "s", "median wall time of one decode step of one head, " + scalar_name<CpuScalar>() + ", one core")
         .col("numbers_read", 'i', "1", "numbers the step reads: 2 n d (softmax) or d^2 (KDA state)");
     const auto d = static_cast<Eigen::Index>(o->cpu_d);
     std::vector<double> cpu_n;
@@ -233,24 +249,24 @@ void register_decode_cost(Registry& reg) {
     if (!cpu_n.empty()) {
       Rng rng(ctx.common.seed);
       auto randvec = [&](Eigen::Index m) {
-        Vec<float> x(m);
-        for (Eigen::Index i = 0; i < m; ++i) x(i) = static_cast<float>(rng.normal());
+        Vec<CpuScalar> x(m);
+        for (Eigen::Index i = 0; i < m; ++i) x(i) = static_cast<CpuScalar>(rng.normal());
         return x;
       };
-      const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+      const CpuScalar scale = CpuScalar(1) / std::sqrt(static_cast<CpuScalar>(d));
       auto pb = ctx.progress("decode-cost cpu", cpu_n.size() + 1);
       const auto n_max = static_cast<Eigen::Index>(*std::max_element(cpu_n.begin(), cpu_n.end()));
-      SoftmaxCache<float> cache(d, d, n_max);
+      SoftmaxCache<CpuScalar> cache(d, d, n_max);  // 2 n_max d numbers, checked against kCpuCacheMaxBytes above
       std::size_t next = 0;
       std::sort(cpu_n.begin(), cpu_n.end());
       cpu_n.erase(std::unique(cpu_n.begin(), cpu_n.end()), cpu_n.end());  // a repeated n would misalign the rows
       for (Eigen::Index n = 1; n <= n_max && next < cpu_n.size(); ++n) {
-        Vec<float> k = randvec(d);
+        Vec<CpuScalar> k = randvec(d);
         k.normalize();
         cache.append(k, randvec(d));
         if (n == static_cast<Eigen::Index>(cpu_n[next])) {
-          const Vec<float> q = randvec(d);
-          volatile float sink = 0;
+          const Vec<CpuScalar> q = randvec(d);
+          volatile CpuScalar sink = 0;
           const double sec = time_per_call([&] { sink = sink + cache.read(q, scale)(0); }, o->min_time);
           cpu.row({std::string("softmax"), static_cast<std::int64_t>(n), static_cast<std::int64_t>(d), sec,
                    static_cast<std::int64_t>(2 * n * d)});
@@ -258,18 +274,19 @@ void register_decode_cost(Registry& reg) {
           pb.tick();
         }
       }
-      Mat<float> S = Mat<float>::Zero(d, d);
-      Vec<float> q = randvec(d), k = randvec(d), v = randvec(d), g = Vec<float>::Constant(d, -0.01f);
+      Mat<CpuScalar> S = Mat<CpuScalar>::Zero(d, d);
+      Vec<CpuScalar> q = randvec(d), k = randvec(d), v = randvec(d), g = Vec<CpuScalar>::Constant(d, CpuScalar(-0.01));
       q.normalize();
       k.normalize();
-      volatile float sink = 0;
-      const double sec = time_per_call([&] { sink = sink + kda_step<float>(S, q, k, v, g, 0.5f, scale)(0); }, o->min_time);
+      volatile CpuScalar sink = 0;
+      const double sec =
+          time_per_call([&] { sink = sink + kda_step<CpuScalar>(S, q, k, v, g, CpuScalar(0.5), scale)(0); }, o->min_time);
       for (double n : cpu_n)  // constant in n by construction: one row per n for the plot
         cpu.row({std::string("kda"), static_cast<std::int64_t>(n), static_cast<std::int64_t>(d), sec,
                  static_cast<std::int64_t>(d * d)});
       pb.tick();
       pb.finish();
-      fmt::print("\nCPU reference decode step, one head, d = {}, float32, one core:\n", d);
+      fmt::print("\nCPU reference decode step, one head, d = {}, {}, one core:\n", d, scalar_name<CpuScalar>());
       fmt::print("{:>10}{:>16}{:>16}{:>10}\n", "n", "softmax (us)", "KDA (us)", "ratio");
       const auto& sc = std::get<std::vector<double>>(cpu.column("seconds_per_token").data);
       for (std::size_t i = 0; i < cpu_n.size(); ++i)
@@ -406,7 +423,8 @@ void register_decode_cost(Registry& reg) {
     if (cpu.rows() > 0) {
       f->write_table("decode_cost/cpu", cpu);
       f->attr("decode_cost/cpu", "description",
-              "measured per-token decode step of the CPU reference, one head, float32: softmax cache read vs KDA step");
+              "measured per-token decode step of the CPU reference, one head, " + scalar_name<CpuScalar>() +
+                ": softmax cache read vs KDA step");
       f->attr("decode_cost/cpu", "note", cpu_note);
     }
     f->group("decode_cost/gpu", "GPU-measured decode steps (CUDA kernels); empty when not run");

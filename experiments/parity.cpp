@@ -11,7 +11,7 @@
 //   float64-chunk, float32-chunk  the chunked UT/WY form of reference/kda_chunk.hpp with chunk C
 //              (16-token secondary tiles, forward substitution); float32 refuses a factored
 //              decay span above 80 nats (softplus gates can exceed it): such rows are skipped
-//              with a note naming the point
+//              with one note per (implementation, C) naming the points (merge_skip_note())
 //   twin-bf16  the kernel twin numerics/kda_twin.hpp (bf16 inputs and output), per (C, state
 //              precision, matmul precision); matmul "plan" is the CUDA kernel's chosen plan
 //              (kda_plan_kernel(): intra-chunk products fp32, the three d_k x d_v products bf16),
@@ -34,9 +34,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <map>
 #include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "experiments/build_info.hpp"
 #include "experiments/cli.hpp"
@@ -67,6 +71,7 @@ struct ParityOptions {
 
 const std::vector<std::string> kImpls{"float64", "float32", "float64-chunk", "float32-chunk", "twin-bf16", "cuda-bf16"};
 
+/// x as a count: an integer in [min, 1e12]; kdalab::Error naming --<opt> and the value otherwise.
 std::size_t as_count(double x, const std::string& opt, double min = 1) {
   require(std::isfinite(x) && x >= min && x == std::floor(x) && x <= 1e12,
           fmt::format("--{}: {} is not accepted; give integers >= {}", opt, x, min));
@@ -80,6 +85,8 @@ struct ImplOut {
   double seconds = 0;
 };
 
+/// The recurrence kda_recurrent (reference/kda.hpp; K3 report Eq. 1) in scalar type S on the inputs cast to S;
+/// o [B, T, HV, d_v] and S_final [B, HV, d_k, d_v] as float64 copies, out_format = fmt_name, wall time.
 template <class S>
 ImplOut run_reference(const KdaInputs& in, const std::string& fmt_name) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -94,6 +101,9 @@ ImplOut run_reference(const KdaInputs& in, const std::string& fmt_name) {
   return out;
 }
 
+/// The chunked UT/WY form kda_chunked (reference/kda_chunk.hpp) in scalar type S with chunk C and 16-token
+/// secondary tiles; outputs as run_reference. Throws kdalab::Error (from kda_chunked) when the factored decay
+/// span exceeds max_factored_span<S>() (80 nats in float32, 700 in float64).
 template <class S>
 ImplOut run_chunked(const KdaInputs& in, std::size_t C, const std::string& fmt_name) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -172,12 +182,15 @@ std::optional<ImplOut> run_cuda(const KdaInputs& in, GateKind gate, std::size_t 
 #endif
 }
 
+/// A truth: o and S_final as float64 copies, the scalar type it was computed in, its wall time.
 struct Truth {
   std::vector<double> o, S;
   std::string name;
   double seconds = 0;
 };
 
+/// The truth on `in`: the recurrence in cpp_bin_float_50 (kind "mp"), long double ("f80") or float64 (else),
+/// as float64 copies with its scalar type's name and wall time.
 Truth compute_truth(const KdaInputs& in, const std::string& kind) {
   ImplOut r;
   Truth t;
@@ -214,8 +227,84 @@ double median(std::vector<double> x) {
   return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
 }
 
+/// One grid point where a chunked implementation refused its inputs (kdalab::Error from kda_chunked).
+struct Skip {
+  std::size_t point;  ///< index of the grid point
+  std::string label;  ///< "T=.. H=.. gate beta"
+  std::string why;    ///< the Error's message
+};
+
+/// The one note for every point where implementation `impl` at chunk size C was skipped (skips: >= 1, in
+/// point order). One skip: "<impl> C=<C> skipped at point <p> (<label>): <why>". Several: "<impl> C=<C>
+/// skipped at <k> points [<p> (<label>), ...]: <why>", where the messages are merged word by word when they
+/// have the same number of words (space-separated): a word they all share is kept, a word that differs is
+/// replaced by its range "lo .. hi" when every message has a number there (e.g. the decay span
+/// "84.7576 .. 173.205"), else by its distinct values joined by " / ". Messages of different lengths are
+/// kept whole, each after its point ("<p>: <why>; ..."). Never throws on any input.
+std::string merge_skip_note(const std::string& impl, std::size_t C, const std::vector<Skip>& skips) {
+  if (skips.size() == 1)
+    return fmt::format("{} C={} skipped at point {} ({}): {}", impl, C, skips[0].point, skips[0].label, skips[0].why);
+  auto words = [](const std::string& text) {
+    std::vector<std::string> w;
+    std::size_t a = 0;
+    for (std::size_t b = text.find(' '); b != std::string::npos; a = b + 1, b = text.find(' ', a))
+      w.push_back(text.substr(a, b - a));
+    w.push_back(text.substr(a));
+    return w;
+  };
+  auto number = [](const std::string& w, double& x) {
+    if (w.empty()) return false;
+    char* end = nullptr;
+    x = std::strtod(w.c_str(), &end);
+    return end == w.c_str() + w.size() && std::isfinite(x);
+  };
+  std::string where;
+  for (const auto& sk : skips) where += fmt::format("{}{} ({})", where.empty() ? "" : ", ", sk.point, sk.label);
+  std::vector<std::vector<std::string>> ws;
+  for (const auto& sk : skips) ws.push_back(words(sk.why));
+  std::string why;
+  const bool same_shape = std::all_of(ws.begin(), ws.end(), [&](const auto& w) { return w.size() == ws[0].size(); });
+  if (!same_shape) {
+    for (const auto& sk : skips) why += fmt::format("{}{}: {}", why.empty() ? "" : "; ", sk.point, sk.why);
+  } else {
+    for (std::size_t j = 0; j < ws[0].size(); ++j) {
+      std::vector<std::string> distinct;
+      for (const auto& w : ws)
+        if (std::find(distinct.begin(), distinct.end(), w[j]) == distinct.end()) distinct.push_back(w[j]);
+      std::string merged = distinct[0];
+      if (distinct.size() > 1) {
+        double lo = 0, hi = 0, x = 0;
+        std::string lo_w, hi_w;
+        bool numeric = true;
+        for (const auto& d : distinct) {
+          if (!number(d, x)) {
+            numeric = false;
+            break;
+          }
+          if (lo_w.empty() || x < lo) {
+            lo = x;
+            lo_w = d;
+          }
+          if (hi_w.empty() || x > hi) {
+            hi = x;
+            hi_w = d;
+          }
+        }
+        merged.clear();
+        if (numeric)
+          merged = lo_w + " .. " + hi_w;
+        else
+          for (const auto& d : distinct) merged += (merged.empty() ? "" : " / ") + d;
+      }
+      why += (j ? " " : "") + merged;
+    }
+  }
+  return fmt::format("{} C={} skipped at {} points [{}]: {}", impl, C, skips.size(), where, why);
+}
+
 }  // namespace
 
+/// Registers `kdalab parity` (the numeric-parity sweep described at the top of this file) with `reg`.
 void register_parity(Registry& reg) {
   auto o = std::make_shared<ParityOptions>();
   auto& c = reg.add(
@@ -375,6 +464,9 @@ void register_parity(Registry& reg) {
     auto note = [&](const std::string& n) {
       if (std::find(notes.begin(), notes.end(), n) == notes.end()) notes.push_back(n);
     };
+    // Skipped chunked rows, one note per (implementation, C) listing its points: a placeholder in `notes` where the
+    // first skip happened, filled in by merge_skip_note() once the grid is done.
+    std::map<std::pair<std::string, std::size_t>, std::pair<std::size_t, std::vector<Skip>>> skips;
 
     auto prog = ctx.progress("parity", total);
     std::size_t row = 0;
@@ -424,7 +516,12 @@ void register_parity(Registry& reg) {
               record(impl, static_cast<std::int64_t>(Cn), f64 ? "fp64" : "fp32", f64 ? "fp64" : "fp32",
                      f64 ? run_chunked<double>(in, Cn, "fp64") : run_chunked<float>(in, Cn, "fp32"));
             } catch (const Error& e) {  // factored decay span over the scalar type's limit
-              note(fmt::format("{} C={} skipped at point {} ({}): {}", impl, Cn, p, label, e.what()));
+              auto [it, first] = skips.try_emplace({impl, Cn});
+              if (first) {
+                it->second.first = notes.size();
+                notes.emplace_back();  // merged below
+              }
+              it->second.second.push_back({p, label, e.what()});
             }
             prog.tick(1, label + " " + impl);
           }
@@ -449,6 +546,7 @@ void register_parity(Registry& reg) {
       }
     }
     prog.finish();
+    for (const auto& [key, at] : skips) notes[at.first] = merge_skip_note(key.first, key.second, at.second);
     if (t.rows() == 0)  // the first note goes into the one-line error below; the others are printed here, once
       for (std::size_t i = 1; i < notes.size(); ++i) fmt::print(stderr, "parity: note: {}\n", notes[i]);
     if (t.rows() == 0 && cuda_unavailable) {  // e.g. --impl cuda-bf16 alone without a GPU: not bad input, exit 3

@@ -42,6 +42,9 @@ _ARGS = None
 
 
 def parse_args(description):
+    """The command line every fig_*.py takes: the results file, --out-dir (default figures/) and --dump
+    FILE.json. `description` is the script's --help text. Returns the argparse namespace (also kept for
+    save()); argparse exits 2 on bad usage."""
     global _ARGS
     p = argparse.ArgumentParser(description=description)
     p.add_argument("results", help="kdalab results file (.h5)")
@@ -53,6 +56,8 @@ def parse_args(description):
 
 
 def attr(f, name, default=""):
+    """Attribute `name` of an h5py file, group or dataset `f` as text (bytes decoded, numbers str()'d);
+    `default` when absent."""
     v = f.attrs.get(name, default)
     return v.decode() if isinstance(v, bytes) else str(v)
 
@@ -93,22 +98,32 @@ def _option_value(v):
     return str(v)
 
 
-def format_config(cfg):
+# Run-control options: where the file went (out), whether progress was shown (quiet), overwrite (force, never
+# recorded). They do not change a number, so a footer leaves them out. --quick does change the grid, but every
+# value it sets is recorded under its own key (the root `config` and the groups' `options` hold the values used
+# after --quick), so the footer shows its effect and leaves the flag out too.
+RUN_CONTROL = ("out", "quick", "quiet", "force")
+
+
+def format_config(cfg, drop=()):
     """The config JSON text (root `config` or a group's `options`) as `key=value` pairs in the form the
     command line takes (`d-k=[16,32,64] g-min=[-5] keys=[random,orthogonal]`): integral numbers print as
-    integers, never 16.0; text that is not a JSON object is returned unchanged."""
+    integers, never 16.0; keys listed in `drop` (e.g. RUN_CONTROL) are left out; text that is not a JSON
+    object is returned unchanged."""
     try:
         obj = json.loads(cfg)
     except ValueError:
         return cfg
     if not isinstance(obj, dict):
         return cfg
-    return " ".join(f"{k}={_option_value(v)}" for k, v in obj.items())
+    return " ".join(f"{k}={_option_value(v)}" for k, v in obj.items() if k not in drop)
 
 
 def label_footer(fig, f, extra="", group=None):
     """Bottom-of-figure provenance: git sha, date, seed and the config (the group's `options`
-    attribute, the values actually used after --quick, when present; else the root config)."""
+    attribute, the values actually used after --quick, when present; else the root config) without the
+    run-control options (RUN_CONTROL: out, quick, quiet, force), then the command line. `extra`: a caption
+    printed above; `group`: the group whose `options` to show (default: the first group that has them)."""
     sha = attr(f, "git_sha", "?")[:12]
     cfg = attr(f, "config", "{}")
     if group is None:
@@ -118,7 +133,7 @@ def label_footer(fig, f, extra="", group=None):
                 break
     if group is not None and group in f and "options" in f[group].attrs:
         cfg = attr(f[group], "options", cfg)
-    cfg = format_config(cfg)
+    cfg = format_config(cfg, drop=RUN_CONTROL)
     text = f"kdalab {attr(f, 'software_version', '?')} · git {sha} · {attr(f, 'date', '?')} · seed {attr(f, 'seed', '?')}\n"
     cfg_lines = textwrap.wrap("config " + cfg, width=170, subsequent_indent="  ", break_on_hyphens=False)
     if len(cfg_lines) > 2:
@@ -132,6 +147,7 @@ def label_footer(fig, f, extra="", group=None):
 
 
 def _jsonable(a):
+    """An array as a flat list of floats for JSON, NaN/Inf as None (null)."""
     a = np.asarray(a, dtype=float).ravel()
     return [None if not np.isfinite(x) else float(x) for x in a]
 
@@ -163,6 +179,8 @@ def describe(fig):
 
 
 def save(fig, out_dir, name):
+    """Writes `fig` as <out_dir>/<name>.png and .pdf (creating out_dir), and the --dump JSON (describe())
+    when --dump was given; closes the figure, prints the paths. Returns 0, the "drawn" exit code."""
     os.makedirs(out_dir, exist_ok=True)
     if _ARGS is not None and _ARGS.dump:
         fig.canvas.draw()  # limits and tight_layout as saved
@@ -177,5 +195,7 @@ def save(fig, out_dir, name):
 
 
 def skip(msg):
+    """Says why this figure is not drawn ("skip: <msg>" on stderr) and returns SKIP (exit code 3: the file does
+    not hold what the figure needs; scripts/figures.sh skips it quietly)."""
     print("skip: " + msg, file=sys.stderr)
     return SKIP

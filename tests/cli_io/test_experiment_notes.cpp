@@ -1,7 +1,11 @@
 // The notes an experiment prints about its run: `kdalab parity` prints each note once (its "skipped > 80 nats"
 // and "cuda-bf16 rows skipped" notes were printed twice: live on stderr and again after the summary table)
-// and records them in the file; `kdalab decode-cost` explains its CPU softmax curve with a one-line note (the
+// and records them in the file; its "skipped > 80 nats" notes are one per (implementation, C), listing the
+// points (a default --quick run printed six, one per point); `kdalab decode-cost` explains its CPU softmax curve with a one-line note (the
 // working set against this machine's caches), printed once and recorded as decode_cost/cpu's `note`.
+#include <cmath>
+#include <regex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -40,12 +44,12 @@ TEST_CASE("parity prints each note once, after the summary, and records it", "[c
   INFO(r.output);
   REQUIRE(r.code == 0);
   const auto notes = note_lines(r.output);
-  REQUIRE(notes.size() >= 2);  // one per skipped point (two betas)
-  CHECK(count(r.output, "float32-chunk C=16 skipped at point 0") == 1);
-  CHECK(count(r.output, "float32-chunk C=16 skipped at point 1") == 1);
+  REQUIRE(notes.size() >= 1);  // one for both skipped points (two betas), one for cuda-bf16 without a GPU
+  CHECK(count(r.output, "float32-chunk C=16 skipped at 2 points [0 (T=17 H=1 softplus sigmoid), "
+                        "1 (T=17 H=1 softplus one)]: ") == 1);
   std::size_t span_notes = 0;  // the "> 80 nats" notes: each phrase appears in its note only
   for (const auto& n : notes) span_notes += count(n, "80 nats");
-  CHECK(span_notes >= 2);
+  CHECK(span_notes == 1);
   CHECK(count(r.output, "80 nats") == span_notes);
   const std::string recorded = kdalab::h5read::attr_string(d.file("p.h5"), "/parity", "notes");
   for (const auto& n : notes) {
@@ -62,9 +66,65 @@ TEST_CASE("parity with no row prints every note once, the first in its one-line 
                             "--impl float32-chunk --truth f64 --quiet --out " + d.file("p.h5"));
   INFO(r.output);
   CHECK(r.code == 2);
-  CHECK(count(r.output, "skipped at point 0") == 1);
-  CHECK(count(r.output, "skipped at point 1") == 1);
+  CHECK(count(r.output, "skipped at 2 points [0 (T=17 H=1 softplus sigmoid), 1 (T=17 H=1 softplus one)]") == 1);
+  CHECK(count(r.output, "80 nats") == 1);
   CHECK(d.count() == 0);
+}
+
+TEST_CASE("parity --quick: one '> 80 nats' note per (implementation, C), listing every skipped point", "[cli]") {
+  TempDir d;
+  // --quick's grid (T = 17, 300, 1000; bounded and softplus gates; beta sigmoid and one): float32-chunk refuses
+  // the six softplus points at every C (factored tile 16 for C = 32); float64-chunk (700 nats) refuses none.
+  const auto r = run_kdalab("parity --quick --C 16,32 --impl float64,float64-chunk,float32-chunk --out " + d.file("p.h5"));
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  const auto notes = note_lines(r.output);
+  const auto impl = kdalab::h5read::strings(d.file("p.h5"), "/parity/table/impl");
+  const auto gate = kdalab::h5read::strings(d.file("p.h5"), "/parity/table/gate");
+  const auto point = kdalab::h5read::array(d.file("p.h5"), "/parity/table/point");
+  const auto C = kdalab::h5read::array(d.file("p.h5"), "/parity/table/C");
+  std::set<long> all_points, softplus_points;
+  for (std::size_t i = 0; i < impl.size(); ++i) {
+    all_points.insert(std::lround(point.data[i]));
+    if (gate[i] == "softplus") softplus_points.insert(std::lround(point.data[i]));
+  }
+  REQUIRE(all_points.size() == 12);
+  REQUIRE(softplus_points.size() == 6);
+  const std::string recorded = kdalab::h5read::attr_string(d.file("p.h5"), "/parity", "notes");
+  std::size_t span_notes = 0;
+  for (const auto& n : notes) span_notes += count(n, "80 nats");
+  CHECK(span_notes == 2);  // float32-chunk at C = 16 and at C = 32; was six per C, one per point
+  CHECK(count(r.output, "80 nats") == 2);
+  CHECK(count(recorded, "80 nats") == 2);  // the file's notes are merged the same way
+  for (const char* c : {"16", "32"}) {
+    const std::string head = std::string("float32-chunk C=") + c + " skipped at ";
+    INFO(head);
+    CHECK(count(r.output, head) == 1);
+    CHECK(count(recorded, head) == 1);
+    CHECK(count(r.output, "float64-chunk C=" + std::string(c) + " skipped") == 0);
+    const std::string* n = nullptr;
+    for (const auto& x : notes)
+      if (x.rfind(head, 0) == 0) n = &x;
+    REQUIRE(n != nullptr);
+    INFO(*n);
+    CHECK(n->rfind(head + "6 points [", 0) == 0);
+    CHECK(recorded.find(*n) != std::string::npos);
+    // the listed points are exactly the points without a float32-chunk row at this C: the softplus ones
+    std::set<long> listed, with_row;
+    const std::string list = n->substr(n->find('['), n->find(']') - n->find('['));
+    const std::regex item(R"((\d+) \(T=\d+ H=\d+ softplus (sigmoid|one)\))");
+    for (auto it = std::sregex_iterator(list.begin(), list.end(), item); it != std::sregex_iterator(); ++it)
+      listed.insert(std::stol((*it)[1].str()));
+    for (std::size_t i = 0; i < impl.size(); ++i)
+      if (impl[i] == "float32-chunk" && std::lround(C.data[i]) == std::stol(c)) with_row.insert(std::lround(point.data[i]));
+    CHECK(listed == softplus_points);
+    for (long p : listed) CHECK(with_row.count(p) == 0);
+    CHECK(listed.size() + with_row.size() == all_points.size());
+    // what each point's note said is kept: the reason, and the spans as a range over the points
+    CHECK(n->find("kda_chunked: option 'C' (chunk size) = " + std::string(c)) != std::string::npos);
+    CHECK(std::regex_search(*n, std::regex(R"(factored decay span F \* \|g_min\| = [0-9.]+ \.\. [0-9.]+ > 80 nats: )"
+                                           R"(exp overflows in float32)")));
+  }
 }
 
 TEST_CASE("decode-cost notes the CPU softmax working set against the caches, once, and records it", "[cli]") {

@@ -3,7 +3,8 @@
 // footer): the recall error axis is set by the data (not stretched to 1e-17; errors < 1e-8 go to the "exact"
 // strip), coinciding parity series stay visible and say so, footers print config values as the file stores
 // them (16, not 16.0), decode-cost's cache note reaches the footer, the summary prints key numbers with the
-// recorded units (never "[1]"), and figures.sh keeps a second file's same figure under another name.
+// recorded units (never "[1]"), figures.sh keeps a second file's same figure under another name, and footers
+// leave out the run-control options (out, quick, quiet) while keeping the seed and every option that changes numbers.
 // Runs /usr/bin/python3 (as scripts/run.sh does); skipped with a warning when it lacks h5py or matplotlib.
 #include <cmath>
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "experiments/results.hpp"
 #include "tests/catch.hpp"
 #include "tests/cli_io/cli_util.hpp"
 
@@ -138,6 +140,31 @@ TEST_CASE("fig_parity: coinciding series stay visible and the legend says which 
   CHECK(cfg.find("T=[64,256]") != std::string::npos);
 }
 
+TEST_CASE("figure footers leave out the run-control options (out, quick, quiet) and keep the seed and the grid",
+          "[cli][python]") {
+  if (skip_without_plotting()) return;
+  TempDir d;
+  // parity has no group `options`: its footer shows the root config, which records out/quick/quiet/seed
+  const auto r = run_kdalab("parity --quick --quiet --seed 7 --T 17 --dk 16 --dv 16 --impl float64,float32 --out " +
+                            d.file("parity.h5"));
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  const std::string root = kdalab::h5read::attr_string(d.file("parity.h5"), "/", "config");
+  INFO(root);
+  CHECK(root.find("\"quick\"") != std::string::npos);  // the file still records them (a replay needs them) ...
+  CHECK(root.find("\"out\"") != std::string::npos);
+  const json j = draw(d, "fig_parity.py", d.file("parity.h5"));
+  const std::string cfg = config_text(j);
+  INFO(cfg);
+  REQUIRE(cfg.rfind("config ", 0) == 0);
+  for (const char* key : {" out=", " quick=", " quiet=", " force="}) CHECK(cfg.find(key) == std::string::npos);  // ... the footer not
+  CHECK(cfg.find(" seed=7") != std::string::npos);
+  CHECK(footer(j).find("seed 7\n") != std::string::npos);  // the provenance line
+  CHECK(cfg.find(" T=17") != std::string::npos);         // options that change numbers stay,
+  CHECK(cfg.find(" gate=[bounded,softplus]") != std::string::npos);  // including what --quick set
+  CHECK(cfg.find(" truth=f64") != std::string::npos);
+}
+
 TEST_CASE("decode-cost's cache note reaches the figure footer; summary.py prints numbers with their units",
           "[cli][python]") {
   if (skip_without_plotting()) return;
@@ -149,6 +176,8 @@ TEST_CASE("decode-cost's cache note reaches the figure footer; summary.py prints
   const json j = draw(d, "fig_decode_cost.py", d.file("dc.h5"));
   CHECK(footer(j).find("CPU: softmax read:") != std::string::npos);
   CHECK(config_text(j).find("cpu-n=[1024,2048]") != std::string::npos);
+  CHECK(config_text(j).find(" quiet=") == std::string::npos);
+  CHECK(footer(j).find("seed 1\n") != std::string::npos);  // the default seed
 
   const auto s = run_command(std::string(kPy) + " scripts/summary.py " + d.file("dc.h5"));
   INFO(s.output);
