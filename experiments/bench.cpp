@@ -728,7 +728,10 @@ void register_bench(Registry& reg) {
                 "--segments " + std::to_string(o->kda_segments) + " forces the segment-parallel state pass, which D = 256 " +
                     "does not have (shape " + std::to_string(s.B) + ":" + std::to_string(s.T) + ":" + std::to_string(s.H) +
                     ":" + std::to_string(s.HV) + ":256" + (o->shapes.empty() ? ", a default shape" : "") +
-                    "); accepted with D = 256: --segments 0 (auto) or 1 (off), or give --shapes without D = 256");
+                    "); accepted with D = 256: --segments 0 (auto) or 1 (off), or " +
+                    (o->op == "all" ? std::string("--op kda-prefill with --shapes without D = 256 (--op all takes only "
+                                                  "its default shapes)")
+                                    : std::string("give --shapes without D = 256")));
         d128 = d128 || s.D == 128;
       }
       require(!o->variants || d128,

@@ -409,6 +409,8 @@ TEST_CASE("bench: --segments >= 2 with a D = 256 kda-prefill shape and --variant
   };
   for (const Case& c : {Case{"--op kda-prefill --segments 2", "a default shape"},
                         Case{"--op all --segments 3", "a default shape"},
+                        // session 6 breaker: the hint must not send --op all to --shapes (which needs a single --op)
+                        Case{"--op all --segments 2", "--op kda-prefill with --shapes without D = 256"},
                         Case{"--op kda-prefill --segments 2 --shapes 1:4096:2:2:256", "shape 1:4096:2:2:256"},
                         Case{"--op kda-prefill --variants --shapes 1:4096:2:2:64,1:64:1:1:256", "D = 128 only"}}) {
     const auto r = run_kdalab("bench " + c.args + " --out " + d.file("b.h5"));
