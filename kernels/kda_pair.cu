@@ -172,9 +172,10 @@ __global__ void __launch_bounds__(512, 2) kda_prepare_pair_kernel(PairParams p) 
     __syncthreads();
     // thread ltid sums fragment slot ltid over the half's 8 warps; A -> sA[half]; P_c -> Pf2 block 0, P_{c+1} ->
     // block 2 (hi + lo bf16 A fragments, word 2 nt + hf of lane)
-    prep::ap_finish(red, static_cast<unsigned>(ltid), g, t, sA[half], sBeta[half], [&](int, int, int nt, int hf, float p0, float p1) {
-      prep::store_Pf<2048>(slot, PS::Pf2, half, lane, nt, hf, p0, p1);
-    });
+    prep::ap_finish(red, static_cast<unsigned>(ltid), g, t, sA[half], sBeta[half],
+                    [&](int, int, int nt, int hf, float p0, float p1) {
+                      prep::store_Pf<2048>(slot, PS::Pf2, half, lane, nt, hf, p0, p1);
+                    });
   }
   __syncthreads();
   // ---- 4. [W | U] = (I + A)^{-1} [Diag(beta) Kg | Diag(beta) V] (thread = column, v6's order) ----

@@ -233,7 +233,8 @@ TEST_CASE("prefill varlen (cu_seqlens) with a last sequence of 1 token equals pe
     for (int i = 0; i < N; ++i) {
       const KdaInputs s = vb.part(all, i);
       const auto ref = kda_truth(s);
-      const auto mo = compare(vb.o_of(r.o, i, HV, 128), ref.o.data), ms = compare(vb.S_of(r.S, i, HV, 128), ref.S_final.data);
+      const auto mo = compare(vb.o_of(r.o, i, HV, 128), ref.o.data);
+      const auto ms = compare(vb.S_of(r.S, i, HV, 128), ref.S_final.data);
       CAPTURE(i, lens[i], mo.rel_rms, ms.rel_rms);
       REQUIRE(mo.nan_count + mo.inf_count + ms.nan_count + ms.inf_count == 0);
       CHECK(mo.rel_rms <= o_bound(s, ref.o.data));
@@ -793,7 +794,8 @@ TEST_CASE("D = 64, 256: varlen (cu_seqlens) with a last sequence of 1 token equa
       for (int i = 0; i < N; ++i) {
         const KdaInputs s = vb.part(all, i);
         const auto ref = kda_truth(s);
-        const auto mo = compare(vb.o_of(r.o, i, HV, D), ref.o.data), ms = compare(vb.S_of(r.S, i, HV, D), ref.S_final.data);
+        const auto mo = compare(vb.o_of(r.o, i, HV, D), ref.o.data);
+        const auto ms = compare(vb.S_of(r.S, i, HV, D), ref.S_final.data);
         wo = std::max(wo, mo.rel_rms);
         ws = std::max(ws, ms.rel_rms);
         CAPTURE(D, i, lens[i], mo.rel_rms, ms.rel_rms);

@@ -168,8 +168,10 @@ TEST_CASE("pair step varlen (cu_seqlens, a last sequence of 1 token) equals per-
     double worst_o = 0, worst_s = 0;
     for (int i = 0; i < N; ++i) {
       const auto ref = kda_truth(vb.part(all, i));
-      const auto mo = compare(vb.o_of(r2.o, i, HV, Dm), ref.o.data), ms = compare(vb.S_of(r2.S, i, HV, Dm), ref.S_final.data);
-      const auto mo1 = compare(vb.o_of(r1.o, i, HV, Dm), ref.o.data), ms1 = compare(vb.S_of(r1.S, i, HV, Dm), ref.S_final.data);
+      const auto mo = compare(vb.o_of(r2.o, i, HV, Dm), ref.o.data);
+      const auto ms = compare(vb.S_of(r2.S, i, HV, Dm), ref.S_final.data);
+      const auto mo1 = compare(vb.o_of(r1.o, i, HV, Dm), ref.o.data);
+      const auto ms1 = compare(vb.S_of(r1.S, i, HV, Dm), ref.S_final.data);
       CAPTURE(i, lens[i], mo.rel_rms, mo1.rel_rms, ms.rel_rms, ms1.rel_rms);
       REQUIRE(mo.nan_count + mo.inf_count + ms.nan_count + ms.inf_count == 0);
       CHECK(mo.rel_rms <= pair_bound(mo1.rel_rms, tol::kda_bf16_goal.value));
