@@ -7,6 +7,7 @@
 
 #include "kernels/kda_common.cuh"
 #include "kernels/kda_pair.cuh"
+#include "kernels/kda_prepare_phases.cuh"
 
 namespace kdalab::kernels {
 
@@ -32,40 +33,10 @@ struct PairParams {
   unsigned char* ws;
 };
 
-struct Seq {
-  int bidx, bos, len;
-  long long slot0;
-};
+using prep::Seq;
 
-/// Thread = channel i (0..127, whole warps) holding the column X[r] = M[r][i] of a 16 x 128 matrix M: writes M
-/// as bf16 A fragments of mma.m16n8k16 in KdaSlot::W's order (uint4 (kt, lane = 4 g + tq) = {(g, c0), (g + 8,
-/// c0), (g, c0 + 8), (g + 8, c0 + 8)} column pairs, c0 = 16 kt + 2 tq, column c0 in the low half; the same
-/// instructions as kda_prefill.cu's store_afrag_col). Channels i and i ^ 1 swap 8 values.
-__device__ __forceinline__ void pair_store_afrag(uint4* frag, const float (&X)[C], int i) {
-  const int par = i & 1, kt = i / 16, hh = (i % 16) / 8, tq = (i % 8) / 2;
-#pragma unroll
-  for (int gg = 0; gg < 4; ++gg) {
-    // send the partner its rows (4 (1 - par) + gg, + 8), receive mine (4 par + gg, + 8) of its channel
-    const float s0 = par ? X[gg] : X[gg + 4], s1 = par ? X[gg + 8] : X[gg + 12];
-    const float y0 = __shfl_xor_sync(0xffffffffu, s0, 1), y1 = __shfl_xor_sync(0xffffffffu, s1, 1);
-    const float x0 = par ? X[gg + 4] : X[gg], x1 = par ? X[gg + 12] : X[gg + 8];
-    const std::uint32_t w0 = par ? pack_bf16(y0, x0) : pack_bf16(x0, y0);  // even channel in the low half
-    const std::uint32_t w1 = par ? pack_bf16(y1, x1) : pack_bf16(x1, y1);
-    const int g = 4 * par + gg;
-    reinterpret_cast<uint2*>(frag + kt * 32 + g * 4 + tq)[hh] = make_uint2(w0, w1);
-  }
-}
-
-/// Thread = channel n holding X[r] = K[r][n] (r = row of a 16-row k-step): writes bf16 B fragments of
-/// mma.m16n8k16 (k = row, n = key channel) in KdaSlot::Kd's order: uint4 (kt, lane = 4 gq + tq) =
-/// {(2tq, 2tq+1) @ n0, (2tq+8, 2tq+9) @ n0, the same @ n0 + 8}, n0 = 16 kt + gq.
-__device__ __forceinline__ void pair_store_bfrag(uint4* frag, const float (&X)[C], int n) {
-  const int kt = n / 16, gq = n % 8, hh = (n % 16) / 8;
-#pragma unroll
-  for (int tq = 0; tq < 4; ++tq)
-    reinterpret_cast<uint2*>(frag + kt * 32 + gq * 4 + tq)[hh] =
-        make_uint2(pack_bf16(X[2 * tq], X[2 * tq + 1]), pack_bf16(X[2 * tq + 8], X[2 * tq + 9]));
-}
+// The bf16 A / B fragment stores (prep::store_afrag_col, prep::store_bfrag_col) and prepare v6's phases (prep::):
+// kernels/kda_prepare_phases.cuh.
 
 // ---- the two-chunk ("pair") step (KdaPrefillArgs::pair_chunks; D = 128; bench/NOTES.md "KDA pair step (kernel)") --
 // The state pass advances S by 32 tokens per dependent step. Per pair of chunks c = 2p, c + 1 (c + 1 past the
@@ -82,19 +53,7 @@ __device__ __forceinline__ void pair_store_bfrag(uint4* frag, const float (&X)[C
 /// Sequence n's tokens and its first pair slot (pairs of 2 C = 32 tokens; seq_info's rule with 32 for 16:
 /// slot0 = n + bos / 32 leaves ceil(len / 32) slots per sequence with cu_seqlens).
 __device__ __forceinline__ Seq pair_seq_info(const PairParams& p, int n) {
-  Seq s;
-  if (p.cu) {
-    s.bidx = 0;
-    s.bos = p.cu[n];
-    s.len = p.cu[n + 1] - s.bos;
-    s.slot0 = static_cast<long long>(n) + s.bos / (2 * C);
-  } else {
-    s.bidx = n;
-    s.bos = 0;
-    s.len = p.T;
-    s.slot0 = static_cast<long long>(n) * p.npair_fixed;
-  }
-  return s;
+  return prep::seq_of<2 * C, &PairParams::npair_fixed>(p, n);
 }
 
 /// Dynamic shared-memory plan of the pair prepare (512 threads: half h = tid / 256 does chunk c + h with prepare
@@ -138,7 +97,6 @@ static_assert(2 * (PrepPair::bytes + 1024) <= 228 * 1024, "pair prepare: 2 CTAs 
 // Half 0's chunk runs prepare v6's arithmetic in v6's order (its A, P, W, U, Qg, Kd are v6's).
 __global__ void __launch_bounds__(512, 2) kda_prepare_pair_kernel(PairParams p) {
   constexpr int D = D128, DP = PrepPair::DP, XP = PrepPair::XP;
-  constexpr int NHF = D / 64;  // 64-channel blocks a loading thread covers (4 channels each), as v6
   using PS = KdaPairSlot;
   extern __shared__ __align__(16) unsigned char dyn_smem[];
   const int pp = blockIdx.x, hv = blockIdx.y, n = blockIdx.z, tid = threadIdx.x;
@@ -166,93 +124,22 @@ __global__ void __launch_bounds__(512, 2) kda_prepare_pair_kernel(PairParams p) 
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
 
   // ---- 1. load (8-byte loads of channels 4j..4j+3, 64+4j..), fusions: prepare v6's code on chunk c + half ----
-  {
-    const int r = ltid / 16, j = ltid % 16;
-    const bool ok = r < nvalid;
-    const long long tt = sq.bos + t0 + r;
-    float fq[4 * NHF], fk[4 * NHF], fv[4 * NHF], fg[4 * NHF];  // [4 hf + e] = channel 4j + 64 hf + e
-    if (ok) {
-#pragma unroll
-      for (int hf = 0; hf < NHF; ++hf) {
-        const int cc = 4 * j + 64 * hf;
-        unpack4(*reinterpret_cast<const uint2*>(p.q + sq.bidx * p.sq.b + tt * p.sq.t + h * p.sq.h + cc), fq + 4 * hf);
-        unpack4(*reinterpret_cast<const uint2*>(p.k + sq.bidx * p.sk.b + tt * p.sk.t + h * p.sk.h + cc), fk + 4 * hf);
-        unpack4(*reinterpret_cast<const uint2*>(p.v + sq.bidx * p.sv.b + tt * p.sv.t + hv * p.sv.h + cc), fv + 4 * hf);
-        unpack4(*reinterpret_cast<const uint2*>(p.g + sq.bidx * p.sg.b + tt * p.sg.t + hv * p.sg.h + cc), fg + 4 * hf);
-      }
-    } else {
-#pragma unroll
-      for (int e = 0; e < 4 * NHF; ++e) fq[e] = fk[e] = fv[e] = fg[e] = 0.0f;
-    }
-    if (p.l2norm) {
-      float nq = 0, nk = 0;
-#pragma unroll
-      for (int e = 0; e < 4 * NHF; ++e) { nq += fq[e] * fq[e]; nk += fk[e] * fk[e]; }
-#pragma unroll
-      for (int m = 8; m >= 1; m >>= 1) {
-        nq += __shfl_xor_sync(0xffffffffu, nq, m);
-        nk += __shfl_xor_sync(0xffffffffu, nk, m);
-      }
-      const float iq = inv_l2norm(nq), ik = inv_l2norm(nk);
-#pragma unroll
-      for (int e = 0; e < 4 * NHF; ++e) { fq[e] *= iq; fk[e] *= ik; }
-    }
-    if (p.fuse_gate && ok) {
-      const float ea = expf(p.A_log[hv]);
-#pragma unroll
-      for (int hf = 0; hf < NHF; ++hf) {
-        const float4 b = *reinterpret_cast<const float4*>(p.bias + hv * D + 4 * j + 64 * hf);
-        const float bb[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) fg[4 * hf + e] = k3_gate(fg[4 * hf + e], ea, bb[e], p.g_min);
-      }
-    }
-#pragma unroll
-    for (int hf = 0; hf < NHF; ++hf) {
-      const int cc = 4 * j + 64 * hf, o = 4 * hf;
-      *reinterpret_cast<float4*>(&sQ[r][cc]) = make_float4(fq[o], fq[o + 1], fq[o + 2], fq[o + 3]);
-      *reinterpret_cast<float4*>(&sK[r][cc]) = make_float4(fk[o], fk[o + 1], fk[o + 2], fk[o + 3]);
-      *reinterpret_cast<float4*>(&sV[r][cc]) = make_float4(fv[o], fv[o + 1], fv[o + 2], fv[o + 3]);
-      *reinterpret_cast<float4*>(&sKi[r][cc]) = make_float4(fg[o], fg[o + 1], fg[o + 2], fg[o + 3]);
-    }
-    if (ltid < C) {
-      float b = 0.0f;
-      if (ltid < nvalid) {
-        const long long tb = sq.bos + t0 + ltid;
-        b = beta_of(bf2f(p.beta[sq.bidx * p.sbeta.b + tb * p.sbeta.t + hv * p.sbeta.h]), p.beta_sigmoid);
-      }
-      sBeta[half][ltid] = b;
-    }
-  }
+  prep::load_fuse<D>(p, sq, t0, nvalid, h, hv, ltid, sQ, sK, sV, sKi, sBeta[half]);
   __syncthreads();
   // ---- 2. cumulative decay per channel (v6's arithmetic); Qg_c, Kd_{c+1} fragments; Kd_c to smem ----
   if (ltid < D) {
     const int i = ltid;
-    float G = 0.0f, gam[C];
-#pragma unroll
-    for (int r = 0; r < C; ++r) {
-      G += sKi[r][i];  // g; rows past nvalid carry g = 0: gam stays (an all-padding chunk: gam = 1)
-      gam[r] = expf(G);
-    }
-    const float gn = gam[C - 1];
+    float gam[C];
+    const float gn = prep::decay_gamma(sKi, i, gam);  // sKi holds g here (an all-padding chunk: gam = 1)
     sGn[half][i] = gn;
     float qg[C], kd[C];
-#pragma unroll
-    for (int r = 0; r < C; ++r) {
-      const float kk = sK[r][i];
-      const float rg = __fdividef(1.0f, gam[r]);  // v6's one fast reciprocal (gam >= exp(16 g_min) is normal)
-      qg[r] = sQ[r][i] * gam[r];
-      sQ[r][i] = qg[r];
-      sK[r][i] = kk * gam[r];
-      sKi[r][i] = kk * rg;
-      kd[r] = kk * (gn * rg);
-    }
+    prep::decay_apply(sQ, sK, sKi, i, gam, gn, qg, kd);  // v6's one fast reciprocal of gam
     if (half == 0) {
-      pair_store_afrag(reinterpret_cast<uint4*>(slot + PS::Qg2), qg, i);  // m-tile 0 = Qg_c
+      prep::store_afrag_col(reinterpret_cast<uint4*>(slot + PS::Qg2), qg, i);  // m-tile 0 = Qg_c
 #pragma unroll
       for (int r = 0; r < C; ++r) sKd0[r][i] = kd[r];
     } else {
-      pair_store_bfrag(reinterpret_cast<uint4*>(slot + PS::Kd2) + 8 * 32, kd, i);  // k-step 1 = Kd_{c+1}
+      prep::store_bfrag_col(reinterpret_cast<uint4*>(slot + PS::Kd2) + 8 * 32, kd, i);  // k-step 1 = Kd_{c+1}
     }
   }
   __syncthreads();
@@ -265,12 +152,12 @@ __global__ void __launch_bounds__(512, 2) kda_prepare_pair_kernel(PairParams p) 
       const float gq = sGn[1][i];
 #pragma unroll
       for (int r = 0; r < C; ++r) x[r] = sKd0[r][i] * gq;
-      pair_store_bfrag(reinterpret_cast<uint4*>(slot + PS::Kd2), x, i);  // k-step 0 = Kt
+      prep::store_bfrag_col(reinterpret_cast<uint4*>(slot + PS::Kd2), x, i);  // k-step 0 = Kt
       reinterpret_cast<float*>(slot + PS::gam_n2)[i] = gp * gq;
     } else {
 #pragma unroll
       for (int r = 0; r < C; ++r) x[r] = sQ[r][i] * gp;  // sQ = Qg_{c+1} in half 1
-      pair_store_afrag(reinterpret_cast<uint4*>(slot + PS::Qg2) + 8 * 32, x, i);  // m-tile 1 = Qb
+      prep::store_afrag_col(reinterpret_cast<uint4*>(slot + PS::Qg2) + 8 * 32, x, i);  // m-tile 1 = Qb
     }
   }
   // ---- 3. A = Kg Ki^T and P = Qg Ki^T per chunk: v6's tf32 3-pass mma, warp wl of a half sums channels
@@ -278,87 +165,27 @@ __global__ void __launch_bounds__(512, 2) kda_prepare_pair_kernel(PairParams p) 
   {
     const int wl = warp & 7;
     float acc[2][2][4] = {};  // [A | P][n-tile: s in 8 nt ..][C fragment]
-#pragma unroll
-    for (int ks = 0; ks < 2; ++ks) {
-      const int cb = 16 * wl + 8 * ks + t;
-      std::uint32_t kh[4], kl[4], qh[4], ql[4];
-      split_tf32(sK[g][cb], kh[0], kl[0]);
-      split_tf32(sK[g + 8][cb], kh[1], kl[1]);
-      split_tf32(sK[g][cb + 4], kh[2], kl[2]);
-      split_tf32(sK[g + 8][cb + 4], kh[3], kl[3]);
-      split_tf32(sQ[g][cb], qh[0], ql[0]);
-      split_tf32(sQ[g + 8][cb], qh[1], ql[1]);
-      split_tf32(sQ[g][cb + 4], qh[2], ql[2]);
-      split_tf32(sQ[g + 8][cb + 4], qh[3], ql[3]);
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        std::uint32_t bh[2], bl[2];  // B[k][s] = Ki[s][k]
-        split_tf32(sKi[8 * nt + g][cb], bh[0], bl[0]);
-        split_tf32(sKi[8 * nt + g][cb + 4], bh[1], bl[1]);
-        mma_tf32(acc[0][nt], kl, bh);
-        mma_tf32(acc[0][nt], kh, bl);
-        mma_tf32(acc[0][nt], kh, bh);
-        mma_tf32(acc[1][nt], ql, bh);
-        mma_tf32(acc[1][nt], qh, bl);
-        mma_tf32(acc[1][nt], qh, bh);
-      }
-    }
+    prep::ap_mma<2>(sK, sQ, sKi, 16 * wl, g, t, acc);
     __syncthreads();  // every warp is done reading Qg_c, Ki_c (and 2b's reads): half 0's partial tiles go over them
     float2* red = half == 0 ? reinterpret_cast<float2*>(&sT[0][0][0][0]) : reinterpret_cast<float2*>(dyn_smem + PrepPair::red1);
-#pragma unroll
-    for (int pr = 0; pr < 2; ++pr)
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf)
-          red[wl * 256 + ((pr * 2 + nt) * 2 + hf) * 32 + lane] = make_float2(acc[pr][nt][2 * hf], acc[pr][nt][2 * hf + 1]);
+    prep::ap_store_partial(red, wl, lane, acc);
     __syncthreads();
-    // thread ltid sums fragment slot ltid over the half's 8 warps: product pr, n-tile nt, rows g + 8 hf, cols s0, s0 + 1
-    float2 sum = red[ltid];
-#pragma unroll
-    for (int w = 1; w < 8; ++w) {
-      const float2 y = red[w * 256 + ltid];
-      sum.x += y.x;
-      sum.y += y.y;
-    }
-    const int idx = ltid / 32, pr = idx / 4, nt = (idx / 2) & 1, hf = idx & 1;
-    const int r = g + 8 * hf, s0 = 8 * nt + 2 * t;
-    if (pr == 0) {  // A = StrictLower(Diag(beta) Kg Ki^T)
-      const float b = sBeta[half][r];
-      *reinterpret_cast<float2*>(&sA[half][r][s0]) = make_float2(s0 < r ? b * sum.x : 0.0f, s0 + 1 < r ? b * sum.y : 0.0f);
-    } else {  // P = Lower(Qg Ki^T): P_c -> block 0, P_{c+1} -> block 2 (hi + lo bf16 A fragments, word 2 nt + hf)
-      const float p0 = s0 <= r ? sum.x : 0.0f, p1 = s0 + 1 <= r ? sum.y : 0.0f;
-      std::uint32_t hi, lo;
-      split_bf16(p0, p1, hi, lo);
-      unsigned char* pf = slot + PS::Pf2 + 1024 * 2 * half;
-      reinterpret_cast<std::uint32_t*>(pf)[lane * 4 + nt * 2 + hf] = hi;
-      reinterpret_cast<std::uint32_t*>(pf + 512)[lane * 4 + nt * 2 + hf] = lo;
-    }
+    // thread ltid sums fragment slot ltid over the half's 8 warps; A -> sA[half]; P_c -> Pf2 block 0, P_{c+1} ->
+    // block 2 (hi + lo bf16 A fragments, word 2 nt + hf of lane)
+    prep::ap_finish(red, static_cast<unsigned>(ltid), g, t, sA[half], sBeta[half],
+                    [&](int, int, int nt, int hf, float p0, float p1) {
+                      prep::store_Pf<2048>(slot, PS::Pf2, half, lane, nt, hf, p0, p1);
+                    });
   }
   __syncthreads();
   // ---- 4. [W | U] = (I + A)^{-1} [Diag(beta) Kg | Diag(beta) V] (thread = column, v6's order) ----
   {
     const int col = ltid;
     float x[C];
-#pragma unroll
-    for (int r = 0; r < C; ++r) {
-      float acc = sBeta[half][r] * (col < D ? sK[r][col] : sV[r][col - D]);
-      const float4* ar = reinterpret_cast<const float4*>(&sA[half][r][0]);
-#pragma unroll
-      for (int m = 0; m < C / 4; ++m) {
-        if (4 * m < r) {
-          const float4 a4 = ar[m];
-          const float av[4] = {a4.x, a4.y, a4.z, a4.w};
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            if (4 * m + e < r) acc -= av[e] * x[4 * m + e];
-        }
-      }
-      x[r] = acc;
-    }
+    prep::subst<D>(x, sBeta[half], sK, sV, sA[half], col);
     if (half == 0) {
       if (col < D) {
-        pair_store_afrag(reinterpret_cast<uint4*>(slot + PS::W2), x, col);  // m-tile 0 = W_c
+        prep::store_afrag_col(reinterpret_cast<uint4*>(slot + PS::W2), x, col);  // m-tile 0 = W_c
       } else {
         float* U = reinterpret_cast<float*>(slot + PS::U2);
 #pragma unroll
@@ -419,10 +246,7 @@ __global__ void __launch_bounds__(512, 2) kda_prepare_pair_kernel(PairParams p) 
         sMt[s0][r] = sum.x;
         sMt[s0 + 1][r] = sum.y;
       } else {  // Pbl (full block) -> block 1, hi + lo
-        std::uint32_t hi, lo;
-        split_bf16(sum.x, sum.y, hi, lo);
-        reinterpret_cast<std::uint32_t*>(slot + PS::Pf2 + 1024)[lane * 4 + nt * 2 + hf] = hi;
-        reinterpret_cast<std::uint32_t*>(slot + PS::Pf2 + 1024 + 512)[lane * 4 + nt * 2 + hf] = lo;
+        prep::store_Pf(slot, PS::Pf2, 1, lane, nt, hf, sum.x, sum.y);
       }
     }
   }
@@ -448,7 +272,7 @@ __global__ void __launch_bounds__(512, 2) kda_prepare_pair_kernel(PairParams p) 
       }
     }
     if (col < D) {
-      pair_store_afrag(reinterpret_cast<uint4*>(slot + PS::W2) + 8 * 32, x, col);  // m-tile 1 = Wb
+      prep::store_afrag_col(reinterpret_cast<uint4*>(slot + PS::W2) + 8 * 32, x, col);  // m-tile 1 = Wb
     } else {
       float* U = reinterpret_cast<float*>(slot + PS::U2);
 #pragma unroll

@@ -32,6 +32,7 @@
 
 #include "kernels/kda_common.cuh"
 #include "kernels/kda_pair.cuh"
+#include "kernels/kda_prepare_phases.cuh"
 
 namespace kdalab::kernels {
 
@@ -79,25 +80,9 @@ struct Params {
   float* seg_B;  // [P - 1][N][HV][D][D] fp32: B_seg of segments 0 .. P-2
 };
 
-struct Seq {
-  int bidx, bos, len;
-  long long slot0;
-};
-__device__ __forceinline__ Seq seq_info(const Params& p, int n) {
-  Seq s;
-  if (p.cu) {
-    s.bidx = 0;
-    s.bos = p.cu[n];
-    s.len = p.cu[n + 1] - s.bos;
-    s.slot0 = static_cast<long long>(n) + s.bos / C;
-  } else {
-    s.bidx = n;
-    s.bos = 0;
-    s.len = p.T;
-    s.slot0 = static_cast<long long>(n) * p.nchunk_fixed;
-  }
-  return s;
-}
+using prep::Seq;
+/// Sequence n's tokens and its first slot (16-token chunks): kernels/kda_prepare_phases.cuh seq_of.
+__device__ __forceinline__ Seq seq_info(const Params& p, int n) { return prep::seq_of<C, &Params::nchunk_fixed>(p, n); }
 
 __global__ void __launch_bounds__(256) kda_prepare_kernel(Params p) {
   constexpr int D = D128, DP = D128 + 4;  // v4 is D = 128 only
@@ -132,19 +117,7 @@ __global__ void __launch_bounds__(256) kda_prepare_kernel(Params p) {
 #pragma unroll
       for (int i = 0; i < 8; ++i) fq[i] = fk[i] = fv[i] = fg[i] = 0.0f;
     }
-    if (p.l2norm) {
-      float nq = 0, nk = 0;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) { nq += fq[i] * fq[i]; nk += fk[i] * fk[i]; }
-#pragma unroll
-      for (int m = 8; m >= 1; m >>= 1) {
-        nq += __shfl_xor_sync(0xffffffffu, nq, m);
-        nk += __shfl_xor_sync(0xffffffffu, nk, m);
-      }
-      const float iq = inv_l2norm(nq), ik = inv_l2norm(nk);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) { fq[i] *= iq; fk[i] *= ik; }
-    }
+    if (p.l2norm) prep::l2norm_row16(fq, fk);
     if (p.fuse_gate && ok) {
       const float ea = expf(p.A_log[hv]);
       const float4 b0 = *reinterpret_cast<const float4*>(p.bias + hv * D + c8);
@@ -160,14 +133,7 @@ __global__ void __launch_bounds__(256) kda_prepare_kernel(Params p) {
       sV[r][c8 + i] = fv[i];
       sG[r][c8 + i] = fg[i];
     }
-    if (tid < C) {
-      float b = 0.0f;
-      if (tid < nvalid) {
-        const long long tt = sq.bos + t0 + tid;
-        b = beta_of(bf2f(p.beta[sq.bidx * p.sbeta.b + tt * p.sbeta.t + hv * p.sbeta.h]), p.beta_sigmoid);
-      }
-      sBeta[tid] = b;
-    }
+    prep::load_beta(p, sq, t0, nvalid, hv, tid, sBeta);
   }
   __syncthreads();
   // ---- cumulative decay per channel; Qg, Kg, Ki, Kd (thread = channel) ----
@@ -285,36 +251,7 @@ __global__ void __launch_bounds__(256) kda_prepare_kernel(Params p) {
 // Bit-identical to v4: Qg, Kd, gam_n. Within the tf32 3-pass rounding of v4: A, P (fp32 and hi/lo),
 // hence W, U (GPU test "prepare v6 slots vs prepare v4" prints the differences).
 
-/// Thread = channel i (0..127, whole warps) holding the column X[r] = M[r][i] of a 16 x 128 matrix M:
-/// writes M as the bf16 A fragments of mma.m16n8k16 that kda_prepare_kernel writes (uint4 (kt, lane =
-/// 4 g + tq) = {(g, c0), (g + 8, c0), (g, c0 + 8), (g + 8, c0 + 8)} column pairs, c0 = 16 kt + 2 tq,
-/// column c0 in the low half). Channels i and i ^ 1 swap 8 values; the even one writes rows g = 0..3,
-/// the odd one g = 4..7 (8-byte stores).
-__device__ __forceinline__ void store_afrag_col(uint4* frag, const float (&X)[C], int i) {
-  const int par = i & 1, kt = i / 16, hh = (i % 16) / 8, tq = (i % 8) / 2;
-#pragma unroll
-  for (int gg = 0; gg < 4; ++gg) {
-    // send the partner its rows (4 (1 - par) + gg, + 8), receive mine (4 par + gg, + 8) of its channel
-    const float s0 = par ? X[gg] : X[gg + 4], s1 = par ? X[gg + 8] : X[gg + 12];
-    const float y0 = __shfl_xor_sync(0xffffffffu, s0, 1), y1 = __shfl_xor_sync(0xffffffffu, s1, 1);
-    const float x0 = par ? X[gg + 4] : X[gg], x1 = par ? X[gg + 12] : X[gg + 8];
-    const std::uint32_t w0 = par ? pack_bf16(y0, x0) : pack_bf16(x0, y0);  // even channel in the low half
-    const std::uint32_t w1 = par ? pack_bf16(y1, x1) : pack_bf16(x1, y1);
-    const int g = 4 * par + gg;
-    reinterpret_cast<uint2*>(frag + kt * 32 + g * 4 + tq)[hh] = make_uint2(w0, w1);
-  }
-}
-
-/// Thread = channel n holding X[r] = Kd[r][n]: writes the bf16 B fragments of mma.m16n8k16 (k = chunk
-/// row, n = key channel) that kda_prepare_kernel writes: uint4 (kt, lane = 4 gq + tq) =
-/// {(2tq, 2tq+1) @ n0, (2tq+8, 2tq+9) @ n0, the same @ n0 + 8}, n0 = 16 kt + gq.
-__device__ __forceinline__ void store_bfrag_col(uint4* frag, const float (&X)[C], int n) {
-  const int kt = n / 16, gq = n % 8, hh = (n % 16) / 8;
-#pragma unroll
-  for (int tq = 0; tq < 4; ++tq)
-    reinterpret_cast<uint2*>(frag + kt * 32 + gq * 4 + tq)[hh] =
-        make_uint2(pack_bf16(X[2 * tq], X[2 * tq + 1]), pack_bf16(X[2 * tq + 8], X[2 * tq + 9]));
-}
+// store_afrag_col / store_bfrag_col (the Qg, W and Kd fragment stores): kernels/kda_prepare_phases.cuh.
 
 /// Shared-memory plan of prepare v6 for d_k = d_v = D: four 16 x (D + 4) fp32 tiles (static up to D = 128;
 /// dynamic at D = 256, where they are 66.6 KB, above the 48 KB static limit), A (1 KB), beta; the 8 warps'
@@ -340,7 +277,6 @@ template <int D>
 __global__ void __launch_bounds__(256, D == 256 ? 3 : 4) kda_prepare_v6_kernel(Params p) {
   static_assert(D == 64 || D == 128 || D == 256, "prepare v6: D = 64, 128 or 256");
   constexpr int DP = PrepV6<D>::DP;
-  constexpr int NHF = D / 64;  // 64-channel blocks a loading thread covers (4 channels each)
   constexpr int CPW = D / 8;   // channels per warp in the A / P products (8 per k-step)
   using SL = Slot<D>;  // (static members, not local constants: a lambda's capture of those changed the D = 128 PTX)
   const int c = blockIdx.x + p.chunk_base, hv = blockIdx.y, n = blockIdx.z, tid = threadIdx.x;
@@ -369,123 +305,25 @@ __global__ void __launch_bounds__(256, D == 256 ? 3 : 4) kda_prepare_v6_kernel(P
   unsigned char* slot = p.ws + ((sq.slot0 + c) * p.HV + hv) * static_cast<long long>(SL::bytes);
 
   // ---- load (8-byte loads of channels 4j..4j+3, 64+4j.., ...), fusions (as v4) ----
-  {
-    const int r = tid / 16, j = tid % 16;
-    const bool ok = r < nvalid;
-    const long long t = sq.bos + t0 + r;
-    float fq[4 * NHF], fk[4 * NHF], fv[4 * NHF], fg[4 * NHF];  // [4 hf + e] = channel 4j + 64 hf + e
-    if (ok) {
-#pragma unroll
-      for (int hf = 0; hf < NHF; ++hf) {
-        const int cc = 4 * j + 64 * hf;
-        unpack4(*reinterpret_cast<const uint2*>(p.q + sq.bidx * p.sq.b + t * p.sq.t + h * p.sq.h + cc), fq + 4 * hf);
-        unpack4(*reinterpret_cast<const uint2*>(p.k + sq.bidx * p.sk.b + t * p.sk.t + h * p.sk.h + cc), fk + 4 * hf);
-        unpack4(*reinterpret_cast<const uint2*>(p.v + sq.bidx * p.sv.b + t * p.sv.t + hv * p.sv.h + cc), fv + 4 * hf);
-        unpack4(*reinterpret_cast<const uint2*>(p.g + sq.bidx * p.sg.b + t * p.sg.t + hv * p.sg.h + cc), fg + 4 * hf);
-      }
-    } else {
-#pragma unroll
-      for (int e = 0; e < 4 * NHF; ++e) fq[e] = fk[e] = fv[e] = fg[e] = 0.0f;
-    }
-    if (p.l2norm) {
-      float nq = 0, nk = 0;
-#pragma unroll
-      for (int e = 0; e < 4 * NHF; ++e) { nq += fq[e] * fq[e]; nk += fk[e] * fk[e]; }
-#pragma unroll
-      for (int m = 8; m >= 1; m >>= 1) {
-        nq += __shfl_xor_sync(0xffffffffu, nq, m);
-        nk += __shfl_xor_sync(0xffffffffu, nk, m);
-      }
-      const float iq = inv_l2norm(nq), ik = inv_l2norm(nk);
-#pragma unroll
-      for (int e = 0; e < 4 * NHF; ++e) { fq[e] *= iq; fk[e] *= ik; }
-    }
-    if (p.fuse_gate && ok) {
-      const float ea = expf(p.A_log[hv]);
-#pragma unroll
-      for (int hf = 0; hf < NHF; ++hf) {
-        const float4 b = *reinterpret_cast<const float4*>(p.bias + hv * D + 4 * j + 64 * hf);
-        const float bb[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) fg[4 * hf + e] = k3_gate(fg[4 * hf + e], ea, bb[e], p.g_min);
-      }
-    }
-#pragma unroll
-    for (int hf = 0; hf < NHF; ++hf) {
-      const int cc = 4 * j + 64 * hf, o = 4 * hf;
-      *reinterpret_cast<float4*>(&sQ[r][cc]) = make_float4(fq[o], fq[o + 1], fq[o + 2], fq[o + 3]);
-      *reinterpret_cast<float4*>(&sK[r][cc]) = make_float4(fk[o], fk[o + 1], fk[o + 2], fk[o + 3]);
-      *reinterpret_cast<float4*>(&sV[r][cc]) = make_float4(fv[o], fv[o + 1], fv[o + 2], fv[o + 3]);
-      *reinterpret_cast<float4*>(&sKi[r][cc]) = make_float4(fg[o], fg[o + 1], fg[o + 2], fg[o + 3]);
-    }
-    if (tid < C) {
-      float b = 0.0f;
-      if (tid < nvalid) {
-        const long long tt = sq.bos + t0 + tid;
-        b = beta_of(bf2f(p.beta[sq.bidx * p.sbeta.b + tt * p.sbeta.t + hv * p.sbeta.h]), p.beta_sigmoid);
-      }
-      sBeta[tid] = b;
-    }
-  }
+  prep::load_fuse<D>(p, sq, t0, nvalid, h, hv, tid, sQ, sK, sV, sKi, sBeta);
   __syncthreads();
   // ---- cumulative decay per channel (thread = channel, as v4); Qg, Kd fragments and gam_n to the slot ----
   if (tid < D) {
     const int i = tid;
-    float G = 0.0f, gam[C];
-#pragma unroll
-    for (int r = 0; r < C; ++r) {
-      G += sKi[r][i];  // g; rows past nvalid carry g = 0: gam stays, gam[C-1] = gam_n
-      gam[r] = expf(G);
-    }
-    const float gn = gam[C - 1];
+    float gam[C];
+    const float gn = prep::decay_gamma(sKi, i, gam);  // sKi holds g here
     reinterpret_cast<float*>(slot + SL::gam_n)[i] = gn;
     float qg[C], kd[C];
-#pragma unroll
-    for (int r = 0; r < C; ++r) {
-      const float kk = sK[r][i];
-      // one fast reciprocal (MUFU.RCP, <= 1 ulp; gam >= exp(16 g_min) = 1.8e-35 is a normal number) instead of
-      // two IEEE divisions (k / gam, gn / gam: ~9 instructions and a slow-path branch each; session 5): Ki and Kd
-      // are within ~2 ulp of the divisions' results, fp32-class
-      const float rg = __fdividef(1.0f, gam[r]);
-      qg[r] = sQ[r][i] * gam[r];
-      sQ[r][i] = qg[r];
-      sK[r][i] = kk * gam[r];
-      sKi[r][i] = kk * rg;
-      kd[r] = kk * (gn * rg);
-    }
-    store_afrag_col(reinterpret_cast<uint4*>(slot + SL::Qg), qg, i);
-    store_bfrag_col(reinterpret_cast<uint4*>(slot + SL::Kd), kd, i);
+    prep::decay_apply(sQ, sK, sKi, i, gam, gn, qg, kd);
+    prep::store_afrag_col(reinterpret_cast<uint4*>(slot + SL::Qg), qg, i);
+    prep::store_bfrag_col(reinterpret_cast<uint4*>(slot + SL::Kd), kd, i);
   }
   __syncthreads();
   // ---- A = Kg Ki^T and P = Qg Ki^T: tf32 3-pass mma, warp w sums channels [CPW w, CPW w + CPW) ----
   {
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     float acc[2][2][4] = {};  // [A | P][n-tile: s in 8 nt ..][C fragment]
-#pragma unroll
-    for (int ks = 0; ks < CPW / 8; ++ks) {
-      const int cb = CPW * warp + 8 * ks + t;
-      std::uint32_t kh[4], kl[4], qh[4], ql[4];
-      split_tf32(sK[g][cb], kh[0], kl[0]);
-      split_tf32(sK[g + 8][cb], kh[1], kl[1]);
-      split_tf32(sK[g][cb + 4], kh[2], kl[2]);
-      split_tf32(sK[g + 8][cb + 4], kh[3], kl[3]);
-      split_tf32(sQ[g][cb], qh[0], ql[0]);
-      split_tf32(sQ[g + 8][cb], qh[1], ql[1]);
-      split_tf32(sQ[g][cb + 4], qh[2], ql[2]);
-      split_tf32(sQ[g + 8][cb + 4], qh[3], ql[3]);
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        std::uint32_t bh[2], bl[2];  // B[k][s] = Ki[s][k]
-        split_tf32(sKi[8 * nt + g][cb], bh[0], bl[0]);
-        split_tf32(sKi[8 * nt + g][cb + 4], bh[1], bl[1]);
-        mma_tf32(acc[0][nt], kl, bh);
-        mma_tf32(acc[0][nt], kh, bl);
-        mma_tf32(acc[0][nt], kh, bh);
-        mma_tf32(acc[1][nt], ql, bh);
-        mma_tf32(acc[1][nt], qh, bl);
-        mma_tf32(acc[1][nt], qh, bh);
-      }
-    }
+    prep::ap_mma<CPW / 8>(sK, sQ, sKi, CPW * warp, g, t, acc);
     __syncthreads();  // every warp is done reading Qg and Ki: their space takes the partial tiles
     float2* red;
     if constexpr (PrepV6<D>::red_in_tiles) {
@@ -494,35 +332,13 @@ __global__ void __launch_bounds__(256, D == 256 ? 3 : 4) kda_prepare_v6_kernel(P
       __shared__ __align__(16) float2 red_static[8 * 256];
       red = red_static;
     }
-#pragma unroll
-    for (int pr = 0; pr < 2; ++pr)
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf)
-          red[warp * 256 + ((pr * 2 + nt) * 2 + hf) * 32 + lane] = make_float2(acc[pr][nt][2 * hf], acc[pr][nt][2 * hf + 1]);
+    prep::ap_store_partial(red, warp, lane, acc);
     __syncthreads();
-    // thread tid sums fragment slot tid over the warps: product pr, n-tile nt, rows g + 8 hf, columns s0, s0 + 1
-    float2 sum = red[tid];
-#pragma unroll
-    for (int w = 1; w < 8; ++w) {
-      const float2 x = red[w * 256 + tid];
-      sum.x += x.x;
-      sum.y += x.y;
-    }
-    const int idx = tid / 32, pr = idx / 4, nt = (idx / 2) & 1, hf = idx & 1;
-    const int r = g + 8 * hf, s0 = 8 * nt + 2 * t;
-    if (pr == 0) {  // A = StrictLower(Diag(beta) Kg Ki^T)
-      const float b = sBeta[r];
-      *reinterpret_cast<float2*>(&sA[r][s0]) = make_float2(s0 < r ? b * sum.x : 0.0f, s0 + 1 < r ? b * sum.y : 0.0f);
-    } else {  // P = Lower(Qg Ki^T): fp32 (write_p) and hi + lo bf16 A fragments (word 2 nt + hf of lane)
-      const float p0 = s0 <= r ? sum.x : 0.0f, p1 = s0 + 1 <= r ? sum.y : 0.0f;
+    // thread tid sums fragment slot tid over the warps; A -> sA; P: fp32 (write_p) and hi + lo bf16 A fragments
+    prep::ap_finish(red, tid, g, t, sA, sBeta, [&](int r, int s0, int nt, int hf, float p0, float p1) {
       if (p.write_p) *reinterpret_cast<float2*>(slot + SL::P + (r * C + s0) * 4) = make_float2(p0, p1);
-      std::uint32_t hi, lo;
-      split_bf16(p0, p1, hi, lo);
-      reinterpret_cast<std::uint32_t*>(slot + SL::Pf)[lane * 4 + nt * 2 + hf] = hi;
-      reinterpret_cast<std::uint32_t*>(slot + SL::Pf + 512)[lane * 4 + nt * 2 + hf] = lo;
-    }
+      prep::store_Pf(slot, SL::Pf, 0, lane, nt, hf, p0, p1);
+    });
   }
   __syncthreads();
   // ---- [W | U] = (I + A)^{-1} [Diag(beta) Kg | Diag(beta) V] (thread = column, v4's order) ----
@@ -530,24 +346,9 @@ __global__ void __launch_bounds__(256, D == 256 ? 3 : 4) kda_prepare_v6_kernel(P
   // tid and tid + 256 (D = 256). W columns (< D) cover whole warps, as store_afrag_col's shuffles need.
   auto subst = [&](const int col) {
     float x[C];
-#pragma unroll
-    for (int r = 0; r < C; ++r) {
-      float acc = sBeta[r] * (col < D ? sK[r][col] : sV[r][col - D]);
-      const float4* ar = reinterpret_cast<const float4*>(&sA[r][0]);
-#pragma unroll
-      for (int m = 0; m < C / 4; ++m) {
-        if (4 * m < r) {
-          const float4 a4 = ar[m];
-          const float av[4] = {a4.x, a4.y, a4.z, a4.w};
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            if (4 * m + e < r) acc -= av[e] * x[4 * m + e];
-        }
-      }
-      x[r] = acc;
-    }
+    prep::subst<D>(x, sBeta, sK, sV, sA, col);
     if (col < D) {
-      store_afrag_col(reinterpret_cast<uint4*>(slot + SL::W), x, col);
+      prep::store_afrag_col(reinterpret_cast<uint4*>(slot + SL::W), x, col);
     } else {
       float* U = reinterpret_cast<float*>(slot + SL::U);
 #pragma unroll

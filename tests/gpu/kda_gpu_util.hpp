@@ -1,17 +1,23 @@
 #pragma once
-// Helpers of the KDA kernel tests and the bench: device buffers, uploads of KdaInputs in bf16,
-// and a run of the prefill kernel returning o and the final state as doubles.
+// Helpers of the KDA kernel tests (tests/gpu/test_kda_kernels.cpp, test_kda_pair.cpp; the MLA / AttnRes GPU
+// tests use DevBuf and the up/downloads): device buffers, uploads of KdaInputs in bf16, runs of the prefill kernel
+// returning o and the final state as doubles, the float64 truth, varlen batches, prefill-then-decode, one head of
+// the long T = 65536 problems, and the workspace-slot readers of the prepare tests.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <numeric>
+#include <utility>
 #include <vector>
 
 #include "kernels/kda.hpp"
 #include "kernels/random_fill.hpp"
 #include "numerics/bf16.hpp"
 #include "numerics/random.hpp"
+#include "reference/kda.hpp"
 
 namespace kda_gpu {
 using namespace kdalab;
@@ -170,13 +176,9 @@ struct PrefillResult {
   std::vector<double> o, S;
 };
 
-/// Runs the prefill on `a` (o and S_final allocated here, poisoned first) and downloads both.
-inline PrefillResult run_prefill(kernels::KdaPrefillArgs a, std::size_t o_elems, std::size_t s_elems) {
-  DevBuf o(o_elems * 2), S(s_elems * 4);
-  o.poison();
-  S.poison();
-  a.o = o.as<bf16_t>();
-  a.S_final = S.as<float>();
+/// Runs kda_prefill on `a` with a fresh workspace of kda_prefill_workspace_bytes(a), poisoned first, and waits;
+/// with `ws_out`, the workspace bytes are downloaded into it.
+inline void run_on_fresh_workspace(kernels::KdaPrefillArgs a, std::vector<unsigned char>* ws_out = nullptr) {
   const std::size_t wsb = kernels::kda_prefill_workspace_bytes(a);
   DevBuf ws(wsb);
   ws.poison();
@@ -184,8 +186,204 @@ inline PrefillResult run_prefill(kernels::KdaPrefillArgs a, std::size_t o_elems,
   a.workspace_bytes = wsb;
   kernels::kda_prefill(a, nullptr);
   cuda_check(cudaDeviceSynchronize(), "kda_prefill");
+  if (ws_out) {
+    ws_out->resize(wsb);
+    cuda_check(cudaMemcpy(ws_out->data(), ws.p, wsb, cudaMemcpyDeviceToHost), "download workspace");
+  }
+}
+
+/// Runs the prefill on `a` into the caller's o and S (both poisoned first; a fresh poisoned workspace) and waits.
+inline void run_prefill_into(kernels::KdaPrefillArgs a, DevBuf& o, DevBuf& S) {
+  o.poison();
+  S.poison();
+  a.o = o.as<bf16_t>();
+  a.S_final = S.as<float>();
+  run_on_fresh_workspace(a);
+}
+
+/// Runs the prefill on `a` (o and S_final allocated here, poisoned first) and downloads both.
+inline PrefillResult run_prefill(kernels::KdaPrefillArgs a, std::size_t o_elems, std::size_t s_elems) {
+  DevBuf o(o_elems * 2), S(s_elems * 4);
+  run_prefill_into(a, o, S);
   return {download_bf16(o), download_f32(S)};
 }
+
+/// Runs only the prepare kernel of `a` (run_phases = 1, no S_final; o allocated here for the argument checks) on
+/// a poisoned workspace and returns the workspace bytes (kda_prefill_workspace_bytes(a) of them).
+inline std::vector<unsigned char> prepare_workspace(kernels::KdaPrefillArgs a, std::size_t o_elems) {
+  a.run_phases = 1;
+  DevBuf o(o_elems * 2);
+  a.o = o.as<bf16_t>();
+  a.S_final = nullptr;
+  std::vector<unsigned char> h;
+  run_on_fresh_workspace(a, &h);
+  return h;
+}
+
+/// The float64 truth of `in`: the recurrence (reference/kda.hpp kda_recurrent, K3 report Eq. 1) on the derived
+/// q, k, v, g, beta, from S0 (or from S = 0 when use_S0 is false).
+inline KdaOutput<double> kda_truth(const KdaInputs& in, bool use_S0 = true) {
+  Tensor<double> Z(in.S0.shape, 0.0);
+  return kda_recurrent<double>(in.q, in.k, in.v, in.g, in.beta, use_S0 ? &in.S0 : &Z, in.scale);
+}
+
+/// Tokens [bos, bos + len) of a [1, T, ...] tensor.
+inline Tensor<double> slice_tokens(const Tensor<double>& t, std::size_t bos, std::size_t len) {
+  std::vector<std::size_t> shp = t.shape;
+  const std::size_t row = t.numel() / (shp[0] * shp[1]);
+  shp[1] = len;
+  Tensor<double> r(shp);
+  std::copy(t.data.begin() + bos * row, t.data.begin() + (bos + len) * row, r.data.begin());
+  return r;
+}
+
+/// Sequence i of a varlen problem `all` (tokens [cu[i], cu[i + 1]), S0 from the per-sequence S0) as its own problem.
+inline KdaInputs varlen_part(const KdaInputs& all, const Tensor<double>& S0, const std::vector<int>& cu, int i) {
+  const std::size_t HV = all.HV, D = all.d_k, len = cu[i + 1] - cu[i];
+  KdaInputs s = all;
+  s.T = len;
+  for (auto* t : {&s.q, &s.k, &s.v, &s.g, &s.beta, &s.q_raw, &s.k_raw, &s.g_raw, &s.beta_raw})
+    *t = slice_tokens(*t, cu[i], len);
+  s.S0 = Tensor<double>({1, HV, D, D});
+  std::copy(S0.data.begin() + i * HV * D * D, S0.data.begin() + (i + 1) * HV * D * D, s.S0.data.begin());
+  return s;
+}
+
+/// A varlen batch over `all` (B = 1, T = the sum of `lens`): one S0 per sequence ([N, HV, D, D], N(0, 0.1^2) fp32
+/// values from s0_seed; written into all.S0, so upload `all` after this), cu_seqlens on the host and the device.
+struct VarlenBatch {
+  std::vector<int> lens, cu;  // cu: N + 1 offsets
+  int N;
+  Tensor<double> S0;
+  DevBuf dcu;
+  VarlenBatch(KdaInputs& all, std::vector<int> lens_, std::uint64_t s0_seed)
+      : lens(std::move(lens_)), cu(lens.size() + 1, 0), N(static_cast<int>(lens.size())),
+        S0({lens.size(), all.HV, all.d_k, all.d_k}), dcu(cu.size() * 4) {
+    Rng rng(s0_seed);
+    rng.fill_normal(S0, 0.1, Format::fp32);
+    all.S0 = S0;
+    for (int i = 0; i < N; ++i) cu[i + 1] = cu[i] + lens[i];
+    cuda_check(cudaMemcpy(dcu.p, cu.data(), dcu.bytes, cudaMemcpyHostToDevice), "cu_seqlens");
+  }
+  /// Total tokens of `lens`.
+  static int total(const std::vector<int>& lens) { return std::accumulate(lens.begin(), lens.end(), 0); }
+  /// Points `a` at the device cu_seqlens (num_seqs, max_seqlen).
+  void apply(kernels::KdaPrefillArgs& a) const {
+    a.cu_seqlens = dcu.as<int>();
+    a.num_seqs = N;
+    a.max_seqlen = *std::max_element(lens.begin(), lens.end());
+  }
+  /// Sequence i as its own problem (varlen_part).
+  KdaInputs part(const KdaInputs& all, int i) const { return varlen_part(all, S0, cu, i); }
+  /// Sequence i's rows of a kernel output o [T, HV, D] and its block of a final state [N, HV, D, D].
+  std::vector<double> o_of(const std::vector<double>& o, int i, std::size_t HV, std::size_t D) const {
+    return std::vector<double>(o.begin() + cu[i] * HV * D, o.begin() + cu[i + 1] * HV * D);
+  }
+  std::vector<double> S_of(const std::vector<double>& S, int i, std::size_t HV, std::size_t D) const {
+    return std::vector<double>(S.begin() + i * HV * D * D, S.begin() + (i + 1) * HV * D * D);
+  }
+};
+
+/// Prefill of the first T0 tokens of `in` with `a` (from prefill_args(in, d); variant options are the caller's) as a
+/// strided view of d's [B, in.T, ...] buffers, then decode steps T0 .. in.T - 1 (kda_decode: same gate, scale and D)
+/// on the prefill's final state. o [B, in.T, HV, D], the state and the workspace are poisoned first. Returns o
+/// (all in.T rows) and the state after in.T tokens, as doubles.
+inline PrefillResult prefill_then_decode(const KdaInputs& in, const DevInputs& d, kernels::KdaPrefillArgs a,
+                                         std::size_t T0) {
+  const std::size_t B = in.B, H = in.H, HV = in.HV, D = in.d_k;
+  a.T = static_cast<int>(T0);
+  a.sq.b = a.sk.b = static_cast<std::int64_t>(in.T * H * D);
+  a.sv.b = a.sg.b = a.so.b = static_cast<std::int64_t>(in.T * HV * D);
+  a.sbeta.b = static_cast<std::int64_t>(in.T * HV);
+  a.sq.t = a.sk.t = static_cast<std::int64_t>(H * D);
+  a.sv.t = a.sg.t = a.so.t = static_cast<std::int64_t>(HV * D);
+  a.sbeta.t = static_cast<std::int64_t>(HV);
+  DevBuf o(B * in.T * HV * D * 2), S(B * HV * D * D * 4);
+  run_prefill_into(a, o, S);
+  kernels::KdaDecodeArgs dd;
+  dd.B = static_cast<int>(B);
+  dd.H = static_cast<int>(H);
+  dd.HV = static_cast<int>(HV);
+  dd.D = static_cast<int>(D);
+  dd.sq_b = dd.sk_b = static_cast<std::int64_t>(in.T * H * D);
+  dd.sv_b = dd.sg_b = dd.so_b = static_cast<std::int64_t>(in.T * HV * D);
+  dd.sbeta_b = static_cast<std::int64_t>(in.T * HV);
+  dd.gate = a.gate;
+  dd.scale = a.scale;
+  dd.state = S.as<float>();
+  for (std::size_t t = T0; t < in.T; ++t) {
+    dd.q = d.q.as<bf16_t>() + t * H * D;
+    dd.k = d.k.as<bf16_t>() + t * H * D;
+    dd.v = d.v.as<bf16_t>() + t * HV * D;
+    dd.g = d.g.as<bf16_t>() + t * HV * D;
+    dd.beta = d.beta.as<bf16_t>() + t * HV;
+    dd.o = o.as<bf16_t>() + t * HV * D;
+    kernels::kda_decode(dd, nullptr);
+  }
+  cuda_check(cudaDeviceSynchronize(), "prefill + decode");
+  return {download_bf16(o), download_f32(S)};
+}
+
+/// Value head hv of a LongKdaInputs problem as a B = 1, H = HV = 1 problem (heads are independent): its q, k, v,
+/// g, beta, A_log, bias and S0 downloaded from the device, g_min = -5, scale D^-1/2, derived tensors computed.
+inline KdaInputs long_head_inputs(const LongKdaInputs& li, std::size_t hv) {
+  const std::size_t T = li.T, H = li.H, D = li.D;
+  auto mk = [](std::vector<std::size_t> shp, std::vector<double> data) {
+    Tensor<double> t(std::move(shp));
+    if (t.data.size() != data.size()) throw Error("long_head_inputs: tensor size mismatch");
+    t.data = std::move(data);
+    return t;
+  };
+  std::vector<float> A_h(H), bias_h(H * D), S0_h(H * D * D);
+  cuda_check(cudaMemcpy(A_h.data(), li.A_log.p, li.A_log.bytes, cudaMemcpyDeviceToHost), "A_log");
+  cuda_check(cudaMemcpy(bias_h.data(), li.bias.p, li.bias.bytes, cudaMemcpyDeviceToHost), "bias");
+  cuda_check(cudaMemcpy(S0_h.data(), li.S0.p, li.S0.bytes, cudaMemcpyDeviceToHost), "S0");
+  KdaInputs in;
+  in.B = 1; in.T = T; in.H = 1; in.HV = 1; in.d_k = D; in.d_v = D;
+  in.g_min = -5.0;
+  in.scale = 1.0 / std::sqrt(static_cast<double>(D));
+  in.q_raw = mk({1, T, 1, D}, download_head_bf16(li.q.as<bf16_t>(), T, H, hv, D));
+  in.k_raw = mk({1, T, 1, D}, download_head_bf16(li.k.as<bf16_t>(), T, H, hv, D));
+  in.v = mk({1, T, 1, D}, download_head_bf16(li.v.as<bf16_t>(), T, H, hv, D));
+  in.g_raw = mk({1, T, 1, D}, download_head_bf16(li.g.as<bf16_t>(), T, H, hv, D));
+  in.beta_raw = mk({1, T, 1}, download_head_bf16(li.beta.as<bf16_t>(), T, H, hv, 1));
+  in.A_log = mk({1}, std::vector<double>{A_h[hv]});
+  in.bias = mk({1, D}, std::vector<double>(bias_h.begin() + hv * D, bias_h.begin() + (hv + 1) * D));
+  in.S0 = mk({1, 1, D, D}, std::vector<double>(S0_h.begin() + hv * D * D, S0_h.begin() + (hv + 1) * D * D));
+  derive_kda(in);
+  return in;
+}
+
+/// One bf16 / fp32 value of a workspace slot at byte offset `byte` (unaligned reads by memcpy).
+inline double bf16_at(const unsigned char* p, std::size_t byte) {
+  std::uint16_t u;
+  std::memcpy(&u, p + byte, 2);
+  return bf16_from_bits(u);
+}
+inline double f32_at(const unsigned char* p, std::size_t byte) {
+  float f;
+  std::memcpy(&f, p + byte, 4);
+  return f;
+}
+
+/// max |x - ref|, max |ref|, elements, bitwise-different elements and non-finite ones (x or ref) of one workspace
+/// field against a reference; non-finite pairs count only as non-finite.
+struct FieldDiff {
+  const char* name = "";
+  double max_abs = 0, max_ref = 0;
+  std::size_t n = 0, differ = 0, nonfinite = 0;
+  double rel() const { return max_ref > 0 ? max_abs / max_ref : max_abs; }
+  void add(double x, double r) {
+    ++n;
+    if (!std::isfinite(x) || !std::isfinite(r)) {
+      ++nonfinite;
+      return;
+    }
+    if (x != r) ++differ;
+    max_abs = std::max(max_abs, std::fabs(x - r));
+    max_ref = std::max(max_ref, std::fabs(r));
+  }
+};
 
 /// Captures `launch(stream)` into a CUDA graph on a fresh stream, replays the graph `replays` times
 /// and synchronises; the stream, graph and executable graph are released also when a call throws.

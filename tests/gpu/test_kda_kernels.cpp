@@ -21,21 +21,6 @@ using namespace kda_gpu;
 
 namespace {
 
-KdaOutput<double> truth(const KdaInputs& in, bool use_S0 = true) {
-  Tensor<double> Z(in.S0.shape, 0.0);
-  return kda_recurrent<double>(in.q, in.k, in.v, in.g, in.beta, use_S0 ? &in.S0 : &Z, in.scale);
-}
-
-/// Tokens [bos, bos + len) of a [1, T, ...] tensor.
-Tensor<double> slice_tokens(const Tensor<double>& t, std::size_t bos, std::size_t len) {
-  std::vector<std::size_t> shp = t.shape;
-  const std::size_t row = t.numel() / (shp[0] * shp[1]);
-  shp[1] = len;
-  Tensor<double> r(shp);
-  std::copy(t.data.begin() + bos * row, t.data.begin() + (bos + len) * row, r.data.begin());
-  return r;
-}
-
 /// The accuracy bound of a kernel output: the 2.0e-3 goal, or, where the twin (the same algorithm
 /// and precisions on the CPU) itself predicts more (outputs of one or a few tokens, dominated by
 /// Qg S0 with S0 as a bf16 operand), the twin's error plus the 10% twin/kernel agreement margin.
@@ -58,7 +43,7 @@ TEST_CASE("prefill on the ANCHORS.md cases: <= 2.0e-3 vs float64, twin within 10
   for (const auto& cs : cases) {
     const KdaInputs in = make_inputs(cs[0], cs[1], cs[2], 1, 1234);
     const DevInputs d(in);
-    const auto ref = truth(in);
+    const auto ref = kda_truth(in);
     const auto tw = kda_twin(in, kda_plan_kernel());
     const double e_twin = compare(tw.o.data, ref.o.data).rel_rms;
     for (int variant : {3, 2}) {
@@ -89,7 +74,7 @@ TEST_CASE("prefill shapes: T in {1,15,16,17,1000,4096}, B up to 8, HV = 2H, with
     const KdaInputs in = make_inputs(cs.B, cs.T, cs.H, cs.group, fresh_seed());
     const DevInputs d(in);
     const auto r = run_prefill(prefill_args(in, d, cs.S0), in.B * in.T * in.HV * 128, in.B * in.HV * 128 * 128);
-    const auto ref = truth(in, cs.S0);
+    const auto ref = kda_truth(in, cs.S0);
     const auto mo = compare(r.o, ref.o.data), ms = compare(r.S, ref.S_final.data);
     std::printf("kernel shape B=%zu T=%zu H=%zu HV=%zu S0=%d: o %.4e state %.4e\n", cs.B, cs.T, cs.H, in.HV, cs.S0,
                 mo.rel_rms, ms.rel_rms);
@@ -110,7 +95,7 @@ TEST_CASE("overlapped segment schedule is bit-identical to one prepare + one sta
   const auto r_on = run_prefill(a, no, ns);
   a.overlap_segments = false;
   const auto r_off = run_prefill(a, no, ns);
-  const auto ref = truth(in);
+  const auto ref = kda_truth(in);
   const auto mo = compare(r_on.o, ref.o.data);
   std::printf("overlapped schedule B=2 T=4100 HV=2: o %.4e, identical to unsegmented: %d\n", mo.rel_rms,
               static_cast<int>(r_on.o == r_off.o && r_on.S == r_off.S));
@@ -130,7 +115,7 @@ TEST_CASE("v5 compact workspace (no fp32 P) is bit-identical to the v4 workspace
     const auto r5 = run_prefill(a, no, ns);
     a.compact_workspace = false;
     const auto r4 = run_prefill(a, no, ns);
-    const auto mo = compare(r5.o, truth(in).o.data);
+    const auto mo = compare(r5.o, kda_truth(in).o.data);
     std::printf("compact workspace B=%zu T=%zu H=%zu HV=%zu: o %.4e, o identical to v4 layout: %d, S_final identical: %d\n",
                 cs[0], cs[1], cs[2], in.HV, mo.rel_rms, static_cast<int>(r5.o == r4.o), static_cast<int>(r5.S == r4.S));
     REQUIRE(mo.nan_count + mo.inf_count == 0);
@@ -164,7 +149,7 @@ TEST_CASE("v5 segment-parallel state pass (forced) vs float64, twin segment mode
     a.segment_state = 1;
     REQUIRE(kernels::kda_prefill_segments(a) == 1);
     const auto r1 = run_prefill(a, no, ns);
-    const auto ref = truth(in);
+    const auto ref = kda_truth(in);
     KdaTwinPlan tp = kda_plan_kernel();
     tp.segments = static_cast<std::size_t>(cs.P);
     const auto tw = kda_twin(in, tp);
@@ -193,8 +178,6 @@ TEST_CASE("v5 T = 65536, H = 32 (segment path P = 3; auto -> one-shot key split)
   const std::size_t T = 65536, H = 32, D = 128;
   LongKdaInputs li(T, H, D, fresh_seed());
   const std::size_t nq = li.nq;
-  [[maybe_unused]] DevBuf &q = li.q, &k = li.k, &v = li.v, &g = li.g, &beta = li.beta, &A_log = li.A_log,
-                           &bias = li.bias, &S0 = li.S0;
   kernels::KdaPrefillArgs a = li.a;
   // the auto rule (segment_state = 0) took this segment path (P = 3) until session 6; it now takes the one-shot
   // schedule with the key-split state kernel here (measured faster): both are checked
@@ -211,21 +194,10 @@ TEST_CASE("v5 T = 65536, H = 32 (segment path P = 3; auto -> one-shot key split)
   a.segment_state = 3;
   const int P = kernels::kda_prefill_segments(a);
   DevBuf o(nq * 2), Sf(H * D * D * 4), o1(nq * 2), Sf1(H * D * D * 4), oa(nq * 2), Sfa(H * D * D * 4);
-  o.poison(); Sf.poison(); o1.poison(); Sf1.poison(); oa.poison(); Sfa.poison();
-  auto run = [&](kernels::KdaPrefillArgs x, DevBuf& ob, DevBuf& sb) {
-    x.o = ob.as<bf16_t>();
-    x.S_final = sb.as<float>();
-    DevBuf ws(kernels::kda_prefill_workspace_bytes(x));
-    ws.poison();
-    x.workspace = ws.p;
-    x.workspace_bytes = ws.bytes;
-    kernels::kda_prefill(x, nullptr);
-    cuda_check(cudaDeviceSynchronize(), "kda_prefill T=65536");
-  };
-  run(a, o, Sf);
+  run_prefill_into(a, o, Sf);
   auto a1 = a;
   a1.segment_state = 1;
-  run(a1, o1, Sf1);
+  run_prefill_into(a1, o1, Sf1);
   {
     const auto all_s = download_bf16(o), all_1 = download_bf16(o1);
     const auto mo = compare(all_s, all_1);
@@ -237,7 +209,7 @@ TEST_CASE("v5 T = 65536, H = 32 (segment path P = 3; auto -> one-shot key split)
   {  // the auto rule's one-shot key-split pass vs the one-shot v3 pass (only the fp32 order of W S, Qg S differs)
     auto aa = a;
     aa.segment_state = 0;
-    run(aa, oa, Sfa);
+    run_prefill_into(aa, oa, Sfa);
     const auto m_o = compare(download_bf16(oa), download_bf16(o1)), m_s = compare(download_f32(Sfa), download_f32(Sf1));
     std::printf("T=65536 H=32: auto (one-shot key split) vs one-shot v3, all heads: o %.3e S_final %.3e, nan %zu\n",
                 m_o.rel_rms, m_s.rel_rms, static_cast<std::size_t>(m_o.nan_count + m_s.nan_count));
@@ -245,33 +217,12 @@ TEST_CASE("v5 T = 65536, H = 32 (segment path P = 3; auto -> one-shot key split)
     CHECK(m_o.rel_rms <= tol::kda_state_v4_vs_v3.value);
     CHECK(m_s.rel_rms <= tol::kda_state_v4_vs_v3.value);
   }
-  std::vector<float> A_h(H), bias_h(H * D), S0_h(H * D * D), Sf_h(H * D * D), Sf1_h(H * D * D);
-  cuda_check(cudaMemcpy(A_h.data(), A_log.p, A_log.bytes, cudaMemcpyDeviceToHost), "A_log");
-  cuda_check(cudaMemcpy(bias_h.data(), bias.p, bias.bytes, cudaMemcpyDeviceToHost), "bias");
-  cuda_check(cudaMemcpy(S0_h.data(), S0.p, S0.bytes, cudaMemcpyDeviceToHost), "S0");
+  std::vector<float> Sf_h(H * D * D), Sf1_h(H * D * D);
   cuda_check(cudaMemcpy(Sf_h.data(), Sf.p, Sf.bytes, cudaMemcpyDeviceToHost), "S_final");
   cuda_check(cudaMemcpy(Sf1_h.data(), Sf1.p, Sf1.bytes, cudaMemcpyDeviceToHost), "S_final one-shot");
   for (std::size_t hv : {std::size_t{21}}) {  // one head: the twin takes ~30-60 s per 65536 tokens on one core
-    auto mk = [](std::vector<std::size_t> shp, std::vector<double> data) {
-      Tensor<double> t(std::move(shp));
-      REQUIRE(t.data.size() == data.size());
-      t.data = std::move(data);
-      return t;
-    };
-    KdaInputs in;  // the one head hv as a B = 1, H = 1 problem (heads are independent)
-    in.B = 1; in.T = T; in.H = 1; in.HV = 1; in.d_k = D; in.d_v = D;
-    in.g_min = -5.0;
-    in.scale = 1.0 / std::sqrt(128.0);
-    in.q_raw = mk({1, T, 1, D}, download_head_bf16(q.as<bf16_t>(), T, H, hv));
-    in.k_raw = mk({1, T, 1, D}, download_head_bf16(k.as<bf16_t>(), T, H, hv));
-    in.v = mk({1, T, 1, D}, download_head_bf16(v.as<bf16_t>(), T, H, hv));
-    in.g_raw = mk({1, T, 1, D}, download_head_bf16(g.as<bf16_t>(), T, H, hv));
-    in.beta_raw = mk({1, T, 1}, download_head_bf16(beta.as<bf16_t>(), T, H, hv, 1));
-    in.A_log = mk({1}, std::vector<double>{A_h[hv]});
-    in.bias = mk({1, D}, std::vector<double>(bias_h.begin() + hv * D, bias_h.begin() + (hv + 1) * D));
-    in.S0 = mk({1, 1, D, D}, std::vector<double>(S0_h.begin() + hv * D * D, S0_h.begin() + (hv + 1) * D * D));
-    derive_kda(in);
-    const auto ref = truth(in);
+    const KdaInputs in = long_head_inputs(li, hv);  // the one head hv as a B = 1, H = 1 problem (heads are independent)
+    const auto ref = kda_truth(in);
     KdaTwinPlan tp = kda_plan_kernel();
     tp.segments = static_cast<std::size_t>(P);
     const auto tw = kda_twin(in, tp);
@@ -295,35 +246,18 @@ TEST_CASE("v5 T = 65536, H = 32 (segment path P = 3; auto -> one-shot key split)
 TEST_CASE("prefill varlen (cu_seqlens) with a last sequence of 1 token equals per-sequence truths", "[gpu][kda]") {
   for (const std::vector<int>& lens : {std::vector<int>{37, 16, 100, 1}, std::vector<int>{1, 1, 5, 31, 17, 1}}) {
     const int N = static_cast<int>(lens.size());
-    const int Ttot = std::accumulate(lens.begin(), lens.end(), 0);
     const std::size_t H = 2, HV = 4;
-    KdaInputs all = make_inputs(1, Ttot, H, HV / H, fresh_seed());
-    // one S0 per sequence
-    Tensor<double> S0({static_cast<std::size_t>(N), HV, 128, 128});
-    Rng rng(fresh_seed());
-    rng.fill_normal(S0, 0.1, Format::fp32);
-    all.S0 = S0;
+    KdaInputs all = make_inputs(1, VarlenBatch::total(lens), H, HV / H, fresh_seed());
+    const VarlenBatch vb(all, lens, fresh_seed());  // one S0 per sequence
     const DevInputs d(all);
-    std::vector<int> cu(N + 1, 0);
-    for (int i = 0; i < N; ++i) cu[i + 1] = cu[i] + lens[i];
-    DevBuf dcu(cu.size() * 4);
-    cuda_check(cudaMemcpy(dcu.p, cu.data(), dcu.bytes, cudaMemcpyHostToDevice), "cu_seqlens");
     auto a = prefill_args(all, d);
-    a.cu_seqlens = dcu.as<int>();
-    a.num_seqs = N;
-    a.max_seqlen = *std::max_element(lens.begin(), lens.end());
+    vb.apply(a);
     const auto r = run_prefill(a, all.T * HV * 128, N * HV * 128 * 128);
     for (int i = 0; i < N; ++i) {
-      KdaInputs s = all;
-      s.T = lens[i];
-      for (auto* t : {&s.q, &s.k, &s.v, &s.g, &s.beta, &s.q_raw, &s.k_raw, &s.g_raw, &s.beta_raw})
-        *t = slice_tokens(*t, cu[i], lens[i]);
-      s.S0 = Tensor<double>({1, HV, 128, 128});
-      std::copy(S0.data.begin() + i * HV * 128 * 128, S0.data.begin() + (i + 1) * HV * 128 * 128, s.S0.data.begin());
-      const auto ref = truth(s);
-      const std::vector<double> o(r.o.begin() + cu[i] * HV * 128, r.o.begin() + cu[i + 1] * HV * 128);
-      const std::vector<double> S(r.S.begin() + i * HV * 128 * 128, r.S.begin() + (i + 1) * HV * 128 * 128);
-      const auto mo = compare(o, ref.o.data), ms = compare(S, ref.S_final.data);
+      const KdaInputs s = vb.part(all, i);
+      const auto ref = kda_truth(s);
+      const auto mo = compare(vb.o_of(r.o, i, HV, 128), ref.o.data);
+      const auto ms = compare(vb.S_of(r.S, i, HV, 128), ref.S_final.data);
       CAPTURE(i, lens[i], mo.rel_rms, ms.rel_rms);
       REQUIRE(mo.nan_count + mo.inf_count + ms.nan_count + ms.inf_count == 0);
       CHECK(mo.rel_rms <= o_bound(s, ref.o.data));
@@ -336,47 +270,11 @@ TEST_CASE("decode steps vs float64 truth, prefill-then-decode == prefill of the 
   const std::size_t B = 4, T0 = 37, steps = 5, H = 2, HV = 4;
   const KdaInputs in = make_inputs(B, T0 + steps, H, HV / H, fresh_seed());
   const DevInputs d(in);
-  const auto ref = truth(in);
+  const auto ref = kda_truth(in);
   // prefill of all T0 + steps tokens
   const auto full = run_prefill(prefill_args(in, d), B * in.T * HV * 128, B * HV * 128 * 128);
   // prefill of T0 tokens (strided view of the same buffers), then `steps` decode steps
-  auto a = prefill_args(in, d);
-  a.T = static_cast<int>(T0);
-  a.sq.b = a.sk.b = static_cast<std::int64_t>(in.T * H * 128);
-  a.sv.b = a.sg.b = a.so.b = static_cast<std::int64_t>(in.T * HV * 128);
-  a.sbeta.b = static_cast<std::int64_t>(in.T * HV);
-  a.sq.t = a.sk.t = H * 128;
-  a.sv.t = a.sg.t = a.so.t = HV * 128;
-  a.sbeta.t = HV;
-  DevBuf o(B * in.T * HV * 2 * 128), S(B * HV * 128 * 128 * 4);
-  o.poison();
-  S.poison();
-  a.o = o.as<bf16_t>();
-  a.S_final = S.as<float>();
-  DevBuf ws(kernels::kda_prefill_workspace_bytes(a));
-  a.workspace = ws.p;
-  a.workspace_bytes = ws.bytes;
-  kernels::kda_prefill(a, nullptr);
-  for (std::size_t t = T0; t < in.T; ++t) {
-    kernels::KdaDecodeArgs dd;
-    dd.B = B; dd.H = H; dd.HV = HV;
-    dd.q = d.q.as<bf16_t>() + t * H * 128;
-    dd.k = d.k.as<bf16_t>() + t * H * 128;
-    dd.v = d.v.as<bf16_t>() + t * HV * 128;
-    dd.g = d.g.as<bf16_t>() + t * HV * 128;
-    dd.beta = d.beta.as<bf16_t>() + t * HV;
-    dd.sq_b = dd.sk_b = in.T * H * 128;
-    dd.sv_b = dd.sg_b = dd.so_b = in.T * HV * 128;
-    dd.sbeta_b = in.T * HV;
-    dd.gate = a.gate;
-    dd.scale = a.scale;
-    dd.state = S.as<float>();
-    dd.o = o.as<bf16_t>() + t * HV * 128;
-    kernels::kda_decode(dd, nullptr);
-  }
-  cuda_check(cudaDeviceSynchronize(), "prefill + decode");
-  const auto o_pd = download_bf16(o);
-  const auto S_pd = download_f32(S);
+  const auto [o_pd, S_pd] = prefill_then_decode(in, d, prefill_args(in, d), T0);
   const auto m_o = compare(o_pd, ref.o.data), m_S = compare(S_pd, ref.S_final.data);
   const auto m_same_o = compare(o_pd, full.o), m_same_S = compare(S_pd, full.S);
   std::printf("prefill(%zu)+decode(%zu) vs truth: o %.4e state %.4e; vs prefill(%zu): o %.4e state %.4e\n", T0, steps,
@@ -411,7 +309,7 @@ TEST_CASE("decode in a CUDA graph equals direct launches", "[gpu][kda]") {
   CHECK(download_f32(S1) == download_f32(S2));
   CHECK(download_bf16(o1) == download_bf16(o2));
   // one decode step from S0 vs the truth (o of a single token; fp32 math, bf16 output)
-  const auto ref = truth(in);
+  const auto ref = kda_truth(in);
   DevBuf S3(in.S0.numel() * 4), o3(B * HV * 128 * 2);
   cuda_check(cudaMemcpy(S3.p, d.S0.p, S3.bytes, cudaMemcpyDeviceToDevice), "copy");
   o3.poison();
@@ -485,49 +383,8 @@ namespace {
 /// workspace and returns the workspace bytes.
 std::vector<unsigned char> prepare_slots(kernels::KdaPrefillArgs a, int variant, std::size_t o_elems) {
   a.prepare_variant = variant;
-  a.run_phases = 1;
   a.compact_workspace = false;
-  DevBuf o(o_elems * 2);
-  a.o = o.as<bf16_t>();
-  a.S_final = nullptr;
-  const std::size_t wsb = kernels::kda_prefill_workspace_bytes(a);
-  DevBuf ws(wsb);
-  ws.poison();
-  a.workspace = ws.p;
-  a.workspace_bytes = wsb;
-  kernels::kda_prefill(a, nullptr);
-  cuda_check(cudaDeviceSynchronize(), "kda_prefill (prepare only)");
-  std::vector<unsigned char> h(wsb);
-  cuda_check(cudaMemcpy(h.data(), ws.p, wsb, cudaMemcpyDeviceToHost), "download workspace");
-  return h;
-}
-
-/// max |new - ref|, max |ref|, elements, bitwise-different elements and non-finite ones of one slot field.
-struct FieldDiff {
-  double max_abs = 0, max_ref = 0;
-  std::size_t n = 0, differ = 0, nonfinite = 0;
-  double rel() const { return max_ref > 0 ? max_abs / max_ref : max_abs; }
-  void add(double x, double r) {
-    ++n;
-    if (!std::isfinite(x) || !std::isfinite(r)) {
-      ++nonfinite;
-      return;
-    }
-    if (x != r) ++differ;
-    max_abs = std::max(max_abs, std::fabs(x - r));
-    max_ref = std::max(max_ref, std::fabs(r));
-  }
-};
-
-double slot_bf16(const unsigned char* p, std::size_t k) {
-  std::uint16_t u;
-  std::memcpy(&u, p + 2 * k, 2);
-  return bf16_from_bits(u);
-}
-double slot_f32(const unsigned char* p, std::size_t k) {
-  float f;
-  std::memcpy(&f, p + 4 * k, 4);
-  return f;
+  return prepare_workspace(a, o_elems);
 }
 
 }  // namespace
@@ -550,17 +407,17 @@ TEST_CASE("prepare v6 slots vs prepare v4 (W, Qg, Kd, U, P, gam_n) on the anchor
     for (std::size_t sl = 0; sl < slots; ++sl) {
       const unsigned char *s4 = w4.data() + sl * S::bytes, *s6 = w6.data() + sl * S::bytes;
       for (std::size_t k = 0; k < 16 * 128; ++k) {
-        W.add(slot_bf16(s6 + S::W, k), slot_bf16(s4 + S::W, k));
-        Qg.add(slot_bf16(s6 + S::Qg, k), slot_bf16(s4 + S::Qg, k));
-        Kd.add(slot_bf16(s6 + S::Kd, k), slot_bf16(s4 + S::Kd, k));
-        U.add(slot_f32(s6 + S::U, k), slot_f32(s4 + S::U, k));
+        W.add(bf16_at(s6 + S::W, 2 * k), bf16_at(s4 + S::W, 2 * k));
+        Qg.add(bf16_at(s6 + S::Qg, 2 * k), bf16_at(s4 + S::Qg, 2 * k));
+        Kd.add(bf16_at(s6 + S::Kd, 2 * k), bf16_at(s4 + S::Kd, 2 * k));
+        U.add(f32_at(s6 + S::U, 4 * k), f32_at(s4 + S::U, 4 * k));
       }
       for (std::size_t k = 0; k < 256; ++k) {
-        P.add(slot_f32(s6 + S::P, k), slot_f32(s4 + S::P, k));
-        Pf.add(slot_bf16(s6 + S::Pf, k) + slot_bf16(s6 + S::Pf + 512, k),
-               slot_bf16(s4 + S::Pf, k) + slot_bf16(s4 + S::Pf + 512, k));
+        P.add(f32_at(s6 + S::P, 4 * k), f32_at(s4 + S::P, 4 * k));
+        Pf.add(bf16_at(s6 + S::Pf, 2 * k) + bf16_at(s6 + S::Pf + 512, 2 * k),
+               bf16_at(s4 + S::Pf, 2 * k) + bf16_at(s4 + S::Pf + 512, 2 * k));
       }
-      for (std::size_t k = 0; k < 128; ++k) gn.add(slot_f32(s6 + S::gam_n, k), slot_f32(s4 + S::gam_n, k));
+      for (std::size_t k = 0; k < 128; ++k) gn.add(f32_at(s6 + S::gam_n, 4 * k), f32_at(s4 + S::gam_n, 4 * k));
     }
     std::printf("prepare v6 vs v4 (B,T,H,HV)=(%zu,%zu,%zu,%zu), %zu slots: max|diff|/max|v4| (differing elements)\n"
                 "  W %.3e (%zu/%zu)  U %.3e (%zu)  P %.3e (%zu)  P hi+lo %.3e (%zu)  Qg %.3e (%zu)  Kd %.3e (%zu)  "
@@ -591,7 +448,7 @@ TEST_CASE("prefill with prepare v6: anchor cases <= 2.0e-3 vs float64, twin with
   for (const auto& cs : cases) {
     const KdaInputs in = make_inputs(cs[0], cs[1], cs[2], 1, 1234);
     const DevInputs d(in);
-    const auto ref = truth(in);
+    const auto ref = kda_truth(in);
     const double e_twin = compare(kda_twin(in, kda_plan_kernel()).o.data, ref.o.data).rel_rms;
     const std::size_t no = in.B * in.T * in.HV * 128, ns = in.B * in.HV * 128 * 128;
     auto a = prefill_args(in, d);
@@ -615,21 +472,12 @@ TEST_CASE("prefill with prepare v6: anchor cases <= 2.0e-3 vs float64, twin with
   // varlen (cu_seqlens, a last sequence of 1 token, HV = 2H) and the forced segment-parallel path: v6 vs v4
   {
     const std::vector<int> lens{37, 16, 100, 1};
-    const int N = static_cast<int>(lens.size()), Ttot = std::accumulate(lens.begin(), lens.end(), 0);
-    KdaInputs all = make_inputs(1, Ttot, 2, 2, fresh_seed());
-    Tensor<double> S0({static_cast<std::size_t>(N), all.HV, 128, 128});
-    Rng rng(fresh_seed());
-    rng.fill_normal(S0, 0.1, Format::fp32);
-    all.S0 = S0;
+    const int N = static_cast<int>(lens.size());
+    KdaInputs all = make_inputs(1, VarlenBatch::total(lens), 2, 2, fresh_seed());
+    const VarlenBatch vb(all, lens, fresh_seed());
     const DevInputs d(all);
-    std::vector<int> cu(N + 1, 0);
-    for (int i = 0; i < N; ++i) cu[i + 1] = cu[i] + lens[i];
-    DevBuf dcu(cu.size() * 4);
-    cuda_check(cudaMemcpy(dcu.p, cu.data(), dcu.bytes, cudaMemcpyHostToDevice), "cu_seqlens");
     auto a = prefill_args(all, d);
-    a.cu_seqlens = dcu.as<int>();
-    a.num_seqs = N;
-    a.max_seqlen = *std::max_element(lens.begin(), lens.end());
+    vb.apply(a);
     const std::size_t no = all.T * all.HV * 128, ns = N * all.HV * 128 * 128;
     a.prepare_variant = 4;
     const auto r4 = run_prefill(a, no, ns);
@@ -683,7 +531,7 @@ TEST_CASE("state pass v4 (state_variant 4, 5): anchor cases <= 2.0e-3 vs float64
   for (const auto& cs : cases) {
     const KdaInputs in = make_inputs(cs[0], cs[1], cs[2], 1, 1234);
     const DevInputs d(in);
-    const auto ref = truth(in);
+    const auto ref = kda_truth(in);
     const double e_twin = compare(kda_twin(in, kda_plan_kernel()).o.data, ref.o.data).rel_rms;
     const std::size_t no = in.B * in.T * in.HV * 128, ns = in.B * in.HV * 128 * 128;
     auto a = prefill_args(in, d);
@@ -718,7 +566,7 @@ TEST_CASE("state pass v4: prefill shapes (T in {1,15,16,17,1000,4096}, B up to 8
   for (const auto& cs : cases) {
     const KdaInputs in = make_inputs(cs.B, cs.T, cs.H, cs.group, fresh_seed());
     const DevInputs d(in);
-    const auto ref = truth(in, cs.S0);
+    const auto ref = kda_truth(in, cs.S0);
     const std::size_t no = in.B * in.T * in.HV * 128, ns = in.B * in.HV * 128 * 128;
     auto a = prefill_args(in, d, cs.S0);
     a.state_variant = 3;
@@ -781,7 +629,7 @@ TEST_CASE("state pass v4: prefill shapes (T in {1,15,16,17,1000,4096}, B up to 8
           *t = slice_tokens(*t, cu[i], lens[i]);
         s.S0 = Tensor<double>({1, HV, 128, 128});
         std::copy(S0.data.begin() + i * HV * 128 * 128, S0.data.begin() + (i + 1) * HV * 128 * 128, s.S0.data.begin());
-        const auto ref = truth(s);
+        const auto ref = kda_truth(s);
         const std::size_t olo = cu[i] * HV * 128, ohi = cu[i + 1] * HV * 128;
         const std::size_t slo = i * HV * 128 * 128, shi = (i + 1) * HV * 128 * 128;
         const auto mo = compare(std::vector<double>(r.o.begin() + olo, r.o.begin() + ohi), ref.o.data);
@@ -809,50 +657,14 @@ TEST_CASE("state pass v4: prefill-then-decode == prefill of the longer sequence;
   const std::size_t B = 4, T0 = 37, steps = 5, H = 2, HV = 4;
   const KdaInputs in = make_inputs(B, T0 + steps, H, HV / H, fresh_seed());
   const DevInputs d(in);
-  const auto ref = truth(in);
+  const auto ref = kda_truth(in);
   for (int variant : {4, 5}) {
     auto af = prefill_args(in, d);
     af.state_variant = variant;
     const auto full = run_prefill(af, B * in.T * HV * 128, B * HV * 128 * 128);
     auto a = prefill_args(in, d);
     a.state_variant = variant;
-    a.T = static_cast<int>(T0);
-    a.sq.b = a.sk.b = static_cast<std::int64_t>(in.T * H * 128);
-    a.sv.b = a.sg.b = a.so.b = static_cast<std::int64_t>(in.T * HV * 128);
-    a.sbeta.b = static_cast<std::int64_t>(in.T * HV);
-    a.sq.t = a.sk.t = H * 128;
-    a.sv.t = a.sg.t = a.so.t = HV * 128;
-    a.sbeta.t = HV;
-    DevBuf o(B * in.T * HV * 2 * 128), S(B * HV * 128 * 128 * 4);
-    o.poison();
-    S.poison();
-    a.o = o.as<bf16_t>();
-    a.S_final = S.as<float>();
-    DevBuf ws(kernels::kda_prefill_workspace_bytes(a));
-    ws.poison();
-    a.workspace = ws.p;
-    a.workspace_bytes = ws.bytes;
-    kernels::kda_prefill(a, nullptr);
-    for (std::size_t t = T0; t < in.T; ++t) {
-      kernels::KdaDecodeArgs dd;
-      dd.B = B; dd.H = H; dd.HV = HV;
-      dd.q = d.q.as<bf16_t>() + t * H * 128;
-      dd.k = d.k.as<bf16_t>() + t * H * 128;
-      dd.v = d.v.as<bf16_t>() + t * HV * 128;
-      dd.g = d.g.as<bf16_t>() + t * HV * 128;
-      dd.beta = d.beta.as<bf16_t>() + t * HV;
-      dd.sq_b = dd.sk_b = in.T * H * 128;
-      dd.sv_b = dd.sg_b = dd.so_b = in.T * HV * 128;
-      dd.sbeta_b = in.T * HV;
-      dd.gate = a.gate;
-      dd.scale = a.scale;
-      dd.state = S.as<float>();
-      dd.o = o.as<bf16_t>() + t * HV * 128;
-      kernels::kda_decode(dd, nullptr);
-    }
-    cuda_check(cudaDeviceSynchronize(), "prefill v4 + decode");
-    const auto o_pd = download_bf16(o);
-    const auto S_pd = download_f32(S);
+    const auto [o_pd, S_pd] = prefill_then_decode(in, d, a, T0);
     const auto m_o = compare(o_pd, ref.o.data), m_S = compare(S_pd, ref.S_final.data);
     const auto m_same_o = compare(o_pd, full.o), m_same_S = compare(S_pd, full.S);
     std::printf("state v%d prefill(%zu)+decode(%zu) vs truth: o %.4e state %.4e; vs prefill(%zu): o %.4e state %.4e\n",
@@ -887,53 +699,14 @@ TEST_CASE("state pass v4: T = 65536, H = 32 one-shot vs v3 one-shot (all heads) 
   const std::size_t T = 65536, H = 32, D = 128;
   LongKdaInputs li(T, H, D, fresh_seed());
   const std::size_t nq = li.nq;
-  [[maybe_unused]] DevBuf &q = li.q, &k = li.k, &v = li.v, &g = li.g, &beta = li.beta, &A_log = li.A_log,
-                           &bias = li.bias, &S0 = li.S0;
   kernels::KdaPrefillArgs a = li.a;
   a.segment_state = 1;  // one-shot
-  auto run = [&](kernels::KdaPrefillArgs x) {
-    DevBuf ob(nq * 2), sb(H * D * D * 4);
-    ob.poison();
-    sb.poison();
-    x.o = ob.as<bf16_t>();
-    x.S_final = sb.as<float>();
-    DevBuf ws(kernels::kda_prefill_workspace_bytes(x));
-    ws.poison();
-    x.workspace = ws.p;
-    x.workspace_bytes = ws.bytes;
-    kernels::kda_prefill(x, nullptr);
-    cuda_check(cudaDeviceSynchronize(), "kda_prefill T=65536");
-    return PrefillResult{download_bf16(ob), download_f32(sb)};
-  };
+  auto run = [&](const kernels::KdaPrefillArgs& x) { return run_prefill(x, nq, H * D * D); };
   a.state_variant = 3;
   const auto r3 = run(a);
   const std::size_t hv = 21;
-  KdaInputs in;  // head hv as a B = 1, H = 1 problem (heads are independent)
-  {
-    auto mk = [](std::vector<std::size_t> shp, std::vector<double> data) {
-      Tensor<double> t(std::move(shp));
-      REQUIRE(t.data.size() == data.size());
-      t.data = std::move(data);
-      return t;
-    };
-    std::vector<float> A_h(H), bias_h(H * D), S0_h(H * D * D);
-    cuda_check(cudaMemcpy(A_h.data(), A_log.p, A_log.bytes, cudaMemcpyDeviceToHost), "A_log");
-    cuda_check(cudaMemcpy(bias_h.data(), bias.p, bias.bytes, cudaMemcpyDeviceToHost), "bias");
-    cuda_check(cudaMemcpy(S0_h.data(), S0.p, S0.bytes, cudaMemcpyDeviceToHost), "S0");
-    in.B = 1; in.T = T; in.H = 1; in.HV = 1; in.d_k = D; in.d_v = D;
-    in.g_min = -5.0;
-    in.scale = 1.0 / std::sqrt(128.0);
-    in.q_raw = mk({1, T, 1, D}, download_head_bf16(q.as<bf16_t>(), T, H, hv));
-    in.k_raw = mk({1, T, 1, D}, download_head_bf16(k.as<bf16_t>(), T, H, hv));
-    in.v = mk({1, T, 1, D}, download_head_bf16(v.as<bf16_t>(), T, H, hv));
-    in.g_raw = mk({1, T, 1, D}, download_head_bf16(g.as<bf16_t>(), T, H, hv));
-    in.beta_raw = mk({1, T, 1}, download_head_bf16(beta.as<bf16_t>(), T, H, hv, 1));
-    in.A_log = mk({1}, std::vector<double>{A_h[hv]});
-    in.bias = mk({1, D}, std::vector<double>(bias_h.begin() + hv * D, bias_h.begin() + (hv + 1) * D));
-    in.S0 = mk({1, 1, D, D}, std::vector<double>(S0_h.begin() + hv * D * D, S0_h.begin() + (hv + 1) * D * D));
-    derive_kda(in);
-  }
-  const auto ref = truth(in);
+  const KdaInputs in = long_head_inputs(li, hv);  // head hv as a B = 1, H = 1 problem (heads are independent)
+  const auto ref = kda_truth(in);
   for (int variant : {4, 5}) {
     a.state_variant = variant;
     const auto r = run(a);
@@ -964,18 +737,6 @@ TEST_CASE("state pass v4: T = 65536, H = 32 one-shot vs v3 one-shot (all heads) 
 // D = 256: o 1.673e-3 1.722e-3 1.660e-3 1.673e-3, state 2.35e-3 2.40e-3 2.40e-3 2.38e-3.
 namespace {
 constexpr std::size_t kDims[] = {64, 256};
-
-/// Sequence i of a varlen problem `all` (tokens [cu[i], cu[i + 1]), S0 from the per-sequence S0) as its own problem.
-KdaInputs varlen_part(const KdaInputs& all, const Tensor<double>& S0, const std::vector<int>& cu, int i) {
-  const std::size_t HV = all.HV, D = all.d_k, len = cu[i + 1] - cu[i];
-  KdaInputs s = all;
-  s.T = len;
-  for (auto* t : {&s.q, &s.k, &s.v, &s.g, &s.beta, &s.q_raw, &s.k_raw, &s.g_raw, &s.beta_raw})
-    *t = slice_tokens(*t, cu[i], len);
-  s.S0 = Tensor<double>({1, HV, D, D});
-  std::copy(S0.data.begin() + i * HV * D * D, S0.data.begin() + (i + 1) * HV * D * D, s.S0.data.begin());
-  return s;
-}
 }  // namespace
 
 TEST_CASE("D = 64, 256: anchor cases <= 2.0e-3 vs float64, state <= 3.0e-3, twin within 10%", "[gpu][kda][dim]") {
@@ -984,7 +745,7 @@ TEST_CASE("D = 64, 256: anchor cases <= 2.0e-3 vs float64, state <= 3.0e-3, twin
     for (const auto& cs : cases) {
       const KdaInputs in = make_inputs(cs[0], cs[1], cs[2], 1, 1234, D);
       const DevInputs d(in);
-      const auto ref = truth(in);
+      const auto ref = kda_truth(in);
       const auto tw = kda_twin(in, kda_plan_kernel());
       const double e_twin = compare(tw.o.data, ref.o.data).rel_rms, s_twin = compare(tw.S_final.data, ref.S_final.data).rel_rms;
       const auto r = run_prefill(prefill_args(in, d), in.B * in.T * in.HV * D, in.B * in.HV * D * D);
@@ -1018,7 +779,7 @@ TEST_CASE("D = 64, 256: shapes T in {1,15,16,17,1000,4100}, B = 2, HV = 2H, with
       const auto r = run_prefill(a, no, ns);
       a.overlap_segments = false;
       const auto r1 = run_prefill(a, no, ns);
-      const auto ref = truth(in, cs.S0);
+      const auto ref = kda_truth(in, cs.S0);
       const auto mo = compare(r.o, ref.o.data), ms = compare(r.S, ref.S_final.data);
       const bool same = r.o == r1.o && r.S == r1.S;
       const double bound = o_bound(in, ref.o.data, cs.S0);
@@ -1044,30 +805,20 @@ TEST_CASE("D = 64, 256: shapes T in {1,15,16,17,1000,4100}, B = 2, HV = 2H, with
 TEST_CASE("D = 64, 256: varlen (cu_seqlens) with a last sequence of 1 token equals per-sequence truths", "[gpu][kda][dim]") {
   for (const std::size_t D : kDims)
     for (const std::vector<int>& lens : {std::vector<int>{37, 16, 100, 1}, std::vector<int>{1, 1, 5, 31, 17, 1}}) {
-      const int N = static_cast<int>(lens.size()), Ttot = std::accumulate(lens.begin(), lens.end(), 0);
+      const int N = static_cast<int>(lens.size());
       const std::size_t H = 2, HV = 4;
-      KdaInputs all = make_inputs(1, Ttot, H, HV / H, fresh_seed(), D);
-      Tensor<double> S0({static_cast<std::size_t>(N), HV, D, D});
-      Rng rng(fresh_seed());
-      rng.fill_normal(S0, 0.1, Format::fp32);
-      all.S0 = S0;
+      KdaInputs all = make_inputs(1, VarlenBatch::total(lens), H, HV / H, fresh_seed(), D);
+      const VarlenBatch vb(all, lens, fresh_seed());
       const DevInputs d(all);
-      std::vector<int> cu(N + 1, 0);
-      for (int i = 0; i < N; ++i) cu[i + 1] = cu[i] + lens[i];
-      DevBuf dcu(cu.size() * 4);
-      cuda_check(cudaMemcpy(dcu.p, cu.data(), dcu.bytes, cudaMemcpyHostToDevice), "cu_seqlens");
       auto a = prefill_args(all, d);
-      a.cu_seqlens = dcu.as<int>();
-      a.num_seqs = N;
-      a.max_seqlen = *std::max_element(lens.begin(), lens.end());
+      vb.apply(a);
       const auto r = run_prefill(a, all.T * HV * D, N * HV * D * D);
       double wo = 0, ws = 0;
       for (int i = 0; i < N; ++i) {
-        const KdaInputs s = varlen_part(all, S0, cu, i);
-        const auto ref = truth(s);
-        const std::vector<double> o(r.o.begin() + cu[i] * HV * D, r.o.begin() + cu[i + 1] * HV * D);
-        const std::vector<double> S(r.S.begin() + i * HV * D * D, r.S.begin() + (i + 1) * HV * D * D);
-        const auto mo = compare(o, ref.o.data), ms = compare(S, ref.S_final.data);
+        const KdaInputs s = vb.part(all, i);
+        const auto ref = kda_truth(s);
+        const auto mo = compare(vb.o_of(r.o, i, HV, D), ref.o.data);
+        const auto ms = compare(vb.S_of(r.S, i, HV, D), ref.S_final.data);
         wo = std::max(wo, mo.rel_rms);
         ws = std::max(ws, ms.rel_rms);
         CAPTURE(D, i, lens[i], mo.rel_rms, ms.rel_rms);
@@ -1097,7 +848,7 @@ TEST_CASE("D = 64: segment-parallel state pass (forced) vs float64, twin segment
     a.overlap_segment_pass = false;
     a.segment_state = 1;
     const auto r1 = run_prefill(a, no, ns);
-    const auto ref = truth(in);
+    const auto ref = kda_truth(in);
     KdaTwinPlan tp = kda_plan_kernel();
     tp.segments = static_cast<std::size_t>(cs.P);
     const auto tw = kda_twin(in, tp);
@@ -1138,46 +889,9 @@ TEST_CASE("D = 64, 256: prefill-then-decode == prefill of the longer sequence; d
     const std::size_t B = 2, T0 = 37, steps = 5, H = 2, HV = 4;
     const KdaInputs in = make_inputs(B, T0 + steps, H, HV / H, fresh_seed(), D);
     const DevInputs d(in);
-    const auto ref = truth(in);
+    const auto ref = kda_truth(in);
     const auto full = run_prefill(prefill_args(in, d), B * in.T * HV * D, B * HV * D * D);
-    auto a = prefill_args(in, d);
-    a.T = static_cast<int>(T0);
-    a.sq.b = a.sk.b = static_cast<std::int64_t>(in.T * H * D);
-    a.sv.b = a.sg.b = a.so.b = static_cast<std::int64_t>(in.T * HV * D);
-    a.sbeta.b = static_cast<std::int64_t>(in.T * HV);
-    a.sq.t = a.sk.t = static_cast<std::int64_t>(H * D);
-    a.sv.t = a.sg.t = a.so.t = static_cast<std::int64_t>(HV * D);
-    a.sbeta.t = HV;
-    DevBuf o(B * in.T * HV * D * 2), S(B * HV * D * D * 4);
-    o.poison();
-    S.poison();
-    a.o = o.as<bf16_t>();
-    a.S_final = S.as<float>();
-    DevBuf ws(kernels::kda_prefill_workspace_bytes(a));
-    ws.poison();
-    a.workspace = ws.p;
-    a.workspace_bytes = ws.bytes;
-    kernels::kda_prefill(a, nullptr);
-    kernels::KdaDecodeArgs dd;
-    dd.B = B; dd.H = H; dd.HV = HV; dd.D = static_cast<int>(D);
-    dd.sq_b = dd.sk_b = in.T * H * D;
-    dd.sv_b = dd.sg_b = dd.so_b = in.T * HV * D;
-    dd.sbeta_b = in.T * HV;
-    dd.gate = a.gate;
-    dd.scale = a.scale;
-    dd.state = S.as<float>();
-    for (std::size_t t = T0; t < in.T; ++t) {
-      dd.q = d.q.as<bf16_t>() + t * H * D;
-      dd.k = d.k.as<bf16_t>() + t * H * D;
-      dd.v = d.v.as<bf16_t>() + t * HV * D;
-      dd.g = d.g.as<bf16_t>() + t * HV * D;
-      dd.beta = d.beta.as<bf16_t>() + t * HV;
-      dd.o = o.as<bf16_t>() + t * HV * D;
-      kernels::kda_decode(dd, nullptr);
-    }
-    cuda_check(cudaDeviceSynchronize(), "prefill + decode");
-    const auto o_pd = download_bf16(o);
-    const auto S_pd = download_f32(S);
+    const auto [o_pd, S_pd] = prefill_then_decode(in, d, prefill_args(in, d), T0);
     const auto m_o = compare(o_pd, ref.o.data), m_S = compare(S_pd, ref.S_final.data);
     const auto m_same_o = compare(o_pd, full.o), m_same_S = compare(S_pd, full.S);
     std::printf("dim D=%zu prefill(%zu)+decode(%zu) vs truth: o %.4e state %.4e; vs prefill(%zu): o %.4e state %.4e\n", D,
@@ -1192,7 +906,7 @@ TEST_CASE("D = 64, 256: prefill-then-decode == prefill of the longer sequence; d
     // one decode step from S0 vs the truth, and the same step in a CUDA graph (3 replays == 3 launches)
     const KdaInputs i1 = make_inputs(3, 1, 2, 2, fresh_seed(), D);
     const DevInputs d1(i1);
-    const auto ref1 = truth(i1);
+    const auto ref1 = kda_truth(i1);
     kernels::KdaDecodeArgs de;
     de.B = 3; de.H = 2; de.HV = 4; de.D = static_cast<int>(D);
     de.q = d1.q.as<bf16_t>(); de.k = d1.k.as<bf16_t>(); de.v = d1.v.as<bf16_t>(); de.g = d1.g.as<bf16_t>();

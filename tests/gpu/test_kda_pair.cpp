@@ -26,30 +26,37 @@ namespace {
 
 constexpr std::size_t Dm = 128;  // the pair step's first version: D = 128 only
 
-KdaOutput<double> truth(const KdaInputs& in, bool use_S0 = true) {
-  Tensor<double> Z(in.S0.shape, 0.0);
-  return kda_recurrent<double>(in.q, in.k, in.v, in.g, in.beta, use_S0 ? &in.S0 : &Z, in.scale);
-}
-
 std::uint64_t fresh_seed() {
   static std::uint64_t s = 20261206;
   return ++s;
-}
-
-/// Tokens [bos, bos + len) of a [1, T, ...] tensor.
-Tensor<double> slice_tokens(const Tensor<double>& t, std::size_t bos, std::size_t len) {
-  std::vector<std::size_t> shp = t.shape;
-  const std::size_t row = t.numel() / (shp[0] * shp[1]);
-  shp[1] = len;
-  Tensor<double> r(shp);
-  std::copy(t.data.begin() + bos * row, t.data.begin() + (bos + len) * row, r.data.begin());
-  return r;
 }
 
 /// The pair kernel's bound against float64: within tol::kda_pair_vs_default of the one-chunk kernel's error on the
 /// same inputs, or of `floor` (the goal) where the one-chunk kernel is below it.
 double pair_bound(double e_default, double floor) {
   return (1.0 + tol::kda_pair_vs_default.value) * std::max(e_default, floor);
+}
+
+/// The one-chunk default prefill (r1) and the pair step (r2) on the same arguments `a`, their errors against the
+/// float64 truth `ref` (pair: mo, ms; one-chunk: mo1, ms1) and against each other (d_o, d_s, relative RMS).
+struct PairVsDefault {
+  PrefillResult r1, r2;
+  ErrorMetrics mo, ms, mo1, ms1;
+  double d_o, d_s;
+};
+PairVsDefault run_pair_vs_default(kernels::KdaPrefillArgs a, const KdaInputs& in, const KdaOutput<double>& ref) {
+  const std::size_t no = in.B * in.T * in.HV * Dm, ns = in.B * in.HV * Dm * Dm;
+  PairVsDefault x;
+  x.r1 = run_prefill(a, no, ns);
+  a.pair_chunks = true;
+  x.r2 = run_prefill(a, no, ns);
+  x.mo = compare(x.r2.o, ref.o.data);
+  x.ms = compare(x.r2.S, ref.S_final.data);
+  x.mo1 = compare(x.r1.o, ref.o.data);
+  x.ms1 = compare(x.r1.S, ref.S_final.data);
+  x.d_o = compare(x.r2.o, x.r1.o).rel_rms;
+  x.d_s = compare(x.r2.S, x.r1.S).rel_rms;
+  return x;
 }
 
 /// Slow gates (A_log = 0, bias = b for every channel; beta as drawn), the twin's "slow gates" of bench/NOTES.md
@@ -89,17 +96,10 @@ TEST_CASE("pair step on the ANCHORS.md cases (and slow gates): o <= 2.0e-3 vs fl
     KdaInputs in = make_inputs(cs.B, cs.T, cs.H, cs.group, 1234);
     if (cs.slow_bias != 0) make_slow_gate(in, cs.slow_bias);
     const DevInputs d(in);
-    const auto ref = truth(in);
+    const auto ref = kda_truth(in);
     const auto tw = kda_twin(in, pair_plan());
     const double e_tw = compare(tw.o.data, ref.o.data).rel_rms, s_tw = compare(tw.S_final.data, ref.S_final.data).rel_rms;
-    const std::size_t no = in.B * in.T * in.HV * Dm, ns = in.B * in.HV * Dm * Dm;
-    auto a = prefill_args(in, d);
-    const auto r1 = run_prefill(a, no, ns);
-    a.pair_chunks = true;
-    const auto r2 = run_prefill(a, no, ns);
-    const auto mo = compare(r2.o, ref.o.data), ms = compare(r2.S, ref.S_final.data);
-    const auto mo1 = compare(r1.o, ref.o.data), ms1 = compare(r1.S, ref.S_final.data);
-    const double d_o = compare(r2.o, r1.o).rel_rms, d_s = compare(r2.S, r1.S).rel_rms;
+    const auto [r1, r2, mo, ms, mo1, ms1, d_o, d_s] = run_pair_vs_default(prefill_args(in, d), in, ref);
     std::printf("pair %s (B,T,H,HV)=(%zu,%zu,%zu,%zu): o rel_rms %.4e (twin pair %.4e, |diff|/kernel %.3f; one-chunk kernel "
                 "%.4e)  state %.4e (twin pair %.4e, |diff|/kernel %.3f; one-chunk %.4e)  pair vs one-chunk: o %.3e, S %.3e\n",
                 cs.slow_bias == 0 ? "anchor" : (cs.slow_bias == -6 ? "slow gate b=-6" : "slow gate b=-2"), cs.B, cs.T, cs.H,
@@ -126,16 +126,9 @@ TEST_CASE("pair step shapes: T in {1,15,16,17,31,32,33,1000,4096}, B = 2, HV = 2
   for (const auto& cs : cases) {
     const KdaInputs in = make_inputs(2, cs.T, cs.H, 2, fresh_seed());
     const DevInputs d(in);
-    const auto ref = truth(in, cs.S0);
+    const auto ref = kda_truth(in, cs.S0);
     const double e_tw = compare(kda_twin(in, pair_plan(cs.S0)).o.data, ref.o.data).rel_rms;
-    const std::size_t no = in.B * in.T * in.HV * Dm, ns = in.B * in.HV * Dm * Dm;
-    auto a = prefill_args(in, d, cs.S0);
-    const auto r1 = run_prefill(a, no, ns);
-    a.pair_chunks = true;
-    const auto r2 = run_prefill(a, no, ns);
-    const auto mo = compare(r2.o, ref.o.data), ms = compare(r2.S, ref.S_final.data);
-    const auto mo1 = compare(r1.o, ref.o.data), ms1 = compare(r1.S, ref.S_final.data);
-    const double d_o = compare(r2.o, r1.o).rel_rms, d_s = compare(r2.S, r1.S).rel_rms;
+    const auto [r1, r2, mo, ms, mo1, ms1, d_o, d_s] = run_pair_vs_default(prefill_args(in, d, cs.S0), in, ref);
     const bool same = r2.o == r1.o && r2.S == r1.S;
     std::printf("pair shape B=2 T=%zu H=%zu HV=%zu S0=%d: o %.4e (twin pair %.4e, |diff|/kernel %.3f; one-chunk %.4e)  "
                 "state %.4e (one-chunk %.4e)  pair vs one-chunk: o %.3e, S %.3e, identical %d\n",
@@ -160,42 +153,25 @@ TEST_CASE("pair step varlen (cu_seqlens, a last sequence of 1 token) equals per-
   for (const std::vector<int>& lens : {std::vector<int>{37, 16, 100, 1}, std::vector<int>{1, 1, 5, 31, 17, 1},
                                        std::vector<int>{32, 33, 64, 1}}) {
     const int N = static_cast<int>(lens.size());
-    const int Ttot = std::accumulate(lens.begin(), lens.end(), 0);
+    const int Ttot = VarlenBatch::total(lens);
     const std::size_t H = 2, HV = 4;
     KdaInputs all = make_inputs(1, Ttot, H, HV / H, fresh_seed());
     if (lens[0] == 32) make_slow_gate(all, -2.0);  // the state carries across pairs and sequence ends
-    Tensor<double> S0({static_cast<std::size_t>(N), HV, Dm, Dm});  // one S0 per sequence
-    Rng rng(fresh_seed());
-    rng.fill_normal(S0, 0.1, Format::fp32);
-    all.S0 = S0;
+    const VarlenBatch vb(all, lens, fresh_seed());  // one S0 per sequence
     const DevInputs d(all);
-    std::vector<int> cu(N + 1, 0);
-    for (int i = 0; i < N; ++i) cu[i + 1] = cu[i] + lens[i];
-    DevBuf dcu(cu.size() * 4);
-    cuda_check(cudaMemcpy(dcu.p, cu.data(), dcu.bytes, cudaMemcpyHostToDevice), "cu_seqlens");
     auto a = prefill_args(all, d);
-    a.cu_seqlens = dcu.as<int>();
-    a.num_seqs = N;
-    a.max_seqlen = *std::max_element(lens.begin(), lens.end());
+    vb.apply(a);
     const std::size_t no = all.T * HV * Dm, ns = N * HV * Dm * Dm;
     const auto r1 = run_prefill(a, no, ns);
     a.pair_chunks = true;
     const auto r2 = run_prefill(a, no, ns);
     double worst_o = 0, worst_s = 0;
     for (int i = 0; i < N; ++i) {
-      KdaInputs s = all;
-      s.T = lens[i];
-      for (auto* t : {&s.q, &s.k, &s.v, &s.g, &s.beta, &s.q_raw, &s.k_raw, &s.g_raw, &s.beta_raw})
-        *t = slice_tokens(*t, cu[i], lens[i]);
-      s.S0 = Tensor<double>({1, HV, Dm, Dm});
-      std::copy(S0.data.begin() + i * HV * Dm * Dm, S0.data.begin() + (i + 1) * HV * Dm * Dm, s.S0.data.begin());
-      const auto ref = truth(s);
-      auto part = [&](const std::vector<double>& x, std::size_t lo, std::size_t hi) {
-        return std::vector<double>(x.begin() + lo, x.begin() + hi);
-      };
-      const std::size_t olo = cu[i] * HV * Dm, ohi = cu[i + 1] * HV * Dm, slo = i * HV * Dm * Dm, shi = (i + 1) * HV * Dm * Dm;
-      const auto mo = compare(part(r2.o, olo, ohi), ref.o.data), ms = compare(part(r2.S, slo, shi), ref.S_final.data);
-      const auto mo1 = compare(part(r1.o, olo, ohi), ref.o.data), ms1 = compare(part(r1.S, slo, shi), ref.S_final.data);
+      const auto ref = kda_truth(vb.part(all, i));
+      const auto mo = compare(vb.o_of(r2.o, i, HV, Dm), ref.o.data);
+      const auto ms = compare(vb.S_of(r2.S, i, HV, Dm), ref.S_final.data);
+      const auto mo1 = compare(vb.o_of(r1.o, i, HV, Dm), ref.o.data);
+      const auto ms1 = compare(vb.S_of(r1.S, i, HV, Dm), ref.S_final.data);
       CAPTURE(i, lens[i], mo.rel_rms, mo1.rel_rms, ms.rel_rms, ms1.rel_rms);
       REQUIRE(mo.nan_count + mo.inf_count + ms.nan_count + ms.inf_count == 0);
       CHECK(mo.rel_rms <= pair_bound(mo1.rel_rms, tol::kda_bf16_goal.value));
@@ -214,50 +190,12 @@ TEST_CASE("pair step: prefill-then-decode == pair prefill of the longer sequence
   KdaInputs in = make_inputs(B, T0 + steps, H, HV / H, fresh_seed());
   make_slow_gate(in, -2.0);  // the state carries across the pair boundaries and into the decode steps
   const DevInputs d(in);
-  const auto ref = truth(in);
+  const auto ref = kda_truth(in);
   auto af = prefill_args(in, d);
   af.pair_chunks = true;
   const auto full = run_prefill(af, B * in.T * HV * Dm, B * HV * Dm * Dm);
   // pair prefill of T0 tokens (strided view of the same buffers), then `steps` decode steps
-  auto a = prefill_args(in, d);
-  a.pair_chunks = true;
-  a.T = static_cast<int>(T0);
-  a.sq.b = a.sk.b = static_cast<std::int64_t>(in.T * H * Dm);
-  a.sv.b = a.sg.b = a.so.b = static_cast<std::int64_t>(in.T * HV * Dm);
-  a.sbeta.b = static_cast<std::int64_t>(in.T * HV);
-  a.sq.t = a.sk.t = H * Dm;
-  a.sv.t = a.sg.t = a.so.t = HV * Dm;
-  a.sbeta.t = HV;
-  DevBuf o(B * in.T * HV * 2 * Dm), S(B * HV * Dm * Dm * 4);
-  o.poison();
-  S.poison();
-  a.o = o.as<bf16_t>();
-  a.S_final = S.as<float>();
-  DevBuf ws(kernels::kda_prefill_workspace_bytes(a));
-  ws.poison();
-  a.workspace = ws.p;
-  a.workspace_bytes = ws.bytes;
-  kernels::kda_prefill(a, nullptr);
-  for (std::size_t t = T0; t < in.T; ++t) {
-    kernels::KdaDecodeArgs dd;
-    dd.B = B; dd.H = H; dd.HV = HV;
-    dd.q = d.q.as<bf16_t>() + t * H * Dm;
-    dd.k = d.k.as<bf16_t>() + t * H * Dm;
-    dd.v = d.v.as<bf16_t>() + t * HV * Dm;
-    dd.g = d.g.as<bf16_t>() + t * HV * Dm;
-    dd.beta = d.beta.as<bf16_t>() + t * HV;
-    dd.sq_b = dd.sk_b = in.T * H * Dm;
-    dd.sv_b = dd.sg_b = dd.so_b = in.T * HV * Dm;
-    dd.sbeta_b = in.T * HV;
-    dd.gate = a.gate;
-    dd.scale = a.scale;
-    dd.state = S.as<float>();
-    dd.o = o.as<bf16_t>() + t * HV * Dm;
-    kernels::kda_decode(dd, nullptr);
-  }
-  cuda_check(cudaDeviceSynchronize(), "pair prefill + decode");
-  const auto o_pd = download_bf16(o);
-  const auto S_pd = download_f32(S);
+  const auto [o_pd, S_pd] = prefill_then_decode(in, d, af, T0);
   const auto m_o = compare(o_pd, ref.o.data), m_S = compare(S_pd, ref.S_final.data);
   const auto m_same_o = compare(o_pd, full.o), m_same_S = compare(S_pd, full.S);
   const auto m_full_o = compare(full.o, ref.o.data), m_full_S = compare(full.S, ref.S_final.data);
@@ -385,16 +323,6 @@ PairRef pair_ref(const KdaInputs& in, std::size_t b, std::size_t hv, std::size_t
   return x;
 }
 
-double u16_at(const unsigned char* p, std::size_t byte) {
-  std::uint16_t u;
-  std::memcpy(&u, p + byte, 2);
-  return bf16_from_bits(u);
-}
-double f32_at(const unsigned char* p, std::size_t byte) {
-  float f;
-  std::memcpy(&f, p + byte, 4);
-  return f;
-}
 /// Byte offset of element (r, c) of a 16 x 16k matrix stored as mma.m16n8k16 A fragments (uint4 per (k-tile, lane)),
 /// from the PTX fragment definition: lane = 4 (r % 8) + (c % 8) / 2, register (r / 8) + 2 ((c % 16) / 8), half c % 2.
 std::size_t afrag_byte(std::size_t r, std::size_t c) {
@@ -422,32 +350,10 @@ TEST_CASE("pair workspace slot (KdaPairSlot) vs a float64 computation of the pai
     const DevInputs d(in);
     auto a = prefill_args(in, d);
     a.pair_chunks = true;
-    a.run_phases = 1;  // the pair prepare only
-    DevBuf o(in.B * in.T * in.HV * Dm * 2);
-    a.o = o.as<bf16_t>();
-    const std::size_t wsb = kernels::kda_prefill_workspace_bytes(a);
+    const std::vector<unsigned char> h = prepare_workspace(a, in.B * in.T * in.HV * Dm);  // the pair prepare only
     const std::size_t npair = (in.T + 31) / 32;
-    REQUIRE(wsb == in.B * npair * in.HV * PS::bytes);
-    DevBuf ws(wsb);
-    ws.poison();
-    a.workspace = ws.p;
-    a.workspace_bytes = wsb;
-    kernels::kda_prefill(a, nullptr);
-    cuda_check(cudaDeviceSynchronize(), "pair prepare");
-    std::vector<unsigned char> h(wsb);
-    cuda_check(cudaMemcpy(h.data(), ws.p, wsb, cudaMemcpyDeviceToHost), "download workspace");
-    struct Field {
-      const char* name;
-      double max_abs = 0, max_ref = 0;
-      std::size_t nonfinite = 0;
-      void add(double x, double r) {
-        if (!std::isfinite(x)) ++nonfinite;
-        else max_abs = std::max(max_abs, std::fabs(x - r));
-        max_ref = std::max(max_ref, std::fabs(r));
-      }
-      double rel() const { return max_ref > 0 ? max_abs / max_ref : max_abs; }
-    };
-    Field W2{"W2"}, Qg2{"Qg2"}, Kd2{"Kd2"}, U2{"U2"}, P2{"P2"}, gn2{"gam_n2"};
+    REQUIRE(h.size() == in.B * npair * in.HV * PS::bytes);
+    FieldDiff W2{"W2"}, Qg2{"Qg2"}, Kd2{"Kd2"}, U2{"U2"}, P2{"P2"}, gn2{"gam_n2"};
     double range_w[2] = {0, 0}, range_u[2] = {0, 0};  // max |W_c|, |Wb| and |U_c|, |Ub| (float64)
     for (std::size_t b = 0; b < in.B; ++b)
       for (std::size_t pp = 0; pp < npair; ++pp)
@@ -457,9 +363,9 @@ TEST_CASE("pair workspace slot (KdaPairSlot) vs a float64 computation of the pai
           for (std::size_t R = 0; R < 32; ++R)
             for (std::size_t i = 0; i < Dm; ++i) {
               const std::size_t mt = R / 16, r = R % 16;
-              W2.add(u16_at(s + PS::W2 + mt * 4096, afrag_byte(r, i)), round_bf16(x.W2[R * Dm + i]));
-              Qg2.add(u16_at(s + PS::Qg2 + mt * 4096, afrag_byte(r, i)), round_bf16(x.Qg2[R * Dm + i]));
-              Kd2.add(u16_at(s + PS::Kd2 + mt * 4096, bfrag_byte(r, i)), round_bf16(x.Kd2[R * Dm + i]));
+              W2.add(bf16_at(s + PS::W2 + mt * 4096, afrag_byte(r, i)), round_bf16(x.W2[R * Dm + i]));
+              Qg2.add(bf16_at(s + PS::Qg2 + mt * 4096, afrag_byte(r, i)), round_bf16(x.Qg2[R * Dm + i]));
+              Kd2.add(bf16_at(s + PS::Kd2 + mt * 4096, bfrag_byte(r, i)), round_bf16(x.Kd2[R * Dm + i]));
               U2.add(f32_at(s + PS::U2, 4 * (R * Dm + i)), x.U2[R * Dm + i]);
               range_w[mt] = std::max(range_w[mt], std::fabs(x.W2[R * Dm + i]));
               range_u[mt] = std::max(range_u[mt], std::fabs(x.U2[R * Dm + i]));
@@ -470,7 +376,7 @@ TEST_CASE("pair workspace slot (KdaPairSlot) vs a float64 computation of the pai
             for (std::size_t r = 0; r < 16; ++r)
               for (std::size_t c = 0; c < 16; ++c) {
                 const std::size_t off = PS::Pf2 + 1024 * blk + afrag_byte(r, c);
-                P2.add(u16_at(s, off) + u16_at(s, off + 512), x.P2[(r0[blk] + r) * 32 + c0[blk] + c]);
+                P2.add(bf16_at(s, off) + bf16_at(s, off + 512), x.P2[(r0[blk] + r) * 32 + c0[blk] + c]);
               }
           for (std::size_t i = 0; i < Dm; ++i) gn2.add(f32_at(s + PS::gam_n2, 4 * i), x.gn2[i]);
         }
@@ -479,7 +385,7 @@ TEST_CASE("pair workspace slot (KdaPairSlot) vs a float64 computation of the pai
                 cs.B, cs.T, cs.H, in.HV, cs.slow_bias == 0 ? "anchor gates" : cs.slow_bias == -6 ? "slow b=-6" : "slow b=-2",
                 in.B * npair * in.HV, W2.rel(), Qg2.rel(), Kd2.rel(), U2.rel(), P2.rel(), gn2.rel(), range_w[0], range_w[1],
                 range_u[0], range_u[1]);
-    for (const Field* f : {&W2, &Qg2, &Kd2, &U2, &P2, &gn2}) {
+    for (const FieldDiff* f : {&W2, &Qg2, &Kd2, &U2, &P2, &gn2}) {
       CAPTURE(f->name, f->rel(), f->nonfinite);
       REQUIRE(f->nonfinite == 0);
     }
@@ -566,21 +472,9 @@ TEST_CASE("pair step T = 65536, H = 32 vs the default prefill on all heads and f
   const std::size_t nq = li.nq;
   kernels::KdaPrefillArgs a = li.a;
   DevBuf o1(nq * 2), S1(H * Dm * Dm * 4), o2(nq * 2), S2(H * Dm * Dm * 4);
-  auto run = [&](kernels::KdaPrefillArgs x, DevBuf& ob, DevBuf& sb) {
-    ob.poison();
-    sb.poison();
-    x.o = ob.as<bf16_t>();
-    x.S_final = sb.as<float>();
-    DevBuf ws(kernels::kda_prefill_workspace_bytes(x));
-    ws.poison();
-    x.workspace = ws.p;
-    x.workspace_bytes = ws.bytes;
-    kernels::kda_prefill(x, nullptr);
-    cuda_check(cudaDeviceSynchronize(), "kda_prefill T=65536");
-  };
-  run(a, o1, S1);
+  run_prefill_into(a, o1, S1);
   a.pair_chunks = true;
-  run(a, o2, S2);
+  run_prefill_into(a, o2, S2);
   const auto ko1 = download_bf16(o1), ko2 = download_bf16(o2);
   const auto kS1 = download_f32(S1), kS2 = download_f32(S2);
   const auto mo = compare(ko2, ko1), ms = compare(kS2, kS1);
@@ -591,30 +485,8 @@ TEST_CASE("pair step T = 65536, H = 32 vs the default prefill on all heads and f
   CHECK(ms.rel_rms <= 2 * tol::kda_twin_state.value);
   // one head vs the float64 recurrence (heads are independent)
   const std::size_t hv = 7;
-  std::vector<float> A_h(H), bias_h(H * Dm), S0_h(H * Dm * Dm);
-  cuda_check(cudaMemcpy(A_h.data(), li.A_log.p, li.A_log.bytes, cudaMemcpyDeviceToHost), "A_log");
-  cuda_check(cudaMemcpy(bias_h.data(), li.bias.p, li.bias.bytes, cudaMemcpyDeviceToHost), "bias");
-  cuda_check(cudaMemcpy(S0_h.data(), li.S0.p, li.S0.bytes, cudaMemcpyDeviceToHost), "S0");
-  auto mk = [](std::vector<std::size_t> shp, std::vector<double> data) {
-    Tensor<double> t(std::move(shp));
-    REQUIRE(t.data.size() == data.size());
-    t.data = std::move(data);
-    return t;
-  };
-  KdaInputs in;
-  in.B = 1; in.T = T; in.H = 1; in.HV = 1; in.d_k = Dm; in.d_v = Dm;
-  in.g_min = -5.0;
-  in.scale = 1.0 / std::sqrt(128.0);
-  in.q_raw = mk({1, T, 1, Dm}, download_head_bf16(li.q.as<bf16_t>(), T, H, hv));
-  in.k_raw = mk({1, T, 1, Dm}, download_head_bf16(li.k.as<bf16_t>(), T, H, hv));
-  in.v = mk({1, T, 1, Dm}, download_head_bf16(li.v.as<bf16_t>(), T, H, hv));
-  in.g_raw = mk({1, T, 1, Dm}, download_head_bf16(li.g.as<bf16_t>(), T, H, hv));
-  in.beta_raw = mk({1, T, 1}, download_head_bf16(li.beta.as<bf16_t>(), T, H, hv, 1));
-  in.A_log = mk({1}, std::vector<double>{A_h[hv]});
-  in.bias = mk({1, Dm}, std::vector<double>(bias_h.begin() + hv * Dm, bias_h.begin() + (hv + 1) * Dm));
-  in.S0 = mk({1, 1, Dm, Dm}, std::vector<double>(S0_h.begin() + hv * Dm * Dm, S0_h.begin() + (hv + 1) * Dm * Dm));
-  derive_kda(in);
-  const auto ref = truth(in);
+  const KdaInputs in = long_head_inputs(li, hv);
+  const auto ref = kda_truth(in);
   const auto h1 = download_head_bf16(o1.as<bf16_t>(), T, H, hv), h2 = download_head_bf16(o2.as<bf16_t>(), T, H, hv);
   const std::vector<double> s2(kS2.begin() + hv * Dm * Dm, kS2.begin() + (hv + 1) * Dm * Dm),
       s1(kS1.begin() + hv * Dm * Dm, kS1.begin() + (hv + 1) * Dm * Dm);
