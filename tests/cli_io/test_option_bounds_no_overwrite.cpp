@@ -74,8 +74,10 @@ TEST_CASE("parity refuses a repeated value in any list option (exit 2, the optio
       {"--state-precision fp32,fp32", "--state-precision: fp32 is given more than once"},
       {"--matmul-precision plan,bf16,plan", "--matmul-precision: plan is given more than once"},
   };
-  for (const auto& [opt, says] : cases) {
-    const auto r = run_kdalab("parity --quick --quiet --T 17 --dk 16 --dv 16 " + opt + " --out " + d.file("p.h5"));
+  int k = 0;
+  for (const auto& [opt, says] : cases) {  // each its own --out: a file left by one case cannot fail the next
+    const auto r = run_kdalab("parity --quick --quiet --T 17 --dk 16 --dv 16 " + opt + " --out " +
+                              d.file(fmt::format("p{}.h5", ++k)));
     INFO(opt << ": " << r.output);
     CHECK(r.code == 2);
     CHECK(r.output.find(says) != std::string::npos);
@@ -100,15 +102,18 @@ TEST_CASE("parity messages name the option, the value and what is accepted") {
       {"--C 1e13", {"--C: 10000000000000 is not accepted; give integers in [1, 1e12]"}},
       {"--T 0", {"--T: 0 is not accepted; give integers in [1, 1e12]"}},
   };
-  for (const auto& [opt, says] : cases) {
-    const auto r = run_kdalab("parity --quick --quiet --T 17 --dk 16 --dv 16 " + opt + " --out " + d.file("p.h5"));
+  int k = 0;
+  for (const auto& [opt, says] : cases) {  // each its own --out: a file left by one case cannot fail the next
+    const auto r = run_kdalab("parity --quick --quiet --T 17 --dk 16 --dv 16 " + opt + " --out " +
+                              d.file(fmt::format("p{}.h5", ++k)));
     INFO(opt << ": " << r.output);
     CHECK(r.code == 2);
     for (const auto& s : says) CHECK(r.output.find(s) != std::string::npos);  // "...\n": the list ends the message
     CHECK(r.output.find("non-finite") == std::string::npos);
   }
   CHECK(d.count() == 0);
-  // the float64 implementations compute g in float64: the same g_min runs there
+  // the float64 implementations compute g in float64: the same g_min runs there (with float32 it read "tensor 'g'
+  // has a non-finite value")
   const auto ok = run_kdalab("parity --quick --quiet --T 17 --dk 16 --dv 16 --g-min -1e39 --gate bounded --beta one "
                              "--impl float64 --out " + d.file("p.h5"));
   INFO(ok.output);
