@@ -195,14 +195,17 @@ void register_decode_cost(Registry& reg) {
       if (!min_time_opt->count()) o->min_time = 0.02;
     }
     require(o->cpu_d >= 1 && o->cpu_d <= 512 && o->cpu_d == std::floor(o->cpu_d), fmt::format("--cpu-d: {} is not an integer in [1, 512]", o->cpu_d));
-    // Each --cpu-n value: an integer in [0, 1e6] whose softmax cache (K and V: 2 n d numbers of CpuScalar, allocated
-    // up front) fits kCpuCacheMaxBytes; one message says both, with the bytes this n would need. With float32 the
-    // range bound is the tighter one (2 x 1e6 x 512 x 4 B = 3.8 GiB); the byte bound takes over if CpuScalar grows.
+    // Each --cpu-n value: an integer in [0, 1e6] (the range message alone when that fails), and then a softmax cache
+    // (K and V: 2 n d numbers of CpuScalar, allocated up front) that fits kCpuCacheMaxBytes (the size message alone,
+    // with the bytes this n would need). With float32 the range bound is the tighter one (2 x 1e6 x 512 x 4 B =
+    // 3.8 GiB): the byte bound takes over only if CpuScalar grows.
     for (double n : o->cpu_n) {
+      require(n >= 0 && n <= 1e6 && n == std::floor(n),
+              fmt::format("--cpu-n: {} is not accepted; accepted: integers n in [0, 1e6] (0 = skip)", n));
       const double bytes = 2.0 * n * o->cpu_d * static_cast<double>(sizeof(CpuScalar));
-      require(n >= 0 && n <= 1e6 && n == std::floor(n) && bytes <= kCpuCacheMaxBytes,
-              fmt::format("--cpu-n: {} with --cpu-d {} is not accepted (its softmax cache, 2 n d x {} B, would take "
-                          "{:.3g} GiB); accepted: integers n in [0, 1e6] with 2 n d x {} B <= {:.0f} GiB",
+      require(bytes <= kCpuCacheMaxBytes,
+              fmt::format("--cpu-n: {} with --cpu-d {} is not accepted: its softmax cache, 2 n d x {} B, would take "
+                          "{:.3g} GiB; accepted: 2 n d x {} B <= {:.0f} GiB",
                           n, o->cpu_d, sizeof(CpuScalar), bytes / 1073741824.0, sizeof(CpuScalar),
                           kCpuCacheMaxBytes / 1073741824.0));
     }

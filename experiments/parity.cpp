@@ -11,7 +11,7 @@
 //   float64-chunk, float32-chunk  the chunked UT/WY form of reference/kda_chunk.hpp with chunk C
 //              (16-token secondary tiles, forward substitution); float32 refuses a factored
 //              decay span above 80 nats (softplus gates can exceed it): such rows are skipped
-//              with one note per (implementation, C) naming the points (merge_skip_note())
+//              with one note per (implementation, C) naming the points (merge_point_note())
 //   twin-bf16  the kernel twin numerics/kda_twin.hpp (bf16 inputs and output), per (C, state
 //              precision, matmul precision); matmul "plan" is the CUDA kernel's chosen plan
 //              (kda_plan_kernel(): intra-chunk products fp32, the three d_k x d_v products bf16),
@@ -71,11 +71,22 @@ struct ParityOptions {
 
 const std::vector<std::string> kImpls{"float64", "float32", "float64-chunk", "float32-chunk", "twin-bf16", "cuda-bf16"};
 
-/// x as a count: an integer in [min, 1e12]; kdalab::Error naming --<opt> and the value otherwise.
+/// x as a count: an integer in [min, 1e12]; kdalab::Error naming --<opt>, the value and that range otherwise.
 std::size_t as_count(double x, const std::string& opt, double min = 1) {
   require(std::isfinite(x) && x >= min && x == std::floor(x) && x <= 1e12,
-          fmt::format("--{}: {} is not accepted; give integers >= {}", opt, x, min));
+          fmt::format("--{}: {} is not accepted; give integers in [{}, 1e12]", opt, x, min));
   return static_cast<std::size_t>(x);
+}
+
+/// Refuses a value given twice in list option `opt` (it would give duplicate rows): kdalab::Error naming the
+/// option and the value.
+template <class T>
+void refuse_repeats(const std::vector<T>& values, const std::string& opt) {
+  for (std::size_t i = 0; i < values.size(); ++i)
+    for (std::size_t j = 0; j < i; ++j)
+      require(!(values[j] == values[i]),
+              fmt::format("{}: {} is given more than once; give each value once (a repeat would give duplicate rows)",
+                          opt, values[i]));
 }
 
 /// Result of one implementation on one grid point, as float64 copies.
@@ -227,23 +238,25 @@ double median(std::vector<double> x) {
   return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
 }
 
-/// One grid point where a chunked implementation refused its inputs (kdalab::Error from kda_chunked).
-struct Skip {
+/// One grid point a note is about: a chunked implementation refused its inputs (kdalab::Error from
+/// kda_chunked), or a row's o or S holds NaN/Inf.
+struct PointNote {
   std::size_t point;  ///< index of the grid point
   std::string label;  ///< "T=.. H=.. gate beta"
-  std::string why;    ///< the Error's message
+  std::string why;    ///< what happened there (the Error's message, or the NaN/Inf counts)
 };
 
-/// The one note for every point where implementation `impl` at chunk size C was skipped (skips: >= 1, in
-/// point order). One skip: "<impl> C=<C> skipped at point <p> (<label>): <why>". Several: "<impl> C=<C>
-/// skipped at <k> points [<p> (<label>), ...]: <why>", where the messages are merged word by word when they
-/// have the same number of words (space-separated): a word they all share is kept, a word that differs is
-/// replaced by its range "lo .. hi" when every message has a number there (e.g. the decay span
-/// "84.7576 .. 173.205"), else by its distinct values joined by " / ". Messages of different lengths are
-/// kept whole, each after its point ("<p>: <why>; ..."). Never throws on any input.
-std::string merge_skip_note(const std::string& impl, std::size_t C, const std::vector<Skip>& skips) {
-  if (skips.size() == 1)
-    return fmt::format("{} C={} skipped at point {} ({}): {}", impl, C, skips[0].point, skips[0].label, skips[0].why);
+/// The one note for every point with the same `head` (e.g. "float32-chunk C=16 skipped", "twin-bf16 C=16
+/// (state fp32, matmul plan) has NaN/Inf"; items: >= 1, in point order). One point: "<head> at point <p>
+/// (<label>): <why>". Several: "<head> at <k> points [<p> (<label>), ...]: <why>", where the messages are
+/// merged word by word when they have the same number of words (space-separated): a word they all share is
+/// kept, a word that differs is replaced by its range "lo .. hi" when every message has a number there (e.g.
+/// the decay span "84.7576 .. 173.205", a NaN count "12 .. 40"), else by its distinct values joined by " / ".
+/// Messages of different lengths are kept whole, each after its point ("<p>: <why>; ..."). Never throws on
+/// any input.
+std::string merge_point_note(const std::string& head, const std::vector<PointNote>& items) {
+  if (items.size() == 1)
+    return fmt::format("{} at point {} ({}): {}", head, items[0].point, items[0].label, items[0].why);
   auto words = [](const std::string& text) {
     std::vector<std::string> w;
     std::size_t a = 0;
@@ -259,13 +272,13 @@ std::string merge_skip_note(const std::string& impl, std::size_t C, const std::v
     return end == w.c_str() + w.size() && std::isfinite(x);
   };
   std::string where;
-  for (const auto& sk : skips) where += fmt::format("{}{} ({})", where.empty() ? "" : ", ", sk.point, sk.label);
+  for (const auto& it : items) where += fmt::format("{}{} ({})", where.empty() ? "" : ", ", it.point, it.label);
   std::vector<std::vector<std::string>> ws;
-  for (const auto& sk : skips) ws.push_back(words(sk.why));
+  for (const auto& it : items) ws.push_back(words(it.why));
   std::string why;
   const bool same_shape = std::all_of(ws.begin(), ws.end(), [&](const auto& w) { return w.size() == ws[0].size(); });
   if (!same_shape) {
-    for (const auto& sk : skips) why += fmt::format("{}{}: {}", why.empty() ? "" : "; ", sk.point, sk.why);
+    for (const auto& it : items) why += fmt::format("{}{}: {}", why.empty() ? "" : "; ", it.point, it.why);
   } else {
     for (std::size_t j = 0; j < ws[0].size(); ++j) {
       std::vector<std::string> distinct;
@@ -299,7 +312,7 @@ std::string merge_skip_note(const std::string& impl, std::size_t C, const std::v
       why += (j ? " " : "") + merged;
     }
   }
-  return fmt::format("{} C={} skipped at {} points [{}]: {}", impl, C, skips.size(), where, why);
+  return fmt::format("{} at {} points [{}]: {}", head, items.size(), where, why);
 }
 
 }  // namespace
@@ -384,16 +397,39 @@ void register_parity(Registry& reg) {
               "cuda-bf16");
     std::vector<Format> states;
     for (const auto& s : o->state) {
-      const Format f = parse_format(s, "--state-precision");
-      require(f == Format::fp32 || f == Format::bf16, "--state-precision: '" + s + "' is not accepted; accepted: fp32, bf16");
-      states.push_back(f);
+      require(s == "fp32" || s == "bf16", "--state-precision: '" + s + "' is not accepted; accepted: fp32, bf16");
+      states.push_back(parse_format(s, "--state-precision"));
     }
     for (const auto& s : o->matmul) {
-      if (s == "plan") continue;
-      const Format f = parse_format(s, "--matmul-precision");
-      require(f != Format::fp64,
-              "--matmul-precision: 'fp64' is not a tensor-core format; accepted: plan, bf16, fp16, tf32, fp32");
+      require(s != "fp64" && s != "float64",
+              "--matmul-precision: '" + s + "' is not a tensor-core format; accepted: plan, bf16, fp16, tf32, fp32");
+      require(s == "plan" || s == "bf16" || s == "fp16" || s == "tf32" || s == "fp32",
+              "--matmul-precision: '" + s + "' is not accepted; accepted: plan, bf16, fp16, tf32, fp32");
     }
+    // A repeated value in a list option would give duplicate rows (the same grid point or implementation twice).
+    refuse_repeats(o->B, "--B");
+    refuse_repeats(o->T, "--T");
+    refuse_repeats(o->H, "--H");
+    refuse_repeats(o->dk, "--dk");
+    refuse_repeats(o->dv, "--dv");
+    refuse_repeats(o->C, "--C");
+    refuse_repeats(o->g_min, "--g-min");
+    refuse_repeats(o->gate, "--gate");
+    refuse_repeats(o->beta, "--beta");
+    refuse_repeats(o->impl, "--impl");
+    refuse_repeats(o->state, "--state-precision");
+    refuse_repeats(o->matmul, "--matmul-precision");
+    // The float32 implementations compute the bounded gate g = g_min Sigmoid(...) in float32: a g_min beyond its
+    // largest finite value would read as -inf there (reported as "tensor 'g' has a non-finite value").
+    const bool float32_impl = std::any_of(o->impl.begin(), o->impl.end(),
+                                          [](const std::string& s) { return s == "float32" || s == "float32-chunk"; });
+    if (float32_impl && std::find(gates.begin(), gates.end(), GateKind::bounded) != gates.end())
+      for (double x : o->g_min)
+        require(x >= -static_cast<double>(std::numeric_limits<float>::max()),
+                fmt::format("--g-min: {} is not accepted with --impl float32 / float32-chunk: the bounded gate "
+                            "g = g_min Sigmoid(...) is computed in float32, whose largest finite magnitude is {:.6g}; "
+                            "give {:.6g} <= g_min < 0", x, std::numeric_limits<float>::max(),
+                            -std::numeric_limits<float>::max()));
     if (std::find(o->impl.begin(), o->impl.end(), "twin-bf16") != o->impl.end())
       for (double C : o->C)
         require(C <= 64, fmt::format("--C: {} is not accepted with the twin-bf16 implementation (1 <= C <= 64)", C));
@@ -464,9 +500,19 @@ void register_parity(Registry& reg) {
     auto note = [&](const std::string& n) {
       if (std::find(notes.begin(), notes.end(), n) == notes.end()) notes.push_back(n);
     };
-    // Skipped chunked rows, one note per (implementation, C) listing its points: a placeholder in `notes` where the
-    // first skip happened, filled in by merge_skip_note() once the grid is done.
-    std::map<std::pair<std::string, std::size_t>, std::pair<std::size_t, std::vector<Skip>>> skips;
+    // Notes about points, merged per head: skipped chunked rows, one per (implementation, C) ("<impl> C=<C> skipped"),
+    // and rows whose o or S holds NaN/Inf, one per (implementation, C, state precision, matmul precision) ("<impl>
+    // C=<C> (state <st>, matmul <mm>) has NaN/Inf", the row's own columns, so a note matches its rows). Each is a
+    // placeholder in `notes` where its first point happened, filled in by merge_point_note() once the grid is done.
+    std::map<std::string, std::pair<std::size_t, std::vector<PointNote>>> point_notes;
+    auto point_note = [&](const std::string& head, std::size_t p, const std::string& label, const std::string& why) {
+      auto [it, first] = point_notes.try_emplace(head);
+      if (first) {
+        it->second.first = notes.size();
+        notes.emplace_back();  // merged below
+      }
+      it->second.second.push_back({p, label, why});
+    };
 
     auto prog = ctx.progress("parity", total);
     std::size_t row = 0;
@@ -487,9 +533,11 @@ void register_parity(Registry& reg) {
         for (std::size_t j = 0; j < w.size() && j < static_cast<std::size_t>(o->windows); ++j) windows(row, j) = w[j];
         const double wmax = nan_max(w);
         if (mo.nan_count + mo.inf_count + ms.nan_count + ms.inf_count > 0)
-          note(fmt::format("{} C={} at point {} ({}): o has {} NaN / {} Inf, S has {} NaN / {} Inf (recorded in the row; "
-                           "the factored chunk form overflows at this C and gate: see kdalab decay-range)",
-                           impl, C, p, label, mo.nan_count, mo.inf_count, ms.nan_count, ms.inf_count));
+          point_note(fmt::format("{} C={} (state {}, matmul {}) has NaN/Inf", impl, C, st, mm), p, label,
+                     fmt::format("o has {} NaN / {} Inf, S has {} NaN / {} Inf (recorded in the rows{})", mo.nan_count,
+                                 mo.inf_count, ms.nan_count, ms.inf_count,
+                                 C > 0 ? "; the factored chunk form overflows at this C and gate: see kdalab decay-range"
+                                       : ""));
         std::string truth_name = tr.name;
         if (impl == "float64" && tk == "f64") truth_name += " (the same computation: 0 by construction)";
         t.row({static_cast<std::int64_t>(p), in.generator, static_cast<std::int64_t>(s.seed),
@@ -516,12 +564,7 @@ void register_parity(Registry& reg) {
               record(impl, static_cast<std::int64_t>(Cn), f64 ? "fp64" : "fp32", f64 ? "fp64" : "fp32",
                      f64 ? run_chunked<double>(in, Cn, "fp64") : run_chunked<float>(in, Cn, "fp32"));
             } catch (const Error& e) {  // factored decay span over the scalar type's limit
-              auto [it, first] = skips.try_emplace({impl, Cn});
-              if (first) {
-                it->second.first = notes.size();
-                notes.emplace_back();  // merged below
-              }
-              it->second.second.push_back({p, label, e.what()});
+              point_note(fmt::format("{} C={} skipped", impl, Cn), p, label, e.what());
             }
             prog.tick(1, label + " " + impl);
           }
@@ -546,7 +589,7 @@ void register_parity(Registry& reg) {
       }
     }
     prog.finish();
-    for (const auto& [key, at] : skips) notes[at.first] = merge_skip_note(key.first, key.second, at.second);
+    for (const auto& [head, at] : point_notes) notes[at.first] = merge_point_note(head, at.second);
     if (t.rows() == 0)  // the first note goes into the one-line error below; the others are printed here, once
       for (std::size_t i = 1; i < notes.size(); ++i) fmt::print(stderr, "parity: note: {}\n", notes[i]);
     if (t.rows() == 0 && cuda_unavailable) {  // e.g. --impl cuda-bf16 alone without a GPU: not bad input, exit 3

@@ -20,9 +20,8 @@ LS = {"fp64": ":", "fp32": "-", "bf16": "--"}
 def main():
     a = fs.parse_args(__doc__.splitlines()[0])
     with h5py.File(a.results, "r") as f:
-        if "copy/accuracy" not in f:
-            return fs.skip(f"{a.results} has no copy/accuracy table")
-        t = fs.table(f, "copy/accuracy")
+        t = fs.need_table(f, "copy/accuracy", ("d_k", "alphabet", "L", "memory", "precision", "copy_accuracy"),
+                          a.results)
         dks = sorted(set(t["d_k"].tolist()))
         D = int(t["alphabet"][0])
         Lmax = int(t["L"].max())
@@ -82,4 +81,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(fs.run(main))

@@ -28,9 +28,8 @@ TITLES = {("chunked", "fp64"): "chunked, fp64 (control)", ("chunked", "fp32"): "
 def main():
     a = fs.parse_args(__doc__.splitlines()[0])
     with h5py.File(a.results, "r") as f:
-        if "decay_range/table" not in f:
-            return fs.skip(f"{a.results} has no decay_range/table")
-        t = fs.table(f, "decay_range/table")
+        t = fs.need_table(f, "decay_range/table", ("gate", "g_min", "C", "impl", "precision", "rel_rms", "o_nan", "o_inf",
+                                                    "overflow", "underflow", "subnormal"), a.results)
         gate_rows = []
         for g, gm in zip(t["gate"], t["g_min"]):
             key = "softplus" if g == "softplus" else float(gm)
@@ -40,6 +39,8 @@ def main():
         gate_rows = bounded + (["softplus"] if "softplus" in gate_rows else [])
         Cs = sorted(set(t["C"].tolist()))
         panels = [p for p in PANELS if ((t["impl"] == p[0]) & (t["precision"] == p[1])).any()]
+        if not panels:
+            return fs.skip(f"{a.results}: decay_range/table has no rows of a known implementation and precision")
         ncol = min(3, len(panels))
         nrow = (len(panels) + ncol - 1) // ncol
         fig, axes = plt.subplots(nrow, ncol, figsize=(3.2 * ncol, 3.0 * nrow), squeeze=False, sharey=True,
@@ -65,7 +66,7 @@ def main():
                                                            ("sub" if t["subnormal"][i] > 0 else ""))
                 lab = ("NaN" if t["o_nan"][i] > 0 else "Inf") if bad else f"{e:.0e}"
                 txt[r][c] = lab + ("\n" + flags if flags else "")
-                if impl == "cuda" and t["allow_unsafe_range"][i] == 1:
+                if impl == "cuda" and "allow_unsafe_range" in t and t["allow_unsafe_range"][i] == 1:
                     txt[r][c] += "\nunsafe"
             im = ax.imshow(np.ma.masked_invalid(Z), cmap=cmap, vmin=-17, vmax=0, aspect="auto")
             ax.set_facecolor("#5b0f0f")
@@ -97,4 +98,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(fs.run(main))

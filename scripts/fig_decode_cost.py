@@ -20,11 +20,11 @@ from figstyle import plt
 def main():
     a = fs.parse_args(__doc__.splitlines()[0])
     with h5py.File(a.results, "r") as f:
-        if "decode_cost/analytic" not in f:
-            return fs.skip(f"{a.results} has no decode_cost/analytic table")
-        t = fs.table(f, "decode_cost/analytic")
-        has_cpu = "decode_cost/cpu" in f
-        has_gpu = "decode_cost/gpu" in f and "mla_layer_s" in f["decode_cost/gpu"]
+        t = fs.need_table(f, "decode_cost/analytic", ("n", "d", "softmax_reads", "kda_reads", "ratio_floor"), a.results)
+        # (not c / g: the loop below takes c for a colour)
+        cpu = fs.optional_table(f, "decode_cost/cpu", ("impl", "n", "d", "seconds_per_token"))
+        gpu = fs.optional_table(f, "decode_cost/gpu", ("n", "mla_layer_s", "kda_layer_s"))
+        has_cpu, has_gpu = cpu is not None, gpu is not None
         ncols = 2 if (has_cpu or has_gpu) else 1
         fig, axes = plt.subplots(1, ncols, figsize=(4.2 * ncols, 3.6), squeeze=False)
         ax = axes[0][0]
@@ -52,7 +52,7 @@ def main():
         if ncols == 2:
             ax = axes[0][1]
             if has_cpu:
-                c = fs.table(f, "decode_cost/cpu")
+                c = cpu
                 for impl, col, mk in (("softmax", "#d62728", "o"), ("kda", "#2ca02c", "s")):
                     sel = c["impl"] == impl
                     if sel.any():
@@ -61,7 +61,7 @@ def main():
                                 label=f"CPU reference: {'softmax read' if impl == 'softmax' else 'KDA step'} "
                                       f"(d = {int(c['d'][sel][0])})")
             if has_gpu:
-                g = fs.table(f, "decode_cost/gpu")
+                g = gpu
                 o = np.argsort(g["n"])
                 ax.plot(g["n"][o], 1e6 * g["mla_layer_s"][o], "-^", ms=3.5, color="#7f7f7f",
                         label="H200: absorbed MLA decode, 32 heads, $d_c$ = 512 (kdalab kernel)")
@@ -86,4 +86,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(fs.run(main))

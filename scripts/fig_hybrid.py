@@ -21,9 +21,7 @@ STYLE = {"kimi-linear-48b": ("#2ca02c", "Kimi Linear 48B (20 KDA + 7 MLA)"),
 def main():
     a = fs.parse_args(__doc__.splitlines()[0])
     with h5py.File(a.results, "r") as f:
-        if "decode_cost/hybrid" not in f:
-            return fs.skip(f"{a.results} has no decode_cost/hybrid table")
-        h = fs.table(f, "decode_cost/hybrid")
+        h = fs.need_table(f, "decode_cost/hybrid", ("layout", "batch_kind", "n", "speedup_vs_mla", "batch"), a.results)
         at = f["decode_cost/hybrid"].attrs
         fig, axes = plt.subplots(1, 2, figsize=(8.6, 3.7))
         ax = axes[0]
@@ -33,8 +31,8 @@ def main():
                 continue
             o = np.argsort(h["n"][sel])
             ax.plot(h["n"][sel][o], h["speedup_vs_mla"][sel][o], "-o", ms=3, color=col, label=lab)
-        if "decode_cost/gpu" in f and "speedup_48b" in f["decode_cost/gpu"]:
-            g = fs.table(f, "decode_cost/gpu")
+        g = fs.optional_table(f, "decode_cost/gpu", ("n", "speedup_48b"))
+        if g is not None:
             o = np.argsort(g["n"])
             ax.plot(g["n"][o], g["speedup_48b"][o], "s", ms=5, mfc="none", color="#2ca02c",
                     label="Kimi Linear 48B, measured on the H200 (batch 1)")
@@ -79,4 +77,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(fs.run(main))

@@ -10,6 +10,9 @@ Series that lie on each other (every median within COINCIDE, 2%: e.g. the twin's
 whose o is the same, or the CUDA kernel and its twin) stay visible: the first of such a group is drawn
 underneath with a large open marker and a thick solid line, each further one on top with a smaller marker
 of another shape and a thinner dashed/dotted line, and its legend entry says which series it lies on.
+Rows whose error is not finite (o_rel_rms = inf: the row's o has NaN/Inf, e.g. the twin at a g_min far beyond
+the kernel's range) are left out of the medians and bands; each (series, T) holding such rows is marked by a
+triangle at the top edge of the panel in the series' colour, its legend entry counts them and the footer says so.
 Usage: /usr/bin/python3 scripts/fig_parity.py RESULTS.h5 [--out-dir figures] [--dump FILE.json]
 """
 import sys
@@ -26,6 +29,9 @@ ZERO_AT = 1e-18  # an exact 0 is drawn here on the log axis
 COINCIDE = 0.02  # two series coincide when every median differs by less than this, relatively
 MARKERS = ["o", "s", "D", "^", "v", "P", "X", "*"]
 LINESTYLES = ["-", "--", ":", "-."]
+NONFINITE_MARKER = "^"  # drawn at the top edge (axes fraction NONFINITE_Y) where a series has non-finite rows
+NONFINITE_Y = 0.97
+NONFINITE_GLYPH = "\u25b2"  # the marker as the legend and footer text name it
 
 
 def find_table(f):
@@ -41,7 +47,7 @@ def main():
         g = find_table(f)
         if g is None:
             return fs.skip(f"{a.results} has no parity table with columns impl and T")
-        t = fs.table(f, g)
+        t = fs.need_table(f, g, ("impl", "T"), a.results)
         err_col = "o_rel_rms" if "o_rel_rms" in t else ("rel_rms" if "rel_rms" in t else None)
         if err_col is None:
             return fs.skip(f"{a.results}: {g} has no o_rel_rms / rel_rms column")
@@ -53,19 +59,30 @@ def main():
         else:
             prec = np.array([""] * n)
         labels = np.array([f"{i}" + (f" ({p})" if p else "") for i, p in zip(t["impl"], prec)])
-        series = []  # (label, Ts, median, lo, hi)
+        series = []  # (label, Ts, median, lo, hi, non-finite rows per T, rows per T)
+        err = np.asarray(t[err_col], dtype=float)
         for lab in sorted(set(labels.tolist())):
             sel = labels == lab
             Ts = np.array(sorted(set(t["T"][sel].tolist())))
-            per_T = [t[err_col][sel][t["T"][sel] == T] for T in Ts]
-            series.append((lab, Ts, np.array([np.median(v) for v in per_T]), np.array([np.min(v) for v in per_T]),
-                           np.array([np.max(v) for v in per_T])))
+            per_T = [err[sel][t["T"][sel] == T] for T in Ts]
+            fin = [v[np.isfinite(v)] for v in per_T]
+            # a T whose rows are all non-finite has no median: NaN breaks the line there (its marker says why)
+            series.append((lab, Ts, np.array([np.median(v) if v.size else np.nan for v in fin]),
+                           np.array([np.min(v) if v.size else np.nan for v in fin]),
+                           np.array([np.max(v) if v.size else np.nan for v in fin]),
+                           np.array([v.size - w.size for v, w in zip(per_T, fin)]), np.array([v.size for v in per_T])))
+        n_nonfinite = int(sum(int(sr[5].sum()) for sr in series))
 
         def coincide(a, b):
             if a[1].shape != b[1].shape or not np.array_equal(a[1], b[1]):
                 return False
+            if not np.array_equal(a[5], b[5]):  # non-finite rows at other T: not the same curve
+                return False
             x, y = np.maximum(a[2], ZERO_AT), np.maximum(b[2], ZERO_AT)
-            return bool(np.all(np.abs(x - y) <= COINCIDE * np.maximum(x, y)))
+            both = np.isfinite(x) & np.isfinite(y)
+            if not np.array_equal(both, np.isfinite(x) | np.isfinite(y)):
+                return False
+            return bool(np.all(np.abs(x[both] - y[both]) <= COINCIDE * np.maximum(x[both], y[both])))
 
         # Groups of coinciding series, in label order; a CUDA kernel series goes first (drawn underneath).
         groups = []
@@ -80,18 +97,21 @@ def main():
             g.sort(key=lambda k: (not series[k][0].startswith("cuda"), k))
         # The bf16 class (median >= 1e-4 somewhere: the twin, the kernel) also gets a zoomed panel, where it
         # can be told apart from the reference lines it sits among (1.66e-3 .. 5.6e-3).
-        zoomed = [k for k in range(len(series)) if np.nanmax(series[k][2]) >= 1e-4]
+        zoomed = [k for k in range(len(series)) if np.any(series[k][2] >= 1e-4)]  # NaN (no finite row) compares False
         fig, axes = plt.subplots(1, 2 if zoomed else 1, figsize=(10.6 if zoomed else 7.4, 4.0), squeeze=False,
                                  gridspec_kw={"width_ratios": [1.25, 1]} if zoomed else None)
         ax, axz = axes[0][0], (axes[0][1] if zoomed else None)
         cmap = plt.get_cmap("tab10")
         for g in groups:
             for rank, k in enumerate(g):
-                lab, Ts, med, lo, hi = series[k]
+                lab, Ts, med, lo, hi, bad, rows = series[k]
                 c = cmap(k % 10)
                 text = lab
-                if not np.any(med > 0):
+                if np.any(np.isfinite(med)) and not np.any(med > 0):
                     text += f"\n  exactly 0 (drawn at {ZERO_AT:.0e})"
+                if bad.sum():
+                    text += (f"\n  {int(bad.sum())} of {int(rows.sum())} rows non-finite "
+                             f"({NONFINITE_GLYPH} at the top edge)")
                 if rank > 0:
                     text += f"\n  lies on {series[g[0]][0]}"
                 if len(g) == 1:
@@ -103,6 +123,10 @@ def main():
                 for a_ in ([ax, axz] if k in zoomed else [ax]):
                     a_.plot(Ts, np.maximum(med, ZERO_AT), color=c, label=text if a_ is ax else "_" + text, **style)
                     a_.fill_between(Ts, np.maximum(lo, ZERO_AT), np.maximum(hi, ZERO_AT), color=c, alpha=0.12, lw=0)
+                    if bad.sum():  # x in data, y in axes fractions: the top edge, whatever the limits
+                        a_.plot(Ts[bad > 0], np.full(int((bad > 0).sum()), NONFINITE_Y), NONFINITE_MARKER, color=c,
+                                ms=6, mfc=c, mec="k", mew=0.5, ls="none", clip_on=False, zorder=5,
+                                transform=a_.get_xaxis_transform(), label="_" + lab + " non-finite")
         refs = ((1.66e-3, "bf16 output floor 1.66e-3", ":"), (2.0e-3, "kdalab goal 2.0e-3", "--"),
                 (4.0e-3, "fla chunk_kda 4.0e-3", "-."), (5.6e-3, "FlashKDA 5.6e-3", (0, (5, 2, 1, 2, 1, 2))))
         for y, txt, ls in refs:
@@ -119,7 +143,7 @@ def main():
         ax.set_ylabel(r"relative RMS error of $o$ vs truth")
         ax.set_title("KDA numeric parity by implementation and precision")
         if axz is not None:
-            lo_z = min([np.nanmin(series[k][3]) for k in zoomed] + [refs[0][0]])
+            lo_z = min([np.nanmin(series[k][3]) for k in zoomed] + [refs[0][0]])  # zoomed: some finite value
             hi_z = max([np.nanmax(series[k][4]) for k in zoomed] + [refs[-1][0]])
             axz.set_ylim(lo_z / 1.15, hi_z * 1.15)
             axz.yaxis.set_major_locator(mticker.LogLocator(base=10, subs=np.arange(1.0, 10.0)))
@@ -133,15 +157,22 @@ def main():
             axr.yaxis.set_minor_locator(mticker.NullLocator())
             axr.grid(False)
             axr.spines["right"].set_visible(False)
-        fig.legend(*ax.get_legend_handles_labels(), loc="upper left", bbox_to_anchor=(1.0, 0.93), fontsize=6.5,
+        handles, texts = ax.get_legend_handles_labels()
+        if n_nonfinite:  # one legend entry for the marker itself
+            from matplotlib.lines import Line2D
+            handles.append(Line2D([], [], ls="none", marker=NONFINITE_MARKER, color="#777777", mec="k", mew=0.5, ms=6))
+            texts.append(f"{NONFINITE_GLYPH} at the top edge: rows with non-finite {err_col} (NaN/Inf), not drawn")
+        fig.legend(handles, texts, loc="upper left", bbox_to_anchor=(1.0, 0.93), fontsize=6.5,
                    frameon=False)
         fs.label_footer(fig, f, f"Median over the grid points at each T (band: min to max); an exact 0 is drawn at {ZERO_AT:.0e}. "
                         "Series whose medians agree within 2% at every T are drawn on top of each other with smaller "
                         "markers and broken lines ('lies on' in the legend). Truth: the high-precision recurrence on "
-                        "the same rounded inputs (anchor-kda, ANCHORS.md).")
+                        "the same rounded inputs (anchor-kda, ANCHORS.md)."
+                        + (f" {n_nonfinite} row(s) have a non-finite {err_col} (o has NaN/Inf): left out of the medians "
+                           f"and bands, marked {NONFINITE_GLYPH} at the top edge at their T." if n_nonfinite else ""))
         fig.tight_layout()
         return fs.save(fig, a.out_dir, "parity_error")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(fs.run(main))

@@ -27,14 +27,15 @@ EXACT_BELOW = 1e-8
 def main():
     a = fs.parse_args(__doc__.splitlines()[0])
     with h5py.File(a.results, "r") as f:
-        if "recall/capacity" not in f:
-            return fs.skip(f"{a.results} has no recall/capacity table")
-        t = fs.table(f, "recall/capacity")
+        t = fs.need_table(f, "recall/capacity", ("d_k", "g_min", "keys", "memory", "beta", "d_c", "ratio", "accuracy",
+                                                  "rel_err"), a.results)
         dks = sorted(set(t["d_k"].tolist()))
         dk = 64 if 64 in dks else max(dks)
         gmins = sorted(set(t["g_min"][t["g_min"] < 0].tolist()))
         gm = -5.0 if -5.0 in gmins else (gmins[0] if gmins else 0.0)
         keymodes = [k for k in ("random", "orthogonal", "correlated") if k in set(t["keys"].tolist())]
+        if not keymodes:
+            return fs.skip(f"{a.results}: recall/capacity has no rows with keys random, orthogonal or correlated")
         fig, axes = plt.subplots(3, len(keymodes), figsize=(3.4 * len(keymodes), 7.0), squeeze=False, sharex=True,
                                  gridspec_kw={"height_ratios": [1, 1.3, 0.42]})
         err_lo, err_hi = np.inf, 0.0  # the smallest error >= EXACT_BELOW and the largest, over every panel
@@ -118,4 +119,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(fs.run(main))

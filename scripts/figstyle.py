@@ -2,8 +2,11 @@
 
 Every figure: h5py + matplotlib (Agg), reads one results file, is labelled with the file's git sha
 and the config it was run with (root attributes), and is saved as PNG and PDF.
-Exit codes of a fig_*.py script: 0 drawn, 3 the file does not hold what this figure needs
-(scripts/figures.sh skips it quietly), 2 bad usage.
+Exit codes of a fig_*.py script: 0 drawn, 3 the file does not hold what this figure needs (no such table,
+a missing column, no rows; "skip: <why>" on stderr; scripts/figures.sh skips it quietly), 2 bad usage (one
+line "<script>: error: <why>" on stderr: a bad option, a missing path, a file that is not HDF5 or cannot be read).
+A script's main() runs through run(), which turns Skip into exit 3 and an unreadable file into exit 2, so no
+odd file ends in a traceback.
 `--dump FILE.json` also writes what was drawn (per axes: title, scales, limits, every line with its
 label, style and data; the legends; the footer text), for tests and for checking a figure without
 looking at it.
@@ -14,6 +17,7 @@ import os
 import sys
 import textwrap
 
+import h5py
 import matplotlib
 
 matplotlib.use("Agg")
@@ -52,7 +56,61 @@ def parse_args(description):
     p.add_argument("--dump", metavar="FILE.json", help="also write what was drawn as JSON (axes limits and scales, "
                    "lines with label, style and data, legends, footer text)")
     _ARGS = p.parse_args()
+    if not os.path.isfile(_ARGS.results):
+        usage_error(f"{_ARGS.results}: no such file" if not os.path.exists(_ARGS.results)
+                    else f"{_ARGS.results}: not a file")
+    if not h5py.is_hdf5(_ARGS.results):
+        usage_error(f"{_ARGS.results}: not an HDF5 file (give a kdalab results file, .h5)")
     return _ARGS
+
+
+def usage_error(msg):
+    """Bad usage: prints one line "<script>: error: <msg>" on stderr and exits 2 (no traceback, no figure)."""
+    print(f"{os.path.basename(sys.argv[0])}: error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+class Skip(Exception):
+    """Raised (by need_table() or a script) when the file does not hold what the figure needs; run() turns it
+    into skip(message), exit 3."""
+
+
+def need_table(f, group, columns=(), path=None):
+    """The columns of the table group `group` of the open file `f` (as table()), checked for what a figure
+    needs: the group exists, holds every name in `columns`, and has at least one row. Raises Skip naming the
+    file (`path`, default f.filename), the group and what is missing ("has no <group> table", "<group> has no
+    column(s) a, b", "<group> has no rows") otherwise."""
+    path = path or f.filename
+    if group not in f or not isinstance(f[group], h5py.Group):
+        raise Skip(f"{path} has no {group} table")
+    t = table(f, group)
+    missing = [c for c in columns if c not in t]
+    if missing:
+        raise Skip(f"{path}: {group} has no column(s) {', '.join(missing)}")
+    if not t or min(len(np.atleast_1d(v)) for v in t.values()) == 0:
+        raise Skip(f"{path}: {group} has no rows")
+    return t
+
+
+def optional_table(f, group, columns=()):
+    """need_table() for a table a figure draws only when present: its columns, or None when the group is absent,
+    lacks one of `columns` or has no rows."""
+    try:
+        return need_table(f, group, columns)
+    except Skip:
+        return None
+
+
+def run(main):
+    """Runs a figure script's main() and returns its exit code: main()'s own (0 drawn, 3 skipped), 3 with
+    "skip: <why>" when it raises Skip, 2 with one line "<script>: error: <why>" when the results file cannot be
+    read (OSError from h5py: a truncated or unreadable file)."""
+    try:
+        return main()
+    except Skip as e:
+        return skip(str(e))
+    except OSError as e:
+        usage_error(f"cannot read {_ARGS.results if _ARGS is not None else 'the results file'}: {e}")
 
 
 def attr(f, name, default=""):

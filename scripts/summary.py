@@ -4,8 +4,12 @@ results table (the rows as they are when there are few, else the median and max 
 implementation / memory / layout), with the units the file records on each column (`units` attribute;
 nothing is printed for a dimensionless "1" or a missing unit), and the groups' notes.
 
+An empty table prints "0 rows". A path that is missing or not an HDF5 file gets one line "summary.py: error: ..." on
+stderr (the other files are still summarised) and the exit code is then 2.
+
 Usage: /usr/bin/python3 scripts/summary.py results/*.h5
 """
+import os
 import sys
 import textwrap
 
@@ -106,6 +110,9 @@ def summarise_table(path, g, f):
         first = [c for c in cols if cols[c][1].dtype.kind == "U"] + metrics
         show = (first + [c for c in cols if c not in first])[:8]
         spec = dict(cols=show) if n <= MAX_ROWS or not metrics else dict(by=by, metrics=metrics)
+    if n == 0:  # an empty table: nothing to summarise (a `where` or a median over no rows would fail)
+        print(f"  {path}: 0 rows, {len(cols)} columns (empty)")
+        return True
     if "skip_if" in spec and spec["skip_if"] in f:
         print(f"  {path}: {n} rows, {len(cols)} columns (summarised in {spec['skip_if']})")
         return True
@@ -180,7 +187,14 @@ def main(paths):
     if not paths:
         print(__doc__.strip().splitlines()[-1], file=sys.stderr)
         return 2
+    bad = 0
     for p in paths:
+        # a path that is missing or not HDF5: one line and exit 2 at the end (the other files are still summarised)
+        why = "no such file" if not os.path.isfile(p) else ("not an HDF5 file" if not h5py.is_hdf5(p) else "")
+        if why:
+            print(f"summary.py: error: {p}: {why}", file=sys.stderr)
+            bad += 1
+            continue
         with h5py.File(p, "r") as f:
             a = f.attrs
             print(f"{p}: {text(a.get('software', '?'))} {text(a.get('software_version', '?'))} git "
@@ -199,7 +213,7 @@ def main(paths):
 
             f.visititems(visit)
         print()
-    return 0
+    return 2 if bad else 0
 
 
 if __name__ == "__main__":

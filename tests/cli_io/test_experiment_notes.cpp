@@ -1,9 +1,14 @@
 // The notes an experiment prints about its run: `kdalab parity` prints each note once (its "skipped > 80 nats"
 // and "cuda-bf16 rows skipped" notes were printed twice: live on stderr and again after the summary table)
 // and records them in the file; its "skipped > 80 nats" notes are one per (implementation, C), listing the
-// points (a default --quick run printed six, one per point); `kdalab decode-cost` explains its CPU softmax curve with a one-line note (the
+// points (a default --quick run printed six, one per point); its NaN/Inf notes are one per (implementation, C, state
+// precision, matmul precision), naming them and listing the points (they were one per point, without the precisions,
+// and identical ones were dropped); `kdalab decode-cost` explains its CPU softmax curve with a one-line note (the
 // working set against this machine's caches), printed once and recorded as decode_cost/cpu's `note`.
+#include <fmt/format.h>
+
 #include <cmath>
+#include <map>
 #include <regex>
 #include <set>
 #include <string>
@@ -141,4 +146,52 @@ TEST_CASE("decode-cost notes the CPU softmax working set against the caches, onc
   CHECK(kdalab::h5read::attr_string(d.file("dc.h5"), "/decode_cost/cpu", "note") == notes[0]);
   // a repeated --cpu-n value is measured once: one softmax and one KDA row per distinct n
   CHECK(kdalab::h5read::strings(d.file("dc.h5"), "/decode_cost/cpu/impl").size() == 4);
+}
+
+TEST_CASE("parity: one NaN/Inf note per (implementation, C, state precision, matmul precision), naming them and "
+          "listing the points", "[cli]") {
+  TempDir d;
+  // g_min = -100 is far beyond the factored chunk form's range: every twin row has NaN in o at the bounded points
+  // (0: T = 17, 2: T = 40), none at the softplus points (1, 3); the two state precisions give the same counts, so
+  // their notes were identical (the precisions were not named) and one was silently dropped.
+  const auto r = run_kdalab("parity --g-min -100 --impl float64,twin-bf16 --T 17,40 --dk 16 --dv 16 --gate bounded,softplus "
+                            "--beta one --C 16 --state-precision fp32,bf16 --matmul-precision plan,bf16 --truth f64 --out " +
+                            d.file("p.h5"));
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  const auto notes = note_lines(r.output);
+  const std::string recorded = kdalab::h5read::attr_string(d.file("p.h5"), "/parity", "notes");
+  const auto impl = kdalab::h5read::strings(d.file("p.h5"), "/parity/table/impl");
+  const auto st = kdalab::h5read::strings(d.file("p.h5"), "/parity/table/state_precision");
+  const auto mm = kdalab::h5read::strings(d.file("p.h5"), "/parity/table/matmul_precision");
+  const auto point = kdalab::h5read::array(d.file("p.h5"), "/parity/table/point");
+  const auto C = kdalab::h5read::array(d.file("p.h5"), "/parity/table/C");
+  const auto o_nan = kdalab::h5read::array(d.file("p.h5"), "/parity/table/o_nan");
+  const auto o_inf = kdalab::h5read::array(d.file("p.h5"), "/parity/table/o_inf");
+  const auto S_nan = kdalab::h5read::array(d.file("p.h5"), "/parity/table/S_nan");
+  const auto S_inf = kdalab::h5read::array(d.file("p.h5"), "/parity/table/S_inf");
+  std::size_t nan_notes = 0;
+  for (const auto& n : notes) nan_notes += count(n, "has NaN/Inf");
+  CHECK(nan_notes == 4);  // (state fp32, bf16) x (matmul plan, bf16); was one per point, de-duplicated across precisions
+  CHECK(count(recorded, "has NaN/Inf") == 4);
+  // every (implementation, C, state, matmul) whose rows hold NaN/Inf has exactly one note, listing exactly its points
+  std::map<std::string, std::set<long>> bad;
+  for (std::size_t i = 0; i < impl.size(); ++i)
+    if (o_nan.data[i] + o_inf.data[i] + S_nan.data[i] + S_inf.data[i] > 0)
+      bad[fmt::format("{} C={} (state {}, matmul {}) has NaN/Inf at ", impl[i], std::lround(C.data[i]), st[i], mm[i])]
+          .insert(std::lround(point.data[i]));
+  REQUIRE(bad.size() == 4);
+  for (const auto& [head, points] : bad) {
+    INFO(head);
+    CHECK(points == std::set<long>{0, 2});
+    const std::string* n = nullptr;
+    for (const auto& x : notes)
+      if (x.rfind(head, 0) == 0) n = &x;
+    REQUIRE(n != nullptr);
+    INFO(*n);
+    CHECK(count(r.output, head) == 1);
+    CHECK(recorded.find(*n) != std::string::npos);  // the file's notes are the same text
+    CHECK(n->rfind(head + "2 points [0 (T=17 H=1 bounded one), 2 (T=40 H=1 bounded one)]: o has ", 0) == 0);
+    CHECK(n->find("recorded in the rows") != std::string::npos);
+  }
 }

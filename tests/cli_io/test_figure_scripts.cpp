@@ -4,13 +4,17 @@
 // strip), coinciding parity series stay visible and say so, footers print config values as the file stores
 // them (16, not 16.0), decode-cost's cache note reaches the footer, the summary prints key numbers with the
 // recorded units (never "[1]"), figures.sh keeps a second file's same figure under another name, and footers
-// leave out the run-control options (out, quick, quiet) while keeping the seed and every option that changes numbers.
+// leave out the run-control options (out, quick, quiet) while keeping the seed and every option that changes numbers;
+// a parity file with non-finite rows draws its finite rows and marks the others (was a NaN/Inf axis-limit traceback);
+// odd files (a table without rows or columns) skip with exit 3 and a missing or non-HDF5 path is one line, exit 2.
 // Runs /usr/bin/python3 (as scripts/run.sh does); skipped with a warning when it lacks h5py or matplotlib.
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "experiments/results.hpp"
 #include "tests/catch.hpp"
@@ -210,4 +214,101 @@ TEST_CASE("figures.sh keeps a second results file's same figure under <figure>-<
   CHECK(std::filesystem::exists(d.file("fig/parity_error.png")));
   CHECK(std::filesystem::exists(d.file("fig/parity_error-parity_long.png")));
   CHECK(std::filesystem::exists(d.file("fig/parity_error-parity_long.pdf")));
+}
+
+TEST_CASE("fig_parity draws a parity file with non-finite rows: finite rows drawn, the others marked at the top edge",
+          "[cli][python]") {
+  if (skip_without_plotting()) return;
+  TempDir d;
+  // the breaker's file: the twin's o has NaN at g_min = -100, recorded as o_rel_rms = inf (was: ValueError, Axis
+  // limits cannot be NaN or Inf, exit 1)
+  const auto r = run_kdalab("parity --quick --g-min -100 --impl float64,twin-bf16 --T 17 --gate bounded --beta one --quiet "
+                            "--out " + d.file("small.h5"));
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  const auto err = kdalab::h5read::array(d.file("small.h5"), "/parity/table/o_rel_rms");
+  std::size_t nonfinite = 0;
+  for (double e : err.data) nonfinite += std::isfinite(e) ? 0 : 1;
+  REQUIRE(nonfinite > 0);  // the file does hold the rows this test is about
+  REQUIRE(nonfinite < err.data.size());
+  const json j = draw(d, "fig_parity.py", d.file("small.h5"));
+  const auto& ax = j["axes"][0];
+  CHECK(std::isfinite(ax["ylim"][0].get<double>()));
+  CHECK(std::isfinite(ax["ylim"][1].get<double>()));
+  int markers = 0, finite_points = 0;
+  for (const auto& ln : ax["lines"]) {
+    const std::string lab = ln["label"];
+    if (lab.find("non-finite") != std::string::npos && ln["coords"] == "axes") {  // the top-edge marker
+      ++markers;
+      for (const auto& y : ln["y"]) CHECK(y.get<double>() > 0.9);
+    } else if (ln["coords"] == "data") {
+      for (const auto& y : ln["y"]) finite_points += y.is_null() ? 0 : 1;
+    }
+  }
+  CHECK(markers >= 1);
+  CHECK(finite_points >= 1);  // the float64 row is drawn
+  std::string legend;
+  for (const auto& lg : j["legends"])
+    for (const auto& t : lg) legend += t.get<std::string>() + "\n";
+  INFO(legend);
+  CHECK(legend.find("rows non-finite") != std::string::npos);  // per series: how many of its rows
+  CHECK(legend.find("at the top edge: rows with non-finite o_rel_rms") != std::string::npos);
+  std::string foot = footer(j);
+  std::replace(foot.begin(), foot.end(), '\n', ' ');  // the caption is wrapped
+  CHECK(foot.find(std::to_string(nonfinite) + " row(s) have a non-finite o_rel_rms") != std::string::npos);
+}
+
+TEST_CASE("figure scripts on odd files: no rows or missing columns skip (exit 3), a bad path is one line (exit 2)",
+          "[cli][python]") {
+  if (skip_without_plotting()) return;
+  TempDir d;
+  // small files with an empty table (or one without the needed columns), as h5py writes them
+  const auto w = run_command(std::string(kPy) + " -c \"import h5py, numpy as np\n"
+                             "def mk(name, group, cols):\n"
+                             "    with h5py.File('" + d.path.string() + "/' + name, 'w') as f:\n"
+                             "        g = f.create_group(group)\n"
+                             "        for k in cols: g[k] = np.array([])\n"
+                             "mk('parity.h5', 'parity/table', ['impl', 'T', 'o_rel_rms'])\n"
+                             "mk('analytic.h5', 'decode_cost/analytic', ['n', 'd', 'softmax_reads', 'kda_reads', 'ratio_floor'])\n"
+                             "mk('hybrid.h5', 'decode_cost/hybrid', ['layout', 'n', 'batch_kind', 'batch', 'seconds_per_token', 'speedup_vs_mla'])\n"
+                             "mk('decay.h5', 'decay_range/table', ['gate', 'g_min', 'C', 'impl', 'precision', 'rel_rms', 'o_nan', 'o_inf', 'overflow', 'underflow', 'subnormal'])\n"
+                             "with h5py.File('" + d.path.string() + "/nocols.h5', 'w') as f: f['decode_cost/analytic/n'] = np.array([1000.0])\n\"");
+  INFO(w.output);
+  REQUIRE(w.code == 0);
+  d.write("text.h5", "not an HDF5 file\n");
+  struct Case {
+    std::string script, file;
+    int code;
+    std::string says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"fig_parity.py", "parity.h5", 3, "skip: " + d.file("parity.h5") + ": parity/table has no rows"},  // was exit 0, blank
+           {"fig_decode_cost.py", "analytic.h5", 3, "decode_cost/analytic has no rows"},  // AttributeError
+           {"fig_hybrid.py", "hybrid.h5", 3, "decode_cost/hybrid has no rows"},           // AttributeError
+           {"fig_decay_range.py", "decay.h5", 3, "decay_range/table has no rows"},       // AttributeError
+           {"fig_decode_cost.py", "nocols.h5", 3, "decode_cost/analytic has no column(s) d, softmax_reads"},  // KeyError
+           {"fig_parity.py", "text.h5", 2, "fig_parity.py: error: " + d.file("text.h5") + ": not an HDF5 file"},
+           {"fig_copy.py", "missing.h5", 2, "fig_copy.py: error: " + d.file("missing.h5") + ": no such file"},
+           {"fig_recall.py", "text.h5", 2, "fig_recall.py: error: "}}) {
+    const auto r = run_command(std::string(kPy) + " scripts/" + c.script + " " + d.file(c.file) + " --out-dir " +
+                               d.file("fig"));
+    INFO(c.script << " " << c.file << ": " << r.output);
+    CHECK(r.code == c.code);
+    CHECK(r.output.find(c.says) != std::string::npos);
+    CHECK(r.output.find("Traceback") == std::string::npos);
+    CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);  // one line
+  }
+  CHECK(!std::filesystem::exists(d.file("fig")));  // nothing drawn
+  // summary.py: an empty table is "0 rows" (was ValueError); a file that is not HDF5 is one line and exit 2
+  auto s = run_command(std::string(kPy) + " scripts/summary.py " + d.file("hybrid.h5"));
+  INFO(s.output);
+  CHECK(s.code == 0);
+  CHECK(has(s, "decode_cost/hybrid: 0 rows"));
+  CHECK(!has(s, "Traceback"));
+  s = run_command(std::string(kPy) + " scripts/summary.py " + d.file("text.h5") + " " + d.file("hybrid.h5"));
+  INFO(s.output);
+  CHECK(s.code == 2);
+  CHECK(has(s, "summary.py: error: " + d.file("text.h5") + ": not an HDF5 file"));
+  CHECK(has(s, "decode_cost/hybrid: 0 rows"));  // the other files are still summarised
+  CHECK(!has(s, "Traceback"));
 }
