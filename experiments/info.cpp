@@ -3,6 +3,8 @@
 // per-layer layout and per-token cache bytes (see experiments/model_info.cpp when present).
 #include <fmt/format.h>
 
+#include <filesystem>
+
 #include "experiments/build_info.hpp"
 #include "experiments/cli.hpp"
 
@@ -24,6 +26,13 @@ void register_info(Registry& reg) {
                     "whose layer layout and cache bytes are printed");
   c.app->get_option("--out")->description("optional HDF5 file to record the same facts in (group /info)");
   c.run = [](Context& ctx) {
+    // a missing model config is refused before anything is printed (session 6 newcomer: the banner came first)
+    if (!ctx.common.config.empty()) {
+      std::error_code ec;
+      require(std::filesystem::is_regular_file(ctx.common.config, ec),
+              "--config '" + ctx.common.config + "': no such file; give a model config.json, e.g. one of "
+              "data/configs/kimi-linear-48b.json or data/configs/kimi-k3.json (run from the repository root)");
+    }
     fmt::print("kdalab {} (git {})\n", build_info::version, build_info::git_sha);
     fmt::print("compiler:      {}\n", build_info::compiler);
     fmt::print("build type:    {}\n", build_info::build_type);

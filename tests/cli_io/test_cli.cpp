@@ -98,6 +98,13 @@ TEST_CASE("kdalab info reports the build and never needs a GPU") {
   INFO(r.output);
   CHECK(r.code == 0);
   for (const char* key : {"git", "compiler", "build type", "CUDA kernels", "GPU"}) CHECK(r.output.find(key) != std::string::npos);
+  // a missing model config: one line naming it and where configs live, before any banner (session 6 newcomer)
+  const auto m = run_kdalab("info --config no_such_model.json");
+  INFO(m.output);
+  CHECK(m.code == 2);
+  CHECK(m.output.find("no_such_model.json") != std::string::npos);
+  CHECK(m.output.find("data/configs/") != std::string::npos);
+  CHECK(m.output.find("compiler") == std::string::npos);
 }
 
 // Finds of the adversarial review, each turned into a test.
