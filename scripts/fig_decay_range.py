@@ -3,7 +3,8 @@
 
 Relative RMS error of o against the float64 recurrence for each gate lower bound g_min (rows;
 "softplus" = the unbounded Kimi Linear gate) and chunk size C (columns), one panel per
-implementation/precision. Dark cells: o has NaN/Inf. Cell text: the error, then the range
+implementation/precision. Dark cells: o has NaN/Inf; their text is what `kdalab decay-range` prints on the
+console, rel_rms as stored (inf) and in brackets how many values of o are NaN or Inf. Cell text: the error, then the range
 analysis of the factored tile (o = 1/Gamma overflows, s = Gamma subnormal, z = Gamma underflows
 to 0, as counts). The fp32 edges of a 16-token tile: Gamma leaves the normal range below
 g = -5.459, 1/Gamma overflows below -5.545.
@@ -59,12 +60,14 @@ def main():
                 if t["C"][i] not in Cs:
                     continue
                 r, c = gate_rows.index(key), Cs.index(t["C"][i])
-                e = t["rel_rms"][i]
-                bad = t["o_nan"][i] + t["o_inf"][i] > 0 or not np.isfinite(e)
+                e = float(t["rel_rms"][i])
+                n_bad = int(t["o_nan"][i]) + int(t["o_inf"][i])  # non-finite values of o, as the console counts them
+                bad = n_bad > 0 or not np.isfinite(e)
                 Z[r, c] = np.nan if bad else np.log10(max(e, 1e-17))
                 flags = "ovf" if t["overflow"][i] > 0 else ("0" if t["underflow"][i] > 0 else
                                                            ("sub" if t["subnormal"][i] > 0 else ""))
-                lab = ("NaN" if t["o_nan"][i] > 0 else "Inf") if bad else f"{e:.0e}"
+                # as the console: the stored rel_rms (inf, or nan where that was stored) and the NaN+Inf count of o
+                lab = f"{e:.0e}" + (f" ({n_bad})" if n_bad else "")
                 txt[r][c] = lab + ("\n" + flags if flags else "")
                 if impl == "cuda" and "allow_unsafe_range" in t and t["allow_unsafe_range"][i] == 1:
                     txt[r][c] += "\nunsafe"
@@ -90,7 +93,8 @@ def main():
         attrs = f["decay_range"].attrs
         fig.suptitle("Why $g_{\\min} = -5$ and 16-token tiles go together: error of the factored chunk form")
         fs.label_footer(fig, f, f"Decays pinned near their bound (gate logit shifted by {float(attrs.get('gate_shift', 0)):g}); "
-                        f"T = {int(attrs.get('T', 0))}, d_k = d_v = {int(attrs.get('D', 0))}. Dark cells: NaN/Inf in o. "
+                        f"T = {int(attrs.get('T', 0))}, d_k = d_v = {int(attrs.get('D', 0))}. Dark cells: o has NaN/Inf; their text is "
+                        "rel_rms as stored (inf) and, in brackets, how many values of o are NaN or Inf (as the console prints them). "
                         "Range analysis of the stored factors (numerics/range.hpp): ovf = 1/Gamma overflows, 0 = Gamma rounds to 0, sub = Gamma subnormal. "
                         "fp32 edges over 16 tokens: -5.459 (normal range), -5.545 (1/Gamma overflow). "
                         + fs.attr(f["decay_range"], "gpu_note", ""))

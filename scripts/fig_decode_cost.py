@@ -4,7 +4,7 @@
 Left: numbers one head reads per decode step, softmax 2 n d vs the KDA state d^2, with seed 002's
 table points (d = 64: n = 1,000 / 128,000 / 1,000,000) marked and their ratios printed.
 Right: measured time per decode step of the CPU reference (one head, float32) and, when present,
-the GPU kernels. The footer carries decode-cost's note on the CPU softmax curve (its working set vs this
+the GPU kernels (when they were not run, decode-cost's note saying why is written under the panel). The footer carries decode-cost's note on the CPU softmax curve (its working set vs this
 machine's caches) when the file has one.
 Usage: /usr/bin/python3 scripts/fig_decode_cost.py RESULTS.h5 [--out-dir figures]
 """
@@ -69,8 +69,8 @@ def main():
                         label="H200: KDA decode step, 32 heads (kdalab kernel)")
             else:
                 note = fs.attr(f["decode_cost/gpu"], "note", "") if "decode_cost/gpu" in f else ""
-                if note:
-                    ax.text(0.02, 0.02, note, transform=ax.transAxes, fontsize=6, color="#777777", wrap=True)
+                if note:  # under the panel, not over the curves (was drawn on the KDA line at the bottom)
+                    fs.panel_note(ax, note)
             ax.set_xscale("log")
             ax.set_yscale("log")
             ax.set_xlabel("context $n$ (tokens cached)")

@@ -13,6 +13,8 @@ of another shape and a thinner dashed/dotted line, and its legend entry says whi
 Rows whose error is not finite (o_rel_rms = inf: the row's o has NaN/Inf, e.g. the twin at a g_min far beyond
 the kernel's range) are left out of the medians and bands; each (series, T) holding such rows is marked by a
 triangle at the top edge of the panel in the series' colour, its legend entry counts them and the footer says so.
+When bf16 rows get the zoomed panel, the full-range panel shows the reference lines as one light band (named above
+the data) and the zoom draws each line, named at its right edge; the full-range panel keeps headroom above the data.
 Usage: /usr/bin/python3 scripts/fig_parity.py RESULTS.h5 [--out-dir figures] [--dump FILE.json]
 """
 import sys
@@ -129,10 +131,15 @@ def main():
                                 transform=a_.get_xaxis_transform(), label="_" + lab + " non-finite")
         refs = ((1.66e-3, "bf16 output floor 1.66e-3", ":"), (2.0e-3, "kdalab goal 2.0e-3", "--"),
                 (4.0e-3, "fla chunk_kda 4.0e-3", "-."), (5.6e-3, "FlashKDA 5.6e-3", (0, (5, 2, 1, 2, 1, 2))))
-        for y, txt, ls in refs:
-            ax.axhline(y, color="#444444", ls=ls, lw=0.8, label=txt, zorder=1)
-            if axz is not None:
-                axz.axhline(y, color="#444444", ls=ls, lw=0.8, zorder=1)
+        if axz is None:  # one panel: the reference lines drawn in it, named in the legend
+            for y, txt, ls in refs:
+                ax.axhline(y, color="#444444", ls=ls, lw=0.8, label=txt, zorder=1)
+        else:
+            # The full-range panel spans ~16 decades: the four lines (a factor 3.4 apart) would be one dark smear over
+            # the bf16 markers. There they are one light band, named above the data; the zoom draws and names each.
+            ax.axhspan(refs[0][0], refs[-1][0], color="#888888", alpha=0.18, lw=0, zorder=0)
+            for y, txt, ls in refs:
+                axz.axhline(y, color="#444444", ls=ls, lw=0.8, zorder=1, label=txt)
         all_T = sorted(set(t["T"].tolist()))
         for a_ in ([ax, axz] if axz is not None else [ax]):
             a_.set_xscale("log")
@@ -140,6 +147,16 @@ def main():
                 a_.set_xlim(all_T[0] / 1.6, all_T[0] * 1.6)
             a_.set_yscale("log")
             a_.set_xlabel("sequence length $T$ (tokens)")
+        # Headroom above the highest of the data and the reference lines (an eighth of the decades shown), so neither
+        # sits on the top edge, where the non-finite markers go; the band's name goes in it, above all the data.
+        finite_hi = [np.nanmax(sr[4]) for sr in series if np.any(np.isfinite(sr[4]))]
+        top = max(finite_hi + [refs[-1][0]])
+        lo_y = ax.get_ylim()[0]
+        ax.set_ylim(lo_y, top * (top / lo_y) ** 0.12)
+        if axz is not None:
+            ax.annotate(f"reference lines {refs[0][0]:.2e} .. {refs[-1][0]:.1e} (shaded; each named in the zoom)",
+                        xy=(0.99, top), xycoords=ax.get_yaxis_transform(), xytext=(0, 4), textcoords="offset points",
+                        ha="right", va="bottom", fontsize=6, color="#444444")
         ax.set_ylabel(r"relative RMS error of $o$ vs truth")
         ax.set_title("KDA numeric parity by implementation and precision")
         if axz is not None:
@@ -158,6 +175,9 @@ def main():
             axr.grid(False)
             axr.spines["right"].set_visible(False)
         handles, texts = ax.get_legend_handles_labels()
+        if axz is not None:  # the reference lines' styles, as the zoom draws them
+            hz, tz = axz.get_legend_handles_labels()
+            handles, texts = handles + hz, texts + tz
         if n_nonfinite:  # one legend entry for the marker itself
             from matplotlib.lines import Line2D
             handles.append(Line2D([], [], ls="none", marker=NONFINITE_MARKER, color="#777777", mec="k", mew=0.5, ms=6))

@@ -7,9 +7,11 @@ a missing column, no rows; "skip: <why>" on stderr; scripts/figures.sh skips it 
 line "<script>: error: <why>" on stderr: a bad option, a missing path, a file that is not HDF5 or cannot be read).
 A script's main() runs through run(), which turns Skip into exit 3 and an unreadable file into exit 2, so no
 odd file ends in a traceback.
-`--dump FILE.json` also writes what was drawn (per axes: title, scales, limits, every line with its
-label, style and data; the legends; the footer text), for tests and for checking a figure without
-looking at it.
+`--dump FILE.json` writes what was drawn (per axes: title, scales, limits, every line with its
+label, style and data, the texts and where they sit; the legends; the footer text), for tests and for checking a
+figure without looking at it. With --dump alone only the JSON is written (no figure in figures/ is redrawn behind
+the user's back); with --dump and --out-dir DIR the PNG and PDF go to DIR as well. Every file written is named
+on stdout ("wrote ...").
 """
 import argparse
 import json
@@ -46,15 +48,18 @@ _ARGS = None
 
 
 def parse_args(description):
-    """The command line every fig_*.py takes: the results file, --out-dir (default figures/) and --dump
-    FILE.json. `description` is the script's --help text. Returns the argparse namespace (also kept for
-    save()); argparse exits 2 on bad usage."""
+    """The command line every fig_*.py takes: the results file, --out-dir (default figures/; None when not given)
+    and --dump FILE.json (then the figure is written only when --out-dir is given: see save()). `description` is
+    the script's --help text. Returns the argparse namespace (also kept for save()); argparse exits 2 on bad
+    usage."""
     global _ARGS
     p = argparse.ArgumentParser(description=description)
     p.add_argument("results", help="kdalab results file (.h5)")
-    p.add_argument("--out-dir", default="figures", help="folder for the PNG and PDF (default figures/)")
-    p.add_argument("--dump", metavar="FILE.json", help="also write what was drawn as JSON (axes limits and scales, "
-                   "lines with label, style and data, legends, footer text)")
+    p.add_argument("--out-dir", default=None, help="folder for the PNG and PDF (default figures/; with --dump, "
+                   "the figure is drawn only when --out-dir is given)")
+    p.add_argument("--dump", metavar="FILE.json", help="write what was drawn as JSON (axes limits and scales, "
+                   "lines with label, style and data, texts, legends, footer text) instead of the figure; add "
+                   "--out-dir DIR to write the figure too")
     _ARGS = p.parse_args()
     if not os.path.isfile(_ARGS.results):
         usage_error(f"{_ARGS.results}: no such file" if not os.path.exists(_ARGS.results)
@@ -181,7 +186,9 @@ def label_footer(fig, f, extra="", group=None):
     """Bottom-of-figure provenance: git sha, date, seed and the config (the group's `options`
     attribute, the values actually used after --quick, when present; else the root config) without the
     run-control options (RUN_CONTROL: out, quick, quiet, force), then the command line. `extra`: a caption
-    printed above; `group`: the group whose `options` to show (default: the first group that has them)."""
+    printed above; `group`: the group whose `options` to show (default: the first group that has them).
+    Every part is wrapped onto as many lines as it needs at the figure's width (never cut with "..."); call it
+    before fig.tight_layout() or after, the footer hangs below the figure and savefig's tight bbox takes it in."""
     sha = attr(f, "git_sha", "?")[:12]
     cfg = attr(f, "config", "{}")
     if group is None:
@@ -192,16 +199,33 @@ def label_footer(fig, f, extra="", group=None):
     if group is not None and group in f and "options" in f[group].attrs:
         cfg = attr(f[group], "options", cfg)
     cfg = format_config(cfg, drop=RUN_CONTROL)
+    # As many characters as the figure is wide (6 pt monospace: ~3.6 pt a character), never fewer than 100;
+    # every line is wrapped whole, never cut: the footer is the record of what was run.
+    width = max(100, int(fig.get_figwidth() * 72 / FOOTER_CHAR_PT))
     text = f"kdalab {attr(f, 'software_version', '?')} · git {sha} · {attr(f, 'date', '?')} · seed {attr(f, 'seed', '?')}\n"
-    cfg_lines = textwrap.wrap("config " + cfg, width=170, subsequent_indent="  ", break_on_hyphens=False)
-    if len(cfg_lines) > 2:
-        cfg_lines = cfg_lines[:1] + [textwrap.shorten(" ".join(cfg_lines[1:]), width=168, placeholder=" …")]
-        cfg_lines[1] = "  " + cfg_lines[1]
-    text += "\n".join(cfg_lines)
+    text += "\n".join(textwrap.wrap("config " + cfg, width=width, subsequent_indent="  ", break_on_hyphens=False,
+                                     break_long_words=True))
     if extra:
-        text = textwrap.fill(extra, width=170) + "\n" + text
-    text += "\ncommand: " + textwrap.shorten(attr(f, "command_line", ""), width=170, placeholder=" …")
-    fig.text(0.01, -0.01, text, ha="left", va="top", fontsize=6, color="#555555", family="monospace", wrap=True)
+        text = textwrap.fill(extra, width=width) + "\n" + text
+    text += "\n" + "\n".join(textwrap.wrap("command: " + attr(f, "command_line", ""), width=width,
+                                           subsequent_indent="  ", break_on_hyphens=False))
+    fig.text(0.01, -0.01, text, ha="left", va="top", fontsize=FOOTER_PT, color="#555555", family="monospace")
+
+
+FOOTER_PT = 6
+FOOTER_CHAR_PT = 0.6 * FOOTER_PT  # the advance of a DejaVu Sans Mono character, in points
+
+
+def panel_note(ax, text, fontsize=6):
+    """Writes a note about a panel (e.g. "GPU rows skipped: ...") under the panel, below its x-axis label, where no
+    data can be: left-aligned with the axes, wrapped to the axes' width, grey. Returns the text artist (an
+    annotation placed in points below the x label, so it moves with the label under tight_layout)."""
+    fig = ax.figure
+    w_in = ax.get_position().width * fig.get_figwidth()
+    width = max(30, int(w_in * 72 / (0.55 * fontsize)))  # ~0.55 em a character (DejaVu Sans)
+    return ax.annotate("\n".join(textwrap.wrap(text, width=width)), xy=(0.0, 0.0),
+                       xycoords=("axes fraction", ax.xaxis.label), xytext=(0, -3), textcoords="offset points",
+                       ha="left", va="top", fontsize=fontsize, color="#777777", annotation_clip=False)
 
 
 def _jsonable(a):
@@ -210,10 +234,18 @@ def _jsonable(a):
     return [None if not np.isfinite(x) else float(x) for x in a]
 
 
+def _axes_box(ax, t):
+    """The drawn extent of text `t` in the axes fractions of `ax` ([x0, y0, x1, y1]; inside the axes is 0..1)."""
+    bb = t.get_window_extent(renderer=ax.figure.canvas.get_renderer())
+    (x0, y0), (x1, y1) = ax.transAxes.inverted().transform([[bb.x0, bb.y0], [bb.x1, bb.y1]])
+    return [float(x0), float(y0), float(x1), float(y1)]
+
+
 def describe(fig):
     """What the figure shows, as plain data (the --dump output): per axes its title, labels, scales,
     limits, lines (label, color, linestyle, marker, markersize, markerfacecolor, linewidth, zorder,
-    x, y, coords) and legend texts; the figure-level legends and texts (the footer)."""
+    x, y, coords), legend texts, texts and their boxes in axes fractions; the figure-level legends and texts (the
+    footer). Call after fig.canvas.draw()."""
     axes = []
     for ax in fig.axes:
         lines = []
@@ -230,25 +262,36 @@ def describe(fig):
                      "xscale": ax.get_xscale(), "yscale": ax.get_yscale(), "xlim": list(map(float, ax.get_xlim())),
                      "ylim": list(map(float, ax.get_ylim())), "lines": lines,
                      "legend": [t.get_text() for t in leg.get_texts()] if leg else [],
-                     "texts": [t.get_text() for t in ax.texts]})
+                     "texts": [t.get_text() for t in ax.texts],
+                     # where each text sits, in axes fractions [x0, y0, x1, y1] (0..1 inside the axes): after a draw
+                     "text_boxes": [_axes_box(ax, t) for t in ax.texts]})
     return {"axes": axes, "legends": [[t.get_text() for t in lg.get_texts()] for lg in fig.legends],
             "texts": [t.get_text() for t in fig.texts],
             "suptitle": fig._suptitle.get_text() if getattr(fig, "_suptitle", None) is not None else ""}
 
 
 def save(fig, out_dir, name):
-    """Writes `fig` as <out_dir>/<name>.png and .pdf (creating out_dir), and the --dump JSON (describe())
-    when --dump was given; closes the figure, prints the paths. Returns 0, the "drawn" exit code."""
-    os.makedirs(out_dir, exist_ok=True)
-    if _ARGS is not None and _ARGS.dump:
+    """Writes `fig` as <out_dir>/<name>.png and .pdf (creating out_dir) and/or the --dump JSON (describe()),
+    closes the figure and prints every path written ("wrote a b c"). `out_dir` None (no --out-dir given):
+    figures/ without --dump; with --dump only the JSON is written (the user asked for the dump, not for a figure
+    in figures/ to be redrawn). Returns 0, the "drawn" exit code."""
+    dump = _ARGS.dump if _ARGS is not None else None
+    written = []
+    if dump:
         fig.canvas.draw()  # limits and tight_layout as saved
-        with open(_ARGS.dump, "w") as fh:
+        with open(dump, "w") as fh:
             json.dump(describe(fig), fh, indent=1)
-    paths = [os.path.join(out_dir, name + ext) for ext in (".png", ".pdf")]
-    for p in paths:
-        fig.savefig(p)
+        written.append(dump)
+    if out_dir is None and not dump:
+        out_dir = "figures"
+    if out_dir is not None:
+        os.makedirs(out_dir, exist_ok=True)
+        for p in [os.path.join(out_dir, name + ext) for ext in (".png", ".pdf")]:
+            fig.savefig(p)
+            written.append(p)
     plt.close(fig)
-    print("wrote " + " ".join(paths))
+    print("wrote " + " ".join(written) + ("" if out_dir is not None else
+                                          f" (the dump only: add --out-dir DIR to draw {name}.png/.pdf too)"))
     return 0
 
 

@@ -20,17 +20,21 @@ MAX_ROWS = 12  # a table with at most this many rows (after `where`) is printed 
 
 # What to print for the tables kdalab writes. cols: the columns shown (rows as they are); by + metrics:
 # one line per value of the `by` columns with each metric's median and max over its rows; where: keeps
-# the rows a callable on the columns selects (with its description); skip_if: a sibling table that
-# already summarises this one.
+# the rows a callable on the columns selects (with a callable on the columns that describes them, e.g. "at the
+# largest n = 1048576"); sums: columns summed per `by` value; skip_if: a sibling table that already summarises this
+# one. A metric with no finite value in a group prints what the file stores (inf, nan), never a made-up NaN.
 SPEC = {
     "recall/capacity": dict(by=["memory"], metrics=["accuracy", "rel_err"]),
     "copy/accuracy": dict(by=["memory"], metrics=["copy_accuracy", "token_accuracy", "rel_err"]),
-    "decay_range/table": dict(by=["impl", "precision"], metrics=["rel_rms"], sums=["overflow", "underflow"]),
+    # o_nan + o_inf: the non-finite values of o, the count kdalab decay-range prints beside rel_rms ("inf (3168)")
+    "decay_range/table": dict(by=["impl", "precision"], metrics=["rel_rms"], sums=["o_nan", "o_inf", "overflow",
+                                                                                 "underflow"]),
     "decode_cost/analytic": dict(cols=["n", "d", "softmax_reads", "kda_reads", "ratio"]),
     "decode_cost/cpu": dict(cols=["impl", "n", "d", "seconds_per_token"]),
     "decode_cost/gpu": dict(cols=["n", "kda_layer_s", "mla_layer_s", "mla_bytes_per_s", "speedup_48b"]),
     "decode_cost/hybrid": dict(cols=["layout", "n", "batch_kind", "batch", "seconds_per_token", "speedup_vs_mla"],
-                               where=(lambda c: c["n"] == np.max(c["n"]), "at the largest n")),
+                               where=(lambda c: c["n"] == np.max(c["n"]),
+                                      lambda c: f"at the largest n = {fmt(np.max(c['n']))}")),
     "parity/summary": dict(cols=["impl", "state_precision", "matmul_precision", "rows", "o_rel_rms_median",
                                  "o_rel_rms_worst", "S_rel_rms_median", "S_rel_rms_worst"]),
     "parity/table": dict(skip_if="parity/summary"),
@@ -59,13 +63,15 @@ def head(name, ds):
 
 
 def fmt(v):
+    """A cell as printed: text as is, integers whole, other numbers with 4 significant digits; a non-finite number as
+    kdalab's console prints it (inf, -inf, nan)."""
     if isinstance(v, (bytes, str)):
         return text(v)
     if isinstance(v, (np.integer, int)) or (isinstance(v, np.ndarray) and v.dtype.kind in "iu"):
         return str(int(v))
     v = float(v)
     if np.isnan(v):
-        return "NaN"
+        return "nan"
     if v == 0:
         return "0"
     return f"{v:.4g}"
@@ -92,10 +98,17 @@ def print_table(headers, rows, indent="    "):
 
 
 def stats(a):
-    """median and max over the finite values of a, and how many are not finite."""
+    """median and max over the finite values of a, and how many are not finite. With no finite value, both are the
+    values stored, when they agree (inf for decay-range's rows whose o has NaN/Inf), else "inf/nan" (text)."""
     a = np.asarray(a, dtype=float)
     fin = a[np.isfinite(a)]
-    return (np.median(fin) if fin.size else np.nan), (np.max(fin) if fin.size else np.nan), int(a.size - fin.size)
+    if fin.size:
+        return np.median(fin), np.max(fin), int(a.size - fin.size)
+    if a.size == 0:
+        return np.nan, np.nan, 0
+    kinds = sorted({fmt(x) for x in a})  # "inf", "-inf", "nan"
+    stored = a[0] if len(kinds) == 1 else "/".join(kinds)
+    return stored, stored, int(a.size)
 
 
 def summarise_table(path, g, f):
@@ -120,11 +133,11 @@ def summarise_table(path, g, f):
     where = ""
     if "where" in spec:
         sel = np.asarray(spec["where"][0]({k: a for k, (_, a) in cols.items()}), dtype=bool)
-        where = ", " + spec["where"][1]
+        where = spec["where"][1]({k: a for k, (_, a) in cols.items()})
     if "cols" in spec:
         show = [c for c in spec["cols"] if c in cols]
         idx = np.nonzero(sel)[0]
-        print(f"  {path}: {n} rows" + (f"{where} ({len(idx)})" if where else ""))
+        print(f"  {path}: {n} rows" + (f"; the {len(idx)} {where}" if where else ""))
         rows = [[fmt(cols[c][1][i]) for c in show] for i in idx[:MAX_ROWS]]
         print_table([head(c, cols[c][0]) for c in show], rows)
         if len(idx) > MAX_ROWS:
@@ -138,8 +151,9 @@ def summarise_table(path, g, f):
         k = tuple(text(cols[b][1][i]) for b in by)
         if k not in keys:
             keys.append(k)
-    print(f"  {path}: {n} rows{where}" + (f"; per {', '.join(by)}: median and max" if by else "; median and max")
-          + (" over the finite values (NaN/Inf rows counted)" if metrics else ""))
+    print(f"  {path}: {n} rows" + (f"; the {int(sel.sum())} {where}" if where else "")
+          + (f"; per {', '.join(by)}: median and max" if by else "; median and max")
+          + (" over the finite values (NaN/Inf rows counted; with none, the value stored)" if metrics else ""))
     headers = by + ["rows"]
     for m in metrics:
         headers += [f"{m} median", f"{m} max"]
@@ -147,7 +161,7 @@ def summarise_table(path, g, f):
     headers = [h + (f" [{u[h.rsplit(' ', 1)[0]]}]" if h.rsplit(" ", 1)[0] in u and u[h.rsplit(" ", 1)[0]] else "")
                for h in headers]
     if any(stats(cols[m][1][sel])[2] for m in metrics):
-        headers.append("NaN/Inf")
+        headers.append("NaN/Inf rows")
     headers += [f"{s} (sum)" for s in sums]
     rows = []
     for k in keys:
@@ -160,7 +174,7 @@ def summarise_table(path, g, f):
             med, mx, nb = stats(cols[m][1][rsel])
             r += [fmt(med), fmt(mx)]
             bad += nb
-        if "NaN/Inf" in headers:
+        if "NaN/Inf rows" in headers:
             r.append(str(bad))
         r += [fmt(np.sum(cols[s][1][rsel])) for s in sums]
         rows.append(r)

@@ -7,12 +7,18 @@
 // leave out the run-control options (out, quick, quiet) while keeping the seed and every option that changes numbers;
 // a parity file with non-finite rows draws its finite rows and marks the others (was a NaN/Inf axis-limit traceback);
 // odd files (a table without rows or columns) skip with exit 3 and a missing or non-HDF5 path is one line, exit 2.
+// Session 6 newcomer's finds: a panel note (decode-cost's "GPU rows skipped") sits under the panel, not on a curve;
+// footers are wrapped whole (never cut with "…"); parity's full-range panel shows the reference lines as one band
+// named above the data; --dump alone writes only the JSON (no figure redrawn behind the user's back) and says so;
+// decay-range cells and summary.py say what the console says ("inf (3168)", never a made-up "NaN"); summary.py
+// says what the "(8)" of decode_cost/hybrid is.
 // Runs /usr/bin/python3 (as scripts/run.sh does); skipped with a warning when it lacks h5py or matplotlib.
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -169,8 +175,8 @@ TEST_CASE("figure footers leave out the run-control options (out, quick, quiet) 
   CHECK(cfg.find(" truth=f64") != std::string::npos);
 }
 
-TEST_CASE("decode-cost's cache note reaches the figure footer; summary.py prints numbers with their units",
-          "[cli][python]") {
+TEST_CASE("decode-cost's cache note reaches the figure footer, its GPU note sits under the panel; summary.py prints "
+          "numbers with their units", "[cli][python]") {
   if (skip_without_plotting()) return;
   TempDir d;
   const auto r = run_kdalab("decode-cost --cpu-n 1024,2048 --cpu-d 64 --min-time 0.01 --n 1000 --d 64 --context 1024 "
@@ -182,6 +188,17 @@ TEST_CASE("decode-cost's cache note reaches the figure footer; summary.py prints
   CHECK(config_text(j).find("cpu-n=[1024,2048]") != std::string::npos);
   CHECK(config_text(j).find(" quiet=") == std::string::npos);
   CHECK(footer(j).find("seed 1\n") != std::string::npos);  // the default seed
+  // --gpu-n 0: no GPU rows, so the right panel carries decode-cost's note "GPU rows skipped: ..."; it must sit below
+  // the axes (was: axes fraction (0.02, 0.02), on top of the flat KDA line at the bottom of the panel)
+  int notes = 0;
+  for (const auto& ax : j["axes"])
+    for (std::size_t i = 0; i < ax["texts"].size(); ++i)
+      if (ax["texts"][i].get<std::string>().rfind("GPU rows skipped", 0) == 0) {
+        ++notes;
+        INFO(ax["text_boxes"][i].dump());
+        CHECK(ax["text_boxes"][i][3].get<double>() < 0.0);  // its top edge is under the axes: no data there
+      }
+  CHECK(notes == 1);
 
   const auto s = run_command(std::string(kPy) + " scripts/summary.py " + d.file("dc.h5"));
   INFO(s.output);
@@ -192,6 +209,10 @@ TEST_CASE("decode-cost's cache note reaches the figure footer; summary.py prints
   CHECK(has(s, "speedup_vs_mla"));
   CHECK(!has(s, "[1]"));  // dimensionless columns carry no unit text
   CHECK(has(s, " 1024 "));  // numbers, not only dataset names
+  // the hybrid table shows the rows at the largest n and says which n and how many (was "at the largest n (8)")
+  CHECK(has(s, "decode_cost/hybrid: "));
+  CHECK(has(s, " at the largest n = 1024\n"));
+  CHECK(!has(s, "at the largest n ("));
 }
 
 TEST_CASE("figures.sh keeps a second results file's same figure under <figure>-<stem>", "[cli][python]") {
@@ -311,4 +332,181 @@ TEST_CASE("figure scripts on odd files: no rows or missing columns skip (exit 3)
   CHECK(has(s, "summary.py: error: " + d.file("text.h5") + ": not an HDF5 file"));
   CHECK(has(s, "decode_cost/hybrid: 0 rows"));  // the other files are still summarised
   CHECK(!has(s, "Traceback"));
+}
+
+namespace {
+/// A parity file where twin-bf16 sits among the reference lines (so fig_parity draws its zoom panel), with a root
+/// config and a command line far longer than one footer line.
+std::string long_parity_file(const TempDir& d) {
+  const std::string h5 = d.file("long.h5");
+  const auto w = run_command(std::string(kPy) + " -c \"import h5py, json, numpy as np\n"
+                             "f = h5py.File('" + h5 + "', 'w')\n"
+                             "cfg = {'impl-%02d' % i: ['value-%02d-%d' % (i, k) for k in range(6)] for i in range(30)}\n"
+                             "cfg['last-key'] = 'the-end'\n"
+                             "f.attrs['config'] = json.dumps(cfg)\n"
+                             "f.attrs['command_line'] = 'kdalab parity ' + ' '.join('--opt-%02d %d' % (i, i) for i in range(60)) + ' --out tail.h5'\n"
+                             "g = f.create_group('parity/table')\n"
+                             "g['impl'] = np.array([b'float32', b'float32', b'twin-bf16', b'twin-bf16'])\n"
+                             "g['T'] = np.array([64, 256, 64, 256])\n"
+                             "g['o_rel_rms'] = np.array([1.2e-7, 1.3e-7, 1.70e-3, 3.75e-3])\n\"");
+  INFO(w.output);
+  REQUIRE(w.code == 0);
+  return h5;
+}
+}  // namespace
+
+TEST_CASE("figure footers are wrapped whole: every config value and the whole command line, no '…'", "[cli][python]") {
+  if (skip_without_plotting()) return;
+  TempDir d;
+  const json j = draw(d, "fig_parity.py", long_parity_file(d));
+  std::string foot = footer(j);
+  INFO(foot);
+  CHECK(foot.find("\u2026") == std::string::npos);  // was: the config cut after two lines with " …"
+  CHECK(foot.find("...") == std::string::npos);
+  // wrapped lines continue with two spaces of indent: undo the wrapping, then every pair must be there whole
+  std::string flat;
+  for (std::size_t k = 0; k < foot.size(); ++k) {
+    if (foot.compare(k, 3, "\n  ") == 0) {
+      flat += ' ';
+      k += 2;
+    } else {
+      flat += foot[k];
+    }
+  }
+  foot = flat;
+  for (int i = 0; i < 30; ++i) {
+    std::string ii = i < 10 ? "0" : "";
+    ii += std::to_string(i);
+    std::string kv = "impl-";
+    kv += ii;
+    kv += "=[";
+    for (int k = 0; k < 6; ++k) {
+      kv += k ? ",value-" : "value-";
+      kv += ii;
+      kv += "-";
+      kv += std::to_string(k);
+    }
+    kv += "]";
+    CHECK(foot.find(kv) != std::string::npos);
+  }
+  CHECK(foot.find(" last-key=the-end\n") != std::string::npos);
+  CHECK(foot.find("--opt-59 59 --out tail.h5") != std::string::npos);  // the command line's tail
+  int longest = 0, len = 0;
+  for (char c : footer(j)) len = (c == '\n') ? (longest = std::max(longest, len), 0) : len + 1;
+  CHECK(longest <= 260);  // wrapped at the figure's width, not one endless line
+}
+
+TEST_CASE("fig_parity: the full-range panel shows the reference lines as one band named above the data",
+          "[cli][python]") {
+  if (skip_without_plotting()) return;
+  TempDir d;
+  const json j = draw(d, "fig_parity.py", long_parity_file(d));
+  REQUIRE(j["axes"].size() >= 2);  // twin-bf16 is among the reference lines: the zoom panel is drawn
+  const auto& full = j["axes"][0];
+  const auto& zoom = j["axes"][1];
+  auto reference_lines = [](const json& ax) {
+    int n = 0;
+    for (const auto& ln : ax["lines"])
+      if (ln["coords"] == "axes" && ln["label"].get<std::string>().find("non-finite") == std::string::npos) ++n;
+    return n;
+  };
+  CHECK(reference_lines(full) == 0);  // was: four dashed lines crowding the top of the panel over the bf16 markers
+  CHECK(reference_lines(zoom) == 4);  // drawn where they can be told apart (and named at its right edge)
+  // the highest data point and the band's name, in axes fractions of the log y axis
+  const double lo = std::log10(full["ylim"][0].get<double>()), hi = std::log10(full["ylim"][1].get<double>());
+  double top = -INFINITY;
+  for (const auto& ln : full["lines"])
+    if (ln["coords"] == "data")
+      for (const auto& y : ln["y"])
+        if (!y.is_null()) top = std::max(top, (std::log10(y.get<double>()) - lo) / (hi - lo));
+  CHECK(top < 0.92);  // headroom above the data
+  int names = 0;
+  for (std::size_t i = 0; i < full["texts"].size(); ++i)
+    if (full["texts"][i].get<std::string>().find("reference lines") != std::string::npos) {
+      ++names;
+      const auto& box = full["text_boxes"][i];
+      INFO(box.dump() << " top of the data at " << top);
+      CHECK(box[1].get<double>() > top);   // above every marker
+      CHECK(box[3].get<double>() <= 1.0);  // inside the panel
+    }
+  CHECK(names == 1);
+  std::string legend;
+  for (const auto& lg : j["legends"])
+    for (const auto& t : lg) legend += t.get<std::string>() + "\n";
+  CHECK(legend.find("kdalab goal 2.0e-3") != std::string::npos);  // the legend still names each line's style
+}
+
+TEST_CASE("--dump alone writes only the JSON and says so; with --out-dir the figure too", "[cli][python]") {
+  if (skip_without_plotting()) return;
+  TempDir d;
+  const std::string h5 = long_parity_file(d);
+  const std::string script = std::filesystem::absolute("scripts/fig_parity.py").string();
+  // run in the temp folder: a figure written to the default figures/ would land there, not in the repository
+  auto r = run_command("cd " + d.path.string() + " && " + kPy + " " + script + " " + h5 + " --dump " + d.file("a.json"));
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  CHECK(std::filesystem::exists(d.file("a.json")));
+  CHECK(!std::filesystem::exists(d.file("figures")));  // was: figures/parity_error.png and .pdf silently redrawn
+  CHECK(has(r, "wrote " + d.file("a.json") + " (the dump only"));
+  CHECK(!has(r, "/parity_error.png"));  // no figure path among those written
+  r = run_command("cd " + d.path.string() + " && " + kPy + " " + script + " " + h5 + " --dump " + d.file("b.json") +
+                  " --out-dir " + d.file("fig"));
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  CHECK(std::filesystem::exists(d.file("b.json")));
+  CHECK(std::filesystem::exists(d.file("fig/parity_error.png")));
+  CHECK(has(r, "wrote " + d.file("b.json") + " " + d.file("fig/parity_error.png") + " " + d.file("fig/parity_error.pdf")));
+  r = run_command("cd " + d.path.string() + " && " + kPy + " " + script + " " + h5);  // no --dump: figures/ as before
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  CHECK(std::filesystem::exists(d.file("figures/parity_error.png")));
+  CHECK(has(r, "wrote figures/parity_error.png figures/parity_error.pdf"));
+}
+
+TEST_CASE("decay-range: figure cells and summary.py say what the console says (inf as stored, NaN+Inf count of o)",
+          "[cli][python]") {
+  if (skip_without_plotting()) return;
+  TempDir d;
+  // gate shift 20 pins the decays at their bound: g_min = -8 and softplus overflow the factored tile (rel_rms = inf,
+  // o has NaN), and every fp16 row does
+  const auto r = run_kdalab("decay-range --g-min -1,-8 --C 16,64 --precision fp32,fp16 --T 32 --D 16 --kernel-plan false "
+                            "--quiet --out " + d.file("dr.h5"));
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  // the console's fp32 table: "<rel_rms> (<NaN+Inf count of o>)" per cell, e.g. "inf (336)"
+  std::vector<std::string> console;
+  const std::regex cell(R"(\b(inf|nan) \(([0-9]+)\))");
+  for (std::sregex_iterator it(r.output.begin(), r.output.end(), cell), end; it != end; ++it) console.push_back(it->str());
+  REQUIRE(!console.empty());
+  const json j = draw(d, "fig_decay_range.py", d.file("dr.h5"));
+  const json* fp32 = nullptr;
+  int dark = 0;
+  for (const auto& ax : j["axes"]) {
+    if (ax["title"] == "chunked, fp32") fp32 = &ax;
+    for (const auto& t : ax["texts"]) {
+      const std::string s = t;
+      INFO(ax["title"] << ": " << s);
+      CHECK(s.find("NaN") == std::string::npos);  // was "NaN\novf": the console says inf
+      CHECK(s.find("Inf") == std::string::npos);
+      if (s.rfind("inf (", 0) == 0 || s.rfind("nan (", 0) == 0) ++dark;
+    }
+  }
+  REQUIRE(fp32 != nullptr);
+  for (const auto& c : console) {  // each console cell is a cell of the fp32 panel, word for word
+    bool found = false;
+    for (const auto& t : (*fp32)["texts"]) found = found || t.get<std::string>().rfind(c + "\n", 0) == 0 || t == c;
+    INFO(c << " in " << (*fp32)["texts"].dump());
+    CHECK(found);
+  }
+  CHECK(dark >= 6 + static_cast<int>(console.size()));  // every fp16 cell is dark too
+  CHECK(footer(j).find("how many values of o are NaN or Inf") != std::string::npos);  // the footer says what (336) is
+
+  const auto s = run_command(std::string(kPy) + " scripts/summary.py " + d.file("dr.h5"));
+  INFO(s.output);
+  REQUIRE(s.code == 0);
+  CHECK(!has(s, "NaN "));  // was the fp16 median: "NaN" over no finite row
+  const std::regex fp16(R"(chunked\s+fp16\s+6\s+inf\s+inf\s+6\s+[0-9]+\s+[0-9]+)");  // rows, median, max, NaN/Inf rows, o_nan, o_inf
+  CHECK(std::regex_search(s.output, fp16));
+  CHECK(has(s, "o_nan (sum)"));
+  CHECK(has(s, "o_inf (sum)"));
 }
