@@ -59,5 +59,7 @@ TEST_CASE("kdalab info --config records the layout with --out; bad configs exit 
   std::remove(path.c_str());
   const Run bad = run("info --config data/configs/no-such-model.json");
   CHECK(bad.rc == 2);
-  CHECK(has(bad.out, "no-such-model.json' cannot be opened"));
+  CHECK(has(bad.out, "no-such-model.json': no such file"));  // refused before the banner (session 6)
+  CHECK(has(bad.out, "data/configs/kimi-linear-48b.json"));
+  CHECK(!has(bad.out, "compiler:"));
 }
