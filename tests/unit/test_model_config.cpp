@@ -1,8 +1,11 @@
 // Model configs (ISSUE 4): the shipped configs load with the published shapes; a user's own
 // config.json loads the same way (unknown keys ignored, text_config nesting, 0-based ids); missing
 // or inconsistent keys give kdalab::Error naming the key. Cache footprint of Kimi Linear 48B.
+#include <filesystem>
 #include <fstream>
 #include <string>
+
+#include <unistd.h>
 
 #include "reference/hybrid.hpp"
 #include "reference/model_config.hpp"
@@ -184,7 +187,10 @@ TEST_CASE("model config: missing or inconsistent keys give errors naming the key
     } catch (const Error& e) {
       has(e.what(), "no-such-model.json' cannot be opened");
     }
-    const std::string tmp = "build/test_model_config_bad.json";
+    // a scratch file outside the repository (a build folder named build/ need not exist: the GPU machine builds in /tmp)
+    const std::string tmp =
+        (std::filesystem::temp_directory_path() / ("kdalab_test_model_config_bad_" + std::to_string(::getpid()) + ".json"))
+            .string();
     { std::ofstream f(tmp); f << "{\"hidden_size\": 3,"; }
     try {
       read_model_config(tmp);

@@ -4,9 +4,11 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "experiments/results.hpp"
 #include "tests/catch.hpp"
@@ -47,7 +49,9 @@ TEST_CASE("kdalab info --config kimi-linear-48b.json prints the layout and cache
 }
 
 TEST_CASE("kdalab info --config records the layout with --out; bad configs exit 2", "[model_config][cli]") {
-  const std::string path = "build/test_model_info.h5";
+  // a scratch file outside the repository (a build folder named build/ need not exist: the GPU machine builds in /tmp)
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("kdalab_test_model_info_" + std::to_string(::getpid()) + ".h5")).string();
   std::remove(path.c_str());
   const Run r = run("info --config data/configs/toy.json --out " + path + " --quiet");
   INFO(r.out);
