@@ -246,6 +246,27 @@ struct PointNote {
   std::string why;    ///< what happened there (the Error's message, or the NaN/Inf counts)
 };
 
+/// The words at one position of several notes merged: the word when all are equal; "lo .. hi" (the words of the
+/// smallest and the largest number) when every distinct word is a finite number; else the distinct words joined
+/// by " / ". distinct: >= 1 distinct words, in first-seen order.
+std::string merge_word(const std::vector<std::string>& distinct) {
+  if (distinct.size() == 1) return distinct[0];
+  double lo = 0, hi = 0;
+  std::string lo_w, hi_w;
+  for (const auto& d : distinct) {
+    char* end = nullptr;
+    const double x = std::strtod(d.c_str(), &end);
+    if (d.empty() || end != d.c_str() + d.size() || !std::isfinite(x)) {  // not a number: list the words
+      std::string merged;
+      for (const auto& w : distinct) merged += (merged.empty() ? "" : " / ") + w;
+      return merged;
+    }
+    if (lo_w.empty() || x < lo) { lo = x; lo_w = d; }
+    if (hi_w.empty() || x > hi) { hi = x; hi_w = d; }
+  }
+  return lo_w + " .. " + hi_w;
+}
+
 /// The one note for every point with the same `head` (e.g. "float32-chunk C=16 skipped", "twin-bf16 C=16
 /// (state fp32, matmul plan) has NaN/Inf"; items: >= 1, in point order). One point: "<head> at point <p>
 /// (<label>): <why>". Several: "<head> at <k> points [<p> (<label>), ...]: <why>", where the messages are
@@ -265,12 +286,6 @@ std::string merge_point_note(const std::string& head, const std::vector<PointNot
     w.push_back(text.substr(a));
     return w;
   };
-  auto number = [](const std::string& w, double& x) {
-    if (w.empty()) return false;
-    char* end = nullptr;
-    x = std::strtod(w.c_str(), &end);
-    return end == w.c_str() + w.size() && std::isfinite(x);
-  };
   std::string where;
   for (const auto& it : items) where += fmt::format("{}{} ({})", where.empty() ? "" : ", ", it.point, it.label);
   std::vector<std::vector<std::string>> ws;
@@ -284,32 +299,7 @@ std::string merge_point_note(const std::string& head, const std::vector<PointNot
       std::vector<std::string> distinct;
       for (const auto& w : ws)
         if (std::find(distinct.begin(), distinct.end(), w[j]) == distinct.end()) distinct.push_back(w[j]);
-      std::string merged = distinct[0];
-      if (distinct.size() > 1) {
-        double lo = 0, hi = 0, x = 0;
-        std::string lo_w, hi_w;
-        bool numeric = true;
-        for (const auto& d : distinct) {
-          if (!number(d, x)) {
-            numeric = false;
-            break;
-          }
-          if (lo_w.empty() || x < lo) {
-            lo = x;
-            lo_w = d;
-          }
-          if (hi_w.empty() || x > hi) {
-            hi = x;
-            hi_w = d;
-          }
-        }
-        merged.clear();
-        if (numeric)
-          merged = lo_w + " .. " + hi_w;
-        else
-          for (const auto& d : distinct) merged += (merged.empty() ? "" : " / ") + d;
-      }
-      why += (j ? " " : "") + merged;
+      why += (j ? " " : "") + merge_word(distinct);
     }
   }
   return fmt::format("{} at {} points [{}]: {}", head, items.size(), where, why);
