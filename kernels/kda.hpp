@@ -112,7 +112,8 @@ struct KdaPrefillArgs {
   /// Auto at D = 128 since session 6: where the wave model's best P is 2 or 3 (e.g. H = 32, T >= 16384 on 132
   /// SMs) it takes the ONE-SHOT schedule with the key-split state kernel (state_variant 4's, KS = 2) instead of
   /// the segment path, when state_variant is 3 (the default): measured on the H200 (session 6, bench/NOTES.md)
-  /// 0.96 .. 1.00 of the P = 3 segment path's whole prefill on 5 shapes (T = 65536, H = 32: 5.94 vs 6.13 ms);
+  /// 0.96 .. 1.00 of the P = 3 segment path's whole prefill on the 4 measured shapes where the model picks P = 3
+  /// (T = 65536, H = 32: 5.94 vs 6.13 ms);
   /// P >= 4 keeps the segment path (T = 65536, H = 16: P = 9, 3.24 ms vs 5.11 ms one-shot key-split).
   /// kda_prefill_state_kernel() says which state kernel runs. D = 64: the same segment path (D / 32 = 2
   /// column slices per head in the auto rule's CTA count), no key-split switch. D = 256: refused when forced

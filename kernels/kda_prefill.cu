@@ -1072,7 +1072,8 @@ SegPlan segment_plan(const KdaPrefillArgs& a, int N, int nch) {
 }
 /// The state schedule kda_prefill runs: the segment plan and the state kernel. The auto rule (segment_state = 0,
 /// state_variant 3, D = 128, no pair step) replaces a 2- or 3-segment plan by the one-shot pass with the key-split
-/// kernel (state_variant 4): measured 0.96 .. 1.00 of the P = 3 path on 5 shapes, P = 9 (H = 16) 0.63 the other
+/// kernel (state_variant 4): measured 0.96 .. 1.00 of the P = 3 path on the 4 shapes where the model picks P = 3,
+/// and P = 9 (H = 16) 0.63 the other
 /// way (session 6, bench/NOTES.md).
 struct StatePlan {
   SegPlan sp;
@@ -1139,21 +1140,24 @@ void launch_state_ks(const Params& p, int HV, int N, cudaStream_t stream) {
 }
 }  // namespace
 
-int kda_prefill_segments(const KdaPrefillArgs& a) {
-  check_dim(a.D, "kda_prefill_segments");
+namespace {
+/// The state plan of `a` from its shapes and options alone (no pointer checks), for the two public queries below;
+/// `who` names the query in the error (T, B or HV < 1).
+StatePlan query_state_plan(const KdaPrefillArgs& a, const char* who) {
+  check_dim(a.D, who);
   if (a.T < 1 || a.B < 1 || a.HV < 1 || (a.cu_seqlens && (a.num_seqs < 1 || a.max_seqlen < 1)))
-    throw Error("kda_prefill_segments: T = " + std::to_string(a.T) + ", B = " + std::to_string(a.B) + ", HV = " +
+    throw Error(std::string(who) + ": T = " + std::to_string(a.T) + ", B = " + std::to_string(a.B) + ", HV = " +
                 std::to_string(a.HV) + "; accepted: T, B, HV >= 1 (and num_seqs, max_seqlen >= 1 with cu_seqlens)");
   const int N = a.cu_seqlens ? a.num_seqs : a.B;
   const int nch = ((a.cu_seqlens ? a.max_seqlen : a.T) + C - 1) / C;
-  return state_plan(a, N, nch).sp.P;
+  return state_plan(a, N, nch);
 }
+}  // namespace
+
+int kda_prefill_segments(const KdaPrefillArgs& a) { return query_state_plan(a, "kda_prefill_segments").sp.P; }
 
 int kda_prefill_state_kernel(const KdaPrefillArgs& a) {
-  kda_prefill_segments(a);  // the same checks
-  const int N = a.cu_seqlens ? a.num_seqs : a.B;
-  const int nch = ((a.cu_seqlens ? a.max_seqlen : a.T) + C - 1) / C;
-  return state_plan(a, N, nch).state_variant;
+  return query_state_plan(a, "kda_prefill_state_kernel").state_variant;
 }
 
 std::size_t kda_prefill_workspace_bytes(const KdaPrefillArgs& a) {
