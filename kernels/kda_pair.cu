@@ -8,6 +8,7 @@
 #include "kernels/kda_common.cuh"
 #include "kernels/kda_pair.cuh"
 #include "kernels/kda_prepare_phases.cuh"
+#include "kernels/kda_state_update.cuh"
 
 namespace kdalab::kernels {
 
@@ -394,20 +395,7 @@ __global__ void __launch_bounds__(64) kda_state_pair_kernel(PairParams p) {
       split_bf16(Dsh[warp][rb + 2 * tq + 8][gq + 8], Dsh[warp][rb + 2 * tq + 9][gq + 8], ad[ks][3], adl[ks][3]);
     }
     // ---- S^T <- Diag(gn2) S^T + D2^T Kd2 (first: the pair-to-pair critical path) ----
-#pragma unroll
-    for (int j = 0; j < NJ; ++j) {
-      const float g0 = S.gn[8 * j + 2 * tq], g1 = S.gn[8 * j + 2 * tq + 1];
-      Sacc[j][0] *= g0;
-      Sacc[j][1] *= g1;
-      Sacc[j][2] *= g0;
-      Sacc[j][3] *= g1;
-#pragma unroll
-      for (int ks = 0; ks < 2; ++ks) {
-        const uint4 kb = S.Kd[(ks * NKT + j / 2) * 32 + lane];
-        const std::uint32_t bk[2] = {(j & 1) ? kb.z : kb.x, (j & 1) ? kb.w : kb.y};
-        mma_bf16(Sacc[j], ad[ks], bk);
-      }
-    }
+    state_decay_update<NJ, 2>(Sacc, S.gn, S.Kd, ad, lane, tq);
     // ---- o = scale (Qg2 S + P2 D2): blocks (m-tile, k-step) = (0, 0) P_c, (1, 0) Pbl, (1, 1) P_{c+1} ----
 #pragma unroll
     for (int blk = 0; blk < 3; ++blk) {

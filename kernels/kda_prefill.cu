@@ -33,6 +33,7 @@
 #include "kernels/kda_common.cuh"
 #include "kernels/kda_pair.cuh"
 #include "kernels/kda_prepare_phases.cuh"
+#include "kernels/kda_state_update.cuh"
 
 namespace kdalab::kernels {
 
@@ -501,17 +502,7 @@ __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
       split_bf16(Dsh[warp][2 * tq + 8][gq], Dsh[warp][2 * tq + 9][gq], ad[2], adl[2]);
       split_bf16(Dsh[warp][2 * tq + 8][gq + 8], Dsh[warp][2 * tq + 9][gq + 8], ad[3], adl[3]);
       // ---- S^T <- Diag(gam_n) S^T + D^T Kd (first: it is the chunk-to-chunk critical path) ----
-#pragma unroll
-      for (int j = 0; j < NJ; ++j) {
-        const float g0 = S.gn[8 * j + 2 * tq], g1 = S.gn[8 * j + 2 * tq + 1];
-        Sacc[j][0] *= g0;
-        Sacc[j][1] *= g1;
-        Sacc[j][2] *= g0;
-        Sacc[j][3] *= g1;
-        const uint4 kb = S.Kd[(j / 2) * 32 + lane];
-        const std::uint32_t b[2] = {(j & 1) ? kb.z : kb.x, (j & 1) ? kb.w : kb.y};
-        mma_bf16(Sacc[j], ad, b);
-      }
+      state_decay_update<NJ, 1>(Sacc, S.gn, S.Kd, &ad, lane, tq);
       if (full) {
       // ---- o = scale (Qg S + P D), P D = Phi Dhi + Phi Dlo + Plo Dhi ----
       const uint4 ph = S.Pf[lane], pl = S.Pf[32 + lane];
@@ -564,17 +555,7 @@ __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
                                  pack_bf16(Dsh[warp][2 * tq][gq + 8], Dsh[warp][2 * tq + 1][gq + 8]),
                                  pack_bf16(Dsh[warp][2 * tq + 8][gq], Dsh[warp][2 * tq + 9][gq]),
                                  pack_bf16(Dsh[warp][2 * tq + 8][gq + 8], Dsh[warp][2 * tq + 9][gq + 8])};
-#pragma unroll
-    for (int j = 0; j < NJ; ++j) {
-      const float g0 = S.gn[8 * j + 2 * tq], g1 = S.gn[8 * j + 2 * tq + 1];
-      Sacc[j][0] *= g0;
-      Sacc[j][1] *= g1;
-      Sacc[j][2] *= g0;
-      Sacc[j][3] *= g1;
-      const uint4 kb = S.Kd[(j / 2) * 32 + lane];
-      const std::uint32_t b[2] = {(j & 1) ? kb.z : kb.x, (j & 1) ? kb.w : kb.y};
-      mma_bf16(Sacc[j], ad, b);
-    }
+    state_decay_update<NJ, 1>(Sacc, S.gn, S.Kd, &ad, lane, tq);
     }
     __syncwarp();  // Dsh is rewritten next chunk
   }
