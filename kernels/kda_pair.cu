@@ -373,15 +373,11 @@ __global__ void __launch_bounds__(64) kda_state_pair_kernel(PairParams p) {
       }
     }
     // ---- D2 = U2 - W2 S (fp32) into the warp's shared tile (rows 0..15: chunk c, 16..31: chunk c + 1) ----
+    for_acc_pairs<2>(gq, tq, [&](int mt, int nt, int hh, int r, int v) {
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = C * mt + gq + 8 * (e >> 1), v = 8 * nt + 2 * tq + (e & 1);
-          Dsh[warp][r][v] = S.U[r][warp * 16 + v] - (ws[mt][nt][e] + ws2[mt][nt][e]);
-        }
+      for (int i = 0; i < 2; ++i)
+        Dsh[warp][r][v + i] = S.U[r][warp * 16 + v + i] - (ws[mt][nt][2 * hh + i] + ws2[mt][nt][2 * hh + i]);
+    });
     __syncwarp();
     // D2^T as A fragments per k-step ks (pair rows 16 ks ..), hi and lo parts; the same registers are the
     // B fragments of P2 D2 (k = pair row, n = value column)
@@ -411,19 +407,13 @@ __global__ void __launch_bounds__(64) kda_state_pair_kernel(PairParams p) {
       }
     }
     const int tp = pr * 2 * C;
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int r = C * mt + gq + 8 * hh, v = 8 * nt + 2 * tq;
-          if (tp + r < sq.len) {
-            const long long t = sq.bos + tp + r;
-            *reinterpret_cast<std::uint32_t*>(p.o + sq.bidx * p.so.b + t * p.so.t + hv * p.so.h + v0 + v) =
-                pack_bf16(p.scale * qs[mt][nt][2 * hh], p.scale * qs[mt][nt][2 * hh + 1]);
-          }
-        }
+    for_acc_pairs<2>(gq, tq, [&](int mt, int nt, int hh, int r, int v) {
+      if (tp + r < sq.len) {
+        const long long t = sq.bos + tp + r;
+        *reinterpret_cast<std::uint32_t*>(p.o + sq.bidx * p.so.b + t * p.so.t + hv * p.so.h + v0 + v) =
+            pack_bf16(p.scale * qs[mt][nt][2 * hh], p.scale * qs[mt][nt][2 * hh + 1]);
+      }
+    });
     __syncwarp();  // Dsh is rewritten next pair
   }
   if (p.S_final) {

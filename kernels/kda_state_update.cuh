@@ -43,4 +43,18 @@ __device__ __forceinline__ void state_decay_update(float (&Sacc)[NJ][4], const f
   }
 }
 
+/// Walks the fp32 C fragments of an MT x 2 grid of m16n8 accumulator tiles (rows 16 mt .., columns 8 nt ..) by
+/// element pairs: f(mt, nt, hh, r, v) for the elements 2 hh, 2 hh + 1 of tile (mt, nt), which hold row r = 16 mt + gq +
+/// 8 hh, columns v and v + 1 (v = 8 nt + 2 tq); gq = lane / 4, tq = lane % 4 (the mma.sync m16n8k16 D layout, PTX ISA).
+/// Order: mt, then nt, then hh (fully unrolled). The pair pass (MT = 2) writes D2 = U2 - W2 S and stores o with it.
+template <int MT, class F>
+__device__ __forceinline__ void for_acc_pairs(int gq, int tq, F&& f) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) f(mt, nt, hh, 16 * mt + gq + 8 * hh, 8 * nt + 2 * tq);
+}
+
 }  // namespace kdalab::kernels::detail
