@@ -373,6 +373,7 @@ __global__ void __launch_bounds__(64) kda_state_pair_kernel(PairParams p) {
       }
     }
     // ---- D2 = U2 - W2 S (fp32) into the warp's shared tile (rows 0..15: chunk c, 16..31: chunk c + 1) ----
+    // (the pragma'd pair loop keeps 8234af9's PTX: as two statements cicc merged one U pair into ld.shared.v2)
     for_acc_pairs<2>(gq, tq, [&](int mt, int nt, int hh, int r, int v) {
 #pragma unroll
       for (int i = 0; i < 2; ++i)
