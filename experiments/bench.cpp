@@ -79,6 +79,7 @@
 #include "kernels/mla.hpp"
 #include "kernels/mla_prefill.hpp"
 #include "kernels/random_fill.hpp"
+#include "kernels/stream_read.hpp"
 #endif
 
 namespace kdalab::cli {
@@ -309,6 +310,8 @@ double copy_ceiling_tbs() {
 
 struct Measured {
   double ms, ms_min, bytes, flops, prepare_ms = 0, state_ms = 0;
+  double graph_ms = std::numeric_limits<double>::quiet_NaN();  // MLA decode, B <= 8: per step in a graph of 20 steps
+  double floor_ms = std::numeric_limits<double>::quiet_NaN();  // the same bytes read by a plain kernel, same graph
 };
 
 /// The least bytes and the FLOPs of a KDA prefill of shape s (chunk 16, D = s.D) with its timings.
@@ -485,7 +488,19 @@ Measured bench_mla_decode(const Shape& s, int warmup, int iters, std::uint64_t s
     const auto [gms, gmn] = graph_step_ms([&](cudaStream_t st) { kernels::mla_decode(a, st); }, 20, 2, std::max(3, iters / 5));
     fmt::print("  (B={} N={} H={}, variant {}: in a CUDA graph of 20 steps {:.1f} us per step, {:.2f} TB/s; the table "
                "times single launches)\n", s.B, s.T, s.H, variant, 1e3 * gms, 2.0 * nc / (gms * 1e-3) / 1e12);
+    // the floor of such a step: the same bytes read by a plain streaming kernel, also in a graph of 20 steps
+    Dev sink(4);
+    const auto [fms, fmn] = graph_step_ms([&](cudaStream_t st) { kernels::stream_read(c.p, nc * 2, sink.as<unsigned>(), st); },
+                                          20, 2, std::max(3, iters / 5));
+    fmt::print("  (B={} N={}: read floor, the same {:.1f} MB read by a plain streaming kernel in a graph of 20 steps: "
+               "{:.1f} us per step, {:.2f} TB/s; the decode step is {:.2f}x it)\n", s.B, s.T, 2.0 * nc / 1e6, 1e3 * fms,
+               2.0 * nc / (fms * 1e-3) / 1e12, gms / fms);
     (void)gmn;
+    (void)fmn;
+    Measured m{ms, mn, 2.0 * nc, 4.0 * s.B * s.H * s.T * DC};
+    m.graph_ms = gms;
+    m.floor_ms = fms;
+    return m;
   }
   return {ms, mn, 2.0 * nc, 4.0 * s.B * s.H * s.T * DC};
 }
@@ -856,7 +871,12 @@ void register_bench(Registry& reg) {
           .col("peer_ms", 'd', "ms", "peer time from --peer-json (fla for KDA, the torch baseline for MLA), NaN if none")
           .col("speedup_vs_peer", 'd', "1", "peer_ms / time_ms")
           .col("baseline_ms", 'd', "ms", "time in --compare file, NaN if none")
-          .col("ratio_vs_baseline", 'd', "1", "time_ms / baseline_ms (> 1.10 flagged)");
+          .col("ratio_vs_baseline", 'd', "1", "time_ms / baseline_ms (> 1.10 flagged)")
+          .col("graph_ms", 'd', "ms", "mla-decode with B <= 8: per step in a CUDA graph of 20 steps (the decode loop's "
+               "time, no host launch gap); NaN otherwise")
+          .col("read_floor_ms", 'd', "ms", "mla-decode with B <= 8: the same latent bytes read by a plain streaming "
+               "kernel (kernels/stream_read.hpp) in a CUDA graph of 20 steps: what a memory-bound step cannot beat; NaN "
+               "otherwise");
       fmt::print("{:<40}{:>10}{:>9}{:>9}{:>9}{:>10}{:>8}{:>8}{:>10}{:>9}{:>10}\n", op, "ms", "prep ms", "state ms",
                  "TB/s", "TFLOP/s", "%copy", "%mm", "peer ms", "speedup", "vs base");
       for (const Shape& s : shapes[oi]) {
@@ -881,7 +901,7 @@ void register_bench(Registry& reg) {
         flagged = flagged || slow;
         t.row({key, static_cast<std::int64_t>(s.B), static_cast<std::int64_t>(s.T), static_cast<std::int64_t>(s.H),
                static_cast<std::int64_t>(s.HV), std::int64_t{op == "mla-decode" || op == "mla-prefill" ? 512 : op == "attn-res" ? s.H : s.D}, m.ms, m.ms_min, m.prepare_ms, m.state_ms, m.bytes, m.flops, tbs, tfl,
-               100.0 * tbs / copy_tbs, 100.0 * tfl / mm_tflops, pm, pm / m.ms, bm, ratio});
+               100.0 * tbs / copy_tbs, 100.0 * tfl / mm_tflops, pm, pm / m.ms, bm, ratio, m.graph_ms, m.floor_ms});
         fmt::print("{:<40}{:>10.4f}{:>9.4f}{:>9.4f}{:>9.2f}{:>10.1f}{:>8.1f}{:>8.2f}{:>10.4f}{:>9.2f}{:>10}{}\n", key, m.ms,
                    m.prepare_ms, m.state_ms, tbs, tfl,
                    100.0 * tbs / copy_tbs, 100.0 * tfl / mm_tflops, pm, pm / m.ms,

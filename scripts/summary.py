@@ -38,7 +38,7 @@ SPEC = {
     "parity/summary": dict(cols=["impl", "state_precision", "matmul_precision", "rows", "o_rel_rms_median",
                                  "o_rel_rms_worst", "S_rel_rms_median", "S_rel_rms_worst"]),
     "parity/table": dict(skip_if="parity/summary"),
-    "bench/*": dict(cols=["key", "time_ms", "TBps", "TFLOPps", "pct_copy", "pct_matmul", "ratio_vs_baseline",
+    "bench/*": dict(cols=["key", "time_ms", "graph_ms", "TBps", "TFLOPps", "pct_copy", "pct_matmul", "ratio_vs_baseline",
                           "speedup_vs_peer"]),
 }
 # For an unknown table with many rows: these columns (the first present) group it, these are its metrics.
