@@ -106,6 +106,7 @@ struct Shape {
   long long B, T, H, HV;
   long long D = 128;  // kda-prefill / kda-decode: d_k = d_v
   bool naive = false;  // mla-prefill: the naive-path row (mla_prefill_heads, path = naive) of this shape
+  bool operator==(const Shape&) const = default;
 };
 
 std::vector<Shape> parse_shapes(const std::string& text, const std::string& op) {
@@ -166,6 +167,7 @@ std::vector<Shape> parse_shapes(const std::string& text, const std::string& op) 
     require(op != "kda-decode" || v[1] == 1, "--shapes: decode shapes have T = 1, got '" + item + "'");
     require(v[4] == 64 || v[4] == 128 || v[4] == 256,
             "--shapes: D = " + std::to_string(v[4]) + " in '" + item + "'; accepted: D = 64, 128 or 256");
+    require_once(std::find(r.begin(), r.end(), Shape{v[0], v[1], v[2], v[3], v[4]}) == r.end(), "--shapes", "'" + item + "'");
     r.push_back({v[0], v[1], v[2], v[3], v[4]});
   }
   require(!r.empty(), "--shapes is empty");

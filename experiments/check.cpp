@@ -29,6 +29,7 @@
 // where it cannot run (a build without the CUDA kernels, or no GPU visible; the input is checked first).
 #include <H5Cpp.h>
 #include <filesystem>
+#include <fstream>
 
 #include <fmt/format.h>
 
@@ -708,6 +709,7 @@ void register_check(Registry& reg) {
                     "mla (absorbed query q~, latent cache c -> attended latent o), attn-res (sources v, pseudo-query "
                     "w -> h). Without a candidate the truth is written to --out.",
                     "results/check.h5");
+  c.writes_output = false;  // --out is checked in run(), after the options and --in (a missing --in is named first)
   struct Opts {
     std::string op = "kda", in, truth = "auto";
     double tol = tol::check_default.value;
@@ -747,11 +749,16 @@ void register_check(Registry& reg) {
     require(o->truth == "auto" || o->truth == "mp" || o->truth == "f64",
             "--truth '" + o->truth + "' is unknown; accepted: auto, mp, f64");
     require(std::isfinite(o->tol) && o->tol > 0, fmt::format("--tol {} is not accepted; give a number > 0", o->tol));
+    // --in before --out: without an input there is nothing to report (run outside the repo, a missing --in was
+    // reported as "--out 'results/check.h5': folder 'results' does not exist"; session 7)
+    require(!o->in.empty(), "check: --in FILE.h5 is required (the tensors to check; format in README.md)");
+    require(static_cast<bool>(std::ifstream(o->in)), "check --in '" + o->in + "': not found or not a readable HDF5 file");
     {
       std::error_code e1, e2;
       const auto a = std::filesystem::weakly_canonical(o->in, e1), b = std::filesystem::weakly_canonical(ctx.common.out, e2);
       require(e1 || e2 || a != b, "--out '" + ctx.common.out + "' is the input file --in; give another report file");
     }
+    check_output_path(ctx.common.out, ctx.common.force);  // writes_output is off: checked here, after --in
     Outcome res;
     try {
       res = o->op == "mla"        ? check_mla(o->in, o->truth)

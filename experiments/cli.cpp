@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <regex>
 #include <sstream>
 #include <stdexcept>
 
@@ -37,6 +38,7 @@ Command& Registry::add(const std::string& name, const std::string& description, 
   a->add_option("--seed", c.common->seed,
                 "seed of the portable input generator, an integer in [0, 2^64 - 1] (recorded in the results file)")
       ->capture_default_str()
+      ->type_name("UINT64")
       ->check(CLI::Validator(
           [](std::string& v) -> std::string {
             const bool digits = !v.empty() && v.find_first_not_of("0123456789") == std::string::npos;
@@ -45,7 +47,7 @@ Command& Registry::add(const std::string& name, const std::string& description, 
             if (!digits || errno == ERANGE) return "--seed: '" + v + "' is not an integer in [0, 2^64 - 1]";
             return std::string();
           },
-          "UINT64"));
+          ""));  // no description: --help shows the type name UINT64 alone (it showed UINT:UINT64)
   a->add_flag("--quick", c.common->quick, "run a small version (seconds to a minute on a laptop CPU)");
   a->add_flag("--force", c.common->force, "overwrite --out if it exists (otherwise an existing file is never touched)");
   a->add_flag("--quiet", c.common->quiet, "no progress lines on stderr");
@@ -66,6 +68,10 @@ std::unique_ptr<ResultsFile> Context::open_results() const {
 
 Progress Context::progress(const std::string& label, std::size_t total) const {
   return Progress(label, total, common.quiet);
+}
+
+void require_once(bool once, const std::string& option, const std::string& value) {
+  require(once, option + ": " + value + " is given more than once; give each value once");
 }
 
 std::vector<double> parse_list(const std::string& text, const std::string& option) {
@@ -163,26 +169,56 @@ std::vector<std::string> config_tokens(CLI::App* sub, const std::string& path) {
   return toks;
 }
 
-/// Rejects NaN/Inf (and out-of-range numbers like 1e400) in every numeric option value: no experiment
-/// accepts them, and letting one through can crash or write NaN silently. Text options (file names,
-/// lists parsed by their subcommand) are left alone: "info.json" is a name, not a number.
-void require_finite_options(CLI::App* sub) {
+/// Appends " list" to the type name of every list option of `sub` (a std::vector variable: expected_max > 1), so
+/// that --help says "INT list", "FLOAT list", "TEXT list" (list options carry no validator whose description
+/// would be repeated here).
+void name_lists(CLI::App* sub) {
+  for (CLI::Option* o : sub->get_options())
+    if (o->get_expected_max() > 1 && !o->get_type_name().ends_with(" list")) o->type_name(o->get_type_name() + " list");
+}
+
+bool is_decimal_integer(const std::string& v) {
+  static const std::regex re("[+-]?(0|[1-9][0-9]*)");
+  return std::regex_match(v, re);
+}
+
+/// Enforces the type names of cli.hpp (kInt) on every value given to `sub` (command line and --config alike),
+/// then the one list rule (require_once): integers in decimal only, numbers finite and decimal (NaN/Inf and
+/// out-of-range numbers like 1e400 crash or write NaN silently; no experiment accepts them), no value twice in a
+/// list. TEXT and BOOLEAN values are left to the subcommand ("info.json" is a name, not a number).
+void check_option_values(CLI::App* sub) {
   for (CLI::Option* o : sub->get_options()) {
     const std::string n = long_name(o);
-    if (n.empty() || o->get_type_name().rfind("TEXT", 0) == 0) continue;
-    for (const std::string& v : o->results()) {
+    if (n.empty()) continue;
+    const std::string type = o->get_type_name();
+    const bool integer = type.starts_with("INT") || type.starts_with("UINT");
+    const bool number = integer || type.starts_with("FLOAT");
+    const auto& values = o->results();
+    for (const std::string& v : values) {
+      if (!number) break;
       std::string t = v;
       for (auto& ch : t) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
       const auto p = t.find_first_not_of("+-");
       const std::string core = p == std::string::npos ? t : t.substr(p);
       if (core.rfind("inf", 0) == 0 || core.rfind("nan", 0) == 0)
         throw Error("--" + n + ": value '" + v + "' is not a finite number; give a finite value");
+      require(!integer || is_decimal_integer(v),
+              "--" + n + ": '" + v + "' is not accepted; give a decimal integer (digits, an optional sign, no leading "
+              "zero: not 0x10, 010, 1e3 or 16.0)");
+      require(t.find('x') == std::string::npos,
+              "--" + n + ": '" + v + "' is not accepted; give a decimal number (not hexadecimal)");
       errno = 0;
       char* end = nullptr;
       const double x = std::strtod(v.c_str(), &end);
       if (end && *end == '\0' && end != v.c_str() && (errno == ERANGE && std::fabs(x) > 1.0))
         throw Error("--" + n + ": value '" + v + "' is out of the range of a double; give a finite value");
     }
+    if (o->get_expected_max() <= 1) continue;
+    for (std::size_t i = 0; i < values.size(); ++i)
+      for (std::size_t j = 0; j < i; ++j)
+        require_once(number ? std::strtod(values[i].c_str(), nullptr) != std::strtod(values[j].c_str(), nullptr)
+                            : values[i] != values[j],
+                     "--" + n, values[i]);
   }
 }
 
@@ -235,6 +271,7 @@ int run(int argc, char** argv) {
   register_bench(reg);
   register_golden(reg);
   register_check(reg);
+  for (auto& c : reg.commands()) name_lists(c.app);
 
   std::vector<std::string> args;
   for (int i = argc - 1; i >= 1; --i) args.emplace_back(argv[i]);  // CLI11 wants them reversed
@@ -293,7 +330,7 @@ int run(int argc, char** argv) {
   ctx.command_line = cmdline;
   ctx.app = cmd->app;
   try {
-    require_finite_options(cmd->app);
+    check_option_values(cmd->app);
     ctx.config = effective_config(cmd->app);
     if (cmd->writes_output) check_output_path(ctx.common.out, ctx.common.force);
     return cmd->run(ctx);

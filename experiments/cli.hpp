@@ -91,6 +91,20 @@ void register_check(Registry&);
 /// 1 an unexpected failure). Prints errors as one line on stderr.
 int run(int argc, char** argv);
 
+/// The one rule for list options (every subcommand): a value given twice is refused with kdalab::Error
+/// "<option>: <value> is given more than once; give each value once" unless `once`. run() applies it after parsing
+/// to every option declared with a std::vector variable (CLI11 expected_max > 1: comma lists such as parity --T,
+/// file lists such as bench --compare), comparing numbers by value and text exactly; an option that parses a list
+/// out of one text value (bench --shapes) calls it itself. Exit 2, nothing written.
+void require_once(bool once, const std::string& option, const std::string& value);
+
+/// Option type names, shown in --help and enforced by run() for every subcommand before any work:
+///  "INT" (also on a double variable that holds a count): decimal integers only, [+-]?(0|[1-9][0-9]*) (CLI11 itself
+///      would read 0x5 as 5 and 010 as octal 8; 1e3 and 16.0 are refused too); "UINT64" the same without a sign;
+///  "FLOAT": finite decimal numbers (no NaN/Inf, no hexadecimal 0x1p3); "TEXT", "BOOLEAN": as CLI11 reads them.
+/// A list option's type name gets " list" appended by run() ("INT list", "FLOAT list", "TEXT list").
+inline constexpr const char* kInt = "INT";
+
 /// Parses a comma/space separated list of numbers for sweep options ("16,32,64").
 std::vector<double> parse_list(const std::string& text, const std::string& option);
 

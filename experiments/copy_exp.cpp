@@ -52,10 +52,10 @@ void register_copy(Registry& reg) {
   std::map<std::string, CLI::Option*> opt;
   opt["memories"] = a->add_option("--memories", o->memories, "memories to test")->delimiter(',')->capture_default_str();
   opt["precision"] = a->add_option("--precision", o->precision, "precisions of the recurrent memories: fp64, fp32, bf16")->delimiter(',')->capture_default_str();
-  opt["d-k"] = a->add_option("--d-k", o->d_k, "state sizes: key dimensions d_k (d_v = d_k)")->delimiter(',')->capture_default_str();
-  opt["L"] = a->add_option("--L", o->L, "string lengths L")->delimiter(',')->capture_default_str();
-  opt["trials"] = a->add_option("--trials", o->trials, "strings per point")->capture_default_str();
-  a->add_option("--alphabet", o->alphabet, "alphabet size |D| (>= 2)")->capture_default_str();
+  opt["d-k"] = a->add_option("--d-k", o->d_k, "state sizes: key dimensions d_k (d_v = d_k)")->delimiter(',')->type_name(kInt)->capture_default_str();
+  opt["L"] = a->add_option("--L", o->L, "string lengths L")->delimiter(',')->type_name(kInt)->capture_default_str();
+  opt["trials"] = a->add_option("--trials", o->trials, "strings per point")->type_name(kInt)->capture_default_str();
+  a->add_option("--alphabet", o->alphabet, "alphabet size |D| (>= 2)")->type_name(kInt)->capture_default_str();
   a->add_option("--keys", o->keys, "position keys: random or orthogonal (orthonormal in blocks of d_k)")->capture_default_str();
   a->add_option("--beta", o->beta, "write strength of the delta memories, in (0, 1]")->capture_default_str();
   a->add_option("--g-min", o->g_min, "gate lower bound of GLA, Gated DeltaNet, KDA (< 0)")->capture_default_str();

@@ -171,24 +171,24 @@ void register_decode_cost(Registry& reg) {
                     "reference at small n, (c) measured with the CUDA kernels up to 1M tokens when a GPU is "
                     "present, and the hybrid layouts' attention cost vs an all-MLA stack.",
                     "results/decode_cost.h5");
-  c.app->add_option("--n", o->n, "context lengths n (tokens) for the analytic table")->delimiter(',')->capture_default_str();
-  c.app->add_option("--d", o->d, "head dimensions d (d_k = d_v = d) for the analytic table")->delimiter(',')->capture_default_str();
+  c.app->add_option("--n", o->n, "context lengths n (tokens) for the analytic table")->delimiter(',')->type_name(kInt)->capture_default_str();
+  c.app->add_option("--d", o->d, "head dimensions d (d_k = d_v = d) for the analytic table")->delimiter(',')->type_name(kInt)->capture_default_str();
   c.app->add_option("--memory-gb", o->memory_gb,
                     "memory budget (GB) for the largest batch whose caches and states fit (of the H200's 141 GB)")
       ->capture_default_str();
   auto* cpu_n_opt = c.app->add_option("--cpu-n", o->cpu_n, "context lengths n for the CPU-measured decode step (0 = skip)")
-                        ->delimiter(',')->capture_default_str();
-  c.app->add_option("--cpu-d", o->cpu_d, "head dimension of the CPU-measured decode step (d_k = d_v)")->capture_default_str();
+                        ->delimiter(',')->type_name(kInt)->capture_default_str();
+  c.app->add_option("--cpu-d", o->cpu_d, "head dimension of the CPU-measured decode step (d_k = d_v)")->type_name(kInt)->capture_default_str();
   auto* min_time_opt = c.app->add_option("--min-time", o->min_time, "seconds of timing per CPU point (> 0)")->capture_default_str();
-  c.app->add_option("--context", o->ctx, "context lengths n of the hybrid cost model (tokens)")->delimiter(',')->capture_default_str();
+  c.app->add_option("--context", o->ctx, "context lengths n of the hybrid cost model (tokens)")->delimiter(',')->type_name(kInt)->capture_default_str();
   c.app->add_option("--bandwidth-gbs", o->bandwidth_gbs,
                     "memory bandwidth (GB/s) of the hybrid cost model: the H200's measured copy rate, ~4000 (ANCHORS.md)")
       ->capture_default_str();
   c.app->add_option("--k3-layers", o->k3_layers,
-                    "K3 layer count for its layout (not public: 89 or 93 suggested; illustrative)")->capture_default_str();
+                    "K3 layer count for its layout (not public: 89 or 93 suggested; illustrative)")->type_name(kInt)->capture_default_str();
   c.app->add_option("--gpu-n", o->gpu_n, "context lengths n of the GPU-measured MLA read (0 = skip the GPU rows)")
-      ->delimiter(',')->capture_default_str();
-  c.app->add_option("--gpu-iters", o->gpu_iters, "timed launches per GPU point (median)")->capture_default_str();
+      ->delimiter(',')->type_name(kInt)->capture_default_str();
+  c.app->add_option("--gpu-iters", o->gpu_iters, "timed launches per GPU point (median)")->type_name(kInt)->capture_default_str();
   c.run = [o, cpu_n_opt, min_time_opt](Context& ctx) {
     if (ctx.common.quick) {
       if (!cpu_n_opt->count()) o->cpu_n = {1024, 2048, 4096, 8192, 16384};
@@ -262,7 +262,7 @@ void register_decode_cost(Registry& reg) {
       SoftmaxCache<CpuScalar> cache(d, d, n_max);  // 2 n_max d numbers, checked against kCpuCacheMaxBytes above
       std::size_t next = 0;
       std::sort(cpu_n.begin(), cpu_n.end());
-      cpu_n.erase(std::unique(cpu_n.begin(), cpu_n.end()), cpu_n.end());  // a repeated n would misalign the rows
+      // no repeated n here: cli::run refuses a value given twice in a list option (require_once)
       for (Eigen::Index n = 1; n <= n_max && next < cpu_n.size(); ++n) {
         Vec<CpuScalar> k = randvec(d);
         k.normalize();

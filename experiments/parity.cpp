@@ -78,17 +78,6 @@ std::size_t as_count(double x, const std::string& opt, double min = 1) {
   return static_cast<std::size_t>(x);
 }
 
-/// Refuses a value given twice in list option `opt` (it would give duplicate rows): kdalab::Error naming the
-/// option and the value.
-template <class T>
-void refuse_repeats(const std::vector<T>& values, const std::string& opt) {
-  for (std::size_t i = 0; i < values.size(); ++i)
-    for (std::size_t j = 0; j < i; ++j)
-      require(!(values[j] == values[i]),
-              fmt::format("{}: {} is given more than once; give each value once (a repeat would give duplicate rows)",
-                          opt, values[i]));
-}
-
 /// Result of one implementation on one grid point, as float64 copies.
 struct ImplOut {
   std::vector<double> o, S;
@@ -319,14 +308,14 @@ void register_parity(Registry& reg) {
       "data/configs/parity.json; --quick runs a small grid with the float64 truth in seconds.",
       "results/parity.h5");
   auto* a = c.app;
-  a->add_option("--B", o->B, "batch sizes (list)")->delimiter(',')->capture_default_str();
-  a->add_option("--T", o->T, "sequence lengths in tokens (list)")->delimiter(',')->capture_default_str();
-  a->add_option("--H", o->H, "heads (list; HV = H)")->delimiter(',')->capture_default_str();
-  a->add_option("--dk", o->dk, "key dimensions d_k (list)")->delimiter(',')->capture_default_str();
-  a->add_option("--dv", o->dv, "value dimensions d_v (list)")->delimiter(',')->capture_default_str();
+  a->add_option("--B", o->B, "batch sizes (list)")->delimiter(',')->type_name(kInt)->capture_default_str();
+  a->add_option("--T", o->T, "sequence lengths in tokens (list)")->delimiter(',')->type_name(kInt)->capture_default_str();
+  a->add_option("--H", o->H, "heads (list; HV = H)")->delimiter(',')->type_name(kInt)->capture_default_str();
+  a->add_option("--dk", o->dk, "key dimensions d_k (list)")->delimiter(',')->type_name(kInt)->capture_default_str();
+  a->add_option("--dv", o->dv, "value dimensions d_v (list)")->delimiter(',')->type_name(kInt)->capture_default_str();
   a->add_option("--C", o->C, "chunk sizes C >= 1 of the chunked implementations (list; n/a for the recurrences)")
       ->delimiter(',')
-      ->capture_default_str();
+      ->type_name(kInt)->capture_default_str();
   a->add_option("--gate", o->gate, "gate kinds: bounded (K3, g = g_min Sigmoid(...)), softplus (Kimi Linear, unbounded)")
       ->delimiter(',')
       ->capture_default_str();
@@ -396,19 +385,7 @@ void register_parity(Registry& reg) {
       require(s == "plan" || s == "bf16" || s == "fp16" || s == "tf32" || s == "fp32",
               "--matmul-precision: '" + s + "' is not accepted; accepted: plan, bf16, fp16, tf32, fp32");
     }
-    // A repeated value in a list option would give duplicate rows (the same grid point or implementation twice).
-    refuse_repeats(o->B, "--B");
-    refuse_repeats(o->T, "--T");
-    refuse_repeats(o->H, "--H");
-    refuse_repeats(o->dk, "--dk");
-    refuse_repeats(o->dv, "--dv");
-    refuse_repeats(o->C, "--C");
-    refuse_repeats(o->g_min, "--g-min");
-    refuse_repeats(o->gate, "--gate");
-    refuse_repeats(o->beta, "--beta");
-    refuse_repeats(o->impl, "--impl");
-    refuse_repeats(o->state, "--state-precision");
-    refuse_repeats(o->matmul, "--matmul-precision");
+    // A repeated value in a list option (it would give duplicate rows) is refused by cli::run (require_once).
     // The float32 implementations compute the bounded gate g = g_min Sigmoid(...) in float32: a g_min beyond its
     // largest finite value would read as -inf there (reported as "tensor 'g' has a non-finite value").
     const bool float32_impl = std::any_of(o->impl.begin(), o->impl.end(),

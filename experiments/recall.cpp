@@ -84,13 +84,13 @@ void register_recall(Registry& reg) {
   std::map<std::string, CLI::Option*> opt;
   opt["memories"] = a->add_option("--memories", o->memories, "memories to test")->delimiter(',')->capture_default_str();
   opt["keys"] = a->add_option("--keys", o->keys, "key embeddings: random, orthogonal, correlated")->delimiter(',')->capture_default_str();
-  opt["d-k"] = a->add_option("--d-k", o->d_k, "key dimensions d_k (d_v = d_k)")->delimiter(',')->capture_default_str();
+  opt["d-k"] = a->add_option("--d-k", o->d_k, "key dimensions d_k (d_v = d_k)")->delimiter(',')->type_name(kInt)->capture_default_str();
   opt["ratio"] = a->add_option("--ratio", o->ratio, "N / d_k values (pairs written per key dimension)")->delimiter(',')->capture_default_str();
   opt["beta"] = a->add_option("--beta", o->beta, "write strengths beta of the delta memories, in (0, 1]")->delimiter(',')->capture_default_str();
   opt["g-min"] = a->add_option("--g-min", o->g_min, "gate lower bounds g_min (< 0) of GLA, Gated DeltaNet, KDA")->delimiter(',')->capture_default_str();
   opt["dc-ratio"] = a->add_option("--dc-ratio", o->dc_ratio, "MLA latent width d_c as a multiple of d_k + d_v")->delimiter(',')->capture_default_str();
-  opt["trials"] = a->add_option("--trials", o->trials, "independent sequences per point")->capture_default_str();
-  opt["vocab"] = a->add_option("--vocab", o->vocab, "vocabulary size V (keys from [1, V/2), values from [V/2, V))")->capture_default_str();
+  opt["trials"] = a->add_option("--trials", o->trials, "independent sequences per point")->type_name(kInt)->capture_default_str();
+  opt["vocab"] = a->add_option("--vocab", o->vocab, "vocabulary size V (keys from [1, V/2), values from [V/2, V))")->type_name(kInt)->capture_default_str();
   a->add_option("--overlap", o->overlap, "pairwise cosine of correlated keys, in [0, 1)")->capture_default_str();
   a->add_option("--power-a", o->power_a, "exponent a of the query-gap power law P(gap) ~ gap^-a (>= 0)")->capture_default_str();
   a->add_option("--span", o->span, "query region length as a multiple of N (>= 1)")->capture_default_str();

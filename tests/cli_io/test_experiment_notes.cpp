@@ -134,7 +134,7 @@ TEST_CASE("parity --quick: one '> 80 nats' note per (implementation, C), listing
 
 TEST_CASE("decode-cost notes the CPU softmax working set against the caches, once, and records it", "[cli]") {
   TempDir d;
-  const auto r = run_kdalab("decode-cost --cpu-n 1024,2048,2048 --cpu-d 64 --min-time 0.01 --n 1000 --d 64 "
+  const auto r = run_kdalab("decode-cost --cpu-n 1024,2048 --cpu-d 64 --min-time 0.01 --n 1000 --d 64 "
                             "--context 1024 --gpu-n 0 --quiet --out " + d.file("dc.h5"));
   INFO(r.output);
   REQUIRE(r.code == 0);
@@ -144,7 +144,8 @@ TEST_CASE("decode-cost notes the CPU softmax working set against the caches, onc
   CHECK(notes[0].find("working set") != std::string::npos);
   CHECK((notes[0].find("caches") != std::string::npos || notes[0].find("cache sizes are unknown") != std::string::npos));
   CHECK(kdalab::h5read::attr_string(d.file("dc.h5"), "/decode_cost/cpu", "note") == notes[0]);
-  // a repeated --cpu-n value is measured once: one softmax and one KDA row per distinct n
+  // one softmax and one KDA row per n (a repeated --cpu-n value is refused now, not measured once: session 7,
+  // test_option_bounds_no_overwrite)
   CHECK(kdalab::h5read::strings(d.file("dc.h5"), "/decode_cost/cpu/impl").size() == 4);
 }
 

@@ -1,7 +1,10 @@
 // Finds of the adversarial review of the experiments, golden and check, each turned into a test:
-// values that overflowed, never finished or crashed now exit 2 with a message naming the option; parity refuses a
-// repeated list value and its messages name the option, the value and what is accepted; decode-cost --cpu-n gives the
-// range message alone when the range fails (it cited a cache size, negative for n = -1).
+// values that overflowed, never finished or crashed now exit 2 with a message naming the option; every list option
+// of every subcommand refuses a repeated value (one rule, cli::require_once; decode-cost --cpu-n de-duplicated
+// silently, the other sweeps did neither); integer options take decimal integers only (CLI11 read 0x5 as 5, 010 as 8);
+// --help names every option's type; parity's messages name the option, the value and what is accepted; decode-cost
+// --cpu-n gives the range message alone when the range fails (it cited a cache size, negative for n = -1); check
+// names a missing --in before a bad --out.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -47,7 +50,7 @@ TEST_CASE("decode-cost --cpu-n: the range message alone when the range fails, ne
   REQUIRE(ok.code == 0);
   // was "would take 0.00745 GiB" for 1000001 x 1 (the range failed, not the size) and a negative GiB for -1
   for (const auto& [n, dd] : std::vector<std::pair<double, int>>{
-           {2000000, 512}, {2000000, 128}, {999999.5, 16}, {1000001, 1}, {-1, 64}, {-1e300, 64}}) {
+           {2000000, 512}, {2000000, 128}, {1000001, 1}, {-1, 64}, {-1000000000000, 64}}) {
     const auto r = run_kdalab(fmt::format("decode-cost --quick --quiet --cpu-n {} --cpu-d {} --out {}", n, dd, d.file("x.h5")));
     INFO(r.output);
     CHECK(r.code == 2);
@@ -58,31 +61,127 @@ TEST_CASE("decode-cost --cpu-n: the range message alone when the range fails, ne
   CHECK(d.count() == 1);  // ok.h5 only
 }
 
-TEST_CASE("parity refuses a repeated value in any list option (exit 2, the option and the value, no file)") {
+TEST_CASE("every list option of every subcommand refuses a repeated value (exit 2, the option and the value, no file)") {
   TempDir d;
+  // one rule (cli::require_once): numbers compare by value, text exactly; the value shown is the repeat as given
   const std::vector<std::pair<std::string, std::string>> cases{
-      {"--C 64,64,16", "--C: 64 is given more than once"},
-      {"--impl float64,float64", "--impl: float64 is given more than once"},
-      {"--gate softplus,softplus", "--gate: softplus is given more than once"},
-      {"--beta one,sigmoid,one", "--beta: one is given more than once"},
-      {"--T 17,33,17", "--T: 17 is given more than once"},
-      {"--B 1,1", "--B: 1 is given more than once"},
-      {"--H 2,2", "--H: 2 is given more than once"},
-      {"--dk 16,16", "--dk: 16 is given more than once"},
-      {"--dv 16,16", "--dv: 16 is given more than once"},
-      {"--g-min -5,-5", "--g-min: -5 is given more than once"},
-      {"--state-precision fp32,fp32", "--state-precision: fp32 is given more than once"},
-      {"--matmul-precision plan,bf16,plan", "--matmul-precision: plan is given more than once"},
+      {"parity --C 64,64,16", "--C: 64 is given more than once; give each value once"},
+      {"parity --impl float64,float64", "--impl: float64 is given more than once"},
+      {"parity --gate softplus,softplus", "--gate: softplus is given more than once"},
+      {"parity --beta one,sigmoid,one", "--beta: one is given more than once"},
+      {"parity --T 17,33,17", "--T: 17 is given more than once"},
+      {"parity --B 1,1", "--B: 1 is given more than once"},
+      {"parity --H 2 --H 2", "--H: 2 is given more than once"},  // the option repeated is the same list
+      {"parity --dk 16,16", "--dk: 16 is given more than once"},
+      {"parity --dv 16,16", "--dv: 16 is given more than once"},
+      {"parity --g-min -5,-5.0", "--g-min: -5.0 is given more than once"},
+      {"parity --state-precision fp32,fp32", "--state-precision: fp32 is given more than once"},
+      {"parity --matmul-precision plan,bf16,plan", "--matmul-precision: plan is given more than once"},
+      {"recall --memories kda,softmax,kda", "--memories: kda is given more than once"},
+      {"recall --keys random,random", "--keys: random is given more than once"},
+      {"recall --d-k 16,32,16", "--d-k: 16 is given more than once"},
+      {"recall --ratio 0.5,0.50", "--ratio: 0.50 is given more than once"},
+      {"recall --beta 1,1", "--beta: 1 is given more than once"},
+      {"recall --g-min -5,-5", "--g-min: -5 is given more than once"},
+      {"recall --dc-ratio 1,1", "--dc-ratio: 1 is given more than once"},
+      {"copy --memories mla,mla", "--memories: mla is given more than once"},
+      {"copy --precision fp32,fp32", "--precision: fp32 is given more than once"},
+      {"copy --d-k 16,16", "--d-k: 16 is given more than once"},
+      {"copy --L 4,8,4", "--L: 4 is given more than once"},
+      {"decay-range --g-min -5,-5", "--g-min: -5 is given more than once"},
+      {"decay-range --C 16,16", "--C: 16 is given more than once"},
+      {"decay-range --precision bf16,bf16", "--precision: bf16 is given more than once"},
+      {"decode-cost --n 1000,1000", "--n: 1000 is given more than once"},
+      {"decode-cost --d 64,64", "--d: 64 is given more than once"},
+      {"decode-cost --cpu-n 1024,2048,1024", "--cpu-n: 1024 is given more than once"},  // was de-duplicated silently
+      {"decode-cost --context 1024,1024", "--context: 1024 is given more than once"},
+      {"decode-cost --gpu-n 0,0", "--gpu-n: 0 is given more than once"},
+      {"bench --op kda-prefill --shapes 1:64:2,1:64:2:2", "--shapes: '1:64:2:2' is given more than once"},  // HV = H
+      {"bench --op mla-decode --shapes 1:64:2,2:64:2,1:64:2", "--shapes: '1:64:2' is given more than once"},
+      {"bench --compare a.h5 a.h5", "--compare: a.h5 is given more than once"},
+      {"bench --peer-json p.json --peer-json p.json", "--peer-json: p.json is given more than once"},
   };
   int k = 0;
-  for (const auto& [opt, says] : cases) {  // each its own --out: a file left by one case cannot fail the next
-    const auto r = run_kdalab("parity --quick --quiet --T 17 --dk 16 --dv 16 " + opt + " --out " +
-                              d.file(fmt::format("p{}.h5", ++k)));
-    INFO(opt << ": " << r.output);
+  for (const auto& [args, says] : cases) {  // each its own --out: a file left by one case cannot fail the next
+    const auto r = run_kdalab(args + " --quick --quiet --out " + d.file(fmt::format("p{}.h5", ++k)));
+    INFO(args << ": " << r.output);
     CHECK(r.code == 2);
     CHECK(r.output.find(says) != std::string::npos);
   }
   CHECK(d.count() == 0);
+}
+
+TEST_CASE("integer options take decimal integers only; numbers are decimal (exit 2 naming the option, no file)") {
+  TempDir d;
+  const std::string dec = "is not accepted; give a decimal integer (digits, an optional sign, no leading zero";
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {"bench --op mla-decode --variant 0x5", "--variant: '0x5' " + dec},  // CLI11 read it as 5
+      {"bench --op mla-decode --variant 010", "--variant: '010' " + dec},  // and this as octal 8
+      {"parity --windows 0x10", "--windows: '0x10' " + dec},
+      {"parity --T 17,0x11", "--T: '0x11' " + dec},  // a count held in a double: 1e3 and 16.0 are no integers
+      {"decode-cost --cpu-n 999999.5", "--cpu-n: '999999.5' " + dec},
+      {"decode-cost --cpu-n -1e300", "--cpu-n: '-1e300' " + dec},
+      {"recall --trials 2.0", "--trials: '2.0' " + dec},
+      {"copy --L 1e3", "--L: '1e3' " + dec},
+      {"decay-range --T 0x400", "--T: '0x400' " + dec},
+      {"decode-cost --seed 010", "--seed: '010' " + dec},
+      {"check --in x.h5 --tol 0x1p-3", "--tol: '0x1p-3' is not accepted; give a decimal number (not hexadecimal)"},
+  };
+  int k = 0;
+  for (const auto& [args, says] : cases) {
+    const auto r = run_kdalab(args + " --quick --quiet --out " + d.file(fmt::format("i{}.h5", ++k)));
+    INFO(args << ": " << r.output);
+    CHECK(r.code == 2);
+    CHECK(r.output.find(says) != std::string::npos);
+  }
+  CHECK(d.count() == 0);
+  // decimal integers with a sign still reach the subcommand's own range check
+  const auto plus = run_kdalab("parity --quick --quiet --T +17 --dk 16 --dv 16 --impl float64 --out " + d.file("ok.h5"));
+  INFO(plus.output);
+  CHECK(plus.code == 0);
+}
+
+TEST_CASE("--help names every option's type: INT / INT list for counts, never FLOAT") {
+  // was "--T FLOAT=[17,64,300,1000] ...", "--trials FLOAT=2", "--seed UINT:UINT64=1"
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases{
+      {"parity", {"--B INT list=", "--T INT list=", "--H INT list=", "--dk INT list=", "--dv INT list=", "--C INT list=",
+                  "--g-min FLOAT list=", "--gate TEXT list=", "--windows INT=", "--mp-max-work FLOAT=", "--seed UINT64=1 "}},
+      {"recall", {"--d-k INT list=", "--ratio FLOAT list=", "--trials INT=", "--vocab INT=", "--keys TEXT list="}},
+      {"copy", {"--d-k INT list=", "--L INT list=", "--trials INT=", "--alphabet INT=", "--precision TEXT list="}},
+      {"decay-range", {"--C INT list=", "--T INT=", "--D INT=", "--g-min FLOAT list=", "--softplus BOOLEAN="}},
+      {"decode-cost", {"--n INT list=", "--d INT list=", "--cpu-n INT list=", "--cpu-d INT=", "--context INT list=",
+                       "--k3-layers INT=", "--gpu-n INT list=", "--gpu-iters INT=", "--min-time FLOAT="}},
+      {"bench", {"--iters INT=", "--variant INT=", "--shapes TEXT ", "--compare TEXT list ..."}},
+      {"check", {"--tol FLOAT=", "--in TEXT "}},
+  };
+  for (const auto& [sub, says] : cases) {
+    const auto r = run_kdalab(sub + " --help");
+    INFO(sub << " --help: " << r.output);
+    CHECK(r.code == 0);
+    for (const auto& s : says) CHECK(r.output.find(s) != std::string::npos);
+    CHECK(r.output.find("UINT:") == std::string::npos);
+  }
+}
+
+TEST_CASE("check outside the repo without --in names --in first, not the default --out's missing folder") {
+  TempDir d;  // no results/ folder here: the default --out results/check.h5 cannot be written either
+  const std::string bin = std::filesystem::absolute(kdalab_bin()).string();
+  auto r = run_command("cd " + d.path.string() + " && " + bin + " check --quiet");
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(r.output.find("--in FILE.h5 is required") != std::string::npos);
+  CHECK(r.output.find("--out") == std::string::npos);
+  r = run_command("cd " + d.path.string() + " && " + bin + " check --quiet --in none.h5");
+  CHECK(r.code == 2);
+  CHECK(r.output.find("--in 'none.h5': not found") != std::string::npos);
+  CHECK(r.output.find("results") == std::string::npos);
+  // with a readable --in, the --out folder is the next thing to fix
+  std::filesystem::copy_file("data/golden/kda_recurrent.h5", d.file("in.h5"));
+  r = run_command("cd " + d.path.string() + " && " + bin + " check --quiet --in in.h5");
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(r.output.find("--out 'results/check.h5': folder 'results' does not exist") != std::string::npos);
+  CHECK(d.count() == 1);  // in.h5 only
 }
 
 TEST_CASE("parity messages name the option, the value and what is accepted") {
@@ -99,7 +198,7 @@ TEST_CASE("parity messages name the option, the value and what is accepted") {
       {"--state-precision fp16", {"--state-precision: 'fp16' is not accepted; accepted: fp32, bf16\n"}},
       {"--state-precision x", {"--state-precision: 'x' is not accepted; accepted: fp32, bf16\n"}},
       // was "give integers >= 1" without the cap
-      {"--C 1e13", {"--C: 10000000000000 is not accepted; give integers in [1, 1e12]"}},
+      {"--C 10000000000000", {"--C: 10000000000000 is not accepted; give integers in [1, 1e12]"}},
       {"--T 0", {"--T: 0 is not accepted; give integers in [1, 1e12]"}},
   };
   int k = 0;
