@@ -185,9 +185,17 @@ TEST_CASE("v5 T = 65536, H = 32 (segment path P = 3; auto -> one-shot key split)
     auto aa = a;
     aa.segment_state = 0;
     const int P_auto = kernels::kda_prefill_segments(aa), sv_auto = kernels::kda_prefill_state_kernel(aa);
-    std::printf("T=65536 H=32: auto rule: P = %d, state kernel %d\n", P_auto, sv_auto);
-    CHECK(P_auto == 1);
-    CHECK(sv_auto == 4);
+    int dev = 0, sms = 0;
+    REQUIRE(cudaGetDevice(&dev) == cudaSuccess);
+    REQUIRE(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess);
+    std::printf("T=65536 H=32: auto rule on %d SMs: P = %d, state kernel %d\n", sms, P_auto, sv_auto);
+    if (sms == 132) {  // the H200's choice (bench/NOTES.md "KDA auto rule, session 6"); the wave model depends on the SM count
+      CHECK(P_auto == 1);
+      CHECK(sv_auto == 4);
+    } else {  // another GPU: any choice the rule can make (the outputs below are checked whichever it is)
+      CHECK((P_auto >= 1 && P_auto <= 16));
+      CHECK((sv_auto == 3 || sv_auto == 4));
+    }
     aa.segment_state = 9;  // forced segments keep their state kernel
     CHECK(kernels::kda_prefill_state_kernel(aa) == 3);
   }
