@@ -221,7 +221,7 @@ void register_decay_range(Registry& reg) {
 
     // Key numbers: the chunked fp32 error per (C, g_min).
     fmt::print("chunked algorithm, fp32, relative RMS of o (NaN/Inf count) vs g_min and C; decays near the bound "
-               "(gate shift {}):\n{:>10}", o->gate_shift, "g_min");
+               "(--gate-shift {}: added to every gate logit so the decays sit near the bound):\n{:>10}", o->gate_shift, "g_min");
     for (double cc : o->C) fmt::print("{:>22}", fmt::format("C = {}", cc));
     fmt::print("\n");
     const auto& impl = std::get<std::vector<std::string>>(t.column("impl").data);

@@ -52,12 +52,12 @@ bool print_model_info(const std::string& config_path, ResultsFile* out) {
       .col("kind", 's', "1", "KDA or MLA")
       .col("cache_values_per_token", 'i', "1", "numbers cached per token (MLA: d_c + d_rope)")
       .col("fixed_values", 'i', "1", "numbers kept regardless of length (KDA: state H d_k d_v + ShortConv tails)");
-  fmt::print("{:>6}  {:<4}{:>14}{:>18}\n", "layer", "kind", "cache/token", "fixed (numbers)");
+  fmt::print("{:>6}  {:<4}{:>22}{:>18}\n", "layer", "kind", "cache/token (numbers)", "fixed (numbers)");
   for (std::size_t l = 0; l < m.num_layers; ++l) {
     const bool mla = m.layers[l] == LayerKind::mla;
     const std::size_t per = mla ? mla_cache_values_per_token(m.mla) : 0;
     const std::size_t fixed = mla ? 0 : kda_state_values(m.kda.num_heads, m.kda.head_dim, m.kda.head_dim, m.kda.conv_kernel);
-    fmt::print("{:>6}  {:<4}{:>14}{:>18}\n", l + 1, layer_kind_name(m.layers[l]), per, fixed);
+    fmt::print("{:>6}  {:<4}{:>22}{:>18}\n", l + 1, layer_kind_name(m.layers[l]), per, fixed);
     layers.row({static_cast<std::int64_t>(l + 1), layer_kind_name(m.layers[l]), static_cast<std::int64_t>(per),
                 static_cast<std::int64_t>(fixed)});
   }

@@ -138,8 +138,9 @@ void register_recall(Registry& reg) {
         .col("beta", 'd', "1", "write strength (1 for memories without beta)")
         .col("g_min", 'd', "1", "gate lower bound (0 for memories without decay)")
         .col("d_c", 'i', "1", "MLA latent width (0 for other memories)")
-        .col("accuracy", 'd', "1", "fraction of queries decoded to the right value token")
-        .col("rel_err", 'd', "1", "sqrt(sum ||o - v||^2 / sum ||v||^2) over all queries")
+        .col("accuracy", 'd', "1", "fraction of queries decoded to the right value token (nearest value: scale-free)")
+        .col("rel_err", 'd', "1", "sqrt(sum ||o - v||^2 / sum ||v||^2) over all queries (counts lost magnitude too: "
+             "near 1 for a faded readout that still decodes right)")
         .col("queries", 'i', "1", "queries read (N x trials)")
         .col("mean_distance", 'd', "1", "mean tokens between a pair's write and its query")
         .col("state_numbers", 'i', "1", "numbers the memory holds at read time (d_k d_v, N (d_k + d_v), or N d_c)");
@@ -282,6 +283,9 @@ void register_recall(Registry& reg) {
     f->attr("recall", "out_scale", 1.0);
     f->commit();
     // Key numbers on stdout: accuracy at N = d_k for each memory and key mode.
+    fmt::print("at N = d_k (acc: the readout decodes to the right value token, a scale-free test; rel_err also counts "
+               "the magnitude a decaying memory loses, so acc = 1 with rel_err near 1 is a well-aimed but faded "
+               "readout):\n");
     for (std::size_t i = 0; i < t.rows(); ++i) {
       const auto& ratio = std::get<std::vector<double>>(t.column("ratio").data)[i];
       if (std::abs(ratio - 1.0) > 1e-9) continue;
