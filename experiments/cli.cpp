@@ -205,13 +205,14 @@ bool is_decimal_integer(const std::string& v) {
 /// Run by CLI11 before it converts the value (a validator), on the command line and --config alike, list items one
 /// by one: integers in decimal only, numbers finite and decimal (NaN/Inf and out-of-range numbers like 1e400 crash
 /// or write NaN silently; no experiment accepts them), no surrounding whitespace (" inf" got past the finite check
-/// and strtod read it as inf; breaker, session 7), booleans true or false (CLI11 read "0x1" and "" as false).
+/// and strtod read it as inf; breaker, session 7), booleans true, false, 1 or 0 (CLI11 read "0x1" and "" as false).
 std::string check_value(const std::string& type, const std::string& v) {
   const bool integer = type.starts_with("INT") || type.starts_with("UINT");
   const bool number = integer || type.starts_with("FLOAT");
   if (type.starts_with("BOOLEAN")) {
-    if (v == "true" || v == "false") return "";
-    return "'" + v + "' is not accepted; accepted: true or false";
+    // 1 and 0 too: --help shows a boolean's default as 1 or 0 and results files record it so (a --config replay)
+    if (v == "true" || v == "false" || v == "1" || v == "0") return "";
+    return "'" + v + "' is not accepted; accepted: true, false, 1 or 0";
   }
   if (!number) return "";  // TEXT: a name, checked by the subcommand ("info.json" is not a number)
   if (v.empty()) return "'' is not accepted; give a number";
@@ -249,8 +250,7 @@ void prepare_options(CLI::App* sub) {
     if (o->get_expected_max() > 1 && !o->get_type_name().ends_with(" list")) o->type_name(o->get_type_name() + " list");
     if (o->get_expected_max() == 0) continue;  // a flag
     const std::string type = o->get_type_name();
-    if (type.starts_with("BOOLEAN") && o->get_description().find("true") == std::string::npos)
-      o->description(o->get_description() + " (true or false)");
+    if (type.starts_with("BOOLEAN")) o->description(o->get_description() + "; BOOLEAN: true, false, 1 or 0");
     o->check(CLI::Validator([type](std::string& v) { return check_value(type, v); }, ""));
   }
 }

@@ -213,6 +213,12 @@ TEST_CASE("parity messages name the option, the value and what is accepted") {
   CHECK(d.count() == 0);
   // the float64 implementations compute g in float64: the same g_min runs there (with float32 it read "tensor 'g'
   // has a non-finite value")
+  // a boolean's default as --help shows it and a results file records it ("softplus": "1") is accepted
+  d.write("b.json", "{\"softplus\": \"1\", \"kernel-plan\": false}");
+  const auto b = run_kdalab("decay-range --quick --quiet --T 64 --D 16 --C 16 --g-min -5 --precision fp64 --softplus 0 "
+                            "--config " + d.file("b.json") + " --out " + d.file("b.h5"));
+  INFO(b.output);
+  CHECK(b.code == 0);
   const auto ok = run_kdalab("parity --quick --quiet --T 17 --dk 16 --dv 16 --g-min -1e39 --gate bounded --beta one "
                              "--impl float64 --out " + d.file("p.h5"));
   INFO(ok.output);
@@ -267,10 +273,10 @@ TEST_CASE("breaker session 7: whitespace, empty list items, options twice, boole
       {"decay-range --seed 5 --seed 6", {"--seed: the option is given more than once ('5', '6')"}},
       {"bench --op mla-decode --shapes 1:64:2 --shapes 2:64:2", {"--shapes: the option is given more than once"}},
       {"parity --config a.json --config b.json", {"--config: the option is given more than once ('a.json', 'b.json')"}},
-      // 5. booleans: true or false only ("0x1" and "" read as false)
-      {"decay-range --softplus 0x1", {"--softplus: '0x1' is not accepted; accepted: true or false"}},
-      {"decay-range --softplus ''", {"--softplus: '' is not accepted; accepted: true or false"}},
-      {"decay-range --kernel-plan 2", {"--kernel-plan: '2' is not accepted; accepted: true or false"}},
+      // 5. booleans: true, false, 1 or 0 only ("0x1" and "" read as false; --help shows the default as 1)
+      {"decay-range --softplus 0x1", {"--softplus: '0x1' is not accepted; accepted: true, false, 1 or 0"}},
+      {"decay-range --softplus ''", {"--softplus: '' is not accepted; accepted: true, false, 1 or 0"}},
+      {"decay-range --kernel-plan 2", {"--kernel-plan: '2' is not accepted; accepted: true, false, 1 or 0"}},
       // 6. messages: the option once, the subcommand named, CLI11's conversion errors in the project's shape
       {"decode-cost --seed 0x5", {"kdalab decode-cost: error: --seed: '0x5' is not accepted; give an integer in [0, "
                                   "2^64 - 1]"}},
@@ -300,6 +306,12 @@ TEST_CASE("breaker session 7: whitespace, empty list items, options twice, boole
                                d.file("e.h5"));
   INFO(edge.output);
   CHECK(bench_valid_exit(edge));
+  // a boolean's default as --help shows it and a results file records it ("softplus": "1") is accepted
+  d.write("b.json", "{\"softplus\": \"1\", \"kernel-plan\": false}");
+  const auto b = run_kdalab("decay-range --quick --quiet --T 64 --D 16 --C 16 --g-min -5 --precision fp64 --softplus 0 "
+                            "--config " + d.file("b.json") + " --out " + d.file("b.h5"));
+  INFO(b.output);
+  CHECK(b.code == 0);
   const auto ok = run_kdalab("parity --quick --quiet --T +17 --dk 16 --dv 16 --impl float64 --seed 5 --out " + d.file("ok.h5"));
   INFO(ok.output);
   CHECK(ok.code == 0);
@@ -313,7 +325,7 @@ TEST_CASE("breaker session 7: --config values obey the command line's rules; a k
       {"{\"seed\": 5, \"seed\": 5}", "key 'seed' appears twice"},
       {"{\"T\": \"17,,300\"}", "--T: the list '17,,300' has an empty item"},
       {"{\"T\": [17, \"\"]}", "--T: the list '' has an empty item"},
-      {"{\"softplus\": \"0x1\"}", "--softplus: '0x1' is not accepted; accepted: true or false"},
+      {"{\"softplus\": \"0x1\"}", "--softplus: '0x1' is not accepted; accepted: true, false, 1 or 0"},
   };
   int k = 0;
   for (const auto& [json, says] : cases) {
