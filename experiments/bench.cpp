@@ -735,6 +735,18 @@ void register_bench(Registry& reg) {
         shapes.back() = both;
       }
     }
+    // mla-prefill: the prefix and the new tokens are counted in 32-bit ints by the kernel; refused here in every build
+    // (4000000000 exited 3 "not available" without the kernels; breaker, session 7), quoting --prefix as typed
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      if (ops[i] != "mla-prefill") continue;
+      const auto& typed = ctx.app->get_option("--prefix")->results();
+      for (const Shape& s : shapes[i])
+        require(o->prefix <= 2147483647LL - s.T,
+                "--prefix " + (typed.empty() ? std::to_string(o->prefix) : typed.back()) + " with T = " +
+                    std::to_string(s.T) + " (shape " + std::to_string(s.B) + ":" + std::to_string(s.T) + ":" +
+                    std::to_string(s.H) + "): prefix + T is above 2^31 - 1; accepted: 0 <= prefix and prefix + T <= "
+                    "2^31 - 1 (2147483647)");
+    }
     // kda-prefill options that cannot act on the chosen shapes are refused here, before any GPU work (they were
     // refused by the kernel mid-run, or did nothing)
     for (std::size_t i = 0; i < ops.size(); ++i) {
@@ -763,23 +775,11 @@ void register_bench(Registry& reg) {
       require(f.good(), "--peer-json: cannot open '" + pj + "'");
       const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
       // the whole file is one JSON value (trailing text refused), and no object in it repeats a key (nlohmann
-      // would keep the last one silently)
-      std::vector<std::vector<std::string>> open_keys;  // the keys seen so far in each object being parsed
+      // would keep the last one silently): cli::parse_json_once, the reader of --config too
       std::string repeated;
-      const auto cb = [&](int, nlohmann::json::parse_event_t ev, nlohmann::json& j) {
-        if (ev == nlohmann::json::parse_event_t::object_start) open_keys.emplace_back();
-        if (ev == nlohmann::json::parse_event_t::object_end && !open_keys.empty()) open_keys.pop_back();
-        if (ev == nlohmann::json::parse_event_t::key && !open_keys.empty() && j.is_string()) {
-          auto& seen = open_keys.back();
-          const std::string k = j.get<std::string>();
-          if (repeated.empty() && std::find(seen.begin(), seen.end(), k) != seen.end()) repeated = k;
-          seen.push_back(k);
-        }
-        return true;
-      };
       nlohmann::json one;
       try {
-        one = nlohmann::json::parse(text, cb);
+        one = parse_json_once(text, repeated);
       } catch (const std::exception& e) {
         throw Error("--peer-json: '" + pj + "' is not valid JSON (one object, nothing after it): " + e.what());
       }

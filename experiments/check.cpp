@@ -65,7 +65,7 @@ constexpr double kMaxCheckElements = 2147483648.0;
 /// (inf - inf in the softmax max subtraction) and 0/0 appears with eps = 0 on an all-zero source.
 void require_finite_truth(const Tensor<double>& t, const std::string& name, const std::string& truth, const std::string& hint) {
   for (std::size_t i = 0; i < t.numel(); ++i)
-    require(std::isfinite(t.data[i]), "check: the " + truth + " truth of '" + name + "' is not finite at flat index " +
+    require(std::isfinite(t.data[i]), "the " + truth + " truth of '" + name + "' is not finite at flat index " +
                                           std::to_string(i) + " (value " + fmt::format("{}", t.data[i]) + "); " + hint +
                                           "; nothing was written");
 }
@@ -75,14 +75,14 @@ class InFile {
  public:
   explicit InFile(const std::string& path) : path_(path) {
     H5::Exception::dontPrint();
-    require(!path.empty(), "check: --in FILE.h5 is required (the tensors to check; format in README.md)");
+    require(!path.empty(), "--in FILE.h5 is required (the tensors to check; format in README.md)");
     try {
       f_ = H5::H5File(path, H5F_ACC_RDONLY);
     } catch (const H5::Exception&) {
-      throw Error("check --in '" + path + "': not found or not a readable HDF5 file");
+      throw Error("--in '" + path + "': not found or not a readable HDF5 file");
     }
   }
-  std::string where() const { return "check --in '" + path_ + "'"; }
+  std::string where() const { return "--in '" + path_ + "'"; }
 
   /// Whether `name` is present; a link that points to nothing (a dangling soft or external link)
   /// is an error naming it, not "absent".
@@ -386,7 +386,7 @@ KdaOutput<S> truth(const CheckInput& c, const std::string& op) {
             const S a = sexp<S>(S(c.A_log(h))), x = S(g(b, t, h, i) + S(c.bias(h, i)));
             g(b, t, h, i) = c.gate == Gate::k3 ? S(S(c.g_min) * sigmoid<S>(S(a * x))) : S(-a * softplus<S>(x));
             if (!std::isfinite(static_cast<double>(g(b, t, h, i))))
-              throw Error(fmt::format("check: the gate of value head {} (A_log = {}, {}[{}, {}] = {}) gives a non-finite "
+              throw Error(fmt::format("the gate of value head {} (A_log = {}, {}[{}, {}] = {}) gives a non-finite "
                                       "log-decay g at [b {}, t {}, d_k {}]; A_log and {} must keep exp(A_log) (z + "
                                       "bias) finite",
                                       h, c.A_log(h), c.gate == Gate::k3 ? "bias" : "dt_bias", h, i, c.bias(h, i), b, t,
@@ -751,8 +751,10 @@ void register_check(Registry& reg) {
     require(std::isfinite(o->tol) && o->tol > 0, fmt::format("--tol {} is not accepted; give a number > 0", o->tol));
     // --in before --out: without an input there is nothing to report (run outside the repo, a missing --in was
     // reported as "--out 'results/check.h5': folder 'results' does not exist"; session 7)
-    require(!o->in.empty(), "check: --in FILE.h5 is required (the tensors to check; format in README.md)");
-    require(static_cast<bool>(std::ifstream(o->in)), "check --in '" + o->in + "': not found or not a readable HDF5 file");
+    require(!o->in.empty(), "--in FILE.h5 is required (the tensors to check; format in README.md)");
+    // opened as HDF5 here, not only as a file: a directory or a text file given as --in was reported after a bad
+    // --out (breaker, session 7)
+    { const InFile probe(o->in); }
     {
       std::error_code e1, e2;
       const auto a = std::filesystem::weakly_canonical(o->in, e1), b = std::filesystem::weakly_canonical(ctx.common.out, e2);
@@ -765,7 +767,7 @@ void register_check(Registry& reg) {
             : o->op == "attn-res" ? check_attn_res(o->in, o->truth)
                                   : check_kda(o->in, o->op, o->truth, o->kernel);
     } catch (const H5::Exception& e) {  // anything HDF5 refuses to read is a malformed input: exit 2
-      throw Error("check --in '" + o->in + "': HDF5 cannot read it (" + e.getDetailMsg() + ")");
+      throw Error("--in '" + o->in + "': HDF5 cannot read it (" + e.getDetailMsg() + ")");
     } catch (const NotAvailable& e) {  // --kernel in a CPU build or without a GPU: exit 3, nothing written
       fmt::print(stderr, "kdalab {} (exit {})\n", e.what(), kExitNotAvailable);
       return kExitNotAvailable;

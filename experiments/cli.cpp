@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cctype>
+#include <climits>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -44,7 +46,8 @@ Command& Registry::add(const std::string& name, const std::string& description, 
             const bool digits = !v.empty() && v.find_first_not_of("0123456789") == std::string::npos;
             errno = 0;
             if (digits) (void)std::strtoull(v.c_str(), nullptr, 10);
-            if (!digits || errno == ERANGE) return "--seed: '" + v + "' is not an integer in [0, 2^64 - 1]";
+            // CLI11 prefixes the option name ("--seed: ..."): the message must not name it again
+            if (!digits || errno == ERANGE) return "'" + v + "' is not accepted; give an integer in [0, 2^64 - 1]";
             return std::string();
           },
           ""));  // no description: --help shows the type name UINT64 alone (it showed UINT:UINT64)
@@ -95,6 +98,23 @@ std::vector<double> parse_list(const std::string& text, const std::string& optio
   return out;
 }
 
+nlohmann::json parse_json_once(const std::string& text, std::string& repeated) {
+  repeated.clear();
+  std::vector<std::vector<std::string>> open_keys;  // the keys seen so far in each object being parsed
+  const auto cb = [&](int, nlohmann::json::parse_event_t ev, nlohmann::json& j) {
+    if (ev == nlohmann::json::parse_event_t::object_start) open_keys.emplace_back();
+    if (ev == nlohmann::json::parse_event_t::object_end && !open_keys.empty()) open_keys.pop_back();
+    if (ev == nlohmann::json::parse_event_t::key && !open_keys.empty() && j.is_string()) {
+      auto& seen = open_keys.back();
+      const std::string k = j.get<std::string>();
+      if (repeated.empty() && std::find(seen.begin(), seen.end(), k) != seen.end()) repeated = k;
+      seen.push_back(k);
+    }
+    return true;
+  };
+  return nlohmann::json::parse(text, cb);
+}
+
 namespace {
 
 std::string long_name(const CLI::Option* o) {
@@ -111,15 +131,21 @@ CLI::Option* find_long(CLI::App* app, const std::string& key) {
 
 /// Tokens to prepend for the config keys not given on the command line.
 std::vector<std::string> config_tokens(CLI::App* sub, const std::string& path) {
-  std::ifstream in(path);
+  std::error_code ec;
+  require(!std::filesystem::is_directory(path, ec), "--config '" + path + "': is a directory; give a JSON file");
+  std::ifstream in(path, std::ios::binary);
   require(static_cast<bool>(in), "--config '" + path + "': file not found or not readable");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   nlohmann::json j;
+  std::string repeated;
   try {
-    // parse() of the whole file: trailing text after the object is an error, not ignored.
-    j = nlohmann::json::parse(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    // parse of the whole file: trailing text after the object is an error, not ignored.
+    j = parse_json_once(text, repeated);
   } catch (const std::exception& e) {
     throw Error("--config '" + path + "': not valid JSON (" + std::string(e.what()) + ")");
   }
+  // nlohmann keeps the last of two equal keys silently ({"T": [17], "T": [300]} ran T = 300; breaker, session 7)
+  require(repeated.empty(), "--config '" + path + "': key '" + repeated + "' appears twice; give each key once");
   require(j.is_object(), "--config '" + path + "': must hold a JSON object of option names to values");
   std::vector<std::string> toks;
   for (auto it = j.begin(); it != j.end(); ++it) {
@@ -169,57 +195,154 @@ std::vector<std::string> config_tokens(CLI::App* sub, const std::string& path) {
   return toks;
 }
 
-/// Appends " list" to the type name of every list option of `sub` (a std::vector variable: expected_max > 1), so
-/// that --help says "INT list", "FLOAT list", "TEXT list" (list options carry no validator whose description
-/// would be repeated here).
-void name_lists(CLI::App* sub) {
-  for (CLI::Option* o : sub->get_options())
-    if (o->get_expected_max() > 1 && !o->get_type_name().ends_with(" list")) o->type_name(o->get_type_name() + " list");
-}
-
 bool is_decimal_integer(const std::string& v) {
   static const std::regex re("[+-]?(0|[1-9][0-9]*)");
   return std::regex_match(v, re);
 }
 
-/// Enforces the type names of cli.hpp (kInt) on every value given to `sub` (command line and --config alike),
-/// then the one list rule (require_once): integers in decimal only, numbers finite and decimal (NaN/Inf and
-/// out-of-range numbers like 1e400 crash or write NaN silently; no experiment accepts them), no value twice in a
-/// list. TEXT and BOOLEAN values are left to the subcommand ("info.json" is a name, not a number).
+/// The check of one value `v` of an option of type name `type` (cli.hpp: INT, UINT64, FLOAT, BOOLEAN, each maybe
+/// with " list"); "" when it is accepted, else the message without the option's name (CLI11 prefixes "--name: ").
+/// Run by CLI11 before it converts the value (a validator), on the command line and --config alike, list items one
+/// by one: integers in decimal only, numbers finite and decimal (NaN/Inf and out-of-range numbers like 1e400 crash
+/// or write NaN silently; no experiment accepts them), no surrounding whitespace (" inf" got past the finite check
+/// and strtod read it as inf; breaker, session 7), booleans true, false, 1 or 0 (CLI11 read "0x1" and "" as false).
+std::string check_value(const std::string& type, const std::string& v) {
+  const bool integer = type.starts_with("INT") || type.starts_with("UINT");
+  const bool number = integer || type.starts_with("FLOAT");
+  if (type.starts_with("BOOLEAN")) {
+    // 1 and 0 too: --help shows a boolean's default as 1 or 0 and results files record it so (a --config replay)
+    if (v == "true" || v == "false" || v == "1" || v == "0") return "";
+    return "'" + v + "' is not accepted; accepted: true, false, 1 or 0";
+  }
+  if (!number) return "";  // TEXT: a name, checked by the subcommand ("info.json" is not a number)
+  if (v.empty()) return "'' is not accepted; give a number";
+  if (std::isspace(static_cast<unsigned char>(v.front())) || std::isspace(static_cast<unsigned char>(v.back())))
+    return "'" + v + "' is not accepted; give the number without surrounding whitespace";
+  std::string t = v;
+  for (auto& ch : t) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  const auto p = t.find_first_not_of("+-");
+  const std::string core = p == std::string::npos ? t : t.substr(p);
+  if (core.rfind("inf", 0) == 0 || core.rfind("nan", 0) == 0)
+    return "value '" + v + "' is not a finite number; give a finite value";
+  if (integer && !is_decimal_integer(v))
+    return "'" + v + "' is not accepted; give a decimal integer (digits, an optional sign, no leading zero: not 0x10, "
+           "010, 1e3 or 16.0)";
+  if (t.find('x') != std::string::npos) return "'" + v + "' is not accepted; give a decimal number (not hexadecimal)";
+  errno = 0;
+  if (integer) {  // CLI11 clamps a 64-bit integer silently (strtoll): 99999999999999999999 read as 2^63 - 1
+    (void)std::strtoll(v.c_str(), nullptr, 10);
+    if (errno == ERANGE) return "'" + v + "' is out of range; give an integer in [-2^63, 2^63 - 1]";
+    return "";
+  }
+  char* end = nullptr;
+  const double x = std::strtod(v.c_str(), &end);
+  if (end && *end == '\0' && end != v.c_str() && (errno == ERANGE && std::fabs(x) > 1.0))
+    return "value '" + v + "' is out of the range of a double; give a finite value";
+  return "";
+}
+
+/// Prepares every option of `sub` once, after registration: appends " list" to the type name of every list option
+/// (a std::vector variable: expected_max > 1), so that --help says "INT list", "FLOAT list", "TEXT list"; attaches
+/// check_value() to every INT/UINT/FLOAT/BOOLEAN option (a validator without a description: --help keeps the type
+/// name alone); says in the description of a BOOLEAN option what it takes.
+void prepare_options(CLI::App* sub) {
+  for (CLI::Option* o : sub->get_options()) {
+    if (o->get_expected_max() > 1 && !o->get_type_name().ends_with(" list")) o->type_name(o->get_type_name() + " list");
+    if (o->get_expected_max() == 0) continue;  // a flag
+    const std::string type = o->get_type_name();
+    if (type.starts_with("BOOLEAN")) o->description(o->get_description() + "; BOOLEAN: true, false, 1 or 0");
+    o->check(CLI::Validator([type](std::string& v) { return check_value(type, v); }, ""));
+  }
+}
+
+/// Where `tok` would be read by CLI11 as an option name rather than a value ("-5" and "-.5" are values).
+bool looks_like_option(const std::string& tok) {
+  return tok.size() > 1 && tok[0] == '-' && !std::isdigit(static_cast<unsigned char>(tok[1])) && tok[1] != '.';
+}
+
+/// The rules CLI11 cannot see once it has split the values, checked on the tokens of `sub` (the command line after
+/// the subcommand name, or --config's tokens) before it parses them (breaker, session 7):
+///  - an empty item in a list option: CLI11 dropped it ("--T 17,,300" ran 17 and 300) or, when every item was empty
+///    ("--T ,"), took the next argument as the list ("Could not convert: --T = --impl,float64");
+///  - a non-list option given more than once: CLI11 kept the last value silently ("--seed 5 --seed 6" ran seed 6,
+///    "bench --shapes A --shapes B" dropped A, "--config a --config b" read b only). Flags (--quick) are not counted.
+void check_tokens(CLI::App* sub, const std::vector<std::string>& toks) {
+  std::vector<std::pair<CLI::Option*, std::vector<std::string>>> given;  // non-list options and their values
+  const auto list_item = [](CLI::Option* o, const std::string& v) {
+    const char d = o->get_delimiter();
+    const bool empty_item = v.empty() || (d != '\0' && (v.front() == d || v.back() == d ||
+                                                        v.find(std::string(2, d)) != std::string::npos));
+    require(!empty_item, "--" + long_name(o) + ": the list '" + v + "' has an empty item; give values separated by "
+                         "single commas (e.g. 17,300)");
+  };
+  for (std::size_t i = 0; i < toks.size(); ++i) {
+    const std::string& tok = toks[i];
+    if (tok == "--") break;
+    if (!tok.starts_with("--")) continue;
+    const auto eq = tok.find('=');
+    CLI::Option* o = find_long(sub, tok.substr(2, eq == std::string::npos ? std::string::npos : eq - 2));
+    if (!o || o->get_expected_max() == 0) continue;  // unknown (CLI11 names it) or a flag
+    std::vector<std::string> values;
+    if (eq != std::string::npos) {
+      values.push_back(tok.substr(eq + 1));
+    } else if (i + 1 < toks.size()) {
+      values.push_back(toks[++i]);  // CLI11 takes the first value whatever it looks like
+      while (o->get_expected_max() > 1 && i + 1 < toks.size() && !looks_like_option(toks[i + 1]) && toks[i + 1] != "--")
+        values.push_back(toks[++i]);
+    }
+    if (o->get_expected_max() > 1) {
+      for (const auto& v : values) list_item(o, v);
+      continue;
+    }
+    auto it = std::find_if(given.begin(), given.end(), [&](const auto& g) { return g.first == o; });
+    if (it == given.end()) {
+      given.emplace_back(o, values);
+      continue;
+    }
+    std::string all;
+    for (const auto& v : it->second) all += "'" + v + "', ";
+    all += values.empty() ? std::string("...") : "'" + values.front() + "'";
+    throw Error("--" + long_name(o) + ": the option is given more than once (" + all + "); give it once");
+  }
+}
+
+/// The one list rule (require_once) on every list option of `sub` after parsing: no value twice in a list (numbers
+/// compared by value, text exactly). The values themselves were checked by check_value() during parsing.
 void check_option_values(CLI::App* sub) {
   for (CLI::Option* o : sub->get_options()) {
     const std::string n = long_name(o);
-    if (n.empty()) continue;
+    if (n.empty() || o->get_expected_max() <= 1) continue;
     const std::string type = o->get_type_name();
-    const bool integer = type.starts_with("INT") || type.starts_with("UINT");
-    const bool number = integer || type.starts_with("FLOAT");
+    const bool number = type.starts_with("INT") || type.starts_with("UINT") || type.starts_with("FLOAT");
     const auto& values = o->results();
-    for (const std::string& v : values) {
-      if (!number) break;
-      std::string t = v;
-      for (auto& ch : t) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-      const auto p = t.find_first_not_of("+-");
-      const std::string core = p == std::string::npos ? t : t.substr(p);
-      if (core.rfind("inf", 0) == 0 || core.rfind("nan", 0) == 0)
-        throw Error("--" + n + ": value '" + v + "' is not a finite number; give a finite value");
-      require(!integer || is_decimal_integer(v),
-              "--" + n + ": '" + v + "' is not accepted; give a decimal integer (digits, an optional sign, no leading "
-              "zero: not 0x10, 010, 1e3 or 16.0)");
-      require(t.find('x') == std::string::npos,
-              "--" + n + ": '" + v + "' is not accepted; give a decimal number (not hexadecimal)");
-      errno = 0;
-      char* end = nullptr;
-      const double x = std::strtod(v.c_str(), &end);
-      if (end && *end == '\0' && end != v.c_str() && (errno == ERANGE && std::fabs(x) > 1.0))
-        throw Error("--" + n + ": value '" + v + "' is out of the range of a double; give a finite value");
-    }
-    if (o->get_expected_max() <= 1) continue;
     for (std::size_t i = 0; i < values.size(); ++i)
       for (std::size_t j = 0; j < i; ++j)
         require_once(number ? std::strtod(values[i].c_str(), nullptr) != std::strtod(values[j].c_str(), nullptr)
                             : values[i] != values[j],
                      "--" + n, values[i]);
   }
+}
+
+/// CLI11's ConversionError ("Could not convert: --iters = 9999999999999") in the project's shape: the option, the
+/// value, what is accepted. After check_value() the values are well formed, so what is left is a number outside the
+/// range of the option's variable (an int: --iters 9999999999999; an unsigned: a negative value).
+std::string reword_conversion(CLI::App* sub, const std::string& what) {
+  static const std::regex re("Could not convert: --([^ ]+) = (.*)");
+  std::smatch m;
+  CLI::Option* o = nullptr;
+  if (sub && std::regex_match(what, m, re)) o = find_long(sub, m[1].str());
+  if (!o) return what;
+  const std::string type = o->get_type_name();
+  std::string value = m[2].str();
+  if (o->results().size() == 1) value = o->results().front();
+  std::string accepted = "a value of type " + type;
+  if (type.starts_with("INT") && is_decimal_integer(value)) {
+    errno = 0;
+    const long long x = std::strtoll(value.c_str(), nullptr, 10);
+    if (errno != ERANGE && (x > INT_MAX || x < INT_MIN)) accepted = "an integer in [-2^31, 2^31 - 1]";
+  }
+  if (type.starts_with("UINT")) accepted = "an integer >= 0";
+  return "--" + long_name(o) + ": '" + value + "' is not accepted; give " + accepted;
 }
 
 nlohmann::json effective_config(CLI::App* sub) {
@@ -271,7 +394,7 @@ int run(int argc, char** argv) {
   register_bench(reg);
   register_golden(reg);
   register_check(reg);
-  for (auto& c : reg.commands()) name_lists(c.app);
+  for (auto& c : reg.commands()) prepare_options(c.app);
 
   std::vector<std::string> args;
   for (int i = argc - 1; i >= 1; --i) args.emplace_back(argv[i]);  // CLI11 wants them reversed
@@ -290,8 +413,11 @@ int run(int argc, char** argv) {
       print_error("", std::string("unknown subcommand '") + argv[1] + "'; accepted: " + known + " (see 'kdalab --help')");
       return 2;
     }
+    for (auto& c : reg.commands())  // known before parsing: an error while parsing names the subcommand too
+      if (c.app->get_name() == argv[1]) cmd = &c;
   }
   try {
+    if (cmd) check_tokens(cmd->app, std::vector<std::string>(argv + 2, argv + argc));
     auto a1 = args;
     app.parse(a1);
     for (auto& c : reg.commands())
@@ -299,6 +425,7 @@ int run(int argc, char** argv) {
     require(cmd != nullptr, "no subcommand given");
     if (!cmd->common->config.empty() && cmd->app->get_name() != "info") {
       auto toks = config_tokens(cmd->app, cmd->common->config);
+      check_tokens(cmd->app, toks);
       if (!toks.empty()) {
         // Re-parse with: kdalab <sub> <config tokens> <user tokens after sub>.
         std::vector<std::string> fwd(args.rbegin(), args.rend());
@@ -315,6 +442,12 @@ int run(int argc, char** argv) {
         app.parse(rev);
       }
     }
+  } catch (const CLI::ConversionError& e) {
+    print_error(cmd ? cmd->app->get_name() : "", reword_conversion(cmd ? cmd->app : nullptr, e.what()));
+    return 2;
+  } catch (const CLI::ValidationError& e) {  // check_value(): "--option: 'value' is not accepted; ..." says it all
+    print_error(cmd ? cmd->app->get_name() : "", e.what());
+    return 2;
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help, --help-all, --version
     print_error(cmd ? cmd->app->get_name() : "", std::string(e.what()) + " (see 'kdalab --help')");

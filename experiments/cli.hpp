@@ -101,9 +101,17 @@ void require_once(bool once, const std::string& option, const std::string& value
 /// Option type names, shown in --help and enforced by run() for every subcommand before any work:
 ///  "INT" (also on a double variable that holds a count): decimal integers only, [+-]?(0|[1-9][0-9]*) (CLI11 itself
 ///      would read 0x5 as 5 and 010 as octal 8; 1e3 and 16.0 are refused too); "UINT64" the same without a sign;
-///  "FLOAT": finite decimal numbers (no NaN/Inf, no hexadecimal 0x1p3); "TEXT", "BOOLEAN": as CLI11 reads them.
-/// A list option's type name gets " list" appended by run() ("INT list", "FLOAT list", "TEXT list").
+///  "FLOAT": finite decimal numbers (no NaN/Inf, no hexadecimal 0x1p3); numbers never with surrounding whitespace;
+///  "BOOLEAN": true, false, 1 or 0 only (--help shows its default as 1 or 0); "TEXT": as given (the subcommand checks it).
+/// A list option's type name gets " list" appended by run() ("INT list", "FLOAT list", "TEXT list"); a list item is
+/// never empty ("17,,300", ",17", "17," and "," are refused). A non-list option is given at most once.
+/// Values outside the range of the option's variable are refused in the same message shape (option, value, accepted).
 inline constexpr const char* kInt = "INT";
+
+/// Parses `text` as one JSON value (trailing text is an error: nlohmann's parse_error is thrown) and reports in
+/// `repeated` the first key that appears twice in one object ("" when none; nlohmann alone keeps the last one
+/// silently). Used for --config and bench --peer-json.
+nlohmann::json parse_json_once(const std::string& text, std::string& repeated);
 
 /// Parses a comma/space separated list of numbers for sweep options ("16,32,64").
 std::vector<double> parse_list(const std::string& text, const std::string& option);

@@ -213,6 +213,12 @@ TEST_CASE("parity messages name the option, the value and what is accepted") {
   CHECK(d.count() == 0);
   // the float64 implementations compute g in float64: the same g_min runs there (with float32 it read "tensor 'g'
   // has a non-finite value")
+  // a boolean's default as --help shows it and a results file records it ("softplus": "1") is accepted
+  d.write("b.json", "{\"softplus\": \"1\", \"kernel-plan\": false}");
+  const auto b = run_kdalab("decay-range --quick --quiet --T 64 --D 16 --C 16 --g-min -5 --precision fp64 --softplus 0 "
+                            "--config " + d.file("b.json") + " --out " + d.file("b.h5"));
+  INFO(b.output);
+  CHECK(b.code == 0);
   const auto ok = run_kdalab("parity --quick --quiet --T 17 --dk 16 --dv 16 --g-min -1e39 --gate bounded --beta one "
                              "--impl float64 --out " + d.file("p.h5"));
   INFO(ok.output);
@@ -238,4 +244,120 @@ TEST_CASE("golden --regen never replaces fixtures without --force; check never o
   INFO(same.output);
   CHECK(same.code == 2);
   CHECK(std::filesystem::last_write_time(in) == before);
+}
+
+// The breaker's finds on the CLI rules (session 7): each row a command line that was accepted (or refused in another
+// shape), now exit 2 with the words shown and no file. One place each, in experiments/cli.cpp unless said.
+TEST_CASE("breaker session 7: whitespace, empty list items, options twice, booleans, messages, --prefix (exit 2, no file)") {
+  TempDir d;
+  const std::string tab = "\"$(printf '\\tnan')\"";  // popen runs /bin/sh: no $'...'
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases{
+      // 1. surrounding whitespace in a numeric value (" inf" ran with power_a = inf, exit 0)
+      {"recall --power-a ' inf'", {"kdalab recall: error: --power-a: ' inf' is not accepted; give the number without "
+                                   "surrounding whitespace"}},
+      {"recall --power-a " + tab, {"--power-a: '\tnan' is not accepted; give the number without surrounding whitespace"}},
+      {"recall --power-a '0.5 '", {"--power-a: '0.5 ' is not accepted"}},
+      {"recall --trials '5 '", {"--trials: '5 ' is not accepted; give the number without surrounding whitespace"}},
+      {"parity --T '17, 300'", {"--T: ' 300' is not accepted; give the number without surrounding whitespace"}},
+      // 3. an empty list item (dropped silently; "--T ," took the next argument as the list)
+      {"parity --T , --impl float64", {"--T: the list ',' has an empty item"}},
+      {"parity --T 17,,300", {"--T: the list '17,,300' has an empty item"}},
+      {"parity --T 17,", {"--T: the list '17,' has an empty item"}},
+      {"parity --T ,17", {"--T: the list ',17' has an empty item"}},
+      {"parity --T=17,,300", {"--T: the list '17,,300' has an empty item"}},
+      {"parity --T 17 ''", {"--T: the list '' has an empty item"}},
+      {"parity --impl float64,,float32", {"--impl: the list 'float64,,float32' has an empty item"}},
+      // 4. a non-list option given twice (the last one won silently)
+      {"decay-range --T 17 --T 300", {"--T: the option is given more than once ('17', '300'); give it once"}},
+      {"decay-range --T=17 --T 300", {"--T: the option is given more than once"}},
+      {"decay-range --seed 5 --seed 6", {"--seed: the option is given more than once ('5', '6')"}},
+      {"bench --op mla-decode --shapes 1:64:2 --shapes 2:64:2", {"--shapes: the option is given more than once"}},
+      {"parity --config a.json --config b.json", {"--config: the option is given more than once ('a.json', 'b.json')"}},
+      // 5. booleans: true, false, 1 or 0 only ("0x1" and "" read as false; --help shows the default as 1)
+      {"decay-range --softplus 0x1", {"--softplus: '0x1' is not accepted; accepted: true, false, 1 or 0"}},
+      {"decay-range --softplus ''", {"--softplus: '' is not accepted; accepted: true, false, 1 or 0"}},
+      {"decay-range --kernel-plan 2", {"--kernel-plan: '2' is not accepted; accepted: true, false, 1 or 0"}},
+      // 6. messages: the option once, the subcommand named, CLI11's conversion errors in the project's shape
+      {"decode-cost --seed 0x5", {"kdalab decode-cost: error: --seed: '0x5' is not accepted; give an integer in [0, "
+                                  "2^64 - 1]"}},
+      {"bench --iters 9999999999999", {"kdalab bench: error: --iters: '9999999999999' is not accepted; give an integer "
+                                       "in [-2^31, 2^31 - 1]"}},
+      {"bench --iters 99999999999999999999", {"--iters: '99999999999999999999' is out of range"}},
+      // 7. --prefix: not clamped, and prefix + T <= 2^31 - 1 in every build (exit 3 without the kernels)
+      {"bench --op mla-prefill --prefix 99999999999999999999",
+       {"--prefix: '99999999999999999999' is out of range; give an integer in [-2^63, 2^63 - 1]"}},
+      {"bench --op mla-prefill --shapes 1:64:2 --prefix 4000000000",
+       {"--prefix 4000000000 with T = 64", "accepted: 0 <= prefix and prefix + T <= 2^31 - 1"}},
+      {"bench --op mla-prefill --shapes 1:64:2 --prefix 2147483584", {"--prefix 2147483584 with T = 64"}},
+  };
+  int k = 0;
+  for (const auto& [args, says] : cases) {
+    const auto r = run_kdalab(args + " --quick --quiet --out " + d.file(fmt::format("b{}.h5", ++k)));
+    INFO(args << ": " << r.output);
+    CHECK(r.code == 2);
+    for (const auto& s : says) CHECK(r.output.find(s) != std::string::npos);
+    CHECK(r.output.find("Could not convert") == std::string::npos);
+    CHECK(r.output.find("9223372036854775807") == std::string::npos);
+    CHECK(std::regex_search(r.output, std::regex("(--[a-z-]+): \\1:")) == false);  // never "--seed: --seed:"
+  }
+  CHECK(d.count() == 0);
+  // the limits themselves are accepted: prefix + T = 2^31 - 1, booleans true/false, a sign on an integer
+  const auto edge = run_kdalab("bench --op mla-prefill --shapes 1:64:2 --prefix 2147483583 --quick --quiet --out " +
+                               d.file("e.h5"));
+  INFO(edge.output);
+  CHECK(bench_valid_exit(edge));
+  // a boolean's default as --help shows it and a results file records it ("softplus": "1") is accepted
+  d.write("b.json", "{\"softplus\": \"1\", \"kernel-plan\": false}");
+  const auto b = run_kdalab("decay-range --quick --quiet --T 64 --D 16 --C 16 --g-min -5 --precision fp64 --softplus 0 "
+                            "--config " + d.file("b.json") + " --out " + d.file("b.h5"));
+  INFO(b.output);
+  CHECK(b.code == 0);
+  const auto ok = run_kdalab("parity --quick --quiet --T +17 --dk 16 --dv 16 --impl float64 --seed 5 --out " + d.file("ok.h5"));
+  INFO(ok.output);
+  CHECK(ok.code == 0);
+}
+
+TEST_CASE("breaker session 7: --config values obey the command line's rules; a key twice is refused") {
+  TempDir d;
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {"{\"power-a\": \" inf\"}", "--power-a: ' inf' is not accepted; give the number without surrounding whitespace"},
+      {"{\"T\": [17], \"T\": [300]}", "key 'T' appears twice; give each key once"},  // the last one won silently
+      {"{\"seed\": 5, \"seed\": 5}", "key 'seed' appears twice"},
+      {"{\"T\": \"17,,300\"}", "--T: the list '17,,300' has an empty item"},
+      {"{\"T\": [17, \"\"]}", "--T: the list '' has an empty item"},
+      {"{\"softplus\": \"0x1\"}", "--softplus: '0x1' is not accepted; accepted: true, false, 1 or 0"},
+  };
+  int k = 0;
+  for (const auto& [json, says] : cases) {
+    const std::string name = fmt::format("c{}.json", ++k);
+    d.write(name, json);
+    const std::string sub = json.find("power-a") != std::string::npos ? "recall"
+                            : json.find("softplus") != std::string::npos ? "decay-range"
+                                                                          : "parity";
+    const auto r = run_kdalab(sub + " --quick --quiet --config " + d.file(name) + " --out " + d.file(name + ".h5"));
+    INFO(json << ": " << r.output);
+    CHECK(r.code == 2);
+    CHECK(r.output.find(says) != std::string::npos);
+    if (says.find("twice") != std::string::npos) CHECK(r.output.find("--config '" + d.file(name) + "'") != std::string::npos);
+    CHECK(!std::filesystem::exists(d.file(name + ".h5")));
+  }
+}
+
+TEST_CASE("breaker session 7: check names a bad --in (a folder, not HDF5) before a bad --out, and 'check' once") {
+  TempDir d;
+  d.write("text.h5", "not an HDF5 file\n");
+  std::filesystem::create_directories(d.file("dir"));
+  for (const std::string& in : {d.file("dir"), d.file("text.h5")}) {
+    const auto r = run_kdalab("check --quiet --in " + in + " --out " + d.file("no/such/folder/r.h5"));
+    INFO(r.output);
+    CHECK(r.code == 2);
+    CHECK(r.output.find("kdalab check: error: --in '" + in + "': not found or not a readable HDF5 file") != std::string::npos);
+    CHECK(r.output.find("--out") == std::string::npos);
+  }
+  const auto r = run_kdalab("check --quiet --out " + d.file("r.h5"));
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(r.output.find("kdalab check: error: --in FILE.h5 is required") != std::string::npos);
+  CHECK(r.output.find("check: check") == std::string::npos);
+  CHECK(d.count() == 2);  // text.h5 and dir only
 }
