@@ -43,7 +43,7 @@ TEST_CASE("kdalab info --config kimi-linear-48b.json prints the layout and cache
   CHECK(r.rc == 0);
   CHECK(has(r.out, "27 layers: 20 KDA + 7 Gated MLA"));
   CHECK(has(r.out, "KKKM KKKM KKKM KKKM KKKM KKKM KKM"));
-  CHECK(has(r.out, "    27  MLA            576"));
+  CHECK(has(r.out, "    27  MLA                    576"));
   CHECK(has(r.out, "7 MLA x 576 = 4032 numbers = 8064 B/token"));
   CHECK(has(r.out, "27 MLA x 576 = 15552 numbers = 31104 B/token  (3.86x the hybrid per token)"));
 }
