@@ -248,7 +248,20 @@ using kernels::cuda_check;
 
 struct Dev {
   void* p = nullptr;
-  explicit Dev(std::size_t n) { cuda_check(cudaMalloc(&p, std::max<std::size_t>(n, 16)), "cudaMalloc"); }
+  /// Device buffer of n bytes. Errors: a shape too large for the device's memory -> kdalab::Error (exit 2) saying how
+  /// much was asked and how much is free; any other CUDA error as cuda_check.
+  explicit Dev(std::size_t n) {
+    const cudaError_t e = cudaMalloc(&p, std::max<std::size_t>(n, 16));
+    if (e == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();  // clear the sticky-free allocation error
+      std::size_t free_b = 0, total_b = 0;
+      (void)cudaMemGetInfo(&free_b, &total_b);
+      throw Error(fmt::format("not enough GPU memory for this shape: a buffer of {:.2f} GiB was asked for, {:.2f} GiB of "
+                              "{:.2f} GiB are free; choose smaller --shapes (or --prefix); nothing was written",
+                              n / 1073741824.0, free_b / 1073741824.0, total_b / 1073741824.0));
+    }
+    cuda_check(e, "cudaMalloc");
+  }
   ~Dev() { cudaFree(p); }
   Dev(const Dev&) = delete;
   Dev& operator=(const Dev&) = delete;

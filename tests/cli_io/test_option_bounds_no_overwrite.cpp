@@ -319,7 +319,8 @@ TEST_CASE("breaker session 7: whitespace, empty list items, options twice, boole
   const auto edge = run_kdalab("bench --op mla-prefill --shapes 1:64:2 --prefix 2147483583 --quick --quiet --out " +
                                d.file("e.h5"));
   INFO(edge.output);
-  CHECK(bench_valid_exit(edge));
+  // accepted by the option checks; on a GPU the 2^31-token latent cache (2 TiB) then does not fit: exit 2 saying so
+  CHECK((bench_valid_exit(edge) || (edge.code == 2 && edge.output.find("not enough GPU memory") != std::string::npos)));
   // a boolean's default as --help shows it and a results file records it ("softplus": "1") is accepted
   d.write("b.json", "{\"softplus\": \"1\", \"kernel-plan\": false}");
   const auto b = run_kdalab("decay-range --quick --quiet --T 64 --D 16 --C 16 --g-min -5 --precision fp64 --softplus 0 "
