@@ -242,7 +242,8 @@ void register_decode_cost(Registry& reg) {
     cpu.col("impl", 's', "1", "softmax (reference/softmax.hpp cache read) or kda (reference/kda.hpp kda_step)")
         .col("n", 'i', "1", "context length (tokens cached)")
         .col("d", 'i', "1", "head dimension (d_k = d_v)")
-        .col("seconds_per_token", 'd', "s", "median wall time of one decode step of one head, " + scalar_name<CpuScalar>() + ", one core")
+        .col("seconds_per_token", 'd', "s", "median wall time of one decode step of one head, " + scalar_name<CpuScalar>() +
+             ", one core (kda: measured once and repeated on every n row, the step does not depend on n)")
         .col("numbers_read", 'i', "1", "numbers the step reads: 2 n d (softmax) or d^2 (KDA state)");
     const auto d = static_cast<Eigen::Index>(o->cpu_d);
     std::vector<double> cpu_n;
@@ -289,7 +290,8 @@ void register_decode_cost(Registry& reg) {
                  static_cast<std::int64_t>(d * d)});
       pb.tick();
       pb.finish();
-      fmt::print("\nCPU reference decode step, one head, d = {}, {}, one core:\n", d, scalar_name<CpuScalar>());
+      fmt::print("\nCPU reference decode step, one head, d = {}, {}, one core (KDA: one measurement, its step does not "
+                 "depend on n):\n", d, scalar_name<CpuScalar>());
       fmt::print("{:>10}{:>16}{:>16}{:>10}\n", "n", "softmax (us)", "KDA (us)", "ratio");
       const auto& sc = std::get<std::vector<double>>(cpu.column("seconds_per_token").data);
       for (std::size_t i = 0; i < cpu_n.size(); ++i)
