@@ -582,3 +582,44 @@ TEST_CASE("fig_parity: an implementation plotted at only some grid points says h
   }
   CHECK(notes == 1);
 }
+
+TEST_CASE("decay-range: the fp64 control panel says why its softplus cells are non-finite, under the panel",
+          "[cli][python]") {
+  if (skip_without_plotting()) return;
+  TempDir d;
+  // --gate-shift 20 (the default): the unbounded softplus gate reaches g ~ -40 per token, so a 32-token chunk's
+  // factored decay is ~1100 nats, past fp64's exp range (709.8): the control's cell is "inf (...)" (the newcomer saw
+  // non-finite values in a control with no word why); at C = 16 (~650 nats) and for g_min = -1 it stays finite
+  const auto r = run_kdalab("decay-range --g-min -1 --C 16,32 --precision fp64 --T 64 --D 16 --kernel-plan false --quiet "
+                            "--out " + d.file("dr.h5"));
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  const auto o_nan = kdalab::h5read::array(d.file("dr.h5"), "/decay_range/table/o_nan");
+  const auto C = kdalab::h5read::array(d.file("dr.h5"), "/decay_range/table/C");
+  const auto gate = kdalab::h5read::strings(d.file("dr.h5"), "/decay_range/table/gate");
+  std::vector<std::string> dark;  // the non-finite cells the file holds: softplus at C = 32 only
+  for (std::size_t i = 0; i < gate.size(); ++i)
+    if (o_nan.data[i] > 0) dark.push_back(gate[i] + " C=" + std::to_string(std::lround(C.data[i])));
+  REQUIRE(dark == std::vector<std::string>{"softplus C=32"});
+  const json j = draw(d, "fig_decay_range.py", d.file("dr.h5"));
+  int notes = 0;
+  for (const auto& ax : j["axes"])
+    for (std::size_t i = 0; i < ax["texts"].size(); ++i) {
+      std::string s = ax["texts"][i];
+      std::replace(s.begin(), s.end(), '\n', ' ');  // the note is wrapped
+      if (s.rfind("Dark fp64 cells (the control): ", 0) != 0) continue;
+      ++notes;
+      INFO(s);
+      CHECK(ax["title"] == "chunked, fp64 (control)");
+      CHECK(s.find("softplus at C = 32: ") != std::string::npos);  // which cells (not C = 16, not g_min = -1)
+      CHECK(s.find("C = 16") == std::string::npos);
+      CHECK(s.find("g_min = -1") == std::string::npos);
+      CHECK(s.find("unbounded") != std::string::npos);         // why: the gate has no lower bound,
+      CHECK(s.find("--gate-shift 20") != std::string::npos);   // the shift pins it low,
+      CHECK(s.find("past fp64's exp range (|c| > 709.8)") != std::string::npos);  // the factored decay overflows
+      CHECK(s.find("o gets NaN") != std::string::npos);
+      INFO(ax["text_boxes"][i].dump());
+      CHECK(ax["text_boxes"][i][3].get<double>() < 0.0);  // under the panel, not over its cells
+    }
+  CHECK(notes == 1);
+}
