@@ -1,5 +1,6 @@
 // `kdalab info --config MODEL.json`: the per-layer layout of a Kimi Linear / K3 config.json and the
-// per-sequence cache bytes of the hybrid vs the same stack with every layer Gated MLA (and plain MHA).
+// per-sequence cache bytes of the hybrid vs the same stack with every layer MLA (and plain MHA). The MLA layers are
+// named "Gated MLA" only when the config has mla_use_output_gate (K3); Kimi Linear's MLA has no output gate.
 // Element sizes: MLA latent cache bf16 (2 B), KDA state fp32 (4 B), ShortConv tails bf16 (2 B).
 #include <fmt/format.h>
 
@@ -20,8 +21,10 @@ std::string mib(double bytes) { return fmt::format("{:.2f} MiB", bytes / (1024.0
 bool print_model_info(const std::string& config_path, ResultsFile* out) {
   const ModelConfig m = read_model_config(config_path);
   const std::size_t nk = m.count(LayerKind::kda), nm = m.count(LayerKind::mla);
-  fmt::print("\nmodel:         {} ({}), hidden {}, {} layers: {} KDA + {} Gated MLA\n", config_path,
-             m.model_type.empty() ? "model_type not given" : m.model_type, m.hidden, m.num_layers, nk, nm);
+  // "Gated MLA" only when the config gates the MLA output (mla_use_output_gate, K3); Kimi Linear's are plain MLA
+  const std::string mla_name = m.mla.output_gate ? "Gated MLA" : "MLA";
+  fmt::print("\nmodel:         {} ({}), hidden {}, {} layers: {} KDA + {} {}\n", config_path,
+             m.model_type.empty() ? "model_type not given" : m.model_type, m.hidden, m.num_layers, nk, nm, mla_name);
   if (nk)
     fmt::print("KDA layers:    {} heads x {} (d_k = d_v), ShortConv kernel {}, gate {}, {} gate logit\n", m.kda.num_heads,
                m.kda.head_dim, m.kda.conv_kernel,
@@ -44,7 +47,7 @@ bool print_model_info(const std::string& config_path, ResultsFile* out) {
     pattern += m.layers[l] == LayerKind::kda ? 'K' : 'M';
     if (l + 1 < m.num_layers && (l + 1) % 4 == 0) pattern += ' ';
   }
-  fmt::print("layout:        {}   (K = KDA, M = Gated MLA; groups of 4)\n\n", pattern);
+  fmt::print("layout:        {}   (K = KDA, M = {}; groups of 4)\n\n", pattern, mla_name);
 
   // per-layer table
   Table layers;
@@ -63,7 +66,7 @@ bool print_model_info(const std::string& config_path, ResultsFile* out) {
   }
 
   if (nm == 0) {
-    fmt::print("\nno Gated MLA layer: no per-token cache to compare\n");
+    fmt::print("\nno {} layer: no per-token cache to compare\n", mla_name);
     return true;
   }
   const CacheFootprint f = cache_footprint(m);

@@ -4,6 +4,9 @@
 One panel per state size d_k: exact-copy accuracy vs L for every memory (fp32 solid, bf16 dashed,
 fp64 dotted for the recurrent memories; softmax and MLA in fp64), with the information bound of
 the fixed d_k x d_v state at each precision (L log2|D| <= state bits) and L = d_k marked.
+Curves that lie on each other (every point within 0.016) are drawn with figstyle's overlay (the first underneath with a
+large open marker, the others on top with smaller ones, each in its precision's line style) and named in a note under
+the panel.
 Usage: /usr/bin/python3 scripts/fig_copy.py RESULTS.h5 [--out-dir figures]
 """
 import sys
@@ -15,6 +18,20 @@ import figstyle as fs
 from figstyle import plt
 
 LS = {"fp64": ":", "fp32": "-", "bf16": "--"}
+# Two accuracy curves lie on each other when every point differs by less than this (1.5% of the 0..1 axis).
+COINCIDE = 0.016
+
+
+def overlap_text(group):
+    """A group of coinciding curves [(memory, precision, ...)] in words, the first (drawn underneath) first:
+    "DeltaNet (fp64, fp32, bf16) = linear attention (fp64, fp32)"."""
+    order, precs = [], {}
+    for mem, prec, *_ in group:
+        if mem not in precs:
+            order.append(mem)
+            precs[mem] = []
+        precs[mem].append(prec)
+    return " = ".join(f"{fs.LABELS[m]} ({', '.join(precs[m])})" for m in order)
 
 
 def main():
@@ -28,6 +45,7 @@ def main():
         fig, axes = plt.subplots(1, len(dks) + 1, figsize=(3.0 * (len(dks) + 1), 3.4), squeeze=False)
         for j, dk in enumerate(dks):
             ax = axes[0][j]
+            curves = []  # (memory, precision, line style, L, accuracy)
             for mem in fs.COLORS:
                 for prec in ("fp64", "fp32", "bf16"):
                     sel = (t["memory"] == mem) & (t["d_k"] == dk) & (t["precision"] == prec)
@@ -35,7 +53,20 @@ def main():
                         continue
                     o = np.argsort(t["L"][sel])
                     ls = "-" if mem in ("softmax", "mla") else LS[prec]
-                    ax.plot(t["L"][sel][o], t["copy_accuracy"][sel][o], ls, marker="o", ms=2.5, color=fs.COLORS[mem])
+                    curves.append((mem, prec, ls, t["L"][sel][o], t["copy_accuracy"][sel][o].astype(float)))
+            # Curves that lie on each other (e.g. DeltaNet on linear attention, every precision of one memory) are
+            # drawn with figstyle's overlay (first underneath, large open marker; the others smaller on top; each
+            # keeps its precision's line style) and named in a note under the panel.
+            groups = fs.overlay_groups([(c[3], c[4]) for c in curves], rel=0.0, abs_tol=COINCIDE)
+            for g in groups:
+                for rank, k in enumerate(g):
+                    mem, prec, ls, L, acc = curves[k]
+                    style = fs.overlay_style(rank, len(g), fs.COLORS[mem], ls, ms=2.5, lw=1.5)
+                    style["ls"] = ls
+                    ax.plot(L, acc, color=fs.COLORS[mem], label=f"{fs.LABELS[mem]} {prec}", **style)
+            same = [overlap_text([curves[k] for k in g]) for g in groups if len(g) > 1]
+            if same:
+                fs.panel_note(ax, "Lie on each other (drawn on top, smaller markers): " + "; ".join(same) + ".")
             ax.axvline(dk, color="#444444", lw=0.8, ls=":")
             ax.text(dk, 0.5, "$L = d_k$ ", rotation=90, va="center", ha="right", fontsize=7, color="#444444")
             ax.set_xscale("log", base=2)

@@ -6,7 +6,8 @@ Relative RMS error of o against the float64 recurrence for each gate lower bound
 implementation/precision. Dark cells: o has NaN/Inf; their text is what `kdalab decay-range` prints on the
 console, rel_rms as stored (inf) and in brackets how many values of o are NaN or Inf. Cell text: the error, then the range
 analysis of the factored tile (o = 1/Gamma overflows, s = Gamma subnormal, z = Gamma underflows
-to 0, as counts). The fp32 edges of a 16-token tile: Gamma leaves the normal range below
+to 0, as counts). Dark cells in the fp64 control panel (softplus at C >= 32 with --gate-shift 20) are explained
+under that panel: the unbounded gate's factored decay over the chunk leaves fp64's exp range. The fp32 edges of a 16-token tile: Gamma leaves the normal range below
 g = -5.459, 1/Gamma overflows below -5.545.
 Usage: /usr/bin/python3 scripts/fig_decay_range.py RESULTS.h5 [--out-dir figures]
 """
@@ -26,11 +27,45 @@ TITLES = {("chunked", "fp64"): "chunked, fp64 (control)", ("chunked", "fp32"): "
           ("kernel-plan", "bf16"): "twin, CUDA kernel plan", ("cuda", "bf16"): "CUDA kernel (C = 16)"}
 
 
+FP64_EXP_MAX = float(np.log(np.finfo(np.float64).max))  # 709.78: e^c overflows fp64 above this
+
+
+def control_note(t, shift):
+    """The note under the fp64 control panel when some of its cells are dark (o has NaN/Inf): which cells, and why a
+    control goes non-finite (the chunk's factored decay c, the table's c_min, leaves fp64's exp range: 1/Gamma = e^-c
+    overflows; a softplus gate is unbounded, so its c grows with C without limit). "" when every fp64 cell is finite."""
+    sel = (t["impl"] == "chunked") & (t["precision"] == "fp64")
+    bad = sel & ((t["o_nan"] + t["o_inf"] > 0) | ~np.isfinite(t["rel_rms"].astype(float)))
+    if not bad.any():
+        return ""
+    parts = []
+    for gate in ("softplus", "bounded"):
+        gsel = bad & (t["gate"] == gate)
+        if not gsel.any():
+            continue
+        Cs = ", ".join(str(c) for c in sorted(set(int(c) for c in t["C"][gsel])))
+        c = -t["c_min"][gsel].astype(float)
+        span = f"{c.min():.0f}" + (f" .. {c.max():.0f}" if c.min() != c.max() else "")
+        if gate == "softplus":
+            parts.append(f"softplus at C = {Cs}: the softplus gate is unbounded (g down to "
+                         f"{float(np.min(t['g_lowest'][gsel])):.1f} per token with --gate-shift {shift:g}), so the "
+                         f"chunk's factored decay |c| reaches {span} nats")
+        else:
+            gm = ", ".join(f"{g:g}" for g in sorted(set(t["g_min"][gsel].tolist())))
+            parts.append(f"g_min = {gm} at C = {Cs}: the chunk's factored decay |c| reaches {span} nats")
+    what = "NaN" if int(t["o_inf"][bad].sum()) == 0 else "NaN/Inf"
+    return ("Dark fp64 cells (the control): " + "; ".join(parts) + f", past fp64's exp range (|c| > {FP64_EXP_MAX:.1f}): "
+            f"1/Gamma = e^-c overflows (ovf) and o gets {what} even in fp64 (the float64 recurrence, the truth, forms "
+            "no such factor).")
+
+
 def main():
     a = fs.parse_args(__doc__.splitlines()[0])
     with h5py.File(a.results, "r") as f:
         t = fs.need_table(f, "decay_range/table", ("gate", "g_min", "C", "impl", "precision", "rel_rms", "o_nan", "o_inf",
                                                     "overflow", "underflow", "subnormal"), a.results)
+        for col, fill in (("c_min", np.nan), ("g_lowest", np.nan)):  # older files: the note says less
+            t.setdefault(col, np.full(len(t["impl"]), fill))
         gate_rows = []
         for g, gm in zip(t["gate"], t["g_min"]):
             key = "softplus" if g == "softplus" else float(gm)
@@ -84,6 +119,10 @@ def main():
             if k % ncol == 0:
                 ax.set_ylabel(r"gate lower bound $g_{\min}$")
             ax.set_title(TITLES.get((impl, prec), f"{impl}, {prec}"))
+            if (impl, prec) == ("chunked", "fp64"):
+                note = control_note(t, float(f["decay_range"].attrs.get("gate_shift", 0)))
+                if note:
+                    fs.panel_note(ax, note)
             ax.grid(False)
         for k in range(len(panels), nrow * ncol):
             axes[k // ncol][k % ncol].axis("off")

@@ -13,10 +13,14 @@ of another shape and a thinner dashed/dotted line, and its legend entry says whi
 Rows whose error is not finite (o_rel_rms = inf: the row's o has NaN/Inf, e.g. the twin at a g_min far beyond
 the kernel's range) are left out of the medians and bands; each (series, T) holding such rows is marked by a
 triangle at the top edge of the panel in the series' colour, its legend entry counts them and the footer says so.
+An implementation with rows at only some grid points (float32-chunk refuses the softplus points: decay span over 80
+nats) is said under the full-range panel: how many points are plotted and why the rest are missing (the reason from
+the file's parity `notes`).
 When bf16 rows get the zoomed panel, the full-range panel shows the reference lines as one light band (named above
 the data) and the zoom draws each line, named at its right edge; the full-range panel keeps headroom above the data.
 Usage: /usr/bin/python3 scripts/fig_parity.py RESULTS.h5 [--out-dir figures] [--dump FILE.json]
 """
+import re
 import sys
 
 import h5py
@@ -28,9 +32,7 @@ from figstyle import plt
 
 
 ZERO_AT = 1e-18  # an exact 0 is drawn here on the log axis
-COINCIDE = 0.02  # two series coincide when every median differs by less than this, relatively
-MARKERS = ["o", "s", "D", "^", "v", "P", "X", "*"]
-LINESTYLES = ["-", "--", ":", "-."]
+COINCIDE = fs.COINCIDE  # two series coincide when every median differs by less than this (2%), relatively
 NONFINITE_MARKER = "^"  # drawn at the top edge (axes fraction NONFINITE_Y) where a series has non-finite rows
 NONFINITE_Y = 0.97
 NONFINITE_GLYPH = "\u25b2"  # the marker as the legend and footer text name it
@@ -41,6 +43,47 @@ def find_table(f):
         if g in f and isinstance(f[g], h5py.Group) and "impl" in f[g] and "T" in f[g]:
             return g
     return None
+
+
+SKIPPED_NOTE = re.compile(r"^(\S+) C=(\d+) skipped at (?:point (\d+) \([^)]*\)|\d+ points \[([^\]]*)\]): (.*)$")
+
+
+def skipped_points_notes(f, t):
+    """Notes on implementations that have rows at only some of the grid points: one per "<impl> C=<C> skipped at ..."
+    line of the group's `notes` attribute (kdalab parity: a chunked implementation refuses a point whose factored
+    decay span is over its scalar type's limit), as "<impl>, C = <C>: <k> of the <n> grid points plotted; the other
+    <m> (<which>) skipped: <why>", where <which> names the gate of the skipped points when they are exactly the
+    points of one gate, and <why> is the note's reason without its "accepted: ..." advice. [] when the file has no
+    such note (or no `point` column to count grid points by)."""
+    if "point" not in t or "parity" not in f:
+        return []
+    points = np.asarray(t["point"]).astype(int)
+    n = len(set(points.tolist()))
+    gate_of = {}
+    if "gate" in t:
+        for p, g in zip(points.tolist(), t["gate"]):
+            gate_of.setdefault(p, g)
+    out = []
+    for line in fs.attr(f["parity"], "notes", "").splitlines():
+        m = SKIPPED_NOTE.match(line)
+        if not m:
+            continue
+        impl, C = m.group(1), int(m.group(2))
+        skipped = {int(m.group(3))} if m.group(3) is not None else {int(x) for x in re.findall(r"(\d+) \(", m.group(4))}
+        sel = t["impl"] == impl
+        if "C" in t:
+            sel = sel & (np.asarray(t["C"]).astype(int) == C)
+        plotted = len(set(points[sel].tolist()))
+        which = ""
+        gates = {gate_of.get(p) for p in skipped}
+        if len(gates) == 1 and None not in gates:
+            g = next(iter(gates))
+            if skipped == {p for p, gg in gate_of.items() if gg == g}:
+                which = f"every {g}-gate point"
+        why = m.group(5).split("; accepted:")[0]
+        out.append(f"{impl}, C = {C}: {plotted} of the {n} grid points plotted (its median is over those); the other "
+                   f"{len(skipped)}{' (' + which + ')' if which else ''} skipped: {why}")
+    return out
 
 
 def main():
@@ -75,28 +118,11 @@ def main():
                            np.array([v.size - w.size for v, w in zip(per_T, fin)]), np.array([v.size for v in per_T])))
         n_nonfinite = int(sum(int(sr[5].sum()) for sr in series))
 
-        def coincide(a, b):
-            if a[1].shape != b[1].shape or not np.array_equal(a[1], b[1]):
-                return False
-            if not np.array_equal(a[5], b[5]):  # non-finite rows at other T: not the same curve
-                return False
-            x, y = np.maximum(a[2], ZERO_AT), np.maximum(b[2], ZERO_AT)
-            both = np.isfinite(x) & np.isfinite(y)
-            if not np.array_equal(both, np.isfinite(x) | np.isfinite(y)):
-                return False
-            return bool(np.all(np.abs(x[both] - y[both]) <= COINCIDE * np.maximum(x[both], y[both])))
-
-        # Groups of coinciding series, in label order; a CUDA kernel series goes first (drawn underneath).
-        groups = []
-        for k, sr in enumerate(series):
-            for g in groups:
-                if coincide(series[g[0]], sr):
-                    g.append(k)
-                    break
-            else:
-                groups.append([k])
-        for g in groups:
-            g.sort(key=lambda k: (not series[k][0].startswith("cuda"), k))
+        # Groups of coinciding series (figstyle.overlay_groups: medians within COINCIDE at every T, non-finite rows at
+        # the same T), in label order; a CUDA kernel series goes first (drawn underneath).
+        groups = fs.overlay_groups([(sr[1], np.maximum(sr[2], ZERO_AT)) for sr in series], rel=COINCIDE,
+                                   first=lambda k: (not series[k][0].startswith("cuda"), k),
+                                   same=lambda i, k: np.array_equal(series[i][5], series[k][5]), need_finite=False)
         # The bf16 class (median >= 1e-4 somewhere: the twin, the kernel) also gets a zoomed panel, where it
         # can be told apart from the reference lines it sits among (1.66e-3 .. 5.6e-3).
         zoomed = [k for k in range(len(series)) if np.any(series[k][2] >= 1e-4)]  # NaN (no finite row) compares False
@@ -115,13 +141,8 @@ def main():
                     text += (f"\n  {int(bad.sum())} of {int(rows.sum())} rows non-finite "
                              f"({NONFINITE_GLYPH} at the top edge)")
                 if rank > 0:
-                    text += f"\n  lies on {series[g[0]][0]}"
-                if len(g) == 1:
-                    style = dict(ls="-", marker="o", ms=3.5, lw=1.5, mfc=c, zorder=2)
-                else:  # underneath: big, open, thick; on top: smaller, other shapes, thinner and broken lines
-                    style = dict(ls=LINESTYLES[rank % len(LINESTYLES)], marker=MARKERS[rank % len(MARKERS)],
-                                 ms=max(2.5, 9.0 - 5.0 * rank ** 0.5), lw=max(0.8, 2.8 - 1.0 * rank),
-                                 mfc="none" if rank == 0 else c, mew=1.2, zorder=2 + rank)
+                    text += "\n  " + fs.lies_on(series[g[0]][0])
+                style = fs.overlay_style(rank, len(g), c)
                 for a_ in ([ax, axz] if k in zoomed else [ax]):
                     a_.plot(Ts, np.maximum(med, ZERO_AT), color=c, label=text if a_ is ax else "_" + text, **style)
                     a_.fill_between(Ts, np.maximum(lo, ZERO_AT), np.maximum(hi, ZERO_AT), color=c, alpha=0.12, lw=0)
@@ -158,6 +179,9 @@ def main():
                         xy=(0.99, top), xycoords=ax.get_yaxis_transform(), xytext=(0, 4), textcoords="offset points",
                         ha="right", va="bottom", fontsize=6, color="#444444")
         ax.set_ylabel(r"relative RMS error of $o$ vs truth")
+        skipped_notes = skipped_points_notes(f, t)
+        if skipped_notes:  # under the full-range panel: an implementation plotted at only some of the grid points
+            fs.panel_note(ax, " ".join(skipped_notes))
         ax.set_title("KDA numeric parity by implementation and precision")
         if axz is not None:
             lo_z = min([np.nanmin(series[k][3]) for k in zoomed] + [refs[0][0]])  # zoomed: some finite value

@@ -300,3 +300,69 @@ def skip(msg):
     not hold what the figure needs; scripts/figures.sh skips it quietly)."""
     print("skip: " + msg, file=sys.stderr)
     return SKIP
+
+
+# ---- curves that lie on each other ----
+# Two curves of a panel whose points all coincide would hide one under the other. overlay_groups() finds such
+# groups; overlay_style() draws the first of a group underneath (large open marker, thick line) and each further one on
+# top (smaller marker of another shape, thinner dashed/dotted line); lies_on() is the legend note ("lies on X") that
+# says which curve a series lies on. Used by fig_parity.py (medians on a log axis) and fig_recall.py (accuracy on a
+# linear axis, error on a log axis); any fig_*.py with several curves in one panel can use them the same way.
+COINCIDE = 0.02  # default: two curves coincide when every point differs by less than 2% (relative)
+OVERLAY_MARKERS = ["o", "s", "D", "^", "v", "P", "X", "*"]
+OVERLAY_LINESTYLES = ["-", "--", ":", "-."]
+
+
+def curves_coincide(xa, ya, xb, yb, rel=COINCIDE, abs_tol=0.0, need_finite=True):
+    """Whether two curves (x, y arrays) lie on each other: the same x values, finite at the same points (NaN/Inf
+    breaks a line: not drawn there), at least one finite point (unless `need_finite` is False: then two curves with no
+    finite point coincide too, e.g. when both draw markers elsewhere at the same x), and every finite pair within
+    max(rel * max(|ya|, |yb|), abs_tol). `rel` suits a log axis, `abs_tol` (in data units) a linear one."""
+    xa, xb = np.asarray(xa, dtype=float), np.asarray(xb, dtype=float)
+    ya, yb = np.asarray(ya, dtype=float), np.asarray(yb, dtype=float)
+    if xa.shape != xb.shape or not np.array_equal(xa, xb) or ya.shape != yb.shape:
+        return False
+    fa, fb = np.isfinite(ya), np.isfinite(yb)
+    if not np.array_equal(fa, fb) or (need_finite and not fa.any()):
+        return False
+    a, b = ya[fa], yb[fa]
+    return bool(np.all(np.abs(a - b) <= np.maximum(rel * np.maximum(np.abs(a), np.abs(b)), abs_tol)))
+
+
+def overlay_groups(curves, rel=COINCIDE, abs_tol=0.0, first=None, same=None, need_finite=True):
+    """Groups of coinciding curves: `curves` is a list of (x, y); returns a list of lists of indices (every index in
+    exactly one group, groups in the order of their first member). A curve joins the first group whose first curve it
+    coincides with (curves_coincide with `rel`, `abs_tol`, `need_finite`, and `same(i, j)` when given: a further
+    condition of the caller's). Within a group the curves are sorted by `first(index)` (default: their index): the
+    first is drawn underneath, the others on top of it."""
+    groups = []
+    for k, (x, y) in enumerate(curves):
+        for g in groups:
+            if (curves_coincide(curves[g[0]][0], curves[g[0]][1], x, y, rel, abs_tol, need_finite)
+                    and (same is None or same(g[0], k))):
+                g.append(k)
+                break
+        else:
+            groups.append([k])
+    for g in groups:
+        g.sort(key=first if first is not None else (lambda k: k))
+    return groups
+
+
+def overlay_style(rank, size, color, ls="-", ms=3.5, lw=1.5):
+    """Plot keywords (ls, marker, ms, lw, mfc, mew, zorder) for the curve of `rank` (0 = first) in a group of `size`
+    coinciding curves of colour `color`. A curve alone (size 1) keeps its own line style `ls`, a round filled marker
+    `ms` and width `lw`; in a group the first is drawn underneath with its own `ls`, a large open marker and a thick
+    line, each further one on top with a smaller filled marker of another shape and a thinner dashed/dotted line, so
+    every curve of the group stays visible."""
+    if size <= 1:
+        return dict(ls=ls, marker="o", ms=ms, lw=lw, mfc=color, zorder=2)
+    if rank == 0:
+        return dict(ls=ls, marker=OVERLAY_MARKERS[0], ms=9.0, lw=2.8, mfc="none", mew=1.2, zorder=2)
+    return dict(ls=OVERLAY_LINESTYLES[rank % len(OVERLAY_LINESTYLES)], marker=OVERLAY_MARKERS[rank % len(OVERLAY_MARKERS)],
+                ms=max(2.5, 9.0 - 5.0 * rank ** 0.5), lw=max(0.8, 2.8 - 1.0 * rank), mfc=color, mew=1.2, zorder=2 + rank)
+
+
+def lies_on(label):
+    """The legend note of a curve drawn on top of another it coincides with: "lies on <label>"."""
+    return f"lies on {label}"

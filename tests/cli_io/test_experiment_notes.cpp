@@ -5,8 +5,10 @@
 // precision, matmul precision), naming them and listing the points (they were one per point, without the precisions,
 // and identical ones were dropped); `kdalab decode-cost` explains its CPU softmax curve with a one-line note (the
 // working set against this machine's caches), printed once and recorded as decode_cost/cpu's `note`.
+// parity's progress line names only the implementations that produced a row (a CPU build's ended "[... cuda-bf16]").
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <regex>
@@ -195,4 +197,37 @@ TEST_CASE("parity: one NaN/Inf note per (implementation, C, state precision, mat
     CHECK(n->rfind(head + "2 points [0 (T=17 H=1 bounded one), 2 (T=40 H=1 bounded one)]: o has ", 0) == 0);
     CHECK(n->find("recorded in the rows") != std::string::npos);
   }
+}
+
+TEST_CASE("parity's progress line names only implementations that produced a row (not the skipped cuda-bf16)",
+          "[cli]") {
+  TempDir d;
+  // d_k = 16: cuda-bf16 is skipped in every build (no GPU, no CUDA kernels, or a shape the kernel does not run);
+  // float32-chunk is skipped at the softplus points (span > 80 nats at T = 300). KDALAB_PROGRESS_INTERVAL=0 draws the
+  // progress line at every tick (off a terminal one line each), so every label the run showed is in the output.
+  const auto r = run_command("KDALAB_PROGRESS_INTERVAL=0 " + kdalab_bin() +
+                             " parity --T 300 --dk 16 --dv 16 --gate bounded,softplus --beta one --C 16 "
+                             "--impl float32,float32-chunk,cuda-bf16 --truth f64 --out " + d.file("p.h5"));
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  const auto impl = kdalab::h5read::strings(d.file("p.h5"), "/parity/table/impl");
+  const auto gate = kdalab::h5read::strings(d.file("p.h5"), "/parity/table/gate");
+  REQUIRE(std::count(impl.begin(), impl.end(), "cuda-bf16") == 0);  // the rows this test is about are skipped
+  std::set<std::string> chunk_gates;
+  for (std::size_t i = 0; i < impl.size(); ++i)
+    if (impl[i] == "float32-chunk") chunk_gates.insert(gate[i]);
+  REQUIRE(chunk_gates == std::set<std::string>{"bounded"});  // float32-chunk ran at the bounded point only
+  std::size_t lines = 0;
+  std::size_t p = 0;
+  while ((p = r.output.find("parity: ", p)) != std::string::npos) {
+    const std::size_t e = r.output.find('\n', p);
+    const std::string line = r.output.substr(p, e - p);
+    p = e;
+    if (line.find("% (") == std::string::npos) continue;  // not a progress line
+    ++lines;
+    INFO(line);
+    CHECK(line.find("cuda-bf16") == std::string::npos);  // was: the last line ended "[T=300 H=1 softplus one cuda-bf16]"
+    CHECK(line.find("softplus one float32-chunk") == std::string::npos);  // skipped there too
+  }
+  CHECK(lines >= 3);
 }

@@ -510,3 +510,116 @@ TEST_CASE("decay-range: figure cells and summary.py say what the console says (i
   CHECK(has(s, "o_nan (sum)"));
   CHECK(has(s, "o_inf (sum)"));
 }
+
+TEST_CASE("fig_recall: a curve lying on another stays visible and the panel's legend says which it lies on",
+          "[cli][python]") {
+  if (skip_without_plotting()) return;
+  TempDir d;
+  // orthogonal keys, beta = 1: DeltaNet and Gated DeltaNet both recall exactly up to d_k pairs, then 0.5, 0.25: the
+  // same accuracy at every N (the newcomer saw DeltaNet hidden exactly under Gated DeltaNet, no word about it)
+  const auto r = run_kdalab("recall --d-k 16 --ratio 0.5,1,2,4 --trials 1 --keys orthogonal "
+                            "--memories deltanet,gated_deltanet --quiet --out " + d.file("recall.h5"));
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  const json j = draw(d, "fig_recall.py", d.file("recall.h5"));
+  const json* acc = nullptr;
+  for (const auto& ax : j["axes"])
+    if (ax["title"].get<std::string>().rfind("orthogonal", 0) == 0) acc = &ax;
+  REQUIRE(acc != nullptr);
+  const json* dn = nullptr;
+  const json* gdn = nullptr;
+  for (const auto& ln : (*acc)["lines"]) {
+    if (ln["label"] == "DeltaNet") dn = &ln;
+    if (ln["label"] == "Gated DeltaNet") gdn = &ln;
+  }
+  REQUIRE(dn != nullptr);
+  REQUIRE(gdn != nullptr);
+  REQUIRE((*dn)["y"] == (*gdn)["y"]);  // the file does hold the coinciding curves this test is about
+  // the first is drawn underneath (large open marker), the other on top (smaller, another marker and line style)
+  CHECK((*dn)["markersize"].get<double>() > (*gdn)["markersize"].get<double>() + 2.0);
+  CHECK((*dn)["marker"] != (*gdn)["marker"]);
+  CHECK((*dn)["linestyle"] != (*gdn)["linestyle"]);
+  CHECK((*gdn)["zorder"].get<double>() > (*dn)["zorder"].get<double>());
+  std::string legend;
+  for (const auto& t : (*acc)["legend"]) legend += t.get<std::string>() + "\n";
+  INFO(legend);
+  CHECK(legend.find("Gated DeltaNet: lies on DeltaNet") != std::string::npos);  // the panel's legend says so
+  CHECK(footer(j).find("lies on") != std::string::npos);                       // and the caption what that means
+  // the figure legend names each memory once, in its plain style
+  std::string names;
+  for (const auto& lg : j["legends"])
+    for (const auto& t : lg) names += t.get<std::string>() + "\n";
+  CHECK(names == "DeltaNet\nGated DeltaNet\n");
+}
+
+TEST_CASE("fig_parity: an implementation plotted at only some grid points says how many and why, under the panel",
+          "[cli][python]") {
+  if (skip_without_plotting()) return;
+  TempDir d;
+  // float32-chunk refuses the softplus points at C = 16 (factored decay span > 80 nats); the figure plotted its median
+  // over the other half of the grid without a word
+  const auto r = run_kdalab("parity --T 17,40 --dk 16 --dv 16 --gate bounded,softplus --beta one --C 16 "
+                            "--impl float64,float32-chunk --truth f64 --quiet --out " + d.file("p.h5"));
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  const auto impl = kdalab::h5read::strings(d.file("p.h5"), "/parity/table/impl");
+  const auto chunk_rows = std::count(impl.begin(), impl.end(), "float32-chunk");
+  REQUIRE(chunk_rows == 2);  // the file holds the partial implementation: 2 of its 4 points
+  const json j = draw(d, "fig_parity.py", d.file("p.h5"));
+  const auto& ax = j["axes"][0];
+  int notes = 0;
+  for (std::size_t i = 0; i < ax["texts"].size(); ++i) {
+    std::string s = ax["texts"][i];
+    std::replace(s.begin(), s.end(), '\n', ' ');  // the note is wrapped
+    if (s.rfind("float32-chunk, C = 16: ", 0) != 0) continue;
+    ++notes;
+    INFO(s);
+    CHECK(s.find("2 of the 4 grid points plotted") != std::string::npos);
+    CHECK(s.find("the other 2 (every softplus-gate point) skipped: ") != std::string::npos);
+    CHECK(s.find("> 80 nats: exp overflows in float32") != std::string::npos);  // the reason, from parity's notes
+    INFO(ax["text_boxes"][i].dump());
+    CHECK(ax["text_boxes"][i][3].get<double>() < 0.0);  // under the panel, where no data can be
+  }
+  CHECK(notes == 1);
+}
+
+TEST_CASE("decay-range: the fp64 control panel says why its softplus cells are non-finite, under the panel",
+          "[cli][python]") {
+  if (skip_without_plotting()) return;
+  TempDir d;
+  // --gate-shift 20 (the default): the unbounded softplus gate reaches g ~ -40 per token, so a 32-token chunk's
+  // factored decay is ~1100 nats, past fp64's exp range (709.8): the control's cell is "inf (...)" (the newcomer saw
+  // non-finite values in a control with no word why); at C = 16 (~650 nats) and for g_min = -1 it stays finite
+  const auto r = run_kdalab("decay-range --g-min -1 --C 16,32 --precision fp64 --T 64 --D 16 --kernel-plan false --quiet "
+                            "--out " + d.file("dr.h5"));
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  const auto o_nan = kdalab::h5read::array(d.file("dr.h5"), "/decay_range/table/o_nan");
+  const auto C = kdalab::h5read::array(d.file("dr.h5"), "/decay_range/table/C");
+  const auto gate = kdalab::h5read::strings(d.file("dr.h5"), "/decay_range/table/gate");
+  std::vector<std::string> dark;  // the non-finite cells the file holds: softplus at C = 32 only
+  for (std::size_t i = 0; i < gate.size(); ++i)
+    if (o_nan.data[i] > 0) dark.push_back(gate[i] + " C=" + std::to_string(std::lround(C.data[i])));
+  REQUIRE(dark == std::vector<std::string>{"softplus C=32"});
+  const json j = draw(d, "fig_decay_range.py", d.file("dr.h5"));
+  int notes = 0;
+  for (const auto& ax : j["axes"])
+    for (std::size_t i = 0; i < ax["texts"].size(); ++i) {
+      std::string s = ax["texts"][i];
+      std::replace(s.begin(), s.end(), '\n', ' ');  // the note is wrapped
+      if (s.rfind("Dark fp64 cells (the control): ", 0) != 0) continue;
+      ++notes;
+      INFO(s);
+      CHECK(ax["title"] == "chunked, fp64 (control)");
+      CHECK(s.find("softplus at C = 32: ") != std::string::npos);  // which cells (not C = 16, not g_min = -1)
+      CHECK(s.find("C = 16") == std::string::npos);
+      CHECK(s.find("g_min = -1") == std::string::npos);
+      CHECK(s.find("unbounded") != std::string::npos);         // why: the gate has no lower bound,
+      CHECK(s.find("--gate-shift 20") != std::string::npos);   // the shift pins it low,
+      CHECK(s.find("past fp64's exp range (|c| > 709.8)") != std::string::npos);  // the factored decay overflows
+      CHECK(s.find("o gets NaN") != std::string::npos);
+      INFO(ax["text_boxes"][i].dump());
+      CHECK(ax["text_boxes"][i][3].get<double>() < 0.0);  // under the panel, not over its cells
+    }
+  CHECK(notes == 1);
+}

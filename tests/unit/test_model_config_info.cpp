@@ -1,6 +1,6 @@
 // `kdalab info --config MODEL.json` (ISSUE 4 "Done when"): prints the per-layer layout and the
 // per-token cache bytes of the hybrid vs full MLA, records them with --out, and a bad config exits 2
-// with one line naming the key.
+// with one line naming the key; the MLA layers are "Gated MLA" only when the config gates their output.
 #include <array>
 #include <cstdio>
 #include <cstdlib>
@@ -41,8 +41,12 @@ TEST_CASE("kdalab info --config kimi-linear-48b.json prints the layout and cache
   const Run r = run("info --config data/configs/kimi-linear-48b.json");
   INFO(r.out);
   CHECK(r.rc == 0);
-  CHECK(has(r.out, "27 layers: 20 KDA + 7 Gated MLA"));
-  CHECK(has(r.out, "KKKM KKKM KKKM KKKM KKKM KKKM KKM"));
+  // Kimi Linear's MLA has no output gate (mla_use_output_gate absent): its layers are "MLA", not "Gated MLA"
+  // (session 7: the layout legend said "M = Gated MLA" under "output gate no")
+  CHECK(has(r.out, "output gate no"));
+  CHECK(has(r.out, "27 layers: 20 KDA + 7 MLA\n"));
+  CHECK(has(r.out, "KKKM KKKM KKKM KKKM KKKM KKKM KKM   (K = KDA, M = MLA; groups of 4)"));
+  CHECK(!has(r.out, "Gated MLA"));
   CHECK(has(r.out, "    27  MLA                    576"));
   CHECK(has(r.out, "7 MLA x 576 = 4032 numbers = 8064 B/token"));
   CHECK(has(r.out, "27 MLA x 576 = 15552 numbers = 31104 B/token  (3.86x the hybrid per token)"));
@@ -57,6 +61,10 @@ TEST_CASE("kdalab info --config records the layout with --out; bad configs exit 
   INFO(r.out);
   REQUIRE(r.rc == 0);
   CHECK(kdalab::h5read::attr_string(path, "model", "layout") == "KKKM KKKM M");
+  // toy.json gates its MLA output (mla_use_output_gate: true, as K3): those layers are Gated MLA
+  CHECK(has(r.out, "output gate yes"));
+  CHECK(has(r.out, "9 layers: 6 KDA + 3 Gated MLA\n"));
+  CHECK(has(r.out, "(K = KDA, M = Gated MLA; groups of 4)"));
   const auto ids = kdalab::h5read::array(path, "model/layers/layer");
   CHECK(ids.numel() == 9);
   CHECK(kdalab::h5read::attr_double(path, "model", "hybrid_bytes_per_token") == 2.0 * 3 * 16);
