@@ -12,7 +12,6 @@
 #include <fstream>
 #include <iterator>
 #include <regex>
-#include <sstream>
 #include <stdexcept>
 
 #include "experiments/build_info.hpp"
@@ -75,27 +74,6 @@ Progress Context::progress(const std::string& label, std::size_t total) const {
 
 void require_once(bool once, const std::string& option, const std::string& value) {
   require(once, option + ": " + value + " is given more than once; give each value once");
-}
-
-std::vector<double> parse_list(const std::string& text, const std::string& option) {
-  std::vector<double> out;
-  std::string tok;
-  std::stringstream ss(text);
-  while (std::getline(ss, tok, ',')) {
-    std::stringstream inner(tok);
-    std::string t;
-    while (inner >> t) {
-      try {
-        std::size_t used = 0;
-        out.push_back(std::stod(t, &used));
-        require(used == t.size(), "");
-      } catch (...) {
-        throw Error("--" + option + ": '" + t + "' is not a number (give a list like 16,32,64)");
-      }
-    }
-  }
-  require(!out.empty(), "--" + option + ": the list is empty; give at least one value");
-  return out;
 }
 
 nlohmann::json parse_json_once(const std::string& text, std::string& repeated) {

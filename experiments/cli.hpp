@@ -113,7 +113,4 @@ inline constexpr const char* kInt = "INT";
 /// silently). Used for --config and bench --peer-json.
 nlohmann::json parse_json_once(const std::string& text, std::string& repeated);
 
-/// Parses a comma/space separated list of numbers for sweep options ("16,32,64").
-std::vector<double> parse_list(const std::string& text, const std::string& option);
-
 }  // namespace kdalab::cli
