@@ -253,7 +253,7 @@ struct Dev {
   explicit Dev(std::size_t n) {
     const cudaError_t e = cudaMalloc(&p, std::max<std::size_t>(n, 16));
     if (e == cudaErrorMemoryAllocation) {
-      (void)cudaGetLastError();  // clear the sticky-free allocation error
+      (void)cudaGetLastError();  // an allocation failure is not sticky: clear it, the context stays usable
       std::size_t free_b = 0, total_b = 0;
       (void)cudaMemGetInfo(&free_b, &total_b);
       throw Error(fmt::format("not enough GPU memory for this shape: a buffer of {:.2f} GiB was asked for, {:.2f} GiB of "
@@ -499,25 +499,20 @@ Measured bench_mla_decode(const Shape& s, int warmup, int iters, std::uint64_t s
   auto [ms, mn] = time_ms([&] { kernels::mla_decode(a, nullptr); }, warmup, iters);
   fmt::print("  (B={} N={} H={}, variant {}: {} splits of {} tokens, workspace {:.1f} MB)\n", s.B, s.T, s.H, variant,
              pl.num_splits, pl.split_len, wsb / 1e6);
+  Measured m{ms, mn, 2.0 * nc, 4.0 * s.B * s.H * s.T * DC};
   if (s.B <= 8) {  // a decode loop runs in a graph: the per-step time without the host launch gap (printed beside)
-    const auto [gms, gmn] = graph_step_ms([&](cudaStream_t st) { kernels::mla_decode(a, st); }, 20, 2, std::max(3, iters / 5));
+    m.graph_ms = graph_step_ms([&](cudaStream_t st) { kernels::mla_decode(a, st); }, 20, 2, std::max(3, iters / 5)).first;
     fmt::print("  (B={} N={} H={}, variant {}: in a CUDA graph of 20 steps {:.1f} us per step, {:.2f} TB/s; the table "
-               "times single launches)\n", s.B, s.T, s.H, variant, 1e3 * gms, 2.0 * nc / (gms * 1e-3) / 1e12);
+               "times single launches)\n", s.B, s.T, s.H, variant, 1e3 * m.graph_ms, 2.0 * nc / (m.graph_ms * 1e-3) / 1e12);
     // the floor of such a step: the same bytes read by a plain streaming kernel, also in a graph of 20 steps
     Dev sink(4);
-    const auto [fms, fmn] = graph_step_ms([&](cudaStream_t st) { kernels::stream_read(c.p, nc * 2, sink.as<unsigned>(), st); },
-                                          20, 2, std::max(3, iters / 5));
+    m.floor_ms = graph_step_ms([&](cudaStream_t st) { kernels::stream_read(c.p, nc * 2, sink.as<unsigned>(), st); }, 20, 2,
+                               std::max(3, iters / 5)).first;
     fmt::print("  (B={} N={}: read floor, the same {:.1f} MB read by a plain streaming kernel in a graph of 20 steps: "
-               "{:.1f} us per step, {:.2f} TB/s; the decode step is {:.2f}x it)\n", s.B, s.T, 2.0 * nc / 1e6, 1e3 * fms,
-               2.0 * nc / (fms * 1e-3) / 1e12, gms / fms);
-    (void)gmn;
-    (void)fmn;
-    Measured m{ms, mn, 2.0 * nc, 4.0 * s.B * s.H * s.T * DC};
-    m.graph_ms = gms;
-    m.floor_ms = fms;
-    return m;
+               "{:.1f} us per step, {:.2f} TB/s; the decode step is {:.2f}x it)\n", s.B, s.T, 2.0 * nc / 1e6,
+               1e3 * m.floor_ms, 2.0 * nc / (m.floor_ms * 1e-3) / 1e12, m.graph_ms / m.floor_ms);
   }
-  return {ms, mn, 2.0 * nc, 4.0 * s.B * s.H * s.T * DC};
+  return m;
 }
 
 /// Causal MLA prefill: B sequences of T new tokens behind `prefix` cached tokens, H heads, d_c = 512.
