@@ -750,10 +750,8 @@ void register_check(Registry& reg) {
             "--truth '" + o->truth + "' is unknown; accepted: auto, mp, f64");
     require(std::isfinite(o->tol) && o->tol > 0, fmt::format("--tol {} is not accepted; give a number > 0", o->tol));
     // --in before --out: without an input there is nothing to report (run outside the repo, a missing --in was
-    // reported as "--out 'results/check.h5': folder 'results' does not exist"; session 7)
-    require(!o->in.empty(), "--in FILE.h5 is required (the tensors to check; format in README.md)");
-    // opened as HDF5 here, not only as a file: a directory or a text file given as --in was reported after a bad
-    // --out (breaker, session 7)
+    // reported as "--out 'results/check.h5': folder 'results' does not exist"; session 7). InFile refuses an empty
+    // --in and opens it as HDF5 (a directory or a text file given as --in was reported after a bad --out; breaker)
     { const InFile probe(o->in); }
     {
       std::error_code e1, e2;
