@@ -370,15 +370,63 @@ __global__ void __launch_bounds__(256, D == 256 ? 3 : 4) kda_prepare_v6_kernel(P
 
 // Shared stage of one chunk for one state CTA (32 value columns), d_k = d_v = D. W, Qg, Kd adjacent (as
 // in the slot): one block copy.
+// U rows are padded by UPAD floats: v3 reads U transposed (U[r][v] for r = 2 tq + .., v = gq + ..), and a row stride
+// of 36 floats puts the 32 lanes' reads in 32 different banks (stride 32: 4-way conflicts).
+constexpr int UPAD = 4;
 template <int D>
 struct Stage {
   uint4 W[2 * D], Qg[2 * D], Kd[2 * D];
-  float U[C][SLICE];
+  float U[C][SLICE + UPAD];
   float P[C][C];
   float gn[D];
   uint4 Pf[64];  // P hi (32 lanes) then P lo (32 lanes)
 };
-static_assert(sizeof(Stage<128>) == 16896, "the D = 128 stage (50,688 B for NST = 3)");
+static_assert(sizeof(Stage<128>) == 17152, "the D = 128 stage (51,456 B for NST = 3)");
+
+/// What issue_stage copies besides W, Qg, Kd (all flags uniform over the CTA).
+struct StageParts {
+  bool qg;  // false: W and Kd only (v5 pass 1 past segment 0: no o, so no Qg)
+  bool u;   // the CTA's U slice (false: the A_seg columns of pass 1, which run with U = 0)
+  bool p;   // fp32 P (state_variant 2, or write_p)
+  bool pf;  // P as hi + lo bf16 A fragments (v3 and the key split)
+};
+
+/// One chunk's workspace slot -> one state stage, by 16-byte cp.async (no commit: the caller commits). NT threads
+/// (tid < NT); every trip count is a compile-time constant and each thread's copies are straight-line code with
+/// immediate offsets: the runtime-bounded copy loops this replaces took ~35% of the v3 step's issue time on the H200
+/// (ncu source counters, session 8; bench/NOTES.md "KDA state pass v8"). slot: the chunk's slot (Slot<D> layout);
+/// vbase: the CTA's first value column (U slice [C][SLICE] of columns vbase ..).
+template <int D, int NT>
+__device__ __forceinline__ void issue_stage(Stage<D>& st, const unsigned char* slot, int vbase, int tid,
+                                            StageParts parts) {
+  using SL = Slot<D>;
+  static_assert((6 * D) % NT == 0 && (4 * D) % NT == 0 && D / 4 <= NT && 64 <= NT, "copy counts per thread");
+  const uint4* src = reinterpret_cast<const uint4*>(slot) + tid;
+  uint4* dst = st.W + tid;  // W, Qg, Kd are adjacent in the slot and in Stage
+  if (parts.qg) {
+#pragma unroll
+    for (int k = 0; k < 6 * D / NT; ++k) cp_async16(dst + k * NT, src + k * NT);
+  } else {
+#pragma unroll
+    for (int k = 0; k < 4 * D / NT; ++k) {  // W (2 D) then Kd (2 D), skipping Qg
+      const int off = k * NT < 2 * D ? k * NT : k * NT + 2 * D;
+      cp_async16(dst + off, src + off);
+    }
+  }
+  if (parts.u) {
+    constexpr int NU = C * SLICE / 4;  // 16-byte copies of the U slice
+#pragma unroll
+    for (int k = 0; k < (NU + NT - 1) / NT; ++k) {
+      const int i = tid + k * NT, r = i / (SLICE / 4), c4 = i % (SLICE / 4);
+      if (NU % NT == 0 || i < NU) cp_async16(&st.U[r][c4 * 4], slot + SL::U + (r * D + vbase + c4 * 4) * 4);
+    }
+  }
+  if (tid < 64) {
+    if (parts.p) cp_async16(&st.P[0][0] + 4 * tid, slot + SL::P + 16 * tid);
+    if (parts.pf) cp_async16(&st.Pf[tid], slot + SL::Pf + 16 * tid);
+  }
+  if (tid < D / 4) cp_async16(&st.gn[0] + 4 * tid, slot + SL::gam_n + 16 * tid);
+}
 
 // kMmaPD = true (v3, the default): after D, the state update is issued first, then P D on the
 // tensor cores as Phi Dhi + Phi Dlo + Plo Dhi (bf16 hi/lo splits, fp32 accumulate: ~2^-16 relative,
@@ -415,7 +463,6 @@ __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
 
   extern __shared__ __align__(16) unsigned char dyn_smem[];
   Stage<D>* st = reinterpret_cast<Stage<D>*>(dyn_smem);  // NST stages
-  __shared__ float Dsh[2][C][C + 1];
 
   // S^T accumulators: Sacc[j][e] = S[8j + 2tq + (e&1)][v0 + gq + 8(e>>1)]
   float Sacc[NJ][4];
@@ -430,134 +477,154 @@ __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
       Sacc[j][e] = S_in ? S_in[sbase + row * D + col] : (acols && row == col) ? 1.0f : 0.0f;
     }
 
-  auto issue = [&](int c, int s) {
-    const unsigned char* slot = p.ws + ((sq.slot0 + c) * p.HV + hv) * static_cast<long long>(SL::bytes);
-    const uint4* src = reinterpret_cast<const uint4*>(slot);  // W, Qg, Kd: 6 D x 16 B contiguous
-    uint4* dstw = st[s].W;
-    if (!full) {  // W and Kd only
-      for (int i = tid; i < 4 * D; i += 64)
-        cp_async16(dstw + i + (i >= 2 * D ? 2 * D : 0), src + i + (i >= 2 * D ? 2 * D : 0));
-    } else {
-      for (int i = tid; i < 6 * D; i += 64) cp_async16(dstw + i, src + i);  // W, Qg, Kd are adjacent in Stage
-    }
-    if (!acols)
-      for (int i = tid; i < C * SLICE / 4; i += 64) {
-        const int r = i / (SLICE / 4), c4 = i % (SLICE / 4);
-        cp_async16(&st[s].U[r][c4 * 4], slot + SL::U + (r * D + vbase + c4 * 4) * 4);
-      }
-    if (!kMmaPD || (p.write_p && full))
-      for (int i = tid; i < 64; i += 64) cp_async16(&st[s].P[0][0] + 4 * i, slot + SL::P + 16 * i);
-    for (int i = tid; i < D / 4; i += 64) cp_async16(&st[s].gn[0] + 4 * i, slot + SL::gam_n + 16 * i);
-    if (kMmaPD && full) cp_async16(&st[s].Pf[tid], slot + SL::Pf + 16 * tid);
-  };
+  // chunk c's slot = slot_c0 + c slot_stride; what the stages hold (uniform over the CTA)
+  const unsigned char* slot_c0 = p.ws + (static_cast<long long>(sq.slot0) * p.HV + hv) * SL::bytes;
+  const long long slot_stride = static_cast<long long>(p.HV) * SL::bytes;
+  const StageParts parts{full, !acols, !kMmaPD || (p.write_p && full), kMmaPD && full};
+  // o rows gq and gq + 8 of a chunk: o_c0 + t0 so.t + o_row[hh] + 8 nt (columns v0 + 8 nt + 2 tq, + 1)
+  bf16_t* const o_c0 = p.o + sq.bidx * p.so.b + static_cast<long long>(sq.bos) * p.so.t + hv * p.so.h + v0 + 2 * tq;
+  const long long o_row[2] = {gq * p.so.t, (gq + 8) * p.so.t};
 
   // prologue: chunks 0 .. NST-2 in flight (one commit group per chunk, empty groups past the end)
 #pragma unroll
   for (int i = 0; i < NST - 1; ++i) {
-    if (c_begin + i < nch) issue(c_begin + i, i);
+    if (c_begin + i < nch) issue_stage<D, 64>(st[i], slot_c0 + (c_begin + i) * slot_stride, vbase, tid, parts);
     cp_async_commit();
   }
+  int s_cur = 0;  // the stage of chunk c: (c - c_begin) % NST; chunk c + NST - 1 goes to the stage of c - 1
   for (int c = c_begin; c < nch; ++c) {
     cp_async_wait<NST - 2>();  // the group of chunk c has landed (for this thread)
     __syncthreads();           // ... for every thread; and every warp is done with chunk c - 1
-    if (c + NST - 1 < nch) issue(c + NST - 1, (c - c_begin + NST - 1) % NST);
-    cp_async_commit();
-    const Stage<D>& S = st[(c - c_begin) % NST];
-    // ---- W S and Qg S (A from the stage, B from the S^T accumulators) ----
-    // W S is on the chunk-to-chunk critical path: two independent accumulation chains (even/odd kt)
-    float ws[2][4] = {}, ws2[2][4] = {}, qs[2][4] = {};
-#pragma unroll
-    for (int kt = 0; kt < NKT; ++kt) {
-      const uint4 wa = S.W[kt * 32 + lane], qa = full ? S.Qg[kt * 32 + lane] : uint4{};  // pass 1 loads no Qg
-      const std::uint32_t aw[4] = {wa.x, wa.y, wa.z, wa.w}, aq[4] = {qa.x, qa.y, qa.z, qa.w};
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        const std::uint32_t b[2] = {pack_bf16(Sacc[2 * kt][2 * nt], Sacc[2 * kt][2 * nt + 1]),
-                                    pack_bf16(Sacc[2 * kt + 1][2 * nt], Sacc[2 * kt + 1][2 * nt + 1])};
-        mma_bf16((kt & 1) ? ws2[nt] : ws[nt], aw, b);
-        if (full) mma_bf16(qs[nt], aq, b);
-      }
-    }
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) ws[nt][e] += ws2[nt][e];
-    // ---- D = U - W S (fp32) into the warp's shared tile ----
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = gq + 8 * (e >> 1), v = 8 * nt + 2 * tq + (e & 1);
-        Dsh[warp][r][v] = (acols ? 0.0f : S.U[r][warp * 16 + v]) - ws[nt][e];
-      }
-    __syncwarp();
+    const Stage<D>& S = st[s_cur];
+    const int s_next = s_cur == 0 ? NST - 1 : s_cur - 1;  // (c - c_begin + NST - 1) % NST
     const int t0 = c * C, nvalid = min(C, sq.len - t0);
-    (void)nvalid;
-    (void)qs;
     if constexpr (kMmaPD) {
+      // ---- D^T = U^T - S^T W^T and Qg S. S^T's k-tile is the A fragment (the accumulator layout of S^T is the
+      // A layout), W's stored A fragment read as the B fragment of W^T, so D^T lands in registers in the layout
+      // the update (A = D^T) and P D (B = D) take: no shared-memory transpose. W S is on the chunk-to-chunk
+      // critical path: two independent accumulation chains (even / odd k-tiles), added at the end ----
+      float dt[2][4] = {}, dt2[2][4] = {}, qs[2][4] = {};
+#pragma unroll
+      for (int kt = 0; kt < NKT; ++kt) {
+        const uint4 wa = S.W[kt * 32 + lane], qa = full ? S.Qg[kt * 32 + lane] : uint4{};  // pass 1 loads no Qg
+        const std::uint32_t aq[4] = {qa.x, qa.y, qa.z, qa.w};
+        // S^T rows gq, gq + 8 x key columns 16 kt + 2 tq (+ 8): A fragment of S^T; {as[nt], as[nt + 2]} is the B
+        // fragment of S (keys x value columns 8 nt ..) for Qg S
+        const std::uint32_t as[4] = {pack_bf16(Sacc[2 * kt][0], Sacc[2 * kt][1]),
+                                     pack_bf16(Sacc[2 * kt][2], Sacc[2 * kt][3]),
+                                     pack_bf16(Sacc[2 * kt + 1][0], Sacc[2 * kt + 1][1]),
+                                     pack_bf16(Sacc[2 * kt + 1][2], Sacc[2 * kt + 1][3])};
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          const std::uint32_t bw[2] = {nt ? wa.y : wa.x, nt ? wa.w : wa.z};  // W^T, chunk rows 8 nt ..
+          mma_bf16((kt & 1) ? dt2[nt] : dt[nt], as, bw);
+          const std::uint32_t bs[2] = {as[nt], as[nt + 2]};
+          if (full) mma_bf16(qs[nt], aq, bs);
+        }
+      }
+      // dt[nt][e] = (S^T W^T)[v = gq + 8 (e >> 1)][r = 8 nt + 2 tq + (e & 1)]; D^T = U^T - that (U = 0: A_seg columns)
+      float d[2][4];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          d[nt][e] = (acols ? 0.0f : S.U[8 * nt + 2 * tq + (e & 1)][warp * 16 + gq + 8 * (e >> 1)]) -
+                     (dt[nt][e] + dt2[nt][e]);
       // D^T as an A fragment (hi and lo parts); the same registers are the B fragments of P D
       std::uint32_t ad[4], adl[4];
-      split_bf16(Dsh[warp][2 * tq][gq], Dsh[warp][2 * tq + 1][gq], ad[0], adl[0]);
-      split_bf16(Dsh[warp][2 * tq][gq + 8], Dsh[warp][2 * tq + 1][gq + 8], ad[1], adl[1]);
-      split_bf16(Dsh[warp][2 * tq + 8][gq], Dsh[warp][2 * tq + 9][gq], ad[2], adl[2]);
-      split_bf16(Dsh[warp][2 * tq + 8][gq + 8], Dsh[warp][2 * tq + 9][gq + 8], ad[3], adl[3]);
+      split_bf16(d[0][0], d[0][1], ad[0], adl[0]);
+      split_bf16(d[0][2], d[0][3], ad[1], adl[1]);
+      split_bf16(d[1][0], d[1][1], ad[2], adl[2]);
+      split_bf16(d[1][2], d[1][3], ad[3], adl[3]);
       // ---- S^T <- Diag(gam_n) S^T + D^T Kd (first: it is the chunk-to-chunk critical path) ----
       state_decay_update<NJ, 1>(Sacc, S.gn, S.Kd, &ad, lane, tq);
+      // the next chunk's copies, here so that they fill the update's tensor-core latency (the stage they overwrite
+      // was last read in chunk c - 1, which every warp finished before the barrier above)
+      if (c + NST - 1 < nch) issue_stage<D, 64>(st[s_next], slot_c0 + (c + NST - 1) * slot_stride, vbase, tid, parts);
+      cp_async_commit();
       if (full) {
-      // ---- o = scale (Qg S + P D), P D = Phi Dhi + Phi Dlo + Plo Dhi ----
-      const uint4 ph = S.Pf[lane], pl = S.Pf[32 + lane];
-      const std::uint32_t aph[4] = {ph.x, ph.y, ph.z, ph.w}, apl[4] = {pl.x, pl.y, pl.z, pl.w};
+        // ---- o = scale (Qg S + P D), P D = Phi Dhi + Phi Dlo + Plo Dhi ----
+        const uint4 ph = S.Pf[lane], pl = S.Pf[32 + lane];
+        const std::uint32_t aph[4] = {ph.x, ph.y, ph.z, ph.w}, apl[4] = {pl.x, pl.y, pl.z, pl.w};
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        const std::uint32_t bh[2] = {ad[nt], ad[nt + 2]}, bl[2] = {adl[nt], adl[nt + 2]};
-        mma_bf16(qs[nt], aph, bh);
-        mma_bf16(qs[nt], aph, bl);
-        mma_bf16(qs[nt], apl, bh);
+        for (int nt = 0; nt < 2; ++nt) {
+          const std::uint32_t bh[2] = {ad[nt], ad[nt + 2]}, bl[2] = {adl[nt], adl[nt + 2]};
+          mma_bf16(qs[nt], aph, bh);
+          mma_bf16(qs[nt], aph, bl);
+          mma_bf16(qs[nt], apl, bh);
+        }
+        bf16_t* const oc = o_c0 + static_cast<long long>(t0) * p.so.t;
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            std::uint32_t* const dst = reinterpret_cast<std::uint32_t*>(oc + o_row[hh] + 8 * nt);
+            const std::uint32_t val = pack_bf16(p.scale * qs[nt][2 * hh], p.scale * qs[nt][2 * hh + 1]);
+            if (gq + 8 * hh < nvalid) *dst = val;
+          }
       }
+    } else {
+      __shared__ float Dsh[2][C][C + 1];
+      if (c + NST - 1 < nch) issue_stage<D, 64>(st[s_next], slot_c0 + (c + NST - 1) * slot_stride, vbase, tid, parts);
+      cp_async_commit();
+      // ---- W S and Qg S (A from the stage, B from the S^T accumulators) ----
+      float ws[2][4] = {}, ws2[2][4] = {}, qs[2][4] = {};
+#pragma unroll
+      for (int kt = 0; kt < NKT; ++kt) {
+        const uint4 wa = S.W[kt * 32 + lane], qa = S.Qg[kt * 32 + lane];
+        const std::uint32_t aw[4] = {wa.x, wa.y, wa.z, wa.w}, aq[4] = {qa.x, qa.y, qa.z, qa.w};
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          const std::uint32_t b[2] = {pack_bf16(Sacc[2 * kt][2 * nt], Sacc[2 * kt][2 * nt + 1]),
+                                      pack_bf16(Sacc[2 * kt + 1][2 * nt], Sacc[2 * kt + 1][2 * nt + 1])};
+          mma_bf16((kt & 1) ? ws2[nt] : ws[nt], aw, b);
+          mma_bf16(qs[nt], aq, b);
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) ws[nt][e] += ws2[nt][e];
+      // ---- D = U - W S (fp32) into the warp's shared tile ----
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = gq + 8 * (e >> 1), v = 8 * nt + 2 * tq + (e & 1);
+          Dsh[warp][r][v] = S.U[r][warp * 16 + v] - ws[nt][e];
+        }
+      __syncwarp();
+      // ---- o = scale (Qg S + P D) ----
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const int r = gq + 8 * hh, v = 8 * nt + 2 * tq;
+          float pd0 = 0.0f, pd1 = 0.0f;
+#pragma unroll
+          for (int s2 = 0; s2 < C; ++s2) {
+            if (s2 <= r) {
+              const float pr = S.P[r][s2];
+              pd0 += pr * Dsh[warp][s2][v];
+              pd1 += pr * Dsh[warp][s2][v + 1];
+            }
+          }
           if (r < nvalid) {
-            const long long t = sq.bos + t0 + r;
-            *reinterpret_cast<std::uint32_t*>(p.o + sq.bidx * p.so.b + t * p.so.t + hv * p.so.h + v0 + v) =
-                pack_bf16(p.scale * qs[nt][2 * hh], p.scale * qs[nt][2 * hh + 1]);
+            const float o0 = p.scale * (qs[nt][2 * hh] + pd0), o1 = p.scale * (qs[nt][2 * hh + 1] + pd1);
+            *reinterpret_cast<std::uint32_t*>(o_c0 + static_cast<long long>(t0) * p.so.t + o_row[hh] + 8 * nt) =
+                pack_bf16(o0, o1);
           }
         }
-      }
-    } else {
-    // ---- o = scale (Qg S + P D) ----
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int r = gq + 8 * hh, v = 8 * nt + 2 * tq;
-        float pd0 = 0.0f, pd1 = 0.0f;
-#pragma unroll
-        for (int s2 = 0; s2 < C; ++s2) {
-          if (s2 <= r) {
-            const float pr = S.P[r][s2];
-            pd0 += pr * Dsh[warp][s2][v];
-            pd1 += pr * Dsh[warp][s2][v + 1];
-          }
-        }
-        if (r < nvalid) {
-          const float o0 = p.scale * (qs[nt][2 * hh] + pd0), o1 = p.scale * (qs[nt][2 * hh + 1] + pd1);
-          const long long t = sq.bos + t0 + r;
-          *reinterpret_cast<std::uint32_t*>(p.o + sq.bidx * p.so.b + t * p.so.t + hv * p.so.h + v0 + v) =
-              pack_bf16(o0, o1);
-        }
-      }
-    // ---- S^T <- Diag(gam_n) S^T + D^T Kd ----
-    static_assert(NJ == 16, "v2: D = 128");
-    const std::uint32_t ad[4] = {pack_bf16(Dsh[warp][2 * tq][gq], Dsh[warp][2 * tq + 1][gq]),
-                                 pack_bf16(Dsh[warp][2 * tq][gq + 8], Dsh[warp][2 * tq + 1][gq + 8]),
-                                 pack_bf16(Dsh[warp][2 * tq + 8][gq], Dsh[warp][2 * tq + 9][gq]),
-                                 pack_bf16(Dsh[warp][2 * tq + 8][gq + 8], Dsh[warp][2 * tq + 9][gq + 8])};
-    state_decay_update<NJ, 1>(Sacc, S.gn, S.Kd, &ad, lane, tq);
+      // ---- S^T <- Diag(gam_n) S^T + D^T Kd ----
+      static_assert(NJ == 16, "v2: D = 128");
+      const std::uint32_t ad[4] = {pack_bf16(Dsh[warp][2 * tq][gq], Dsh[warp][2 * tq + 1][gq]),
+                                   pack_bf16(Dsh[warp][2 * tq][gq + 8], Dsh[warp][2 * tq + 1][gq + 8]),
+                                   pack_bf16(Dsh[warp][2 * tq + 8][gq], Dsh[warp][2 * tq + 9][gq]),
+                                   pack_bf16(Dsh[warp][2 * tq + 8][gq + 8], Dsh[warp][2 * tq + 9][gq + 8])};
+      state_decay_update<NJ, 1>(Sacc, S.gn, S.Kd, &ad, lane, tq);
+      __syncwarp();  // Dsh is rewritten next chunk
     }
-    __syncwarp();  // Dsh is rewritten next chunk
+    s_cur = s_cur == NST - 1 ? 0 : s_cur + 1;
   }
   float* S_out = kPass1 ? (sgi == 0 ? p.seg_S : (acols ? p.seg_A : p.seg_B) + sgi * seg_stride)
                         : sgi == p.seg_base + p.nseg_grid - 1 ? p.S_final : nullptr;  // pass 2: the last segment
@@ -629,33 +696,26 @@ __global__ void __launch_bounds__(64 * KS) kda_state_ks_kernel(Params p) {
       Sacc[jj][e] = p.S0 ? p.S0[sbase + row * D + col] : 0.0f;
     }
 
-  auto issue = [&](int c, int s) {
-    const unsigned char* slot = p.ws + ((sq.slot0 + c) * p.HV + hv) * static_cast<long long>(SL::bytes);
-    const uint4* src = reinterpret_cast<const uint4*>(slot);  // W, Qg, Kd: 6 D x 16 B contiguous
-    uint4* dstw = st[s].W;
-    for (int i = tid; i < 6 * D; i += NT) cp_async16(dstw + i, src + i);  // W, Qg, Kd are adjacent in Stage
-    for (int i = tid; i < C * SLICE / 4; i += NT) {
-      const int r = i / (SLICE / 4), c4 = i % (SLICE / 4);
-      cp_async16(&st[s].U[r][c4 * 4], slot + SL::U + (r * D + vbase + c4 * 4) * 4);
-    }
-    static_assert(D / 4 <= NT, "gam_n: one 16-byte copy per thread");
-    if (tid < D / 4) cp_async16(&st[s].gn[0] + 4 * tid, slot + SL::gam_n + 16 * tid);
-    if (tid < 64) cp_async16(&st[s].Pf[tid], slot + SL::Pf + 16 * tid);
-  };
+  const unsigned char* slot_c0 = p.ws + (static_cast<long long>(sq.slot0) * p.HV + hv) * SL::bytes;
+  const long long slot_stride = static_cast<long long>(p.HV) * SL::bytes;
+  constexpr StageParts parts{true, true, false, true};
+  // o rows gq and gq + 8 of a chunk: o_c0 + t0 so.t + o_row[hh] + 8 nt (columns v0 + 8 nt + 2 tq, + 1)
+  bf16_t* const o_c0 = p.o + sq.bidx * p.so.b + static_cast<long long>(sq.bos) * p.so.t + hv * p.so.h + v0 + 2 * tq;
+  const long long o_row[2] = {gq * p.so.t, (gq + 8) * p.so.t};
 
   // prologue: chunks 0 .. NST-2 in flight (one commit group per chunk, empty groups past the end)
 #pragma unroll
   for (int i = 0; i < NST - 1; ++i) {
-    if (i < nch) issue(i, i);
+    if (i < nch) issue_stage<D, NT>(st[i], slot_c0 + i * slot_stride, vbase, tid, parts);
     cp_async_commit();
   }
   const int sw_r = ((gq >> 1) & 1) << 3;  // Wp swizzle of the rows this lane reads (v = gq, gq + 8)
+  int s_cur = 0;                          // the stage of chunk c (c % NST)
   for (int c = 0; c < nch; ++c) {
     cp_async_wait<NST - 2>();  // the group of chunk c has landed (for this thread)
     __syncthreads();           // ... for every thread; and every warp is done with chunk c - 1 (Wp, Qp free)
-    if (c + NST - 1 < nch) issue(c + NST - 1, (c + NST - 1) % NST);
-    cp_async_commit();
-    const Stage<D>& S = st[c % NST];
+    const int s_next = s_cur == 0 ? NST - 1 : s_cur - 1;  // (c + NST - 1) % NST
+    const Stage<D>& S = st[s_cur];
     // ---- 1. partial W S and Qg S over key rows [k0, k0 + KR) ----
     float ws[2][4] = {}, ws2[2][4] = {}, qs[2][4] = {};
 #pragma unroll
@@ -720,6 +780,10 @@ __global__ void __launch_bounds__(64 * KS) kda_state_ks_kernel(Params p) {
       const std::uint32_t b[2] = {(jj & 1) ? kb.z : kb.x, (jj & 1) ? kb.w : kb.y};
       mma_bf16(Sacc[jj], ad, b);
     }
+    // the next chunk's copies (into the stage of chunk c - 1, which every warp finished before the barrier above),
+    // here so that they fill the update's tensor-core latency
+    if (c + NST - 1 < nch) issue_stage<D, NT>(st[s_next], slot_c0 + (c + NST - 1) * slot_stride, vbase, tid, parts);
+    cp_async_commit();
     // ---- 5. o columns 8 nt .. 8 nt + 7 of this value half, nt = kw (warps kw = 0, 1) ----
     if (kw < 2) {
       const int nt = kw;
@@ -748,16 +812,15 @@ __global__ void __launch_bounds__(64 * KS) kda_state_ks_kernel(Params p) {
       mma_bf16(oc, aph, bl);
       mma_bf16(oc, apl, bh);
       const int t0 = c * C, nvalid = min(C, sq.len - t0);
+      bf16_t* const ocol = o_c0 + static_cast<long long>(t0) * p.so.t + 8 * nt;
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        const int r = gq + 8 * hh, v = 8 * nt + 2 * tq;
-        if (r < nvalid) {
-          const long long t = sq.bos + t0 + r;
-          *reinterpret_cast<std::uint32_t*>(p.o + sq.bidx * p.so.b + t * p.so.t + hv * p.so.h + v0 + v) =
-              pack_bf16(p.scale * oc[2 * hh], p.scale * oc[2 * hh + 1]);
-        }
+        std::uint32_t* const dst = reinterpret_cast<std::uint32_t*>(ocol + o_row[hh]);
+        const std::uint32_t val = pack_bf16(p.scale * oc[2 * hh], p.scale * oc[2 * hh + 1]);
+        if (gq + 8 * hh < nvalid) *dst = val;
       }
     }
+    s_cur = s_cur == NST - 1 ? 0 : s_cur + 1;
   }
   if (p.S_final) {
 #pragma unroll
@@ -1072,13 +1135,14 @@ std::size_t seg_buffer_bytes(const KdaPrefillArgs& a, int N, const SegPlan& sp) 
   return sp.P > 1 ? 3ull * (sp.P - 1) * N * a.HV * a.D * a.D * 4 : 0;
 }
 /// Dynamic shared memory of the state pass kernels (NST stages), checked against the 227 KB per CTA
-/// (with the kernels' static shared memory: v3 2,176 B; key split 6,144 / 16,384 B).
+/// (with the kernels' static shared memory: v2 2,176 B, v3 none; key split 6,144 / 16,384 B).
 template <int D>
 constexpr int state_smem = NST * static_cast<int>(sizeof(Stage<D>));
 static_assert(state_smem<64> + 2176 <= 227 * 1024 && state_smem<128> + 16384 <= 227 * 1024 &&
                   state_smem<256> + 6144 <= 227 * 1024,
               "state pass: shared memory per CTA above 227 KB");
-static_assert(state_smem<128> == 50688, "the D = 128 state pass keeps its 50,688 B");
+static_assert(state_smem<128> == 51456 && 4 * (state_smem<128> + 2176 + 1024) <= 228 * 1024,
+              "the D = 128 state pass: 51,456 B (U rows padded), still 4 CTAs per SM (H = 96: one wave)");
 
 /// The prepare kernel of KdaPrefillArgs::prepare_variant (4 or 6; checked in kda_prefill) on `grid`, for
 /// d_k = d_v = D (checked: 64, 128, 256; v4 only at 128).
