@@ -160,14 +160,12 @@ struct KdaPrefillArgs {
 /// starts at ((pslot0 + p) HV + hv) KdaPairSlot::bytes, pslot0 = n ceil(T / 32) for fixed-length batches
 /// (n + cu_seqlens[n] / 32 with cu_seqlens). Rows 0..15 belong to chunk c, rows 16..31 to chunk c + 1.
 ///   W2, Qg2 [32 x 128]: bf16 A fragments of mma.m16n8k16, uint4 per (m-tile mt, k-tile kt, lane) at index
-///     (mt 8 + kt) 32 + lane, registers in the mma A order (a0, a1, a2, a3) = {(g, c0), (g + 8, c0), (g, c0 + 8),
-///     (g + 8, c0 + 8)} column pairs, g = lane / 4, c0 = 16 kt + 2 (lane % 4) (KdaSlot's order before session 8;
-///     mt 0 = W_c / Qg_c, mt 1 = Wb / Qb);
+///     (mt 8 + kt) 32 + lane, each m-tile in KdaSlot's W / Qg fragment order (mt 0 = W_c / Qg_c, mt 1 = Wb / Qb);
 ///   Kd2 [32 x 128]: bf16 B fragments (k = pair row), uint4 per (k-step ks, n-pair kt, lane) at
 ///     (ks 8 + kt) 32 + lane, each k-step in KdaSlot's Kd order (ks 0 = Kt, ks 1 = Kd_{c+1});
 ///   U2 [32][128] fp32 (rows 0..15 U_c, 16..31 Ub);
 ///   Pf2: P2's three non-zero 16 x 16 blocks as bf16 hi + lo A fragments, block b at Pf2 + 1024 b (hi: 32
-///     uint4, then lo: 32 uint4, registers in the A order as W2): b = 0 P_c (rows 0..15, cols 0..15), b = 1 Pbl (rows
+///     uint4, then lo: 32 uint4, KdaSlot::Pf's order): b = 0 P_c (rows 0..15, cols 0..15), b = 1 Pbl (rows
 ///     16..31, cols 0..15, full block), b = 2 P_{c+1} (rows 16..31, cols 16..31); the zero block is not stored;
 ///   gam_n2 [128] fp32 = gam_n(c) gam_n(c + 1).
 /// W2, Qg2, Kd2 are adjacent (the state pass copies them as one block). 44,544 B (two KdaSlot: 46,080 B).
@@ -178,12 +176,8 @@ struct KdaPairSlot {
 /// Layout of one workspace slot (one 16-token chunk of one value head) for d_k = d_v = D, byte offsets
 /// from the slot start; the slot of (chunk c, value head hv, sequence n) starts at ((slot0 + c) HV + hv)
 /// KdaSlotOf<D>::bytes, slot0 = n ceil(T / 16) for fixed-length batches (n + cu_seqlens[n] / 16 with
-/// cu_seqlens). W, Qg [16 x D] and P hi / lo (Pf, [16 x 16]): the bf16 A fragments of mma.m16n8k16 (uint4 per
-/// (k-tile kt, lane), kt = 0 .. D / 16 - 1) with the registers in the "B-pair" order (a0, a2, a1, a3) =
-/// {(g, c0), (g, c0 + 8), (g + 8, c0), (g + 8, c0 + 8)} column pairs (g = lane / 4, c0 = 16 kt + 2 (lane % 4), column
-/// c0 in the low half): (x, y) and (z, w) are the B fragments of W^T (Qg^T, P^T) for rows 0..7 and 8..15, which the
-/// default state pass multiplies by (since session 8; the A order is (x, z, y, w)); Kd [16 x D]: bf16 B fragments
-/// (k = chunk row); U [16][D] fp32;
+/// cu_seqlens). W, Qg [16 x D] and P hi / lo (Pf, [16 x 16]): bf16 A fragments of mma.m16n8k16 (uint4 per
+/// (k-tile kt, lane), kt = 0 .. D / 16 - 1); Kd [16 x D]: bf16 B fragments (k = chunk row); U [16][D] fp32;
 /// P [16][16] fp32 (written only for state_variant 2 or compact_workspace = false); gam_n [D] fp32.
 /// W, Qg, Kd are adjacent (the state pass copies them as one block). Sizes: D = 64: 12,544 B; D = 128:
 /// 23,040 B (the original layout, unchanged); D = 256: 44,032 B. For tests and diagnostics.

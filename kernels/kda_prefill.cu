@@ -5,8 +5,8 @@
 //  1. kda_prepare_kernel, token-parallel, one CTA (256 threads) per (16-token chunk, value head,
 //     sequence): fused gate, L2Norm, beta sigmoid; cumulative decay gam = exp(G); Qg, Kg, Ki, Kd;
 //     A = StrictLower(Diag(beta) Kg Ki^T) and P = Lower(Qg Ki^T) in fp32; [W | U] by fp32 forward
-//     substitution. Writes to the workspace slot of the chunk: W, Qg (bf16, A-operand fragments in the B-pair
-//     register order of kernels/kda.hpp), Kd (bf16, B-operand fragment order), U (fp32), P (fp32),
+//     substitution. Writes to the workspace slot of the chunk: W, Qg (bf16, in the A-operand
+//     fragment order of mma.m16n8k16), Kd (bf16, B-operand fragment order), U (fp32), P (fp32),
 //     gam_n (fp32).
 //  2. kda_state_kernel, chunk-sequential, one CTA of 2 warps per (32-column slice of d_v, value
 //     head, sequence), so H = 32 heads give 128 CTAs. Each warp keeps S^T for 16 value columns x
@@ -27,7 +27,6 @@
 //     kernels/kda_pair.cu (a pair prepare writing a KdaPairSlot per two chunks, a state pass of 32 tokens per step).
 // Versions, predictions and H200 timings: bench/NOTES.md.
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -219,20 +218,19 @@ __global__ void __launch_bounds__(256) kda_prepare_kernel(Params p) {
     kd.y = pack_bf16(sG[2 * tq + 8][n0], sG[2 * tq + 9][n0]);
     kd.z = pack_bf16(sG[2 * tq][n1], sG[2 * tq + 1][n1]);
     kd.w = pack_bf16(sG[2 * tq + 8][n1], sG[2 * tq + 9][n1]);
-    // W and Qg in the B-pair order (a0, a2, a1, a3) of KdaSlot (kernels/kda.hpp)
-    reinterpret_cast<uint4*>(slot + OFF_W)[tid] = make_uint4(w.x, w.z, w.y, w.w);
-    reinterpret_cast<uint4*>(slot + OFF_QG)[tid] = make_uint4(qg.x, qg.z, qg.y, qg.w);
+    reinterpret_cast<uint4*>(slot + OFF_W)[tid] = w;
+    reinterpret_cast<uint4*>(slot + OFF_QG)[tid] = qg;
     reinterpret_cast<uint4*>(slot + OFF_KD)[tid] = kd;
     if (p.write_p) reinterpret_cast<float*>(slot + OFF_P)[tid] = sP[tid / C][tid % C];
     if (tid < D) reinterpret_cast<float*>(slot + OFF_GN)[tid] = sGn[tid];
-    if (tid < 32) {  // P = hi + lo, both bf16, A-fragment registers (m16 x k16) in the B-pair order below
+    if (tid < 32) {  // P = hi + lo, both bf16, A-fragment order (m16 x k16)
       const float pv[8] = {sP[gq][2 * tq],     sP[gq][2 * tq + 1],     sP[gq + 8][2 * tq],     sP[gq + 8][2 * tq + 1],
                            sP[gq][2 * tq + 8], sP[gq][2 * tq + 9],     sP[gq + 8][2 * tq + 8], sP[gq + 8][2 * tq + 9]};
       std::uint32_t hi[4], lo[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) split_bf16(pv[2 * i], pv[2 * i + 1], hi[i], lo[i]);
-      reinterpret_cast<uint4*>(slot + OFF_PF)[tid] = make_uint4(hi[0], hi[2], hi[1], hi[3]);  // B-pair order
-      reinterpret_cast<uint4*>(slot + OFF_PF)[32 + tid] = make_uint4(lo[0], lo[2], lo[1], lo[3]);
+      reinterpret_cast<uint4*>(slot + OFF_PF)[tid] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+      reinterpret_cast<uint4*>(slot + OFF_PF)[32 + tid] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
     }
   }
 }
@@ -318,7 +316,7 @@ __global__ void __launch_bounds__(256, D == 256 ? 3 : 4) kda_prepare_v6_kernel(P
     reinterpret_cast<float*>(slot + SL::gam_n)[i] = gn;
     float qg[C], kd[C];
     prep::decay_apply(sQ, sK, sKi, i, gam, gn, qg, kd);
-    prep::store_afrag_col<true>(reinterpret_cast<uint4*>(slot + SL::Qg), qg, i);
+    prep::store_afrag_col(reinterpret_cast<uint4*>(slot + SL::Qg), qg, i);
     prep::store_bfrag_col(reinterpret_cast<uint4*>(slot + SL::Kd), kd, i);
   }
   __syncthreads();
@@ -340,7 +338,7 @@ __global__ void __launch_bounds__(256, D == 256 ? 3 : 4) kda_prepare_v6_kernel(P
     // thread tid sums fragment slot tid over the warps; A -> sA; P: fp32 (write_p) and hi + lo bf16 A fragments
     prep::ap_finish(red, tid, g, t, sA, sBeta, [&](int r, int s0, int nt, int hf, float p0, float p1) {
       if (p.write_p) *reinterpret_cast<float2*>(slot + SL::P + (r * C + s0) * 4) = make_float2(p0, p1);
-      prep::store_Pf<1024, true>(slot, SL::Pf, 0, lane, nt, hf, p0, p1);
+      prep::store_Pf(slot, SL::Pf, 0, lane, nt, hf, p0, p1);
     });
   }
   __syncthreads();
@@ -351,7 +349,7 @@ __global__ void __launch_bounds__(256, D == 256 ? 3 : 4) kda_prepare_v6_kernel(P
     float x[C];
     prep::subst<D>(x, sBeta, sK, sV, sA, col);
     if (col < D) {
-      prep::store_afrag_col<true>(reinterpret_cast<uint4*>(slot + SL::W), x, col);
+      prep::store_afrag_col(reinterpret_cast<uint4*>(slot + SL::W), x, col);
     } else {
       float* U = reinterpret_cast<float*>(slot + SL::U);
 #pragma unroll
@@ -483,12 +481,9 @@ __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
   const unsigned char* slot_c0 = p.ws + (static_cast<long long>(sq.slot0) * p.HV + hv) * SL::bytes;
   const long long slot_stride = static_cast<long long>(p.HV) * SL::bytes;
   const StageParts parts{full, !acols, !kMmaPD || (p.write_p && full), kMmaPD && full};
-  // v3: this lane stores o row 8 nt + 2 tq + (gq & 1) of a chunk, columns v0 + (gq & ~1) (+ 8): o_c0 + t0 so.t +
-  // o_row[nt] (+ 8); v2: rows gq + 8 hh, columns v0 + 2 tq + 8 nt: o_c0 + t0 so.t + o_row[hh] + 8 nt
-  bf16_t* const o_c0 = p.o + sq.bidx * p.so.b + static_cast<long long>(sq.bos) * p.so.t + hv * p.so.h + v0 +
-                       (kMmaPD ? (gq & ~1) : 2 * tq);
-  const long long o_row[2] = {(kMmaPD ? 2 * tq + (gq & 1) : gq) * p.so.t,
-                              (kMmaPD ? 8 + 2 * tq + (gq & 1) : gq + 8) * p.so.t};
+  // o rows gq and gq + 8 of a chunk: o_c0 + t0 so.t + o_row[hh] + 8 nt (columns v0 + 8 nt + 2 tq, + 1)
+  bf16_t* const o_c0 = p.o + sq.bidx * p.so.b + static_cast<long long>(sq.bos) * p.so.t + hv * p.so.h + v0 + 2 * tq;
+  const long long o_row[2] = {gq * p.so.t, (gq + 8) * p.so.t};
 
   // prologue: chunks 0 .. NST-2 in flight (one commit group per chunk, empty groups past the end)
 #pragma unroll
@@ -504,25 +499,27 @@ __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
     const int s_next = s_cur == 0 ? NST - 1 : s_cur - 1;  // (c - c_begin + NST - 1) % NST
     const int t0 = c * C, nvalid = min(C, sq.len - t0);
     if constexpr (kMmaPD) {
-      // ---- D^T = U^T - S^T W^T and o^T = S^T Qg^T, S^T's k-tile the A operand of both: the accumulator layout of
-      // S^T is the A layout, and W, Qg are stored in the B-pair order (kernels/kda.hpp, KdaSlot), so each B operand
-      // (W^T, Qg^T for chunk rows 8 nt ..) is one register pair of the stage's uint4: no register moves, no
-      // shared-memory transpose. W S is on the chunk-to-chunk critical path: two independent accumulation chains
-      // (even / odd k-tiles), added at the end ----
-      float dt[2][4] = {}, dt2[2][4] = {}, ot[2][4] = {};
+      // ---- D^T = U^T - S^T W^T and Qg S. S^T's k-tile is the A fragment (the accumulator layout of S^T is the
+      // A layout), W's stored A fragment read as the B fragment of W^T, so D^T lands in registers in the layout
+      // the update (A = D^T) and P D (B = D) take: no shared-memory transpose. W S is on the chunk-to-chunk
+      // critical path: two independent accumulation chains (even / odd k-tiles), added at the end ----
+      float dt[2][4] = {}, dt2[2][4] = {}, qs[2][4] = {};
 #pragma unroll
       for (int kt = 0; kt < NKT; ++kt) {
         const uint4 wa = S.W[kt * 32 + lane], qa = full ? S.Qg[kt * 32 + lane] : uint4{};  // pass 1 loads no Qg
-        // S^T rows gq, gq + 8 x key columns 16 kt + 2 tq (+ 8): the A fragment of S^T
+        const std::uint32_t aq[4] = {qa.x, qa.y, qa.z, qa.w};
+        // S^T rows gq, gq + 8 x key columns 16 kt + 2 tq (+ 8): A fragment of S^T; {as[nt], as[nt + 2]} is the B
+        // fragment of S (keys x value columns 8 nt ..) for Qg S
         const std::uint32_t as[4] = {pack_bf16(Sacc[2 * kt][0], Sacc[2 * kt][1]),
                                      pack_bf16(Sacc[2 * kt][2], Sacc[2 * kt][3]),
                                      pack_bf16(Sacc[2 * kt + 1][0], Sacc[2 * kt + 1][1]),
                                      pack_bf16(Sacc[2 * kt + 1][2], Sacc[2 * kt + 1][3])};
-        const std::uint32_t bw[2][2] = {{wa.x, wa.y}, {wa.z, wa.w}}, bq[2][2] = {{qa.x, qa.y}, {qa.z, qa.w}};
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
-          mma_bf16((kt & 1) ? dt2[nt] : dt[nt], as, bw[nt]);
-          if (full) mma_bf16(ot[nt], as, bq[nt]);
+          const std::uint32_t bw[2] = {nt ? wa.y : wa.x, nt ? wa.w : wa.z};  // W^T, chunk rows 8 nt ..
+          mma_bf16((kt & 1) ? dt2[nt] : dt[nt], as, bw);
+          const std::uint32_t bs[2] = {as[nt], as[nt + 2]};
+          if (full) mma_bf16(qs[nt], aq, bs);
         }
       }
       // dt[nt][e] = (S^T W^T)[v = gq + 8 (e >> 1)][r = 8 nt + 2 tq + (e & 1)]; D^T = U^T - that (U = 0: A_seg columns)
@@ -533,7 +530,7 @@ __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
         for (int e = 0; e < 4; ++e)
           d[nt][e] = (acols ? 0.0f : S.U[8 * nt + 2 * tq + (e & 1)][warp * 16 + gq + 8 * (e >> 1)]) -
                      (dt[nt][e] + dt2[nt][e]);
-      // D^T as an A fragment (hi and lo parts): of the update and of D^T P^T
+      // D^T as an A fragment (hi and lo parts); the same registers are the B fragments of P D
       std::uint32_t ad[4], adl[4];
       split_bf16(d[0][0], d[0][1], ad[0], adl[0]);
       split_bf16(d[0][2], d[0][3], ad[1], adl[1]);
@@ -546,30 +543,24 @@ __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
       if (c + NST - 1 < nch) issue_stage<D, 64>(st[s_next], slot_c0 + (c + NST - 1) * slot_stride, vbase, tid, parts);
       cp_async_commit();
       if (full) {
-        // ---- o^T = scale (S^T Qg^T + D^T P^T), D^T P^T = Dhi^T Phi^T + Dlo^T Phi^T + Dhi^T Plo^T (P^T's B
-        // fragments: register pairs of Pf, stored in the B-pair order) ----
+        // ---- o = scale (Qg S + P D), P D = Phi Dhi + Phi Dlo + Plo Dhi ----
         const uint4 ph = S.Pf[lane], pl = S.Pf[32 + lane];
-        const std::uint32_t bph[2][2] = {{ph.x, ph.y}, {ph.z, ph.w}}, bpl[2][2] = {{pl.x, pl.y}, {pl.z, pl.w}};
+        const std::uint32_t aph[4] = {ph.x, ph.y, ph.z, ph.w}, apl[4] = {pl.x, pl.y, pl.z, pl.w};
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
-          mma_bf16(ot[nt], ad, bph[nt]);
-          mma_bf16(ot[nt], adl, bph[nt]);
-          mma_bf16(ot[nt], ad, bpl[nt]);
+          const std::uint32_t bh[2] = {ad[nt], ad[nt + 2]}, bl[2] = {adl[nt], adl[nt + 2]};
+          mma_bf16(qs[nt], aph, bh);
+          mma_bf16(qs[nt], aph, bl);
+          mma_bf16(qs[nt], apl, bh);
         }
-        // ot[nt][e] = o[row 8 nt + 2 tq + (e & 1)][column v0 + gq + 8 (e >> 1)]. Lanes gq and gq ^ 1 (lane ^ 4) swap one
-        // value per (nt, column half) so that each stores two adjacent columns of one row: the even gq row 8 nt + 2 tq,
-        // columns gq, gq + 1; the odd gq row 8 nt + 2 tq + 1, columns gq - 1, gq (plus 8 for the second half)
         bf16_t* const oc = o_c0 + static_cast<long long>(t0) * p.so.t;
-        const bool odd = gq & 1;
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const float x0 = p.scale * ot[nt][2 * h], x1 = p.scale * ot[nt][2 * h + 1];
-            const float y = __shfl_xor_sync(0xffffffffu, odd ? x0 : x1, 4);
-            const std::uint32_t val = odd ? pack_bf16(y, x1) : pack_bf16(x0, y);
-            std::uint32_t* const dst = reinterpret_cast<std::uint32_t*>(oc + o_row[nt] + 8 * h);
-            if (8 * nt + 2 * tq + (odd ? 1 : 0) < nvalid) *dst = val;
+          for (int hh = 0; hh < 2; ++hh) {
+            std::uint32_t* const dst = reinterpret_cast<std::uint32_t*>(oc + o_row[hh] + 8 * nt);
+            const std::uint32_t val = pack_bf16(p.scale * qs[nt][2 * hh], p.scale * qs[nt][2 * hh + 1]);
+            if (gq + 8 * hh < nvalid) *dst = val;
           }
       }
     } else {
@@ -581,8 +572,7 @@ __global__ void __launch_bounds__(64) kda_state_kernel(Params p) {
 #pragma unroll
       for (int kt = 0; kt < NKT; ++kt) {
         const uint4 wa = S.W[kt * 32 + lane], qa = S.Qg[kt * 32 + lane];
-        // the A fragments from the stored B-pair order (a0, a2, a1, a3)
-        const std::uint32_t aw[4] = {wa.x, wa.z, wa.y, wa.w}, aq[4] = {qa.x, qa.z, qa.y, qa.w};
+        const std::uint32_t aw[4] = {wa.x, wa.y, wa.z, wa.w}, aq[4] = {qa.x, qa.y, qa.z, qa.w};
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
           const std::uint32_t b[2] = {pack_bf16(Sacc[2 * kt][2 * nt], Sacc[2 * kt][2 * nt + 1]),
@@ -732,8 +722,7 @@ __global__ void __launch_bounds__(64 * KS) kda_state_ks_kernel(Params p) {
     for (int kl = 0; kl < NKT; ++kl) {
       const int kt = kw * NKT + kl;
       const uint4 wa = S.W[kt * 32 + lane], qa = S.Qg[kt * 32 + lane];
-      // the A fragments from the stored B-pair order (a0, a2, a1, a3)
-      const std::uint32_t aw[4] = {wa.x, wa.z, wa.y, wa.w}, aq[4] = {qa.x, qa.z, qa.y, qa.w};
+      const std::uint32_t aw[4] = {wa.x, wa.y, wa.z, wa.w}, aq[4] = {qa.x, qa.y, qa.z, qa.w};
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
         const std::uint32_t b[2] = {pack_bf16(Sacc[2 * kl][2 * nt], Sacc[2 * kl][2 * nt + 1]),
@@ -816,8 +805,8 @@ __global__ void __launch_bounds__(64 * KS) kda_state_ks_kernel(Params p) {
         oc[2 * hh] = sx;
         oc[2 * hh + 1] = sy;
       }
-      const uint4 ph = S.Pf[lane], pl = S.Pf[32 + lane];  // B-pair order -> A fragments
-      const std::uint32_t aph[4] = {ph.x, ph.z, ph.y, ph.w}, apl[4] = {pl.x, pl.z, pl.y, pl.w};
+      const uint4 ph = S.Pf[lane], pl = S.Pf[32 + lane];
+      const std::uint32_t aph[4] = {ph.x, ph.y, ph.z, ph.w}, apl[4] = {pl.x, pl.y, pl.z, pl.w};
       const std::uint32_t bh[2] = {nt ? ad[1] : ad[0], nt ? ad[3] : ad[2]}, bl[2] = {nt ? adl[1] : adl[0], nt ? adl[3] : adl[2]};
       mma_bf16(oc, aph, bh);
       mma_bf16(oc, aph, bl);
@@ -1157,29 +1146,16 @@ static_assert(state_smem<128> == 51456 && 4 * (state_smem<128> + 2176 + 1024) <=
 
 /// The prepare kernel of KdaPrefillArgs::prepare_variant (4 or 6; checked in kda_prefill) on `grid`, for
 /// d_k = d_v = D (checked: 64, 128, 256; v4 only at 128).
-/// EXPERIMENT (session 8, not an API): KDALAB_PREP_PAD = extra dynamic shared memory (bytes) of the prepare launches
-/// that run beside a state pass in the overlapped schedule, to cap how many prepare CTAs share an SM with it.
-int prep_pad_bytes() {
-  static const int pad = [] {
-    const char* e = std::getenv("KDALAB_PREP_PAD");
-    return e ? std::max(0, std::atoi(e)) : 0;
-  }();
-  return pad;
-}
-void launch_prepare(const Params& p, dim3 grid, int variant, int D, cudaStream_t stream, int pad = 0) {
+void launch_prepare(const Params& p, dim3 grid, int variant, int D, cudaStream_t stream) {
   if (D == 64) {
-    if (pad) cuda_check(cudaFuncSetAttribute(kda_prepare_v6_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, pad),
-                        "cudaFuncSetAttribute(kda_prepare_v6_kernel<64>)");
-    kda_prepare_v6_kernel<64><<<grid, 256, pad, stream>>>(p);
+    kda_prepare_v6_kernel<64><<<grid, 256, 0, stream>>>(p);
   } else if (D == 256) {
-    const int smem = PrepV6<256>::dyn_bytes + pad;
+    constexpr int smem = PrepV6<256>::dyn_bytes;
     cuda_check(cudaFuncSetAttribute(kda_prepare_v6_kernel<256>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                "cudaFuncSetAttribute(kda_prepare_v6_kernel<256>)");
     kda_prepare_v6_kernel<256><<<grid, 256, smem, stream>>>(p);
   } else if (variant == 6) {
-    if (pad) cuda_check(cudaFuncSetAttribute(kda_prepare_v6_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, pad),
-                        "cudaFuncSetAttribute(kda_prepare_v6_kernel<128>)");
-    kda_prepare_v6_kernel<128><<<grid, 256, pad, stream>>>(p);
+    kda_prepare_v6_kernel<128><<<grid, 256, 0, stream>>>(p);
   } else {
     kda_prepare_kernel<<<grid, 256, 0, stream>>>(p);
   }
@@ -1391,7 +1367,7 @@ void kda_prefill(const KdaPrefillArgs& a, cudaStream_t stream) {
     p.ws = ck.p.ws + static_cast<std::size_t>(k) * a.B * seg_chunks * a.HV * kda_slot_bytes(a.D);
     p.S0 = k == 0 ? a.S0 : sbuf;
     p.S_final = k == sg.K - 1 ? a.S_final : sbuf;
-    launch_prepare(p, dim3(p.nchunk_fixed, a.HV, ck.N), a.prepare_variant, a.D, stream, k > 0 ? prep_pad_bytes() : 0);
+    launch_prepare(p, dim3(p.nchunk_fixed, a.HV, ck.N), a.prepare_variant, a.D, stream);
     ss.link(k, stream, side);
     state(p, side);
   }

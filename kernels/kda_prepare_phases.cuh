@@ -239,17 +239,14 @@ __device__ __forceinline__ void ap_finish(const float2* red, I s, int g, int t, 
 /// P (two fp32 values p0, p1 of rows g + 8 hf, columns 8 nt + 2 t, + 1 of a 16 x 16 block) as hi + lo bf16 A
 /// fragments into the 1024-byte block at pf = slot + off + STRIDE idx (hi: 32 lanes x 16 B, then lo at pf + 512):
 /// word 4 lane + 2 nt + hf of each half. (STRIDE idx is formed here, after the split, as the kernels' inline code did.)
-/// kBPair (KdaSlot::Pf since session 8): word 4 lane + 2 hf + nt instead, the A fragment's registers in the order
-/// (a0, a2, a1, a3) = the B fragments of P^T for chunk rows 0..7 then 8..15 (kernels/kda.hpp, KdaSlot).
-template <int STRIDE = 1024, bool kBPair = false>
+template <int STRIDE = 1024>
 __device__ __forceinline__ void store_Pf(unsigned char* slot, int off, int idx, int lane, int nt, int hf, float p0,
                                          float p1) {
   std::uint32_t hi, lo;
   split_bf16(p0, p1, hi, lo);
   unsigned char* pf = slot + off + STRIDE * idx;
-  const int w = kBPair ? lane * 4 + hf * 2 + nt : lane * 4 + nt * 2 + hf;
-  reinterpret_cast<std::uint32_t*>(pf)[w] = hi;
-  reinterpret_cast<std::uint32_t*>(pf + 512)[w] = lo;
+  reinterpret_cast<std::uint32_t*>(pf)[lane * 4 + nt * 2 + hf] = hi;
+  reinterpret_cast<std::uint32_t*>(pf + 512)[lane * 4 + nt * 2 + hf] = lo;
 }
 
 /// Thread = column col of [W | U] = (I + A)^{-1} [Diag(beta) Kg | Diag(beta) V] (col < D: W from sK = Kg;
@@ -281,10 +278,6 @@ __device__ __forceinline__ void subst(float (&x)[C], const float* sBeta, float (
 /// 4 g + tq) = {(g, c0), (g + 8, c0), (g, c0 + 8), (g + 8, c0 + 8)} column pairs, c0 = 16 kt + 2 tq,
 /// column c0 in the low half). Channels i and i ^ 1 swap 8 values; the even one writes rows g = 0..3,
 /// the odd one g = 4..7 (8-byte stores).
-/// kBPair (KdaSlot's W and Qg since session 8): the uint4 holds the same four registers in the order
-/// {(g, c0), (g, c0 + 8), (g + 8, c0), (g + 8, c0 + 8)} = (a0, a2, a1, a3): the B fragments of M^T for rows g (x, y)
-/// and g + 8 (z, w), so a state pass that multiplies by M^T takes each B fragment as one register pair (4-byte stores).
-template <bool kBPair = false>
 __device__ __forceinline__ void store_afrag_col(uint4* frag, const float (&X)[C], int i) {
   const int par = i & 1, kt = i / 16, hh = (i % 16) / 8, tq = (i % 8) / 2;
 #pragma unroll
@@ -296,13 +289,7 @@ __device__ __forceinline__ void store_afrag_col(uint4* frag, const float (&X)[C]
     const std::uint32_t w0 = par ? pack_bf16(y0, x0) : pack_bf16(x0, y0);  // even channel in the low half
     const std::uint32_t w1 = par ? pack_bf16(y1, x1) : pack_bf16(x1, y1);
     const int g = 4 * par + gg;
-    if constexpr (kBPair) {
-      std::uint32_t* f = reinterpret_cast<std::uint32_t*>(frag + kt * 32 + g * 4 + tq);
-      f[hh] = w0;
-      f[2 + hh] = w1;
-    } else {
-      reinterpret_cast<uint2*>(frag + kt * 32 + g * 4 + tq)[hh] = make_uint2(w0, w1);
-    }
+    reinterpret_cast<uint2*>(frag + kt * 32 + g * 4 + tq)[hh] = make_uint2(w0, w1);
   }
 }
 
