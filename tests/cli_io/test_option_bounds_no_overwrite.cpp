@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <regex>
 #include <string>
 
@@ -17,6 +18,46 @@
 #include "tests/cli_io/cli_util.hpp"
 
 using namespace kdalab::testutil;
+
+namespace {
+void check_says(const RunResult& r, const std::string& says) { CHECK(r.output.find(says) != std::string::npos); }
+
+void check_says(const RunResult& r, const std::vector<std::string>& says) {
+  for (const auto& s : says) CHECK(r.output.find(s) != std::string::npos);  // "...\n": the list ends the message
+}
+
+/// Runs each row {args, says} of a table of bad command lines as `kdalab <head><args><tail> --out <d>/<stem><k>.h5`
+/// (k = 1, 2, ...: each row its own --out, so that a file left by one row cannot fail the next) and checks that it
+/// is refused: exit 2, every text of `says` (one string or a list) in the output, then `also(r)` where given. A
+/// failure names the row's args and shows the output. The caller checks that no file was left (d.count()).
+template <class Says>
+void check_refused_rows(const TempDir& d, const std::vector<std::pair<std::string, Says>>& rows, const std::string& head,
+                        const std::string& tail, const std::string& stem,
+                        const std::function<void(const RunResult&)>& also = {}) {
+  int k = 0;
+  for (const auto& [args, says] : rows) {
+    const auto r = run_kdalab(head + args + tail + " --out " + d.file(fmt::format("{}{}.h5", stem, ++k)));
+    INFO(args << ": " << r.output);
+    CHECK(r.code == 2);
+    check_says(r, says);
+    if (also) also(r);
+  }
+}
+
+/// Runs `kdalab <args>` and checks that it is accepted (exit 0; a failure shows the output).
+void check_accepted(const std::string& args) {
+  const auto r = run_kdalab(args);
+  INFO(r.output);
+  CHECK(r.code == 0);
+}
+
+/// A boolean's default as --help shows it and a results file records it ("softplus": "1") is accepted in --config.
+void check_config_boolean_accepted(const TempDir& d) {
+  d.write("b.json", "{\"softplus\": \"1\", \"kernel-plan\": false}");
+  check_accepted("decay-range --quick --quiet --T 64 --D 16 --C 16 --g-min -5 --precision fp64 --softplus 0 "
+                 "--config " + d.file("b.json") + " --out " + d.file("b.h5"));
+}
+}  // namespace
 
 TEST_CASE("out-of-range experiment options exit 2 naming the option, with no file") {
   TempDir d;
@@ -33,12 +74,7 @@ TEST_CASE("out-of-range experiment options exit 2 naming the option, with no fil
       {"copy --quick --L 1000000", "--L"},
       {"copy --quick --decay-bias-lo -1e300", "--decay-bias"},
   };
-  for (const auto& [args, needle] : cases) {
-    const auto r = run_kdalab(args + " --quiet --out " + d.file("x.h5"));
-    INFO(args << ": " << r.output);
-    CHECK(r.code == 2);
-    CHECK(r.output.find(needle) != std::string::npos);
-  }
+  check_refused_rows(d, cases, "", " --quiet", "x");
   CHECK(d.count() == 0);
 }
 
@@ -101,13 +137,7 @@ TEST_CASE("every list option of every subcommand refuses a repeated value (exit 
       {"bench --compare a.h5 a.h5", "--compare: a.h5 is given more than once"},
       {"bench --peer-json p.json --peer-json p.json", "--peer-json: p.json is given more than once"},
   };
-  int k = 0;
-  for (const auto& [args, says] : cases) {  // each its own --out: a file left by one case cannot fail the next
-    const auto r = run_kdalab(args + " --quick --quiet --out " + d.file(fmt::format("p{}.h5", ++k)));
-    INFO(args << ": " << r.output);
-    CHECK(r.code == 2);
-    CHECK(r.output.find(says) != std::string::npos);
-  }
+  check_refused_rows(d, cases, "", " --quick --quiet", "p");
   CHECK(d.count() == 0);
 }
 
@@ -127,18 +157,10 @@ TEST_CASE("integer options take decimal integers only; numbers are decimal (exit
       {"decode-cost --seed 010", "--seed: '010' " + dec},
       {"check --in x.h5 --tol 0x1p-3", "--tol: '0x1p-3' is not accepted; give a decimal number (not hexadecimal)"},
   };
-  int k = 0;
-  for (const auto& [args, says] : cases) {
-    const auto r = run_kdalab(args + " --quick --quiet --out " + d.file(fmt::format("i{}.h5", ++k)));
-    INFO(args << ": " << r.output);
-    CHECK(r.code == 2);
-    CHECK(r.output.find(says) != std::string::npos);
-  }
+  check_refused_rows(d, cases, "", " --quick --quiet", "i");
   CHECK(d.count() == 0);
   // decimal integers with a sign still reach the subcommand's own range check
-  const auto plus = run_kdalab("parity --quick --quiet --T +17 --dk 16 --dv 16 --impl float64 --out " + d.file("ok.h5"));
-  INFO(plus.output);
-  CHECK(plus.code == 0);
+  check_accepted("parity --quick --quiet --T +17 --dk 16 --dv 16 --impl float64 --out " + d.file("ok.h5"));
 }
 
 TEST_CASE("--help names every option's type: INT / INT list for counts, never FLOAT") {
@@ -215,28 +237,14 @@ TEST_CASE("parity messages name the option, the value and what is accepted") {
       {"--C 10000000000000", {"--C: 10000000000000 is not accepted; give integers in [1, 1e12]"}},
       {"--T 0", {"--T: 0 is not accepted; give integers in [1, 1e12]"}},
   };
-  int k = 0;
-  for (const auto& [opt, says] : cases) {  // each its own --out: a file left by one case cannot fail the next
-    const auto r = run_kdalab("parity --quick --quiet --T 17 --dk 16 --dv 16 " + opt + " --out " +
-                              d.file(fmt::format("p{}.h5", ++k)));
-    INFO(opt << ": " << r.output);
-    CHECK(r.code == 2);
-    for (const auto& s : says) CHECK(r.output.find(s) != std::string::npos);  // "...\n": the list ends the message
-    CHECK(r.output.find("non-finite") == std::string::npos);
-  }
+  check_refused_rows(d, cases, "parity --quick --quiet --T 17 --dk 16 --dv 16 ", "", "p",
+                     [](const RunResult& r) { CHECK(r.output.find("non-finite") == std::string::npos); });
   CHECK(d.count() == 0);
   // the float64 implementations compute g in float64: the same g_min runs there (with float32 it read "tensor 'g'
   // has a non-finite value")
-  // a boolean's default as --help shows it and a results file records it ("softplus": "1") is accepted
-  d.write("b.json", "{\"softplus\": \"1\", \"kernel-plan\": false}");
-  const auto b = run_kdalab("decay-range --quick --quiet --T 64 --D 16 --C 16 --g-min -5 --precision fp64 --softplus 0 "
-                            "--config " + d.file("b.json") + " --out " + d.file("b.h5"));
-  INFO(b.output);
-  CHECK(b.code == 0);
-  const auto ok = run_kdalab("parity --quick --quiet --T 17 --dk 16 --dv 16 --g-min -1e39 --gate bounded --beta one "
-                             "--impl float64 --out " + d.file("p.h5"));
-  INFO(ok.output);
-  CHECK(ok.code == 0);
+  check_accepted("parity --quick --quiet --T 17 --dk 16 --dv 16 --g-min -1e39 --gate bounded --beta one --impl float64 "
+                 "--out " + d.file("p.h5"));
+  check_config_boolean_accepted(d);
 }
 
 TEST_CASE("golden --regen never replaces fixtures without --force; check never overwrites its input") {
@@ -304,16 +312,11 @@ TEST_CASE("breaker session 7: whitespace, empty list items, options twice, boole
        {"--prefix 4000000000 with T = 64", "accepted: 0 <= prefix and prefix + T <= 2^31 - 1"}},
       {"bench --op mla-prefill --shapes 1:64:2 --prefix 2147483584", {"--prefix 2147483584 with T = 64"}},
   };
-  int k = 0;
-  for (const auto& [args, says] : cases) {
-    const auto r = run_kdalab(args + " --quick --quiet --out " + d.file(fmt::format("b{}.h5", ++k)));
-    INFO(args << ": " << r.output);
-    CHECK(r.code == 2);
-    for (const auto& s : says) CHECK(r.output.find(s) != std::string::npos);
+  check_refused_rows(d, cases, "", " --quick --quiet", "b", [](const RunResult& r) {
     CHECK(r.output.find("Could not convert") == std::string::npos);
     CHECK(r.output.find("9223372036854775807") == std::string::npos);
     CHECK(std::regex_search(r.output, std::regex("(--[a-z-]+): \\1:")) == false);  // never "--seed: --seed:"
-  }
+  });
   CHECK(d.count() == 0);
   // the limits themselves are accepted: prefix + T = 2^31 - 1, booleans true/false, a sign on an integer
   const auto edge = run_kdalab("bench --op mla-prefill --shapes 1:64:2 --prefix 2147483583 --quick --quiet --out " +
@@ -321,15 +324,8 @@ TEST_CASE("breaker session 7: whitespace, empty list items, options twice, boole
   INFO(edge.output);
   // accepted by the option checks; on a GPU the 2^31-token latent cache (2 TiB) then does not fit: exit 2 saying so
   CHECK((bench_valid_exit(edge) || (edge.code == 2 && edge.output.find("not enough GPU memory") != std::string::npos)));
-  // a boolean's default as --help shows it and a results file records it ("softplus": "1") is accepted
-  d.write("b.json", "{\"softplus\": \"1\", \"kernel-plan\": false}");
-  const auto b = run_kdalab("decay-range --quick --quiet --T 64 --D 16 --C 16 --g-min -5 --precision fp64 --softplus 0 "
-                            "--config " + d.file("b.json") + " --out " + d.file("b.h5"));
-  INFO(b.output);
-  CHECK(b.code == 0);
-  const auto ok = run_kdalab("parity --quick --quiet --T +17 --dk 16 --dv 16 --impl float64 --seed 5 --out " + d.file("ok.h5"));
-  INFO(ok.output);
-  CHECK(ok.code == 0);
+  check_config_boolean_accepted(d);
+  check_accepted("parity --quick --quiet --T +17 --dk 16 --dv 16 --impl float64 --seed 5 --out " + d.file("ok.h5"));
 }
 
 TEST_CASE("breaker session 7: --config values obey the command line's rules; a key twice is refused") {
