@@ -68,8 +68,7 @@ def main():
                         # (one n row: a single marker, a zero-length line would not show)
                         ax.plot([ns.min(), ns.max()], [us[0], us[0]], "-" if ns.min() < ns.max() else mk, lw=1.5,
                                 ms=3.5, color=col,
-                                label=f"{name}: one measurement ({us[0]:.3g} µs), drawn across n "
-                                      "(the step does not depend on n)")
+                                label=f"{name}:\n  one measurement, {us[0]:.3g} µs (a step does not depend on n)")
                     else:
                         ax.plot(ns, us, "-" + mk, ms=3.5, color=col, label=name)
             if has_gpu:
