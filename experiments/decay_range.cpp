@@ -18,6 +18,7 @@
 // of C tokens, stored in `precision` (cuda / kernel-plan rows: fp32, as the kernel stores them).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -219,11 +220,14 @@ void register_decay_range(Registry& reg) {
     f->attr("decay_range", "fp32_zero_edge_C16", per_token_zero_limit(16, Format::fp32));
     f->commit();
 
-    // Key numbers: the chunked fp32 error per (C, g_min).
-    fmt::print("chunked algorithm, fp32, relative RMS of o (NaN/Inf count) vs g_min and C; decays near the bound "
-               "(--gate-shift {}: added to every gate logit so the decays sit near the bound):\n{:>10}", o->gate_shift, "g_min");
-    for (double cc : o->C) fmt::print("{:>22}", fmt::format("C = {}", cc));
-    fmt::print("\n");
+    // Key numbers: the chunked error per (C, g_min) in fp32 (the kernels' state and accumulation format) when fp32 ran;
+    // otherwise one table per --precision that ran, in the order given (an --precision fp64 run printed an empty fp32
+    // table). Every precision's cells are in the file and the figure either way.
+    std::vector<Format> shown;
+    if (std::find(precs.begin(), precs.end(), Format::fp32) != precs.end())
+      shown.push_back(Format::fp32);
+    else
+      shown = precs;
     const auto& impl = std::get<std::vector<std::string>>(t.column("impl").data);
     const auto& prc = std::get<std::vector<std::string>>(t.column("precision").data);
     const auto& gk = std::get<std::vector<std::string>>(t.column("gate").data);
@@ -232,14 +236,22 @@ void register_decay_range(Registry& reg) {
     const auto& er = std::get<std::vector<double>>(t.column("rel_rms").data);
     const auto& on = std::get<std::vector<std::int64_t>>(t.column("o_nan").data);
     const auto& oi = std::get<std::vector<std::int64_t>>(t.column("o_inf").data);
-    for (const Gate& g : gates) {
-      fmt::print("{:>10}", g.kind == GateKind::softplus ? std::string("softplus") : fmt::format("{}", g.g_min));
-      for (double cc : o->C)
-        for (std::size_t i = 0; i < t.rows(); ++i)
-          if (impl[i] == "chunked" && prc[i] == "fp32" && Cc[i] == static_cast<std::int64_t>(cc) &&
-              gk[i] == gate_kind_name(g.kind) && (g.kind == GateKind::softplus || gmc[i] == g.g_min))
-            fmt::print("{:>22}", fmt::format("{:.2e} ({})", er[i], on[i] + oi[i]));
+    for (Format pf : shown) {
+      const std::string pn = format_name(pf);
+      fmt::print("chunked algorithm, {}, relative RMS of o (NaN/Inf count) vs g_min and C; decays near the bound "
+                 "(--gate-shift {}{}):\n{:>10}", pn, o->gate_shift,
+                 pf == shown.front() ? ": added to every gate logit so the decays sit near the bound" : "", "g_min");
+      for (double cc : o->C) fmt::print("{:>22}", fmt::format("C = {}", cc));
       fmt::print("\n");
+      for (const Gate& g : gates) {
+        fmt::print("{:>10}", g.kind == GateKind::softplus ? std::string("softplus") : fmt::format("{}", g.g_min));
+        for (double cc : o->C)
+          for (std::size_t i = 0; i < t.rows(); ++i)
+            if (impl[i] == "chunked" && prc[i] == pn && Cc[i] == static_cast<std::int64_t>(cc) &&
+                gk[i] == gate_kind_name(g.kind) && (g.kind == GateKind::softplus || gmc[i] == g.g_min))
+              fmt::print("{:>22}", fmt::format("{:.2e} ({})", er[i], on[i] + oi[i]));
+        fmt::print("\n");
+      }
     }
     fmt::print("wrote {}\n", ctx.common.out);
     return 0;

@@ -82,7 +82,10 @@ bool print_model_info(const std::string& config_path, ResultsFile* out) {
   Table ctxs;
   ctxs.col("n", 'i', "1", "context length (tokens cached)")
       .col("hybrid_bytes", 'd', "B", "hybrid: MLA latents of n tokens + KDA states and tails")
-      .col("full_mla_bytes", 'd', "B", "every layer Gated MLA: latents of n tokens")
+      // the config's own MLA layer on every layer: "Gated MLA" only with an output gate (was "Gated MLA" for every model)
+      .col("full_mla_bytes", 'd', "B",
+           fmt::format("every layer {} (the config's MLA layer{}): latents of n tokens", mla_name,
+                       m.mla.output_gate ? ", output gate on" : ", no output gate"))
       .col("ratio", 'd', "1", "full_mla_bytes / hybrid_bytes");
   fmt::print("\n{:>10}{:>16}{:>16}{:>9}\n", "context", "hybrid", "full MLA", "ratio");
   for (double n : {4096.0, 131072.0, 1048576.0}) {

@@ -3,7 +3,8 @@
 
 Left: numbers one head reads per decode step, softmax 2 n d vs the KDA state d^2, with seed 002's
 table points (d = 64: n = 1,000 / 128,000 / 1,000,000) marked and their ratios printed.
-Right: measured time per decode step of the CPU reference (one head, float32) and, when present,
+Right: measured time per decode step of the CPU reference (one head, float32: the softmax read per n; the KDA step is
+ONE measurement, repeated on every n row of the file, drawn as one horizontal line without markers) and, when present,
 the GPU kernels (when they were not run, decode-cost's note saying why is written under the panel). The footer carries decode-cost's note on the CPU softmax curve (its working set vs this
 machine's caches) when the file has one.
 Usage: /usr/bin/python3 scripts/fig_decode_cost.py RESULTS.h5 [--out-dir figures]
@@ -55,11 +56,21 @@ def main():
                 c = cpu
                 for impl, col, mk in (("softmax", "#d62728", "o"), ("kda", "#2ca02c", "s")):
                     sel = c["impl"] == impl
-                    if sel.any():
-                        o = np.argsort(c["n"][sel])
-                        ax.plot(c["n"][sel][o], 1e6 * c["seconds_per_token"][sel][o], "-" + mk, ms=3.5, color=col,
-                                label=f"CPU reference: {'softmax read' if impl == 'softmax' else 'KDA step'} "
-                                      f"(d = {int(c['d'][sel][0])})")
+                    if not sel.any():
+                        continue
+                    o = np.argsort(c["n"][sel])
+                    ns, us = c["n"][sel][o], 1e6 * c["seconds_per_token"][sel][o]
+                    name = f"CPU reference: {'softmax read' if impl == 'softmax' else 'KDA step'} (d = {int(c['d'][sel][0])})"
+                    if impl == "kda" and np.all(us == us[0]):
+                        # decode-cost measures the KDA step once (it does not depend on n) and repeats that value on
+                        # every n row: drawn as one measurement, a horizontal line over the n range without markers,
+                        # not as points that look like a measurement per n
+                        # (one n row: a single marker, a zero-length line would not show)
+                        ax.plot([ns.min(), ns.max()], [us[0], us[0]], "-" if ns.min() < ns.max() else mk, lw=1.5,
+                                ms=3.5, color=col,
+                                label=f"{name}:\n  one measurement, {us[0]:.3g} µs (a step does not depend on n)")
+                    else:
+                        ax.plot(ns, us, "-" + mk, ms=3.5, color=col, label=name)
             if has_gpu:
                 g = gpu
                 o = np.argsort(g["n"])

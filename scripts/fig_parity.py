@@ -15,7 +15,8 @@ the kernel's range) are left out of the medians and bands; each (series, T) hold
 triangle at the top edge of the panel in the series' colour, its legend entry counts them and the footer says so.
 An implementation with rows at only some grid points (float32-chunk refuses the softplus points: decay span over 80
 nats) is said under the full-range panel: how many points are plotted and why the rest are missing (the reason from
-the file's parity `notes`).
+the file's parity `notes`). The CUDA kernel's skipped rows are said there too, from the same `notes`: every cuda-bf16 row
+skipped (a CPU build, no GPU: its series is missing) or the points outside the kernel's shapes.
 When bf16 rows get the zoomed panel, the full-range panel shows the reference lines as one light band (named above
 the data) and the zoom draws each line, named at its right edge; the full-range panel keeps headroom above the data.
 Usage: /usr/bin/python3 scripts/fig_parity.py RESULTS.h5 [--out-dir figures] [--dump FILE.json]
@@ -83,6 +84,35 @@ def skipped_points_notes(f, t):
         why = m.group(5).split("; accepted:")[0]
         out.append(f"{impl}, C = {C}: {plotted} of the {n} grid points plotted (its median is over those); the other "
                    f"{len(skipped)}{' (' + which + ')' if which else ''} skipped: {why}")
+    return out
+
+
+CUDA_ALL_SKIPPED = "cuda-bf16 rows skipped: "  # kdalab parity: this build / machine cannot run the kernel (no GPU, no CUDA)
+CUDA_POINT_SKIPPED = re.compile(r"^cuda-bf16 row skipped at [^:]*: (.*)$")  # a point outside the kernel's shapes
+
+
+def cuda_skipped_notes(f, t):
+    """Notes on the CUDA kernel's rows that kdalab parity skipped, from the group's `notes` attribute (where parity
+    records them; its stdout prints the same lines): "cuda-bf16 (the CUDA kernel): not drawn, every row skipped: <why>"
+    when the table has no cuda-bf16 row (the note "cuda-bf16 rows skipped: <why>": a CPU build, or no GPU; or every
+    point outside the kernel's shapes); "cuda-bf16: <k> of the <n> grid points plotted; its rows at the others skipped:
+    <why>" when a GPU run skipped only the points outside the kernel's shapes ("cuda-bf16 row skipped at ...: <why>").
+    [] when the notes name no skipped cuda-bf16 row."""
+    if "parity" not in f:
+        return []
+    lines = fs.attr(f["parity"], "notes", "").splitlines()
+    has_rows = bool(np.any(t["impl"] == "cuda-bf16"))
+    reasons = [line[len(CUDA_ALL_SKIPPED):] for line in lines if line.startswith(CUDA_ALL_SKIPPED)]
+    shape_reasons = sorted({m.group(1) for m in (CUDA_POINT_SKIPPED.match(x) for x in lines) if m})
+    if not has_rows:  # no series drawn: every row skipped, for this build / machine or for every point's shape
+        reasons += shape_reasons
+        return [f"cuda-bf16 (the CUDA kernel): not drawn, every row skipped: {'; '.join(reasons)}."] if reasons else []
+    out = []
+    if shape_reasons and "point" in t:
+        points = np.asarray(t["point"]).astype(int)
+        plotted = len(set(points[t["impl"] == "cuda-bf16"].tolist()))
+        out.append(f"cuda-bf16: {plotted} of the {len(set(points.tolist()))} grid points plotted; its rows at the "
+                   f"others skipped: {'; '.join(shape_reasons)}.")
     return out
 
 
@@ -179,8 +209,10 @@ def main():
                         xy=(0.99, top), xycoords=ax.get_yaxis_transform(), xytext=(0, 4), textcoords="offset points",
                         ha="right", va="bottom", fontsize=6, color="#444444")
         ax.set_ylabel(r"relative RMS error of $o$ vs truth")
-        skipped_notes = skipped_points_notes(f, t)
-        if skipped_notes:  # under the full-range panel: an implementation plotted at only some of the grid points
+        # under the full-range panel: an implementation plotted at only some of the grid points, or not at all (the
+        # CUDA kernel's rows in a CPU build: stdout said so, the figure did not)
+        skipped_notes = skipped_points_notes(f, t) + cuda_skipped_notes(f, t)
+        if skipped_notes:
             fs.panel_note(ax, " ".join(skipped_notes))
         ax.set_title("KDA numeric parity by implementation and precision")
         if axz is not None:
