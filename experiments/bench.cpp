@@ -654,9 +654,11 @@ void register_bench(Registry& reg) {
   a->add_option("--peer-json", o->peer_json,
                 "peer times (ms) as a JSON object keyed like the table's first column ('<op> B=.. T=.. H=.. HV=..', "
                 "'attn-res S=.. T=.. d=..'), a time > 0 (finite) or null, from the same machine session (the whole file is that "
-                "one object, each key once); several files (or the "
-                "option repeated) are merged (each key in one file only; keys starting with _ are metadata and skipped), "
-                "e.g. bench/fla_kda.py's and bench/torch_mla_decode.py's; never the --out file. Default: none (peer_ms NaN)");
+                "one object, each key once); several files (comma-separated like every list option, space-separated or the "
+                "option repeated; a file name with a comma in it cannot be given) are merged (each key in one file only; keys starting with _ are metadata and skipped), "
+                "e.g. bench/fla_kda.py's and bench/torch_mla_decode.py's; each file once (two spellings of one file are a "
+                "repeat); never the --out file. Default: none (peer_ms NaN)")
+      ->delimiter(',');
   // --overlap, --segments, --variants act on the kda-prefill rows only
   const std::string kda_prefill_only =
       "Only with --op kda-prefill or all (with all it acts on the kda-prefill rows; refused with another op)";
@@ -682,11 +684,15 @@ void register_bench(Registry& reg) {
       ->capture_default_str();
   a->add_option("--compare", o->compare,
                 "baseline bench results file(s) to compare against: prints time / baseline per row found (same group, "
-                "same key), flags rows more than 10% slower and then exits 1; several files (or the option repeated): "
-                "each row is looked up in them in order, e.g. data/baselines/h200-kda.h5 data/baselines/h200-mla.h5; each "
+                "same key), flags rows more than 10% slower and then exits 1; several files (comma-separated like every list "
+                "option, space-separated or the option repeated; a file name with a comma in it cannot be given): each "
+                "row is looked up in them in order, e.g. data/baselines/h200-kda.h5,data/baselines/h200-mla.h5; each file "
+                "once (two spellings of one file are a repeat); each "
                 "file is checked completely first (/bench/<op>: a string 'key' and a numeric 'time_ms' of one length) "
                 "and is never the --out file; the rows without a baseline row are counted. "
-                "Default: none. Without a GPU nothing is compared: exit 3, never 0");
+                "Default: none. Without a GPU nothing is compared: exit 3, never 0")
+      ->delimiter(',');
+  c.inputs = {"compare", "peer-json"};  // cli::run: a file given twice (any spelling) is a repeat
   c.run = [o](Context& ctx) -> int {
     require(o->op == "kda-prefill" || o->op == "kda-decode" || o->op == "mla-decode" || o->op == "mla-prefill" ||
                 o->op == "attn-res" || o->op == "all",
@@ -820,10 +826,7 @@ void register_bench(Registry& reg) {
     };
     for (const InputFiles& in : {InputFiles{"--compare", o->compare}, InputFiles{"--peer-json", o->peer_json}})
       for (const std::string& file : in.files) {
-        std::error_code e1, e2, e3;
-        const auto a = std::filesystem::weakly_canonical(file, e1), b = std::filesystem::weakly_canonical(ctx.common.out, e2);
-        const bool same = (!e1 && !e2 && a == b) || std::filesystem::equivalent(file, ctx.common.out, e3);
-        require(!same, "--out '" + ctx.common.out + "' is the " + in.option + " file '" + file +
+        require(!same_file(file, ctx.common.out), "--out '" + ctx.common.out + "' is the " + in.option + " file '" + file +
                            "'; give another results file (" + in.option + " files are read, never overwritten)");
       }
     // --out last among the options (Command::writes_output is off for bench, so cli.cpp does not check it

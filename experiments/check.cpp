@@ -709,7 +709,9 @@ void register_check(Registry& reg) {
                     "mla (absorbed query q~, latent cache c -> attended latent o), attn-res (sources v, pseudo-query "
                     "w -> h). Without a candidate the truth is written to --out.",
                     "results/check.h5");
-  c.writes_output = false;  // --out is checked in run(), after the options and --in (a missing --in is named first)
+  // cli::run's order: c.check (the options, then --in), --out not the --in file (c.inputs), then --out itself: a missing
+  // --in is named before a bad --out
+  c.inputs = {"in"};
   struct Opts {
     std::string op = "kda", in, truth = "auto";
     double tol = tol::check_default.value;
@@ -742,7 +744,7 @@ void register_check(Registry& reg) {
                   "as candidates o_kdalab, S_kdalab beside the file's (e.g. a peer's): both against one truth. Needs a "
                   "CUDA build and a GPU (without either: exit 3, after the input is checked), gate = \"k3\", beta = \"logits\", l2norm_qk = 1, d_k = d_v in {64, 128, 256}, "
                   "HV = H, and inputs that are bf16 (q, k, v, g, beta) / fp32 (A_log, bias, S0) numbers. Default: off");
-  c.run = [o](Context& ctx) -> int {
+  c.check = [o](Context&) {
     require(o->op == "kda" || o->op == "kda-decode" || o->op == "mla" || o->op == "attn-res",
             "--op '" + o->op + "' is unknown; accepted: kda, kda-decode, mla, attn-res");
     require(!o->kernel || o->op == "kda", "--kernel runs kdalab's KDA prefill kernel: it needs --op kda, not --op " + o->op);
@@ -753,12 +755,8 @@ void register_check(Registry& reg) {
     // reported as "--out 'results/check.h5': folder 'results' does not exist"; session 7). InFile refuses an empty
     // --in and opens it as HDF5 (a directory or a text file given as --in was reported after a bad --out; breaker)
     { const InFile probe(o->in); }
-    {
-      std::error_code e1, e2;
-      const auto a = std::filesystem::weakly_canonical(o->in, e1), b = std::filesystem::weakly_canonical(ctx.common.out, e2);
-      require(e1 || e2 || a != b, "--out '" + ctx.common.out + "' is the input file --in; give another report file");
-    }
-    check_output_path(ctx.common.out, ctx.common.force);  // writes_output is off: checked here, after --in
+  };
+  c.run = [o](Context& ctx) -> int {
     Outcome res;
     try {
       res = o->op == "mla"        ? check_mla(o->in, o->truth)

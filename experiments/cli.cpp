@@ -6,6 +6,7 @@
 #include <cctype>
 #include <climits>
 #include <cerrno>
+#include <cfloat>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -74,6 +75,17 @@ Progress Context::progress(const std::string& label, std::size_t total) const {
 
 void require_once(bool once, const std::string& option, const std::string& value) {
   require(once, option + ": " + value + " is given more than once; give each value once");
+}
+
+bool same_file(const std::string& a, const std::string& b) {
+  if (a.empty() || b.empty()) return false;
+  std::error_code e1, e2, e3;
+  if (std::filesystem::exists(a, e1) && std::filesystem::exists(b, e2)) return std::filesystem::equivalent(a, b, e3) && !e3;
+  // absolute() first: weakly_canonical keeps a relative path relative when none of its prefixes exists ("x.h5"), but
+  // makes "./x.h5" absolute, and the two would differ
+  const auto ca = std::filesystem::weakly_canonical(std::filesystem::absolute(a, e1), e1);
+  const auto cb = std::filesystem::weakly_canonical(std::filesystem::absolute(b, e2), e2);
+  return !e1 && !e2 && ca == cb;
 }
 
 nlohmann::json parse_json_once(const std::string& text, std::string& repeated) {
@@ -214,8 +226,16 @@ std::string check_value(const std::string& type, const std::string& v) {
   }
   char* end = nullptr;
   const double x = std::strtod(v.c_str(), &end);
-  if (end && *end == '\0' && end != v.c_str() && (errno == ERANGE && std::fabs(x) > 1.0))
-    return "value '" + v + "' is out of the range of a double; give a finite value";
+  if (!end || *end != '\0' || end == v.c_str()) return "";  // not a number: CLI11's conversion names it
+  if (errno == ERANGE && std::fabs(x) > 1.0) return "value '" + v + "' is out of the range of a double; give a finite value";
+  // underflow: a nonzero number read as 0 (1e-400) or as a denormal, which holds fewer significant digits than given
+  // (1e-310); either way the value used would not be the one typed (decode-cost --min-time 1e-400 was refused as "0")
+  const std::string mantissa = t.substr(0, t.find('e'));
+  const bool nonzero = mantissa.find_first_of("123456789") != std::string::npos;
+  if (nonzero && std::fabs(x) < DBL_MIN)
+    return "'" + v + "' is not accepted: it is below the smallest normal double 2.2250738585072014e-308 in magnitude "
+           "(a double would hold it as 0 or as a denormal with fewer digits than given); give 0 or a number of magnitude "
+           ">= 2.2250738585072014e-308";
   return "";
 }
 
@@ -243,7 +263,8 @@ bool looks_like_option(const std::string& tok) {
 ///  - an empty item in a list option: CLI11 dropped it ("--T 17,,300" ran 17 and 300) or, when every item was empty
 ///    ("--T ,"), took the next argument as the list ("Could not convert: --T = --impl,float64");
 ///  - a non-list option given more than once: CLI11 kept the last value silently ("--seed 5 --seed 6" ran seed 6,
-///    "bench --shapes A --shapes B" dropped A, "--config a --config b" read b only). Flags (--quick) are not counted.
+///    "bench --shapes A --shapes B" dropped A, "--config a --config b" read b only), a flag included ("--quick --quick"
+///    was accepted; shown as its tokens as given). --help is not counted: run() prints the help before these checks.
 void check_tokens(CLI::App* sub, const std::vector<std::string>& toks) {
   std::vector<std::pair<CLI::Option*, std::vector<std::string>>> given;  // non-list options and their values
   const auto list_item = [](CLI::Option* o, const std::string& v) {
@@ -259,9 +280,12 @@ void check_tokens(CLI::App* sub, const std::vector<std::string>& toks) {
     if (!tok.starts_with("--")) continue;
     const auto eq = tok.find('=');
     CLI::Option* o = find_long(sub, tok.substr(2, eq == std::string::npos ? std::string::npos : eq - 2));
-    if (!o || o->get_expected_max() == 0) continue;  // unknown (CLI11 names it) or a flag
+    if (!o) continue;  // unknown: CLI11 names it
     std::vector<std::string> values;
-    if (eq != std::string::npos) {
+    if (o->get_expected_max() == 0) {  // a flag: the token itself stands for its value ("--quick", "--quick=true")
+      if (long_name(o) == "help") continue;
+      values.push_back(tok);
+    } else if (eq != std::string::npos) {
       values.push_back(tok.substr(eq + 1));
     } else if (i + 1 < toks.size()) {
       values.push_back(toks[++i]);  // CLI11 takes the first value whatever it looks like
@@ -285,19 +309,41 @@ void check_tokens(CLI::App* sub, const std::vector<std::string>& toks) {
 }
 
 /// The one list rule (require_once) on every list option of `sub` after parsing: no value twice in a list (numbers
-/// compared by value, text exactly). The values themselves were checked by check_value() during parsing.
-void check_option_values(CLI::App* sub) {
+/// compared by value, files, the options named in `inputs`, by identity (same_file: "x.h5" and "./x.h5" are one
+/// file), other text exactly). The values themselves were checked by check_value() during parsing.
+void check_option_values(CLI::App* sub, const std::vector<std::string>& inputs) {
   for (CLI::Option* o : sub->get_options()) {
     const std::string n = long_name(o);
     if (n.empty() || o->get_expected_max() <= 1) continue;
     const std::string type = o->get_type_name();
     const bool number = type.starts_with("INT") || type.starts_with("UINT") || type.starts_with("FLOAT");
+    const bool file = std::find(inputs.begin(), inputs.end(), n) != inputs.end();
     const auto& values = o->results();
     for (std::size_t i = 0; i < values.size(); ++i)
       for (std::size_t j = 0; j < i; ++j)
         require_once(number ? std::strtod(values[i].c_str(), nullptr) != std::strtod(values[j].c_str(), nullptr)
+                     : file ? values[i] != values[j] && !same_file(values[i], values[j])
                             : values[i] != values[j],
                      "--" + n, values[i]);
+  }
+}
+
+/// --out is never one of the files the subcommand reads (Command::inputs and --config): with --force it would be
+/// overwritten. Files compared by identity (same_file). Exit 2 naming --out, the input option and its file.
+void check_out_not_input(CLI::App* sub, const std::vector<std::string>& inputs, const std::string& out) {
+  std::vector<std::string> names{"config"};
+  names.insert(names.end(), inputs.begin(), inputs.end());
+  for (const std::string& n : names) {
+    CLI::Option* o = find_long(sub, n);
+    if (!o) continue;
+    std::vector<std::string> files = o->results();
+    if (o->count() == 0 && o->get_expected_max() <= 1) {  // not given: the bound variable's value (a default input)
+      o->capture_default_str();
+      if (!o->get_default_str().empty()) files = {o->get_default_str()};
+    }
+    for (const std::string& f : files)
+      require(!same_file(f, out), "--out '" + out + "' is the input file --" + n + " ('" + f +
+                                      "'); give another output file (input files are read, never overwritten)");
   }
 }
 
@@ -394,6 +440,15 @@ int run(int argc, char** argv) {
     for (auto& c : reg.commands())  // known before parsing: an error while parsing names the subcommand too
       if (c.app->get_name() == argv[1]) cmd = &c;
   }
+  if (cmd) {  // --help anywhere after the subcommand: its help, exit 0, whatever else the line holds (a bad value
+              // such as "--T ,," was reported instead: check_tokens runs before CLI11 sees --help; CLI11 itself also
+              // converts values before it looks at --help)
+    for (int i = 2; i < argc && std::string(argv[i]) != "--"; ++i)
+      if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
+        fmt::print("{}", cmd->app->help("kdalab"));
+        return 0;
+      }
+  }
   try {
     if (cmd) check_tokens(cmd->app, std::vector<std::string>(argv + 2, argv + argc));
     auto a1 = args;
@@ -441,9 +496,14 @@ int run(int argc, char** argv) {
   ctx.command_line = cmdline;
   ctx.app = cmd->app;
   try {
-    check_option_values(cmd->app);
+    check_option_values(cmd->app, cmd->inputs);
     ctx.config = effective_config(cmd->app);
-    if (cmd->writes_output) check_output_path(ctx.common.out, ctx.common.force);
+    // the one order of checks: the subcommand's own (options, then its input files), --out not an input, --out
+    if (cmd->check) cmd->check(ctx);
+    if (cmd->writes_output) {
+      check_out_not_input(cmd->app, cmd->inputs, ctx.common.out);
+      check_output_path(ctx.common.out, ctx.common.force);
+    }
     return cmd->run(ctx);
   } catch (const Error& e) {
     print_error(ctx.name, e.what());

@@ -61,6 +61,16 @@ struct Command {
   std::function<int(Context&)> run;
   /// Whether the subcommand writes --out (then the path is checked before any work starts).
   bool writes_output = true;
+  /// Long names (without dashes) of the options whose values name files the subcommand reads, e.g. {"in"};
+  /// --config is always one. run() compares their values by file identity (same_file): a file given twice in a list
+  /// option is a repeat (require_once) however it is spelled, and, when writes_output, --out is never one of them
+  /// (exit 2: "--out 'OUT' is the input file --in ('FILE'); ..."), checked after `check` and before --out itself.
+  std::vector<std::string> inputs;
+  /// The subcommand's checks that write nothing (its option values, opening its input files), run by run() after
+  /// parsing and before --out is checked, so that with several faults a bad option or a missing input is named before
+  /// a bad --out, in the same order in every build (e.g. check: --op, --truth, --tol, then --in). Empty: none.
+  /// Throws kdalab::Error (exit 2). The state it checks stays in the subcommand's options for `run`.
+  std::function<void(Context&)> check;
 };
 
 class Registry {
@@ -101,12 +111,22 @@ void require_once(bool once, const std::string& option, const std::string& value
 /// Option type names, shown in --help and enforced by run() for every subcommand before any work:
 ///  "INT" (also on a double variable that holds a count): decimal integers only, [+-]?(0|[1-9][0-9]*) (CLI11 itself
 ///      would read 0x5 as 5 and 010 as octal 8; 1e3 and 16.0 are refused too); "UINT64" the same without a sign;
-///  "FLOAT": finite decimal numbers (no NaN/Inf, no hexadecimal 0x1p3); numbers never with surrounding whitespace;
+///  "FLOAT": finite decimal numbers (no NaN/Inf, no hexadecimal 0x1p3) that a double holds as given: 0 or a magnitude in
+///      [2^-1022, DBL_MAX] (1e400 overflows; 1e-400 would be read as 0 and 1e-310 as a denormal with fewer significant
+///      digits, so both are refused, quoting the text as given); numbers never with surrounding whitespace;
 ///  "BOOLEAN": true, false, 1 or 0 only (--help shows its default as 1 or 0); "TEXT": as given (the subcommand checks it).
 /// A list option's type name gets " list" appended by run() ("INT list", "FLOAT list", "TEXT list"); a list item is
-/// never empty ("17,,300", ",17", "17," and "," are refused). A non-list option is given at most once.
+/// never empty ("17,,300", ",17", "17," and "," are refused). Every list option splits its values on commas and takes
+/// them space-separated or with the option repeated too, file lists included (bench --compare a.h5,b.h5 is two files).
+/// A non-list option, a flag (--quick) included, is given at most once. --help anywhere after the subcommand prints
+/// its help and exits 0, whatever else the line holds.
 /// Values outside the range of the option's variable are refused in the same message shape (option, value, accepted).
 inline constexpr const char* kInt = "INT";
+
+/// Whether the paths `a` and `b` name one file: std::filesystem::equivalent when both exist (a symlink, a hard link,
+/// "./x.h5" or "dir/../x.h5" for "x.h5"), otherwise their absolute weakly_canonical forms are equal (a file not yet
+/// written, spelled two ways). Never throws; "" is no file (false).
+bool same_file(const std::string& a, const std::string& b);
 
 /// Parses `text` as one JSON value (trailing text is an error: nlohmann's parse_error is thrown) and reports in
 /// `repeated` the first key that appears twice in one object ("" when none; nlohmann alone keeps the last one
