@@ -11,9 +11,10 @@
 //  2. kda_state_kernel, chunk-sequential, one CTA of 2 warps per (32-column slice of d_v, value
 //     head, sequence), so H = 32 heads give 128 CTAs. Each warp keeps S^T for 16 value columns x
 //     128 key rows in mma accumulator registers (fp32); its C-fragment layout is exactly the
-//     B-fragment layout W S and Qg S need, so no shuffles. Per chunk: D = U - W S, o = scale (Qg S
-//     + P D), S^T <- Diag(gam_n) S^T + D^T Kd. The next chunks' slots stream in by cp.async (NST
-//     stages) while the current one is computed. v3 (state_variant 3, default): the state update
+//     B-fragment layout Qg S needs and the A-fragment layout of S^T, so no shuffles. Per chunk: D^T = U^T -
+//     S^T W^T (in registers, in the layout the update takes), o = scale (Qg S + P D), S^T <- Diag(gam_n) S^T
+//     + D^T Kd. The next chunks' slots stream in by cp.async (NST stages, straight-line copies issued after
+//     the update: v8, bench/NOTES.md) while the current one is computed. v3 (state_variant 3, default): the state update
 //     is issued first and P D runs on the tensor cores with hi/lo bf16 splits; v2: P D in fp32 FMAs.
 //  v6 prepare (prepare_variant 6; kda_prepare_v6_kernel): the same slot, A and P on the tensor cores
 //     (tf32 3-pass), fragments written from registers, ~2.4x less shared-memory traffic (see below).
