@@ -16,7 +16,7 @@
 //     + D^T Kd. The next chunks' slots stream in by cp.async (NST stages, straight-line copies issued after
 //     the update: v8, bench/NOTES.md) while the current one is computed. v3 (state_variant 3, default): the state update
 //     is issued first and P D runs on the tensor cores with hi/lo bf16 splits; v2: P D in fp32 FMAs.
-//  v6 prepare (prepare_variant 6; kda_prepare_v6_kernel): the same slot, A and P on the tensor cores
+//  v6 prepare (prepare_variant 6; kda_prepare_v6_kernel): the same slot, A, P and (since session 8) [W | U] = T [Diag(beta) Kg | Diag(beta) V], T = (I + A)^{-1}, on the tensor cores
 //     (tf32 3-pass), fragments written from registers, ~2.4x less shared-memory traffic (see below).
 //  v4 schedule (overlap_segments): long fixed-length batches run in segments so that the prepare
 //     of segment k+1 overlaps the state pass of segment k (see segments_of()).
