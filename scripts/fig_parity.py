@@ -21,6 +21,7 @@ When bf16 rows get the zoomed panel, the full-range panel shows the reference li
 the data) and the zoom draws each line, named at its right edge; the full-range panel keeps headroom above the data.
 Usage: /usr/bin/python3 scripts/fig_parity.py RESULTS.h5 [--out-dir figures] [--dump FILE.json]
 """
+import json
 import re
 import sys
 
@@ -114,6 +115,19 @@ def cuda_skipped_notes(f, t):
         out.append(f"cuda-bf16: {plotted} of the {len(set(points.tolist()))} grid points plotted; its rows at the "
                    f"others skipped: {'; '.join(shape_reasons)}.")
     return out
+
+
+def truth_text(f):
+    """What the rows were compared with, from the run's --truth (the root config attribute)."""
+    truth = ""
+    try:
+        cfg = f.attrs["config"]
+        truth = str(json.loads(cfg.decode() if isinstance(cfg, bytes) else str(cfg)).get("truth", ""))
+    except Exception:
+        truth = ""
+    names = {"f64": "the float64 recurrence", "f80": "the 80-bit long-double recurrence",
+             "mp": "the cpp_bin_float_50 recurrence"}
+    return names.get(truth, "the high-precision recurrence" + (f" (--truth {truth})" if truth else ""))
 
 
 def main():
@@ -242,7 +256,7 @@ def main():
                    frameon=False)
         fs.label_footer(fig, f, f"Median over the grid points at each T (band: min to max); an exact 0 is drawn at {ZERO_AT:.0e}. "
                         "Series whose medians agree within 2% at every T are drawn on top of each other with smaller "
-                        "markers and broken lines ('lies on' in the legend). Truth: the high-precision recurrence on "
+                        "markers and broken lines ('lies on' in the legend). Truth: " + truth_text(f) + " on "
                         "the same rounded inputs (anchor-kda, ANCHORS.md)."
                         + (f" {n_nonfinite} row(s) have a non-finite {err_col} (o has NaN/Inf): left out of the medians "
                            f"and bands, marked {NONFINITE_GLYPH} at the top edge at their T." if n_nonfinite else ""))

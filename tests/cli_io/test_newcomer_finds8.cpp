@@ -94,6 +94,12 @@ TEST_CASE("fig_parity says under the panel that the cuda-bf16 rows were skipped,
   // the recorded reason, word for word (the note wraps at spaces only: compare with single spaces)
   CHECK(notes[0].first.find(why.substr(0, std::min<std::size_t>(why.size(), 40))) != std::string::npos);
   CHECK(notes[0].second < 0.0);  // under the panel (its top edge below the axes), where no data can be
+  // the footer names the truth the rows were compared with (--truth f64 here), not "the high-precision recurrence"
+  std::string footer;
+  for (const auto& x : j["texts"]) footer += std::string(x) + " ";
+  for (auto& ch : footer) if (ch == '\n') ch = ' ';
+  INFO(footer);
+  CHECK(footer.find("Truth: the float64 recurrence") != std::string::npos);
 }
 
 TEST_CASE("fig_parity: a GPU run that skipped some points says how many cuda-bf16 points are plotted", "[cli][python]") {
