@@ -402,7 +402,7 @@ std::string printable(const std::string& s) {
   for (std::size_t i = 0; i < s.size();) {
     const auto b = static_cast<unsigned char>(s[i]);
     if (b < 0x80) {
-      if (b < 0x20 || b == 0x7f) hex(b);
+      if ((b < 0x20 && b != '\t') || b == 0x7f) hex(b);  // a tab is kept (a value as typed: "\tnan")
       else r += static_cast<char>(b);
       ++i;
       continue;

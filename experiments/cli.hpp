@@ -153,7 +153,7 @@ nlohmann::json parse_json_once(const std::string& text, std::string& repeated, b
 /// run() applies it to --config and every Command::inputs option right after parsing, before `check`.
 void require_regular_input(const std::string& option, const std::string& path, const std::string& give);
 
-/// `s` with each byte that is not printable UTF-8 (a control character, an invalid or truncated UTF-8 sequence)
+/// `s` with each byte that is not printable UTF-8 (a control character but tab, an invalid or truncated UTF-8 sequence)
 /// written as \xNN: error lines quote file content (a JSON parser's "last read: '...'" on an HDF5 file) and names.
 std::string printable(const std::string& s);
 
