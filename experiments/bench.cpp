@@ -818,8 +818,8 @@ void register_bench(Registry& reg) {
     }
     [[maybe_unused]] std::vector<BaselineRows> baselines;  // every --compare file read completely now, before any GPU work
     for (const std::string& cf : o->compare) baselines.push_back(read_compare_file(cf, grps));
-    // --out is never one of the input files, --compare or --peer-json (same path, a symlink or another spelling of
-    // it): an input is read, never overwritten (with --force it would be)
+    // --out is never one of the input files, --compare, --peer-json or --config (same path, a symlink or another
+    // spelling of it): an input is read, never overwritten (with --force it would be)
     struct InputFiles {
       const char* option;
       const std::vector<std::string>& files;
@@ -829,6 +829,8 @@ void register_bench(Registry& reg) {
         require(!same_file(file, ctx.common.out), "--out '" + ctx.common.out + "' is the " + in.option + " file '" + file +
                            "'; give another results file (" + in.option + " files are read, never overwritten)");
       }
+    // then cli::run's own check, which covers --config (it was not compared: exit 3 instead of 2; breaker, session 8)
+    ctx.check_out_not_inputs();
     // --out last among the options (Command::writes_output is off for bench, so cli.cpp does not check it
     // first): a bad option above is named whatever --out is, and the same way in every build
     check_output_path(ctx.common.out, ctx.common.force);

@@ -65,6 +65,7 @@ nlohmann::json effective_config(CLI::App* sub);
 std::unique_ptr<ResultsFile> Context::open_results() const {
   // Recomputed here, not taken from `config` (made before the run): --quick and the experiments'
   // own adjustments change option values inside run(), and the file must record what was used.
+  check_out_not_inputs();  // whatever Command::writes_output says (info --out m.json --config m.json --force; breaker s8)
   RunInfo info{command_line, (app ? effective_config(app) : config).dump(), std::to_string(common.seed)};
   return std::make_unique<ResultsFile>(common.out, common.force, info);
 }
@@ -88,10 +89,41 @@ bool same_file(const std::string& a, const std::string& b) {
   return !e1 && !e2 && ca == cb;
 }
 
-nlohmann::json parse_json_once(const std::string& text, std::string& repeated) {
+namespace {
+/// A SAX pass that keeps the text of every number nlohmann holds as a double, in document order.
+struct FloatTexts {
+  std::vector<std::string> texts;
+  bool null() { return true; }
+  bool boolean(bool) { return true; }
+  bool number_integer(nlohmann::json::number_integer_t) { return true; }
+  bool number_unsigned(nlohmann::json::number_unsigned_t) { return true; }
+  bool number_float(nlohmann::json::number_float_t, const std::string& s) {
+    texts.push_back(s);
+    return true;
+  }
+  bool string(std::string&) { return true; }
+  bool binary(nlohmann::json::binary_t&) { return true; }
+  bool start_object(std::size_t) { return true; }
+  bool key(std::string&) { return true; }
+  bool end_object() { return true; }
+  bool start_array(std::size_t) { return true; }
+  bool end_array() { return true; }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::json::exception&) { return false; }
+};
+}  // namespace
+
+nlohmann::json parse_json_once(const std::string& text, std::string& repeated, bool numbers_as_typed) {
   repeated.clear();
+  // nlohmann reads 1e-400 as 0.0 and 99999999999999999999 as 1e+20: with numbers_as_typed each such number is put back
+  // as its text (the value events of the parse below come in the same document order as the SAX pass's numbers)
+  FloatTexts floats;
+  if (numbers_as_typed) (void)nlohmann::json::sax_parse(text, &floats);
+  std::size_t next_float = 0;
   std::vector<std::vector<std::string>> open_keys;  // the keys seen so far in each object being parsed
   const auto cb = [&](int, nlohmann::json::parse_event_t ev, nlohmann::json& j) {
+    if (numbers_as_typed && ev == nlohmann::json::parse_event_t::value && j.is_number_float() &&
+        next_float < floats.texts.size())
+      j = floats.texts[next_float++];
     if (ev == nlohmann::json::parse_event_t::object_start) open_keys.emplace_back();
     if (ev == nlohmann::json::parse_event_t::object_end && !open_keys.empty()) open_keys.pop_back();
     if (ev == nlohmann::json::parse_event_t::key && !open_keys.empty() && j.is_string()) {
@@ -123,6 +155,7 @@ CLI::Option* find_long(CLI::App* app, const std::string& key) {
 std::vector<std::string> config_tokens(CLI::App* sub, const std::string& path) {
   std::error_code ec;
   require(!std::filesystem::is_directory(path, ec), "--config '" + path + "': is a directory; give a JSON file");
+  require_regular_input("--config", path, "a JSON file");  // a FIFO blocked forever (breaker, session 8)
   std::ifstream in(path, std::ios::binary);
   require(static_cast<bool>(in), "--config '" + path + "': file not found or not readable");
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -130,7 +163,7 @@ std::vector<std::string> config_tokens(CLI::App* sub, const std::string& path) {
   std::string repeated;
   try {
     // parse of the whole file: trailing text after the object is an error, not ignored.
-    j = parse_json_once(text, repeated);
+    j = parse_json_once(text, repeated, true);  // numbers as typed: {"overlap": 1e-400} is refused like --overlap 1e-400
   } catch (const std::exception& e) {
     throw Error("--config '" + path + "': not valid JSON (" + std::string(e.what()) + ")");
   }
@@ -330,10 +363,15 @@ void check_option_values(CLI::App* sub, const std::vector<std::string>& inputs) 
 
 /// --out is never one of the files the subcommand reads (Command::inputs and --config): with --force it would be
 /// overwritten. Files compared by identity (same_file). Exit 2 naming --out, the input option and its file.
-void check_out_not_input(CLI::App* sub, const std::vector<std::string>& inputs, const std::string& out) {
+std::vector<std::string> input_options(const std::vector<std::string>& inputs) {
   std::vector<std::string> names{"config"};
   names.insert(names.end(), inputs.begin(), inputs.end());
-  for (const std::string& n : names) {
+  return names;
+}
+
+void check_out_not_input(CLI::App* sub, const std::vector<std::string>& inputs, const std::string& out) {
+  if (!sub || out.empty()) return;
+  for (const std::string& n : input_options(inputs)) {
     CLI::Option* o = find_long(sub, n);
     if (!o) continue;
     std::vector<std::string> files = o->results();
@@ -346,6 +384,53 @@ void check_out_not_input(CLI::App* sub, const std::vector<std::string>& inputs, 
                                       "'); give another output file (input files are read, never overwritten)");
   }
 }
+
+}  // namespace
+
+void Context::check_out_not_inputs() const { check_out_not_input(app, inputs, common.out); }
+
+void require_regular_input(const std::string& option, const std::string& path, const std::string& give) {
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);  // follows a symlink (a link to a FIFO is a FIFO)
+  require(!std::filesystem::exists(st) || std::filesystem::is_regular_file(st) || std::filesystem::is_directory(st),
+          option + " '" + path + "' is not a regular file (a FIFO, device or socket); give " + give);
+}
+
+std::string printable(const std::string& s) {
+  std::string r;
+  const auto hex = [&](unsigned char b) { r += fmt::format("\\x{:02x}", b); };
+  for (std::size_t i = 0; i < s.size();) {
+    const auto b = static_cast<unsigned char>(s[i]);
+    if (b < 0x80) {
+      if ((b < 0x20 && b != '\t') || b == 0x7f) hex(b);  // a tab is kept (a value as typed: "\tnan")
+      else r += static_cast<char>(b);
+      ++i;
+      continue;
+    }
+    // a UTF-8 sequence: its length from the lead byte, continuation bytes 10xxxxxx, no overlong / surrogate forms
+    const std::size_t len = b >= 0xc2 && b <= 0xdf ? 2 : b >= 0xe0 && b <= 0xef ? 3 : b >= 0xf0 && b <= 0xf4 ? 4 : 0;
+    bool ok = len > 0 && i + len <= s.size();
+    for (std::size_t k = 1; ok && k < len; ++k) ok = (static_cast<unsigned char>(s[i + k]) & 0xc0) == 0x80;
+    if (ok && len == 3) {
+      const auto b1 = static_cast<unsigned char>(s[i + 1]);
+      ok = !(b == 0xe0 && b1 < 0xa0) && !(b == 0xed && b1 >= 0xa0);
+    }
+    if (ok && len == 4) {
+      const auto b1 = static_cast<unsigned char>(s[i + 1]);
+      ok = !(b == 0xf0 && b1 < 0x90) && !(b == 0xf4 && b1 >= 0x90);
+    }
+    if (!ok) {
+      hex(b);
+      ++i;
+      continue;
+    }
+    r.append(s, i, len);
+    i += len;
+  }
+  return r;
+}
+
+namespace {
 
 /// CLI11's ConversionError ("Could not convert: --iters = 9999999999999") in the project's shape: the option, the
 /// value, what is accepted. After check_value() the values are well formed, so what is left is a number outside the
@@ -360,6 +445,8 @@ std::string reword_conversion(CLI::App* sub, const std::string& what) {
   std::string value = m[2].str();
   if (o->results().size() == 1) value = o->results().front();
   std::string accepted = "a value of type " + type;
+  // a flag (--quick=banana) has no type name: "give a value of type " said nothing (breaker, session 8)
+  if (type.empty() || type.starts_with("BOOLEAN")) accepted = "true, false, 1 or 0";
   if (type.starts_with("INT") && is_decimal_integer(value)) {
     errno = 0;
     const long long x = std::strtoll(value.c_str(), nullptr, 10);
@@ -395,7 +482,8 @@ nlohmann::json effective_config(CLI::App* sub) {
 }
 
 void print_error(const std::string& where, const std::string& msg) {
-  fmt::print(stderr, "kdalab{}: error: {}\n", where.empty() ? "" : " " + where, msg);
+  // printable(): a message may quote file content (bench --peer-json a.h5 put a raw HDF5 byte in it; breaker, s8)
+  fmt::print(stderr, "kdalab{}: error: {}\n", printable(where.empty() ? "" : " " + where), printable(msg));
 }
 
 }  // namespace
@@ -495,13 +583,19 @@ int run(int argc, char** argv) {
   ctx.common = *cmd->common;
   ctx.command_line = cmdline;
   ctx.app = cmd->app;
+  ctx.inputs = cmd->inputs;
   try {
+    // every input file is a regular file (or missing / a folder: the subcommand's own message) before anything opens
+    // one: a FIFO given as --config, --in or --peer-json blocked forever (breaker, session 8)
+    for (const std::string& n : input_options(cmd->inputs))
+      if (CLI::Option* o = find_long(cmd->app, n))
+        for (const std::string& f : o->results()) require_regular_input("--" + n, f, "a regular file");
     check_option_values(cmd->app, cmd->inputs);
     ctx.config = effective_config(cmd->app);
     // the one order of checks: the subcommand's own (options, then its input files), --out not an input, --out
     if (cmd->check) cmd->check(ctx);
-    if (cmd->writes_output) {
-      check_out_not_input(cmd->app, cmd->inputs, ctx.common.out);
+    if (cmd->writes_output && !(cmd->out_optional && ctx.common.out.empty())) {
+      ctx.check_out_not_inputs();
       check_output_path(ctx.common.out, ctx.common.force);
     }
     return cmd->run(ctx);

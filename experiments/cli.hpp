@@ -47,9 +47,16 @@ struct Context {
   std::string command_line;  ///< argv joined
   nlohmann::json config;     ///< effective config (every option's final value)
   CLI::App* app = nullptr;   ///< the parsed subcommand
+  std::vector<std::string> inputs;  ///< the subcommand's Command::inputs (long names of its input file options)
 
-  /// Opens the results file for --out with the root attributes filled in (checks --force).
+  /// Opens the results file for --out with the root attributes filled in (checks --force). Refuses first, as
+  /// check_out_not_inputs() does, an --out that is one of the input files (whatever Command::writes_output says).
   std::unique_ptr<ResultsFile> open_results() const;
+  /// Throws kdalab::Error (exit 2) when --out is one of the files the subcommand reads: --config or an option named in
+  /// `inputs`, compared by identity (same_file). "--out 'OUT' is the input file --config ('FILE'); ...". Called by
+  /// run() for a Command with writes_output, by open_results(), and by a subcommand that checks --out itself (bench).
+  /// Nothing to do when --out is "".
+  void check_out_not_inputs() const;
   /// A progress reporter honouring --quiet.
   Progress progress(const std::string& label, std::size_t total) const;
 };
@@ -59,8 +66,12 @@ struct Command {
   std::shared_ptr<Common> common;
   /// Runs the subcommand; returns the exit code. Throws kdalab::Error on bad input.
   std::function<int(Context&)> run;
-  /// Whether the subcommand writes --out (then the path is checked before any work starts).
+  /// Whether the subcommand writes --out (then the path is checked before any work starts). A subcommand that writes
+  /// --out with this false (bench: it checks --out after its own options) must call ctx.check_out_not_inputs() and
+  /// check_output_path() itself before any output; open_results() refuses an --out that is an input in any case.
   bool writes_output = true;
+  /// --out "" means no file (info: --out is optional): then nothing about --out is checked.
+  bool out_optional = false;
   /// Long names (without dashes) of the options whose values name files the subcommand reads, e.g. {"in"};
   /// --config is always one. run() compares their values by file identity (same_file): a file given twice in a list
   /// option is a repeat (require_once) however it is spelled, and, when writes_output, --out is never one of them
@@ -131,6 +142,19 @@ bool same_file(const std::string& a, const std::string& b);
 /// Parses `text` as one JSON value (trailing text is an error: nlohmann's parse_error is thrown) and reports in
 /// `repeated` the first key that appears twice in one object ("" when none; nlohmann alone keeps the last one
 /// silently). Used for --config and bench --peer-json.
-nlohmann::json parse_json_once(const std::string& text, std::string& repeated);
+/// With `numbers_as_typed`, every number that is not an integer nlohmann holds exactly (a fraction, an exponent, an
+/// integer beyond 64 bits) is returned as a JSON string holding its text as typed ("1e-400", not 0.0;
+/// "99999999999999999999", not 1e+20), so that --config values reach the command line's checks as given.
+nlohmann::json parse_json_once(const std::string& text, std::string& repeated, bool numbers_as_typed = false);
+
+/// Refuses (kdalab::Error, exit 2) an input file option's value `path` that exists but is not a regular file or a
+/// folder (a FIFO, a device, a socket: reading one may block forever or never end): "--OPTION 'PATH' is not a regular
+/// file (a FIFO, device or socket); give GIVE". A missing file or a folder is left to the subcommand's own message.
+/// run() applies it to --config and every Command::inputs option right after parsing, before `check`.
+void require_regular_input(const std::string& option, const std::string& path, const std::string& give);
+
+/// `s` with each byte that is not printable UTF-8 (a control character but tab, an invalid or truncated UTF-8 sequence)
+/// written as \xNN: error lines quote file content (a JSON parser's "last read: '...'" on an HDF5 file) and names.
+std::string printable(const std::string& s);
 
 }  // namespace kdalab::cli

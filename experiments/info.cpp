@@ -20,19 +20,25 @@ void register_info(Registry& reg) {
                     "seen. With --config MODEL.json (a Hugging Face config.json of Kimi Linear or K3) also print "
                     "the per-layer layout and per-token cache bytes of the hybrid vs full MLA.",
                     "");
-  c.writes_output = false;
+  // --out is optional ("" = no file) but, when given, checked by cli::run before anything is printed: an existing file
+  // without --force, a missing folder and an --out that is the --config file were refused after the banner, or not at
+  // all (info --config m.json --out m.json --force overwrote the model config; breaker, session 8)
+  c.out_optional = true;
   c.app->get_option("--config")
       ->description("for info: a MODEL config (Hugging Face config.json schema, e.g. data/configs/kimi-linear-48b.json) "
                     "whose layer layout and cache bytes are printed");
   c.app->get_option("--out")->description("optional HDF5 file to record the same facts in (group /info)");
-  c.run = [](Context& ctx) {
-    // a missing model config is refused before anything is printed (session 6 newcomer: the banner came first)
+  c.check = [](Context& ctx) {
+    // a missing model config is refused before anything is printed (session 6 newcomer: the banner came first), and
+    // before --out is checked (cli::run's order)
     if (!ctx.common.config.empty()) {
       std::error_code ec;
       require(std::filesystem::is_regular_file(ctx.common.config, ec),
               "--config '" + ctx.common.config + "': no such file; give a model config.json, e.g. one of "
               "data/configs/kimi-linear-48b.json or data/configs/kimi-k3.json (run from the repository root)");
     }
+  };
+  c.run = [](Context& ctx) {
     fmt::print("kdalab {} (git {})\n", build_info::version, build_info::git_sha);
     fmt::print("compiler:      {}\n", build_info::compiler);
     fmt::print("build type:    {}\n", build_info::build_type);

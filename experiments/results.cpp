@@ -97,14 +97,32 @@ struct ResultsFile::Impl {
 void check_output_path(const std::string& path, bool force) {
   require(!path.empty(), "--out: an output file name is required (e.g. --out results/run.h5)");
   const fs::path p(path);
-  if (fs::exists(p)) {
-    require(!fs::is_directory(p), "--out '" + path + "' is a directory; give a file name ending in .h5");
+  // every query with an error_code: a path the system cannot look up (too long: ENAMETOOLONG, a loop of links, a
+  // folder not searchable) is named as --out, not reported as a bare "filesystem error" (breaker, session 8)
+  const auto unusable = [&](const std::error_code& ec) {
+    if (ec == std::errc::filename_too_long)
+      return Error("--out '" + path + "': the path is too long for the file system (" + ec.message() +
+                   "); give a path of at most 4095 bytes, each folder name at most 255 bytes and the file name at most 231");
+    return Error("--out '" + path + "': the path cannot be looked up (" + ec.message() +
+                 "); give a file name in an existing folder you can write to");
+  };
+  std::error_code ec;
+  const fs::file_status st = fs::status(p, ec);
+  if (ec && st.type() != fs::file_type::not_found) throw unusable(ec);
+  if (fs::exists(st)) {
+    require(!fs::is_directory(st), "--out '" + path + "' is a directory; give a file name ending in .h5");
+    // a FIFO or a device would be replaced by a regular file even with --force (we may run as root: /dev/null)
+    require(fs::is_regular_file(st), "--out '" + path + "' is not a regular file (a FIFO, device, socket or other "
+                                     "special file); give the name of a new or regular file (only a regular file is "
+                                     "ever replaced, with --force)");
     require(force, "--out '" + path + "' already exists; pass --force to overwrite it (the old file is kept otherwise)");
   }
   require(p.filename().string().size() + 24 <= 255,
           "--out '" + path + "': the file name is too long (the temporary '<name>.tmp.<pid>' must fit in 255 bytes)");
   const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
-  require(fs::is_directory(dir), "--out '" + path + "': folder '" + dir.string() + "' does not exist; create it first");
+  const fs::file_status dst = fs::status(dir, ec);
+  if (ec && dst.type() != fs::file_type::not_found) throw unusable(ec);
+  require(fs::is_directory(dst), "--out '" + path + "': folder '" + dir.string() + "' does not exist; create it first");
   require(::access(dir.c_str(), W_OK) == 0, "--out '" + path + "': folder '" + dir.string() + "' is not writable");
 }
 

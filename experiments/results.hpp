@@ -49,7 +49,9 @@ class Table {
 };
 
 /// Checks before any work starts that `path` may be written: refuses an existing file without
-/// `force` and an output folder that does not exist. Throws kdalab::Error naming --out.
+/// `force`, an existing --out that is not a regular file (a folder, FIFO, device: never replaced, even with `force`),
+/// an output folder that does not exist and a path the system cannot look up (too long). Throws kdalab::Error
+/// naming --out.
 void check_output_path(const std::string& path, bool force);
 
 class ResultsFile {

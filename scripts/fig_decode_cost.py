@@ -52,6 +52,7 @@ def main():
         ax.legend(loc="upper left", fontsize=6.5)
         if ncols == 2:
             ax = axes[0][1]
+            notes = []  # what the panel does not draw, said under it (with decode-cost's GPU note)
             if has_cpu:
                 c = cpu
                 for impl, col, mk in (("softmax", "#d62728", "o"), ("kda", "#2ca02c", "s")):
@@ -59,8 +60,19 @@ def main():
                     if not sel.any():
                         continue
                     o = np.argsort(c["n"][sel])
-                    ns, us = c["n"][sel][o], 1e6 * c["seconds_per_token"][sel][o]
-                    name = f"CPU reference: {'softmax read' if impl == 'softmax' else 'KDA step'} (d = {int(c['d'][sel][0])})"
+                    ns, us = c["n"][sel][o], 1e6 * np.asarray(c["seconds_per_token"][sel][o], dtype=float)
+                    what = "softmax read" if impl == "softmax" else "KDA step"
+                    name = f"CPU reference: {what} (d = {int(c['d'][sel][0])})"
+                    # a time that is NaN, infinite, 0 or negative is no measurement: not drawn (on a log axis it drew
+                    # nothing while the legend said "0 us" or "inf us"; all NaN ended in a traceback), said in a note
+                    good = np.isfinite(us) & (us > 0)
+                    if not good.all():
+                        notes.append(f"CPU {what}: {int((~good).sum())} of {len(us)} rows have no finite time > 0 "
+                                     f"(NaN, inf or <= 0) and are not drawn" + ("" if good.any() else
+                                                                                " (nothing drawn)") + ".")
+                    ns, us = ns[good], us[good]
+                    if len(us) == 0:
+                        continue
                     if impl == "kda" and np.all(us == us[0]):
                         # decode-cost measures the KDA step once (it does not depend on n) and repeats that value on
                         # every n row: drawn as one measurement, a horizontal line over the n range without markers,
@@ -81,13 +93,16 @@ def main():
             else:
                 note = fs.attr(f["decode_cost/gpu"], "note", "") if "decode_cost/gpu" in f else ""
                 if note:  # under the panel, not over the curves (was drawn on the KDA line at the bottom)
-                    fs.panel_note(ax, note)
+                    notes.append(note)
+            if notes:
+                fs.panel_note(ax, " ".join(notes))
             ax.set_xscale("log")
             ax.set_yscale("log")
             ax.set_xlabel("context $n$ (tokens cached)")
             ax.set_ylabel("time per decode step (µs)")
             ax.set_title("Measured per-token decode step")
-            ax.legend(loc="upper left", fontsize=6.5)
+            if ax.get_lines():
+                ax.legend(loc="upper left", fontsize=6.5)
         fig.suptitle("Decode cost per token vs context: softmax re-reads the cache, KDA reads a fixed state", y=1.02)
         # Why the CPU softmax curve may bend up (its working set against the caches): decode-cost's own note.
         cpu_note = fs.attr(f["decode_cost/cpu"], "note", "") if has_cpu else ""
