@@ -16,7 +16,7 @@
 //     + D^T Kd. The next chunks' slots stream in by cp.async (NST stages, straight-line copies issued after
 //     the update: v8, bench/NOTES.md) while the current one is computed. v3 (state_variant 3, default): the state update
 //     is issued first and P D runs on the tensor cores with hi/lo bf16 splits; v2: P D in fp32 FMAs.
-//  v6 prepare (prepare_variant 6; kda_prepare_v6_kernel): the same slot, A, P and (since session 8) [W | U] = T [Diag(beta) Kg | Diag(beta) V], T = (I + A)^{-1}, on the tensor cores
+//  v6 prepare (prepare_variant 6; kda_prepare_v6_kernel): the same slot, A and P on the tensor cores
 //     (tf32 3-pass), fragments written from registers, ~2.4x less shared-memory traffic (see below).
 //  v4 schedule (overlap_segments): long fixed-length batches run in segments so that the prepare
 //     of segment k+1 overlaps the state pass of segment k (see segments_of()).
@@ -343,61 +343,29 @@ __global__ void __launch_bounds__(256, D == 256 ? 3 : 4) kda_prepare_v6_kernel(P
     });
   }
   __syncthreads();
-  // ---- [W | U] = T [Diag(beta) Kg | Diag(beta) V], T = (I + A)^{-1} (v6 since session 8; v4 substitutes column by
-  // column): T by fp32 forward substitution, one column per lane of warp 0 (16 dependent chains instead of 2 D), then
-  // the 16 x 16 x 2 D product on the tensor cores as tf32 3-pass (as A and P), each warp 2 D / 8 columns ----
-  float(*sTi)[DP] = sT[0];  // Qg's tile: free since the A / P partial sums were read (barrier above)
-  if (tid < C) {
+  // ---- [W | U] = (I + A)^{-1} [Diag(beta) Kg | Diag(beta) V] (thread = column, v4's order) ----
+  // 2 D columns: thread tid takes column tid (D = 128), tid < 128 (D = 64; whole warps idle past it),
+  // tid and tid + 256 (D = 256). W columns (< D) cover whole warps, as store_afrag_col's shuffles need.
+  auto subst = [&](const int col) {
     float x[C];
-    prep::unit_lower_inverse_col(x, sA, tid);
-#pragma unroll
-    for (int r = 0; r < C; ++r) sTi[r][tid] = x[r];
-  }
-  __syncthreads();
-  {
-    constexpr int NTW = D / 32;  // n-tiles (8 columns of [W | U]) per warp: 2 D / 8 warps / 8
-    const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4, col0 = warp * 8 * NTW;
-    float acc[NTW][4] = {};
-#pragma unroll
-    for (int ks = 0; ks < 2; ++ks) {
-      const int k0 = 8 * ks + t, k1 = k0 + 4;
-      std::uint32_t ah[4], al[4];  // T's A fragment: (g, k0), (g + 8, k0), (g, k1), (g + 8, k1)
-      split_tf32(sTi[g][k0], ah[0], al[0]);
-      split_tf32(sTi[g + 8][k0], ah[1], al[1]);
-      split_tf32(sTi[g][k1], ah[2], al[2]);
-      split_tf32(sTi[g + 8][k1], ah[3], al[3]);
-      const float b0s = sBeta[k0], b1s = sBeta[k1];
-#pragma unroll
-      for (int nn = 0; nn < NTW; ++nn) {
-        const int cn = 8 * nn + g;  // this lane's B column, from the warp's first (a warp's columns are all W or all U)
-        const float x0 = b0s * (col0 < D ? sK[k0][col0 + cn] : sV[k0][col0 - D + cn]);
-        const float x1 = b1s * (col0 < D ? sK[k1][col0 + cn] : sV[k1][col0 - D + cn]);
-        std::uint32_t bh[2], bl[2];
-        split_tf32(x0, bh[0], bl[0]);
-        split_tf32(x1, bh[1], bl[1]);
-        mma_tf32(acc[nn], al, bh);
-        mma_tf32(acc[nn], ah, bl);
-        mma_tf32(acc[nn], ah, bh);
-      }
-    }
-    // acc[nn]: rows g (0, 1) and g + 8 (2, 3), columns col0 + 8 nn + 2 t, + 1. W (the warps with col0 < D): bf16 A
-    // fragments of k-tile (col0 + 16 kk) / 16 from n-tiles 2 kk, 2 kk + 1 (store_afrag_col's layout); U: fp32 rows.
-    if (col0 < D) {
-      uint4* W = reinterpret_cast<uint4*>(slot + SL::W);
-#pragma unroll
-      for (int kk = 0; kk < NTW / 2; ++kk)
-        W[((col0 + 16 * kk) / 16) * 32 + lane] =
-            make_uint4(pack_bf16(acc[2 * kk][0], acc[2 * kk][1]), pack_bf16(acc[2 * kk][2], acc[2 * kk][3]),
-                       pack_bf16(acc[2 * kk + 1][0], acc[2 * kk + 1][1]), pack_bf16(acc[2 * kk + 1][2], acc[2 * kk + 1][3]));
+    prep::subst<D>(x, sBeta, sK, sV, sA, col);
+    if (col < D) {
+      prep::store_afrag_col(reinterpret_cast<uint4*>(slot + SL::W), x, col);
     } else {
       float* U = reinterpret_cast<float*>(slot + SL::U);
 #pragma unroll
-      for (int nn = 0; nn < NTW; ++nn) {
-        const int cu = col0 - D + 8 * nn + 2 * t;
-        *reinterpret_cast<float2*>(U + g * D + cu) = make_float2(acc[nn][0], acc[nn][1]);
-        *reinterpret_cast<float2*>(U + (g + 8) * D + cu) = make_float2(acc[nn][2], acc[nn][3]);
-      }
+      for (int r = 0; r < C; ++r) U[r * D + (col - D)] = x[r];
     }
+  };
+  if constexpr (2 * D == 256) {
+    subst(tid);
+  } else if constexpr (2 * D < 256) {
+    if (tid < 2 * D) subst(tid);
+  } else {
+    static_assert(2 * D == 512, "D = 256: two columns per thread");
+    // one after the other: interleaved (unrolled) the two chains took 168 registers (1 CTA per SM)
+#pragma unroll 1
+    for (int col = tid; col < 2 * D; col += 256) subst(col);
   }
 }
 

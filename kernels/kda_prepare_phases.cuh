@@ -97,17 +97,13 @@ __device__ __forceinline__ void load_fuse(const Prm& p, const Seq& sq, int t0, i
   const long long t = sq.bos + t0 + r;
   float fq[4 * NHF], fk[4 * NHF], fv[4 * NHF], fg[4 * NHF];  // [4 hf + e] = channel 4j + 64 hf + e
   if (ok) {
-    // one row pointer per tensor (element offsets in 64 bits), the 64-channel blocks at immediate offsets
-    const bf16_t* qr = p.q + (sq.bidx * p.sq.b + t * p.sq.t + h * p.sq.h + 4 * j);
-    const bf16_t* kr = p.k + (sq.bidx * p.sk.b + t * p.sk.t + h * p.sk.h + 4 * j);
-    const bf16_t* vr = p.v + (sq.bidx * p.sv.b + t * p.sv.t + hv * p.sv.h + 4 * j);
-    const bf16_t* gr = p.g + (sq.bidx * p.sg.b + t * p.sg.t + hv * p.sg.h + 4 * j);
 #pragma unroll
     for (int hf = 0; hf < NHF; ++hf) {
-      unpack4(*reinterpret_cast<const uint2*>(qr + 64 * hf), fq + 4 * hf);
-      unpack4(*reinterpret_cast<const uint2*>(kr + 64 * hf), fk + 4 * hf);
-      unpack4(*reinterpret_cast<const uint2*>(vr + 64 * hf), fv + 4 * hf);
-      unpack4(*reinterpret_cast<const uint2*>(gr + 64 * hf), fg + 4 * hf);
+      const int cc = 4 * j + 64 * hf;
+      unpack4(*reinterpret_cast<const uint2*>(p.q + sq.bidx * p.sq.b + t * p.sq.t + h * p.sq.h + cc), fq + 4 * hf);
+      unpack4(*reinterpret_cast<const uint2*>(p.k + sq.bidx * p.sk.b + t * p.sk.t + h * p.sk.h + cc), fk + 4 * hf);
+      unpack4(*reinterpret_cast<const uint2*>(p.v + sq.bidx * p.sv.b + t * p.sv.t + hv * p.sv.h + cc), fv + 4 * hf);
+      unpack4(*reinterpret_cast<const uint2*>(p.g + sq.bidx * p.sg.b + t * p.sg.t + hv * p.sg.h + cc), fg + 4 * hf);
     }
   } else {
 #pragma unroll
@@ -262,28 +258,6 @@ __device__ __forceinline__ void subst(float (&x)[C], const float* sBeta, float (
 #pragma unroll
   for (int r = 0; r < C; ++r) {
     float acc = sBeta[r] * (col < D ? sK[r][col] : sV[r][col - D]);
-    const float4* ar = reinterpret_cast<const float4*>(&sA[r][0]);
-#pragma unroll
-    for (int m = 0; m < C / 4; ++m) {
-      if (4 * m < r) {
-        const float4 a4 = ar[m];
-        const float av[4] = {a4.x, a4.y, a4.z, a4.w};
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (4 * m + e < r) acc -= av[e] * x[4 * m + e];
-      }
-    }
-    x[r] = acc;
-  }
-}
-
-/// Column j of T = (I + A)^{-1} for the strictly lower 16 x 16 A in sA (fp32): x[r] = delta_rj - sum_{s < r} A[r][s]
-/// x[s], s in increasing order, the A row read as float4 broadcasts (subst's loop with a unit right-hand side). The
-/// prepare v6 forms [W | U] = T Diag(beta) [Kg | V] from it on the tensor cores (kernels/kda_prefill.cu).
-__device__ __forceinline__ void unit_lower_inverse_col(float (&x)[C], float (*sA)[C], int j) {
-#pragma unroll
-  for (int r = 0; r < C; ++r) {
-    float acc = r == j ? 1.0f : 0.0f;
     const float4* ar = reinterpret_cast<const float4*>(&sA[r][0]);
 #pragma unroll
     for (int m = 0; m < C / 4; ++m) {
