@@ -24,12 +24,12 @@
 #include "experiments/cli.hpp"
 #include "tests/catch.hpp"
 #include "tests/cli_io/cli_util.hpp"
+#include "tests/cli_io/figure_util.hpp"
 
 using namespace kdalab::testutil;
 using nlohmann::json;
 
 namespace {
-const char* kPy = "/usr/bin/python3";
 
 /// `kdalab <args>` under `timeout 60`, so that a regression that blocks cannot hang the suite.
 RunResult run_timed(const std::string& args) { return run_command("timeout 60 " + kdalab_bin() + " " + args); }
@@ -221,21 +221,12 @@ TEST_CASE("finds8b 9: an error line quoting file content holds no raw non-printa
   CHECK(kdalab::cli::printable("\xc0\xaf") == "\\xc0\\xaf");  // overlong '/'
 }
 
-namespace {
-/// Whether /usr/bin/python3 has h5py and matplotlib (else the figure test is skipped with a warning).
-bool have_plotting() {
-  if (run_command(std::string(kPy) + " -c 'import h5py, matplotlib' >/dev/null 2>&1").code == 0) return true;
-  WARN("/usr/bin/python3 lacks h5py or matplotlib (scripts/setup.sh installs them): figure test skipped");
-  return false;
-}
-}  // namespace
 
 TEST_CASE("finds8b 10: fig_decode_cost draws no line for non-finite or non-positive times and says so", "[cli][python]") {
-  if (!have_plotting()) return;
+  if (skip_without_plotting()) return;
   TempDir d;
   const std::string h5 = d.file("dc.h5");
-  const auto r = run_kdalab("decode-cost --cpu-n 1024,2048,4096 --cpu-d 64 --min-time 0.01 --n 1000 --d 64 --context 1024 "
-                            "--gpu-n 0 --quiet --out " + h5);
+  const auto r = run_small_decode_cost(h5);
   INFO(r.output);
   REQUIRE(r.code == 0);
   // Sets seconds_per_token: `softmax` and `kda` are python expressions for the value of row i of that impl.

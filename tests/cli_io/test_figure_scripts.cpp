@@ -25,19 +25,12 @@
 #include "experiments/results.hpp"
 #include "tests/catch.hpp"
 #include "tests/cli_io/cli_util.hpp"
+#include "tests/cli_io/figure_util.hpp"
 
 using namespace kdalab::testutil;
 using nlohmann::json;
 
 namespace {
-const char* kPy = "/usr/bin/python3";
-
-/// True (with a warning) when /usr/bin/python3 lacks h5py or matplotlib: the calling test then returns early.
-bool skip_without_plotting() {
-  if (run_command(std::string(kPy) + " -c 'import h5py, matplotlib' >/dev/null 2>&1").code == 0) return false;
-  WARN("/usr/bin/python3 lacks h5py or matplotlib (scripts/setup.sh installs them): figure tests skipped");
-  return true;
-}
 
 /// Runs `/usr/bin/python3 <args>` from the working directory (the repo root under ctest); checks nothing.
 RunResult python(const std::string& args) { return run_command(std::string(kPy) + " " + args); }

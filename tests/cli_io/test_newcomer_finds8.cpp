@@ -20,19 +20,12 @@
 #include "experiments/results.hpp"
 #include "tests/catch.hpp"
 #include "tests/cli_io/cli_util.hpp"
+#include "tests/cli_io/figure_util.hpp"
 
 using namespace kdalab::testutil;
 using nlohmann::json;
 
 namespace {
-const char* kPy = "/usr/bin/python3";
-
-/// True (with a warning) when /usr/bin/python3 lacks h5py or matplotlib: the calling test then returns early.
-bool skip_without_plotting() {
-  if (run_command(std::string(kPy) + " -c 'import h5py, matplotlib' >/dev/null 2>&1").code == 0) return false;
-  WARN("/usr/bin/python3 lacks h5py or matplotlib (scripts/setup.sh installs them): figure tests skipped");
-  return true;
-}
 
 /// Runs scripts/<script> on `h5` with --dump only, returns the dump (REQUIREs exit 0).
 json draw(const TempDir& d, const std::string& script, const std::string& h5) {
@@ -177,8 +170,7 @@ TEST_CASE("fig_decode_cost draws the CPU KDA step as one measurement, the softma
   if (skip_without_plotting()) return;
   TempDir d;
   const std::string h5 = d.file("dc.h5");
-  const auto r = run_kdalab("decode-cost --cpu-n 1024,2048,4096 --cpu-d 64 --min-time 0.01 --n 1000 --d 64 --context 1024 "
-                            "--gpu-n 0 --quiet --out " + h5);
+  const auto r = run_small_decode_cost(h5);
   INFO(r.output);
   REQUIRE(r.code == 0);
   const auto impl = kdalab::h5read::strings(h5, "/decode_cost/cpu/impl");
