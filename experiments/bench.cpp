@@ -179,17 +179,36 @@ struct BaselineRows {
   std::map<std::string, std::pair<std::vector<std::string>, std::vector<double>>> groups;
 };
 
+/// The note added to "'<item>' does not exist" for `items[i]`, an item of the comma-split list option `option`
+/// (CLI11 splits its values at ','), when some run of neighbouring items around it, joined again at commas, names an
+/// existing file: "a,b.h5" was read as 'a' and 'b.h5'. "" when no such run names a file (or the item exists).
+std::string comma_split_note(const std::string& option, const std::vector<std::string>& items, std::size_t i) {
+  std::error_code ec;
+  for (std::size_t first = 0; first <= i; ++first)
+    for (std::size_t last = std::max(i, first + 1); last < items.size(); ++last) {  // two items or more, with item i
+      std::string joined = items[first];
+      for (std::size_t k = first + 1; k <= last; ++k) joined += "," + items[k];
+      if (std::filesystem::exists(joined, ec))
+        return "; the value was split at its commas (" + option + " is a comma-separated list) and '" + joined +
+               "' is a file: a file name containing a comma cannot be given to " + option +
+               " (rename it, or give a link to it without a comma)";
+    }
+  return "";
+}
+
 /// Reads a --compare file completely, before any GPU work: /bench must be a group; each group /bench/<grp> of
 /// `grps` (the ops bench will time, '-' as '_') that the file has must be a group with a 1-D string dataset `key`
 /// and a 1-D numeric dataset `time_ms` of the same length, every time finite and > 0. A group the file lacks is
 /// skipped (its rows have no baseline). Errors: kdalab::Error naming --compare, the file and what is wrong (exit
 /// 2); an HDF5 library failure (H5::Exception, not a std::exception) becomes a kdalab::Error too.
-BaselineRows read_compare_file(const std::string& cf, const std::vector<std::string>& grps) {
+/// `split_note`: comma_split_note() for cf, added to the "does not exist" message.
+BaselineRows read_compare_file(const std::string& cf, const std::vector<std::string>& grps,
+                               const std::string& split_note = "") {
   const std::string what = "--compare: '" + cf + "'";
   const std::string give = "; give a kdalab bench results file (e.g. data/baselines/h200-kda.h5)";
   std::error_code ec;
   require(!std::filesystem::is_directory(cf, ec), what + " is a directory" + give);
-  require(std::filesystem::is_regular_file(cf, ec), what + " does not exist or is not a file" + give);
+  require(std::filesystem::is_regular_file(cf, ec), what + " does not exist or is not a file" + give + split_note);
   H5::Exception::dontPrint();
   BaselineRows r;
   try {
@@ -786,7 +805,9 @@ void register_bench(Registry& reg) {
       std::error_code ec;
       require(!std::filesystem::is_directory(pj, ec), "--peer-json: '" + pj + "' is a directory; give a JSON file");
       std::ifstream f(pj, std::ios::binary);
-      require(f.good(), "--peer-json: cannot open '" + pj + "'");
+      require(f.good(), "--peer-json: cannot open '" + pj + "'" +
+                            comma_split_note("--peer-json", o->peer_json,
+                                             static_cast<std::size_t>(&pj - o->peer_json.data())));
       const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
       // the whole file is one JSON value (trailing text refused), and no object in it repeats a key (nlohmann
       // would keep the last one silently): cli::parse_json_once, the reader of --config too
@@ -817,7 +838,8 @@ void register_bench(Registry& reg) {
       grps.push_back(g);
     }
     [[maybe_unused]] std::vector<BaselineRows> baselines;  // every --compare file read completely now, before any GPU work
-    for (const std::string& cf : o->compare) baselines.push_back(read_compare_file(cf, grps));
+    for (std::size_t i = 0; i < o->compare.size(); ++i)
+      baselines.push_back(read_compare_file(o->compare[i], grps, comma_split_note("--compare", o->compare, i)));
     // --out is never one of the input files, --compare, --peer-json or --config (same path, a symlink or another
     // spelling of it): an input is read, never overwritten (with --force it would be)
     struct InputFiles {

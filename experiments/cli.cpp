@@ -528,6 +528,19 @@ int run(int argc, char** argv) {
     for (auto& c : reg.commands())  // known before parsing: an error while parsing names the subcommand too
       if (c.app->get_name() == argv[1]) cmd = &c;
   }
+  if (argc >= 2 && looks_like_option(argv[1]) && std::string(argv[1]) != "--") {
+    // an option before any subcommand that kdalab itself does not know ("kdalab -x"): CLI11 said only "A subcommand
+    // is required", not naming it (session 8). kdalab's own options: --help, -h, --version.
+    const std::string tok = argv[1];
+    const std::string name = tok.substr(0, tok.find('='));
+    if (app.get_option_no_throw(name) == nullptr) {
+      std::string known;
+      for (auto& c : reg.commands()) known += (known.empty() ? "" : ", ") + c.app->get_name();
+      print_error("", "unknown option '" + tok + "'; give a subcommand first (" + known +
+                          "; 'kdalab --help' lists them), then its options ('kdalab SUBCOMMAND --help')");
+      return 2;
+    }
+  }
   if (cmd) {  // --help anywhere after the subcommand: its help, exit 0, whatever else the line holds (a bad value
               // such as "--T ,," was reported instead: check_tokens runs before CLI11 sees --help; CLI11 itself also
               // converts values before it looks at --help)

@@ -18,6 +18,19 @@ STYLE = {"kimi-linear-48b": ("#2ca02c", "Kimi Linear 48B (20 KDA + 7 MLA)"),
          "kimi-k3": ("#1f77b4", "K3 layout (3:1 + final MLA; layer count illustrative)")}
 
 
+def layout_label(lay):
+    """The prose legend label of a decode_cost/hybrid `layout` (both panels use these, never the internal names):
+    a hybrid's from STYLE; "all-mla-27" is the Kimi Linear 48B shapes with every layer MLA, "all-mla-<L>" the K3
+    shapes with every layer MLA; any other layout keeps its name."""
+    if lay in STYLE:
+        return STYLE[lay][1]
+    if lay == "all-mla-27":
+        return "all-MLA, Kimi Linear 48B shapes (27 MLA)"
+    if lay.startswith("all-mla-") and lay[len("all-mla-"):].isdigit():
+        return f"all-MLA, K3 shapes ({lay[len('all-mla-'):]} MLA; layer count illustrative)"
+    return lay
+
+
 def main():
     a = fs.parse_args(__doc__.splitlines()[0])
     with h5py.File(a.results, "r") as f:
@@ -25,7 +38,8 @@ def main():
         at = f["decode_cost/hybrid"].attrs
         fig, axes = plt.subplots(1, 2, figsize=(8.6, 3.7))
         ax = axes[0]
-        for lay, (col, lab) in STYLE.items():
+        for lay, (col, _) in STYLE.items():
+            lab = layout_label(lay)
             sel = (h["layout"] == lay) & (h["batch_kind"] == "one")
             if not sel.any():
                 continue
@@ -62,7 +76,7 @@ def main():
                 col = STYLE["kimi-k3"][0]
             ls = "--" if lay.startswith("all-mla") else "-"
             mk = dict(marker="s", mfc="none", ms=4) if lay.startswith("all-mla") else dict(marker="o", ms=3)
-            ax.plot(h["n"][sel][o], np.maximum(h["batch"][sel][o], 0.5), ls=ls, color=col, label=lay, **mk)
+            ax.plot(h["n"][sel][o], np.maximum(h["batch"][sel][o], 0.5), ls=ls, color=col, label=layout_label(lay), **mk)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("context $n$ (tokens)")

@@ -82,14 +82,31 @@ def skipped_points_notes(f, t):
             g = next(iter(gates))
             if skipped == {p for p, gg in gate_of.items() if gg == g}:
                 which = f"every {g}-gate point"
-        why = m.group(5).split("; accepted:")[0]
+        why = m.group(5).split("; accepted:")[0].strip()  # an empty reason is left out, not "skipped: "
         out.append(f"{impl}, C = {C}: {plotted} of the {n} grid points plotted (its median is over those); the other "
-                   f"{len(skipped)}{' (' + which + ')' if which else ''} skipped: {why}")
+                   f"{len(skipped)}{' (' + which + ')' if which else ''} skipped{': ' + why if why else ''}")
     return out
 
 
-CUDA_ALL_SKIPPED = "cuda-bf16 rows skipped: "  # kdalab parity: this build / machine cannot run the kernel (no GPU, no CUDA)
-CUDA_POINT_SKIPPED = re.compile(r"^cuda-bf16 row skipped at [^:]*: (.*)$")  # a point outside the kernel's shapes
+def distinct_reasons(reasons):
+    """`reasons` without the empty ones (blank after stripping) and without repeats, in first-seen order: a `notes`
+    line with no reason, or the same reason on two lines, printed "every row skipped: ." or "a; a."."""
+    out = []
+    for r in reasons:
+        r = r.strip()
+        if r and r not in out:
+            out.append(r)
+    return out
+
+
+def reasons_text(reasons):
+    """": <r1>; <r2>." for the distinct non-empty `reasons`, "." when there is none (the skip is still said)."""
+    rs = distinct_reasons(reasons)
+    return f": {'; '.join(rs)}." if rs else "."
+
+
+CUDA_ALL_SKIPPED = "cuda-bf16 rows skipped:"  # kdalab parity: this build / machine cannot run the kernel (no GPU, no CUDA)
+CUDA_POINT_SKIPPED = re.compile(r"^cuda-bf16 row skipped at [^:]*:(.*)$")  # a point outside the kernel's shapes
 
 
 def cuda_skipped_notes(f, t):
@@ -104,16 +121,16 @@ def cuda_skipped_notes(f, t):
     lines = fs.attr(f["parity"], "notes", "").splitlines()
     has_rows = bool(np.any(t["impl"] == "cuda-bf16"))
     reasons = [line[len(CUDA_ALL_SKIPPED):] for line in lines if line.startswith(CUDA_ALL_SKIPPED)]
-    shape_reasons = sorted({m.group(1) for m in (CUDA_POINT_SKIPPED.match(x) for x in lines) if m})
+    shape_reasons = [m.group(1) for m in (CUDA_POINT_SKIPPED.match(x) for x in lines) if m]
     if not has_rows:  # no series drawn: every row skipped, for this build / machine or for every point's shape
         reasons += shape_reasons
-        return [f"cuda-bf16 (the CUDA kernel): not drawn, every row skipped: {'; '.join(reasons)}."] if reasons else []
+        return [f"cuda-bf16 (the CUDA kernel): not drawn, every row skipped{reasons_text(reasons)}"] if reasons else []
     out = []
     if shape_reasons and "point" in t:
         points = np.asarray(t["point"]).astype(int)
         plotted = len(set(points[t["impl"] == "cuda-bf16"].tolist()))
         out.append(f"cuda-bf16: {plotted} of the {len(set(points.tolist()))} grid points plotted; its rows at the "
-                   f"others skipped: {'; '.join(shape_reasons)}.")
+                   f"others skipped{reasons_text(shape_reasons)}")
     return out
 
 
