@@ -27,22 +27,6 @@ using nlohmann::json;
 
 namespace {
 
-/// Runs scripts/<script> on `h5` with --dump only, returns the dump (REQUIREs exit 0).
-json draw(const TempDir& d, const std::string& script, const std::string& h5) {
-  const std::string dump = d.file(script + ".json");
-  const auto r = run_command(std::string(kPy) + " scripts/" + script + " " + h5 + " --dump " + dump);
-  INFO(script << ": " << r.output);
-  REQUIRE(r.code == 0);
-  return json::parse(slurp(dump));
-}
-
-/// Runs a python snippet (h5py, numpy imported as np); REQUIREs exit 0.
-void python(const std::string& code) {
-  const auto r = run_command(std::string(kPy) + " -c \"import h5py, numpy as np\n" + code + "\"");
-  INFO(code << "\n" << r.output);
-  REQUIRE(r.code == 0);
-}
-
 /// The texts of axes `ax` that start with `prefix`, newlines (wrapping) made spaces, each with its box's top edge.
 std::vector<std::pair<std::string, double>> texts_starting(const json& ax, const std::string& prefix) {
   std::vector<std::pair<std::string, double>> out;
@@ -80,7 +64,7 @@ TEST_CASE("fig_parity says under the panel that the cuda-bf16 rows were skipped,
   CHECK(rec.rfind("cuda-bf16 rows skipped: ", 0) == 0);
 #endif
   const std::string why = rec.substr(rec.find(": ") + 2);  // the reason after "rows skipped: " / "skipped at ...: "
-  const json j = draw(d, "fig_parity.py", h5);
+  const json j = dump_figure(d, "fig_parity.py", h5);
   const auto notes = texts_starting(j["axes"][0], "cuda-bf16 (the CUDA kernel): not drawn, every row skipped: ");
   REQUIRE(notes.size() == 1);
   INFO(notes[0].first << "\nrecorded: " << why);
@@ -100,7 +84,7 @@ TEST_CASE("fig_parity: a GPU run that skipped some points says how many cuda-bf1
   TempDir d;
   const std::string h5 = d.file("p.h5");
   // as kdalab parity on a GPU writes it: the softplus point (1) is outside the kernel's shapes
-  python("f = h5py.File('" + h5 + "', 'w')\n"
+  python_h5("f = h5py.File('" + h5 + "', 'w')\n"
          "g = f.create_group('parity/table')\n"
          "g['impl'] = np.array([b'float64', b'float64', b'cuda-bf16'])\n"
          "g['point'] = np.array([0, 1, 0])\n"
@@ -108,7 +92,7 @@ TEST_CASE("fig_parity: a GPU run that skipped some points says how many cuda-bf1
          "g['o_rel_rms'] = np.array([1e-16, 2e-16, 1.7e-3])\n"
          "f['parity'].attrs['notes'] = 'cuda-bf16 row skipped at B=1 T=64 H=2 d_k=128 d_v=128 C=16 gate=softplus: "
          "the kernel runs the bounded (K3) gate, C = 16, d_k = d_v = 128, HV = H only'\n");
-  const json j = draw(d, "fig_parity.py", h5);
+  const json j = dump_figure(d, "fig_parity.py", h5);
   const auto notes = texts_starting(j["axes"][0], "cuda-bf16: ");
   REQUIRE(notes.size() == 1);
   INFO(notes[0].first);
@@ -170,9 +154,7 @@ TEST_CASE("fig_decode_cost draws the CPU KDA step as one measurement, the softma
   if (skip_without_plotting()) return;
   TempDir d;
   const std::string h5 = d.file("dc.h5");
-  const auto r = run_small_decode_cost(h5);
-  INFO(r.output);
-  REQUIRE(r.code == 0);
+  make_small_decode_cost(h5);
   const auto impl = kdalab::h5read::strings(h5, "/decode_cost/cpu/impl");
   const auto sec = kdalab::h5read::array(h5, "/decode_cost/cpu/seconds_per_token");
   double kda_s = NAN;
@@ -183,12 +165,12 @@ TEST_CASE("fig_decode_cost draws the CPU KDA step as one measurement, the softma
     }
   REQUIRE(std::count(impl.begin(), impl.end(), "kda") == 3);
   // the GPU lines as an H200 run records them (a CPU build has none): they must keep a marker per n
-  python("f = h5py.File('" + h5 + "', 'a')\n"
+  python_h5("f = h5py.File('" + h5 + "', 'a')\n"
          "g = f.require_group('decode_cost/gpu')\n"
          "g['n'] = np.array([1000.0, 128000.0, 1000000.0])\n"
          "g['mla_layer_s'] = np.array([2e-5, 6e-5, 3e-4])\n"
          "g['kda_layer_s'] = np.array([1e-5, 1e-5, 1e-5])\n");
-  const json j = draw(d, "fig_decode_cost.py", h5);
+  const json j = dump_figure(d, "fig_decode_cost.py", h5);
   REQUIRE(j["axes"].size() >= 2);
   const json& ax = j["axes"][1];
   int kda = 0, softmax = 0, gpu = 0;

@@ -21,22 +21,6 @@ using nlohmann::json;
 
 namespace {
 
-/// Runs scripts/<script> on `h5` with --dump only, returns the dump (REQUIREs exit 0).
-json draw(const TempDir& d, const std::string& script, const std::string& h5) {
-  const std::string dump = d.file(script + ".json");
-  const auto r = run_command(std::string(kPy) + " scripts/" + script + " " + h5 + " --dump " + dump);
-  INFO(script << ": " << r.output);
-  REQUIRE(r.code == 0);
-  return json::parse(slurp(dump));
-}
-
-/// Runs a python snippet (h5py, numpy imported as np); REQUIREs exit 0.
-void python(const std::string& code) {
-  const auto r = run_command(std::string(kPy) + " -c \"import h5py, numpy as np\n" + code + "\"");
-  INFO(code << "\n" << r.output);
-  REQUIRE(r.code == 0);
-}
-
 /// The strings of `parts` one after the other (GCC 12's -Wrestrict misfires on "literal" + std::string here).
 std::string cat(std::initializer_list<std::string> parts) {
   std::string r;
@@ -101,10 +85,8 @@ TEST_CASE("fig_hybrid: both panels label the layouts in prose, the right one as 
   if (skip_without_plotting()) return;
   TempDir d;
   const std::string h5 = d.file("dc.h5");
-  const auto r = run_small_decode_cost(h5);
-  INFO(r.output);
-  REQUIRE(r.code == 0);
-  const json j = draw(d, "fig_hybrid.py", h5);
+  make_small_decode_cost(h5);
+  const json j = dump_figure(d, "fig_hybrid.py", h5);
   const auto& left = j["axes"][0]["legend"];
   const auto& right = j["axes"][1]["legend"];
   INFO(left.dump() << "\n" << right.dump());
@@ -134,7 +116,7 @@ TEST_CASE("fig_parity leaves out empty and repeated reasons of parity's notes", 
   TempDir d;
   const std::string h5 = d.file("p.h5");
   // no cuda-bf16 row; one empty reason, one reason twice (CPU-build style and shape style)
-  python("f = h5py.File('" + h5 + "', 'w')\n"
+  python_h5("f = h5py.File('" + h5 + "', 'w')\n"
          "g = f.create_group('parity/table')\n"
          "g['impl'] = np.array([b'float64', b'float64'])\n"
          "g['point'] = np.array([0, 1])\n"
@@ -142,7 +124,7 @@ TEST_CASE("fig_parity leaves out empty and repeated reasons of parity's notes", 
          "g['o_rel_rms'] = np.array([1e-16, 2e-16])\n"
          "f['parity'].attrs['notes'] = 'cuda-bf16 rows skipped: \\ncuda-bf16 rows skipped: no GPU visible\\n"
          "cuda-bf16 row skipped at B=1 T=64 C=16: no GPU visible\\n'\n");
-  json j = draw(d, "fig_parity.py", h5);
+  json j = dump_figure(d, "fig_parity.py", h5);
   std::string t = axes_texts(j["axes"][0]);
   INFO(t);
   CHECK(t.find("cuda-bf16 (the CUDA kernel): not drawn, every row skipped: no GPU visible. |") != std::string::npos);
@@ -150,15 +132,15 @@ TEST_CASE("fig_parity leaves out empty and repeated reasons of parity's notes", 
   CHECK(t.find("skipped: ;") == std::string::npos);
   CHECK(t.find("no GPU visible; no GPU visible") == std::string::npos);
   // only empty reasons: the skip is still said, without ": ."
-  python("f = h5py.File('" + h5 + "', 'a')\n"
+  python_h5("f = h5py.File('" + h5 + "', 'a')\n"
          "f['parity'].attrs['notes'] = 'cuda-bf16 rows skipped: \\ncuda-bf16 rows skipped:'\n");
-  j = draw(d, "fig_parity.py", h5);
+  j = dump_figure(d, "fig_parity.py", h5);
   t = axes_texts(j["axes"][0]);
   INFO(t);
   CHECK(t.find("cuda-bf16 (the CUDA kernel): not drawn, every row skipped. |") != std::string::npos);
   CHECK(t.find("skipped: .") == std::string::npos);
   // a GPU run: two points outside the kernel's shapes with the same reason, and an empty one
-  python("f = h5py.File('" + h5 + "', 'w')\n"
+  python_h5("f = h5py.File('" + h5 + "', 'w')\n"
          "g = f.create_group('parity/table')\n"
          "g['impl'] = np.array([b'float64', b'float64', b'float64', b'cuda-bf16'])\n"
          "g['point'] = np.array([0, 1, 2, 0])\n"
@@ -167,7 +149,7 @@ TEST_CASE("fig_parity leaves out empty and repeated reasons of parity's notes", 
          "f['parity'].attrs['notes'] = 'cuda-bf16 row skipped at B=1 C=16 gate=softplus: the kernel runs d_k = 128\\n"
          "cuda-bf16 row skipped at B=1 C=32 gate=softplus: the kernel runs d_k = 128\\n"
          "cuda-bf16 row skipped at B=1 C=64 gate=softplus: '\n");
-  j = draw(d, "fig_parity.py", h5);
+  j = dump_figure(d, "fig_parity.py", h5);
   t = axes_texts(j["axes"][0]);
   INFO(t);
   CHECK(t.find("cuda-bf16: 1 of the 3 grid points plotted; its rows at the others skipped: the kernel runs d_k = 128. |") !=
