@@ -801,13 +801,12 @@ void register_bench(Registry& reg) {
               "D = 128 shape or leave --variants out");
     }
     nlohmann::json peer = nlohmann::json::object();
-    for (const std::string& pj : o->peer_json) {
+    for (std::size_t pi = 0; pi < o->peer_json.size(); ++pi) {
+      const std::string& pj = o->peer_json[pi];
       std::error_code ec;
       require(!std::filesystem::is_directory(pj, ec), "--peer-json: '" + pj + "' is a directory; give a JSON file");
       std::ifstream f(pj, std::ios::binary);
-      require(f.good(), "--peer-json: cannot open '" + pj + "'" +
-                            comma_split_note("--peer-json", o->peer_json,
-                                             static_cast<std::size_t>(&pj - o->peer_json.data())));
+      require(f.good(), "--peer-json: cannot open '" + pj + "'" + comma_split_note("--peer-json", o->peer_json, pi));
       const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
       // the whole file is one JSON value (trailing text refused), and no object in it repeats a key (nlohmann
       // would keep the last one silently): cli::parse_json_once, the reader of --config too

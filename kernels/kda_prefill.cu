@@ -394,8 +394,8 @@ struct StageParts {
 
 /// One chunk's workspace slot -> one state stage, by 16-byte cp.async (no commit: the caller commits). NT threads
 /// (tid < NT); every trip count is a compile-time constant and each thread's copies are straight-line code with
-/// immediate offsets: the runtime-bounded copy loops this replaces took ~35% of the v3 step's issue time on the H200
-/// (ncu source counters, session 8; bench/NOTES.md "KDA state pass v8"). slot: the chunk's slot (Slot<D> layout);
+/// immediate offsets: the runtime-bounded copy loops this replaces held ~35% of the v3 step's warp-stall samples on the
+/// H200 (ncu source counters, session 8; bench/NOTES.md "KDA state pass v8"). slot: the chunk's slot (Slot<D> layout);
 /// vbase: the CTA's first value column (U slice [C][SLICE] of columns vbase ..).
 template <int D, int NT>
 __device__ __forceinline__ void issue_stage(Stage<D>& st, const unsigned char* slot, int vbase, int tid,
