@@ -392,6 +392,19 @@ Measured bench_prefill(const Shape& s, int warmup, int iters, std::uint64_t seed
   const double state = time_ms([&] { kernels::kda_prefill(a, nullptr); }, warmup, iters).first;
   if (!variants || D != 128) return prefill_measured(s, ms, mn, prep, state);  // the variants are D = 128 only
   // --variants: the non-default kernels and schedules beside the defaults (printed, not in the table)
+  if (kernels::kda_prefill_state_kernel(a) == 6) {  // the default wgmma state pass beside the v3 (mma.sync) one-shot pass
+    auto a3 = a;
+    a3.segment_state = 1;  // state_variant 3, one-shot: v3 itself
+    a3.run_phases = 3;     // the whole prefill first: the workspace then holds v3's slot layout
+    const double all3 = time_ms([&] { kernels::kda_prefill(a3, nullptr); }, warmup, iters).first;
+    a3.run_phases = 2;
+    const double st3 = time_ms([&] { kernels::kda_prefill(a3, nullptr); }, warmup, iters).first;
+    a3.run_phases = 1;
+    const double pr3 = time_ms([&] { kernels::kda_prefill(a3, nullptr); }, warmup, iters).first;
+    fmt::print("  (B={} T={} H={} HV={}: default state pass = wgmma (state_variant 6): state {:.4f} ms, prepare {:.4f}, "
+               "total {:.4f}; v3 one-shot (segment_state 1): state {:.4f}, prepare {:.4f}, total {:.4f} ms; v3 / wgmma "
+               "= {:.3f})\n", s.B, s.T, s.H, s.HV, state, prep, ms, st3, pr3, all3, all3 / ms);
+  }
   if (const int segs = kernels::kda_prefill_segments(a); segs > 1) {  // v5: the segment path and the one-shot schedule
     auto a1 = a;
     a1.segment_state = 1;
@@ -400,7 +413,7 @@ Measured bench_prefill(const Shape& s, int warmup, int iters, std::uint64_t seed
     const double all1 = time_ms([&] { kernels::kda_prefill(a1, nullptr); }, warmup, iters).first;
     fmt::print("  (B={} T={} H={} HV={}: segment-parallel state pass P = {}; one-shot schedule (segment_state = 1): "
                "total {:.4f} ms, state pass {:.4f} ms)\n", s.B, s.T, s.H, s.HV, segs, all1, state1);
-  } else if (kernels::kda_prefill_state_kernel(a) != a.state_variant) {  // the auto rule took the one-shot key split
+  } else if (s.T >= 16384 && kernels::kda_prefill_state_kernel(a) != a.state_variant) {  // auto: one-shot instead of P = 2, 3
     auto a3 = a;
     a3.segment_state = 3;  // the segment path it replaced (the wave model's P is 2 or 3)
     a3.run_phases = 3;     // (a holds the state-pass-only timing's 2 here)
@@ -410,7 +423,7 @@ Measured bench_prefill(const Shape& s, int warmup, int iters, std::uint64_t seed
     a3.workspace = ws3.p;
     a3.workspace_bytes = ws3b;
     const double all3 = time_ms([&] { kernels::kda_prefill(a3, nullptr); }, warmup, iters).first;
-    fmt::print("  (B={} T={} H={} HV={}: auto rule: one-shot schedule with the key-split state pass (state_variant 4); "
+    fmt::print("  (B={} T={} H={} HV={}: auto rule: one-shot schedule with the wgmma state pass (state_variant 6); "
                "the segment path P = {} instead: total {:.4f} ms)\n", s.B, s.T, s.H, s.HV, p3, all3);
   }
   {  // the previous prepare kernel (v4, kernels/kda.hpp prepare_variant) beside the default (v6): alone and the whole prefill

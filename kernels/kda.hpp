@@ -82,8 +82,15 @@ struct KdaPrefillArgs {
   /// same bf16 operand roundings as v3; only the fp32 summation order of W S and Qg S differs (o, S_final within
   /// tol::kda_state_v4_vs_v3 of v3). 4 and 5 run the one-shot state pass (and the v4 overlapped schedule); the v5
   /// segment path needs 3 (auto never takes it for 4 / 5; a forced segment_state >= 2 is refused).
+  /// 6 (session 9) = the state step on wgmma (D = 128, one-shot pass and the v4 overlapped schedule): one warpgroup per
+  /// 64 value columns, W, Qg, Kd, P read by the warpgroup MMA from shared memory once per 64 columns instead of once
+  /// per warp; the prepare writes W, Qg, Kd, P hi / lo row-major for it (same slot offsets and size). Same bf16
+  /// operand roundings and fp32 state as v3 (o, S_final within tol::kda_state_wg_vs_v3 of v3; bit-identical on the
+  /// tested shapes). The AUTO RULE (segment_state = 0 with state_variant = 3 at D = 128, prepare_variant 6, no pair
+  /// step) runs 6 wherever the plan is one-shot or a 2- or 3-segment path; kda_prefill_state_kernel() says which
+  /// kernel runs; segment_state = 1 with state_variant = 3 runs v3 itself.
   /// D != 128: only 3 is accepted; at D = 256 it runs the key-split kernel of variant 4 (same numerics as 4).
-  /// Errors: other values -> kdalab::Error.
+  /// Errors: other values (6 with prepare_variant 4) -> kdalab::Error.
   int state_variant = 3;
   /// v4 schedule: fixed-length batches with T >= 2048 run in <= 8 segments whose prepare kernel
   /// overlaps the previous segment's state pass (a side stream + events, joined back to `stream`).
@@ -204,9 +211,9 @@ std::size_t kda_prefill_workspace_bytes(const KdaPrefillArgs& a);
 /// T, B or HV < 1.
 int kda_prefill_segments(const KdaPrefillArgs& a);
 
-/// The state pass kda_prefill will run for these arguments on the current device: 2, 3, 4 or 5 as
+/// The state pass kda_prefill will run for these arguments on the current device: 2 .. 6 as
 /// KdaPrefillArgs::state_variant, except that the auto rule (segment_state = 0, state_variant = 3, D = 128) returns
-/// 4 where it takes the one-shot key-split pass instead of a 2- or 3-segment path (see segment_state). D = 256:
+/// 6 where it takes the one-shot wgmma pass (one-shot plans and 2- or 3-segment plans; see state_variant). D = 256:
 /// 3 (its state pass is the key-split kernel under that name). Reads only the shapes and options; errors as
 /// kda_prefill_segments.
 int kda_prefill_state_kernel(const KdaPrefillArgs& a);

@@ -275,8 +275,9 @@ struct PrepV6 {
 // 4 CTAs (32 warps) per SM at D = 64 / 128 need <= 64 registers: the minimum-blocks bound keeps ptxas there
 // (session 5's cheaper gate / reciprocal code took 72 without it, i.e. 3 CTAs per SM); D = 256 is held to 3 CTAs
 // by its 66.6 KB of dynamic shared memory (and now by this bound: <= 85 registers; it took 96 before session 5).
-template <int D>
+template <int D, bool kWg = false>
 __global__ void __launch_bounds__(256, D == 256 ? 3 : 4) kda_prepare_v6_kernel(Params p) {
+  static_assert(!kWg || D == 128, "the wgmma slot layout: D = 128");
   static_assert(D == 64 || D == 128 || D == 256, "prepare v6: D = 64, 128 or 256");
   constexpr int DP = PrepV6<D>::DP;
   constexpr int CPW = D / 8;   // channels per warp in the A / P products (8 per k-step)
@@ -317,8 +318,13 @@ __global__ void __launch_bounds__(256, D == 256 ? 3 : 4) kda_prepare_v6_kernel(P
     reinterpret_cast<float*>(slot + SL::gam_n)[i] = gn;
     float qg[C], kd[C];
     prep::decay_apply(sQ, sK, sKi, i, gam, gn, qg, kd);
-    prep::store_afrag_col(reinterpret_cast<uint4*>(slot + SL::Qg), qg, i);
-    prep::store_bfrag_col(reinterpret_cast<uint4*>(slot + SL::Kd), kd, i);
+    if constexpr (kWg) {  // state_variant 6: Qg, Kd row-major (kda_state_wg_kernel's layout)
+      prep::store_rowmajor_col<D>(reinterpret_cast<std::uint16_t*>(slot + SL::Qg), qg, i);
+      prep::store_rowmajor_col<D>(reinterpret_cast<std::uint16_t*>(slot + SL::Kd), kd, i);
+    } else {
+      prep::store_afrag_col(reinterpret_cast<uint4*>(slot + SL::Qg), qg, i);
+      prep::store_bfrag_col(reinterpret_cast<uint4*>(slot + SL::Kd), kd, i);
+    }
   }
   __syncthreads();
   // ---- A = Kg Ki^T and P = Qg Ki^T: tf32 3-pass mma, warp w sums channels [CPW w, CPW w + CPW) ----
@@ -339,7 +345,14 @@ __global__ void __launch_bounds__(256, D == 256 ? 3 : 4) kda_prepare_v6_kernel(P
     // thread tid sums fragment slot tid over the warps; A -> sA; P: fp32 (write_p) and hi + lo bf16 A fragments
     prep::ap_finish(red, tid, g, t, sA, sBeta, [&](int r, int s0, int nt, int hf, float p0, float p1) {
       if (p.write_p) *reinterpret_cast<float2*>(slot + SL::P + (r * C + s0) * 4) = make_float2(p0, p1);
-      prep::store_Pf(slot, SL::Pf, 0, lane, nt, hf, p0, p1);
+      if constexpr (kWg) {  // P hi then P lo, each [16][16] bf16 row-major
+        std::uint32_t hi, lo;
+        split_bf16(p0, p1, hi, lo);
+        reinterpret_cast<std::uint32_t*>(slot + SL::Pf)[(r * C + s0) / 2] = hi;
+        reinterpret_cast<std::uint32_t*>(slot + SL::Pf + 512)[(r * C + s0) / 2] = lo;
+      } else {
+        prep::store_Pf(slot, SL::Pf, 0, lane, nt, hf, p0, p1);
+      }
     });
   }
   __syncthreads();
@@ -350,7 +363,8 @@ __global__ void __launch_bounds__(256, D == 256 ? 3 : 4) kda_prepare_v6_kernel(P
     float x[C];
     prep::subst<D>(x, sBeta, sK, sV, sA, col);
     if (col < D) {
-      prep::store_afrag_col(reinterpret_cast<uint4*>(slot + SL::W), x, col);
+      if constexpr (kWg) prep::store_rowmajor_col<D>(reinterpret_cast<std::uint16_t*>(slot + SL::W), x, col);
+      else prep::store_afrag_col(reinterpret_cast<uint4*>(slot + SL::W), x, col);
     } else {
       float* U = reinterpret_cast<float*>(slot + SL::U);
 #pragma unroll
@@ -832,6 +846,248 @@ __global__ void __launch_bounds__(64 * KS) kda_state_ks_kernel(Params p) {
   }
 }
 
+// ---- state pass v9w (state_variant 6, opt-in, D = 128, session 9): the state step on wgmma ------------------
+// One CTA = one warpgroup (128 threads) per (64 value columns, value head, sequence); warp w holds S^T for value
+// columns vbase + 16 w .. + 15 and all 128 keys, in the wgmma m64n128 accumulator layout, which is v3's Sacc layout.
+// Per chunk, with W, Qg, Kd, P (hi, lo) read by wgmma from shared memory ONCE per warpgroup (v3: once per warp):
+//   [1] D^T = S^T W^T and o^T = S^T Qg^T: 2 x 8 wgmma m64n16k16, A = S^T's bf16 k-tiles from registers (v8's
+//       accumulator-to-A identity), B = W^T / Qg^T K-major (the slot's row-major W, Qg copied into 128-byte-swizzled
+//       [16 x 64] blocks);
+//   [2] D^T = U^T - that (fp32), hi / lo bf16 split (v3's registers and roundings);
+//   [3] S^T <- Diag(gam_n) S^T + D^T Kd: one wgmma m64n128k16, A = D^T hi (registers), B = Kd MN-major (transposed);
+//       o^T += D^T P^T as Phi Dhi + Phi Dlo + Plo Dhi (3 wgmma m64n16k16, B = P^T K-major);
+//   [4] o = scale o^T^T, stored through a lane-pair exchange (4-byte stores).
+// The prepare writes this slot layout (kda_prepare_v6_kernel<128, true>: W, Qg, Kd [16][128] and P hi / lo [16][16]
+// bf16 row-major at the same slot offsets); the same bf16 operand roundings and fp32 state as v3: only the fp32
+// summation order inside the tensor-core products may differ.
+namespace wg {
+constexpr int SLC = 64;                                  // value columns per CTA
+constexpr int UP = SLC + 4;                              // fp32 row stride of the U tile (conflict-free transposed reads)
+// W and Qg as one B operand [W; Qg]^T (N = 32): per 64-key block kb a swizzled [32 x 64] bf16 block at kb * 4096 (rows
+// 0..15 W, 16..31 Qg); Kd: 2 swizzled [16 x 64] blocks (2048 B) at OFF_KD
+constexpr int OFF_WQ = 0, OFF_KD = 8192;
+constexpr int OFF_PH = 12288, OFF_PL = 14336;            // one swizzled [16 x 64] block each (columns 0..15 used)
+constexpr int OFF_U = 16384, OFF_GN = OFF_U + C * UP * 4, STAGE = (OFF_GN + 512 + 1023) / 1024 * 1024;
+constexpr int SMEM = NST * STAGE + 1024;                 // + slack to align the base to 1024 bytes
+static_assert(STAGE == 21504 && SMEM <= 227 * 1024, "wgmma state stage");
+
+__device__ __forceinline__ std::uint64_t desc(std::uint32_t saddr, std::uint32_t lbo, std::uint32_t sbo) {
+  return static_cast<std::uint64_t>((saddr & 0x3FFFF) >> 4) | (static_cast<std::uint64_t>((lbo & 0x3FFFF) >> 4) << 16) |
+         (static_cast<std::uint64_t>((sbo & 0x3FFFF) >> 4) << 32) | (std::uint64_t{1} << 62);
+}
+__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void keep(float& x) { asm volatile("" : "+f"(x)::"memory"); }
+__device__ __forceinline__ void keep(std::uint32_t& x) { asm volatile("" : "+r"(x)::"memory"); }
+
+/// D[64 x 16] (+)= A B, A [64 x 16] bf16 in registers (m16n8k16 A-fragment layout per warp), B K-major in shared
+/// memory; ACC = 0: D = A B (D's registers are not read: no zero-initialisation between the fences).
+template <int ACC = 1>
+__device__ __forceinline__ void mma_n16(float* d, const std::uint32_t* a, std::uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, "
+      "{%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(ACC));
+}
+/// D[64 x 32] = A B (ACC = 0) or += (ACC = 1), A [64 x 16] bf16 in registers, B K-major in shared memory.
+template <int ACC = 1>
+__device__ __forceinline__ void mma_n32(float* d, const std::uint32_t* a, std::uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
+      "%13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(ACC));
+}
+/// D[64 x 128] += A B, A [64 x 16] bf16 in registers, B MN-major (transposed) in shared memory; D: 64 fp32 per thread.
+__device__ __forceinline__ void mma_n128_t(float* d, const std::uint32_t* a, std::uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
+/// Byte offset in a 128-byte-swizzled [rows x 64 bf16] block of 16-byte chunk c (0..7) of row r.
+__device__ __forceinline__ int sw(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
+
+/// One chunk's slot (the wgmma layout) -> one stage, 16-byte cp.async by the 128 threads (no commit).
+__device__ __forceinline__ void issue(unsigned char* st, const unsigned char* slot, int vbase, int tid) {
+  using SL = Slot<128>;
+#pragma unroll
+  for (int k = 0; k < 6; ++k) {  // W, Qg, Kd: 3 x 16 rows x 16 chunks, adjacent in the slot and the stage
+    const int q = tid + 128 * k, m = q / 256, r = (q / 16) % 16, c = q % 16;
+    const int blk = m < 2 ? (c / 8) * 4096 + m * 2048 : OFF_KD + (c / 8) * 2048;
+    cp_async16(st + blk + sw(r, c % 8), slot + 16 * q);
+  }
+  if (tid < 64) {  // P hi (32 chunks) then P lo: row r = 2 chunks
+    const int h = tid / 32, r = (tid % 32) / 2, c = tid % 2;
+    cp_async16(st + (h ? OFF_PL : OFF_PH) + sw(r, c), slot + SL::Pf + 16 * tid);
+  }
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {  // U: 16 rows x 16 chunks of 4 fp32 (columns vbase ..)
+    const int q = tid + 128 * k, r = q / 16, c4 = q % 16;
+    cp_async16(st + OFF_U + (r * UP + 4 * c4) * 4, slot + SL::U + (r * 128 + vbase + 4 * c4) * 4);
+  }
+  if (tid < 32) cp_async16(st + OFF_GN + 16 * tid, slot + SL::gam_n + 16 * tid);
+}
+}  // namespace wg
+
+__global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
+  constexpr int D = 128;
+  using SL = Slot<D>;
+  const int hv = blockIdx.y, n = blockIdx.z, vbase = blockIdx.x * wg::SLC;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gq = lane / 4, tq = lane % 4;
+  const Seq sq = seq_info(p, n);
+  const int nch = (sq.len + C - 1) / C;
+  const int v0 = vbase + warp * 16;  // this warp's 16 value columns
+
+  extern __shared__ __align__(16) unsigned char dyn_smem[];
+  unsigned char* const sbase = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<std::uintptr_t>(dyn_smem) + 1023) & ~static_cast<std::uintptr_t>(1023));
+  const std::uint32_t sbase_a = static_cast<std::uint32_t>(__cvta_generic_to_shared(sbase));
+
+  // S^T accumulators (wgmma m64n128 layout = v3's): Sacc[4 j + e] = S[8 j + 2 tq + (e & 1)][v0 + gq + 8 (e >> 1)]
+  float Sacc[64];
+  const long long sb = (static_cast<long long>(n) * p.HV + hv) * D * D;
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      Sacc[4 * j + e] = p.S0 ? p.S0[sb + (8 * j + 2 * tq + (e & 1)) * D + v0 + gq + 8 * (e >> 1)] : 0.0f;
+
+  const unsigned char* slot_c0 = p.ws + (static_cast<long long>(sq.slot0) * p.HV + hv) * SL::bytes;
+  const long long slot_stride = static_cast<long long>(p.HV) * SL::bytes;
+  bf16_t* const o_c0 = p.o + sq.bidx * p.so.b + static_cast<long long>(sq.bos) * p.so.t + hv * p.so.h;
+
+#pragma unroll
+  for (int i = 0; i < NST - 1; ++i) {
+    if (i < nch) wg::issue(sbase + i * wg::STAGE, slot_c0 + i * slot_stride, vbase, tid);
+    cp_async_commit();
+  }
+  int s_cur = 0;
+  for (int c = 0; c < nch; ++c) {
+    cp_async_wait<NST - 2>();
+    wg::fence_async_smem();
+    __syncthreads();
+    const int s_next = s_cur == 0 ? NST - 1 : s_cur - 1;
+    unsigned char* const st = sbase + s_cur * wg::STAGE;
+    const std::uint32_t st_a = sbase_a + s_cur * wg::STAGE;
+    // ---- [1] D^T (dt) and o^T's Qg part (ot), A = S^T's bf16 k-tiles ----
+    std::uint32_t as[8][4];
+#pragma unroll
+    for (int kt = 0; kt < 8; ++kt) {
+      as[kt][0] = pack_bf16(Sacc[8 * kt + 0], Sacc[8 * kt + 1]);
+      as[kt][1] = pack_bf16(Sacc[8 * kt + 2], Sacc[8 * kt + 3]);
+      as[kt][2] = pack_bf16(Sacc[8 * kt + 4], Sacc[8 * kt + 5]);
+      as[kt][3] = pack_bf16(Sacc[8 * kt + 6], Sacc[8 * kt + 7]);
+    }
+    // dq[0..7] = D^T part (r = 0..15), dq[8..15] = o^T's Qg part: one m64n32 chain over [W; Qg]^T
+    float dq[16];  // written by the first wgmma (ACC = 0)
+    wg::fence();
+    wg::mma_n32<0>(dq, as[0], wg::desc(st_a + wg::OFF_WQ, 16, 1024));
+#pragma unroll
+    for (int kt = 1; kt < 8; ++kt)
+      wg::mma_n32(dq, as[kt], wg::desc(st_a + wg::OFF_WQ + (kt / 4) * 4096 + (kt % 4) * 32, 16, 1024));
+    wg::commit();
+    wg::wait<0>();
+#pragma unroll
+    for (int e = 0; e < 16; ++e) wg::keep(dq[e]);
+    const float* const dt = dq;
+    float ot[8];  // o^T (a copy: the P D wgmma accumulate into registers of their own)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) ot[e] = dq[8 + e];
+    // ---- [2] D^T = U^T - S^T W^T (dt[4 nt + e]: v = gq + 8 (e >> 1), r = 8 nt + 2 tq + (e & 1)), hi / lo ----
+    const float* U = reinterpret_cast<const float*>(st + wg::OFF_U);
+    float d[8];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        d[4 * nt + e] = U[(8 * nt + 2 * tq + (e & 1)) * wg::UP + warp * 16 + gq + 8 * (e >> 1)] - dt[4 * nt + e];
+    std::uint32_t ad[4], adl[4];
+    split_bf16(d[0], d[1], ad[0], adl[0]);
+    split_bf16(d[2], d[3], ad[1], adl[1]);
+    split_bf16(d[4], d[5], ad[2], adl[2]);
+    split_bf16(d[6], d[7], ad[3], adl[3]);
+    // the decay of S^T (after the wait: ptxas serialises the wgmma chain when registers it defined change meanwhile)
+    const float* gn = reinterpret_cast<const float*>(st + wg::OFF_GN);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const float2 g = *reinterpret_cast<const float2*>(&gn[8 * j + 2 * tq]);
+      Sacc[4 * j + 0] *= g.x;
+      Sacc[4 * j + 1] *= g.y;
+      Sacc[4 * j + 2] *= g.x;
+      Sacc[4 * j + 3] *= g.y;
+    }
+    // ---- [3] S^T <- Diag(gam_n) S^T + D^T Kd; o^T += D^T P^T (Phi Dhi + Phi Dlo + Plo Dhi) ----
+    wg::fence();
+    wg::mma_n128_t(Sacc, ad, wg::desc(st_a + wg::OFF_KD, 2048, 1024));
+    wg::mma_n16(ot, ad, wg::desc(st_a + wg::OFF_PH, 16, 1024));
+    wg::mma_n16(ot, adl, wg::desc(st_a + wg::OFF_PH, 16, 1024));
+    wg::mma_n16(ot, ad, wg::desc(st_a + wg::OFF_PL, 16, 1024));
+    wg::commit();
+    // the next chunk's copies (into the stage of chunk c - 1: every wgmma that read it was waited for in step c - 1,
+    // and every thread is past this step's barrier)
+    if (c + NST - 1 < nch) wg::issue(sbase + s_next * wg::STAGE, slot_c0 + (c + NST - 1) * slot_stride, vbase, tid);
+    cp_async_commit();
+    wg::wait<0>();
+#pragma unroll
+    for (int e = 0; e < 64; ++e) wg::keep(Sacc[e]);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) wg::keep(ot[e]);
+#pragma unroll
+    for (int kt = 0; kt < 8; ++kt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) wg::keep(as[kt][e]);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      wg::keep(ad[e]);
+      wg::keep(adl[e]);
+    }
+    // ---- [4] o rows r = 8 nt + 2 tq (+ 1), columns v0 + gq (+ 8): lane pairs (gq, gq ^ 1) exchange so that the
+    // even-gq lane stores row 8 nt + 2 tq and the odd one row 8 nt + 2 tq + 1, each as (v, v + 1) bf16 pairs ----
+    const int t0 = c * C, nvalid = min(C, sq.len - t0);
+    const bool odd = gq & 1;
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int vh = 0; vh < 2; ++vh) {
+        const float x0 = p.scale * ot[4 * nt + 2 * vh], x1 = p.scale * ot[4 * nt + 2 * vh + 1];  // rows r0, r0 + 1
+        const float recv = __shfl_xor_sync(0xffffffffu, odd ? x0 : x1, 4);
+        const int r = 8 * nt + 2 * tq + (odd ? 1 : 0), v = v0 + (gq & ~1) + 8 * vh;
+        const std::uint32_t val = odd ? pack_bf16(recv, x1) : pack_bf16(x0, recv);
+        if (r < nvalid) *reinterpret_cast<std::uint32_t*>(o_c0 + static_cast<long long>(t0 + r) * p.so.t + v) = val;
+      }
+    s_cur = s_cur == NST - 1 ? 0 : s_cur + 1;
+  }
+  if (p.S_final) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        p.S_final[sb + (8 * j + 2 * tq + (e & 1)) * D + v0 + gq + 8 * (e >> 1)] = Sacc[4 * j + e];
+  }
+}
+
 // v5 segment path, combine: S_start(s + 1) = A_seg(s) S_start(s) + B_seg(s) for s = 1 .. P-2, in
 // fp32 (FMA chain from B over m = 0..127), from S_start(1) = seg_S[0] (segment 0's end state, pass
 // 1). Launched for P >= 3. One CTA (256 threads) per
@@ -1116,19 +1372,22 @@ SegPlan segment_plan(const KdaPrefillArgs& a, int N, int nch) {
   return sp;
 }
 /// The state schedule kda_prefill runs: the segment plan and the state kernel. The auto rule (segment_state = 0,
-/// state_variant 3, D = 128, no pair step) replaces a 2- or 3-segment plan by the one-shot pass with the key-split
-/// kernel (state_variant 4): measured 0.96 .. 1.00 of the P = 3 path on the 4 shapes where the model picks P = 3,
-/// and P = 9 (H = 16) 0.63 the other
-/// way (session 6, bench/NOTES.md).
+/// state_variant 3, D = 128, prepare v6, no pair step) runs the one-shot pass with the wgmma state kernel
+/// (state_variant 6) where the plan is one-shot or a 2- or 3-segment path (session 9; session 6 took the key split
+/// (state_variant 4) for P = 2, 3: 0.96 .. 1.00 of the P = 3 path; P = 9 (H = 16) stays the segment path, 0.63 of the
+/// one-shot key split; bench/NOTES.md).
 struct StatePlan {
   SegPlan sp;
   int state_variant = 3;
 };
 StatePlan state_plan(const KdaPrefillArgs& a, int N, int nch) {
   StatePlan s{segment_plan(a, N, nch), a.state_variant};
-  if (a.segment_state == 0 && a.state_variant == 3 && a.D == 128 && !a.pair_chunks && s.sp.P >= 2 && s.sp.P <= 3) {
+  // session 9: the one-shot wgmma state pass (state_variant 6) wherever the one-shot pass runs, and where the wave
+  // model's P is 2 or 3 (session 6 took the key split there); measured 1.03 .. 1.16x on the ANCHORS shapes
+  if (a.segment_state == 0 && a.state_variant == 3 && a.D == 128 && !a.pair_chunks && a.prepare_variant == 6 &&
+      s.sp.P <= 3) {
     s.sp = SegPlan{};
-    s.state_variant = 4;
+    s.state_variant = 6;
   }
   return s;
 }
@@ -1147,8 +1406,10 @@ static_assert(state_smem<128> == 51456 && 4 * (state_smem<128> + 2176 + 1024) <=
 
 /// The prepare kernel of KdaPrefillArgs::prepare_variant (4 or 6; checked in kda_prefill) on `grid`, for
 /// d_k = d_v = D (checked: 64, 128, 256; v4 only at 128).
-void launch_prepare(const Params& p, dim3 grid, int variant, int D, cudaStream_t stream) {
-  if (D == 64) {
+void launch_prepare(const Params& p, dim3 grid, int variant, int D, cudaStream_t stream, bool wg_layout = false) {
+  if (wg_layout) {
+    kda_prepare_v6_kernel<128, true><<<grid, 256, 0, stream>>>(p);
+  } else if (D == 64) {
     kda_prepare_v6_kernel<64><<<grid, 256, 0, stream>>>(p);
   } else if (D == 256) {
     constexpr int smem = PrepV6<256>::dyn_bytes;
@@ -1183,6 +1444,13 @@ void launch_state_ks(const Params& p, int HV, int N, cudaStream_t stream) {
              "cudaFuncSetAttribute(kda_state_ks_kernel carveout)");
   kda_state_ks_kernel<D, KS><<<dim3(D / SLICE, HV, N), 64 * KS, smem, stream>>>(p);
   cuda_check(cudaGetLastError(), "kda_state_ks_kernel launch");
+}
+/// The wgmma state pass (state_variant 6, D = 128): 2 CTAs of one warpgroup per (value head, sequence).
+void launch_state_wg(const Params& p, int HV, int N, cudaStream_t stream) {
+  cuda_check(cudaFuncSetAttribute(kda_state_wg_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, wg::SMEM),
+             "cudaFuncSetAttribute(kda_state_wg_kernel)");
+  kda_state_wg_kernel<<<dim3(128 / wg::SLC, HV, N), 128, wg::SMEM, stream>>>(p);
+  cuda_check(cudaGetLastError(), "kda_state_wg_kernel launch");
 }
 }  // namespace
 
@@ -1323,9 +1591,13 @@ void kda_prefill(const KdaPrefillArgs& a, cudaStream_t stream) {
                 " value heads; accepted: each <= 65535 (grid limits)");
   if (a.run_phases < 1 || a.run_phases > 3)
     throw Error("kda_prefill: run_phases = " + std::to_string(a.run_phases) + "; accepted: 1, 2 or 3");
-  if (a.state_variant < 2 || a.state_variant > 5)
+  if (a.state_variant < 2 || a.state_variant > 6)
     throw Error("kda_prefill: state_variant = " + std::to_string(a.state_variant) +
-                "; accepted: 2, 3, 4 (key split over 2 warps) or 5 (key split over 4 warps)");
+                "; accepted: 2, 3, 4 (key split over 2 warps), 5 (key split over 4 warps) or 6 (wgmma, D = 128)");
+  if (a.state_variant == 6 && a.prepare_variant != 6)
+    throw Error("kda_prefill: state_variant = 6 with prepare_variant = " + std::to_string(a.prepare_variant) +
+                "; accepted: prepare_variant = 6 (it writes the wgmma slot layout)");
+  const bool wgl = stp.state_variant == 6;  // the prepare writes the wgmma slot layout (explicit or the auto rule)
   if (a.prepare_variant != 4 && a.prepare_variant != 6)
     throw Error("kda_prefill: prepare_variant = " + std::to_string(a.prepare_variant) + "; accepted: 4 or 6");
   auto state = [&](const Params& p, cudaStream_t s) {
@@ -1334,6 +1606,7 @@ void kda_prefill(const KdaPrefillArgs& a, cudaStream_t stream) {
     else if (stp.state_variant == 3) launch_state<128, true>(p, a.HV, ck.N, s);
     else if (stp.state_variant == 4) launch_state_ks<128, 2>(p, a.HV, ck.N, s);  // (or the auto rule's choice)
     else if (stp.state_variant == 5) launch_state_ks<128, 4>(p, a.HV, ck.N, s);
+    else if (stp.state_variant == 6) launch_state_wg(p, a.HV, ck.N, s);
     else launch_state<128, false>(p, a.HV, ck.N, s);
   };
   if (sp.P > 1) {  // v5 segment-parallel state pass: prepare, pass 1, combine, pass 2 (D = 64, 128)
@@ -1343,7 +1616,7 @@ void kda_prefill(const KdaPrefillArgs& a, cudaStream_t stream) {
   }
   if (sg.K == 1 || a.run_phases != 3) {
     if (a.run_phases & 1) {
-      launch_prepare(ck.p, dim3(ck.max_chunks, a.HV, ck.N), a.prepare_variant, a.D, stream);
+      launch_prepare(ck.p, dim3(ck.max_chunks, a.HV, ck.N), a.prepare_variant, a.D, stream, wgl);
     }
     if (a.run_phases & 2) state(ck.p, stream);
     return;
@@ -1368,7 +1641,7 @@ void kda_prefill(const KdaPrefillArgs& a, cudaStream_t stream) {
     p.ws = ck.p.ws + static_cast<std::size_t>(k) * a.B * seg_chunks * a.HV * kda_slot_bytes(a.D);
     p.S0 = k == 0 ? a.S0 : sbuf;
     p.S_final = k == sg.K - 1 ? a.S_final : sbuf;
-    launch_prepare(p, dim3(p.nchunk_fixed, a.HV, ck.N), a.prepare_variant, a.D, stream);
+    launch_prepare(p, dim3(p.nchunk_fixed, a.HV, ck.N), a.prepare_variant, a.D, stream, wgl);
     ss.link(k, stream, side);
     state(p, side);
   }

@@ -304,4 +304,21 @@ __device__ __forceinline__ void store_bfrag_col(uint4* frag, const float (&X)[C]
         make_uint2(pack_bf16(X[2 * tq], X[2 * tq + 1]), pack_bf16(X[2 * tq + 8], X[2 * tq + 9]));
 }
 
+/// Thread = channel i (whole warps, i < N) holding the column X[r] = M[r][i] of a 16 x N matrix M: writes M row-major
+/// in bf16 (M[r][i] at m[r N + i]), the layout the wgmma state step (kda_state_wg_kernel) copies into its swizzled
+/// shared-memory tiles. Channels i and i ^ 1 swap 8 values; the even one writes rows 0..7, the odd one rows 8..15,
+/// each as 4-byte words (M[r][i & ~1], M[r][i | 1]).
+template <int N>
+__device__ __forceinline__ void store_rowmajor_col(std::uint16_t* m, const float (&X)[C], int i) {
+  const int par = i & 1;
+#pragma unroll
+  for (int rr = 0; rr < 8; ++rr) {
+    // (selects on compile-time indices: a run-time index into X would put it in local memory)
+    const float mine = par ? X[rr + 8] : X[rr], send = par ? X[rr] : X[rr + 8];
+    const float y = __shfl_xor_sync(0xffffffffu, send, 1);  // the partner's value at my row
+    const std::uint32_t w = par ? pack_bf16(y, mine) : pack_bf16(mine, y);  // even channel in the low half
+    *reinterpret_cast<std::uint32_t*>(m + (par ? rr + 8 : rr) * N + (i & ~1)) = w;
+  }
+}
+
 }  // namespace kdalab::kernels::detail::prep

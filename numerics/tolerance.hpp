@@ -78,6 +78,11 @@ inline constexpr Tolerance kda_prep_v6_o{5e-4,
     "5e-4 is 0.3 of the bf16 output floor (1.66e-3), far below the O(1) of a wrong prepare."};
 /// KDA prefill, state pass v4 (state_variant 4 / 5, key dimension of S split over warps) vs v3: relative RMS
 /// of the difference of o and of S_final.
+inline constexpr Tolerance kda_state_wg_vs_v3{5e-4,
+    "the wgmma state step (state_variant 6) forms W S, Qg S, the update and P D on the warpgroup tensor cores, whose "
+    "fp32 accumulation order differs from mma.sync's (~1e-7 relative); that flips an occasional bf16 rounding of D, o "
+    "or the next chunk's S operand (2^-8 relative each): 5e-4 is 0.3 of the bf16 output floor (1.66e-3), far below the "
+    "O(1) of a wrong fragment layout, swizzle or descriptor."};
 inline constexpr Tolerance kda_state_v4_vs_v3{5e-4,
     "v4 sums W S and Qg S in another fp32 order (~1e-7 relative); that flips an occasional bf16 rounding of "
     "D, o or the S operand of the next chunk (2^-8 relative each); 5e-4 is 0.3 of the bf16 output floor "
