@@ -16,6 +16,9 @@
 //     + D^T Kd. The next chunks' slots stream in by cp.async (NST stages, straight-line copies issued after
 //     the update: v8, bench/NOTES.md) while the current one is computed. v3 (state_variant 3, default): the state update
 //     is issued first and P D runs on the tensor cores with hi/lo bf16 splits; v2: P D in fp32 FMAs.
+//  v9w state pass (state_variant 6; kda_state_wg_kernel, session 9; the auto rule's choice at D = 128): the same
+//     step on wgmma, one warpgroup per 64 value columns, W, Qg, Kd, P read from shared memory once per warpgroup
+//     (mma.sync: once per warp); the prepare writes W, Qg, Kd, P row-major for it (kda_prepare_v6_kernel<128, true>).
 //  v6 prepare (prepare_variant 6; kda_prepare_v6_kernel): the same slot, A and P on the tensor cores
 //     (tf32 3-pass), fragments written from registers, ~2.4x less shared-memory traffic (see below).
 //  v4 schedule (overlap_segments): long fixed-length batches run in segments so that the prepare
