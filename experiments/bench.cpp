@@ -810,10 +810,14 @@ void register_bench(Registry& reg) {
       const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
       // the whole file is one JSON value (trailing text refused), and no object in it repeats a key (nlohmann
       // would keep the last one silently): cli::parse_json_once, the reader of --config too
+      // parsed twice: `one` holds the values (types kept: "0.9" as a string is refused), `typed` the same document
+      // with each non-integer number as its text as typed, for the messages (1e-400 is quoted as 1e-400, not 0.0;
+      // parse_json_once's numbers_as_typed, as for --config)
       std::string repeated;
-      nlohmann::json one;
+      nlohmann::json one, typed;
       try {
         one = parse_json_once(text, repeated);
+        typed = parse_json_once(text, repeated, true);
       } catch (const std::exception& e) {
         throw Error("--peer-json: '" + pj + "' is not valid JSON (one object, nothing after it): " + e.what());
       }
@@ -824,7 +828,10 @@ void register_bench(Registry& reg) {
         if (!it.key().empty() && it.key()[0] == '_') continue;
         const bool ok = it.value().is_null() ||
                         (it.value().is_number() && std::isfinite(it.value().get<double>()) && it.value().get<double>() > 0);
-        require(ok, "--peer-json: '" + pj + "': key '" + it.key() + "' has the value " + it.value().dump() +
+        const nlohmann::json& as_typed = typed.at(it.key());
+        const std::string shown = it.value().is_number() && as_typed.is_string() ? as_typed.get<std::string>()
+                                                                                  : it.value().dump();
+        require(ok, "--peer-json: '" + pj + "': key '" + it.key() + "' has the value " + shown +
                         "; accepted: a time in milliseconds (a finite number > 0) or null (not measured)");
         require(!peer.contains(it.key()), "--peer-json: key '" + it.key() + "' is in two peer files (the second is '" +
                                               pj + "'); give each shape's peer time once");
