@@ -46,8 +46,9 @@
 // --overlap, --segments, --variant), options the op ignores (--variant != 6 without mla-decode, --prefix > 0 without
 // mla-prefill, --segments != 0, --overlap != 1 or --variants without kda-prefill; --op all takes each of them, it
 // acts on that op's rows), --shapes (fields the op ignores refused: HV != H for the MLA ops, a 4th
-// attn-res field), the --peer-json files, the --compare files, --out not one of those files, then --out (folder
-// exists and is writable; an existing file only with --force). Only then: without the CUDA kernels (CPU build)
+// attn-res field), the --peer-json files, the --compare files (Command::check), then cli::run's shared path: --out
+// not one of the input files (--config, --compare, --peer-json), then --out (folder exists and is writable; an
+// existing file only with --force). Only then (Command::run): without the CUDA kernels (CPU build)
 // or without a visible GPU, one line on stderr saying so, nothing written, exit 3 (kExitNotAvailable: "cannot
 // run in this build / on this machine"; not 0, so a GPU-less CI gate running `bench --compare` fails instead
 // of passing with nothing compared; not 2, which is bad input).
@@ -177,6 +178,17 @@ std::vector<Shape> parse_shapes(const std::string& text, const std::string& op) 
 /// The rows of one --compare file: per bench group ("kda_prefill", ...) the `key` and `time_ms` columns.
 struct BaselineRows {
   std::map<std::string, std::pair<std::vector<std::string>, std::vector<double>>> groups;
+};
+
+/// What bench's check planned for its run: the ops timed (--op all: each), their shapes (mla-prefill: each shape
+/// twice, absorbed then naive), the merged --peer-json times, the HDF5 group names of the ops (bench/kda_prefill:
+/// "kda_prefill") and the --compare files, each read completely.
+struct BenchPlan {
+  std::vector<std::string> ops;
+  std::vector<std::vector<Shape>> shapes;
+  nlohmann::json peer;
+  std::vector<std::string> grps;
+  std::vector<BaselineRows> baselines;
 };
 
 /// The note added to "'<item>' does not exist" for `items[i]`, an item of the comma-split list option `option`
@@ -660,7 +672,6 @@ void register_bench(Registry& reg) {
                     "checked first, the same way in every build (bad input: exit 2). Without the CUDA kernels (a "
                     "CPU build) or without a GPU: says so on stderr, measures, compares and writes nothing, exit 3.",
                     "results/bench.h5");
-  c.writes_output = false;  // --out is checked in run(), after the other options (see the order at the top)
   auto* a = c.app;
   // the common options, as they apply to bench
   a->get_option("--out")->description("HDF5 results file (group /bench/<op>), written atomically and only when the "
@@ -724,8 +735,12 @@ void register_bench(Registry& reg) {
                 "and is never the --out file; the rows without a baseline row are counted. "
                 "Default: none. Without a GPU nothing is compared: exit 3, never 0")
       ->delimiter(',');
-  c.inputs = {"compare", "peer-json"};  // cli::run: a file given twice (any spelling) is a repeat
-  c.run = [o](Context& ctx) -> int {
+  c.inputs = {"compare", "peer-json"};  // cli::run: a file given twice (any spelling) is a repeat, never --out
+  // check (cli::run, before --out): every option, the --peer-json files and the --compare files; then cli::run's shared
+  // path refuses an --out that is one of the inputs (--config, --compare, --peer-json) and checks --out itself; run
+  // times what check planned
+  auto plan = std::make_shared<BenchPlan>();
+  c.check = [o, plan](Context& ctx) {
     require(o->op == "kda-prefill" || o->op == "kda-decode" || o->op == "mla-decode" || o->op == "mla-prefill" ||
                 o->op == "attn-res" || o->op == "all",
             "--op = '" + o->op + "'; accepted: kda-prefill, kda-decode, mla-decode, mla-prefill, attn-res, all");
@@ -823,10 +838,14 @@ void register_bench(Registry& reg) {
       const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
       // the whole file is one JSON value (trailing text refused), and no object in it repeats a key (nlohmann
       // would keep the last one silently): cli::parse_json_once, the reader of --config too
+      // parsed twice: `one` holds the values (types kept: "0.9" as a string is refused), `typed` the same document
+      // with each non-integer number as its text as typed, for the messages (1e-400 is quoted as 1e-400, not 0.0;
+      // parse_json_once's numbers_as_typed, as for --config)
       std::string repeated;
-      nlohmann::json one;
+      nlohmann::json one, typed;
       try {
         one = parse_json_once(text, repeated);
+        typed = parse_json_once(text, repeated, true);
       } catch (const std::exception& e) {
         throw Error("--peer-json: '" + pj + "' is not valid JSON (one object, nothing after it): " + e.what());
       }
@@ -837,7 +856,10 @@ void register_bench(Registry& reg) {
         if (!it.key().empty() && it.key()[0] == '_') continue;
         const bool ok = it.value().is_null() ||
                         (it.value().is_number() && std::isfinite(it.value().get<double>()) && it.value().get<double>() > 0);
-        require(ok, "--peer-json: '" + pj + "': key '" + it.key() + "' has the value " + it.value().dump() +
+        const nlohmann::json& as_typed = typed.at(it.key());
+        const std::string shown = it.value().is_number() && as_typed.is_string() ? as_typed.get<std::string>()
+                                                                                  : it.value().dump();
+        require(ok, "--peer-json: '" + pj + "': key '" + it.key() + "' has the value " + shown +
                         "; accepted: a time in milliseconds (a finite number > 0) or null (not measured)");
         require(!peer.contains(it.key()), "--peer-json: key '" + it.key() + "' is in two peer files (the second is '" +
                                               pj + "'); give each shape's peer time once");
@@ -852,22 +874,11 @@ void register_bench(Registry& reg) {
     [[maybe_unused]] std::vector<BaselineRows> baselines;  // every --compare file read completely now, before any GPU work
     for (std::size_t i = 0; i < o->compare.size(); ++i)
       baselines.push_back(read_compare_file(o->compare[i], grps, comma_split_note("--compare", o->compare, i)));
-    // --out is never one of the input files, --compare, --peer-json or --config (same path, a symlink or another
-    // spelling of it): an input is read, never overwritten (with --force it would be)
-    struct InputFiles {
-      const char* option;
-      const std::vector<std::string>& files;
-    };
-    for (const InputFiles& in : {InputFiles{"--compare", o->compare}, InputFiles{"--peer-json", o->peer_json}})
-      for (const std::string& file : in.files) {
-        require(!same_file(file, ctx.common.out), "--out '" + ctx.common.out + "' is the " + in.option + " file '" + file +
-                           "'; give another results file (" + in.option + " files are read, never overwritten)");
-      }
-    // then cli::run's own check, which covers --config (it was not compared: exit 3 instead of 2; breaker, session 8)
-    ctx.check_out_not_inputs();
-    // --out last among the options (Command::writes_output is off for bench, so cli.cpp does not check it
-    // first): a bad option above is named whatever --out is, and the same way in every build
-    check_output_path(ctx.common.out, ctx.common.force);
+    *plan = BenchPlan{std::move(ops), std::move(shapes), std::move(peer), std::move(grps), std::move(baselines)};
+  };
+  c.run = [o, plan]([[maybe_unused]] Context& ctx) -> int {  // ctx: unused without the CUDA kernels
+    // the options, inputs and --out were checked (check above, then cli::run: --out not an input, --out itself)
+    [[maybe_unused]] const auto& [ops, shapes, peer, grps, baselines] = *plan;
     // Only now: can this build and machine run the benchmark at all? Not 0 (nothing was measured or compared),
     // not 2 (the input was fine): kExitNotAvailable.
     const std::string nothing = o->compare.empty() ? "nothing was measured or written"

@@ -362,7 +362,8 @@ void check_option_values(CLI::App* sub, const std::vector<std::string>& inputs) 
 }
 
 /// --out is never one of the files the subcommand reads (Command::inputs and --config): with --force it would be
-/// overwritten. Files compared by identity (same_file). Exit 2 naming --out, the input option and its file.
+/// overwritten. Files compared by identity (same_file). Exit 2 naming --out, the input option and its file ("is the
+/// input file --in ('F')"; a file list option, bench's --compare / --peer-json: "is the --compare file 'F'").
 std::vector<std::string> input_options(const std::vector<std::string>& inputs) {
   std::vector<std::string> names{"config"};
   names.insert(names.end(), inputs.begin(), inputs.end());
@@ -379,9 +380,13 @@ void check_out_not_input(CLI::App* sub, const std::vector<std::string>& inputs, 
       o->capture_default_str();
       if (!o->get_default_str().empty()) files = {o->get_default_str()};
     }
-    for (const std::string& f : files)
+    for (const std::string& f : files) {
+      if (o->get_expected_max() > 1)  // a file list (bench --compare, --peer-json): the message bench gave itself
+        require(!same_file(f, out), "--out '" + out + "' is the --" + n + " file '" + f + "'; give another results "
+                                        "file (--" + n + " files are read, never overwritten)");
       require(!same_file(f, out), "--out '" + out + "' is the input file --" + n + " ('" + f +
                                       "'); give another output file (input files are read, never overwritten)");
+    }
   }
 }
 

@@ -54,7 +54,7 @@ struct Context {
   std::unique_ptr<ResultsFile> open_results() const;
   /// Throws kdalab::Error (exit 2) when --out is one of the files the subcommand reads: --config or an option named in
   /// `inputs`, compared by identity (same_file). "--out 'OUT' is the input file --config ('FILE'); ...". Called by
-  /// run() for a Command with writes_output, by open_results(), and by a subcommand that checks --out itself (bench).
+  /// run() for a Command with writes_output, by open_results(), and by a subcommand that checks --out itself.
   /// Nothing to do when --out is "".
   void check_out_not_inputs() const;
   /// A progress reporter honouring --quiet.
@@ -67,7 +67,7 @@ struct Command {
   /// Runs the subcommand; returns the exit code. Throws kdalab::Error on bad input.
   std::function<int(Context&)> run;
   /// Whether the subcommand writes --out (then the path is checked before any work starts). A subcommand that writes
-  /// --out with this false (bench: it checks --out after its own options) must call ctx.check_out_not_inputs() and
+  /// --out with this false must call ctx.check_out_not_inputs() and
   /// check_output_path() itself before any output; open_results() refuses an --out that is an input in any case.
   bool writes_output = true;
   /// --out "" means no file (info: --out is optional): then nothing about --out is checked.

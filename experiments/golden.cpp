@@ -213,6 +213,11 @@ std::string missing_fixture(const std::string& path) {
 
 }  // namespace
 
+/// What a fixture path that is a FIFO, device or socket is asked to be (cli::require_regular_input's GIVE).
+constexpr const char* kGoldenFile =
+    "a golden HDF5 file (move it away and restore the fixture, e.g. 'git checkout data/golden' or 'kdalab golden --regen "
+    "--force')";
+
 /// The body of `kdalab golden` (--regen or the check); see the file comment for the exit codes.
 int run_golden(bool regen_flag, const std::string& dir_name, Context& ctx);
 
@@ -296,12 +301,14 @@ int run_golden(bool regen_flag, const std::string& dir_name, Context& ctx) {
       const std::string path = *dir + "/" + op.op + ".h5";
       require(std::filesystem::exists(path),
               missing_fixture(path));
+      require_regular_input("golden file", path, kGoldenFile);  // a FIFO blocked HDF5's open forever
       naming_fixture(path, [&] { failed += check_file(path, op); });
     }
     for (const auto& op : golden::layer_ops()) {
       const std::string path = *dir + "/" + op.op + ".h5";
       require(std::filesystem::exists(path),
               missing_fixture(path));
+      require_regular_input("golden file", path, kGoldenFile);  // a FIFO blocked HDF5's open forever
       const std::string cases = h5read::attr_string(path, "/", "cases");
       require(cases == op.cases, "golden file '" + path + "' holds the cases '" + cases + "', this build expects '" +
                                      op.cases + "'; regenerate with 'kdalab golden --regen --force'");

@@ -3,7 +3,8 @@
 
 Accuracy and relative read error vs N / d_k for every memory, one column per key embedding, at one
 d_k (64 if present), beta = 1, g_min = -5 (if present), MLA latent d_c = d_k + d_v (solid) and
-(d_k + d_v) / 2 (dashed). Reference curve: linear attention's sqrt(N / d_k) crosstalk.
+(d_k + d_v) / 2 (dashed). Reference curve: linear attention's sqrt(N / d_k) crosstalk (brown, dash-dot, drawn above
+the curves: linear attention's own dashed curve follows it closely).
 Error axis: log, from just below the smallest error >= EXACT_BELOW (1e-8) to just above the largest (never
 clipped). A read error below 1e-8 (an exact 0, or float64 rounding at 1e-16..1e-10: the memory recalls
 exactly) is not put on that axis (it would stretch it to 1e-17 and squeeze the curves into a sliver): it is
@@ -28,6 +29,8 @@ EXACT_BELOW = 1e-8
 # Two curves lie on each other when every point differs by less than this fraction of the panel's height (markers
 # of 3 pt on a panel ~140 pt high: within 1.5% they cover each other).
 ACC_COINCIDE = 0.015
+# The sqrt(N / d_k) reference line: a colour no memory has (figstyle.COLORS), dash-dot, drawn above the curves.
+REF_COLOR = "#8c564b"
 
 
 def draw_overlaid(ax, curves, ys, tol, to_axis, legend):
@@ -107,7 +110,9 @@ def main():
             extra = []
             if km == "random":
                 xx = np.logspace(np.log10(1 / 8), np.log10(8), 50)
-                ref, = ax_e.plot(xx, np.sqrt(xx), ":", color=fs.COLORS["linear"], lw=1.2, label=r"$\sqrt{N/d_k}$")
+                # its own colour and dash-dot style, above every curve (zorder 3 > the curves' 2): drawn in the linear
+                # attention colour, dotted, it was hidden under linear attention's dashes, which follow it closely
+                ref, = ax_e.plot(xx, np.sqrt(xx), "-.", color=REF_COLOR, lw=1.5, zorder=3, label=r"$\sqrt{N/d_k}$")
                 extra = [(ref, r"$\sqrt{N/d_k}$")]
             if overlays[id(ax_a)]:  # the curves drawn on top of another, in their own (smaller, broken) style
                 ax_a.legend(*zip(*overlays[id(ax_a)]), loc="best", fontsize=6)
