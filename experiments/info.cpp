@@ -7,6 +7,7 @@
 
 #include "experiments/build_info.hpp"
 #include "experiments/cli.hpp"
+#include "reference/model_config.hpp"
 
 namespace kdalab::cli {
 
@@ -36,6 +37,14 @@ void register_info(Registry& reg) {
       require(std::filesystem::is_regular_file(ctx.common.config, ec),
               "--config '" + ctx.common.config + "': no such file; give a model config.json, e.g. one of "
               "data/configs/kimi-linear-48b.json or data/configs/kimi-k3.json (run from the repository root)");
+      // the model config is parsed here too, so a file that is not one (e.g. a kdalab options file such as
+      // data/configs/parity.json) is one line before the banner (session 9 newcomer: the 7-line header came first)
+      try {
+        (void)read_model_config(ctx.common.config);
+      } catch (const Error& e) {
+        throw Error(std::string(e.what()) + "; info --config expects a Hugging Face style model config.json (e.g. "
+                    "data/configs/kimi-linear-48b.json), not a kdalab options file");
+      }
     }
   };
   c.run = [](Context& ctx) {

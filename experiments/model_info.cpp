@@ -33,7 +33,10 @@ bool print_model_info(const std::string& config_path, ResultsFile* out) {
   if (nm)
     fmt::print("MLA layers:    {} heads, d_c (kv_lora_rank) {}, q_lora_rank {}, qk_nope {}, qk_rope {}{}, v {}, output gate {}\n",
                m.mla.n_h, m.mla.d_c, m.mla.d_cq ? std::to_string(m.mla.d_cq) : std::string("none"), m.mla.d_nope,
-               m.mla.d_rope, m.mla.d_rope ? (m.mla.rope ? " (RoPE)" : " (NoPE: unrotated)") : "", m.mla.d_v,
+               m.mla.d_rope, m.mla.d_rope ? (m.mla.rope ? " (RoPE)"
+                                         : " (the config's decoupled-RoPE width; mla_use_nope: kdalab's MLA applies no "
+                                           "rotation to these dims, NoPE, see EQUATIONS.md section 5)")
+                            : "", m.mla.d_v,
                m.mla.output_gate ? "yes" : "no");
   std::string res = residual_mode_name(m.opt.residual);
   if (m.opt.residual == ResidualMode::block)

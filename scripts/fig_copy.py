@@ -68,10 +68,13 @@ def main():
             if same:
                 fs.panel_note(ax, "Lie on each other (drawn on top, smaller markers): " + "; ".join(same) + ".")
             ax.axvline(dk, color="#444444", lw=0.8, ls=":")
-            ax.text(dk, 0.5, "$L = d_k$ ", rotation=90, va="center", ha="right", fontsize=7, color="#444444")
+            # the label sits above the panel's frame, over the top of its dotted line, where no curve can cover it
+            # (at mid-height left of the line the d_k = 16 panel's curves ran over it; session 9 newcomer)
+            ax.text(dk, 1.0, "$L = d_k$", transform=ax.get_xaxis_transform(), va="bottom", ha="center", fontsize=7,
+                    color="#444444")
             ax.set_xscale("log", base=2)
             ax.set_ylim(-0.03, 1.03)
-            ax.set_title(f"state $d_k = d_v = {dk}$")
+            ax.set_title(f"state $d_k = d_v = {dk}$", pad=13)  # room for the "L = d_k" label under the title
             ax.set_xlabel("string length $L$ (tokens)")
             if j == 0:
                 ax.set_ylabel("exact-copy accuracy (strings)")

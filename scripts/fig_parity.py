@@ -55,8 +55,8 @@ def skipped_points_notes(f, t):
     line of the group's `notes` attribute (kdalab parity: a chunked implementation refuses a point whose factored
     decay span is over its scalar type's limit), as "<impl>, C = <C>: <k> of the <n> grid points plotted; the other
     <m> (<which>) skipped: <why>", where <which> names the gate of the skipped points when they are exactly the
-    points of one gate, and <why> is the note's reason without its "accepted: ..." advice. [] when the file has no
-    such note (or no `point` column to count grid points by)."""
+    points of one gate, and <why> is the note's whole reason, its "accepted: ..." part included, ended by a full
+    stop. [] when the file has no such note (or no `point` column to count grid points by)."""
     if "point" not in t or "parity" not in f:
         return []
     points = np.asarray(t["point"]).astype(int)
@@ -82,9 +82,11 @@ def skipped_points_notes(f, t):
             g = next(iter(gates))
             if skipped == {p for p, gg in gate_of.items() if gg == g}:
                 which = f"every {g}-gate point"
-        why = m.group(5).split("; accepted:")[0].strip()  # an empty reason is left out, not "skipped: "
+        # the whole reason, "; accepted: F * |g_min| <= 80 ..." included (was cut there); an empty one is left out,
+        # not "skipped: "; a full stop ends the note, so the next one (a line of its own) does not run on from it
+        why = m.group(5).strip().rstrip(".")
         out.append(f"{impl}, C = {C}: {plotted} of the {n} grid points plotted (its median is over those); the other "
-                   f"{len(skipped)}{' (' + which + ')' if which else ''} skipped{': ' + why if why else ''}")
+                   f"{len(skipped)}{' (' + which + ')' if which else ''} skipped{': ' + why if why else ''}.")
     return out
 
 
@@ -244,7 +246,7 @@ def main():
         # CUDA kernel's rows in a CPU build: stdout said so, the figure did not)
         skipped_notes = skipped_points_notes(f, t) + cuda_skipped_notes(f, t)
         if skipped_notes:
-            fs.panel_note(ax, " ".join(skipped_notes))
+            fs.panel_note(ax, "\n".join(skipped_notes))  # one note a line (they ran together, session 9)
         ax.set_title("KDA numeric parity by implementation and precision")
         if axz is not None:
             lo_z = min([np.nanmin(series[k][3]) for k in zoomed] + [refs[0][0]])  # zoomed: some finite value
@@ -254,6 +256,7 @@ def main():
             axz.yaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:.0e}".replace("e-0", "e-")))
             axz.yaxis.set_minor_formatter(mticker.NullFormatter())
             axz.set_title("zoom: the bf16 rows among the reference lines")
+            axz.set_ylabel(r"relative RMS error of $o$ vs truth (zoom)")
             axr = axz.twinx()  # the reference lines named at the right edge, where no series can hide them
             axr.set_yscale("log")
             axr.set_ylim(axz.get_ylim())

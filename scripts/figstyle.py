@@ -218,12 +218,14 @@ FOOTER_CHAR_PT = 0.6 * FOOTER_PT  # the advance of a DejaVu Sans Mono character,
 
 def panel_note(ax, text, fontsize=6):
     """Writes a note about a panel (e.g. "GPU rows skipped: ...") under the panel, below its x-axis label, where no
-    data can be: left-aligned with the axes, wrapped to the axes' width, grey. Returns the text artist (an
-    annotation placed in points below the x label, so it moves with the label under tight_layout)."""
+    data can be: left-aligned with the axes, wrapped to the axes' width, grey; a newline in `text` starts a new line
+    (each line wrapped on its own, so several notes stay apart). Returns the text artist (an annotation placed in
+    points below the x label, so it moves with the label under tight_layout)."""
     fig = ax.figure
     w_in = ax.get_position().width * fig.get_figwidth()
     width = max(30, int(w_in * 72 / (0.55 * fontsize)))  # ~0.55 em a character (DejaVu Sans)
-    return ax.annotate("\n".join(textwrap.wrap(text, width=width)), xy=(0.0, 0.0),
+    wrapped = "\n".join("\n".join(textwrap.wrap(p, width=width)) for p in text.split("\n"))
+    return ax.annotate(wrapped, xy=(0.0, 0.0),
                        xycoords=("axes fraction", ax.xaxis.label), xytext=(0, -3), textcoords="offset points",
                        ha="left", va="top", fontsize=fontsize, color="#777777", annotation_clip=False)
 
@@ -244,7 +246,7 @@ def _axes_box(ax, t):
 def describe(fig):
     """What the figure shows, as plain data (the --dump output): per axes its title, labels, scales,
     limits, lines (label, color, linestyle, marker, markersize, markerfacecolor, linewidth, zorder,
-    x, y, coords), legend texts, texts and their boxes in axes fractions; the figure-level legends and texts (the
+    x, y, coords), legend texts and the legend's box, texts and their boxes in axes fractions; the figure-level legends and texts (the
     footer). Call after fig.canvas.draw()."""
     axes = []
     for ax in fig.axes:
@@ -262,6 +264,8 @@ def describe(fig):
                      "xscale": ax.get_xscale(), "yscale": ax.get_yscale(), "xlim": list(map(float, ax.get_xlim())),
                      "ylim": list(map(float, ax.get_ylim())), "lines": lines,
                      "legend": [t.get_text() for t in leg.get_texts()] if leg else [],
+                     # the legend's frame in axes fractions [x0, y0, x1, y1] (outside 0..1: beside the axes); [] if none
+                     "legend_box": _axes_box(ax, leg) if leg else [],
                      "texts": [t.get_text() for t in ax.texts],
                      # where each text sits, in axes fractions [x0, y0, x1, y1] (0..1 inside the axes): after a draw
                      "text_boxes": [_axes_box(ax, t) for t in ax.texts]})
