@@ -38,6 +38,7 @@
 #include "kernels/kda_pair.cuh"
 #include "kernels/kda_prepare_phases.cuh"
 #include "kernels/kda_state_update.cuh"
+#include "kernels/wgmma.cuh"
 
 namespace kdalab::kernels {
 
@@ -874,17 +875,14 @@ constexpr int OFF_U = 16384, OFF_GN = OFF_U + C * UP * 4, STAGE = (OFF_GN + 512 
 constexpr int SMEM = NST * STAGE + 1024;                 // + slack to align the base to 1024 bytes
 static_assert(STAGE == 21504 && SMEM <= 227 * 1024, "wgmma state stage");
 
-__device__ __forceinline__ std::uint64_t desc(std::uint32_t saddr, std::uint32_t lbo, std::uint32_t sbo) {
-  return static_cast<std::uint64_t>((saddr & 0x3FFFF) >> 4) | (static_cast<std::uint64_t>((lbo & 0x3FFFF) >> 4) << 16) |
-         (static_cast<std::uint64_t>((sbo & 0x3FFFF) >> 4) << 32) | (std::uint64_t{1} << 62);
-}
-__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
-__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-__device__ __forceinline__ void keep(float& x) { asm volatile("" : "+f"(x)::"memory"); }
-__device__ __forceinline__ void keep(std::uint32_t& x) { asm volatile("" : "+r"(x)::"memory"); }
+// the 128-byte swizzle, descriptor, fence / commit / wait helpers: kernels/wgmma.cuh
+using wgmma_util::desc;
+using wgmma_util::fence_async_smem;
+using wgmma_util::fence_reg;
+using wgmma_util::sw;
+using wgmma_util::wgmma_commit;
+using wgmma_util::wgmma_fence;
+using wgmma_util::wgmma_wait;
 
 /// D[64 x 16] (+)= A B, A [64 x 16] bf16 in registers (m16n8k16 A-fragment layout per warp), B K-major in shared
 /// memory; ACC = 0: D = A B (D's registers are not read: no zero-initialisation between the fences).
@@ -928,9 +926,6 @@ __device__ __forceinline__ void mma_n128_t(float* d, const std::uint32_t* a, std
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
-
-/// Byte offset in a 128-byte-swizzled [rows x 64 bf16] block of 16-byte chunk c (0..7) of row r.
-__device__ __forceinline__ int sw(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
 
 /// One chunk's slot (the wgmma layout) -> one stage, 16-byte cp.async by the 128 threads (no commit).
 __device__ __forceinline__ void issue(unsigned char* st, const unsigned char* slot, int vbase, int tid) {
@@ -1005,15 +1000,15 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
     }
     // dq[0..7] = D^T part (r = 0..15), dq[8..15] = o^T's Qg part: one m64n32 chain over [W; Qg]^T
     float dq[16];  // written by the first wgmma (ACC = 0)
-    wg::fence();
+    wg::wgmma_fence();
     wg::mma_n32<0>(dq, as[0], wg::desc(st_a + wg::OFF_WQ, 16, 1024));
 #pragma unroll
     for (int kt = 1; kt < 8; ++kt)
       wg::mma_n32(dq, as[kt], wg::desc(st_a + wg::OFF_WQ + (kt / 4) * 4096 + (kt % 4) * 32, 16, 1024));
-    wg::commit();
-    wg::wait<0>();
+    wg::wgmma_commit();
+    wg::wgmma_wait<0>();
 #pragma unroll
-    for (int e = 0; e < 16; ++e) wg::keep(dq[e]);
+    for (int e = 0; e < 16; ++e) wg::fence_reg(dq[e]);
     const float* const dt = dq;
     float ot[8];  // o^T (a copy: the P D wgmma accumulate into registers of their own)
 #pragma unroll
@@ -1042,29 +1037,29 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
       Sacc[4 * j + 3] *= g.y;
     }
     // ---- [3] S^T <- Diag(gam_n) S^T + D^T Kd; o^T += D^T P^T (Phi Dhi + Phi Dlo + Plo Dhi) ----
-    wg::fence();
+    wg::wgmma_fence();
     wg::mma_n128_t(Sacc, ad, wg::desc(st_a + wg::OFF_KD, 2048, 1024));
     wg::mma_n16(ot, ad, wg::desc(st_a + wg::OFF_PH, 16, 1024));
     wg::mma_n16(ot, adl, wg::desc(st_a + wg::OFF_PH, 16, 1024));
     wg::mma_n16(ot, ad, wg::desc(st_a + wg::OFF_PL, 16, 1024));
-    wg::commit();
+    wg::wgmma_commit();
     // the next chunk's copies (into the stage of chunk c - 1: every wgmma that read it was waited for in step c - 1,
     // and every thread is past this step's barrier)
     if (c + NST - 1 < nch) wg::issue(sbase + s_next * wg::STAGE, slot_c0 + (c + NST - 1) * slot_stride, vbase, tid);
     cp_async_commit();
-    wg::wait<0>();
+    wg::wgmma_wait<0>();
 #pragma unroll
-    for (int e = 0; e < 64; ++e) wg::keep(Sacc[e]);
+    for (int e = 0; e < 64; ++e) wg::fence_reg(Sacc[e]);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) wg::keep(ot[e]);
+    for (int e = 0; e < 8; ++e) wg::fence_reg(ot[e]);
 #pragma unroll
     for (int kt = 0; kt < 8; ++kt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) wg::keep(as[kt][e]);
+      for (int e = 0; e < 4; ++e) wg::fence_reg(as[kt][e]);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      wg::keep(ad[e]);
-      wg::keep(adl[e]);
+      wg::fence_reg(ad[e]);
+      wg::fence_reg(adl[e]);
     }
     // ---- [4] o rows r = 8 nt + 2 tq (+ 1), columns v0 + gq (+ 8): lane pairs (gq, gq ^ 1) exchange so that the
     // even-gq lane stores row 8 nt + 2 tq and the odd one row 8 nt + 2 tq + 1, each as (v, v + 1) bf16 pairs ----

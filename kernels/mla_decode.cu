@@ -27,6 +27,7 @@
 
 #include "kernels/kda_common.cuh"
 #include "kernels/mla.hpp"
+#include "kernels/wgmma.cuh"
 
 namespace kdalab::kernels {
 
@@ -544,21 +545,14 @@ constexpr std::size_t SMEM = OFF_CORR + 32 * 4 + 1024;  // + slack to align the 
 static_assert(64 * SP * 4 <= 17 * 1024, "S");
 static_assert(SMEM <= 227 * 1024, "smem");
 
-/// Byte offset of 16-byte chunk c (0..7) of row r in a [rows x 64 bf16] 128-byte-swizzled block.
-__device__ __forceinline__ int sw(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
+// the 128-byte swizzle, descriptor, fence / commit / wait helpers: kernels/wgmma.cuh
+using wgmma_util::desc;
+using wgmma_util::fence_async_smem;
+using wgmma_util::sw;
+using wgmma_util::wgmma_commit;
+using wgmma_util::wgmma_fence;
+using wgmma_util::wgmma_wait0;
 
-/// Shared-memory matrix descriptor (PTX ISA, wgmma matrix descriptor): start address, leading and
-/// stride byte offsets (all >> 4), 128-byte swizzle.
-__device__ __forceinline__ std::uint64_t desc(std::uint32_t saddr, std::uint32_t lbo, std::uint32_t sbo) {
-  return static_cast<std::uint64_t>((saddr & 0x3FFFF) >> 4) | (static_cast<std::uint64_t>((lbo & 0x3FFFF) >> 4) << 16) |
-         (static_cast<std::uint64_t>((sbo & 0x3FFFF) >> 4) << 32) | (std::uint64_t{1} << 62);
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-/// Makes this thread's generic-proxy shared-memory writes (st.shared, cp.async) visible to wgmma.
-__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 /// Barrier of the 128 threads of warpgroup wg (named barrier 1 + wg; 0 is __syncthreads).
 __device__ __forceinline__ void wg_barrier(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory"); }
 
@@ -975,12 +969,8 @@ enum : int { BAR_LANDED_L = 3, BAR_LANDED_R = 4, BAR_M0 = 5, BAR_M1 = 6, BAR_P0 
 __device__ __forceinline__ void bar_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
 /// Waits for the other warpgroup's bar_arrive on named barrier id.
 __device__ __forceinline__ void bar_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
-/// Keeps the compiler from moving register reads or writes of x across this point (an empty asm that "defines"
-/// x): used after a wgmma wait on the accumulators and register A fragments of the wgmmas it waited for.
-__device__ __forceinline__ void fence_reg(float& x) { asm volatile("" : "+f"(x)::"memory"); }
-__device__ __forceinline__ void fence_reg(std::uint32_t& x) { asm volatile("" : "+r"(x)::"memory"); }
+using wgmma_util::fence_reg;  // (kernels/wgmma.cuh)
+using wgmma_util::wgmma_wait;
 
 /// D[64 x 64] (+)= A B, A and B K-major in shared memory (descriptors); D: 32 fp32 per thread.
 __device__ __forceinline__ void wgmma_m64n64(float* d, std::uint64_t da, std::uint64_t db, int scale_d) {
