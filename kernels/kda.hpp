@@ -76,7 +76,7 @@ struct KdaPrefillArgs {
   void* workspace = nullptr;     ///< device scratch of kda_prefill_workspace_bytes() bytes, 16-byte aligned
   std::size_t workspace_bytes = 0;
   /// State pass: 3 (default) = P D on the tensor cores (hi/lo bf16), state update first; 2 = v2 (P D in fp32
-  /// FMAs); 4 = v4 (opt-in, not yet run on a GPU): v3's step with the key dimension of S split over 2 warps per
+  /// FMAs); 4 = v4 (opt-in; run on the H200 since session 3): v3's step with the key dimension of S split over 2 warps per
   /// 16 value columns (4 warps per CTA, same grid; partial W S and Qg S reduced through shared memory, each
   /// warp updates its own 64 key rows); 5 = the same with 4 warps per 16 value columns (8 per CTA). Same slot,
   /// same bf16 operand roundings as v3; only the fp32 summation order of W S and Qg S differs (o, S_final within
@@ -109,8 +109,8 @@ struct KdaPrefillArgs {
   /// segments 1..P-1 in parallel from their S_start (o, S_final). It does up to ~2.5x the state
   /// work, so it pays only when the one-shot pass leaves SMs idle: auto takes it
   /// when N * HV * 4 CTAs <= the SM count (each CTA alone on its SM, latency-bound) and T >= 16384,
-  /// choosing P by a wave model (H = 32, T = 65536: P = 3, replaced by the one-shot key-split pass since session 6,
-  /// see below). With overlap_segments (and run_phases
+  /// choosing P by a wave model (H = 32, T = 65536: P = 3, replaced by the one-shot key-split pass in session 6 and by
+  /// the one-shot wgmma pass (state_variant 6) since session 9, see below). With overlap_segments (and run_phases
   /// 3) the prepare runs per segment and overlaps pass 1 of the segments before it (a side stream, as
   /// v4); bit-identical to the serial order.
   /// Not bit-identical to the one-shot pass (A_seg carries its own bf16 operand roundings; the
@@ -122,6 +122,8 @@ struct KdaPrefillArgs {
   /// 0.96 .. 1.00 of the P = 3 segment path's whole prefill on the 4 measured shapes where the model picks P = 3
   /// (T = 65536, H = 32: 5.94 vs 6.13 ms);
   /// P >= 4 keeps the segment path (T = 65536, H = 16: P = 9, 3.24 ms vs 5.11 ms one-shot key-split).
+  /// Since session 9 the auto rule runs the one-shot wgmma state pass (state_variant 6) instead of the key split there
+  /// (T = 65536, H = 32: 3.78 vs 4.36 ms) and for every one-shot plan at D = 128 (see state_variant).
   /// kda_prefill_state_kernel() says which state kernel runs. D = 64: the same segment path (D / 32 = 2
   /// column slices per head in the auto rule's CTA count), no key-split switch. D = 256: refused when forced
   /// (>= 2), auto takes 1.
@@ -140,7 +142,8 @@ struct KdaPrefillArgs {
   /// (session 3): 1.13x faster than v4 (0.730 -> 0.645 ms at T = 8192, H = 64), o within 3e-5 of v4's,
   /// twin agreement unchanged, S_final identical (bench/NOTES.md). D != 128: only 6.
   int prepare_variant = 6;
-  /// Two-chunk ("pair") state step, opt-in (default false; not yet run on a GPU). The state pass advances S by
+  /// Two-chunk ("pair") state step, opt-in (default false; run on the H200 since session 5, 1.3-1.4x slower than the
+  /// default in session 9's measurements). The state pass advances S by
   /// 32 tokens per step with every decay factor inside one 16-token chunk: the two chunks c = 2p, c + 1 of a pair
   /// are combined in the prepare (the cross terms M = W_{c+1} Kd_c^T, Wb = W_{c+1} Diag(gam_n(c)) - M W_c,
   /// Ub = U_{c+1} - M U_c, Qb = Qg_{c+1} Diag(gam_n(c)), Pbl = Qg_{c+1} Kd_c^T, Kt = Kd_c Diag(gam_n(c+1)) in
