@@ -6,7 +6,8 @@
 // 3. bench named a FIFO or repeated --peer-json / --compare file before a bad --op (against the order written at the
 //    top of experiments/bench.cpp): now the option first, the files after (cli::check_input_files);
 // 4. decode-cost's cache note given a zero timing said "inf x the time" and "inf GB/s": rows whose timing is not
-//    finite and > 0 are left out and counted.
+//    finite and > 0 are left out and counted;
+// 5. golden reported a missing or folder fixture only after ~100 "ok" lines of the others: now one line first.
 #include <sys/stat.h>
 
 #include <chrono>
@@ -129,4 +130,24 @@ TEST_CASE("breaker9: decode-cost's cache note leaves out zero and NaN timings, n
     if (c.left_out.empty()) CHECK(note.find("left out") == std::string::npos);
     else CHECK(note.find(c.left_out + " timings left out") != std::string::npos);
   }
+}
+
+TEST_CASE("breaker9: golden names a missing or folder fixture before checking any (one line, no 'ok' lines)") {
+  const std::string d = fresh_dir("golden");
+  for (const auto& e : std::filesystem::directory_iterator("data/golden"))
+    if (e.path().extension() == ".h5") std::filesystem::copy_file(e.path(), d + "/" + e.path().filename().string());
+  // the last fixtures checked: attn_res (a folder in its place), then hybrid (missing)
+  std::filesystem::remove(d + "/attn_res.h5");
+  std::filesystem::create_directory(d + "/attn_res.h5");
+  RunResult r = run_kdalab("golden --dir " + d);
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(has(r, "attn_res.h5' is a folder"));
+  CHECK(lines(r.output) == 1);
+  std::filesystem::remove(d + "/attn_res.h5");
+  r = run_kdalab("golden --dir " + d);
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(has(r, "attn_res.h5' is missing"));
+  CHECK(lines(r.output) == 1);
 }
