@@ -828,6 +828,7 @@ void register_bench(Registry& reg) {
               "--variants times the non-default kernels at D = 128 only, and no kda-prefill shape has D = 128; add a "
               "D = 128 shape or leave --variants out");
     }
+    check_input_files(ctx, "peer-json");  // regular files, none twice: after the options (a FIFO came before --op)
     nlohmann::json peer = nlohmann::json::object();
     for (std::size_t pi = 0; pi < o->peer_json.size(); ++pi) {
       const std::string& pj = o->peer_json[pi];
@@ -872,6 +873,7 @@ void register_bench(Registry& reg) {
       grps.push_back(g);
     }
     [[maybe_unused]] std::vector<BaselineRows> baselines;  // every --compare file read completely now, before any GPU work
+    check_input_files(ctx, "compare");
     for (std::size_t i = 0; i < o->compare.size(); ++i)
       baselines.push_back(read_compare_file(o->compare[i], grps, comma_split_note("--compare", o->compare, i)));
     *plan = BenchPlan{std::move(ops), std::move(shapes), std::move(peer), std::move(grps), std::move(baselines)};

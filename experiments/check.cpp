@@ -744,7 +744,7 @@ void register_check(Registry& reg) {
                   "as candidates o_kdalab, S_kdalab beside the file's (e.g. a peer's): both against one truth. Needs a "
                   "CUDA build and a GPU (without either: exit 3, after the input is checked), gate = \"k3\", beta = \"logits\", l2norm_qk = 1, d_k = d_v in {64, 128, 256}, "
                   "HV = H, and inputs that are bf16 (q, k, v, g, beta) / fp32 (A_log, bias, S0) numbers. Default: off");
-  c.check = [o](Context&) {
+  c.check = [o](Context& ctx) {
     require(o->op == "kda" || o->op == "kda-decode" || o->op == "mla" || o->op == "attn-res",
             "--op '" + o->op + "' is unknown; accepted: kda, kda-decode, mla, attn-res");
     require(!o->kernel || o->op == "kda", "--kernel runs kdalab's KDA prefill kernel: it needs --op kda, not --op " + o->op);
@@ -754,6 +754,7 @@ void register_check(Registry& reg) {
     // --in before --out: without an input there is nothing to report (run outside the repo, a missing --in was
     // reported as "--out 'results/check.h5': folder 'results' does not exist"; session 7). InFile refuses an empty
     // --in and opens it as HDF5 (a directory or a text file given as --in was reported after a bad --out; breaker)
+    check_input_files(ctx, "in");  // a FIFO --in would block the open forever (cli::check_input_files)
     { const InFile probe(o->in); }
   };
   c.run = [o](Context& ctx) -> int {

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <iterator>
 #include <regex>
+#include <set>
 #include <stdexcept>
 
 #include "experiments/build_info.hpp"
@@ -119,8 +120,14 @@ nlohmann::json parse_json_once(const std::string& text, std::string& repeated, b
   FloatTexts floats;
   if (numbers_as_typed) (void)nlohmann::json::sax_parse(text, &floats);
   std::size_t next_float = 0;
-  std::vector<std::vector<std::string>> open_keys;  // the keys seen so far in each object being parsed
-  const auto cb = [&](int, nlohmann::json::parse_event_t ev, nlohmann::json& j) {
+  // the keys seen so far in each object being parsed (a set: a vector made a 100000-key file take 45 s; breaker s9)
+  std::vector<std::set<std::string>> open_keys;
+  const auto cb = [&](int depth, nlohmann::json::parse_event_t ev, nlohmann::json& j) {
+    // kdalab's JSON inputs are flat; a value nested 1000000 deep crashed the messages (dump() recursion: SIGSEGV;
+    // breaker s9)
+    if (depth > kMaxJsonDepth)
+      throw Error("nested more than " + std::to_string(kMaxJsonDepth) + " levels deep; accepted: at most " +
+                  std::to_string(kMaxJsonDepth) + " (kdalab's JSON files are flat objects)");
     if (numbers_as_typed && ev == nlohmann::json::parse_event_t::value && j.is_number_float() &&
         next_float < floats.texts.size())
       j = floats.texts[next_float++];
@@ -129,8 +136,7 @@ nlohmann::json parse_json_once(const std::string& text, std::string& repeated, b
     if (ev == nlohmann::json::parse_event_t::key && !open_keys.empty() && j.is_string()) {
       auto& seen = open_keys.back();
       const std::string k = j.get<std::string>();
-      if (repeated.empty() && std::find(seen.begin(), seen.end(), k) != seen.end()) repeated = k;
-      seen.push_back(k);
+      if (!seen.insert(k).second && repeated.empty()) repeated = k;
     }
     return true;
   };
@@ -351,6 +357,7 @@ void check_option_values(CLI::App* sub, const std::vector<std::string>& inputs) 
     const std::string type = o->get_type_name();
     const bool number = type.starts_with("INT") || type.starts_with("UINT") || type.starts_with("FLOAT");
     const bool file = std::find(inputs.begin(), inputs.end(), n) != inputs.end();
+    if (file) continue;  // an input file list: check_input_files(), where the command's order of checks puts it
     const auto& values = o->results();
     for (std::size_t i = 0; i < values.size(); ++i)
       for (std::size_t j = 0; j < i; ++j)
@@ -393,6 +400,17 @@ void check_out_not_input(CLI::App* sub, const std::vector<std::string>& inputs, 
 }  // namespace
 
 void Context::check_out_not_inputs() const { check_out_not_input(app, inputs, common.out); }
+
+void check_input_files(const Context& ctx, const std::string& option) {
+  CLI::Option* o = ctx.app ? find_long(ctx.app, option) : nullptr;
+  if (!o) return;
+  const auto& files = o->results();
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    require_regular_input("--" + option, files[i], "a regular file");
+    for (std::size_t j = 0; j < i; ++j)
+      require_once(files[i] != files[j] && !same_file(files[i], files[j]), "--" + option, files[i]);
+  }
+}
 
 void require_regular_input(const std::string& option, const std::string& path, const std::string& give) {
   std::error_code ec;
@@ -603,15 +621,17 @@ int run(int argc, char** argv) {
   ctx.app = cmd->app;
   ctx.inputs = cmd->inputs;
   try {
-    // every input file is a regular file (or missing / a folder: the subcommand's own message) before anything opens
-    // one: a FIFO given as --config, --in or --peer-json blocked forever (breaker, session 8)
-    for (const std::string& n : input_options(cmd->inputs))
-      if (CLI::Option* o = find_long(cmd->app, n))
-        for (const std::string& f : o->results()) require_regular_input("--" + n, f, "a regular file");
+    // --config is a regular file (or missing / a folder: the subcommand's own message) before anything opens it: a
+    // FIFO blocked forever (breaker, session 8). The Command::inputs files: check_input_files(), called by the
+    // command's check where its order puts them (bench: after every option; a FIFO --peer-json was named before a
+    // bad --op; breaker, session 9), and below for a command whose check does not
+    if (CLI::Option* o = find_long(cmd->app, "config"))
+      for (const std::string& f : o->results()) require_regular_input("--config", f, "a regular file");
     check_option_values(cmd->app, cmd->inputs);
     ctx.config = effective_config(cmd->app);
     // the one order of checks: the subcommand's own (options, then its input files), --out not an input, --out
     if (cmd->check) cmd->check(ctx);
+    for (const std::string& n : cmd->inputs) check_input_files(ctx, n);
     if (cmd->writes_output && !(cmd->out_optional && ctx.common.out.empty())) {
       ctx.check_out_not_inputs();
       check_output_path(ctx.common.out, ctx.common.force);

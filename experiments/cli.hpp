@@ -139,7 +139,19 @@ inline constexpr const char* kInt = "INT";
 /// written, spelled two ways). Never throws; "" is no file (false).
 bool same_file(const std::string& a, const std::string& b);
 
-/// Parses `text` as one JSON value (trailing text is an error: nlohmann's parse_error is thrown) and reports in
+/// The rules of the files of input option `option` (a Command::inputs long name, e.g. "peer-json"): each a regular file
+/// when it exists (require_regular_input: a FIFO would block the read forever) and none given twice (same_file: "x"
+/// and "./x" are one file). Errors: kdalab::Error naming the option and the file (exit 2). A Command whose check
+/// reads its inputs calls it for each, before reading, where its order of checks puts them (after its options);
+/// cli::run calls it again after the check for every Command::inputs option (a command whose check does not).
+void check_input_files(const Context& ctx, const std::string& option);
+
+/// The deepest nesting parse_json_once() accepts (kdalab's JSON files are flat objects; a value nested a million levels
+/// deep crashed the error messages, which print it).
+inline constexpr int kMaxJsonDepth = 64;
+
+/// Parses `text` as one JSON value (trailing text is an error: nlohmann's parse_error is thrown; nesting deeper than
+/// kMaxJsonDepth: kdalab::Error saying so) and reports in
 /// `repeated` the first key that appears twice in one object ("" when none; nlohmann alone keeps the last one
 /// silently). Used for --config and bench --peer-json.
 /// With `numbers_as_typed`, every number that is not an integer nlohmann holds exactly (a fraction, an exponent, an

@@ -105,8 +105,32 @@ std::string mib(double bytes) {
 }  // namespace
 
 // (documented in experiments/decode_cost_note.hpp)
-std::string softmax_cache_note(const std::vector<double>& n, const std::vector<double>& sec, double d,
+namespace {
+/// softmax_cache_note() on rows whose n and sec are all finite and > 0.
+std::string softmax_cache_note_usable(const std::vector<double>& n, const std::vector<double>& sec, double d,
+                                      const std::vector<CacheLevel>& caches);
+}  // namespace
+
+std::string softmax_cache_note(const std::vector<double>& n_in, const std::vector<double>& sec_in, double d,
                                const std::vector<CacheLevel>& caches) {
+  // only rows with a usable timing (n and sec finite and > 0): a zero time made "inf x the time" and "inf GB/s", a NaN
+  // one was silently skipped (breaker, session 9); the rows left out are counted in the note
+  std::vector<double> n, sec;
+  for (std::size_t i = 0; i < n_in.size() && i < sec_in.size(); ++i)
+    if (std::isfinite(n_in[i]) && n_in[i] > 0 && std::isfinite(sec_in[i]) && sec_in[i] > 0) {
+      n.push_back(n_in[i]);
+      sec.push_back(sec_in[i]);
+    }
+  const std::size_t dropped = std::max(n_in.size(), sec_in.size()) - n.size();
+  const std::string left_out =
+      dropped ? fmt::format(" ({} of {} timings left out: not finite and > 0)", dropped, std::max(n_in.size(), sec_in.size()))
+              : std::string();
+  return softmax_cache_note_usable(n, sec, d, caches) + left_out;
+}
+
+namespace {
+std::string softmax_cache_note_usable(const std::vector<double>& n, const std::vector<double>& sec, double d,
+                                      const std::vector<CacheLevel>& caches) {
   std::string ctext;
   for (const auto& c : caches)
     ctext += fmt::format("{}L{}{} {}", ctext.empty() ? "" : ", ", c.level, c.type == "Data" ? "d" : "", mib(c.bytes));
@@ -126,7 +150,7 @@ std::string softmax_cache_note(const std::vector<double>& n, const std::vector<d
       at = i;
     }
   }
-  if (n.size() < 2) return "softmax read: one n measured; " + ctext;
+  if (n.size() < 2) return fmt::format("softmax read: {} n measured; ", n.size() == 1 ? "one" : "no") + ctext;
   // Each measured step whose time per number read rises > 1.5x while its working set leaves a cache level: the
   // smaller one within [0.5, 1.25) of its size, the larger past 1.25x (on a doubling grid, one step per level). The biggest rise named below is not the only step:
   // session 9 saw 4.3x the time for 2x the tokens at n = 1024 -> 2048, d = 128, working set ~1 MiB = this CPU's L2,
@@ -157,6 +181,7 @@ std::string softmax_cache_note(const std::vector<double>& n, const std::vector<d
       sec[at] / sec[at - 1], n[at] / n[at - 1], n[at - 1], n[at], gbs(at - 1), gbs(at), sizeof(CpuScalar), mib(ws(n[at - 1])),
       where(ws(n[at - 1])), mib(ws(n[at])), where(ws(n[at])), ctext, edges);
 }
+}  // namespace
 
 namespace {
 

@@ -20,7 +20,8 @@ struct CacheLevel {
 /// more than 1.5x; otherwise says that no such step was seen. Then each step whose time per number read rises more
 /// than 1.5x while its working set leaves a cache level (the smaller one 0.5x..1.25x that cache's size, the larger
 /// past 1.25x) is named as plausibly that cache's edge (not measured: no cache-miss counts). One line (printed and
-/// recorded as decode_cost/cpu's `note`); never throws on sizes (n and sec of equal length assumed).
+/// recorded as decode_cost/cpu's `note`); never throws on sizes (rows past the shorter of n and sec are left out).
+/// Rows whose n or sec is not finite and > 0 (a zero or NaN timing) are left out and counted at the end of the note.
 std::string softmax_cache_note(const std::vector<double>& n, const std::vector<double>& sec, double d,
                                const std::vector<CacheLevel>& caches);
 

@@ -296,6 +296,19 @@ int run_golden(bool regen_flag, const std::string& dir_name, Context& ctx) {
       require(total < 5'000'000, fmt::format("golden files total {} bytes, over the 5 MB limit", total));
       return 0;
     }
+    // every fixture is there and a regular file before any is checked: a missing last fixture, or a folder under a
+    // fixture's name, was reported after ~100 "ok" lines of the others (breaker, session 9)
+    {
+      std::vector<std::string> names;
+      for (const auto& op : golden_ops()) names.push_back(op.op);
+      for (const auto& op : golden::layer_ops()) names.push_back(op.op);
+      for (const auto& n : names) {
+        const std::string path = *dir + "/" + n + ".h5";
+        require(std::filesystem::exists(path), missing_fixture(path));
+        require(!std::filesystem::is_directory(path), "golden file '" + path + "' is a folder; give " + kGoldenFile);
+        require_regular_input("golden file", path, kGoldenFile);
+      }
+    }
     int failed = 0;
     for (const auto& op : golden_ops()) {
       const std::string path = *dir + "/" + op.op + ".h5";

@@ -289,7 +289,7 @@ inline ModelConfig parse_model_config(const nlohmann::json& root, const std::str
 }
 
 /// Reads and parses a config.json file. Throws kdalab::Error naming the path when it cannot be
-/// opened or is not valid JSON, and as parse_model_config() otherwise.
+/// opened, is not valid JSON or is nested more than 64 levels deep, and as parse_model_config() otherwise.
 inline ModelConfig read_model_config(const std::string& path) {
   std::ifstream f(path);
   require(f.good(), "model config '" + path + "' cannot be opened");
@@ -297,7 +297,14 @@ inline ModelConfig read_model_config(const std::string& path) {
   ss << f.rdbuf();
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(ss.str());
+    // a value nested a million levels deep crashed the messages that print it (dump() recursion; breaker, session 9)
+    constexpr int max_depth = 64;
+    j = nlohmann::json::parse(ss.str(), [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+      if (depth > max_depth)
+        throw Error("model config '" + path + "' is nested more than " + std::to_string(max_depth) +
+                    " levels deep; accepted: at most " + std::to_string(max_depth) + " (a config.json is nearly flat)");
+      return true;
+    });
   } catch (const nlohmann::json::exception& e) {
     throw Error("model config '" + path + "' is not valid JSON: " + e.what());
   }
