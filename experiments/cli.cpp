@@ -387,13 +387,13 @@ void check_out_not_input(CLI::App* sub, const std::vector<std::string>& inputs, 
       o->capture_default_str();
       if (!o->get_default_str().empty()) files = {o->get_default_str()};
     }
-    for (const std::string& f : files) {
-      if (o->get_expected_max() > 1)  // a file list (bench --compare, --peer-json): the message bench gave itself
-        require(!same_file(f, out), "--out '" + out + "' is the --" + n + " file '" + f + "'; give another results "
-                                        "file (--" + n + " files are read, never overwritten)");
-      require(!same_file(f, out), "--out '" + out + "' is the input file --" + n + " ('" + f +
-                                      "'); give another output file (input files are read, never overwritten)");
-    }
+    for (const std::string& f : files)
+      require(!same_file(f, out),
+              o->get_expected_max() > 1  // a file list (bench --compare, --peer-json): the message bench gave itself
+                  ? "--out '" + out + "' is the --" + n + " file '" + f + "'; give another results file (--" + n +
+                        " files are read, never overwritten)"
+                  : "--out '" + out + "' is the input file --" + n + " ('" + f +
+                        "'); give another output file (input files are read, never overwritten)");
   }
 }
 

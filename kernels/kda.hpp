@@ -142,8 +142,8 @@ struct KdaPrefillArgs {
   /// (session 3): 1.13x faster than v4 (0.730 -> 0.645 ms at T = 8192, H = 64), o within 3e-5 of v4's,
   /// twin agreement unchanged, S_final identical (bench/NOTES.md). D != 128: only 6.
   int prepare_variant = 6;
-  /// Two-chunk ("pair") state step, opt-in (default false; run on the H200 since session 5, 1.3-1.4x slower than the
-  /// default in session 9's measurements). The state pass advances S by
+  /// Two-chunk ("pair") state step, opt-in (default false; run on the H200 since session 5, slower than the default:
+  /// bench/NOTES.md). The state pass advances S by
   /// 32 tokens per step with every decay factor inside one 16-token chunk: the two chunks c = 2p, c + 1 of a pair
   /// are combined in the prepare (the cross terms M = W_{c+1} Kd_c^T, Wb = W_{c+1} Diag(gam_n(c)) - M W_c,
   /// Ub = U_{c+1} - M U_c, Qb = Qg_{c+1} Diag(gam_n(c)), Pbl = Qg_{c+1} Kd_c^T, Kt = Kd_c Diag(gam_n(c+1)) in
