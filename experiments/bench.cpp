@@ -441,6 +441,14 @@ Measured bench_prefill(const Shape& s, int warmup, int iters, std::uint64_t seed
   {  // the previous prepare kernel (v4, kernels/kda.hpp prepare_variant) beside the default (v6): alone and the whole prefill
     auto a4 = a;
     a4.prepare_variant = 4;
+    // prepare v4 changes the state plan (the auto rule's wgmma pass needs prepare v6: at T = 65536 a segment path with
+    // its larger workspace), so it gets a workspace of its own when the default one is too small
+    const std::size_t ws4b = kernels::kda_prefill_workspace_bytes(a4);
+    Dev ws4(ws4b > wsb ? ws4b : 16);
+    if (ws4b > wsb) {
+      a4.workspace = ws4.p;
+      a4.workspace_bytes = ws4b;
+    }
     a4.run_phases = 1;
     const double prep4 = time_ms([&] { kernels::kda_prefill(a4, nullptr); }, warmup, iters).first;
     a4.run_phases = 3;

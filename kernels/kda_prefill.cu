@@ -927,28 +927,57 @@ __device__ __forceinline__ void mma_n128_t(float* d, const std::uint32_t* a, std
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
 
-/// One chunk's slot (the wgmma layout) -> one stage, 16-byte cp.async by the 128 threads (no commit).
-__device__ __forceinline__ void issue(unsigned char* st, const unsigned char* slot, int vbase, int tid) {
-  using SL = Slot<128>;
-#pragma unroll
-  for (int k = 0; k < 6; ++k) {  // W, Qg, Kd: 3 x 16 rows x 16 chunks, adjacent in the slot and the stage
-    const int q = tid + 128 * k, m = q / 256, r = (q / 16) % 16, c = q % 16;
-    const int blk = m < 2 ? (c / 8) * 4096 + m * 2048 : OFF_KD + (c / 8) * 2048;
-    cp_async16(st + blk + sw(r, c % 8), slot + 16 * q);
-  }
-  if (tid < 64) {  // P hi (32 chunks) then P lo: row r = 2 chunks
-    const int h = tid / 32, r = (tid % 32) / 2, c = tid % 2;
-    cp_async16(st + (h ? OFF_PL : OFF_PH) + sw(r, c), slot + SL::Pf + 16 * tid);
-  }
-#pragma unroll
-  for (int k = 0; k < 2; ++k) {  // U: 16 rows x 16 chunks of 4 fp32 (columns vbase ..)
-    const int q = tid + 128 * k, r = q / 16, c4 = q % 16;
-    cp_async16(st + OFF_U + (r * UP + 4 * c4) * 4, slot + SL::U + (r * 128 + vbase + 4 * c4) * 4);
-  }
-  if (tid < 32) cp_async16(st + OFF_GN + 16 * tid, slot + SL::gam_n + 16 * tid);
+/// 16-byte cp.async to a shared-window address (the state pass keeps its stage addresses as 32-bit shared addresses:
+/// no generic-to-shared conversion and no 64-bit arithmetic per copy in the step).
+__device__ __forceinline__ void cp16(std::uint32_t sdst, const void* gsrc) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sdst), "l"(gsrc));
 }
+/// Thread tid's share of copying one chunk's slot (the wgmma layout) into a stage, as offsets computed once per thread
+/// (v10w): destinations from the stage's shared address, sources from the slot's first byte. Per stage, 10 copies of 16 B:
+/// W, Qg, Kd (6: q = tid + 128 k, slot bytes 16 q, row r = tid / 16 + 8 (k & 1), 16-byte chunk c = tid % 16 of the
+/// 128-byte-swizzled blocks: [W; Qg] k < 4, Kd k = 4, 5), P hi / lo (tid < 64), U (2: rows tid / 16 + 8 k, the
+/// CTA's 64 value columns), gam_n (tid < 32).
+struct CopyPlan {
+  std::uint32_t d_wq, d_kd, d_p, d_u, d_g;  // shared offsets from the stage base
+  std::uint32_t s_wqk, s_p, s_u, s_g;       // byte offsets into the slot
+  __device__ __forceinline__ CopyPlan(int tid, int vbase) {
+    using SL = Slot<128>;
+    const int r = tid / 16, c = tid % 16;
+    const std::uint32_t x = r * 128 + (((c % 8) ^ r) << 4);  // sw(r, c % 8); r < 8, so r & 7 = r
+    d_wq = (c / 8) * 4096 + x;
+    d_kd = OFF_KD + (c / 8) * 2048 + x;
+    const int h = (tid / 32) & 1, pr = (tid % 32) / 2, pc = tid % 2;
+    d_p = (h ? OFF_PL : OFF_PH) + sw(pr, pc);
+    d_u = OFF_U + (r * UP + 4 * c) * 4;
+    d_g = OFF_GN + 16 * (tid % 32);
+    s_wqk = 16 * tid;
+    s_p = SL::Pf + 16 * (tid % 64);
+    s_u = SL::U + (r * 128 + vbase + 4 * c) * 4;
+    s_g = SL::gam_n + 16 * (tid % 32);
+  }
+  /// The copies of one chunk (slot) into the stage at shared address st (no commit).
+  __device__ __forceinline__ void issue(std::uint32_t st, const unsigned char* slot, int tid) const {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) cp16(st + d_wq + (k / 2) * 2048 + (k & 1) * 1024, slot + s_wqk + 2048 * k);
+#pragma unroll
+    for (int k = 4; k < 6; ++k) cp16(st + d_kd + (k & 1) * 1024, slot + s_wqk + 2048 * k);
+    if (tid < 64) cp16(st + d_p, slot + s_p);
+#pragma unroll
+    for (int k = 0; k < 2; ++k) cp16(st + d_u + k * 8 * UP * 4, slot + s_u + k * 8 * 128 * 4);
+    if (tid < 32) cp16(st + d_g, slot + s_g);
+  }
+};
 }  // namespace wg
 
+// v10w (session 10): the v9w step with the same wgmma products in the same order (bit-identical results), rearranged
+// after the session-10 ncu source profile of v9w (T = 65536, H = 32: 409 instructions and ~1,090 cycles per warp-step,
+// one warp per scheduler): (1) the wgmma descriptors are formed once (a stage or block offset adds to the start-address
+// field; v9w rebuilt each from the address: 5 dependent uniform instructions before each of the 8 chained wgmma, ~13% of
+// the stall samples); (2) the stage is addressed from the shared array itself, so U and gam_n are read by LDS (v9w: generic
+// LD.E, whose long scoreboard held 5.5% of the samples); U is read while the D^T / Qg chain runs;
+// (3) the copies and the o stores use offsets computed once per thread (v9w: ~95 and ~50 instructions of 64-bit address
+// arithmetic per step). (Storing chunk c's o during chunk c + 1's chain, or the decay there, is not possible: ptxas then
+// injects a wgmma wait right after the chain's issue, see the note at the decay.)
 __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
   constexpr int D = 128;
   using SL = Slot<D>;
@@ -958,10 +987,13 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
   const int nch = (sq.len + C - 1) / C;
   const int v0 = vbase + warp * 16;  // this warp's 16 value columns
 
+  // the stages from a 1024-byte aligned offset of the shared array (pointer arithmetic on the array keeps the shared
+  // state space visible to the compiler: LDS, not generic loads)
   extern __shared__ __align__(16) unsigned char dyn_smem[];
-  unsigned char* const sbase = reinterpret_cast<unsigned char*>(
-      (reinterpret_cast<std::uintptr_t>(dyn_smem) + 1023) & ~static_cast<std::uintptr_t>(1023));
-  const std::uint32_t sbase_a = static_cast<std::uint32_t>(__cvta_generic_to_shared(sbase));
+  const std::uint32_t raw_a = static_cast<std::uint32_t>(__cvta_generic_to_shared(dyn_smem));
+  const std::uint32_t pad = (1024u - (raw_a & 1023u)) & 1023u;
+  unsigned char* const sbase = dyn_smem + pad;
+  const std::uint32_t sbase_a = raw_a + pad;
 
   // S^T accumulators (wgmma m64n128 layout = v3's): Sacc[4 j + e] = S[8 j + 2 tq + (e & 1)][v0 + gq + 8 (e >> 1)]
   float Sacc[64];
@@ -972,24 +1004,40 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
     for (int e = 0; e < 4; ++e)
       Sacc[4 * j + e] = p.S0 ? p.S0[sb + (8 * j + 2 * tq + (e & 1)) * D + v0 + gq + 8 * (e >> 1)] : 0.0f;
 
-  const unsigned char* slot_c0 = p.ws + (static_cast<long long>(sq.slot0) * p.HV + hv) * SL::bytes;
   const long long slot_stride = static_cast<long long>(p.HV) * SL::bytes;
-  bf16_t* const o_c0 = p.o + sq.bidx * p.so.b + static_cast<long long>(sq.bos) * p.so.t + hv * p.so.h;
-
+  const unsigned char* slot_next = p.ws + (static_cast<long long>(sq.slot0) * p.HV + hv) * SL::bytes;
+  const wg::CopyPlan cpl(tid, vbase);
 #pragma unroll
   for (int i = 0; i < NST - 1; ++i) {
-    if (i < nch) wg::issue(sbase + i * wg::STAGE, slot_c0 + i * slot_stride, vbase, tid);
+    if (i < nch) cpl.issue(sbase_a + i * wg::STAGE, slot_next, tid);
     cp_async_commit();
+    slot_next += slot_stride;
   }
+  // descriptors of stage 0 (start address >> 4 in the low 14 bits; the shared window is below 2^18 bytes, so adding a
+  // stage or block offset >> 4 to the low word never carries into the next field): low words, one shared high word
+  const std::uint64_t dwq0 = wg::desc(sbase_a + wg::OFF_WQ, 16, 1024);
+  const std::uint32_t hi_k = static_cast<std::uint32_t>(dwq0 >> 32);  // sbo 1024, 128-byte swizzle
+  const std::uint32_t lo_wq = static_cast<std::uint32_t>(dwq0);
+  const std::uint32_t lo_kd = static_cast<std::uint32_t>(wg::desc(sbase_a + wg::OFF_KD, 2048, 1024));
+  const std::uint32_t lo_ph = static_cast<std::uint32_t>(wg::desc(sbase_a + wg::OFF_PH, 16, 1024));
+  const std::uint32_t lo_pl = static_cast<std::uint32_t>(wg::desc(sbase_a + wg::OFF_PL, 16, 1024));
+  auto dsc = [hi_k](std::uint32_t lo) { return (static_cast<std::uint64_t>(hi_k) << 32) | lo; };
+
+  // o: this thread's rows 2 tq + odd (+ 8) and columns v0 + (gq & ~1) (+ 8) of each chunk, as 4-byte bf16 pairs
+  const bool odd = gq & 1;
+  const int orow = 2 * tq + (odd ? 1 : 0);
+  bf16_t* o_next = p.o + sq.bidx * p.so.b + static_cast<long long>(sq.bos) * p.so.t + hv * p.so.h +
+                   static_cast<long long>(orow) * p.so.t + v0 + (gq & ~1);
+  const long long o8 = 8 * p.so.t, o_chunk = C * p.so.t;
   int s_cur = 0;
   for (int c = 0; c < nch; ++c) {
     cp_async_wait<NST - 2>();
     wg::fence_async_smem();
     __syncthreads();
     const int s_next = s_cur == 0 ? NST - 1 : s_cur - 1;
-    unsigned char* const st = sbase + s_cur * wg::STAGE;
-    const std::uint32_t st_a = sbase_a + s_cur * wg::STAGE;
-    // ---- [1] D^T (dt) and o^T's Qg part (ot), A = S^T's bf16 k-tiles ----
+    const unsigned char* const st = sbase + s_cur * wg::STAGE;
+    const std::uint32_t so = (s_cur * wg::STAGE) >> 4;  // the stage's offset in descriptor units
+    // ---- [1] D^T and o^T's Qg part: one m64n32 chain over [W; Qg]^T, A = S^T's bf16 k-tiles ----
     std::uint32_t as[8][4];
 #pragma unroll
     for (int kt = 0; kt < 8; ++kt) {
@@ -998,35 +1046,8 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
       as[kt][2] = pack_bf16(Sacc[8 * kt + 4], Sacc[8 * kt + 5]);
       as[kt][3] = pack_bf16(Sacc[8 * kt + 6], Sacc[8 * kt + 7]);
     }
-    // dq[0..7] = D^T part (r = 0..15), dq[8..15] = o^T's Qg part: one m64n32 chain over [W; Qg]^T
-    float dq[16];  // written by the first wgmma (ACC = 0)
-    wg::wgmma_fence();
-    wg::mma_n32<0>(dq, as[0], wg::desc(st_a + wg::OFF_WQ, 16, 1024));
-#pragma unroll
-    for (int kt = 1; kt < 8; ++kt)
-      wg::mma_n32(dq, as[kt], wg::desc(st_a + wg::OFF_WQ + (kt / 4) * 4096 + (kt % 4) * 32, 16, 1024));
-    wg::wgmma_commit();
-    wg::wgmma_wait<0>();
-#pragma unroll
-    for (int e = 0; e < 16; ++e) wg::fence_reg(dq[e]);
-    const float* const dt = dq;
-    float ot[8];  // o^T (a copy: the P D wgmma accumulate into registers of their own)
-#pragma unroll
-    for (int e = 0; e < 8; ++e) ot[e] = dq[8 + e];
-    // ---- [2] D^T = U^T - S^T W^T (dt[4 nt + e]: v = gq + 8 (e >> 1), r = 8 nt + 2 tq + (e & 1)), hi / lo ----
-    const float* U = reinterpret_cast<const float*>(st + wg::OFF_U);
-    float d[8];
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        d[4 * nt + e] = U[(8 * nt + 2 * tq + (e & 1)) * wg::UP + warp * 16 + gq + 8 * (e >> 1)] - dt[4 * nt + e];
-    std::uint32_t ad[4], adl[4];
-    split_bf16(d[0], d[1], ad[0], adl[0]);
-    split_bf16(d[2], d[3], ad[1], adl[1]);
-    split_bf16(d[4], d[5], ad[2], adl[2]);
-    split_bf16(d[6], d[7], ad[3], adl[3]);
-    // the decay of S^T (after the wait: ptxas serialises the wgmma chain when registers it defined change meanwhile)
+    // the decay of S^T before the chain is issued: ptxas injects a wgmma wait before any access to a wgmma accumulator
+    // register (Sacc, ot) while a wgmma is pending, so nothing of S^T or o^T can run in the chain's shadow
     const float* gn = reinterpret_cast<const float*>(st + wg::OFF_GN);
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
@@ -1036,17 +1057,47 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
       Sacc[4 * j + 2] *= g.x;
       Sacc[4 * j + 3] *= g.y;
     }
+    float dq[16];  // dq[0..7] = S^T W^T (r = 0..15), dq[8..15] = S^T Qg^T; written by the first wgmma (ACC = 0)
+    wg::wgmma_fence();
+    wg::mma_n32<0>(dq, as[0], dsc(lo_wq + so));
+#pragma unroll
+    for (int kt = 1; kt < 8; ++kt) wg::mma_n32(dq, as[kt], dsc(lo_wq + so + ((kt / 4) * 4096 + (kt % 4) * 32) / 16));
+    wg::wgmma_commit();
+    // U^T of this chunk while the chain runs
+    const float* U = reinterpret_cast<const float*>(st + wg::OFF_U);
+    float u[8];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) u[4 * nt + e] = U[(8 * nt + 2 * tq + (e & 1)) * wg::UP + warp * 16 + gq + 8 * (e >> 1)];
+    wg::wgmma_wait<0>();
+#pragma unroll
+    for (int e = 0; e < 16; ++e) wg::fence_reg(dq[e]);
+    float ot[8];  // o^T (a copy: accumulating the P D wgmma onto dq[8..15] in place makes ptxas serialise every wgmma
+                  // for lack of registers (C7511); the copy costs one injected warpgroup.arrive, as in v9w)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) ot[e] = dq[8 + e];
+    // ---- [2] D^T = U^T - S^T W^T (dq[4 nt + e]: v = gq + 8 (e >> 1), r = 8 nt + 2 tq + (e & 1)), hi / lo ----
+    float d[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) d[e] = u[e] - dq[e];
+    std::uint32_t ad[4], adl[4];
+    split_bf16(d[0], d[1], ad[0], adl[0]);
+    split_bf16(d[2], d[3], ad[1], adl[1]);
+    split_bf16(d[4], d[5], ad[2], adl[2]);
+    split_bf16(d[6], d[7], ad[3], adl[3]);
     // ---- [3] S^T <- Diag(gam_n) S^T + D^T Kd; o^T += D^T P^T (Phi Dhi + Phi Dlo + Plo Dhi) ----
     wg::wgmma_fence();
-    wg::mma_n128_t(Sacc, ad, wg::desc(st_a + wg::OFF_KD, 2048, 1024));
-    wg::mma_n16(ot, ad, wg::desc(st_a + wg::OFF_PH, 16, 1024));
-    wg::mma_n16(ot, adl, wg::desc(st_a + wg::OFF_PH, 16, 1024));
-    wg::mma_n16(ot, ad, wg::desc(st_a + wg::OFF_PL, 16, 1024));
+    wg::mma_n128_t(Sacc, ad, dsc(lo_kd + so));
+    wg::mma_n16(ot, ad, dsc(lo_ph + so));
+    wg::mma_n16(ot, adl, dsc(lo_ph + so));
+    wg::mma_n16(ot, ad, dsc(lo_pl + so));
     wg::wgmma_commit();
     // the next chunk's copies (into the stage of chunk c - 1: every wgmma that read it was waited for in step c - 1,
     // and every thread is past this step's barrier)
-    if (c + NST - 1 < nch) wg::issue(sbase + s_next * wg::STAGE, slot_c0 + (c + NST - 1) * slot_stride, vbase, tid);
+    if (c + NST - 1 < nch) cpl.issue(sbase_a + s_next * wg::STAGE, slot_next, tid);
     cp_async_commit();
+    slot_next += slot_stride;
     wg::wgmma_wait<0>();
 #pragma unroll
     for (int e = 0; e < 64; ++e) wg::fence_reg(Sacc[e]);
@@ -1061,20 +1112,19 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
       wg::fence_reg(ad[e]);
       wg::fence_reg(adl[e]);
     }
-    // ---- [4] o rows r = 8 nt + 2 tq (+ 1), columns v0 + gq (+ 8): lane pairs (gq, gq ^ 1) exchange so that the
-    // even-gq lane stores row 8 nt + 2 tq and the odd one row 8 nt + 2 tq + 1, each as (v, v + 1) bf16 pairs ----
-    const int t0 = c * C, nvalid = min(C, sq.len - t0);
-    const bool odd = gq & 1;
+    // ---- [4] o rows 8 nt + 2 tq (+ 1), columns v0 + gq (+ 8): lane pairs (gq, gq ^ 1) exchange so that the even-gq
+    // lane stores row 8 nt + 2 tq and the odd one row 8 nt + 2 tq + 1, each as (v, v + 1) bf16 pairs ----
+    const int nvalid = min(C, sq.len - c * C);
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
       for (int vh = 0; vh < 2; ++vh) {
         const float x0 = p.scale * ot[4 * nt + 2 * vh], x1 = p.scale * ot[4 * nt + 2 * vh + 1];  // rows r0, r0 + 1
         const float recv = __shfl_xor_sync(0xffffffffu, odd ? x0 : x1, 4);
-        const int r = 8 * nt + 2 * tq + (odd ? 1 : 0), v = v0 + (gq & ~1) + 8 * vh;
         const std::uint32_t val = odd ? pack_bf16(recv, x1) : pack_bf16(x0, recv);
-        if (r < nvalid) *reinterpret_cast<std::uint32_t*>(o_c0 + static_cast<long long>(t0 + r) * p.so.t + v) = val;
+        if (8 * nt + orow < nvalid) *reinterpret_cast<std::uint32_t*>(o_next + nt * o8 + 8 * vh) = val;
       }
+    o_next += o_chunk;
     s_cur = s_cur == NST - 1 ? 0 : s_cur + 1;
   }
   if (p.S_final) {
