@@ -98,12 +98,19 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
-/// Sigmoid(x) = 1 / (1 + exp(-x)) in fp32: expf (the accurate one) and a fast reciprocal (__fdividef, <= 2 ulp;
+/// exp(x) in fp32 as ex2.approx.ftz(x log2 e) (__expf: MUFU.EX2 and one FMUL). Error (CUDA Math API, __expf): <= 2 +
+/// floor(1.173 |x|) ulp, from the rounding of x log2 e; results below 2^-126 flush to 0. In the KDA prepare the cumulative
+/// decay exp(G), G >= 16 g_min = -80, has <= ~95 ulp (5.7e-6 relative) at the deepest decay and <= 3 ulp for |G| <= 1:
+/// the same order as the fp32 rounding of the cumulative sum G itself (16 additions, ~|G| 2^-24 each).
+__device__ __forceinline__ float fast_exp(float x) { return __expf(x); }
+/// Sigmoid(x) = 1 / (1 + exp(-x)) in fp32: fast_exp and a fast reciprocal (__fdividef, <= 2 ulp;
 /// 0 when exp(-x) overflows, i.e. x < -88.7, where the true value is < 3e-39), instead of the IEEE division,
 /// which took ~25 SASS instructions per gate element with its slow-path branch (session-5 ncu of prepare v6; this
 /// change and the other step-1 cuts took the prepare from 415.5 M to 365.9 M instructions at T = 8192, H = 64).
-/// Error ~3 ulp relative: fp32-class, 4 orders below the bf16 operand roundings.
-__device__ __forceinline__ float sigmoidf_(float x) { return __fdividef(1.0f, 1.0f + expf(-x)); }
+/// Session 10: exp(-x) by fast_exp (above) instead of the accurate expf (8 SASS instructions -> 2). Error: <= ~3 ulp
+/// plus fast_exp's <= 1.2 |x| ulp of exp(-x), which moves Sigmoid by <= 1.2 |x| (1 - Sigmoid) ulp: ~1e-6 relative for
+/// the gate's |x| <~ 10, three orders below the bf16 operand roundings (bench/NOTES.md, KDA prepare v6 session 10).
+__device__ __forceinline__ float sigmoidf_(float x) { return __fdividef(1.0f, 1.0f + fast_exp(-x)); }
 
 // ---- the fused input transforms, one copy for the prefill and the decode kernels --------------
 /// K3 bounded gate (K3 report Eq. 5): g = g_min Sigmoid(exp(A_log) (g_raw + bias)); ea = expf(A_log).

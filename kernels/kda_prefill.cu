@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(256) kda_prepare_kernel(Params p) {
 #pragma unroll
     for (int r = 0; r < C; ++r) {
       G += sG[r][i];  // rows past nvalid carry g = 0: gam stays, gam[C-1] = gam_n
-      gam[r] = expf(G);
+      gam[r] = fast_exp(G);  // as prep::decay_gamma (v6): gam_n bit-identical across the two prepares
     }
     const float gn = gam[C - 1];
     sGn[i] = gn;
@@ -291,7 +291,7 @@ __global__ void __launch_bounds__(256, D == 256 ? 3 : 4) kda_prepare_v6_kernel(P
   const int t0 = c * C;
   if (t0 >= sq.len) return;
   const int nvalid = min(C, sq.len - t0);
-  const int h = hv / p.group;
+  const int h = p.group == 1 ? hv : hv / p.group;  // (the integer division: ~20 instructions per thread)
 
   // [0] q -> Qg, [1] g -> Ki, [2] k -> Kg, [3] v; [0] and [1] (16896 B at D = 128, contiguous) then hold
   // the 8 warps' partial A / P tiles (8 x 256 float2 = 16384 B; own buffer at D = 64)
@@ -871,9 +871,11 @@ constexpr int UP = SLC + 4;                              // fp32 row stride of t
 // 0..15 W, 16..31 Qg); Kd: 2 swizzled [16 x 64] blocks (2048 B) at OFF_KD
 constexpr int OFF_WQ = 0, OFF_KD = 8192;
 constexpr int OFF_PH = 12288, OFF_PL = 14336;            // one swizzled [16 x 64] block each (columns 0..15 used)
-constexpr int OFF_U = 16384, OFF_GN = OFF_U + C * UP * 4, STAGE = (OFF_GN + 512 + 1023) / 1024 * 1024;
+// U [16][UP] fp32; gam_n: one 512-byte copy per warp (v10w: each warp copies the gam_n and the U columns it reads itself,
+// so it reads them before the CTA's barrier)
+constexpr int OFF_U = 16384, OFF_GN = OFF_U + C * UP * 4, STAGE = (OFF_GN + 4 * 512 + 1023) / 1024 * 1024;
 constexpr int SMEM = NST * STAGE + 1024;                 // + slack to align the base to 1024 bytes
-static_assert(STAGE == 21504 && SMEM <= 227 * 1024, "wgmma state stage");
+static_assert(STAGE == 23552 && SMEM <= 227 * 1024, "wgmma state stage");
 
 // the 128-byte swizzle, descriptor, fence / commit / wait helpers: kernels/wgmma.cuh
 using wgmma_util::desc;
@@ -935,8 +937,9 @@ __device__ __forceinline__ void cp16(std::uint32_t sdst, const void* gsrc) {
 /// Thread tid's share of copying one chunk's slot (the wgmma layout) into a stage, as offsets computed once per thread
 /// (v10w): destinations from the stage's shared address, sources from the slot's first byte. Per stage, 10 copies of 16 B:
 /// W, Qg, Kd (6: q = tid + 128 k, slot bytes 16 q, row r = tid / 16 + 8 (k & 1), 16-byte chunk c = tid % 16 of the
-/// 128-byte-swizzled blocks: [W; Qg] k < 4, Kd k = 4, 5), P hi / lo (tid < 64), U (2: rows tid / 16 + 8 k, the
-/// CTA's 64 value columns), gam_n (tid < 32).
+/// 128-byte-swizzled blocks: [W; Qg] k < 4, Kd k = 4, 5), P hi / lo (tid < 64), U (2: lane = 4 r + c4 copies rows
+/// r, r + 8, columns 16 warp + 4 c4 .. + 3: the warp's own 16 value columns), gam_n (one 16-byte part per lane into the
+/// warp's own 512-byte copy).
 struct CopyPlan {
   std::uint32_t d_wq, d_kd, d_p, d_u, d_g;  // shared offsets from the stage base
   std::uint32_t s_wqk, s_p, s_u, s_g;       // byte offsets into the slot
@@ -948,12 +951,13 @@ struct CopyPlan {
     d_kd = OFF_KD + (c / 8) * 2048 + x;
     const int h = (tid / 32) & 1, pr = (tid % 32) / 2, pc = tid % 2;
     d_p = (h ? OFF_PL : OFF_PH) + sw(pr, pc);
-    d_u = OFF_U + (r * UP + 4 * c) * 4;
-    d_g = OFF_GN + 16 * (tid % 32);
+    const int warp = tid / 32, lane = tid % 32, ur = lane / 4, uc = 16 * warp + 4 * (lane % 4);
+    d_u = OFF_U + (ur * UP + uc) * 4;
+    d_g = OFF_GN + 512 * warp + 16 * lane;
     s_wqk = 16 * tid;
     s_p = SL::Pf + 16 * (tid % 64);
-    s_u = SL::U + (r * 128 + vbase + 4 * c) * 4;
-    s_g = SL::gam_n + 16 * (tid % 32);
+    s_u = SL::U + (ur * 128 + vbase + uc) * 4;
+    s_g = SL::gam_n + 16 * lane;
   }
   /// The copies of one chunk (slot) into the stage at shared address st (no commit).
   __device__ __forceinline__ void issue(std::uint32_t st, const unsigned char* slot, int tid) const {
@@ -964,7 +968,7 @@ struct CopyPlan {
     if (tid < 64) cp16(st + d_p, slot + s_p);
 #pragma unroll
     for (int k = 0; k < 2; ++k) cp16(st + d_u + k * 8 * UP * 4, slot + s_u + k * 8 * 128 * 4);
-    if (tid < 32) cp16(st + d_g, slot + s_g);
+    cp16(st + d_g, slot + s_g);
   }
 };
 }  // namespace wg
@@ -974,7 +978,8 @@ struct CopyPlan {
 // one warp per scheduler): (1) the wgmma descriptors are formed once (a stage or block offset adds to the start-address
 // field; v9w rebuilt each from the address: 5 dependent uniform instructions before each of the 8 chained wgmma, ~13% of
 // the stall samples); (2) the stage is addressed from the shared array itself, so U and gam_n are read by LDS (v9w: generic
-// LD.E, whose long scoreboard held 5.5% of the samples); U is read while the D^T / Qg chain runs;
+// LD.E, whose long scoreboard held 5.5% of the samples); each warp copies the gam_n and U values it reads itself and
+// reads them before the CTA's barrier (step 2);
 // (3) the copies and the o stores use offsets computed once per thread (v9w: ~95 and ~50 instructions of 64-bit address
 // arithmetic per step). (Storing chunk c's o during chunk c + 1's chain, or the decay there, is not possible: ptxas then
 // injects a wgmma wait right after the chain's issue, see the note at the decay.)
@@ -1032,11 +1037,28 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
   int s_cur = 0;
   for (int c = 0; c < nch; ++c) {
     cp_async_wait<NST - 2>();
-    wg::fence_async_smem();
-    __syncthreads();
     const int s_next = s_cur == 0 ? NST - 1 : s_cur - 1;
     const unsigned char* const st = sbase + s_cur * wg::STAGE;
     const std::uint32_t so = (s_cur * wg::STAGE) >> 4;  // the stage's offset in descriptor units
+    // this warp's gam_n and U^T (its own copies: visible to the warp after its wait and a __syncwarp), read before the
+    // CTA's barrier so that their latency runs under it
+    __syncwarp();
+    float2 g2[16];
+    {
+      const float* gn = reinterpret_cast<const float*>(st + wg::OFF_GN + 512 * warp);
+#pragma unroll
+      for (int j = 0; j < 16; ++j) g2[j] = *reinterpret_cast<const float2*>(&gn[8 * j + 2 * tq]);
+    }
+    float u[8];
+    {
+      const float* U = reinterpret_cast<const float*>(st + wg::OFF_U);
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) u[4 * nt + e] = U[(8 * nt + 2 * tq + (e & 1)) * wg::UP + warp * 16 + gq + 8 * (e >> 1)];
+    }
+    wg::fence_async_smem();
+    __syncthreads();  // every thread's W, Qg, Kd, P copies of this chunk, for the wgmma
     // ---- [1] D^T and o^T's Qg part: one m64n32 chain over [W; Qg]^T, A = S^T's bf16 k-tiles ----
     std::uint32_t as[8][4];
 #pragma unroll
@@ -1048,10 +1070,9 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
     }
     // the decay of S^T before the chain is issued: ptxas injects a wgmma wait before any access to a wgmma accumulator
     // register (Sacc, ot) while a wgmma is pending, so nothing of S^T or o^T can run in the chain's shadow
-    const float* gn = reinterpret_cast<const float*>(st + wg::OFF_GN);
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
-      const float2 g = *reinterpret_cast<const float2*>(&gn[8 * j + 2 * tq]);
+      const float2 g = g2[j];
       Sacc[4 * j + 0] *= g.x;
       Sacc[4 * j + 1] *= g.y;
       Sacc[4 * j + 2] *= g.x;
@@ -1063,13 +1084,6 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
 #pragma unroll
     for (int kt = 1; kt < 8; ++kt) wg::mma_n32(dq, as[kt], dsc(lo_wq + so + ((kt / 4) * 4096 + (kt % 4) * 32) / 16));
     wg::wgmma_commit();
-    // U^T of this chunk while the chain runs
-    const float* U = reinterpret_cast<const float*>(st + wg::OFF_U);
-    float u[8];
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) u[4 * nt + e] = U[(8 * nt + 2 * tq + (e & 1)) * wg::UP + warp * 16 + gq + 8 * (e >> 1)];
     wg::wgmma_wait<0>();
 #pragma unroll
     for (int e = 0; e < 16; ++e) wg::fence_reg(dq[e]);

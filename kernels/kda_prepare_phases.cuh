@@ -97,13 +97,18 @@ __device__ __forceinline__ void load_fuse(const Prm& p, const Seq& sq, int t0, i
   const long long t = sq.bos + t0 + r;
   float fq[4 * NHF], fk[4 * NHF], fv[4 * NHF], fg[4 * NHF];  // [4 hf + e] = channel 4j + 64 hf + e
   if (ok) {
+    // one row pointer per tensor (its 64-bit offset formed once), the 64-channel blocks at immediate offsets (session 10:
+    // the sum with cc inside made the compiler form each block's 64-bit address anew)
+    const bf16_t* qr = p.q + (sq.bidx * p.sq.b + t * p.sq.t + h * p.sq.h) + 4 * j;
+    const bf16_t* kr = p.k + (sq.bidx * p.sk.b + t * p.sk.t + h * p.sk.h) + 4 * j;
+    const bf16_t* vr = p.v + (sq.bidx * p.sv.b + t * p.sv.t + hv * p.sv.h) + 4 * j;
+    const bf16_t* gr = p.g + (sq.bidx * p.sg.b + t * p.sg.t + hv * p.sg.h) + 4 * j;
 #pragma unroll
     for (int hf = 0; hf < NHF; ++hf) {
-      const int cc = 4 * j + 64 * hf;
-      unpack4(*reinterpret_cast<const uint2*>(p.q + sq.bidx * p.sq.b + t * p.sq.t + h * p.sq.h + cc), fq + 4 * hf);
-      unpack4(*reinterpret_cast<const uint2*>(p.k + sq.bidx * p.sk.b + t * p.sk.t + h * p.sk.h + cc), fk + 4 * hf);
-      unpack4(*reinterpret_cast<const uint2*>(p.v + sq.bidx * p.sv.b + t * p.sv.t + hv * p.sv.h + cc), fv + 4 * hf);
-      unpack4(*reinterpret_cast<const uint2*>(p.g + sq.bidx * p.sg.b + t * p.sg.t + hv * p.sg.h + cc), fg + 4 * hf);
+      unpack4(*reinterpret_cast<const uint2*>(qr + 64 * hf), fq + 4 * hf);
+      unpack4(*reinterpret_cast<const uint2*>(kr + 64 * hf), fk + 4 * hf);
+      unpack4(*reinterpret_cast<const uint2*>(vr + 64 * hf), fv + 4 * hf);
+      unpack4(*reinterpret_cast<const uint2*>(gr + 64 * hf), fg + 4 * hf);
     }
   } else {
 #pragma unroll
@@ -133,14 +138,14 @@ __device__ __forceinline__ void load_fuse(const Prm& p, const Seq& sq, int t0, i
 
 /// Thread = channel i: the cumulative decay gam[r] = exp(G_r), G_r = g[0][i] + .. + g[r][i] (fp32, in row order),
 /// from sG = the [16][DP] tile holding g (rows past the sequence end carry g = 0: gam stays). Returns
-/// gam_n = gam[C - 1].
+/// gam_n = gam[C - 1]. exp by fast_exp (kda_common.cuh; session 10, was expf).
 template <int DP>
 __device__ __forceinline__ float decay_gamma(float (*sG)[DP], int i, float (&gam)[C]) {
   float G = 0.0f;
 #pragma unroll
   for (int r = 0; r < C; ++r) {
     G += sG[r][i];
-    gam[r] = expf(G);
+    gam[r] = fast_exp(G);
   }
   return gam[C - 1];
 }
