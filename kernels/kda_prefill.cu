@@ -19,6 +19,8 @@
 //  v9w state pass (state_variant 6; kda_state_wg_kernel, session 9; the auto rule's choice at D = 128): the same
 //     step on wgmma, one warpgroup per 64 value columns, W, Qg, Kd, P read from shared memory once per warpgroup
 //     (mma.sync: once per warp); the prepare writes W, Qg, Kd, P row-major for it (kda_prepare_v6_kernel<128, true>).
+//     v10w (session 10, same slot and products): descriptors formed once, LDS instead of generic loads, per-thread copy
+//     offsets, each warp's own gam_n / U copies read before the barrier (see the kernel's comment).
 //  v6 prepare (prepare_variant 6; kda_prepare_v6_kernel): the same slot, A and P on the tensor cores
 //     (tf32 3-pass), fragments written from registers, ~2.4x less shared-memory traffic (see below).
 //  v4 schedule (overlap_segments): long fixed-length batches run in segments so that the prepare
@@ -850,7 +852,7 @@ __global__ void __launch_bounds__(64 * KS) kda_state_ks_kernel(Params p) {
   }
 }
 
-// ---- state pass v9w (state_variant 6, opt-in, D = 128, session 9): the state step on wgmma ------------------
+// ---- state pass v9w / v10w (state_variant 6, D = 128, sessions 9 and 10): the state step on wgmma --------------
 // One CTA = one warpgroup (128 threads) per (64 value columns, value head, sequence); warp w holds S^T for value
 // columns vbase + 16 w .. + 15 and all 128 keys, in the wgmma m64n128 accumulator layout, which is v3's Sacc layout.
 // Per chunk, with W, Qg, Kd, P (hi, lo) read by wgmma from shared memory ONCE per warpgroup (v3: once per warp):
