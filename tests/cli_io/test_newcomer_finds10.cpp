@@ -5,7 +5,11 @@
 //    generator"), none of which does anything for info: now "no effect for info", as golden and check say;
 // 3. the experiments' --help said nothing of what --quick changes: it now says the values used are recorded in the
 //    results file's root attribute `config`;
-// 4. `scripts/summary.py results/*.h5 | head` ended in a BrokenPipeError traceback: now it ends quietly.
+// 4. `scripts/summary.py results/*.h5 | head` ended in a BrokenPipeError traceback: now it ends quietly;
+// 5. `parity --impl cuda-bf16` where the kernel cannot run (no GPU) computed every point's truth (15 s for one T = 300
+//    point in mp) and only then exited 3: now exit 3 at once, before any truth and with no progress line.
+#include <chrono>
+#include <filesystem>
 #include <string>
 
 #include "tests/catch.hpp"
@@ -79,3 +83,22 @@ TEST_CASE("newcomer10: summary.py piped into a reader that stops early ends with
   CHECK(err.empty());
 }
 
+TEST_CASE("newcomer10: parity --impl cuda-bf16 without a GPU exits 3 before computing any truth", "[cli][parity]") {
+  if (!has(run_kdalab("info"), "GPUs:          0")) {
+    WARN("a GPU is visible: the cuda-bf16 rows run here, nothing to test");
+    return;
+  }
+  const TempDir d;
+  // one point whose mp50 truth takes tens of seconds (~15 s at T = 300 on a loaded 2-core machine)
+  const auto t0 = std::chrono::steady_clock::now();
+  const RunResult r = run_kdalab("parity --impl cuda-bf16 --T 600 --gate bounded --beta sigmoid --truth mp --out " +
+                                 d.file("p.h5"));
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO(r.output << "\n" << s << " s");
+  CHECK(r.code == 3);
+  CHECK(has(r, "kdalab parity: not available in this build / on this machine: no implementation produced a row "
+               "(cuda-bf16 rows skipped: no GPU ("));
+  CHECK(!has(r, "parity: 100.0%"));  // no point was run
+  CHECK(s < 5.0);
+  CHECK(!std::filesystem::exists(d.file("p.h5")));
+}
