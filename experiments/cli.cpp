@@ -611,7 +611,10 @@ int run(int argc, char** argv) {
     return 2;
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help, --help-all, --version
-    print_error(cmd ? cmd->app->get_name() : "", std::string(e.what()) + " (see 'kdalab --help')");
+    // the help that lists the options is the subcommand's (session 10 newcomer: `kdalab recall --bogus` pointed to
+    // 'kdalab --help', which lists only the subcommands)
+    print_error(cmd ? cmd->app->get_name() : "",
+                std::string(e.what()) + " (see 'kdalab " + (cmd ? cmd->app->get_name() + " " : "") + "--help')");
     return 2;
   } catch (const Error& e) {
     print_error(cmd ? cmd->app->get_name() : "", e.what());

@@ -7,7 +7,8 @@
 //    results file's root attribute `config`;
 // 4. `scripts/summary.py results/*.h5 | head` ended in a BrokenPipeError traceback: now it ends quietly;
 // 5. `parity --impl cuda-bf16` where the kernel cannot run (no GPU) computed every point's truth (15 s for one T = 300
-//    point in mp) and only then exited 3: now exit 3 at once, before any truth and with no progress line.
+//    point in mp) and only then exited 3: now exit 3 at once, before any truth and with no progress line;
+// 6. `recall --bogus` said "(see 'kdalab --help')", the help that lists only the subcommands: now 'kdalab recall --help'.
 #include <chrono>
 #include <filesystem>
 #include <string>
@@ -101,4 +102,16 @@ TEST_CASE("newcomer10: parity --impl cuda-bf16 without a GPU exits 3 before comp
   CHECK(!has(r, "parity: 100.0%"));  // no point was run
   CHECK(s < 5.0);
   CHECK(!std::filesystem::exists(d.file("p.h5")));
+}
+
+TEST_CASE("newcomer10: an unknown option after a subcommand points to that subcommand's --help", "[cli]") {
+  const RunResult r = run_kdalab("recall --bogus --out /nonexistent/x.h5");
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(has(r, "kdalab recall: error: The following argument was not expected: --bogus (see 'kdalab recall --help')"));
+  // before any subcommand the root help is the one that lists them
+  const RunResult root = run_kdalab("");
+  INFO(root.output);
+  CHECK(root.code == 2);
+  CHECK(has(root, "(see 'kdalab --help')"));
 }
