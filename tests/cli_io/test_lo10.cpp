@@ -124,3 +124,27 @@ TEST_CASE("lo10: a size of 2^64 - 1 or beyond is 'too large' with the accepted r
   INFO(r.output);
   CHECK(r.code == 0);
 }
+
+TEST_CASE("lo10: golden --regen says a fixture's name is a folder (or FIFO) first, with or without --force") {
+  TempDir d;
+  const std::string g = d.file("g");
+  std::filesystem::create_directories(g + "/kda_recurrent.h5");
+  for (const std::string force : {"", " --force"}) {
+    const RunResult r = run_kdalab("golden --regen --quiet --dir " + g + force);
+    INFO(force << "\n" << r.output);
+    CHECK(r.code == 2);
+    CHECK(has(r, "golden file '" + g + "/kda_recurrent.h5' is a folder, not a regular file"));
+    CHECK(!has(r, "exists"));
+    CHECK(lines(r.output) == 1);
+  }
+  std::filesystem::remove(g + "/kda_recurrent.h5");
+  REQUIRE(::mkfifo((g + "/mla.h5").c_str(), 0644) == 0);
+  const RunResult r = run_kdalab("golden --regen --quiet --dir " + g);
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(has(r, "golden file '" + g + "/mla.h5' is a FIFO, device or socket, not a regular file"));
+  // nothing was written: the FIFO is the only entry
+  std::size_t n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(g)) ++n;
+  CHECK(n == 1);
+}
