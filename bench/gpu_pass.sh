@@ -6,7 +6,8 @@
 # are also packed into $OUT/gpu_pass.tgz (the device tool returns only a few files).
 # Usage: bench/gpu_pass.sh [all|kda-prefill|kda-decode|mla-decode|...|none]   (default: all)
 # Env: TESTS="gpu_test_a gpu_test_b" runs only those GPU test binaries (default: all).
-# Env: SANITIZE=1 also runs each GPU test under compute-sanitizer memcheck (timeout SAN_TIMEOUT s each).
+# Env: SANITIZE=1 also runs each GPU test under compute-sanitizer memcheck (timeout SAN_TIMEOUT s each; serial).
+# Env: PARALLEL=0 runs the GPU test binaries one after another (default 1: all at once, see below).
 set -u
 OUT=${OUT:-./gpu-out}; B=${BUILD:-/tmp/b}; mkdir -p "$OUT"
 pack() { tar czf /tmp/gpu_pass.tgz --exclude=gpu_pass.tgz -C "$OUT" . && mv /tmp/gpu_pass.tgz "$OUT/gpu_pass.tgz"; }
@@ -18,12 +19,39 @@ step configure cmake --preset cuda -B "$B" || { pack; exit 1; }
 step build cmake --build "$B" -j"$(nproc)" -- -k || {
   echo "== -Werror build failed (see build.log); rebuilding with -DKDALAB_WERROR=OFF to keep measuring"
   cmake -B "$B" -DKDALAB_WERROR=OFF > /dev/null && step build-nowerror cmake --build "$B" -j"$(nproc)" -- -k; }
-for t in "$B"/tests/gpu_test_*; do
-  [ -n "${TESTS:-}" ] && ! [[ " $TESTS " == *" $(basename "$t") "* ]] && continue
-  [ -x "$t" ] || continue
-  TAIL=${TEST_TAIL:-60} step "$(basename "$t")" "$t" --durations yes
-  [ "${SANITIZE:-0}" = 1 ] && TAIL=3 step "san-$(basename "$t")" timeout "${SAN_TIMEOUT:-90}" compute-sanitizer --tool memcheck "$t"
-done
+# PARALLEL=1 (the default without SANITIZE): every GPU test binary at once, gpu_test_kda_kernels split by its tags into
+# the groups below (a disjoint cover of its test cases; the three [long] cases each alone), one log per process, then one
+# summary line per log. The GPU has room for all of them; session 10 ran them so in ~95 s against several minutes
+# serially. Timings printed by tests run in parallel are not benchmarks.
+KDA_GROUPS=("[gpu][kda]~[dim]~[segments]~[long]" "[segments]~[long]" "[dim]~[long]~[segments]" "[segments][long]"
+            "[state4][long]" "[dim][long]")
+if [ "${PARALLEL:-$([ "${SANITIZE:-0}" = 1 ] && echo 0 || echo 1)}" = 1 ]; then
+  pids=(); logs=()
+  for t in "$B"/tests/gpu_test_*; do
+    [ -n "${TESTS:-}" ] && ! [[ " $TESTS " == *" $(basename "$t") "* ]] && continue
+    [ -x "$t" ] || continue
+    if [ "$(basename "$t")" = gpu_test_kda_kernels ]; then
+      for i in "${!KDA_GROUPS[@]}"; do
+        l="$OUT/gpu_test_kda_kernels.g$i.log"; logs+=("$l")
+        "$t" "${KDA_GROUPS[$i]}" --durations yes > "$l" 2>&1 & pids+=($!)
+      done
+    else
+      l="$OUT/$(basename "$t").log"; logs+=("$l")
+      "$t" --durations yes > "$l" 2>&1 & pids+=($!)
+    fi
+  done
+  echo "== GPU tests: ${#pids[@]} processes in parallel"; t0=$SECONDS
+  for pid in "${pids[@]}"; do wait "$pid"; done
+  for l in "${logs[@]}"; do echo "$(basename "$l"): $(grep -E 'All tests passed|test cases:' "$l" | tail -1)"; done
+  echo "== GPU tests done ($((SECONDS - t0)) s)"; pack
+else
+  for t in "$B"/tests/gpu_test_*; do
+    [ -n "${TESTS:-}" ] && ! [[ " $TESTS " == *" $(basename "$t") "* ]] && continue
+    [ -x "$t" ] || continue
+    TAIL=${TEST_TAIL:-60} step "$(basename "$t")" "$t" --durations yes
+    [ "${SANITIZE:-0}" = 1 ] && TAIL=3 step "san-$(basename "$t")" timeout "${SAN_TIMEOUT:-90}" compute-sanitizer --tool memcheck "$t"
+  done
+fi
 step ctest-generator ctest --test-dir "$B" -R generator --output-on-failure
 op=${1:-all}
 if [ "$op" != none ]; then

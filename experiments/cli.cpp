@@ -52,11 +52,7 @@ Command& Registry::add(const std::string& name, const std::string& description, 
             return std::string();
           },
           ""));  // no description: --help shows the type name UINT64 alone (it showed UINT:UINT64)
-  // which values --quick picks is coded in each experiment's run(); the help points to where they are recorded rather
-  // than copying them (session 10 newcomer: --help showed the full defaults and nothing said what --quick changed)
-  a->add_flag("--quick", c.common->quick,
-              "run a small version (seconds to a minute on a laptop CPU): smaller defaults for some options (those "
-              "given explicitly win); the values used are recorded in the results file's root attribute `config`");
+  a->add_flag("--quick", c.common->quick, "run a small version (seconds to a minute on a laptop CPU)");
   a->add_flag("--force", c.common->force, "overwrite --out if it exists (otherwise an existing file is never touched)");
   a->add_flag("--quiet", c.common->quiet, "no progress lines on stderr");
   cmds_.push_back(std::move(c));
@@ -405,7 +401,8 @@ void check_out_not_input(CLI::App* sub, const std::vector<std::string>& inputs, 
 
 void Context::check_out_not_inputs() const { check_out_not_input(app, inputs, common.out); }
 
-void check_input_files(const Context& ctx, const std::string& option) {
+void check_input_files(Context& ctx, const std::string& option) {
+  ctx.inputs_checked.push_back(option);
   CLI::Option* o = ctx.app ? find_long(ctx.app, option) : nullptr;
   if (!o) return;
   const auto& files = o->results();
@@ -631,14 +628,16 @@ int run(int argc, char** argv) {
     // --config is a regular file (or missing / a folder: the subcommand's own message) before anything opens it: a
     // FIFO blocked forever (breaker, session 8). The Command::inputs files: check_input_files(), called by the
     // command's check where its order puts them (bench: after every option; a FIFO --peer-json was named before a
-    // bad --op; breaker, session 9), and below for a command whose check does not
+    // bad --op; breaker, session 9), and below for those its check did not (once each: ctx.inputs_checked)
     if (CLI::Option* o = find_long(cmd->app, "config"))
       for (const std::string& f : o->results()) require_regular_input("--config", f, "a regular file");
     check_option_values(cmd->app, cmd->inputs);
     ctx.config = effective_config(cmd->app);
     // the one order of checks: the subcommand's own (options, then its input files), --out not an input, --out
     if (cmd->check) cmd->check(ctx);
-    for (const std::string& n : cmd->inputs) check_input_files(ctx, n);
+    for (const std::string& n : cmd->inputs)
+      if (std::find(ctx.inputs_checked.begin(), ctx.inputs_checked.end(), n) == ctx.inputs_checked.end())
+        check_input_files(ctx, n);
     if (cmd->writes_output && !(cmd->out_optional && ctx.common.out.empty())) {
       ctx.check_out_not_inputs();
       check_output_path(ctx.common.out, ctx.common.force);

@@ -48,6 +48,8 @@ struct Context {
   nlohmann::json config;     ///< effective config (every option's final value)
   CLI::App* app = nullptr;   ///< the parsed subcommand
   std::vector<std::string> inputs;  ///< the subcommand's Command::inputs (long names of its input file options)
+  /// The inputs options check_input_files() has checked so far (run() checks the others after `check`: once each).
+  std::vector<std::string> inputs_checked;
 
   /// Opens the results file for --out with the root attributes filled in (checks --force). Refuses first, as
   /// check_out_not_inputs() does, an --out that is one of the input files (whatever Command::writes_output says).
@@ -143,8 +145,9 @@ bool same_file(const std::string& a, const std::string& b);
 /// when it exists (require_regular_input: a FIFO would block the read forever) and none given twice (same_file: "x"
 /// and "./x" are one file). Errors: kdalab::Error naming the option and the file (exit 2). A Command whose check
 /// reads its inputs calls it for each, before reading, where its order of checks puts them (after its options);
-/// cli::run calls it again after the check for every Command::inputs option (a command whose check does not).
-void check_input_files(const Context& ctx, const std::string& option);
+/// cli::run calls it after the check for every Command::inputs option the check did not (ctx.inputs_checked, where it
+/// records `option`), so each file list is checked once.
+void check_input_files(Context& ctx, const std::string& option);
 
 /// The deepest nesting parse_json_once() accepts (kdalab's JSON files are flat objects; a value nested a million levels
 /// deep crashed the error messages, which print it).

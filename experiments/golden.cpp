@@ -270,12 +270,16 @@ int run_golden(bool regen_flag, const std::string& dir_name, Context& ctx) {
       for (const auto& op : golden::layer_ops()) names.push_back(op.op);
       for (const auto& n : names) {
         const std::string path = *dir + "/" + n + ".h5";
-        require(ctx.common.force || !std::filesystem::exists(path),
+        // before any is rewritten: every target must be replaceable (a folder or other non-file under a fixture's
+        // name would otherwise stop the regeneration half-way); said first, with or without --force (without it, a
+        // folder was reported as "exists; pass --force", which then failed on the folder; session 9 review)
+        const auto st = std::filesystem::status(path);  // follows a symlink; a missing file is not_found
+        require(!std::filesystem::exists(st) || std::filesystem::is_regular_file(st),
+                "golden file '" + path + "' is " +
+                    (std::filesystem::is_directory(st) ? "a folder" : "a FIFO, device or socket") +
+                    ", not a regular file; move it away (--force replaces only files); nothing was rewritten");
+        require(ctx.common.force || !std::filesystem::exists(st),
                 "golden file '" + path + "' exists; pass --force with --regen to rewrite the fixtures");
-        // also before any is rewritten: every target must be replaceable (a folder or other non-file
-        // under a fixture's name would otherwise stop the regeneration half-way)
-        require(!std::filesystem::exists(path) || std::filesystem::is_regular_file(path),
-                "golden file '" + path + "' exists but is not a regular file (a folder?); move it away; nothing was rewritten");
       }
       std::filesystem::create_directories(*dir);
       regen(*dir, ctx);

@@ -86,7 +86,9 @@ struct KdaPrefillArgs {
   /// 64 value columns, W, Qg, Kd, P read by the warpgroup MMA from shared memory once per 64 columns instead of once
   /// per warp; the prepare writes W, Qg, Kd, P hi / lo row-major for it (same slot offsets and size). Same bf16
   /// operand roundings and fp32 state as v3 (o, S_final within tol::kda_state_wg_vs_v3 of v3; bit-identical on the
-  /// tested shapes). The AUTO RULE (segment_state = 0 with state_variant = 3 at D = 128, prepare_variant 6, no pair
+  /// tested shapes). Session 10 (v10w, same slot, same products: bit-identical to v9w): the step rearranged after an
+  /// ncu profile, 409 -> ~330 instructions per step (bench/NOTES.md "KDA state pass v10w").
+  /// The AUTO RULE (segment_state = 0 with state_variant = 3 at D = 128, prepare_variant 6, no pair
   /// step) runs 6 wherever the plan is one-shot or a 2- or 3-segment path; kda_prefill_state_kernel() says which
   /// kernel runs; segment_state = 1 with state_variant = 3 runs v3 itself.
   /// D != 128: only 3 is accepted; at D = 256 it runs the key-split kernel of variant 4 (same numerics as 4).

@@ -17,7 +17,8 @@
 ///   ("identity" | "swiglu"), ffn_dim, residual ("plain" | "full" | "block"), granularity
 ///   ("sublayer" | "layer"), init_std (0 = 1/sqrt(fan_in)), pseudo_query_std (0 = the reports' init).
 /// Validation (kdalab::Error naming the key, the value and what is accepted): a missing needed key,
-/// a value of the wrong type or range (kv_lora_rank = d_c < 1, ...), layer lists that do not
+/// a value of the wrong type or range (kv_lora_rank = d_c < 1, a size above its cap kMaxConfigLayers, ...Width,
+/// ...Heads, ...HeadDim, ...ConvKernel: "is too large; accepted: MIN .. MAX"), layer lists that do not
 /// partition 1..num_hidden_layers (an id out of range, in both lists, twice, or in neither).
 /// Heads need not divide hidden_size (Kimi Linear projects 2304 to 32 x 128 = 4096).
 ///
@@ -88,6 +89,25 @@ struct ModelConfig {
   }
 };
 
+/// Caps on a config's sizes (cfg_uint's max; a value above one: kdalab::Error "config key 'K' = V is too large;
+/// accepted: MIN .. MAX", exit 2 in `kdalab info --config`, before anything is allocated). A config of 1e11 layers
+/// allocated the layer list and ended in "not enough memory" (session 9 review), and sizes near 2^64 wrapped the
+/// cache counts. Each cap is 40x or more above the released models (Kimi K3: 93 layers, hidden 7168, 96 heads of
+/// 128, kv_lora_rank 512, ShortConv 4; Kimi Linear 48B: intermediate 9216; Llama 3.1 405B, among the widest: 126
+/// layers, hidden 16384, intermediate 53248, 128 heads; head dims reach 256), and small enough that every count
+/// formed from them fits in 64 bits with room (layers x H d_k d_v <= 2^14 2^14 2^12 2^12 = 2^52; layers x n_h (d_qk +
+/// d_v) < 2^55).
+/// Decoder layers: num_hidden_layers, attn_res_block_size.
+inline constexpr std::size_t kMaxConfigLayers = 16384;
+/// Model widths: hidden_size, intermediate_size, kv_lora_rank (d_c), q_lora_rank, kdalab.ffn_dim.
+inline constexpr std::size_t kMaxConfigWidth = 1048576;
+/// Heads: num_attention_heads, linear_attn_config.num_heads.
+inline constexpr std::size_t kMaxConfigHeads = 16384;
+/// Per-head widths: qk_nope_head_dim, qk_rope_head_dim, v_head_dim, linear_attn_config.head_dim.
+inline constexpr std::size_t kMaxConfigHeadDim = 4096;
+/// linear_attn_config.short_conv_kernel_size (taps of the ShortConv; the models use 4).
+inline constexpr std::size_t kMaxConfigConvKernel = 1024;
+
 namespace detail {
 
 inline std::string cfg_where(const std::string& source) { return source.empty() ? "" : " (" + source + ")"; }
@@ -97,20 +117,30 @@ inline const nlohmann::json* cfg_find(const nlohmann::json& j, const std::string
   return it == j.end() ? nullptr : &*it;
 }
 
-/// Non-negative integer at j[key] (path names it in messages); nullopt when absent (or null, if null_ok).
+/// Integer at j[key] in [min, max] (path names it in messages); nullopt when absent (or null, if null_ok).
+/// Errors (kdalab::Error naming the key, the value as written and the accepted range): not a non-negative integer;
+/// above max ("is too large", also for a number written as 1e11 or beyond 64 bits); below min. max = the largest
+/// std::size_t means no cap (seed); the size keys pass one of the kMaxConfig* caps above.
 inline std::optional<std::size_t> cfg_uint(const nlohmann::json& j, const std::string& key, const std::string& path,
                                            const std::string& source, bool required, std::size_t min = 0,
-                                           bool null_ok = false) {
+                                           bool null_ok = false, std::size_t max = SIZE_MAX) {
   const auto* v = cfg_find(j, key);
   if (!v || (null_ok && v->is_null())) {
     require(!required, "config key '" + path + "' is missing" + cfg_where(source) + "; it is needed for the model shapes");
     return std::nullopt;
   }
-  if (!v->is_number_integer() || v->get<long long>() < 0)
-    throw Error("config key '" + path + "' = " + v->dump() + cfg_where(source) + " is not a non-negative integer");
-  const auto x = v->get<std::size_t>();
-  if (x < min)
-    throw Error("config key '" + path + "' = " + std::to_string(x) + cfg_where(source) + "; accepted: >= " + std::to_string(min));
+  const std::string range =
+      "; accepted: " + (max == SIZE_MAX ? ">= " + std::to_string(min) : std::to_string(min) + " .. " + std::to_string(max));
+  // nlohmann holds a non-negative integer read from text as unsigned (2^64 - 1 included), one built in code as signed;
+  // a number past 2^64 - 1 or written with an exponent is a float: too large when above max, else not an integer
+  const bool negative = v->is_number_integer() && !v->is_number_unsigned() && v->get<long long>() < 0;
+  const bool over = v->is_number() && !negative &&
+                    (v->is_number_float() ? v->get<double>() > static_cast<double>(max) : v->get<std::uint64_t>() > max);
+  if (over) throw Error("config key '" + path + "' = " + v->dump() + cfg_where(source) + " is too large" + range);
+  if (!v->is_number_integer() || negative)
+    throw Error("config key '" + path + "' = " + v->dump() + cfg_where(source) + " is not a non-negative integer" + range);
+  const auto x = static_cast<std::size_t>(v->get<std::uint64_t>());
+  if (x < min) throw Error("config key '" + path + "' = " + std::to_string(x) + cfg_where(source) + range);
   return x;
 }
 
@@ -173,9 +203,10 @@ inline ModelConfig parse_model_config(const nlohmann::json& root, const std::str
   ModelConfig m;
   m.source = source;
   if (const auto* t = cfg_find(j, "model_type"); t && t->is_string()) m.model_type = t->get<std::string>();
-  m.hidden = *cfg_uint(j, "hidden_size", "hidden_size", source, true, 1);
-  m.num_layers = *cfg_uint(j, "num_hidden_layers", "num_hidden_layers", source, true, 1);
-  m.intermediate_size = cfg_uint(j, "intermediate_size", "intermediate_size", source, false).value_or(0);
+  m.hidden = *cfg_uint(j, "hidden_size", "hidden_size", source, true, 1, false, kMaxConfigWidth);
+  m.num_layers = *cfg_uint(j, "num_hidden_layers", "num_hidden_layers", source, true, 1, false, kMaxConfigLayers);
+  m.intermediate_size =
+      cfg_uint(j, "intermediate_size", "intermediate_size", source, false, 0, false, kMaxConfigWidth).value_or(0);
   m.rms_norm_eps = cfg_num(j, "rms_norm_eps", "rms_norm_eps", source).value_or(1e-6);
   require(m.rms_norm_eps >= 0, "config key 'rms_norm_eps' = " + std::to_string(m.rms_norm_eps) + cfg_where(source) + "; accepted: >= 0");
   m.initializer_range = cfg_num(j, "initializer_range", "initializer_range", source).value_or(0.02);
@@ -187,9 +218,8 @@ inline ModelConfig parse_model_config(const nlohmann::json& root, const std::str
   if (lac) {
     require(lac->is_object(), "config key 'linear_attn_config'" + cfg_where(source) + " is not an object");
     const long long base = static_cast<long long>(
-        cfg_uint(*lac, "kda_layer_index_base", "linear_attn_config.kda_layer_index_base", source, false).value_or(1));
-    require(base <= 1, "config key 'linear_attn_config.kda_layer_index_base' = " + std::to_string(base) + cfg_where(source) +
-                           "; accepted: 0 or 1");
+        cfg_uint(*lac, "kda_layer_index_base", "linear_attn_config.kda_layer_index_base", source, false, 0, false, 1)
+            .value_or(1));
     const auto kl = cfg_int_list(*lac, "kda_layers", "linear_attn_config.kda_layers", source);
     const auto fl = cfg_int_list(*lac, "full_attn_layers", "linear_attn_config.full_attn_layers", source);
     std::vector<int> seen(L, 0);  // 0 none, 1 kda, 2 mla
@@ -225,12 +255,12 @@ inline ModelConfig parse_model_config(const nlohmann::json& root, const std::str
   if (m.count(LayerKind::mla) > 0) {
     MlaConfig& c = m.mla;
     c.hidden = m.hidden;
-    c.n_h = *cfg_uint(j, "num_attention_heads", "num_attention_heads", source, true, 1);
-    c.d_c = *cfg_uint(j, "kv_lora_rank", "kv_lora_rank", source, true, 1);
-    c.d_cq = cfg_uint(j, "q_lora_rank", "q_lora_rank", source, false, 1, true).value_or(0);
-    c.d_nope = *cfg_uint(j, "qk_nope_head_dim", "qk_nope_head_dim", source, true, 1);
-    c.d_rope = *cfg_uint(j, "qk_rope_head_dim", "qk_rope_head_dim", source, true, 0);
-    c.d_v = *cfg_uint(j, "v_head_dim", "v_head_dim", source, true, 1);
+    c.n_h = *cfg_uint(j, "num_attention_heads", "num_attention_heads", source, true, 1, false, kMaxConfigHeads);
+    c.d_c = *cfg_uint(j, "kv_lora_rank", "kv_lora_rank", source, true, 1, false, kMaxConfigWidth);
+    c.d_cq = cfg_uint(j, "q_lora_rank", "q_lora_rank", source, false, 1, true, kMaxConfigWidth).value_or(0);
+    c.d_nope = *cfg_uint(j, "qk_nope_head_dim", "qk_nope_head_dim", source, true, 1, false, kMaxConfigHeadDim);
+    c.d_rope = *cfg_uint(j, "qk_rope_head_dim", "qk_rope_head_dim", source, true, 0, false, kMaxConfigHeadDim);
+    c.d_v = *cfg_uint(j, "v_head_dim", "v_head_dim", source, true, 1, false, kMaxConfigHeadDim);
     c.rope = !cfg_bool(j, "mla_use_nope", "mla_use_nope", source).value_or(false);
     c.rope_theta = cfg_num(j, "rope_theta", "rope_theta", source).value_or(10000.0);
     c.output_gate = cfg_bool(j, "mla_use_output_gate", "mla_use_output_gate", source).value_or(false);
@@ -243,9 +273,10 @@ inline ModelConfig parse_model_config(const nlohmann::json& root, const std::str
   // ---- KDA shapes ----
   if (m.count(LayerKind::kda) > 0) {
     const std::string p = "linear_attn_config.";
-    m.kda.num_heads = *cfg_uint(*lac, "num_heads", p + "num_heads", source, true, 1);
-    m.kda.head_dim = *cfg_uint(*lac, "head_dim", p + "head_dim", source, true, 1);
-    m.kda.conv_kernel = *cfg_uint(*lac, "short_conv_kernel_size", p + "short_conv_kernel_size", source, true, 1);
+    m.kda.num_heads = *cfg_uint(*lac, "num_heads", p + "num_heads", source, true, 1, false, kMaxConfigHeads);
+    m.kda.head_dim = *cfg_uint(*lac, "head_dim", p + "head_dim", source, true, 1, false, kMaxConfigHeadDim);
+    m.kda.conv_kernel =
+        *cfg_uint(*lac, "short_conv_kernel_size", p + "short_conv_kernel_size", source, true, 1, false, kMaxConfigConvKernel);
     if (const auto gl = cfg_num(*lac, "gate_lower_bound", p + "gate_lower_bound", source)) {
       require(*gl < 0, "config key '" + p + "gate_lower_bound' = " + std::to_string(*gl) + cfg_where(source) + "; accepted: < 0");
       m.kda.bounded_gate = true;
@@ -255,7 +286,8 @@ inline ModelConfig parse_model_config(const nlohmann::json& root, const std::str
   }
 
   // ---- residuals / AttnRes ----
-  m.attn_res_block_size = cfg_uint(j, "attn_res_block_size", "attn_res_block_size", source, false, 1).value_or(0);
+  m.attn_res_block_size =
+      cfg_uint(j, "attn_res_block_size", "attn_res_block_size", source, false, 1, false, kMaxConfigLayers).value_or(0);
   m.opt.residual = m.attn_res_block_size ? ResidualMode::block : ResidualMode::plain;
 
   // ---- kdalab's own options ----
@@ -270,7 +302,7 @@ inline ModelConfig parse_model_config(const nlohmann::json& root, const std::str
     o.seed = cfg_uint(*k, "seed", "kdalab.seed", source, false).value_or(1);
     o.ffn = cfg_choice(*k, "ffn", "kdalab.ffn", source, {"identity", "swiglu"}, "identity") == "swiglu" ? FfnKind::swiglu
                                                                                                         : FfnKind::identity;
-    o.ffn_dim = cfg_uint(*k, "ffn_dim", "kdalab.ffn_dim", source, false, 1).value_or(0);
+    o.ffn_dim = cfg_uint(*k, "ffn_dim", "kdalab.ffn_dim", source, false, 1, false, kMaxConfigWidth).value_or(0);
     const auto r = cfg_choice(*k, "residual", "kdalab.residual", source, {"plain", "full", "block"},
                               residual_mode_name(o.residual));
     o.residual = r == "plain" ? ResidualMode::plain : r == "full" ? ResidualMode::full : ResidualMode::block;
