@@ -52,7 +52,11 @@ Command& Registry::add(const std::string& name, const std::string& description, 
             return std::string();
           },
           ""));  // no description: --help shows the type name UINT64 alone (it showed UINT:UINT64)
-  a->add_flag("--quick", c.common->quick, "run a small version (seconds to a minute on a laptop CPU)");
+  // which values --quick picks is coded in each experiment's run(); the help points to where they are recorded rather
+  // than copying them (session 10 newcomer: --help showed the full defaults and nothing said what --quick changed)
+  a->add_flag("--quick", c.common->quick,
+              "run a small version (seconds to a minute on a laptop CPU): smaller defaults for some options (those "
+              "given explicitly win); the values used are recorded in the results file's root attribute `config`");
   a->add_flag("--force", c.common->force, "overwrite --out if it exists (otherwise an existing file is never touched)");
   a->add_flag("--quiet", c.common->quiet, "no progress lines on stderr");
   cmds_.push_back(std::move(c));
