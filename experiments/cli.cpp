@@ -52,7 +52,11 @@ Command& Registry::add(const std::string& name, const std::string& description, 
             return std::string();
           },
           ""));  // no description: --help shows the type name UINT64 alone (it showed UINT:UINT64)
-  a->add_flag("--quick", c.common->quick, "run a small version (seconds to a minute on a laptop CPU)");
+  // which values --quick picks is coded in each experiment's run(); the help points to where they are recorded rather
+  // than copying them (session 10 newcomer: --help showed the full defaults and nothing said what --quick changed)
+  a->add_flag("--quick", c.common->quick,
+              "run a small version (seconds to a minute on a laptop CPU): smaller defaults for some options (those "
+              "given explicitly win); the values used are recorded in the results file's root attribute `config`");
   a->add_flag("--force", c.common->force, "overwrite --out if it exists (otherwise an existing file is never touched)");
   a->add_flag("--quiet", c.common->quiet, "no progress lines on stderr");
   cmds_.push_back(std::move(c));
@@ -608,7 +612,10 @@ int run(int argc, char** argv) {
     return 2;
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help, --help-all, --version
-    print_error(cmd ? cmd->app->get_name() : "", std::string(e.what()) + " (see 'kdalab --help')");
+    // the help that lists the options is the subcommand's (session 10 newcomer: `kdalab recall --bogus` pointed to
+    // 'kdalab --help', which lists only the subcommands)
+    print_error(cmd ? cmd->app->get_name() : "",
+                std::string(e.what()) + " (see 'kdalab " + (cmd ? cmd->app->get_name() + " " : "") + "--help')");
     return 2;
   } catch (const Error& e) {
     print_error(cmd ? cmd->app->get_name() : "", e.what());

@@ -29,6 +29,11 @@ void register_info(Registry& reg) {
       ->description("for info: a MODEL config (Hugging Face config.json schema, e.g. data/configs/kimi-linear-48b.json) "
                     "whose layer layout and cache bytes are printed");
   c.app->get_option("--out")->description("optional HDF5 file to record the same facts in (group /info)");
+  // the common options that do nothing here say so (session 10 newcomer: info --help offered "--quick: run a small
+  // version" and "--quiet: no progress lines", as golden and check did before they said "no effect")
+  c.app->get_option("--seed")->description("no effect for info (nothing random); recorded in the --out file");
+  c.app->get_option("--quick")->description("no effect for info (it always prints the same facts)");
+  c.app->get_option("--quiet")->description("no effect for info (it prints no progress lines)");
   c.check = [](Context& ctx) {
     // a missing model config is refused before anything is printed (session 6 newcomer: the banner came first), and
     // before --out is checked (cli::run's order)

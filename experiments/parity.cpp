@@ -144,6 +144,18 @@ ImplOut run_twin(const KdaInputs& in, GateKind gate, std::size_t C, Format state
   return out;
 }
 
+/// Why the cuda-bf16 rows cannot run in this build on this machine ("cuda-bf16 rows skipped: ..."), or nothing when
+/// they can: no GPU visible (every build), or a GPU but no CUDA kernels built. The one rule for run_cuda() and for the
+/// early exit 3 of a grid that asks for cuda-bf16 alone.
+std::optional<std::string> cuda_unavailable() {
+  if (build_info::gpu_devices().empty()) return "cuda-bf16 rows skipped: no GPU (" + build_info::gpu_note() + ")";
+#ifdef KDALAB_HAVE_CUDA
+  return std::nullopt;
+#else
+  return "cuda-bf16 rows skipped: a GPU is present but this kdalab was built without CUDA (cmake --preset cuda)";
+#endif
+}
+
 /// The CUDA prefill kernel (kernels/kda.hpp through gpu_exp::kda_prefill_on_gpu: chunk 16, fused K3
 /// gate, L2Norm and beta sigmoid, fp32 state, bf16 o) on the raw inputs exactly as the twin reads them.
 /// The kernel reads A_log and the gate bias in fp32 (the truth keeps them in float64: a relative
@@ -153,9 +165,8 @@ ImplOut run_twin(const KdaInputs& in, GateKind gate, std::size_t C, Format state
 /// this build or machine (no GPU, or no CUDA kernels built), not the point's shape.
 std::optional<ImplOut> run_cuda(const KdaInputs& in, GateKind gate, std::size_t C, std::string& why,
                                 bool& unavailable) {
-  const auto gpus = build_info::gpu_devices();
-  if (gpus.empty()) {
-    why = "cuda-bf16 rows skipped: no GPU (" + build_info::gpu_note() + ")";
+  if (const auto no = cuda_unavailable()) {
+    why = *no;
     unavailable = true;
     return std::nullopt;
   }
@@ -176,9 +187,7 @@ std::optional<ImplOut> run_cuda(const KdaInputs& in, GateKind gate, std::size_t 
   return out;
 #else
   (void)in, (void)gate, (void)C;
-  why = "cuda-bf16 rows skipped: a GPU is present but this kdalab was built without CUDA (cmake --preset cuda)";
-  unavailable = true;
-  return std::nullopt;
+  return std::nullopt;  // not reached: cuda_unavailable() says so in a build without the CUDA kernels
 #endif
 }
 
@@ -405,6 +414,16 @@ void register_parity(Registry& reg) {
     require(o->mp_max_work > 0, fmt::format("--mp-max-work: {} must be > 0", o->mp_max_work));
     require(o->f80_max_work > 0, fmt::format("--f80-max-work: {} must be > 0", o->f80_max_work));
     require(o->windows >= 1 && o->windows <= 1024, fmt::format("--windows: {} is not in 1..1024", o->windows));
+    // exit 3 (README: "the work cannot run in this build or on this machine"), with the note that says why
+    const auto not_available = [](const std::string& why) {
+      fmt::print(stderr, "kdalab parity: not available in this build / on this machine: no implementation produced a "
+                         "row ({}); nothing was written (exit 3)\n", why);
+      return 3;
+    };
+    // cuda-bf16 alone where it cannot run: said before any truth is computed (session 10 newcomer: `parity --impl
+    // cuda-bf16` on a CPU build computed every point's truth, 15 s for one T = 300 point in mp, then exited 3)
+    if (std::all_of(o->impl.begin(), o->impl.end(), [](const std::string& s) { return s == "cuda-bf16"; }))
+      if (const auto no = cuda_unavailable()) return not_available(*no);
 
     // ---- the grid of input points ----
     std::vector<KdaGenSpec> points;
@@ -462,7 +481,7 @@ void register_parity(Registry& reg) {
         .col("truth_time_s", 'd', "s", "wall time of the truth on this point");
     Tensor<double> windows({total, static_cast<std::size_t>(o->windows)}, std::numeric_limits<double>::quiet_NaN());
     std::vector<std::string> notes;
-    bool cuda_unavailable = false;  // a cuda-bf16 row was skipped because this build / machine cannot run it
+    bool cuda_skipped_here = false;  // a cuda-bf16 row was skipped because this build / machine cannot run it
     // Collected once each and printed once, after the summary table (and kept in the file's `notes`).
     auto note = [&](const std::string& n) {
       if (std::find(notes.begin(), notes.end(), n) == notes.end()) notes.push_back(n);
@@ -548,7 +567,7 @@ void register_parity(Registry& reg) {
         } else {  // cuda-bf16
           for (double C : o->C) {
             std::string why;
-            const auto r = run_cuda(in, s.gate, as_count(C, "C"), why, cuda_unavailable);
+            const auto r = run_cuda(in, s.gate, as_count(C, "C"), why, cuda_skipped_here);
             if (r)
               record(impl, static_cast<std::int64_t>(C), "fp32", "plan", *r);
             else
@@ -563,11 +582,8 @@ void register_parity(Registry& reg) {
     for (const auto& [head, at] : point_notes) notes[at.first] = merge_point_note(head, at.second);
     if (t.rows() == 0)  // the first note goes into the one-line error below; the others are printed here, once
       for (std::size_t i = 1; i < notes.size(); ++i) fmt::print(stderr, "parity: note: {}\n", notes[i]);
-    if (t.rows() == 0 && cuda_unavailable) {  // e.g. --impl cuda-bf16 alone without a GPU: not bad input, exit 3
-      fmt::print(stderr, "kdalab parity: not available in this build / on this machine: no implementation produced a "
-                         "row ({}); nothing was written (exit 3)\n", notes.empty() ? std::string("cuda-bf16") : notes.front());
-      return 3;
-    }
+    if (t.rows() == 0 && cuda_skipped_here)  // no row, and the cuda-bf16 rows could not run here: not bad input, exit 3
+      return not_available(notes.empty() ? std::string("cuda-bf16") : notes.front());
     require(t.rows() > 0, "parity: no implementation produced a row (" +
                               (notes.empty() ? std::string("empty grid") : notes.front()) + "); nothing was written");
     windows.shape[0] = t.rows();

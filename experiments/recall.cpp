@@ -17,6 +17,7 @@
 #include <map>
 #include <numeric>
 #include <tuple>
+#include <vector>
 
 #include "experiments/cli.hpp"
 #include "experiments/memory_task.hpp"
@@ -282,13 +283,20 @@ void register_recall(Registry& reg) {
     f->attr("recall", "power_a", o->power_a);
     f->attr("recall", "out_scale", 1.0);
     f->commit();
-    // Key numbers on stdout: accuracy at N = d_k for each memory and key mode.
-    fmt::print("at N = d_k (acc: the readout decodes to the right value token, a scale-free test; rel_err also counts "
-               "the magnitude a decaying memory loses, so acc = 1 with rel_err near 1 is a well-aimed but faded "
-               "readout):\n");
-    for (std::size_t i = 0; i < t.rows(); ++i) {
-      const auto& ratio = std::get<std::vector<double>>(t.column("ratio").data)[i];
-      if (std::abs(ratio - 1.0) > 1e-9) continue;
+    // Key numbers on stdout: accuracy at N = d_k for each memory and key mode. A grid without such a row (no --ratio 1)
+    // gets one line saying so instead of the heading over nothing (session 10 newcomer: `recall --ratio 0.5`).
+    const auto& ratio = std::get<std::vector<double>>(t.column("ratio").data);
+    std::vector<std::size_t> at_n_dk;
+    for (std::size_t i = 0; i < t.rows(); ++i)
+      if (std::abs(ratio[i] - 1.0) <= 1e-9) at_n_dk.push_back(i);
+    if (at_n_dk.empty())
+      fmt::print("at N = d_k: no rows (--ratio has no 1); every --ratio point is in {} (recall/capacity)\n",
+                 ctx.common.out);
+    else
+      fmt::print("at N = d_k (acc: the readout decodes to the right value token, a scale-free test; rel_err also "
+                 "counts the magnitude a decaying memory loses, so acc = 1 with rel_err near 1 is a well-aimed but "
+                 "faded readout):\n");
+    for (std::size_t i : at_n_dk) {
       fmt::print("{:>15} {:>11} d_k={:<4} N={:<4} beta={:<4} g_min={:<5} d_c={:<4} acc={:.3f} rel_err={:.3e}\n",
                  std::get<std::vector<std::string>>(t.column("memory").data)[i],
                  std::get<std::vector<std::string>>(t.column("keys").data)[i],

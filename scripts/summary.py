@@ -10,6 +10,7 @@ stderr (the other files are still summarised) and the exit code is then 2.
 Usage: /usr/bin/python3 scripts/summary.py results/*.h5
 """
 import os
+import signal
 import sys
 import textwrap
 
@@ -231,4 +232,7 @@ def main(paths):
 
 
 if __name__ == "__main__":
+    # a reader that stops early (`summary.py results/*.h5 | head`) ends the script quietly, as it does `cat`, instead of
+    # a BrokenPipeError traceback (session 10 newcomer)
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     sys.exit(main(sys.argv[1:]))
