@@ -23,13 +23,15 @@ step build cmake --build "$B" -j"$(nproc)" -- -k || {
 # the groups below (a disjoint cover of its test cases; the three [long] cases each alone), one log per process, then one
 # summary line per log. The GPU has room for all of them; session 10 ran them so in ~95 s against several minutes
 # serially. Timings printed by tests run in parallel are not benchmarks.
+# the GPU test binaries to run (TESTS filter, executables only): one list for both modes
+gpu_tests() { for t in "$B"/tests/gpu_test_*; do
+  [ -n "${TESTS:-}" ] && ! [[ " $TESTS " == *" $(basename "$t") "* ]] && continue
+  [ -x "$t" ] && echo "$t"; done; }
 KDA_GROUPS=("[gpu][kda]~[dim]~[segments]~[long]" "[segments]~[long]" "[dim]~[long]~[segments]" "[segments][long]"
             "[state4][long]" "[dim][long]")
 if [ "${PARALLEL:-$([ "${SANITIZE:-0}" = 1 ] && echo 0 || echo 1)}" = 1 ]; then
   pids=(); logs=()
-  for t in "$B"/tests/gpu_test_*; do
-    [ -n "${TESTS:-}" ] && ! [[ " $TESTS " == *" $(basename "$t") "* ]] && continue
-    [ -x "$t" ] || continue
+  for t in $(gpu_tests); do
     if [ "$(basename "$t")" = gpu_test_kda_kernels ]; then
       for i in "${!KDA_GROUPS[@]}"; do
         l="$OUT/gpu_test_kda_kernels.g$i.log"; logs+=("$l")
@@ -45,9 +47,7 @@ if [ "${PARALLEL:-$([ "${SANITIZE:-0}" = 1 ] && echo 0 || echo 1)}" = 1 ]; then
   for l in "${logs[@]}"; do echo "$(basename "$l"): $(grep -E 'All tests passed|test cases:' "$l" | tail -1)"; done
   echo "== GPU tests done ($((SECONDS - t0)) s)"; pack
 else
-  for t in "$B"/tests/gpu_test_*; do
-    [ -n "${TESTS:-}" ] && ! [[ " $TESTS " == *" $(basename "$t") "* ]] && continue
-    [ -x "$t" ] || continue
+  for t in $(gpu_tests); do
     TAIL=${TEST_TAIL:-60} step "$(basename "$t")" "$t" --durations yes
     [ "${SANITIZE:-0}" = 1 ] && TAIL=3 step "san-$(basename "$t")" timeout "${SAN_TIMEOUT:-90}" compute-sanitizer --tool memcheck "$t"
   done
