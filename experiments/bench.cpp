@@ -425,10 +425,16 @@ Measured bench_prefill(const Shape& s, int warmup, int iters, std::uint64_t seed
     const double all1 = time_ms([&] { kernels::kda_prefill(a1, nullptr); }, warmup, iters).first;
     fmt::print("  (B={} T={} H={} HV={}: segment-parallel state pass P = {}; one-shot schedule (segment_state = 1): "
                "total {:.4f} ms, state pass {:.4f} ms)\n", s.B, s.T, s.H, s.HV, segs, all1, state1);
-  } else if (s.T >= 16384 && kernels::kda_prefill_state_kernel(a) != a.state_variant) {  // auto: one-shot instead of P = 2, 3
+  } else if (s.T >= 16384 && kernels::kda_prefill_state_kernel(a) != a.state_variant) {  // auto: one-shot instead of P >= 2
+    // the P the wave model picks where the wgmma pass cannot run (prepare v4 writes no wgmma slot layout): the segment
+    // path the auto rule replaced here (before session 11 this line always forced P = 3)
+    auto aw = a;
+    aw.prepare_variant = 4;
+    aw.segment_state = 0;
+    const int pw = kernels::kda_prefill_segments(aw);
     auto a3 = a;
-    a3.segment_state = 3;  // the segment path it replaced (the wave model's P is 2 or 3)
-    a3.run_phases = 3;     // (a holds the state-pass-only timing's 2 here)
+    a3.segment_state = pw >= 2 ? pw : 3;  // (P = 3 when the wave model keeps the one-shot pass too; said in the line)
+    a3.run_phases = 3;                    // (a holds the state-pass-only timing's 2 here)
     const int p3 = kernels::kda_prefill_segments(a3);
     const std::size_t ws3b = kernels::kda_prefill_workspace_bytes(a3);
     Dev ws3(ws3b);
@@ -436,7 +442,8 @@ Measured bench_prefill(const Shape& s, int warmup, int iters, std::uint64_t seed
     a3.workspace_bytes = ws3b;
     const double all3 = time_ms([&] { kernels::kda_prefill(a3, nullptr); }, warmup, iters).first;
     fmt::print("  (B={} T={} H={} HV={}: auto rule: one-shot schedule with the wgmma state pass (state_variant 6); "
-               "the segment path P = {} instead: total {:.4f} ms)\n", s.B, s.T, s.H, s.HV, p3, all3);
+               "the segment path P = {}{} instead: total {:.4f} ms)\n", s.B, s.T, s.H, s.HV, p3,
+               pw >= 2 ? " (the wave model's P)" : " (forced: the wave model keeps the one-shot pass)", all3);
   }
   {  // the previous prepare kernel (v4, kernels/kda.hpp prepare_variant) beside the default (v6): alone and the whole prefill
     auto a4 = a;

@@ -94,7 +94,7 @@ struct KdaPrefillArgs {
   /// D != 128: only 3 is accepted; at D = 256 it runs the key-split kernel of variant 4 (same numerics as 4).
   /// Errors: other values (6 with prepare_variant 4) -> kdalab::Error.
   int state_variant = 3;
-  /// v4 schedule: fixed-length batches with T >= 2048 run in <= 8 segments whose prepare kernel
+  /// v4 schedule: fixed-length batches with T >= 2048 run in min(8, max(2, T / 2048)) segments whose prepare kernel
   /// overlaps the previous segment's state pass (a side stream + events, joined back to `stream`).
   /// Numerically identical to the unsegmented schedule; false = one prepare then one state pass.
   bool overlap_segments = true;

@@ -1315,8 +1315,11 @@ void cuda_check(cudaError_t e, const char* what) {
 }
 
 namespace {
-/// Segments of the overlapped schedule (v4): fixed-length batches with T >= 2048 are cut into K <= 8
-/// segments of a multiple of 16 tokens; the prepare kernel of segment k + 1 (caller's stream) runs
+/// Segments of the overlapped schedule (v4): fixed-length batches with T >= 2048 are cut into
+/// K0 = min(8, max(2, T / 2048)) segments of a multiple of 16 tokens (>= ~2048 tokens each; session 11's H200 sweep of
+/// K at T = 8192: K = 4 beat the former T / 1024 = 8 by 3-4% (H = 64: 0.785 vs 0.817 ms, H = 96: 1.166 vs 1.202), K = 2
+/// beat 4 at B = 4 x 4096, and K = 8 stays best at T = 65536 (3.455 ms; K = 4: 3.568, K = 16: 3.46; see
+/// bench/NOTES.md "Segment count"); the prepare kernel of segment k + 1 (caller's stream) runs
 /// while the state pass of segment k runs (a side stream of higher priority); the state crosses
 /// segments through an fp32 buffer, which is exact (the same fp32 values the registers held).
 struct Segments {
@@ -1326,7 +1329,7 @@ Segments segments_of(const KdaPrefillArgs& a) {
   Segments sg;
   sg.seg = a.T;
   if (a.cu_seqlens || !a.overlap_segments || a.T < 2048) return sg;
-  const int K0 = std::min(8, a.T / 1024);
+  const int K0 = std::min(8, std::max(2, a.T / 2048));
   sg.seg = ((a.T + K0 - 1) / K0 + C - 1) / C * C;
   sg.K = (a.T + sg.seg - 1) / sg.seg;
   return sg;
