@@ -736,8 +736,8 @@ void register_check(Registry& reg) {
                                          "(kda: B*T*HV*d_k*d_v; mla: B*T*H*N*(d_c + d_rope); attn-res: 100*N*T*d) <= 2e7, f64 above)")
       ->capture_default_str();
   c.app->add_option("--tol", o->tol, std::string("verdict tolerance on relative RMS, > 0; a candidate passes when its "
-                                                 "relative RMS <= tol and it has no NaN/Inf (default: ") +
-                                         tol::check_default.why + ")")
+                                                 "relative RMS <= tol and it has no NaN/Inf. Default: ") +
+                                         tol::check_default.why)
       ->capture_default_str();
   c.app->add_flag("--kernel", o->kernel,
                   "--op kda: also run kdalab's CUDA prefill kernel on exactly the file's inputs and report its o and S "

@@ -519,8 +519,10 @@ void print_error(const std::string& where, const std::string& msg) {
 int run(int argc, char** argv) {
   CLI::App app{
       "kdalab: a reference simulator and correctness-verification suite for the Kimi K3 attention stack "
-      "(KDA, Gated MLA, Attention Residuals, the 3:1 hybrid). Each subcommand writes one HDF5 results file "
-      "(--out) whose root attributes record how it was made. Run 'kdalab SUBCOMMAND --help' for its options.",
+      "(KDA, Gated MLA, Attention Residuals, the 3:1 hybrid). Each experiment (parity, recall, copy, decay-range, "
+      "decode-cost) writes one HDF5 results file (--out) whose root attributes record how it was made; check writes "
+      "a report there, bench only when it runs on a GPU, info only when --out is given, golden never. Run 'kdalab "
+      "SUBCOMMAND --help' for its options.",
       "kdalab"};
   app.require_subcommand(1, 1);
   app.set_version_flag("--version", std::string(build_info::version) + " (" + build_info::git_sha + ")");

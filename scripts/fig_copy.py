@@ -3,7 +3,9 @@
 
 One panel per state size d_k: exact-copy accuracy vs L for every memory (fp32 solid, bf16 dashed,
 fp64 dotted for the recurrent memories; softmax and MLA in fp64), with the information bound of
-the fixed d_k x d_v state at each precision (L log2|D| <= state bits) and L = d_k marked.
+the fixed d_k x d_v state at each precision (L log2|D| <= state bits) and L = d_k marked. In the bound's panel each
+state's lines are named (d_k=..) beside the panel, at its fp32 line, and a dot marks the longest L each recurrent
+memory copied in fp32 (dots at one L drawn with figstyle's overlay: an open ring around the one on top).
 Curves that lie on each other (every point within 0.016) are drawn with figstyle's overlay (the first underneath with a
 large open marker, the others on top with smaller ones, each in its precision's line style) and named in a note under
 the panel.
@@ -87,12 +89,23 @@ def main():
         for dk in dks:
             for prec, bits in (("fp32", 32), ("bf16", 16)):
                 ax.axhline(dk * dk * bits, color="#555555", lw=0.7, ls=LS[prec])
-            ax.text(Ls[0] * 1.2, dk * dk * 32 * 1.15, f"$d_k$={dk}", fontsize=6.5, color="#555555")
+            # named beside the panel at the height of its fp32 line, where no line runs (inside, over the lines'
+            # left ends, each name was struck through by the next state's bf16 line, a factor 2 above; session 11)
+            ax.annotate(f"$d_k$={dk}", xy=(1.0, dk * dk * 32), xycoords=("axes fraction", "data"), xytext=(3, 0),
+                        textcoords="offset points", ha="left", va="center", fontsize=6.5, color="#555555",
+                        annotation_clip=False)
+            dots = []  # (memory, longest L copied in fp32)
             for mem in ("linear", "deltanet", "kda"):
                 sel = (t["memory"] == mem) & (t["d_k"] == dk) & (t["precision"] == "fp32") & (t["copy_accuracy"] >= 0.9)
                 if sel.any():
-                    Lc = t["L"][sel].max()
-                    ax.plot([Lc], [dk * dk * 32], "o", color=fs.COLORS[mem], ms=4)
+                    dots.append((mem, t["L"][sel].max()))
+            # dots at the same L lie on each other (linear attention under DeltaNet): figstyle's overlay keeps each visible
+            for g in fs.overlay_groups([([Lc], [0.0]) for _, Lc in dots], rel=0.0, abs_tol=0.0):
+                for rank, k in enumerate(g):
+                    mem, Lc = dots[k]
+                    style = fs.overlay_style(rank, len(g), fs.COLORS[mem], ls="none", ms=4)
+                    style["ms"] = min(style["ms"], 7.0)
+                    ax.plot([Lc], [dk * dk * 32], color=fs.COLORS[mem], label="_" + fs.LABELS[mem] + " longest L", **style)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log", base=2)
         ax.set_xlabel("string length $L$ (tokens)")
@@ -109,7 +122,7 @@ def main():
         fs.label_footer(fig, f, "Untrained memories: position keys (" + fs.attr(f["copy"], "keys", "?") + "), "
                         "symbol values, read back in order. Information bound (Repeat After Me): a state of b bits "
                         "cannot copy strings with L log2|D| > b; the recurrent state holds d_k d_v numbers, softmax "
-                        "and MLA caches grow with L. Dotted black: L = d_k. Right: bits needed (red) vs bits held by a d_k x d_k state in fp32 (solid) / bf16 (dashed); dots: the longest L copied exactly (>= 90%) in fp32.")
+                        "and MLA caches grow with L. Dotted black: L = d_k. Right: bits needed (red) vs bits held by a d_k x d_k state in fp32 (solid) / bf16 (dashed); dots: the longest L copied exactly (>= 90%) in fp32, in the memory's colour (an open ring around a dot: two memories at the same L).")
         fig.tight_layout()
         return fs.save(fig, a.out_dir, "copy_accuracy")
 

@@ -9,6 +9,7 @@ the GPU kernels (when they were not run, decode-cost's note saying why is writte
 machine's caches) when the file has one.
 Usage: /usr/bin/python3 scripts/fig_decode_cost.py RESULTS.h5 [--out-dir figures]
 """
+import re
 import sys
 
 import h5py
@@ -55,6 +56,10 @@ def main():
             notes = []  # what the panel does not draw, said under it (with decode-cost's GPU note)
             if has_cpu:
                 c = cpu
+                # the precision the CPU steps ran in, as the file records it (the column's description: "float32")
+                m = re.search(r"\b(float(?:16|32|64)|bf16|fp(?:16|32|64))\b",
+                              fs.attr(f["decode_cost/cpu/seconds_per_token"], "description", ""))
+                prec = f", {m.group(1)}" if m else ""
                 for impl, col, mk in (("softmax", "#d62728", "o"), ("kda", "#2ca02c", "s")):
                     sel = c["impl"] == impl
                     if not sel.any():
@@ -62,7 +67,7 @@ def main():
                     o = np.argsort(c["n"][sel])
                     ns, us = c["n"][sel][o], 1e6 * np.asarray(c["seconds_per_token"][sel][o], dtype=float)
                     what = "softmax read" if impl == "softmax" else "KDA step"
-                    name = f"CPU reference: {what} (d = {int(c['d'][sel][0])})"
+                    name = f"CPU reference{prec}: {what} (d = {int(c['d'][sel][0])})"
                     # a time that is NaN, infinite, 0 or negative is no measurement: not drawn (on a log axis it drew
                     # nothing while the legend said "0 us" or "inf us"; all NaN ended in a traceback), said in a note
                     good = np.isfinite(us) & (us > 0)
@@ -86,10 +91,11 @@ def main():
             if has_gpu:
                 g = gpu
                 o = np.argsort(g["n"])
+                gpu_name = fs.gpu_name(f)  # the GPU the file's rows were measured on (was "H200" whatever it was)
                 ax.plot(g["n"][o], 1e6 * g["mla_layer_s"][o], "-^", ms=3.5, color="#7f7f7f",
-                        label="H200: absorbed MLA decode, 32 heads, $d_c$ = 512 (kdalab kernel)")
+                        label=f"{gpu_name}: absorbed MLA decode, 32 heads, $d_c$ = 512, bf16 cache (kdalab kernel)")
                 ax.plot(g["n"][o], 1e6 * g["kda_layer_s"][o], "--v", ms=3.5, color="#1f77b4",
-                        label="H200: KDA decode step, 32 heads (kdalab kernel)")
+                        label=f"{gpu_name}: KDA decode step, 32 heads, fp32 state (kdalab kernel)")
             else:
                 note = fs.attr(f["decode_cost/gpu"], "note", "") if "decode_cost/gpu" in f else ""
                 if note:  # under the panel, not over the curves (was drawn on the KDA line at the bottom)
@@ -101,13 +107,15 @@ def main():
             ax.set_xlabel("context $n$ (tokens cached)")
             ax.set_ylabel("time per decode step (µs)")
             ax.set_title("Measured per-token decode step")
-            if ax.get_lines():
-                ax.legend(loc="upper left", fontsize=6.5)
+            legend = ax.legend(loc="upper left", fontsize=6.5) if ax.get_lines() else None
         fig.suptitle("Decode cost per token vs context: softmax re-reads the cache, KDA reads a fixed state", y=1.02)
         # Why the CPU softmax curve may bend up (its working set against the caches): decode-cost's own note.
         cpu_note = fs.attr(f["decode_cost/cpu"], "note", "") if has_cpu else ""
         fs.label_footer(fig, f, "CPU: " + cpu_note if cpu_note else "")
         fig.tight_layout()
+        if ncols == 2 and legend is not None:
+            # room above the curves for the legend (it covered the softmax curve's last segment, session 11)
+            fs.clear_legend_headroom(ax, legend)
         return fs.save(fig, a.out_dir, "decode_cost")
 
 

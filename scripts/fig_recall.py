@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """Figure: associative-recall capacity curves (kdalab recall).
 
-Accuracy and relative read error vs N / d_k for every memory, one column per key embedding, at one
-d_k (64 if present), beta = 1, g_min = -5 (if present), MLA latent d_c = d_k + d_v (solid) and
+Accuracy and relative read error vs N / d_k for every memory (float64 arithmetic, said in the title), one column per
+key embedding, at one d_k (64 if present), beta = 1, g_min = -5 (if present), MLA latent d_c = d_k + d_v (solid) and
 (d_k + d_v) / 2 (dashed). Reference curve: linear attention's sqrt(N / d_k) crosstalk (brown, dash-dot, drawn above
 the curves: linear attention's own dashed curve follows it closely).
 Error axis: log, from just below the smallest error >= EXACT_BELOW (1e-8) to just above the largest (never
@@ -154,8 +154,11 @@ def main():
         from matplotlib.lines import Line2D
         h = [Line2D([], [], color=c, ls=ls, marker="o", ms=3) for c, ls in legend_style.values()]
         fig.legend(h, list(legend_style), loc="upper center", ncol=4, bbox_to_anchor=(0.5, 0.97), frameon=False)
+        # the arithmetic the memories ran in: a `precision` column when the file has one, else float64 (kdalab recall
+        # runs every memory through run_memory's default, fp64: experiments/memory_task.hpp)
+        prec = ", ".join(sorted(set(t["precision"].tolist()))) if "precision" in t else "float64"
         fig.suptitle(f"Associative recall without training: mechanistic capacity at $d_k = d_v = {dk}$, "
-                     f"$\\beta = 1$, $g_{{\\min}} = {gm:g}$", y=1.0)
+                     f"$\\beta = 1$, $g_{{\\min}} = {gm:g}$, {prec}", y=1.0)
         fs.label_footer(fig, f, "Mechanistic capacity of untrained memories on Zoology-style MQAR sequences "
                         "(not Zoology's trained-model curves). Delta rule with beta=1 is exact up to d_k orthonormal "
                         "keys; linear attention's error grows like sqrt(N/d); softmax (inverse temperature "

@@ -182,13 +182,38 @@ def format_config(cfg, drop=()):
     return " ".join(f"{k}={_option_value(v)}" for k, v in obj.items() if k not in drop)
 
 
+def is_quick(f):
+    """Whether the results file `f` (open h5py file) was written by a --quick run: its root `config` records
+    "quick": true (kdalab stores the flag as a JSON boolean)."""
+    try:
+        cfg = json.loads(attr(f, "config", "{}"))
+    except ValueError:
+        return False
+    return isinstance(cfg, dict) and cfg.get("quick") is True
+
+
+QUICK_TITLE = " (--quick run)"  # appended by save() to the title of a figure drawn from a --quick run
+
+
+def gpu_name(f, default="GPU"):
+    """The first GPU's name in the root `device` attribute of the results file `f` ("CPU: ...; GPU: NVIDIA H200
+    (sm_90, ...)" -> "NVIDIA H200"): the device the file's GPU rows were measured on. `default` when none is named."""
+    for part in attr(f, "device", "").split("; "):
+        if part.startswith("GPU: "):
+            return part[len("GPU: "):].split(" (")[0].strip() or default
+    return default
+
+
 def label_footer(fig, f, extra="", group=None):
-    """Bottom-of-figure provenance: git sha, date, seed and the config (the group's `options`
-    attribute, the values actually used after --quick, when present; else the root config) without the
-    run-control options (RUN_CONTROL: out, quick, quiet, force), then the command line. `extra`: a caption
-    printed above; `group`: the group whose `options` to show (default: the first group that has them).
-    Every part is wrapped onto as many lines as it needs at the figure's width (never cut with "..."); call it
-    before fig.tight_layout() or after, the footer hangs below the figure and savefig's tight bbox takes it in."""
+    """Bottom-of-figure provenance: the results file drawn ("drawn from <path>", the path as given), kdalab
+    version, git sha, date, seed and the config (the group's `options` attribute, the values actually used after
+    --quick, when present; else the root config) without the run-control options (RUN_CONTROL: out, quick, quiet, force), then the
+    command line. `extra`: a caption printed above; `group`: the group whose `options` to show (default: the
+    first group that has them). A file written by a --quick run (is_quick) also gets QUICK_TITLE after the
+    figure's title when save() writes it. Every part is wrapped onto as many lines as it needs at the figure's
+    width (never cut with "..."); call it before fig.tight_layout() or after, the footer hangs below the figure
+    and savefig's tight bbox takes it in."""
+    fig._kdalab_quick = is_quick(f)
     sha = attr(f, "git_sha", "?")[:12]
     cfg = attr(f, "config", "{}")
     if group is None:
@@ -202,7 +227,8 @@ def label_footer(fig, f, extra="", group=None):
     # As many characters as the figure is wide (6 pt monospace: ~3.6 pt a character), never fewer than 100;
     # every line is wrapped whole, never cut: the footer is the record of what was run.
     width = max(100, int(fig.get_figwidth() * 72 / FOOTER_CHAR_PT))
-    text = f"kdalab {attr(f, 'software_version', '?')} · git {sha} · {attr(f, 'date', '?')} · seed {attr(f, 'seed', '?')}\n"
+    text = "\n".join(textwrap.wrap("drawn from " + f.filename, width=width, subsequent_indent="  ", break_on_hyphens=False))
+    text += f"\nkdalab {attr(f, 'software_version', '?')} · git {sha} · {attr(f, 'date', '?')} · seed {attr(f, 'seed', '?')}\n"
     text += "\n".join(textwrap.wrap("config " + cfg, width=width, subsequent_indent="  ", break_on_hyphens=False,
                                      break_long_words=True))
     if extra:
@@ -228,6 +254,31 @@ def panel_note(ax, text, fontsize=6):
     return ax.annotate(wrapped, xy=(0.0, 0.0),
                        xycoords=("axes fraction", ax.xaxis.label), xytext=(0, -3), textcoords="offset points",
                        ha="left", va="top", fontsize=fontsize, color="#777777", annotation_clip=False)
+
+
+def clear_legend_headroom(ax, legend, margin=0.03):
+    """Raises the top of the y axis of `ax` until every finite data point of its lines (those drawn in data
+    coordinates; axhline/axvline are left out) lies at least `margin` (axes fraction) below the bottom of `legend`,
+    a legend placed at the top of the axes: the curves keep their shape and no longer run under the legend. A log
+    axis stays log (the new top is found in decades). Call after fig.tight_layout() (the legend's height in axes
+    fractions depends on the axes' final size). Does nothing when the data are already clear of it."""
+    ax.figure.canvas.draw()
+    box = _axes_box(ax, legend)
+    ys = [np.asarray(ln.get_ydata(), dtype=float) for ln in ax.get_lines() if ln.get_transform() == ax.transData]
+    ys = np.concatenate(ys) if ys else np.array([])
+    ys = ys[np.isfinite(ys)]
+    lo, hi = ax.get_ylim()
+    to = np.log10 if ax.get_yscale() == "log" else (lambda v: v)
+    if ax.get_yscale() == "log":
+        ys = ys[ys > 0]
+    target = box[1] - margin  # the highest axes fraction a data point may reach
+    if ys.size == 0 or target <= 0:
+        return
+    top = to(ys.max())
+    if (top - to(lo)) / (to(hi) - to(lo)) <= target:
+        return
+    new_hi = to(lo) + (top - to(lo)) / target
+    ax.set_ylim(lo, 10 ** new_hi if ax.get_yscale() == "log" else new_hi)
 
 
 def _jsonable(a):
@@ -276,10 +327,15 @@ def describe(fig):
 
 def save(fig, out_dir, name):
     """Writes `fig` as <out_dir>/<name>.png and .pdf (creating out_dir) and/or the --dump JSON (describe()),
-    closes the figure and prints every path written ("wrote a b c"). `out_dir` None (no --out-dir given):
+    first appending QUICK_TITLE to the figure's title (the suptitle, else the first panel's title) when
+    label_footer() found the file to be from a --quick run; closes the figure and prints every path written ("wrote a b c"). `out_dir` None (no --out-dir given):
     figures/ without --dump; with --dump only the JSON is written (the user asked for the dump, not for a figure
     in figures/ to be redrawn). Returns 0, the "drawn" exit code."""
     dump = _ARGS.dump if _ARGS is not None else None
+    if getattr(fig, "_kdalab_quick", False):  # label_footer() saw a --quick run: the title says so
+        titled = fig._suptitle if getattr(fig, "_suptitle", None) is not None else (fig.axes[0].title if fig.axes else None)
+        if titled is not None and not titled.get_text().endswith(QUICK_TITLE):
+            titled.set_text(titled.get_text() + QUICK_TITLE)
     written = []
     if dump:
         fig.canvas.draw()  # limits and tight_layout as saved

@@ -48,35 +48,6 @@ std::string unwrapped(std::string s) {
   return s;
 }
 
-/// Position of data value `v` along an axis with limits `lim` and scale `scale` ("log" or linear), as a fraction.
-double frac(double v, const json& lim, const std::string& scale) {
-  const double a = lim[0], b = lim[1];
-  if (scale == "log") return (std::log(v) - std::log(a)) / (std::log(b) - std::log(a));
-  return (v - a) / (b - a);
-}
-
-/// How many sampled points of the data lines of `ax` (straight segments between the points, sampled 40 times each,
-/// in axes fractions) fall inside `box` ([x0, y0, x1, y1] in axes fractions).
-int points_inside(const json& ax, const json& box) {
-  int hits = 0;
-  const double x0 = box[0], y0 = box[1], x1 = box[2], y1 = box[3];
-  for (const auto& ln : ax["lines"]) {
-    if (ln["coords"] != "data") continue;
-    const auto& xs = ln["x"];
-    const auto& ys = ln["y"];
-    for (std::size_t i = 0; i + 1 < xs.size(); ++i) {
-      if (xs[i].is_null() || ys[i].is_null() || xs[i + 1].is_null() || ys[i + 1].is_null()) continue;
-      const double ax0 = frac(xs[i], ax["xlim"], ax["xscale"]), ay0 = frac(ys[i], ax["ylim"], ax["yscale"]);
-      const double ax1 = frac(xs[i + 1], ax["xlim"], ax["xscale"]), ay1 = frac(ys[i + 1], ax["ylim"], ax["yscale"]);
-      for (int s = 0; s <= 40; ++s) {
-        const double u = s / 40.0, px = ax0 + u * (ax1 - ax0), py = ay0 + u * (ay1 - ay0);
-        if (px >= x0 && px <= x1 && py >= y0 && py <= y1) ++hits;
-      }
-    }
-  }
-  return hits;
-}
-
 }  // namespace
 
 TEST_CASE("info --config with a kdalab options file: one line before any output, naming a model config", "[cli]") {
