@@ -5,7 +5,9 @@ Left: numbers one head reads per decode step, softmax 2 n d vs the KDA state d^2
 table points (d = 64: n = 1,000 / 128,000 / 1,000,000) marked and their ratios printed.
 Right: measured time per decode step of the CPU reference (one head, float32: the softmax read per n; the KDA step is
 ONE measurement, repeated on every n row of the file, drawn as one horizontal line without markers) and, when present,
-the GPU kernels (when they were not run, decode-cost's note saying why is written under the panel). The footer carries decode-cost's note on the CPU softmax curve (its working set vs this
+the GPU kernels (when they were not run, decode-cost's note saying why is written under the panel). The legend names
+the CPU precision (from the column's description) and the GPU of the file's `device` attribute, and the y axis reaches
+high enough that no curve runs under the legend. The footer carries decode-cost's note on the CPU softmax curve (its working set vs this
 machine's caches) when the file has one.
 Usage: /usr/bin/python3 scripts/fig_decode_cost.py RESULTS.h5 [--out-dir figures]
 """
@@ -93,9 +95,9 @@ def main():
                 o = np.argsort(g["n"])
                 gpu_name = fs.gpu_name(f)  # the GPU the file's rows were measured on (was "H200" whatever it was)
                 ax.plot(g["n"][o], 1e6 * g["mla_layer_s"][o], "-^", ms=3.5, color="#7f7f7f",
-                        label=f"{gpu_name}: absorbed MLA decode, 32 heads, $d_c$ = 512, bf16 cache (kdalab kernel)")
+                        label=f"{gpu_name}, kdalab kernel: absorbed MLA decode,\n  32 heads, $d_c$ = 512, bf16 cache")
                 ax.plot(g["n"][o], 1e6 * g["kda_layer_s"][o], "--v", ms=3.5, color="#1f77b4",
-                        label=f"{gpu_name}: KDA decode step, 32 heads, fp32 state (kdalab kernel)")
+                        label=f"{gpu_name}, kdalab kernel: KDA decode step,\n  32 heads, fp32 state")
             else:
                 note = fs.attr(f["decode_cost/gpu"], "note", "") if "decode_cost/gpu" in f else ""
                 if note:  # under the panel, not over the curves (was drawn on the KDA line at the bottom)
