@@ -253,7 +253,7 @@ TEST_CASE("finds8b 10: fig_decode_cost draws no line for non-finite or non-posit
   const auto kda_lines = [](const json& ax) {
     json out = json::array();
     for (const auto& ln : ax["lines"])
-      if (ln["label"].get<std::string>().rfind("CPU reference: KDA step", 0) == 0) out.push_back(ln);
+      if (ln["label"].get<std::string>().rfind("CPU reference, float32: KDA step", 0) == 0) out.push_back(ln);
     return out;
   };
   const auto note = [](const json& ax) {
@@ -279,7 +279,7 @@ TEST_CASE("finds8b 10: fig_decode_cost draws no line for non-finite or non-posit
     for (const auto& l : ax["legend"]) CHECK(l.get<std::string>().find("one measurement") == std::string::npos);
     CHECK(has(RunResult{0, note(ax)}, "CPU KDA step: 3 of 3 rows have no finite time > 0"));
     int softmax = 0;
-    for (const auto& ln : ax["lines"]) softmax += ln["label"].get<std::string>().rfind("CPU reference: softmax", 0) == 0;
+    for (const auto& ln : ax["lines"]) softmax += ln["label"].get<std::string>().rfind("CPU reference, float32: softmax", 0) == 0;
     CHECK(softmax == 1);
   }
   {  // one NaN among the KDA rows: the two finite equal rows are the one measurement
