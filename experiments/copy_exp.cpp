@@ -7,7 +7,8 @@
 // is decoded to the nearest symbol. A string is copied when every symbol is right. The information
 // bound: a state of b bits cannot copy strings with L log2|D| > b (b = numbers held x bits per
 // number; the softmax cache grows with L, so its b does too). Recurrent memories run in fp64, fp32
-// or bf16 (state rounded to bf16 after every step); softmax and MLA run in fp64.
+// or bf16 (state rounded to bf16 after every step); softmax and MLA run in fp64. Each (d_k, L) cell draws from its
+// own generator (numerics/random.hpp cell_seed): its numbers are the same in any grid.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -101,7 +102,6 @@ void register_copy(Registry& reg) {
         .col("info_bits", 'd', "1", "L log2 |D|: bits a copy must carry")
         .col("bound_allows", 'i', "1", "1 if info_bits <= state_bits (the information bound allows an exact copy)");
 
-    Rng rng(ctx.common.seed);
     const auto Dn = static_cast<Eigen::Index>(o->alphabet);
     const auto trials = static_cast<int>(o->trials);
     auto prog = ctx.progress("copy", o->d_k.size() * o->L.size() * static_cast<std::size_t>(trials));
@@ -110,6 +110,7 @@ void register_copy(Registry& reg) {
         const auto d = static_cast<Eigen::Index>(dd);
         const auto Ls = static_cast<Eigen::Index>(ll);
         std::map<std::tuple<int, int>, std::array<double, 5>> acc;  // tok, exact, err2, ref2, numbers
+        Rng rng(cell_seed(ctx.common.seed, fmt::format("copy d_k={} L={}", d, Ls)));  // the cell's own generator
         for (int tr = 0; tr < trials; ++tr) {
           const Mat<double> P = o->keys == "random" ? random_unit_rows(rng, Ls, d) : orthogonal_rows(rng, Ls, d);
           const Mat<double> E = random_unit_rows(rng, Dn, d);

@@ -9,7 +9,9 @@
 // (P(gap) ~ gap^-a) with no writes in between (decays still apply). Each read is decoded to the
 // nearest value embedding; accuracy = fraction decoded to the right value token; rel_err =
 // sqrt(sum ||o - v||^2 / sum ||v||^2). All reads go through reference/ (kda.hpp, softmax.hpp,
-// latent_memory.hpp) in float64.
+// latent_memory.hpp) in float64. Each (keys, d_k, N) cell draws from its own generator, seeded from --seed and
+// the cell (numerics/random.hpp cell_seed; MLA's latent projections from one per d_c), so its numbers are the same
+// in any grid, with any --memories and --dc-ratio.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -146,7 +148,6 @@ void register_recall(Registry& reg) {
         .col("mean_distance", 'd', "1", "mean tokens between a pair's write and its query")
         .col("state_numbers", 'i', "1", "numbers the memory holds at read time (d_k d_v, N (d_k + d_v), or N d_c)");
 
-    Rng rng(ctx.common.seed);
     const auto trials = static_cast<int>(o->trials);
     auto prog = ctx.progress("recall", o->keys.size() * o->d_k.size() * o->ratio.size() * static_cast<std::size_t>(trials));
     for (const auto& keymode : o->keys)
@@ -158,6 +159,11 @@ void register_recall(Registry& reg) {
           const Eigen::Index L = N + Lq;
           // (memory, beta, g_min, d_c) -> accumulators
           std::map<std::tuple<int, double, double, Eigen::Index>, Acc> acc;
+          // The cell's own generators (cell_seed): the sequences, and apart from them MLA's latent projections per d_c,
+          // so that neither the rest of the grid nor --memories / --dc-ratio changes this cell's numbers.
+          const std::string cell = fmt::format("recall keys={} d_k={} N={}", keymode, d, N);
+          Rng rng(cell_seed(ctx.common.seed, cell));
+          std::map<Eigen::Index, Rng> codec_rng;
           for (int tr = 0; tr < trials; ++tr) {
             // Tokens: N distinct keys from [1, V/2), values from [V/2, V).
             std::vector<Eigen::Index> key_ids(static_cast<std::size_t>(V / 2 - 1));
@@ -221,9 +227,10 @@ void register_recall(Registry& reg) {
               if (m == Memory::mla) {
                 for (double dr : o->dc_ratio) {
                   const auto dc = std::max<Eigen::Index>(1, std::lround(dr * 2.0 * dd));
+                  Rng& crng = codec_rng.try_emplace(dc, cell_seed(ctx.common.seed, fmt::format("{} d_c={}", cell, dc))).first->second;
                   Mat<double> Gm(dc, 2 * d);
                   for (Eigen::Index i = 0; i < dc; ++i)
-                    for (Eigen::Index j = 0; j < 2 * d; ++j) Gm(i, j) = rng.normal();
+                    for (Eigen::Index j = 0; j < 2 * d; ++j) Gm(i, j) = crng.normal();
                   const auto codec = LatentCodec<double>::from_gaussian(Gm, d, d);
                   Acc& a = acc[{mi, 1.0, 0.0, dc}];
                   score(run_memory(m, s, 1.0, 1.0, o->softmax_scale, &codec), a);

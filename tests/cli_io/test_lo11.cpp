@@ -1,0 +1,88 @@
+// Session 11 leftovers (lo11), one test per fix (each broken once on purpose and seen to fail):
+// 1. recall and copy drew every grid cell from one generator stream, so a cell's numbers changed with the rest of the
+//    grid (and recall's with --memories / --dc-ratio): each cell now has its own generator (numerics/random.hpp
+//    cell_seed), the same cell in two grids gives identical values.
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "experiments/results.hpp"
+#include "tests/catch.hpp"
+#include "tests/cli_io/cli_util.hpp"
+
+using namespace kdalab;
+using namespace kdalab::testutil;
+
+namespace {
+
+/// The rows of a results table keyed by the text of its key columns (joined by '|'), valued by its value columns.
+std::map<std::string, std::vector<double>> rows_by_key(const std::string& f, const std::string& table,
+                                                       const std::vector<std::string>& text_keys,
+                                                       const std::vector<std::string>& num_keys,
+                                                       const std::vector<std::string>& values) {
+  std::vector<std::vector<std::string>> tk;
+  std::vector<std::vector<double>> nk, vals;
+  for (const auto& k : text_keys) tk.push_back(h5read::strings(f, table + "/" + k));
+  for (const auto& k : num_keys) nk.push_back(h5read::array(f, table + "/" + k).data);
+  for (const auto& v : values) vals.push_back(h5read::array(f, table + "/" + v).data);
+  const std::size_t n = vals.at(0).size();
+  std::map<std::string, std::vector<double>> out;
+  for (std::size_t i = 0; i < n; ++i) {
+    std::string key;
+    for (const auto& c : tk) key += c.at(i) + "|";
+    for (const auto& c : nk) key += std::to_string(c.at(i)) + "|";
+    std::vector<double> v;
+    for (const auto& c : vals) v.push_back(c.at(i));
+    out[key] = v;
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("lo11: a recall cell gives the same numbers in a small and a larger grid (and other memories)") {
+  TempDir d;
+  const std::string common = " --vocab 256 --trials 2 --quiet --beta 1 --g-min -5 --out ";
+  const RunResult a = run_kdalab("recall --keys random --d-k 16 --ratio 1 --memories kda,mla --dc-ratio 1" + common +
+                                 d.file("a.h5"));
+  INFO(a.output);
+  REQUIRE(a.code == 0);
+  const RunResult b = run_kdalab("recall --keys orthogonal,random --d-k 8,16 --ratio 0.5,1 --memories mla,linear,kda "
+                                 "--dc-ratio 0.5,1" + common + d.file("b.h5"));
+  INFO(b.output);
+  REQUIRE(b.code == 0);
+  const std::vector<std::string> tk{"memory", "keys"}, nk{"d_k", "N", "d_c"}, v{"accuracy", "rel_err", "mean_distance"};
+  const auto ra = rows_by_key(d.file("a.h5"), "recall/capacity", tk, nk, v);
+  const auto rb = rows_by_key(d.file("b.h5"), "recall/capacity", tk, nk, v);
+  REQUIRE(ra.size() == 2);  // kda and mla at keys=random, d_k=16, N=16
+  for (const auto& [key, vals] : ra) {
+    INFO(key);
+    REQUIRE(rb.count(key) == 1);
+    CHECK(rb.at(key) == vals);  // bit-identical: the same draws, the same arithmetic
+  }
+}
+
+TEST_CASE("lo11: a copy cell gives the same numbers in a small and a larger grid") {
+  TempDir d;
+  const std::string common = " --alphabet 8 --trials 3 --quiet --memories kda,deltanet --out ";
+  const RunResult a = run_kdalab("copy --d-k 16 --L 8 --precision fp64" + common + d.file("a.h5"));
+  INFO(a.output);
+  REQUIRE(a.code == 0);
+  const RunResult b = run_kdalab("copy --d-k 8,16 --L 4,8 --precision fp32,fp64" + common + d.file("b.h5"));
+  INFO(b.output);
+  REQUIRE(b.code == 0);
+  const std::vector<std::string> tk{"memory", "precision"}, nk{"d_k", "L"}, v{"token_accuracy", "copy_accuracy", "rel_err"};
+  const auto ra = rows_by_key(d.file("a.h5"), "copy/accuracy", tk, nk, v);
+  const auto rb = rows_by_key(d.file("b.h5"), "copy/accuracy", tk, nk, v);
+  REQUIRE(ra.size() == 2);
+  for (const auto& [key, vals] : ra) {
+    INFO(key);
+    REQUIRE(rb.count(key) == 1);
+    CHECK(rb.at(key) == vals);
+  }
+}
+
