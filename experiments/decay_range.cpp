@@ -48,6 +48,7 @@ struct DecayRangeOptions {
   double D = 128;
   double gate_shift = 20.0;
   bool kernel_plan = true;
+  std::vector<Format> precs;  ///< --precision parsed (by the command's check)
 };
 }  // namespace
 
@@ -68,22 +69,26 @@ void register_decay_range(Registry& reg) {
   opt["D"] = a->add_option("--D", o->D, "head dimension d_k = d_v; --quick without --D: 32")->type_name(kInt)->capture_default_str();
   a->add_option("--gate-shift", o->gate_shift, "added to the gate logit so decays sit near their bound (0 = anchor-kda)")->capture_default_str();
   a->add_option("--kernel-plan", o->kernel_plan, "also run the twin with the CUDA kernel's plan (true/false)")->capture_default_str();
-  c.run = [o, opt](Context& ctx) {
+  // cli::run's order: the options (here, with --quick's defaults applied first), then --out
+  c.check = [o, opt](Context& ctx) {
     if (ctx.common.quick) {
       if (!opt.at("T")->count()) o->T = 128;
       if (!opt.at("D")->count()) o->D = 32;
     }
     for (double g : o->g_min) require(g < 0 && std::isfinite(g), fmt::format("--g-min: {} must be a finite negative number", g));
     for (double cc : o->C) require(cc >= 1 && cc <= 64 && cc == std::floor(cc), fmt::format("--C: {} is not an integer in [1, 64]", cc));
-    std::vector<Format> precs;
+    o->precs.clear();
     for (const auto& p : o->precision) {
       const Format f = parse_format(p, "--precision");
       require(f != Format::tf32, "--precision: tf32 is an operand format only; accepted: fp64, fp32, bf16, fp16");
-      precs.push_back(f);
+      o->precs.push_back(f);
     }
     require(o->T >= 1 && o->T <= 1e6 && o->T == std::floor(o->T), fmt::format("--T: {} is not an integer in [1, 1e6]", o->T));
     require(o->D >= 1 && o->D <= 256 && o->D == std::floor(o->D), fmt::format("--D: {} is not an integer in [1, 256]", o->D));
     require(std::isfinite(o->gate_shift), "--gate-shift must be finite");
+  };
+  c.run = [o](Context& ctx) {
+    const std::vector<Format>& precs = o->precs;
 
     struct Gate {
       GateKind kind;

@@ -46,6 +46,7 @@ struct RecallOptions {
   double span = 2.0;
   double softmax_scale = 100.0;
   double decay_bias_lo = -8.0, decay_bias_hi = -2.0;
+  std::vector<Memory> mems;  ///< --memories parsed (by the command's check)
 };
 
 /// Draws the query slot of every key: gap ~ P(gap) propto gap^-a on 1..Lq, nearest free slot.
@@ -100,14 +101,15 @@ void register_recall(Registry& reg) {
   a->add_option("--softmax-scale", o->softmax_scale, "inverse temperature of the softmax and MLA reads (> 0)")->capture_default_str();
   a->add_option("--decay-bias-lo", o->decay_bias_lo, "per-channel gate bias b ~ U(lo, hi): g = g_min Sigmoid(z + b), z ~ N(0,1)")->capture_default_str();
   a->add_option("--decay-bias-hi", o->decay_bias_hi, "upper end of the gate bias range")->capture_default_str();
-  c.run = [o, opt](Context& ctx) {
+  // cli::run's order: the options (here, with --quick's defaults applied first), then --out
+  c.check = [o, opt](Context& ctx) {
     if (ctx.common.quick) {  // small defaults, unless given
       if (!opt.at("d-k")->count()) o->d_k = {16, 32, 64};
       if (!opt.at("trials")->count()) o->trials = 2;
       if (!opt.at("vocab")->count()) o->vocab = 2048;
     }
-    std::vector<Memory> mems;
-    for (const auto& m : o->memories) mems.push_back(parse_memory(m, "--memories"));
+    o->mems.clear();
+    for (const auto& m : o->memories) o->mems.push_back(parse_memory(m, "--memories"));
     for (const auto& k : o->keys)
       require(k == "random" || k == "orthogonal" || k == "correlated",
               "--keys: '" + k + "' is unknown; accepted: random, orthogonal, correlated");
@@ -131,7 +133,10 @@ void register_recall(Registry& reg) {
         require(N <= V / 2 - 1, fmt::format("--vocab: {} leaves {} key tokens, fewer than N = {} (d_k {} x ratio {})",
                                             o->vocab, V / 2 - 1, N, d, r));
       }
-
+  };
+  c.run = [o](Context& ctx) {
+    const std::vector<Memory>& mems = o->mems;
+    const auto V = static_cast<Eigen::Index>(o->vocab);
     Table t;
     t.col("memory", 's', "1", "memory: softmax, mla, linear, gla, deltanet, gated_deltanet, kda")
         .col("keys", 's', "1", "key embedding: random, orthogonal, correlated")

@@ -86,3 +86,35 @@ TEST_CASE("lo11: a copy cell gives the same numbers in a small and a larger grid
   }
 }
 
+// 2. The experiments checked --out before their own options (a bad option was named only once --out passed) and
+//    decode-cost checked --gpu-n / --gpu-iters after its CPU timings: every experiment's options are now checked in
+//    its Command::check, before --out, in one order for all.
+TEST_CASE("lo11: every experiment names a bad option before a bad --out, and before an existing --out") {
+  TempDir d;
+  const std::string no_dir = d.file("no_such_folder/x.h5");
+  d.write("old.h5", "old");
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {"parity --T 0", "--T: 0"},
+      {"parity --quick --truth bogus", "--truth: 'bogus'"},
+      {"recall --span 0.5", "--span: 0.5"},
+      {"recall --quick --memories bogus", "bogus"},
+      {"copy --beta 2", "--beta: 2"},
+      {"copy --precision fp8", "fp8"},
+      {"decay-range --T 0", "--T: 0"},
+      {"decay-range --precision tf32", "--precision: tf32"},
+      {"decode-cost --min-time 0", "--min-time: 0"},
+      {"decode-cost --gpu-n -5", "--gpu-n: -5"},
+      {"decode-cost --gpu-iters 0", "--gpu-iters: 0"},
+  };
+  for (const auto& [args, want] : cases)
+    for (const std::string& out : {no_dir, d.file("old.h5")}) {
+      const RunResult r = run_kdalab(args + " --quiet --out " + out);
+      INFO(args << " --out " << out << "\n" << r.output);
+      CHECK(r.code == 2);
+      CHECK(has(r, want));
+      CHECK(!has(r, "--out"));
+    }
+  CHECK(slurp(d.file("old.h5")) == "old");
+  CHECK(!std::filesystem::exists(d.file("no_such_folder")));
+}
+
