@@ -14,8 +14,9 @@
 //   kernel-plan  the same twin with the CUDA kernel's plan (kda_plan_kernel()) at chunk C;
 //   cuda         the CUDA prefill kernel (chunk 16) when built and a GPU is present, launched
 //                with allow_unsafe_range where g_min < -5 or the gate is unbounded.
-// Range counts (numerics/range.hpp tile_range) are for Gamma = e^c and 1/Gamma = e^-c over tiles
-// of C tokens, stored in `precision` (cuda / kernel-plan rows: fp32, as the kernel stores them).
+// Range counts (numerics/range.hpp tile_range) are for Gamma = e^c and K/Gamma = k e^-c (the value the
+// algorithm stores; 1/Gamma alone is never formed) over tiles of C tokens, on these inputs' keys, stored in
+// `precision` (cuda / kernel-plan rows: fp32, as the kernel stores them).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -100,7 +101,7 @@ void register_decay_range(Registry& reg) {
 
     Table t;
     t.col("impl", 's', "1", "chunked (twin, every format = precision), kernel-plan (twin, CUDA plan), cuda (kernel)")
-        .col("precision", 's', "1", "format of operands, accumulation and stored Gamma, 1/Gamma (kernel rows: their plan)")
+        .col("precision", 's', "1", "format of operands, accumulation and stored Gamma, K/Gamma (kernel rows: their plan)")
         .col("C", 'i', "1", "chunk size: tokens the cumulative decay is factored over")
         .col("gate", 's', "1", "bounded (K3, g >= g_min) or softplus (Kimi Linear, unbounded)")
         .col("g_min", 'd', "1", "lower bound of the bounded gate (NaN: softplus, unbounded)")
@@ -110,8 +111,9 @@ void register_decay_range(Registry& reg) {
         .col("rel_rms", 'd', "1", "||o - o_truth|| / ||o_truth|| against the float64 recurrence (Inf if o has NaN/Inf)")
         .col("o_nan", 'i', "1", "NaN count of o")
         .col("o_inf", 'i', "1", "Inf count of o")
-        .col("values", 'i', "1", "Gamma and 1/Gamma values examined by the range analysis")
-        .col("overflow", 'i', "1", "values that round to +Inf in the format (1/Gamma)")
+        .col("values", 'i', "1", "Gamma and K/Gamma values examined by the range analysis")
+        .col("overflow", 'i', "1", "values that are not finite in the format: K/Gamma = k / Gamma, as the algorithm "
+             "stores it (1/Gamma alone is never formed)")
         .col("underflow", 'i', "1", "values that round to 0 (Gamma)")
         .col("subnormal", 'i', "1", "values left subnormal (Gamma): precision lost")
         .col("allow_unsafe_range", 'i', "1", "cuda rows: 1 if launched with allow_unsafe_range, 0 if not; -1 not a kernel");
@@ -142,6 +144,7 @@ void register_decay_range(Registry& reg) {
       KdaInputs in = kda_inputs(spec);
       // Decays near the bound: shift the gate logit, recompute g (numerics/range.hpp gate_log_decay).
       Mat<double> gm(static_cast<Eigen::Index>(T), static_cast<Eigen::Index>(D));
+      Mat<double> km(static_cast<Eigen::Index>(T), static_cast<Eigen::Index>(D));  // the keys K/Gamma divides
       double gsum = 0, glow = 0;
       for (std::size_t tt = 0; tt < T; ++tt)
         for (std::size_t i = 0; i < D; ++i) {
@@ -149,6 +152,7 @@ void register_decay_range(Registry& reg) {
                                           spec.g_min);
           in.g(0, tt, 0, i) = g;
           gm(static_cast<Eigen::Index>(tt), static_cast<Eigen::Index>(i)) = g;
+          km(static_cast<Eigen::Index>(tt), static_cast<Eigen::Index>(i)) = in.k(0, tt, 0, i);
           gsum += g;
           glow = std::min(glow, g);
         }
@@ -166,7 +170,7 @@ void register_decay_range(Registry& reg) {
                            std::int64_t allow, std::size_t Crow) {
           std::int64_t nan = 0, inf = 0;
           const double err = score(out, nan, inf);
-          const RangeCounts rc = tile_range(gm, Crow, range_fmt);
+          const RangeCounts rc = tile_range(gm, Crow, range_fmt, &km);
           t.row({impl, format_name(prec), static_cast<std::int64_t>(Crow), gate_kind_name(gate.kind), gate.g_min, gmean,
                  glow, rc.c_min, err, nan, inf, static_cast<std::int64_t>(rc.n), static_cast<std::int64_t>(rc.overflow),
                  static_cast<std::int64_t>(rc.underflow), static_cast<std::int64_t>(rc.subnormal), allow});
@@ -196,7 +200,7 @@ void register_decay_range(Registry& reg) {
         KdaOutput<double> out = gpu_exp::kda_prefill_on_gpu(in, o->gate_shift, unsafe);
         std::int64_t nan = 0, inf = 0;
         const double err = score(out, nan, inf);
-        const RangeCounts rc = tile_range(gm, 16, Format::fp32);
+        const RangeCounts rc = tile_range(gm, 16, Format::fp32, &km);
         t.row({std::string("cuda"), std::string("bf16"), std::int64_t{16}, gate_kind_name(gate.kind), gate.g_min, gmean,
                glow, rc.c_min, err, nan, inf, static_cast<std::int64_t>(rc.n), static_cast<std::int64_t>(rc.overflow),
                static_cast<std::int64_t>(rc.underflow), static_cast<std::int64_t>(rc.subnormal),

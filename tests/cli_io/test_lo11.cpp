@@ -118,3 +118,38 @@ TEST_CASE("lo11: every experiment names a bad option before a bad --out, and bef
   CHECK(!std::filesystem::exists(d.file("no_such_folder")));
 }
 
+// 3. decay-range flagged overflow ("ovf" in the figure) in cells whose output was finite: the range analysis counted
+//    1/Gamma = e^-c, which the chunked algorithm never forms (it stores K/Gamma = k e^-c, numerics/kda_twin.hpp Ki and
+//    kernels/kda_prefill.cu sKi); with |k_i| < 1 a 1/Gamma just past the format's largest value is a finite K/Gamma.
+//    The analysis now counts K/Gamma as the algorithm stores it: an overflow means a non-finite value in the algorithm.
+TEST_CASE("lo11: decay-range counts an overflow only where the algorithm's stored K/Gamma is not finite") {
+  TempDir d;
+  const std::string f = d.file("dr.h5");
+  // g_min = -5.55 at C = 16: c reaches -88.8, past fp32's e^88.72 edge for 1/Gamma; K/Gamma stays finite
+  const RunResult r = run_kdalab("decay-range --quick --g-min -1,-5,-5.55,-6 --C 16,32 --precision fp32,bf16 --quiet --out " + f);
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  const std::string t = "decay_range/table";
+  const auto impl = h5read::strings(f, t + "/impl"), prec = h5read::strings(f, t + "/precision");
+  const auto C = h5read::array(f, t + "/C").data, gm = h5read::array(f, t + "/g_min").data,
+             ovf = h5read::array(f, t + "/overflow").data, nan = h5read::array(f, t + "/o_nan").data,
+             inf = h5read::array(f, t + "/o_inf").data, err = h5read::array(f, t + "/rel_rms").data;
+  int edge = 0, bad = 0;
+  for (std::size_t i = 0; i < impl.size(); ++i) {
+    INFO(impl[i] << " " << prec[i] << " C=" << C[i] << " g_min=" << gm[i] << " overflow=" << ovf[i] << " nan=" << nan[i]
+                 << " inf=" << inf[i] << " rel_rms=" << err[i]);
+    const bool finite = nan[i] + inf[i] == 0 && std::isfinite(err[i]);
+    if (ovf[i] > 0) CHECK(!finite);  // "ovf" never on a finite output
+    if (gm[i] == -5.55 && C[i] == 16 && prec[i] == "fp32") {
+      CHECK(finite);
+      CHECK(ovf[i] == 0);  // was 256: every tile's last 1/Gamma = e^88.8
+      ++edge;
+    }
+    if (!finite) {
+      CHECK(ovf[i] > 0);  // the non-finite cells here are K/Gamma overflows (C = 32 and g_min = -6)
+      ++bad;
+    }
+  }
+  CHECK(edge == 1);
+  CHECK(bad > 0);
+}
