@@ -490,6 +490,9 @@ void register_decode_cost(Registry& reg) {
     f->attr("decode_cost/hybrid", "max_batch_1m_48b", static_cast<double>(b48));
     f->attr("decode_cost/hybrid", "max_batch_1m_mla", static_cast<double>(bmla));
     f->attr("decode_cost/hybrid", "bound", bound);
+    // the K3 layout's size, for its limit L / L_MLA in the figure (93 / 24 at the default --k3-layers)
+    f->attr("decode_cost/hybrid", "k3_layers", static_cast<double>(layouts[2].layers));
+    f->attr("decode_cost/hybrid", "k3_mla_layers", static_cast<double>(layouts[2].mla_layers));
     f->commit();
     fmt::print("wrote {}\n", ctx.common.out);
     return 0;

@@ -13,6 +13,7 @@
 #include "experiments/results.hpp"
 #include "tests/catch.hpp"
 #include "tests/cli_io/cli_util.hpp"
+#include "tests/cli_io/figure_util.hpp"
 
 using namespace kdalab;
 using namespace kdalab::testutil;
@@ -152,4 +153,31 @@ TEST_CASE("lo11: decay-range counts an overflow only where the algorithm's store
   }
   CHECK(edge == 1);
   CHECK(bad > 0);
+}
+
+// 4. fig_hybrid drew the Kimi Linear 48B limit 27/7 but not the K3 layout's L / L_MLA (93/24 at --k3-layers 93: 23
+//    blocks of 3 KDA + 1 MLA and the final MLA, EQUATIONS.md section 7): decode-cost records the K3 layout's layer
+//    counts and the figure draws its limit line, labelled, in the K3 colour.
+TEST_CASE("lo11: fig_hybrid draws the K3 layout's limit L / L_MLA, labelled, from the file", "[cli][python]") {
+  if (skip_without_plotting()) return;
+  for (const auto& [layers, mla] : std::vector<std::pair<int, int>>{{93, 24}, {89, 23}}) {
+    TempDir d;
+    const std::string h5 = d.file("dc.h5");
+    const RunResult r = run_kdalab("decode-cost --cpu-n 0 --n 1000 --d 64 --gpu-n 0 --k3-layers " +
+                                   std::to_string(layers) + " --quiet --out " + h5);
+    INFO(r.output);
+    REQUIRE(r.code == 0);
+    const nlohmann::json j = dump_figure(d, "fig_hybrid.py", h5);
+    const auto& ax = j["axes"][0];
+    const double lim = static_cast<double>(layers) / mla;
+    const std::string label = "K3 limit " + std::to_string(layers) + "/" + std::to_string(mla) + " = " +
+                              (layers == 93 ? "3.88x" : "3.87x") + " (layer count illustrative)";
+    INFO(ax["texts"].dump());
+    int texts = 0, lines = 0;
+    for (const auto& t : ax["texts"]) texts += t.get<std::string>() == label ? 1 : 0;
+    for (const auto& l : ax["lines"])
+      if (l["coords"] == "axes" && l["color"] == "#1f77b4" && l["y"][0].get<double>() == lim) ++lines;
+    CHECK(texts == 1);
+    CHECK(lines == 1);
+  }
 }
