@@ -5,6 +5,8 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <regex>
+#include <set>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -180,4 +182,28 @@ TEST_CASE("lo11: fig_hybrid draws the K3 layout's limit L / L_MLA, labelled, fro
     CHECK(texts == 1);
     CHECK(lines == 1);
   }
+}
+
+// 5. data/configs/{parity,recall,copy,decode_cost}.json wrote results/<experiment>.h5, the file scripts/run.sh's quick
+//    run writes: replaying a full-grid config met (without --force: was refused by) the quick results. Each now
+//    writes results/<experiment>_full.h5.
+TEST_CASE("lo11: no experiment config writes a file scripts/run.sh writes, and no two configs one file") {
+  std::set<std::string> quick;  // run.sh's --out "$results/NAME"
+  const std::string run_sh = slurp("scripts/run.sh");
+  const std::regex out_re("--out \"\\$results/([^\"]+)\"");
+  for (std::sregex_iterator it(run_sh.begin(), run_sh.end(), out_re), end; it != end; ++it) quick.insert((*it)[1].str());
+  REQUIRE(quick.size() >= 5);
+  std::set<std::string> outs;
+  int configs = 0;
+  for (const auto& e : std::filesystem::directory_iterator("data/configs")) {
+    const nlohmann::json j = nlohmann::json::parse(slurp(e.path().string()));
+    if (!j.contains("out")) continue;  // model configs
+    ++configs;
+    const std::string out = j["out"];
+    INFO(e.path().string() << ": out " << out);
+    REQUIRE(out.rfind("results/", 0) == 0);
+    CHECK(quick.count(out.substr(8)) == 0);
+    CHECK(outs.insert(out).second);
+  }
+  CHECK(configs == 5);
 }
