@@ -18,6 +18,7 @@
 
 #include "experiments/build_info.hpp"
 #include "reference/error.hpp"
+#include "reference/model_config.hpp"
 
 namespace CLI::detail {
 std::string to_string(double v) { return fmt::format("{}", v); }

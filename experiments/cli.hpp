@@ -149,12 +149,8 @@ bool same_file(const std::string& a, const std::string& b);
 /// records `option`), so each file list is checked once.
 void check_input_files(Context& ctx, const std::string& option);
 
-/// The deepest nesting parse_json_once() accepts (kdalab's JSON files are flat objects; a value nested a million levels
-/// deep crashed the error messages, which print it).
-inline constexpr int kMaxJsonDepth = 64;
-
 /// Parses `text` as one JSON value (trailing text is an error: nlohmann's parse_error is thrown; nesting deeper than
-/// kMaxJsonDepth: kdalab::Error saying so) and reports in
+/// kdalab::kMaxJsonDepth, reference/model_config.hpp: kdalab::Error saying so) and reports in
 /// `repeated` the first key that appears twice in one object ("" when none; nlohmann alone keeps the last one
 /// silently). Used for --config and bench --peer-json.
 /// With `numbers_as_typed`, every number that is not an integer nlohmann holds exactly (a fraction, an exponent, an

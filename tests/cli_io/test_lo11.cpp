@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "experiments/results.hpp"
+#include "reference/model_config.hpp"
 #include "tests/catch.hpp"
 #include "tests/cli_io/cli_util.hpp"
 #include "tests/cli_io/figure_util.hpp"
@@ -206,4 +207,26 @@ TEST_CASE("lo11: no experiment config writes a file scripts/run.sh writes, and n
     CHECK(outs.insert(out).second);
   }
   CHECK(configs == 5);
+}
+
+// 6. The JSON nesting limit was two constants, reference/model_config.hpp's max_depth (model configs) and
+//    experiments/cli.hpp's kMaxJsonDepth (--config option files, --peer-json): one now, kdalab::kMaxJsonDepth in
+//    reference/model_config.hpp, and every reader takes exactly that depth and refuses one more.
+TEST_CASE("lo11: every JSON reader accepts kMaxJsonDepth levels of nesting and refuses one more") {
+  TempDir d;
+  for (const int n : {kMaxJsonDepth, kMaxJsonDepth + 1}) {
+    const std::string v = std::string(static_cast<std::size_t>(n), '[') + std::string(static_cast<std::size_t>(n), ']');
+    d.write("model.json", "{\"hidden_size\": " + v + "}");
+    d.write("opts.json", "{\"T\": " + v + "}");
+    d.write("peer.json", "{\"_meta\": " + v + "}");
+    for (const std::string& args : {"info --config " + d.file("model.json"),
+                                    "parity --config " + d.file("opts.json") + " --out " + d.file("o.h5"),
+                                    "bench --peer-json " + d.file("peer.json") + " --out " + d.file("o.h5")}) {
+      const RunResult r = run_kdalab(args);
+      INFO(n << " levels: " << args << "\n" << r.output);
+      CHECK(has(r, "nested more than " + std::to_string(kMaxJsonDepth) + " levels deep") == (n > kMaxJsonDepth));
+      if (n > kMaxJsonDepth) CHECK(r.code == 2);
+    }
+  }
+  CHECK(!std::filesystem::exists(d.file("o.h5")));
 }
