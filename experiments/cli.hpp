@@ -158,6 +158,12 @@ void check_input_files(Context& ctx, const std::string& option);
 /// "99999999999999999999", not 1e+20), so that --config values reach the command line's checks as given.
 nlohmann::json parse_json_once(const std::string& text, std::string& repeated, bool numbers_as_typed = false);
 
+/// The subcommands of `root` but `except` that take every key of `j` as an option (long names without dashes, as
+/// --config files give them): the subcommands `j` is a kdalab options file for, e.g. {"parity"} for
+/// data/configs/parity.json. Empty when `j` is not a non-empty JSON object or has a key no subcommand takes (a model
+/// config.json's hidden_size). Used by info --config to say what a file that is not a model config is.
+std::vector<std::string> options_file_commands(CLI::App* root, const nlohmann::json& j, const std::string& except);
+
 /// Refuses (kdalab::Error, exit 2) an input file option's value `path` that exists but is not a regular file or a
 /// folder (a FIFO, a device, a socket: reading one may block forever or never end): "--OPTION 'PATH' is not a regular
 /// file (a FIFO, device or socket); give GIVE". A missing file or a folder is left to the subcommand's own message.

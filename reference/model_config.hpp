@@ -325,6 +325,16 @@ inline ModelConfig parse_model_config(const nlohmann::json& root, const std::str
   return m;
 }
 
+/// Whether `j` looks like a model config.json, right or wrong: an object holding hidden_size or num_hidden_layers (the
+/// keys every model has) at its root or under text_config. Lets a caller tell a model config with a bad value from a
+/// file of another kind. Never throws.
+inline bool looks_like_model_config(const nlohmann::json& j) {
+  const auto has_shape = [](const nlohmann::json& o) {
+    return o.is_object() && (o.contains("hidden_size") || o.contains("num_hidden_layers"));
+  };
+  return has_shape(j) || (j.is_object() && j.contains("text_config") && has_shape(j["text_config"]));
+}
+
 /// Reads and parses a config.json file. Throws kdalab::Error naming the path when it cannot be
 /// opened, is not valid JSON or is nested more than kMaxJsonDepth levels deep, and as parse_model_config() otherwise.
 inline ModelConfig read_model_config(const std::string& path) {

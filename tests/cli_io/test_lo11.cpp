@@ -1,7 +1,6 @@
-// Session 11 leftovers (lo11), one test per fix (each broken once on purpose and seen to fail):
-// 1. recall and copy drew every grid cell from one generator stream, so a cell's numbers changed with the rest of the
-//    grid (and recall's with --memories / --dc-ratio): each cell now has its own generator (numerics/random.hpp
-//    cell_seed), the same cell in two grids gives identical values.
+// Session 11 leftovers (lo11), one test per fix, numbered as the task listed them; each was seen to fail without its
+// fix (or, for 6, not to build without the shared constant). Each test's comment says what was wrong.
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -48,6 +47,9 @@ std::map<std::string, std::vector<double>> rows_by_key(const std::string& f, con
 
 }  // namespace
 
+// 1. recall and copy drew every grid cell from one generator stream, so a cell's numbers changed with the rest of the
+//    grid (and recall's with --memories / --dc-ratio): each cell now has its own generator (numerics/random.hpp
+//    cell_seed), the same cell in two grids gives identical values.
 TEST_CASE("lo11: a recall cell gives the same numbers in a small and a larger grid (and other memories)") {
   TempDir d;
   const std::string common = " --vocab 256 --trials 2 --quiet --beta 1 --g-min -5 --out ";
@@ -229,4 +231,37 @@ TEST_CASE("lo11: every JSON reader accepts kMaxJsonDepth levels of nesting and r
     }
   }
   CHECK(!std::filesystem::exists(d.file("o.h5")));
+}
+
+// 7. info --config ended every refused file's message with "..., not a kdalab options file", also for a model config
+//    with one bad value, and called a kdalab options file a model config missing hidden_size: the line now says what
+//    the file is, once (an options file, and for which subcommand; a model config: the reader's message alone).
+TEST_CASE("lo11: info --config says once what a refused file is") {
+  TempDir d;
+  std::string k3 = slurp("data/configs/kimi-k3.json");
+  const std::string key = "\"num_hidden_layers\": 93";
+  REQUIRE(k3.find(key) != std::string::npos);
+  k3.replace(k3.find(key), key.size(), "\"num_hidden_layers\": 20000");
+  d.write("k3_big.json", k3);
+  d.write("other.json", "{\"foo\": 1}");
+  struct Case {
+    std::string file, want;
+    std::vector<std::string> never;
+  };
+  for (const Case& c : std::vector<Case>{
+           {d.file("k3_big.json"), "config key 'num_hidden_layers' = 20000", {"options file", "expects"}},
+           {"data/configs/parity.json",
+            "--config 'data/configs/parity.json' is a kdalab options file (its keys are options of kdalab parity; run it "
+            "with 'kdalab parity --config data/configs/parity.json'), not a model config; info --config expects a "
+            "Hugging Face style model config.json, e.g. data/configs/kimi-linear-48b.json",
+            {"hidden_size", "model config '"}},
+           {"data/configs/decode_cost.json", "is a kdalab options file (its keys are options of kdalab decode-cost;", {}},
+           {d.file("other.json"), "config key 'hidden_size' is missing", {"options file"}}}) {
+    const RunResult r = run_kdalab("info --config " + c.file);
+    INFO(c.file << "\n" << r.output);
+    CHECK(r.code == 2);
+    CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
+    CHECK(has(r, c.want));
+    for (const auto& n : c.never) CHECK(!has(r, n));
+  }
 }
