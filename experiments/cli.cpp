@@ -18,6 +18,7 @@
 
 #include "experiments/build_info.hpp"
 #include "reference/error.hpp"
+#include "reference/model_config.hpp"
 
 namespace CLI::detail {
 std::string to_string(double v) { return fmt::format("{}", v); }
@@ -160,6 +161,22 @@ CLI::Option* find_long(CLI::App* app, const std::string& key) {
       if (ln == key) return o;
   return nullptr;
 }
+
+}  // namespace
+
+std::vector<std::string> options_file_commands(CLI::App* root, const nlohmann::json& j, const std::string& except) {
+  std::vector<std::string> subs;
+  if (!root || !j.is_object() || j.empty()) return subs;
+  for (CLI::App* sub : root->get_subcommands([](CLI::App*) { return true; })) {
+    if (sub->get_name() == except) continue;
+    bool all = true;
+    for (auto it = j.begin(); all && it != j.end(); ++it) all = find_long(sub, it.key()) != nullptr;
+    if (all) subs.push_back(sub->get_name());
+  }
+  return subs;
+}
+
+namespace {
 
 /// Tokens to prepend for the config keys not given on the command line.
 std::vector<std::string> config_tokens(CLI::App* sub, const std::string& path) {

@@ -149,18 +149,20 @@ bool same_file(const std::string& a, const std::string& b);
 /// records `option`), so each file list is checked once.
 void check_input_files(Context& ctx, const std::string& option);
 
-/// The deepest nesting parse_json_once() accepts (kdalab's JSON files are flat objects; a value nested a million levels
-/// deep crashed the error messages, which print it).
-inline constexpr int kMaxJsonDepth = 64;
-
 /// Parses `text` as one JSON value (trailing text is an error: nlohmann's parse_error is thrown; nesting deeper than
-/// kMaxJsonDepth: kdalab::Error saying so) and reports in
+/// kdalab::kMaxJsonDepth, reference/model_config.hpp: kdalab::Error saying so) and reports in
 /// `repeated` the first key that appears twice in one object ("" when none; nlohmann alone keeps the last one
 /// silently). Used for --config and bench --peer-json.
 /// With `numbers_as_typed`, every number that is not an integer nlohmann holds exactly (a fraction, an exponent, an
 /// integer beyond 64 bits) is returned as a JSON string holding its text as typed ("1e-400", not 0.0;
 /// "99999999999999999999", not 1e+20), so that --config values reach the command line's checks as given.
 nlohmann::json parse_json_once(const std::string& text, std::string& repeated, bool numbers_as_typed = false);
+
+/// The subcommands of `root` but `except` that take every key of `j` as an option (long names without dashes, as
+/// --config files give them): the subcommands `j` is a kdalab options file for, e.g. {"parity"} for
+/// data/configs/parity.json. Empty when `j` is not a non-empty JSON object or has a key no subcommand takes (a model
+/// config.json's hidden_size). Used by info --config to say what a file that is not a model config is.
+std::vector<std::string> options_file_commands(CLI::App* root, const nlohmann::json& j, const std::string& except);
 
 /// Refuses (kdalab::Error, exit 2) an input file option's value `path` that exists but is not a regular file or a
 /// folder (a FIFO, a device, a socket: reading one may block forever or never end): "--OPTION 'PATH' is not a regular

@@ -7,7 +7,8 @@
 // is decoded to the nearest symbol. A string is copied when every symbol is right. The information
 // bound: a state of b bits cannot copy strings with L log2|D| > b (b = numbers held x bits per
 // number; the softmax cache grows with L, so its b does too). Recurrent memories run in fp64, fp32
-// or bf16 (state rounded to bf16 after every step); softmax and MLA run in fp64.
+// or bf16 (state rounded to bf16 after every step); softmax and MLA run in fp64. Each (d_k, L) cell draws from its
+// own generator (numerics/random.hpp cell_seed): its numbers are the same in any grid.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -37,6 +38,8 @@ struct CopyOptions {
   double dc_ratio = 1.0;
   double softmax_scale = 100.0;
   double decay_bias_lo = -8.0, decay_bias_hi = -2.0;
+  std::vector<Memory> mems;        ///< --memories parsed (by the command's check)
+  std::vector<Precision> precs;    ///< --precision parsed (by the command's check)
 };
 }  // namespace
 
@@ -63,16 +66,17 @@ void register_copy(Registry& reg) {
   a->add_option("--softmax-scale", o->softmax_scale, "inverse temperature of the softmax and MLA reads (> 0)")->capture_default_str();
   a->add_option("--decay-bias-lo", o->decay_bias_lo, "per-channel gate bias b ~ U(lo, hi): g = g_min Sigmoid(z + b)")->capture_default_str();
   a->add_option("--decay-bias-hi", o->decay_bias_hi, "upper end of the gate bias range")->capture_default_str();
-  c.run = [o, opt](Context& ctx) {
+  // cli::run's order: the options (here, with --quick's defaults applied first), then --out
+  c.check = [o, opt](Context& ctx) {
     if (ctx.common.quick) {
       if (!opt.at("d-k")->count()) o->d_k = {16, 32, 64};
       if (!opt.at("L")->count()) o->L = {4, 8, 16, 32, 64, 128, 256};
       if (!opt.at("trials")->count()) o->trials = 8;
     }
-    std::vector<Memory> mems;
-    for (const auto& m : o->memories) mems.push_back(parse_memory(m, "--memories"));
-    std::vector<Precision> precs;
-    for (const auto& p : o->precision) precs.push_back(parse_precision(p, "--precision"));
+    o->mems.clear();
+    for (const auto& m : o->memories) o->mems.push_back(parse_memory(m, "--memories"));
+    o->precs.clear();
+    for (const auto& p : o->precision) o->precs.push_back(parse_precision(p, "--precision"));
     for (double d : o->d_k) require(d >= 1 && d <= 4096 && d == std::floor(d), fmt::format("--d-k: {} is not an integer in [1, 4096]", d));
     for (double l : o->L) require(l >= 1 && l <= 16384 && l == std::floor(l), fmt::format("--L: {} is not an integer in [1, 16384] (softmax copy costs L^2 d)", l));
     require(o->alphabet >= 2 && o->alphabet <= 1e6 && o->alphabet == std::floor(o->alphabet),
@@ -85,7 +89,10 @@ void register_copy(Registry& reg) {
     require(o->softmax_scale > 0 && o->softmax_scale <= 1e6, fmt::format("--softmax-scale: {} must be in (0, 1e6]", o->softmax_scale));
     require(std::fabs(o->decay_bias_lo) <= 100 && std::fabs(o->decay_bias_hi) <= 100 && o->decay_bias_lo <= o->decay_bias_hi,
             fmt::format("--decay-bias-lo {} / --decay-bias-hi {}: each must be in [-100, 100] and lo <= hi", o->decay_bias_lo, o->decay_bias_hi));
-
+  };
+  c.run = [o](Context& ctx) {
+    const std::vector<Memory>& mems = o->mems;
+    const std::vector<Precision>& precs = o->precs;
     Table t;
     t.col("memory", 's', "1", "memory: softmax, mla, linear, gla, deltanet, gated_deltanet, kda")
         .col("precision", 's', "1", "precision of the memory's state and arithmetic (fp64 for softmax/MLA)")
@@ -101,7 +108,6 @@ void register_copy(Registry& reg) {
         .col("info_bits", 'd', "1", "L log2 |D|: bits a copy must carry")
         .col("bound_allows", 'i', "1", "1 if info_bits <= state_bits (the information bound allows an exact copy)");
 
-    Rng rng(ctx.common.seed);
     const auto Dn = static_cast<Eigen::Index>(o->alphabet);
     const auto trials = static_cast<int>(o->trials);
     auto prog = ctx.progress("copy", o->d_k.size() * o->L.size() * static_cast<std::size_t>(trials));
@@ -110,6 +116,7 @@ void register_copy(Registry& reg) {
         const auto d = static_cast<Eigen::Index>(dd);
         const auto Ls = static_cast<Eigen::Index>(ll);
         std::map<std::tuple<int, int>, std::array<double, 5>> acc;  // tok, exact, err2, ref2, numbers
+        Rng rng(cell_seed(ctx.common.seed, fmt::format("copy d_k={} L={}", d, Ls)));  // the cell's own generator
         for (int tr = 0; tr < trials; ++tr) {
           const Mat<double> P = o->keys == "random" ? random_unit_rows(rng, Ls, d) : orthogonal_rows(rng, Ls, d);
           const Mat<double> E = random_unit_rows(rng, Dn, d);

@@ -14,8 +14,9 @@
 //   kernel-plan  the same twin with the CUDA kernel's plan (kda_plan_kernel()) at chunk C;
 //   cuda         the CUDA prefill kernel (chunk 16) when built and a GPU is present, launched
 //                with allow_unsafe_range where g_min < -5 or the gate is unbounded.
-// Range counts (numerics/range.hpp tile_range) are for Gamma = e^c and 1/Gamma = e^-c over tiles
-// of C tokens, stored in `precision` (cuda / kernel-plan rows: fp32, as the kernel stores them).
+// Range counts (numerics/range.hpp tile_range) are for Gamma = e^c and K/Gamma = k e^-c (the value the
+// algorithm stores; 1/Gamma alone is never formed) over tiles of C tokens, on these inputs' keys, stored in
+// `precision` (cuda / kernel-plan rows: fp32, as the kernel stores them).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -48,6 +49,7 @@ struct DecayRangeOptions {
   double D = 128;
   double gate_shift = 20.0;
   bool kernel_plan = true;
+  std::vector<Format> precs;  ///< --precision parsed (by the command's check)
 };
 }  // namespace
 
@@ -68,22 +70,26 @@ void register_decay_range(Registry& reg) {
   opt["D"] = a->add_option("--D", o->D, "head dimension d_k = d_v; --quick without --D: 32")->type_name(kInt)->capture_default_str();
   a->add_option("--gate-shift", o->gate_shift, "added to the gate logit so decays sit near their bound (0 = anchor-kda)")->capture_default_str();
   a->add_option("--kernel-plan", o->kernel_plan, "also run the twin with the CUDA kernel's plan (true/false)")->capture_default_str();
-  c.run = [o, opt](Context& ctx) {
+  // cli::run's order: the options (here, with --quick's defaults applied first), then --out
+  c.check = [o, opt](Context& ctx) {
     if (ctx.common.quick) {
       if (!opt.at("T")->count()) o->T = 128;
       if (!opt.at("D")->count()) o->D = 32;
     }
     for (double g : o->g_min) require(g < 0 && std::isfinite(g), fmt::format("--g-min: {} must be a finite negative number", g));
     for (double cc : o->C) require(cc >= 1 && cc <= 64 && cc == std::floor(cc), fmt::format("--C: {} is not an integer in [1, 64]", cc));
-    std::vector<Format> precs;
+    o->precs.clear();
     for (const auto& p : o->precision) {
       const Format f = parse_format(p, "--precision");
       require(f != Format::tf32, "--precision: tf32 is an operand format only; accepted: fp64, fp32, bf16, fp16");
-      precs.push_back(f);
+      o->precs.push_back(f);
     }
     require(o->T >= 1 && o->T <= 1e6 && o->T == std::floor(o->T), fmt::format("--T: {} is not an integer in [1, 1e6]", o->T));
     require(o->D >= 1 && o->D <= 256 && o->D == std::floor(o->D), fmt::format("--D: {} is not an integer in [1, 256]", o->D));
     require(std::isfinite(o->gate_shift), "--gate-shift must be finite");
+  };
+  c.run = [o](Context& ctx) {
+    const std::vector<Format>& precs = o->precs;
 
     struct Gate {
       GateKind kind;
@@ -95,7 +101,7 @@ void register_decay_range(Registry& reg) {
 
     Table t;
     t.col("impl", 's', "1", "chunked (twin, every format = precision), kernel-plan (twin, CUDA plan), cuda (kernel)")
-        .col("precision", 's', "1", "format of operands, accumulation and stored Gamma, 1/Gamma (kernel rows: their plan)")
+        .col("precision", 's', "1", "format of operands, accumulation and stored Gamma, K/Gamma (kernel rows: their plan)")
         .col("C", 'i', "1", "chunk size: tokens the cumulative decay is factored over")
         .col("gate", 's', "1", "bounded (K3, g >= g_min) or softplus (Kimi Linear, unbounded)")
         .col("g_min", 'd', "1", "lower bound of the bounded gate (NaN: softplus, unbounded)")
@@ -105,8 +111,9 @@ void register_decay_range(Registry& reg) {
         .col("rel_rms", 'd', "1", "||o - o_truth|| / ||o_truth|| against the float64 recurrence (Inf if o has NaN/Inf)")
         .col("o_nan", 'i', "1", "NaN count of o")
         .col("o_inf", 'i', "1", "Inf count of o")
-        .col("values", 'i', "1", "Gamma and 1/Gamma values examined by the range analysis")
-        .col("overflow", 'i', "1", "values that round to +Inf in the format (1/Gamma)")
+        .col("values", 'i', "1", "Gamma and K/Gamma values examined by the range analysis")
+        .col("overflow", 'i', "1", "values that are not finite in the format: K/Gamma = k / Gamma, as the algorithm "
+             "stores it (1/Gamma alone is never formed)")
         .col("underflow", 'i', "1", "values that round to 0 (Gamma)")
         .col("subnormal", 'i', "1", "values left subnormal (Gamma): precision lost")
         .col("allow_unsafe_range", 'i', "1", "cuda rows: 1 if launched with allow_unsafe_range, 0 if not; -1 not a kernel");
@@ -137,6 +144,7 @@ void register_decay_range(Registry& reg) {
       KdaInputs in = kda_inputs(spec);
       // Decays near the bound: shift the gate logit, recompute g (numerics/range.hpp gate_log_decay).
       Mat<double> gm(static_cast<Eigen::Index>(T), static_cast<Eigen::Index>(D));
+      Mat<double> km(static_cast<Eigen::Index>(T), static_cast<Eigen::Index>(D));  // the keys K/Gamma divides
       double gsum = 0, glow = 0;
       for (std::size_t tt = 0; tt < T; ++tt)
         for (std::size_t i = 0; i < D; ++i) {
@@ -144,6 +152,7 @@ void register_decay_range(Registry& reg) {
                                           spec.g_min);
           in.g(0, tt, 0, i) = g;
           gm(static_cast<Eigen::Index>(tt), static_cast<Eigen::Index>(i)) = g;
+          km(static_cast<Eigen::Index>(tt), static_cast<Eigen::Index>(i)) = in.k(0, tt, 0, i);
           gsum += g;
           glow = std::min(glow, g);
         }
@@ -161,7 +170,7 @@ void register_decay_range(Registry& reg) {
                            std::int64_t allow, std::size_t Crow) {
           std::int64_t nan = 0, inf = 0;
           const double err = score(out, nan, inf);
-          const RangeCounts rc = tile_range(gm, Crow, range_fmt);
+          const RangeCounts rc = tile_range(gm, Crow, range_fmt, &km);
           t.row({impl, format_name(prec), static_cast<std::int64_t>(Crow), gate_kind_name(gate.kind), gate.g_min, gmean,
                  glow, rc.c_min, err, nan, inf, static_cast<std::int64_t>(rc.n), static_cast<std::int64_t>(rc.overflow),
                  static_cast<std::int64_t>(rc.underflow), static_cast<std::int64_t>(rc.subnormal), allow});
@@ -191,7 +200,7 @@ void register_decay_range(Registry& reg) {
         KdaOutput<double> out = gpu_exp::kda_prefill_on_gpu(in, o->gate_shift, unsafe);
         std::int64_t nan = 0, inf = 0;
         const double err = score(out, nan, inf);
-        const RangeCounts rc = tile_range(gm, 16, Format::fp32);
+        const RangeCounts rc = tile_range(gm, 16, Format::fp32, &km);
         t.row({std::string("cuda"), std::string("bf16"), std::int64_t{16}, gate_kind_name(gate.kind), gate.g_min, gmean,
                glow, rc.c_min, err, nan, inf, static_cast<std::int64_t>(rc.n), static_cast<std::int64_t>(rc.overflow),
                static_cast<std::int64_t>(rc.underflow), static_cast<std::int64_t>(rc.subnormal),

@@ -222,7 +222,8 @@ void register_decode_cost(Registry& reg) {
   c.app->add_option("--gpu-n", o->gpu_n, "context lengths n of the GPU-measured MLA read (0 = skip the GPU rows)")
       ->delimiter(',')->type_name(kInt)->capture_default_str();
   c.app->add_option("--gpu-iters", o->gpu_iters, "timed launches per GPU point (median)")->type_name(kInt)->capture_default_str();
-  c.run = [o, cpu_n_opt, min_time_opt](Context& ctx) {
+  // cli::run's order: the options (here, with --quick's defaults applied first), then --out
+  c.check = [o, cpu_n_opt, min_time_opt](Context& ctx) {
     if (ctx.common.quick) {
       if (!cpu_n_opt->count()) o->cpu_n = {1024, 2048, 4096, 8192, 16384};
       if (!min_time_opt->count()) o->min_time = 0.02;
@@ -251,6 +252,13 @@ void register_decode_cost(Registry& reg) {
     for (double n : o->n) require(n >= 1 && n <= 1e12 && n == std::floor(n), fmt::format("--n: {} is not an integer in [1, 1e12]", n));
     for (double d : o->d) require(d >= 1 && d <= 65536 && d == std::floor(d), fmt::format("--d: {} is not an integer in [1, 65536]", d));
     require(o->memory_gb > 0 && o->memory_gb <= 1e6, fmt::format("--memory-gb: {} must be in (0, 1e6]", o->memory_gb));
+    // (a negative --gpu-n was dropped silently, as 0 is; checked after the CPU timings, it came after minutes of work)
+    for (double n : o->gpu_n)
+      require(n >= 0 && n == std::floor(n) && n <= 1 << 24,
+              fmt::format("--gpu-n: {} is not accepted; accepted: integers n in [0, 2^24] (0 = skip)", n));
+    require(o->gpu_iters >= 1 && o->gpu_iters <= 10000, fmt::format("--gpu-iters: {} must be in [1, 10000]", o->gpu_iters));
+  };
+  c.run = [o](Context& ctx) {
     Table t;
     t.col("n", 'i', "1", "context length (tokens already cached)")
         .col("d", 'i', "1", "head dimension (d_k = d_v)")
@@ -350,8 +358,6 @@ void register_decode_cost(Registry& reg) {
     std::vector<double> gpu_n;
     for (double n : o->gpu_n)
       if (n > 0) gpu_n.push_back(n);
-    for (double n : gpu_n) require(n == std::floor(n) && n <= 1 << 24, fmt::format("--gpu-n: {} is not an integer in [1, 2^24]", n));
-    require(o->gpu_iters >= 1 && o->gpu_iters <= 10000, fmt::format("--gpu-iters: {} must be in [1, 10000]", o->gpu_iters));
     if (!build_info::cuda_built) gpu_note = "GPU rows skipped: kdalab was built without the CUDA kernels";
     else if (build_info::gpu_devices().empty()) gpu_note = "GPU rows skipped: " + build_info::gpu_note();
     else if (gpu_n.empty()) gpu_note = "GPU rows skipped: --gpu-n 0";
@@ -484,6 +490,9 @@ void register_decode_cost(Registry& reg) {
     f->attr("decode_cost/hybrid", "max_batch_1m_48b", static_cast<double>(b48));
     f->attr("decode_cost/hybrid", "max_batch_1m_mla", static_cast<double>(bmla));
     f->attr("decode_cost/hybrid", "bound", bound);
+    // the K3 layout's size, for its limit L / L_MLA in the figure (93 / 24 at the default --k3-layers)
+    f->attr("decode_cost/hybrid", "k3_layers", static_cast<double>(layouts[2].layers));
+    f->attr("decode_cost/hybrid", "k3_mla_layers", static_cast<double>(layouts[2].mla_layers));
     f->commit();
     fmt::print("wrote {}\n", ctx.common.out);
     return 0;

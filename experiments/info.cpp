@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
 #include "experiments/build_info.hpp"
 #include "experiments/cli.hpp"
@@ -43,12 +45,31 @@ void register_info(Registry& reg) {
               "--config '" + ctx.common.config + "': no such file; give a model config.json, e.g. one of "
               "data/configs/kimi-linear-48b.json or data/configs/kimi-k3.json (run from the repository root)");
       // the model config is parsed here too, so a file that is not one (e.g. a kdalab options file such as
-      // data/configs/parity.json) is one line before the banner (session 9 newcomer: the 7-line header came first)
+      // data/configs/parity.json) is one line before the banner (session 9 newcomer: the 7-line header came first).
+      // The line says what the file is, once: a kdalab options file is named as one (not as a model config missing
+      // hidden_size), a model config with a bad key gets the reader's message alone (it said "..., not a kdalab
+      // options file" too; session 11), anything else the reader's message and what info expects.
       try {
         (void)read_model_config(ctx.common.config);
       } catch (const Error& e) {
-        throw Error(std::string(e.what()) + "; info --config expects a Hugging Face style model config.json (e.g. "
-                    "data/configs/kimi-linear-48b.json), not a kdalab options file");
+        const std::string expects = "info --config expects a Hugging Face style model config.json, e.g. "
+                                    "data/configs/kimi-linear-48b.json";
+        nlohmann::json j;  // the file's JSON, when it is one JSON value (null otherwise)
+        try {
+          std::ifstream in(ctx.common.config, std::ios::binary);
+          std::string repeated;
+          j = parse_json_once(std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()), repeated);
+        } catch (const std::exception&) {
+        }
+        if (const auto subs = options_file_commands(ctx.app->get_parent(), j, "info"); !subs.empty()) {
+          std::string names;
+          for (const auto& n : subs) names += (names.empty() ? "kdalab " : ", kdalab ") + n;
+          throw Error("--config '" + ctx.common.config + "' is a kdalab options file (its keys are options of " + names +
+                      "; run it with 'kdalab " + subs.front() + " --config " + ctx.common.config +
+                      "'), not a model config; " + expects);
+        }
+        if (looks_like_model_config(j)) throw;
+        throw Error(std::string(e.what()) + "; " + expects);
       }
     }
   };

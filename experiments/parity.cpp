@@ -67,6 +67,9 @@ struct ParityOptions {
   std::string truth = "auto";
   double mp_max_work = 1e7, f80_max_work = 1.1e9;
   int windows = 16;
+  std::vector<GateKind> gates;  ///< --gate parsed (by the command's check)
+  std::vector<BetaDist> betas;  ///< --beta parsed (by the command's check)
+  std::vector<Format> states;   ///< --state-precision parsed (by the command's check)
 };
 
 const std::vector<std::string> kImpls{"float64", "float32", "float64-chunk", "float32-chunk", "twin-bf16", "cuda-bf16"};
@@ -354,7 +357,8 @@ void register_parity(Registry& reg) {
   a->add_option("--windows", o->windows, "number of windows along T for the error-growth columns (1..1024)")
       ->capture_default_str();
 
-  c.run = [o](Context& ctx) -> int {
+  // cli::run's order: the options (here, with --quick's defaults applied first), then --out; run does the work
+  c.check = [o](Context& ctx) {
     auto given = [&](const char* name) { return ctx.app->get_option(name)->count() > 0; };
     if (ctx.common.quick) {  // a small grid, float64 truth; options given explicitly still win
       if (!given("--T")) o->T = {17, 300, 1000};
@@ -375,18 +379,18 @@ void register_parity(Registry& reg) {
     for (double x : o->C) as_count(x, "C");
     for (double x : o->g_min)
       require(std::isfinite(x) && x < 0, fmt::format("--g-min: {} is not accepted; give finite values < 0", x));
-    std::vector<GateKind> gates;
-    for (const auto& s : o->gate) gates.push_back(parse_gate_kind(s, "--gate"));
-    std::vector<BetaDist> betas;
-    for (const auto& s : o->beta) betas.push_back(parse_beta_dist(s, "--beta"));
+    o->gates.clear();
+    for (const auto& s : o->gate) o->gates.push_back(parse_gate_kind(s, "--gate"));
+    o->betas.clear();
+    for (const auto& s : o->beta) o->betas.push_back(parse_beta_dist(s, "--beta"));
     for (const auto& s : o->impl)
       require(std::find(kImpls.begin(), kImpls.end(), s) != kImpls.end(),
               "--impl: '" + s + "' is unknown; accepted: float64, float32, float64-chunk, float32-chunk, twin-bf16, "
               "cuda-bf16");
-    std::vector<Format> states;
+    o->states.clear();
     for (const auto& s : o->state) {
       require(s == "fp32" || s == "bf16", "--state-precision: '" + s + "' is not accepted; accepted: fp32, bf16");
-      states.push_back(parse_format(s, "--state-precision"));
+      o->states.push_back(parse_format(s, "--state-precision"));
     }
     for (const auto& s : o->matmul) {
       require(s != "fp64" && s != "float64",
@@ -399,7 +403,7 @@ void register_parity(Registry& reg) {
     // largest finite value would read as -inf there (reported as "tensor 'g' has a non-finite value").
     const bool float32_impl = std::any_of(o->impl.begin(), o->impl.end(),
                                           [](const std::string& s) { return s == "float32" || s == "float32-chunk"; });
-    if (float32_impl && std::find(gates.begin(), gates.end(), GateKind::bounded) != gates.end())
+    if (float32_impl && std::find(o->gates.begin(), o->gates.end(), GateKind::bounded) != o->gates.end())
       for (double x : o->g_min)
         require(x >= -static_cast<double>(std::numeric_limits<float>::max()),
                 fmt::format("--g-min: {} is not accepted with --impl float32 / float32-chunk: the bounded gate "
@@ -414,6 +418,11 @@ void register_parity(Registry& reg) {
     require(o->mp_max_work > 0, fmt::format("--mp-max-work: {} must be > 0", o->mp_max_work));
     require(o->f80_max_work > 0, fmt::format("--f80-max-work: {} must be > 0", o->f80_max_work));
     require(o->windows >= 1 && o->windows <= 1024, fmt::format("--windows: {} is not in 1..1024", o->windows));
+  };
+  c.run = [o](Context& ctx) -> int {
+    const std::vector<GateKind>& gates = o->gates;
+    const std::vector<BetaDist>& betas = o->betas;
+    const std::vector<Format>& states = o->states;
     // exit 3 (README: "the work cannot run in this build or on this machine"), with the note that says why
     const auto not_available = [](const std::string& why) {
       fmt::print(stderr, "kdalab parity: not available in this build / on this machine: no implementation produced a "

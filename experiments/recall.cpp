@@ -9,7 +9,9 @@
 // (P(gap) ~ gap^-a) with no writes in between (decays still apply). Each read is decoded to the
 // nearest value embedding; accuracy = fraction decoded to the right value token; rel_err =
 // sqrt(sum ||o - v||^2 / sum ||v||^2). All reads go through reference/ (kda.hpp, softmax.hpp,
-// latent_memory.hpp) in float64.
+// latent_memory.hpp) in float64. Each (keys, d_k, N) cell draws from its own generator, seeded from --seed and
+// the cell (numerics/random.hpp cell_seed; MLA's latent projections from one per d_c), so its numbers are the same
+// in any grid, with any --memories and --dc-ratio.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -44,6 +46,7 @@ struct RecallOptions {
   double span = 2.0;
   double softmax_scale = 100.0;
   double decay_bias_lo = -8.0, decay_bias_hi = -2.0;
+  std::vector<Memory> mems;  ///< --memories parsed (by the command's check)
 };
 
 /// Draws the query slot of every key: gap ~ P(gap) propto gap^-a on 1..Lq, nearest free slot.
@@ -98,14 +101,15 @@ void register_recall(Registry& reg) {
   a->add_option("--softmax-scale", o->softmax_scale, "inverse temperature of the softmax and MLA reads (> 0)")->capture_default_str();
   a->add_option("--decay-bias-lo", o->decay_bias_lo, "per-channel gate bias b ~ U(lo, hi): g = g_min Sigmoid(z + b), z ~ N(0,1)")->capture_default_str();
   a->add_option("--decay-bias-hi", o->decay_bias_hi, "upper end of the gate bias range")->capture_default_str();
-  c.run = [o, opt](Context& ctx) {
+  // cli::run's order: the options (here, with --quick's defaults applied first), then --out
+  c.check = [o, opt](Context& ctx) {
     if (ctx.common.quick) {  // small defaults, unless given
       if (!opt.at("d-k")->count()) o->d_k = {16, 32, 64};
       if (!opt.at("trials")->count()) o->trials = 2;
       if (!opt.at("vocab")->count()) o->vocab = 2048;
     }
-    std::vector<Memory> mems;
-    for (const auto& m : o->memories) mems.push_back(parse_memory(m, "--memories"));
+    o->mems.clear();
+    for (const auto& m : o->memories) o->mems.push_back(parse_memory(m, "--memories"));
     for (const auto& k : o->keys)
       require(k == "random" || k == "orthogonal" || k == "correlated",
               "--keys: '" + k + "' is unknown; accepted: random, orthogonal, correlated");
@@ -129,7 +133,10 @@ void register_recall(Registry& reg) {
         require(N <= V / 2 - 1, fmt::format("--vocab: {} leaves {} key tokens, fewer than N = {} (d_k {} x ratio {})",
                                             o->vocab, V / 2 - 1, N, d, r));
       }
-
+  };
+  c.run = [o](Context& ctx) {
+    const std::vector<Memory>& mems = o->mems;
+    const auto V = static_cast<Eigen::Index>(o->vocab);
     Table t;
     t.col("memory", 's', "1", "memory: softmax, mla, linear, gla, deltanet, gated_deltanet, kda")
         .col("keys", 's', "1", "key embedding: random, orthogonal, correlated")
@@ -146,7 +153,6 @@ void register_recall(Registry& reg) {
         .col("mean_distance", 'd', "1", "mean tokens between a pair's write and its query")
         .col("state_numbers", 'i', "1", "numbers the memory holds at read time (d_k d_v, N (d_k + d_v), or N d_c)");
 
-    Rng rng(ctx.common.seed);
     const auto trials = static_cast<int>(o->trials);
     auto prog = ctx.progress("recall", o->keys.size() * o->d_k.size() * o->ratio.size() * static_cast<std::size_t>(trials));
     for (const auto& keymode : o->keys)
@@ -158,6 +164,11 @@ void register_recall(Registry& reg) {
           const Eigen::Index L = N + Lq;
           // (memory, beta, g_min, d_c) -> accumulators
           std::map<std::tuple<int, double, double, Eigen::Index>, Acc> acc;
+          // The cell's own generators (cell_seed): the sequences, and apart from them MLA's latent projections per d_c,
+          // so that neither the rest of the grid nor --memories / --dc-ratio changes this cell's numbers.
+          const std::string cell = fmt::format("recall keys={} d_k={} N={}", keymode, d, N);
+          Rng rng(cell_seed(ctx.common.seed, cell));
+          std::map<Eigen::Index, Rng> codec_rng;
           for (int tr = 0; tr < trials; ++tr) {
             // Tokens: N distinct keys from [1, V/2), values from [V/2, V).
             std::vector<Eigen::Index> key_ids(static_cast<std::size_t>(V / 2 - 1));
@@ -221,9 +232,10 @@ void register_recall(Registry& reg) {
               if (m == Memory::mla) {
                 for (double dr : o->dc_ratio) {
                   const auto dc = std::max<Eigen::Index>(1, std::lround(dr * 2.0 * dd));
+                  Rng& crng = codec_rng.try_emplace(dc, cell_seed(ctx.common.seed, fmt::format("{} d_c={}", cell, dc))).first->second;
                   Mat<double> Gm(dc, 2 * d);
                   for (Eigen::Index i = 0; i < dc; ++i)
-                    for (Eigen::Index j = 0; j < 2 * d; ++j) Gm(i, j) = rng.normal();
+                    for (Eigen::Index j = 0; j < 2 * d; ++j) Gm(i, j) = crng.normal();
                   const auto codec = LatentCodec<double>::from_gaussian(Gm, d, d);
                   Acc& a = acc[{mi, 1.0, 0.0, dc}];
                   score(run_memory(m, s, 1.0, 1.0, o->softmax_scale, &codec), a);

@@ -43,15 +43,31 @@ class Rng {
   boost::random::normal_distribution<double> nd_{0.0, 1.0};
 };
 
-/// FNV-1a 64-bit hash of the IEEE bit patterns of a sequence of doubles (checksums of inputs).
-inline std::uint64_t fnv1a64(const std::vector<double>& xs) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (double x : xs) {
-    unsigned char b[8];
-    std::memcpy(b, &x, 8);
-    for (unsigned char c : b) { h ^= c; h *= 1099511628211ull; }
-  }
+/// FNV-1a 64-bit hash of `n` bytes at `p`, continuing from `h` (the FNV offset basis for a fresh hash).
+inline std::uint64_t fnv1a64_bytes(const void* p, std::size_t n, std::uint64_t h = 1469598103934665603ull) {
+  const auto* b = static_cast<const unsigned char*>(p);
+  for (std::size_t i = 0; i < n; ++i) { h ^= b[i]; h *= 1099511628211ull; }
   return h;
+}
+
+/// FNV-1a 64-bit hash of the IEEE bit patterns of a sequence of doubles (checksums of inputs).
+inline std::uint64_t fnv1a64(const std::vector<double>& xs) { return fnv1a64_bytes(xs.data(), xs.size() * sizeof(double)); }
+
+/// The seed of one cell of an experiment's grid: a function of the run's --seed and of `cell`, a text naming the
+/// cell's own parameters and nothing else (e.g. "recall keys=random d_k=16 N=16"), so that a cell's random inputs,
+/// and so its numbers, are the same in every grid that holds it (a researcher re-running one cell of a figure gets
+/// the figure's number; grids drawn from one stream shifted every later cell when a cell was added or removed).
+/// Two cells that must not share inputs need different texts; give numbers as integers or in fmt's shortest "{}" form
+/// (the same text on every platform). Mixing: FNV-1a of the text, then SplitMix64 (Steele, Lea, Flood 2014) of the
+/// seed and the hash, so nearby seeds or texts give unrelated mt19937_64 seeds. Never throws.
+inline std::uint64_t cell_seed(std::uint64_t seed, const std::string& cell) {
+  auto splitmix64 = [](std::uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+  };
+  return splitmix64(splitmix64(seed) ^ fnv1a64_bytes(cell.data(), cell.size()));
 }
 
 /// Inputs of one KDA problem, in float64 holding exactly the values every implementation sees.

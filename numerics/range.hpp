@@ -4,15 +4,17 @@
 ///
 /// The chunked form multiplies q and k by Gamma_r = exp(c_r) and k by 1/Gamma_r = exp(-c_r), where
 /// c_r = sum_{u = s..r} g_u is the cumulative log-decay from the start s of a tile to token r,
-/// per key channel. Both factors must be representable in the format they are stored in: Gamma
-/// shrinks towards underflow (first leaving the normal range: subnormals, then 0), 1/Gamma grows
-/// towards overflow (+Inf). With the bounded K3 gate every g_u >= g_min, so a tile of L tokens has
+/// per key channel. The algorithm stores Gamma (rounded to the format) and K/Gamma = k_r / Gamma_r
+/// (numerics/kda_twin.hpp Ki, kernels/kda_prefill.cu sKi: 1/Gamma alone is never formed): Gamma
+/// shrinks towards underflow (first leaving the normal range: subnormals, then 0), K/Gamma grows
+/// towards overflow (+Inf); for a key entry |k_i| = 1, the bound of an L2-normalised key, K/Gamma is
+/// 1/Gamma. With the bounded K3 gate every g_u >= g_min, so a tile of L tokens has
 /// c_r >= L g_min; the Kimi Linear softplus gate has no lower bound.
 ///
 /// Facts this file reproduces (tests/numerics/test_range.cpp):
 ///   g_min = -5, L = 16: c >= -80, e^80 = 5.5e34 and e^-80 = 1.8e-35 fit bf16 and fp32;
 ///   L = 64 factored (no 16-token secondary tiles): c reaches -320, 1/Gamma overflows;
-///   fp32 per-token limit over a 16-token tile: 1/Gamma overflows below -88.72/16 = -5.545,
+///   fp32 per-token limit over a 16-token tile (|k_i| = 1): 1/Gamma overflows below -88.72/16 = -5.545,
 ///   Gamma leaves the normal range below -87.34/16 = -5.459; fp16 cannot hold a 16-token tile.
 /// Units: natural-log decays (alpha = e^g); counts are numbers of tensor elements.
 #include <cmath>
@@ -63,38 +65,48 @@ inline RangeClass classify_exp(double x, Format f) {
   return RangeClass::normal;
 }
 
-/// Counts of one range analysis. Each tile position and channel contributes two values:
-/// Gamma = e^c and 1/Gamma = e^-c.
+/// Counts of one range analysis. Each tile position and channel contributes two values, as the
+/// algorithm stores them in format f: Gamma = round(e^c) and K/Gamma = round(|k| / Gamma).
 struct RangeCounts {
   std::size_t n = 0;          ///< values examined
-  std::size_t overflow = 0;   ///< values that round to +Inf (1/Gamma)
+  std::size_t overflow = 0;   ///< values that are not finite in the format: K/Gamma rounded to +Inf (or 0/0 = NaN)
   std::size_t underflow = 0;  ///< values that round to 0 (Gamma)
   std::size_t subnormal = 0;  ///< values left as subnormals (Gamma): precision lost
   double c_min = 0.0;         ///< most negative cumulative log-decay seen (log Gamma_min; 1/Gamma_max = e^-c_min)
   /// True when every value is a normal number of the format.
   bool fits() const { return overflow == 0 && underflow == 0 && subnormal == 0; }
-  void add(double c, Format f) {
+  /// Adds the values of one position: cumulative log-decay c <= 0 and the key entry's magnitude `k` (1: the bound
+  /// of an L2-normalised key, i.e. 1/Gamma). K/Gamma is k divided by Gamma as stored (a Gamma rounded to 0 makes it
+  /// +Inf, or NaN for k = 0), then rounded: what numerics/kda_twin.hpp computes (Ki), so a count here is a non-finite
+  /// value in the algorithm (a 1/Gamma beyond the format with a small |k| is not).
+  void add(double c, Format f, double k = 1.0) {
     c_min = std::min(c_min, c);
-    for (double x : {c, -c}) {
-      ++n;
-      switch (classify_exp(x, f)) {
-        case RangeClass::overflow: ++overflow; break;
-        case RangeClass::underflow: ++underflow; break;
-        case RangeClass::subnormal: ++subnormal; break;
-        case RangeClass::normal: break;
-      }
+    n += 2;
+    switch (classify_exp(c, f)) {
+      case RangeClass::overflow: ++overflow; break;  // not reached for c <= 0
+      case RangeClass::underflow: ++underflow; break;
+      case RangeClass::subnormal: ++subnormal; break;
+      case RangeClass::normal: break;
     }
+    if (!std::isfinite(round_to(std::fabs(k) / round_to(std::exp(c), f), f))) ++overflow;
   }
 };
 
 /// Range of the factored tile form on a given decay tensor.
 /// g: T x d_k log-decays (rows = tokens, g <= 0); L: tile length in tokens (C for a factored
 /// chunk, 16 with secondary tiles); the cumulative sum restarts at every tile start 0, L, 2L, ...
-/// (a final partial tile included). f: the storage format of Gamma and 1/Gamma.
-/// Errors: kdalab::Error if L = 0, g is empty, or g has a NaN or a positive entry (names index).
-inline RangeCounts tile_range(const Mat<double>& g, std::size_t L, Format f) {
+/// (a final partial tile included). f: the storage format of Gamma and K/Gamma.
+/// k: the keys the algorithm divides by Gamma (T x d_k, L2-normalised rows: the values of K/Gamma),
+/// or nullptr for the worst case |k_i| = 1 (K/Gamma = 1/Gamma).
+/// Errors: kdalab::Error if L = 0, g is empty, g has a NaN or a positive entry (names index), or k
+/// is not of g's shape.
+inline RangeCounts tile_range(const Mat<double>& g, std::size_t L, Format f, const Mat<double>* k = nullptr) {
   require(L >= 1, "tile_range: tile length L = 0; accepted: L >= 1 tokens");
   require(g.rows() >= 1 && g.cols() >= 1, "tile_range: tensor 'g' is empty");
+  require(!k || (k->rows() == g.rows() && k->cols() == g.cols()),
+          "tile_range: tensor 'k' has shape " + std::to_string(k ? k->rows() : 0) + " x " +
+              std::to_string(k ? k->cols() : 0) + "; accepted: the shape of 'g', " + std::to_string(g.rows()) + " x " +
+              std::to_string(g.cols()));
   RangeCounts rc;
   for (Eigen::Index i = 0; i < g.cols(); ++i) {
     double c = 0.0;
@@ -105,7 +117,7 @@ inline RangeCounts tile_range(const Mat<double>& g, std::size_t L, Format f) {
                     ", i=" + std::to_string(i) + "); accepted: finite g <= 0");
       if (static_cast<std::size_t>(t) % L == 0) c = 0.0;
       c += gt;
-      rc.add(c, f);
+      rc.add(c, f, k ? (*k)(t, i) : 1.0);
     }
   }
   return rc;
@@ -117,7 +129,7 @@ inline RangeCounts constant_tile_range(double g, std::size_t L, Format f) {
   return tile_range(Mat<double>::Constant(static_cast<Eigen::Index>(L), 1, g), L, f);
 }
 
-/// The per-token decay g below which 1/Gamma = e^{-L g} overflows format f over an L-token tile:
+/// The per-token decay g below which 1/Gamma = e^{-L g} (K/Gamma for |k_i| = 1) overflows format f over an L-token tile:
 /// -ln(max_f) / L. fp32, L = 16: -88.72 / 16 = -5.545.
 inline double per_token_overflow_limit(std::size_t L, Format f) {
   require(L >= 1, "per_token_overflow_limit: L = 0");

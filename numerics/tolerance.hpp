@@ -190,8 +190,11 @@ inline constexpr Tolerance recall_linear_sqrt_factor{1.5,
     ">= 8 reads per point the sample RMS stays within ~25% of it at d_k >= 16, and a factor 1.5 still fails on "
     "an erase step (error -> 0) or a missing normalisation (error x sqrt(d_k))."};
 /// Softmax memory with inverse temperature 100 on distinct unit keys: the read equals the stored value.
-inline constexpr Tolerance recall_softmax_exact{1e-6,
-    "the weight of any other key is exp(-100 (1 - cos)), <= e^-20 for cos <= 0.8 (random keys at d_k >= 16): "
-    "the read error is far below 1e-6; a blurred softmax (scale 1/sqrt(d)) gives errors ~1."};
+inline constexpr Tolerance recall_softmax_exact{1e-4,
+    "the weight of another key is exp(-100 (1 - cos)). The --quick grid's worst point is N = 8 d_k = 128 keys in "
+    "d_k = 16, whose largest pairwise cosine has a median of 0.79 and a 99th percentile of 0.89 (300 draws of random "
+    "unit keys, numpy, session 11): a neighbour's weight <= e^-11 = 1.7e-5 in 99% of draws, a relative read error "
+    "<= ~1e-5. (1e-6, justified by cos <= 0.8, held for about half the draws: the seeded run read 1.1e-6 there once "
+    "recall's cells got their own generators.) A blurred softmax (scale 1/sqrt(d)) gives errors ~1."};
 
 }  // namespace kdalab::tol

@@ -108,6 +108,11 @@ inline constexpr std::size_t kMaxConfigHeadDim = 4096;
 /// linear_attn_config.short_conv_kernel_size (taps of the ShortConv; the models use 4).
 inline constexpr std::size_t kMaxConfigConvKernel = 1024;
 
+/// The deepest nesting of any JSON file kdalab reads: model configs (read_model_config), --config option files and
+/// bench --peer-json (experiments/cli.hpp parse_json_once). Its files are flat or nearly flat objects; a value nested
+/// a million levels deep crashed the error messages that print it (dump() recursion: SIGSEGV; breaker, session 9).
+inline constexpr int kMaxJsonDepth = 64;
+
 namespace detail {
 
 inline std::string cfg_where(const std::string& source) { return source.empty() ? "" : " (" + source + ")"; }
@@ -320,8 +325,18 @@ inline ModelConfig parse_model_config(const nlohmann::json& root, const std::str
   return m;
 }
 
+/// Whether `j` looks like a model config.json, right or wrong: an object holding hidden_size or num_hidden_layers (the
+/// keys every model has) at its root or under text_config. Lets a caller tell a model config with a bad value from a
+/// file of another kind. Never throws.
+inline bool looks_like_model_config(const nlohmann::json& j) {
+  const auto has_shape = [](const nlohmann::json& o) {
+    return o.is_object() && (o.contains("hidden_size") || o.contains("num_hidden_layers"));
+  };
+  return has_shape(j) || (j.is_object() && j.contains("text_config") && has_shape(j["text_config"]));
+}
+
 /// Reads and parses a config.json file. Throws kdalab::Error naming the path when it cannot be
-/// opened, is not valid JSON or is nested more than 64 levels deep, and as parse_model_config() otherwise.
+/// opened, is not valid JSON or is nested more than kMaxJsonDepth levels deep, and as parse_model_config() otherwise.
 inline ModelConfig read_model_config(const std::string& path) {
   std::ifstream f(path);
   require(f.good(), "model config '" + path + "' cannot be opened");
@@ -329,12 +344,10 @@ inline ModelConfig read_model_config(const std::string& path) {
   ss << f.rdbuf();
   nlohmann::json j;
   try {
-    // a value nested a million levels deep crashed the messages that print it (dump() recursion; breaker, session 9)
-    constexpr int max_depth = 64;
     j = nlohmann::json::parse(ss.str(), [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
-      if (depth > max_depth)
-        throw Error("model config '" + path + "' is nested more than " + std::to_string(max_depth) +
-                    " levels deep; accepted: at most " + std::to_string(max_depth) + " (a config.json is nearly flat)");
+      if (depth > kMaxJsonDepth)
+        throw Error("model config '" + path + "' is nested more than " + std::to_string(kMaxJsonDepth) +
+                    " levels deep; accepted: at most " + std::to_string(kMaxJsonDepth) + " (a config.json is nearly flat)");
       return true;
     });
   } catch (const nlohmann::json::exception& e) {

@@ -6,10 +6,10 @@ Relative RMS error of o against the float64 recurrence for each gate lower bound
 implementation/precision. Dark hatched cells: o has NaN/Inf (a line under the panel's title counts them, the colour
 bar's "o not finite (overflow)" key names them; fp16 at --gate-shift 20 is all such cells, on purpose); their text is what `kdalab decay-range` prints on the
 console, rel_rms as stored (inf) and in brackets how many values of o are NaN or Inf. Cell text: the error, then the range
-analysis of the factored tile (o = 1/Gamma overflows, s = Gamma subnormal, z = Gamma underflows
+analysis of the factored tile (o = K/Gamma, the stored k e^-c, overflows, s = Gamma subnormal, z = Gamma underflows
 to 0, as counts). Dark cells in the fp64 control panel (softplus at C >= 32 with --gate-shift 20) are explained
 under that panel: the unbounded gate's factored decay over the chunk leaves fp64's exp range. The fp32 edges of a 16-token tile: Gamma leaves the normal range below
-g = -5.459, 1/Gamma overflows below -5.545.
+g = -5.459, 1/Gamma (K/Gamma of a key entry of 1) overflows below -5.545.
 Usage: /usr/bin/python3 scripts/fig_decay_range.py RESULTS.h5 [--out-dir figures]
 """
 import sys
@@ -37,7 +37,7 @@ FP64_EXP_MAX = float(np.log(np.finfo(np.float64).max))  # 709.78: e^c overflows 
 
 def control_note(t, shift):
     """The note under the fp64 control panel when some of its cells are dark (o has NaN/Inf): which cells, and why a
-    control goes non-finite (the chunk's factored decay c, the table's c_min, leaves fp64's exp range: 1/Gamma = e^-c
+    control goes non-finite (the chunk's factored decay c, the table's c_min, leaves fp64's exp range: K/Gamma = k e^-c
     overflows; a softplus gate is unbounded, so its c grows with C without limit). "" when every fp64 cell is finite."""
     sel = (t["impl"] == "chunked") & (t["precision"] == "fp64")
     bad = sel & ((t["o_nan"] + t["o_inf"] > 0) | ~np.isfinite(t["rel_rms"].astype(float)))
@@ -60,7 +60,7 @@ def control_note(t, shift):
             parts.append(f"g_min = {gm} at C = {Cs}: the chunk's factored decay |c| reaches {span} nats")
     what = "NaN" if int(t["o_inf"][bad].sum()) == 0 else "NaN/Inf"
     return ("Dark fp64 cells (the control): " + "; ".join(parts) + f", past fp64's exp range (|c| > {FP64_EXP_MAX:.1f}): "
-            f"1/Gamma = e^-c overflows (ovf) and o gets {what} even in fp64 (the float64 recurrence, the truth, forms "
+            f"K/Gamma = k e^-c overflows (ovf) and o gets {what} even in fp64 (the float64 recurrence, the truth, forms "
             "no such factor).")
 
 
@@ -141,7 +141,7 @@ def main():
                                            lw=0))
                 nb = len(bad_cells)
                 what = f"all {n_cells} cells" if nb == n_cells else f"{nb} of {n_cells} cells"
-                why = "overflow" if n_ovf == nb else f"{n_ovf} with 1/Gamma overflow"
+                why = "overflow" if n_ovf == nb else f"{n_ovf} with K/Gamma overflow"
                 ax.text(0.5, 1.01, f"{what} non-finite ({why})", transform=ax.transAxes, ha="center", va="bottom",
                         fontsize=7.5, color=BAD_COLOR)
             if (impl, prec) == ("chunked", "fp64"):
@@ -163,8 +163,8 @@ def main():
         fs.label_footer(fig, f, f"Decays pinned near their bound (gate logit shifted by {float(attrs.get('gate_shift', 0)):g}); "
                         f"T = {int(attrs.get('T', 0))}, d_k = d_v = {int(attrs.get('D', 0))}. Dark hatched cells: o has NaN/Inf (counted under each panel's title); their text is "
                         "rel_rms as stored (inf) and, in brackets, how many values of o are NaN or Inf (as the console prints them). "
-                        "Range analysis of the stored factors (numerics/range.hpp): ovf = 1/Gamma overflows, 0 = Gamma rounds to 0, sub = Gamma subnormal. "
-                        "fp32 edges over 16 tokens: -5.459 (normal range), -5.545 (1/Gamma overflow). "
+                        "Range analysis of the stored factors (numerics/range.hpp): ovf = K/Gamma (k e^-c, as stored) overflows, 0 = Gamma rounds to 0, sub = Gamma subnormal. "
+                        "fp32 edges over 16 tokens: -5.459 (normal range), -5.545 (1/Gamma overflow: K/Gamma of a key entry of 1). "
                         + fs.attr(f["decay_range"], "gpu_note", ""))
         return fs.save(fig, a.out_dir, "decay_range")
 

@@ -2,8 +2,8 @@
 """Figure: the hybrid's attention speedup over an all-MLA stack vs context and batch (kdalab decode-cost).
 
 Left: attention cost per token, all-MLA / hybrid, vs context n for the Kimi Linear 48B and K3
-layouts, with the limit L / L_MLA and the reported 6.24x (1.84 vs 11.48 ms at 1M) and ~2.2x at
-batch 1. Right: the largest batch whose caches and states fit the memory budget vs n.
+layouts, with each layout's limit L / L_MLA (27/7; the K3 layout's 93/24 at --k3-layers 93) and the reported
+6.24x (1.84 vs 11.48 ms at 1M) and ~2.2x at batch 1. Right: the largest batch whose caches and states fit the memory budget vs n.
 Usage: /usr/bin/python3 scripts/fig_hybrid.py RESULTS.h5 [--out-dir figures]
 """
 import sys
@@ -52,6 +52,14 @@ def main():
                     label="Kimi Linear 48B, measured on the H200 (batch 1)")
         ax.axhline(27 / 7, color="#2ca02c", ls=":", lw=0.9)
         ax.text(1.1e3, 27 / 7 * 1.03, "limit 27/7 = 3.86x", fontsize=6.5, color="#2ca02c")
+        # the K3 layout's limit L / L_MLA (93/24 at the default --k3-layers 93: 23 blocks of 3 KDA + 1 MLA and the
+        # final MLA), from the file; it sits just above 27/7, so its label goes below the lines, where the curves
+        # are still low (files written before session 11 lack the attributes: no line)
+        L, M = int(at.get("k3_layers", 0)), int(at.get("k3_mla_layers", 0))
+        if L > 0 and M > 0:
+            ax.axhline(L / M, color=STYLE["kimi-k3"][0], ls=(0, (1, 3)), lw=0.9)
+            ax.text(1.1e3, L / M * 0.97, f"K3 limit {L}/{M} = {L / M:.2f}x (layer count illustrative)", fontsize=6.5,
+                    color=STYLE["kimi-k3"][0], va="top")
         rep = float(at.get("reported_speedup", 11.48 / 1.84))
         rep1 = float(at.get("reported_speedup_batch1", 2.2))
         ax.axhline(rep, color="#d62728", ls="--", lw=1)

@@ -39,3 +39,10 @@ TEST_CASE("anchor-kda inputs are bf16-exact, normalised, bounded and pinned") {
   INFO("checksum 0x" << std::hex << h);
   CHECK(h == KDALAB_ANCHOR_CHECKSUM);
 }
+
+TEST_CASE("cell_seed is a pinned function of the seed and the cell's text") {
+  // recall and copy seed each grid cell with it (a cell's numbers must not move between machines either)
+  CHECK(cell_seed(1, "recall keys=random d_k=16 N=16") == 0xc855e077727c07d2ull);
+  CHECK(cell_seed(1, "copy d_k=16 L=8") != cell_seed(2, "copy d_k=16 L=8"));
+  CHECK(cell_seed(1, "copy d_k=16 L=8") != cell_seed(1, "copy d_k=16 L=9"));
+}

@@ -79,3 +79,21 @@ TEST_CASE("range analysis rejects bad input") {
   CHECK_THROWS_AS(parse_gate_kind("sigmoid"), Error);
   CHECK(parse_gate_kind("k3") == GateKind::bounded);
 }
+
+TEST_CASE("overflow counts K/Gamma as the algorithm stores it: k / Gamma, not 1/Gamma") {
+  // one fp32 tile of 16 tokens at g = -5.55 per token: c = -88.8, e^88.8 = 3.7e38 > FLT_MAX (1/Gamma overflows), but
+  // Gamma = e^-88.8 is a (subnormal) fp32 number and k / Gamma with |k| = 0.5 is 1.9e38: finite, as in kda_twin (Ki)
+  const Mat<double> g = Mat<double>::Constant(16, 1, -5.55);
+  CHECK(tile_range(g, 16, Format::fp32).overflow == 1);  // no keys: |k| = 1, the worst case
+  const Mat<double> half = Mat<double>::Constant(16, 1, 0.5), one = Mat<double>::Constant(16, 1, 1.0);
+  const RangeCounts rc = tile_range(g, 16, Format::fp32, &half);
+  CHECK(rc.overflow == 0);
+  CHECK(rc.subnormal == 1);
+  CHECK(rc.n == 32);
+  CHECK(tile_range(g, 16, Format::fp32, &one).overflow == 1);
+  // Gamma rounded to 0 (fp16 at c = -80) makes every K/Gamma infinite, whatever |k| (0 / 0: NaN, counted too)
+  const Mat<double> g5 = Mat<double>::Constant(16, 1, -5.0), tiny = Mat<double>::Constant(16, 1, 1e-3);
+  CHECK(tile_range(g5, 16, Format::fp16, &tiny).overflow > 0);
+  const Mat<double> short_k = Mat<double>::Constant(8, 1, 0.5);  // keys of another shape than g
+  CHECK_THROWS_AS(tile_range(g, 16, Format::fp32, &short_k), Error);
+}
