@@ -8,6 +8,7 @@
 # Env: TESTS="gpu_test_a gpu_test_b" runs only those GPU test binaries (default: all).
 # Env: SANITIZE=1 also runs each GPU test under compute-sanitizer memcheck (timeout SAN_TIMEOUT s each; serial).
 # Env: PARALLEL=0 runs the GPU test binaries one after another (default 1: all at once, see below).
+# Exit status: 1 when a GPU test process failed (after everything else ran and was packed), else 0.
 set -u
 OUT=${OUT:-./gpu-out}; B=${BUILD:-/tmp/b}; mkdir -p "$OUT"
 pack() { tar czf /tmp/gpu_pass.tgz --exclude=gpu_pass.tgz -C "$OUT" . && mv /tmp/gpu_pass.tgz "$OUT/gpu_pass.tgz"; }
@@ -29,6 +30,7 @@ gpu_tests() { for t in "$B"/tests/gpu_test_*; do
   [ -x "$t" ] && echo "$t"; done; }
 KDA_GROUPS=("[gpu][kda]~[dim]~[segments]~[long]" "[segments]~[long]" "[dim]~[long]~[segments]" "[segments][long]"
             "[state4][long]" "[dim][long]")
+failed=0  # GPU test processes that exited non-zero: the script's exit status says so (a GPU CI gate must see it)
 if [ "${PARALLEL:-$([ "${SANITIZE:-0}" = 1 ] && echo 0 || echo 1)}" = 1 ]; then
   pids=(); logs=()
   for t in $(gpu_tests); do
@@ -43,12 +45,12 @@ if [ "${PARALLEL:-$([ "${SANITIZE:-0}" = 1 ] && echo 0 || echo 1)}" = 1 ]; then
     fi
   done
   echo "== GPU tests: ${#pids[@]} processes in parallel"; t0=$SECONDS
-  for pid in "${pids[@]}"; do wait "$pid"; done
+  for pid in "${pids[@]}"; do wait "$pid" || failed=$((failed + 1)); done
   for l in "${logs[@]}"; do echo "$(basename "$l"): $(grep -E 'All tests passed|test cases:' "$l" | tail -1)"; done
   echo "== GPU tests done ($((SECONDS - t0)) s)"; pack
 else
   for t in $(gpu_tests); do
-    TAIL=${TEST_TAIL:-60} step "$(basename "$t")" "$t" --durations yes
+    TAIL=${TEST_TAIL:-60} step "$(basename "$t")" "$t" --durations yes || failed=$((failed + 1))
     [ "${SANITIZE:-0}" = 1 ] && TAIL=3 step "san-$(basename "$t")" timeout "${SAN_TIMEOUT:-90}" compute-sanitizer --tool memcheck "$t"
   done
 fi
@@ -68,3 +70,4 @@ if [ "$op" != none ]; then
   TAIL=${BENCH_TAIL:-40} step "bench-$op" "$B/experiments/kdalab" bench --op "$op" "${var[@]}" "${peer[@]}" "${cmp[@]}" --out "$OUT/bench-$op.h5"
 fi
 pack
+[ "$failed" = 0 ] || { echo "== $failed GPU test process(es) failed (see their logs)"; exit 1; }
