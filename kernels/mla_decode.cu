@@ -25,6 +25,9 @@
 #include <cmath>
 #include <string>
 
+#include <cuda.h>          // CUtensorMap (v7's TMA loads; the encoder is reached through the runtime's driver entry point)
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+
 #include "kernels/kda_common.cuh"
 #include "kernels/mla.hpp"
 #include "kernels/wgmma.cuh"
@@ -1064,10 +1067,12 @@ __device__ __forceinline__ void scores_half(float* sc, std::uint32_t q_addr, std
 /// Row scores of one block: sc (the m64n64 accumulator: element 4j + e is row r0 + 8 (e / 2), token 8j + 2 cq + e % 2)
 /// becomes s = (S[2h] + S[2h + 1]) * scale_log2 (the partner row is in lane ^ 4; both lanes get the same value),
 /// -inf for tokens >= valid; mx[k] = the row max of row half k over the block's 64 tokens (quad reduction).
+/// NE = accumulator elements per thread (32: a 64-token block of v5, 16: a 32-token block of v7).
+template <int NE = 32>
 __device__ __forceinline__ void row_scores(float* sc, int valid, float scale_log2, int cq, float* mx) {
   mx[0] = mx[1] = -INFINITY;
 #pragma unroll
-  for (int e = 0; e < 32; ++e) {
+  for (int e = 0; e < NE; ++e) {
     const float s = sc[e] + __shfl_xor_sync(0xffffffffu, sc[e], 4);
     const int t = 8 * (e / 4) + 2 * cq + (e & 1);
     sc[e] = t < valid ? s * scale_log2 : -INFINITY;
@@ -1081,10 +1086,11 @@ __device__ __forceinline__ void row_scores(float* sc, int valid, float scale_log
 }
 
 /// p = 2^(s - mx[row half]) in place; returns the thread's partial row sums in sum[2].
+template <int NE = 32>
 __device__ __forceinline__ void exp_rows(float* sc, const float* mx, float* sum) {
   sum[0] = sum[1] = 0.0f;
 #pragma unroll
-  for (int e = 0; e < 32; ++e) {
+  for (int e = 0; e < NE; ++e) {
     sc[e] = exp2f(sc[e] - mx[(e >> 1) & 1]);
     sum[(e >> 1) & 1] += sc[e];
   }
@@ -1100,9 +1106,11 @@ __device__ __forceinline__ std::uint32_t part_bf16(float x0, float x1, int lo_ro
 
 /// P of one block as the register A fragments of 4 k-steps (tokens 16 kk .. 16 kk + 15): the accumulator elements
 /// 4j + {0,1} (row r0) and 4j + {2,3} (row r0 + 8) of j = 2kk, 2kk + 1 are exactly the m16n8k16 A fragment.
+/// NKK = k-steps of 16 tokens per block (4: v5, 2: v7).
+template <int NKK = 4>
 __device__ __forceinline__ void pack_p(const float* p, std::uint32_t (*pa)[4], int lo_row, int p_hi_only) {
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
+  for (int kk = 0; kk < NKK; ++kk) {
     pa[kk][0] = part_bf16(p[8 * kk + 0], p[8 * kk + 1], lo_row, p_hi_only);
     pa[kk][1] = part_bf16(p[8 * kk + 2], p[8 * kk + 3], lo_row, p_hi_only);
     pa[kk][2] = part_bf16(p[8 * kk + 4], p[8 * kk + 5], lo_row, p_hi_only);
@@ -1112,9 +1120,10 @@ __device__ __forceinline__ void pack_p(const float* p, std::uint32_t (*pa)[4], i
 
 /// Stores this thread's part of P (rows r0, r0 + 8; tokens 8j + 2cq, + 1) into the swizzled [64 x 64] P tile p_s
 /// (K-major A operand of the other warpgroup's P C): pa from pack_p.
+template <int NKK = 4>
 __device__ __forceinline__ void store_p(unsigned char* p_s, const std::uint32_t (*pa)[4], int r0, int cq) {
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
+  for (int kk = 0; kk < NKK; ++kk) {
     *reinterpret_cast<std::uint32_t*>(p_s + v2::sw(r0, 2 * kk) + 4 * cq) = pa[kk][0];
     *reinterpret_cast<std::uint32_t*>(p_s + v2::sw(r0 + 8, 2 * kk) + 4 * cq) = pa[kk][1];
     *reinterpret_cast<std::uint32_t*>(p_s + v2::sw(r0, 2 * kk + 1) + 4 * cq) = pa[kk][2];
@@ -1123,10 +1132,11 @@ __device__ __forceinline__ void store_p(unsigned char* p_s, const std::uint32_t 
 }
 
 /// store_p of the parts of p * c[row half] (P_A' = P_A 2^(mA - mB)), computed 8 values at a time (registers).
+template <int NKK = 4>
 __device__ __forceinline__ void store_p_scaled(unsigned char* p_s, const float* p, const float* c, int r0, int cq,
                                                int lo_row, int p_hi_only) {
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
+  for (int kk = 0; kk < NKK; ++kk) {
     const float* x = p + 8 * kk;
     *reinterpret_cast<std::uint32_t*>(p_s + v2::sw(r0, 2 * kk) + 4 * cq) = part_bf16(x[0] * c[0], x[1] * c[0], lo_row, p_hi_only);
     *reinterpret_cast<std::uint32_t*>(p_s + v2::sw(r0 + 8, 2 * kk) + 4 * cq) = part_bf16(x[2] * c[1], x[3] * c[1], lo_row, p_hi_only);
@@ -1149,15 +1159,59 @@ __device__ __forceinline__ void rescale(float* acc, const float* c) {
 /// Issues (does not commit) P C over the 4 k-steps of one block for this warpgroup's column half: acc += P
 /// C_blk[:, 256 wg ..], P from registers (pa) or, when pa is null, from the swizzled shared tile at p_addr.
 /// C_blk read as an MN-major B operand: LBO = one column block (8 KB), SBO = 8 tokens (1 KB).
+/// NKK k-steps of 16 tokens, CBB = bytes of one column block of the buffer (v5: 64 tokens x 128 B; v7: 32 x 128 B).
+template <int NKK = 4, int CBB = CB_BYTES>
 __device__ __forceinline__ void pc_block(float* acc, const std::uint32_t (*pa)[4], std::uint32_t p_addr,
                                          std::uint32_t c_blk, int wg) {
-  const std::uint64_t db = v2::desc(c_blk + 4 * wg * CB_BYTES, CB_BYTES, 1024), dp = v2::desc(p_addr, 16, 1024);
+  const std::uint64_t db = v2::desc(c_blk + 4 * wg * CBB, CBB, 1024), dp = v2::desc(p_addr, 16, 1024);
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
+  for (int kk = 0; kk < NKK; ++kk) {
     if (pa)
       wgmma_m64n256_rs(acc, pa[kk], db + ((kk * 16 * 128) >> 4));
     else
       v2::wgmma_m64n256_tb(acc, dp + ((kk * 32) >> 4), db + ((kk * 16 * 128) >> 4), 1);
+  }
+}
+
+/// The end of a seesaw split kernel (v5, v7): the running sums l of both warpgroups are added per head (through l1_s,
+/// 32 floats of shared memory), (m, l) of each head and the slice's unnormalised partial (hi row + lo row of each
+/// warpgroup's accumulator half: 128 fp32 per thread, the m64n256 layout) go to the workspace slot (b, split).
+template <int H>
+__device__ __forceinline__ void epilogue(const SParams& p, float* acc, float* l, const float* m, float* l1_s, int b,
+                                         int split, int wg, bool owner, const int* hd, int lo_row, int cq) {
+  // l of both warpgroups per head; out = hi row + lo row of each warpgroup's accumulator half
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    l[k] += __shfl_xor_sync(0xffffffffu, l[k], 1);
+    l[k] += __shfl_xor_sync(0xffffffffu, l[k], 2);
+  }
+  if (wg == 1 && owner) { l1_s[hd[0]] = l[0]; l1_s[hd[1]] = l[1]; }
+  __syncthreads();
+  const long long slot = static_cast<long long>(b) * p.num_splits + split;
+  if (wg == 0 && owner) {
+#pragma unroll
+    for (int k = 0; k < 2; ++k)
+      if (hd[k] < H) {
+        float* wm = p.ws_ml + (slot * H + hd[k]) * 2;
+        wm[0] = m[k];
+        wm[1] = l[k] + l1_s[hd[k]];
+      }
+  }
+  // the pair (hi lane, lo lane) = (lane, lane ^ 4) splits the 32 column groups j: the hi lane sums j < 16, the lo
+  // lane j >= 16, each receiving the partner's row of its half by one shuffle per element
+  float* wa = p.ws_acc + slot * H * DC + 256 * wg;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    float v[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float send = lo_row ? acc[4 * j + e] : acc[4 * (j + 16) + e];
+      const float mine = lo_row ? acc[4 * (j + 16) + e] : acc[4 * j + e];
+      v[e] = mine + __shfl_xor_sync(0xffffffffu, send, 4);
+    }
+    const int col = 8 * (lo_row ? j + 16 : j) + 2 * cq;
+    if (hd[0] < H) *reinterpret_cast<float2*>(wa + hd[0] * DC + col) = make_float2(v[0], v[1]);
+    if (hd[1] < H) *reinterpret_cast<float2*>(wa + hd[1] * DC + col) = make_float2(v[2], v[3]);
   }
 }
 
@@ -1397,42 +1451,319 @@ __global__ void __launch_bounds__(NTHR, 1) mla_split_kernel_v5(SParams p) {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   cp_async_wait<0>();  // (every group is empty or waited for by now)
 
-  // ---- epilogue: l of both warpgroups per head; out = hi row + lo row of each warpgroup's accumulator half
-#pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    l[k] += __shfl_xor_sync(0xffffffffu, l[k], 1);
-    l[k] += __shfl_xor_sync(0xffffffffu, l[k], 2);
-  }
-  if (wg == 1 && owner) { l1_s[hd[0]] = l[0]; l1_s[hd[1]] = l[1]; }
-  __syncthreads();
-  const long long slot = static_cast<long long>(b) * p.num_splits + split;
-  if (wg == 0 && owner) {
-#pragma unroll
-    for (int k = 0; k < 2; ++k)
-      if (hd[k] < H) {
-        float* wm = p.ws_ml + (slot * H + hd[k]) * 2;
-        wm[0] = m[k];
-        wm[1] = l[k] + l1_s[hd[k]];
-      }
-  }
-  // the pair (hi lane, lo lane) = (lane, lane ^ 4) splits the 32 column groups j: the hi lane sums j < 16, the lo
-  // lane j >= 16, each receiving the partner's row of its half by one shuffle per element
-  float* wa = p.ws_acc + slot * H * DC + 256 * wg;
-#pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    float v[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float send = lo_row ? acc[4 * j + e] : acc[4 * (j + 16) + e];
-      const float mine = lo_row ? acc[4 * (j + 16) + e] : acc[4 * j + e];
-      v[e] = mine + __shfl_xor_sync(0xffffffffu, send, 4);
-    }
-    const int col = 8 * (lo_row ? j + 16 : j) + 2 * cq;
-    if (hd[0] < H) *reinterpret_cast<float2*>(wa + hd[0] * DC + col) = make_float2(v[0], v[1]);
-    if (hd[1] < H) *reinterpret_cast<float2*>(wa + hd[1] * DC + col) = make_float2(v[2], v[3]);
-  }
+  epilogue<H>(p, acc, l, m, l1_s, b, split, wg, owner, hd, lo_row, cq);
 }
 }  // namespace v5
+
+// ================================================================================================
+// v7 (variant 7, session 12, opt-in): v5's math, precision plan and seesaw on 32-token blocks in a 4-slot ring
+// filled by the tensor-memory accelerator (TMA). Why: at N = 64K a v6 CTA streams only 4 pairs of 64-token blocks and
+// its two 64 KB buffers are refilled only after both warpgroups read them, so HBM idles during part of each pair and
+// the first scores wait for 128 KB + q~ (bench/NOTES.md, "MLA decode at short N"). Here a pair is two 32-token blocks
+// (A = block 2i, B = 2i + 1) and the ring holds two pairs: while one pair is computed the next one is in flight, and the
+// first scores start once 32 KB have landed.
+//
+// Shared memory (1024-byte aligned): q~ 64 KB (v5's interleaved rows, cp.async as v5), the ring of 4 slots x 32 KB
+// (slot s = block j % 4; 8 column blocks of [32 tokens x 64 columns] = 4 KB each in the 128-byte swizzle, which is
+// the layout a TMA tile load with CU_TENSOR_MAP_SWIZZLE_128B writes), P_A' and P_B (v5's 8 KB tiles, tokens 0-31
+// used), mA / mB / l1 (3 x 32 fp32), 4 mbarriers ("slot full", one per slot) and 4 release counters: 209 KB.
+// Loads: a 3D tensor map over the cache (512 columns, max_len tokens, B sequences; strides sc_t, sc_b) with a box of
+// [64 columns x 32 tokens]; one block = 8 box loads into the slot, completing the slot's mbarrier with 32 KB of
+// transaction bytes. Tokens >= max_len land as zeros (TMA out-of-bounds fill); tokens in [len, max_len) of a shorter
+// sequence land as whatever the cache holds there, so the warpgroup about to multiply P by a block with fewer than
+// 32 valid tokens first zeroes its column half of the rows past them (P = 0 there, but 0 * NaN would be NaN).
+// Refill: no producer warp. Each warpgroup releases a block when its last wgmma on it has completed (wgmma wait,
+// warpgroup barrier, then thread 0: fence + atomicAdd on the slot's counter); the release that returns an odd count
+// is the second one, and that thread issues block j + 4 into the slot at once. Both warpgroups read every block
+// (scores of A by 0 and of B by 1, P C of both blocks by both on their column halves), at the points v5 refilled
+// buffer halves: wg 0 releases A after P_A C_A[:, L], B after P_B C_B[:, L]; wg 1 releases B after P_B C_B[:, R], A
+// after P_A' C_A[:, R].
+// Per pair: v5's seesaw unchanged (named barriers M0, M1, P0, P1; the landing barriers LANDED_L/R of v5 are replaced
+// by the slot mbarriers, waited on by each warpgroup before its first read of a block), scores m64n32k16 x 32,
+// P C m64n256k16 x 2 per block and warpgroup.
+// Plan, workspace and combine: v6's (64-token slices of least modelled time, one-round PDL combine).
+namespace v7 {
+constexpr int BLK = 32;                        // tokens per block (one ring slot)
+constexpr int NSLOT = 4;                       // ring slots: two pairs
+constexpr int CB_BYTES = BLK * 128;            // one column block [32 tokens x 64 columns]: 4 KB
+constexpr int SLOT_BYTES = 8 * CB_BYTES;       // one block: 32 KB
+constexpr int OFF_Q = 0;
+constexpr int OFF_C = 64 * DC * 2;             // 64 KB
+constexpr int OFF_P = OFF_C + NSLOT * SLOT_BYTES;
+constexpr int OFF_M = OFF_P + 2 * 64 * 128;
+constexpr int OFF_BAR = OFF_M + 3 * 32 * 4;    // 8-byte aligned
+constexpr int OFF_CNT = OFF_BAR + NSLOT * 8;
+constexpr std::size_t SMEM = OFF_CNT + NSLOT * 4 + 1024;  // + slack to align the base to 1024 bytes
+static_assert(SMEM <= 227 * 1024, "smem");
+static_assert(OFF_BAR % 8 == 0, "mbarrier alignment");
+enum : int { BAR_M0 = 5, BAR_M1 = 6, BAR_P0 = 7, BAR_P1 = 8 };  // 1, 2: wg_barrier
+
+using v5::bar_arrive;
+using v5::bar_sync;
+using wgmma_util::fence_reg;
+using wgmma_util::wgmma_wait;
+
+__device__ __forceinline__ void mbar_init(std::uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+/// One arrival of the issuing thread plus the transaction bytes the TMA loads of this phase will complete.
+__device__ __forceinline__ void mbar_arrive_expect_tx(std::uint32_t bar, std::uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+/// Waits until the phase of parity `parity` of the mbarrier has completed.
+__device__ __forceinline__ void mbar_wait(std::uint32_t bar, int parity) {
+  asm volatile(
+      "{\n.reg .pred P1;\nWAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+      "@!P1 bra WAIT;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+/// TMA tile load of box (c0 = column, c1 = token, c2 = sequence) into shared memory, completing on mbarrier bar.
+__device__ __forceinline__ void tma_load_3d(std::uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2,
+                                            std::uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
+      ::"r"(dst), "l"(reinterpret_cast<std::uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+
+/// Issues the 8 box loads of block j (tokens start + 32 j ..) of sequence b into slot j % 4.
+__device__ __forceinline__ void issue_block(const CUtensorMap* map, std::uint32_t c_addr, std::uint32_t bar_addr,
+                                            int j, int start, int b) {
+  const int s = j % NSLOT;
+  const std::uint32_t bar = bar_addr + 8 * s, dst = c_addr + s * SLOT_BYTES;
+  mbar_arrive_expect_tx(bar, SLOT_BYTES);
+#pragma unroll
+  for (int cb = 0; cb < 8; ++cb) tma_load_3d(dst + cb * CB_BYTES, map, 64 * cb, start + j * BLK, b, bar);
+}
+
+/// Thread 0 of a warpgroup, after the warpgroup's last wgmma on block j completed (and a warpgroup barrier): counts
+/// the release; the second release of the block issues block j + 4 into the freed slot.
+__device__ __forceinline__ void release_block(const CUtensorMap* map, int* cnt, std::uint32_t c_addr,
+                                              std::uint32_t bar_addr, int j, int nblk, int start, int b) {
+  __threadfence_block();
+  const int old = atomicAdd(cnt + j % NSLOT, 1);
+  __threadfence_block();
+  if ((old & 1) && j + NSLOT < nblk) issue_block(map, c_addr, bar_addr, j + NSLOT, start, b);
+}
+
+/// Zeroes rows [valid, 32) of column half `half` of a slot (16-byte stores by the 128 threads of warpgroup wg; the
+/// swizzle permutes chunks within a row, so whole rows are zeroed whatever it is), then makes them visible to wgmma.
+__device__ __forceinline__ void zero_tail(unsigned char* slot, int valid, int half, int wt, int wg) {
+  for (int i = wt; i < (BLK - valid) * 32; i += 128) {
+    const int row = valid + i / 32, cb = 4 * half + (i % 32) / 8, ch = i % 8;
+    *reinterpret_cast<uint4*>(slot + cb * CB_BYTES + row * 128 + ch * 16) = make_uint4(0, 0, 0, 0);
+  }
+  v2::fence_async_smem();
+  v2::wg_barrier(wg);
+}
+
+/// Scores of one 32-token block: sc = q~ C_blk^T, 32 wgmma m64n32k16 (K = 512), issued and committed.
+__device__ __forceinline__ void scores_blk(float* sc, std::uint32_t q_addr, std::uint32_t slot) {
+  const std::uint64_t dq = v2::desc(q_addr, 16, 1024), dc = v2::desc(slot, 16, 1024);
+#pragma unroll
+  for (int k = 0; k < 8; ++k)
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      v2::wgmma_m64n32(sc, dq + ((k * 8192 + kk * 32) >> 4), dc + ((k * CB_BYTES + kk * 32) >> 4),
+                       (k == 0 && kk == 0) ? 0 : 1);
+  v2::wgmma_commit();
+}
+
+template <int H>
+__global__ void __launch_bounds__(NTHR, 1) mla_split_kernel_v7(const __grid_constant__ CUtensorMap tmap, const SParams p) {
+  static_assert(H == 16 || H == 32, "H");
+  const int split = blockIdx.x, b = blockIdx.y;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, cq = lane % 4;
+  const int wg = __shfl_sync(0xffffffffu, warp / 4, 0), wt = tid % 128;
+  const int r0 = 16 * (warp % 4) + g;
+  const int hd[2] = {r0 >> 1, (r0 + 8) >> 1};
+  const int lo_row = g & 1;
+  const bool owner = lo_row == 0 && cq == 0;
+  const int len = seq_len(p, b);
+  if (len < 1 || len > p.max_len) return;  // the combine kernel writes NaN rows
+  const int start = split * p.split_len;
+  if (start >= len) return;
+  const int end = min(start + p.split_len, len);
+  const int nblk = (end - start + BLK - 1) / BLK, npairs = (nblk + 1) / 2;
+
+  extern __shared__ unsigned char smem_raw[];
+  const std::uint32_t raw_addr = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem_raw));
+  unsigned char* smem = smem_raw + ((1024 - (raw_addr & 1023)) & 1023);
+  const std::uint32_t sbase = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem));
+  const std::uint32_t q_addr = sbase + OFF_Q, c_addr = sbase + OFF_C, bar_addr = sbase + OFF_BAR;
+  const std::uint32_t pA_addr = sbase + OFF_P, pB_addr = sbase + OFF_P + 64 * 128;
+  unsigned char* pA_s = smem + OFF_P;
+  unsigned char* pB_s = smem + OFF_P + 64 * 128;
+  float* mA_s = reinterpret_cast<float*>(smem + OFF_M);
+  float* mB_s = mA_s + 32;
+  float* l1_s = mA_s + 64;
+  int* cnt = reinterpret_cast<int*>(smem + OFF_CNT);
+  const CUtensorMap* map = &tmap;
+  auto slot_of = [&](int j) { return c_addr + (j % NSLOT) * SLOT_BYTES; };
+  auto slot_ptr = [&](int j) { return smem + OFF_C + (j % NSLOT) * SLOT_BYTES; };
+  auto wait_block = [&](int j) { mbar_wait(bar_addr + 8 * (j % NSLOT), (j / NSLOT) & 1); };
+  auto valid_of = [&](int j) { return min(BLK, end - (start + j * BLK)); };
+
+  // prologue: thread 0 sets up the slot barriers and issues the first 4 blocks; q~ by cp.async meanwhile
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < NSLOT; ++s) {
+      mbar_init(bar_addr + 8 * s, 1);
+      cnt[s] = 0;
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    v2::fence_async_smem();
+    for (int j = 0; j < min(NSLOT, nblk); ++j) issue_block(map, c_addr, bar_addr, j, start, b);
+  }
+  v5::load_q_half<H>(smem + OFF_Q, p, b, wt, wg);
+  cp_async_commit();
+  cp_async_wait<0>();
+  v2::fence_async_smem();
+  __syncthreads();
+
+  float acc[128];
+#pragma unroll
+  for (int e = 0; e < 128; ++e) acc[e] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY};
+  float l[2] = {0.0f, 0.0f};
+
+  if (wg == 0) {
+    for (int i = 0; i < npairs; ++i) {
+      const int bA = 2 * i, bB = 2 * i + 1;
+      const bool hasB = bB < nblk;
+      float sc[16];
+      wait_block(bA);
+      v2::wgmma_fence();
+      scores_blk(sc, q_addr, slot_of(bA));
+      wgmma_wait<0>();
+#pragma unroll
+      for (int e = 0; e < 16; ++e) fence_reg(sc[e]);
+      float mx[2], mA[2], cA[2], sum[2];
+      const int vA = valid_of(bA);
+      v5::row_scores<16>(sc, vA, p.scale_log2, cq, mx);
+#pragma unroll
+      for (int k = 0; k < 2; ++k) mA[k] = fmaxf(m[k], mx[k]);
+      if (owner) { mA_s[hd[0]] = mA[0]; mA_s[hd[1]] = mA[1]; }
+      bar_arrive(BAR_M0);
+#pragma unroll
+      for (int k = 0; k < 2; ++k) cA[k] = exp2f(m[k] - mA[k]);
+      v5::exp_rows<16>(sc, mA, sum);
+#pragma unroll
+      for (int k = 0; k < 2; ++k) l[k] = l[k] * cA[k] + sum[k];
+      std::uint32_t pa[2][4];
+      v5::pack_p<2>(sc, pa, lo_row, p.p_hi_only);
+      if (vA < BLK) zero_tail(slot_ptr(bA), vA, 0, wt, 0);
+      v5::rescale(acc, cA);
+      v2::wgmma_fence();
+      v5::pc_block<2, CB_BYTES>(acc, pa, 0, slot_of(bA), 0);
+      v2::wgmma_commit();
+      bar_sync(BAR_M1);
+      float cB[2];
+#pragma unroll
+      for (int k = 0; k < 2; ++k) cB[k] = exp2f(mA[k] - mB_s[hd[k]]);
+      v5::store_p_scaled<2>(pA_s, sc, cB, r0, cq, lo_row, p.p_hi_only);
+      v2::fence_async_smem();
+      bar_arrive(BAR_P0);
+      wgmma_wait<0>();
+#pragma unroll
+      for (int e = 0; e < 128; ++e) fence_reg(acc[e]);
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk)
+#pragma unroll
+        for (int x = 0; x < 4; ++x) fence_reg(pa[kk][x]);
+      v2::wg_barrier(0);
+      if (wt == 0) release_block(map, cnt, c_addr, bar_addr, bA, nblk, start, b);
+      v5::rescale(acc, cB);
+#pragma unroll
+      for (int k = 0; k < 2; ++k) { l[k] *= cB[k]; m[k] = mB_s[hd[k]]; }
+      if (hasB) {
+        bar_sync(BAR_P1);
+        wait_block(bB);  // (completed: warpgroup 1 scored it; the wait makes the TMA writes visible here)
+        const int vB = valid_of(bB);
+        if (vB < BLK) zero_tail(slot_ptr(bB), vB, 0, wt, 0);
+        v2::wgmma_fence();
+        v5::pc_block<2, CB_BYTES>(acc, nullptr, pB_addr, slot_of(bB), 0);
+        v2::wgmma_commit();
+        wgmma_wait<0>();
+#pragma unroll
+        for (int e = 0; e < 128; ++e) fence_reg(acc[e]);
+        v2::wg_barrier(0);
+        if (wt == 0) release_block(map, cnt, c_addr, bar_addr, bB, nblk, start, b);
+      }
+    }
+  } else {
+    for (int i = 0; i < npairs; ++i) {
+      const int bA = 2 * i, bB = 2 * i + 1;
+      const bool hasB = bB < nblk;
+      float sc[16];
+      float mx[2] = {-INFINITY, -INFINITY};
+      if (hasB) {
+        wait_block(bB);
+        v2::wgmma_fence();
+        scores_blk(sc, q_addr, slot_of(bB));
+        wgmma_wait<0>();
+#pragma unroll
+        for (int e = 0; e < 16; ++e) fence_reg(sc[e]);
+        v5::row_scores<16>(sc, valid_of(bB), p.scale_log2, cq, mx);
+      }
+      bar_sync(BAR_M0);
+      float mB[2], cB[2];
+#pragma unroll
+      for (int k = 0; k < 2; ++k) mB[k] = fmaxf(mA_s[hd[k]], mx[k]);
+      if (owner) { mB_s[hd[0]] = mB[0]; mB_s[hd[1]] = mB[1]; }
+      bar_arrive(BAR_M1);
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        cB[k] = exp2f(m[k] - mB[k]);
+        l[k] *= cB[k];
+        m[k] = mB[k];
+      }
+      v5::rescale(acc, cB);
+      std::uint32_t pa[2][4];
+      if (hasB) {
+        float sum[2];
+        v5::exp_rows<16>(sc, mB, sum);
+#pragma unroll
+        for (int k = 0; k < 2; ++k) l[k] += sum[k];
+        v5::pack_p<2>(sc, pa, lo_row, p.p_hi_only);
+        v5::store_p<2>(pB_s, pa, r0, cq);
+        v2::fence_async_smem();
+        bar_arrive(BAR_P1);
+        const int vB = valid_of(bB);
+        if (vB < BLK) zero_tail(slot_ptr(bB), vB, 1, wt, 1);
+        v2::wgmma_fence();
+        v5::pc_block<2, CB_BYTES>(acc, pa, 0, slot_of(bB), 1);
+        v2::wgmma_commit();
+      }
+      bar_sync(BAR_P0);
+      wait_block(bA);  // (completed: warpgroup 0 scored it)
+      const int vA = valid_of(bA);
+      if (vA < BLK) zero_tail(slot_ptr(bA), vA, 1, wt, 1);
+      v2::wgmma_fence();
+      v5::pc_block<2, CB_BYTES>(acc, nullptr, pA_addr, slot_of(bA), 1);
+      v2::wgmma_commit();
+      if (hasB) {
+        wgmma_wait<1>();
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk)
+#pragma unroll
+          for (int x = 0; x < 4; ++x) fence_reg(pa[kk][x]);
+        v2::wg_barrier(1);
+        if (wt == 0) release_block(map, cnt, c_addr, bar_addr, bB, nblk, start, b);
+      }
+      wgmma_wait<0>();
+#pragma unroll
+      for (int e = 0; e < 128; ++e) fence_reg(acc[e]);
+      v2::wg_barrier(1);
+      if (wt == 0) release_block(map, cnt, c_addr, bar_addr, bA, nblk, start, b);
+    }
+  }
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  v5::epilogue<H>(p, acc, l, m, l1_s, b, split, wg, owner, hd, lo_row, cq);
+}
+}  // namespace v7
 
 
 const char* const OP = "mla_decode";
@@ -1464,13 +1795,14 @@ void check_shapes(const MlaDecodeArgs& a) {
   if (a.max_len < 1 || a.max_len > a.capacity)
     fail("max_len = " + std::to_string(a.max_len) + "; accepted: 1 <= max_len <= capacity = " +
          std::to_string(a.capacity) + " (N = 0 or a context past the cache capacity)");
-  if (a.variant != 1 && a.variant != 2 && a.variant != 4 && a.variant != 5 && a.variant != 6)
+  if (a.variant != 1 && a.variant != 2 && a.variant != 4 && a.variant != 5 && a.variant != 6 && a.variant != 7)
     fail("variant = " + std::to_string(a.variant) +
          "; accepted: 1 (mma.sync split kernel), 2 (wgmma split kernel), 4 (variant 2 with per-warpgroup early "
-         "refill), 5 (seesaw split kernel) or 6 (seesaw split kernel with the one-round combine)" +
+         "refill), 5 (seesaw split kernel), 6 (seesaw split kernel with the one-round combine) or 7 (seesaw on "
+         "32-token blocks in a TMA-filled 4-slot ring, one-round combine)" +
          (a.variant == 3 ? std::string(" (variant 3 was removed: variant 4 is faster on every measured shape)") : ""));
   if (a.p_hi_only && a.variant == 1)
-    fail("p_hi_only = true needs variant = 2, 4, 5 or 6 (an ablation of the wgmma kernels)");
+    fail("p_hi_only = true needs variant = 2, 4, 5, 6 or 7 (an ablation of the wgmma kernels)");
   if (a.num_splits < 0) fail("num_splits = " + std::to_string(a.num_splits) + "; accepted: >= 0 (0 = automatic)");
 }
 
@@ -1504,6 +1836,50 @@ void launch_combine_pdl(dim3 grid, cudaStream_t stream, const SParams& p, const 
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   cuda_check(cudaLaunchKernelEx(&cfg, kernel, p), (std::string(name) + " launch (programmatic dependent launch)").c_str());
+}
+
+/// v7's tensor map over the latent cache: 3D (512 columns, max_len tokens, B sequences; byte strides 2 sc_t and
+/// 2 sc_b), box [64 columns x 32 tokens x 1], 128-byte swizzle, out-of-bounds elements (tokens >= max_len) filled
+/// with zeros. The encoder (cuTensorMapEncodeTiled, CUDA driver API) is reached through the runtime's driver entry
+/// point, so nothing links libcuda. Throws kdalab::Error when the driver lacks it or refuses the map.
+CUtensorMap latent_tensor_map(const bf16_t* c, int max_len, int B, long long sc_t, long long sc_b) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  if (!encode) {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    cuda_check(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q),
+               "cudaGetDriverEntryPointByVersion(cuTensorMapEncodeTiled)");
+    if (q != cudaDriverEntryPointSuccess || !fn)
+      throw Error(std::string(OP) + ": variant 7 needs cuTensorMapEncodeTiled (CUDA driver >= 12.0), not found");
+    encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }
+  CUtensorMap map{};
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(DC), static_cast<cuuint64_t>(max_len), static_cast<cuuint64_t>(B)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(sc_t) * 2, static_cast<cuuint64_t>(sc_b) * 2};
+  const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(v7::BLK), 1};
+  const cuuint32_t estr[3] = {1, 1, 1};
+  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<bf16_t*>(c), dims, strides, box, estr,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    throw Error(std::string(OP) + ": cuTensorMapEncodeTiled refused the latent cache map (CUresult " + std::to_string(r) +
+                "; max_len = " + std::to_string(max_len) + ", B = " + std::to_string(B) + ", sc_t = " +
+                std::to_string(sc_t) + ", sc_b = " + std::to_string(sc_b) + ")");
+  return map;
+}
+
+/// Launches v7's split kernel (the tensor map is a __grid_constant__ parameter: TMA reads it from parameter space).
+template <int H>
+void launch_split_v7(const CUtensorMap& map, dim3 grid, cudaStream_t stream, const SParams& p) {
+  static bool attr = false;
+  if (!attr) {
+    cuda_check(cudaFuncSetAttribute(v7::mla_split_kernel_v7<H>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(v7::SMEM)),
+               "cudaFuncSetAttribute(mla_split_kernel_v7)");
+    attr = true;
+  }
+  v7::mla_split_kernel_v7<H><<<grid, NTHR, v7::SMEM, stream>>>(map, p);
+  cuda_check(cudaGetLastError(), "mla_split_kernel_v7 launch");
 }
 
 }  // namespace
@@ -1600,6 +1976,20 @@ void mla_decode(const MlaDecodeArgs& a, cudaStream_t stream) {
            sq_b % 8 == 0) ? 1 : 0;
   p.p_hi_only = a.p_hi_only ? 1 : 0;
   const dim3 grid(pl.num_splits, a.B), cgrid(a.H, a.B);
+  if (a.variant == 7) {
+    const CUtensorMap map = latent_tensor_map(a.c, a.max_len, a.B, sc_t, sc_b);
+    if (a.H == 32)
+      launch_split_v7<32>(map, grid, stream, p);
+    else
+      launch_split_v7<16>(map, grid, stream, p);
+    const dim3 qgrid(a.H, a.B, 4);
+    const int threads = 32 * std::min(16, pl.num_splits);
+    if (a.H == 32)
+      launch_combine_pdl<mla_combine_kernel_v6<32>>(qgrid, stream, p, "mla_combine_kernel_v6<32>", threads);
+    else
+      launch_combine_pdl<mla_combine_kernel_v6<16>>(qgrid, stream, p, "mla_combine_kernel_v6<16>", threads);
+    return;
+  }
   if (a.variant == 5 || a.variant == 6) {
     if (a.H == 32)
       launch_split<v5::mla_split_kernel_v5<32>>(v5::SMEM, grid, stream, p, "mla_split_kernel_v5<32>");

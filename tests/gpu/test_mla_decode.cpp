@@ -1,8 +1,8 @@
 // Absorbed MLA decode kernel (kernels/mla.hpp) against a float64 softmax(scale q~ C^T) C on the same
 // bf16 latent cache and the exact (unrounded, float64) absorbed query q~; fresh seeded inputs (never
 // zeros), outputs and workspace poisoned (NaN) before every run. Every case runs for every split kernel
-// (variant 1 = mma.sync, 2 = wgmma, 4 = 2 with early refill, 5 = seesaw, 6 = seesaw with the one-round combine; 3 was
-// removed) and prints rel_rms per case and variant; v5 is also compared with v2 directly (same precision plan: they
+// (variant 1 = mma.sync, 2 = wgmma, 4 = 2 with early refill, 5 = seesaw, 6 = seesaw with the one-round combine,
+// 7 = the seesaw on 32-token blocks in a TMA-filled ring; 3 was removed) and prints rel_rms per case and variant; v5 is also compared with v2 directly (same precision plan: they
 // agree to ~1e-5) and v6 with v5 (same split kernel: only the combine's fp32 summation order differs).
 // Runs only where the CUDA kernels are built (ctest label gpu).
 #include <cmath>
@@ -157,7 +157,7 @@ kernels::MlaDecodeArgs with_variant(kernels::MlaDecodeArgs a, int variant) {
   return a;
 }
 
-constexpr int kVariants[] = {1, 2, 4, 5, 6};
+constexpr int kVariants[] = {1, 2, 4, 5, 6, 7};
 
 std::vector<std::size_t> all_heads(std::size_t H) {
   std::vector<std::size_t> v(H);
@@ -248,16 +248,21 @@ TEST_CASE("mla decode v5 equals v2 to the rounding of their hi + lo parts, v6 eq
     auto a = args_of(c, q, cs.N, kScale);
     a.num_splits = cs.splits;
     const auto o2 = run(with_variant(a, 2)), o5 = run(with_variant(a, 5)), o6 = run(with_variant(a, 6));
+    const auto o7 = run(with_variant(a, 7));
     const auto m = compare(o5, o2);
     const auto m6 = compare(o6, o5);  // same split kernel, combine v6 vs v4: only the fp32 order of the sums differs
+    const auto m7 = compare(o7, o6);  // same math on 32-token blocks, same combine
     const auto pl = kernels::mla_decode_plan(with_variant(a, 5));
     std::printf("mla decode v5 vs v2 N=%zu H=%zu (v5: %d splits of %d): rel_rms %.3e max_abs %.3e; v6 vs v5 rel_rms "
-                "%.3e max_abs %.3e\n", cs.N, cs.H, pl.num_splits, pl.split_len, m.rel_rms, m.max_abs, m6.rel_rms, m6.max_abs);
-    CAPTURE(cs.N, cs.H, cs.splits, m.rel_rms, m6.rel_rms);
+                "%.3e max_abs %.3e; v7 vs v6 rel_rms %.3e max_abs %.3e\n", cs.N, cs.H, pl.num_splits, pl.split_len,
+                m.rel_rms, m.max_abs, m6.rel_rms, m6.max_abs, m7.rel_rms, m7.max_abs);
+    CAPTURE(cs.N, cs.H, cs.splits, m.rel_rms, m6.rel_rms, m7.rel_rms);
     REQUIRE(m.nan_count + m.inf_count == 0);
     REQUIRE(m6.nan_count + m6.inf_count == 0);
+    REQUIRE(m7.nan_count + m7.inf_count == 0);
     CHECK(m.rel_rms <= tol::mla_decode_v5_vs_v2.value);
     CHECK(m6.rel_rms <= tol::mla_decode_combine_order.value);
+    CHECK(m7.rel_rms <= tol::mla_decode_v7_vs_v6.value);
   }
 }
 
@@ -280,6 +285,38 @@ TEST_CASE("mla decode: batch of different lengths (incl. 1), per-sequence truths
       CAPTURE(v, b, lens[b], m.rel_rms);
       REQUIRE(m.nan_count + m.inf_count == 0);
       CHECK(m.rel_rms <= tol::mla_decode_goal.value);
+    }
+  }
+}
+
+TEST_CASE("mla decode: NaN in the cache past each sequence's length does not reach the output", "[gpu][mla]") {
+  // Tokens in [lens[b], capacity) are not part of sequence b: a cache may hold anything there. The kernels that load
+  // whole blocks (v7's TMA boxes of 32 tokens reach up to max_len) must zero those rows before P C (P = 0 there,
+  // but 0 * NaN = NaN); the cp.async kernels zero-fill them at the load.
+  const std::vector<int> lens = {70, 3000, 1, 1000, 2049};
+  const std::size_t B = lens.size(), cap = 3100;
+  Cache c(B, cap, DC, fresh_seed());
+  const std::uint16_t nan_bits = 0x7fc0;
+  for (std::size_t b = 0; b < B; ++b)
+    for (std::size_t t = static_cast<std::size_t>(lens[b]); t < cap; ++t)
+      for (std::size_t k = 0; k < DC; ++k) std::memcpy(&c.h[(b * cap + t) * DC + k], &nan_bits, 2);
+  cuda_check(cudaMemcpy(c.d.p, c.h.data(), c.d.bytes, cudaMemcpyHostToDevice), "upload cache");
+  const Query q(B, 32, kSigma, fresh_seed());
+  DevBuf dl(B * 4);
+  cuda_check(cudaMemcpy(dl.p, lens.data(), dl.bytes, cudaMemcpyHostToDevice), "lens");
+  for (const int max_len : {3000, 3100}) {  // tokens past max_len: the TMA out-of-bounds fill (3000) or inside it
+    auto a = args_of(c, q, static_cast<std::size_t>(max_len), kScale);
+    a.lens = dl.as<int>();
+    for (int v : kVariants) {
+      const auto out = run(with_variant(a, v));
+      for (std::size_t b = 0; b < B; ++b) {
+        const auto m = compare_rows(out, truth_rows(c, q, b, {0, 17, 31}, lens[b], kScale), 32, b, {0, 17, 31});
+        std::printf("mla decode v%d NaN past the length, max_len=%d b=%zu len=%d: rel_rms %.3e\n", v, max_len, b,
+                    lens[b], m.rel_rms);
+        CAPTURE(v, max_len, b, lens[b], m.rel_rms);
+        REQUIRE(m.nan_count + m.inf_count == 0);
+        CHECK(m.rel_rms <= tol::mla_decode_goal.value);
+      }
     }
   }
 }
@@ -426,7 +463,7 @@ TEST_CASE("mla decode: bad inputs give clear errors before any launch", "[gpu][m
   bad.B = 0;
   CHECK_THROWS_AS(kernels::mla_decode(bad, nullptr), Error);
   bad = good;
-  bad.variant = 7;
+  bad.variant = 8;
   CHECK_THROWS_AS(kernels::mla_decode(bad, nullptr), Error);
   bad.variant = 3;  // removed in session 4
   CHECK_THROWS_AS(kernels::mla_decode(bad, nullptr), Error);
