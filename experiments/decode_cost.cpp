@@ -219,7 +219,7 @@ void register_decode_cost(Registry& reg) {
       ->capture_default_str();
   c.app->add_option("--k3-layers", o->k3_layers,
                     "K3 layer count for its layout (not public: 89 or 93 suggested; illustrative)")->type_name(kInt)->capture_default_str();
-  c.app->add_option("--gpu-n", o->gpu_n, "context lengths n of the GPU-measured MLA read (0 = skip the GPU rows)")
+  c.app->add_option("--gpu-n", o->gpu_n, "context lengths n of the GPU rows: the CUDA kernels' decode steps of one layer (KDA, and MLA over an n-token latent cache) timed on the GPU, and the 48B hybrid / all-MLA ratio they give (0 = skip the GPU rows)")
       ->delimiter(',')->type_name(kInt)->capture_default_str();
   c.app->add_option("--gpu-iters", o->gpu_iters, "timed launches per GPU point (median)")->type_name(kInt)->capture_default_str();
   // cli::run's order: the options (here, with --quick's defaults applied first), then --out

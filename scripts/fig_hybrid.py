@@ -49,7 +49,7 @@ def main():
         if g is not None:
             o = np.argsort(g["n"])
             ax.plot(g["n"][o], g["speedup_48b"][o], "s", ms=5, mfc="none", color="#2ca02c",
-                    label="Kimi Linear 48B, measured on the H200 (batch 1)")
+                    label="Kimi Linear 48B, measured on the %s (batch 1)" % fs.gpu_name(f))
         ax.axhline(27 / 7, color="#2ca02c", ls=":", lw=0.9)
         ax.text(1.1e3, 27 / 7 * 1.03, "limit 27/7 = 3.86x", fontsize=6.5, color="#2ca02c")
         # the K3 layout's limit L / L_MLA (93/24 at the default --k3-layers 93: 23 blocks of 3 KDA + 1 MLA and the
