@@ -26,8 +26,7 @@
 //   the split kernel (MlaDecodeArgs::variant: 1 = mma.sync v1, 2 = wgmma v2, 4 = v2 with
 //   early per-warpgroup refill v4, 5 = the seesaw kernel v5 (the default in session 5), 6 = v5 with the one-round
 //   combine, the default since session 6; 7 = the seesaw on 32-token blocks in a TMA-filled ring, opt-in since
-//   session 12; 8 = that ring with one scores warpgroup and two P C warpgroups, opt-in since session 12; 3 was removed
-//   in session 4).
+//   session 12; 3 was removed in session 4).
 // mla-prefill (kernels/mla_prefill.hpp): shapes B:T:H with T new tokens behind a cached prefix of --prefix
 //   tokens (default 0); time = append + causal absorbed attention (q~ hi/lo given); prepare_ms = the query
 //   absorption (mla_absorb_query, d_nope = 128) alone; bytes = latent cache read once, c_new read + written,
@@ -739,9 +738,8 @@ void register_bench(Registry& reg) {
   a->add_option("--variant", o->mla_variant,
                 "mla-decode split kernel: 1 (mma.sync, v1), 2 (wgmma, v2), 4 (v2 with early refill and a PDL combine, "
                 "v4), 5 (seesaw: two warpgroups on alternate 64-token blocks, v5), 6 (v5's split kernel with the "
-                "one-round combine, v6, the library default), 7 (the seesaw on 32-token blocks in a 4-slot ring filled "
-                "by TMA, v7, opt-in) or 8 (v7's ring with fixed roles: one warpgroup scores, two multiply P by the "
-                "latents, v8, opt-in); 3 was removed. Only with --op "
+                "one-round combine, v6, the library default) or 7 (the seesaw on 32-token blocks in a 4-slot ring filled "
+                "by TMA, v7, opt-in); 3 was removed. Only with --op "
                 "mla-decode or all (refused with another op)")
       ->capture_default_str();
   a->add_option("--compare", o->compare,
@@ -775,11 +773,10 @@ void register_bench(Registry& reg) {
     require(o->kda_segments >= 0 && o->kda_segments <= 64,
             "--segments = " + std::to_string(o->kda_segments) + "; accepted: 0 (auto), 1 (off) or 2..64 segments");
     require(o->mla_variant == 1 || o->mla_variant == 2 || o->mla_variant == 4 || o->mla_variant == 5 ||
-                o->mla_variant == 6 || o->mla_variant == 7 || o->mla_variant == 8,
+                o->mla_variant == 6 || o->mla_variant == 7,
             "--variant = " + std::to_string(o->mla_variant) +
                 "; accepted: 1 (mma.sync), 2 (wgmma), 4 (v2 with early refill), 5 (seesaw), 6 (seesaw with the "
-                "one-round combine), 7 (seesaw on 32-token blocks, TMA ring) or 8 (TMA ring, scores and P C warpgroups), "
-                "mla-decode only (3 was removed)");
+                "one-round combine) or 7 (seesaw on 32-token blocks, TMA ring), mla-decode only (3 was removed)");
     // options that act on one op only, set to other than their default, are refused with another op, not dropped
     // silently; --op all takes each of them (it acts on that op's rows)
     struct OneOpOption {

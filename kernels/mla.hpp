@@ -67,7 +67,7 @@
 ///
 /// Errors: every check throws kdalab::Error naming the argument, its value and what is accepted
 /// (d_c != 512, d_rope != 0, H not in {16, 32}, max_len = 0 or > capacity, null or misaligned pointers,
-/// bad strides, scale not finite and > 0, workspace too small, variant not 1, 2, 4, 5, 6, 7 or 8, p_hi_only with
+/// bad strides, scale not finite and > 0, workspace too small, variant not 1, 2, 4, 5, 6 or 7, p_hi_only with
 /// variant 1), before anything is launched. A per-sequence length lens[b] outside [1, max_len] cannot
 /// be checked on the host (it lives on the device): that sequence's output rows are set to NaN. CUDA errors throw kdalab::Error with the CUDA message.
 #include <cstddef>
@@ -105,15 +105,14 @@ struct MlaDecodeArgs {
                                  ///< 4 = v2 with early per-warpgroup refill, its own plan and PDL combine,
                                  ///< (v5 uses v4's plan and combine), 6 = v5's split kernel with the one-round
                                  ///< combine; 7 = v5's seesaw on 32-token blocks in a 4-slot ring filled by TMA
-                                 ///< (opt-in, session 12; v6's plan and combine); 8 = v7's ring with one scores
-                                 ///< warpgroup and two P C warpgroups (opt-in); 3 was removed; plan and workspace
+                                 ///< (opt-in, session 12; v6's plan and combine); 3 was removed; plan and workspace
                                  ///< follow it
-  bool p_hi_only = false;        ///< ablation (variants 2, 4, 5, 6, 7, 8): P C with P_hi = bf16(P) alone (P_lo rows zero)
+  bool p_hi_only = false;        ///< ablation (variants 2, 4, 5, 6, 7): P C with P_hi = bf16(P) alone (P_lo rows zero)
 };
 
 /// Splits per sequence and tokens per split that mla_decode will use for these arguments
 /// (num_splits = 0: chosen from the SM count of the current device and max_len; split_len is a multiple
-/// of the variant's tile: 32 tokens for variant 1, 64 for variants 2 and 4 to 8; variants 4 to 8 pick the count of
+/// of the variant's tile: 32 tokens for variant 1, 64 for variants 2, 4, 5, 6 and 7; variants 4 to 7 pick the count of
 /// least modelled time, waves x (split_len + 128), v1/v2 the fewest slices filling >= 95% of the last
 /// wave). Checks the shapes and the variant.
 struct MlaDecodePlan {

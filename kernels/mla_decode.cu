@@ -1765,226 +1765,6 @@ __global__ void __launch_bounds__(NTHR, 1) mla_split_kernel_v7(const __grid_cons
 }
 }  // namespace v7
 
-// ================================================================================================
-// v8 (variant 8, session 12, opt-in): three warpgroups with fixed roles instead of the seesaw. The ncu profile of v6 /
-// v7 (bench/NOTES.md, "v7") showed the tensor pipe busy 26-28% of the time at N = 64K and 45-51% at 1M, the warps
-// waiting on the seesaw's cross-warpgroup hand-overs (mA, mB, P_A', P_B) and on wgmma completion. Here:
-//   warpgroup 0 (S): scores of every 32-token block (q~ C^T, 32 wgmma m64n32k16 from shared memory, v7's), the online
-//       softmax (running max m and sum l per head, in registers), P as bf16 hi + lo rows into one of two P tiles, the
-//       per-head correction 2^(m_old - m_new) beside it; then the next block, without waiting for the P C;
-//   warpgroups 1 and 2 (O_L, O_R): acc (64 rows x 256 columns, fp32, 128 registers) = corr acc + P C_blk[:, half],
-//       P read from its tile (2 wgmma m64n256k16 per block), one column half each.
-// The only hand-overs: "P tile full" (mbarrier, 128 arrivals of S) and "P tile empty" (mbarrier, one arrival per O
-// warpgroup), so S runs up to two blocks ahead of the P C. C blocks: v7's ring (4 slots of 32 tokens, TMA, slot
-// mbarriers); a block is released three times (S after its scores, each O after its P C) and the third release
-// (the shared counter's value mod 3 == 2) issues block j + 4 into the slot. S zeroes the rows of a partial block past
-// its valid tokens (all columns) before handing its P over. 384 threads, <= 168 registers each (no setmaxnreg).
-// Shared memory: q~ 64 KB, ring 128 KB, two P tiles (v5's 8 KB layout, tokens 0-31 used) 16 KB, corr 2 x 32 fp32,
-// 4 + 2 + 2 mbarriers and 4 counters: 209 KB. Same math and precision plan as v5 (P rounded at the running max of
-// each 32-token block); v6's plan, workspace and combine.
-namespace v8 {
-constexpr int NTHR8 = 384;
-using v7::BLK;
-using v7::CB_BYTES;
-using v7::NSLOT;
-using v7::SLOT_BYTES;
-constexpr int OFF_Q = 0;
-constexpr int OFF_C = 64 * DC * 2;
-constexpr int OFF_P = OFF_C + NSLOT * SLOT_BYTES;     // 2 P tiles of 8 KB
-constexpr int OFF_CORR = OFF_P + 2 * 64 * 128;       // 2 x 32 fp32
-constexpr int OFF_BAR = OFF_CORR + 2 * 32 * 4;       // full[4], p_full[2], p_empty[2]
-constexpr int OFF_CNT = OFF_BAR + 8 * 8;
-constexpr std::size_t SMEM = OFF_CNT + NSLOT * 4 + 1024;
-static_assert(SMEM <= 227 * 1024, "smem");
-static_assert(OFF_BAR % 8 == 0, "mbarrier alignment");
-
-using v7::mbar_init;
-using v7::mbar_wait;
-using wgmma_util::fence_reg;
-using wgmma_util::wgmma_wait;
-
-__device__ __forceinline__ void mbar_arrive(std::uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-/// Barrier of the 128 threads of warpgroup wg (0..2; named barriers 1..3).
-__device__ __forceinline__ void wg_bar(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory"); }
-
-/// One of the three releases of block j (thread 0 of a warpgroup, after its last read of the block completed and a
-/// warpgroup barrier); the third one issues block j + 4 into the freed slot.
-__device__ __forceinline__ void release3(const CUtensorMap* map, int* cnt, std::uint32_t c_addr, std::uint32_t bar_addr,
-                                         int j, int nblk, int start, int b) {
-  __threadfence_block();
-  const int old = atomicAdd(cnt + j % NSLOT, 1);
-  __threadfence_block();
-  if (old % 3 == 2 && j + NSLOT < nblk) v7::issue_block(map, c_addr, bar_addr, j + NSLOT, start, b);
-}
-
-/// Zeroes rows [valid, 32) of every column block of a slot (128 threads), then makes the stores visible to wgmma.
-__device__ __forceinline__ void zero_rows(unsigned char* slot, int valid, int wt) {
-  for (int i = wt; i < (BLK - valid) * 64; i += 128) {
-    const int row = valid + i / 64, cb = (i % 64) / 8, ch = i % 8;
-    *reinterpret_cast<uint4*>(slot + cb * CB_BYTES + row * 128 + ch * 16) = make_uint4(0, 0, 0, 0);
-  }
-  v2::fence_async_smem();
-}
-
-/// acc (one warpgroup's column half `half`, m64n256 layout) -> the workspace partial of slot `slot`: out row h =
-/// hi row 2h + lo row 2h + 1 (v5's epilogue shuffle).
-template <int H>
-__device__ __forceinline__ void store_acc(const SParams& p, const float* acc, long long slot, int half, const int* hd,
-                                          int lo_row, int cq) {
-  float* wa = p.ws_acc + slot * H * DC + 256 * half;
-#pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    float v[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float send = lo_row ? acc[4 * j + e] : acc[4 * (j + 16) + e];
-      const float mine = lo_row ? acc[4 * (j + 16) + e] : acc[4 * j + e];
-      v[e] = mine + __shfl_xor_sync(0xffffffffu, send, 4);
-    }
-    const int col = 8 * (lo_row ? j + 16 : j) + 2 * cq;
-    if (hd[0] < H) *reinterpret_cast<float2*>(wa + hd[0] * DC + col) = make_float2(v[0], v[1]);
-    if (hd[1] < H) *reinterpret_cast<float2*>(wa + hd[1] * DC + col) = make_float2(v[2], v[3]);
-  }
-}
-
-template <int H>
-__global__ void __launch_bounds__(NTHR8, 1) mla_split_kernel_v8(const __grid_constant__ CUtensorMap tmap, const SParams p) {
-  static_assert(H == 16 || H == 32, "H");
-  const int split = blockIdx.x, b = blockIdx.y;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, cq = lane % 4;
-  const int wg = __shfl_sync(0xffffffffu, warp / 4, 0), wt = tid % 128;
-  const int r0 = 16 * (warp % 4) + g;
-  const int hd[2] = {r0 >> 1, (r0 + 8) >> 1};
-  const int lo_row = g & 1;
-  const bool owner = lo_row == 0 && cq == 0;
-  const int len = seq_len(p, b);
-  if (len < 1 || len > p.max_len) return;  // the combine kernel writes NaN rows
-  const int start = split * p.split_len;
-  if (start >= len) return;
-  const int end = min(start + p.split_len, len);
-  const int nblk = (end - start + BLK - 1) / BLK;
-
-  extern __shared__ unsigned char smem_raw[];
-  const std::uint32_t raw_addr = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem_raw));
-  unsigned char* smem = smem_raw + ((1024 - (raw_addr & 1023)) & 1023);
-  const std::uint32_t sbase = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem));
-  const std::uint32_t q_addr = sbase + OFF_Q, c_addr = sbase + OFF_C, bar_addr = sbase + OFF_BAR;
-  const std::uint32_t pfull_addr = bar_addr + 8 * NSLOT, pempty_addr = pfull_addr + 16;
-  float* corr_s = reinterpret_cast<float*>(smem + OFF_CORR);
-  int* cnt = reinterpret_cast<int*>(smem + OFF_CNT);
-  const CUtensorMap* map = &tmap;
-  auto slot_of = [&](int j) { return c_addr + (j % NSLOT) * SLOT_BYTES; };
-  auto wait_block = [&](int j) { mbar_wait(bar_addr + 8 * (j % NSLOT), (j / NSLOT) & 1); };
-
-  if (tid == 0) {
-#pragma unroll
-    for (int s = 0; s < NSLOT; ++s) {
-      mbar_init(bar_addr + 8 * s, 1);
-      cnt[s] = 0;
-    }
-    for (int k = 0; k < 2; ++k) {
-      mbar_init(pfull_addr + 8 * k, 128);
-      mbar_init(pempty_addr + 8 * k, 2);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    v2::fence_async_smem();
-    for (int j = 0; j < min(NSLOT, nblk); ++j) v7::issue_block(map, c_addr, bar_addr, j, start, b);
-  }
-  if (wg == 0) {
-    v5::load_q_half<H>(smem + OFF_Q, p, b, wt, 0);
-    v5::load_q_half<H>(smem + OFF_Q, p, b, wt, 1);
-    cp_async_commit();
-  }
-  __syncthreads();
-  const long long wslot = static_cast<long long>(b) * p.num_splits + split;
-
-  if (wg == 0) {
-    // ---- S: scores, online softmax, P tiles
-    cp_async_wait<0>();
-    v2::fence_async_smem();
-    wg_bar(0);
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-    for (int j = 0; j < nblk; ++j) {
-      const int pb = j & 1, u = j >> 1;
-      float sc[16];
-      wait_block(j);
-      v2::wgmma_fence();
-      v7::scores_blk(sc, q_addr, slot_of(j));
-      wgmma_wait<0>();
-#pragma unroll
-      for (int e = 0; e < 16; ++e) fence_reg(sc[e]);
-      const int valid = min(BLK, end - (start + j * BLK));
-      if (valid < BLK) zero_rows(smem + OFF_C + (j % NSLOT) * SLOT_BYTES, valid, wt);
-      wg_bar(0);
-      if (wt == 0) release3(map, cnt, c_addr, bar_addr, j, nblk, start, b);
-      float mx[2], mn[2], c[2], sum[2];
-      v5::row_scores<16>(sc, valid, p.scale_log2, cq, mx);
-#pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        mn[k] = fmaxf(m[k], mx[k]);
-        c[k] = exp2f(m[k] - mn[k]);  // 0 on the first block (m = -inf)
-      }
-      v5::exp_rows<16>(sc, mn, sum);
-#pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        l[k] = l[k] * c[k] + sum[k];
-        m[k] = mn[k];
-      }
-      std::uint32_t pa[2][4];
-      v5::pack_p<2>(sc, pa, lo_row, p.p_hi_only);
-      if (j >= 2) mbar_wait(pempty_addr + 8 * pb, (u - 1) & 1);  // the O warpgroups are done with block j - 2
-      v5::store_p<2>(smem + OFF_P + pb * 64 * 128, pa, r0, cq);
-      if (owner) { corr_s[32 * pb + hd[0]] = c[0]; corr_s[32 * pb + hd[1]] = c[1]; }
-      v2::fence_async_smem();
-      mbar_arrive(pfull_addr + 8 * pb);
-    }
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      l[k] += __shfl_xor_sync(0xffffffffu, l[k], 1);
-      l[k] += __shfl_xor_sync(0xffffffffu, l[k], 2);
-    }
-    if (owner) {
-#pragma unroll
-      for (int k = 0; k < 2; ++k)
-        if (hd[k] < H) {
-          float* wm = p.ws_ml + (wslot * H + hd[k]) * 2;
-          wm[0] = m[k];
-          wm[1] = l[k];
-        }
-    }
-  } else {
-    // ---- O_L (wg 1) / O_R (wg 2): acc = corr acc + P C_blk[:, half]
-    const int half = wg - 1;
-    float acc[128];
-#pragma unroll
-    for (int e = 0; e < 128; ++e) acc[e] = 0.0f;
-    for (int j = 0; j < nblk; ++j) {
-      const int pb = j & 1, u = j >> 1;
-      mbar_wait(pfull_addr + 8 * pb, u & 1);
-      wait_block(j);  // (completed: S scored it; makes the TMA writes visible here)
-      const float c[2] = {corr_s[32 * pb + hd[0]], corr_s[32 * pb + hd[1]]};
-      v5::rescale(acc, c);
-      v2::wgmma_fence();
-      v5::pc_block<2, CB_BYTES>(acc, nullptr, sbase + OFF_P + pb * 64 * 128, slot_of(j), half);
-      v2::wgmma_commit();
-      wgmma_wait<0>();
-#pragma unroll
-      for (int e = 0; e < 128; ++e) fence_reg(acc[e]);
-      wg_bar(wg);
-      if (wt == 0) {
-        mbar_arrive(pempty_addr + 8 * pb);
-        release3(map, cnt, c_addr, bar_addr, j, nblk, start, b);
-      }
-    }
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-    store_acc<H>(p, acc, wslot, half, hd, lo_row, cq);
-  }
-}
-}  // namespace v8
-
 
 const char* const OP = "mla_decode";
 /// v4 split planning: a slice's fixed cost in tokens of streaming (the q~ load, 64 KB, and the partial,
@@ -2015,16 +1795,14 @@ void check_shapes(const MlaDecodeArgs& a) {
   if (a.max_len < 1 || a.max_len > a.capacity)
     fail("max_len = " + std::to_string(a.max_len) + "; accepted: 1 <= max_len <= capacity = " +
          std::to_string(a.capacity) + " (N = 0 or a context past the cache capacity)");
-  if (a.variant != 1 && a.variant != 2 && a.variant != 4 && a.variant != 5 && a.variant != 6 && a.variant != 7 &&
-      a.variant != 8)
+  if (a.variant != 1 && a.variant != 2 && a.variant != 4 && a.variant != 5 && a.variant != 6 && a.variant != 7)
     fail("variant = " + std::to_string(a.variant) +
          "; accepted: 1 (mma.sync split kernel), 2 (wgmma split kernel), 4 (variant 2 with per-warpgroup early "
-         "refill), 5 (seesaw split kernel), 6 (seesaw split kernel with the one-round combine), 7 (seesaw on "
-         "32-token blocks in a TMA-filled 4-slot ring, one-round combine) or 8 (v7's ring, one scores warpgroup and "
-         "two P C warpgroups)" +
+         "refill), 5 (seesaw split kernel), 6 (seesaw split kernel with the one-round combine) or 7 (seesaw on "
+         "32-token blocks in a TMA-filled 4-slot ring, one-round combine)" +
          (a.variant == 3 ? std::string(" (variant 3 was removed: variant 4 is faster on every measured shape)") : ""));
   if (a.p_hi_only && a.variant == 1)
-    fail("p_hi_only = true needs variant = 2, 4, 5, 6, 7 or 8 (an ablation of the wgmma kernels)");
+    fail("p_hi_only = true needs variant = 2, 4, 5, 6 or 7 (an ablation of the wgmma kernels)");
   if (a.num_splits < 0) fail("num_splits = " + std::to_string(a.num_splits) + "; accepted: >= 0 (0 = automatic)");
 }
 
@@ -2102,20 +1880,6 @@ void launch_split_v7(const CUtensorMap& map, dim3 grid, cudaStream_t stream, con
   }
   v7::mla_split_kernel_v7<H><<<grid, NTHR, v7::SMEM, stream>>>(map, p);
   cuda_check(cudaGetLastError(), "mla_split_kernel_v7 launch");
-}
-
-/// Launches v8's split kernel (384 threads; the tensor map as in v7).
-template <int H>
-void launch_split_v8(const CUtensorMap& map, dim3 grid, cudaStream_t stream, const SParams& p) {
-  static bool attr = false;
-  if (!attr) {
-    cuda_check(cudaFuncSetAttribute(v8::mla_split_kernel_v8<H>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(v8::SMEM)),
-               "cudaFuncSetAttribute(mla_split_kernel_v8)");
-    attr = true;
-  }
-  v8::mla_split_kernel_v8<H><<<grid, v8::NTHR8, v8::SMEM, stream>>>(map, p);
-  cuda_check(cudaGetLastError(), "mla_split_kernel_v8 launch");
 }
 
 }  // namespace
@@ -2212,18 +1976,12 @@ void mla_decode(const MlaDecodeArgs& a, cudaStream_t stream) {
            sq_b % 8 == 0) ? 1 : 0;
   p.p_hi_only = a.p_hi_only ? 1 : 0;
   const dim3 grid(pl.num_splits, a.B), cgrid(a.H, a.B);
-  if (a.variant == 7 || a.variant == 8) {
+  if (a.variant == 7) {
     const CUtensorMap map = latent_tensor_map(a.c, a.max_len, a.B, sc_t, sc_b);
-    if (a.variant == 8) {
-      if (a.H == 32)
-        launch_split_v8<32>(map, grid, stream, p);
-      else
-        launch_split_v8<16>(map, grid, stream, p);
-    } else if (a.H == 32) {
+    if (a.H == 32)
       launch_split_v7<32>(map, grid, stream, p);
-    } else {
+    else
       launch_split_v7<16>(map, grid, stream, p);
-    }
     const dim3 qgrid(a.H, a.B, 4);
     const int threads = 32 * std::min(16, pl.num_splits);
     if (a.H == 32)

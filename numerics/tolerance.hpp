@@ -149,13 +149,13 @@ inline constexpr Tolerance mla_decode_v5_vs_v2{5.0e-5,
     "round P at different running maxima (per 128 vs 64 tokens; v5 rescales the handed-over P before splitting) and "
     "sum in another order, so they differ by ~1e-5. A fragment, swizzle, shuffle or rescale bug gives 1e-3 .. 1."};
 
-/// MLA decode variants 7 and 8 vs 6 on the same inputs (the same math and precision plan on 32- instead of 64-token
+/// MLA decode variant 7 vs 6 on the same inputs (the same seesaw math and precision plan on 32- instead of 64-token
 /// blocks): relative RMS of the difference.
-inline constexpr Tolerance mla_decode_ring_vs_v6{5.0e-5,
-    "Same precision plan (q~ and P as bf16 hi + lo, fp32 accumulation), all ~3e-6 .. 1e-5 from float64; v7 rounds P "
-    "at the running maximum of each 64-token pair, v8 of each 32-token block, v6 of each 128-token pair, and the fp32 "
-    "sums run in another order, so they differ by ~1e-6 .. 1e-5 (as v5 vs v2). A wrong swizzle, box coordinate, slot, "
-    "parity, P tile or rescale gives 1e-3 .. 1."};
+inline constexpr Tolerance mla_decode_v7_vs_v6{5.0e-5,
+    "Same precision plan (q~ and P as bf16 hi + lo, fp32 accumulation), both ~3e-6 .. 1e-5 from float64; v7 rounds P "
+    "at the running maximum of each 64-token pair, v6 of each 128-token pair, and the fp32 sums run in another order, "
+    "so they differ by ~1e-6 .. 1e-5 (as v5 vs v2). A wrong swizzle, box coordinate, slot, parity or rescale gives "
+    "1e-3 .. 1."};
 
 /// MLA decode variant 6 vs 5 on the same inputs (the same split kernel and partials; only the combine differs:
 /// per-warp running maxima merged at the end vs one global maximum): relative RMS of the difference.

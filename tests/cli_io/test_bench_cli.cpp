@@ -30,7 +30,7 @@ TEST_CASE("bench: a bad option is named before --out is looked at, exit 2, nothi
       {"--op kda-prefill --overlap 7", "--overlap"},
       {"--op kda-prefill --segments 65", "--segments"},
       {"--op mla-decode --variant 3", "--variant"},
-      {"--op mla-decode --variant 9", "--variant"},
+      {"--op mla-decode --variant 8", "--variant"},
       {"--op all --shapes 1:16:1", "--shapes"},
       {"--op kda-prefill --shapes 1:16", "--shapes"},
       {"--op kda-decode --shapes 1:2:4", "--shapes"},
