@@ -68,6 +68,12 @@ namespace {
 nlohmann::json effective_config(CLI::App* sub);
 }  // namespace
 
+void describe_quick(Command& c, const std::string& what) {
+  c.app->get_option("--quick")->description("run a small version (seconds to a minute on a laptop CPU): " + what +
+                                            ", each unless given explicitly; the values used are recorded in the "
+                                            "results file's root attribute `config`");
+}
+
 std::unique_ptr<ResultsFile> Context::open_results() const {
   // Recomputed here, not taken from `config` (made before the run): --quick and the experiments'
   // own adjustments change option values inside run(), and the file must record what was used.

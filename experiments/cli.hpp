@@ -86,6 +86,12 @@ struct Command {
   std::function<void(Context&)> check;
 };
 
+/// Sets the --quick help of a subcommand to say which defaults --quick changes (`what`, e.g. "--trials 2, --vocab
+/// 2048"), so that --help tells a newcomer what a quick run is without reading the code; the values used are also
+/// recorded in the results file's root attribute `config`. Each caller builds `what` from the same constants its
+/// check() applies.
+void describe_quick(Command& c, const std::string& what);
+
 class Registry {
  public:
   explicit Registry(CLI::App& root) : root_(root) {}

@@ -43,6 +43,11 @@ struct CopyOptions {
 };
 }  // namespace
 
+/// --quick's defaults (copy's check() and its --help).
+const std::vector<double> kQuickDk = {16, 32, 64};
+const std::vector<double> kQuickL = {4, 8, 16, 32, 64, 128, 256};
+constexpr double kQuickTrials = 8;
+
 void register_copy(Registry& reg) {
   auto o = std::make_shared<CopyOptions>();
   auto& c = reg.add("copy",
@@ -66,12 +71,13 @@ void register_copy(Registry& reg) {
   a->add_option("--softmax-scale", o->softmax_scale, "inverse temperature of the softmax and MLA reads (> 0)")->capture_default_str();
   a->add_option("--decay-bias-lo", o->decay_bias_lo, "per-channel gate bias b ~ U(lo, hi): g = g_min Sigmoid(z + b)")->capture_default_str();
   a->add_option("--decay-bias-hi", o->decay_bias_hi, "upper end of the gate bias range")->capture_default_str();
+  describe_quick(c, fmt::format("--d-k {}, --L {}, --trials {}", fmt::join(kQuickDk, ","), fmt::join(kQuickL, ","), kQuickTrials));
   // cli::run's order: the options (here, with --quick's defaults applied first), then --out
   c.check = [o, opt](Context& ctx) {
     if (ctx.common.quick) {
-      if (!opt.at("d-k")->count()) o->d_k = {16, 32, 64};
-      if (!opt.at("L")->count()) o->L = {4, 8, 16, 32, 64, 128, 256};
-      if (!opt.at("trials")->count()) o->trials = 8;
+      if (!opt.at("d-k")->count()) o->d_k = kQuickDk;
+      if (!opt.at("L")->count()) o->L = kQuickL;
+      if (!opt.at("trials")->count()) o->trials = kQuickTrials;
     }
     o->mems.clear();
     for (const auto& m : o->memories) o->mems.push_back(parse_memory(m, "--memories"));

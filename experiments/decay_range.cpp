@@ -53,6 +53,9 @@ struct DecayRangeOptions {
 };
 }  // namespace
 
+/// --quick's defaults (decay-range's check() and its --help).
+constexpr double kQuickT = 128, kQuickD = 32;
+
 void register_decay_range(Registry& reg) {
   auto o = std::make_shared<DecayRangeOptions>();
   auto& c = reg.add("decay-range",
@@ -71,10 +74,11 @@ void register_decay_range(Registry& reg) {
   a->add_option("--gate-shift", o->gate_shift, "added to the gate logit so decays sit near their bound (0 = anchor-kda)")->capture_default_str();
   a->add_option("--kernel-plan", o->kernel_plan, "also run the twin with the CUDA kernel's plan (true/false)")->capture_default_str();
   // cli::run's order: the options (here, with --quick's defaults applied first), then --out
+  describe_quick(c, fmt::format("--T {}, --D {}", kQuickT, kQuickD));
   c.check = [o, opt](Context& ctx) {
     if (ctx.common.quick) {
-      if (!opt.at("T")->count()) o->T = 128;
-      if (!opt.at("D")->count()) o->D = 32;
+      if (!opt.at("T")->count()) o->T = kQuickT;
+      if (!opt.at("D")->count()) o->D = kQuickD;
     }
     for (double g : o->g_min) require(g < 0 && std::isfinite(g), fmt::format("--g-min: {} must be a finite negative number", g));
     for (double cc : o->C) require(cc >= 1 && cc <= 64 && cc == std::floor(cc), fmt::format("--C: {} is not an integer in [1, 64]", cc));

@@ -195,6 +195,10 @@ struct Layout {
 };
 }  // namespace
 
+/// --quick's defaults (decode-cost's check() and its --help).
+const std::vector<double> kQuickCpuN = {1024, 2048, 4096, 8192, 16384};
+constexpr double kQuickMinTime = 0.02;
+
 /// Registers `kdalab decode-cost` (the per-token decode cost experiment described at the top of this file) with `reg`.
 void register_decode_cost(Registry& reg) {
   auto o = std::make_shared<DecodeCostOptions>();
@@ -223,10 +227,11 @@ void register_decode_cost(Registry& reg) {
       ->delimiter(',')->type_name(kInt)->capture_default_str();
   c.app->add_option("--gpu-iters", o->gpu_iters, "timed launches per GPU point (median)")->type_name(kInt)->capture_default_str();
   // cli::run's order: the options (here, with --quick's defaults applied first), then --out
+  describe_quick(c, fmt::format("--cpu-n {}, --min-time {}", fmt::join(kQuickCpuN, ","), kQuickMinTime));
   c.check = [o, cpu_n_opt, min_time_opt](Context& ctx) {
     if (ctx.common.quick) {
-      if (!cpu_n_opt->count()) o->cpu_n = {1024, 2048, 4096, 8192, 16384};
-      if (!min_time_opt->count()) o->min_time = 0.02;
+      if (!cpu_n_opt->count()) o->cpu_n = kQuickCpuN;
+      if (!min_time_opt->count()) o->min_time = kQuickMinTime;
     }
     require(o->cpu_d >= 1 && o->cpu_d <= 512 && o->cpu_d == std::floor(o->cpu_d), fmt::format("--cpu-d: {} is not an integer in [1, 512]", o->cpu_d));
     // Each --cpu-n value: an integer in [0, 1e6] (the range message alone when that fails), and then a softmax cache

@@ -308,6 +308,11 @@ std::string merge_point_note(const std::string& head, const std::vector<PointNot
 
 }  // namespace
 
+/// --quick's defaults (parity's check() and its --help).
+const std::vector<double> kQuickT = {17, 300, 1000};
+const std::vector<std::string> kQuickGate = {"bounded", "softplus"}, kQuickBeta = {"sigmoid", "one"};
+const std::string kQuickTruth = "f64";
+
 /// Registers `kdalab parity` (the numeric-parity sweep described at the top of this file) with `reg`.
 void register_parity(Registry& reg) {
   auto o = std::make_shared<ParityOptions>();
@@ -358,13 +363,15 @@ void register_parity(Registry& reg) {
       ->capture_default_str();
 
   // cli::run's order: the options (here, with --quick's defaults applied first), then --out; run does the work
+  describe_quick(c, fmt::format("--T {}, --gate {}, --beta {}, --truth {}", fmt::join(kQuickT, ","),
+                                 fmt::join(kQuickGate, ","), fmt::join(kQuickBeta, ","), kQuickTruth));
   c.check = [o](Context& ctx) {
     auto given = [&](const char* name) { return ctx.app->get_option(name)->count() > 0; };
     if (ctx.common.quick) {  // a small grid, float64 truth; options given explicitly still win
-      if (!given("--T")) o->T = {17, 300, 1000};
-      if (!given("--gate")) o->gate = {"bounded", "softplus"};
-      if (!given("--beta")) o->beta = {"sigmoid", "one"};
-      if (!given("--truth")) o->truth = "f64";
+      if (!given("--T")) o->T = kQuickT;
+      if (!given("--gate")) o->gate = kQuickGate;
+      if (!given("--beta")) o->beta = kQuickBeta;
+      if (!given("--truth")) o->truth = kQuickTruth;
     }
     // ---- validate everything before any work (a bad config writes no file) ----
     for (const auto* l : {&o->B, &o->T, &o->H, &o->dk, &o->dv, &o->C, &o->g_min})

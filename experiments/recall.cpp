@@ -76,6 +76,10 @@ struct Acc {
 };
 }  // namespace
 
+/// --quick's defaults (recall's check() and its --help).
+const std::vector<double> kQuickDk = {16, 32, 64};
+constexpr double kQuickTrials = 2, kQuickVocab = 2048;
+
 void register_recall(Registry& reg) {
   auto o = std::make_shared<RecallOptions>();
   auto& c = reg.add("recall",
@@ -101,12 +105,13 @@ void register_recall(Registry& reg) {
   a->add_option("--softmax-scale", o->softmax_scale, "inverse temperature of the softmax and MLA reads (> 0)")->capture_default_str();
   a->add_option("--decay-bias-lo", o->decay_bias_lo, "per-channel gate bias b ~ U(lo, hi): g = g_min Sigmoid(z + b), z ~ N(0,1)")->capture_default_str();
   a->add_option("--decay-bias-hi", o->decay_bias_hi, "upper end of the gate bias range")->capture_default_str();
+  describe_quick(c, fmt::format("--d-k {}, --trials {}, --vocab {}", fmt::join(kQuickDk, ","), kQuickTrials, kQuickVocab));
   // cli::run's order: the options (here, with --quick's defaults applied first), then --out
   c.check = [o, opt](Context& ctx) {
     if (ctx.common.quick) {  // small defaults, unless given
-      if (!opt.at("d-k")->count()) o->d_k = {16, 32, 64};
-      if (!opt.at("trials")->count()) o->trials = 2;
-      if (!opt.at("vocab")->count()) o->vocab = 2048;
+      if (!opt.at("d-k")->count()) o->d_k = kQuickDk;
+      if (!opt.at("trials")->count()) o->trials = kQuickTrials;
+      if (!opt.at("vocab")->count()) o->vocab = kQuickVocab;
     }
     o->mems.clear();
     for (const auto& m : o->memories) o->mems.push_back(parse_memory(m, "--memories"));

@@ -12,6 +12,7 @@
 //    linear attention's dot hid under DeltaNet's at the same L: the names now sit beside the panel and coinciding
 //    dots are drawn with figstyle's overlay;
 // 5. fig_recall's title did not say in which arithmetic the memories ran: it now says float64.
+// 7. (session 12) each experiment's --help now says which defaults --quick changes (left alone in session 11).
 // The figure tests run /usr/bin/python3 with --dump and are skipped with a warning when it lacks h5py or matplotlib.
 #include <string>
 
@@ -184,4 +185,32 @@ TEST_CASE("newcomer11: the root help says which subcommands write a file, check 
   REQUIRE(check.code == 0);
   CHECK(has(check, "it has no NaN/Inf. Default: the threshold fla's own tests use (RMS ratio 5e-3)"));
   CHECK(check.output.find("fails.)") == std::string::npos);
+}
+
+TEST_CASE("newcomer11 (left alone then, fixed in session 12): each experiment's --help says what --quick changes",
+          "[cli]") {
+  // 7. `--quick` said "smaller defaults for some options" in every experiment's --help, so a newcomer could not tell a
+  //    quick run's grid from the full one without reading the code or a results file. Each experiment now names the
+  //    values (built from the same constants its check applies).
+  struct Case {
+    std::string cmd, says;
+  };
+  for (const Case& c : {Case{"recall", "--d-k 16,32,64, --trials 2, --vocab 2048, each unless given explicitly"},
+                        Case{"copy", "--d-k 16,32,64, --L 4,8,16,32,64,128,256, --trials 8, each unless given"},
+                        Case{"parity", "--T 17,300,1000, --gate bounded,softplus, --beta sigmoid,one, --truth f64, each"},
+                        Case{"decode-cost", "--cpu-n 1024,2048,4096,8192,16384, --min-time 0.02, each unless given"},
+                        Case{"decay-range", "--T 128, --D 32, each unless given explicitly"}}) {
+    const RunResult r = run_kdalab(c.cmd + " --help");
+    INFO(c.cmd << "\n" << r.output);
+    REQUIRE(r.code == 0);
+    // CLI11 wraps long descriptions: compare with the help's whitespace runs collapsed to one space
+    std::string flat;
+    for (char ch : r.output) {
+      const bool ws = ch == ' ' || ch == '\n' || ch == '\t';
+      if (ws && (flat.empty() || flat.back() == ' ')) continue;
+      flat += ws ? ' ' : ch;
+    }
+    CHECK(flat.find(c.says) != std::string::npos);
+    CHECK(flat.find("smaller defaults for some options") == std::string::npos);
+  }
 }
