@@ -13,6 +13,7 @@
 //    dots are drawn with figstyle's overlay;
 // 5. fig_recall's title did not say in which arithmetic the memories ran: it now says float64.
 // 7. (session 12) each experiment's --help now says which defaults --quick changes (left alone in session 11).
+// 8. (session 12) a model config.json given to an experiment's --config is named as one (left alone in session 11).
 // The figure tests run /usr/bin/python3 with --dump and are skipped with a warning when it lacks h5py or matplotlib.
 #include <string>
 
@@ -213,4 +214,29 @@ TEST_CASE("newcomer11 (left alone then, fixed in session 12): each experiment's 
     CHECK(flat.find(c.says) != std::string::npos);
     CHECK(flat.find("smaller defaults for some options") == std::string::npos);
   }
+}
+
+TEST_CASE("newcomer11 (left alone then, fixed in session 12): a model config given to an experiment's --config is named "
+          "as one", "[cli]") {
+  // 8. `kdalab parity --config data/configs/kimi-k3.json` said only "unknown key '_comment' for 'parity'": the refusal
+  //    now says the file is a model config.json, that `kdalab info --config` reads those, and what an options file is;
+  //    exit 2, nothing written.
+  TempDir d;
+  for (const std::string cmd : {"parity", "recall", "decode-cost"}) {
+    const std::string out = d.file(cmd + ".h5");
+    const RunResult r = run_kdalab(cmd + " --quick --config data/configs/kimi-k3.json --out " + out);
+    INFO(cmd << "\n" << r.output);
+    CHECK(r.code == 2);
+    CHECK(has(r, "--config 'data/configs/kimi-k3.json': this is a model config.json (it has 'model_type'), not a "
+                 "kdalab options file for '" + cmd + "'"));
+    CHECK(has(r, "model configs are read by `kdalab info --config`"));
+    CHECK(!std::filesystem::exists(out));
+  }
+  // an options file with a wrong key keeps the old message
+  d.write("bad.json", "{\"T\": [17], \"no-such-option\": 1}");
+  const RunResult r = run_kdalab("parity --quick --config " + d.file("bad.json") + " --out " + d.file("p.h5"));
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(has(r, "unknown key 'no-such-option' for 'parity'; accepted keys: "));
+  CHECK(r.output.find("model config") == std::string::npos);
 }
