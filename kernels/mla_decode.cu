@@ -1548,15 +1548,16 @@ __device__ __forceinline__ void release_block(const CUtensorMap* map, int* cnt, 
   if ((old & 1) && j + NSLOT < nblk) issue_block(map, c_addr, bar_addr, j + NSLOT, start, b);
 }
 
-/// Zeroes rows [valid, 32) of column half `half` of a slot (16-byte stores by the 128 threads of warpgroup wg; the
-/// swizzle permutes chunks within a row, so whole rows are zeroed whatever it is), then makes them visible to wgmma.
-__device__ __forceinline__ void zero_tail(unsigned char* slot, int valid, int half, int wt, int wg) {
+/// Zeroes rows [valid, 32) of column half `half` of a slot (16-byte stores by the 128 threads of warpgroup `half`,
+/// which reads only that half in its P C; the swizzle permutes chunks within a row, so whole rows are zeroed whatever
+/// it is), then makes them visible to wgmma.
+__device__ __forceinline__ void zero_tail(unsigned char* slot, int valid, int half, int wt) {
   for (int i = wt; i < (BLK - valid) * 32; i += 128) {
     const int row = valid + i / 32, cb = 4 * half + (i % 32) / 8, ch = i % 8;
     *reinterpret_cast<uint4*>(slot + cb * CB_BYTES + row * 128 + ch * 16) = make_uint4(0, 0, 0, 0);
   }
   v2::fence_async_smem();
-  v2::wg_barrier(wg);
+  v2::wg_barrier(half);
 }
 
 /// Scores of one 32-token block: sc = q~ C_blk^T, 32 wgmma m64n32k16 (K = 512), issued and committed.
@@ -1602,9 +1603,12 @@ __global__ void __launch_bounds__(NTHR, 1) mla_split_kernel_v7(const __grid_cons
   int* cnt = reinterpret_cast<int*>(smem + OFF_CNT);
   const CUtensorMap* map = &tmap;
   auto slot_of = [&](int j) { return c_addr + (j % NSLOT) * SLOT_BYTES; };
-  auto slot_ptr = [&](int j) { return smem + OFF_C + (j % NSLOT) * SLOT_BYTES; };
   auto wait_block = [&](int j) { mbar_wait(bar_addr + 8 * (j % NSLOT), (j / NSLOT) & 1); };
   auto valid_of = [&](int j) { return min(BLK, end - (start + j * BLK)); };
+  // before warpgroup `half`'s P C on block j: a partial block's rows past its valid tokens, zeroed in that column half
+  auto zero_if_partial = [&](int j, int half) {
+    if (const int v = valid_of(j); v < BLK) zero_tail(smem + OFF_C + (j % NSLOT) * SLOT_BYTES, v, half, wt);
+  };
 
   // prologue: thread 0 sets up the slot barriers and issues the first 4 blocks; q~ by cp.async meanwhile
   if (tid == 0) {
@@ -1654,7 +1658,7 @@ __global__ void __launch_bounds__(NTHR, 1) mla_split_kernel_v7(const __grid_cons
       for (int k = 0; k < 2; ++k) l[k] = l[k] * cA[k] + sum[k];
       std::uint32_t pa[2][4];
       v5::pack_p<2>(sc, pa, lo_row, p.p_hi_only);
-      if (vA < BLK) zero_tail(slot_ptr(bA), vA, 0, wt, 0);
+      zero_if_partial(bA, 0);
       v5::rescale(acc, cA);
       v2::wgmma_fence();
       v5::pc_block<2, CB_BYTES>(acc, pa, 0, slot_of(bA), 0);
@@ -1681,8 +1685,7 @@ __global__ void __launch_bounds__(NTHR, 1) mla_split_kernel_v7(const __grid_cons
       if (hasB) {
         bar_sync(BAR_P1);
         wait_block(bB);  // (completed: warpgroup 1 scored it; the wait makes the TMA writes visible here)
-        const int vB = valid_of(bB);
-        if (vB < BLK) zero_tail(slot_ptr(bB), vB, 0, wt, 0);
+        zero_if_partial(bB, 0);
         v2::wgmma_fence();
         v5::pc_block<2, CB_BYTES>(acc, nullptr, pB_addr, slot_of(bB), 0);
         v2::wgmma_commit();
@@ -1731,16 +1734,14 @@ __global__ void __launch_bounds__(NTHR, 1) mla_split_kernel_v7(const __grid_cons
         v5::store_p<2>(pB_s, pa, r0, cq);
         v2::fence_async_smem();
         bar_arrive(BAR_P1);
-        const int vB = valid_of(bB);
-        if (vB < BLK) zero_tail(slot_ptr(bB), vB, 1, wt, 1);
+        zero_if_partial(bB, 1);
         v2::wgmma_fence();
         v5::pc_block<2, CB_BYTES>(acc, pa, 0, slot_of(bB), 1);
         v2::wgmma_commit();
       }
       bar_sync(BAR_P0);
       wait_block(bA);  // (completed: warpgroup 0 scored it)
-      const int vA = valid_of(bA);
-      if (vA < BLK) zero_tail(slot_ptr(bA), vA, 1, wt, 1);
+      zero_if_partial(bA, 1);
       v2::wgmma_fence();
       v5::pc_block<2, CB_BYTES>(acc, nullptr, pA_addr, slot_of(bA), 1);
       v2::wgmma_commit();
