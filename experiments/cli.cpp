@@ -213,13 +213,11 @@ std::vector<std::string> config_tokens(CLI::App* sub, const std::string& path) {
         if (const auto n = long_name(q); !n.empty() && n != "help" && n != "config") known += (known.empty() ? "" : ", ") + n;
       // a model config.json (data/configs/kimi-k3.json) given to an experiment's --config said only "unknown key
       // '_comment'" (session 10 newcomer, left alone in session 11): say what the file is and where it belongs
-      const char* model_keys[] = {"model_type", "hidden_size", "num_hidden_layers"};
-      for (const char* mk : model_keys)
-        if (j.contains(mk))
-          throw Error("--config '" + path + "': this is a model config.json (it has '" + mk + "'), not a kdalab options "
-                      "file for '" + sub->get_name() + "': model configs are read by `kdalab info --config`; an options "
-                      "file is a JSON object of " + sub->get_name() + "'s option names (e.g. the files in data/configs/ "
-                      "named after a subcommand); accepted keys: " + known);
+      if (looks_like_model_config(j))
+        throw Error("--config '" + path + "': this is a model config.json (it has hidden_size or num_hidden_layers), "
+                    "not a kdalab options file for '" + sub->get_name() + "': model configs are read by `kdalab info "
+                    "--config`; an options file is a JSON object of " + sub->get_name() + "'s option names (e.g. the "
+                    "files in data/configs/ named after a subcommand); accepted keys: " + known);
       throw Error("--config '" + path + "': unknown key '" + key + "' for '" + sub->get_name() + "'; accepted keys: " + known);
     }
     if (o->count() > 0) continue;  // the command line wins

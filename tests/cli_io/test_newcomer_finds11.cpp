@@ -227,8 +227,8 @@ TEST_CASE("newcomer11 (left alone then, fixed in session 12): a model config giv
     const RunResult r = run_kdalab(cmd + " --quick --config data/configs/kimi-k3.json --out " + out);
     INFO(cmd << "\n" << r.output);
     CHECK(r.code == 2);
-    CHECK(has(r, "--config 'data/configs/kimi-k3.json': this is a model config.json (it has 'model_type'), not a "
-                 "kdalab options file for '" + cmd + "'"));
+    CHECK(has(r, "--config 'data/configs/kimi-k3.json': this is a model config.json (it has hidden_size or "
+                 "num_hidden_layers), not a kdalab options file for '" + cmd + "'"));
     CHECK(has(r, "model configs are read by `kdalab info --config`"));
     CHECK(!std::filesystem::exists(out));
   }
