@@ -44,7 +44,8 @@ constexpr int NWARP = 8, NTHR = 256;
 constexpr int CROW = DC + 8;      // shared row stride of a cache tile (bf16): 1040 bytes
 constexpr int RP = TT + 8;        // row stride of the score partials (fp32)
 constexpr int PP = TT + 8;        // row stride of P hi/lo (bf16)
-constexpr int MIN_SPLIT = 256;    // fewest tokens per slice chosen automatically
+constexpr int MIN_SPLIT = 256;    // fewest tokens per slice chosen automatically (v1, v2)
+constexpr int MIN_SPLIT_V4 = 64;  // variants 4 to 7: one 64-token tile (session 13: 8K on 128 slices, was 32 of 256)
 
 template <int H>
 constexpr std::size_t smem_bytes() {
@@ -1916,7 +1917,8 @@ MlaDecodePlan mla_decode_plan(const MlaDecodeArgs& a) {
       // rounded up to whole 64-token tiles and the resulting slice count (v2's rule above takes the first
       // s with >= 95% fill before rounding: N = 65536 gives 114 slices of 576 where 128 of 512 fit one wave)
       long long best_cost = -1;
-      for (int s = 1; s <= std::min(smax, 4 * ((sms + a.B - 1) / a.B)); ++s) {
+      const int smax4 = std::max(1, a.max_len / MIN_SPLIT_V4);
+      for (int s = 1; s <= std::min(smax4, 4 * ((sms + a.B - 1) / a.B)); ++s) {
         const int len = ((a.max_len + s - 1) / s + v2::TILE - 1) / v2::TILE * v2::TILE;
         const int ns = (a.max_len + len - 1) / len;
         const long long waves = (static_cast<long long>(a.B) * ns + sms - 1) / sms;
