@@ -29,6 +29,64 @@
 namespace kdalab::cli {
 
 namespace {
+
+/// The stdout summary of recall: accuracy and relative error at N = d_k as two pivot tables, one row per memory
+/// configuration (memory, beta, g_min, MLA's d_c as its --dc-ratio), one column per (key kind, d_k), in the grid's
+/// order. Every row of the
+/// grid (every --ratio point) is in the results file; this is the number the paper figures read first.
+void print_at_n_dk(const Table& t, const std::vector<std::size_t>& rows) {
+  const auto& memory = std::get<std::vector<std::string>>(t.column("memory").data);
+  const auto& keys = std::get<std::vector<std::string>>(t.column("keys").data);
+  const auto& d_k = std::get<std::vector<std::int64_t>>(t.column("d_k").data);
+  const auto& beta = std::get<std::vector<double>>(t.column("beta").data);
+  const auto& g_min = std::get<std::vector<double>>(t.column("g_min").data);
+  const auto& d_c = std::get<std::vector<std::int64_t>>(t.column("d_c").data);
+  const auto& acc = std::get<std::vector<double>>(t.column("accuracy").data);
+  const auto& rel = std::get<std::vector<double>>(t.column("rel_err").data);
+  std::vector<std::string> row_names, col_names;
+  std::map<std::pair<std::size_t, std::size_t>, std::size_t> cell;
+  auto index_of = [](std::vector<std::string>& names, const std::string& n) {
+    const auto it = std::find(names.begin(), names.end(), n);
+    if (it != names.end()) return static_cast<std::size_t>(it - names.begin());
+    names.push_back(n);
+    return names.size() - 1;
+  };
+  for (std::size_t i : rows) {
+    std::string r = memory[i];
+    if (memory[i] != "softmax" && memory[i] != "mla" && memory[i] != "linear") r += fmt::format(" beta={:g}", beta[i]);
+    if (g_min[i] != 0.0) r += fmt::format(" g_min={:g}", g_min[i]);
+    if (d_c[i] != 0) r += fmt::format(" d_c={:g}(d_k+d_v)", static_cast<double>(d_c[i]) / (2.0 * d_k[i]));  // --dc-ratio
+    const std::size_t ri = index_of(row_names, r), ci = index_of(col_names, fmt::format("{} {}", keys[i], d_k[i]));
+    cell[{ri, ci}] = i;
+  }
+  std::size_t w = 6;
+  for (const auto& r : row_names) w = std::max(w, r.size());
+  std::size_t cw = 7;
+  for (const auto& c : col_names) cw = std::max(cw, c.size() + 1);
+  fmt::print("at N = d_k (acc: the readout decodes to the right value token, a scale-free test; rel_err also counts the "
+             "magnitude a decaying memory loses, so acc = 1 with rel_err near 1 is a well-aimed but faded readout; "
+             "columns: key kind and d_k; -: not in the grid):\n");
+  for (const char* what : {"acc", "rel_err"}) {
+    std::string line = fmt::format("  {:<{}}", what, w);
+    for (const auto& c : col_names) line += fmt::format("{:>{}}", c, cw);
+    fmt::print("{}\n", line);
+    for (std::size_t ri = 0; ri < row_names.size(); ++ri) {
+      line = fmt::format("  {:<{}}", row_names[ri], w);
+      for (std::size_t ci = 0; ci < col_names.size(); ++ci) {
+        const auto it = cell.find({ri, ci});
+        const std::string v = it == cell.end()              ? "-"
+                              : std::string(what) == "acc" ? fmt::format("{:.3f}", acc[it->second])
+                                                           : fmt::format("{:.1e}", rel[it->second]);
+        line += fmt::format("{:>{}}", v, cw);
+      }
+      fmt::print("{}\n", line);
+    }
+  }
+}
+
+}  // namespace
+
+namespace {
 using namespace kdalab::exp;
 
 struct RecallOptions {
@@ -310,21 +368,7 @@ void register_recall(Registry& reg) {
       fmt::print("at N = d_k: no rows (--ratio has no 1); every --ratio point is in {} (recall/capacity)\n",
                  ctx.common.out);
     else
-      fmt::print("at N = d_k (acc: the readout decodes to the right value token, a scale-free test; rel_err also "
-                 "counts the magnitude a decaying memory loses, so acc = 1 with rel_err near 1 is a well-aimed but "
-                 "faded readout):\n");
-    for (std::size_t i : at_n_dk) {
-      fmt::print("{:>15} {:>11} d_k={:<4} N={:<4} beta={:<4} g_min={:<5} d_c={:<4} acc={:.3f} rel_err={:.3e}\n",
-                 std::get<std::vector<std::string>>(t.column("memory").data)[i],
-                 std::get<std::vector<std::string>>(t.column("keys").data)[i],
-                 std::get<std::vector<std::int64_t>>(t.column("d_k").data)[i],
-                 std::get<std::vector<std::int64_t>>(t.column("N").data)[i],
-                 std::get<std::vector<double>>(t.column("beta").data)[i],
-                 std::get<std::vector<double>>(t.column("g_min").data)[i],
-                 std::get<std::vector<std::int64_t>>(t.column("d_c").data)[i],
-                 std::get<std::vector<double>>(t.column("accuracy").data)[i],
-                 std::get<std::vector<double>>(t.column("rel_err").data)[i]);
-    }
+      print_at_n_dk(t, at_n_dk);
     fmt::print("wrote {}\n", ctx.common.out);
     return 0;
   };

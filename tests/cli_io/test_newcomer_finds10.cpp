@@ -9,8 +9,10 @@
 // 5. `parity --impl cuda-bf16` where the kernel cannot run (no GPU) computed every point's truth (15 s for one T = 300
 //    point in mp) and only then exited 3: now exit 3 at once, before any truth and with no progress line;
 // 6. `recall --bogus` said "(see 'kdalab --help')", the help that lists only the subcommands: now 'kdalab recall --help'.
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <sstream>
 #include <string>
 
 #include "tests/catch.hpp"
@@ -40,13 +42,27 @@ TEST_CASE("newcomer10: recall without --ratio 1 says there is no N = d_k row ins
   REQUIRE(none.code == 0);
   CHECK(has(none, "at N = d_k: no rows (--ratio has no 1); every --ratio point is in " + d.file("a.h5")));
   CHECK(!has(none, "at N = d_k (acc:"));
-  // with ratio 1 in the grid the heading and its rows are printed as before
-  const RunResult one = run_kdalab(small + d.file("b.h5") + " --ratio 0.5,1");
+  // with ratio 1 in the grid the heading and its two pivot tables (acc, rel_err; session 13: was one line per row, 99
+  // lines for recall --quick) are printed: a row per memory configuration, a column per (key kind, d_k)
+  const RunResult one = run_kdalab(small + d.file("b.h5") + " --ratio 0.5,1 --beta 0.5,1");
   INFO(one.output);
   REQUIRE(one.code == 0);
   CHECK(has(one, "at N = d_k (acc:"));
-  CHECK(has(one, "d_k=8    N=8"));
   CHECK(!has(one, "no rows"));
+  std::vector<std::string> lines;
+  std::stringstream ss(one.output);
+  for (std::string l; std::getline(ss, l);) lines.push_back(l);
+  const auto header = std::find_if(lines.begin(), lines.end(), [](const std::string& l) { return l.rfind("  acc ", 0) == 0; });
+  REQUIRE(header != lines.end());
+  CHECK(header->find("random 8") != std::string::npos);  // the column: key kind and d_k
+  REQUIRE(header + 2 < lines.end());
+  CHECK((header + 1)->rfind("  kda beta=0.5 g_min=-5", 0) == 0);  // one row per (memory, beta, g_min)
+  CHECK((header + 2)->rfind("  kda beta=1 g_min=-5", 0) == 0);
+  CHECK(has(one, "  rel_err "));
+  // the summary is 1 heading + 2 x (1 header + 2 rows) lines, then "wrote"
+  const auto heading = std::find_if(lines.begin(), lines.end(), [](const std::string& l) { return l.rfind("at N = d_k (acc:", 0) == 0; });
+  const auto wrote = std::find_if(lines.begin(), lines.end(), [](const std::string& l) { return l.rfind("wrote ", 0) == 0; });
+  CHECK(wrote - heading == 7);
 }
 
 TEST_CASE("newcomer10: info --help says --seed, --quick and --quiet have no effect for info", "[cli][info]") {
