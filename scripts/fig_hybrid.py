@@ -1,7 +1,10 @@
 #!/usr/bin/python3
 """Figure: the hybrid's attention speedup over an all-MLA stack vs context and batch (kdalab decode-cost).
 
-Left: attention cost per token, all-MLA / hybrid, vs context n for the Kimi Linear 48B and K3
+Left: attention time per generated token at batch 1 vs context n (the layout of Kimi Linear's Fig. 1b, TPOT vs
+decoding length, for the attention layers only): each layout's memory-bound model, the kernels' measured times on the
+GPU when the file has them, and the paper's whole-model TPOTs at 1M for scale. Middle: attention cost per token,
+all-MLA / hybrid, vs context n for the Kimi Linear 48B and K3
 layouts, with each layout's limit L / L_MLA (27/7; the K3 layout's 93/24 at --k3-layers 93) and the reported
 6.24x (1.84 vs 11.48 ms at 1M) and ~2.2x at batch 1. Right: the largest batch whose caches and states fit the memory budget vs n.
 Usage: /usr/bin/python3 scripts/fig_hybrid.py RESULTS.h5 [--out-dir figures]
@@ -34,10 +37,42 @@ def layout_label(lay):
 def main():
     a = fs.parse_args(__doc__.splitlines()[0])
     with h5py.File(a.results, "r") as f:
-        h = fs.need_table(f, "decode_cost/hybrid", ("layout", "batch_kind", "n", "speedup_vs_mla", "batch"), a.results)
+        h = fs.need_table(f, "decode_cost/hybrid", ("layout", "batch_kind", "n", "speedup_vs_mla", "batch",
+                                                     "seconds_per_token"), a.results)
         at = f["decode_cost/hybrid"].attrs
-        fig, axes = plt.subplots(1, 2, figsize=(8.6, 4.3))  # 4.3 in: room for the right panel's legend below it
+        fig, axes = plt.subplots(1, 3, figsize=(12.9, 4.3))  # 4.3 in: room for the right panel's legend below it
+        g = fs.optional_table(f, "decode_cost/gpu", ("n", "speedup_48b", "hybrid_48b_s", "all_mla_27_s"))
         ax = axes[0]
+        for lay in sorted(set(h["layout"].tolist())):
+            sel = (h["layout"] == lay) & (h["batch_kind"] == "one")
+            if not sel.any():
+                continue
+            o = np.argsort(h["n"][sel])
+            col = STYLE.get(lay, ("#7f7f7f", lay))[0]
+            if lay == "all-mla-27":
+                col = STYLE["kimi-linear-48b"][0]
+            elif lay.startswith("all-mla"):
+                col = STYLE["kimi-k3"][0]
+            ls = "--" if lay.startswith("all-mla") else "-"
+            ax.plot(h["n"][sel][o], 1e3 * h["seconds_per_token"][sel][o], ls=ls, color=col, lw=1.2,
+                    label=layout_label(lay) + " (model)")
+        if g is not None:
+            o = np.argsort(g["n"])
+            ax.plot(g["n"][o], 1e3 * g["hybrid_48b_s"][o], "o", ms=4, mfc="none", color=STYLE["kimi-linear-48b"][0],
+                    label="Kimi Linear 48B, measured kernels on the %s" % fs.gpu_name(f))
+            ax.plot(g["n"][o], 1e3 * g["all_mla_27_s"][o], "s", ms=4, mfc="none", color="#7f7f7f",
+                    label="all-MLA 27, measured kernels on the %s" % fs.gpu_name(f))
+        # the paper's TPOTs at 1M (whole model, its batch): the scale the attention-only curves sit under
+        ax.plot([1 << 20], [11.48], "v", ms=6, color="#d62728", label="reported TPOT at 1M, MLA model (11.48 ms)")
+        ax.plot([1 << 20], [1.84], "^", ms=6, color="#d62728", mfc="none",
+                label="reported TPOT at 1M, Kimi Linear (1.84 ms)")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("context $n$ (tokens)")
+        ax.set_ylabel("attention time per generated token (ms), batch 1")
+        ax.set_title("Time per output token vs context (attention only)")
+        ax.legend(loc="upper left", fontsize=6.0)
+        ax = axes[1]
         for lay, (col, _) in STYLE.items():
             lab = layout_label(lay)
             sel = (h["layout"] == lay) & (h["batch_kind"] == "one")
@@ -45,7 +80,6 @@ def main():
                 continue
             o = np.argsort(h["n"][sel])
             ax.plot(h["n"][sel][o], h["speedup_vs_mla"][sel][o], "-o", ms=3, color=col, label=lab)
-        g = fs.optional_table(f, "decode_cost/gpu", ("n", "speedup_48b"))
         if g is not None:
             o = np.argsort(g["n"])
             ax.plot(g["n"][o], g["speedup_48b"][o], "s", ms=5, mfc="none", color="#2ca02c",
@@ -75,7 +109,7 @@ def main():
         # between the 27/7 limit and the reported 6.24x line, where no curve goes (lower right, it touched the K3
         # curve near n ~ 1e4)
         ax.legend(loc="center left", bbox_to_anchor=(0.0, 0.71), fontsize=6.5)
-        ax = axes[1]
+        ax = axes[2]
         for lay in sorted(set(h["layout"].tolist())):
             sel = (h["layout"] == lay) & (h["batch_kind"] == "max")
             o = np.argsort(h["n"][sel])
@@ -95,7 +129,7 @@ def main():
         # the legend below the panel, under its x label: inside (upper right) it covered the Kimi Linear curve near
         # n ~ 1e4, and the curves run from the upper left to the lower right, leaving no corner free (session 9)
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.17), fontsize=6.5, frameon=False)
-        fig.suptitle("Hybrid vs all-MLA decode: attention cost per token and the batch each can hold", y=1.02)
+        fig.suptitle("Hybrid vs all-MLA decode: attention time per token, its ratio, and the batch each can hold", y=1.02)
         fs.label_footer(fig, f, "Memory-bound model at " + f"{float(at.get('bandwidth_gbs', 0)):.0f} GB/s: MLA reads "
                         "n (d_c + d_r) bf16 per layer, KDA reads and writes its fp32 state. " + fs.attr(f["decode_cost/hybrid"], "bound"))
         fig.tight_layout()

@@ -642,3 +642,34 @@ TEST_CASE("decay-range: the fp64 control panel says why its softplus cells are n
   }
   CHECK(notes.size() == 1);
 }
+
+TEST_CASE("fig_hybrid's time-per-token panel (Kimi Linear Fig. 1b's layout, attention only) agrees with its speedup "
+          "panel", "[cli][python]") {
+  // session 13: the hybrid figure had no TPOT-vs-context panel (left alone in sessions 11-12); the new left panel
+  // draws each layout's attention time per token at batch 1, whose all-MLA / hybrid ratio is the middle panel's curve
+  if (skip_without_plotting()) return;
+  TempDir d;
+  const json j = run_and_draw(d, "decode-cost --quick --quiet", "dc.h5", "fig_hybrid.py");
+  const json* tpot = find_axis(j, "Time per output token vs context (attention only)", Match::exact);
+  const json* ratio = find_axis(j, "Attention reads per token, any batch", Match::exact);
+  REQUIRE(tpot != nullptr);
+  REQUIRE(ratio != nullptr);
+  const json* mla = find_line(*tpot, "all-MLA, Kimi Linear 48B shapes (27 MLA) (model)", Match::exact);
+  const json* hyb = find_line(*tpot, "Kimi Linear 48B (20 KDA + 7 MLA) (model)", Match::exact);
+  const json* sp = find_line(*ratio, "Kimi Linear 48B (20 KDA + 7 MLA)", Match::exact);
+  REQUIRE(mla != nullptr);
+  REQUIRE(hyb != nullptr);
+  REQUIRE(sp != nullptr);
+  REQUIRE((*mla)["x"].size() >= 2);
+  REQUIRE((*mla)["x"] == (*hyb)["x"]);
+  REQUIRE((*mla)["x"] == (*sp)["x"]);
+  for (std::size_t i = 0; i < (*mla)["x"].size(); ++i) {
+    const double m = (*mla)["y"][i].get<double>(), h = (*hyb)["y"][i].get<double>(), s = (*sp)["y"][i].get<double>();
+    INFO("n = " << (*mla)["x"][i] << ": all-MLA " << m << " ms, hybrid " << h << " ms, speedup " << s);
+    CHECK(m > 0.0);
+    CHECK(m / h == Approx(s).epsilon(1e-9));
+  }
+  // the paper's whole-model TPOTs at 1M are drawn for scale
+  CHECK(find_line(*tpot, "reported TPOT at 1M, MLA model (11.48 ms)", Match::exact) != nullptr);
+  CHECK(find_line(*tpot, "reported TPOT at 1M, Kimi Linear (1.84 ms)", Match::exact) != nullptr);
+}
