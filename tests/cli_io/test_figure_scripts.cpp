@@ -673,3 +673,24 @@ TEST_CASE("fig_hybrid's time-per-token panel (Kimi Linear Fig. 1b's layout, atte
   CHECK(find_line(*tpot, "reported TPOT at 1M, MLA model (11.48 ms)", Match::exact) != nullptr);
   CHECK(find_line(*tpot, "reported TPOT at 1M, Kimi Linear (1.84 ms)", Match::exact) != nullptr);
 }
+
+TEST_CASE("fig_recall_dim: accuracy vs d_k at fixed N (Zoology's MQAR layout), read from the recall grid", "[cli][python]") {
+  // session 13: the recall figure had no accuracy-vs-model-dimension view (left alone in sessions 11-12); this figure
+  // reads the grid's cells with N = ratio x d_k: N = 16 has d_k 8 (ratio 2) and 16 (ratio 1)
+  if (skip_without_plotting()) return;
+  TempDir d;
+  const json j = run_and_draw(d, "recall --d-k 8,16 --ratio 1,2 --memories softmax,linear,kda --keys random --trials 1 "
+                              "--quiet", "r.h5", "fig_recall_dim.py");
+  const json* ax = find_axis(j, "N = 16 key-value pairs", Match::exact);
+  REQUIRE(ax != nullptr);
+  const json* sm = find_line(*ax, "softmax", Match::exact);
+  REQUIRE(sm != nullptr);
+  CHECK((*sm)["x"] == json::array({8.0, 16.0}));      // d_k on the x axis
+  CHECK((*sm)["y"] == json::array({1.0, 1.0}));       // softmax attention keeps every pair at any d_k
+  const json* kda = find_line(*ax, "KDA", Match::exact);
+  REQUIRE(kda != nullptr);
+  CHECK((*kda)["y"][0].get<double>() < 1.0);          // 16 pairs in a d_k = 8 state: not all recalled
+  // N = 8 (d_k 8, ratio 1) and N = 32 (d_k 16, ratio 2) have one d_k each: no panel
+  CHECK(find_axis(j, "N = 8 key-value pairs", Match::exact) == nullptr);
+  CHECK(find_axis(j, "N = 32 key-value pairs", Match::exact) == nullptr);
+}
