@@ -34,6 +34,17 @@ def layout_label(lay):
     return lay
 
 
+def layout_style(lay):
+    """(colour, line style) of a layout's curve in the left and right panels: a hybrid solid in its STYLE colour, an
+    all-MLA stack dashed in the colour of the hybrid with its shapes (all-mla-27: Kimi Linear 48B; other all-mla-<L>: K3)."""
+    col = STYLE.get(lay, ("#7f7f7f", lay))[0]
+    if lay == "all-mla-27":
+        col = STYLE["kimi-linear-48b"][0]
+    elif lay.startswith("all-mla"):
+        col = STYLE["kimi-k3"][0]
+    return col, "--" if lay.startswith("all-mla") else "-"
+
+
 def main():
     a = fs.parse_args(__doc__.splitlines()[0])
     with h5py.File(a.results, "r") as f:
@@ -48,12 +59,7 @@ def main():
             if not sel.any():
                 continue
             o = np.argsort(h["n"][sel])
-            col = STYLE.get(lay, ("#7f7f7f", lay))[0]
-            if lay == "all-mla-27":
-                col = STYLE["kimi-linear-48b"][0]
-            elif lay.startswith("all-mla"):
-                col = STYLE["kimi-k3"][0]
-            ls = "--" if lay.startswith("all-mla") else "-"
+            col, ls = layout_style(lay)
             ax.plot(h["n"][sel][o], 1e3 * h["seconds_per_token"][sel][o], ls=ls, color=col, lw=1.2,
                     label=layout_label(lay) + " (model)")
         if g is not None:
@@ -113,12 +119,7 @@ def main():
         for lay in sorted(set(h["layout"].tolist())):
             sel = (h["layout"] == lay) & (h["batch_kind"] == "max")
             o = np.argsort(h["n"][sel])
-            col = STYLE.get(lay, ("#7f7f7f", lay))[0]
-            if lay == "all-mla-27":
-                col = STYLE["kimi-linear-48b"][0]
-            elif lay.startswith("all-mla"):
-                col = STYLE["kimi-k3"][0]
-            ls = "--" if lay.startswith("all-mla") else "-"
+            col, ls = layout_style(lay)
             mk = dict(marker="s", mfc="none", ms=4) if lay.startswith("all-mla") else dict(marker="o", ms=3)
             ax.plot(h["n"][sel][o], np.maximum(h["batch"][sel][o], 0.5), ls=ls, color=col, label=layout_label(lay), **mk)
         ax.set_xscale("log")

@@ -74,15 +74,7 @@ def main():
             curves = []  # (memory, label, line style, x, accuracy, error), in the legend's order
             for mem in fs.COLORS:
                 base = (t["keys"] == km) & (t["d_k"] == dk) & (t["memory"] == mem)
-                if mem in ("deltanet", "gated_deltanet", "kda"):
-                    base &= t["beta"] == 1.0
-                if mem in ("gla", "gated_deltanet", "kda"):
-                    base &= t["g_min"] == gm
-                variants = [(base, "-", fs.LABELS[mem])]
-                if mem == "mla":
-                    variants = [(base & (t["d_c"] == 2 * dk), "-", "MLA, $d_c = d_k + d_v$"),
-                                (base & (t["d_c"] == dk), "--", "MLA, $d_c = (d_k + d_v)/2$")]
-                for sel, ls, lab in variants:
+                for sel, ls, lab in fs.recall_variants(t, base, mem, gm, dk):
                     if not sel.any():
                         continue
                     o = np.argsort(t["ratio"][sel])

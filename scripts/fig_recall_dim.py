@@ -43,15 +43,7 @@ def main():
             curves = []  # (memory, label, line style, d_k, accuracy)
             for mem in fs.COLORS:
                 base = rnd & (t["N"] == n) & (t["memory"] == mem)
-                if mem in ("deltanet", "gated_deltanet", "kda"):
-                    base &= t["beta"] == 1.0
-                if mem in ("gla", "gated_deltanet", "kda"):
-                    base &= t["g_min"] == gm
-                variants = [(base, "-", fs.LABELS[mem])]
-                if mem == "mla":
-                    variants = [(base & (t["d_c"] == 2 * t["d_k"]), "-", "MLA, $d_c = d_k + d_v$"),
-                                (base & (t["d_c"] == t["d_k"]), "--", "MLA, $d_c = (d_k + d_v)/2$")]
-                for sel, ls, lab in variants:
+                for sel, ls, lab in fs.recall_variants(t, base, mem, gm, t["d_k"]):
                     if not sel.any():
                         continue
                     o = np.argsort(t["d_k"][sel])

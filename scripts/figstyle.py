@@ -389,6 +389,20 @@ def curves_coincide(xa, ya, xb, yb, rel=COINCIDE, abs_tol=0.0, need_finite=True)
     return bool(np.all(np.abs(a - b) <= np.maximum(rel * np.maximum(np.abs(a), np.abs(b)), abs_tol)))
 
 
+def recall_variants(t, base, mem, gm, dk):
+    """The curves of memory `mem` that the recall figures draw from the recall/capacity rows `base` (a mask of the
+    table `t`): [(mask, line style, label)]; beta = 1 for the delta-rule memories, g_min = gm for the gated ones, MLA
+    twice (d_c = d_k + d_v solid, (d_k + d_v) / 2 dashed). dk: d_k, a scalar or the column t["d_k"]."""
+    if mem in ("deltanet", "gated_deltanet", "kda"):
+        base = base & (t["beta"] == 1.0)
+    if mem in ("gla", "gated_deltanet", "kda"):
+        base = base & (t["g_min"] == gm)
+    if mem == "mla":
+        return [(base & (t["d_c"] == 2 * dk), "-", "MLA, $d_c = d_k + d_v$"),
+                (base & (t["d_c"] == dk), "--", "MLA, $d_c = (d_k + d_v)/2$")]
+    return [(base, "-", LABELS[mem])]
+
+
 def overlay_groups(curves, rel=COINCIDE, abs_tol=0.0, first=None, same=None, need_finite=True):
     """Groups of coinciding curves: `curves` is a list of (x, y); returns a list of lists of indices (every index in
     exactly one group, groups in the order of their first member). A curve joins the first group whose first curve it
