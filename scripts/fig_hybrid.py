@@ -77,7 +77,8 @@ def main():
         ax.set_xlabel("context $n$ (tokens)")
         ax.set_ylabel("attention time per generated token (ms), batch 1")
         ax.set_title("Time per output token vs context (attention only)")
-        ax.legend(loc="upper left", fontsize=6.0)
+        # below the panel, as the right panel's: inside, every corner has a curve or the 1M markers
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.17), fontsize=6.0, frameon=False)
         ax = axes[1]
         for lay, (col, _) in STYLE.items():
             lab = layout_label(lay)

@@ -87,8 +87,15 @@ TEST_CASE("fig_hybrid: both panels label the layouts in prose, the right one as 
   const std::string h5 = d.file("dc.h5");
   make_small_decode_cost(h5);
   const json j = dump_figure(d, "fig_hybrid.py", h5);
-  const auto& left = j["axes"][0]["legend"];
-  const auto& right = j["axes"][1]["legend"];
+  // the speedup panel ("left" before session 13 added the time-per-token panel in front) and the batch panel
+  auto panel = [&](const std::string& title) -> const json& {
+    for (const auto& a : j["axes"])
+      if (a["title"].get<std::string>().rfind(title, 0) == 0) return a;
+    FAIL("no panel titled " << title);
+    return j;
+  };
+  const auto& left = panel("Attention reads per token, any batch")["legend"];
+  const auto& right = panel("Batch under ")["legend"];
   INFO(left.dump() << "\n" << right.dump());
   REQUIRE(right.size() == 4);  // two hybrids and their all-MLA stacks
   for (const auto& lab : right) {
