@@ -29,11 +29,11 @@
 namespace kdalab::cli {
 
 namespace {
+using namespace kdalab::exp;
 
 /// The stdout summary of recall: accuracy and relative error at N = d_k as two pivot tables, one row per memory
-/// configuration (memory, beta, g_min, MLA's d_c as its --dc-ratio), one column per (key kind, d_k), in the grid's
-/// order. Every row of the
-/// grid (every --ratio point) is in the results file; this is the number the paper figures read first.
+/// configuration (memory; beta where it uses one, g_min where it decays, MLA's d_c as its --dc-ratio), one column per
+/// (key kind, d_k), in the grid's order. Every row of the grid (every --ratio point) is in the results file.
 void print_at_n_dk(const Table& t, const std::vector<std::size_t>& rows) {
   const auto& memory = std::get<std::vector<std::string>>(t.column("memory").data);
   const auto& keys = std::get<std::vector<std::string>>(t.column("keys").data);
@@ -52,9 +52,10 @@ void print_at_n_dk(const Table& t, const std::vector<std::size_t>& rows) {
     return names.size() - 1;
   };
   for (std::size_t i : rows) {
+    const Memory m = parse_memory(memory[i], "recall/capacity memory");
     std::string r = memory[i];
-    if (memory[i] != "softmax" && memory[i] != "mla" && memory[i] != "linear") r += fmt::format(" beta={:g}", beta[i]);
-    if (g_min[i] != 0.0) r += fmt::format(" g_min={:g}", g_min[i]);
+    if (uses_beta(m)) r += fmt::format(" beta={:g}", beta[i]);
+    if (uses_decay(m)) r += fmt::format(" g_min={:g}", g_min[i]);
     if (d_c[i] != 0) r += fmt::format(" d_c={:g}(d_k+d_v)", static_cast<double>(d_c[i]) / (2.0 * d_k[i]));  // --dc-ratio
     const std::size_t ri = index_of(row_names, r), ci = index_of(col_names, fmt::format("{} {}", keys[i], d_k[i]));
     cell[{ri, ci}] = i;
@@ -66,28 +67,23 @@ void print_at_n_dk(const Table& t, const std::vector<std::size_t>& rows) {
   fmt::print("at N = d_k (acc: the readout decodes to the right value token, a scale-free test; rel_err also counts the "
              "magnitude a decaying memory loses, so acc = 1 with rel_err near 1 is a well-aimed but faded readout; "
              "columns: key kind and d_k; -: not in the grid):\n");
-  for (const char* what : {"acc", "rel_err"}) {
-    std::string line = fmt::format("  {:<{}}", what, w);
+  for (const bool is_acc : {true, false}) {
+    std::string line = fmt::format("  {:<{}}", is_acc ? "acc" : "rel_err", w);
     for (const auto& c : col_names) line += fmt::format("{:>{}}", c, cw);
     fmt::print("{}\n", line);
     for (std::size_t ri = 0; ri < row_names.size(); ++ri) {
       line = fmt::format("  {:<{}}", row_names[ri], w);
       for (std::size_t ci = 0; ci < col_names.size(); ++ci) {
         const auto it = cell.find({ri, ci});
-        const std::string v = it == cell.end()              ? "-"
-                              : std::string(what) == "acc" ? fmt::format("{:.3f}", acc[it->second])
-                                                           : fmt::format("{:.1e}", rel[it->second]);
+        const std::string v = it == cell.end() ? "-"
+                              : is_acc         ? fmt::format("{:.3f}", acc[it->second])
+                                               : fmt::format("{:.1e}", rel[it->second]);
         line += fmt::format("{:>{}}", v, cw);
       }
       fmt::print("{}\n", line);
     }
   }
 }
-
-}  // namespace
-
-namespace {
-using namespace kdalab::exp;
 
 struct RecallOptions {
   std::vector<std::string> memories = memory_names();
