@@ -87,6 +87,16 @@ inline nlohmann::json dump_figure(const TempDir& d, const std::string& script, c
   return nlohmann::json::parse(slurp(dump));
 }
 
+/// The panel of the figure dump `dump` whose title starts with `title` (REQUIREd to exist): for tests that must not
+/// depend on the panels' order.
+inline const nlohmann::json& panel_titled(const nlohmann::json& dump, const std::string& title) {
+  for (const auto& a : dump["axes"])
+    if (a["title"].is_string() && a["title"].get<std::string>().rfind(title, 0) == 0) return a;
+  INFO(dump["axes"].dump());
+  FAIL("no panel titled '" << title << "...'");
+  return dump;
+}
+
 /// Runs a python snippet with h5py and numpy (as np) imported, e.g. to write a hand-made results file; REQUIREs exit 0.
 inline void python_h5(const std::string& code) {
   const auto r = run_command(std::string(kPy) + " -c \"import h5py, numpy as np\n" + code + "\"");

@@ -174,11 +174,7 @@ TEST_CASE("lo11: fig_hybrid draws the K3 layout's limit L / L_MLA, labelled, fro
     REQUIRE(r.code == 0);
     const nlohmann::json j = dump_figure(d, "fig_hybrid.py", h5);
     // the speedup panel, found by its title (session 13 put the time-per-token panel left of it)
-    const auto ax_it = std::find_if(j["axes"].begin(), j["axes"].end(), [](const nlohmann::json& a) {
-      return a["title"] == "Attention reads per token, any batch";
-    });
-    REQUIRE(ax_it != j["axes"].end());
-    const auto& ax = *ax_it;
+    const auto& ax = panel_titled(j, "Attention reads per token, any batch");
     const double lim = static_cast<double>(layers) / mla;
     const std::string label = "K3 limit " + std::to_string(layers) + "/" + std::to_string(mla) + " = " +
                               (layers == 93 ? "3.88x" : "3.87x") + " (layer count illustrative)";

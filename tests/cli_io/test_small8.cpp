@@ -88,14 +88,8 @@ TEST_CASE("fig_hybrid: both panels label the layouts in prose, the right one as 
   make_small_decode_cost(h5);
   const json j = dump_figure(d, "fig_hybrid.py", h5);
   // the speedup panel ("left" before session 13 added the time-per-token panel in front) and the batch panel
-  auto panel = [&](const std::string& title) -> const json& {
-    for (const auto& a : j["axes"])
-      if (a["title"].get<std::string>().rfind(title, 0) == 0) return a;
-    FAIL("no panel titled " << title);
-    return j;
-  };
-  const auto& left = panel("Attention reads per token, any batch")["legend"];
-  const auto& right = panel("Batch under ")["legend"];
+  const auto& left = panel_titled(j, "Attention reads per token, any batch")["legend"];
+  const auto& right = panel_titled(j, "Batch under ")["legend"];
   INFO(left.dump() << "\n" << right.dump());
   REQUIRE(right.size() == 4);  // two hybrids and their all-MLA stacks
   for (const auto& lab : right) {
