@@ -48,7 +48,7 @@ def main():
     if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
         print(__doc__)
         sys.exit(0 if len(sys.argv) >= 2 else 2)
-    shapes = sys.argv[2:] or ["1:65536:32", "1:1048576:32", "64:32768:32", "256:4096:32"]
+    shapes = sys.argv[2:] or ["1:65536:32", "1:1048576:32", "64:32768:32", "1:8192:32", "8:8192:32", "256:4096:32"]
     out = {}
     for sh in shapes:
         B, N, H = (int(x) for x in sh.split(":"))

@@ -117,7 +117,11 @@ std::vector<Shape> parse_shapes(const std::string& text, const std::string& op) 
     if (op == "kda-prefill")
       return {{1, 8192, 64, 64}, {1, 8192, 96, 96}, {1, 65536, 32, 32}, {4, 4096, 16, 32}, {1, 8192, 64, 64, 64},
               {1, 8192, 32, 32, 256}};
-    if (op == "mla-decode") return {{1, 65536, 32, 32}, {1, 1048576, 32, 32}, {64, 32768, 32, 32}, {256, 4096, 32, 32}};
+    // mla-decode: the three goal shapes, a short context and a small batch of short contexts (the plan's
+    // 64-token slices and the combine's warps per CTA; guarded by data/baselines/h200-mla.h5 since session 15), 256 x 4K
+    if (op == "mla-decode")
+      return {{1, 65536, 32, 32}, {1, 1048576, 32, 32}, {64, 32768, 32, 32}, {1, 8192, 32, 32}, {8, 8192, 32, 32},
+              {256, 4096, 32, 32}};
     if (op == "mla-prefill") return {{1, 8192, 32, 32}, {1, 2048, 32, 32}, {8, 512, 32, 32}};
     // attn-res: S:T:d (K3: 8 completed blocks + the embedding = 9 sources, 10 with the partial sum, d = 7168;
     // Kimi Linear: d = 2304)

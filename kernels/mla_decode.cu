@@ -440,14 +440,14 @@ __global__ void __launch_bounds__(128) mla_combine_kernel_v4(SParams p) {
   }
 }
 /// Combine for variant 6 (v5's split kernel): one CTA of 32 nw threads per (head, sequence, quarter of the d_c
-/// columns), nw = blockDim.x / 32 = min(16, num_splits) warps. Warp w takes the slices s = w, w + nw, .. and
-/// merges them with its own running maximum (8 slices per step: the (m, l) pair and the float4 partial of each
-/// slice are loaded together, so a step is ONE round of loads; v4's combine first reduces (M, L) over all slices
-/// and only then loads the partials: two dependent rounds, and 4 warps x 8 loads = 32 slices per round). With
-/// ns <= 8 nw slices (N = 64K: 128 slices, 16 warps) every load of the CTA is in flight at once. The warps'
-/// (m_w, l_w, a_w) meet in shared memory; warp 0 forms a = sum_w 2^(m_w - M) a_w / sum_w 2^(m_w - M) l_w.
-/// Same result as v4's combine up to the fp32 order of the sums. Launched with programmatic dependent launch
-/// (griddepcontrol.wait first, as v4).
+/// columns), nw = blockDim.x / 32 = clamp(ceil(num_splits / 8), 1, 16) warps (combine_v6_threads). Warp w takes the
+/// slices s = w, w + nw, .. and merges them with its own running maximum (8 slices per step: the (m, l) pair and the
+/// float4 partial of each slice are loaded together, so a step is ONE round of loads; v4's combine first reduces
+/// (M, L) over all slices and only then loads the partials: two dependent rounds, and 4 warps x 8 loads = 32 slices
+/// per round). With ns <= 8 nw slices (every ns <= 128; N = 64K: 128 slices, 16 warps) every load of the CTA is in
+/// flight at once. The warps' (m_w, l_w, a_w) meet in shared memory; warp 0 forms
+/// a = sum_w 2^(m_w - M) a_w / sum_w 2^(m_w - M) l_w. Same result as v4's combine up to the fp32 order of the sums.
+/// Launched with programmatic dependent launch (griddepcontrol.wait first, as v4).
 template <int H>
 __global__ void __launch_bounds__(512) mla_combine_kernel_v6(SParams p) {
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -1840,6 +1840,15 @@ void launch_combine_pdl(dim3 grid, cudaStream_t stream, const SParams& p, const 
   cuda_check(cudaLaunchKernelEx(&cfg, kernel, p), (std::string(name) + " launch (programmatic dependent launch)").c_str());
 }
 
+/// Threads per CTA of mla_combine_kernel_v6 for ns slices per sequence: 32 nw with nw = clamp(ceil(ns / 8), 1, 16),
+/// the fewest warps that still take every slice in ONE round of loads (8 slices per warp and step). Session 15
+/// (bench/NOTES.md, device calls 3-5): one warp per slice up to 16 (the rule before) made B x 4 H CTAs of up to 512
+/// threads, two waves of them for B >= 8; the graph step at B = 8 x 8K (H = 32, 16 slices each) 47-49 -> 36-37 us,
+/// 16 x 4K 42.5 -> 35-36, 4 x 16K 43.7 -> 38.9, B = 1 N = 2K 10.8 -> 10.4; unchanged at N = 64K (ns = 128: 16 warps
+/// either way), 1M and large batches. Packing 2 or 4 column quarters into one CTA when nw <= 2 (CTAs of >= 4 warps)
+/// measured the same (call 5) and was dropped.
+int combine_v6_threads(int ns) { return 32 * std::max(1, std::min(16, (ns + 7) / 8)); }
+
 /// v7's tensor map over the latent cache: 3D (512 columns, max_len tokens, B sequences; byte strides 2 sc_t and
 /// 2 sc_b), box [64 columns x 32 tokens x 1], 128-byte swizzle, out-of-bounds elements (tokens >= max_len) filled
 /// with zeros. The encoder (cuTensorMapEncodeTiled, CUDA driver API) is reached through the runtime's driver entry
@@ -1986,7 +1995,7 @@ void mla_decode(const MlaDecodeArgs& a, cudaStream_t stream) {
     else
       launch_split_v7<16>(map, grid, stream, p);
     const dim3 qgrid(a.H, a.B, 4);
-    const int threads = 32 * std::min(16, pl.num_splits);
+    const int threads = combine_v6_threads(pl.num_splits);
     if (a.H == 32)
       launch_combine_pdl<mla_combine_kernel_v6<32>>(qgrid, stream, p, "mla_combine_kernel_v6<32>", threads);
     else
@@ -1999,8 +2008,8 @@ void mla_decode(const MlaDecodeArgs& a, cudaStream_t stream) {
     else
       launch_split<v5::mla_split_kernel_v5<16>>(v5::SMEM, grid, stream, p, "mla_split_kernel_v5<16>");
     const dim3 qgrid(a.H, a.B, 4);  // v4's and v6's combine: 4 column quarters per (head, sequence)
-    if (a.variant == 6) {  // one warp per slice up to 16 (mla_combine_kernel_v6)
-      const int threads = 32 * std::min(16, pl.num_splits);
+    if (a.variant == 6) {  // one warp per 8 slices, 1 to 16 warps (combine_v6_threads)
+      const int threads = combine_v6_threads(pl.num_splits);
       if (a.H == 32)
         launch_combine_pdl<mla_combine_kernel_v6<32>>(qgrid, stream, p, "mla_combine_kernel_v6<32>", threads);
       else

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -88,10 +89,12 @@ inline nlohmann::json dump_figure(const TempDir& d, const std::string& script, c
 }
 
 /// The panel of the figure dump `dump` whose title starts with `title` (REQUIREd to exist): for tests that must not
-/// depend on the panels' order.
-inline const nlohmann::json& panel_titled(const nlohmann::json& dump, const std::string& title) {
+/// depend on the panels' order. `title` by value (a string_view): a `const std::string&` bound to a literal made g++ 13
+/// (the GPU machine) warn -Wdangling-reference at every `const auto& ax = panel_titled(j, "...")`, an error there.
+inline const nlohmann::json& panel_titled(const nlohmann::json& dump, std::string_view title) {
   for (const auto& a : dump["axes"])
-    if (a["title"].is_string() && a["title"].get<std::string>().rfind(title, 0) == 0) return a;
+    if (a["title"].is_string() && std::string_view(a["title"].get_ref<const std::string&>()).substr(0, title.size()) == title)
+      return a;
   INFO(dump["axes"].dump());
   FAIL("no panel titled '" << title << "...'");
   return dump;
