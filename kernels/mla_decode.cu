@@ -1821,7 +1821,7 @@ void launch_split(std::size_t smem, dim3 grid, cudaStream_t stream, const SParam
   cuda_check(cudaGetLastError(), (std::string(name) + " launch").c_str());
 }
 
-/// Launches a combine kernel (`threads` threads: 128, or v6's 32 x min(16, slices)) with programmatic dependent launch
+/// Launches a combine kernel (`threads` threads: 128, or v6's combine_v6_threads) with programmatic dependent launch
 /// (cudaLaunchAttributeProgrammaticStreamSerialization): it may start while the split kernel before it in
 /// the stream finishes (after that kernel's griddepcontrol.launch_dependents); its griddepcontrol.wait
 /// holds every read until the split grid has completed. Works under CUDA-graph capture (a programmatic edge).
