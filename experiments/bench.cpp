@@ -735,8 +735,9 @@ void register_bench(Registry& reg) {
               "schedule beside the segment path, prepare v4, the two-chunk pair step, state passes v2, v4 and v5; "
               "D = 128 rows only); the table keeps the defaults. Default: off. " + kda_prefill_only);
   a->add_option("--segments", o->kda_segments,
-                "kda-prefill state pass: 0 = the auto rule (T = 65536: H = 16 -> P = 9 segments; H = 32 -> the one-shot key-split "
-                "pass, where the wave model's P is 2 or 3), 1 = one-shot, 2..64 = P "
+                "kda-prefill state pass: 0 = the auto rule (T = 65536: H = 16 -> P = 9 segments; H = 32 -> the one-shot pass, "
+                "at D = 128 on wgmma since session 9 (state_variant 6; kernels/kda.hpp), where the wave model's P is 2 or "
+                "3), 1 = one-shot, 2..64 = P "
                 "segments in parallel (KdaPrefillArgs::segment_state; 2..64 refused when a shape has D = 256, which has no segment "
                 "path: the default shapes include one, so give --shapes). " + kda_prefill_only)->capture_default_str();
   a->add_option("--variant", o->mla_variant,
