@@ -53,8 +53,8 @@
 ///     N = 64K 34.9 vs 36.6 us per step in a CUDA graph, B = 256 x 4K 351 vs 391 us; bench/NOTES.md): variant 5's
 ///     split kernel with a one-round combine: per (head, sequence, column quarter) ceil(slices / 8) warps, 1 to 16
 ///     (session 15; one per slice before: B = 8 x 8K 46.5 -> 35.6 us per step), each merging its slices with its own
-///     running maximum, so the (m, l) pairs and the partials are loaded in one round (v4's combine reduces (m, l) over all slices first, then loads the partials in
-///     rounds of 32 slices). Same result as variant 5 up to the fp32 order of the combine's sums.
+///     running maximum, so the (m, l) pairs and the partials are loaded in one round (v4's combine reduces (m, l)
+///     over all slices first, then loads the partials in rounds of 32 slices). Same result as variant 5 up to the fp32 order of the combine's sums.
 /// Measured on one H200 (bench/NOTES.md, H = 32): v2 N = 1M in 399 us (2.69 TB/s, v1 565 us),
 /// B = 64 x N = 32768 in 737 us (2.91 TB/s, v1 1036 us).
 ///

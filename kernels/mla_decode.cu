@@ -1849,6 +1849,17 @@ void launch_combine_pdl(dim3 grid, cudaStream_t stream, const SParams& p, const 
 /// measured the same (call 5) and was dropped.
 int combine_v6_threads(int ns) { return 32 * std::max(1, std::min(16, (ns + 7) / 8)); }
 
+/// The combine of variants 6 and 7: mla_combine_kernel_v6 over (H heads, B sequences, 4 column quarters) with
+/// combine_v6_threads(num_splits) threads per CTA, programmatic dependent launch after the split kernel.
+void launch_combine_v6(int H, int B, int num_splits, cudaStream_t stream, const SParams& p) {
+  const dim3 qgrid(H, B, 4);
+  const int threads = combine_v6_threads(num_splits);
+  if (H == 32)
+    launch_combine_pdl<mla_combine_kernel_v6<32>>(qgrid, stream, p, "mla_combine_kernel_v6<32>", threads);
+  else
+    launch_combine_pdl<mla_combine_kernel_v6<16>>(qgrid, stream, p, "mla_combine_kernel_v6<16>", threads);
+}
+
 /// v7's tensor map over the latent cache: 3D (512 columns, max_len tokens, B sequences; byte strides 2 sc_t and
 /// 2 sc_b), box [64 columns x 32 tokens x 1], 128-byte swizzle, out-of-bounds elements (tokens >= max_len) filled
 /// with zeros. The encoder (cuTensorMapEncodeTiled, CUDA driver API) is reached through the runtime's driver entry
@@ -1994,12 +2005,7 @@ void mla_decode(const MlaDecodeArgs& a, cudaStream_t stream) {
       launch_split_v7<32>(map, grid, stream, p);
     else
       launch_split_v7<16>(map, grid, stream, p);
-    const dim3 qgrid(a.H, a.B, 4);
-    const int threads = combine_v6_threads(pl.num_splits);
-    if (a.H == 32)
-      launch_combine_pdl<mla_combine_kernel_v6<32>>(qgrid, stream, p, "mla_combine_kernel_v6<32>", threads);
-    else
-      launch_combine_pdl<mla_combine_kernel_v6<16>>(qgrid, stream, p, "mla_combine_kernel_v6<16>", threads);
+    launch_combine_v6(a.H, a.B, pl.num_splits, stream, p);
     return;
   }
   if (a.variant == 5 || a.variant == 6) {
@@ -2007,15 +2013,11 @@ void mla_decode(const MlaDecodeArgs& a, cudaStream_t stream) {
       launch_split<v5::mla_split_kernel_v5<32>>(v5::SMEM, grid, stream, p, "mla_split_kernel_v5<32>");
     else
       launch_split<v5::mla_split_kernel_v5<16>>(v5::SMEM, grid, stream, p, "mla_split_kernel_v5<16>");
-    const dim3 qgrid(a.H, a.B, 4);  // v4's and v6's combine: 4 column quarters per (head, sequence)
-    if (a.variant == 6) {  // one warp per 8 slices, 1 to 16 warps (combine_v6_threads)
-      const int threads = combine_v6_threads(pl.num_splits);
-      if (a.H == 32)
-        launch_combine_pdl<mla_combine_kernel_v6<32>>(qgrid, stream, p, "mla_combine_kernel_v6<32>", threads);
-      else
-        launch_combine_pdl<mla_combine_kernel_v6<16>>(qgrid, stream, p, "mla_combine_kernel_v6<16>", threads);
+    if (a.variant == 6) {
+      launch_combine_v6(a.H, a.B, pl.num_splits, stream, p);
       return;
     }
+    const dim3 qgrid(a.H, a.B, 4);  // v4's combine: 4 column quarters per (head, sequence)
     if (a.H == 32)
       launch_combine_pdl<mla_combine_kernel_v4<32>>(qgrid, stream, p, "mla_combine_kernel_v4<32>");
     else

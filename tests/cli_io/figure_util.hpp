@@ -93,8 +93,7 @@ inline nlohmann::json dump_figure(const TempDir& d, const std::string& script, c
 /// (the GPU machine) warn -Wdangling-reference at every `const auto& ax = panel_titled(j, "...")`, an error there.
 inline const nlohmann::json& panel_titled(const nlohmann::json& dump, std::string_view title) {
   for (const auto& a : dump["axes"])
-    if (a["title"].is_string() && std::string_view(a["title"].get_ref<const std::string&>()).substr(0, title.size()) == title)
-      return a;
+    if (a["title"].is_string() && a["title"].get_ref<const std::string&>().starts_with(title)) return a;
   INFO(dump["axes"].dump());
   FAIL("no panel titled '" << title << "...'");
   return dump;

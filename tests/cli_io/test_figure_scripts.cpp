@@ -667,7 +667,7 @@ TEST_CASE("fig_hybrid's time-per-token panel (Kimi Linear Fig. 1b's layout, atte
     const double m = (*mla)["y"][i].get<double>(), h = (*hyb)["y"][i].get<double>(), s = (*sp)["y"][i].get<double>();
     INFO("n = " << (*mla)["x"][i] << ": all-MLA " << m << " ms, hybrid " << h << " ms, speedup " << s);
     CHECK(m > 0.0);
-    CHECK(std::abs(m / h - s) <= 1e-9 * std::abs(s));  // (no Approx: Catch2 v3 names it Catch::Approx, v2 Approx)
+    CHECK(m / h == Approx(s).epsilon(1e-9));
   }
   // the paper's whole-model TPOTs at 1M are drawn for scale
   CHECK(find_line(*tpot, "reported TPOT at 1M, MLA model (11.48 ms)", Match::exact) != nullptr);
