@@ -55,6 +55,10 @@
 ///     (session 15; one per slice before: B = 8 x 8K 46.5 -> 35.6 us per step), each merging its slices with its own
 ///     running maximum, so the (m, l) pairs and the partials are loaded in one round (v4's combine reduces (m, l)
 ///     over all slices first, then loads the partials in rounds of 32 slices). Same result as variant 5 up to the fp32 order of the combine's sums.
+///     When the plan gives one slice per sequence (num_splits = 1: large batches of short contexts, e.g. 256 x 4K,
+///     128 x 8K) the split kernel normalises in its epilogue and writes the output itself, and no combine is launched
+///     (session 16, FlashMLA's direct write as a fact, our code; the same float operations as the combine's
+///     single-slice merge, so the same bits; 256 x 4K 339-353 -> 331-335 us per graph step, bench/NOTES.md).
 /// Measured on one H200 (bench/NOTES.md, H = 32): v2 N = 1M in 399 us (2.69 TB/s, v1 565 us),
 /// B = 64 x N = 32768 in 737 us (2.91 TB/s, v1 1036 us).
 ///

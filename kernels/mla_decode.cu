@@ -64,6 +64,7 @@ struct SParams {
   float *ws_acc, *ws_ml, *out;
   int q16;           // v2: q_hi / q_lo 16-byte aligned rows (cp.async); else 4-byte loads
   int p_hi_only;     // v2 ablation: P lo rows = 0
+  int direct;        // v6 with one slice per sequence: the split kernel writes the output, no combine
 };
 
 
@@ -1188,6 +1189,28 @@ __device__ __forceinline__ void epilogue(const SParams& p, float* acc, float* l,
   }
   if (wg == 1 && owner) { l1_s[hd[0]] = l[0]; l1_s[hd[1]] = l[1]; }
   __syncthreads();
+  if (p.direct) {
+    // one slice per sequence (variant 6, num_splits = 1): the output itself, acc / l with l of both warpgroups, the
+    // same float operations as the combine's single-slice merge (acc * (1 / l)), so the same bits
+    if (wg == 0 && owner) { l1_s[hd[0]] += l[0]; l1_s[hd[1]] += l[1]; }
+    __syncthreads();
+    const float inv[2] = {1.0f / l1_s[hd[0]], 1.0f / l1_s[hd[1]]};
+    float* o = p.out + static_cast<long long>(b) * H * DC + 256 * wg;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      float v[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float send = lo_row ? acc[4 * j + e] : acc[4 * (j + 16) + e];
+        const float mine = lo_row ? acc[4 * (j + 16) + e] : acc[4 * j + e];
+        v[e] = mine + __shfl_xor_sync(0xffffffffu, send, 4);
+      }
+      const int col = 8 * (lo_row ? j + 16 : j) + 2 * cq;
+      if (hd[0] < H) *reinterpret_cast<float2*>(o + hd[0] * DC + col) = make_float2(v[0] * inv[0], v[1] * inv[0]);
+      if (hd[1] < H) *reinterpret_cast<float2*>(o + hd[1] * DC + col) = make_float2(v[2] * inv[1], v[3] * inv[1]);
+    }
+    return;
+  }
   const long long slot = static_cast<long long>(b) * p.num_splits + split;
   if (wg == 0 && owner) {
 #pragma unroll
@@ -1228,7 +1251,11 @@ __global__ void __launch_bounds__(NTHR, 1) mla_split_kernel_v5(SParams p) {
   const int lo_row = g & 1;                      // rows r0, r0 + 8 are lo rows (q_lo, P_lo) when g is odd
   const bool owner = lo_row == 0 && cq == 0;     // writes the per-head values of its two heads
   const int len = seq_len(p, b);
-  if (len < 1 || len > p.max_len) return;  // the combine kernel writes NaN rows
+  if (len < 1 || len > p.max_len) {  // NaN rows: written by the combine kernel, or here when there is none
+    if (p.direct)
+      for (int i = tid; i < H * DC; i += NTHR) p.out[static_cast<long long>(b) * H * DC + i] = NAN;
+    return;
+  }
   const int start = split * p.split_len;
   if (start >= len) return;                // empty slice: the combine kernel does not read it
   const int end = min(start + p.split_len, len);
@@ -2009,12 +2036,13 @@ void mla_decode(const MlaDecodeArgs& a, cudaStream_t stream) {
     return;
   }
   if (a.variant == 5 || a.variant == 6) {
+    p.direct = a.variant == 6 && pl.num_splits == 1 ? 1 : 0;  // (session 16: no combine launch, no partial round trip)
     if (a.H == 32)
       launch_split<v5::mla_split_kernel_v5<32>>(v5::SMEM, grid, stream, p, "mla_split_kernel_v5<32>");
     else
       launch_split<v5::mla_split_kernel_v5<16>>(v5::SMEM, grid, stream, p, "mla_split_kernel_v5<16>");
     if (a.variant == 6) {
-      launch_combine_v6(a.H, a.B, pl.num_splits, stream, p);
+      if (!p.direct) launch_combine_v6(a.H, a.B, pl.num_splits, stream, p);
       return;
     }
     const dim3 qgrid(a.H, a.B, 4);  // v4's combine: 4 column quarters per (head, sequence)
