@@ -23,7 +23,8 @@
 /// of one sequence and all H heads (the latent is read once for all heads), streams it through shared
 /// memory (cp.async), runs an online softmax, and writes its partial (running max m, sum l, unnormalised
 /// accumulator) to the workspace; a combine kernel merges the partials per (b, head):
-///   M = max_s m_s,  L = sum_s l_s e^(m_s - M),  a = sum_s e^(m_s - M) acc_s / L.
+///   M = max_s m_s,  L = sum_s l_s e^(m_s - M),  a = sum_s e^(m_s - M) acc_s / L
+/// (variant 6 with one slice per sequence: the split kernel writes acc / l itself and no combine runs).
 /// Four split kernels, five variants (MlaDecodeArgs::variant), same results to ~1e-5, same workspace size formula:
 ///   variant 2 (the default until session 5): warpgroup MMA (wgmma, sm_90a) on 64-token tiles; the 32 q_hi and 32 q_lo rows
 ///     form the M = 64 of one wgmma, so scores = 32 wgmma m64n32k16 per 32 tokens, P C = wgmma
@@ -108,7 +109,7 @@ struct MlaDecodeArgs {
                                  ///< v4's combine (v5), 1 = mma.sync (v1), 2 = wgmma (v2),
                                  ///< 4 = v2 with early per-warpgroup refill, its own plan and PDL combine,
                                  ///< (v5 uses v4's plan and combine), 6 = v5's split kernel with the one-round
-                                 ///< combine; 7 = v5's seesaw on 32-token blocks in a 4-slot ring filled by TMA
+                                 ///< combine (none when each sequence is one slice); 7 = v5's seesaw on 32-token blocks in a 4-slot ring filled by TMA
                                  ///< (opt-in, session 12; v6's plan and combine); 3 was removed; plan and workspace
                                  ///< follow it
   bool p_hi_only = false;        ///< ablation (variants 2, 4, 5, 6, 7): P C with P_hi = bf16(P) alone (P_lo rows zero)

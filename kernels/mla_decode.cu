@@ -3,7 +3,8 @@
 // mma.sync), v2 (variant 2, the default until session 5, further down: wgmma, 64-token tiles), v4 (variant 4: v2's
 // kernel with early per-warpgroup refill, v4's plan and combine with programmatic dependent launch) and v5
 // (variant 5, namespace v5: the seesaw kernel on pairs of 64-token blocks, v4's plan and combine); variant 6 is v5's
-// split kernel with a one-round combine (mla_combine_kernel_v6).
+// split kernel with a one-round combine (mla_combine_kernel_v6), or with none when every sequence is one slice (the
+// split kernel then writes the output: SParams::direct, session 16).
 // Variant 3 (32-token tiles through a 4-slot ring, session 3) was removed in session 4: v4 measured faster
 // on every shape (bench/NOTES.md); its combine and plan live on in v4.
 //
@@ -1177,7 +1178,8 @@ __device__ __forceinline__ void pc_block(float* acc, const std::uint32_t (*pa)[4
 
 /// The end of a seesaw split kernel (v5, v7): the running sums l of both warpgroups are added per head (through l1_s,
 /// 32 floats of shared memory), (m, l) of each head and the slice's unnormalised partial (hi row + lo row of each
-/// warpgroup's accumulator half: 128 fp32 per thread, the m64n256 layout) go to the workspace slot (b, split).
+/// warpgroup's accumulator half: 128 fp32 per thread, the m64n256 layout) go to the workspace slot (b, split); with
+/// p.direct (variant 6, one slice per sequence) the partial divided by l goes to the output instead.
 template <int H>
 __device__ __forceinline__ void epilogue(const SParams& p, float* acc, float* l, const float* m, float* l1_s, int b,
                                          int split, int wg, bool owner, const int* hd, int lo_row, int cq) {
@@ -1797,7 +1799,8 @@ __global__ void __launch_bounds__(NTHR, 1) mla_split_kernel_v7(const __grid_cons
 
 const char* const OP = "mla_decode";
 /// v4 split planning: a slice's fixed cost in tokens of streaming (the q~ load, 64 KB, and the partial,
-/// 64 KB written + read by the combine: ~128 tokens of 1 KB at the streaming rate).
+/// 64 KB written + read by the combine: ~128 tokens of 1 KB at the streaming rate). (Since session 16 v6 skips the
+/// combine when every sequence is one slice, so this slightly overcharges that choice; kept, it is a tuning constant.)
 constexpr int V4_FIXED_TOKENS = 128;
 
 void check_pointer(const void* ptr, std::size_t align, const char* name, bool required = true) {
