@@ -1176,6 +1176,29 @@ __device__ __forceinline__ void pc_block(float* acc, const std::uint32_t (*pa)[4
   }
 }
 
+/// Stores this thread's share of hi row + lo row of its warpgroup's accumulator half (128 fp32, the m64n256 layout)
+/// at dst + head * DC + column for its heads hd[0], hd[1] < H; SCALED: each head's values times inv[k] first. The
+/// pair (hi lane, lo lane) = (lane, lane ^ 4) splits the 32 column groups j: the hi lane sums j < 16, the lo lane
+/// j >= 16, each receiving the partner's row of its half by one shuffle per element.
+template <int H, bool SCALED>
+__device__ __forceinline__ void store_rows(float* dst, const float* acc, const float* inv, const int* hd, int lo_row,
+                                           int cq) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    float v[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float send = lo_row ? acc[4 * j + e] : acc[4 * (j + 16) + e];
+      const float mine = lo_row ? acc[4 * (j + 16) + e] : acc[4 * j + e];
+      v[e] = mine + __shfl_xor_sync(0xffffffffu, send, 4);
+      if constexpr (SCALED) v[e] *= inv[e / 2];
+    }
+    const int col = 8 * (lo_row ? j + 16 : j) + 2 * cq;
+    if (hd[0] < H) *reinterpret_cast<float2*>(dst + hd[0] * DC + col) = make_float2(v[0], v[1]);
+    if (hd[1] < H) *reinterpret_cast<float2*>(dst + hd[1] * DC + col) = make_float2(v[2], v[3]);
+  }
+}
+
 /// The end of a seesaw split kernel (v5, v7): the running sums l of both warpgroups are added per head (through l1_s,
 /// 32 floats of shared memory), (m, l) of each head and the slice's unnormalised partial (hi row + lo row of each
 /// warpgroup's accumulator half: 128 fp32 per thread, the m64n256 layout) go to the workspace slot (b, split); with
@@ -1197,20 +1220,7 @@ __device__ __forceinline__ void epilogue(const SParams& p, float* acc, float* l,
     if (wg == 0 && owner) { l1_s[hd[0]] += l[0]; l1_s[hd[1]] += l[1]; }
     __syncthreads();
     const float inv[2] = {1.0f / l1_s[hd[0]], 1.0f / l1_s[hd[1]]};
-    float* o = p.out + static_cast<long long>(b) * H * DC + 256 * wg;
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      float v[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float send = lo_row ? acc[4 * j + e] : acc[4 * (j + 16) + e];
-        const float mine = lo_row ? acc[4 * (j + 16) + e] : acc[4 * j + e];
-        v[e] = mine + __shfl_xor_sync(0xffffffffu, send, 4);
-      }
-      const int col = 8 * (lo_row ? j + 16 : j) + 2 * cq;
-      if (hd[0] < H) *reinterpret_cast<float2*>(o + hd[0] * DC + col) = make_float2(v[0] * inv[0], v[1] * inv[0]);
-      if (hd[1] < H) *reinterpret_cast<float2*>(o + hd[1] * DC + col) = make_float2(v[2] * inv[1], v[3] * inv[1]);
-    }
+    store_rows<H, true>(p.out + static_cast<long long>(b) * H * DC + 256 * wg, acc, inv, hd, lo_row, cq);
     return;
   }
   const long long slot = static_cast<long long>(b) * p.num_splits + split;
@@ -1223,22 +1233,7 @@ __device__ __forceinline__ void epilogue(const SParams& p, float* acc, float* l,
         wm[1] = l[k] + l1_s[hd[k]];
       }
   }
-  // the pair (hi lane, lo lane) = (lane, lane ^ 4) splits the 32 column groups j: the hi lane sums j < 16, the lo
-  // lane j >= 16, each receiving the partner's row of its half by one shuffle per element
-  float* wa = p.ws_acc + slot * H * DC + 256 * wg;
-#pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    float v[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float send = lo_row ? acc[4 * j + e] : acc[4 * (j + 16) + e];
-      const float mine = lo_row ? acc[4 * (j + 16) + e] : acc[4 * j + e];
-      v[e] = mine + __shfl_xor_sync(0xffffffffu, send, 4);
-    }
-    const int col = 8 * (lo_row ? j + 16 : j) + 2 * cq;
-    if (hd[0] < H) *reinterpret_cast<float2*>(wa + hd[0] * DC + col) = make_float2(v[0], v[1]);
-    if (hd[1] < H) *reinterpret_cast<float2*>(wa + hd[1] * DC + col) = make_float2(v[2], v[3]);
-  }
+  store_rows<H, false>(p.ws_acc + slot * H * DC + 256 * wg, acc, nullptr, hd, lo_row, cq);
 }
 
 template <int H>
