@@ -1,7 +1,15 @@
 #pragma once
-/// Tolerances as data: every threshold a test or a verdict uses lives here, with its reason.
-/// (DESIGN.md "Tolerances are data"). Units: relative RMS (||out-ref||/||ref||) unless stated.
+/// Tolerances as data: every threshold a test or a verdict uses lives here, keyed by operation and
+/// precision, each with the reason for its value (docs/design.md, conventions).
+///
+/// Units: relative RMS (||out - ref|| / ||ref||) unless stated.
 /// u_bf16 = 2^-8 (unit roundoff of bf16), u_fp32 = 2^-24, u_fp64 = 2^-53.
+///
+/// "anchor-kda" is the named KDA input generator (numerics/random.hpp): q, k, v, g_raw, beta_raw ~ N(0, 1)
+/// rounded to bf16, K3 bounded gate with g_min = -5, q and k L2-normalised, S0 = 0.1 N(0, 1) in fp32,
+/// D = 128. "The anchor cases" are (B, T, H) in {(1, 17, 1), (3, 64, 1), (1, 300, 2), (1, 1000, 4),
+/// (1, 4096, 2)}; their truth is the float64 recurrence on exactly the rounded inputs. Peer numbers quoted
+/// below (fla chunk_kda, FlashKDA) were measured on the same cases.
 
 namespace kdalab::tol {
 
@@ -9,6 +17,8 @@ struct Tolerance {
   double value;
   const char* why;
 };
+
+// ---- reference math on the CPU: float64, cpp_bin_float_50 (mp50), float32 -----------------------
 
 /// float64 recurrence / chunked / layer vs the cpp_bin_float_50 truth and float64 identities.
 inline constexpr Tolerance f64_vs_mp{1e-12,
@@ -20,7 +30,8 @@ inline constexpr Tolerance f64_identity{1e-12,
     "any real discrepancy."};
 /// Whole-hybrid decode vs prefill in float64 (many layers stacked, each an identity above).
 inline constexpr Tolerance f64_hybrid{1e-11,
-    "errors of the per-layer identities compound over the layers of the toy hybrid (ISSUE 4 asks <= 1e-11)."};
+    "errors of the per-layer identities (each within f64_identity, 1e-12) compound over the layers of the toy "
+    "hybrid; 1e-11 allows that sum and still fails any real discrepancy (>= 1e-6)."};
 /// Identities in cpp_bin_float_50.
 inline constexpr Tolerance mp_identity{1e-40,
     "cpp_bin_float_50 has u ~ 1e-50; reformulations differ by rounding only, 1e-40 leaves 1e10 margin."};
@@ -28,30 +39,63 @@ inline constexpr Tolerance mp_identity{1e-40,
 inline constexpr Tolerance f32_vs_truth{1e-5,
     "float32 recurrence: O(T) accumulated roundings of u_fp32 = 6e-8 with a contracting state; observed "
     "~1e-6 for T <= 4096."};
-/// bf16 output rounding alone: the floor of any bf16-output kernel.
-inline constexpr Tolerance bf16_output_floor{1.7e-3,
-    "rounding o itself to bf16 costs ~1.66e-3 relative RMS on anchor-kda outputs (ANCHORS.md)."};
-/// KDA bf16 kernel and its twin vs the float64 truth on the ANCHORS.md cases.
-inline constexpr Tolerance kda_bf16_goal{2.0e-3,
-    "ANCHORS.md goal: bf16 output floor 1.66e-3 plus ~0.34e-3 for the state path; fla 4.0e-3, FlashKDA 5.6e-3."};
+/// Band of a low-precision matmul's relative error (numerics/lowp.hpp), in units of the operand format's unit
+/// roundoff u: random N(0,1) operands give ~0.5-1 u; a result outside [u/8, band u] means the
+/// operands were not rounded (too small) or were rounded twice / accumulated wrongly (too large).
+inline constexpr Tolerance lowp_matmul_band{4.0,
+    "operand rounding of two N(0,1) factors gives ~0.8 u per product; 4 u leaves 5x margin."};
+
+// ---- golden fixtures (float64 and mp50) and `kdalab check` -------------------------------------
+
+/// float64 code vs a golden multiprecision output stored as float64.
+inline constexpr Tolerance golden_f64{1e-13,
+    "the stored truth is the mp50 result rounded once to float64 (1.1e-16); the float64 path adds "
+    "~1e-15 on the small golden problems; 1e-13 catches any change of numerics at 1e-12 or above."};
+/// float64 toy hybrid (9 stacked KDA / MLA layers, AttnRes, SwiGLU) vs its golden mp50 output.
+inline constexpr Tolerance golden_f64_hybrid{1e-12,
+    "the stacked layers amplify float64 rounding: measured 3.4e-14 (prefill) and 2.0e-14 (decode) on toy.json at "
+    "T = 70, so golden_f64's 1e-13 would leave 3x; 1e-12 still catches any change of numerics in a layer (a "
+    "1e-3 change of one input gives >= 1e-7)."};
+/// cpp_bin_float_50 code vs a golden output (only the float64 storage rounding separates them).
+inline constexpr Tolerance golden_mp{1e-15,
+    "the stored float64 value is the mp50 result rounded once: relative RMS <= u_fp64 = 1.1e-16."};
 /// Default verdict tolerance of `kdalab check` for a bf16 candidate.
 inline constexpr Tolerance check_default{5.0e-3,
     "the threshold fla's own tests use (RMS ratio 5e-3): a candidate worse than the peers' bar fails."};
+/// `kdalab check` fed the truth itself as the candidate: only the truth's own rounding differs.
+inline constexpr Tolerance check_self{1e-12,
+    "candidate = the float64-stored truth; the recomputed truth differs by storage rounding (~1e-16) "
+    "and float64-vs-mp differences (<= 1e-14); 1e-12 still fails any real discrepancy."};
+/// Agreement of a metric that `kdalab check` reports with the same metric computed independently.
+inline constexpr Tolerance check_metric_agreement{1e-6,
+    "relative RMS of a bf16-rounded candidate (~1.7e-3) computed from two float64 truths that differ "
+    "by ~1e-15: the metrics agree to ~1e-12 relative; 1e-6 is loose yet catches a wrong formula."};
+
+// ---- KDA, bf16 inputs and output, fp32 state: kernels and the kernel twin ----------------------
+
+/// bf16 output rounding alone: the floor of any bf16-output kernel.
+inline constexpr Tolerance bf16_output_floor{1.7e-3,
+    "rounding o itself to bf16 (u = 2^-8) costs ~1.66e-3 relative RMS on anchor-kda outputs."};
+/// KDA bf16 kernel and its twin vs the float64 truth on the anchor cases.
+inline constexpr Tolerance kda_bf16_goal{2.0e-3,
+    "accuracy goal of the KDA kernels: the bf16 output floor 1.66e-3 plus ~0.34e-3 for the state path; the peers "
+    "measure 4.0e-3 (fla chunk_kda) and 5.6e-3 (FlashKDA) on the same cases."};
 /// Twin vs kernel agreement (relative, on relative RMS): |err_twin - err_kernel| <= 0.1 err_kernel.
 inline constexpr Tolerance twin_vs_kernel{0.1,
-    "the twin runs the kernel's algorithm at the kernel's precisions; only accumulation order differs (ISSUE 6)."};
+    "the twin runs the kernel's algorithm at the kernel's precisions; only accumulation order differs, so their "
+    "errors agree closely, while a twin whose precision plan differs from the kernel's moves by more than 10%."};
 /// The kernel twin's chosen plan (numerics/kda_twin.hpp kda_plan_kernel()) vs the float64 truth.
 inline constexpr Tolerance kda_twin_plan{1.8e-3,
-    "measured 1.66e-3 .. 1.73e-3 on the ANCHORS.md cases (bf16 output floor 1.61e-3 .. 1.66e-3); 1.8e-3 catches "
+    "measured 1.66e-3 .. 1.73e-3 on the anchor cases (bf16 output floor 1.61e-3 .. 1.66e-3); 1.8e-3 catches "
     "a plan change that moves any intra-chunk product to bf16 (all-bf16 gives 3.5e-3 .. 3.8e-3)."};
 /// Final state of the twin's chosen plan vs the float64 truth (fp32 state, bf16 state-path operands).
 inline constexpr Tolerance kda_twin_state{3.0e-3,
     "the state is stored in fp32; its error comes from the bf16 operands of the d_k x d_v products: measured "
-    "2.2e-3 .. 2.5e-3 on the ANCHORS.md cases (no output rounding in it); 3.0e-3 leaves ~20% margin."};
+    "2.2e-3 .. 2.5e-3 on the anchor cases (no output rounding in it); 3.0e-3 leaves ~20% margin."};
 /// The twin's kernel plan in pair mode (KdaTwinPlan::pair: one state step per two 16-token chunks) vs the
 /// float64 truth, relative RMS of o.
 inline constexpr Tolerance kda_twin_pair_plan{1.7e-3,
-    "measured 1.648e-3 .. 1.668e-3 on the ANCHORS.md cases (single-chunk plan 1.659e-3 .. 1.733e-3, bf16 output floor "
+    "measured 1.648e-3 .. 1.668e-3 on the anchor cases (single-chunk plan 1.659e-3 .. 1.733e-3, bf16 output floor "
     "1.61e-3 .. 1.66e-3); 1.7e-3 catches cross terms with bf16 operands (1.705e-3 on (1,17,1)) or any intra-chunk "
     "product moved to bf16, and stays under the 2.0e-3 goal."};
 /// Pair mode vs single-chunk mode of the twin's kernel plan, same inputs: ratio of their relative RMS errors vs
@@ -60,8 +104,8 @@ inline constexpr Tolerance kda_twin_pair_vs_single{1.05,
     "measured o 0.895 .. 0.999 (pair more accurate: the chunk c -> c + 1 coupling goes through fp32 M, Pbl instead of "
     "the bf16 state), S_final 1.000 .. 1.019 (slow gates); 1.05 fails a pair plan that rounds more than the single "
     "one (bf16 cross-term operands: S 1.052 on slow gates with beta = 1)."};
-/// KDA prepare v6 vs v4 (kernels/kda_prefill.cu, same inputs): fp32 slot fields U, P and P as hi + lo
-/// bf16, max |v6 - v4| / max |v4| over each field.
+/// KDA prepare v6 vs v4 (the two prepare passes of the KDA prefill kernel, same inputs; docs/kernels/kda_prefill.md):
+/// fp32 slot fields U, P and P as hi + lo bf16, max |v6 - v4| / max |v4| over each field.
 inline constexpr Tolerance kda_prep_v6_fp32{5e-5,
     "v6 computes A = Diag(beta) Kg Ki^T and P = Qg Ki^T as tf32 3-pass products (~2^-21 = 5e-7 relative per "
     "term) where v4 uses fp32 FMAs (2^-24); U inherits A's change through the 16-step substitution (||k|| <= 1, "
@@ -76,13 +120,15 @@ inline constexpr Tolerance kda_prep_v6_bf16{7.9e-3,
 inline constexpr Tolerance kda_prep_v6_o{5e-4,
     "o (bf16) and the state's bf16 operands flip an occasional rounding (2^-8 relative) when W, U move by ~1e-6; "
     "5e-4 is 0.3 of the bf16 output floor (1.66e-3), far below the O(1) of a wrong prepare."};
-/// KDA prefill, state pass v4 (state_variant 4 / 5, key dimension of S split over warps) vs v3: relative RMS
-/// of the difference of o and of S_final.
+/// KDA prefill, wgmma state pass (state_variant 6) vs the mma.sync state pass v3: relative RMS of the difference
+/// of o and of S_final.
 inline constexpr Tolerance kda_state_wg_vs_v3{5e-4,
     "the wgmma state step (state_variant 6) forms W S, Qg S, the update and P D on the warpgroup tensor cores, whose "
     "fp32 accumulation order differs from mma.sync's (~1e-7 relative); that flips an occasional bf16 rounding of D, o "
     "or the next chunk's S operand (2^-8 relative each): 5e-4 is 0.3 of the bf16 output floor (1.66e-3), far below the "
     "O(1) of a wrong fragment layout, swizzle or descriptor."};
+/// KDA prefill, state pass v4 (state_variant 4 / 5, key dimension of S split over warps) vs v3: relative RMS
+/// of the difference of o and of S_final.
 inline constexpr Tolerance kda_state_v4_vs_v3{5e-4,
     "v4 sums W S and Qg S in another fp32 order (~1e-7 relative); that flips an occasional bf16 rounding of "
     "D, o or the S operand of the next chunk (2^-8 relative each); 5e-4 is 0.3 of the bf16 output floor "
@@ -92,7 +138,8 @@ inline constexpr Tolerance kda_state_v4_vs_v3{5e-4,
 inline constexpr Tolerance kda_pair_vs_default{0.1,
     "the pair step rounds W2, Qg2, Kd2 to bf16 once each, as the one-chunk pass rounds W, Qg, Kd: the same plan on "
     "other operands (Wb = W_{c+1} gp - M W_c, Qb, Kt), so its error should match the one-chunk kernel's (anchor o "
-    "~1.66e-3, bf16 output floor ~1.66e-3); 10% is the twin/kernel margin of ISSUE 6, while an algebra error gives O(1)."};
+    "~1.66e-3, bf16 output floor ~1.66e-3); 10% is the twin/kernel margin (twin_vs_kernel), while an algebra error "
+    "gives O(1)."};
 /// KDA prefill with pair_chunks at T <= 16 vs the one-chunk kernel: relative RMS of the difference of o and S_final.
 inline constexpr Tolerance kda_pair_short_vs_default{5e-4,
     "at T <= 16 the pair step runs the one-chunk operations plus exact zero terms (the second chunk is all padding: "
@@ -109,46 +156,19 @@ inline constexpr Tolerance kda_pair_slot_bf16{7.9e-3,
     "each entry is the fp32 value rounded once to bf16; the fp32 value differs from float64 by ~1e-5 relative, "
     "which flips an occasional rounding by one bf16 ulp: at most 2^-7 = 7.8e-3 of the field's largest entry."};
 
-// ---- numerics / parity / golden / check (ISSUE 5) ----------------------------------------------
-/// Band of a low-precision matmul's relative error, in units of the operand format's unit
-/// roundoff u: random N(0,1) operands give ~0.5-1 u; a result outside [u/8, band u] means the
-/// operands were not rounded (too small) or were rounded twice / accumulated wrongly (too large).
-inline constexpr Tolerance lowp_matmul_band{4.0,
-    "operand rounding of two N(0,1) factors gives ~0.8 u per product; 4 u leaves 5x margin."};
-/// float64 code vs a golden multiprecision output stored as float64 (DESIGN.md: 1e-13 relative).
-inline constexpr Tolerance golden_f64{1e-13,
-    "the stored truth is the mp50 result rounded once to float64 (1.1e-16); the float64 path adds "
-    "~1e-15 on the small golden problems; 1e-13 catches any change of numerics at 1e-12 or above."};
-/// float64 toy hybrid (9 stacked KDA / MLA layers, AttnRes, SwiGLU) vs its golden mp50 output.
-inline constexpr Tolerance golden_f64_hybrid{1e-12,
-    "the stacked layers amplify float64 rounding: measured 3.4e-14 (prefill) and 2.0e-14 (decode) on toy.json at "
-    "T = 70, so golden_f64's 1e-13 would leave 3x; 1e-12 still catches any change of numerics in a layer (a "
-    "1e-3 change of one input gives >= 1e-7)."};
-/// cpp_bin_float_50 code vs a golden output (only the float64 storage rounding separates them).
-inline constexpr Tolerance golden_mp{1e-15,
-    "the stored float64 value is the mp50 result rounded once: relative RMS <= u_fp64 = 1.1e-16."};
-/// `kdalab check` fed the truth itself as the candidate: only the truth's own rounding differs.
-inline constexpr Tolerance check_self{1e-12,
-    "candidate = the float64-stored truth; the recomputed truth differs by storage rounding (~1e-16) "
-    "and float64-vs-mp differences (<= 1e-14); 1e-12 still fails any real discrepancy."};
-/// Agreement of a metric that `kdalab check` reports with the same metric computed independently.
-inline constexpr Tolerance check_metric_agreement{1e-6,
-    "relative RMS of a bf16-rounded candidate (~1.7e-3) computed from two float64 truths that differ "
-    "by ~1e-15: the metrics agree to ~1e-12 relative; 1e-6 is loose yet catches a wrong formula."};
+// ---- MLA decode, absorbed, bf16 latent cache, fp32 output --------------------------------------
 
-// ---- MLA kernels (ISSUE 7) ---------------------------------------------------------------------
 /// Absorbed MLA decode kernel (attended latent a = softmax(scale q~ C^T) C, fp32 output) vs float64 on
 /// the same bf16 latent cache and the exact (unrounded) absorbed query q~.
 inline constexpr Tolerance mla_decode_goal{2.0e-3,
-    "ISSUE 7 / ANCHORS.md goal. The kernel carries q~ and P as bf16 hi + lo (~2^-16 relative each) with fp32 "
-    "accumulation, so it should land near 1e-5; a bf16-rounded q~ alone costs 2.3-3.5e-3 and fails."};
-
+    "accuracy goal of the MLA kernels (the KDA kernels' 2.0e-3). The kernel carries q~ and P as bf16 hi + lo "
+    "(~2^-16 relative each) with fp32 accumulation, so it should land near 1e-5; a bf16-rounded q~ alone costs "
+    "2.3-3.5e-3 and fails."};
 /// MLA decode split kernel v5 (seesaw) vs v2 on the same inputs: relative RMS of the difference of the two outputs.
 inline constexpr Tolerance mla_decode_v5_vs_v2{5.0e-5,
     "Same precision plan (q~ and P as bf16 hi + lo, fp32 accumulation), both ~3e-6 .. 1.6e-5 from float64; they "
     "round P at different running maxima (per 128 vs 64 tokens; v5 rescales the handed-over P before splitting) and "
     "sum in another order, so they differ by ~1e-5. A fragment, swizzle, shuffle or rescale bug gives 1e-3 .. 1."};
-
 /// MLA decode variant 7 vs 6 on the same inputs (the same seesaw math and precision plan on 32- instead of 64-token
 /// blocks): relative RMS of the difference.
 inline constexpr Tolerance mla_decode_v7_vs_v6{5.0e-5,
@@ -156,7 +176,6 @@ inline constexpr Tolerance mla_decode_v7_vs_v6{5.0e-5,
     "at the running maximum of each 64-token pair, v6 of each 128-token pair, and the fp32 sums run in another order, "
     "so they differ by ~1e-6 .. 1e-5 (as v5 vs v2). A wrong swizzle, box coordinate, slot, parity or rescale gives "
     "1e-3 .. 1."};
-
 /// MLA decode variant 6 vs 5 on the same inputs (the same split kernel and partials; only the combine differs:
 /// per-warp running maxima merged at the end vs one global maximum): relative RMS of the difference.
 inline constexpr Tolerance mla_decode_combine_order{1.0e-5,
@@ -164,25 +183,30 @@ inline constexpr Tolerance mla_decode_combine_order{1.0e-5,
     "order and with one extra rescale per warp: ~a few fp32 ulps (2^-24 = 6e-8) per output, ~1e-7 relative expected; "
     "1e-5 leaves 100x. A dropped rescale or a wrong slice stride gives 1e-2 .. 1."};
 
+// ---- MLA prefill, causal, bf16 latents, fp32 output --------------------------------------------
+
 /// Gated MLA causal prefill kernel (absorbed: attended latent a = causal softmax(scale q~ C^T) C, fp32)
 /// vs float64 on the same bf16 latents and the exact absorbed query q~ (or on the bf16 q^C, W_UK).
 inline constexpr Tolerance mla_prefill_goal{2.0e-3,
-    "ISSUE 7 goal. Same precision plan as the decode kernel (q~ and P as bf16 hi + lo, fp32 accumulation), "
-    "expected near 1e-5; a bf16-rounded q~ alone would cost 2.3-3.5e-3 and fail."};
+    "accuracy goal of the MLA kernels. Same precision plan as the decode kernel (q~ and P as bf16 hi + lo, fp32 "
+    "accumulation), expected near 1e-5; a bf16-rounded q~ alone would cost 2.3-3.5e-3 and fail."};
 /// Gated MLA prefill with per-head output o = W_UV,i a_i (kernels/mla_prefill.hpp mla_prefill_heads), either
 /// path, vs float64 reference/mla.hpp mla_attend_naive on the same bf16 q^C, W_UK, W_UV and latents.
 inline constexpr Tolerance mla_prefill_heads_goal{2.0e-3,
-    "ISSUE 7 goal. Predicted before the kernel by a CPU emulation (bench/NOTES.md, MLA prefill naive path): the "
-    "naive plan (k, v, P as bf16 hi + lo, fp32 accumulation) 3.5e-6 .. 6.1e-6, absorbed + fp32 W_UV ~1e-5; a plain "
-    "bf16 flash attention (k, v, P bf16) emulates at 2.4e-3 .. 4.2e-3 and fails."};
+    "accuracy goal of the MLA kernels. Predicted before the kernel by a CPU emulation (docs/kernels/mla_prefill.md, "
+    "naive path): the naive plan (k, v, P as bf16 hi + lo, fp32 accumulation) 3.5e-6 .. 6.1e-6, absorbed + fp32 "
+    "W_UV ~1e-5; a plain bf16 flash attention (k, v, P bf16) emulates at 2.4e-3 .. 4.2e-3 and fails."};
 /// Naive path with P as bf16 hi only (MlaPrefillHeadsArgs::p_hi_only, an ablation) vs float64.
 inline constexpr Tolerance mla_prefill_naive_p_hi{2.0e-3,
     "the CPU emulation of k, v hi + lo with P bf16 gives 0.59e-3 .. 1.12e-3 (logit std 4 .. 1): P's rounding alone; "
-    "the ISSUE 7 goal still holds with ~45% margin."};
+    "the 2.0e-3 goal still holds with ~45% margin."};
 /// Naive path vs the absorbed path followed by W_UV (same inputs): two evaluations of the same o.
 inline constexpr Tolerance mla_prefill_naive_vs_absorbed{1e-4,
     "each path lands ~1e-5 from the float64 truth (hi + lo operands, fp32 accumulation); their difference is "
     "~1e-5; 1e-4 leaves 10x margin and fails any real discrepancy (a wrong mask or head gives >= 1e-2)."};
+
+// ---- Block AttnRes kernel, bf16 sources, fp32 pseudo-query -------------------------------------
+
 /// Block AttnRes kernel, fp32 output, vs float64 on the same bf16 sources and fp32 pseudo-query.
 inline constexpr Tolerance attn_res_f32{1e-5,
     "fp32 sums of d <= 16384 products per logit (relative error ~u_fp32 sqrt(d) ~ 1e-6 of |z|, |z| ~ 1-10) and "
@@ -191,17 +215,19 @@ inline constexpr Tolerance attn_res_f32{1e-5,
 inline constexpr Tolerance attn_res_bf16{2.0e-3,
     "rounding the output to bf16 costs ~1.6e-3 relative RMS (the bf16 output floor); the fp32 math adds ~1e-6."};
 
-/// Recall experiment (ISSUE 8), linear attention with random unit keys: measured relative read
-/// error / sqrt((N - 1) / d_k) must lie in [1 / f, f].
+// ---- recall experiment, float64 memories -------------------------------------------------------
+
+/// Linear attention with random unit keys: measured relative read error / sqrt((N - 1) / d_k) must lie in
+/// [1 / f, f].
 inline constexpr Tolerance recall_linear_sqrt_factor{1.5,
-    "crosstalk of N - 1 random unit keys has variance (N - 1) / d_k per read (EQUATIONS.md section 9); with "
-    ">= 8 reads per point the sample RMS stays within ~25% of it at d_k >= 16, and a factor 1.5 still fails on "
-    "an erase step (error -> 0) or a missing normalisation (error x sqrt(d_k))."};
+    "crosstalk of N - 1 random unit keys has variance (N - 1) / d_k per read (docs/equations.md, associative-memory "
+    "facts); with >= 8 reads per point the sample RMS stays within ~25% of it at d_k >= 16, and a factor 1.5 still "
+    "fails on an erase step (error -> 0) or a missing normalisation (error x sqrt(d_k))."};
 /// Softmax memory with inverse temperature 100 on distinct unit keys: the read equals the stored value.
 inline constexpr Tolerance recall_softmax_exact{1e-4,
     "the weight of another key is exp(-100 (1 - cos)). The --quick grid's worst point is N = 8 d_k = 128 keys in "
     "d_k = 16, whose largest pairwise cosine has a median of 0.79 and a 99th percentile of 0.89 (300 draws of random "
-    "unit keys, numpy, session 11): a neighbour's weight <= e^-11 = 1.7e-5 in 99% of draws, a relative read error "
+    "unit keys, numpy): a neighbour's weight <= e^-11 = 1.7e-5 in 99% of draws, a relative read error "
     "<= ~1e-5. (1e-6, justified by cos <= 0.8, held for about half the draws: the seeded run read 1.1e-6 there once "
     "recall's cells got their own generators.) A blurred softmax (scale 1/sqrt(d)) gives errors ~1."};
 
