@@ -3,7 +3,7 @@
 ///
 /// round_to(x, fmt) rounds a double ONCE, round-to-nearest-even, to the value set of bf16, fp16,
 /// tf32 or fp32 (with subnormals and overflow to +-Inf as IEEE 754 defines them; NaN stays NaN).
-/// This avoids the double rounding of Eigen's double -> float -> bf16 path (ISSUE 5). The result
+/// This avoids the double rounding of Eigen's double -> float -> bf16 path. The result
 /// is returned as a double holding an exactly representable value of the format.
 /// Formats: precision p (significand bits incl. the implicit one), emin (least normal exponent),
 /// emax. bf16: p=8, emin=-126, emax=127; fp16: p=11, emin=-14, emax=15; tf32: p=11, emin=-126,

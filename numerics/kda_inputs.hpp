@@ -1,5 +1,5 @@
 #pragma once
-/// The named KDA input generators of the parity sweep: "anchor-kda" (ANCHORS.md) and its
+/// The named KDA input generators of the parity sweep: "anchor-kda" (numerics/random.hpp) and its
 /// variations along the sweep's axes (gate kind, g_min, beta distribution, d_k != d_v).
 ///
 /// kda_inputs(spec) draws in exactly anchor_kda()'s order (q_raw, k_raw, v, g_raw, beta_raw,

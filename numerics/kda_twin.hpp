@@ -1,10 +1,10 @@
 #pragma once
 /// The KDA kernel twin: a CPU copy of the exact tiled algorithm the CUDA prefill kernel
-/// (kernels/kda_prefill.cu) runs, with the operand precision of each matrix product a parameter,
-/// so CI can measure what every precision decision costs without a GPU (ISSUE 5, ISSUE 6).
+/// (kernels/kda_prefill/) runs, with the operand precision of each matrix product a parameter,
+/// so CI can measure what every precision decision costs without a GPU.
 ///
 /// Algorithm (chunked WY / UT form of the KDA recurrence, K3 report Eq. 1; Kimi Linear Sec. 3;
-/// EQUATIONS.md section 1). Per sequence and value head, per chunk of C = 16 tokens r = 0..n-1
+/// docs/equations.md, chunkwise form). Per sequence and value head, per chunk of C = 16 tokens r = 0..n-1
 /// (n < C only for the last chunk), with S the state entering the chunk (d_k x d_v, "KV" layout):
 ///   g_r      = g_min Sigmoid(exp(A_log) (g_raw_r + bias))         (K3 report Eq. 5; fused)
 ///   q_r, k_r = L2Norm(q_raw_r), L2Norm(k_raw_r); beta_r = Sigmoid(beta_raw_r)   (fused)
@@ -24,7 +24,7 @@
 ///
 /// The chosen kernel plan (kda_plan_kernel(): "intra-chunk fp32, state path bf16"): kk, qk,
 /// solve, pd in fp32 (CUDA-core FMAs in the prepare / state kernels), ws, qs, kd with bf16 operands
-/// (mma.sync m16n8k16 on the tensor cores), state fp32, output bf16. Measured on the ANCHORS.md
+/// (mma.sync m16n8k16 on the tensor cores), state fp32, output bf16. Measured on the
 /// anchor-kda cases (seed 1234; tests/numerics/test_twin.cpp, test_twin_slow.cpp), relative RMS
 /// of o against the float64 recurrence:
 ///   case (B,T,H)   all-bf16 operands   chosen plan (state)        bf16-rounded truth (floor)
@@ -37,7 +37,7 @@
 ///
 /// Pair mode (KdaTwinPlan::pair, opt-in): two chunks per state step, the same algebra as one C = 32
 /// chunk built from the two 16-token chunks' quantities (every decay factor stays inside one chunk);
-/// see KdaTwinPlan::pair and bench/NOTES.md "KDA pair step: twin plan" for its measured errors.
+/// see KdaTwinPlan::pair and docs/kernels/kda_prefill.md (pair step, twin plan) for its measured errors.
 ///
 /// Layouts: as KdaInputs (numerics/random.hpp): q_raw, k_raw [B, T, H, d_k]; v [B, T, HV, d_v];
 /// g_raw [B, T, HV, d_k]; beta_raw [B, T, HV]; A_log [HV]; bias [HV, d_k]; S0 [B, HV, d_k, d_v].
@@ -69,7 +69,7 @@ struct KdaTwinPlan {
   bool fuse_gate = true, l2norm = true, beta_sigmoid = true;
   std::size_t chunk = 16;
   bool use_S0 = true;
-  /// Segment-parallel state pass (kernel v5, kernels/kda_prefill.cu): 0 or 1 = off; P >= 2 = the
+  /// Segment-parallel state pass (kernels/kda_prefill/segments.cu): 0 or 1 = off; P >= 2 = the
   /// chunks are cut into segments of ceil(nchunks / P) chunks; segment 0 runs the full pass from S0
   /// (its end state is S_start(1)); segments 1..P-2 get A_seg (the state path run from S = I with
   /// v = 0, d_k x d_k) and B_seg (run from S = 0), both at the plan's precisions; S_start(s + 1) =
@@ -77,7 +77,7 @@ struct KdaTwinPlan {
   /// final state). Exact in float64 (tests/unit/test_kda_segments.cpp).
   std::size_t segments = 0;
   /// Two-chunk ("pair") state step, the opt-in plan of the pair kernel (KdaPrefillArgs::pair_chunks;
-  /// the spec: bench/NOTES.md "KDA pair step: twin plan"). Chunks c = 2p and c + 1 advance S in ONE
+  /// the spec: docs/kernels/kda_prefill.md, pair step, twin plan). Chunks c = 2p and c + 1 advance S in ONE
   /// step of up to 2C rows built from the two chunks' accum-format quantities (gp = gam_n(c),
   /// gq = gam_n(c + 1)):
   ///   M = W_{c+1} Kd_c^T, Wb = W_{c+1} Diag(gp) - M W_c, Ub = U_{c+1} - M U_c, Qb = Qg_{c+1} Diag(gp),

@@ -15,8 +15,8 @@
 ///
 /// Building blocks the kernel twin (numerics/kda_twin.hpp) may reuse: round_matrix, Matmul
 /// (a named (operand A, operand B, accumulator) precision triple), matmul_lowp, round_vector.
-/// Source: NVIDIA PTX ISA, "Matrix multiply-accumulate" (operand types, fp32 accumulation);
-/// ISSUE 5 "a matmul that rounds operands to bf16/fp16 and accumulates in fp32".
+/// Source: NVIDIA PTX ISA, "Matrix multiply-accumulate" (operand types, fp32 accumulation):
+/// a matmul that rounds operands to bf16/fp16 and accumulates in fp32.
 #include <string>
 
 #include "numerics/bf16.hpp"

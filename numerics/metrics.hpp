@@ -1,5 +1,5 @@
 #pragma once
-/// Error metrics of an output against a truth (DESIGN.md "Error metric of record").
+/// Error metrics of an output against a truth (docs/design.md, error metric of record).
 ///
 /// rel_rms = ||out - ref||_2 / ||ref||_2 (the metric of record), max_abs = max |out - ref|,
 /// max_ulp_bf16 = largest distance in bf16 units in the last place between out and ref rounded

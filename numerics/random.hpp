@@ -1,5 +1,5 @@
 #pragma once
-/// Seeded, portable random inputs (DESIGN.md "Inputs are reproducible across machines").
+/// Seeded, portable random inputs, reproducible across machines (docs/design.md, conventions).
 ///
 /// Engine: boost::random::mt19937_64; distributions: Boost's normal_distribution and
 /// uniform_real_distribution (std:: distributions differ between standard libraries). One seed
@@ -108,7 +108,8 @@ inline void derive_kda(KdaInputs& in) {
   for (std::size_t i = 0; i < in.beta.numel(); ++i) in.beta.data[i] = sigmoid<double>(in.beta_raw.data[i]);
 }
 
-/// The "anchor-kda" distribution of ANCHORS.md, as one named generator.
+/// The "anchor-kda" distribution, as one named generator: the inputs on which the KDA kernels' accuracy
+/// goal and the peers' errors are measured (numerics/tolerance.hpp).
 ///
 /// Draw order (fixed; changing it changes every golden number): q_raw, k_raw, v, g_raw
 /// (each N(0,1) rounded to bf16, row-major), beta_raw (N(0,1), bf16), A_log ~ U(0,1) per head,

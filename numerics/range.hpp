@@ -1,11 +1,11 @@
 #pragma once
-/// Dynamic-range analysis of the factored chunk form of KDA (EQUATIONS.md section 2 "Range facts";
+/// Dynamic-range analysis of the factored chunk form of KDA (docs/equations.md, gates: range facts;
 /// Kimi Linear report section 3-4; K3 report Eq. 3-5).
 ///
 /// The chunked form multiplies q and k by Gamma_r = exp(c_r) and k by 1/Gamma_r = exp(-c_r), where
 /// c_r = sum_{u = s..r} g_u is the cumulative log-decay from the start s of a tile to token r,
 /// per key channel. The algorithm stores Gamma (rounded to the format) and K/Gamma = k_r / Gamma_r
-/// (numerics/kda_twin.hpp Ki, kernels/kda_prefill.cu sKi: 1/Gamma alone is never formed): Gamma
+/// (numerics/kda_twin.hpp Ki, the KDA prefill kernel's sKi: 1/Gamma alone is never formed): Gamma
 /// shrinks towards underflow (first leaving the normal range: subnormals, then 0), K/Gamma grows
 /// towards overflow (+Inf); for a key entry |k_i| = 1, the bound of an L2-normalised key, K/Gamma is
 /// 1/Gamma. With the bounded K3 gate every g_u >= g_min, so a tile of L tokens has
@@ -29,7 +29,7 @@
 namespace kdalab {
 
 /// Gate kinds: the K3 bounded gate g = g_min Sigmoid(e^A (z + b)) in [g_min, 0] (K3 report Eq. 5)
-/// and the Kimi Linear unbounded gate g = -e^A Softplus(z + dt_bias) (EQUATIONS.md section 2).
+/// and the Kimi Linear unbounded gate g = -e^A Softplus(z + dt_bias) (docs/equations.md, gates).
 enum class GateKind { bounded, softplus };
 
 inline std::string gate_kind_name(GateKind k) { return k == GateKind::bounded ? "bounded" : "softplus"; }
