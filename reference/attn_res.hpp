@@ -1,6 +1,6 @@
 #pragma once
-/// Attention Residuals (Attention Residuals, arXiv 2603.15031; K3 report Eqs. 8-10; seed 000;
-/// EQUATIONS.md section 6): softmax attention over depth, for one token at a time.
+/// Attention Residuals (Attention Residuals, arXiv 2603.15031; K3 report Eqs. 8-10;
+/// docs/equations.md, Attention Residuals): softmax attention over depth, for one token at a time.
 ///
 /// Full form: a consumer l has a pseudo-query q_l = w_l in R^d (initialised to 0); its sources are
 /// v_0 = h_1 (the embedding) and v_i = f_i(h_i), the outputs of the earlier sublayers; keys are the
@@ -32,7 +32,8 @@ Vec<S> rms_normalize(const Vec<S>& k, const S& eps) {
   return k / ssqrt<S>(S(ms + eps));
 }
 
-/// The AttnRes logit of source v for pseudo-query w: w^T RMSNorm(v) (log phi of EQUATIONS.md section 6).
+/// The AttnRes logit of source v for pseudo-query w: w^T RMSNorm(v) (log phi in K3 report Eqs. 8-10;
+/// docs/equations.md, Attention Residuals).
 template <class S>
 S attn_res_logit(const Vec<S>& w, const Vec<S>& v, const S& eps) {
   return w.dot(rms_normalize<S>(v, eps));

@@ -2,7 +2,7 @@
 /// kdalab::Error: the one exception type for bad input anywhere in kdalab.
 ///
 /// Every message names the tensor / option / key, the offending index or value and what is
-/// accepted (DESIGN.md "Errors"). The command line turns it into one line on stderr and exit 2.
+/// accepted (docs/cli.md, errors and exit codes). The command line turns it into one line on stderr and exit 2.
 #include <stdexcept>
 #include <string>
 
@@ -13,7 +13,7 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
-/// Throws kdalab::Error(msg) when cond is false. Cheap helper for argument checks.
+/// Throws kdalab::Error(msg) when cond is false; used for argument checks.
 inline void require(bool cond, const std::string& msg) {
   if (!cond) throw Error(msg);
 }

@@ -1,13 +1,13 @@
 #pragma once
-/// KDA decay gates: the log-decay g (alpha = e^g) from a decay logit z (EQUATIONS.md section 2).
+/// KDA decay gates: the log-decay g (alpha = e^g) from a decay logit z (docs/equations.md, gates).
 ///
-///   K3 bounded gate (K3 report Eq. 5; seed 000):  g = g_min * Sigmoid(exp(A_h) * (z + b))
+///   K3 bounded gate (K3 report Eq. 5):  g = g_min * Sigmoid(exp(A_h) * (z + b))
 ///       in [g_min, 0] (open in exact arithmetic, closed in floating point where the sigmoid
 ///       saturates), g_min = -5 by default, A_h a per-head log-scale, b a per-(head, channel) bias.
 ///   Kimi Linear gate (Kimi Linear report, unbounded):  g = -exp(A_h) * Softplus(z + dt_bias).
 ///
 /// The decay logit z (bias NOT included; the gate adds it) comes from one of:
-///   from_x  z_t = W_up (W_down x_t)       low rank from the layer input (seed 000; Kimi Linear)
+///   from_x  z_t = W_up (W_down x_t)       low rank from the layer input (Kimi Linear)
 ///   from_v  z_t = W_alpha v_t             from the value (K3 report Eq. 2). Our reading: v_t is the
 ///                                         layer's value after ShortConv + Swish, all HV heads
 ///                                         concatenated (HV * d_v), W_alpha is [HV * d_k, HV * d_v].
@@ -86,7 +86,7 @@ Mat<S> gate(const Mat<S>& z, const Vec<S>& A_log, const Mat<S>& bias, GateKind k
   return g;
 }
 
-/// Low-rank decay logit from the layer input (seed 000; Kimi Linear): z = (x W_down^T) W_up^T.
+/// Low-rank decay logit from the layer input (Kimi Linear): z = (x W_down^T) W_up^T.
 /// x: [T, hidden]; W_down: [r, hidden]; W_up: [HV * d_k, r]. Returns z: [T, HV * d_k] (no bias).
 /// Errors: kdalab::Error naming 'W_down' or 'W_up' on a shape mismatch.
 template <class S>
@@ -129,7 +129,7 @@ void validate_gate(const Tensor<S>& g, GateKind kind, const S& g_min = S(-5), co
 
 /// Smallest cumulative log-decay over any window of `tile` consecutive tokens of one channel,
 /// min over (t0, c) of sum_{t=t0}^{t0+tile-1} g(t, c) (windows clipped at T). g: [T, channels].
-/// With the bounded gate this is >= tile * g_min (= -80 for tile 16, g_min = -5; EQUATIONS.md 2).
+/// With the bounded gate this is >= tile * g_min (= -80 for tile 16, g_min = -5; docs/equations.md, gates).
 template <class S>
 S min_tile_log_decay(const Mat<S>& g, Eigen::Index tile = 16) {
   S lo = S(0);

@@ -1,11 +1,11 @@
 #pragma once
-/// The KDA / Gated MLA hybrid stack (K3 report §2.1; Kimi Linear §5; EQUATIONS.md sections 5-7),
-/// one sequence at a time, with a prefill over T tokens and a token-by-token decode with per-layer
+/// The KDA / Gated MLA hybrid stack (K3 report §2.1; Kimi Linear §5; docs/equations.md, Gated MLA, Attention
+/// Residuals, hybrid), one sequence at a time, with a prefill over T tokens and a token-by-token decode with per-layer
 /// caches (KDA: state + ShortConv tails; MLA: the latent cache).
 ///
 /// Layout from the config's kda_layers / full_attn_layers (K3: blocks of 3 KDA + 1 Gated MLA and one
 /// extra Gated MLA at the end; Kimi Linear 48B: its published list). Decoder layer l, input stream h:
-///   sublayer granularity (default; EQUATIONS.md section 6, each sublayer a source and a consumer):
+///   sublayer granularity (default; each sublayer a source and a consumer; docs/equations.md, Attention Residuals):
 ///     a = Attn_l(RMSNorm(mix(w_l^attn)));  push a;  f = FFN_l(RMSNorm(mix(w_l^ffn)));  push f
 ///   layer granularity (one source/consumer per decoder layer):
 ///     h = mix(w_l);  a = Attn_l(RMSNorm(h));  f = FFN_l(RMSNorm(h + a));  push a + f

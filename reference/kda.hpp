@@ -1,5 +1,5 @@
 #pragma once
-/// Kimi Delta Attention: the recurrence (K3 report Eq. 1; Kimi Linear Eq. 1; seed 000).
+/// Kimi Delta Attention: the recurrence (K3 report Eq. 1; Kimi Linear Eq. 1; docs/equations.md, KDA recurrence).
 ///
 /// Per head, with q_t, k_t in R^{d_k}, v_t in R^{d_v}, state S_t in R^{d_k x d_v} ("KV" layout,
 /// K3 report Eq. 1 orientation), alpha_t = exp(g_t) in (0, 1]^{d_k}, beta_t in [0, 1]:
@@ -7,25 +7,27 @@
 ///     o_t = scale * S_t^T q_t                       (scale explicit; fla/FlashKDA use d_k^-1/2)
 /// computed as S' = Diag(alpha_t) S_{t-1};  S_t = S' + beta_t k_t (v_t - S'^T k_t)^T.
 ///
-/// Special cases (EQUATIONS.md section 1), selected by KdaVariant:
+/// Special cases (docs/equations.md, KDA recurrence), selected by KdaVariant:
 ///   kda            per-channel alpha = exp(g_t)                        (the default)
 ///   gated_deltanet scalar alpha per head = exp(g_t[0]); other channels of g are ignored
 ///   deltanet       alpha = 1 (g ignored)
 ///   gla            S_t = Diag(alpha_t) S_{t-1} + k_t v_t^T            (no erase, beta ignored)
 ///   linear         S_t = S_{t-1} + k_t v_t^T                          (no erase, beta, decay)
 ///
-/// Batched layout (DESIGN.md): q, k [B, T, H, d_k]; v [B, T, HV, d_v]; g [B, T, HV, d_k] (log-decay,
+/// Batched layout (docs/design.md, conventions): q, k [B, T, H, d_k]; v [B, T, HV, d_v]; g [B, T, HV, d_k] (log-decay,
 /// g <= 0); beta [B, T, HV]; S0 and the final state [B, HV, d_k, d_v]; o [B, T, HV, d_v]. Grouped
 /// value heads: HV is a multiple of H, value head j reads key head j / (HV / H).
-/// The seed-002 form (S of shape d_v x d_k, S_t = S_{t-1} Diag(alpha)(I - beta k k^T) + beta v k^T,
-/// o = S q) is the stated transpose of this one: S_seed = S^T (see to_seed_layout(), kda_step_seed()).
+/// The value-major form (S of shape d_v x d_k, S_t = S_{t-1} Diag(alpha)(I - beta k k^T) + beta v k^T,
+/// o = S q) is the stated transpose of this one: S_seed = S^T (see to_seed_layout(), kda_step_seed();
+/// docs/equations.md, KDA recurrence).
 ///
 /// Contents: kda_step (the delta form, also the decode step), kda_step_product (Eq. 1 literally),
-/// kda_step_gradient (one gradient step on 1/2 ||S^T k - v||^2, seed 000), kda_step_seed (seed 002
+/// kda_step_gradient (one gradient step on 1/2 ||S^T k - v||^2), kda_step_seed (value-major
 /// orientation), kda_recurrent_head / kda_recurrent (batched, initial state in, final state out),
 /// kda_validate, kda_varlen / kda_recurrent_varlen (packed sequences by cu_seqlens, one state each),
-/// softmax_decode_reads / kda_decode_reads (seed 002 decode-cost table). The chunked form is in
-/// reference/kda_chunk.hpp, the gates in reference/gate.hpp, the full layer in reference/kda_layer.hpp.
+/// softmax_decode_reads / kda_decode_reads (the analytic decode-cost table: docs/equations.md, decode cost).
+/// The chunked form is in reference/kda_chunk.hpp, the gates in reference/gate.hpp, the full layer in
+/// reference/kda_layer.hpp.
 /// Range of g per gate (g in [g_min, 0] for the bounded gate): validate_gate() in reference/gate.hpp.
 #include <algorithm>
 #include <cstdint>
@@ -176,7 +178,7 @@ KdaOutput<S> kda_recurrent(const Tensor<S>& q, const Tensor<S>& k, const Tensor<
   return out;
 }
 
-/// Gradient-step form of one KDA step (seed 000; EQUATIONS.md section 1), per-channel decay:
+/// Gradient-step form of one KDA step (docs/equations.md, KDA recurrence), per-channel decay:
 /// with S' = Diag(alpha_t) S_{t-1} and the loss L_t(S) = 1/2 ||S^T k_t - v_t||^2, whose gradient is
 /// grad = k_t (S^T k_t - v_t)^T, S_t = S' - beta_t grad(L_t)(S'). In place on St (d_k x d_v);
 /// returns o_t = scale S_t^T q_t. Equal to kda_step(kda) up to rounding. No input checks.
@@ -207,10 +209,10 @@ Vec<S> kda_step_product(Mat<S>& St, const Vec<S>& q, const Vec<S>& k, const Vec<
   return Vec<S>(scale * (St.transpose() * q));
 }
 
-/// The seed-002 form of one step, on the transposed state S_seed = S^T (d_v x d_k):
+/// The value-major form of one step, on the transposed state S_seed = S^T (d_v x d_k):
 /// S_seed,t = S_seed,t-1 Diag(alpha_t) (I - beta_t k_t k_t^T) + beta_t v_t k_t^T, o_t = scale S_seed,t q_t
-/// (seed 002 "The math"; it writes scale = 1). A stated transpose of kda_step: after any sequence
-/// of steps S_seed == to_seed_layout(S) and the outputs agree. In place; no input checks.
+/// (docs/equations.md, KDA recurrence). A stated transpose of kda_step: after any sequence of steps
+/// S_seed == to_seed_layout(S) and the outputs agree. In place; no input checks.
 template <class S>
 Vec<S> kda_step_seed(Mat<S>& S_seed, const Vec<S>& q, const Vec<S>& k, const Vec<S>& v, const Vec<S>& g,
                      const S& beta, const S& scale) {
@@ -223,9 +225,10 @@ Vec<S> kda_step_seed(Mat<S>& S_seed, const Vec<S>& q, const Vec<S>& k, const Vec
 }
 
 /// Numbers a softmax attention head reads per decode step after n cached tokens: 2 n d (keys and
-/// values; seed 002 softmax_kv_reads; EQUATIONS.md section 8).
+/// values; docs/equations.md, decode cost).
 inline std::uint64_t softmax_decode_reads(std::uint64_t n, std::uint64_t d) { return 2 * n * d; }
-/// Numbers a KDA head reads per decode step: its d_k x d_v state, whatever the context (seed 002).
+/// Numbers a KDA head reads per decode step: its d_k x d_v state, whatever the context
+/// (docs/equations.md, decode cost).
 inline std::uint64_t kda_decode_reads(std::uint64_t d_k, std::uint64_t d_v) { return d_k * d_v; }
 
 /// Checks cumulative sequence lengths of a variable-length batch of `total` tokens:
@@ -303,8 +306,8 @@ KdaOutput<S> kda_recurrent_varlen(const Tensor<S>& q, const Tensor<S>& k, const 
                            const Tensor<S>& e, const Tensor<S>* f) { return kda_recurrent<S>(a, b, c, d, e, f, scale, var); });
 }
 
-/// The seed-002 orientation of a state: S_seed = S^T (d_v x d_k). A stated transpose, never a
-/// second convention (DESIGN.md).
+/// The value-major orientation of a state: S_seed = S^T (d_v x d_k). A stated transpose, never a
+/// second convention (docs/design.md, conventions).
 template <class S>
 Mat<S> to_seed_layout(const Mat<S>& S_kv) { return S_kv.transpose(); }
 

@@ -1,5 +1,5 @@
 #pragma once
-/// The full KDA layer (K3 report Eqs. 2, 5, 6; Kimi Linear report; seed 000; EQUATIONS.md 2-4):
+/// The full KDA layer (K3 report Eqs. 2, 5, 6; Kimi Linear report; docs/equations.md, gates, KDA layer):
 ///
 ///   q = L2Norm(Swish(ShortConv(W_q x)))      [T, H  d_k]   (per key head, eps l2_eps)
 ///   k = L2Norm(Swish(ShortConv(W_k x)))      [T, H  d_k]

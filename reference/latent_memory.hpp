@@ -1,7 +1,7 @@
 #pragma once
 /// An MLA latent memory of one head for the recall and copy experiments: what a Gated MLA layer's
 /// d_c-wide latent cache can return (DeepSeek-V2 §2.1, Eqs. 9-11 and the absorbed form; K3 report
-/// Eq. 7; EQUATIONS.md section 5). Small stand-in until reference/mla.hpp is used here.
+/// Eq. 7; docs/equations.md, Gated MLA). Small stand-in until reference/mla.hpp is used here.
 ///
 /// A token's input x = [k_in; v_in] (d_k + d_v wide) is compressed to the latent c = W_DKV x
 /// (d_c wide, the only thing cached); keys and values are read back through the up-projections

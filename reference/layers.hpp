@@ -1,5 +1,5 @@
 #pragma once
-/// The small layers around the KDA core (EQUATIONS.md section 3; K3 report Eqs. 2, 6; seed 000):
+/// The small layers around the KDA core (docs/equations.md, KDA layer; K3 report Eqs. 2, 6):
 ///   q, k = L2Norm(Swish(ShortConv(W_{q/k} x)));  v = Swish(ShortConv(W_v x));  beta = Sigmoid(W_beta x)
 ///   y_t  = W_o [ Sigmoid(W_g x_t) ⊙ RMSNorm(o_t) ]          (RMSNorm per head; full-rank gate)
 /// Also used by Gated MLA (output gate, RMSNorm) and the hybrid stack.

@@ -1,6 +1,6 @@
 #pragma once
-/// Gated Multi-head Latent Attention (DeepSeek-V2 §2.1 Eqs. 9-19; K3 report Eq. 7; seed 000;
-/// EQUATIONS.md section 5), one sequence at a time, templated on the scalar (float, double, mp50).
+/// Gated Multi-head Latent Attention (DeepSeek-V2 §2.1 Eqs. 9-19; K3 report Eq. 7;
+/// docs/equations.md, Gated MLA), one sequence at a time, templated on the scalar (float, double, mp50).
 ///
 /// Per token t with input x_t in R^d (d = hidden_size), n_h heads:
 ///     c_t   = W_DKV x_t                          in R^{d_c}   (the latent; d_c = kv_lora_rank)
@@ -13,7 +13,7 @@
 ///     o_{t,i} = sum_{tau <= t} softmax_tau(s_{t,tau,i}) v^C_{tau,i}                (causal)
 ///     y_t   = W_o [ Sigmoid(W_g x_t) ⊙ o_t ]      (gate elementwise over the n_h d_v channels; K3 Eq. 7)
 ///             y_t = W_o o_t when the output gate is off (Kimi Linear).
-/// Positions: d_rope = 0 is pure latent MLA (EQUATIONS.md section 5 literally). With d_rope > 0 and
+/// Positions: d_rope = 0 is pure latent MLA (docs/equations.md, Gated MLA, taken literally). With d_rope > 0 and
 /// `rope` off ("mla_use_nope": true, Kimi Linear / K3: NoPE) the shared key part is kept but never
 /// rotated; with `rope` on, q^R and k^R are rotated by the DeepSeek-V2 decoupled RoPE at the token's
 /// absolute position (pairs (2j, 2j+1), frequency rope_theta^(-2j / d_rope)).
@@ -287,7 +287,7 @@ Mat<S> mla_attend_naive(const MlaConfig& cfg, const MlaWeights<S>& w, const MlaP
   return O;
 }
 
-/// Absorbed attention (EQUATIONS.md section 5): q~_i = q^C_i W_UK,i ([T, d_c]), scores over the latent
+/// Absorbed attention (docs/equations.md, Gated MLA): q~_i = q^C_i W_UK,i ([T, d_c]), scores over the latent
 /// cache C [N, d_c] plus q^R_i K_R^T, causal softmax, attended latent a_i = P C, o_i = a_i W_UV,i^T.
 /// Returns o [T, n_h d_v] (ungated).
 template <class S>
@@ -394,7 +394,7 @@ Mat<S> mla_prefill(const MlaConfig& cfg, const MlaWeights<S>& w, const Mat<S>& X
 }
 
 /// Decode step: one token x_t [hidden] at position cache.len, absorbed attention over the latent
-/// cache (EQUATIONS.md section 5). Returns y_t [hidden]. Errors as mla_prefill; in particular a
+/// cache (docs/equations.md, Gated MLA). Returns y_t [hidden]. Errors as mla_prefill; in particular a
 /// step past the cache capacity throws kdalab::Error and leaves the cache unchanged.
 template <class S>
 Vec<S> mla_decode(const MlaConfig& cfg, const MlaWeights<S>& w, const Vec<S>& x_t, MlaCache<S>& cache) {

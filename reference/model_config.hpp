@@ -1,5 +1,5 @@
 #pragma once
-/// Model shapes from a Hugging Face config.json of Kimi Linear / K3 (EQUATIONS.md section 7), so
+/// Model shapes from a Hugging Face config.json of Kimi Linear / K3 (docs/equations.md, hybrid), so
 /// that a real model's config.json can be pointed at directly.
 ///
 /// Keys read (everything else is ignored, as in transformers):
@@ -47,7 +47,7 @@ inline std::string layer_kind_name(LayerKind k) { return k == LayerKind::kda ? "
 /// W_down (Swish(W_gate x) ⊙ W_up x) (Shazeer 2020, Eq. 6) in place of the models' MoE.
 enum class FfnKind { identity, swiglu };
 /// AttnRes granularity: every attention and feed-forward sublayer is a source and a consumer
-/// (EQUATIONS.md section 6, our reading of the released K3 configs), or one per decoder layer.
+/// (docs/equations.md, Attention Residuals, our reading of the released K3 configs), or one per decoder layer.
 enum class AttnResGranularity { sublayer, layer };
 
 /// KDA layer shapes (linear_attn_config).
@@ -91,7 +91,7 @@ struct ModelConfig {
 
 /// Caps on a config's sizes (cfg_uint's max; a value above one: kdalab::Error "config key 'K' = V is too large;
 /// accepted: MIN .. MAX", exit 2 in `kdalab info --config`, before anything is allocated). A config of 1e11 layers
-/// allocated the layer list and ended in "not enough memory" (session 9 review), and sizes near 2^64 wrapped the
+/// allocated the layer list and ended in "not enough memory", and sizes near 2^64 wrapped the
 /// cache counts. Each cap is 40x or more above the released models (Kimi K3: 93 layers, hidden 7168, 96 heads of
 /// 128, kv_lora_rank 512, ShortConv 4; Kimi Linear 48B: intermediate 9216; Llama 3.1 405B, among the widest: 126
 /// layers, hidden 16384, intermediate 53248, 128 heads; head dims reach 256), and small enough that every count
@@ -110,7 +110,7 @@ inline constexpr std::size_t kMaxConfigConvKernel = 1024;
 
 /// The deepest nesting of any JSON file kdalab reads: model configs (read_model_config), --config option files and
 /// bench --peer-json (experiments/cli.hpp parse_json_once). Its files are flat or nearly flat objects; a value nested
-/// a million levels deep crashed the error messages that print it (dump() recursion: SIGSEGV; breaker, session 9).
+/// a million levels deep crashed the error messages that print it (dump() recursion: SIGSEGV).
 inline constexpr int kMaxJsonDepth = 64;
 
 namespace detail {

@@ -3,7 +3,7 @@
 ///
 /// mp50 = boost::multiprecision::cpp_bin_float_50 (50 decimal digits, ~166-bit mantissa), made
 /// usable in Eigen through Boost's own glue header boost/multiprecision/eigen.hpp (and only that:
-/// DESIGN.md forbids a second NumTraits). Supported with Eigen 3.4 for products, solves and norms;
+/// a second NumTraits specialisation would conflict with it). Supported with Eigen 3.4 for products, solves and norms;
 /// not for blueNorm or the eigen-solvers, which kdalab does not use.
 ///
 /// Math on any Scalar goes through the free functions below (kdalab::sexp, slog, ...) so that one

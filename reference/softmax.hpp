@@ -1,6 +1,6 @@
 #pragma once
 /// Plain causal softmax attention of one head: the "softmax memory" of the recall, copy and
-/// decode-cost experiments (Vaswani et al. 2017, Eq. 1; EQUATIONS.md sections 8 and 9).
+/// decode-cost experiments (Vaswani et al. 2017, Eq. 1; docs/equations.md, decode cost and associative memory).
 ///
 /// A softmax head caches every key and value it has seen; reading with a query q is
 ///     o = sum_i softmax_i(scale * k_i^T q) v_i        over the cached tokens i,
@@ -21,7 +21,7 @@
 namespace kdalab {
 
 /// One decode read: o = sum_i softmax_i(scale * K_i . q) V_i over the n cached rows of K and V.
-/// q: d_k; K: n x d_k; V: n x d_v (n >= 1). Returns o (d_v). Cost: 2 n d reads (EQUATIONS.md §8).
+/// q: d_k; K: n x d_k; V: n x d_v (n >= 1). Returns o (d_v). Cost: 2 n d reads (docs/equations.md, decode cost).
 /// Errors: kdalab::Error if n = 0 or the widths of q, K, V disagree.
 template <class S>
 Vec<S> softmax_read(const Vec<S>& q, const Mat<S>& K, const Mat<S>& V, const S& scale) {
@@ -60,7 +60,8 @@ Mat<S> softmax_causal_head(const Mat<S>& q, const Mat<S>& k, const Mat<S>& v, co
 }
 
 /// A growing softmax KV cache for token-by-token decode: append(k, v) then read(q). Holds n x d_k
-/// keys and n x d_v values; memory and read cost grow linearly with n (the "decode wall", seed 002).
+/// keys and n x d_v values; memory and read cost grow linearly with n (the "decode wall";
+/// docs/equations.md, decode cost).
 template <class S>
 class SoftmaxCache {
  public:

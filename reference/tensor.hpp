@@ -1,6 +1,6 @@
 #pragma once
 /// kdalab::Tensor: a dense row-major N-d array, the exchange type between reference, numerics,
-/// experiments and files. Tensors are [B, T, H, D] unless a name says otherwise (DESIGN.md).
+/// experiments and files. Tensors are [B, T, H, D] unless a name says otherwise (docs/design.md, conventions).
 /// No math lives here: reference/ maps slices of it into Eigen.
 #include <cmath>
 #include <cstddef>
