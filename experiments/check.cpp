@@ -1,32 +1,13 @@
-// `kdalab check`: check someone else's tensors against the truth (ISSUE 5 "Checking someone else's
-// tensors"; file format in README.md "Checking your own kernel's tensors (kdalab check)").
+// `kdalab check`: check another kernel's tensors against the truth, recomputed on exactly the file's inputs.
 //
-//   kdalab check --op kda|kda-decode|mla|attn-res --in FILE.h5 [--truth auto|mp|f64] [--tol X] --out report.h5
+//   kdalab check --op kda|kda-decode|mla|attn-res --in FILE.h5 [--truth auto|mp|f64] [--tol X] [--kernel] --out report.h5
 //
-// --op mla: datasets q [B, T, H, d_c] (absorbed query q~), c [B, N, d_c] (latent cache, N >= T),
-// optional q_rope [B, T, H, d_rope] + k_rope [B, N, d_rope], candidate o [B, T, H, d_c] (attended
-// latent); attribute scale. Query t attends causally to tokens 0 .. N - T + t.
-// --op attn-res: datasets v [N, T, d] (sources, v_0 = h_1), w [d], candidate h [T, d]; attributes
-// mode (full | block), block_sources (block), eps. The rest of this comment is --op kda:
-//
-// The input file holds, at its root: datasets q, k [B, T, H, d_k]; v [B, T, HV, d_v];
-// g [B, T, HV, d_k]; beta [B, T, HV]; optional S0; optional candidates o [B, T, HV, d_v] and S
-// (the final state). Root attributes: scale (number), l2norm_qk (0/1 or bool: normalise q, k per
-// head first); gate = "none" (default: g is the log-decay) | "k3" (g holds logits z;
-// g = g_min Sigmoid(exp(A_log) (z + bias)), datasets A_log [HV], bias [HV, d_k], attribute g_min)
-// | "softplus" (g = -exp(A_log) Softplus(z + dt_bias), datasets A_log [HV], dt_bias [HV, d_k]);
-// beta = "values" (default) | "logits" (beta = Sigmoid(dataset)). S0 and S need an attribute
-// layout = "KV" ([B, HV, d_k, d_v]) or "VK" ([B, HV, d_v, d_k]), on the dataset or the root.
-// Every dataset is float32 or float64; format = "bf16" (dataset or root attribute) declares
-// float32 data holding bf16 values, which is verified (kdalab never re-rounds silently).
-// --op kda-decode runs T one-token decode steps from S0 (S0 required).
-// --kernel (--op kda, CUDA build + GPU): also runs kdalab's prefill kernel (kernels/kda.hpp) on exactly the
-// file's inputs and reports its o and S as candidates o_kdalab, S_kdalab beside the file's own (a peer's):
-// kdalab and the peer on identical inputs, one truth, one report.
-// The truth is computed on exactly these inputs in cpp_bin_float_50 (mp) or float64 (f64); auto
-// takes mp while B*T*HV*d_k*d_v <= 2e7 (~20 s), f64 above. Exit: 0 pass (or no candidate: the
-// truth is written), 1 a candidate fails --tol, 2 bad input (any malformed file: a clear error), 3 --kernel
-// where it cannot run (a build without the CUDA kernels, or no GPU visible; the input is checked first).
+// The input and report file formats, the truth rule and the exit codes are described once, in
+// docs/check-format.md; this file implements them: read_input (kda, kda-decode), read_mla and read_attn_res
+// validate an input file (every malformed file is a one-line error, exit 2), the truth is computed in
+// cpp_bin_float_50 (mp) or float64 (f64), and the report table holds one row per candidate.
+// --kernel (--op kda, CUDA build + GPU) also runs kdalab's prefill kernel (kernels/kda.hpp) on the file's
+// inputs and reports its o and S as candidates o_kdalab, S_kdalab beside the file's own.
 #include <H5Cpp.h>
 #include <filesystem>
 #include <fstream>
@@ -75,7 +56,7 @@ class InFile {
  public:
   explicit InFile(const std::string& path) : path_(path) {
     H5::Exception::dontPrint();
-    require(!path.empty(), "--in FILE.h5 is required (the tensors to check; format in README.md)");
+    require(!path.empty(), "--in FILE.h5 is required (the tensors to check; format in docs/check-format.md)");
     try {
       f_ = H5::H5File(path, H5F_ACC_RDONLY);
     } catch (const H5::Exception&) {
@@ -401,7 +382,7 @@ KdaOutput<S> truth(const CheckInput& c, const std::string& op) {
 
 // ---- --op mla: the absorbed attention over a latent cache (kernels/mla.hpp's operation) ----------
 
-/// Inputs of --op mla, validated (README.md "kdalab check --op mla").
+/// Inputs of --op mla, validated (docs/check-format.md, --op mla).
 struct MlaInput {
   std::size_t B = 0, T = 0, H = 0, N = 0, d_c = 0, d_rope = 0;
   Tensor<double> q, c, q_rope, k_rope, o_cand;
@@ -458,7 +439,7 @@ MlaInput read_mla(const std::string& path) {
 
 /// The attended latent a[b, t, h] = sum_{tau <= N - T + t} softmax_tau(s) c[b, tau] with
 /// s_tau = scale (q~[b, t, h] . c[b, tau] + q_rope[b, t, h] . k_rope[b, tau]) (DeepSeek-V2 Eqs. 17-19
-/// absorbed; EQUATIONS.md section 5; reference/mla.hpp mla_attend_absorbed with W_UV = I), in S.
+/// absorbed; docs/equations.md, Gated MLA; reference/mla.hpp mla_attend_absorbed with W_UV = I), in S.
 template <class S>
 Tensor<double> mla_truth(const MlaInput& m) {
   Tensor<double> out({m.B, m.T, m.H, m.d_c});
@@ -491,7 +472,7 @@ Tensor<double> mla_truth(const MlaInput& m) {
 
 // ---- --op attn-res: softmax attention over depth (reference/attn_res.hpp) -----------------------
 
-/// Inputs of --op attn-res, validated (README.md "kdalab check --op attn-res").
+/// Inputs of --op attn-res, validated (docs/check-format.md, --op attn-res).
 struct AttnResInput {
   std::size_t N = 0, T = 0, d = 0, block_sources = 1;
   Tensor<double> v, w, h_cand;
@@ -703,7 +684,7 @@ Outcome check_attn_res(const std::string& in_path, const std::string& truth_opt)
 void register_check(Registry& reg) {
   auto& c = reg.add("check",
                     "Check your own kernel's tensors: read the inputs and your candidate outputs from an HDF5 file "
-                    "(format: README.md), compute the truth on exactly those inputs and report relative RMS, max abs, "
+                    "(format: docs/check-format.md), compute the truth on exactly those inputs and report relative RMS, max abs, "
                     "max bf16 ULP and NaN/Inf counts per candidate, with a one-line verdict against --tol (exit 0 "
                     "pass, 1 fail, 2 bad input, 3 --kernel without the CUDA kernels or a GPU). Ops: kda (q, k, v, g or gate logits, beta, S0 -> o, S), kda-decode, "
                     "mla (absorbed query q~, latent cache c -> attended latent o), attn-res (sources v, pseudo-query "
@@ -718,7 +699,7 @@ void register_check(Registry& reg) {
     bool kernel = false;
   };
   auto o = std::make_shared<Opts>();
-  // the common options, as they apply to check (newcomer read of --help, session 4)
+  // the common options, described as they apply to check (the generic texts would promise what check does not do)
   c.app->get_option("--out")->description("HDF5 report to write: group /check with the truth tensors, the table "
                                           "/check/report (one row per candidate) and the verdict; written atomically, "
                                           "also on FAIL; an existing file only with --force; not the --in file");
@@ -731,7 +712,7 @@ void register_check(Registry& reg) {
                     "operation: kda (prefill from S0 or zero), kda-decode (T one-token steps from S0), mla (absorbed "
                     "attention over a latent cache), attn-res (Attention Residuals over depth)")
       ->capture_default_str();
-  c.app->add_option("--in", o->in, "input HDF5 file with the inputs and your candidates (format in README.md); required");
+  c.app->add_option("--in", o->in, "input HDF5 file with the inputs and your candidates (format in docs/check-format.md); required");
   c.app->add_option("--truth", o->truth, "truth: mp (cpp_bin_float_50, slow: ~20 s at the auto limit), f64 (float64), auto (mp while the work "
                                          "(kda: B*T*HV*d_k*d_v; mla: B*T*H*N*(d_c + d_rope); attn-res: 100*N*T*d) <= 2e7, f64 above)")
       ->capture_default_str();
@@ -751,9 +732,9 @@ void register_check(Registry& reg) {
     require(o->truth == "auto" || o->truth == "mp" || o->truth == "f64",
             "--truth '" + o->truth + "' is unknown; accepted: auto, mp, f64");
     require(std::isfinite(o->tol) && o->tol > 0, fmt::format("--tol {} is not accepted; give a number > 0", o->tol));
-    // --in before --out: without an input there is nothing to report (run outside the repo, a missing --in was
-    // reported as "--out 'results/check.h5': folder 'results' does not exist"; session 7). InFile refuses an empty
-    // --in and opens it as HDF5 (a directory or a text file given as --in was reported after a bad --out; breaker)
+    // --in before --out: without an input there is nothing to report (run outside the repository, a missing --in
+    // would otherwise be reported as "--out 'results/check.h5': folder 'results' does not exist"). InFile refuses an
+    // empty --in and opens it as HDF5, so a directory or a text file given as --in is named before a bad --out.
     check_input_files(ctx, "in");  // a FIFO --in would block the open forever (cli::check_input_files)
     { const InFile probe(o->in); }
   };

@@ -54,7 +54,7 @@ Command& Registry::add(const std::string& name, const std::string& description, 
           },
           ""));  // no description: --help shows the type name UINT64 alone (it showed UINT:UINT64)
   // which values --quick picks is coded in each experiment's run(); the help points to where they are recorded rather
-  // than copying them (session 10 newcomer: --help showed the full defaults and nothing said what --quick changed)
+  // than copying them (--help shows the full defaults, so the text must say where the --quick values can be seen)
   a->add_flag("--quick", c.common->quick,
               "run a small version (seconds to a minute on a laptop CPU): smaller defaults for some options (those "
               "given explicitly win); the values used are recorded in the results file's root attribute `config`");
@@ -77,7 +77,7 @@ void describe_quick(Command& c, const std::string& what) {
 std::unique_ptr<ResultsFile> Context::open_results() const {
   // Recomputed here, not taken from `config` (made before the run): --quick and the experiments'
   // own adjustments change option values inside run(), and the file must record what was used.
-  check_out_not_inputs();  // whatever Command::writes_output says (info --out m.json --config m.json --force; breaker s8)
+  check_out_not_inputs();  // whatever Command::writes_output says (info --out m.json --config m.json --force must fail)
   RunInfo info{command_line, (app ? effective_config(app) : config).dump(), std::to_string(common.seed)};
   return std::make_unique<ResultsFile>(common.out, common.force, info);
 }
@@ -131,11 +131,10 @@ nlohmann::json parse_json_once(const std::string& text, std::string& repeated, b
   FloatTexts floats;
   if (numbers_as_typed) (void)nlohmann::json::sax_parse(text, &floats);
   std::size_t next_float = 0;
-  // the keys seen so far in each object being parsed (a set: a vector made a 100000-key file take 45 s; breaker s9)
+  // the keys seen so far in each object being parsed (a set: a vector made a 100000-key file take 45 s)
   std::vector<std::set<std::string>> open_keys;
   const auto cb = [&](int depth, nlohmann::json::parse_event_t ev, nlohmann::json& j) {
-    // kdalab's JSON inputs are flat; a value nested 1000000 deep crashed the messages (dump() recursion: SIGSEGV;
-    // breaker s9)
+    // kdalab's JSON inputs are flat; a value nested 1000000 deep would crash the messages (dump() recursion: SIGSEGV)
     if (depth > kMaxJsonDepth)
       throw Error("nested more than " + std::to_string(kMaxJsonDepth) + " levels deep; accepted: at most " +
                   std::to_string(kMaxJsonDepth) + " (kdalab's JSON files are flat objects)");
@@ -188,7 +187,7 @@ namespace {
 std::vector<std::string> config_tokens(CLI::App* sub, const std::string& path) {
   std::error_code ec;
   require(!std::filesystem::is_directory(path, ec), "--config '" + path + "': is a directory; give a JSON file");
-  require_regular_input("--config", path, "a JSON file");  // a FIFO blocked forever (breaker, session 8)
+  require_regular_input("--config", path, "a JSON file");  // a FIFO would block the read forever
   std::ifstream in(path, std::ios::binary);
   require(static_cast<bool>(in), "--config '" + path + "': file not found or not readable");
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -200,7 +199,7 @@ std::vector<std::string> config_tokens(CLI::App* sub, const std::string& path) {
   } catch (const std::exception& e) {
     throw Error("--config '" + path + "': not valid JSON (" + std::string(e.what()) + ")");
   }
-  // nlohmann keeps the last of two equal keys silently ({"T": [17], "T": [300]} ran T = 300; breaker, session 7)
+  // nlohmann keeps the last of two equal keys silently ({"T": [17], "T": [300]} would run T = 300)
   require(repeated.empty(), "--config '" + path + "': key '" + repeated + "' appears twice; give each key once");
   require(j.is_object(), "--config '" + path + "': must hold a JSON object of option names to values");
   std::vector<std::string> toks;
@@ -211,8 +210,8 @@ std::vector<std::string> config_tokens(CLI::App* sub, const std::string& path) {
       std::string known;
       for (CLI::Option* q : sub->get_options())
         if (const auto n = long_name(q); !n.empty() && n != "help" && n != "config") known += (known.empty() ? "" : ", ") + n;
-      // a model config.json (data/configs/kimi-k3.json) given to an experiment's --config said only "unknown key
-      // '_comment'" (session 10 newcomer, left alone in session 11): say what the file is and where it belongs
+      // a model config.json (data/configs/kimi-k3.json) given to an experiment's --config would be reported as
+      // "unknown key '_comment'" alone: say what the file is and where it belongs
       if (looks_like_model_config(j))
         throw Error("--config '" + path + "': this is a model config.json (it has hidden_size or num_hidden_layers), "
                     "not a kdalab options file for '" + sub->get_name() + "': model configs are read by `kdalab info "
@@ -238,7 +237,7 @@ std::vector<std::string> config_tokens(CLI::App* sub, const std::string& path) {
     if (o->get_expected_max() == 0) {  // a flag
       require(v.is_boolean(), "--config '" + path + "': key '" + key + "' is a flag and takes true or false, got " + v.dump());
       // an overwrite is asked for on the command line only: replaying a results file's config (older files
-      // recorded "force": true) must never overwrite a file by itself (adversarial find, session 3)
+      // recorded "force": true) must never overwrite a file by itself
       require(key != "force" || !v.get<bool>(),
               "--config '" + path + "': key 'force' = true is not taken from a config file (a replay must never "
               "overwrite a file by itself); give --force on the command line to overwrite --out");
@@ -268,7 +267,7 @@ bool is_decimal_integer(const std::string& v) {
 /// Run by CLI11 before it converts the value (a validator), on the command line and --config alike, list items one
 /// by one: integers in decimal only, numbers finite and decimal (NaN/Inf and out-of-range numbers like 1e400 crash
 /// or write NaN silently; no experiment accepts them), no surrounding whitespace (" inf" got past the finite check
-/// and strtod read it as inf; breaker, session 7), booleans true, false, 1 or 0 (CLI11 read "0x1" and "" as false).
+/// and strtod reads it as inf), booleans true, false, 1 or 0 (CLI11 read "0x1" and "" as false).
 std::string check_value(const std::string& type, const std::string& v) {
   const bool integer = type.starts_with("INT") || type.starts_with("UINT");
   const bool number = integer || type.starts_with("FLOAT");
@@ -332,7 +331,7 @@ bool looks_like_option(const std::string& tok) {
 }
 
 /// The rules CLI11 cannot see once it has split the values, checked on the tokens of `sub` (the command line after
-/// the subcommand name, or --config's tokens) before it parses them (breaker, session 7):
+/// the subcommand name, or --config's tokens) before it parses them:
 ///  - an empty item in a list option: CLI11 dropped it ("--T 17,,300" ran 17 and 300) or, when every item was empty
 ///    ("--T ,"), took the next argument as the list ("Could not convert: --T = --impl,float64");
 ///  - a non-list option given more than once: CLI11 kept the last value silently ("--seed 5 --seed 6" ran seed 6,
@@ -503,7 +502,7 @@ std::string reword_conversion(CLI::App* sub, const std::string& what) {
   std::string value = m[2].str();
   if (o->results().size() == 1) value = o->results().front();
   std::string accepted = "a value of type " + type;
-  // a flag (--quick=banana) has no type name: "give a value of type " said nothing (breaker, session 8)
+  // a flag (--quick=banana) has no type name, so "give a value of type " would say nothing
   if (type.empty() || type.starts_with("BOOLEAN")) accepted = "true, false, 1 or 0";
   if (type.starts_with("INT") && is_decimal_integer(value)) {
     errno = 0;
@@ -519,7 +518,7 @@ nlohmann::json effective_config(CLI::App* sub) {
   for (CLI::Option* o : sub->get_options()) {
     const std::string n = long_name(o);
     // --force is not recorded: replaying a results file's config must never overwrite a file unless the
-    // replaying command line says --force itself (newcomer find, session 3)
+    // replaying command line says --force itself
     if (n.empty() || n == "help" || n == "config" || n == "force") continue;
     if (o->get_expected_max() == 0) {
       j[n] = o->count() > 0;
@@ -540,7 +539,7 @@ nlohmann::json effective_config(CLI::App* sub) {
 }
 
 void print_error(const std::string& where, const std::string& msg) {
-  // printable(): a message may quote file content (bench --peer-json a.h5 put a raw HDF5 byte in it; breaker, s8)
+  // printable(): a message may quote file content (bench --peer-json a.h5 would put a raw HDF5 byte in it)
   fmt::print(stderr, "kdalab{}: error: {}\n", printable(where.empty() ? "" : " " + where), printable(msg));
 }
 
@@ -589,8 +588,8 @@ int run(int argc, char** argv) {
       if (c.app->get_name() == argv[1]) cmd = &c;
   }
   if (argc >= 2 && looks_like_option(argv[1]) && std::string(argv[1]) != "--") {
-    // an option before any subcommand that kdalab itself does not know ("kdalab -x"): CLI11 said only "A subcommand
-    // is required", not naming it (session 8). kdalab's own options: --help, -h, --version.
+    // an option before any subcommand that kdalab itself does not know ("kdalab -x"): CLI11 says only "A subcommand
+    // is required", not naming it. kdalab's own options: --help, -h, --version.
     const std::string tok = argv[1];
     const std::string name = tok.substr(0, tok.find('='));
     if (app.get_option_no_throw(name) == nullptr) {
@@ -644,8 +643,7 @@ int run(int argc, char** argv) {
     return 2;
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help, --help-all, --version
-    // the help that lists the options is the subcommand's (session 10 newcomer: `kdalab recall --bogus` pointed to
-    // 'kdalab --help', which lists only the subcommands)
+    // the help that lists the options is the subcommand's ('kdalab --help' lists only the subcommands)
     print_error(cmd ? cmd->app->get_name() : "",
                 std::string(e.what()) + " (see 'kdalab " + (cmd ? cmd->app->get_name() + " " : "") + "--help')");
     return 2;
@@ -662,9 +660,9 @@ int run(int argc, char** argv) {
   ctx.inputs = cmd->inputs;
   try {
     // --config is a regular file (or missing / a folder: the subcommand's own message) before anything opens it: a
-    // FIFO blocked forever (breaker, session 8). The Command::inputs files: check_input_files(), called by the
-    // command's check where its order puts them (bench: after every option; a FIFO --peer-json was named before a
-    // bad --op; breaker, session 9), and below for those its check did not (once each: ctx.inputs_checked)
+    // FIFO would block forever. The Command::inputs files: check_input_files(), called by the command's check where
+    // its order puts them (bench: after every option, so a bad --op is named before a FIFO --peer-json), and below
+    // for those its check did not (once each: ctx.inputs_checked)
     if (CLI::Option* o = find_long(cmd->app, "config"))
       for (const std::string& f : o->results()) require_regular_input("--config", f, "a regular file");
     check_option_values(cmd->app, cmd->inputs);

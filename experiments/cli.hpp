@@ -2,7 +2,7 @@
 /// The `kdalab` command line: a registry of subcommands (one experiment file registers one),
 /// JSON configs whose keys are the subcommand's long option names, and the shared run context.
 ///
-/// Config rule (ISSUE 2, DESIGN.md): `--config FILE.json` holds an object whose keys are long
+/// Config rule (docs/cli.md): `--config FILE.json` holds an object whose keys are long
 /// option names without dashes ("T", "out", "seed", ...); options given on the command line
 /// override the file; an unknown key, a missing file or malformed JSON is an error (exit 2).
 /// CLI11's own config reader is not used (CLI11 2.1.2 ignores --config on subcommands).
@@ -87,7 +87,7 @@ struct Command {
 };
 
 /// Sets the --quick help of a subcommand to say which defaults --quick changes (`what`, e.g. "--trials 2, --vocab
-/// 2048"), so that --help tells a newcomer what a quick run is without reading the code; the values used are also
+/// 2048"), so that --help tells a reader what a quick run is without reading the code; the values used are also
 /// recorded in the results file's root attribute `config`. Each caller builds `what` from the same constants its
 /// check() applies.
 void describe_quick(Command& c, const std::string& what);

@@ -1,7 +1,7 @@
 // `kdalab decay-range`: error of the chunked KDA algorithm vs the gate's lower bound g_min and the
 // chunk size C, in bf16 / fp16 / fp32 (and fp64 as the control), with the overflow / underflow /
 // subnormal counts of the factored tile form: the figure that shows why g_min = -5 and 16-token
-// tiles go together (EQUATIONS.md section 2 "Range facts"; Kimi Linear §3-4; K3 report Eq. 3-5).
+// tiles go together (docs/equations.md, gates "Range facts"; Kimi Linear §3-4; K3 report Eq. 3-5).
 //
 // Inputs: the parity generator (numerics/kda_inputs.hpp, anchor-kda draws) with the gate logit
 // shifted by --gate-shift so that decays sit near their bound (the worst case the bound allows):
@@ -217,7 +217,7 @@ void register_decay_range(Registry& reg) {
     if (!gpu_note.empty()) fmt::print("{}\n", gpu_note);
 
     auto f = ctx.open_results();
-    f->group("decay_range", "error and dynamic range of the chunked KDA algorithm vs g_min and C (EQUATIONS.md section 2)");
+    f->group("decay_range", "error and dynamic range of the chunked KDA algorithm vs g_min and C (docs/equations.md, gates)");
     f->write_table("decay_range/table", t);
     f->attr("decay_range/table", "description", "one row per (impl, precision, C, gate, g_min)");
     f->attr("decay_range", "options",

@@ -1,10 +1,11 @@
-// `kdalab decode-cost`: per-token decode cost vs context (EQUATIONS.md section 8; seed 002).
-// (a) the analytic reads of seed 002 (its table reproduced exactly); (b) the per-token decode time
+// `kdalab decode-cost`: per-token decode cost vs context (docs/equations.md, decode cost).
+// (a) the analytic reads per decode step (the published table reproduced exactly); (b) the per-token decode time
 // of the CPU reference (reference/softmax.hpp cache read vs reference/kda.hpp kda_step) at small n;
 // (c) a GPU hook, run only when the CUDA kernels are built and a GPU is present; (d) the hybrid's
 // attention cost per token for the Kimi Linear 48B and K3 layouts vs an all-MLA stack at batch 1
 // and at the largest batch whose caches and states fit --memory-gb, set against the reported
-// 1.84 vs 11.48 ms (6.24x) and ~2.2x at batch 1 (Kimi Linear Fig. 1b / 7; EQUATIONS.md §7-8).
+// 1.84 vs 11.48 ms (6.24x) and ~2.2x at batch 1 (Kimi Linear Fig. 1b / 7; docs/equations.md, hybrid and
+// decode cost).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -114,7 +115,7 @@ std::string softmax_cache_note_usable(const std::vector<double>& n, const std::v
 std::string softmax_cache_note(const std::vector<double>& n_in, const std::vector<double>& sec_in, double d,
                                const std::vector<CacheLevel>& caches) {
   // only rows with a usable timing (n and sec finite and > 0): a zero time made "inf x the time" and "inf GB/s", a NaN
-  // one was silently skipped (breaker, session 9); the rows left out are counted in the note
+  // one would be skipped silently; the rows left out are counted in the note
   std::vector<double> n, sec;
   for (std::size_t i = 0; i < n_in.size() && i < sec_in.size(); ++i)
     if (std::isfinite(n_in[i]) && n_in[i] > 0 && std::isfinite(sec_in[i]) && sec_in[i] > 0) {
@@ -152,9 +153,10 @@ std::string softmax_cache_note_usable(const std::vector<double>& n, const std::v
   }
   if (n.size() < 2) return fmt::format("softmax read: {} n measured; ", n.size() == 1 ? "one" : "no") + ctext;
   // Each measured step whose time per number read rises > 1.5x while its working set leaves a cache level: the
-  // smaller one within [0.5, 1.25) of its size, the larger past 1.25x (on a doubling grid, one step per level). The biggest rise named below is not the only step:
-  // session 9 saw 4.3x the time for 2x the tokens at n = 1024 -> 2048, d = 128, working set ~1 MiB = this CPU's L2,
-  // which the note left unexplained. Said "plausibly": cache misses are not measured here.
+  // smaller one within [0.5, 1.25) of its size, the larger past 1.25x (on a doubling grid, one step per level). The
+  // biggest rise named below is not the only step: e.g. 4.3x the time for 2x the tokens at n = 1024 -> 2048,
+  // d = 128, working set ~1 MiB = the CPU's L2, measured on a 2-core machine. Said "plausibly": cache misses are
+  // not measured here.
   std::string edges;
   for (std::size_t i = 1; i < n.size(); ++i)
     for (const auto& c : caches) {
@@ -185,7 +187,7 @@ std::string softmax_cache_note_usable(const std::vector<double>& n, const std::v
 
 namespace {
 
-/// An attention stack for the hybrid cost model (EQUATIONS.md section 7).
+/// An attention stack for the hybrid cost model (docs/equations.md, hybrid).
 struct Layout {
   std::string name;
   int layers, mla_layers, kda_layers;
@@ -204,7 +206,7 @@ void register_decode_cost(Registry& reg) {
   auto o = std::make_shared<DecodeCostOptions>();
   auto& c = reg.add("decode-cost",
                     "Per-token decode cost vs context n: (a) analytic numbers read per step per head, softmax "
-                    "2 n d vs the KDA state d^2 (seed 002's table reproduced exactly), (b) measured on the CPU "
+                    "2 n d vs the KDA state d^2 (the published table reproduced exactly), (b) measured on the CPU "
                     "reference at small n, (c) measured with the CUDA kernels up to 1M tokens when a GPU is "
                     "present, and the hybrid layouts' attention cost vs an all-MLA stack.",
                     "results/decode_cost.h5");
@@ -219,7 +221,7 @@ void register_decode_cost(Registry& reg) {
   auto* min_time_opt = c.app->add_option("--min-time", o->min_time, "seconds of timing per CPU point (> 0)")->capture_default_str();
   c.app->add_option("--context", o->ctx, "context lengths n of the hybrid cost model (tokens)")->delimiter(',')->type_name(kInt)->capture_default_str();
   c.app->add_option("--bandwidth-gbs", o->bandwidth_gbs,
-                    "memory bandwidth (GB/s) of the hybrid cost model: the H200's measured copy rate, ~4000 (ANCHORS.md)")
+                    "memory bandwidth (GB/s) of the hybrid cost model: the H200's measured device-to-device copy rate, ~4000")
       ->capture_default_str();
   c.app->add_option("--k3-layers", o->k3_layers,
                     "K3 layer count for its layout (not public: 89 or 93 suggested; illustrative)")->type_name(kInt)->capture_default_str();
@@ -249,7 +251,7 @@ void register_decode_cost(Registry& reg) {
                           kCpuCacheMaxBytes / 1073741824.0));
     }
     require(o->min_time > 0 && o->min_time <= 60, fmt::format("--min-time: {} must be in (0, 60]", o->min_time));
-    // Bounds keep every count inside int64 and every time finite (adversarial review finds).
+    // Bounds keep every count inside int64 and every time finite.
     for (double n : o->ctx) require(n >= 1 && n <= 1e9 && n == std::floor(n), fmt::format("--context: {} is not an integer in [1, 1e9]", n));
     require(o->bandwidth_gbs >= 1 && o->bandwidth_gbs <= 1e6, fmt::format("--bandwidth-gbs: {} must be in [1, 1e6] GB/s", o->bandwidth_gbs));
     require(o->k3_layers >= 5 && o->k3_layers == std::floor(o->k3_layers) && std::fmod(o->k3_layers - 1, 4) == 0,
@@ -270,7 +272,7 @@ void register_decode_cost(Registry& reg) {
         .col("softmax_reads", 'i', "1", "numbers a softmax head reads per decode step: 2 n d (keys and values)")
         .col("kda_reads", 'i', "1", "numbers a KDA head reads per decode step: the d x d state")
         .col("ratio", 'd', "1", "softmax_reads / kda_reads (exact)")
-        .col("ratio_floor", 'i', "1", "floor of the ratio, as seed 002 prints it (integer division)");
+        .col("ratio_floor", 'i', "1", "floor of the ratio, as the published table prints it (integer division)");
     auto prog = ctx.progress("decode-cost", o->n.size() * o->d.size());
     fmt::print("{:>12}{:>6}{:>16}{:>12}{:>12}\n", "context n", "d", "softmax reads", "KDA reads", "speedup");
     for (double dd : o->d)
@@ -282,7 +284,7 @@ void register_decode_cost(Registry& reg) {
         prog.tick();
       }
     prog.finish();
-    fmt::print("(speedup: the integer division seed 002 prints; the exact ratio is the file's 'ratio' column, e.g. "
+    fmt::print("(speedup: the integer division the published table prints; the exact ratio is the file's 'ratio' column, e.g. "
                "2 n d / d^2 = 15.62 at n = 1000, d = 128)\n");
 
     // (b) CPU reference, CpuScalar (float32), one head: a softmax cache read over n tokens vs one KDA step.
@@ -462,7 +464,7 @@ void register_decode_cost(Registry& reg) {
     fmt::print("Bound: {}\n", bound);
 
     auto f = ctx.open_results();
-    f->group("decode_cost", "per-token decode cost vs context (EQUATIONS.md section 8)");
+    f->group("decode_cost", "per-token decode cost vs context (docs/equations.md, decode cost)");
     f->attr("decode_cost", "options",
             nlohmann::json{{"n", o->n}, {"d", o->d}, {"memory-gb", o->memory_gb}, {"cpu-n", o->cpu_n}, {"cpu-d", o->cpu_d},
                            {"min-time", o->min_time}, {"context", o->ctx}, {"bandwidth-gbs", o->bandwidth_gbs},
@@ -470,7 +472,7 @@ void register_decode_cost(Registry& reg) {
                 .dump());
     f->write_table("decode_cost/analytic", t);
     f->attr("decode_cost/analytic", "description",
-            "analytic numbers read per decode step per head (seed 002): softmax 2 n d vs KDA d^2");
+            "analytic numbers read per decode step per head (docs/equations.md, decode cost): softmax 2 n d vs KDA d^2");
     if (cpu.rows() > 0) {
       f->write_table("decode_cost/cpu", cpu);
       f->attr("decode_cost/cpu", "description",

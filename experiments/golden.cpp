@@ -1,4 +1,4 @@
-// `kdalab golden`: golden fixtures (ISSUE 5 "Golden fixtures").
+// `kdalab golden`: golden fixtures, the regression files of the references' numbers.
 //
 // `kdalab golden --regen` writes data/golden/<op>.h5: small seeded inputs and the
 // cpp_bin_float_50 outputs of each reference operation, stored as float64 (rounded once).
@@ -271,8 +271,8 @@ int run_golden(bool regen_flag, const std::string& dir_name, Context& ctx) {
       for (const auto& n : names) {
         const std::string path = *dir + "/" + n + ".h5";
         // before any is rewritten: every target must be replaceable (a folder or other non-file under a fixture's
-        // name would otherwise stop the regeneration half-way); said first, with or without --force (without it, a
-        // folder was reported as "exists; pass --force", which then failed on the folder; session 9 review)
+        // name would otherwise stop the regeneration half-way); said first, with or without --force (otherwise a
+        // folder would be reported as "exists; pass --force", which then fails on the folder)
         const auto st = std::filesystem::status(path);  // follows a symlink; a missing file is not_found
         require(!std::filesystem::exists(st) || std::filesystem::is_regular_file(st),
                 "golden file '" + path + "' is " +
@@ -301,7 +301,7 @@ int run_golden(bool regen_flag, const std::string& dir_name, Context& ctx) {
       return 0;
     }
     // every fixture is there and a regular file before any is checked: a missing last fixture, or a folder under a
-    // fixture's name, was reported after ~100 "ok" lines of the others (breaker, session 9)
+    // fixture's name, is reported first, not after ~100 "ok" lines of the others
     {
       std::vector<std::string> names;
       for (const auto& op : golden_ops()) names.push_back(op.op);

@@ -1,5 +1,5 @@
 #pragma once
-/// Golden fixtures of the layer-level references (ISSUE 5 "Golden fixtures"): the KDA layer
+/// Golden fixtures of the layer-level references: the KDA layer
 /// (reference/kda_layer.hpp), Gated MLA naive and absorbed (reference/mla.hpp), Attention Residuals
 /// (reference/attn_res.hpp) and the toy hybrid (reference/hybrid.hpp, data/configs/toy.json).
 ///

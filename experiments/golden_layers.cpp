@@ -1,4 +1,4 @@
-// Layer-level golden fixtures (ISSUE 5): kda_layer, mla, attn_res, hybrid. The case definitions,
+// Layer-level golden fixtures: kda_layer, mla, attn_res, hybrid. The case definitions,
 // loaders and evaluations are declared in experiments/golden_fixtures.hpp; `kdalab golden`
 // (experiments/golden.cpp) writes and checks them through layer_ops(). A separate translation unit
 // from golden.cpp because reference/gate.hpp (KDA layer) and numerics/range.hpp (the KDA input

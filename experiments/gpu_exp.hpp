@@ -1,5 +1,5 @@
 #pragma once
-/// GPU measurements of the research experiments (ISSUE 8), compiled only with the CUDA kernels
+/// GPU measurements of the research experiments (recall, copy, decode-cost, decay-range), compiled only with the CUDA kernels
 /// (KDALAB_HAVE_CUDA). Declarations only: no CUDA types leak into the experiment files.
 /// Every call throws kdalab::Error on a CUDA failure.
 #include <cstdint>

@@ -24,31 +24,31 @@ void register_info(Registry& reg) {
                     "the per-layer layout and per-token cache bytes of the hybrid vs full MLA.",
                     "");
   // --out is optional ("" = no file) but, when given, checked by cli::run before anything is printed: an existing file
-  // without --force, a missing folder and an --out that is the --config file were refused after the banner, or not at
-  // all (info --config m.json --out m.json --force overwrote the model config; breaker, session 8)
+  // without --force, a missing folder and an --out that is the --config file are refused before the banner (info
+  // --config m.json --out m.json --force must not overwrite the model config)
   c.out_optional = true;
   c.app->get_option("--config")
       ->description("for info: a MODEL config (Hugging Face config.json schema, e.g. data/configs/kimi-linear-48b.json) "
                     "whose layer layout and cache bytes are printed");
   c.app->get_option("--out")->description("optional HDF5 file to record the same facts in (group /info)");
-  // the common options that do nothing here say so (session 10 newcomer: info --help offered "--quick: run a small
-  // version" and "--quiet: no progress lines", as golden and check did before they said "no effect")
+  // the common options that do nothing here say so (the generic texts "--quick: run a small version" and "--quiet:
+  // no progress lines" would promise what info does not do)
   c.app->get_option("--seed")->description("no effect for info (nothing random); recorded in the --out file");
   c.app->get_option("--quick")->description("no effect for info (it always prints the same facts)");
   c.app->get_option("--quiet")->description("no effect for info (it prints no progress lines)");
   c.check = [](Context& ctx) {
-    // a missing model config is refused before anything is printed (session 6 newcomer: the banner came first), and
-    // before --out is checked (cli::run's order)
+    // a missing model config is refused before anything is printed (no banner above the error), and before --out is
+    // checked (cli::run's order)
     if (!ctx.common.config.empty()) {
       std::error_code ec;
       require(std::filesystem::is_regular_file(ctx.common.config, ec),
               "--config '" + ctx.common.config + "': no such file; give a model config.json, e.g. one of "
               "data/configs/kimi-linear-48b.json or data/configs/kimi-k3.json (run from the repository root)");
       // the model config is parsed here too, so a file that is not one (e.g. a kdalab options file such as
-      // data/configs/parity.json) is one line before the banner (session 9 newcomer: the 7-line header came first).
+      // data/configs/parity.json) is one line before the banner, not after the 7-line header.
       // The line says what the file is, once: a kdalab options file is named as one (not as a model config missing
-      // hidden_size), a model config with a bad key gets the reader's message alone (it said "..., not a kdalab
-      // options file" too; session 11), anything else the reader's message and what info expects.
+      // hidden_size), a model config with a bad key gets the reader's message alone (not also "..., not a kdalab
+      // options file"), anything else the reader's message and what info expects.
       try {
         (void)read_model_config(ctx.common.config);
       } catch (const Error& e) {

@@ -1,4 +1,4 @@
-// `kdalab parity`: the numeric-parity sweep (ISSUE 5 "The sweep").
+// `kdalab parity`: the numeric-parity sweep.
 //
 // For every grid point (B, T, H, d_k, d_v, gate kind, g_min, beta distribution) the inputs are
 // drawn once by the named generator (numerics/kda_inputs.hpp, anchor-kda first) and the truth is
@@ -22,10 +22,10 @@
 // float64, so a float64 row measured against it is meaningful; ~13x slower than float64) or
 // float64 ("f64"; then the float64 row is the truth itself and reads 0 by construction, which its
 // truth column says). --truth auto takes mp while B*T*H*d_k*d_v <= --mp-max-work, f80 while
-// <= --f80-max-work, f64 above (the issue's rule for T up to 1M on a CPU);
+// <= --f80-max-work, f64 above (so that T up to 1M runs on a CPU);
 // tests/numerics/test_f64_vs_mp.cpp proves float64 within 1e-12 of mp at shorter T.
 // Configs: data/configs/parity.json is the full grid (T up to 65,536, both gates, state fp32/bf16,
-// matmul plan/bf16; measured 39 min on the shared, loaded 2-core machine in session 1);
+// matmul plan/bf16; measured 39 min on a loaded 2-core machine);
 // data/configs/parity_long.json adds T = 1,048,576 for the float64 / float32 / twin (kernel plan) rows
 // with the float64 truth (measured 7 min and 13.7 GB peak memory: every tensor is held in float64; the
 // twin alone took 214 s, ~200 us per token and head, so the long grid is kept to one precision plan).
@@ -430,14 +430,14 @@ void register_parity(Registry& reg) {
     const std::vector<GateKind>& gates = o->gates;
     const std::vector<BetaDist>& betas = o->betas;
     const std::vector<Format>& states = o->states;
-    // exit 3 (README: "the work cannot run in this build or on this machine"), with the note that says why
+    // exit 3 (docs/cli.md: "the work cannot run in this build or on this machine"), with the note that says why
     const auto not_available = [](const std::string& why) {
       fmt::print(stderr, "kdalab parity: not available in this build / on this machine: no implementation produced a "
                          "row ({}); nothing was written (exit 3)\n", why);
       return 3;
     };
-    // cuda-bf16 alone where it cannot run: said before any truth is computed (session 10 newcomer: `parity --impl
-    // cuda-bf16` on a CPU build computed every point's truth, 15 s for one T = 300 point in mp, then exited 3)
+    // cuda-bf16 alone where it cannot run: said before any truth is computed (otherwise `parity --impl cuda-bf16` on a
+    // CPU build computes every point's truth, 15 s for one T = 300 point in mp, before it exits 3)
     if (std::all_of(o->impl.begin(), o->impl.end(), [](const std::string& s) { return s == "cuda-bf16"; }))
       if (const auto no = cuda_unavailable()) return not_available(*no);
 
@@ -467,7 +467,7 @@ void register_parity(Registry& reg) {
 
     Table t;
     t.col("point", 'i', "1", "index of the input grid point (inputs and truth shared by its rows)")
-        .col("generator", 's', "1", "named input generator (numerics/kda_inputs.hpp; anchor-kda = ANCHORS.md)")
+        .col("generator", 's', "1", "named input generator (numerics/kda_inputs.hpp; anchor-kda: numerics/random.hpp)")
         .col("seed", 'i', "1", "generator seed")
         .col("B", 'i', "1", "batch size").col("T", 'i', "1", "sequence length (tokens)")
         .col("H", 'i', "1", "heads (HV = H)").col("d_k", 'i', "1", "key dimension").col("d_v", 'i', "1", "value dimension")

@@ -1,5 +1,5 @@
 #pragma once
-/// Progress of long work on stderr (ISSUE 2): on a terminal one updating line with percent, rate
+/// Progress of long work on stderr: on a terminal one updating line with percent, rate
 /// and ETA; off a terminal one plain line every `interval` seconds (default 5, env
 /// KDALAB_PROGRESS_INTERVAL overrides); nothing with quiet. finish() prints the final line.
 #include <chrono>

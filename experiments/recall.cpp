@@ -1,5 +1,5 @@
-// `kdalab recall`: multi-query associative recall without training (EQUATIONS.md section 9;
-// Zoology MQAR layout, Arora et al. 2023; ANCHORS.md "Experiments to reproduce").
+// `kdalab recall`: multi-query associative recall without training (docs/equations.md, associative memory;
+// Zoology MQAR layout, Arora et al. 2023).
 //
 // Mechanistic capacity, not Zoology's trained-model curves: N key/value pairs (key tokens from
 // [1, V/2), value tokens from [V/2, V) of a vocabulary of V) are embedded with random unit keys,
@@ -336,7 +336,7 @@ void register_recall(Registry& reg) {
     auto f = ctx.open_results();
     f->group("recall",
              "multi-query associative recall without training: mechanistic capacity of each memory (not Zoology's "
-             "trained-model curves); EQUATIONS.md section 9");
+             "trained-model curves); docs/equations.md, associative memory");
     f->write_table("recall/capacity", t);
     f->attr("recall/capacity", "description",
             "one row per (memory, keys, d_k, N, beta, g_min, d_c): accuracy of nearest-value decoding and relative "
@@ -355,7 +355,7 @@ void register_recall(Registry& reg) {
     f->attr("recall", "out_scale", 1.0);
     f->commit();
     // Key numbers on stdout: accuracy at N = d_k for each memory and key mode. A grid without such a row (no --ratio 1)
-    // gets one line saying so instead of the heading over nothing (session 10 newcomer: `recall --ratio 0.5`).
+    // gets one line saying so instead of the heading over nothing (e.g. `recall --ratio 0.5`).
     const auto& ratio = std::get<std::vector<double>>(t.column("ratio").data);
     std::vector<std::size_t> at_n_dk;
     for (std::size_t i = 0; i < t.rows(); ++i)

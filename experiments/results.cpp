@@ -98,7 +98,7 @@ void check_output_path(const std::string& path, bool force) {
   require(!path.empty(), "--out: an output file name is required (e.g. --out results/run.h5)");
   const fs::path p(path);
   // every query with an error_code: a path the system cannot look up (too long: ENAMETOOLONG, a loop of links, a
-  // folder not searchable) is named as --out, not reported as a bare "filesystem error" (breaker, session 8)
+  // folder not searchable) is named as --out, not reported as a bare "filesystem error"
   const auto unusable = [&](const std::error_code& ec) {
     if (ec == std::errc::filename_too_long)
       return Error("--out '" + path + "': the path is too long for the file system (" + ec.message() +

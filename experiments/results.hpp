@@ -1,5 +1,5 @@
 #pragma once
-/// The HDF5 results writer and reader (DESIGN.md "HDF5 results schema").
+/// The HDF5 results writer and reader (schema: docs/results-schema.md).
 ///
 /// One file per run. Root attributes (variable-length UTF-8 strings): software, software_version,
 /// git_sha, date, command_line, config, host, device, seed. One group per experiment; inside it
