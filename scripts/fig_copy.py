@@ -71,7 +71,7 @@ def main():
                 fs.panel_note(ax, "Lie on each other (drawn on top, smaller markers): " + "; ".join(same) + ".")
             ax.axvline(dk, color="#444444", lw=0.8, ls=":")
             # the label sits above the panel's frame, over the top of its dotted line, where no curve can cover it
-            # (at mid-height left of the line the d_k = 16 panel's curves ran over it; session 9 newcomer)
+            # (at mid-height left of the line the d_k = 16 panel's curves run over it)
             ax.text(dk, 1.0, "$L = d_k$", transform=ax.get_xaxis_transform(), va="bottom", ha="center", fontsize=7,
                     color="#444444")
             ax.set_xscale("log", base=2)
@@ -90,7 +90,7 @@ def main():
             for prec, bits in (("fp32", 32), ("bf16", 16)):
                 ax.axhline(dk * dk * bits, color="#555555", lw=0.7, ls=LS[prec])
             # named beside the panel at the height of its fp32 line, where no line runs (inside, over the lines'
-            # left ends, each name was struck through by the next state's bf16 line, a factor 2 above; session 11)
+            # left ends, each name would be struck through by the next state's bf16 line, a factor 2 above)
             ax.annotate(f"$d_k$={dk}", xy=(1.0, dk * dk * 32), xycoords=("axes fraction", "data"), xytext=(3, 0),
                         textcoords="offset points", ha="left", va="center", fontsize=6.5, color="#555555",
                         annotation_clip=False)

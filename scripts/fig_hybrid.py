@@ -95,7 +95,7 @@ def main():
         ax.text(1.1e3, 27 / 7 * 1.03, "limit 27/7 = 3.86x", fontsize=6.5, color="#2ca02c")
         # the K3 layout's limit L / L_MLA (93/24 at the default --k3-layers 93: 23 blocks of 3 KDA + 1 MLA and the
         # final MLA), from the file; it sits just above 27/7, so its label goes below the lines, where the curves
-        # are still low (files written before session 11 lack the attributes: no line)
+        # are still low (older files lack the attributes: no line)
         L, M = int(at.get("k3_layers", 0)), int(at.get("k3_mla_layers", 0))
         if L > 0 and M > 0:
             ax.axhline(L / M, color=STYLE["kimi-k3"][0], ls=(0, (1, 3)), lw=0.9)
@@ -129,7 +129,7 @@ def main():
         ax.set_ylabel("largest batch fitting the budget")
         ax.set_title(f"Batch under {float(at.get('memory_gb', 100)):.0f} GB of caches + states")
         # the legend below the panel, under its x label: inside (upper right) it covered the Kimi Linear curve near
-        # n ~ 1e4, and the curves run from the upper left to the lower right, leaving no corner free (session 9)
+        # n ~ 1e4, and the curves run from the upper left to the lower right, leaving no corner free
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.17), fontsize=6.5, frameon=False)
         fig.suptitle("Hybrid vs all-MLA decode: attention time per token, its ratio, and the batch each can hold", y=1.02)
         fs.label_footer(fig, f, "Memory-bound model at " + f"{float(at.get('bandwidth_gbs', 0)):.0f} GB/s: MLA reads "

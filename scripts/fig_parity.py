@@ -3,7 +3,8 @@
 
 Relative RMS of o against the high-precision truth vs sequence length T, one line per
 (implementation, state precision, matmul precision), with the bf16 output floor (1.66e-3), the
-kdalab goal (2.0e-3) and the peers (fla 4.0-4.6e-3, FlashKDA 5.6-5.8e-3) of ANCHORS.md.
+kdalab goal (2.0e-3) and the peers measured on the anchor-kda cases (fla 4.0-4.6e-3, FlashKDA 5.6-5.8e-3;
+numerics/tolerance.hpp).
 Reads the table parity/table (or a group "parity" holding the columns directly): columns impl,
 T and o_rel_rms (or rel_rms), plus precision or state_precision/matmul_precision when present.
 Series that lie on each other (every median within COINCIDE, 2%: e.g. the twin's state fp32 and bf16 rows,
@@ -246,7 +247,7 @@ def main():
         # CUDA kernel's rows in a CPU build: stdout said so, the figure did not)
         skipped_notes = skipped_points_notes(f, t) + cuda_skipped_notes(f, t)
         if skipped_notes:
-            fs.panel_note(ax, "\n".join(skipped_notes))  # one note a line (they ran together, session 9)
+            fs.panel_note(ax, "\n".join(skipped_notes))  # one note a line (joined, they run together)
         ax.set_title("KDA numeric parity by implementation and precision")
         if axz is not None:
             lo_z = min([np.nanmin(series[k][3]) for k in zoomed] + [refs[0][0]])  # zoomed: some finite value
@@ -277,7 +278,7 @@ def main():
         fs.label_footer(fig, f, f"Median over the grid points at each T (band: min to max); an exact 0 is drawn at {ZERO_AT:.0e}. "
                         "Series whose medians agree within 2% at every T are drawn on top of each other with smaller "
                         "markers and broken lines ('lies on' in the legend). Truth: " + truth_text(f) + " on "
-                        "the same rounded inputs (anchor-kda, ANCHORS.md)."
+                        "the same rounded inputs (anchor-kda)."
                         + (f" {n_nonfinite} row(s) have a non-finite {err_col} (o has NaN/Inf): left out of the medians "
                            f"and bands, marked {NONFINITE_GLYPH} at the top edge at their T." if n_nonfinite else ""))
         fig.tight_layout()

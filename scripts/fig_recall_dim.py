@@ -5,7 +5,7 @@ The layout of Zoology's MQAR figure (accuracy vs model dimension, one panel per 
 curve per memory): accuracy vs d_k (= d_v) at fixed N, read from the recall grid's points with N = ratio x d_k, random
 unit keys, beta = 1, g_min = -5 (if present), MLA with d_c = d_k + d_v (solid) and (d_k + d_v) / 2 (dashed). Panels:
 the (up to three) N with the most d_k points (ties: the larger N), at least two each. Softmax attention recalls at any d_k; memories with a
-fixed state need d_k growing with N (ANCHORS.md, Zoology). Mechanistic capacity without training, float64.
+fixed state need d_k growing with N (Zoology, Arora et al. 2023). Mechanistic capacity without training, float64.
 Curves that lie on each other are drawn with figstyle's overlay, as in fig_recall.py.
 Usage: /usr/bin/python3 scripts/fig_recall_dim.py RESULTS.h5 [--out-dir figures] [--dump FILE.json]
 """

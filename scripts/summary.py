@@ -233,6 +233,6 @@ def main(paths):
 
 if __name__ == "__main__":
     # a reader that stops early (`summary.py results/*.h5 | head`) ends the script quietly, as it does `cat`, instead of
-    # a BrokenPipeError traceback (session 10 newcomer)
+    # a BrokenPipeError traceback
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     sys.exit(main(sys.argv[1:]))
