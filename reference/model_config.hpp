@@ -110,7 +110,7 @@ inline constexpr std::size_t kMaxConfigConvKernel = 1024;
 
 /// The deepest nesting of any JSON file kdalab reads: model configs (read_model_config), --config option files and
 /// bench --peer-json (experiments/cli.hpp parse_json_once). Its files are flat or nearly flat objects; a value nested
-/// a million levels deep crashed the error messages that print it (dump() recursion: SIGSEGV).
+/// a million levels deep would crash the error messages that print it (dump() recursion: SIGSEGV).
 inline constexpr int kMaxJsonDepth = 64;
 
 namespace detail {
