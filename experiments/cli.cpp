@@ -464,7 +464,7 @@ std::string printable(const std::string& s) {
       ++i;
       continue;
     }
-    // a UTF-8 sequence: its length from the lead byte, continuation bytes 10xxxxxx, no overlong / surrogate forms
+    // a UTF-8 sequence: its length from the leading byte, continuation bytes 10xxxxxx, no overlong / surrogate forms
     const std::size_t len = b >= 0xc2 && b <= 0xdf ? 2 : b >= 0xe0 && b <= 0xef ? 3 : b >= 0xf0 && b <= 0xf4 ? 4 : 0;
     bool ok = len > 0 && i + len <= s.size();
     for (std::size_t k = 1; ok && k < len; ++k) ok = (static_cast<unsigned char>(s[i + k]) & 0xc0) == 0x80;

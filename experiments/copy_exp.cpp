@@ -1,5 +1,5 @@
 // `kdalab copy`: copy a length-L string over an alphabet D through each memory (Repeat After Me,
-// Jelassi et al. 2024; docs/equations.md, associative memory).
+// Jelassi et al. 2024; docs/equations.md, associative-memory facts).
 //
 // Mechanistic, no training: token i of the string is written with key = position embedding p_i
 // (random unit or orthogonal rows of width d_k) and value = symbol embedding (random unit rows of

@@ -1,10 +1,10 @@
 // `kdalab decode-cost`: per-token decode cost vs context (docs/equations.md, decode cost).
-// (a) the analytic reads per decode step (the published table reproduced exactly); (b) the per-token decode time
-// of the CPU reference (reference/softmax.hpp cache read vs reference/kda.hpp kda_step) at small n;
-// (c) a GPU hook, run only when the CUDA kernels are built and a GPU is present; (d) the hybrid's
+// (a) the analytic reads per decode step (the table of docs/equations.md, decode cost, reproduced exactly);
+// (b) the per-token decode time of the CPU reference (reference/softmax.hpp cache read vs reference/kda.hpp
+// kda_step) at small n; (c) a GPU hook, run only when the CUDA kernels are built and a GPU is present; (d) the hybrid's
 // attention cost per token for the Kimi Linear 48B and K3 layouts vs an all-MLA stack at batch 1
 // and at the largest batch whose caches and states fit --memory-gb, set against the reported
-// 1.84 vs 11.48 ms (6.24x) and ~2.2x at batch 1 (Kimi Linear Fig. 1b / 7; docs/equations.md, hybrid and
+// 1.84 vs 11.48 ms (6.24x) and ~2.2x at batch 1 (Kimi Linear Fig. 1b / 7; docs/equations.md, hybrid stack and
 // decode cost).
 #include <fmt/format.h>
 
@@ -187,7 +187,7 @@ std::string softmax_cache_note_usable(const std::vector<double>& n, const std::v
 
 namespace {
 
-/// An attention stack for the hybrid cost model (docs/equations.md, hybrid).
+/// An attention stack for the hybrid cost model (docs/equations.md, hybrid stack).
 struct Layout {
   std::string name;
   int layers, mla_layers, kda_layers;
@@ -206,7 +206,7 @@ void register_decode_cost(Registry& reg) {
   auto o = std::make_shared<DecodeCostOptions>();
   auto& c = reg.add("decode-cost",
                     "Per-token decode cost vs context n: (a) analytic numbers read per step per head, softmax "
-                    "2 n d vs the KDA state d^2 (the published table reproduced exactly), (b) measured on the CPU "
+                    "2 n d vs the KDA state d^2 (the table of docs/equations.md reproduced exactly), (b) measured on the CPU "
                     "reference at small n, (c) measured with the CUDA kernels up to 1M tokens when a GPU is "
                     "present, and the hybrid layouts' attention cost vs an all-MLA stack.",
                     "results/decode_cost.h5");
@@ -272,7 +272,7 @@ void register_decode_cost(Registry& reg) {
         .col("softmax_reads", 'i', "1", "numbers a softmax head reads per decode step: 2 n d (keys and values)")
         .col("kda_reads", 'i', "1", "numbers a KDA head reads per decode step: the d x d state")
         .col("ratio", 'd', "1", "softmax_reads / kda_reads (exact)")
-        .col("ratio_floor", 'i', "1", "floor of the ratio, as the published table prints it (integer division)");
+        .col("ratio_floor", 'i', "1", "floor of the ratio, as the table of docs/equations.md prints it (integer division)");
     auto prog = ctx.progress("decode-cost", o->n.size() * o->d.size());
     fmt::print("{:>12}{:>6}{:>16}{:>12}{:>12}\n", "context n", "d", "softmax reads", "KDA reads", "speedup");
     for (double dd : o->d)
@@ -284,7 +284,7 @@ void register_decode_cost(Registry& reg) {
         prog.tick();
       }
     prog.finish();
-    fmt::print("(speedup: the integer division the published table prints; the exact ratio is the file's 'ratio' column, e.g. "
+    fmt::print("(speedup: the integer division, as the table of docs/equations.md prints it; the exact ratio is the file's 'ratio' column, e.g. "
                "2 n d / d^2 = 15.62 at n = 1000, d = 128)\n");
 
     // (b) CPU reference, CpuScalar (float32), one head: a softmax cache read over n tokens vs one KDA step.

@@ -1,6 +1,6 @@
 #pragma once
-/// GPU measurements of the research experiments (recall, copy, decode-cost, decay-range), compiled only with the CUDA kernels
-/// (KDALAB_HAVE_CUDA). Declarations only: no CUDA types leak into the experiment files.
+/// The GPU calls of the experiments (parity, decay-range, decode-cost) and of `kdalab check`, compiled only with
+/// the CUDA kernels (KDALAB_HAVE_CUDA). Declarations only: no CUDA types leak into the experiment files.
 /// Every call throws kdalab::Error on a CUDA failure.
 #include <cstdint>
 

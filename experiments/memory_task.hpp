@@ -16,7 +16,7 @@
 
 namespace kdalab::exp {
 
-/// The memories of docs/equations.md (KDA recurrence, Gated MLA, associative memory).
+/// The memories of docs/equations.md (KDA recurrence, Gated MLA, associative-memory facts).
 enum class Memory { softmax, mla, linear, gla, deltanet, gated_deltanet, kda };
 
 inline const std::vector<std::string>& memory_names() {

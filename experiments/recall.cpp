@@ -1,4 +1,4 @@
-// `kdalab recall`: multi-query associative recall without training (docs/equations.md, associative memory;
+// `kdalab recall`: multi-query associative recall without training (docs/equations.md, associative-memory facts;
 // Zoology MQAR layout, Arora et al. 2023).
 //
 // Mechanistic capacity, not Zoology's trained-model curves: N key/value pairs (key tokens from
@@ -336,7 +336,7 @@ void register_recall(Registry& reg) {
     auto f = ctx.open_results();
     f->group("recall",
              "multi-query associative recall without training: mechanistic capacity of each memory (not Zoology's "
-             "trained-model curves); docs/equations.md, associative memory");
+             "trained-model curves); docs/equations.md, associative-memory facts");
     f->write_table("recall/capacity", t);
     f->attr("recall/capacity", "description",
             "one row per (memory, keys, d_k, N, beta, g_min, d_c): accuracy of nearest-value decoding and relative "

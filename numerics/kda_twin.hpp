@@ -4,7 +4,7 @@
 /// so CI can measure what every precision decision costs without a GPU.
 ///
 /// Algorithm (chunked WY / UT form of the KDA recurrence, K3 report Eq. 1; Kimi Linear Sec. 3;
-/// docs/equations.md, chunkwise form). Per sequence and value head, per chunk of C = 16 tokens r = 0..n-1
+/// docs/equations.md, chunked form). Per sequence and value head, per chunk of C = 16 tokens r = 0..n-1
 /// (n < C only for the last chunk), with S the state entering the chunk (d_k x d_v, "KV" layout):
 ///   g_r      = g_min Sigmoid(exp(A_log) (g_raw_r + bias))         (K3 report Eq. 5; fused)
 ///   q_r, k_r = L2Norm(q_raw_r), L2Norm(k_raw_r); beta_r = Sigmoid(beta_raw_r)   (fused)

@@ -17,12 +17,12 @@
 /// Batched layout (docs/design.md, conventions): q, k [B, T, H, d_k]; v [B, T, HV, d_v]; g [B, T, HV, d_k] (log-decay,
 /// g <= 0); beta [B, T, HV]; S0 and the final state [B, HV, d_k, d_v]; o [B, T, HV, d_v]. Grouped
 /// value heads: HV is a multiple of H, value head j reads key head j / (HV / H).
-/// The value-major form (S of shape d_v x d_k, S_t = S_{t-1} Diag(alpha)(I - beta k k^T) + beta v k^T,
+/// The transposed form (S of shape d_v x d_k, S_t = S_{t-1} Diag(alpha)(I - beta k k^T) + beta v k^T,
 /// o = S q) is the stated transpose of this one: S_seed = S^T (see to_seed_layout(), kda_step_seed();
 /// docs/equations.md, KDA recurrence).
 ///
 /// Contents: kda_step (the delta form, also the decode step), kda_step_product (Eq. 1 literally),
-/// kda_step_gradient (one gradient step on 1/2 ||S^T k - v||^2), kda_step_seed (value-major
+/// kda_step_gradient (one gradient step on 1/2 ||S^T k - v||^2), kda_step_seed (transposed
 /// orientation), kda_recurrent_head / kda_recurrent (batched, initial state in, final state out),
 /// kda_validate, kda_varlen / kda_recurrent_varlen (packed sequences by cu_seqlens, one state each),
 /// softmax_decode_reads / kda_decode_reads (the analytic decode-cost table: docs/equations.md, decode cost).
@@ -209,7 +209,7 @@ Vec<S> kda_step_product(Mat<S>& St, const Vec<S>& q, const Vec<S>& k, const Vec<
   return Vec<S>(scale * (St.transpose() * q));
 }
 
-/// The value-major form of one step, on the transposed state S_seed = S^T (d_v x d_k):
+/// The transposed form of one step, on the transposed state S_seed = S^T (d_v x d_k):
 /// S_seed,t = S_seed,t-1 Diag(alpha_t) (I - beta_t k_t k_t^T) + beta_t v_t k_t^T, o_t = scale S_seed,t q_t
 /// (docs/equations.md, KDA recurrence). A stated transpose of kda_step: after any sequence of steps
 /// S_seed == to_seed_layout(S) and the outputs agree. In place; no input checks.
@@ -306,7 +306,7 @@ KdaOutput<S> kda_recurrent_varlen(const Tensor<S>& q, const Tensor<S>& k, const 
                            const Tensor<S>& e, const Tensor<S>* f) { return kda_recurrent<S>(a, b, c, d, e, f, scale, var); });
 }
 
-/// The value-major orientation of a state: S_seed = S^T (d_v x d_k). A stated transpose, never a
+/// The transposed orientation of a state: S_seed = S^T (d_v x d_k). A stated transpose, never a
 /// second convention (docs/design.md, conventions).
 template <class S>
 Mat<S> to_seed_layout(const Mat<S>& S_kv) { return S_kv.transpose(); }

@@ -1,6 +1,6 @@
 #pragma once
 /// KDA in chunkwise form: the UT transform / WY representation (Kimi Linear report §3-4; K3 report
-/// Eqs. 3-4; docs/equations.md, chunkwise form). Exactly the recurrence of reference/kda.hpp, reorganised
+/// Eqs. 3-4; docs/equations.md, chunked form). Exactly the recurrence of reference/kda.hpp, reorganised
 /// into dense matrix products per chunk of C tokens.
 ///
 /// Per head and chunk (rows r = 1..L, L <= C; the last chunk may be shorter), with the cumulative
@@ -68,7 +68,7 @@ template <> inline double max_factored_span<float>() { return 80.0; }
 /// Inverse of a unit lower-triangular matrix L (n x n, ones on the diagonal, zeros above; entries
 /// above the diagonal are ignored). forward_substitution: X(i, j) = -sum_{m=j}^{i-1} L(i, m) X(m, j).
 /// neumann: with N = StrictTril(L), (I + N)^{-1} = (I - N)(I + N^2)(I + N^4)... up to N^{2^m} with
-/// 2^m >= n, exact because N^n = 0 (for n = 16: four factors; docs/equations.md, chunkwise form).
+/// 2^m >= n, exact because N^n = 0 (for n = 16: four factors; docs/equations.md, chunked form).
 template <class S>
 Mat<S> tri_inverse(const Mat<S>& L, TriInverse method) {
   const Eigen::Index n = L.rows();
@@ -182,7 +182,7 @@ inline std::size_t factored_tile(const ChunkOptions& opt) {
 /// The unit lower-triangular matrix I + StrictTril(Diag(beta)(Gamma ⊙ K)(K / Gamma)^T) of one chunk
 /// (Kimi Linear §3, the UT transform's left factor), from keys k (L x d_k), per-token log-decays g
 /// (L x d_k, g <= 0) and beta (L), factored in secondary tiles of F (0 = one tile). Its inverse
-/// entries lie in [-1, 1] when ||k_i|| <= 1 and beta_i <= 1 (docs/equations.md, chunkwise form).
+/// entries lie in [-1, 1] when ||k_i|| <= 1 and beta_i <= 1 (docs/equations.md, chunked form).
 template <class S>
 Mat<S> ut_lower(const Mat<S>& k, const Mat<S>& g, const Vec<S>& beta, Eigen::Index F = 16) {
   const Eigen::Index L = k.rows();

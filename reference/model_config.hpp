@@ -1,5 +1,5 @@
 #pragma once
-/// Model shapes from a Hugging Face config.json of Kimi Linear / K3 (docs/equations.md, hybrid), so
+/// Model shapes from a Hugging Face config.json of Kimi Linear / K3 (docs/equations.md, hybrid stack), so
 /// that a real model's config.json can be pointed at directly.
 ///
 /// Keys read (everything else is ignored, as in transformers):

@@ -1,6 +1,6 @@
 #pragma once
 /// Plain causal softmax attention of one head: the "softmax memory" of the recall, copy and
-/// decode-cost experiments (Vaswani et al. 2017, Eq. 1; docs/equations.md, decode cost and associative memory).
+/// decode-cost experiments (Vaswani et al. 2017, Eq. 1; docs/equations.md, decode cost and associative-memory facts).
 ///
 /// A softmax head caches every key and value it has seen; reading with a query q is
 ///     o = sum_i softmax_i(scale * k_i^T q) v_i        over the cached tokens i,

@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """Figure: per-token decode cost vs context n, log-log (kdalab decode-cost).
 
-Left: numbers one head reads per decode step, softmax 2 n d vs the KDA state d^2, with the published
-table's points (d = 64: n = 1,000 / 128,000 / 1,000,000) marked and their ratios printed.
+Left: numbers one head reads per decode step, softmax 2 n d vs the KDA state d^2, with the tabulated
+points (d = 64: n = 1,000 / 128,000 / 1,000,000) marked and their ratios printed.
 Right: measured time per decode step of the CPU reference (one head, float32: the softmax read per n; the KDA step is
 ONE measurement, repeated on every n row of the file, drawn as one horizontal line without markers) and, when present,
 the GPU kernels (when they were not run, decode-cost's note saying why is written under the panel). The legend names
@@ -51,7 +51,7 @@ def main():
         ax.set_yscale("log")
         ax.set_xlabel("context $n$ (tokens cached)")
         ax.set_ylabel("numbers read per decode step, one head")
-        ax.set_title("Analytic reads (published table: open markers)")
+        ax.set_title("Analytic reads (tabulated points: open markers)")
         ax.legend(loc="upper left", fontsize=6.5)
         if ncols == 2:
             ax = axes[0][1]
