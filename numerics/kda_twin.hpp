@@ -37,7 +37,7 @@
 ///
 /// Pair mode (KdaTwinPlan::pair, opt-in): two chunks per state step, the same algebra as one C = 32
 /// chunk built from the two 16-token chunks' quantities (every decay factor stays inside one chunk);
-/// see KdaTwinPlan::pair and docs/kernels/kda_prefill.md (pair step, twin plan) for its measured errors.
+/// see KdaTwinPlan::pair and docs/kernels/kda_prefill.md (the pair step) for its measured errors.
 ///
 /// Layouts: as KdaInputs (numerics/random.hpp): q_raw, k_raw [B, T, H, d_k]; v [B, T, HV, d_v];
 /// g_raw [B, T, HV, d_k]; beta_raw [B, T, HV]; A_log [HV]; bias [HV, d_k]; S0 [B, HV, d_k, d_v].
@@ -77,7 +77,7 @@ struct KdaTwinPlan {
   /// final state). Exact in float64 (tests/unit/test_kda_segments.cpp).
   std::size_t segments = 0;
   /// Two-chunk ("pair") state step, the opt-in plan of the pair kernel (KdaPrefillArgs::pair_chunks;
-  /// the spec: docs/kernels/kda_prefill.md, pair step, twin plan). Chunks c = 2p and c + 1 advance S in ONE
+  /// the spec: docs/kernels/kda_prefill.md, the pair step). Chunks c = 2p and c + 1 advance S in ONE
   /// step of up to 2C rows built from the two chunks' accum-format quantities (gp = gam_n(c),
   /// gq = gam_n(c + 1)):
   ///   M = W_{c+1} Kd_c^T, Wb = W_{c+1} Diag(gp) - M W_c, Ub = U_{c+1} - M U_c, Qb = Qg_{c+1} Diag(gp),

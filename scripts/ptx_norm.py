@@ -13,7 +13,7 @@ phi registers), so its lines are rewritten to "mov.u32 %rY, 0;", left out of the
 sorted.
 
 Make the PTX reproducible first: nvcc 13's cicc output varies between identical runs with address-space layout
-randomisation on (the load-store vectoriser of the state passes; docs/kernels/kda_prefill.md); run
+randomisation on (the load-store vectoriser of the state passes; docs/kernels/kda_prefill.md, shared phases); run
 nvcc under `setarch x86_64 -R`. Errors: a missing input file raises; exit status 0 otherwise.
 """
 import os
