@@ -149,7 +149,8 @@ def table(files):
         if f not in used:
             used.append(f)
     notes = [""]
-    notes.append("time: median of the single launches; graph step: one step inside a CUDA graph of 20 steps;")
+    notes.append("time: median of the timed launches (kda-decode with B <= 8: per step of a 100-step CUDA graph);")
+    notes.append("graph step: mla-decode with B <= 8, per step inside a CUDA graph of 20 steps;")
     notes.append("% copy and % matmul: of the ceilings each file records (device-to-device copy measured in the run,")
     notes.append("bf16 matmul peak); peer: the time from the run's `--peer-json` file; speedup = peer time / time.")
     notes.append("In mla-decode rows T is the number of cached tokens N (one decode step).")
