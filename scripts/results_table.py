@@ -189,7 +189,7 @@ def rewrite_readme(path, block):
     i, j = old.find(BEGIN), old.find(END)
     if i < 0 or j < 0 or j < i:
         fail(f"--readme '{path}': needs the markers {BEGIN} and {END}, in that order")
-    new = old[: i + len(BEGIN)] + "\n" + block + old[j:]
+    new = old[: i + len(BEGIN)] + "\n\n" + block + "\n" + old[j:]
     if new != old:
         tmp = path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as fh:
