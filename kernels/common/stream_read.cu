@@ -2,8 +2,8 @@
 #include <cstdint>
 #include <string>
 
-#include "kernels/kda_common.cuh"
-#include "kernels/stream_read.hpp"
+#include "kernels/common/kda_math.cuh"
+#include "kernels/common/stream_read.hpp"
 
 namespace kdalab::kernels {
 namespace {
