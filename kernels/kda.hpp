@@ -136,16 +136,16 @@ struct KdaPrefillPlan {
 /// KdaSlotOf<D>::bytes, slot0 = n ceil(T / 16) for fixed-length batches (n + cu_seqlens[n] / 16 with
 /// cu_seqlens). W, Qg [16 x D] and P hi / lo (Pf, [16 x 16]): bf16 A fragments of mma.m16n8k16 (uint4 per
 /// (k-tile kt, lane), kt = 0 .. D / 16 - 1); Kd [16 x D]: bf16 B fragments (k = chunk row); U [16][D] fp32;
-/// P [16][16] fp32 (not written: a reserved 1 KB); gam_n [D] fp32.
-/// W, Qg, Kd are adjacent (the state pass copies them as one block). Sizes: D = 64: 12,544 B; D = 128:
-/// 23,040 B (the original layout, unchanged); D = 256: 44,032 B. For tests and diagnostics.
+/// P [16][16] fp32 (not written: a reserved 1 KB); gam_n [D] fp32. The wgmma state pass's slots (D = 128) hold W, Qg,
+/// Kd and P hi / lo as row-major bf16 at the same offsets. W, Qg, Kd are adjacent (the state pass copies them as one
+/// block). Sizes: D = 64: 12,544 B; D = 128: 23,040 B; D = 256: 44,032 B. For tests and diagnostics.
 template <int D>
 struct KdaSlotOf {
   static_assert(D == 64 || D == 128 || D == 256, "KdaSlotOf: D = d_k = d_v must be 64, 128 or 256");
   static constexpr int W = 0, Qg = 32 * D, Kd = 64 * D, U = 96 * D, P = 160 * D, gam_n = 160 * D + 1024,
                        Pf = 164 * D + 1024, bytes = 164 * D + 2048;
 };
-/// The D = 128 slot (the layout before D became a parameter).
+/// The D = 128 slot.
 struct KdaSlot : KdaSlotOf<128> {};
 static_assert(KdaSlot::W == 0 && KdaSlot::Qg == 4096 && KdaSlot::Kd == 8192 && KdaSlot::U == 12288 &&
                   KdaSlot::P == 20480 && KdaSlot::gam_n == 21504 && KdaSlot::Pf == 22016 && KdaSlot::bytes == 23040,

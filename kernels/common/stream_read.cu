@@ -1,4 +1,4 @@
-// kernels/stream_read.hpp: a plain streaming read (the bandwidth floor of a memory-bound step).
+// kernels/common/stream_read.hpp: a plain streaming read (the bandwidth floor of a memory-bound step).
 #include <cstdint>
 #include <string>
 
