@@ -158,7 +158,8 @@ std::size_t kda_prefill_workspace_bytes(const KdaPrefillArgs& a, const KdaPrefil
 
 /// The rule: the state pass and schedule kda_prefill runs for these arguments on the current device (SM count), with
 /// `overrides` applied where given. Reads only the shapes and options (no pointer checks; kda_prefill checks
-/// everything). The rule, with its measured reasons (H200; docs/kernels/kda_prefill.md):
+/// everything). The rule, with its measured reasons (H200; docs/kernels/kda_prefill.md, "v5 step 2: the
+/// segment-parallel state pass", "The wgmma state pass (v9w ...)"):
 ///  - D = 256: the key-split pass, one-shot (the segment path's d_k x d_k combine does not fit shared memory).
 ///  - Fixed-length batches at D = 64, 128 whose one-shot pass leaves SMs idle (N HV D / 32 CTAs <= the SM count: each
 ///    CTA alone on its SM, latency-bound) with >= 1024 chunks (T >= 16384) take the segment path with the P (2..16)

@@ -57,11 +57,12 @@ __device__ __forceinline__ void unpack4(const uint2& u, float* f) {
 }
 
 /// Splits finite x into tf32 hi + lo, the operands of the 3-pass fp32-class product a b ~ a_hi b_hi + a_hi b_lo +
-/// a_lo b_hi (the dropped a_lo b_lo is <= 2^-22 relative). hi = x rounded to tf32 with cvt.rna's rule (nearest,
-/// ties away from zero) done on the bit pattern: + 2^12 then clear the 13 low bits (two integer instructions
-/// instead of cvt.rna's sequence with its FSETP checks in the SASS; same result for finite |x| < FLT_MAX).
-/// lo = x - hi (exact in fp32) is passed as its raw fp32 bits, assuming the tensor core ignores a tf32 operand's 13
-/// low bits, i.e. truncates lo (<= 2^-10 |lo| <= 2^-21 |x|; rounding lo with cvt.rna would give <= 2^-22 |x|). Consistent with the H200 measurement: the prepare's A / P slots stayed within 3.3e-7 of fp32 FMA products
+/// a_lo b_hi (the dropped a_lo b_lo is <= 2^-22 relative). hi = x rounded to tf32 with cvt.rna's rule (nearest, ties
+/// away from zero) done on the bit pattern: + 2^12 then clear the 13 low bits (two integer instructions instead of
+/// cvt.rna's sequence with its FSETP checks in the SASS; same result for finite |x| < FLT_MAX). lo = x - hi (exact in
+/// fp32) is passed as its raw fp32 bits, assuming the tensor core ignores a tf32 operand's 13 low bits, i.e.
+/// truncates lo (<= 2^-10 |lo| <= 2^-21 |x|; rounding lo with cvt.rna would give <= 2^-22 |x|). Consistent with the
+/// H200 measurement: the prepare's A / P slots stayed within 3.3e-7 of fp32 FMA products
 /// (docs/kernels/kda_prefill.md).
 __device__ __forceinline__ void split_tf32(float x, std::uint32_t& hi, std::uint32_t& lo) {
   hi = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
@@ -112,7 +113,8 @@ __device__ __forceinline__ float fast_exp(float x) { return __expf(x); }
 /// the other instruction cuts took it from 415.5 M to 365.9 M instructions at T = 8192, H = 64); exp(-x) by fast_exp
 /// (above) instead of the accurate expf (8 SASS instructions -> 2). Error: <= ~3 ulp
 /// plus fast_exp's <= 1.2 |x| ulp of exp(-x), which moves Sigmoid by <= 1.2 |x| (1 - Sigmoid) ulp: ~1e-6 relative for
-/// the gate's |x| <~ 10, three orders below the bf16 operand roundings (docs/kernels/kda_prefill.md).
+/// the gate's |x| <~ 10, three orders below the bf16 operand roundings (docs/kernels/kda_prefill.md, "Prepare v6
+/// instruction diet").
 __device__ __forceinline__ float sigmoidf_(float x) { return __fdividef(1.0f, 1.0f + fast_exp(-x)); }
 
 // ---- the fused input transforms, one copy for the prefill and the decode kernels --------------

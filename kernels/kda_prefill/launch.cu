@@ -95,7 +95,8 @@ Checked check_prefill(const KdaPrefillArgs& a) {
 /// Parts of the overlapped schedule (KdaPrefillPlan::overlapped): fixed-length batches with T >= 2048 are cut into
 /// K0 = min(8, max(2, T / 2048)) parts of a multiple of 16 tokens (>= ~2048 tokens each; an H200 sweep of K at
 /// T = 8192: K = 4 beat T / 1024 = 8 by 3-4% (H = 64: 0.785 vs 0.817 ms, H = 96: 1.166 vs 1.202), K = 2 beat 4 at
-/// B = 4 x 4096, and K = 8 is best at T = 65536 (3.455 ms; K = 4: 3.568, K = 16: 3.46; docs/kernels/kda_prefill.md);
+/// B = 4 x 4096, and K = 8 is best at T = 65536 (3.455 ms; K = 4: 3.568, K = 16: 3.46; docs/kernels/kda_prefill.md,
+/// "Segment count of the overlapped schedule");
 /// the prepare kernel of part k + 1 (caller's stream) runs while the state pass of part k runs (a side stream of
 /// higher priority); the state crosses parts through an fp32 buffer, which is exact (the same fp32 values the
 /// registers held).

@@ -12,10 +12,10 @@
 namespace kdalab::kernels::kda_prefill_detail {
 namespace {
 
-// The combine: S_start(s + 1) = A_seg(s) S_start(s) + B_seg(s) for s = 1 .. P-2, in fp32 (FMA chain from B over
-// m = 0 .. D - 1), from S_start(1) = seg_S[0] (segment 0's end state, pass 1). Launched for P >= 3. One CTA (256 threads) per
-// (32-column slice of d_v, value head, sequence): column slices of S are independent.
-// D = 64 or 128 (rows i0 + 8 r, r < D / 8); at D = 256 A_seg alone would be 256 KB of shared memory.
+// The combine: S_start(s + 1) = A_seg(s) S_start(s) + B_seg(s) for s = 1 .. P-2, in fp32 (FMA chain from B over m = 0
+// .. D - 1), from S_start(1) = seg_S[0] (segment 0's end state, pass 1). Launched for P >= 3. One CTA (256 threads)
+// per (32-column slice of d_v, value head, sequence): column slices of S are independent. D = 64 or 128 (rows i0 + 8
+// r, r < D / 8); at D = 256 A_seg alone would be 256 KB of shared memory.
 template <int D>
 constexpr int cmb_smem = (D * D + D * SLICE) * 4;  // A_seg (64 KB at D = 128) + the S slice (16 KB)
 static_assert(cmb_smem<128> <= 227 * 1024, "combine: shared memory per CTA");

@@ -5,10 +5,10 @@
 
 namespace kdalab::kernels::kda_prefill_detail {
 
-// Shared stage of one chunk for one state CTA (32 value columns), d_k = d_v = D. W, Qg, Kd adjacent (as
-// in the slot): one block copy.
-// U rows are padded by UPAD floats: the mma pass reads U transposed (U[r][v] for r = 2 tq + .., v = gq + ..), and a row stride
-// of 36 floats puts the 32 lanes' reads in 32 different banks (stride 32: 4-way conflicts).
+// Shared stage of one chunk for one state CTA (32 value columns), d_k = d_v = D. W, Qg, Kd adjacent (as in the slot):
+// one block copy. U rows are padded by UPAD floats: the mma pass reads U transposed (U[r][v] for r = 2 tq + .., v =
+// gq + ..), and a row stride of 36 floats puts the 32 lanes' reads in 32 different banks (stride 32: 4-way
+// conflicts).
 constexpr int UPAD = 4;
 template <int D>
 struct Stage {
@@ -31,7 +31,7 @@ struct StageParts {
 /// One chunk's workspace slot -> one state stage, by 16-byte cp.async (no commit: the caller commits). NT threads
 /// (tid < NT); every trip count is a compile-time constant and each thread's copies are straight-line code with
 /// immediate offsets: runtime-bounded copy loops held ~35% of the mma step's warp-stall samples on the H200 (ncu source
-/// counters; docs/kernels/kda_prefill.md). slot: the chunk's slot (Slot<D> layout);
+/// counters; docs/kernels/kda_prefill.md, "State v8"). slot: the chunk's slot (Slot<D> layout);
 /// vbase: the CTA's first value column (U slice [C][SLICE] of columns vbase ..).
 template <int D, int NT>
 __device__ __forceinline__ void issue_stage(Stage<D>& st, const unsigned char* slot, int vbase, int tid,

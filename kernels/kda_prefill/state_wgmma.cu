@@ -1,18 +1,19 @@
 // KDA prefill, the wgmma state pass (KdaStatePass::wgmma; D = 128, the automatic rule's one-shot pass).
 //
 // One CTA = one warpgroup (128 threads) per (64 value columns, value head, sequence); warp w holds S^T for value
-// columns vbase + 16 w .. + 15 and all 128 keys, in the wgmma m64n128 accumulator layout, which is the mma pass's Sacc layout.
-// Per chunk, with W, Qg, Kd, P (hi, lo) read by wgmma from shared memory ONCE per warpgroup (the mma pass: once per warp):
-//   [1] D^T = S^T W^T and o^T = S^T Qg^T: 2 x 8 wgmma m64n16k16, A = S^T's bf16 k-tiles from registers (the mma pass's
-//       accumulator-to-A identity), B = W^T / Qg^T K-major (the slot's row-major W, Qg copied into 128-byte-swizzled
-//       [16 x 64] blocks);
+// columns vbase + 16 w .. + 15 and all 128 keys, in the wgmma m64n128 accumulator layout, which is the mma pass's
+// Sacc layout. Per chunk, with W, Qg, Kd, P (hi, lo) read by wgmma from shared memory ONCE per warpgroup (the mma
+// pass: once per warp):
+//   [1] D^T = S^T W^T and o^T = S^T Qg^T: 2 x 8 wgmma m64n16k16, A = S^T's bf16 k-tiles from registers (the mma
+//       pass's accumulator-to-A identity), B = W^T / Qg^T K-major (the slot's row-major W, Qg copied into
+//       128-byte-swizzled [16 x 64] blocks);
 //   [2] D^T = U^T - that (fp32), hi / lo bf16 split (the mma pass's registers and roundings);
 //   [3] S^T <- Diag(gam_n) S^T + D^T Kd: one wgmma m64n128k16, A = D^T hi (registers), B = Kd MN-major (transposed);
 //       o^T += D^T P^T as Phi Dhi + Phi Dlo + Plo Dhi (3 wgmma m64n16k16, B = P^T K-major);
 //   [4] o = scale o^T^T, stored through a lane-pair exchange (4-byte stores).
-// The prepare writes this slot layout (kda_prepare_kernel<128, true>, prepare.cu: W, Qg, Kd [16][128] and P hi / lo [16][16]
-// bf16 row-major at the same slot offsets); the same bf16 operand roundings and fp32 state as the mma pass: only the fp32
-// summation order inside the tensor-core products may differ.
+// The prepare writes this slot layout (kda_prepare_kernel<128, true>, prepare.cu: W, Qg, Kd [16][128] and P hi / lo
+// [16][16] bf16 row-major at the same slot offsets); the same bf16 operand roundings and fp32 state as the mma pass:
+// only the fp32 summation order inside the tensor-core products may differ.
 #include "kernels/common/wgmma.cuh"
 #include "kernels/kda_prefill/common.cuh"
 
@@ -129,14 +130,14 @@ struct CopyPlan {
 }  // namespace wg
 
 // The step's code shape, from an ncu source profile (T = 65536, H = 32: 409 -> ~330 instructions per warp-step, one
-// warp per scheduler; docs/kernels/kda_prefill.md): (1) the wgmma descriptors are formed once (a stage or block offset
-// adds to the start-address field; rebuilding each from the address put 5 dependent uniform instructions before each
-// of the 8 chained wgmma, ~13% of the stall samples); (2) the stage is addressed from the shared array itself, so U and
-// gam_n are read by LDS (generic LD.E's long scoreboard held 5.5% of the samples); each warp copies the gam_n and U
-// values it reads itself and reads them before the CTA's barrier (step 2); (3) the copies and the o stores use offsets
-// computed once per thread (else ~95 and ~50 instructions of 64-bit address arithmetic per step). (Storing chunk c's o
-// during chunk c + 1's chain, or the decay there, is not possible: ptxas then injects a wgmma wait right after the
-// chain's issue, see the note at the decay.)
+// warp per scheduler; docs/kernels/kda_prefill.md, "v10w: the wgmma step rearranged"): (1) the wgmma descriptors are
+// formed once (a stage or block offset adds to the start-address field; rebuilding each from the address put 5
+// dependent uniform instructions before each of the 8 chained wgmma, ~13% of the stall samples); (2) the stage is
+// addressed from the shared array itself, so U and gam_n are read by LDS (generic LD.E's long scoreboard held 5.5% of
+// the samples); each warp copies the gam_n and U values it reads itself and reads them before the CTA's barrier (step
+// 2); (3) the copies and the o stores use offsets computed once per thread (else ~95 and ~50 instructions of 64-bit
+// address arithmetic per step). (Storing chunk c's o during chunk c + 1's chain, or the decay there, is not possible:
+// ptxas then injects a wgmma wait right after the chain's issue, see the note at the decay.)
 __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
   constexpr int D = 128;
   using SL = Slot<D>;
