@@ -1,12 +1,12 @@
 #pragma once
-// The phases of the KDA prepare (kda_prepare_kernel, kernels/kda_prefill/prepare.cu), each a __forceinline__ function:
-// the load with the fused gate / L2Norm / beta sigmoid, the cumulative decay and the gated q / k forms, the tf32
-// 3-pass products A = Kg Ki^T and P = Qg Ki^T with their fixed-order sum over 8 warps, the forward substitution of
-// [W | U], and the bf16 A / B fragment stores; also the sequence span (Seq, seq_of) of every prefill kernel.
+// The phases of the KDA prepare (kda_prepare_kernel, kernels/kda_prefill/prepare.cu), each a __forceinline__
+// function: the load with the fused gate / L2Norm / beta sigmoid, the cumulative decay and the gated q / k forms, the
+// tf32 3-pass products A = Kg Ki^T and P = Qg Ki^T with their fixed-order sum over 8 warps, the forward substitution
+// of [W | U], and the bf16 A / B fragment stores; also the sequence span (Seq, seq_of) of every prefill kernel.
 // Algorithm: numerics/kda_twin.hpp (kda_plan_kernel()), K3 report Eq. 1 (KDA recurrence) in its chunked UT form
-// (docs/equations.md) and Eq. 5 (bounded gate). The functions were cut out of the kernels as written (same operations,
-// same order: unchanged normalised PTX; ap_finish's index type and store_Pf's STRIDE exist for that). A chunk is 16
-// tokens (C); "thread = channel" phases run on threads 0 .. D-1 of a 256-thread group.
+// (docs/equations.md section 4) and Eq. 5 (bounded gate, section 2). The functions were cut out of the kernels as
+// written (same operations, same order: unchanged normalised PTX; ap_finish's index type and store_Pf's STRIDE exist
+// for that). A chunk is 16 tokens (C); "thread = channel" phases run on threads 0 .. D-1 of a 256-thread group.
 #include <cuda_runtime.h>
 
 #include <cstdint>
