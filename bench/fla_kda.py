@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""fla peer harness for KDA (issue 6): times fla's Triton KDA kernels in the same GPU session as kdalab
-and writes fla's outputs on the ANCHORS.md anchor cases as `kdalab check --op kda` input files.
+"""fla peer harness for KDA: times fla's Triton KDA kernels in the same GPU session as kdalab
+and writes fla's outputs on the anchor-kda cases as `kdalab check --op kda` input files.
 
 kdalab's own harness around a peer; it imports fla (fla-org/flash-linear-attention) from --fla-path
 (default peers/fla-src, a git-ignored copy of the `fla/` package) and never builds, copies or changes it.
@@ -36,7 +36,7 @@ kdalab's kernels take it: raw gate logits, raw beta logits, un-normalised q/k):
       "graph" (the call captured --reps times in one CUDA graph, replay time / reps: the GPU time, the
       closest match to kdalab's C++ launches). The JSON value is --report (default graph; eager where
       capture failed, said in the meta).
-  check: for each ANCHORS.md case (B, T, H) in (1,17,1) (3,64,1) (1,300,2) (1,1000,4) (1,4096,2):
+  check: for each anchor-kda case (B, T, H) in (1,17,1) (3,64,1) (1,300,2) (1,1000,4) (1,4096,2):
       anchor-kda inputs drawn with torch (seed --seed + 1000 + case index), fla chunk_kda as above, one
       HDF5 file per case in the format of README.md "Checking your own kernel's tensors": q, k, v, g
       (logits), beta (logits) as float32 holding bf16 (format = "bf16"), A_log [H], bias [H, D], S0
@@ -74,7 +74,7 @@ import types
 # kdalab bench defaults (experiments/bench.cpp parse_shapes): (B, T, H, HV)
 PREFILL_SHAPES = [(1, 8192, 64, 64), (1, 8192, 96, 96), (1, 65536, 32, 32), (4, 4096, 16, 32)]
 DECODE_SHAPES = [(256, 1, 32, 32), (1, 1, 32, 32), (64, 1, 32, 64)]
-# ANCHORS.md anchor-kda accuracy cases: (B, T, H), HV = H
+# the anchor-kda accuracy cases: (B, T, H), HV = H
 ANCHOR_CASES = [(1, 17, 1), (3, 64, 1), (1, 300, 2), (1, 1000, 4), (1, 4096, 2)]
 D = 128
 G_MIN = -5.0
@@ -132,7 +132,7 @@ def build_parser():
     p = argparse.ArgumentParser(
         prog="bench/fla_kda.py",
         description="Time fla's chunk_kda / fused_recurrent_kda on the kdalab bench shapes (JSON for "
-                    "`kdalab bench --peer-json`) and write fla's outputs on the ANCHORS.md cases as "
+                    "`kdalab bench --peer-json`) and write fla's outputs on the anchor-kda cases as "
                     "`kdalab check --op kda` files. Runs on a CUDA GPU with torch + triton; see the file "
                     "header for what exactly is called.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -196,7 +196,7 @@ def resolve_fla_root(path):
 
 
 def check_file_name(case):
-    """The check file written for ANCHORS.md case (B, T, H) inside --check-dir."""
+    """The check file written for anchor-kda case (B, T, H) inside --check-dir."""
     return "fla_kda_B%d_T%d_H%d.h5" % case
 
 
@@ -344,7 +344,7 @@ class Harness:
 
     # -- inputs ---------------------------------------------------------------------------------
     def inputs(self, B, T, H, HV, seed):
-        """bench.cpp's distribution (also ANCHORS.md anchor-kda): q, k [B,T,H,D], v, g_raw [B,T,HV,D],
+        """bench.cpp's distribution (also the anchor-kda cases'): q, k [B,T,H,D], v, g_raw [B,T,HV,D],
         beta_raw [B,T,HV] N(0,1) in bf16; A_log [HV], bias [HV,D] U(0,1) fp32; S0 [B,HV,D,D] 0.1 N(0,1) fp32."""
         torch = self.torch
         gen = torch.Generator(device=self.dev)
@@ -477,7 +477,7 @@ class Harness:
 
     # -- accuracy -------------------------------------------------------------------------------
     def truth_f64(self, x, scale):
-        """Float64 recurrence (K3 report Eq. 1, EQUATIONS.md section 1) on exactly x's values:
+        """Float64 recurrence (K3 report Eq. 1, docs/equations.md section 1) on exactly x's values:
         q, k L2-normalised, g = g_min Sigmoid(exp(A_log) (g_raw + bias)), beta = Sigmoid(beta_raw),
         S_t = S' + beta k (v - S'^T k)^T with S' = Diag(exp g) S_{t-1}, o_t = scale S_t^T q_t.
         Value head hv reads key head hv // (HV / H). Returns (o [B,T,HV,D], S [B,HV,D,D])."""
@@ -529,7 +529,7 @@ class Harness:
         arrays["S"] = f32(S2)
         attrs = dict(meta)
         attrs.update(case=f"B={B} T={T} H={H} HV={H} D={D}", seed=seed,
-                     generator="anchor-kda distribution (ANCHORS.md), drawn with torch.Generator(cuda)")
+                     generator="anchor-kda distribution, drawn with torch.Generator(cuda)")
         path = os.path.join(out_dir, check_file_name(case))
         write_check_file(path, arrays, scale=D ** -0.5, g_min=G_MIN, extra_attrs=attrs)
         r = dict(file=path, rel_rms_o_vs_f64=rel(o2, o_ref), rel_rms_S_vs_f64=rel(S2, S_ref),

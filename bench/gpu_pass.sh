@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One pass on the GPU machine (see ../shared/GPU.md): configure + build the cuda preset in a fresh
+# One pass on the GPU machine: configure + build the cuda preset in a fresh
 # folder, run every GPU test binary (directly, so their printed numbers reach the logs), the generator
 # checksum test, then `kdalab bench` with the torch MLA baseline timed in the same session and
 # --compare against data/baselines/h200-kda.h5. Logs and results go to $OUT (default ./gpu-out) and
@@ -22,14 +22,14 @@ step build cmake --build "$B" -j"$(nproc)" -- -k || {
   cmake -B "$B" -DKDALAB_WERROR=OFF > /dev/null && step build-nowerror cmake --build "$B" -j"$(nproc)" -- -k; }
 # PARALLEL=1 (the default without SANITIZE): every GPU test binary at once, gpu_test_kda_kernels split by its tags into
 # the groups below (a disjoint cover of its test cases; the three [long] cases each alone), one log per process, then one
-# summary line per log. The GPU has room for all of them; session 10 ran them so in ~95 s against several minutes
+# summary line per log. The GPU has room for all of them: ~95 s on an H200 against several minutes
 # serially. Timings printed by tests run in parallel are not benchmarks.
 # the GPU test binaries to run (TESTS filter, executables only): one list for both modes
 gpu_tests() { for t in "$B"/tests/gpu_test_*; do
   [ -n "${TESTS:-}" ] && ! [[ " $TESTS " == *" $(basename "$t") "* ]] && continue
   [ -x "$t" ] && echo "$t"; done; }
 KDA_GROUPS=("[gpu][kda]~[dim]~[segments]~[long]" "[segments]~[long]" "[dim]~[long]~[segments]" "[segments][long]"
-            "[state4][long]" "[dim][long]")
+            "[wg][long]" "[dim][long]")
 failed=0  # GPU test processes that exited non-zero: the script's exit status says so (a GPU CI gate must see it)
 if [ "${PARALLEL:-$([ "${SANITIZE:-0}" = 1 ] && echo 0 || echo 1)}" = 1 ]; then
   pids=(); logs=()
@@ -65,9 +65,7 @@ if [ "$op" != none ]; then
     [ -d peers/fla-src ] && step fla-kda python3 bench/fla_kda.py --fla-path peers/fla-src --json "$OUT/fla_kda.json" \
       --check-dir "$OUT/fla_check" && peer+=(--peer-json "$OUT/fla_kda.json");; esac
   for f in data/baselines/h200-kda.h5 data/baselines/h200-mla.h5; do [ -f "$f" ] && cmp+=(--compare "$f"); done
-  # --variants acts on the kda-prefill rows only: bench refuses it with another op (exit 2); all takes it
-  var=(); case "$op" in all|kda-prefill) var=(--variants);; esac
-  TAIL=${BENCH_TAIL:-40} step "bench-$op" "$B/experiments/kdalab" bench --op "$op" "${var[@]}" "${peer[@]}" "${cmp[@]}" --out "$OUT/bench-$op.h5"
+  TAIL=${BENCH_TAIL:-40} step "bench-$op" "$B/experiments/kdalab" bench --op "$op" "${peer[@]}" "${cmp[@]}" --out "$OUT/bench-$op.h5"
 fi
 pack
 [ "$failed" = 0 ] || { echo "== $failed GPU test process(es) failed (see their logs)"; exit 1; }

@@ -3,7 +3,8 @@
 //
 //   kdalab bench --op kda-prefill|kda-decode|mla-decode|mla-prefill|attn-res|all [--shapes "B:T:H[:HV[:D]],..."]
 //                [--iters N] [--warmup N] [--quick] [--prefix N0] [--peer-json FILE..] [--compare BASELINE.h5..]
-//                [--variant 1|2|4|5|6] [--segments P] [--overlap 0|1|2] [--variants] --out results/bench.h5
+//                [--variant 1|2|4|5|6] [--state-pass auto|mma|wgmma|key-split] [--segments P] [--overlap on|off]
+//                --out results/bench.h5
 //
 // Per shape: median (and min) of --iters CUDA-event timings after --warmup launches, the bytes a
 // kernel must move at least (inputs read once, outputs written once; the workspace is not counted)
@@ -39,14 +40,16 @@
 //   gives the rule's choice, the absorbed path through the same API (absorb + prefill + W_UV) and P hi only.
 // kda-prefill / kda-decode: D = d_k = d_v is the optional 5th shape field (64, 128 or 256; default 128); rows
 //   with D != 128 carry " D=<D>" at the end of their key (D = 128 keys are unchanged). The defaults add
-//   D = 64 and D = 256 rows; --variants times the non-default kernels at D = 128 only (D = 128-only variants).
+//   D = 64 and D = 256 rows. kda-prefill: --state-pass and --segments force a state pass and schedule
+//   (kernels/kda.hpp KdaPrefillOverrides), --overlap off runs everything on one stream (KdaPrefillArgs::single_stream);
+//   prep ms and state ms time the prepare and the state pass alone (KdaPrefillOverrides::phases).
 // attn-res (kernels/attn_res.hpp): shapes S:T:d in the B:T:H slots (S sources, T tokens, width d; the table's
 //   B, T, H, D columns hold S, T, d, d); bytes = the S T d bf16 sources read once + the bf16 output written;
 //   flops = 6 S T d (h.h, w.h, the weighted sum).
 // Order of the checks (the same errors, exit 2, in every build): --op, the numbers (--iters, --warmup, --prefix,
-// --overlap, --segments, --variant), options the op ignores (--variant != 6 without mla-decode, --prefix > 0 without
-// mla-prefill, --segments != 0, --overlap != 1 or --variants without kda-prefill; --op all takes each of them, it
-// acts on that op's rows), --shapes (fields the op ignores refused: HV != H for the MLA ops, a 4th
+// --segments, --variant), options the op ignores (--variant != 6 without mla-decode, --prefix > 0 without
+// mla-prefill, --state-pass other than auto, --segments != 0 or --overlap off without kda-prefill; --op all takes each
+// of them, it acts on that op's rows), --shapes (fields the op ignores refused: HV != H for the MLA ops, a 4th
 // attn-res field), the --peer-json files, the --compare files (Command::check), then cli::run's shared path: --out
 // not one of the input files (--config, --compare, --peer-json), then --out (folder exists and is writable; an
 // existing file only with --force). Only then (Command::run): without the CUDA kernels (CPU build)
@@ -80,8 +83,8 @@
 #include "kernels/kda.hpp"
 #include "kernels/mla.hpp"
 #include "kernels/mla_prefill.hpp"
-#include "kernels/random_fill.hpp"
-#include "kernels/stream_read.hpp"
+#include "kernels/common/random_fill.hpp"
+#include "kernels/common/stream_read.hpp"
 #endif
 
 namespace kdalab::cli {
@@ -98,9 +101,9 @@ struct BenchOptions {
   std::vector<std::string> peer_json, compare;  // several files: peers merged, baselines searched in order
   int iters = 30, warmup = 5;
   int mla_variant = 6;  // mla-decode split kernel (kernels/mla.hpp MlaDecodeArgs::variant)
-  int kda_segments = 0; // kda-prefill state pass (kernels/kda.hpp KdaPrefillArgs::segment_state): 0 auto, 1 off, P forced
-  int kda_overlap = 1;  // kda-prefill schedule: 0 serial, 1 library defaults, 2 segment path overlapped too
-  bool variants = false;  // kda-prefill: also time the non-default kernel variants (printed lines)
+  std::string kda_state_pass = "auto";  // kda-prefill: KdaPrefillOverrides::state_pass (auto, mma, wgmma, key-split)
+  int kda_segments = 0;  // kda-prefill schedule: 0 the rule, 1 one-shot, 2..64 the segment path with P segments
+  std::string kda_overlap = "on";  // kda-prefill: off = KdaPrefillArgs::single_stream
   long long prefix = 0;  // mla-prefill: cached tokens before the T new ones
 };
 
@@ -375,8 +378,22 @@ Measured prefill_measured(const Shape& s, double ms, double mn, double prep, dou
   return {ms, mn, bytes, flops, prep, state};
 }
 
-Measured bench_prefill(const Shape& s, int warmup, int iters, std::uint64_t seed, int segment_state, int overlap,
-                       bool variants) {
+/// The kda-prefill overrides of the options: --state-pass (checked: one of the four names) and --segments.
+kernels::KdaPrefillOverrides prefill_overrides(const std::string& state_pass, int segments) {
+  kernels::KdaPrefillOverrides ov;
+  ov.state_pass = state_pass == "mma"         ? kernels::KdaStatePass::mma
+                  : state_pass == "wgmma"     ? kernels::KdaStatePass::wgmma
+                  : state_pass == "key-split" ? kernels::KdaStatePass::key_split
+                                              : kernels::KdaStatePass::automatic;
+  ov.schedule = segments == 0 ? kernels::KdaSchedule::automatic
+                : segments == 1 ? kernels::KdaSchedule::one_shot
+                                : kernels::KdaSchedule::segments;
+  ov.segments = segments >= 2 ? segments : 0;
+  return ov;
+}
+
+Measured bench_prefill(const Shape& s, int warmup, int iters, std::uint64_t seed, kernels::KdaPrefillOverrides ov,
+                       bool single_stream) {
   const long long D = s.D;
   const std::size_t nq = s.B * s.T * s.H * D, nv = s.B * s.T * s.HV * D;
   Dev q(nq * 2), k(nq * 2), v(nv * 2), g(nv * 2), beta(s.B * s.T * s.HV * 2), o(nv * 2);
@@ -396,117 +413,15 @@ Measured bench_prefill(const Shape& s, int warmup, int iters, std::uint64_t seed
   a.gate.A_log = A_log.as<float>(); a.gate.bias = bias.as<float>(); a.gate.g_min = -5.0f;
   a.scale = 1.0f / std::sqrt(static_cast<float>(D));
   a.S0 = S0.as<float>(); a.S_final = Sf.as<float>(); a.o = o.as<bf16_t>();
-  a.segment_state = segment_state;
-  a.overlap_segments = overlap != 0;      // v4 one-shot schedule: on by default
-  a.overlap_segment_pass = overlap == 2;  // v5 segment path: off by default (measured slower)
-  const std::size_t wsb = kernels::kda_prefill_workspace_bytes(a);
+  a.single_stream = single_stream;
+  const std::size_t wsb = kernels::kda_prefill_workspace_bytes(a, &ov);
   Dev ws(wsb);
   a.workspace = ws.p; a.workspace_bytes = wsb;
-  auto [ms, mn] = time_ms([&] { kernels::kda_prefill(a, nullptr); }, warmup, iters);
-  a.run_phases = 1;
-  const double prep = time_ms([&] { kernels::kda_prefill(a, nullptr); }, warmup, iters).first;
-  a.run_phases = 2;
-  const double state = time_ms([&] { kernels::kda_prefill(a, nullptr); }, warmup, iters).first;
-  if (!variants || D != 128) return prefill_measured(s, ms, mn, prep, state);  // the variants are D = 128 only
-  // --variants: the non-default kernels and schedules beside the defaults (printed, not in the table)
-  if (kernels::kda_prefill_state_kernel(a) == 6) {  // the default wgmma state pass beside the v3 (mma.sync) one-shot pass
-    auto a3 = a;
-    a3.segment_state = 1;  // state_variant 3, one-shot: v3 itself
-    a3.run_phases = 3;     // the whole prefill first: the workspace then holds v3's slot layout
-    const double all3 = time_ms([&] { kernels::kda_prefill(a3, nullptr); }, warmup, iters).first;
-    a3.run_phases = 2;
-    const double st3 = time_ms([&] { kernels::kda_prefill(a3, nullptr); }, warmup, iters).first;
-    a3.run_phases = 1;
-    const double pr3 = time_ms([&] { kernels::kda_prefill(a3, nullptr); }, warmup, iters).first;
-    fmt::print("  (B={} T={} H={} HV={}: default state pass = wgmma (state_variant 6): state {:.4f} ms, prepare {:.4f}, "
-               "total {:.4f}; v3 one-shot (segment_state 1): state {:.4f}, prepare {:.4f}, total {:.4f} ms; v3 / wgmma "
-               "= {:.3f})\n", s.B, s.T, s.H, s.HV, state, prep, ms, st3, pr3, all3, all3 / ms);
-  }
-  if (const int segs = kernels::kda_prefill_segments(a); segs > 1) {  // v5: the segment path and the one-shot schedule
-    auto a1 = a;
-    a1.segment_state = 1;
-    const double state1 = time_ms([&] { kernels::kda_prefill(a1, nullptr); }, warmup, iters).first;
-    a1.run_phases = 3;
-    const double all1 = time_ms([&] { kernels::kda_prefill(a1, nullptr); }, warmup, iters).first;
-    fmt::print("  (B={} T={} H={} HV={}: segment-parallel state pass P = {}; one-shot schedule (segment_state = 1): "
-               "total {:.4f} ms, state pass {:.4f} ms)\n", s.B, s.T, s.H, s.HV, segs, all1, state1);
-  } else if (s.T >= 16384 && kernels::kda_prefill_state_kernel(a) != a.state_variant) {  // auto: one-shot instead of P >= 2
-    // the P the wave model picks where the wgmma pass cannot run (prepare v4 writes no wgmma slot layout): the segment
-    // path the auto rule replaced here (before session 11 this line always forced P = 3)
-    auto aw = a;
-    aw.prepare_variant = 4;
-    aw.segment_state = 0;
-    const int pw = kernels::kda_prefill_segments(aw);
-    auto a3 = a;
-    a3.segment_state = pw >= 2 ? pw : 3;  // (P = 3 when the wave model keeps the one-shot pass too; said in the line)
-    a3.run_phases = 3;                    // (a holds the state-pass-only timing's 2 here)
-    const int p3 = kernels::kda_prefill_segments(a3);
-    const std::size_t ws3b = kernels::kda_prefill_workspace_bytes(a3);
-    Dev ws3(ws3b);
-    a3.workspace = ws3.p;
-    a3.workspace_bytes = ws3b;
-    const double all3 = time_ms([&] { kernels::kda_prefill(a3, nullptr); }, warmup, iters).first;
-    fmt::print("  (B={} T={} H={} HV={}: auto rule: one-shot schedule with the wgmma state pass (state_variant 6); "
-               "the segment path P = {}{} instead: total {:.4f} ms)\n", s.B, s.T, s.H, s.HV, p3,
-               pw >= 2 ? " (the wave model's P)" : " (forced: the wave model keeps the one-shot pass)", all3);
-  }
-  {  // the previous prepare kernel (v4, kernels/kda.hpp prepare_variant) beside the default (v6): alone and the whole prefill
-    auto a4 = a;
-    a4.prepare_variant = 4;
-    // prepare v4 changes the state plan (the auto rule's wgmma pass needs prepare v6: at T = 65536 a segment path with
-    // its larger workspace), so it gets a workspace of its own when the default one is too small
-    const std::size_t ws4b = kernels::kda_prefill_workspace_bytes(a4);
-    Dev ws4(ws4b > wsb ? ws4b : 16);
-    if (ws4b > wsb) {
-      a4.workspace = ws4.p;
-      a4.workspace_bytes = ws4b;
-    }
-    a4.run_phases = 1;
-    const double prep4 = time_ms([&] { kernels::kda_prefill(a4, nullptr); }, warmup, iters).first;
-    a4.run_phases = 3;
-    const double all4 = time_ms([&] { kernels::kda_prefill(a4, nullptr); }, warmup, iters).first;
-    fmt::print("  (B={} T={} H={} HV={}: prep v{} = {:.4f} ms, prep v4 = {:.4f} ms ({:.2f}x); total with prep v4 = {:.4f} ms)\n",
-               s.B, s.T, s.H, s.HV, a.prepare_variant, prep, prep4, prep4 / prep, all4);
-  }
-  {  // the two-chunk pair step (kernels/kda.hpp pair_chunks, opt-in): its own workspace (KdaPairSlot), serial schedule
-    auto ap = a;
-    ap.pair_chunks = true;
-    ap.segment_state = 0;  // the pair step is one-shot (a forced --segments P >= 2 would be refused)
-    const std::size_t wsp = kernels::kda_prefill_workspace_bytes(ap);
-    Dev wsbuf(wsp);
-    ap.workspace = wsbuf.p;
-    ap.workspace_bytes = wsp;
-    ap.run_phases = 3;
-    const double allp = time_ms([&] { kernels::kda_prefill(ap, nullptr); }, warmup, iters).first;
-    ap.run_phases = 1;
-    const double prepp = time_ms([&] { kernels::kda_prefill(ap, nullptr); }, warmup, iters).first;
-    ap.run_phases = 2;
-    const double statep = time_ms([&] { kernels::kda_prefill(ap, nullptr); }, warmup, iters).first;
-    fmt::print("  (B={} T={} H={} HV={}: pair: prepare pair = {:.4f} ms, state pair = {:.4f} ms, total = {:.4f} ms; "
-               "default: prepare {:.4f}, state {:.4f}, total {:.4f} ms; total pair / default = {:.3f})\n",
-               s.B, s.T, s.H, s.HV, prepp, statep, allp, prep, state, ms, allp / ms);
-  }
-  a.state_variant = 2;  // v2 reads the fp32 P, which the compact workspace leaves out: prepare it first (the
-  a.run_phases = 1;     // prepare writes P when state_variant = 2), then time the state pass alone
-  kernels::kda_prefill(a, nullptr);
-  a.run_phases = 2;
-  const double state_v2 = time_ms([&] { kernels::kda_prefill(a, nullptr); }, warmup, iters).first;
-  fmt::print("  (B={} T={} H={} HV={}: state pass v2 = {:.4f} ms)\n", s.B, s.T, s.H, s.HV, state_v2);
-  {  // state pass v4 (kernels/kda.hpp state_variant 4: key dim of S over 2 warps; 5: over 4), one-shot schedule
-    auto a4 = a;
-    a4.segment_state = 1;
-    double st4[2], all4[2];
-    for (int i = 0; i < 2; ++i) {
-      a4.state_variant = 4 + i;
-      a4.run_phases = 3;  // the whole prefill first: the workspace then holds this schedule's slots
-      all4[i] = time_ms([&] { kernels::kda_prefill(a4, nullptr); }, warmup, iters).first;
-      a4.run_phases = 2;
-      st4[i] = time_ms([&] { kernels::kda_prefill(a4, nullptr); }, warmup, iters).first;
-    }
-    fmt::print("  (B={} T={} H={} HV={}: state pass v4 = {:.4f} ms, total {:.4f} ms; v4 key split 4 (state_variant 5) = "
-               "{:.4f} ms, total {:.4f} ms; default state pass {:.4f} ms)\n",
-               s.B, s.T, s.H, s.HV, st4[0], all4[0], st4[1], all4[1], state);
-  }
+  auto [ms, mn] = time_ms([&] { kernels::kda_prefill(a, nullptr, &ov); }, warmup, iters);
+  ov.phases = kernels::KdaPhases::prepare;
+  const double prep = time_ms([&] { kernels::kda_prefill(a, nullptr, &ov); }, warmup, iters).first;
+  ov.phases = kernels::KdaPhases::state;
+  const double state = time_ms([&] { kernels::kda_prefill(a, nullptr, &ov); }, warmup, iters).first;
   return prefill_measured(s, ms, mn, prep, state);
 }
 
@@ -722,24 +637,26 @@ void register_bench(Registry& reg) {
                 "e.g. bench/fla_kda.py's and bench/torch_mla_decode.py's; each file once (two spellings of one file are a "
                 "repeat); never the --out file. Default: none (peer_ms NaN)")
       ->delimiter(',');
-  // --overlap, --segments, --variants act on the kda-prefill rows only
+  // --state-pass, --segments, --overlap act on the kda-prefill rows only
   const std::string kda_prefill_only =
       "Only with --op kda-prefill or all (with all it acts on the kda-prefill rows; refused with another op)";
-  a->add_option("--overlap", o->kda_overlap,
-                "kda-prefill schedule: 1 = the library defaults (the one-shot state pass overlaps the prepare of later "
-                "segments, KdaPrefillArgs::overlap_segments; the v5 segment path runs serially), 0 = everything serial, "
-                "2 = the v5 segment path overlapped too (overlap_segment_pass). " + kda_prefill_only)
+  a->add_option("--state-pass", o->kda_state_pass,
+                "kda-prefill state pass (kernels/kda.hpp KdaStatePass): auto (the rule of kda_prefill_plan), mma (one "
+                "warp per 16 value columns on mma.sync; D = 64, 128), wgmma (one warpgroup per 64 value columns; D = 128, "
+                "one-shot schedule) or key-split (the key dimension of S over 2 warps; D = 256). Refused when a "
+                "kda-prefill shape has a D the pass does not run (the default shapes have D = 64, 128 and 256: give "
+                "--shapes). " + kda_prefill_only)
       ->capture_default_str();
-  a->add_flag("--variants", o->variants,
-              "kda-prefill: also time the non-default variants beside the defaults and print them (the one-shot "
-              "schedule beside the segment path, prepare v4, the two-chunk pair step, state passes v2, v4 and v5; "
-              "D = 128 rows only); the table keeps the defaults. Default: off. " + kda_prefill_only);
   a->add_option("--segments", o->kda_segments,
-                "kda-prefill state pass: 0 = the auto rule (T = 65536: H = 16 -> P = 9 segments; H = 32 -> the one-shot pass, "
-                "at D = 128 on wgmma since session 9 (state_variant 6; kernels/kda.hpp), where the wave model's P is 2 or "
-                "3), 1 = one-shot, 2..64 = P "
-                "segments in parallel (KdaPrefillArgs::segment_state; 2..64 refused when a shape has D = 256, which has no segment "
-                "path: the default shapes include one, so give --shapes). " + kda_prefill_only)->capture_default_str();
+                "kda-prefill schedule of the state pass: 0 = the rule of kda_prefill_plan, 1 = one-shot, 2..64 = the "
+                "segment-parallel path with P segments (the mma state pass; refused when a shape has D = 256, which has "
+                "no segment path: the default shapes include one, so give --shapes). " + kda_prefill_only)
+      ->capture_default_str();
+  a->add_option("--overlap", o->kda_overlap,
+                "kda-prefill: on = the library's schedule (long fixed-length batches overlap the prepare of later parts "
+                "with the state pass on a side stream), off = every launch on one stream (KdaPrefillArgs::single_stream; "
+                "same results). " + kda_prefill_only)
+      ->capture_default_str();
   a->add_option("--variant", o->mla_variant,
                 "mla-decode split kernel: 1 (mma.sync, v1), 2 (wgmma, v2), 4 (v2 with early refill and a PDL combine, "
                 "v4), 5 (seesaw: two warpgroups on alternate 64-token blocks, v5), 6 (v5's split kernel with the "
@@ -773,10 +690,16 @@ void register_bench(Registry& reg) {
       if (ctx.app->get_option("--iters")->count() == 0) o->iters = 5;
       if (ctx.app->get_option("--warmup")->count() == 0) o->warmup = 1;
     }
-    require(o->kda_overlap >= 0 && o->kda_overlap <= 2,
-            "--overlap = " + std::to_string(o->kda_overlap) + "; accepted: 0 (serial), 1 (library defaults) or 2 (all overlapped)");
+    require(o->kda_overlap == "on" || o->kda_overlap == "off",
+            "--overlap = '" + o->kda_overlap + "'; accepted: on (the library's schedule) or off (one stream)");
+    require(o->kda_state_pass == "auto" || o->kda_state_pass == "mma" || o->kda_state_pass == "wgmma" ||
+                o->kda_state_pass == "key-split",
+            "--state-pass = '" + o->kda_state_pass + "'; accepted: auto, mma, wgmma or key-split");
     require(o->kda_segments >= 0 && o->kda_segments <= 64,
-            "--segments = " + std::to_string(o->kda_segments) + "; accepted: 0 (auto), 1 (off) or 2..64 segments");
+            "--segments = " + std::to_string(o->kda_segments) + "; accepted: 0 (the rule), 1 (one-shot) or 2..64 segments");
+    require(o->kda_segments < 2 || o->kda_state_pass == "auto" || o->kda_state_pass == "mma",
+            "--segments " + std::to_string(o->kda_segments) + " with --state-pass " + o->kda_state_pass +
+                "; accepted: the segment path runs the mma state pass (--state-pass auto or mma)");
     require(o->mla_variant == 1 || o->mla_variant == 2 || o->mla_variant == 4 || o->mla_variant == 5 ||
                 o->mla_variant == 6 || o->mla_variant == 7,
             "--variant = " + std::to_string(o->mla_variant) +
@@ -793,9 +716,9 @@ void register_bench(Registry& reg) {
     for (const OneOpOption& x :
          {OneOpOption{o->mla_variant != def.mla_variant, "--variant " + std::to_string(o->mla_variant), "mla-decode"},
           OneOpOption{o->prefix != def.prefix, "--prefix " + std::to_string(o->prefix), "mla-prefill"},
+          OneOpOption{o->kda_state_pass != def.kda_state_pass, "--state-pass " + o->kda_state_pass, "kda-prefill"},
           OneOpOption{o->kda_segments != def.kda_segments, "--segments " + std::to_string(o->kda_segments), "kda-prefill"},
-          OneOpOption{o->kda_overlap != def.kda_overlap, "--overlap " + std::to_string(o->kda_overlap), "kda-prefill"},
-          OneOpOption{o->variants != def.variants, "--variants", "kda-prefill"}})
+          OneOpOption{o->kda_overlap != def.kda_overlap, "--overlap " + o->kda_overlap, "kda-prefill"}})
       require(!x.set || o->op == x.op || o->op == "all",
               x.given + " applies to --op " + x.op + " (or all) only, not --op " + o->op);
     require(ctx.app->get_option("--shapes")->count() == 0 || !o->shapes.empty(),
@@ -834,21 +757,27 @@ void register_bench(Registry& reg) {
     // refused by the kernel mid-run, or did nothing)
     for (std::size_t i = 0; i < ops.size(); ++i) {
       if (ops[i] != "kda-prefill") continue;
-      bool d128 = false;
       for (const Shape& s : shapes[i]) {
+        const std::string& sp = o->kda_state_pass;
+        const bool runs = sp == "auto" || (sp == "mma" && s.D != 256) || (sp == "wgmma" && s.D == 128) ||
+                          (sp == "key-split" && s.D == 256);
+        require(runs,
+                "--state-pass " + sp + " does not run at D = " + std::to_string(s.D) + " (shape " + std::to_string(s.B) +
+                    ":" + std::to_string(s.T) + ":" + std::to_string(s.H) + ":" + std::to_string(s.HV) + ":" +
+                    std::to_string(s.D) + (o->shapes.empty() ? ", a default shape" : "") +
+                    "); accepted: mma at D = 64, 128, wgmma at D = 128, key-split at D = 256, or auto" +
+                    (o->op == "all" ? std::string(" (--op all takes only its default shapes: use --op kda-prefill "
+                                                  "with --shapes)")
+                                    : std::string(" (give --shapes with that D only)")));
         require(o->kda_segments < 2 || s.D != 256,
                 "--segments " + std::to_string(o->kda_segments) + " forces the segment-parallel state pass, which D = 256 " +
                     "does not have (shape " + std::to_string(s.B) + ":" + std::to_string(s.T) + ":" + std::to_string(s.H) +
                     ":" + std::to_string(s.HV) + ":256" + (o->shapes.empty() ? ", a default shape" : "") +
-                    "); accepted with D = 256: --segments 0 (auto) or 1 (off), or " +
+                    "); accepted with D = 256: --segments 0 (the rule) or 1 (one-shot), or " +
                     (o->op == "all" ? std::string("--op kda-prefill with --shapes without D = 256 (--op all takes only "
                                                   "its default shapes)")
                                     : std::string("give --shapes without D = 256")));
-        d128 = d128 || s.D == 128;
       }
-      require(!o->variants || d128,
-              "--variants times the non-default kernels at D = 128 only, and no kda-prefill shape has D = 128; add a "
-              "D = 128 shape or leave --variants out");
     }
     check_input_files(ctx, "peer-json");  // regular files, none twice: after the options (a FIFO came before --op)
     nlohmann::json peer = nlohmann::json::object();
@@ -959,14 +888,16 @@ void register_bench(Registry& reg) {
           .col("graph_ms", 'd', "ms", "mla-decode with B <= 8: per step in a CUDA graph of 20 steps (the decode loop's "
                "time, no host launch gap); NaN otherwise")
           .col("read_floor_ms", 'd', "ms", "mla-decode with B <= 8: the same latent bytes read by a plain streaming "
-               "kernel (kernels/stream_read.hpp) in a CUDA graph of 20 steps: what a memory-bound step cannot beat; NaN "
+               "kernel (kernels/common/stream_read.hpp) in a CUDA graph of 20 steps: what a memory-bound step cannot beat; NaN "
                "otherwise");
       fmt::print("{:<40}{:>10}{:>9}{:>9}{:>9}{:>10}{:>8}{:>8}{:>10}{:>9}{:>10}\n", op, "ms", "prep ms", "state ms",
                  "TB/s", "TFLOP/s", "%copy", "%mm", "peer ms", "speedup", "vs base");
       for (const Shape& s : shapes[oi]) {
         const std::string key = key_of(op, s, op == "mla-prefill" ? o->prefix : 0);
         const Measured m =
-            op == "kda-prefill"   ? bench_prefill(s, o->warmup, o->iters, ctx.common.seed, o->kda_segments, o->kda_overlap, o->variants)
+            op == "kda-prefill"   ? bench_prefill(s, o->warmup, o->iters, ctx.common.seed,
+                                                  prefill_overrides(o->kda_state_pass, o->kda_segments),
+                                                  o->kda_overlap == "off")
             : op == "mla-decode"  ? bench_mla_decode(s, o->warmup, o->iters, ctx.common.seed, o->mla_variant)
             : op == "mla-prefill" && s.naive ? bench_mla_prefill_naive(s, o->prefix, o->warmup, o->iters, ctx.common.seed)
             : op == "mla-prefill" ? bench_mla_prefill(s, o->prefix, o->warmup, o->iters, ctx.common.seed)

@@ -11,7 +11,7 @@
 
 #include "kernels/kda.hpp"
 #include "kernels/mla.hpp"
-#include "kernels/random_fill.hpp"
+#include "kernels/common/random_fill.hpp"
 #include "numerics/bf16.hpp"
 #include "reference/error.hpp"
 

@@ -11,7 +11,7 @@
 #include <string>
 
 #include "kernels/attn_res.hpp"
-#include "kernels/kda_common.cuh"
+#include "kernels/common/kda_math.cuh"
 
 namespace kdalab::kernels {
 

@@ -3,7 +3,7 @@
 /// A plain host API: device pointers, shapes, strides in elements, a cudaStream_t (same style as
 /// kernels/kda.hpp and kernels/mla.hpp). No Eigen, no torch.
 ///
-/// Math (Attention Residuals, arXiv 2603.15031; K3 report Eqs. 8-10; EQUATIONS.md section 6;
+/// Math (Attention Residuals, arXiv 2603.15031; K3 report Eqs. 8-10; docs/equations.md section 6;
 /// reference/attn_res.hpp attn_res_full / attn_res_block / SoftmaxPartial), per token t, for the S
 /// sources h_0 .. h_{S-1} (S = N + 1: the embedding or completed block sums, and optionally the
 /// current block's partial sum) and the consumer's pseudo-query w [d]:

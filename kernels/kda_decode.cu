@@ -10,7 +10,7 @@
 // across the D / 32 warps. No allocation, no host synchronisation: capturable in a CUDA graph.
 #include <string>
 
-#include "kernels/kda_common.cuh"
+#include "kernels/common/kda_math.cuh"
 
 namespace kdalab::kernels {
 

@@ -31,7 +31,7 @@
 
 #include "kernels/kda_common.cuh"
 #include "kernels/mla.hpp"
-#include "kernels/wgmma.cuh"
+#include "kernels/common/wgmma.cuh"
 
 namespace kdalab::kernels {
 

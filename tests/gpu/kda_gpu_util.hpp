@@ -1,8 +1,8 @@
 #pragma once
-// Helpers of the KDA kernel tests (tests/gpu/test_kda_kernels.cpp, test_kda_pair.cpp; the MLA / AttnRes GPU
-// tests use DevBuf and the up/downloads): device buffers, uploads of KdaInputs in bf16, runs of the prefill kernel
-// returning o and the final state as doubles, the float64 truth, varlen batches, prefill-then-decode, one head of
-// the long T = 65536 problems, and the workspace-slot readers of the prepare tests.
+// Shared code of the KDA kernel tests (tests/gpu/test_kda_kernels.cpp; the MLA / AttnRes GPU tests use DevBuf and the
+// up/downloads): device buffers, uploads of KdaInputs in bf16, runs of the prefill kernel (with forced plans:
+// KdaPrefillOverrides) returning o and the final state as doubles, the float64 truth, varlen batches,
+// prefill-then-decode, one head of the long T = 65536 problems.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "kernels/kda.hpp"
-#include "kernels/random_fill.hpp"
+#include "kernels/common/random_fill.hpp"
 #include "numerics/bf16.hpp"
 #include "numerics/random.hpp"
 #include "reference/kda.hpp"
@@ -123,7 +123,7 @@ inline KdaInputs make_inputs(std::size_t B, std::size_t T, std::size_t H, std::s
 }
 
 /// The long-memory variant of `in` (decay ~ -3e-5 per token: A_log = 0, bias = -12; beta ~ 0.007:
-/// beta_raw - 5): the state is carried across thousands of tokens, so the v5 segment combine
+/// beta_raw - 5): the state is carried across thousands of tokens, so the segment combine
 /// (S_start = A_seg S_start + B_seg) matters for o; on the anchor gates the state is forgotten within
 /// a few tokens. Raw values stay bf16 / fp32 representable; derived tensors recomputed.
 inline void make_long_memory(KdaInputs& in) {
@@ -176,15 +176,35 @@ struct PrefillResult {
   std::vector<double> o, S;
 };
 
-/// Runs kda_prefill on `a` with a fresh workspace of kda_prefill_workspace_bytes(a), poisoned first, and waits;
-/// with `ws_out`, the workspace bytes are downloaded into it.
-inline void run_on_fresh_workspace(kernels::KdaPrefillArgs a, std::vector<unsigned char>* ws_out = nullptr) {
-  const std::size_t wsb = kernels::kda_prefill_workspace_bytes(a);
+/// The plan, state pass, schedule or phases a test forces (kernels::KdaPrefillOverrides; {} = the rule).
+using Overrides = kernels::KdaPrefillOverrides;
+
+/// Overrides forcing the state pass `pass` (schedule one-shot unless given).
+inline Overrides force_pass(kernels::KdaStatePass pass,
+                            kernels::KdaSchedule schedule = kernels::KdaSchedule::one_shot) {
+  Overrides ov;
+  ov.state_pass = pass;
+  ov.schedule = schedule;
+  return ov;
+}
+/// Overrides forcing the segment path with P segments (the mma state pass).
+inline Overrides force_segments(int P) {
+  Overrides ov;
+  ov.schedule = kernels::KdaSchedule::segments;
+  ov.segments = P;
+  return ov;
+}
+
+/// Runs kda_prefill on `a` (with `ov`) with a fresh workspace of kda_prefill_workspace_bytes(a, &ov), poisoned first,
+/// and waits; with `ws_out`, the workspace bytes are downloaded into it.
+inline void run_on_fresh_workspace(kernels::KdaPrefillArgs a, const Overrides& ov = {},
+                                   std::vector<unsigned char>* ws_out = nullptr) {
+  const std::size_t wsb = kernels::kda_prefill_workspace_bytes(a, &ov);
   DevBuf ws(wsb);
   ws.poison();
   a.workspace = ws.p;
   a.workspace_bytes = wsb;
-  kernels::kda_prefill(a, nullptr);
+  kernels::kda_prefill(a, nullptr, &ov);
   cuda_check(cudaDeviceSynchronize(), "kda_prefill");
   if (ws_out) {
     ws_out->resize(wsb);
@@ -193,31 +213,20 @@ inline void run_on_fresh_workspace(kernels::KdaPrefillArgs a, std::vector<unsign
 }
 
 /// Runs the prefill on `a` into the caller's o and S (both poisoned first; a fresh poisoned workspace) and waits.
-inline void run_prefill_into(kernels::KdaPrefillArgs a, DevBuf& o, DevBuf& S) {
+inline void run_prefill_into(kernels::KdaPrefillArgs a, DevBuf& o, DevBuf& S, const Overrides& ov = {}) {
   o.poison();
   S.poison();
   a.o = o.as<bf16_t>();
   a.S_final = S.as<float>();
-  run_on_fresh_workspace(a);
+  run_on_fresh_workspace(a, ov);
 }
 
 /// Runs the prefill on `a` (o and S_final allocated here, poisoned first) and downloads both.
-inline PrefillResult run_prefill(kernels::KdaPrefillArgs a, std::size_t o_elems, std::size_t s_elems) {
+inline PrefillResult run_prefill(kernels::KdaPrefillArgs a, std::size_t o_elems, std::size_t s_elems,
+                                 const Overrides& ov = {}) {
   DevBuf o(o_elems * 2), S(s_elems * 4);
-  run_prefill_into(a, o, S);
+  run_prefill_into(a, o, S, ov);
   return {download_bf16(o), download_f32(S)};
-}
-
-/// Runs only the prepare kernel of `a` (run_phases = 1, no S_final; o allocated here for the argument checks) on
-/// a poisoned workspace and returns the workspace bytes (kda_prefill_workspace_bytes(a) of them).
-inline std::vector<unsigned char> prepare_workspace(kernels::KdaPrefillArgs a, std::size_t o_elems) {
-  a.run_phases = 1;
-  DevBuf o(o_elems * 2);
-  a.o = o.as<bf16_t>();
-  a.S_final = nullptr;
-  std::vector<unsigned char> h;
-  run_on_fresh_workspace(a, &h);
-  return h;
 }
 
 /// The float64 truth of `in`: the recurrence (reference/kda.hpp kda_recurrent, K3 report Eq. 1) on the derived
@@ -284,12 +293,12 @@ struct VarlenBatch {
   }
 };
 
-/// Prefill of the first T0 tokens of `in` with `a` (from prefill_args(in, d); variant options are the caller's) as a
+/// Prefill of the first T0 tokens of `in` with `a` (from prefill_args(in, d)) and `ov` as a
 /// strided view of d's [B, in.T, ...] buffers, then decode steps T0 .. in.T - 1 (kda_decode: same gate, scale and D)
 /// on the prefill's final state. o [B, in.T, HV, D], the state and the workspace are poisoned first. Returns o
 /// (all in.T rows) and the state after in.T tokens, as doubles.
 inline PrefillResult prefill_then_decode(const KdaInputs& in, const DevInputs& d, kernels::KdaPrefillArgs a,
-                                         std::size_t T0) {
+                                         std::size_t T0, const Overrides& ov = {}) {
   const std::size_t B = in.B, H = in.H, HV = in.HV, D = in.d_k;
   a.T = static_cast<int>(T0);
   a.sq.b = a.sk.b = static_cast<std::int64_t>(in.T * H * D);
@@ -299,7 +308,7 @@ inline PrefillResult prefill_then_decode(const KdaInputs& in, const DevInputs& d
   a.sv.t = a.sg.t = a.so.t = static_cast<std::int64_t>(HV * D);
   a.sbeta.t = static_cast<std::int64_t>(HV);
   DevBuf o(B * in.T * HV * D * 2), S(B * HV * D * D * 4);
-  run_prefill_into(a, o, S);
+  run_prefill_into(a, o, S, ov);
   kernels::KdaDecodeArgs dd;
   dd.B = static_cast<int>(B);
   dd.H = static_cast<int>(H);
@@ -353,37 +362,6 @@ inline KdaInputs long_head_inputs(const LongKdaInputs& li, std::size_t hv) {
   derive_kda(in);
   return in;
 }
-
-/// One bf16 / fp32 value of a workspace slot at byte offset `byte` (unaligned reads by memcpy).
-inline double bf16_at(const unsigned char* p, std::size_t byte) {
-  std::uint16_t u;
-  std::memcpy(&u, p + byte, 2);
-  return bf16_from_bits(u);
-}
-inline double f32_at(const unsigned char* p, std::size_t byte) {
-  float f;
-  std::memcpy(&f, p + byte, 4);
-  return f;
-}
-
-/// max |x - ref|, max |ref|, elements, bitwise-different elements and non-finite ones (x or ref) of one workspace
-/// field against a reference; non-finite pairs count only as non-finite.
-struct FieldDiff {
-  const char* name = "";
-  double max_abs = 0, max_ref = 0;
-  std::size_t n = 0, differ = 0, nonfinite = 0;
-  double rel() const { return max_ref > 0 ? max_abs / max_ref : max_abs; }
-  void add(double x, double r) {
-    ++n;
-    if (!std::isfinite(x) || !std::isfinite(r)) {
-      ++nonfinite;
-      return;
-    }
-    if (x != r) ++differ;
-    max_abs = std::max(max_abs, std::fabs(x - r));
-    max_ref = std::max(max_ref, std::fabs(r));
-  }
-};
 
 /// Captures `launch(stream)` into a CUDA graph on a fresh stream, replays the graph `replays` times
 /// and synchronises; the stream, graph and executable graph are released also when a call throws.

@@ -13,11 +13,13 @@
 #include "numerics/tolerance.hpp"
 #include "reference/kda.hpp"
 #include "tests/catch.hpp"
-#include "kernels/random_fill.hpp"
+#include "kernels/common/random_fill.hpp"
 #include "tests/gpu/kda_gpu_util.hpp"
 
 using namespace kdalab;
 using namespace kda_gpu;
+using kernels::KdaSchedule;
+using kernels::KdaStatePass;
 
 namespace {
 
@@ -36,9 +38,26 @@ std::uint64_t fresh_seed() {
   return ++s;
 }
 
+const char* pass_name(KdaStatePass p) {
+  switch (p) {
+    case KdaStatePass::automatic: return "automatic";
+    case KdaStatePass::mma: return "mma";
+    case KdaStatePass::key_split: return "key_split";
+    case KdaStatePass::wgmma: return "wgmma";
+  }
+  return "?";
+}
+
+/// relative RMS of a[lo, hi) vs b[lo, hi)
+double rel_part(const std::vector<double>& a, const std::vector<double>& b, std::size_t lo, std::size_t hi) {
+  return compare(std::vector<double>(a.begin() + lo, a.begin() + hi), std::vector<double>(b.begin() + lo, b.begin() + hi))
+      .rel_rms;
+}
+
 }  // namespace
 
-TEST_CASE("prefill on the ANCHORS.md cases: <= 2.0e-3 vs float64, twin within 10%", "[gpu][kda]") {
+TEST_CASE("prefill anchor cases, the rule's plan and the one-shot mma pass: <= 2.0e-3 vs float64, twin within 10%",
+          "[gpu][kda]") {
   const std::size_t cases[][3] = {{1, 17, 1}, {3, 64, 1}, {1, 300, 2}, {1, 1000, 4}, {1, 4096, 2}};
   for (const auto& cs : cases) {
     const KdaInputs in = make_inputs(cs[0], cs[1], cs[2], 1, 1234);
@@ -46,12 +65,13 @@ TEST_CASE("prefill on the ANCHORS.md cases: <= 2.0e-3 vs float64, twin within 10
     const auto ref = kda_truth(in);
     const auto tw = kda_twin(in, kda_plan_kernel());
     const double e_twin = compare(tw.o.data, ref.o.data).rel_rms;
-    for (int variant : {3, 2}) {
-      auto a = prefill_args(in, d);
-      a.state_variant = variant;
-      const auto r = run_prefill(a, in.B * in.T * in.HV * 128, in.B * in.HV * 128 * 128);
+    for (const KdaStatePass pass : {KdaStatePass::automatic, KdaStatePass::mma}) {
+      const auto a = prefill_args(in, d);
+      const Overrides ov = pass == KdaStatePass::automatic ? Overrides{} : force_pass(pass);  // the rule / forced
+      const auto r = run_prefill(a, in.B * in.T * in.HV * 128, in.B * in.HV * 128 * 128, ov);
       const auto mo = compare(r.o, ref.o.data), ms = compare(r.S, ref.S_final.data);
-      std::printf("kernel v%d anchor (B,T,H)=(%zu,%zu,%zu): o rel_rms %.4e (twin %.4e, |diff|/kernel %.3f)  state %.4e  "
+      const char* variant = pass_name(pass);
+      std::printf("kernel %s anchor (B,T,H)=(%zu,%zu,%zu): o rel_rms %.4e (twin %.4e, |diff|/kernel %.3f)  state %.4e  "
                   "max_ulp %lld\n",
                   variant, cs[0], cs[1], cs[2], mo.rel_rms, e_twin, std::fabs(e_twin - mo.rel_rms) / mo.rel_rms,
                   ms.rel_rms, static_cast<long long>(mo.max_ulp_bf16));
@@ -85,16 +105,17 @@ TEST_CASE("prefill shapes: T in {1,15,16,17,1000,4096}, B up to 8, HV = 2H, with
   }
 }
 
-TEST_CASE("overlapped segment schedule is bit-identical to one prepare + one state pass", "[gpu][kda]") {
-  // T = 8200: 4 segments of 2064 tokens, the last one 2008 (not a multiple of 16), so the middle segments read and
+TEST_CASE("overlapped one-shot schedule is bit-identical to one prepare + one state pass (single_stream)", "[gpu][kda]") {
+  // T = 8200: 4 parts of 2064 tokens, the last one 2008 (not a multiple of 16), so the middle segments read and
   // write the fp32 state buffer in place; HV = 2H; S0 given
   const KdaInputs in = make_inputs(2, 8200, 1, 2, fresh_seed());
   const DevInputs d(in);
   auto a = prefill_args(in, d);
   const std::size_t no = in.B * in.T * in.HV * 128, ns = in.B * in.HV * 128 * 128;
-  a.overlap_segments = true;
+  REQUIRE(kernels::kda_prefill_plan(a).overlapped);
   const auto r_on = run_prefill(a, no, ns);
-  a.overlap_segments = false;
+  a.single_stream = true;
+  REQUIRE(!kernels::kda_prefill_plan(a).overlapped);
   const auto r_off = run_prefill(a, no, ns);
   const auto ref = kda_truth(in);
   const auto mo = compare(r_on.o, ref.o.data);
@@ -106,26 +127,46 @@ TEST_CASE("overlapped segment schedule is bit-identical to one prepare + one sta
   CHECK(mo.rel_rms <= tol::kda_bf16_goal.value);
 }
 
-TEST_CASE("v5 compact workspace (no fp32 P) is bit-identical to the v4 workspace traffic", "[gpu][kda]") {
-  for (const auto& cs : {std::array<std::size_t, 4>{1, 1000, 4, 1}, std::array<std::size_t, 4>{2, 4100, 1, 2}}) {
+TEST_CASE("the prepare and the state pass run apart (KdaPhases) give the whole prefill's o and S_final", "[gpu][kda]") {
+  // the plans bench times apart: the rule's (one-shot wgmma; T = 4100 overlapped as a whole), the one-shot mma pass,
+  // the segment path
+  for (const auto& cs : {std::array<std::size_t, 4>{2, 1000, 1, 2}, std::array<std::size_t, 4>{1, 4100, 1, 2}}) {
     const KdaInputs in = make_inputs(cs[0], cs[1], cs[2], cs[3], fresh_seed());
     const DevInputs d(in);
-    auto a = prefill_args(in, d);
     const std::size_t no = in.B * in.T * in.HV * 128, ns = in.B * in.HV * 128 * 128;
-    a.compact_workspace = true;
-    const auto r5 = run_prefill(a, no, ns);
-    a.compact_workspace = false;
-    const auto r4 = run_prefill(a, no, ns);
-    const auto mo = compare(r5.o, kda_truth(in).o.data);
-    std::printf("compact workspace B=%zu T=%zu H=%zu HV=%zu: o %.4e, o identical to v4 layout: %d, S_final identical: %d\n",
-                cs[0], cs[1], cs[2], in.HV, mo.rel_rms, static_cast<int>(r5.o == r4.o), static_cast<int>(r5.S == r4.S));
-    REQUIRE(mo.nan_count + mo.inf_count == 0);
-    CHECK(r5.o == r4.o);
-    CHECK(r5.S == r4.S);
+    for (const Overrides& plan : {Overrides{}, force_pass(KdaStatePass::mma), force_segments(3)}) {
+      auto a = prefill_args(in, d);
+      const auto whole = run_prefill(a, no, ns, plan);
+      DevBuf o(no * 2), S(ns * 4);
+      o.poison();
+      S.poison();
+      a.o = o.as<bf16_t>();
+      a.S_final = S.as<float>();
+      Overrides ov = plan;
+      const std::size_t wsb = kernels::kda_prefill_workspace_bytes(a, &ov);
+      DevBuf ws(wsb);
+      ws.poison();
+      a.workspace = ws.p;
+      a.workspace_bytes = wsb;
+      ov.phases = kernels::KdaPhases::prepare;
+      kernels::kda_prefill(a, nullptr, &ov);
+      ov.phases = kernels::KdaPhases::state;
+      kernels::kda_prefill(a, nullptr, &ov);
+      cuda_check(cudaDeviceSynchronize(), "prepare, then state pass");
+      const auto o_apart = download_bf16(o), S_apart = download_f32(S);
+      const auto mo = compare(o_apart, whole.o);
+      std::printf("phases apart B=%zu T=%zu, plan %s / %d segments: identical to the whole prefill: o %d S_final %d\n",
+                  cs[0], cs[1], pass_name(plan.state_pass), plan.segments, static_cast<int>(o_apart == whole.o),
+                  static_cast<int>(S_apart == whole.S));
+      CAPTURE(cs[0], cs[1], pass_name(plan.state_pass), plan.segments);
+      REQUIRE(mo.nan_count + mo.inf_count == 0);
+      CHECK(o_apart == whole.o);
+      CHECK(S_apart == whole.S);
+    }
   }
 }
 
-TEST_CASE("v5 segment-parallel state pass (forced) vs float64, twin segment mode and the one-shot pass", "[gpu][kda][segments]") {
+TEST_CASE("segment-parallel state pass (forced) vs float64, twin segment mode and the one-shot pass", "[gpu][kda][segments]") {
   // (B, T, H, group, P, long memory): anchor gates forget the state within a few tokens, the
   // long-memory inputs (make_long_memory) carry it across segments, so a wrong combine shows there
   struct Cs { std::size_t B, T, H, group; int P; bool lm; };
@@ -136,20 +177,13 @@ TEST_CASE("v5 segment-parallel state pass (forced) vs float64, twin segment mode
     if (cs.lm) make_long_memory(in);
     const DevInputs d(in);
     const std::size_t no = in.B * in.T * in.HV * 128, ns = in.B * in.HV * 128 * 128;
-    auto a = prefill_args(in, d);
-    a.segment_state = cs.P;
-    REQUIRE(kernels::kda_prefill_segments(a) == cs.P);
-    a.overlap_segment_pass = true;  // the overlapped segment schedule (off by default since session 3)
-    const auto rs = run_prefill(a, no, ns);
-    a.overlap_segment_pass = false;
-    const auto rs_serial = run_prefill(a, no, ns);
-    const bool same = rs.o == rs_serial.o && rs.S == rs_serial.S;
-    std::printf("segments P=%d B=%zu T=%zu: overlapped schedule identical to the serial one: %d\n", cs.P, cs.B, cs.T,
-                static_cast<int>(same));
-    CHECK(same);
-    a.segment_state = 1;
-    REQUIRE(kernels::kda_prefill_segments(a) == 1);
-    const auto r1 = run_prefill(a, no, ns);
+    const auto a = prefill_args(in, d);
+    const Overrides seg = force_segments(cs.P), one = force_pass(KdaStatePass::mma);
+    REQUIRE(kernels::kda_prefill_plan(a, &seg).segments == cs.P);
+    REQUIRE(kernels::kda_prefill_plan(a, &seg).state_pass == KdaStatePass::mma);
+    const auto rs = run_prefill(a, no, ns, seg);
+    REQUIRE(kernels::kda_prefill_plan(a, &one).segments == 1);
+    const auto r1 = run_prefill(a, no, ns, one);
     const auto ref = kda_truth(in);
     KdaTwinPlan tp = kda_plan_kernel();
     tp.segments = static_cast<std::size_t>(cs.P);
@@ -175,38 +209,35 @@ TEST_CASE("v5 segment-parallel state pass (forced) vs float64, twin segment mode
   }
 }
 
-TEST_CASE("v5 T = 65536, H = 32 (segment path P = 3; auto -> one-shot key split) vs float64, the twin and each other", "[gpu][kda][segments][long]") {
+TEST_CASE("T = 65536, H = 32: the rule's plan, the P = 3 segment path and the one-shot mma pass vs float64, the twin and "
+          "each other", "[gpu][kda][segments][long]") {
   const std::size_t T = 65536, H = 32, D = 128;
   LongKdaInputs li(T, H, D, fresh_seed());
   const std::size_t nq = li.nq;
   kernels::KdaPrefillArgs a = li.a;
-  // the auto rule (segment_state = 0) took this segment path (P = 3) until session 6; it now takes the one-shot
-  // schedule with the key-split state kernel here (measured faster): both are checked
+  // the wave model picks P = 3 here on 132 SMs; the rule takes the one-shot wgmma pass instead (measured faster):
+  // both are checked
   {
-    auto aa = a;
-    aa.segment_state = 0;
-    const int P_auto = kernels::kda_prefill_segments(aa), sv_auto = kernels::kda_prefill_state_kernel(aa);
+    const kernels::KdaPrefillPlan pl = kernels::kda_prefill_plan(a);
     int dev = 0, sms = 0;
     REQUIRE(cudaGetDevice(&dev) == cudaSuccess);
     REQUIRE(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess);
-    std::printf("T=65536 H=32: auto rule on %d SMs: P = %d, state kernel %d\n", sms, P_auto, sv_auto);
-    if (sms == 132) {  // the H200's choice (session 9: the one-shot wgmma pass); the wave model depends on the SM count
-      CHECK(P_auto == 1);
-      CHECK(sv_auto == 6);
-    } else {  // another GPU: any choice the rule can make (the outputs below are checked whichever it is)
-      CHECK((P_auto >= 1 && P_auto <= 16));
-      CHECK((sv_auto == 3 || sv_auto == 6));
+    std::printf("T=65536 H=32: the rule on %d SMs: P = %d, state pass %s\n", sms, pl.segments, pass_name(pl.state_pass));
+    if (sms == 132) {  // the H200's plan (the one-shot wgmma pass); the wave model depends on the SM count
+      CHECK(pl.segments == 1);
+      CHECK(pl.state_pass == KdaStatePass::wgmma);
+    } else {  // another GPU: any plan the rule can make (the outputs below are checked whichever it is)
+      CHECK((pl.segments >= 1 && pl.segments <= 16));
+      CHECK((pl.state_pass == KdaStatePass::mma || pl.state_pass == KdaStatePass::wgmma));
     }
-    aa.segment_state = 9;  // forced segments keep their state kernel
-    CHECK(kernels::kda_prefill_state_kernel(aa) == 3);
+    const Overrides seg9 = force_segments(9);  // forced segments run the mma pass
+    CHECK(kernels::kda_prefill_plan(a, &seg9).state_pass == KdaStatePass::mma);
   }
-  a.segment_state = 3;
-  const int P = kernels::kda_prefill_segments(a);
+  const Overrides seg3 = force_segments(3);
+  const int P = kernels::kda_prefill_plan(a, &seg3).segments;
   DevBuf o(nq * 2), Sf(H * D * D * 4), o1(nq * 2), Sf1(H * D * D * 4), oa(nq * 2), Sfa(H * D * D * 4);
-  run_prefill_into(a, o, Sf);
-  auto a1 = a;
-  a1.segment_state = 1;
-  run_prefill_into(a1, o1, Sf1);
+  run_prefill_into(a, o, Sf, seg3);
+  run_prefill_into(a, o1, Sf1, force_pass(KdaStatePass::mma));
   {
     const auto all_s = download_bf16(o), all_1 = download_bf16(o1);
     const auto mo = compare(all_s, all_1);
@@ -215,12 +246,11 @@ TEST_CASE("v5 T = 65536, H = 32 (segment path P = 3; auto -> one-shot key split)
     CHECK(P == 3);
     REQUIRE(mo.nan_count + mo.inf_count == 0);
   }
-  {  // the auto rule's one-shot wgmma pass vs the one-shot v3 pass (only the fp32 order inside the products differs)
-    auto aa = a;
-    aa.segment_state = 0;
-    run_prefill_into(aa, oa, Sfa);
+  {  // the rule's plan (on 132 SMs the one-shot wgmma pass) vs the one-shot mma pass (only the fp32 order inside the
+     // products differs)
+    run_prefill_into(a, oa, Sfa);
     const auto m_o = compare(download_bf16(oa), download_bf16(o1)), m_s = compare(download_f32(Sfa), download_f32(Sf1));
-    std::printf("T=65536 H=32: auto (one-shot wgmma) vs one-shot v3, all heads: o %.3e S_final %.3e, nan %zu\n",
+    std::printf("T=65536 H=32: the rule's plan vs the one-shot mma pass, all heads: o %.3e S_final %.3e, nan %zu\n",
                 m_o.rel_rms, m_s.rel_rms, static_cast<std::size_t>(m_o.nan_count + m_s.nan_count));
     REQUIRE(m_o.nan_count + m_o.inf_count + m_s.nan_count + m_s.inf_count == 0);
     CHECK(m_o.rel_rms <= tol::kda_state_wg_vs_v3.value);
@@ -385,285 +415,8 @@ TEST_CASE("bad inputs give clear errors before any launch", "[gpu][kda]") {
   cuda_check(cudaDeviceSynchronize(), "after bad inputs");
 }
 
-// ---- prepare v6 (KdaPrefillArgs::prepare_variant = 6) against prepare v4 ------------------------
-namespace {
-
-/// Runs only the prepare kernel of `variant` (run_phases = 1, fp32 P written too) on a poisoned
-/// workspace and returns the workspace bytes.
-std::vector<unsigned char> prepare_slots(kernels::KdaPrefillArgs a, int variant, std::size_t o_elems) {
-  a.prepare_variant = variant;
-  a.compact_workspace = false;
-  a.segment_state = 1;  // the v3 plan and its fragment slot layout (the auto rule would take the wgmma layout)
-  return prepare_workspace(a, o_elems);
-}
-
-}  // namespace
-
-TEST_CASE("prepare v6 slots vs prepare v4 (W, Qg, Kd, U, P, gam_n) on the anchor inputs", "[gpu][kda][prep6]") {
-  using S = kernels::KdaSlot;
-  struct Cs { std::size_t B, T, H, group; std::uint64_t seed; };
-  const Cs cases[] = {{1, 17, 1, 1, 1234}, {3, 64, 1, 1, 1234}, {1, 300, 2, 1, 1234}, {1, 1000, 4, 1, 1234},
-                      {2, 100, 1, 2, fresh_seed()}};
-  for (const auto& cs : cases) {
-    const KdaInputs in = make_inputs(cs.B, cs.T, cs.H, cs.group, cs.seed);
-    const DevInputs d(in);
-    const auto a = prefill_args(in, d);
-    const std::size_t no = in.B * in.T * in.HV * 128;
-    const auto w4 = prepare_slots(a, 4, no), w6 = prepare_slots(a, 6, no);
-    REQUIRE(w4.size() == w6.size());
-    const std::size_t slots = in.B * ((in.T + 15) / 16) * in.HV;
-    REQUIRE(slots * S::bytes <= w4.size());
-    FieldDiff W, Qg, Kd, U, P, Pf, gn;
-    for (std::size_t sl = 0; sl < slots; ++sl) {
-      const unsigned char *s4 = w4.data() + sl * S::bytes, *s6 = w6.data() + sl * S::bytes;
-      for (std::size_t k = 0; k < 16 * 128; ++k) {
-        W.add(bf16_at(s6 + S::W, 2 * k), bf16_at(s4 + S::W, 2 * k));
-        Qg.add(bf16_at(s6 + S::Qg, 2 * k), bf16_at(s4 + S::Qg, 2 * k));
-        Kd.add(bf16_at(s6 + S::Kd, 2 * k), bf16_at(s4 + S::Kd, 2 * k));
-        U.add(f32_at(s6 + S::U, 4 * k), f32_at(s4 + S::U, 4 * k));
-      }
-      for (std::size_t k = 0; k < 256; ++k) {
-        P.add(f32_at(s6 + S::P, 4 * k), f32_at(s4 + S::P, 4 * k));
-        Pf.add(bf16_at(s6 + S::Pf, 2 * k) + bf16_at(s6 + S::Pf + 512, 2 * k),
-               bf16_at(s4 + S::Pf, 2 * k) + bf16_at(s4 + S::Pf + 512, 2 * k));
-      }
-      for (std::size_t k = 0; k < 128; ++k) gn.add(f32_at(s6 + S::gam_n, 4 * k), f32_at(s4 + S::gam_n, 4 * k));
-    }
-    std::printf("prepare v6 vs v4 (B,T,H,HV)=(%zu,%zu,%zu,%zu), %zu slots: max|diff|/max|v4| (differing elements)\n"
-                "  W %.3e (%zu/%zu)  U %.3e (%zu)  P %.3e (%zu)  P hi+lo %.3e (%zu)  Qg %.3e (%zu)  Kd %.3e (%zu)  "
-                "gam_n %.3e (%zu)\n",
-                cs.B, cs.T, cs.H, in.HV, slots, W.rel(), W.differ, W.n, U.rel(), U.differ, P.rel(), P.differ, Pf.rel(),
-                Pf.differ, Qg.rel(), Qg.differ, Kd.rel(), Kd.differ, gn.rel(), gn.differ);
-    CAPTURE(cs.B, cs.T, cs.H, in.HV, W.rel(), U.rel(), P.rel(), Pf.rel(), Qg.differ, Kd.differ, gn.differ);
-    for (const FieldDiff* f : {&W, &Qg, &Kd, &U, &P, &Pf, &gn}) REQUIRE(f->nonfinite == 0);
-    CHECK(gn.differ == 0);
-    // Qg = q exp(G) and Kd = k gam_n / gam: the same formulas as v4, but H200 runs showed single bf16 entries one
-    // ulp apart (Kd: 1 of 516,096, 6.6e-13 of the field's largest, session 3; Qg: 1 of 57,344, 4.1e-21 of the
-    // largest, session 4 on a fresh seed): an fp32 last-bit difference on a tiny (near-denormal) product tips a
-    // bf16 tie. One-ulp flips on a few entries are allowed, as for W; a layout error gives O(1) differences
-    CHECK(Qg.rel() <= tol::kda_prep_v6_bf16.value);
-    CHECK(Qg.differ <= 1 + Qg.n / 1000);
-    CHECK(Kd.rel() <= tol::kda_prep_v6_bf16.value);
-    CHECK(Kd.differ <= 1 + Kd.n / 1000);
-    CHECK(W.rel() <= tol::kda_prep_v6_bf16.value);
-    CHECK(U.rel() <= tol::kda_prep_v6_fp32.value);
-    CHECK(P.rel() <= tol::kda_prep_v6_fp32.value);
-    CHECK(Pf.rel() <= tol::kda_prep_v6_fp32.value);
-  }
-}
-
-TEST_CASE("prefill with prepare v6: anchor cases <= 2.0e-3 vs float64, twin within 10%, o close to prepare v4",
-          "[gpu][kda][prep6]") {
-  const std::size_t cases[][3] = {{1, 17, 1}, {3, 64, 1}, {1, 300, 2}, {1, 1000, 4}, {1, 4096, 2}};
-  for (const auto& cs : cases) {
-    const KdaInputs in = make_inputs(cs[0], cs[1], cs[2], 1, 1234);
-    const DevInputs d(in);
-    const auto ref = kda_truth(in);
-    const double e_twin = compare(kda_twin(in, kda_plan_kernel()).o.data, ref.o.data).rel_rms;
-    const std::size_t no = in.B * in.T * in.HV * 128, ns = in.B * in.HV * 128 * 128;
-    auto a = prefill_args(in, d);
-    a.prepare_variant = 4;
-    const auto r4 = run_prefill(a, no, ns);
-    a.prepare_variant = 6;
-    const auto r6 = run_prefill(a, no, ns);
-    const auto mo = compare(r6.o, ref.o.data), ms = compare(r6.S, ref.S_final.data);
-    const double d_o = compare(r6.o, r4.o).rel_rms, d_s = compare(r6.S, r4.S).rel_rms;
-    std::printf("prepare v6 anchor (B,T,H)=(%zu,%zu,%zu): o rel_rms %.4e (twin %.4e, |diff|/kernel %.3f)  state %.4e  "
-                "vs prepare v4: o %.3e, S_final %.3e\n",
-                cs[0], cs[1], cs[2], mo.rel_rms, e_twin, std::fabs(e_twin - mo.rel_rms) / mo.rel_rms, ms.rel_rms, d_o, d_s);
-    CAPTURE(cs[0], cs[1], cs[2], mo.rel_rms, e_twin, ms.rel_rms, d_o, d_s);
-    REQUIRE(mo.nan_count + mo.inf_count + ms.nan_count + ms.inf_count == 0);
-    CHECK(mo.rel_rms <= tol::kda_bf16_goal.value);
-    CHECK(ms.rel_rms <= tol::kda_twin_state.value);
-    CHECK(std::fabs(e_twin - mo.rel_rms) <= tol::twin_vs_kernel.value * mo.rel_rms);
-    CHECK(d_o <= tol::kda_prep_v6_o.value);
-    CHECK(d_s <= tol::kda_prep_v6_o.value);
-  }
-  // varlen (cu_seqlens, a last sequence of 1 token, HV = 2H) and the forced segment-parallel path: v6 vs v4
-  {
-    const std::vector<int> lens{37, 16, 100, 1};
-    const int N = static_cast<int>(lens.size());
-    KdaInputs all = make_inputs(1, VarlenBatch::total(lens), 2, 2, fresh_seed());
-    const VarlenBatch vb(all, lens, fresh_seed());
-    const DevInputs d(all);
-    auto a = prefill_args(all, d);
-    vb.apply(a);
-    const std::size_t no = all.T * all.HV * 128, ns = N * all.HV * 128 * 128;
-    a.prepare_variant = 4;
-    const auto r4 = run_prefill(a, no, ns);
-    a.prepare_variant = 6;
-    const auto r6 = run_prefill(a, no, ns);
-    const auto mo = compare(r6.o, r4.o), ms = compare(r6.S, r4.S);
-    std::printf("prepare v6 vs v4, varlen {37,16,100,1} H=2 HV=4: o %.3e, S_final %.3e\n", mo.rel_rms, ms.rel_rms);
-    REQUIRE(mo.nan_count + mo.inf_count + ms.nan_count + ms.inf_count == 0);
-    CHECK(mo.rel_rms <= tol::kda_prep_v6_o.value);
-    CHECK(ms.rel_rms <= tol::kda_prep_v6_o.value);
-  }
-  {
-    const KdaInputs in = make_inputs(1, 2000, 1, 2, fresh_seed());
-    const DevInputs d(in);
-    auto a = prefill_args(in, d);
-    a.segment_state = 3;
-    const std::size_t no = in.B * in.T * in.HV * 128, ns = in.B * in.HV * 128 * 128;
-    a.prepare_variant = 4;
-    const auto r4 = run_prefill(a, no, ns);
-    a.prepare_variant = 6;
-    const auto r6 = run_prefill(a, no, ns);
-    const auto mo = compare(r6.o, r4.o), ms = compare(r6.S, r4.S);
-    std::printf("prepare v6 vs v4, segment-parallel state pass P=3 T=2000 HV=2: o %.3e, S_final %.3e\n", mo.rel_rms,
-                ms.rel_rms);
-    REQUIRE(mo.nan_count + mo.inf_count + ms.nan_count + ms.inf_count == 0);
-    CHECK(mo.rel_rms <= tol::kda_prep_v6_o.value);
-    CHECK(ms.rel_rms <= tol::kda_prep_v6_o.value);
-  }
-  // an unknown variant is refused before any launch
-  {
-    const KdaInputs in = make_inputs(1, 17, 1, 1, fresh_seed());
-    const DevInputs d(in);
-    auto a = prefill_args(in, d);
-    a.prepare_variant = 5;
-    CHECK_THROWS(run_prefill(a, in.T * in.HV * 128, in.HV * 128 * 128));
-  }
-}
-
-// ---- state pass v4 (state_variant 4: key dimension of S split over 2 warps; 5: over 4) -----------
-namespace {
-/// relative RMS of a[lo, hi) vs b[lo, hi)
-double rel_part(const std::vector<double>& a, const std::vector<double>& b, std::size_t lo, std::size_t hi) {
-  return compare(std::vector<double>(a.begin() + lo, a.begin() + hi), std::vector<double>(b.begin() + lo, b.begin() + hi))
-      .rel_rms;
-}
-}  // namespace
-
-TEST_CASE("state pass v4 (state_variant 4, 5): anchor cases <= 2.0e-3 vs float64, twin within 10%, close to v3",
-          "[gpu][kda][state4]") {
-  const std::size_t cases[][3] = {{1, 17, 1}, {3, 64, 1}, {1, 300, 2}, {1, 1000, 4}, {1, 4096, 2}};
-  for (const auto& cs : cases) {
-    const KdaInputs in = make_inputs(cs[0], cs[1], cs[2], 1, 1234);
-    const DevInputs d(in);
-    const auto ref = kda_truth(in);
-    const double e_twin = compare(kda_twin(in, kda_plan_kernel()).o.data, ref.o.data).rel_rms;
-    const std::size_t no = in.B * in.T * in.HV * 128, ns = in.B * in.HV * 128 * 128;
-    auto a = prefill_args(in, d);
-    a.state_variant = 3;
-    const auto r3 = run_prefill(a, no, ns);
-    for (int variant : {4, 5}) {
-      a.state_variant = variant;
-      const auto r = run_prefill(a, no, ns);
-      const auto mo = compare(r.o, ref.o.data), ms = compare(r.S, ref.S_final.data);
-      const auto d_o = compare(r.o, r3.o), d_s = compare(r.S, r3.S);
-      std::printf("state v%d anchor (B,T,H)=(%zu,%zu,%zu): o rel_rms %.4e (twin %.4e, |diff|/kernel %.3f)  state %.4e  "
-                  "vs v3: o %.3e (identical %d, max_ulp %lld), S_final %.3e\n",
-                  variant, cs[0], cs[1], cs[2], mo.rel_rms, e_twin, std::fabs(e_twin - mo.rel_rms) / mo.rel_rms,
-                  ms.rel_rms, d_o.rel_rms, static_cast<int>(r.o == r3.o), static_cast<long long>(d_o.max_ulp_bf16),
-                  d_s.rel_rms);
-      CAPTURE(variant, cs[0], cs[1], cs[2], mo.rel_rms, e_twin, ms.rel_rms, d_o.rel_rms, d_s.rel_rms);
-      REQUIRE(mo.nan_count + mo.inf_count + ms.nan_count + ms.inf_count == 0);
-      CHECK(mo.rel_rms <= tol::kda_bf16_goal.value);
-      CHECK(ms.rel_rms <= tol::kda_twin_state.value);
-      CHECK(std::fabs(e_twin - mo.rel_rms) <= tol::twin_vs_kernel.value * mo.rel_rms);
-      CHECK(d_o.rel_rms <= tol::kda_state_v4_vs_v3.value);
-      CHECK(d_s.rel_rms <= tol::kda_state_v4_vs_v3.value);
-    }
-  }
-}
-
-TEST_CASE("state pass v4: prefill shapes (T in {1,15,16,17,1000,4096}, B up to 8, HV = 2H, with and without S0), "
-          "varlen, overlapped schedule", "[gpu][kda][state4]") {
-  struct Cs { std::size_t B, T, H, group; bool S0; };
-  const Cs cases[] = {{1, 1, 1, 1, true},  {2, 15, 1, 2, true},   {8, 16, 2, 1, false}, {3, 17, 2, 2, true},
-                      {8, 33, 1, 1, true}, {2, 1000, 2, 2, false}, {1, 4096, 1, 2, true}, {2, 4100, 1, 2, true}};
-  for (const auto& cs : cases) {
-    const KdaInputs in = make_inputs(cs.B, cs.T, cs.H, cs.group, fresh_seed());
-    const DevInputs d(in);
-    const auto ref = kda_truth(in, cs.S0);
-    const std::size_t no = in.B * in.T * in.HV * 128, ns = in.B * in.HV * 128 * 128;
-    auto a = prefill_args(in, d, cs.S0);
-    a.state_variant = 3;
-    const auto r3 = run_prefill(a, no, ns);
-    for (int variant : {4, 5}) {
-      a.state_variant = variant;
-      a.overlap_segments = true;  // T >= 2048: the v4 overlapped schedule (segments through an fp32 state buffer)
-      const auto r = run_prefill(a, no, ns);
-      a.overlap_segments = false;
-      const auto r1 = run_prefill(a, no, ns);
-      const auto mo = compare(r.o, ref.o.data), ms = compare(r.S, ref.S_final.data);
-      // per sequence vs v3: a wrong sequence / head / column block cannot hide in the total
-      double wo = 0, wsd = 0;
-      for (std::size_t b = 0; b < in.B; ++b) {
-        wo = std::max(wo, rel_part(r.o, r3.o, b * in.T * in.HV * 128, (b + 1) * in.T * in.HV * 128));
-        wsd = std::max(wsd, rel_part(r.S, r3.S, b * in.HV * 128 * 128, (b + 1) * in.HV * 128 * 128));
-      }
-      const bool same = r.o == r1.o && r.S == r1.S;
-      std::printf("state v%d shape B=%zu T=%zu H=%zu HV=%zu S0=%d: o %.4e state %.4e; vs v3 (worst sequence): o %.3e "
-                  "S_final %.3e; overlapped == unsegmented: %d\n",
-                  variant, cs.B, cs.T, cs.H, in.HV, cs.S0, mo.rel_rms, ms.rel_rms, wo, wsd, static_cast<int>(same));
-      CAPTURE(variant, cs.B, cs.T, cs.H, in.HV, cs.S0, mo.rel_rms, ms.rel_rms, wo, wsd);
-      REQUIRE(mo.nan_count + mo.inf_count + ms.nan_count + ms.inf_count == 0);
-      CHECK(mo.rel_rms <= o_bound(in, ref.o.data, cs.S0));
-      CHECK(ms.rel_rms <= tol::kda_twin_state.value);
-      CHECK(wo <= tol::kda_state_v4_vs_v3.value);
-      CHECK(wsd <= tol::kda_state_v4_vs_v3.value);
-      CHECK(same);
-    }
-  }
-  // varlen (cu_seqlens) with a last sequence of 1 token: each sequence vs its float64 truth and vs v3
-  for (const std::vector<int>& lens : {std::vector<int>{37, 16, 100, 1}, std::vector<int>{1, 1, 5, 31, 17, 1}}) {
-    const int N = static_cast<int>(lens.size()), Ttot = std::accumulate(lens.begin(), lens.end(), 0);
-    const std::size_t HV = 4;
-    KdaInputs all = make_inputs(1, Ttot, 2, 2, fresh_seed());
-    Tensor<double> S0({static_cast<std::size_t>(N), HV, 128, 128});
-    Rng rng(fresh_seed());
-    rng.fill_normal(S0, 0.1, Format::fp32);
-    all.S0 = S0;
-    const DevInputs d(all);
-    std::vector<int> cu(N + 1, 0);
-    for (int i = 0; i < N; ++i) cu[i + 1] = cu[i] + lens[i];
-    DevBuf dcu(cu.size() * 4);
-    cuda_check(cudaMemcpy(dcu.p, cu.data(), dcu.bytes, cudaMemcpyHostToDevice), "cu_seqlens");
-    auto a = prefill_args(all, d);
-    a.cu_seqlens = dcu.as<int>();
-    a.num_seqs = N;
-    a.max_seqlen = *std::max_element(lens.begin(), lens.end());
-    const std::size_t no = all.T * HV * 128, ns = N * HV * 128 * 128;
-    a.state_variant = 3;
-    const auto r3 = run_prefill(a, no, ns);
-    for (int variant : {4, 5}) {
-      a.state_variant = variant;
-      const auto r = run_prefill(a, no, ns);
-      double wt = 0, wst = 0, wo = 0, wsd = 0;
-      for (int i = 0; i < N; ++i) {
-        KdaInputs s = all;
-        s.T = lens[i];
-        for (auto* t : {&s.q, &s.k, &s.v, &s.g, &s.beta, &s.q_raw, &s.k_raw, &s.g_raw, &s.beta_raw})
-          *t = slice_tokens(*t, cu[i], lens[i]);
-        s.S0 = Tensor<double>({1, HV, 128, 128});
-        std::copy(S0.data.begin() + i * HV * 128 * 128, S0.data.begin() + (i + 1) * HV * 128 * 128, s.S0.data.begin());
-        const auto ref = kda_truth(s);
-        const std::size_t olo = cu[i] * HV * 128, ohi = cu[i + 1] * HV * 128;
-        const std::size_t slo = i * HV * 128 * 128, shi = (i + 1) * HV * 128 * 128;
-        const auto mo = compare(std::vector<double>(r.o.begin() + olo, r.o.begin() + ohi), ref.o.data);
-        const auto ms = compare(std::vector<double>(r.S.begin() + slo, r.S.begin() + shi), ref.S_final.data);
-        const double d_o = rel_part(r.o, r3.o, olo, ohi), d_s = rel_part(r.S, r3.S, slo, shi);
-        wt = std::max(wt, mo.rel_rms);
-        wst = std::max(wst, ms.rel_rms);
-        wo = std::max(wo, d_o);
-        wsd = std::max(wsd, d_s);
-        CAPTURE(variant, i, lens[i], mo.rel_rms, ms.rel_rms, d_o, d_s);
-        REQUIRE(mo.nan_count + mo.inf_count + ms.nan_count + ms.inf_count == 0);
-        CHECK(mo.rel_rms <= o_bound(s, ref.o.data));
-        CHECK(ms.rel_rms <= tol::kda_twin_state.value);
-        CHECK(d_o <= tol::kda_state_v4_vs_v3.value);
-        CHECK(d_s <= tol::kda_state_v4_vs_v3.value);
-      }
-      std::printf("state v%d varlen %zu sequences (last len 1): worst o %.4e state %.4e vs truth; vs v3 o %.3e S_final %.3e\n",
-                  variant, lens.size(), wt, wst, wo, wsd);
-    }
-  }
-}
-
-TEST_CASE("wgmma state pass (state_variant 6): anchors <= 2.0e-3 vs float64, twin within 10%, close to v3; shapes, "
-          "varlen, overlapped schedule", "[gpu][kda][wg]") {
+TEST_CASE("wgmma state pass: anchors <= 2.0e-3 vs float64, twin within 10%, close to the mma pass; shapes, varlen, "
+          "overlapped schedule", "[gpu][kda][wg]") {
   const std::size_t anchors[][3] = {{1, 17, 1}, {3, 64, 1}, {1, 300, 2}, {1, 1000, 4}, {1, 4096, 2}};
   for (const auto& cs : anchors) {
     const KdaInputs in = make_inputs(cs[0], cs[1], cs[2], 1, 1234);
@@ -671,21 +424,17 @@ TEST_CASE("wgmma state pass (state_variant 6): anchors <= 2.0e-3 vs float64, twi
     const auto ref = kda_truth(in);
     const double e_twin = compare(kda_twin(in, kda_plan_kernel()).o.data, ref.o.data).rel_rms;
     const std::size_t no = in.B * in.T * in.HV * 128, ns = in.B * in.HV * 128 * 128;
-    auto a = prefill_args(in, d);
-    a.segment_state = 1;  // v3 itself (the auto rule would take the wgmma pass)
-    const auto r3 = run_prefill(a, no, ns);
-    a.state_variant = 6;
-    const auto r = run_prefill(a, no, ns);
-    a.state_variant = 3;
-    a.segment_state = 0;  // the default plan
-    CHECK(kernels::kda_prefill_state_kernel(a) == 6);
+    const auto a = prefill_args(in, d);
+    const auto r3 = run_prefill(a, no, ns, force_pass(KdaStatePass::mma));
+    const auto r = run_prefill(a, no, ns, force_pass(KdaStatePass::wgmma));
+    CHECK(kernels::kda_prefill_plan(a).state_pass == KdaStatePass::wgmma);  // the rule's plan
     const auto rd = run_prefill(a, no, ns);
     CHECK(rd.o == r.o);
     CHECK(rd.S == r.S);
     const auto mo = compare(r.o, ref.o.data), ms = compare(r.S, ref.S_final.data);
     const auto d_o = compare(r.o, r3.o), d_s = compare(r.S, r3.S);
     std::printf("state wg anchor (B,T,H)=(%zu,%zu,%zu): o rel_rms %.4e (twin %.4e, |diff|/kernel %.3f)  state %.4e  "
-                "vs v3: o %.3e (identical %d), S_final %.3e\n",
+                "vs mma: o %.3e (identical %d), S_final %.3e\n",
                 cs[0], cs[1], cs[2], mo.rel_rms, e_twin, std::fabs(e_twin - mo.rel_rms) / mo.rel_rms, ms.rel_rms,
                 d_o.rel_rms, static_cast<int>(r.o == r3.o), d_s.rel_rms);
     CAPTURE(cs[0], cs[1], cs[2], mo.rel_rms, e_twin, ms.rel_rms, d_o.rel_rms, d_s.rel_rms);
@@ -704,20 +453,19 @@ TEST_CASE("wgmma state pass (state_variant 6): anchors <= 2.0e-3 vs float64, twi
     const DevInputs d(in);
     const std::size_t no = in.B * in.T * in.HV * 128, ns = in.B * in.HV * 128 * 128;
     auto a = prefill_args(in, d, cs.S0);
-    a.segment_state = 1;  // v3 itself (the auto rule would take the wgmma pass)
-    const auto r3 = run_prefill(a, no, ns);
-    a.state_variant = 6;
-    const auto r = run_prefill(a, no, ns);
-    a.overlap_segments = false;
-    const auto r1 = run_prefill(a, no, ns);
+    const Overrides wg = force_pass(KdaStatePass::wgmma);
+    const auto r3 = run_prefill(a, no, ns, force_pass(KdaStatePass::mma));
+    const auto r = run_prefill(a, no, ns, wg);
+    a.single_stream = true;  // no overlapped schedule
+    const auto r1 = run_prefill(a, no, ns, wg);
     const auto ref = kda_truth(in, cs.S0);
     const auto mo = compare(r.o, ref.o.data), ms = compare(r.S, ref.S_final.data);
-    double wo = 0, wsd = 0;  // per sequence vs v3: a wrong sequence / head / column block cannot hide in the total
+    double wo = 0, wsd = 0;  // per sequence vs mma: a wrong sequence / head / column block cannot hide in the total
     for (std::size_t b = 0; b < in.B; ++b) {
       wo = std::max(wo, rel_part(r.o, r3.o, b * in.T * in.HV * 128, (b + 1) * in.T * in.HV * 128));
       wsd = std::max(wsd, rel_part(r.S, r3.S, b * in.HV * 128 * 128, (b + 1) * in.HV * 128 * 128));
     }
-    std::printf("state wg B=%zu T=%zu H=%zu HV=%zu S0=%d: o %.4e state %.4e; vs v3 (worst sequence): o %.3e S_final %.3e; "
+    std::printf("state wg B=%zu T=%zu H=%zu HV=%zu S0=%d: o %.4e state %.4e; vs mma (worst sequence): o %.3e S_final %.3e; "
                 "overlapped == unsegmented: %d\n", cs.B, cs.T, cs.H, in.HV, cs.S0, mo.rel_rms, ms.rel_rms, wo, wsd,
                 static_cast<int>(r.o == r1.o && r.S == r1.S));
     CAPTURE(cs.B, cs.T, cs.H, in.HV, cs.S0, mo.rel_rms, ms.rel_rms, wo, wsd);
@@ -738,8 +486,7 @@ TEST_CASE("wgmma state pass (state_variant 6): anchors <= 2.0e-3 vs float64, twi
     const DevInputs d(all);
     auto a = prefill_args(all, d);
     vb.apply(a);
-    a.state_variant = 6;
-    const auto r = run_prefill(a, all.T * HV * 128, N * HV * 128 * 128);
+    const auto r = run_prefill(a, all.T * HV * 128, N * HV * 128 * 128, force_pass(KdaStatePass::wgmma));
     for (int i = 0; i < N; ++i) {
       const KdaInputs s = vb.part(all, i);
       const auto ref = kda_truth(s);
@@ -754,79 +501,65 @@ TEST_CASE("wgmma state pass (state_variant 6): anchors <= 2.0e-3 vs float64, twi
   }
 }
 
-TEST_CASE("state pass v4: prefill-then-decode == prefill of the longer sequence; bad state_variant refused",
-          "[gpu][kda][state4]") {
-  const std::size_t B = 4, T0 = 37, steps = 5, H = 2, HV = 4;
-  const KdaInputs in = make_inputs(B, T0 + steps, H, HV / H, fresh_seed());
+TEST_CASE("forced plans the kernels cannot run are refused before any launch, naming the override", "[gpu][kda]") {
+  const KdaInputs in = make_inputs(1, 40, 1, 1, fresh_seed());
   const DevInputs d(in);
-  const auto ref = kda_truth(in);
-  for (int variant : {4, 5}) {
-    auto af = prefill_args(in, d);
-    af.state_variant = variant;
-    const auto full = run_prefill(af, B * in.T * HV * 128, B * HV * 128 * 128);
-    auto a = prefill_args(in, d);
-    a.state_variant = variant;
-    const auto [o_pd, S_pd] = prefill_then_decode(in, d, a, T0);
-    const auto m_o = compare(o_pd, ref.o.data), m_S = compare(S_pd, ref.S_final.data);
-    const auto m_same_o = compare(o_pd, full.o), m_same_S = compare(S_pd, full.S);
-    std::printf("state v%d prefill(%zu)+decode(%zu) vs truth: o %.4e state %.4e; vs prefill(%zu): o %.4e state %.4e\n",
-                variant, T0, steps, m_o.rel_rms, m_S.rel_rms, in.T, m_same_o.rel_rms, m_same_S.rel_rms);
-    REQUIRE(m_o.nan_count + m_S.nan_count == 0);
-    CHECK(m_o.rel_rms <= tol::kda_bf16_goal.value);
-    CHECK(m_S.rel_rms <= tol::kda_twin_state.value);
-    CHECK(m_same_o.rel_rms <= 2 * tol::kda_bf16_goal.value);
-    CHECK(m_same_S.rel_rms <= 2 * tol::kda_twin_state.value);
-  }
-  // bad state_variant values, and the v5 segment path (state_variant 3 only) forced with variant 4
-  const KdaInputs in2 = make_inputs(1, 40, 1, 1, fresh_seed());
-  const DevInputs d2(in2);
-  for (int bad : {-1, 0, 1, 7}) {
-    auto a = prefill_args(in2, d2);
-    a.state_variant = bad;
-    CAPTURE(bad);
-    CHECK_THROWS_AS(run_prefill(a, in2.T * 128, 128 * 128), Error);
-  }
-  {
-    auto a = prefill_args(in2, d2);
-    a.state_variant = 4;
-    a.segment_state = 2;
-    CHECK_THROWS_AS(run_prefill(a, in2.T * 128, 128 * 128), Error);
-    a.segment_state = 0;  // the auto rule never takes the segment path for state_variant 4
-    CHECK(kernels::kda_prefill_segments(a) == 1);
-  }
+  const auto a = prefill_args(in, d);
+  auto refused = [&](const Overrides& ov, const char* what) {
+    std::string m = "(no error)";
+    try {
+      (void)run_prefill(a, in.T * 128, 128 * 128, ov);
+    } catch (const Error& e) {
+      m = e.what();
+    }
+    CAPTURE(what, m);
+    CHECK(m.find(what) != std::string::npos);
+    CHECK_THROWS_AS(kernels::kda_prefill_workspace_bytes(a, &ov), Error);
+  };
+  refused(force_pass(KdaStatePass::key_split), "overrides.state_pass = key_split");  // D = 256 only
+  refused(force_pass(KdaStatePass::wgmma, KdaSchedule::segments), "overrides.segments");  // P = 0
+  Overrides ov = force_segments(2);
+  ov.state_pass = KdaStatePass::wgmma;  // the segment path runs the mma pass only
+  refused(ov, "overrides.schedule = segments");
+  refused(force_segments(1), "overrides.segments = 1");
+  refused(force_segments(65), "overrides.segments = 65");
+  // the rule at this small shape: the one-shot wgmma pass; forced mma and one-shot run
+  const kernels::KdaPrefillPlan pl = kernels::kda_prefill_plan(a);
+  CHECK(pl.segments == 1);
+  CHECK(pl.schedule == KdaSchedule::one_shot);
+  CHECK(pl.state_pass == KdaStatePass::wgmma);
+  CHECK_NOTHROW(run_prefill(a, in.T * 128, 128 * 128, force_pass(KdaStatePass::mma)));
+  cuda_check(cudaDeviceSynchronize(), "after refused plans");
 }
 
-TEST_CASE("state pass v4: T = 65536, H = 32 one-shot vs v3 one-shot (all heads) and float64 (one head)",
-          "[gpu][kda][state4][long]") {
+TEST_CASE("wgmma state pass: T = 65536, H = 32 one-shot vs the one-shot mma pass (all heads) and float64 (one head)",
+          "[gpu][kda][wg][long]") {
   const std::size_t T = 65536, H = 32, D = 128;
   LongKdaInputs li(T, H, D, fresh_seed());
   const std::size_t nq = li.nq;
-  kernels::KdaPrefillArgs a = li.a;
-  a.segment_state = 1;  // one-shot
-  auto run = [&](const kernels::KdaPrefillArgs& x) { return run_prefill(x, nq, H * D * D); };
-  a.state_variant = 3;
-  const auto r3 = run(a);
+  const kernels::KdaPrefillArgs a = li.a;
+  auto run = [&](KdaStatePass pass) { return run_prefill(a, nq, H * D * D, force_pass(pass)); };
+  const auto r3 = run(KdaStatePass::mma);
   const std::size_t hv = 21;
   const KdaInputs in = long_head_inputs(li, hv);  // head hv as a B = 1, H = 1 problem (heads are independent)
   const auto ref = kda_truth(in);
-  for (int variant : {4, 5, 6}) {  // (6: the wgmma pass, the auto rule's choice here since session 9)
-    a.state_variant = variant;
-    const auto r = run(a);
+  {  // the wgmma pass: the rule's choice here on 132 SMs
+    const auto r = run(KdaStatePass::wgmma);
     const auto d_o = compare(r.o, r3.o), d_s = compare(r.S, r3.S);
-    const double tol_v3 = variant == 6 ? tol::kda_state_wg_vs_v3.value : tol::kda_state_v4_vs_v3.value;
+    const double tol_mma = tol::kda_state_wg_vs_v3.value;
     // head hv: o rows are [T][H][D] with the head in the middle
     std::vector<double> ko(T * D);
     for (std::size_t t = 0; t < T; ++t)
       std::copy(r.o.begin() + (t * H + hv) * D, r.o.begin() + (t * H + hv + 1) * D, ko.begin() + t * D);
     const std::vector<double> kS(r.S.begin() + hv * D * D, r.S.begin() + (hv + 1) * D * D);
     const auto mo = compare(ko, ref.o.data), ms = compare(kS, ref.S_final.data);
-    std::printf("state v%d T=65536 H=32 one-shot: all heads vs v3 one-shot: o %.3e S_final %.3e (nan %zu); head %zu vs "
+    std::printf("state wgmma T=65536 H=32 one-shot: all heads vs mma one-shot: o %.3e S_final %.3e (nan %zu); head %zu vs "
                 "float64: o %.4e state %.4e\n",
-                variant, d_o.rel_rms, d_s.rel_rms, static_cast<std::size_t>(d_o.nan_count), hv, mo.rel_rms, ms.rel_rms);
-    CAPTURE(variant, d_o.rel_rms, d_s.rel_rms, mo.rel_rms, ms.rel_rms);
+                d_o.rel_rms, d_s.rel_rms, static_cast<std::size_t>(d_o.nan_count), hv, mo.rel_rms, ms.rel_rms);
+    CAPTURE(d_o.rel_rms, d_s.rel_rms, mo.rel_rms, ms.rel_rms);
     REQUIRE(d_o.nan_count + d_o.inf_count + d_s.nan_count + d_s.inf_count == 0);
-    CHECK(d_o.rel_rms <= tol_v3);
-    CHECK(d_s.rel_rms <= tol_v3);
+    CHECK(d_o.rel_rms <= tol_mma);
+    CHECK(d_s.rel_rms <= tol_mma);
     CHECK(mo.rel_rms <= tol::kda_bf16_goal.value);
     CHECK(ms.rel_rms <= tol::kda_twin_state.value);
   }
@@ -878,9 +611,8 @@ TEST_CASE("D = 64, 256: shapes T in {1,15,16,17,1000,4100}, B = 2, HV = 2H, with
       const DevInputs d(in);
       const std::size_t no = in.B * in.T * in.HV * D, ns = in.B * in.HV * D * D;
       auto a = prefill_args(in, d, cs.S0);
-      a.overlap_segments = true;  // T >= 2048: the v4 overlapped schedule (segments through an fp32 state buffer)
-      const auto r = run_prefill(a, no, ns);
-      a.overlap_segments = false;
+      const auto r = run_prefill(a, no, ns);  // T >= 2048: the overlapped schedule (parts through an fp32 state buffer)
+      a.single_stream = true;
       const auto r1 = run_prefill(a, no, ns);
       const auto ref = kda_truth(in, cs.S0);
       const auto mo = compare(r.o, ref.o.data), ms = compare(r.S, ref.S_final.data);
@@ -942,29 +674,23 @@ TEST_CASE("D = 64: segment-parallel state pass (forced) vs float64, twin segment
     if (cs.lm) make_long_memory(in);
     const DevInputs d(in);
     const std::size_t no = in.B * in.T * in.HV * 64, ns = in.B * in.HV * 64 * 64;
-    auto a = prefill_args(in, d);
-    a.segment_state = cs.P;
-    REQUIRE(kernels::kda_prefill_segments(a) == cs.P);
-    const auto rs = run_prefill(a, no, ns);
-    a.overlap_segment_pass = true;
-    const auto rso = run_prefill(a, no, ns);
-    a.overlap_segment_pass = false;
-    a.segment_state = 1;
-    const auto r1 = run_prefill(a, no, ns);
+    const auto a = prefill_args(in, d);
+    const Overrides seg = force_segments(cs.P);
+    REQUIRE(kernels::kda_prefill_plan(a, &seg).segments == cs.P);
+    const auto rs = run_prefill(a, no, ns, seg);
+    const auto r1 = run_prefill(a, no, ns, force_pass(KdaStatePass::mma));
     const auto ref = kda_truth(in);
     KdaTwinPlan tp = kda_plan_kernel();
     tp.segments = static_cast<std::size_t>(cs.P);
     const auto tw = kda_twin(in, tp);
     const auto mo = compare(rs.o, ref.o.data), ms = compare(rs.S, ref.S_final.data), m1 = compare(r1.o, ref.o.data);
     const double e_tw = compare(tw.o.data, ref.o.data).rel_rms, s_tw = compare(tw.S_final.data, ref.S_final.data).rel_rms;
-    const bool same = rs.o == rso.o && rs.S == rso.S;
     std::printf("dim D=64 segments P=%d %s B=%zu T=%zu HV=%zu: o %.4e (twin seg %.4e, |diff|/kernel %.3f; one-shot %.4e) "
-                "state %.4e (twin %.4e); overlapped == serial: %d\n",
+                "state %.4e (twin %.4e)\n",
                 cs.P, cs.lm ? "long-memory" : "anchor", cs.B, cs.T, in.HV, mo.rel_rms, e_tw,
-                std::fabs(e_tw - mo.rel_rms) / mo.rel_rms, m1.rel_rms, ms.rel_rms, s_tw, static_cast<int>(same));
+                std::fabs(e_tw - mo.rel_rms) / mo.rel_rms, m1.rel_rms, ms.rel_rms, s_tw);
     CAPTURE(cs.P, cs.lm, cs.T, mo.rel_rms, e_tw, m1.rel_rms, ms.rel_rms, s_tw);
     REQUIRE(mo.nan_count + mo.inf_count + ms.nan_count + ms.inf_count == 0);
-    CHECK(same);
     CHECK(std::fabs(e_tw - mo.rel_rms) <= tol::twin_vs_kernel.value * mo.rel_rms);
     CHECK(std::fabs(s_tw - ms.rel_rms) <= tol::twin_vs_kernel.value * ms.rel_rms);
     CHECK(mo.rel_rms <= (1.0 + tol::twin_vs_kernel.value) * m1.rel_rms);
@@ -973,17 +699,17 @@ TEST_CASE("D = 64: segment-parallel state pass (forced) vs float64, twin segment
       CHECK(ms.rel_rms <= tol::kda_twin_state.value);
     }
   }
-  // D = 256: a forced segment count is refused (before any launch), auto takes the one-shot pass
+  // D = 256: a forced segment count is refused (before any launch), the rule takes the one-shot key-split pass
   const KdaInputs in = make_inputs(1, 40, 1, 1, fresh_seed(), 256);
   const DevInputs d(in);
   auto a = prefill_args(in, d);
-  a.segment_state = 2;
-  CHECK_THROWS_AS(run_prefill(a, in.T * 256, 256 * 256), Error);
-  CHECK_THROWS_AS(kernels::kda_prefill_workspace_bytes(a), Error);
-  a.segment_state = 0;
-  a.T = 65536;  // (shape only: kda_prefill_segments reads no pointer) the D = 128 rule would take P = 3 here
+  const Overrides seg2 = force_segments(2);
+  CHECK_THROWS_AS(run_prefill(a, in.T * 256, 256 * 256, seg2), Error);
+  CHECK_THROWS_AS(kernels::kda_prefill_workspace_bytes(a, &seg2), Error);
+  a.T = 65536;  // (shape only: kda_prefill_plan reads no pointer) the wave model would take P = 3 here at D = 128
   a.H = a.HV = 32;
-  CHECK(kernels::kda_prefill_segments(a) == 1);
+  CHECK(kernels::kda_prefill_plan(a).segments == 1);
+  CHECK(kernels::kda_prefill_plan(a).state_pass == KdaStatePass::key_split);
 }
 
 TEST_CASE("D = 64, 256: prefill-then-decode == prefill of the longer sequence; decode vs float64; decode in a graph",
@@ -1041,7 +767,7 @@ TEST_CASE("D = 64, 256: prefill-then-decode == prefill of the longer sequence; d
   }
 }
 
-TEST_CASE("bad D (and D = 128-only variants at D = 64, 256) give clear errors before any launch", "[gpu][kda][dim]") {
+TEST_CASE("bad D (and state passes forced at a D they do not run) give clear errors before any launch", "[gpu][kda][dim]") {
   const KdaInputs in = make_inputs(1, 20, 1, 1, fresh_seed());
   const DevInputs d(in);
   DevBuf o(in.T * 256 * 2), ws(1 << 22);
@@ -1073,17 +799,18 @@ TEST_CASE("bad D (and D = 128-only variants at D = 64, 256) give clear errors be
       CHECK(s->find("{64, 128, 256}") != std::string::npos);
     }
   }
-  // the D = 128-only variants at D = 64 and 256 (inputs of that D: the variant check comes first anyway)
+  // state passes forced at a D they do not run (inputs of that D)
   for (const std::size_t D : kDims) {
     const KdaInputs i2 = make_inputs(1, 20, 1, 1, fresh_seed(), D);
     const DevInputs d2(i2);
-    for (const auto& [pv, sv] : {std::pair{4, 3}, {6, 2}, {6, 4}, {6, 5}}) {
-      auto a = prefill_args(i2, d2);
-      a.prepare_variant = pv;
-      a.state_variant = sv;
-      const std::string m = message([&] { (void)run_prefill(a, i2.T * D, D * D); });
-      CAPTURE(D, pv, sv, m);
+    const KdaStatePass not_here[2][2] = {{KdaStatePass::key_split, KdaStatePass::wgmma},   // D = 64
+                                         {KdaStatePass::mma, KdaStatePass::wgmma}};        // D = 256
+    for (const KdaStatePass pass : not_here[D == 256 ? 1 : 0]) {
+      const auto a = prefill_args(i2, d2);
+      const std::string m = message([&] { (void)run_prefill(a, i2.T * D, D * D, force_pass(pass)); });
+      CAPTURE(D, pass_name(pass), m);
       CHECK(m.find("D = " + std::to_string(D)) != std::string::npos);
+      CHECK(m.find(std::string("overrides.state_pass = ") + pass_name(pass)) != std::string::npos);
     }
     auto a = prefill_args(i2, d2);  // the defaults run
     CHECK_NOTHROW(run_prefill(a, i2.T * D, D * D));
@@ -1099,13 +826,12 @@ TEST_CASE("D = 64, 256: T = 65536, H = 32 (D = 64: auto rule) vs the one-shot pa
     const std::size_t nq = li.nq;
     [[maybe_unused]] DevBuf &q = li.q, &k = li.k, &v = li.v, &g = li.g, &beta = li.beta, &A_log = li.A_log,
                              &bias = li.bias, &S0 = li.S0;
-    kernels::KdaPrefillArgs a = li.a;
-    a.segment_state = 0;
-    const int P = kernels::kda_prefill_segments(a);
+    const kernels::KdaPrefillArgs a = li.a;
+    const int P = kernels::kda_prefill_plan(a).segments;
     const auto r = run_prefill(a, nq, H * D * D);
-    auto a1 = a;
-    a1.segment_state = 1;
-    const auto r1 = run_prefill(a1, nq, H * D * D);
+    Overrides one;
+    one.schedule = KdaSchedule::one_shot;
+    const auto r1 = run_prefill(a, nq, H * D * D, one);
     const auto d_o = compare(r.o, r1.o), d_s = compare(r.S, r1.S);
     std::printf("dim D=%zu T=65536 H=32: auto P=%d; default vs one-shot: o %.3e S_final %.3e; nan o %zu S %zu\n", D, P,
                 d_o.rel_rms, d_s.rel_rms, static_cast<std::size_t>(d_o.nan_count), static_cast<std::size_t>(d_s.nan_count));

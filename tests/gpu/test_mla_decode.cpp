@@ -11,7 +11,7 @@
 #include <numeric>
 
 #include "kernels/mla.hpp"
-#include "kernels/random_fill.hpp"
+#include "kernels/common/random_fill.hpp"
 #include "numerics/metrics.hpp"
 #include "numerics/tolerance.hpp"
 #include "tests/catch.hpp"

@@ -1,7 +1,7 @@
 // Device-side seeded fills for benchmarks (counter-based hash + Box-Muller): large inputs without
 // host generation. Not used for correctness tests (those use numerics/random.hpp on the host).
-#include "kernels/kda_common.cuh"
-#include "kernels/random_fill.hpp"
+#include "kernels/common/kda_math.cuh"
+#include "kernels/common/random_fill.hpp"
 
 namespace kdalab::kernels {
 namespace {

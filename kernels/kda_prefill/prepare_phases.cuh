@@ -1,20 +1,17 @@
 #pragma once
-// The phases of the KDA prepare that prepare v6 (kda_prepare_v6_kernel, kernels/kda_prefill.cu) and the pair
-// prepare (kda_prepare_pair_kernel, kernels/kda_pair.cu) share, one copy: the load with the fused gate / L2Norm /
-// beta sigmoid, the cumulative decay and the gated q / k forms, the tf32 3-pass products A = Kg Ki^T and
-// P = Qg Ki^T with their fixed-order sum over 8 warps, the forward substitution of [W | U], and the bf16 A / B
-// fragment stores; also the sequence span (Seq, seq_of) of every prefill kernel of the two files, and the L2Norm
-// and beta loads that prepare v4 (kda_prepare_kernel) shares. Algorithm: numerics/kda_twin.hpp (kda_plan_kernel()),
-// K3 report Eq. 1 (KDA recurrence) in its chunked UT form (EQUATIONS.md) and Eq. 5 (bounded gate).
-// Every function is __forceinline__ and was cut out of the kernels as written, so each kernel runs the operations
-// it ran before, in the same order: the normalised PTX of prepare v4, v6 <64/128/256> and the pair prepare is
-// unchanged (bench/NOTES.md "Prepare phases shared (dedup6)"; ap_finish's index type and store_Pf's STRIDE exist
+// The phases of the KDA prepare (kda_prepare_kernel, kernels/kda_prefill/prepare.cu), each a __forceinline__
+// function: the load with the fused gate / L2Norm / beta sigmoid, the cumulative decay and the gated q / k forms, the
+// tf32 3-pass products A = Kg Ki^T and P = Qg Ki^T with their fixed-order sum over 8 warps, the forward substitution
+// of [W | U], and the bf16 A / B fragment stores; also the sequence span (Seq, seq_of) of every prefill kernel.
+// Algorithm: numerics/kda_twin.hpp (kda_plan_kernel()), K3 report Eq. 1 (KDA recurrence) in its chunked UT form
+// (docs/equations.md section 4) and Eq. 5 (bounded gate, section 2). The functions were cut out of the kernels as
+// written (same operations, same order: unchanged normalised PTX; ap_finish's index type and store_Pf's STRIDE exist
 // for that). A chunk is 16 tokens (C); "thread = channel" phases run on threads 0 .. D-1 of a 256-thread group.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
-#include "kernels/kda_common.cuh"
+#include "kernels/common/kda_math.cuh"
 
 namespace kdalab::kernels::detail::prep {
 
@@ -97,8 +94,8 @@ __device__ __forceinline__ void load_fuse(const Prm& p, const Seq& sq, int t0, i
   const long long t = sq.bos + t0 + r;
   float fq[4 * NHF], fk[4 * NHF], fv[4 * NHF], fg[4 * NHF];  // [4 hf + e] = channel 4j + 64 hf + e
   if (ok) {
-    // one row pointer per tensor (its 64-bit offset formed once), the 64-channel blocks at immediate offsets (session 10:
-    // the sum with cc inside made the compiler form each block's 64-bit address anew)
+    // one row pointer per tensor (its 64-bit offset formed once), the 64-channel blocks at immediate offsets (with
+    // the sum with cc inside, the compiler forms each block's 64-bit address anew)
     const bf16_t* qr = p.q + (sq.bidx * p.sq.b + t * p.sq.t + h * p.sq.h) + 4 * j;
     const bf16_t* kr = p.k + (sq.bidx * p.sk.b + t * p.sk.t + h * p.sk.h) + 4 * j;
     const bf16_t* vr = p.v + (sq.bidx * p.sv.b + t * p.sv.t + hv * p.sv.h) + 4 * j;
@@ -138,7 +135,7 @@ __device__ __forceinline__ void load_fuse(const Prm& p, const Seq& sq, int t0, i
 
 /// Thread = channel i: the cumulative decay gam[r] = exp(G_r), G_r = g[0][i] + .. + g[r][i] (fp32, in row order),
 /// from sG = the [16][DP] tile holding g (rows past the sequence end carry g = 0: gam stays). Returns
-/// gam_n = gam[C - 1]. exp by fast_exp (kda_common.cuh; session 10, was expf).
+/// gam_n = gam[C - 1]. exp by fast_exp (kernels/common/kda_math.cuh).
 template <int DP>
 __device__ __forceinline__ float decay_gamma(float (*sG)[DP], int i, float (&gam)[C]) {
   float G = 0.0f;
@@ -153,7 +150,7 @@ __device__ __forceinline__ float decay_gamma(float (*sG)[DP], int i, float (&gam
 /// Thread = channel i, after decay_gamma: Qg = q gam (into sQ and qg), Kg = k gam (into sK), Ki = k / gam (into
 /// sKi, over g), Kd = k gam_n / gam (into kd), row by row. One fast reciprocal of gam (MUFU.RCP, <= 1 ulp;
 /// gam >= exp(16 g_min) = 1.8e-35 is a normal number) instead of two IEEE divisions (k / gam, gn / gam: ~9
-/// instructions and a slow-path branch each; session 5): Ki and Kd are within ~2 ulp of the divisions' results.
+/// instructions and a slow-path branch each): Ki and Kd are within ~2 ulp of the divisions' results.
 template <int DP>
 __device__ __forceinline__ void decay_apply(float (*sQ)[DP], float (*sK)[DP], float (*sKi)[DP], int i,
                                             const float (&gam)[C], float gn, float (&qg)[C], float (&kd)[C]) {
@@ -218,8 +215,7 @@ __device__ __forceinline__ void ap_store_partial(float2* red, int w, int lane, c
 /// warps in fixed order (warp 0, 1, .., 7): product pr = s / 128, n-tile nt, rows r = g + 8 hf, columns
 /// s0 = 8 nt + 2 t, s0 + 1 (lane = 4 g + t). A = StrictLower(Diag(beta) Kg Ki^T) goes to sA; P = Lower(Qg Ki^T)
 /// (p0, p1) to store_p(r, s0, nt, hf, p0, p1), the kernel's own P layout. I: int or unsigned, the type in which
-/// s / 32 is formed (prepare v6 passes its int tid; the pair prepare its tid & 255 as unsigned: the arithmetic each
-/// kernel had written out in place, where the compiler knew tid & 255 >= 0).
+/// s / 32 is formed (the prepare passes its int tid; the type changes the generated index arithmetic).
 template <class I, class StoreP>
 __device__ __forceinline__ void ap_finish(const float2* red, I s, int g, int t, float (*sA)[C], const float* sBeta,
                                           StoreP&& store_p) {

@@ -1,9 +1,9 @@
-// kernels/stream_read.hpp: a plain streaming read (the bandwidth floor of a memory-bound step).
+// kernels/common/stream_read.hpp: a plain streaming read (the bandwidth floor of a memory-bound step).
 #include <cstdint>
 #include <string>
 
-#include "kernels/kda_common.cuh"
-#include "kernels/stream_read.hpp"
+#include "kernels/common/kda_math.cuh"
+#include "kernels/common/stream_read.hpp"
 
 namespace kdalab::kernels {
 namespace {

@@ -1,0 +1,156 @@
+#pragma once
+// Device helpers shared by the KDA, MLA and AttnRes kernels, one copy each: bf16 packing, mma.sync m16n8k16 (bf16 in,
+// fp32 accumulate) and m16n8k8 (tf32 in, fp32 accumulate; hi/lo splits) by inline PTX, cp.async, ldmatrix; the fused
+// KDA input transforms (K3 gate, L2Norm factor, beta sigmoid; docs/equations.md); and the host-side checks of the KDA
+// arguments (D, gate). Generic pointer / stride checks and cuda_check: kernels/common/cuda_check.hpp.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/common/cuda_check.hpp"
+#include "kernels/kda.hpp"
+
+namespace kdalab::kernels::detail {
+
+__device__ __forceinline__ float bf2f(std::uint16_t b) { return __uint_as_float(static_cast<std::uint32_t>(b) << 16); }
+
+/// Two floats -> one 32-bit register of two bf16 (RNE); `lo` in the low half (first element).
+__device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<std::uint32_t*>(&v);
+}
+
+/// Splits two floats into bf16 hi parts and bf16 lo parts (x ~ hi + lo to ~2^-16 relative).
+__device__ __forceinline__ void split_bf16(float x0, float x1, std::uint32_t& hi, std::uint32_t& lo) {
+  hi = pack_bf16(x0, x1);
+  const float h0 = __uint_as_float(hi << 16), h1 = __uint_as_float(hi & 0xffff0000u);
+  lo = pack_bf16(x0 - h0, x1 - h1);
+}
+
+/// Unpacks 8 bf16 held in a uint4 into floats.
+__device__ __forceinline__ void unpack8(const uint4& u, float* f) {
+  const std::uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = __uint_as_float(w[i] << 16);
+    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+
+/// D = A B + D for one m16n8k16 tile: A 16x16 bf16 (row), B 16x8 bf16 (col), D 16x8 fp32.
+__device__ __forceinline__ void mma_bf16(float* d, const std::uint32_t* a, const std::uint32_t* b) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+/// Unpacks 4 bf16 held in a uint2 into floats.
+__device__ __forceinline__ void unpack4(const uint2& u, float* f) {
+  f[0] = __uint_as_float(u.x << 16);
+  f[1] = __uint_as_float(u.x & 0xffff0000u);
+  f[2] = __uint_as_float(u.y << 16);
+  f[3] = __uint_as_float(u.y & 0xffff0000u);
+}
+
+/// Splits finite x into tf32 hi + lo, the operands of the 3-pass fp32-class product a b ~ a_hi b_hi + a_hi b_lo +
+/// a_lo b_hi (the dropped a_lo b_lo is <= 2^-22 relative). hi = x rounded to tf32 with cvt.rna's rule (nearest, ties
+/// away from zero) done on the bit pattern: + 2^12 then clear the 13 low bits (two integer instructions instead of
+/// cvt.rna's sequence with its FSETP checks in the SASS; same result for finite |x| < FLT_MAX). lo = x - hi (exact in
+/// fp32) is passed as its raw fp32 bits, assuming the tensor core ignores a tf32 operand's 13 low bits, i.e.
+/// truncates lo (<= 2^-10 |lo| <= 2^-21 |x|; rounding lo with cvt.rna would give <= 2^-22 |x|). Consistent with the
+/// H200 measurement: the prepare's A / P slots stayed within 3.3e-7 of fp32 FMA products
+/// (docs/kernels/kda_prefill.md).
+__device__ __forceinline__ void split_tf32(float x, std::uint32_t& hi, std::uint32_t& lo) {
+  hi = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+  lo = __float_as_uint(x - __uint_as_float(hi));
+}
+
+/// D = A B + D for one m16n8k8 tile: A 16x8 tf32 (row), B 8x8 tf32 (col), D 16x8 fp32. Fragments
+/// (g = lane / 4, t = lane % 4): a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4);
+/// b0 (k = t, n = g), b1 (k = t + 4, n = g); d0, d1 (g, 2t + {0, 1}), d2, d3 (g + 8, 2t + {0, 1}).
+__device__ __forceinline__ void mma_tf32(float* d, const std::uint32_t* a, const std::uint32_t* b) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+/// cp.async of 16 bytes with a source size: src_bytes = 0 fills the 16 bytes with zeros and reads nothing.
+__device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, int src_bytes) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
+}
+/// Four transposed 8x8 bf16 matrices from shared memory (mma B fragments from a row-major tile).
+__device__ __forceinline__ void ldsm_x4_trans(std::uint32_t* r, const void* smem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+/// Two consecutive bf16 values (4-byte aligned) as one 32-bit word.
+__device__ __forceinline__ std::uint32_t ld32(const std::uint16_t* p) { return *reinterpret_cast<const std::uint32_t*>(p); }
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+/// exp(x) in fp32 as ex2.approx.ftz(x log2 e) (__expf: MUFU.EX2 and one FMUL). Error (CUDA Math API, __expf): <= 2 +
+/// floor(1.173 |x|) ulp, from the rounding of x log2 e; results below 2^-126 flush to 0. In the KDA prepare the cumulative
+/// decay exp(G), G >= 16 g_min = -80, has <= ~95 ulp (5.7e-6 relative) at the deepest decay and <= 3 ulp for |G| <= 1:
+/// the same order as the fp32 rounding of the cumulative sum G itself (16 additions, ~|G| 2^-24 each).
+__device__ __forceinline__ float fast_exp(float x) { return __expf(x); }
+/// Sigmoid(x) = 1 / (1 + exp(-x)) in fp32: fast_exp and a fast reciprocal (__fdividef, <= 2 ulp;
+/// 0 when exp(-x) overflows, i.e. x < -88.7, where the true value is < 3e-39), instead of the IEEE division,
+/// which took ~25 SASS instructions per gate element with its slow-path branch (ncu of the prepare: this change and
+/// the other instruction cuts took it from 415.5 M to 365.9 M instructions at T = 8192, H = 64); exp(-x) by fast_exp
+/// (above) instead of the accurate expf (8 SASS instructions -> 2). Error: <= ~3 ulp
+/// plus fast_exp's <= 1.2 |x| ulp of exp(-x), which moves Sigmoid by <= 1.2 |x| (1 - Sigmoid) ulp: ~1e-6 relative for
+/// the gate's |x| <~ 10, three orders below the bf16 operand roundings (docs/kernels/kda_prefill.md, "Prepare v6
+/// instruction diet").
+__device__ __forceinline__ float sigmoidf_(float x) { return __fdividef(1.0f, 1.0f + fast_exp(-x)); }
+
+// ---- the fused input transforms, one copy for the prefill and the decode kernels --------------
+/// K3 bounded gate (K3 report Eq. 5): g = g_min Sigmoid(exp(A_log) (g_raw + bias)); ea = expf(A_log).
+__device__ __forceinline__ float k3_gate(float g_raw, float ea, float bias, float g_min) {
+  return g_min * sigmoidf_(ea * (g_raw + bias));
+}
+/// The fused L2Norm's factor 1 / ||x|| from the squared norm n2 (0 for a zero vector): rsqrtf (MUFU.RSQ,
+/// <= 2 ulp) instead of the IEEE sqrt and division (two roundings, two slow-path branches).
+__device__ __forceinline__ float inv_l2norm(float n2) { return n2 > 0 ? rsqrtf(n2) : 0.0f; }
+/// beta from its input: Sigmoid(beta_raw) when the beta sigmoid is fused, else the input itself.
+__device__ __forceinline__ float beta_of(float b, bool fused_sigmoid) { return fused_sigmoid ? sigmoidf_(b) : b; }
+
+// ---- host-side checks -------------------------------------------------------------------------
+/// D = d_k = d_v of the KDA kernels: 64, 128 or 256; anything else throws kdalab::Error naming `op` and D.
+inline void check_dim(int D, const char* op) {
+  if (D != 64 && D != 128 && D != 256)
+    throw Error(std::string(op) + ": D = " + std::to_string(D) +
+                " is not supported; accepted: D = d_k = d_v in {64, 128, 256}");
+}
+inline void check_gate(const KdaGate& g, int HV, const char* op) {
+  if (g.fused) {
+    check_ptr(g.A_log, 4, "gate.A_log");
+    check_ptr(g.bias, 16, "gate.bias");
+    if (!(g.g_min < 0.0f))
+      throw Error(std::string(op) + ": gate.g_min = " + std::to_string(g.g_min) + "; accepted: g_min < 0");
+    if (!(g.g_min >= -5.0f) && !g.allow_unsafe_range)
+      throw Error(std::string(op) + ": gate.g_min = " + std::to_string(g.g_min) +
+                  " is below -5: exp of a 16-token cumulative decay can leave the fp32 range; accepted: -5 <= g_min < 0, "
+                  "or set gate.allow_unsafe_range (decay-range experiment only)");
+  } else if (!g.allow_unsafe_range) {
+    throw Error(std::string(op) +
+                ": gate.fused = false reads g as given, whose range the kernel cannot check; accepted: gate.fused = true, "
+                "or gate.fused = false with gate.allow_unsafe_range (the caller guarantees -5 <= g <= 0)");
+  }
+  (void)HV;
+}
+
+}  // namespace kdalab::kernels::detail

@@ -1,0 +1,316 @@
+// KDA prefill, the wgmma state pass (KdaStatePass::wgmma; D = 128, the automatic rule's one-shot pass).
+//
+// One CTA = one warpgroup (128 threads) per (64 value columns, value head, sequence); warp w holds S^T for value
+// columns vbase + 16 w .. + 15 and all 128 keys, in the wgmma m64n128 accumulator layout, which is the mma pass's
+// Sacc layout. Per chunk, with W, Qg, Kd, P (hi, lo) read by wgmma from shared memory ONCE per warpgroup (the mma
+// pass: once per warp):
+//   [1] D^T = S^T W^T and o^T = S^T Qg^T: 2 x 8 wgmma m64n16k16, A = S^T's bf16 k-tiles from registers (the mma
+//       pass's accumulator-to-A identity), B = W^T / Qg^T K-major (the slot's row-major W, Qg copied into
+//       128-byte-swizzled [16 x 64] blocks);
+//   [2] D^T = U^T - that (fp32), hi / lo bf16 split (the mma pass's registers and roundings);
+//   [3] S^T <- Diag(gam_n) S^T + D^T Kd: one wgmma m64n128k16, A = D^T hi (registers), B = Kd MN-major (transposed);
+//       o^T += D^T P^T as Phi Dhi + Phi Dlo + Plo Dhi (3 wgmma m64n16k16, B = P^T K-major);
+//   [4] o = scale o^T^T, stored through a lane-pair exchange (4-byte stores).
+// The prepare writes this slot layout (kda_prepare_kernel<128, true>, prepare.cu: W, Qg, Kd [16][128] and P hi / lo
+// [16][16] bf16 row-major at the same slot offsets); the same bf16 operand roundings and fp32 state as the mma pass:
+// only the fp32 summation order inside the tensor-core products may differ.
+#include "kernels/common/wgmma.cuh"
+#include "kernels/kda_prefill/common.cuh"
+
+namespace kdalab::kernels::kda_prefill_detail {
+namespace {
+
+namespace wg {
+constexpr int SLC = 64;                                  // value columns per CTA
+constexpr int UP = SLC + 4;                              // fp32 row stride of the U tile (conflict-free transposed reads)
+// W and Qg as one B operand [W; Qg]^T (N = 32): per 64-key block kb a swizzled [32 x 64] bf16 block at kb * 4096 (rows
+// 0..15 W, 16..31 Qg); Kd: 2 swizzled [16 x 64] blocks (2048 B) at OFF_KD
+constexpr int OFF_WQ = 0, OFF_KD = 8192;
+constexpr int OFF_PH = 12288, OFF_PL = 14336;            // one swizzled [16 x 64] block each (columns 0..15 used)
+// U [16][UP] fp32; gam_n: one 512-byte copy per warp (each warp copies the gam_n and the U columns it reads itself,
+// so it reads them before the CTA's barrier)
+constexpr int OFF_U = 16384, OFF_GN = OFF_U + C * UP * 4, STAGE = (OFF_GN + 4 * 512 + 1023) / 1024 * 1024;
+constexpr int SMEM = NST * STAGE + 1024;                 // + slack to align the base to 1024 bytes
+static_assert(STAGE == 23552 && SMEM <= 227 * 1024, "wgmma state stage");
+
+// the 128-byte swizzle, descriptor, fence / commit / wait helpers: kernels/common/wgmma.cuh
+using wgmma_util::desc;
+using wgmma_util::fence_async_smem;
+using wgmma_util::fence_reg;
+using wgmma_util::sw;
+using wgmma_util::wgmma_commit;
+using wgmma_util::wgmma_fence;
+using wgmma_util::wgmma_wait;
+
+/// D[64 x 16] (+)= A B, A [64 x 16] bf16 in registers (m16n8k16 A-fragment layout per warp), B K-major in shared
+/// memory; ACC = 0: D = A B (D's registers are not read: no zero-initialisation between the fences).
+template <int ACC = 1>
+__device__ __forceinline__ void mma_n16(float* d, const std::uint32_t* a, std::uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, "
+      "{%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(ACC));
+}
+/// D[64 x 32] = A B (ACC = 0) or += (ACC = 1), A [64 x 16] bf16 in registers, B K-major in shared memory.
+template <int ACC = 1>
+__device__ __forceinline__ void mma_n32(float* d, const std::uint32_t* a, std::uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
+      "%13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(ACC));
+}
+/// D[64 x 128] += A B, A [64 x 16] bf16 in registers, B MN-major (transposed) in shared memory; D: 64 fp32 per thread.
+__device__ __forceinline__ void mma_n128_t(float* d, const std::uint32_t* a, std::uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
+/// 16-byte cp.async to a shared-window address (the state pass keeps its stage addresses as 32-bit shared addresses:
+/// no generic-to-shared conversion and no 64-bit arithmetic per copy in the step).
+__device__ __forceinline__ void cp16(std::uint32_t sdst, const void* gsrc) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sdst), "l"(gsrc));
+}
+/// Thread tid's share of copying one chunk's slot (the wgmma layout) into a stage, as offsets computed once per thread:
+/// destinations from the stage's shared address, sources from the slot's first byte. Per stage, 10 copies of 16 B:
+/// W, Qg, Kd (6: q = tid + 128 k, slot bytes 16 q, row r = tid / 16 + 8 (k & 1), 16-byte chunk c = tid % 16 of the
+/// 128-byte-swizzled blocks: [W; Qg] k < 4, Kd k = 4, 5), P hi / lo (tid < 64), U (2: lane = 4 r + c4 copies rows
+/// r, r + 8, columns 16 warp + 4 c4 .. + 3: the warp's own 16 value columns), gam_n (one 16-byte part per lane into the
+/// warp's own 512-byte copy).
+struct CopyPlan {
+  std::uint32_t d_wq, d_kd, d_p, d_u, d_g;  // shared offsets from the stage base
+  std::uint32_t s_wqk, s_p, s_u, s_g;       // byte offsets into the slot
+  __device__ __forceinline__ CopyPlan(int tid, int vbase) {
+    using SL = Slot<128>;
+    const int r = tid / 16, c = tid % 16;
+    const std::uint32_t x = r * 128 + (((c % 8) ^ r) << 4);  // sw(r, c % 8); r < 8, so r & 7 = r
+    d_wq = (c / 8) * 4096 + x;
+    d_kd = OFF_KD + (c / 8) * 2048 + x;
+    const int h = (tid / 32) & 1, pr = (tid % 32) / 2, pc = tid % 2;
+    d_p = (h ? OFF_PL : OFF_PH) + sw(pr, pc);
+    const int warp = tid / 32, lane = tid % 32, ur = lane / 4, uc = 16 * warp + 4 * (lane % 4);
+    d_u = OFF_U + (ur * UP + uc) * 4;
+    d_g = OFF_GN + 512 * warp + 16 * lane;
+    s_wqk = 16 * tid;
+    s_p = SL::Pf + 16 * (tid % 64);
+    s_u = SL::U + (ur * 128 + vbase + uc) * 4;
+    s_g = SL::gam_n + 16 * lane;
+  }
+  /// The copies of one chunk (slot) into the stage at shared address st (no commit).
+  __device__ __forceinline__ void issue(std::uint32_t st, const unsigned char* slot, int tid) const {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) cp16(st + d_wq + (k / 2) * 2048 + (k & 1) * 1024, slot + s_wqk + 2048 * k);
+#pragma unroll
+    for (int k = 4; k < 6; ++k) cp16(st + d_kd + (k & 1) * 1024, slot + s_wqk + 2048 * k);
+    if (tid < 64) cp16(st + d_p, slot + s_p);
+#pragma unroll
+    for (int k = 0; k < 2; ++k) cp16(st + d_u + k * 8 * UP * 4, slot + s_u + k * 8 * 128 * 4);
+    cp16(st + d_g, slot + s_g);
+  }
+};
+}  // namespace wg
+
+// The step's code shape, from an ncu source profile (T = 65536, H = 32: 409 -> ~330 instructions per warp-step, one
+// warp per scheduler; docs/kernels/kda_prefill.md, "v10w: the wgmma step rearranged"): (1) the wgmma descriptors are
+// formed once (a stage or block offset adds to the start-address field; rebuilding each from the address put 5
+// dependent uniform instructions before each of the 8 chained wgmma, ~13% of the stall samples); (2) the stage is
+// addressed from the shared array itself, so U and gam_n are read by LDS (generic LD.E's long scoreboard held 5.5% of
+// the samples); each warp copies the gam_n and U values it reads itself and reads them before the CTA's barrier (step
+// 2); (3) the copies and the o stores use offsets computed once per thread (else ~95 and ~50 instructions of 64-bit
+// address arithmetic per step). (Storing chunk c's o during chunk c + 1's chain, or the decay there, is not possible:
+// ptxas then injects a wgmma wait right after the chain's issue, see the note at the decay.)
+__global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
+  constexpr int D = 128;
+  using SL = Slot<D>;
+  const int hv = blockIdx.y, n = blockIdx.z, vbase = blockIdx.x * wg::SLC;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gq = lane / 4, tq = lane % 4;
+  const Seq sq = seq_info(p, n);
+  const int nch = (sq.len + C - 1) / C;
+  const int v0 = vbase + warp * 16;  // this warp's 16 value columns
+
+  // the stages from a 1024-byte aligned offset of the shared array (pointer arithmetic on the array keeps the shared
+  // state space visible to the compiler: LDS, not generic loads)
+  extern __shared__ __align__(16) unsigned char dyn_smem[];
+  const std::uint32_t raw_a = static_cast<std::uint32_t>(__cvta_generic_to_shared(dyn_smem));
+  const std::uint32_t pad = (1024u - (raw_a & 1023u)) & 1023u;
+  unsigned char* const sbase = dyn_smem + pad;
+  const std::uint32_t sbase_a = raw_a + pad;
+
+  // S^T accumulators (wgmma m64n128 layout = the mma pass's): Sacc[4 j + e] = S[8 j + 2 tq + (e & 1)][v0 + gq + 8 (e >> 1)]
+  float Sacc[64];
+  const long long sb = (static_cast<long long>(n) * p.HV + hv) * D * D;
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      Sacc[4 * j + e] = p.S0 ? p.S0[sb + (8 * j + 2 * tq + (e & 1)) * D + v0 + gq + 8 * (e >> 1)] : 0.0f;
+
+  const long long slot_stride = static_cast<long long>(p.HV) * SL::bytes;
+  const unsigned char* slot_next = p.ws + (static_cast<long long>(sq.slot0) * p.HV + hv) * SL::bytes;
+  const wg::CopyPlan cpl(tid, vbase);
+#pragma unroll
+  for (int i = 0; i < NST - 1; ++i) {
+    if (i < nch) cpl.issue(sbase_a + i * wg::STAGE, slot_next, tid);
+    cp_async_commit();
+    slot_next += slot_stride;
+  }
+  // descriptors of stage 0 (start address >> 4 in the low 14 bits; the shared window is below 2^18 bytes, so adding a
+  // stage or block offset >> 4 to the low word never carries into the next field): low words, one shared high word
+  const std::uint64_t dwq0 = wg::desc(sbase_a + wg::OFF_WQ, 16, 1024);
+  const std::uint32_t hi_k = static_cast<std::uint32_t>(dwq0 >> 32);  // sbo 1024, 128-byte swizzle
+  const std::uint32_t lo_wq = static_cast<std::uint32_t>(dwq0);
+  const std::uint32_t lo_kd = static_cast<std::uint32_t>(wg::desc(sbase_a + wg::OFF_KD, 2048, 1024));
+  const std::uint32_t lo_ph = static_cast<std::uint32_t>(wg::desc(sbase_a + wg::OFF_PH, 16, 1024));
+  const std::uint32_t lo_pl = static_cast<std::uint32_t>(wg::desc(sbase_a + wg::OFF_PL, 16, 1024));
+  auto dsc = [hi_k](std::uint32_t lo) { return (static_cast<std::uint64_t>(hi_k) << 32) | lo; };
+
+  // o: this thread's rows 2 tq + odd (+ 8) and columns v0 + (gq & ~1) (+ 8) of each chunk, as 4-byte bf16 pairs
+  const bool odd = gq & 1;
+  const int orow = 2 * tq + (odd ? 1 : 0);
+  bf16_t* o_next = p.o + sq.bidx * p.so.b + static_cast<long long>(sq.bos) * p.so.t + hv * p.so.h +
+                   static_cast<long long>(orow) * p.so.t + v0 + (gq & ~1);
+  const long long o8 = 8 * p.so.t, o_chunk = C * p.so.t;
+  int s_cur = 0;
+  for (int c = 0; c < nch; ++c) {
+    cp_async_wait<NST - 2>();
+    const int s_next = s_cur == 0 ? NST - 1 : s_cur - 1;
+    const unsigned char* const st = sbase + s_cur * wg::STAGE;
+    const std::uint32_t so = (s_cur * wg::STAGE) >> 4;  // the stage's offset in descriptor units
+    // this warp's gam_n and U^T (its own copies: visible to the warp after its wait and a __syncwarp), read before the
+    // CTA's barrier so that their latency runs under it
+    __syncwarp();
+    float2 g2[16];
+    {
+      const float* gn = reinterpret_cast<const float*>(st + wg::OFF_GN + 512 * warp);
+#pragma unroll
+      for (int j = 0; j < 16; ++j) g2[j] = *reinterpret_cast<const float2*>(&gn[8 * j + 2 * tq]);
+    }
+    float u[8];
+    {
+      const float* U = reinterpret_cast<const float*>(st + wg::OFF_U);
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) u[4 * nt + e] = U[(8 * nt + 2 * tq + (e & 1)) * wg::UP + warp * 16 + gq + 8 * (e >> 1)];
+    }
+    wg::fence_async_smem();
+    __syncthreads();  // every thread's W, Qg, Kd, P copies of this chunk, for the wgmma
+    // ---- [1] D^T and o^T's Qg part: one m64n32 chain over [W; Qg]^T, A = S^T's bf16 k-tiles ----
+    std::uint32_t as[8][4];
+#pragma unroll
+    for (int kt = 0; kt < 8; ++kt) {
+      as[kt][0] = pack_bf16(Sacc[8 * kt + 0], Sacc[8 * kt + 1]);
+      as[kt][1] = pack_bf16(Sacc[8 * kt + 2], Sacc[8 * kt + 3]);
+      as[kt][2] = pack_bf16(Sacc[8 * kt + 4], Sacc[8 * kt + 5]);
+      as[kt][3] = pack_bf16(Sacc[8 * kt + 6], Sacc[8 * kt + 7]);
+    }
+    // the decay of S^T before the chain is issued: ptxas injects a wgmma wait before any access to a wgmma accumulator
+    // register (Sacc, ot) while a wgmma is pending, so nothing of S^T or o^T can run in the chain's shadow
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const float2 g = g2[j];
+      Sacc[4 * j + 0] *= g.x;
+      Sacc[4 * j + 1] *= g.y;
+      Sacc[4 * j + 2] *= g.x;
+      Sacc[4 * j + 3] *= g.y;
+    }
+    float dq[16];  // dq[0..7] = S^T W^T (r = 0..15), dq[8..15] = S^T Qg^T; written by the first wgmma (ACC = 0)
+    wg::wgmma_fence();
+    wg::mma_n32<0>(dq, as[0], dsc(lo_wq + so));
+#pragma unroll
+    for (int kt = 1; kt < 8; ++kt) wg::mma_n32(dq, as[kt], dsc(lo_wq + so + ((kt / 4) * 4096 + (kt % 4) * 32) / 16));
+    wg::wgmma_commit();
+    wg::wgmma_wait<0>();
+#pragma unroll
+    for (int e = 0; e < 16; ++e) wg::fence_reg(dq[e]);
+    float ot[8];  // o^T (a copy: accumulating the P D wgmma onto dq[8..15] in place makes ptxas serialise every wgmma
+                  // for lack of registers (C7511); the copy costs one injected warpgroup.arrive, as with descriptors rebuilt per wgmma)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) ot[e] = dq[8 + e];
+    // ---- [2] D^T = U^T - S^T W^T (dq[4 nt + e]: v = gq + 8 (e >> 1), r = 8 nt + 2 tq + (e & 1)), hi / lo ----
+    float d[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) d[e] = u[e] - dq[e];
+    std::uint32_t ad[4], adl[4];
+    split_bf16(d[0], d[1], ad[0], adl[0]);
+    split_bf16(d[2], d[3], ad[1], adl[1]);
+    split_bf16(d[4], d[5], ad[2], adl[2]);
+    split_bf16(d[6], d[7], ad[3], adl[3]);
+    // ---- [3] S^T <- Diag(gam_n) S^T + D^T Kd; o^T += D^T P^T (Phi Dhi + Phi Dlo + Plo Dhi) ----
+    wg::wgmma_fence();
+    wg::mma_n128_t(Sacc, ad, dsc(lo_kd + so));
+    wg::mma_n16(ot, ad, dsc(lo_ph + so));
+    wg::mma_n16(ot, adl, dsc(lo_ph + so));
+    wg::mma_n16(ot, ad, dsc(lo_pl + so));
+    wg::wgmma_commit();
+    // the next chunk's copies (into the stage of chunk c - 1: every wgmma that read it was waited for in step c - 1,
+    // and every thread is past this step's barrier)
+    if (c + NST - 1 < nch) cpl.issue(sbase_a + s_next * wg::STAGE, slot_next, tid);
+    cp_async_commit();
+    slot_next += slot_stride;
+    wg::wgmma_wait<0>();
+#pragma unroll
+    for (int e = 0; e < 64; ++e) wg::fence_reg(Sacc[e]);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) wg::fence_reg(ot[e]);
+#pragma unroll
+    for (int kt = 0; kt < 8; ++kt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) wg::fence_reg(as[kt][e]);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      wg::fence_reg(ad[e]);
+      wg::fence_reg(adl[e]);
+    }
+    // ---- [4] o rows 8 nt + 2 tq (+ 1), columns v0 + gq (+ 8): lane pairs (gq, gq ^ 1) exchange so that the even-gq
+    // lane stores row 8 nt + 2 tq and the odd one row 8 nt + 2 tq + 1, each as (v, v + 1) bf16 pairs ----
+    const int nvalid = min(C, sq.len - c * C);
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int vh = 0; vh < 2; ++vh) {
+        const float x0 = p.scale * ot[4 * nt + 2 * vh], x1 = p.scale * ot[4 * nt + 2 * vh + 1];  // rows r0, r0 + 1
+        const float recv = __shfl_xor_sync(0xffffffffu, odd ? x0 : x1, 4);
+        const std::uint32_t val = odd ? pack_bf16(recv, x1) : pack_bf16(x0, recv);
+        if (8 * nt + orow < nvalid) *reinterpret_cast<std::uint32_t*>(o_next + nt * o8 + 8 * vh) = val;
+      }
+    o_next += o_chunk;
+    s_cur = s_cur == NST - 1 ? 0 : s_cur + 1;
+  }
+  if (p.S_final) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        p.S_final[sb + (8 * j + 2 * tq + (e & 1)) * D + v0 + gq + 8 * (e >> 1)] = Sacc[4 * j + e];
+  }
+}
+}  // namespace
+
+void launch_state_wgmma(const Params& p, int HV, int N, cudaStream_t stream) {
+  cuda_check(cudaFuncSetAttribute(kda_state_wg_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, wg::SMEM),
+             "cudaFuncSetAttribute(kda_state_wg_kernel)");
+  kda_state_wg_kernel<<<dim3(128 / wg::SLC, HV, N), 128, wg::SMEM, stream>>>(p);
+  cuda_check(cudaGetLastError(), "kda_state_wg_kernel launch");
+}
+
+}  // namespace kdalab::kernels::kda_prefill_detail
