@@ -83,8 +83,8 @@ struct KdaPrefillArgs {
 
 /// The state pass of the prefill (kda_prefill_plan states which one runs). All three run the same step with the same
 /// bf16 operand roundings and fp32 state (numerics/kda_twin.hpp); they differ in how the step maps onto the GPU, and
-/// only the fp32 summation order inside the products may differ (o, S_final within tol::kda_state_wg_vs_v3 /
-/// tol::kda_state_v4_vs_v3 of the mma pass; the wgmma pass bit-identical to it on the tested shapes).
+/// only the fp32 summation order inside the products may differ (o, S_final within tol::kda_state_wgmma_vs_mma of
+/// the mma pass; the wgmma pass bit-identical to it on the tested shapes).
 enum class KdaStatePass {
   automatic,  ///< the rule of kda_prefill_plan
   mma,        ///< one warp per 16 value columns on mma.sync, S (D / 2 fp32 per thread) in registers; D = 64, 128;

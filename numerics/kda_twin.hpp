@@ -35,10 +35,6 @@
 ///   (1,4096,2)     3.71e-3             1.66e-3 (2.17e-3)          1.66e-3   (test_twin_slow.cpp)
 /// The all-bf16 plan misses the 2.0e-3 goal; the chosen one meets it with the three d_k x d_v products on the tensor cores.
 ///
-/// Pair mode (KdaTwinPlan::pair, opt-in): two chunks per state step, the same algebra as one C = 32
-/// chunk built from the two 16-token chunks' quantities (every decay factor stays inside one chunk);
-/// see KdaTwinPlan::pair and docs/kernels/kda_prefill.md (the pair step) for its measured errors.
-///
 /// Layouts: as KdaInputs (numerics/random.hpp): q_raw, k_raw [B, T, H, d_k]; v [B, T, HV, d_v];
 /// g_raw [B, T, HV, d_k]; beta_raw [B, T, HV]; A_log [HV]; bias [HV, d_k]; S0 [B, HV, d_k, d_v].
 /// Output o [B, T, HV, d_v], final state [B, HV, d_k, d_v]. Value head j reads key head j/(HV/H).
@@ -76,29 +72,6 @@ struct KdaTwinPlan {
   /// A_seg S_start(s) + B_seg in fp32 (accum); then segments 1..P-1 from their S_start (o,
   /// final state). Exact in float64 (tests/unit/test_kda_segments.cpp).
   std::size_t segments = 0;
-  /// Two-chunk ("pair") state step, the opt-in plan of the pair kernel (KdaPrefillArgs::pair_chunks;
-  /// the spec: docs/kernels/kda_prefill.md, the pair step). Chunks c = 2p and c + 1 advance S in ONE
-  /// step of up to 2C rows built from the two chunks' accum-format quantities (gp = gam_n(c),
-  /// gq = gam_n(c + 1)):
-  ///   M = W_{c+1} Kd_c^T, Wb = W_{c+1} Diag(gp) - M W_c, Ub = U_{c+1} - M U_c, Qb = Qg_{c+1} Diag(gp),
-  ///   Pbl = Qg_{c+1} Kd_c^T, Kt = Kd_c Diag(gq), gn2 = gp gq   (each a float64 sum rounded once to accum)
-  ///   W2 = [W_c; Wb], U2 = [U_c; Ub], Qg2 = [Qg_c; Qb], Kd2 = [Kt; Kd_{c+1}], P2 = [[P_c, 0], [Pbl, P_{c+1}]]
-  /// then the single-chunk step on these 2C rows with the plan's formats (W2, Qg2, Kd2 rounded once to
-  /// ws / qs / kd; D2 = U2 - W2 S; o = scale (Qg2 S + P2 D2); S <- Diag(gn2) S + Kd2^T D2). Exact in
-  /// float64 (tests/numerics/test_twin_pair.cpp). A chunk c + 1 past the sequence end is all padding
-  /// (gq = 1, no bottom rows). Needs chunk <= 32 and segments <= 1.
-  bool pair = false;
-  /// Operand format of the pair's cross-term matrix products (M = W_{c+1} Kd_c^T, M W_c, M U_c,
-  /// Qg_{c+1} Kd_c^T); results rounded to `accum`. fp32 = the spec's "fp32-class". Unused without `pair`.
-  Format cross = Format::fp32;
-};
-
-/// Magnitudes seen by the pair mode (KdaTwinPlan::pair), max |entry| over every pair of every (sequence,
-/// value head): W and U of every chunk (the single-chunk operands), and the cross terms M, Wb, Ub of the
-/// pairs that have a chunk c + 1. `pairs` counts the pair steps. Filled by kda_twin when asked.
-struct KdaTwinPairRanges {
-  double W = 0, U = 0, M = 0, Wb = 0, Ub = 0;
-  std::size_t pairs = 0;
 };
 
 /// The plan the CUDA prefill kernel runs (see file comment for its measured errors).
@@ -113,7 +86,6 @@ inline KdaTwinPlan kda_plan_all_bf16() {
 inline KdaTwinPlan kda_plan_fp64() {
   KdaTwinPlan p;
   p.kk = p.qk = p.solve = p.ws = p.qs = p.pd = p.kd = p.accum = p.state = p.out = Format::fp64;
-  p.cross = Format::fp64;
   return p;
 }
 
@@ -131,15 +103,11 @@ inline void rnd_all(std::vector<double>& a, Format f) {
 }  // namespace twin_detail
 
 /// Runs the tiled algorithm on `in` with plan `p`. Returns o [B,T,HV,d_v] and the final state.
-/// With p.pair and `ranges` given, also records the pair quantities' magnitudes there.
-/// Errors: kdalab::Error (see file comment; with p.pair also for chunk > 32 or segments >= 2).
-inline KdaOutput<double> kda_twin(const KdaInputs& in, const KdaTwinPlan& p, KdaTwinPairRanges* ranges = nullptr) {
+/// Errors: kdalab::Error (see file comment).
+inline KdaOutput<double> kda_twin(const KdaInputs& in, const KdaTwinPlan& p) {
   using twin_detail::rnd;
   using twin_detail::rnd_all;
   require(p.chunk >= 1 && p.chunk <= 64, "kda_twin: chunk = " + std::to_string(p.chunk) + "; accepted: 1 <= chunk <= 64");
-  require(!p.pair || (p.chunk <= 32 && p.segments <= 1),
-          "kda_twin: pair = true with chunk = " + std::to_string(p.chunk) + ", segments = " + std::to_string(p.segments) +
-              "; accepted with pair: chunk <= 32 and segments 0 or 1");
   const std::size_t B = in.B, T = in.T, H = in.H, HV = in.HV, dk = in.d_k, dv = in.d_v, C = p.chunk;
   require(B >= 1 && T >= 1 && H >= 1 && HV >= 1 && dk >= 1 && dv >= 1 && HV % H == 0,
           "kda_twin: empty shape or HV not a multiple of H (B=" + std::to_string(B) + ", T=" + std::to_string(T) +
@@ -232,10 +200,10 @@ inline KdaOutput<double> kda_twin(const KdaInputs& in, const KdaTwinPlan& p, Kda
   auto single_ops = [&](std::size_t n) { return StepOps{&X, &Qg, &Kd, &P, C, &gam[(n - 1) * dk]}; };
   // ---- one step's inter-chunk part on a state Sx of nc columns: D = U - W S (U = 0 when !useU:
   // the A_seg columns of the segment mode), o = scale (Qg S + P D) when write_o, S <- Diag(gam_n) S + Kd^T D;
-  // n rows from `so` (one chunk's, or a pair's) ----
+  // n rows from `so` ----
   auto step = [&](std::vector<double>& Sx, std::size_t nc, bool useU, bool write_o, std::size_t b, std::size_t hv,
                   std::size_t t0, std::size_t n, const StepOps& so) {
-    const std::vector<double>& X = *so.Xv;  // the body below reads X, Qg, Kd, P: one chunk's or the pair's
+    const std::vector<double>& X = *so.Xv;
     const std::vector<double>& Qg = *so.Qgv;
     const std::vector<double>& Kd = *so.Kdv;
     const std::vector<double>& P = *so.Pv;
@@ -281,96 +249,6 @@ inline KdaOutput<double> kda_twin(const KdaInputs& in, const KdaTwinPlan& p, Kda
       }
     }
   };
-  // ---- pair mode (KdaTwinPlan::pair): chunk c (n0 rows) and c + 1 (n1 rows, 0 = past the end) as one step of
-  // n0 + n1 rows; every cross term is a float64 sum of the accum-format quantities (operands of the matrix
-  // products rounded to p.cross) rounded once to accum; nothing is rounded to bf16 before step() ----
-  const std::size_t C2 = 2 * C;
-  std::vector<double> X2(C2 * nx), Qg2(C2 * dk), Kd2(C2 * dk), P2(C2 * C2), gn2(dk), gp(dk), gq(dk);
-  std::vector<double> W0c, U0c, Kd0c, Mc(C * C), W1c, Qg1c;
-  const StepOps pair_ops{&X2, &Qg2, &Kd2, &P2, C2, gn2.data()};
-  auto prep_pair = [&](std::size_t b, std::size_t hv, std::size_t t0, std::size_t n0, std::size_t n1) {
-    std::fill(P2.begin(), P2.end(), 0.0);
-    prep(b, hv, t0, n0);
-    for (std::size_t r = 0; r < n0; ++r) {
-      for (std::size_t c = 0; c < nx; ++c) X2[r * nx + c] = X[r * nx + c];
-      for (std::size_t i = 0; i < dk; ++i) Qg2[r * dk + i] = Qg[r * dk + i];
-      for (std::size_t s = 0; s <= r; ++s) P2[r * C2 + s] = P[r * C + s];
-    }
-    for (std::size_t i = 0; i < dk; ++i) gp[i] = gam[(n0 - 1) * dk + i];
-    auto note_WU = [&](std::size_t n) {
-      if (!ranges) return;
-      for (std::size_t r = 0; r < n; ++r)
-        for (std::size_t c = 0; c < nx; ++c) {
-          double& m = c < dk ? ranges->W : ranges->U;
-          m = std::max(m, std::fabs(X[r * nx + c]));
-        }
-    };
-    note_WU(n0);
-    if (ranges) ++ranges->pairs;
-    if (n1 == 0) {  // chunk c + 1 is all padding: gq = 1, Kt = Kd_c, gn2 = gp
-      for (std::size_t r = 0; r < n0; ++r)
-        for (std::size_t i = 0; i < dk; ++i) Kd2[r * dk + i] = Kd[r * dk + i];
-      std::copy(gp.begin(), gp.end(), gn2.begin());  // in place: pair_ops points at gn2's storage
-      return n0;
-    }
-    // chunk c's operands of the cross products, in p.cross (n0 == C here: only the last chunk is short)
-    W0c.resize(C * dk); U0c.resize(C * dv); Kd0c.resize(C * dk);
-    for (std::size_t s = 0; s < C; ++s) {
-      for (std::size_t i = 0; i < dk; ++i) W0c[s * dk + i] = rnd(X[s * nx + i], p.cross);
-      for (std::size_t j = 0; j < dv; ++j) U0c[s * dv + j] = rnd(X[s * nx + dk + j], p.cross);
-      for (std::size_t i = 0; i < dk; ++i) Kd0c[s * dk + i] = rnd(Kd[s * dk + i], p.cross);
-    }
-    const std::vector<double> Kd0 = Kd;  // chunk c's Kd in accum (for Kt)
-    prep(b, hv, t0 + C, n1);
-    note_WU(n1);
-    for (std::size_t i = 0; i < dk; ++i) gq[i] = gam[(n1 - 1) * dk + i];
-    W1c.resize(C * dk); Qg1c.resize(C * dk);
-    for (std::size_t r = 0; r < n1; ++r)
-      for (std::size_t i = 0; i < dk; ++i) {
-        W1c[r * dk + i] = rnd(X[r * nx + i], p.cross);
-        Qg1c[r * dk + i] = rnd(Qg[r * dk + i], p.cross);
-      }
-    // M = W_{c+1} Kd_c^T and Pbl = Qg_{c+1} Kd_c^T (full 16 x 16 blocks, no mask)
-    for (std::size_t r = 0; r < n1; ++r)
-      for (std::size_t s = 0; s < C; ++s) {
-        double m = 0, pb = 0;
-        for (std::size_t i = 0; i < dk; ++i) {
-          m += W1c[r * dk + i] * Kd0c[s * dk + i];
-          pb += Qg1c[r * dk + i] * Kd0c[s * dk + i];
-        }
-        Mc[r * C + s] = rnd(m, fa);
-        P2[(C + r) * C2 + s] = rnd(pb, fa);
-        if (ranges) ranges->M = std::max(ranges->M, std::fabs(Mc[r * C + s]));
-      }
-    for (std::size_t r = 0; r < n1; ++r) {
-      double Mr[32];
-      for (std::size_t s = 0; s < C; ++s) Mr[s] = rnd(Mc[r * C + s], p.cross);
-      // Wb = W_{c+1} Diag(gp) - M W_c, Ub = U_{c+1} - M U_c
-      for (std::size_t i = 0; i < dk; ++i) {
-        double acc = X[r * nx + i] * gp[i];
-        for (std::size_t s = 0; s < C; ++s) acc -= Mr[s] * W0c[s * dk + i];
-        X2[(C + r) * nx + i] = rnd(acc, fa);
-        if (ranges) ranges->Wb = std::max(ranges->Wb, std::fabs(X2[(C + r) * nx + i]));
-      }
-      for (std::size_t j = 0; j < dv; ++j) {
-        double acc = X[r * nx + dk + j];
-        for (std::size_t s = 0; s < C; ++s) acc -= Mr[s] * U0c[s * dv + j];
-        X2[(C + r) * nx + dk + j] = rnd(acc, fa);
-        if (ranges) ranges->Ub = std::max(ranges->Ub, std::fabs(X2[(C + r) * nx + dk + j]));
-      }
-      // Qb = Qg_{c+1} Diag(gp); P_{c+1} on the diagonal block; Kd_{c+1} as the bottom rows of Kd2
-      for (std::size_t i = 0; i < dk; ++i) {
-        Qg2[(C + r) * dk + i] = rnd(Qg[r * dk + i] * gp[i], fa);
-        Kd2[(C + r) * dk + i] = Kd[r * dk + i];
-      }
-      for (std::size_t s = 0; s <= r; ++s) P2[(C + r) * C2 + C + s] = P[r * C + s];
-    }
-    // Kt = Kd_c Diag(gq), gn2 = gp gq
-    for (std::size_t s = 0; s < C; ++s)
-      for (std::size_t i = 0; i < dk; ++i) Kd2[s * dk + i] = rnd(Kd0[s * dk + i] * gq[i], fa);
-    for (std::size_t i = 0; i < dk; ++i) gn2[i] = rnd(gp[i] * gq[i], fa);
-    return C + n1;
-  };
   const std::size_t nchunk = (T + C - 1) / C;
   const std::size_t seg_chunks = p.segments >= 2 ? (nchunk + p.segments - 1) / p.segments : nchunk;
   const std::size_t nseg = (nchunk + seg_chunks - 1) / seg_chunks;
@@ -414,14 +292,6 @@ inline KdaOutput<double> kda_twin(const KdaInputs& in, const KdaTwinPlan& p, Kda
       // the state pass (segment mode: pass 2, segments 1.. from their S_start; else one segment)
       for (std::size_t sg = nseg > 1 ? 1 : 0; sg < nseg; ++sg) {
         S = Sstart[sg];
-        if (p.pair) {  // one segment (segments <= 1): pairs of chunks from t = 0
-          for (std::size_t t0 = 0; t0 < T; t0 += C2) {
-            const std::size_t n0 = std::min(C, T - t0), n1 = T - t0 > C ? std::min(C, T - t0 - C) : 0;
-            const std::size_t n2 = prep_pair(b, hv, t0, n0, n1);
-            step(S, dv, true, true, b, hv, t0, n2, pair_ops);
-          }
-          continue;
-        }
         for (std::size_t c = sg * seg_chunks; c < std::min(nchunk, (sg + 1) * seg_chunks); ++c) {
           const std::size_t t0 = c * C, n = std::min(C, T - t0);
           prep(b, hv, t0, n);

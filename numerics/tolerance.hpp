@@ -92,69 +92,13 @@ inline constexpr Tolerance kda_twin_plan{1.8e-3,
 inline constexpr Tolerance kda_twin_state{3.0e-3,
     "the state is stored in fp32; its error comes from the bf16 operands of the d_k x d_v products: measured "
     "2.2e-3 .. 2.5e-3 on the anchor cases (no output rounding in it); 3.0e-3 leaves ~20% margin."};
-/// The twin's kernel plan in pair mode (KdaTwinPlan::pair: one state step per two 16-token chunks) vs the
-/// float64 truth, relative RMS of o.
-inline constexpr Tolerance kda_twin_pair_plan{1.7e-3,
-    "measured 1.648e-3 .. 1.668e-3 on the anchor cases (single-chunk plan 1.659e-3 .. 1.733e-3, bf16 output floor "
-    "1.61e-3 .. 1.66e-3); 1.7e-3 catches cross terms with bf16 operands (1.705e-3 on (1,17,1)) or any intra-chunk "
-    "product moved to bf16, and stays under the 2.0e-3 goal."};
-/// Pair mode vs single-chunk mode of the twin's kernel plan, same inputs: ratio of their relative RMS errors vs
-/// the float64 truth, on o and on S_final (anchor and slow-gate inputs).
-inline constexpr Tolerance kda_twin_pair_vs_single{1.05,
-    "measured o 0.895 .. 0.999 (pair more accurate: the chunk c -> c + 1 coupling goes through fp32 M, Pbl instead of "
-    "the bf16 state), S_final 1.000 .. 1.019 (slow gates); 1.05 fails a pair plan that rounds more than the single "
-    "one (bf16 cross-term operands: S 1.052 on slow gates with beta = 1)."};
-/// KDA prepare v6 vs v4 (the two prepare passes of the KDA prefill kernel, same inputs; docs/kernels/kda_prefill.md):
-/// fp32 slot fields U, P and P as hi + lo bf16, max |v6 - v4| / max |v4| over each field.
-inline constexpr Tolerance kda_prep_v6_fp32{5e-5,
-    "v6 computes A = Diag(beta) Kg Ki^T and P = Qg Ki^T as tf32 3-pass products (~2^-21 = 5e-7 relative per "
-    "term) where v4 uses fp32 FMAs (2^-24); U inherits A's change through the 16-step substitution (||k|| <= 1, "
-    "beta <= 1), and P as hi + lo bf16 represents P to ~2^-17 = 8e-6 relative on either side; 5e-5 leaves margin "
-    "while a layout or indexing error shows as O(1)."};
-/// KDA prepare v6 vs v4: the bf16 fragment field W, max |v6 - v4| / max |v4|.
-inline constexpr Tolerance kda_prep_v6_bf16{7.9e-3,
-    "W (and, rarely, Kd) is rounded to bf16 after fp32 arithmetic that differs in the last bits: a ~1e-6 change "
-    "flips an occasional rounding by one bf16 ulp, "
-    "at most 2^-7 = 7.8e-3 of the field's largest entry; a layout error gives O(1)."};
-/// KDA prefill with prepare v6 vs with prepare v4: relative RMS of the difference of o and of S_final.
-inline constexpr Tolerance kda_prep_v6_o{5e-4,
-    "o (bf16) and the state's bf16 operands flip an occasional rounding (2^-8 relative) when W, U move by ~1e-6; "
-    "5e-4 is 0.3 of the bf16 output floor (1.66e-3), far below the O(1) of a wrong prepare."};
-/// KDA prefill, wgmma state pass (state_variant 6) vs the mma.sync state pass v3: relative RMS of the difference
-/// of o and of S_final.
-inline constexpr Tolerance kda_state_wg_vs_v3{5e-4,
-    "the wgmma state step (state_variant 6) forms W S, Qg S, the update and P D on the warpgroup tensor cores, whose "
+/// KDA prefill, wgmma state pass vs the mma.sync state pass (KdaStatePass::wgmma vs ::mma): relative RMS of the
+/// difference of o and of S_final.
+inline constexpr Tolerance kda_state_wgmma_vs_mma{5e-4,
+    "the wgmma state step forms W S, Qg S, the update and P D on the warpgroup tensor cores, whose "
     "fp32 accumulation order differs from mma.sync's (~1e-7 relative); that flips an occasional bf16 rounding of D, o "
     "or the next chunk's S operand (2^-8 relative each): 5e-4 is 0.3 of the bf16 output floor (1.66e-3), far below the "
     "O(1) of a wrong fragment layout, swizzle or descriptor."};
-/// KDA prefill, state pass v4 (state_variant 4 / 5, key dimension of S split over warps) vs v3: relative RMS
-/// of the difference of o and of S_final.
-inline constexpr Tolerance kda_state_v4_vs_v3{5e-4,
-    "v4 sums W S and Qg S in another fp32 order (~1e-7 relative); that flips an occasional bf16 rounding of "
-    "D, o or the S operand of the next chunk (2^-8 relative each); 5e-4 is 0.3 of the bf16 output floor "
-    "(1.66e-3), far below the O(1) of a wrong key-row offset or a missing partial sum."};
-/// KDA prefill with the two-chunk pair step (KdaPrefillArgs::pair_chunks) vs the one-chunk kernel, both against
-/// the float64 truth on the same inputs (relative, on relative RMS): err_pair <= (1 + value) max(err_default, goal).
-inline constexpr Tolerance kda_pair_vs_default{0.1,
-    "the pair step rounds W2, Qg2, Kd2 to bf16 once each, as the one-chunk pass rounds W, Qg, Kd: the same plan on "
-    "other operands (Wb = W_{c+1} gp - M W_c, Qb, Kt), so its error should match the one-chunk kernel's (anchor o "
-    "~1.66e-3, bf16 output floor ~1.66e-3); 10% is the twin/kernel margin (twin_vs_kernel), while an algebra error "
-    "gives O(1)."};
-/// KDA prefill with pair_chunks at T <= 16 vs the one-chunk kernel: relative RMS of the difference of o and S_final.
-inline constexpr Tolerance kda_pair_short_vs_default{5e-4,
-    "at T <= 16 the pair step runs the one-chunk operations plus exact zero terms (the second chunk is all padding: "
-    "gq = 1, Wb = Ub = Qb = Pbl = 0), expected identical; 5e-4 (0.3 of the bf16 output floor) allows an occasional "
-    "bf16 flip from a flushed denormal, while a wrong layout gives O(1)."};
-/// Pair workspace slot (KdaPairSlot) vs a float64 computation of the pair specification on the same inputs:
-/// fp32 fields (U2, gam_n2, P2 as hi + lo), max |kernel - float64| / max |float64| over each field.
-inline constexpr Tolerance kda_pair_slot_fp32{1e-4,
-    "the kernel's gate, decay and L2Norm run in fp32 (G = a sum of up to 16 g of |g| <= 5: ~5e-6 absolute, so gam "
-    "~5e-6 relative), A, P, M, Pbl are tf32 3-pass products (~2^-21 per term), the substitution and the cross terms "
-    "fp32 FMAs; measured fields move by ~1e-6 .. 1e-5 of their largest entry; a layout error gives O(1)."};
-/// Pair slot vs float64: bf16 fragment fields (W2, Qg2, Kd2), max |kernel - bf16(float64)| / max |float64|.
-inline constexpr Tolerance kda_pair_slot_bf16{7.9e-3,
-    "each entry is the fp32 value rounded once to bf16; the fp32 value differs from float64 by ~1e-5 relative, "
-    "which flips an occasional rounding by one bf16 ulp: at most 2^-7 = 7.8e-3 of the field's largest entry."};
 
 // ---- MLA decode, absorbed, bf16 latent cache, fp32 output --------------------------------------
 

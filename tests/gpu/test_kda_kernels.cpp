@@ -253,8 +253,8 @@ TEST_CASE("T = 65536, H = 32: the rule's plan, the P = 3 segment path and the on
     std::printf("T=65536 H=32: the rule's plan vs the one-shot mma pass, all heads: o %.3e S_final %.3e, nan %zu\n",
                 m_o.rel_rms, m_s.rel_rms, static_cast<std::size_t>(m_o.nan_count + m_s.nan_count));
     REQUIRE(m_o.nan_count + m_o.inf_count + m_s.nan_count + m_s.inf_count == 0);
-    CHECK(m_o.rel_rms <= tol::kda_state_wg_vs_v3.value);
-    CHECK(m_s.rel_rms <= tol::kda_state_wg_vs_v3.value);
+    CHECK(m_o.rel_rms <= tol::kda_state_wgmma_vs_mma.value);
+    CHECK(m_s.rel_rms <= tol::kda_state_wgmma_vs_mma.value);
   }
   std::vector<float> Sf_h(H * D * D), Sf1_h(H * D * D);
   cuda_check(cudaMemcpy(Sf_h.data(), Sf.p, Sf.bytes, cudaMemcpyDeviceToHost), "S_final");
@@ -442,8 +442,8 @@ TEST_CASE("wgmma state pass: anchors <= 2.0e-3 vs float64, twin within 10%, clos
     CHECK(mo.rel_rms <= tol::kda_bf16_goal.value);
     CHECK(ms.rel_rms <= tol::kda_twin_state.value);
     CHECK(std::fabs(e_twin - mo.rel_rms) <= tol::twin_vs_kernel.value * mo.rel_rms);
-    CHECK(d_o.rel_rms <= tol::kda_state_wg_vs_v3.value);
-    CHECK(d_s.rel_rms <= tol::kda_state_wg_vs_v3.value);
+    CHECK(d_o.rel_rms <= tol::kda_state_wgmma_vs_mma.value);
+    CHECK(d_s.rel_rms <= tol::kda_state_wgmma_vs_mma.value);
   }
   struct Cs { std::size_t B, T, H, group; bool S0; };
   const Cs cases[] = {{1, 1, 1, 1, true},  {2, 15, 1, 2, true},   {8, 16, 2, 1, false}, {3, 17, 2, 2, true},
@@ -472,8 +472,8 @@ TEST_CASE("wgmma state pass: anchors <= 2.0e-3 vs float64, twin within 10%, clos
     REQUIRE(mo.nan_count + mo.inf_count + ms.nan_count + ms.inf_count == 0);
     CHECK(mo.rel_rms <= o_bound(in, ref.o.data, cs.S0));
     CHECK(ms.rel_rms <= tol::kda_twin_state.value);
-    CHECK(wo <= tol::kda_state_wg_vs_v3.value);
-    CHECK(wsd <= tol::kda_state_wg_vs_v3.value);
+    CHECK(wo <= tol::kda_state_wgmma_vs_mma.value);
+    CHECK(wsd <= tol::kda_state_wgmma_vs_mma.value);
     CHECK(r.o == r1.o);
     CHECK(r.S == r1.S);
   }
@@ -546,7 +546,7 @@ TEST_CASE("wgmma state pass: T = 65536, H = 32 one-shot vs the one-shot mma pass
   {  // the wgmma pass: the rule's choice here on 132 SMs
     const auto r = run(KdaStatePass::wgmma);
     const auto d_o = compare(r.o, r3.o), d_s = compare(r.S, r3.S);
-    const double tol_mma = tol::kda_state_wg_vs_v3.value;
+    const double tol_mma = tol::kda_state_wgmma_vs_mma.value;
     // head hv: o rows are [T][H][D] with the head in the middle
     std::vector<double> ko(T * D);
     for (std::size_t t = 0; t < T; ++t)
