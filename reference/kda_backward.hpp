@@ -25,12 +25,15 @@
 /// states (C = T). The recomputed states are bit-identical to the forward pass's, so every C
 /// gives bit-identical gradients.
 ///
+/// kda_recurrent_varlen_backward runs it per sequence of a packed variable-length batch.
+///
 /// Layouts as kda_recurrent: q, k, dq, dk [B, T, H, d_k]; v, dv, dO [B, T, HV, d_v]; g, dg
 /// [B, T, HV, d_k]; beta, dbeta [B, T, HV]; S0, dS0, dS_T [B, HV, d_k, d_v]. Grouped value heads
 /// (HV = m H): dq and dk of key head h sum the contributions of its m value heads.
 #include <algorithm>
 #include <cstddef>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "reference/error.hpp"
@@ -217,6 +220,58 @@ KdaGrad<S> kda_recurrent_backward(const Tensor<S>& q, const Tensor<S>& k, const 
         for (std::size_t j = 0; j < s.d_v; ++j)
           r.dS0(b, hv, i, j) = gr.dS0(static_cast<Eigen::Index>(i), static_cast<Eigen::Index>(j));
     }
+  return r;
+}
+
+/// Reverse-mode derivative of kda_recurrent_varlen: B = 1, sequences packed along T by cu_seqlens
+/// (validate_cu_seqlens), each with its own state. S0 [N, HV, d_k, d_v] or null (zero states);
+/// dO [1, T, HV, d_v]; dS_T [N, HV, d_k, d_v] or null (final states unused). Returns gradients shaped
+/// as the inputs, dS0 [N, HV, d_k, d_v]; an empty sequence passes its state through, so its dS0 is
+/// its dS_T. Errors: kdalab::Error as kda_recurrent_varlen, or naming 'dO' / 'dS_T'.
+template <class S>
+KdaGrad<S> kda_recurrent_varlen_backward(const Tensor<S>& q, const Tensor<S>& k, const Tensor<S>& v, const Tensor<S>& g,
+                                         const Tensor<S>& beta, const Tensor<S>* S0,
+                                         const std::vector<std::size_t>& cu_seqlens, const S& scale,
+                                         const Tensor<S>& dO, const Tensor<S>* dS_T, KdaVariant var = KdaVariant::kda,
+                                         std::size_t checkpoint = 0) {
+  const KdaShape s = kda_validate(q, k, v, g, beta, static_cast<const Tensor<S>*>(nullptr));
+  require(s.B == 1, "tensor 'q' has B = " + std::to_string(s.B) + "; a variable-length batch packs its sequences "
+                        "along T with B = 1");
+  validate_cu_seqlens(cu_seqlens, s.T);
+  const std::size_t N = cu_seqlens.size() - 1, st = s.HV * s.d_k * s.d_v;
+  if (S0) require_shape(*S0, {N, s.HV, s.d_k, s.d_v}, "S0");
+  if (S0) require_finite(*S0, "S0");
+  require_shape(dO, {1, s.T, s.HV, s.d_v}, "dO");
+  if (dS_T) require_shape(*dS_T, {N, s.HV, s.d_k, s.d_v}, "dS_T");
+  KdaGrad<S> r{Tensor<S>(q.shape), Tensor<S>(k.shape), Tensor<S>(v.shape), Tensor<S>(g.shape), Tensor<S>(beta.shape),
+               Tensor<S>({N, s.HV, s.d_k, s.d_v})};
+  const auto state_of = [&](const Tensor<S>* src, std::size_t n) {
+    Tensor<S> x({1, s.HV, s.d_k, s.d_v});
+    if (src) std::copy(src->data.begin() + static_cast<std::ptrdiff_t>(n * st),
+                       src->data.begin() + static_cast<std::ptrdiff_t>((n + 1) * st), x.data.begin());
+    return x;
+  };
+  const auto put_tokens = [](const Tensor<S>& part, Tensor<S>& whole, std::size_t t0) {
+    const std::size_t row = whole.numel() / whole.dim(1);  // B = 1
+    std::copy(part.data.begin(), part.data.end(), whole.data.begin() + static_cast<std::ptrdiff_t>(t0 * row));
+  };
+  for (std::size_t n = 0; n < N; ++n) {
+    const std::size_t t0 = cu_seqlens[n], t1 = cu_seqlens[n + 1];
+    const Tensor<S> s0 = state_of(S0, n), dST = state_of(dS_T, n);
+    Tensor<S> dS0n = dST;  // an empty sequence: S_final = S0
+    if (t1 > t0) {
+      KdaGrad<S> gr = kda_recurrent_backward<S>(slice_tokens(q, t0, t1), slice_tokens(k, t0, t1), slice_tokens(v, t0, t1),
+                                                slice_tokens(g, t0, t1), slice_tokens(beta, t0, t1), &s0, scale,
+                                                slice_tokens(dO, t0, t1), &dST, var, checkpoint);
+      put_tokens(gr.dq, r.dq, t0);
+      put_tokens(gr.dk, r.dk, t0);
+      put_tokens(gr.dv, r.dv, t0);
+      put_tokens(gr.dg, r.dg, t0);
+      put_tokens(gr.dbeta, r.dbeta, t0);
+      dS0n = std::move(gr.dS0);
+    }
+    std::copy(dS0n.data.begin(), dS0n.data.end(), r.dS0.data.begin() + static_cast<std::ptrdiff_t>(n * st));
+  }
   return r;
 }
 

@@ -250,6 +250,34 @@ TEST_CASE("float64 gradients == cpp_bin_float_50 gradients (recurrence and fused
   }
 }
 
+TEST_CASE("packed variable-length VJP == central differences in cpp_bin_float_50, empty sequence included",
+          "[backward][mp50]") {
+  const std::vector<std::size_t> cu = {0, 5, 5, 11, 12};  // lengths 5, 0, 6, 1
+  const std::size_t N = cu.size() - 1;
+  const Problem p = make_problem(271, 1, 12, 1, 2, 3, 2);
+  const auto m = p.as<mp50>();
+  Rng rng(272);
+  const Tensor<mp50> S0 = randn_tensor(rng, {N, p.HV, p.dk, p.dv}, 0.1).cast<mp50>();
+  const Tensor<mp50> dO = randn_tensor(rng, {1, p.T, p.HV, p.dv}).cast<mp50>(),
+                     dS_T = randn_tensor(rng, {N, p.HV, p.dk, p.dv}).cast<mp50>();
+  const auto L = [&](const std::vector<Tensor<mp50>>& x) {
+    const auto out = kda_recurrent_varlen<mp50>(x[0], x[1], x[2], x[3], x[4], &x[5], cu, m.scale);
+    return mp50(inner(dO, out.o) + inner(dS_T, out.S_final));
+  };
+  const KdaGrad<mp50> gr = kda_recurrent_varlen_backward<mp50>(m.q, m.k, m.v, m.g, m.beta, &S0, cu, m.scale, dO, &dS_T);
+  const std::vector<Tensor<mp50>> x = {m.q, m.k, m.v, m.g, m.beta, S0};
+  const std::vector<const Tensor<mp50>*> grads = {&gr.dq, &gr.dk, &gr.dv, &gr.dg, &gr.dbeta, &gr.dS0};
+  const char* names[] = {"q", "k", "v", "g", "beta", "S0"};
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const Tensor<mp50> dx = randn_tensor(rng, x[i].shape).cast<mp50>();
+    const double e = fd_rel_err(L, x, i, dx, inner(*grads[i], dx));
+    INFO("varlen, d/d" << names[i] << ": relative error " << e);
+    CHECK(e <= tol::backward_fd_mp.value);
+  }
+  const std::size_t st = p.HV * p.dk * p.dv;  // the empty sequence 1 passes its state through
+  CHECK(std::equal(gr.dS0.data.begin() + st, gr.dS0.data.begin() + 2 * st, dS_T.data.begin() + st));
+}
+
 TEST_CASE("a loss on o_1..o_P has exactly zero gradient for every later token", "[backward]") {
   const std::size_t B = 1, T = 20, H = 1, HV = 2, dk = 5, dv = 4, P = 7;
   const auto zero_after = [&](const Tensor<double>& g, bool want_nonzero_before) {
