@@ -156,16 +156,15 @@ struct KdaGrad {
   Tensor<S> dq, dk, dv, dg, dbeta, dS0;
 };
 
-/// Reverse-mode derivative of kda_recurrent: given dO = dL/do [B, T, HV, d_v] and dS_T = dL/dS_final
-/// [B, HV, d_k, d_v] (null: the final state is not used), returns dL/d(q, k, v, g, beta, S0).
-/// S0 null means the zero initial state (dS0 is still returned). checkpoint as in
-/// kda_recurrent_head_backward. Errors: kdalab::Error from kda_validate(), or naming 'dO' / 'dS_T'
-/// on a shape mismatch or a non-finite value.
-template <class S>
-KdaGrad<S> kda_recurrent_backward(const Tensor<S>& q, const Tensor<S>& k, const Tensor<S>& v, const Tensor<S>& g,
-                                  const Tensor<S>& beta, const Tensor<S>* S0, const S& scale, const Tensor<S>& dO,
-                                  const Tensor<S>* dS_T, KdaVariant var = KdaVariant::kda,
-                                  std::size_t checkpoint = 0) {
+/// Runs a per-head backward `head_backward(q, k, v, g, beta, S0, dO, dS_T) -> KdaHeadGrad` (one head's
+/// token-major matrices, as kda_recurrent_head_backward takes them) over every (batch, value head)
+/// of a batched call, and gathers the gradients (dq, dk summed over a key head's value heads).
+/// Errors: kdalab::Error from kda_validate(), or naming 'dO' / 'dS_T' on a shape mismatch or a
+/// non-finite value.
+template <class S, class HeadBackward>
+KdaGrad<S> kda_backward_per_head(const Tensor<S>& q, const Tensor<S>& k, const Tensor<S>& v, const Tensor<S>& g,
+                                 const Tensor<S>& beta, const Tensor<S>* S0, const Tensor<S>& dO, const Tensor<S>* dS_T,
+                                 HeadBackward&& head_backward) {
   const KdaShape s = kda_validate(q, k, v, g, beta, S0);
   require_shape(dO, {s.B, s.T, s.HV, s.d_v}, "dO");
   require_finite(dO, "dO");
@@ -203,8 +202,7 @@ KdaGrad<S> kda_recurrent_backward(const Tensor<S>& q, const Tensor<S>& k, const 
           if (S0) S0h(static_cast<Eigen::Index>(i), static_cast<Eigen::Index>(j)) = (*S0)(b, hv, i, j);
           if (dS_T) dST(static_cast<Eigen::Index>(i), static_cast<Eigen::Index>(j)) = (*dS_T)(b, hv, i, j);
         }
-      const KdaHeadGrad<S> gr = kda_recurrent_head_backward<S>(qh, kh, vh, gh, bh, S0h, scale, dOh, dST, var,
-                                                               static_cast<Eigen::Index>(checkpoint));
+      const KdaHeadGrad<S> gr = head_backward(qh, kh, vh, gh, bh, S0h, dOh, dST);
       for (std::size_t t = 0; t < s.T; ++t) {
         const auto tt = static_cast<Eigen::Index>(t);
         for (std::size_t i = 0; i < s.d_k; ++i) {
@@ -221,6 +219,23 @@ KdaGrad<S> kda_recurrent_backward(const Tensor<S>& q, const Tensor<S>& k, const 
           r.dS0(b, hv, i, j) = gr.dS0(static_cast<Eigen::Index>(i), static_cast<Eigen::Index>(j));
     }
   return r;
+}
+
+/// Reverse-mode derivative of kda_recurrent: given dO = dL/do [B, T, HV, d_v] and dS_T = dL/dS_final
+/// [B, HV, d_k, d_v] (null: the final state is not used), returns dL/d(q, k, v, g, beta, S0).
+/// S0 null means the zero initial state (dS0 is still returned). checkpoint as in
+/// kda_recurrent_head_backward. Errors: as kda_backward_per_head.
+template <class S>
+KdaGrad<S> kda_recurrent_backward(const Tensor<S>& q, const Tensor<S>& k, const Tensor<S>& v, const Tensor<S>& g,
+                                  const Tensor<S>& beta, const Tensor<S>* S0, const S& scale, const Tensor<S>& dO,
+                                  const Tensor<S>* dS_T, KdaVariant var = KdaVariant::kda,
+                                  std::size_t checkpoint = 0) {
+  return kda_backward_per_head<S>(q, k, v, g, beta, S0, dO, dS_T,
+                                  [&](const Mat<S>& qh, const Mat<S>& kh, const Mat<S>& vh, const Mat<S>& gh,
+                                      const Vec<S>& bh, const Mat<S>& S0h, const Mat<S>& dOh, const Mat<S>& dST) {
+                                    return kda_recurrent_head_backward<S>(qh, kh, vh, gh, bh, S0h, scale, dOh, dST, var,
+                                                                          static_cast<Eigen::Index>(checkpoint));
+                                  });
 }
 
 /// Reverse-mode derivative of kda_recurrent_varlen: B = 1, sequences packed along T by cu_seqlens
