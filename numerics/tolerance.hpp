@@ -175,4 +175,16 @@ inline constexpr Tolerance recall_softmax_exact{1e-4,
     "<= ~1e-5. (1e-6, justified by cos <= 0.8, held for about half the draws: the seeded run read 1.1e-6 there once "
     "recall's cells got their own generators.) A blurred softmax (scale 1/sqrt(d)) gives errors ~1."};
 
+// ---- Reverse-mode derivatives of the reference (reference/*_backward.hpp) ---------------------------
+/// Analytic VJP <J^T dy, dx> vs the central difference (L(x + h dx) - L(x - h dx)) / 2h of
+/// L = <dy, f(x)>, both in cpp_bin_float_50 with h = 1e-17: relative error of one directional derivative.
+inline constexpr Tolerance backward_fd_mp{1e-25,
+    "truncation h^2 L'''/6 ~ 1e-34 and rounding u_mp50 |L| / h ~ 1e-50 / 1e-17 = 1e-33 for O(1) derivatives; "
+    "measured <= 1.2e-31 on the unit-test shapes (tests/unit/test_kda_backward.cpp); 1e-25 fails any wrong term (O(1)) and any float64 step (1e-16)."};
+/// float64 gradients vs the cpp_bin_float_50 gradients of the same inputs, per gradient tensor.
+inline constexpr Tolerance backward_f64_vs_mp{1e-13,
+    "the reverse sweep repeats the forward's O(T d) dependent flops once more; measured <= 1.6e-15 on T = 64 (recurrence) and "
+    "T = 40 (fused op), d_k = d_v = 8; 1e-13 leaves ~60x margin, while a wrong term gives O(1)."};
+
+
 }  // namespace kdalab::tol

@@ -8,14 +8,14 @@
 #include "tests/unit/kda_testutil.hpp"
 
 #include "numerics/tolerance.hpp"
-#include "numerics/tolerance_backward.hpp"
+#include "numerics/tolerance.hpp"
 #include "reference/attn_res_backward.hpp"
 
 using namespace kdalab;
 using namespace kdatest;
 
 namespace {
-const mp50 fd_step("1e-17");  // central-difference step (numerics/tolerance_backward.hpp)
+const mp50 fd_step("1e-17");  // central-difference step (numerics/tolerance.hpp)
 
 std::vector<Vec<mp50>> random_vecs(Rng& rng, std::size_t n, Eigen::Index d, double sigma = 1.0) {
   std::vector<Vec<mp50>> r;

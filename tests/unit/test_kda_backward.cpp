@@ -13,7 +13,7 @@
 #include "tests/unit/kda_testutil.hpp"
 
 #include "numerics/tolerance.hpp"
-#include "numerics/tolerance_backward.hpp"
+#include "numerics/tolerance.hpp"
 #include "reference/kda_fused_backward.hpp"
 
 using namespace kdalab;
@@ -41,7 +41,7 @@ Tensor<double> randn_tensor(Rng& rng, const std::vector<std::size_t>& shape, dou
   return t;
 }
 
-/// The central-difference step in cpp_bin_float_50 (file comment of numerics/tolerance_backward.hpp).
+/// The central-difference step in cpp_bin_float_50 (file comment of numerics/tolerance.hpp).
 const mp50 fd_step("1e-17");
 
 /// Relative error of the analytic directional derivative `an` = <grad, dx> against the central

@@ -9,14 +9,14 @@
 #include "tests/unit/kda_testutil.hpp"
 
 #include "numerics/tolerance.hpp"
-#include "numerics/tolerance_backward.hpp"
+#include "numerics/tolerance.hpp"
 #include "reference/mla_backward.hpp"
 
 using namespace kdalab;
 using namespace kdatest;
 
 namespace {
-const mp50 fd_step("1e-17");  // central-difference step (numerics/tolerance_backward.hpp)
+const mp50 fd_step("1e-17");  // central-difference step (numerics/tolerance.hpp)
 
 MlaConfig small_cfg(std::size_t d_rope) {
   MlaConfig c;
