@@ -40,7 +40,7 @@
 #include "kernels/kda_pair.cuh"
 #include "kernels/kda_prepare_phases.cuh"
 #include "kernels/kda_state_update.cuh"
-#include "kernels/wgmma.cuh"
+#include "kernels/common/wgmma.cuh"
 
 namespace kdalab::kernels {
 
@@ -879,7 +879,7 @@ constexpr int OFF_U = 16384, OFF_GN = OFF_U + C * UP * 4, STAGE = (OFF_GN + 4 * 
 constexpr int SMEM = NST * STAGE + 1024;                 // + slack to align the base to 1024 bytes
 static_assert(STAGE == 23552 && SMEM <= 227 * 1024, "wgmma state stage");
 
-// the 128-byte swizzle, descriptor, fence / commit / wait helpers: kernels/wgmma.cuh
+// the 128-byte swizzle, descriptor, fence / commit / wait helpers: kernels/common/wgmma.cuh
 using wgmma_util::desc;
 using wgmma_util::fence_async_smem;
 using wgmma_util::fence_reg;
