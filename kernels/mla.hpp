@@ -25,7 +25,7 @@
 /// memory (cp.async) in pairs of 64-token blocks, one per warpgroup (the "seesaw" schedule: one warpgroup's
 /// softmax overlaps the other's P C; kernels/mla_decode/split.cu), runs an online softmax, and writes its partial
 /// (running max m, sum l, unnormalised accumulator) to the workspace; a combine kernel merges the partials per
-/// (b, head) in one round of loads (kernels/mla_decode/combine.cu):
+/// (b, head), loading every slice's partial at once (kernels/mla_decode/combine.cu):
 ///   M = max_s m_s,  L = sum_s l_s e^(m_s - M),  a = sum_s e^(m_s - M) acc_s / L
 /// When the plan gives one slice per sequence (large batches of short contexts) the split kernel normalises in its
 /// epilogue and writes the output itself, and no combine runs (MlaDecodeOutput::direct: the same float operations
@@ -85,9 +85,9 @@ enum class MlaDecodeOutput { automatic = 0, direct = 1, combine = 2 };
 const char* mla_decode_output_name(MlaDecodeOutput o);
 
 /// The rule: direct iff the plan gives one slice per sequence (num_splits = 1), else combine. With one slice the
-/// combine would only divide the partial by its own l after a round trip through the workspace and a second launch;
-/// the direct output does the same float operations in the split kernel's epilogue (same bits), and measured faster
-/// on an H200 (B = 256 x 4K 339-353 -> 331-335 us per graph step, 128 x 8K -2.5%, 132 x 4K -4.5%;
+/// combine would only divide the partial by its own l, after the partial went to the workspace and back in a second
+/// launch; the direct output does the same float operations in the split kernel's epilogue (same bits), and measured
+/// faster on an H200 (B = 256 x 4K 339-353 -> 331-335 us per graph step, 128 x 8K -2.5%, 132 x 4K -4.5%;
 /// docs/kernels/mla_decode.md). With several slices only the combine can merge them.
 MlaDecodeOutput mla_decode_output_rule(int num_splits);
 
@@ -101,7 +101,7 @@ struct MlaDecodeOverrides {
 /// Splits per sequence, tokens per split and the output path that mla_decode will use for these arguments.
 /// Automatic split count: among slices of >= 64 tokens (one block) the count of least modelled time,
 /// waves x (split_len + 128) with the SM count of the current device (split_len rounded up to whole 64-token blocks;
-/// the 128 tokens model a slice's fixed cost: the q~ load and the partial's round trip); N = 65536 -> 128 x 512,
+/// the 128 tokens model a slice's fixed cost: the q~ load and the partial written and read back); N = 65536 -> 128 x 512,
 /// N = 1M -> 132 x 8000, N = 8192 -> 128 x 64 on an H200's 132 SMs (docs/kernels/mla_decode.md). split_len is a multiple of
 /// 64. Checks the shapes and the overrides.
 struct MlaDecodePlan {

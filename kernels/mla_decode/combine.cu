@@ -31,8 +31,8 @@ __device__ __forceinline__ int quarter_start(const DecodeParams& p, int h, int b
 /// One CTA of 32 nw threads per (head, sequence, quarter of the d_c columns), nw = blockDim.x / 32 =
 /// clamp(ceil(num_splits / 8), 1, 16) warps (combine_threads). Warp w takes the slices s = w, w + nw, .. and merges
 /// them with its own running maximum (8 slices per step: the (m, l) pair and the float4 partial of each slice are
-/// loaded together, so a step is ONE round of loads, not a reduction of (M, L) over all slices followed by the loads
-/// of the partials). With ns <= 8 nw slices (every ns <= 128; N = 64K: 128 slices, 16 warps) every load of the CTA is
+/// loaded together, so a step is ONE batch of independent loads, not a reduction of (M, L) over all slices followed
+/// by the loads of the partials). With ns <= 8 nw slices (every ns <= 128; N = 64K: 128 slices, 16 warps) every load of the CTA is
 /// in flight at once. The warps' (m_w, l_w, a_w) meet in shared memory; warp 0 forms
 /// a = sum_w 2^(m_w - M) a_w / sum_w 2^(m_w - M) l_w.
 /// Launched with programmatic dependent launch (launch_combine): griddepcontrol.wait first waits for the whole split
@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(512) mla_decode_combine_kernel(DecodeParams p)
 }
 
 /// Threads per CTA of the combine kernel for ns slices per sequence: 32 nw with nw = clamp(ceil(ns / 8), 1, 16), the
-/// fewest warps that still take every slice in ONE round of loads (8 slices per warp and step). One warp per slice
+/// fewest warps that still take every slice in ONE batch of loads (8 slices per warp and step). One warp per slice
 /// up to 16 made B x 4 H CTAs of up to 512 threads, two waves of them for B >= 8; measured on an H200 (CUDA-graph
 /// step, H = 32): B = 8 x 8K 47-49 -> 36-37 us, 16 x 4K 42.5 -> 35-36, 4 x 16K 43.7 -> 38.9, B = 1 N = 2K
 /// 10.8 -> 10.4; unchanged at N = 64K (ns = 128: 16 warps either way), 1M and large batches. Packing 2 or 4 column

@@ -62,7 +62,7 @@ namespace kdalab::kernels::mla_decode_impl {
 
 namespace {
 using namespace detail;
-// the 128-byte swizzle, descriptor, fence / commit / wait helpers: kernels/common/wgmma.cuh
+// the 128-byte swizzle, descriptor, fence / commit / wait: kernels/common/wgmma.cuh
 using wgmma_util::desc;
 using wgmma_util::fence_async_smem;
 using wgmma_util::sw;
