@@ -181,7 +181,8 @@ struct MlaPrefillHeadsArgs {
   float* out = nullptr;           ///< o [B, T, H, d_v] fp32, 8-byte aligned
 };
 
-/// The rule above: naive iff 11 pairs > 1024 N, else absorbed (never automatic). No checks, no CUDA calls.
+/// The rule (derived above from the tensor-core FLOPs of the two paths; measurements: docs/kernels/mla_prefill.md):
+/// naive iff 11 pairs > 1024 N, else absorbed (never automatic). No checks, no CUDA calls.
 MlaPrefillPath mla_prefill_path_rule(const MlaPrefillHeadsArgs& a);
 
 /// What benchmarks and tests may force (passed as an optional pointer; null = everything automatic).
@@ -205,8 +206,7 @@ std::size_t mla_prefill_heads_workspace_bytes(const MlaPrefillHeadsArgs& a, cons
 /// the first call, on the device current then; not for CUDA-graph capture on its first call). Errors:
 /// kdalab::Error naming the argument, its value and what is accepted (unsupported widths, T < 1, N0 < 0,
 /// N0 + T > capacity, null or misaligned pointers, bad strides, scale not finite and > 0, workspace too small, an
-/// override out of range),
-/// before anything is launched; CUDA and cuBLAS errors throw kdalab::Error with their message.
+/// override out of range), before anything is launched; CUDA and cuBLAS errors throw kdalab::Error with their message.
 void mla_prefill_heads(const MlaPrefillHeadsArgs& a, cudaStream_t stream, const MlaPrefillOverrides* ov = nullptr);
 
 }  // namespace kdalab::kernels
