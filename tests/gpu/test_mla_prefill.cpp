@@ -191,42 +191,47 @@ std::size_t cache_errors(const Problem& P) {
   return bad;
 }
 
-}  // namespace
+/// One absorbed prefill problem against float64: the parameters that name it (Problem's).
+struct PrefillCase {
+  std::size_t B, T, H, N0;
+  std::size_t extra = 0;   // cache rows past N0 + T (poisoned; must stay so)
+  std::size_t row = DC;    // cache row stride sc_t (576: [c ; k_R] rows)
+};
 
-TEST_CASE("mla prefill: T in {1,15,16,17,300,1000} x prefix {0, 777}, H = 32, vs float64 on the exact q~", "[gpu][mla]") {
-  for (std::size_t N0 : {0, 777})
-    for (std::size_t T : {1, 15, 16, 17, 300, 1000}) {
-      Problem P(1, T, 32, N0, 5);
-      const auto out = run(P.args());
-      const auto m = check(P, out, 0);
-      const std::size_t cerr = cache_errors(P);
-      std::printf("mla prefill T=%zu N0=%zu H=32: rel_rms %.3e max_abs %.3e (%zu rows checked), cache errors %zu\n", T, N0,
-                  m.rel_rms, m.max_abs, m.n / DC, cerr);
-      CAPTURE(T, N0, m.rel_rms, m.nan_count);
-      REQUIRE(m.nan_count + m.inf_count == 0);
-      CHECK(m.rel_rms <= tol::mla_prefill_goal.value);
-      CHECK(cerr == 0);
-      std::size_t nan = 0;
-      for (double x : out) nan += std::isfinite(x) ? 0 : 1;
-      CHECK(nan == 0);
-    }
+/// Runs the case: per sequence the sampled rows vs float64 (no NaN / Inf, rel_rms <= tol::mla_prefill_goal), every
+/// output element finite, the cache written exactly (cache_errors == 0).
+void check_prefill_case(const PrefillCase& k) {
+  Problem P(k.B, k.T, k.H, k.N0, k.extra, k.row);
+  const auto out = run(P.args());
+  for (std::size_t b = 0; b < k.B; ++b) {
+    const auto m = check(P, out, b);
+    std::printf("mla prefill B=%zu b=%zu T=%zu N0=%zu H=%zu sc_t=%zu: rel_rms %.3e max_abs %.3e (%zu rows checked)\n",
+                k.B, b, k.T, k.N0, k.H, k.row, m.rel_rms, m.max_abs, m.n / DC);
+    CAPTURE(k.B, b, k.T, k.N0, k.H, k.row, m.rel_rms, m.nan_count);
+    REQUIRE(m.nan_count + m.inf_count == 0);
+    CHECK(m.rel_rms <= tol::mla_prefill_goal.value);
+  }
+  std::size_t nan = 0;
+  for (double x : out) nan += std::isfinite(x) ? 0 : 1;
+  const std::size_t cerr = cache_errors(P);
+  std::printf("mla prefill B=%zu T=%zu N0=%zu H=%zu: non-finite outputs %zu, cache errors %zu\n", k.B, k.T, k.N0, k.H,
+              nan, cerr);
+  CAPTURE(k.B, k.T, k.N0, k.H, k.row);
+  CHECK(nan == 0);
+  CHECK(cerr == 0);
 }
 
-TEST_CASE("mla prefill: B = 2, H in {16, 48, 1}, [c ; k_R] rows (sc_t = 576), per-sequence truths", "[gpu][mla]") {
-  for (std::size_t H : {16, 48, 1}) {
-    Problem P(2, 45, H, 33, 3, 576);
-    const auto out = run(P.args());
-    for (std::size_t b = 0; b < 2; ++b) {
-      const auto m = check(P, out, b);
-      std::printf("mla prefill B=2 b=%zu T=45 N0=33 H=%zu sc_t=576: rel_rms %.3e\n", b, H, m.rel_rms);
-      CAPTURE(H, b, m.rel_rms);
-      REQUIRE(m.nan_count + m.inf_count == 0);
-      CHECK(m.rel_rms <= tol::mla_prefill_goal.value);
-    }
-    const std::size_t cerr = cache_errors(P);
-    std::printf("mla prefill B=2 H=%zu: cache errors %zu\n", H, cerr);
-    CHECK(cerr == 0);
-  }
+}  // namespace
+
+TEST_CASE("mla prefill vs float64 on the exact q~ (T around the 16/32-row tiles x prefix, H, B = 2, sc_t = 576)",
+          "[gpu][mla]") {
+  std::vector<PrefillCase> cases;
+  // T in {1, 15, 16, 17, 300, 1000} x prefix {0, 777}, H = 32, one sequence
+  for (std::size_t N0 : {0, 777})
+    for (std::size_t T : {1, 15, 16, 17, 300, 1000}) cases.push_back({1, T, 32, N0, 5});
+  // B = 2, H in {16, 48, 1}, combined [c ; k_R] rows (sc_t = 576), per-sequence truths
+  for (std::size_t H : {16, 48, 1}) cases.push_back({2, 45, H, 33, 3, 576});
+  for (const PrefillCase& k : cases) check_prefill_case(k);
 }
 
 TEST_CASE("mla prefill: hi + lo query vs hi only (the lo part is what keeps the goal)", "[gpu][mla]") {
