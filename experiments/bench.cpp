@@ -803,7 +803,7 @@ void register_bench(Registry& reg) {
       }
     }
     // mla-prefill: the prefix and the new tokens are counted in 32-bit ints by the kernel; refused here in every build
-    // (4000000000 exited 3 "not available" without the kernels; breaker, session 7), quoting --prefix as typed
+    // (so that a CPU build gives exit 2 for such a value, not 3 "not available"), quoting --prefix as typed
     for (std::size_t i = 0; i < ops.size(); ++i) {
       if (ops[i] != "mla-prefill") continue;
       const auto& typed = ctx.app->get_option("--prefix")->results();
