@@ -100,10 +100,10 @@ struct MlaDecodeOverrides {
 
 /// Splits per sequence, tokens per split and the output path that mla_decode will use for these arguments.
 /// Automatic split count: among slices of >= 64 tokens (one block) the count of least modelled time,
-/// waves x (split_len + 128) with the SM count of the current device (split_len rounded up to whole 64-token blocks;
-/// the 128 tokens model a slice's fixed cost: the q~ load and the partial written and read back); N = 65536 -> 128 x 512,
-/// N = 1M -> 132 x 8000, N = 8192 -> 128 x 64 on an H200's 132 SMs (docs/kernels/mla_decode.md). split_len is a multiple of
-/// 64. Checks the shapes and the overrides.
+/// waves x (split_len + 128) with the SM count of the current device (split_len rounded up to whole 64-token
+/// blocks; the 128 tokens model a slice's fixed cost: the q~ load and the partial written and read back):
+/// N = 65536 -> 128 x 512, N = 1M -> 132 x 8000, N = 8192 -> 128 x 64 on an H200's 132 SMs
+/// (docs/kernels/mla_decode.md). split_len is a multiple of 64. Checks the shapes and the overrides.
 struct MlaDecodePlan {
   int num_splits = 0, split_len = 0;
   MlaDecodeOutput output = MlaDecodeOutput::combine;  ///< never automatic

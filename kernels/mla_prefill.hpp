@@ -202,8 +202,8 @@ MlaPrefillPath mla_prefill_heads_path(const MlaPrefillHeadsArgs& a, const MlaPre
 std::size_t mla_prefill_heads_workspace_bytes(const MlaPrefillHeadsArgs& a, const MlaPrefillOverrides* ov = nullptr);
 
 /// The prefill with per-head output: appends c_new to the cache, then writes o [B, T, H, d_v] fp32 by the path
-/// mla_prefill_heads_path(a, ov) picks. Asynchronous on `stream`, no allocation (cuBLAS: one handle per process, made on
-/// the first call, on the device current then; not for CUDA-graph capture on its first call). Errors:
+/// mla_prefill_heads_path(a, ov) picks. Asynchronous on `stream`, no allocation (cuBLAS: one handle per process, made
+/// on the first call, on the device current then; not for CUDA-graph capture on its first call). Errors:
 /// kdalab::Error naming the argument, its value and what is accepted (unsupported widths, T < 1, N0 < 0,
 /// N0 + T > capacity, null or misaligned pointers, bad strides, scale not finite and > 0, workspace too small, an
 /// override out of range), before anything is launched; CUDA and cuBLAS errors throw kdalab::Error with their message.

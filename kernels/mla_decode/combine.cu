@@ -32,8 +32,8 @@ __device__ __forceinline__ int quarter_start(const DecodeParams& p, int h, int b
 /// clamp(ceil(num_splits / 8), 1, 16) warps (combine_threads). Warp w takes the slices s = w, w + nw, .. and merges
 /// them with its own running maximum (8 slices per step: the (m, l) pair and the float4 partial of each slice are
 /// loaded together, so a step is ONE batch of independent loads, not a reduction of (M, L) over all slices followed
-/// by the loads of the partials). With ns <= 8 nw slices (every ns <= 128; N = 64K: 128 slices, 16 warps) every load of the CTA is
-/// in flight at once. The warps' (m_w, l_w, a_w) meet in shared memory; warp 0 forms
+/// by the loads of the partials). With ns <= 8 nw slices (every ns <= 128; N = 64K: 128 slices, 16 warps) every
+/// load of the CTA is in flight at once. The warps' (m_w, l_w, a_w) meet in shared memory; warp 0 forms
 /// a = sum_w 2^(m_w - M) a_w / sum_w 2^(m_w - M) l_w.
 /// Launched with programmatic dependent launch (launch_combine): griddepcontrol.wait first waits for the whole split
 /// grid to complete and its writes to be visible (a no-op when launched without the attribute), so only the launch
