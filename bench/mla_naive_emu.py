@@ -1,5 +1,5 @@
-# Scratch (branch mlanaive; numpy, run with /usr/bin/python3): see bench/NOTES.md "MLA prefill, naive path".
-# CPU emulation of the naive MLA prefill precision plans vs float64 truth on the same bf16 inputs.
+# CPU emulation (numpy) of the naive MLA prefill precision plans vs float64 truth on the same bf16 inputs: the
+# table of kernels/mla_prefill.hpp and docs/kernels/mla_prefill.md. Usage: python3 bench/mla_naive_emu.py [SEED]
 import numpy as np, sys
 def bf16(x):
     x = np.asarray(x, dtype=np.float32)

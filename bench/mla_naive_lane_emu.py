@@ -1,5 +1,5 @@
-# Scratch (branch mlanaive; numpy, run with /usr/bin/python3): see bench/NOTES.md "MLA prefill, naive path".
-# Lane-level emulation of mla_naive_attn_kernel's index math (kernels/mla_prefill_naive.cu), PTX fragment
+# Lane-level emulation (numpy) of mla_naive_attn_kernel's index math (kernels/mla_prefill/naive.cu; design:
+# docs/kernels/mla_prefill.md), PTX fragment
 # semantics of mma.m16n8k16 / ldmatrix.trans, vs a direct float64 causal attention. Loads synchronous.
 import numpy as np
 def bf16(x):

@@ -3,7 +3,7 @@
 softmax) on the `kdalab bench --op mla-decode` shapes, in the same machine session as kdalab, and
 writes {"mla-decode B=.. T=.. H=.. HV=..": milliseconds} for `kdalab bench --peer-json`.
 
-This is kdalab's own baseline (ANCHORS.md "torch matmul+softmax"), not a peer's code.
+This is kdalab's own baseline (torch matmul + softmax; docs/kernels/mla_decode.md), not a peer's code.
 Usage: python3 bench/torch_mla_decode.py OUT.json [B:N:H ...]
 Per shape: C [B, N, 512] bf16 latent cache, q~ [B, H, 512] bf16;
   s = scale * q~ C^T (fp32 softmax), a = softmax(s) C. Median of CUDA-event timings after warm-up.

@@ -3,8 +3,7 @@
 //
 //   kdalab bench --op kda-prefill|kda-decode|mla-decode|mla-prefill|attn-res|all [--shapes "B:T:H[:HV[:D]],..."]
 //                [--iters N] [--warmup N] [--quick] [--prefix N0] [--peer-json FILE..] [--compare BASELINE.h5..]
-//                [--variant 1|2|4|5|6] [--state-pass auto|mma|wgmma|key-split] [--segments P] [--overlap on|off]
-//                --out results/bench.h5
+//                [--state-pass auto|mma|wgmma|key-split] [--segments P] [--overlap on|off] --out results/bench.h5
 //
 // Per shape: median (and min) of --iters CUDA-event timings after --warmup launches, the bytes a
 // kernel must move at least (inputs read once, outputs written once; the workspace is not counted)
@@ -23,18 +22,15 @@
 //   is never one of the --compare files (same file through a symlink or another spelling included).
 // mla-decode (kernels/mla.hpp): shapes B:N:H with N the cached tokens per sequence (d_c = 512, bf16
 //   latent cache, q~ as bf16 hi + lo); bytes = the latent reads B N d_c 2 only (TB/s of latent reads),
-//   flops = 4 B H N d_c (scores and P C, one pass; the hi/lo passes are not counted). --variant picks
-//   the split kernel (MlaDecodeArgs::variant: 1 = mma.sync v1, 2 = wgmma v2, 4 = v2 with
-//   early per-warpgroup refill v4, 5 = the seesaw kernel v5 (the default in session 5), 6 = v5 with the one-round
-//   combine, the default since session 6; 7 = the seesaw on 32-token blocks in a TMA-filled ring, opt-in since
-//   session 12; 3 was removed in session 4).
+//   flops = 4 B H N d_c (scores and P C, one pass; the hi/lo passes are not counted). The library's automatic
+//   plan and output path (kernels/mla.hpp mla_decode_plan), printed per shape.
 // mla-prefill (kernels/mla_prefill.hpp): shapes B:T:H with T new tokens behind a cached prefix of --prefix
 //   tokens (default 0); time = append + causal absorbed attention (q~ hi/lo given); prepare_ms = the query
 //   absorption (mla_absorb_query, d_nope = 128) alone; bytes = latent cache read once, c_new read + written,
 //   q_hi/q_lo read, the fp32 attended latent written; flops = 4 d_c H per causal (query, key) pair (one pass,
 //   hi/lo not counted).
 //   Each shape also gets a row "mla-prefill-naive B=.. T=.. H=.. HV=..": kernels/mla_prefill.hpp mla_prefill_heads with
-//   path = naive (append + K, V reconstruction by cuBLAS + hi/lo split + causal flash attention, o = W_UV a per head,
+//   the naive path forced (MlaPrefillOverrides; append + K, V reconstruction by cuBLAS + hi/lo split + causal flash attention, o = W_UV a per head,
 //   [B, T, H, 128] fp32); bytes = latents, c_new, q^C, W_UK, W_UV read, o written (fp32 K, V workspace not counted);
 //   flops = 4 d_h H per causal pair + 2 d_c (d_nope + d_v) H per key (one pass, hi/lo not counted). A printed line
 //   gives the rule's choice, the absorbed path through the same API (absorb + prefill + W_UV) and P hi only.
@@ -47,9 +43,9 @@
 //   B, T, H, D columns hold S, T, d, d); bytes = the S T d bf16 sources read once + the bf16 output written;
 //   flops = 6 S T d (h.h, w.h, the weighted sum).
 // Order of the checks (the same errors, exit 2, in every build): --op, the numbers (--iters, --warmup, --prefix,
-// --segments, --variant), options the op ignores (--variant != 6 without mla-decode, --prefix > 0 without
-// mla-prefill, --state-pass other than auto, --segments != 0 or --overlap off without kda-prefill; --op all takes each
-// of them, it acts on that op's rows), --shapes (fields the op ignores refused: HV != H for the MLA ops, a 4th
+// --segments), options the op ignores (--prefix > 0 without mla-prefill, --state-pass other than auto, --segments != 0
+// or --overlap off without kda-prefill; --op all takes each of them, it acts on that op's rows), --shapes (fields the
+// op ignores refused: HV != H for the MLA ops, a 4th
 // attn-res field), the --peer-json files, the --compare files (Command::check), then cli::run's shared path: --out
 // not one of the input files (--config, --compare, --peer-json), then --out (folder exists and is writable; an
 // existing file only with --force). Only then (Command::run): without the CUDA kernels (CPU build)
@@ -100,7 +96,6 @@ struct BenchOptions {
   std::string op = "all", shapes;
   std::vector<std::string> peer_json, compare;  // several files: peers merged, baselines searched in order
   int iters = 30, warmup = 5;
-  int mla_variant = 6;  // mla-decode split kernel (kernels/mla.hpp MlaDecodeArgs::variant)
   std::string kda_state_pass = "auto";  // kda-prefill: KdaPrefillOverrides::state_pass (auto, mma, wgmma, key-split)
   int kda_segments = 0;  // kda-prefill schedule: 0 the rule, 1 one-shot, 2..64 the segment path with P segments
   std::string kda_overlap = "on";  // kda-prefill: off = KdaPrefillArgs::single_stream
@@ -110,7 +105,7 @@ struct BenchOptions {
 struct Shape {
   long long B, T, H, HV;
   long long D = 128;  // kda-prefill / kda-decode: d_k = d_v
-  bool naive = false;  // mla-prefill: the naive-path row (mla_prefill_heads, path = naive) of this shape
+  bool naive = false;  // mla-prefill: the naive-path row (mla_prefill_heads, naive path forced) of this shape
   bool operator==(const Shape&) const = default;
 };
 
@@ -120,8 +115,9 @@ std::vector<Shape> parse_shapes(const std::string& text, const std::string& op) 
     if (op == "kda-prefill")
       return {{1, 8192, 64, 64}, {1, 8192, 96, 96}, {1, 65536, 32, 32}, {4, 4096, 16, 32}, {1, 8192, 64, 64, 64},
               {1, 8192, 32, 32, 256}};
-    // mla-decode: the three goal shapes, a short context and a small batch of short contexts (the plan's
-    // 64-token slices and the combine's warps per CTA; guarded by data/baselines/h200-mla.h5 since session 15), 256 x 4K
+    // mla-decode: the three goal shapes (docs/kernels/mla_decode.md), a short context and a small batch of short
+    // contexts (the plan's 64-token slices and the combine's warps per CTA; guarded by data/baselines/h200-mla.h5),
+    // 256 x 4K (one slice per sequence: the direct output)
     if (op == "mla-decode")
       return {{1, 65536, 32, 32}, {1, 1048576, 32, 32}, {64, 32768, 32, 32}, {1, 8192, 32, 32}, {8, 8192, 32, 32},
               {256, 4096, 32, 32}};
@@ -457,7 +453,7 @@ Measured bench_decode(const Shape& s, int warmup, int iters, std::uint64_t seed)
 }
 
 /// Absorbed MLA decode: B sequences of T cached tokens (the shape's T is the context N), H heads.
-Measured bench_mla_decode(const Shape& s, int warmup, int iters, std::uint64_t seed, int variant) {
+Measured bench_mla_decode(const Shape& s, int warmup, int iters, std::uint64_t seed) {
   const long long DC = 512;
   const std::size_t nc = static_cast<std::size_t>(s.B) * s.T * DC, nq = static_cast<std::size_t>(s.B) * s.H * DC;
   Dev c(nc * 2), q_hi(nq * 2), q_lo(nq * 2), out(nq * 4);
@@ -470,19 +466,18 @@ Measured bench_mla_decode(const Shape& s, int warmup, int iters, std::uint64_t s
   a.c = c.as<bf16_t>(); a.q_hi = q_hi.as<bf16_t>(); a.q_lo = q_lo.as<bf16_t>();
   a.scale = 1.0f / std::sqrt(192.0f);
   a.out = out.as<float>();
-  a.variant = variant;
   const std::size_t wsb = kernels::mla_decode_workspace_bytes(a);
   Dev ws(wsb);
   a.workspace = ws.p; a.workspace_bytes = wsb;
   const auto pl = kernels::mla_decode_plan(a);
   auto [ms, mn] = time_ms([&] { kernels::mla_decode(a, nullptr); }, warmup, iters);
-  fmt::print("  (B={} N={} H={}, variant {}: {} splits of {} tokens, workspace {:.1f} MB)\n", s.B, s.T, s.H, variant,
-             pl.num_splits, pl.split_len, wsb / 1e6);
+  fmt::print("  (B={} N={} H={}: {} splits of {} tokens, {} output, workspace {:.1f} MB)\n", s.B, s.T, s.H,
+             pl.num_splits, pl.split_len, kernels::mla_decode_output_name(pl.output), wsb / 1e6);
   Measured m{ms, mn, 2.0 * nc, 4.0 * s.B * s.H * s.T * DC};
   if (s.B <= 8) {  // a decode loop runs in a graph: the per-step time without the host launch gap (printed beside)
     m.graph_ms = graph_step_ms([&](cudaStream_t st) { kernels::mla_decode(a, st); }, 20, 2, std::max(3, iters / 5)).first;
-    fmt::print("  (B={} N={} H={}, variant {}: in a CUDA graph of 20 steps {:.1f} us per step, {:.2f} TB/s; the table "
-               "times single launches)\n", s.B, s.T, s.H, variant, 1e3 * m.graph_ms, 2.0 * nc / (m.graph_ms * 1e-3) / 1e12);
+    fmt::print("  (B={} N={} H={}: in a CUDA graph of 20 steps {:.1f} us per step, {:.2f} TB/s; the table "
+               "times single launches)\n", s.B, s.T, s.H, 1e3 * m.graph_ms, 2.0 * nc / (m.graph_ms * 1e-3) / 1e12);
     // the floor of such a step: the same bytes read by a plain streaming kernel, also in a graph of 20 steps
     Dev sink(4);
     m.floor_ms = graph_step_ms([&](cudaStream_t st) { kernels::stream_read(c.p, nc * 2, sink.as<unsigned>(), st); }, 20, 2,
@@ -542,14 +537,15 @@ Measured bench_mla_prefill_naive(const Shape& s, long long prefix, int warmup, i
   a.c = c.as<bf16_t>(); a.c_new = cnew.as<bf16_t>(); a.q_C = qC.as<bf16_t>(); a.W_UK = Wk.as<bf16_t>(); a.W_UV = Wv.as<bf16_t>();
   a.scale = 1.0f / std::sqrt(192.0f);
   a.out = out.as<float>();
-  const kernels::MlaPrefillPath rule = kernels::mla_prefill_choose(a);
+  const kernels::MlaPrefillPath rule = kernels::mla_prefill_path_rule(a);
   auto timed = [&](kernels::MlaPrefillPath path, bool p_hi_only) {
-    a.path = path;
-    a.p_hi_only = p_hi_only;
-    const std::size_t wsb = kernels::mla_prefill_heads_workspace_bytes(a);
+    kernels::MlaPrefillOverrides ov;
+    ov.path = path;
+    ov.p_hi_only = p_hi_only;
+    const std::size_t wsb = kernels::mla_prefill_heads_workspace_bytes(a, &ov);
     Dev ws(wsb);
     a.workspace = ws.p; a.workspace_bytes = wsb;
-    const auto r = time_ms([&] { kernels::mla_prefill_heads(a, nullptr); }, warmup, iters);
+    const auto r = time_ms([&] { kernels::mla_prefill_heads(a, nullptr, &ov); }, warmup, iters);
     return std::tuple{r.first, r.second, wsb};
   };
   const auto [ms, mn, wsb] = timed(kernels::MlaPrefillPath::naive, false);
@@ -657,13 +653,6 @@ void register_bench(Registry& reg) {
                 "with the state pass on a side stream), off = every launch on one stream (KdaPrefillArgs::single_stream; "
                 "same results). " + kda_prefill_only)
       ->capture_default_str();
-  a->add_option("--variant", o->mla_variant,
-                "mla-decode split kernel: 1 (mma.sync, v1), 2 (wgmma, v2), 4 (v2 with early refill and a PDL combine, "
-                "v4), 5 (seesaw: two warpgroups on alternate 64-token blocks, v5), 6 (v5's split kernel with the "
-                "one-round combine, v6, the library default) or 7 (the seesaw on 32-token blocks in a 4-slot ring filled "
-                "by TMA, v7, opt-in); 3 was removed. Only with --op "
-                "mla-decode or all (refused with another op)")
-      ->capture_default_str();
   a->add_option("--compare", o->compare,
                 "baseline bench results file(s) to compare against: prints time / baseline per row found (same group, "
                 "same key), flags rows more than 10% slower and then exits 1; several files (comma-separated like every list "
@@ -700,11 +689,6 @@ void register_bench(Registry& reg) {
     require(o->kda_segments < 2 || o->kda_state_pass == "auto" || o->kda_state_pass == "mma",
             "--segments " + std::to_string(o->kda_segments) + " with --state-pass " + o->kda_state_pass +
                 "; accepted: the segment path runs the mma state pass (--state-pass auto or mma)");
-    require(o->mla_variant == 1 || o->mla_variant == 2 || o->mla_variant == 4 || o->mla_variant == 5 ||
-                o->mla_variant == 6 || o->mla_variant == 7,
-            "--variant = " + std::to_string(o->mla_variant) +
-                "; accepted: 1 (mma.sync), 2 (wgmma), 4 (v2 with early refill), 5 (seesaw), 6 (seesaw with the "
-                "one-round combine) or 7 (seesaw on 32-token blocks, TMA ring), mla-decode only (3 was removed)");
     // options that act on one op only, set to other than their default, are refused with another op, not dropped
     // silently; --op all takes each of them (it acts on that op's rows)
     struct OneOpOption {
@@ -714,8 +698,7 @@ void register_bench(Registry& reg) {
     };
     const BenchOptions def;
     for (const OneOpOption& x :
-         {OneOpOption{o->mla_variant != def.mla_variant, "--variant " + std::to_string(o->mla_variant), "mla-decode"},
-          OneOpOption{o->prefix != def.prefix, "--prefix " + std::to_string(o->prefix), "mla-prefill"},
+         {OneOpOption{o->prefix != def.prefix, "--prefix " + std::to_string(o->prefix), "mla-prefill"},
           OneOpOption{o->kda_state_pass != def.kda_state_pass, "--state-pass " + o->kda_state_pass, "kda-prefill"},
           OneOpOption{o->kda_segments != def.kda_segments, "--segments " + std::to_string(o->kda_segments), "kda-prefill"},
           OneOpOption{o->kda_overlap != def.kda_overlap, "--overlap " + o->kda_overlap, "kda-prefill"}})
@@ -742,7 +725,7 @@ void register_bench(Registry& reg) {
       }
     }
     // mla-prefill: the prefix and the new tokens are counted in 32-bit ints by the kernel; refused here in every build
-    // (4000000000 exited 3 "not available" without the kernels; breaker, session 7), quoting --prefix as typed
+    // (so that a CPU build gives exit 2 for such a value, not 3 "not available"), quoting --prefix as typed
     for (std::size_t i = 0; i < ops.size(); ++i) {
       if (ops[i] != "mla-prefill") continue;
       const auto& typed = ctx.app->get_option("--prefix")->results();
@@ -898,7 +881,7 @@ void register_bench(Registry& reg) {
             op == "kda-prefill"   ? bench_prefill(s, o->warmup, o->iters, ctx.common.seed,
                                                   prefill_overrides(o->kda_state_pass, o->kda_segments),
                                                   o->kda_overlap == "off")
-            : op == "mla-decode"  ? bench_mla_decode(s, o->warmup, o->iters, ctx.common.seed, o->mla_variant)
+            : op == "mla-decode"  ? bench_mla_decode(s, o->warmup, o->iters, ctx.common.seed)
             : op == "mla-prefill" && s.naive ? bench_mla_prefill_naive(s, o->prefix, o->warmup, o->iters, ctx.common.seed)
             : op == "mla-prefill" ? bench_mla_prefill(s, o->prefix, o->warmup, o->iters, ctx.common.seed)
             : op == "attn-res"    ? bench_attn_res(s, o->warmup, o->iters, ctx.common.seed)

@@ -4,7 +4,7 @@
 /// A plain host API: device pointers, shapes, strides in elements, a cudaStream_t (same style as
 /// kernels/kda.hpp and kernels/mla.hpp). No Eigen, no torch.
 ///
-/// Math (DeepSeek-V2 §2.1 Eqs. 9-19 absorbed; K3 report Eq. 7; EQUATIONS.md section 5;
+/// Math (DeepSeek-V2 §2.1 Eqs. 9-19 absorbed; K3 report Eq. 7; docs/equations.md, MLA section;
 /// reference/mla.hpp mla_prefill with MlaEval::absorbed), per sequence b, new token t (absolute position
 /// N0 + t) and head i, over the latents c_0 .. c_{N0 + t} of the cache (each d_c = 512 wide):
 ///   s_tau = scale * q~_{t,i} . c_tau  (tau <= N0 + t),  p = softmax_tau(s),  a_{t,i} = sum_tau p_tau c_tau
@@ -22,7 +22,7 @@
 /// entry that picks a path is mla_prefill_heads() (end of this file): it returns o_i = W_UV,i a_i [B, T, H, d_v]
 /// either way, and its rule, derived there, compares the tensor-core FLOPs the two paths execute.
 ///
-/// Precision: q~ as bf16 hi + lo (a bf16-rounded q~ alone costs 2.3-3.5e-3 relative RMS, ANCHORS.md);
+/// Precision: q~ as bf16 hi + lo (a bf16-rounded q~ alone costs 2.3-3.5e-3 relative RMS, docs/kernels/mla_decode.md);
 /// scores = q_hi C^T + q_lo C^T by mma.sync bf16 with fp32 accumulation; fp32 online softmax; P split into
 /// bf16 hi + lo for P C; output fp32. Expected ~1e-5 relative RMS vs float64 on the exact q~.
 ///
@@ -99,9 +99,9 @@ struct MlaAbsorbArgs {
 /// Errors: kdalab::Error (n < 1, H or d_nope out of range, d_c != 512, null or misaligned pointers).
 void mla_absorb_query(const MlaAbsorbArgs& a, cudaStream_t stream);
 
-// ---- per-head output o_i = W_UV,i a_i, naive or absorbed (kernels/mla_prefill_naive.cu) ----------------------
+// ---- per-head output o_i = W_UV,i a_i, naive or absorbed (kernels/mla_prefill/naive.cu) ----------------------
 
-/// Which evaluation mla_prefill_heads() runs. automatic = the rule below.
+/// Which evaluation mla_prefill_heads() runs. automatic = mla_prefill_path_rule().
 enum class MlaPrefillPath { automatic = 0, absorbed = 1, naive = 2 };
 
 /// "auto", "absorbed" or "naive".
@@ -110,7 +110,7 @@ const char* mla_prefill_path_name(MlaPrefillPath p);
 /// Arguments of mla_prefill_heads(): the causal prefill of T new tokens per sequence behind a cached prefix of
 /// N0 tokens, returning the per-head attention output o [B, T, H, d_v] (before the output gate and W_o).
 ///
-/// Math (DeepSeek-V2 §2.1 Eqs. 9-19; K3 report Eq. 7; EQUATIONS.md section 5; reference/mla.hpp
+/// Math (DeepSeek-V2 §2.1 Eqs. 9-19; K3 report Eq. 7; docs/equations.md, MLA section; reference/mla.hpp
 /// mla_attend_naive / mla_attend_absorbed), per sequence b, new token t (absolute position N0 + t), head i:
 ///   k_{tau,i} = W_UK,i c_tau (d_nope), v_{tau,i} = W_UV,i c_tau (d_v) for every key tau = 0 .. N0 + t,
 ///   s_tau = scale q^C_{t,i} . k_{tau,i},  p = softmax_tau(s),  o_{t,i} = sum_tau p_tau v_{tau,i} = W_UV,i a_{t,i}.
@@ -126,7 +126,7 @@ const char* mla_prefill_path_name(MlaPrefillPath p);
 /// Precision plan of the naive path (decided by a CPU emulation before the kernel was written, float64 truth
 /// vs each plan's roundings on the reference/mla.hpp test distribution: W_UK, W_UV ~ N(0, 1/d_c) and latents
 /// ~ N(0, 1) rounded to bf16, q^C ~ sigma N(0, 1) in bf16, sigma = 1, 2, 4 (logit std ~ sigma), N up to 1037;
-/// bench/NOTES.md "MLA prefill, naive path"): relative RMS of o
+/// docs/kernels/mla_prefill.md): relative RMS of o
 ///   k, v, P all bf16 (a plain bf16 flash attention)   2.4e-3 .. 4.2e-3   fails the 2e-3 goal
 ///   k hi + lo, v bf16, P bf16                         1.75e-3 .. 1.96e-3 (no margin)
 ///   k hi + lo, v bf16, P hi + lo                      1.6e-3             (v's rounding alone)
@@ -135,9 +135,9 @@ const char* mla_prefill_path_name(MlaPrefillPath p);
 ///   (fp16 v and P would give 2.3e-4 in one P V pass, but v = W_UV c has no bound below fp16's 65504.)
 /// q^C is a bf16 input (exact). k and v are carried as bf16 hi + lo of the fp32 reconstruction, P as bf16 hi + lo
 /// of the fp32 probabilities: scores = q k_hi + q k_lo (2 mma passes), P V = P_hi V_hi + P_hi V_lo + P_lo V_hi
-/// (3 passes; P_lo V_lo ~2^-16 dropped). p_hi_only drops P_lo V_hi (4 passes, ~1e-3): an ablation.
+/// (3 passes; P_lo V_lo ~2^-16 dropped). MlaPrefillOverrides::p_hi_only drops P_lo V_hi (~1e-3): an ablation.
 ///
-/// The rule (path = automatic). Tensor-core FLOPs each path executes per sequence and head, with
+/// The rule (mla_prefill_path_rule). Tensor-core FLOPs each path executes per sequence and head, with
 /// pairs = T N0 + T (T + 1) / 2 causal (query, key) pairs and N = N0 + T keys:
 ///   absorbed  8 d_c = 4096 per pair (scores and P C over d_c = 512, hi and lo rows on both);
 ///   naive     5 x 2 x 128 = 1280 per pair (2 score passes, 3 P V passes) plus the reconstruction
@@ -145,10 +145,11 @@ const char* mla_prefill_path_name(MlaPrefillPath p);
 /// naive iff 4096 pairs > 1280 pairs + 262,144 N, i.e. 11 pairs > 1024 N (exact in integers): with N0 = 0,
 /// naive for T >= 186; behind a long prefix (pairs ~ T N) naive for T >= ~94. The rule counts FLOPs only: the
 /// naive workspace is B N H 1 KB (a short chunk behind a 1M-token prefix would need 32 GB at H = 32: force
-/// absorbed there, or decode). To be recalibrated from measured rates (kdalab bench --op mla-prefill prints
-/// both paths and the rule's choice). Measured on the H200 (session 4, N0 = 0, H = 32): naive is faster at
-/// every measured T, 3.1x at T = 64 (0.040 vs 0.122 ms) to 3.6x at T = 8192 (5.2 vs 18.7 ms), so the rule is
-/// conservative below T = 186; the prefix side (naive rebuilds K, V for all N0 keys) is not yet measured.
+/// absorbed there with MlaPrefillOverrides, or decode). To be recalibrated from measured rates (kdalab bench
+/// --op mla-prefill prints both paths and the rule's choice). Measured on an H200 (N0 = 0, H = 32): naive is faster
+/// at every measured T, 3.1x at T = 64 (0.040 vs 0.122 ms) to 3.6x at T = 8192 (5.2 vs 18.7 ms), so the rule is
+/// conservative below T = 186; the prefix side (naive rebuilds K, V for all N0 keys) is not yet measured
+/// (docs/kernels/mla_prefill.md).
 ///
 /// Layouts: cache and c_new as MlaPrefillArgs (rows N0 .. N0 + T - 1 are written by either path); q^C
 /// [B, T, H, d_nope] bf16 with token stride sqc_t (0 = H d_nope; batch stride T sqc_t); W_UK [H d_nope, d_c] and
@@ -175,29 +176,37 @@ struct MlaPrefillHeadsArgs {
   const bf16_t* W_UK = nullptr;   ///< [H d_nope, d_c] bf16, 4-byte aligned
   const bf16_t* W_UV = nullptr;   ///< [H d_v, d_c] bf16, 4-byte aligned
   float scale = 0.0f;             ///< softmax scale, explicit: 1/sqrt(d_nope + d_rope) of the layer
-  MlaPrefillPath path = MlaPrefillPath::automatic;  ///< automatic (the rule), absorbed or naive (override)
-  bool p_hi_only = false;         ///< naive path ablation: P as bf16 hi only (4 mma passes, ~1e-3); default off
   void* workspace = nullptr;      ///< device scratch of >= mla_prefill_heads_workspace_bytes(args) bytes, 256-byte aligned
   std::size_t workspace_bytes = 0;
   float* out = nullptr;           ///< o [B, T, H, d_v] fp32, 8-byte aligned
 };
 
-/// The path mla_prefill_heads() runs for `a`: a.path when it is absorbed or naive, else the rule above.
-/// No checks, no CUDA calls.
-MlaPrefillPath mla_prefill_choose(const MlaPrefillHeadsArgs& a);
+/// The rule (derived above from the tensor-core FLOPs of the two paths; measurements: docs/kernels/mla_prefill.md):
+/// naive iff 11 pairs > 1024 N, else absorbed (never automatic). No checks, no CUDA calls.
+MlaPrefillPath mla_prefill_path_rule(const MlaPrefillHeadsArgs& a);
 
-/// Workspace bytes mla_prefill_heads() needs for `a` on the path mla_prefill_choose(a) picks:
+/// What benchmarks and tests may force (passed as an optional pointer; null = everything automatic).
+struct MlaPrefillOverrides {
+  MlaPrefillPath path = MlaPrefillPath::automatic;  ///< automatic (mla_prefill_path_rule), absorbed or naive
+  bool p_hi_only = false;  ///< naive path ablation: P as bf16 hi only (4 mma passes instead of 5, ~1e-3)
+};
+
+/// The path mla_prefill_heads() runs: the forced one when ov->path is absorbed or naive, else
+/// mla_prefill_path_rule(a). No checks, no CUDA calls.
+MlaPrefillPath mla_prefill_heads_path(const MlaPrefillHeadsArgs& a, const MlaPrefillOverrides* ov = nullptr);
+
+/// Workspace bytes mla_prefill_heads() needs for `a` on the path mla_prefill_heads_path(a, ov) picks:
 /// naive 2 B (N0 + T) H d_nope 4 (fp32 K and V, split in place into bf16 hi + lo); absorbed
 /// B T H d_c (2 + 2 + 4) (q~ hi, lo, a) + H d_v d_c 4 (W_UV in fp32), each part rounded up to 256 bytes.
 /// Errors: kdalab::Error on B, T, H or prefix out of range (no CUDA calls).
-std::size_t mla_prefill_heads_workspace_bytes(const MlaPrefillHeadsArgs& a);
+std::size_t mla_prefill_heads_workspace_bytes(const MlaPrefillHeadsArgs& a, const MlaPrefillOverrides* ov = nullptr);
 
 /// The prefill with per-head output: appends c_new to the cache, then writes o [B, T, H, d_v] fp32 by the path
-/// mla_prefill_choose(a) picks. Asynchronous on `stream`, no allocation (cuBLAS: one handle per process, made on
-/// the first call, on the device current then; not for CUDA-graph capture on its first call). Errors:
+/// mla_prefill_heads_path(a, ov) picks. Asynchronous on `stream`, no allocation (cuBLAS: one handle per process, made
+/// on the first call, on the device current then; not for CUDA-graph capture on its first call). Errors:
 /// kdalab::Error naming the argument, its value and what is accepted (unsupported widths, T < 1, N0 < 0,
-/// N0 + T > capacity, null or misaligned pointers, bad strides, scale not finite and > 0, workspace too small),
-/// before anything is launched; CUDA and cuBLAS errors throw kdalab::Error with their message.
-void mla_prefill_heads(const MlaPrefillHeadsArgs& a, cudaStream_t stream);
+/// N0 + T > capacity, null or misaligned pointers, bad strides, scale not finite and > 0, workspace too small, an
+/// override out of range), before anything is launched; CUDA and cuBLAS errors throw kdalab::Error with their message.
+void mla_prefill_heads(const MlaPrefillHeadsArgs& a, cudaStream_t stream, const MlaPrefillOverrides* ov = nullptr);
 
 }  // namespace kdalab::kernels

@@ -1,5 +1,5 @@
 #pragma once
-// sm_90a warpgroup-MMA (wgmma) helpers shared by the MLA decode kernels (kernels/mla_decode.cu) and the KDA wgmma
+// sm_90a warpgroup-MMA (wgmma) functions shared by the MLA decode kernels (kernels/mla_decode/split.cu) and the KDA wgmma
 // state pass (kernels/kda_prefill.cu, kda_state_wg_kernel): the 128-byte-swizzled shared-memory layout, the matrix
 // descriptor, the fence / commit / wait instructions and the register fence. Source: PTX ISA, "Asynchronous Warpgroup
 // Level Matrix Multiply-Accumulate" (wgmma.mma_async, matrix descriptors, swizzling modes).

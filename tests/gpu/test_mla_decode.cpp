@@ -1,14 +1,15 @@
-// Absorbed MLA decode kernel (kernels/mla.hpp) against a float64 softmax(scale q~ C^T) C on the same
-// bf16 latent cache and the exact (unrounded, float64) absorbed query q~; fresh seeded inputs (never
-// zeros), outputs and workspace poisoned (NaN) before every run. Every case runs for every split kernel
-// (variant 1 = mma.sync, 2 = wgmma, 4 = 2 with early refill, 5 = seesaw, 6 = seesaw with the one-round combine,
-// 7 = the seesaw on 32-token blocks in a TMA-filled ring; 3 was removed) and prints rel_rms per case and variant; v5 is also compared with v2 directly (same precision plan: they
-// agree to ~1e-5) and v6 with v5 (same split kernel: only the combine's fp32 summation order differs).
-// Runs only where the CUDA kernels are built (ctest label gpu).
+// Absorbed MLA decode (kernels/mla.hpp) against a float64 softmax(scale q~ C^T) C on the same bf16 latent cache and
+// the exact (unrounded, float64) absorbed query q~; fresh seeded inputs (never zeros), outputs and workspace poisoned
+// (NaN) before every run. Both output paths are checked: the combine (several slices per sequence) and the direct
+// output of the split kernel (one slice per sequence), which must give the combine's bits. The single-sequence cases
+// against float64 are one table (DecodeCase, check_case); the batch, length, graph, error and plan behaviours have a
+// test each. Runs only where the CUDA kernels are built (ctest label gpu).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <numeric>
+#include <vector>
 
 #include "kernels/mla.hpp"
 #include "kernels/common/random_fill.hpp"
@@ -120,24 +121,24 @@ kernels::MlaDecodeArgs args_of(const Cache& c, const Query& q, std::size_t max_l
   return a;
 }
 
-/// Runs the kernel (out and workspace allocated here, poisoned first) and downloads out [B, H, 512]. finite_poison:
+/// Runs the decode (out and workspace allocated here, poisoned first) and downloads out [B, H, 512]. finite_poison:
 /// out is filled with 0x7f bytes (3.4e38, finite) instead of NaN, for the cases that check NaN rows (a NaN poison
 /// would pass them with nothing written).
-std::vector<double> run(kernels::MlaDecodeArgs a, bool finite_poison = false) {
+std::vector<double> run(kernels::MlaDecodeArgs a, const kernels::MlaDecodeOverrides& ov = {}, bool finite_poison = false) {
   DevBuf out(static_cast<std::size_t>(a.B) * a.H * DC * 4);
   out.poison();
   if (finite_poison) cuda_check(cudaMemset(out.p, 0x7f, out.bytes), "finite poison");
-  DevBuf ws(kernels::mla_decode_workspace_bytes(a));
+  DevBuf ws(kernels::mla_decode_workspace_bytes(a, &ov));
   ws.poison();
   a.out = out.as<float>();
   a.workspace = ws.p;
   a.workspace_bytes = ws.bytes;
-  kernels::mla_decode(a, nullptr);
+  kernels::mla_decode(a, nullptr, &ov);
   cuda_check(cudaDeviceSynchronize(), "mla_decode");
   return download_f32(out);
 }
 
-/// float64 truths of (b, heads), concatenated (computed once, compared against every variant).
+/// float64 truths of (b, heads), concatenated (computed once, compared against every run).
 std::vector<double> truth_rows(const Cache& c, const Query& q, std::size_t b, const std::vector<std::size_t>& heads,
                                std::size_t len, double scale) {
   std::vector<double> r;
@@ -162,13 +163,6 @@ bool all_nan_rows(const std::vector<double>& out, std::size_t b, std::size_t H) 
   return std::all_of(out.begin() + b * H * DC, out.begin() + (b + 1) * H * DC, [](double x) { return std::isnan(x); });
 }
 
-kernels::MlaDecodeArgs with_variant(kernels::MlaDecodeArgs a, int variant) {
-  a.variant = variant;
-  return a;
-}
-
-constexpr int kVariants[] = {1, 2, 4, 5, 6, 7};
-
 std::vector<std::size_t> all_heads(std::size_t H) {
   std::vector<std::size_t> v(H);
   std::iota(v.begin(), v.end(), 0);
@@ -178,103 +172,101 @@ std::vector<std::size_t> all_heads(std::size_t H) {
 const double kScale = 1.0 / std::sqrt(192.0);  // 1/sqrt(d_nope + d_rope) of K3 / Kimi Linear (128 + 64)
 const double kSigma = 1.2;                     // q~ ~ 1.2 N(0,1): logits scale q~ . c with std ~2
 
+kernels::MlaDecodeOverrides with_splits(int splits) {
+  kernels::MlaDecodeOverrides ov;
+  ov.num_splits = splits;
+  return ov;
+}
+
+kernels::MlaDecodeOverrides forced_combine(int splits) {
+  kernels::MlaDecodeOverrides ov = with_splits(splits);
+  ov.output = kernels::MlaDecodeOutput::combine;
+  return ov;
+}
+
+/// One sequence (B = 1) of N cached tokens against float64. The parameters that name a case.
+struct DecodeCase {
+  std::size_t N, H;
+  int splits = 0;              // MlaDecodeOverrides::num_splits (0 = the plan's)
+  std::size_t row = DC;        // cache row stride sc_t (576: [c ; k_R] rows)
+  double sigma = kSigma;       // q~ ~ sigma N(0, 1)
+  bool identical_keys = false; // every token the same row
+  std::vector<std::size_t> heads = {};  // heads compared (empty: all)
+};
+
+/// Runs the case, compares with float64 (no NaN / Inf anywhere, rel_rms <= tol::mla_decode_goal). With one slice per
+/// sequence the output is direct; then the same slice through the combine must give the same bits.
+void check_case(const DecodeCase& k) {
+  Cache c(1, k.N, k.row, fresh_seed());
+  if (k.identical_keys) c.make_identical(fresh_seed());
+  const Query q(1, k.H, k.sigma, fresh_seed());
+  const auto heads = k.heads.empty() ? all_heads(k.H) : k.heads;
+  const auto ref = truth_rows(c, q, 0, heads, k.N, kScale);
+  const auto a = args_of(c, q, k.N, kScale);
+  const auto ov = with_splits(k.splits);
+  const auto pl = kernels::mla_decode_plan(a, &ov);
+  const auto out = run(a, ov);
+  const auto m = compare_rows(out, ref, k.H, 0, heads);
+  std::printf("mla decode N=%zu H=%zu sc_t=%zu sigma=%g%s (%d splits of %d, %s output): rel_rms %.3e max_abs %.3e\n",
+              k.N, k.H, k.row, k.sigma, k.identical_keys ? " identical keys" : "", pl.num_splits, pl.split_len,
+              kernels::mla_decode_output_name(pl.output), m.rel_rms, m.max_abs);
+  CAPTURE(k.N, k.H, k.splits, k.row, k.sigma, k.identical_keys, pl.num_splits, m.rel_rms, m.nan_count);
+  REQUIRE(m.nan_count + m.inf_count == 0);
+  CHECK(m.rel_rms <= tol::mla_decode_goal.value);
+  // every head finite, also those not compared (N = 1M samples three)
+  CHECK(std::all_of(out.begin(), out.end(), [](double x) { return std::isfinite(x); }));
+  if (pl.num_splits == 1) {
+    // the direct output is the combine's single-slice merge, float for float
+    CHECK(pl.output == kernels::MlaDecodeOutput::direct);
+    CHECK(run(a, forced_combine(k.splits)) == out);
+  }
+}
+
 }  // namespace
 
-TEST_CASE("mla decode: N in {1,2,63,64,65,4096,65536}, H = 32, vs float64 on the exact q~", "[gpu][mla]") {
-  for (std::size_t N : {1, 2, 63, 64, 65, 4096, 65536}) {
-    const Cache c(1, N, DC, fresh_seed());
-    const Query q(1, 32, kSigma, fresh_seed());
-    const auto ref = truth_rows(c, q, 0, all_heads(32), N, kScale);
-    for (int v : kVariants) {
-      const auto pl = kernels::mla_decode_plan(with_variant(args_of(c, q, N, kScale), v));
-      const auto m = compare_rows(run(with_variant(args_of(c, q, N, kScale), v)), ref, 32, 0, all_heads(32));
-      std::printf("mla decode v%d N=%zu H=32 (%d splits of %d): rel_rms %.3e max_abs %.3e\n", v, N, pl.num_splits,
-                  pl.split_len, m.rel_rms, m.max_abs);
-      CAPTURE(v, N, m.rel_rms, m.nan_count);
-      REQUIRE(m.nan_count + m.inf_count == 0);
-      CHECK(m.rel_rms <= tol::mla_decode_goal.value);
-    }
-  }
+TEST_CASE("mla decode: one sequence vs float64 on the exact q~ (lengths, heads, forced slices, row stride, logits)",
+          "[gpu][mla]") {
+  std::vector<DecodeCase> cases;
+  // lengths around one 64-token block and long contexts, H = 32, the plan's slices
+  for (std::size_t N : {1, 2, 63, 64, 65, 4096, 65536}) cases.push_back({N, 32});
+  // H = 16, forced slice counts (100: slices of one 64-token block), combined [c ; k_R] rows (sc_t = 576)
+  for (int splits : {1, 3, 7, 100, 0}) cases.push_back({4100, 16, splits, 576});
+  // odd / even block counts per slice (a slice with an odd count ends on a pair without its second block), one slice
+  // (direct output), and more slices than the combine takes in one step (> 8 x 16: its warps loop)
+  for (const DecodeCase& k : {DecodeCase{129, 16}, DecodeCase{200, 32, 1}, DecodeCase{4100, 32, 100},
+                              DecodeCase{4100, 16, 3}, DecodeCase{4100, 32, 7}, DecodeCase{65536, 32, 1024},
+                              DecodeCase{20000, 16, 300}})
+    cases.push_back(k);
+  // identical keys (every score equal) and very large logits (std ~2000: a near one-hot softmax) give no NaN
+  for (double sigma : {kSigma, 1000.0}) cases.push_back({5000, 32, 0, DC, sigma, true});
+  cases.push_back({5000, 32, 0, DC, 1000.0});
+  // N = 1,048,576 on a sample of heads
+  cases.push_back({std::size_t{1} << 20, 32, 0, DC, kSigma, false, {0, 13, 31}});
+  for (const DecodeCase& k : cases) check_case(k);
 }
 
-TEST_CASE("mla decode: H = 16, forced split counts, combined [c ; k_R] rows (sc_t = 576)", "[gpu][mla]") {
-  for (int splits : {1, 3, 7, 100, 0}) {  // 100: slices of 64 tokens (v2/v4: 1 tile each)
-    const std::size_t N = 4100;
-    const Cache c(1, N, 576, fresh_seed());
-    const Query q(1, 16, kSigma, fresh_seed());
-    auto a = args_of(c, q, N, kScale);
-    a.num_splits = splits;
-    const auto ref = truth_rows(c, q, 0, all_heads(16), N, kScale);
-    for (int v : kVariants) {
-      const auto m = compare_rows(run(with_variant(a, v)), ref, 16, 0, all_heads(16));
-      std::printf("mla decode v%d N=%zu H=16 sc_t=576 num_splits=%d: rel_rms %.3e\n", v, N, splits, m.rel_rms);
-      CAPTURE(v, splits, m.rel_rms);
-      REQUIRE(m.nan_count + m.inf_count == 0);
-      CHECK(m.rel_rms <= tol::mla_decode_goal.value);
-    }
-  }
-}
-
-TEST_CASE("mla decode: hi + lo query vs hi only (the lo part is what keeps the goal); P hi only (v2)", "[gpu][mla]") {
+TEST_CASE("mla decode: the lo query part and P_lo are what keep the goal (q hi only, P hi only ablations)",
+          "[gpu][mla]") {
   const std::size_t N = 4096;
   const Cache c(1, N, DC, fresh_seed());
   const Query q(1, 32, kSigma, fresh_seed());
   const auto ref = truth_rows(c, q, 0, all_heads(32), N, kScale);
   DevBuf zero(q.lo.bytes);
   cuda_check(cudaMemset(zero.p, 0, zero.bytes), "memset");  // ablation: q_lo = 0 (bf16-rounded q~)
-  for (int v : kVariants) {
-    const auto m_hilo = compare_rows(run(with_variant(args_of(c, q, N, kScale), v)), ref, 32, 0, all_heads(32));
-    auto a = with_variant(args_of(c, q, N, kScale), v);
-    a.q_lo = zero.as<bf16_t>();
-    const auto m_hi = compare_rows(run(a), ref, 32, 0, all_heads(32));
-    std::printf("mla decode v%d N=4096: q hi+lo rel_rms %.3e, q hi only %.3e\n", v, m_hilo.rel_rms, m_hi.rel_rms);
-    CAPTURE(v, m_hilo.rel_rms, m_hi.rel_rms);
-    REQUIRE(m_hilo.nan_count + m_hi.nan_count == 0);
-    CHECK(m_hilo.rel_rms <= tol::mla_decode_goal.value);
-    CHECK(m_hilo.rel_rms < m_hi.rel_rms);
-    if (v >= 2) {
-      // ablation: P C with P_hi = bf16(P) only (q~ still hi + lo); printed for the trade-off in bench/NOTES.md
-      auto ap = with_variant(args_of(c, q, N, kScale), v);
-      ap.p_hi_only = true;
-      const auto m_phi = compare_rows(run(ap), ref, 32, 0, all_heads(32));
-      std::printf("mla decode v%d N=4096: P hi+lo rel_rms %.3e, P hi only %.3e\n", v, m_hilo.rel_rms, m_phi.rel_rms);
-      REQUIRE(m_phi.nan_count == 0);
-      CHECK(m_hilo.rel_rms < m_phi.rel_rms);
-    }
-  }
-}
-
-TEST_CASE("mla decode v5 equals v2 to the rounding of their hi + lo parts, v6 equals v5 to the combine's order (odd / even block counts, H 16 / 32)",
-          "[gpu][mla]") {
-  // v5 pairs 64-token blocks (a slice with an odd block count ends on a pair without block B) and hands the running
-  // max from warpgroup 0 to 1; v2 runs the same math tile by tile. Both are ~1e-5 from float64, so their difference
-  // is that small too; a wrong fragment, swizzle, shuffle partner or rescale shows as 1e-3 .. 1.
-  struct Case { std::size_t N, H; int splits; };
-  for (const Case cs : {Case{64, 32, 0}, Case{65, 32, 0}, Case{129, 16, 0}, Case{200, 32, 1}, Case{4100, 32, 100},
-                        Case{4100, 16, 3}, Case{4100, 32, 7}, Case{65536, 32, 0},
-                        Case{65536, 32, 1024}, Case{20000, 16, 300}}) {  // > 8 x 16 slices: v6's warps take several steps
-    const Cache c(1, cs.N, DC, fresh_seed());
-    const Query q(1, cs.H, kSigma, fresh_seed());
-    auto a = args_of(c, q, cs.N, kScale);
-    a.num_splits = cs.splits;
-    const auto o2 = run(with_variant(a, 2)), o5 = run(with_variant(a, 5)), o6 = run(with_variant(a, 6));
-    const auto o7 = run(with_variant(a, 7));
-    const auto m = compare(o5, o2);
-    const auto m6 = compare(o6, o5);  // same split kernel, combine v6 vs v4: only the fp32 order of the sums differs
-    const auto m7 = compare(o7, o6);  // same math on 32-token blocks, same combine
-    const auto pl = kernels::mla_decode_plan(with_variant(a, 5));
-    std::printf("mla decode v5 vs v2 N=%zu H=%zu (v5: %d splits of %d): rel_rms %.3e max_abs %.3e; v6 vs v5 rel_rms "
-                "%.3e max_abs %.3e; v7 vs v6 rel_rms %.3e max_abs %.3e\n", cs.N, cs.H, pl.num_splits, pl.split_len,
-                m.rel_rms, m.max_abs, m6.rel_rms, m6.max_abs, m7.rel_rms, m7.max_abs);
-    CAPTURE(cs.N, cs.H, cs.splits, m.rel_rms, m6.rel_rms, m7.rel_rms);
-    REQUIRE(m.nan_count + m.inf_count == 0);
-    REQUIRE(m6.nan_count + m6.inf_count == 0);
-    REQUIRE(m7.nan_count + m7.inf_count == 0);
-    CHECK(m.rel_rms <= tol::mla_decode_v5_vs_v2.value);
-    CHECK(m6.rel_rms <= tol::mla_decode_combine_order.value);
-    CHECK(m7.rel_rms <= tol::mla_decode_v7_vs_v6.value);
-    if (cs.splits == 1) CHECK(o6 == o5);  // one slice: v6 writes the output itself, v5's combine merges one slice
-  }
+  const auto m_hilo = compare_rows(run(args_of(c, q, N, kScale)), ref, 32, 0, all_heads(32));
+  auto a = args_of(c, q, N, kScale);
+  a.q_lo = zero.as<bf16_t>();
+  const auto m_hi = compare_rows(run(a), ref, 32, 0, all_heads(32));
+  kernels::MlaDecodeOverrides ov;
+  ov.p_hi_only = true;  // ablation: P C with P_hi = bf16(P) only (q~ still hi + lo)
+  const auto m_phi = compare_rows(run(args_of(c, q, N, kScale), ov), ref, 32, 0, all_heads(32));
+  std::printf("mla decode N=4096: hi+lo rel_rms %.3e, q hi only %.3e, P hi only %.3e\n", m_hilo.rel_rms, m_hi.rel_rms,
+              m_phi.rel_rms);
+  CAPTURE(m_hilo.rel_rms, m_hi.rel_rms, m_phi.rel_rms);
+  REQUIRE(m_hilo.nan_count + m_hi.nan_count + m_phi.nan_count == 0);
+  CHECK(m_hilo.rel_rms <= tol::mla_decode_goal.value);
+  CHECK(m_hilo.rel_rms < m_hi.rel_rms);
+  CHECK(m_hilo.rel_rms < m_phi.rel_rms);
 }
 
 TEST_CASE("mla decode: batch of different lengths (incl. 1), per-sequence truths", "[gpu][mla]") {
@@ -286,23 +278,20 @@ TEST_CASE("mla decode: batch of different lengths (incl. 1), per-sequence truths
   cuda_check(cudaMemcpy(dl.p, lens.data(), dl.bytes, cudaMemcpyHostToDevice), "lens");
   auto a = args_of(c, q, 3000, kScale);
   a.lens = dl.as<int>();
-  std::vector<std::vector<double>> refs;
-  for (std::size_t b = 0; b < B; ++b) refs.push_back(truth_rows(c, q, b, all_heads(32), lens[b], kScale));
-  for (int v : kVariants) {
-    const auto out = run(with_variant(a, v));
-    for (std::size_t b = 0; b < B; ++b) {
-      const auto m = compare_rows(out, refs[b], 32, b, all_heads(32));
-      std::printf("mla decode v%d batch b=%zu len=%d: rel_rms %.3e\n", v, b, lens[b], m.rel_rms);
-      CAPTURE(v, b, lens[b], m.rel_rms);
-      REQUIRE(m.nan_count + m.inf_count == 0);
-      CHECK(m.rel_rms <= tol::mla_decode_goal.value);
-    }
+  const auto out = run(a);
+  for (std::size_t b = 0; b < B; ++b) {
+    const auto m = compare_rows(out, truth_rows(c, q, b, all_heads(32), lens[b], kScale), 32, b, all_heads(32));
+    std::printf("mla decode batch b=%zu len=%d: rel_rms %.3e\n", b, lens[b], m.rel_rms);
+    CAPTURE(b, lens[b], m.rel_rms);
+    REQUIRE(m.nan_count + m.inf_count == 0);
+    CHECK(m.rel_rms <= tol::mla_decode_goal.value);
   }
 }
 
-TEST_CASE("mla decode v6, one slice per sequence: the split kernel writes the output (no combine), lengths 1 .. max_len "
-          "and an invalid one", "[gpu][mla]") {
-  // B = 120 x 600 in one slice per sequence (num_splits = 1), so v6 normalises in its epilogue and launches no combine
+TEST_CASE("mla decode, one slice per sequence: the split kernel writes the output (no combine), lengths 1 .. max_len "
+          "and invalid ones; the same bits as the combine", "[gpu][mla]") {
+  // B = 120 x 600 in one slice per sequence (num_splits = 1), so the split kernel normalises in its epilogue and no
+  // combine is launched
   const std::size_t B = 120, cap = 600;
   std::vector<int> lens(B);
   Rng rng(fresh_seed());
@@ -315,23 +304,25 @@ TEST_CASE("mla decode v6, one slice per sequence: the split kernel writes the ou
   const Query q(B, 32, kSigma, fresh_seed());
   DevBuf dl(B * 4);
   cuda_check(cudaMemcpy(dl.p, lens.data(), dl.bytes, cudaMemcpyHostToDevice), "lens");
-  auto a = with_variant(args_of(c, q, cap, kScale), 6);
+  auto a = args_of(c, q, cap, kScale);
   a.lens = dl.as<int>();
-  a.num_splits = 1;  // (the automatic plan picks 1 on 132 SMs; given here so that the case does not depend on the GPU)
-  const auto out = run(a, true);
-  const auto out5 = run(with_variant(a, 5));  // v5: the same split kernel through v4's combine
-  a.num_splits = 2;  // the same sequences through two slices and the combine
-  const auto out2 = run(a);
+  // (the automatic plan picks 1 on 132 SMs; given here so that the case does not depend on the GPU)
+  const auto one = with_splits(1);
+  REQUIRE(kernels::mla_decode_plan(a, &one).output == kernels::MlaDecodeOutput::direct);
+  const auto out = run(a, one, true);
+  const auto outc = run(a, forced_combine(1), true);  // the same slices through the combine kernel
+  const auto out2 = run(a, with_splits(2));           // the same sequences through two slices and the combine
   const std::vector<std::size_t> heads = {0, 17, 31};
   double worst = 0.0;
   for (std::size_t b = 0; b < B; ++b) {
     CAPTURE(b, lens[b]);
     if (lens[b] < 1 || lens[b] > static_cast<int>(cap)) {
       CHECK(all_nan_rows(out, b, 32));
+      CHECK(all_nan_rows(outc, b, 32));
       continue;
     }
     // the direct output is the combine's single-slice merge, float for float: every head, bitwise
-    CHECK(std::equal(out.begin() + b * 32 * DC, out.begin() + (b + 1) * 32 * DC, out5.begin() + b * 32 * DC));
+    CHECK(std::equal(out.begin() + b * 32 * DC, out.begin() + (b + 1) * 32 * DC, outc.begin() + b * 32 * DC));
     const auto ref = truth_rows(c, q, b, heads, lens[b], kScale);
     const auto m = compare_rows(out, ref, 32, b, heads), m2 = compare_rows(out2, ref, 32, b, heads);
     worst = std::max(worst, m.rel_rms);
@@ -340,13 +331,12 @@ TEST_CASE("mla decode v6, one slice per sequence: the split kernel writes the ou
     CHECK(m.rel_rms <= tol::mla_decode_goal.value);
     CHECK(m2.rel_rms <= tol::mla_decode_goal.value);
   }
-  std::printf("mla decode v6 direct output, B=120 x 600 (lengths 1..600): worst rel_rms %.3e\n", worst);
+  std::printf("mla decode direct output, B=120 x 600 (lengths 1..600): worst rel_rms %.3e\n", worst);
 }
 
 TEST_CASE("mla decode: NaN in the cache past each sequence's length does not reach the output", "[gpu][mla]") {
-  // Tokens in [lens[b], capacity) are not part of sequence b: a cache may hold anything there. The kernels that load
-  // whole blocks (v7's TMA boxes of 32 tokens reach up to max_len) must zero those rows before P C (P = 0 there,
-  // but 0 * NaN = NaN); the cp.async kernels zero-fill them at the load.
+  // Tokens in [lens[b], capacity) are not part of sequence b: a cache may hold anything there. The split kernel
+  // zero-fills the rows past the slice at the load (P is 0 there, but 0 * NaN = NaN).
   const std::vector<int> lens = {70, 3000, 1, 1000, 2049};
   const std::size_t B = lens.size(), cap = 3100;
   Cache c(B, cap, DC, fresh_seed());
@@ -358,54 +348,23 @@ TEST_CASE("mla decode: NaN in the cache past each sequence's length does not rea
   const Query q(B, 32, kSigma, fresh_seed());
   DevBuf dl(B * 4);
   cuda_check(cudaMemcpy(dl.p, lens.data(), dl.bytes, cudaMemcpyHostToDevice), "lens");
-  for (const int max_len : {3000, 3100}) {  // tokens past max_len: the TMA out-of-bounds fill (3000) or inside it
+  for (const int max_len : {3000, 3100}) {  // NaN tokens past max_len (3000) or inside it
     auto a = args_of(c, q, static_cast<std::size_t>(max_len), kScale);
     a.lens = dl.as<int>();
-    for (int v : kVariants) {
-      const auto out = run(with_variant(a, v));
-      for (std::size_t b = 0; b < B; ++b) {
-        const auto m = compare_rows(out, truth_rows(c, q, b, {0, 17, 31}, lens[b], kScale), 32, b, {0, 17, 31});
-        std::printf("mla decode v%d NaN past the length, max_len=%d b=%zu len=%d: rel_rms %.3e\n", v, max_len, b,
-                    lens[b], m.rel_rms);
-        CAPTURE(v, max_len, b, lens[b], m.rel_rms);
-        REQUIRE(m.nan_count + m.inf_count == 0);
-        CHECK(m.rel_rms <= tol::mla_decode_goal.value);
-      }
-    }
-  }
-}
-
-TEST_CASE("mla decode: identical keys and very large logits give no NaN", "[gpu][mla]") {
-  const std::size_t N = 5000;
-  for (double sigma : {kSigma, 1000.0}) {
-    Cache c(1, N, DC, fresh_seed());
-    c.make_identical(fresh_seed());
-    const Query q(1, 32, sigma, fresh_seed());
-    const auto ref = truth_rows(c, q, 0, all_heads(32), N, kScale);
-    for (int v : kVariants) {
-      const auto m = compare_rows(run(with_variant(args_of(c, q, N, kScale), v)), ref, 32, 0, all_heads(32));
-      std::printf("mla decode v%d identical keys, sigma=%g: rel_rms %.3e\n", v, sigma, m.rel_rms);
-      CAPTURE(v, sigma, m.rel_rms);
-      REQUIRE(m.nan_count + m.inf_count == 0);
-      CHECK(m.rel_rms <= tol::mla_decode_goal.value);
-    }
-  }
-  {
-    // logits with std ~ 2000 (q~ x 1000): a near one-hot softmax
-    const Cache c(1, N, DC, fresh_seed());
-    const Query q(1, 32, 1000.0, fresh_seed());
-    const auto ref = truth_rows(c, q, 0, all_heads(32), N, kScale);
-    for (int v : kVariants) {
-      const auto m = compare_rows(run(with_variant(args_of(c, q, N, kScale), v)), ref, 32, 0, all_heads(32));
-      std::printf("mla decode v%d large logits: rel_rms %.3e\n", v, m.rel_rms);
-      CAPTURE(v, m.rel_rms);
+    const auto out = run(a);
+    for (std::size_t b = 0; b < B; ++b) {
+      const auto m = compare_rows(out, truth_rows(c, q, b, {0, 17, 31}, lens[b], kScale), 32, b, {0, 17, 31});
+      std::printf("mla decode NaN past the length, max_len=%d b=%zu len=%d: rel_rms %.3e\n", max_len, b, lens[b],
+                  m.rel_rms);
+      CAPTURE(max_len, b, lens[b], m.rel_rms);
       REQUIRE(m.nan_count + m.inf_count == 0);
       CHECK(m.rel_rms <= tol::mla_decode_goal.value);
     }
   }
 }
 
-TEST_CASE("mla decode: a device length outside [1, max_len] gives NaN rows for that sequence only", "[gpu][mla]") {
+TEST_CASE("mla decode: a device length outside [1, max_len] gives NaN rows for that sequence only (direct output "
+          "and combine)", "[gpu][mla]") {
   const std::vector<int> lens = {0, 40, 41};
   const Cache c(3, 64, DC, fresh_seed());
   const Query q(3, 32, kSigma, fresh_seed());
@@ -414,53 +373,38 @@ TEST_CASE("mla decode: a device length outside [1, max_len] gives NaN rows for t
   auto a = args_of(c, q, 40, kScale);
   a.lens = dl.as<int>();
   const auto ref = truth_rows(c, q, 1, all_heads(32), 40, kScale);
-  for (int v : kVariants) {
-    const auto out = run(with_variant(a, v), true);
+  // max_len = 40: one slice (direct output) by the plan; the combine forced on the same slice
+  for (const auto& ov : {kernels::MlaDecodeOverrides{}, forced_combine(0)}) {
+    const auto out = run(a, ov, true);
+    const char* path = kernels::mla_decode_output_name(kernels::mla_decode_plan(a, &ov).output);
     for (std::size_t b : {0, 2}) {
-      CAPTURE(v, b);
+      CAPTURE(path, b);
       CHECK(all_nan_rows(out, b, 32));
     }
     const auto m = compare_rows(out, ref, 32, 1, all_heads(32));
-    std::printf("mla decode v%d bad device length: valid sequence rel_rms %.3e\n", v, m.rel_rms);
-    CAPTURE(v, m.rel_rms);
+    std::printf("mla decode bad device length (%s output): valid sequence rel_rms %.3e\n", path, m.rel_rms);
+    CAPTURE(path, m.rel_rms);
     REQUIRE(m.nan_count == 0);
     CHECK(m.rel_rms <= tol::mla_decode_goal.value);
   }
 }
 
-TEST_CASE("mla decode: N = 1,048,576 on a sample of heads", "[gpu][mla]") {
-  const std::size_t N = std::size_t{1} << 20;
-  const Cache c(1, N, DC, fresh_seed());
-  const Query q(1, 32, kSigma, fresh_seed());
-  const std::vector<std::size_t> heads = {0, 13, 31};
-  const auto ref = truth_rows(c, q, 0, heads, N, kScale);
-  for (int v : kVariants) {
-    const auto out = run(with_variant(args_of(c, q, N, kScale), v));
-    std::size_t nan = 0;
-    for (double x : out) nan += std::isnan(x) ? 1 : 0;
-    CAPTURE(v);
-    REQUIRE(nan == 0);
-    const auto m = compare_rows(out, ref, 32, 0, heads);
-    std::printf("mla decode v%d N=1048576 heads {0,13,31}: rel_rms %.3e\n", v, m.rel_rms);
-    CHECK(m.rel_rms <= tol::mla_decode_goal.value);
-  }
-}
-
-TEST_CASE("mla decode in a CUDA graph equals direct launches", "[gpu][mla]") {
+TEST_CASE("mla decode in a CUDA graph equals direct launches (combine and direct output)", "[gpu][mla]") {
   const std::size_t N = 3000;
   const Cache c(2, N, DC, fresh_seed());
   const Query q(2, 32, kSigma, fresh_seed());
-  for (int v : kVariants) {
-    auto a = with_variant(args_of(c, q, N, kScale), v);
-    const auto direct = run(a);
-    DevBuf out(2 * 32 * DC * 4), ws(kernels::mla_decode_workspace_bytes(a));
+  for (int splits : {0, 1}) {  // the plan's slices (several: the combine), one slice (the direct output)
+    const auto ov = with_splits(splits);
+    auto a = args_of(c, q, N, kScale);
+    const auto direct = run(a, ov);
+    DevBuf out(2 * 32 * DC * 4), ws(kernels::mla_decode_workspace_bytes(a, &ov));
     out.poison();
     ws.poison();
     a.out = out.as<float>();
     a.workspace = ws.p;
     a.workspace_bytes = ws.bytes;
-    run_in_graph([&](cudaStream_t s) { kernels::mla_decode(a, s); });
-    CAPTURE(v);
+    run_in_graph([&](cudaStream_t s) { kernels::mla_decode(a, s, &ov); });
+    CAPTURE(splits);
     CHECK(download_f32(out) == direct);
   }
 }
@@ -514,22 +458,20 @@ TEST_CASE("mla decode: bad inputs give clear errors before any launch", "[gpu][m
   bad = good;
   bad.B = 0;
   CHECK_THROWS_AS(kernels::mla_decode(bad, nullptr), Error);
-  bad = good;
-  bad.variant = 8;
-  CHECK_THROWS_AS(kernels::mla_decode(bad, nullptr), Error);
-  bad.variant = 3;  // removed in session 4
-  CHECK_THROWS_AS(kernels::mla_decode(bad, nullptr), Error);
-  bad = good;
-  bad.variant = 0;
-  CHECK_THROWS_AS(kernels::mla_decode(bad, nullptr), Error);
-  bad = good;
-  bad.variant = 1;
-  bad.p_hi_only = true;  // an ablation of the wgmma kernels (v2, v4, v5) only
-  CHECK_THROWS_AS(kernels::mla_decode(bad, nullptr), Error);
+  kernels::MlaDecodeOverrides ov;
+  ov.num_splits = -1;
+  CHECK_THROWS_AS(kernels::mla_decode(good, nullptr, &ov), Error);
+  ov = {};
+  ov.output = static_cast<kernels::MlaDecodeOutput>(7);
+  CHECK_THROWS_AS(kernels::mla_decode(good, nullptr, &ov), Error);
+  ov = {};
+  ov.num_splits = 2;  // two slices of 64 tokens: only the combine can merge them
+  ov.output = kernels::MlaDecodeOutput::direct;
+  CHECK_THROWS_AS(kernels::mla_decode(good, nullptr, &ov), Error);
   cuda_check(cudaDeviceSynchronize(), "after bad inputs");
 }
 
-TEST_CASE("mla decode plan: whole tiles, every token covered, v4 fills one wave at B = 1", "[gpu][mla]") {
+TEST_CASE("mla decode plan: whole blocks, every token covered, one wave at B = 1, output by the rule", "[gpu][mla]") {
   int dev = 0, sms = 0;
   cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
   cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "SM count");
@@ -539,18 +481,15 @@ TEST_CASE("mla decode plan: whole tiles, every token covered, v4 fills one wave 
     kernels::MlaDecodeArgs a;
     a.B = sh.B;
     a.capacity = a.max_len = sh.N;
-    for (int v : kVariants) {
-      a.variant = v;
-      const auto pl = kernels::mla_decode_plan(a);
-      const int tile = v == 1 ? 32 : 64;
-      std::printf("mla decode plan v%d B=%d N=%d: %d splits of %d tokens (%d CTAs on %d SMs)\n", v, sh.B, sh.N,
-                  pl.num_splits, pl.split_len, sh.B * pl.num_splits, sms);
-      CAPTURE(v, sh.B, sh.N, pl.num_splits, pl.split_len);
-      CHECK(pl.split_len % tile == 0);
-      CHECK(static_cast<long long>(pl.num_splits) * pl.split_len >= sh.N);          // every token in a slice
-      CHECK(static_cast<long long>(pl.num_splits - 1) * pl.split_len < sh.N);       // no empty slice
-      if (v >= 3 && sh.B == 1 && sh.N >= 65536) CHECK(pl.num_splits <= sms);        // one wave of 1-CTA-per-SM slices
-      if (v >= 3 && sh.B == 1 && sh.N >= 65536) CHECK(pl.num_splits >= sms * 9 / 10);  // ... that fills >= 90% of it
-    }
+    const auto pl = kernels::mla_decode_plan(a);
+    std::printf("mla decode plan B=%d N=%d: %d splits of %d tokens (%d CTAs on %d SMs), %s output\n", sh.B, sh.N,
+                pl.num_splits, pl.split_len, sh.B * pl.num_splits, sms, kernels::mla_decode_output_name(pl.output));
+    CAPTURE(sh.B, sh.N, pl.num_splits, pl.split_len);
+    CHECK(pl.split_len % 64 == 0);
+    CHECK(static_cast<long long>(pl.num_splits) * pl.split_len >= sh.N);          // every token in a slice
+    CHECK(static_cast<long long>(pl.num_splits - 1) * pl.split_len < sh.N);       // no empty slice
+    if (sh.B == 1 && sh.N >= 65536) CHECK(pl.num_splits <= sms);                 // one wave of 1-CTA-per-SM slices
+    if (sh.B == 1 && sh.N >= 65536) CHECK(pl.num_splits >= sms * 9 / 10);        // ... that fills >= 90% of it
+    CHECK(pl.output == kernels::mla_decode_output_rule(pl.num_splits));
   }
 }

@@ -191,42 +191,47 @@ std::size_t cache_errors(const Problem& P) {
   return bad;
 }
 
-}  // namespace
+/// One absorbed prefill problem against float64: the parameters that name it (Problem's).
+struct PrefillCase {
+  std::size_t B, T, H, N0;
+  std::size_t extra = 0;   // cache rows past N0 + T (poisoned; must stay so)
+  std::size_t row = DC;    // cache row stride sc_t (576: [c ; k_R] rows)
+};
 
-TEST_CASE("mla prefill: T in {1,15,16,17,300,1000} x prefix {0, 777}, H = 32, vs float64 on the exact q~", "[gpu][mla]") {
-  for (std::size_t N0 : {0, 777})
-    for (std::size_t T : {1, 15, 16, 17, 300, 1000}) {
-      Problem P(1, T, 32, N0, 5);
-      const auto out = run(P.args());
-      const auto m = check(P, out, 0);
-      const std::size_t cerr = cache_errors(P);
-      std::printf("mla prefill T=%zu N0=%zu H=32: rel_rms %.3e max_abs %.3e (%zu rows checked), cache errors %zu\n", T, N0,
-                  m.rel_rms, m.max_abs, m.n / DC, cerr);
-      CAPTURE(T, N0, m.rel_rms, m.nan_count);
-      REQUIRE(m.nan_count + m.inf_count == 0);
-      CHECK(m.rel_rms <= tol::mla_prefill_goal.value);
-      CHECK(cerr == 0);
-      std::size_t nan = 0;
-      for (double x : out) nan += std::isfinite(x) ? 0 : 1;
-      CHECK(nan == 0);
-    }
+/// Runs the case: per sequence the sampled rows vs float64 (no NaN / Inf, rel_rms <= tol::mla_prefill_goal), every
+/// output element finite, the cache written exactly (cache_errors == 0).
+void check_prefill_case(const PrefillCase& k) {
+  Problem P(k.B, k.T, k.H, k.N0, k.extra, k.row);
+  const auto out = run(P.args());
+  for (std::size_t b = 0; b < k.B; ++b) {
+    const auto m = check(P, out, b);
+    std::printf("mla prefill B=%zu b=%zu T=%zu N0=%zu H=%zu sc_t=%zu: rel_rms %.3e max_abs %.3e (%zu rows checked)\n",
+                k.B, b, k.T, k.N0, k.H, k.row, m.rel_rms, m.max_abs, m.n / DC);
+    CAPTURE(k.B, b, k.T, k.N0, k.H, k.row, m.rel_rms, m.nan_count);
+    REQUIRE(m.nan_count + m.inf_count == 0);
+    CHECK(m.rel_rms <= tol::mla_prefill_goal.value);
+  }
+  std::size_t nan = 0;
+  for (double x : out) nan += std::isfinite(x) ? 0 : 1;
+  const std::size_t cerr = cache_errors(P);
+  std::printf("mla prefill B=%zu T=%zu N0=%zu H=%zu: non-finite outputs %zu, cache errors %zu\n", k.B, k.T, k.N0, k.H,
+              nan, cerr);
+  CAPTURE(k.B, k.T, k.N0, k.H, k.row);
+  CHECK(nan == 0);
+  CHECK(cerr == 0);
 }
 
-TEST_CASE("mla prefill: B = 2, H in {16, 48, 1}, [c ; k_R] rows (sc_t = 576), per-sequence truths", "[gpu][mla]") {
-  for (std::size_t H : {16, 48, 1}) {
-    Problem P(2, 45, H, 33, 3, 576);
-    const auto out = run(P.args());
-    for (std::size_t b = 0; b < 2; ++b) {
-      const auto m = check(P, out, b);
-      std::printf("mla prefill B=2 b=%zu T=45 N0=33 H=%zu sc_t=576: rel_rms %.3e\n", b, H, m.rel_rms);
-      CAPTURE(H, b, m.rel_rms);
-      REQUIRE(m.nan_count + m.inf_count == 0);
-      CHECK(m.rel_rms <= tol::mla_prefill_goal.value);
-    }
-    const std::size_t cerr = cache_errors(P);
-    std::printf("mla prefill B=2 H=%zu: cache errors %zu\n", H, cerr);
-    CHECK(cerr == 0);
-  }
+}  // namespace
+
+TEST_CASE("mla prefill vs float64 on the exact q~ (T around the 16/32-row tiles x prefix, H, B = 2, sc_t = 576)",
+          "[gpu][mla]") {
+  std::vector<PrefillCase> cases;
+  // T in {1, 15, 16, 17, 300, 1000} x prefix {0, 777}, H = 32, one sequence
+  for (std::size_t N0 : {0, 777})
+    for (std::size_t T : {1, 15, 16, 17, 300, 1000}) cases.push_back({1, T, 32, N0, 5});
+  // B = 2, H in {16, 48, 1}, combined [c ; k_R] rows (sc_t = 576), per-sequence truths
+  for (std::size_t H : {16, 48, 1}) cases.push_back({2, 45, H, 33, 3, 576});
+  for (const PrefillCase& k : cases) check_prefill_case(k);
 }
 
 TEST_CASE("mla prefill: hi + lo query vs hi only (the lo part is what keeps the goal)", "[gpu][mla]") {
@@ -500,7 +505,7 @@ TEST_CASE("mla prefill: bad inputs give clear errors before any launch", "[gpu][
   cuda_check(cudaDeviceSynchronize(), "after bad inputs");
 }
 
-// ---- mla_prefill_heads: o = W_UV,i a_i [B, T, H, 128], naive or absorbed (kernels/mla_prefill_naive.cu) -------
+// ---- mla_prefill_heads: o = W_UV,i a_i [B, T, H, 128], naive or absorbed (kernels/mla_prefill/naive.cu) -------
 
 namespace {
 
@@ -549,7 +554,7 @@ struct HeadsProblem {
     copy_bits(W_UK, bits(wuk));
     copy_bits(W_UV, bits(wuv));
   }
-  kernels::MlaPrefillHeadsArgs args(kernels::MlaPrefillPath path) const {
+  kernels::MlaPrefillHeadsArgs args() const {
     kernels::MlaPrefillHeadsArgs a;
     a.B = static_cast<int>(B);
     a.T = static_cast<int>(T);
@@ -562,7 +567,6 @@ struct HeadsProblem {
     a.W_UK = W_UK.as<bf16_t>();
     a.W_UV = W_UV.as<bf16_t>();
     a.scale = static_cast<float>(1.0 / std::sqrt(128.0));  // mla_scale: 1/sqrt(d_nope + d_rope), d_rope = 0
-    a.path = path;
     return a;
   }
   /// float64 truth o [B, T, H, 128]: reference/mla.hpp mla_attend_naive per sequence.
@@ -612,16 +616,25 @@ struct HeadsProblem {
   }
 };
 
-/// Runs mla_prefill_heads (fresh cache, poisoned out and workspace) and downloads o [B, T, H, 128].
-std::vector<double> run_heads(HeadsProblem& P, kernels::MlaPrefillHeadsArgs a) {
+kernels::MlaPrefillOverrides forced(kernels::MlaPrefillPath path, bool p_hi_only = false) {
+  kernels::MlaPrefillOverrides ov;
+  ov.path = path;
+  ov.p_hi_only = p_hi_only;
+  return ov;
+}
+
+/// Runs mla_prefill_heads on the path `ov` forces (fresh cache, poisoned out and workspace) and downloads
+/// o [B, T, H, 128].
+std::vector<double> run_heads(HeadsProblem& P, const kernels::MlaPrefillOverrides& ov) {
   P.upload();
-  DevBuf out(P.B * P.T * P.H * 128 * 4), ws(kernels::mla_prefill_heads_workspace_bytes(a));
+  kernels::MlaPrefillHeadsArgs a = P.args();
+  DevBuf out(P.B * P.T * P.H * 128 * 4), ws(kernels::mla_prefill_heads_workspace_bytes(a, &ov));
   out.poison();
   ws.poison();
   a.out = out.as<float>();
   a.workspace = ws.p;
   a.workspace_bytes = ws.bytes;
-  kernels::mla_prefill_heads(a, nullptr);
+  kernels::mla_prefill_heads(a, nullptr, &ov);
   cuda_check(cudaDeviceSynchronize(), "mla_prefill_heads");
   return download_f32(out);
 }
@@ -645,12 +658,12 @@ TEST_CASE("mla prefill heads, naive: naive and absorbed+W_UV vs float64 referenc
   for (const Case& c : cases) {
     HeadsProblem P(2, c.T, c.H, c.N0);
     const auto truth = P.truth();
-    const auto on = run_heads(P, P.args(MlaPrefillPath::naive));
+    const auto on = run_heads(P, forced(MlaPrefillPath::naive));
     const std::size_t cache_n = P.cache_errors();
-    const auto oa = run_heads(P, P.args(MlaPrefillPath::absorbed));
+    const auto oa = run_heads(P, forced(MlaPrefillPath::absorbed));
     const std::size_t cache_a = P.cache_errors();
-    const MlaPrefillPath chosen = kernels::mla_prefill_choose(P.args(MlaPrefillPath::automatic));
-    const auto oauto = run_heads(P, P.args(MlaPrefillPath::automatic));
+    const MlaPrefillPath chosen = kernels::mla_prefill_heads_path(P.args());
+    const auto oauto = run_heads(P, forced(MlaPrefillPath::automatic));
     const auto mn = compare(on, truth), ma = compare(oa, truth), mna = compare(on, oa);
     const bool auto_same = oauto == (chosen == MlaPrefillPath::naive ? on : oa);
     std::printf("mla prefill heads B=2 T=%zu N0=%zu H=%zu: naive rel_rms %.3e (max_abs %.2e), absorbed+W_UV %.3e, "
@@ -672,10 +685,8 @@ TEST_CASE("mla prefill heads, naive: P hi + lo vs P hi only (ablation), logit st
   for (double sigma : {1.0, 4.0}) {
     HeadsProblem P(1, 300, 32, 37, sigma);
     const auto truth = P.truth();
-    auto a = P.args(kernels::MlaPrefillPath::naive);
-    const auto m_hilo = compare(run_heads(P, a), truth);
-    a.p_hi_only = true;
-    const auto m_hi = compare(run_heads(P, a), truth);
+    const auto m_hilo = compare(run_heads(P, forced(kernels::MlaPrefillPath::naive)), truth);
+    const auto m_hi = compare(run_heads(P, forced(kernels::MlaPrefillPath::naive, true)), truth);
     std::printf("mla prefill heads naive T=300 N0=37 H=32 sigma=%g: P hi+lo %.3e, P hi only %.3e (emulation: ~5e-6 / "
                 "0.6e-3 .. 1.1e-3)\n", sigma, m_hilo.rel_rms, m_hi.rel_rms);
     REQUIRE(m_hilo.nan_count + m_hi.nan_count + m_hilo.inf_count + m_hi.inf_count == 0);
@@ -693,8 +704,8 @@ TEST_CASE("mla prefill heads, naive: identical keys and very large logits give n
       HeadsProblem P(1, 200, 32, 50, sigma);  // sigma 1000: logits with std ~1000, near one-hot rows
       if (identical) P.make_identical();
       const auto truth = P.truth();
-      const auto on = run_heads(P, P.args(MlaPrefillPath::naive));
-      const auto oa = run_heads(P, P.args(MlaPrefillPath::absorbed));
+      const auto on = run_heads(P, forced(MlaPrefillPath::naive));
+      const auto oa = run_heads(P, forced(MlaPrefillPath::absorbed));
       const auto mn = compare(on, truth), ma = compare(oa, truth);
       std::printf("mla prefill heads %s, sigma=%g: naive rel_rms %.3e, absorbed+W_UV %.3e, non-finite %zu / %zu\n",
                   identical ? "identical keys" : "distinct keys", sigma, mn.rel_rms, ma.rel_rms, non_finite(on),
@@ -708,10 +719,11 @@ TEST_CASE("mla prefill heads, naive: identical keys and very large logits give n
 TEST_CASE("mla prefill heads, naive: the rule's choices (11 pairs > 1024 N)", "[gpu][mla][naive]") {
   using kernels::MlaPrefillPath;
   kernels::MlaPrefillHeadsArgs a;
+  kernels::MlaPrefillOverrides ov;
   auto pick = [&](int T, int N0) {
     a.T = T;
     a.prefix = N0;
-    return kernels::mla_prefill_choose(a);
+    return kernels::mla_prefill_heads_path(a, &ov);
   };
   const std::vector<std::pair<int, int>> shapes = {{1, 0},    {64, 0},      {185, 0},     {186, 0}, {2048, 0}, {8192, 0},
                                                    {512, 0},  {93, 100000}, {94, 100000}, {65, 37}, {300, 37}};
@@ -722,42 +734,53 @@ TEST_CASE("mla prefill heads, naive: the rule's choices (11 pairs > 1024 N)", "[
   CHECK(pick(64, 0) == MlaPrefillPath::absorbed);
   CHECK(pick(93, 100000) == MlaPrefillPath::absorbed);
   CHECK(pick(94, 100000) == MlaPrefillPath::naive);
-  a.path = MlaPrefillPath::absorbed;
+  for (auto [T, N0] : shapes) {  // no override: the rule
+    const MlaPrefillPath picked = pick(T, N0);
+    CHECK(picked == kernels::mla_prefill_path_rule(a));
+  }
+  ov.path = MlaPrefillPath::absorbed;  // an override wins over the rule
   CHECK(pick(8192, 0) == MlaPrefillPath::absorbed);
-  a.path = MlaPrefillPath::naive;
+  ov.path = MlaPrefillPath::naive;
   CHECK(pick(1, 0) == MlaPrefillPath::naive);
 }
 
 namespace {
 
+/// One mla_prefill_heads call: the arguments and the overrides.
+struct HeadsCall {
+  kernels::MlaPrefillHeadsArgs a;
+  kernels::MlaPrefillOverrides ov;
+};
+
 // HeadsProblem(1, 20, 32, 10): B = 1, T = 20, H = 32, N0 = 10, capacity 33, path naive, the workspace of both paths
-const std::vector<BadCase<kernels::MlaPrefillHeadsArgs>> kHeadsBad = {
-    {"d_c = 256", [](auto& a) { a.d_c = 256; }, "mla_prefill_heads: d_c = 256 is not supported"},
-    {"d_nope = 64", [](auto& a) { a.d_nope = 64; }, "mla_prefill_heads: d_nope = 64 is not supported"},
-    {"d_v = 192", [](auto& a) { a.d_v = 192; }, "mla_prefill_heads: d_v = 192 is not supported"},
-    {"d_rope = 64", [](auto& a) { a.d_rope = 64; }, "mla_prefill_heads: d_rope = 64: "},
-    {"T = 0", [](auto& a) { a.T = 0; }, "mla_prefill_heads: T = 0; accepted: T >= 1"},
-    {"B = 0", [](auto& a) { a.B = 0; }, "mla_prefill_heads: B = 0; accepted: 1 <= B <= 65535"},
-    {"H = 300", [](auto& a) { a.H = 300; }, "mla_prefill_heads: H = 300; accepted: 1 <= H <= 256"},
-    {"prefix < 0", [](auto& a) { a.prefix = -1; }, "mla_prefill_heads: prefix (N0) = -1; accepted: N0 >= 0"},
-    {"N0 + T > capacity", [](auto& a) { a.T = 24; },
+const std::vector<BadCase<HeadsCall>> kHeadsBad = {
+    {"d_c = 256", [](auto& h) { h.a.d_c = 256; }, "mla_prefill_heads: d_c = 256 is not supported"},
+    {"d_nope = 64", [](auto& h) { h.a.d_nope = 64; }, "mla_prefill_heads: d_nope = 64 is not supported"},
+    {"d_v = 192", [](auto& h) { h.a.d_v = 192; }, "mla_prefill_heads: d_v = 192 is not supported"},
+    {"d_rope = 64", [](auto& h) { h.a.d_rope = 64; }, "mla_prefill_heads: d_rope = 64: "},
+    {"T = 0", [](auto& h) { h.a.T = 0; }, "mla_prefill_heads: T = 0; accepted: T >= 1"},
+    {"B = 0", [](auto& h) { h.a.B = 0; }, "mla_prefill_heads: B = 0; accepted: 1 <= B <= 65535"},
+    {"H = 300", [](auto& h) { h.a.H = 300; }, "mla_prefill_heads: H = 300; accepted: 1 <= H <= 256"},
+    {"prefix < 0", [](auto& h) { h.a.prefix = -1; }, "mla_prefill_heads: prefix (N0) = -1; accepted: N0 >= 0"},
+    {"N0 + T > capacity", [](auto& h) { h.a.T = 24; },
      "mla_prefill_heads: prefix N0 = 10 plus T = 24 passes the cache capacity 33"},
-    {"q_C null", [](auto& a) { a.q_C = nullptr; }, "mla_prefill_heads: pointer 'q_C' is null"},
-    {"W_UK null", [](auto& a) { a.W_UK = nullptr; }, "mla_prefill_heads: pointer 'W_UK' is null"},
-    {"W_UV misaligned", [](auto& a) { a.W_UV = a.W_UV + 1; }, "mla_prefill_heads: pointer 'W_UV' is not 4-byte aligned"},
-    {"c misaligned", [](auto& a) { a.c = a.c + 4; }, "mla_prefill_heads: pointer 'c' is not 16-byte aligned"},
-    {"out null", [](auto& a) { a.out = nullptr; }, "mla_prefill_heads: pointer 'out' is null"},
-    {"scale < 0", [](auto& a) { a.scale = -1.0f; }, "mla_prefill_heads: scale = -1.000000; accepted: a finite scale > 0"},
-    {"sqc_t odd", [](auto& a) { a.sqc_t = 32 * 128 + 1; }, "mla_prefill_heads: sqc_t = 4097; accepted: even"},
-    {"sc_t < 512", [](auto& a) { a.sc_t = 500; }, "mla_prefill_heads: sc_t = 500; accepted"},
-    {"workspace null", [](auto& a) { a.workspace = nullptr; }, "mla_prefill_heads: pointer 'workspace' is null"},
-    {"workspace too small", [](auto& a) { a.workspace_bytes = 1000; },
+    {"q_C null", [](auto& h) { h.a.q_C = nullptr; }, "mla_prefill_heads: pointer 'q_C' is null"},
+    {"W_UK null", [](auto& h) { h.a.W_UK = nullptr; }, "mla_prefill_heads: pointer 'W_UK' is null"},
+    {"W_UV misaligned", [](auto& h) { h.a.W_UV = h.a.W_UV + 1; }, "mla_prefill_heads: pointer 'W_UV' is not 4-byte aligned"},
+    {"c misaligned", [](auto& h) { h.a.c = h.a.c + 4; }, "mla_prefill_heads: pointer 'c' is not 16-byte aligned"},
+    {"out null", [](auto& h) { h.a.out = nullptr; }, "mla_prefill_heads: pointer 'out' is null"},
+    {"scale < 0", [](auto& h) { h.a.scale = -1.0f; }, "mla_prefill_heads: scale = -1.000000; accepted: a finite scale > 0"},
+    {"sqc_t odd", [](auto& h) { h.a.sqc_t = 32 * 128 + 1; }, "mla_prefill_heads: sqc_t = 4097; accepted: even"},
+    {"sc_t < 512", [](auto& h) { h.a.sc_t = 500; }, "mla_prefill_heads: sc_t = 500; accepted"},
+    {"workspace null", [](auto& h) { h.a.workspace = nullptr; }, "mla_prefill_heads: pointer 'workspace' is null"},
+    {"workspace too small", [](auto& h) { h.a.workspace_bytes = 1000; },
      "mla_prefill_heads: workspace_bytes = 1000 for the naive path"},
-    {"path = 7", [](auto& a) { a.path = static_cast<kernels::MlaPrefillPath>(7); }, "mla_prefill_heads: path = 7; accepted"},
+    {"overrides path = 7", [](auto& h) { h.ov.path = static_cast<kernels::MlaPrefillPath>(7); },
+     "mla_prefill_heads: overrides path = 7; accepted"},
     {"absorbed workspace too small",
-     [](auto& a) {
-       a.path = kernels::MlaPrefillPath::absorbed;
-       a.workspace_bytes = 1000;
+     [](auto& h) {
+       h.ov.path = kernels::MlaPrefillPath::absorbed;
+       h.a.workspace_bytes = 1000;
      },
      "mla_prefill_heads: workspace_bytes = 1000 for the absorbed path"},
 };
@@ -766,14 +789,16 @@ const std::vector<BadCase<kernels::MlaPrefillHeadsArgs>> kHeadsBad = {
 
 TEST_CASE("mla prefill heads, naive: bad inputs give clear errors before any launch", "[gpu][mla][naive]") {
   HeadsProblem P(1, 20, 32, 10);
-  DevBuf out(20 * 32 * 128 * 4), ws(kernels::mla_prefill_heads_workspace_bytes(P.args(kernels::MlaPrefillPath::naive)) +
-                                    kernels::mla_prefill_heads_workspace_bytes(P.args(kernels::MlaPrefillPath::absorbed)));
-  auto good = P.args(kernels::MlaPrefillPath::naive);
-  good.out = out.as<float>();
-  good.workspace = ws.p;
-  good.workspace_bytes = ws.bytes;
-  REQUIRE_NOTHROW(kernels::mla_prefill_heads(good, nullptr));
+  const auto naive = forced(kernels::MlaPrefillPath::naive), absorbed = forced(kernels::MlaPrefillPath::absorbed);
+  DevBuf out(20 * 32 * 128 * 4), ws(kernels::mla_prefill_heads_workspace_bytes(P.args(), &naive) +
+                                    kernels::mla_prefill_heads_workspace_bytes(P.args(), &absorbed));
+  HeadsCall good{P.args(), naive};
+  good.a.out = out.as<float>();
+  good.a.workspace = ws.p;
+  good.a.workspace_bytes = ws.bytes;
+  REQUIRE_NOTHROW(kernels::mla_prefill_heads(good.a, nullptr, &good.ov));
   cuda_check(cudaDeviceSynchronize(), "good");
-  expect_errors("mla prefill heads", good, kHeadsBad, [](const auto& a) { kernels::mla_prefill_heads(a, nullptr); });
+  expect_errors("mla prefill heads", good, kHeadsBad,
+                [](const HeadsCall& h) { kernels::mla_prefill_heads(h.a, nullptr, &h.ov); });
   cuda_check(cudaDeviceSynchronize(), "after bad inputs");
 }

@@ -19,7 +19,8 @@
 #include <cmath>
 #include <string>
 
-#include "kernels/kda_common.cuh"
+#include "kernels/common/cuda_check.hpp"
+#include "kernels/common/kda_math.cuh"
 #include "kernels/mla_prefill.hpp"
 
 namespace kdalab::kernels {

@@ -25,7 +25,8 @@
 #include <mutex>
 #include <string>
 
-#include "kernels/kda_common.cuh"
+#include "kernels/common/cuda_check.hpp"
+#include "kernels/common/kda_math.cuh"
 #include "kernels/mla_prefill.hpp"
 
 namespace kdalab::kernels {
@@ -320,29 +321,34 @@ const char* mla_prefill_path_name(MlaPrefillPath p) {
   return "?";
 }
 
-MlaPrefillPath mla_prefill_choose(const MlaPrefillHeadsArgs& a) {
-  if (a.path == MlaPrefillPath::absorbed || a.path == MlaPrefillPath::naive) return a.path;
+MlaPrefillPath mla_prefill_path_rule(const MlaPrefillHeadsArgs& a) {
   // naive iff 4096 pairs > 1280 pairs + 262,144 N  <=>  11 pairs > 1024 N (kernels/mla_prefill.hpp)
   const long long T = std::max(a.T, 0), N0 = std::max(a.prefix, 0);
   const long long pairs = T * N0 + T * (T + 1) / 2, N = N0 + T;
   return 11 * pairs > 1024 * N ? MlaPrefillPath::naive : MlaPrefillPath::absorbed;
 }
 
-std::size_t mla_prefill_heads_workspace_bytes(const MlaPrefillHeadsArgs& a) {
+MlaPrefillPath mla_prefill_heads_path(const MlaPrefillHeadsArgs& a, const MlaPrefillOverrides* ov) {
+  if (ov && (ov->path == MlaPrefillPath::absorbed || ov->path == MlaPrefillPath::naive)) return ov->path;
+  return mla_prefill_path_rule(a);
+}
+
+std::size_t mla_prefill_heads_workspace_bytes(const MlaPrefillHeadsArgs& a, const MlaPrefillOverrides* ov) {
   check_shape(a);
   const std::size_t B = a.B, T = a.T, H = a.H, N = static_cast<std::size_t>(a.prefix) + a.T;
-  if (mla_prefill_choose(a) == MlaPrefillPath::naive) return 2 * align256(B * N * H * DH * 4);
+  if (mla_prefill_heads_path(a, ov) == MlaPrefillPath::naive) return 2 * align256(B * N * H * DH * 4);
   return 2 * align256(B * T * H * DC * 2) + align256(B * T * H * DC * 4) + align256(H * DH * DC * 4);
 }
 
-void mla_prefill_heads(const MlaPrefillHeadsArgs& a, cudaStream_t stream) {
+void mla_prefill_heads(const MlaPrefillHeadsArgs& a, cudaStream_t stream, const MlaPrefillOverrides* ov) {
   if (a.d_c != DC) fail("d_c = " + std::to_string(a.d_c) + " is not supported; accepted: d_c = 512");
   if (a.d_nope != DH) fail("d_nope = " + std::to_string(a.d_nope) + " is not supported; accepted: d_nope = 128");
   if (a.d_v != DH) fail("d_v = " + std::to_string(a.d_v) + " is not supported; accepted: d_v = 128");
   if (a.d_rope != 0)
     fail("d_rope = " + std::to_string(a.d_rope) + ": the decoupled-RoPE score part is not implemented; accepted: d_rope = 0 (NoPE)");
-  if (a.path != MlaPrefillPath::automatic && a.path != MlaPrefillPath::absorbed && a.path != MlaPrefillPath::naive)
-    fail("path = " + std::to_string(static_cast<int>(a.path)) + "; accepted: automatic, absorbed or naive");
+  if (ov && ov->path != MlaPrefillPath::automatic && ov->path != MlaPrefillPath::absorbed &&
+      ov->path != MlaPrefillPath::naive)
+    fail("overrides path = " + std::to_string(static_cast<int>(ov->path)) + "; accepted: automatic, absorbed or naive");
   check_shape(a);
   check_ptr_h(a.c, 16, "c");
   if (a.c_new) check_ptr_h(a.c_new, 16, "c_new");
@@ -366,8 +372,8 @@ void mla_prefill_heads(const MlaPrefillHeadsArgs& a, cudaStream_t stream) {
   const long long sqc_t = a.sqc_t ? a.sqc_t : static_cast<long long>(a.H) * DH;
   if (sqc_t % 2 != 0 || sqc_t < static_cast<long long>(a.H) * DH)
     fail("sqc_t = " + std::to_string(sqc_t) + "; accepted: even, >= H * d_nope = " + std::to_string(a.H * DH));
-  const MlaPrefillPath path = mla_prefill_choose(a);
-  const std::size_t need = mla_prefill_heads_workspace_bytes(a);
+  const MlaPrefillPath path = mla_prefill_heads_path(a, ov);
+  const std::size_t need = mla_prefill_heads_workspace_bytes(a, ov);
   if (!a.workspace) fail("pointer 'workspace' is null; accepted: >= " + std::to_string(need) + " bytes of device memory");
   check_ptr_h(a.workspace, 256, "workspace");
   if (a.workspace_bytes < need)
@@ -462,7 +468,7 @@ void mla_prefill_heads(const MlaPrefillHeadsArgs& a, cudaStream_t stream) {
   p.out = a.out;
   static bool attr[2] = {false, false};  // once per instantiation
   const dim3 grid(static_cast<unsigned>((T + QT - 1) / QT), static_cast<unsigned>(H), static_cast<unsigned>(B));
-  if (a.p_hi_only) {
+  if (ov && ov->p_hi_only) {
     if (!attr[0]) {
       cuda_check(cudaFuncSetAttribute(mla_naive_attn_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(SMEM)), "cudaFuncSetAttribute(mla_naive_attn_kernel<false>)");
