@@ -9,7 +9,7 @@
 // kernel must move at least (inputs read once, outputs written once; the workspace is not counted)
 // and the FLOPs of its algorithm, TB/s and TFLOP/s, and % of the ceilings: the device-to-device
 // copy bandwidth measured in the same run (1 GiB, bytes read + written) and the bf16 matmul rate
-// of ANCHORS.md (715 TFLOP/s, not re-measured). Decode at B <= 8 is timed as one CUDA graph of 100
+// of an H200 (715 TFLOP/s, dense, a datasheet-level figure: not re-measured). Decode at B <= 8 is timed as one CUDA graph of 100
 // steps (per-step time reported). Inputs are seeded device-side N(0,1) bf16 fills (never zeros).
 // --peer-json: a JSON object {"<op> B=.. T=.. H=.. HV=..": milliseconds} written by a peer timing
 //   script in the same machine session (fla); adds peer_ms and speedup = peer_ms / time_ms. --out is never one of
@@ -622,7 +622,7 @@ void register_bench(Registry& reg) {
                 "B:T:H[:HV[:D]] with D = d_k = d_v in {64, 128, 256} (default 128); kda-decode: T = 1; "
                 "mla-decode: B:N:H with N cached tokens, mla-prefill: B:T:H (no HV: one latent cache for every head); attn-res: "
                 "S:T:d (sources, tokens, width, 3 fields); each field <= 2^31 - 1. Leave it out for the default (the "
-                "ANCHORS.md shapes): " + default_shapes_help());
+                "shapes of the peer comparisons in docs/kernels/): " + default_shapes_help());
   a->add_option("--iters", o->iters, "timed launches per shape (median and min reported), >= 1")->capture_default_str();
   a->add_option("--warmup", o->warmup, "untimed launches before timing, >= 0")->capture_default_str();
   a->add_option("--peer-json", o->peer_json,
@@ -833,7 +833,7 @@ void register_bench(Registry& reg) {
     }
     const double copy_tbs = copy_ceiling_tbs();
     const double mm_tflops = 715.0;
-    fmt::print("copy ceiling (1 GiB D2D, read + write): {:.2f} TB/s; bf16 matmul ceiling (ANCHORS.md): {:.0f} TFLOP/s\n",
+    fmt::print("copy ceiling (1 GiB D2D, read + write): {:.2f} TB/s; bf16 matmul ceiling (dense, not measured): {:.0f} TFLOP/s\n",
                copy_tbs, mm_tflops);
     auto f = ctx.open_results();
     f->group("bench", "KDA kernel timings (kdalab bench)");

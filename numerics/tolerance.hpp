@@ -108,24 +108,6 @@ inline constexpr Tolerance mla_decode_goal{2.0e-3,
     "accuracy goal of the MLA kernels (the KDA kernels' 2.0e-3). The kernel carries q~ and P as bf16 hi + lo "
     "(~2^-16 relative each) with fp32 accumulation, so it should land near 1e-5; a bf16-rounded q~ alone costs "
     "2.3-3.5e-3 and fails."};
-/// MLA decode split kernel v5 (seesaw) vs v2 on the same inputs: relative RMS of the difference of the two outputs.
-inline constexpr Tolerance mla_decode_v5_vs_v2{5.0e-5,
-    "Same precision plan (q~ and P as bf16 hi + lo, fp32 accumulation), both ~3e-6 .. 1.6e-5 from float64; they "
-    "round P at different running maxima (per 128 vs 64 tokens; v5 rescales the handed-over P before splitting) and "
-    "sum in another order, so they differ by ~1e-5. A fragment, swizzle, shuffle or rescale bug gives 1e-3 .. 1."};
-/// MLA decode variant 7 vs 6 on the same inputs (the same seesaw math and precision plan on 32- instead of 64-token
-/// blocks): relative RMS of the difference.
-inline constexpr Tolerance mla_decode_v7_vs_v6{5.0e-5,
-    "Same precision plan (q~ and P as bf16 hi + lo, fp32 accumulation), both ~3e-6 .. 1e-5 from float64; v7 rounds P "
-    "at the running maximum of each 64-token pair, v6 of each 128-token pair, and the fp32 sums run in another order, "
-    "so they differ by ~1e-6 .. 1e-5 (as v5 vs v2). A wrong swizzle, box coordinate, slot, parity or rescale gives "
-    "1e-3 .. 1."};
-/// MLA decode variant 6 vs 5 on the same inputs (the same split kernel and partials; only the combine differs:
-/// per-warp running maxima merged at the end vs one global maximum): relative RMS of the difference.
-inline constexpr Tolerance mla_decode_combine_order{1.0e-5,
-    "Both combines form a = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s in fp32 from the same partials, in another "
-    "order and with one extra rescale per warp: ~a few fp32 ulps (2^-24 = 6e-8) per output, ~1e-7 relative expected; "
-    "1e-5 leaves 100x. A dropped rescale or a wrong slice stride gives 1e-2 .. 1."};
 
 // ---- MLA prefill, causal, bf16 latents, fp32 output --------------------------------------------
 
@@ -140,7 +122,7 @@ inline constexpr Tolerance mla_prefill_heads_goal{2.0e-3,
     "accuracy goal of the MLA kernels. Predicted before the kernel by a CPU emulation (docs/kernels/mla_prefill.md, "
     "naive path): the naive plan (k, v, P as bf16 hi + lo, fp32 accumulation) 3.5e-6 .. 6.1e-6, absorbed + fp32 "
     "W_UV ~1e-5; a plain bf16 flash attention (k, v, P bf16) emulates at 2.4e-3 .. 4.2e-3 and fails."};
-/// Naive path with P as bf16 hi only (MlaPrefillHeadsArgs::p_hi_only, an ablation) vs float64.
+/// Naive path with P as bf16 hi only (MlaPrefillOverrides::p_hi_only, an ablation) vs float64.
 inline constexpr Tolerance mla_prefill_naive_p_hi{2.0e-3,
     "the CPU emulation of k, v hi + lo with P bf16 gives 0.59e-3 .. 1.12e-3 (logit std 4 .. 1): P's rounding alone; "
     "the 2.0e-3 goal still holds with ~45% margin."};
