@@ -56,7 +56,7 @@ std::string dtype_name(const nb::dlpack::dtype& d) {
 }
 
 /// Checks device, layout and dtype of array `name` and returns its shape; throws kdalab::Error naming it.
-std::vector<std::size_t> checked_shape(const Array& a, const std::string& name, const std::string& accepted) {
+std::vector<std::size_t> checked_shape(const Array& a, const std::string& name) {
   require(a.device_type() == nb::device::cpu::value,
           "tensor '" + name + "' is on a GPU (DLPack device type " + std::to_string(a.device_type()) +
               "); the reference runs on the CPU: pass " + name + ".cpu()");
@@ -72,7 +72,6 @@ std::vector<std::size_t> checked_shape(const Array& a, const std::string& name, 
     require(contiguous, "tensor '" + name + "' of shape " + shape_of(a) +
                             " is not C-contiguous (row-major); pass numpy.ascontiguousarray(" + name + ") or " + name +
                             ".contiguous()");
-  (void)accepted;
   return shape;
 }
 
@@ -82,14 +81,14 @@ Tensor<double> tensor_in(const Array& a, const std::string& name) {
           "tensor '" + name + "' has dtype " + dtype_name(a.dtype()) +
               "; accepted: float64 (the reference takes its inputs exactly: convert with " + name +
               ".astype(numpy.float64) or " + name + ".double())");
-  Tensor<double> t(checked_shape(a, name, "float64"));
+  Tensor<double> t(checked_shape(a, name));
   if (t.numel()) std::memcpy(t.data.data(), a.data(), t.numel() * sizeof(double));
   return t;
 }
 
 /// A candidate (float64, float32 or bfloat16; CPU; C-contiguous) -> doubles, each value exact.
 std::vector<double> values_in(const Array& a, const std::string& name) {
-  const auto shape = checked_shape(a, name, "");
+  const auto shape = checked_shape(a, name);
   std::size_t n = 1;
   for (auto d : shape) n *= d;
   std::vector<double> out(n);

@@ -42,7 +42,7 @@ KdaResult kda_decode(const Tensor<double>& q, const Tensor<double>& k, const Ten
 
 /// Named tensors (weights) and options of a layer, as given from Python.
 using Named = std::map<std::string, Tensor<double>>;
-/// Option values as text (numbers in shortest round-trip form, booleans "true"/"false").
+/// Option values as text (numbers as Python's str() writes them, booleans "true"/"false").
 using Options = std::map<std::string, std::string>;
 
 /// KDA layer prefill on a fresh cache (K3 report Eqs. 2, 5, 6; reference/kda_layer.hpp). x [T, hidden];
