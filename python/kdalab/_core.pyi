@@ -150,5 +150,8 @@ def read_array(file: str, dataset: str) -> F64:
 def read_attr(file: str, object: str, name: str) -> Union[float, str]:
     """An attribute of a group or dataset: the text of a string attribute, else its number as a float."""
 
-def members(file: str, group: str) -> list[str]: ...
-def exists(file: str, path: str) -> bool: ...
+def members(file: str, group: str) -> list[str]:
+    """Names of the members of a group of an HDF5 file."""
+
+def exists(file: str, path: str) -> bool:
+    """Whether an HDF5 file holds an object (group or dataset) at path."""

@@ -27,6 +27,7 @@
 #include "numerics/metrics.hpp"
 #include "numerics/random.hpp"
 #include "numerics/tolerance.hpp"
+#include "python/src/docstrings.hpp"
 #include "python/src/oracle.hpp"
 #include "reference/error.hpp"
 
@@ -234,7 +235,7 @@ NB_MODULE(_core, m) {
                                          tensor_in(beta, "beta"), s0 ? &*s0 : nullptr, scale, variant, p));
       },
       "q"_a, "k"_a, "v"_a, "g"_a, "beta"_a, "S0"_a = nb::none(), nb::kw_only(), "scale"_a, "variant"_a = "kda",
-      "precision"_a = "float64");
+      "precision"_a = "float64", doc::kda_recurrent);
   m.def(
       "kda_chunked",
       [](const Array& q, const Array& k, const Array& v, const Array& g, const Array& beta,
@@ -247,7 +248,7 @@ NB_MODULE(_core, m) {
                                        count(tile, "tile"), variant, p));
       },
       "q"_a, "k"_a, "v"_a, "g"_a, "beta"_a, "S0"_a = nb::none(), nb::kw_only(), "scale"_a, "C"_a = 64, "tile"_a = 16,
-      "variant"_a = "kda", "precision"_a = "float64");
+      "variant"_a = "kda", "precision"_a = "float64", doc::kda_chunked);
   m.def(
       "kda_decode",
       [](const Array& q, const Array& k, const Array& v, const Array& g, const Array& beta, const Array& S0,
@@ -256,7 +257,7 @@ NB_MODULE(_core, m) {
         return kda_out(py::kda_decode(tensor_in(q, "q"), tensor_in(k, "k"), tensor_in(v, "v"), tensor_in(g, "g"),
                                       tensor_in(beta, "beta"), tensor_in(S0, "S0"), scale, p));
       },
-      "q"_a, "k"_a, "v"_a, "g"_a, "beta"_a, "S0"_a, nb::kw_only(), "scale"_a, "precision"_a = "float64");
+      "q"_a, "k"_a, "v"_a, "g"_a, "beta"_a, "S0"_a, nb::kw_only(), "scale"_a, "precision"_a = "float64", doc::kda_decode);
   m.def(
       "kda_layer",
       [](const Array& x, const std::map<std::string, Array>& weights, const nb::dict& config,
@@ -265,7 +266,7 @@ NB_MODULE(_core, m) {
         KdaLayerResult r = py::kda_layer(tensor_in(x, "x"), named_in(weights), options_in(config, "kda_layer config"), p);
         return nb::make_tuple(tensor_out(std::move(r.y)), tensor_out(std::move(r.o_core)), tensor_out(std::move(r.S)));
       },
-      "x"_a, "weights"_a, "config"_a, nb::kw_only(), "precision"_a = "float64");
+      "x"_a, "weights"_a, "config"_a, nb::kw_only(), "precision"_a = "float64", doc::kda_layer);
   m.def(
       "mla",
       [](const Array& x, const std::map<std::string, Array>& weights, const nb::dict& config, const std::string& eval,
@@ -273,7 +274,7 @@ NB_MODULE(_core, m) {
         const Precision p = parse_precision(precision);
         return tensor_out(py::mla(tensor_in(x, "x"), named_in(weights), options_in(config, "mla config"), eval, p));
       },
-      "x"_a, "weights"_a, "config"_a, nb::kw_only(), "eval"_a = "naive", "precision"_a = "float64");
+      "x"_a, "weights"_a, "config"_a, nb::kw_only(), "eval"_a = "naive", "precision"_a = "float64", doc::mla);
   m.def(
       "attn_res",
       [](const Array& v, const Array& w, const std::string& mode, std::int64_t block_sources, double eps,
@@ -282,10 +283,10 @@ NB_MODULE(_core, m) {
         return tensor_out(py::attn_res(tensor_in(v, "v"), tensor_in(w, "w"), mode, count(block_sources, "block_sources"),
                                        eps, p));
       },
-      "v"_a, "w"_a, nb::kw_only(), "mode"_a, "block_sources"_a = 1, "eps"_a = 1e-6, "precision"_a = "float64");
+      "v"_a, "w"_a, nb::kw_only(), "mode"_a, "block_sources"_a = 1, "eps"_a = 1e-6, "precision"_a = "float64", doc::attn_res);
 
   // ---- metrics and budgets
-  nb::class_<CheckResult>(m, "CheckResult")
+  nb::class_<CheckResult>(m, "CheckResult", doc::CheckResult)
       .def_ro("name", &CheckResult::name)
       .def_ro("rel_rms", &CheckResult::rel_rms)
       .def_ro("max_abs", &CheckResult::max_abs)
@@ -301,8 +302,8 @@ NB_MODULE(_core, m) {
                            r.name, r.rel_rms, r.max_abs, r.max_ulp_bf16, r.nan_count, r.inf_count, r.n,
                            r.passed ? "PASS" : "FAIL");
       });
-  m.def("check", &check, "x"_a, "truth"_a, nb::kw_only(), "name"_a = "x", "tol"_a = tol::check_default.value);
-  m.def("budgets", &budgets);
+  m.def("check", &check, "x"_a, "truth"_a, nb::kw_only(), "name"_a = "x", "tol"_a = tol::check_default.value, doc::check);
+  m.def("budgets", &budgets, doc::budgets);
   m.attr("CHECK_DEFAULT_TOL") = tol::check_default.value;
 
   // ---- generators
@@ -311,7 +312,7 @@ NB_MODULE(_core, m) {
       [](std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t D, std::uint64_t seed) {
         return inputs_out(anchor_kda(count(B, "B"), count(T, "T"), count(H, "H"), count(D, "D"), seed));
       },
-      "B"_a, "T"_a, "H"_a, "D"_a, "seed"_a);
+      "B"_a, "T"_a, "H"_a, "D"_a, "seed"_a, doc::anchor_kda);
   m.def(
       "kda_inputs",
       [](std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t d_k, std::int64_t d_v, const std::string& gate,
@@ -326,24 +327,24 @@ NB_MODULE(_core, m) {
         return inputs_out(kdalab::kda_inputs(s));
       },
       "B"_a, "T"_a, "H"_a, "d_k"_a, "d_v"_a, nb::kw_only(), "gate"_a = "bounded", "g_min"_a = -5.0,
-      "beta"_a = "sigmoid", "seed"_a = 1);
-  nb::class_<Rng>(m, "Rng")
+      "beta"_a = "sigmoid", "seed"_a = 1, doc::kda_inputs);
+  nb::class_<Rng>(m, "Rng", doc::Rng)
       .def(nb::init<std::uint64_t>(), "seed"_a)
       .def("normal", [](Rng& r, std::int64_t n) {
         Tensor<double> t({count(n, "n")});
         for (auto& x : t.data) x = r.normal();
         return tensor_out(std::move(t));
-      }, "n"_a)
+      }, "n"_a, doc::Rng_normal)
       .def("uniform", [](Rng& r, std::int64_t n, double a, double b) {
         Tensor<double> t({count(n, "n")});
         for (auto& x : t.data) x = r.uniform(a, b);
         return tensor_out(std::move(t));
-      }, "n"_a, "a"_a = 0.0, "b"_a = 1.0);
-  m.def("fnv1a64", [](const Array& x) { return fnv1a64(tensor_in(x, "x").data); }, "x"_a);
-  m.def("cell_seed", &cell_seed, "seed"_a, "cell"_a);
+      }, "n"_a, "a"_a = 0.0, "b"_a = 1.0, doc::Rng_uniform);
+  m.def("fnv1a64", [](const Array& x) { return fnv1a64(tensor_in(x, "x").data); }, "x"_a, doc::fnv1a64);
+  m.def("cell_seed", &cell_seed, "seed"_a, "cell"_a, doc::cell_seed);
 
   // ---- HDF5 results
-  nb::class_<ResultsFile>(m, "ResultsFile")
+  nb::class_<ResultsFile>(m, "ResultsFile", doc::ResultsFile)
       .def("__init__",
            [](ResultsFile* self, const std::string& path, bool force, const std::string& command_line,
               const std::string& config, const std::string& seed) {
@@ -358,7 +359,7 @@ NB_MODULE(_core, m) {
              f.write_array(group, name, tensor_in(a, name), units, description, attrs);
            },
            "group"_a, "name"_a, "array"_a, nb::kw_only(), "units"_a, "description"_a,
-           "attrs"_a = std::map<std::string, std::string>{})
+           "attrs"_a = std::map<std::string, std::string>{}, doc::ResultsFile_write_array)
       .def("write_table",
            [](ResultsFile& f, const std::string& group, const nb::list& columns) {
              Table t;
@@ -404,7 +405,7 @@ NB_MODULE(_core, m) {
              }
              f.write_table(group, t);
            },
-           "group"_a, "columns"_a)
+           "group"_a, "columns"_a, doc::ResultsFile_write_table)
       .def("attr", nb::overload_cast<const std::string&, const std::string&, const std::string&>(&ResultsFile::attr),
            "object"_a, "name"_a, "value"_a)
       .def("attr", nb::overload_cast<const std::string&, const std::string&, double>(&ResultsFile::attr), "object"_a,
@@ -417,14 +418,14 @@ NB_MODULE(_core, m) {
       }, nb::arg().none(), nb::arg().none(), nb::arg().none());
   m.def("read_array", [](const std::string& file, const std::string& dataset) {
     return tensor_out(h5read::array(file, dataset));
-  }, "file"_a, "dataset"_a);
+  }, "file"_a, "dataset"_a, doc::read_array);
   m.def("read_attr", [](const std::string& file, const std::string& object, const std::string& name) -> nb::object {
     try {  // a string attribute as its text, a numeric one as a float
       return nb::cast(h5read::attr_string(file, object, name));
     } catch (const Error&) {
       return nb::cast(h5read::attr_double(file, object, name));
     }
-  }, "file"_a, "object"_a, "name"_a);
-  m.def("members", &h5read::members, "file"_a, "group"_a);
-  m.def("exists", &h5read::exists, "file"_a, "path"_a);
+  }, "file"_a, "object"_a, "name"_a, doc::read_attr);
+  m.def("members", &h5read::members, "file"_a, "group"_a, doc::members);
+  m.def("exists", &h5read::exists, "file"_a, "path"_a, doc::exists);
 }
