@@ -1,0 +1,54 @@
+"""kdalab from Python: the C++ core of kdalab (module kdalab._core) with no math in Python.
+
+Arrays go in through DLPack or the buffer protocol: numpy arrays and torch tensors (CPU), float64,
+C-contiguous; outputs are numpy float64 arrays. Bad input raises kdalab.Error (a ValueError) with
+the C++ message, which names the tensor or option, the value and what is accepted. Shapes,
+layouts and dtypes of every function: kdalab/_core.pyi.
+"""
+from ._core import (
+    CHECK_DEFAULT_TOL,
+    CheckResult,
+    Error,
+    ResultsFile,
+    Rng,
+    anchor_kda,
+    attn_res,
+    budgets,
+    built_with_cuda,
+    cell_seed,
+    check,
+    exists,
+    fnv1a64,
+    kda_chunked,
+    kda_decode,
+    kda_inputs,
+    kda_layer,
+    kda_recurrent,
+    members,
+    mla,
+    read_array,
+    read_attr,
+    software_version,
+)
+
+__version__ = software_version
+
+
+class NotAvailable(RuntimeError):
+    """The work cannot run in this build or on this machine (the command line's exit code 3)."""
+
+
+def require_cuda() -> None:
+    """Raises NotAvailable unless this kdalab was built with its CUDA kernels (KDALAB_CUDA)."""
+    if not built_with_cuda:
+        raise NotAvailable(
+            "kdalab was built without its CUDA kernels: the module kdalab._core has no CUDA entry points; "
+            "build kdalab with KDALAB_CUDA=ON (nvcc, sm_90a) to run them on torch CUDA tensors"
+        )
+
+
+__all__ = [
+    "CHECK_DEFAULT_TOL", "CheckResult", "Error", "NotAvailable", "ResultsFile", "Rng", "anchor_kda", "attn_res",
+    "budgets", "built_with_cuda", "cell_seed", "check", "exists", "fnv1a64", "kda_chunked", "kda_decode",
+    "kda_inputs", "kda_layer", "kda_recurrent", "members", "mla", "read_array", "read_attr", "require_cuda",
+]

@@ -1,0 +1,431 @@
+// The Python module kdalab._core (nanobind): arrays in through DLPack / the buffer protocol
+// (numpy arrays, torch tensors), the reference of python/src/oracle.hpp, the metrics of
+// numerics/metrics.hpp with the verdict of `kdalab check`, the named input generators of
+// numerics/kda_inputs.hpp and numerics/random.hpp, and the HDF5 results writer of
+// experiments/results.hpp. Shapes and layouts of each function: python/kdalab/_core.pyi.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "experiments/results.hpp"
+#include "numerics/kda_inputs.hpp"
+#include "numerics/metrics.hpp"
+#include "numerics/random.hpp"
+#include "numerics/tolerance.hpp"
+#include "python/src/docstrings.hpp"
+#include "python/src/oracle.hpp"
+#include "reference/error.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace kdalab::py {
+namespace {
+
+using Array = nb::ndarray<nb::ro>;
+using Out = nb::ndarray<nb::numpy, double>;
+
+std::string shape_of(const Array& a) {
+  std::vector<std::size_t> s(a.ndim());
+  for (std::size_t i = 0; i < a.ndim(); ++i) s[i] = a.shape(i);
+  return shape_str(s);
+}
+
+std::string dtype_name(const nb::dlpack::dtype& d) {
+  const char* kind = d.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float)    ? "float"
+                     : d.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat) ? "bfloat"
+                     : d.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Int)    ? "int"
+                     : d.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::UInt)   ? "uint"
+                     : d.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bool)   ? "bool"
+                                                                                           : "complex";
+  return std::string(kind) + std::to_string(d.bits);
+}
+
+/// Checks device, layout and dtype of array `name` and returns its shape; throws kdalab::Error naming it.
+std::vector<std::size_t> checked_shape(const Array& a, const std::string& name) {
+  require(a.device_type() == nb::device::cpu::value,
+          "tensor '" + name + "' is on a GPU (DLPack device type " + std::to_string(a.device_type()) +
+              "); the reference runs on the CPU: pass " + name + ".cpu()");
+  std::vector<std::size_t> shape(a.ndim());
+  std::int64_t expect = 1;
+  bool contiguous = true;
+  for (std::size_t i = a.ndim(); i-- > 0;) {
+    shape[i] = a.shape(i);
+    if (a.shape(i) != 1 && a.stride(i) != expect) contiguous = false;
+    expect *= static_cast<std::int64_t>(a.shape(i));
+  }
+  if (expect != 0)
+    require(contiguous, "tensor '" + name + "' of shape " + shape_of(a) +
+                            " is not C-contiguous (row-major); pass numpy.ascontiguousarray(" + name + ") or " + name +
+                            ".contiguous()");
+  return shape;
+}
+
+/// A float64 C-contiguous CPU array -> Tensor<double> (copied). Errors name the tensor.
+Tensor<double> tensor_in(const Array& a, const std::string& name) {
+  require(a.dtype() == nb::dtype<double>(),
+          "tensor '" + name + "' has dtype " + dtype_name(a.dtype()) +
+              "; accepted: float64 (the reference takes its inputs exactly: convert with " + name +
+              ".astype(numpy.float64) or " + name + ".double())");
+  Tensor<double> t(checked_shape(a, name));
+  if (t.numel()) std::memcpy(t.data.data(), a.data(), t.numel() * sizeof(double));
+  return t;
+}
+
+/// A candidate (float64, float32 or bfloat16; CPU; C-contiguous) -> doubles, each value exact.
+std::vector<double> values_in(const Array& a, const std::string& name) {
+  const auto shape = checked_shape(a, name);
+  std::size_t n = 1;
+  for (auto d : shape) n *= d;
+  std::vector<double> out(n);
+  const nb::dlpack::dtype d = a.dtype();
+  if (d == nb::dtype<double>()) {
+    if (n) std::memcpy(out.data(), a.data(), n * sizeof(double));
+  } else if (d == nb::dtype<float>()) {
+    const auto* p = static_cast<const float*>(a.data());
+    for (std::size_t i = 0; i < n; ++i) out[i] = p[i];
+  } else if (d.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat) && d.bits == 16 && d.lanes == 1) {
+    const auto* p = static_cast<const std::uint16_t*>(a.data());
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint32_t bits = static_cast<std::uint32_t>(p[i]) << 16;
+      float f;
+      std::memcpy(&f, &bits, sizeof f);
+      out[i] = f;
+    }
+  } else {
+    throw Error("tensor '" + name + "' has dtype " + dtype_name(d) + "; accepted: float64, float32, bfloat16");
+  }
+  return out;
+}
+
+/// Tensor<double> -> a numpy float64 array that owns the data.
+Out tensor_out(Tensor<double> t) {
+  auto* v = new std::vector<double>(std::move(t.data));
+  nb::capsule owner(v, [](void* p) noexcept { delete static_cast<std::vector<double>*>(p); });
+  return Out(v->data(), t.shape.size(), t.shape.data(), owner);
+}
+
+Named named_in(const std::map<std::string, Array>& m) {
+  Named r;
+  for (const auto& [k, a] : m) r.emplace(k, tensor_in(a, k));
+  return r;
+}
+
+/// Layer options from a dict: int, float, bool or str values, as the text the option parsers read.
+Options options_in(const nb::dict& d, const std::string& what) {
+  Options o;
+  for (auto [k, v] : d) {
+    require(nb::isinstance<nb::str>(k), what + ": every key must be a str");
+    const std::string key = nb::cast<std::string>(k);
+    std::string val;
+    if (nb::isinstance<nb::bool_>(v))
+      val = nb::cast<bool>(v) ? "true" : "false";
+    else if (nb::isinstance<nb::int_>(v) || nb::isinstance<nb::float_>(v) || nb::isinstance<nb::str>(v))
+      val = nb::cast<std::string>(nb::str(v));
+    else
+      throw Error(what + ": option '" + key + "' has a value of type " +
+                  nb::cast<std::string>(nb::str(v.type().attr("__name__"))) + "; accepted: int, float, bool, str");
+    o.emplace(key, val);
+  }
+  return o;
+}
+
+std::optional<Tensor<double>> opt_in(const std::optional<Array>& a, const std::string& name) {
+  if (!a) return std::nullopt;
+  return tensor_in(*a, name);
+}
+
+nb::tuple kda_out(KdaResult r) { return nb::make_tuple(tensor_out(std::move(r.o)), tensor_out(std::move(r.S))); }
+
+/// The result of check(): the metrics of numerics/metrics.hpp and the verdict of `kdalab check`.
+struct CheckResult {
+  std::string name;
+  double rel_rms = 0, max_abs = 0, tol = 0;
+  std::int64_t max_ulp_bf16 = 0, nan_count = 0, inf_count = 0, n = 0;
+  bool passed = false;
+  std::string verdict;
+};
+
+CheckResult check(const Array& x, const Array& truth, const std::string& name, double tol) {
+  require(std::isfinite(tol) && tol > 0, fmt::format("tol = {} is not accepted; give a number > 0", tol));
+  const std::vector<double> xv = values_in(x, name), tv = values_in(truth, "truth");
+  require(x.ndim() == truth.ndim() && shape_of(x) == shape_of(truth),
+          "tensor '" + name + "' has shape " + shape_of(x) + ", the truth has " + shape_of(truth) + "; they must agree");
+  const ErrorMetrics m = compare(xv, tv, name);
+  CheckResult r;
+  r.name = name;
+  r.rel_rms = m.rel_rms;
+  r.max_abs = m.max_abs;
+  r.max_ulp_bf16 = m.max_ulp_bf16;
+  r.nan_count = m.nan_count;
+  r.inf_count = m.inf_count;
+  r.n = static_cast<std::int64_t>(m.n);
+  r.tol = tol;
+  r.passed = m.rel_rms <= tol && m.nan_count == 0 && m.inf_count == 0;  // experiments/check.cpp's verdict
+  r.verdict = fmt::format("{} {:.3e} {} {:.1e}", name, m.rel_rms, r.passed ? "<=" : ">", tol);
+  return r;
+}
+
+nb::dict inputs_out(KdaInputs in) {
+  nb::dict d;
+  d["B"] = in.B; d["T"] = in.T; d["H"] = in.H; d["HV"] = in.HV; d["d_k"] = in.d_k; d["d_v"] = in.d_v;
+  d["g_min"] = in.g_min; d["scale"] = in.scale; d["seed"] = in.seed; d["generator"] = in.generator;
+  const std::pair<const char*, Tensor<double>*> ts[] = {
+      {"q_raw", &in.q_raw}, {"k_raw", &in.k_raw}, {"v", &in.v}, {"g_raw", &in.g_raw}, {"beta_raw", &in.beta_raw},
+      {"A_log", &in.A_log}, {"bias", &in.bias},   {"S0", &in.S0}, {"q", &in.q},         {"k", &in.k},
+      {"g", &in.g},         {"beta", &in.beta}};
+  for (const auto& [n, t] : ts) d[n] = tensor_out(std::move(*t));
+  return d;
+}
+
+std::size_t count(std::int64_t n, const char* name) {
+  require(n >= 0, std::string(name) + " = " + std::to_string(n) + " is not accepted; give an integer >= 0");
+  return static_cast<std::size_t>(n);
+}
+
+/// Named budgets of numerics/tolerance.hpp (relative RMS unless the reason says otherwise).
+nb::dict budgets() {
+  nb::dict d;
+  const std::pair<const char*, tol::Tolerance> ts[] = {
+      {"check_default", tol::check_default},   {"f64_vs_mp", tol::f64_vs_mp},
+      {"f64_identity", tol::f64_identity},     {"mp_identity", tol::mp_identity},
+      {"f32_vs_truth", tol::f32_vs_truth},     {"bf16_output_floor", tol::bf16_output_floor},
+      {"kda_bf16_goal", tol::kda_bf16_goal},   {"golden_f64", tol::golden_f64},
+      {"golden_mp", tol::golden_mp},           {"check_self", tol::check_self},
+      {"mla_decode_goal", tol::mla_decode_goal}, {"mla_prefill_goal", tol::mla_prefill_goal},
+      {"attn_res_f32", tol::attn_res_f32},     {"attn_res_bf16", tol::attn_res_bf16}};
+  for (const auto& [n, t] : ts) d[n] = nb::make_tuple(t.value, std::string(t.why));
+  return d;
+}
+
+}  // namespace
+}  // namespace kdalab::py
+
+NB_MODULE(_core, m) {
+  using namespace kdalab;
+  using namespace kdalab::py;
+  m.doc() = "kdalab's C++ core: the reference (oracle), metrics, input generators, HDF5 results writer";
+  nb::exception<kdalab::Error>(m, "Error", PyExc_ValueError);
+
+  m.attr("built_with_cuda") = false;
+  m.attr("software_version") = software_version();
+
+  m.def(
+      "kda_recurrent",
+      [](const Array& q, const Array& k, const Array& v, const Array& g, const Array& beta,
+         const std::optional<Array>& S0, double scale, const std::string& variant, const std::string& precision) {
+        const Precision p = parse_precision(precision);
+        const auto s0 = opt_in(S0, "S0");
+        return kda_out(py::kda_recurrent(tensor_in(q, "q"), tensor_in(k, "k"), tensor_in(v, "v"), tensor_in(g, "g"),
+                                         tensor_in(beta, "beta"), s0 ? &*s0 : nullptr, scale, variant, p));
+      },
+      "q"_a, "k"_a, "v"_a, "g"_a, "beta"_a, "S0"_a = nb::none(), nb::kw_only(), "scale"_a, "variant"_a = "kda",
+      "precision"_a = "float64", doc::kda_recurrent);
+  m.def(
+      "kda_chunked",
+      [](const Array& q, const Array& k, const Array& v, const Array& g, const Array& beta,
+         const std::optional<Array>& S0, double scale, std::int64_t C, std::int64_t tile, const std::string& variant,
+         const std::string& precision) {
+        const Precision p = parse_precision(precision);
+        const auto s0 = opt_in(S0, "S0");
+        return kda_out(py::kda_chunked(tensor_in(q, "q"), tensor_in(k, "k"), tensor_in(v, "v"), tensor_in(g, "g"),
+                                       tensor_in(beta, "beta"), s0 ? &*s0 : nullptr, scale, count(C, "C"),
+                                       count(tile, "tile"), variant, p));
+      },
+      "q"_a, "k"_a, "v"_a, "g"_a, "beta"_a, "S0"_a = nb::none(), nb::kw_only(), "scale"_a, "C"_a = 64, "tile"_a = 16,
+      "variant"_a = "kda", "precision"_a = "float64", doc::kda_chunked);
+  m.def(
+      "kda_decode",
+      [](const Array& q, const Array& k, const Array& v, const Array& g, const Array& beta, const Array& S0,
+         double scale, const std::string& precision) {
+        const Precision p = parse_precision(precision);
+        return kda_out(py::kda_decode(tensor_in(q, "q"), tensor_in(k, "k"), tensor_in(v, "v"), tensor_in(g, "g"),
+                                      tensor_in(beta, "beta"), tensor_in(S0, "S0"), scale, p));
+      },
+      "q"_a, "k"_a, "v"_a, "g"_a, "beta"_a, "S0"_a, nb::kw_only(), "scale"_a, "precision"_a = "float64", doc::kda_decode);
+  m.def(
+      "kda_layer",
+      [](const Array& x, const std::map<std::string, Array>& weights, const nb::dict& config,
+         const std::string& precision) {
+        const Precision p = parse_precision(precision);
+        KdaLayerResult r = py::kda_layer(tensor_in(x, "x"), named_in(weights), options_in(config, "kda_layer config"), p);
+        return nb::make_tuple(tensor_out(std::move(r.y)), tensor_out(std::move(r.o_core)), tensor_out(std::move(r.S)));
+      },
+      "x"_a, "weights"_a, "config"_a, nb::kw_only(), "precision"_a = "float64", doc::kda_layer);
+  m.def(
+      "mla",
+      [](const Array& x, const std::map<std::string, Array>& weights, const nb::dict& config, const std::string& eval,
+         const std::string& precision) {
+        const Precision p = parse_precision(precision);
+        return tensor_out(py::mla(tensor_in(x, "x"), named_in(weights), options_in(config, "mla config"), eval, p));
+      },
+      "x"_a, "weights"_a, "config"_a, nb::kw_only(), "eval"_a = "naive", "precision"_a = "float64", doc::mla);
+  m.def(
+      "attn_res",
+      [](const Array& v, const Array& w, const std::string& mode, std::int64_t block_sources, double eps,
+         const std::string& precision) {
+        const Precision p = parse_precision(precision);
+        return tensor_out(py::attn_res(tensor_in(v, "v"), tensor_in(w, "w"), mode, count(block_sources, "block_sources"),
+                                       eps, p));
+      },
+      "v"_a, "w"_a, nb::kw_only(), "mode"_a, "block_sources"_a = 1, "eps"_a = 1e-6, "precision"_a = "float64", doc::attn_res);
+
+  // ---- metrics and budgets
+  nb::class_<CheckResult>(m, "CheckResult", doc::CheckResult)
+      .def_ro("name", &CheckResult::name)
+      .def_ro("rel_rms", &CheckResult::rel_rms)
+      .def_ro("max_abs", &CheckResult::max_abs)
+      .def_ro("max_ulp_bf16", &CheckResult::max_ulp_bf16)
+      .def_ro("nan_count", &CheckResult::nan_count)
+      .def_ro("inf_count", &CheckResult::inf_count)
+      .def_ro("n", &CheckResult::n)
+      .def_ro("tol", &CheckResult::tol)
+      .def_ro("passed", &CheckResult::passed)
+      .def_ro("verdict", &CheckResult::verdict)
+      .def("__repr__", [](const CheckResult& r) {
+        return fmt::format("CheckResult({}: rel RMS {:.3e}, max abs {:.3e}, max bf16 ulp {}, NaN {}, Inf {}, n {}; {})",
+                           r.name, r.rel_rms, r.max_abs, r.max_ulp_bf16, r.nan_count, r.inf_count, r.n,
+                           r.passed ? "PASS" : "FAIL");
+      });
+  m.def("check", &check, "x"_a, "truth"_a, nb::kw_only(), "name"_a = "x", "tol"_a = tol::check_default.value, doc::check);
+  m.def("budgets", &budgets, doc::budgets);
+  m.attr("CHECK_DEFAULT_TOL") = tol::check_default.value;
+
+  // ---- generators
+  m.def(
+      "anchor_kda",
+      [](std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t D, std::uint64_t seed) {
+        return inputs_out(anchor_kda(count(B, "B"), count(T, "T"), count(H, "H"), count(D, "D"), seed));
+      },
+      "B"_a, "T"_a, "H"_a, "D"_a, "seed"_a, doc::anchor_kda);
+  m.def(
+      "kda_inputs",
+      [](std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t d_k, std::int64_t d_v, const std::string& gate,
+         double g_min, const std::string& beta, std::uint64_t seed) {
+        KdaGenSpec s;
+        s.B = count(B, "B"); s.T = count(T, "T"); s.H = count(H, "H"); s.d_k = count(d_k, "d_k");
+        s.d_v = count(d_v, "d_v");
+        s.gate = parse_gate_kind(gate, "gate");
+        s.g_min = g_min;
+        s.beta = parse_beta_dist(beta, "beta");
+        s.seed = seed;
+        return inputs_out(kdalab::kda_inputs(s));
+      },
+      "B"_a, "T"_a, "H"_a, "d_k"_a, "d_v"_a, nb::kw_only(), "gate"_a = "bounded", "g_min"_a = -5.0,
+      "beta"_a = "sigmoid", "seed"_a = 1, doc::kda_inputs);
+  nb::class_<Rng>(m, "Rng", doc::Rng)
+      .def(nb::init<std::uint64_t>(), "seed"_a)
+      .def("normal", [](Rng& r, std::int64_t n) {
+        Tensor<double> t({count(n, "n")});
+        for (auto& x : t.data) x = r.normal();
+        return tensor_out(std::move(t));
+      }, "n"_a, doc::Rng_normal)
+      .def("uniform", [](Rng& r, std::int64_t n, double a, double b) {
+        Tensor<double> t({count(n, "n")});
+        for (auto& x : t.data) x = r.uniform(a, b);
+        return tensor_out(std::move(t));
+      }, "n"_a, "a"_a = 0.0, "b"_a = 1.0, doc::Rng_uniform);
+  m.def("fnv1a64", [](const Array& x) { return fnv1a64(tensor_in(x, "x").data); }, "x"_a, doc::fnv1a64);
+  m.def("cell_seed", &cell_seed, "seed"_a, "cell"_a, doc::cell_seed);
+
+  // ---- HDF5 results
+  nb::class_<ResultsFile>(m, "ResultsFile", doc::ResultsFile)
+      .def("__init__",
+           [](ResultsFile* self, const std::string& path, bool force, const std::string& command_line,
+              const std::string& config, const std::string& seed) {
+             new (self) ResultsFile(path, force, RunInfo{command_line, config, seed});
+           },
+           "path"_a, nb::kw_only(), "force"_a = false, "command_line"_a = "", "config"_a = "{}", "seed"_a = "")
+      .def("group", &ResultsFile::group, "group"_a, "description"_a)
+      .def("write_array",
+           [](ResultsFile& f, const std::string& group, const std::string& name, const Array& a,
+              const std::string& units, const std::string& description,
+              const std::map<std::string, std::string>& attrs) {
+             f.write_array(group, name, tensor_in(a, name), units, description, attrs);
+           },
+           "group"_a, "name"_a, "array"_a, nb::kw_only(), "units"_a, "description"_a,
+           "attrs"_a = std::map<std::string, std::string>{}, doc::ResultsFile_write_array)
+      .def("write_table",
+           [](ResultsFile& f, const std::string& group, const nb::list& columns) {
+             Table t;
+             std::vector<std::vector<double>> dcols;
+             std::vector<std::vector<std::string>> scols;
+             std::vector<char> kinds;
+             std::size_t rows = 0;
+             for (std::size_t c = 0; c < columns.size(); ++c) {
+               const auto spec = nb::cast<nb::tuple>(columns[c]);
+               require(spec.size() == 4, "write_table: column " + std::to_string(c) +
+                                             " must be (name, units, description, values)");
+               const auto name = nb::cast<std::string>(spec[0]);
+               const nb::handle vals = spec[3];
+               char kind = 'd';
+               std::vector<double> dv;
+               std::vector<std::string> sv;
+               if (nb::isinstance<nb::list>(vals) && nb::len(vals) > 0 && nb::isinstance<nb::str>(nb::cast<nb::list>(vals)[0])) {
+                 kind = 's';
+                 sv = nb::cast<std::vector<std::string>>(vals);
+               } else if (nb::isinstance<nb::list>(vals) && nb::len(vals) > 0 && nb::isinstance<nb::int_>(nb::cast<nb::list>(vals)[0])) {
+                 kind = 'i';
+                 for (auto x : nb::cast<std::vector<std::int64_t>>(vals)) dv.push_back(static_cast<double>(x));
+               } else {
+                 dv = nb::cast<std::vector<double>>(vals);
+               }
+               const std::size_t n = kind == 's' ? sv.size() : dv.size();
+               require(c == 0 || n == rows, "write_table: column '" + name + "' has " + std::to_string(n) +
+                                                " values, the first column " + std::to_string(rows) + "; they must agree");
+               rows = n;
+               t.col(name, kind, nb::cast<std::string>(spec[1]), nb::cast<std::string>(spec[2]));
+               kinds.push_back(kind);
+               dcols.push_back(std::move(dv));
+               scols.push_back(std::move(sv));
+             }
+             for (std::size_t r = 0; r < rows; ++r) {
+               std::vector<Table::Cell> cells;
+               for (std::size_t c = 0; c < kinds.size(); ++c) {
+                 if (kinds[c] == 's') cells.emplace_back(scols[c][r]);
+                 else if (kinds[c] == 'i') cells.emplace_back(static_cast<std::int64_t>(dcols[c][r]));
+                 else cells.emplace_back(dcols[c][r]);
+               }
+               t.row(cells);
+             }
+             f.write_table(group, t);
+           },
+           "group"_a, "columns"_a, doc::ResultsFile_write_table)
+      .def("attr", nb::overload_cast<const std::string&, const std::string&, const std::string&>(&ResultsFile::attr),
+           "object"_a, "name"_a, "value"_a)
+      .def("attr", nb::overload_cast<const std::string&, const std::string&, double>(&ResultsFile::attr), "object"_a,
+           "name"_a, "value"_a)
+      .def("commit", &ResultsFile::commit)
+      .def_prop_ro("path", &ResultsFile::path)
+      .def("__enter__", [](ResultsFile& f) -> ResultsFile& { return f; }, nb::rv_policy::reference)
+      .def("__exit__", [](ResultsFile& f, nb::handle type, nb::handle, nb::handle) {
+        if (type.is_none()) f.commit();
+      }, nb::arg().none(), nb::arg().none(), nb::arg().none());
+  m.def("read_array", [](const std::string& file, const std::string& dataset) {
+    return tensor_out(h5read::array(file, dataset));
+  }, "file"_a, "dataset"_a, doc::read_array);
+  m.def("read_attr", [](const std::string& file, const std::string& object, const std::string& name) -> nb::object {
+    try {  // a string attribute as its text, a numeric one as a float
+      return nb::cast(h5read::attr_string(file, object, name));
+    } catch (const Error&) {
+      return nb::cast(h5read::attr_double(file, object, name));
+    }
+  }, "file"_a, "object"_a, "name"_a, doc::read_attr);
+  m.def("members", &h5read::members, "file"_a, "group"_a, doc::members);
+  m.def("exists", &h5read::exists, "file"_a, "path"_a, doc::exists);
+}
