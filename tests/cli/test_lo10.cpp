@@ -19,7 +19,7 @@
 
 #include "reference/model_config.hpp"
 #include "tests/catch.hpp"
-#include "tests/cli_io/cli_util.hpp"
+#include "tests/cli/cli_util.hpp"
 
 using namespace kdalab::testutil;
 using nlohmann::json;

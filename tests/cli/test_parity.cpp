@@ -15,7 +15,7 @@
 #include "experiments/results.hpp"
 #include "numerics/tolerance.hpp"
 #include "tests/catch.hpp"
-#include "tests/cli_io/cli_util.hpp"
+#include "tests/cli/cli_util.hpp"
 
 using namespace kdalab;
 namespace fs = std::filesystem;
@@ -25,7 +25,7 @@ struct Run {
   int rc;
   std::string out;
 };
-// The shared runner (tests/cli_io/cli_util.hpp), adapted to this file's field names.
+// The shared runner (tests/cli/cli_util.hpp), adapted to this file's field names.
 Run run(const std::string& args) {
   const auto r = testutil::run_kdalab(args);
   return {r.code, r.output};

@@ -15,7 +15,7 @@
 #include "numerics/metrics.hpp"
 #include "numerics/tolerance.hpp"
 #include "tests/catch.hpp"
-#include "tests/cli_io/cli_util.hpp"
+#include "tests/cli/cli_util.hpp"
 
 using namespace kdalab;
 using namespace kdalab::testutil;

@@ -2,7 +2,7 @@
 // Helpers shared by the figure-script tests (scripts/fig_*.py run with --dump): the interpreter, the skip when it
 // lacks the plotting modules, the small decode-cost run the decode-cost figure tests draw, and where a dumped
 // panel's lines run (through a legend or a text box). Catch2 (WARN) and
-// tests/cli_io/cli_util.hpp (run_command, run_kdalab).
+// tests/cli/cli_util.hpp (run_command, run_kdalab).
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/catch.hpp"
-#include "tests/cli_io/cli_util.hpp"
+#include "tests/cli/cli_util.hpp"
 
 namespace kdalab::testutil {
 

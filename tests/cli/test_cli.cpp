@@ -3,7 +3,7 @@
 
 #include "experiments/results.hpp"
 #include "tests/catch.hpp"
-#include "tests/cli_io/cli_util.hpp"
+#include "tests/cli/cli_util.hpp"
 
 using namespace kdalab;
 using namespace kdalab::testutil;

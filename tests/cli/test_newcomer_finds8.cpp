@@ -7,7 +7,7 @@
 //    gate; Kimi Linear's is plain MLA);
 // 4. fig_decode_cost draws the CPU KDA step, ONE measurement repeated on every n row, as one horizontal line without
 //    markers (was 5 points that looked like 5 measurements); the softmax and GPU lines keep one marker per n.
-// The figure tests run /usr/bin/python3 with --dump (as tests/cli_io/test_figure_scripts.cpp does) and are skipped
+// The figure tests run /usr/bin/python3 with --dump (as tests/cli/test_figure_scripts.cpp does) and are skipped
 // with a warning when it lacks h5py or matplotlib.
 #include <algorithm>
 #include <cmath>
@@ -19,8 +19,8 @@
 
 #include "experiments/results.hpp"
 #include "tests/catch.hpp"
-#include "tests/cli_io/cli_util.hpp"
-#include "tests/cli_io/figure_util.hpp"
+#include "tests/cli/cli_util.hpp"
+#include "tests/cli/figure_util.hpp"
 
 using namespace kdalab::testutil;
 using nlohmann::json;

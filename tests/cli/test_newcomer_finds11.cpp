@@ -20,8 +20,8 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/catch.hpp"
-#include "tests/cli_io/cli_util.hpp"
-#include "tests/cli_io/figure_util.hpp"
+#include "tests/cli/cli_util.hpp"
+#include "tests/cli/figure_util.hpp"
 
 using namespace kdalab::testutil;
 using nlohmann::json;
