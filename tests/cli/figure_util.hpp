@@ -6,11 +6,15 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <sstream>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "tests/catch.hpp"
+#include "experiments/results.hpp"
 #include "tests/cli/cli_util.hpp"
 
 namespace kdalab::testutil {
@@ -104,6 +108,207 @@ inline void python_h5(const std::string& code) {
   const auto r = run_command(std::string(kPy) + " -c \"import h5py, numpy as np\n" + code + "\"");
   INFO(code << "\n" << r.output);
   REQUIRE(r.code == 0);
+}
+
+using nlohmann::json;
+
+/// Runs `/usr/bin/python3 <args>` from the working directory (the repo root under ctest); checks nothing.
+inline RunResult python(const std::string& args) { return run_command(std::string(kPy) + " " + args); }
+
+/// Runs the Python program `code` (one double-quoted shell word: escape '"' as '\\"') with python3 -c, REQUIREs
+/// exit 0. The tests write their hand-made results files this way, with h5py.
+inline void python_ok(const std::string& code) {
+  const auto w = python("-c \"" + code + "\"");
+  INFO(w.output);
+  REQUIRE(w.code == 0);
+}
+
+/// Runs `kdalab <args>` (REQUIREs exit 0) and returns the run, its console output for the test to read.
+inline RunResult kdalab_ok(const std::string& args) {
+  const auto r = run_kdalab(args);
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  return r;
+}
+
+/// Runs scripts/<script> on `h5` with --dump, returns the dump (REQUIREs exit 0).
+inline json draw(const TempDir& d, const std::string& script, const std::string& h5) {
+  const std::string dump = d.file(script + ".json");
+  const auto r = python("scripts/" + script + " " + h5 + " --out-dir " + d.file("fig") + " --dump " + dump);
+  INFO(script << ": " << r.output);
+  REQUIRE(r.code == 0);
+  return json::parse(slurp(dump));
+}
+
+/// Runs `kdalab <args> --out <d>/<h5>` (REQUIREs exit 0), then draws that file with scripts/<script>: the dump.
+inline json run_and_draw(const TempDir& d, const std::string& args, const std::string& h5, const std::string& script) {
+  kdalab_ok(args + " --out " + d.file(h5));
+  return draw(d, script, d.file(h5));
+}
+
+/// The strings of the JSON array `texts`, each followed by a line break.
+inline std::string lines_of(const json& texts) {
+  std::string all;
+  for (const auto& t : texts) all += t.get<std::string>() + "\n";
+  return all;
+}
+
+/// The figure's footer (its texts outside the panels), one text a line.
+inline std::string footer(const json& j) { return lines_of(j["texts"]); }
+
+/// Every entry of every figure legend (not the panels' own legends), one a line.
+inline std::string legends(const json& j) {
+  std::string all;
+  for (const auto& lg : j["legends"]) all += lines_of(lg);
+  return all;
+}
+
+/// The config line(s) of a footer (from "config " to "command:").
+inline std::string config_text(const json& j) {
+  const std::string f = footer(j);
+  const auto a = f.find("config "), b = f.find("command:");
+  return a == std::string::npos ? std::string() : f.substr(a, b - a);
+}
+
+/// How a text is matched: the whole text, its start, or anywhere in it.
+enum class Match { exact, prefix, anywhere };
+
+inline bool matches(const std::string& s, const std::string& text, Match m) {
+  switch (m) {
+    case Match::exact: return s == text;
+    case Match::prefix: return s.rfind(text, 0) == 0;
+    case Match::anywhere: return s.find(text) != std::string::npos;
+  }
+  return false;
+}
+
+/// The last element of the JSON array `items` whose string `key` matches `text` (nullptr when none).
+inline const json* find_last(const json& items, const char* key, const std::string& text, Match m) {
+  const json* found = nullptr;
+  for (const auto& it : items)
+    if (it[key].is_string() && matches(it[key].get<std::string>(), text, m)) found = &it;
+  return found;
+}
+
+/// The panel of the dump `j` titled `title` (the last one matching; nullptr when none).
+inline const json* find_axis(const json& j, const std::string& title, Match m) { return find_last(j["axes"], "title", title, m); }
+
+/// The line of the panel `ax` labelled `label` (the last one matching; nullptr when none).
+inline const json* find_line(const json& ax, const std::string& label, Match m) {
+  return find_last(ax["lines"], "label", label, m);
+}
+
+/// The y values drawn by the panel's data lines (coords "data"; null points left out). Lines placed in axes
+/// fractions (the N = d_k marker, reference lines, the top-edge marker of non-finite rows) are not data.
+inline std::vector<double> data_ys(const json& ax) {
+  std::vector<double> ys;
+  for (const auto& ln : ax["lines"])
+    if (ln["coords"] == "data")
+      for (const auto& y : ln["y"])
+        if (!y.is_null()) ys.push_back(y.get<double>());
+  return ys;
+}
+
+/// A text drawn in a panel: its words with line breaks folded to spaces (notes are wrapped), its box in axes
+/// fractions [x0, y0, x1, y1] and its panel.
+struct Note {
+  std::string text;
+  json box;
+  const json* ax;
+};
+
+/// The texts of the panel `ax` that match `text` (line breaks folded to spaces first).
+inline std::vector<Note> notes_in(const json& ax, const std::string& text, Match m) {
+  std::vector<Note> found;
+  for (std::size_t i = 0; i < ax["texts"].size(); ++i) {
+    std::string s = ax["texts"][i];
+    std::replace(s.begin(), s.end(), '\n', ' ');
+    if (matches(s, text, m)) found.push_back({s, ax["text_boxes"][i], &ax});
+  }
+  return found;
+}
+
+/// The texts of every panel of the dump `j` that match `text` (as notes_in).
+inline std::vector<Note> notes_in_figure(const json& j, const std::string& text, Match m) {
+  std::vector<Note> found;
+  for (const auto& ax : j["axes"])
+    for (auto& n : notes_in(ax, text, m)) found.push_back(std::move(n));
+  return found;
+}
+
+/// Checks that two coinciding series both stay visible: `under` is drawn underneath (a marker more than 2 pt larger,
+/// lower z), `over` on top with another marker and line style.
+inline void check_drawn_apart(const json& under, const json& over) {
+  INFO(under["label"] << " under " << over["label"]);
+  CHECK(under["markersize"].get<double>() > over["markersize"].get<double>() + 2.0);
+  CHECK(under["marker"] != over["marker"]);
+  CHECK(under["linestyle"] != over["linestyle"]);
+  CHECK(over["zorder"].get<double>() > under["zorder"].get<double>());
+}
+
+/// The figure's panel whose title is `title` exactly (nullptr when none).
+inline const json* axis_titled(const json& j, const std::string& title) {
+  for (const auto& ax : j["axes"])
+    if (ax["title"] == title) return &ax;
+  return nullptr;
+}
+
+/// The index in ax["texts"] of the first text starting with `prefix` (-1 when none).
+inline int text_index(const json& ax, const std::string& prefix) {
+  for (std::size_t i = 0; i < ax["texts"].size(); ++i)
+    if (ax["texts"][i].get<std::string>().rfind(prefix, 0) == 0) return static_cast<int>(i);
+  return -1;
+}
+
+/// The panel of dump `j` whose title starts with `title` (nullptr when none).
+inline const json* panel(const json& j, const std::string& title) {
+  for (const auto& ax : j["axes"])
+    if (ax["title"].get<std::string>().rfind(title, 0) == 0) return &ax;
+  return nullptr;
+}
+
+/// The texts of axes `ax` that start with `prefix`, newlines (wrapping) made spaces, each with its box's top edge.
+inline std::vector<std::pair<std::string, double>> texts_with_top(const json& ax, const std::string& prefix) {
+  std::vector<std::pair<std::string, double>> out;
+  for (std::size_t i = 0; i < ax["texts"].size(); ++i) {
+    std::string s = ax["texts"][i];
+    std::replace(s.begin(), s.end(), '\n', ' ');
+    if (s.rfind(prefix, 0) == 0) out.emplace_back(s, ax["text_boxes"][i][3].get<double>());
+  }
+  return out;
+}
+
+/// The texts of axes `ax` that start with `prefix` (whole, newlines kept).
+inline std::vector<std::string> texts_starting(const json& ax, const std::string& prefix) {
+  std::vector<std::string> out;
+  for (const auto& t : ax["texts"]) {
+    const std::string s = t;
+    if (s.rfind(prefix, 0) == 0) out.push_back(s);
+  }
+  return out;
+}
+
+/// `s` with newlines (wrapping) made spaces.
+inline std::string unwrapped(std::string s) {
+  std::replace(s.begin(), s.end(), '\n', ' ');
+  return s;
+}
+
+/// Every text of axes `ax` with newlines (wrapping) made spaces, joined by " | ".
+inline std::string axes_texts(const json& ax) {
+  std::string all;
+  for (const auto& t : ax["texts"]) all += std::string(t) + " | ";
+  for (auto& c : all)
+    if (c == '\n') c = ' ';
+  return all;
+}
+
+/// The parity `notes` line that starts with `prefix` ("" when none).
+inline std::string note_line(const std::string& h5, const std::string& prefix) {
+  std::istringstream in(kdalab::h5read::attr_string(h5, "parity", "notes"));
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind(prefix, 0) == 0) return line;
+  return {};
 }
 
 }  // namespace kdalab::testutil

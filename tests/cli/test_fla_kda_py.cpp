@@ -1,8 +1,8 @@
-// bench/fla_kda.py (the fla peer harness) follows kdalab's output rule: --json and the check files in
-// --check-dir are never overwritten without --force (one line naming the option and path, exit 2, nothing
-// written), their folders must exist; --dry-run checks the same paths; --help and --dry-run import neither
-// torch nor fla (session-3 closing note). Runs python3 from the PATH; skipped (with a warning) without it.
-// The fla tree and torch here are fakes whose import raises, so an import would show as exit 1.
+// bench/fla_kda.py (the fla peer harness) follows kdalab's output rule: --json and the check files in --check-dir
+// are never overwritten without --force (one line naming the option and path, exit 2, nothing written), their
+// folders must exist; --dry-run checks the same paths; --help and --dry-run import neither torch nor fla.
+// Runs python3 from the PATH; skipped (with a warning) without it. The fla tree and torch here are fakes whose import
+// raises, so an import would show as exit 1.
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -12,8 +12,9 @@
 #include "tests/catch.hpp"
 #include "tests/cli/cli_util.hpp"
 
-using namespace kdalab::testutil;
 namespace fs = std::filesystem;
+using namespace kdalab::testutil;
+
 
 namespace {
 
@@ -44,7 +45,7 @@ struct Fakes {
 
 }  // namespace
 
-TEST_CASE("fla_kda.py: --help and --dry-run need neither torch nor fla; --dry-run writes nothing", "[cli][python]") {
+TEST_CASE("fla_kda.py: --help and --dry-run need neither torch nor fla; --dry-run writes nothing", "[fla][python]") {
   if (!have_python3()) {
     WARN("python3 is not on the PATH: bench/fla_kda.py tests skipped");
     return;
@@ -70,7 +71,7 @@ TEST_CASE("fla_kda.py: --help and --dry-run need neither torch nor fla; --dry-ru
 }
 
 TEST_CASE("fla_kda.py: an existing --json is refused without --force (exit 2, untouched), dry run or not",
-          "[cli][python]") {
+          "[fla][python]") {
   if (!have_python3()) {
     WARN("python3 is not on the PATH: bench/fla_kda.py tests skipped");
     return;
@@ -105,7 +106,7 @@ TEST_CASE("fla_kda.py: an existing --json is refused without --force (exit 2, un
   CHECK(f.out_count() == 1);
 }
 
-TEST_CASE("fla_kda.py: an existing check file in --check-dir is refused without --force", "[cli][python]") {
+TEST_CASE("fla_kda.py: an existing check file in --check-dir is refused without --force", "[fla][python]") {
   if (!have_python3()) {
     WARN("python3 is not on the PATH: bench/fla_kda.py tests skipped");
     return;
@@ -146,7 +147,7 @@ TEST_CASE("fla_kda.py: an existing check file in --check-dir is refused without 
 }
 
 TEST_CASE("fla_kda.py: shapes, --time-budget, --seed and paths through a file are usage errors (exit 2, no traceback)",
-          "[cli][python]") {
+          "[fla][python]") {
   if (!have_python3()) {
     WARN("python3 is not on the PATH: bench/fla_kda.py tests skipped");
     return;

@@ -7,7 +7,7 @@
 //     varlen with a last sequence of 1 token); with <= 1 chunk per sequence the pair step IS the single
 //     step, bit for bit, in any plan;
 //   - accuracy: the kernel plan (bf16 state-path operands) in pair mode vs the float64 truth on the
-//     ANCHORS.md anchor-kda cases, side by side with the single-chunk plan (printed), under the 2.0e-3 goal;
+//     anchor-kda cases (data/golden/kda_recurrent.h5), side by side with the single-chunk plan (printed), under the 2.0e-3 goal;
 //   - ranges: max |M|, |Wb|, |Ub| against max |W|, |U| on those cases (printed).
 // Run: build/default/tests/numerics_test_twin_pair (or ctest -R numerics.test_twin_pair -V).
 #include <cmath>
@@ -245,7 +245,7 @@ TEST_CASE("pair cross terms with tf32 or bf16 operands (what the kernel may use 
   }
 }
 
-// The T = 4096 anchor case (hidden: ~3 s of CPU; run with `numerics_test_twin_pair "[long]"`).
+// The T = 4096 anchor case (hidden: ~3 s of CPU; run with `numerics_tests "[long]"`).
 TEST_CASE("pair kernel plan on the long anchor-kda case (1, 4096, 2)", "[.][long][twin][pair]") {
   std::printf("%s", table_head);
   const PlanErrors e = plan_errors(anchor_kda(1, 4096, 2, 128, 1234), "anchor (1,4096,2)");

@@ -1,6 +1,6 @@
 // Unit tests of reference/kda.hpp: the recurrence in its three forms (product, delta, gradient
 // step), the seed-002 transpose, the special cases, float64 vs the mp50 truth, decode == prefill,
-// and bad input (EQUATIONS.md section 1).
+// and bad input (docs/equations.md section 1).
 #include "tests/catch.hpp"
 #include "tests/unit/kda_testutil.hpp"
 
@@ -17,7 +17,7 @@ Head random_head(std::uint64_t seed, Eigen::Index T, Eigen::Index dk, Eigen::Ind
 }
 }  // namespace
 
-TEST_CASE("product form, delta form and gradient-step form agree (K3 Eq. 1; seed 000)") {
+TEST_CASE("product form, delta form and gradient-step form agree (K3 Eq. 1)") {
   const Eigen::Index T = 60, dk = 6, dv = 5;
   const Head h = random_head(31, T, dk, dv);
   Mat<double> Sd = h.S0, Sp = h.S0, Sg = h.S0;
@@ -53,7 +53,7 @@ TEST_CASE("seed-002 orientation is the stated transpose S_seed = S^T") {
   CHECK(rel_err<double>(Ss, to_seed_layout(S)) <= tol::f64_identity.value);
 }
 
-TEST_CASE("special cases reduce correctly (EQUATIONS.md section 1)") {
+TEST_CASE("special cases reduce correctly (docs/equations.md section 1)") {
   const std::size_t T = 25, H = 2, HV = 2, dk = 4, dv = 3;
   const Problem p = make_problem(33, 1, T, H, HV, dk, dv);
   const auto run = [&](const Tensor<double>& g, const Tensor<double>& beta, KdaVariant var) {

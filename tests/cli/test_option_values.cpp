@@ -1,65 +1,107 @@
-// Finds of the adversarial review of the experiments, golden and check, each turned into a test:
-// values that overflowed, never finished or crashed now exit 2 with a message naming the option; every list option
-// of every subcommand refuses a repeated value (one rule, cli::require_once; decode-cost --cpu-n de-duplicated
-// silently, the other sweeps did neither); integer options take decimal integers only (CLI11 read 0x5 as 5, 010 as 8);
-// --help names every option's type; parity's messages name the option, the value and what is accepted; decode-cost
-// --cpu-n gives the range message alone when the range fails (it cited a cache size, negative for n = -1); check
-// names a missing --in before a bad --out.
-#include <fmt/format.h>
+// Option values: out-of-range, non-finite, underflowing, non-decimal and repeated values, flags given twice or given
+// a value, whitespace and empty list items are refused with exit 2 and one line naming the option, the value and
+// what is accepted; no file is written.
+#include <sys/stat.h>
 
 #include <cmath>
 #include <filesystem>
+#include <fmt/format.h>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
+#include <vector>
 
+#include "experiments/cli.hpp"
 #include "experiments/results.hpp"
+#include "numerics/tolerance.hpp"
 #include "tests/catch.hpp"
 #include "tests/cli/cli_util.hpp"
+#include "tests/cli/figure_util.hpp"
 
+namespace fs = std::filesystem;
 using namespace kdalab::testutil;
+using namespace kdalab;
+using nlohmann::json;
 
-namespace {
-void check_says(const RunResult& r, const std::string& says) { CHECK(r.output.find(says) != std::string::npos); }
-
-void check_says(const RunResult& r, const std::vector<std::string>& says) {
-  for (const auto& s : says) CHECK(r.output.find(s) != std::string::npos);  // "...\n": the list ends the message
+TEST_CASE("non-finite option values, bad seeds, unknown subcommands and over-long names exit 2", "[cli]") {
+  TempDir d;
+  for (const char* bad : {"--d inf", "--n nan", "--memory-gb -inf", "--memory-gb 1e400", "--seed -1",
+                          "--seed 99999999999999999999999", "--seed 1.5"}) {
+    const auto r = run_kdalab(std::string("decode-cost --quiet ") + bad + " --out " + d.file("x.h5"));
+    INFO(bad << ": " << r.output);
+    CHECK(r.code == 2);
+  }
+  const auto sub = run_kdalab("frobnicate --quick");
+  CHECK(sub.code == 2);
+  CHECK(sub.output.find("unknown subcommand 'frobnicate'") != std::string::npos);
+  const auto longname = run_kdalab("decode-cost --quiet --out " + d.file(std::string(240, 'x') + ".h5"));
+  CHECK(longname.code == 2);
+  CHECK(longname.output.find("too long") != std::string::npos);
+  CHECK(d.count() == 0);
 }
 
-/// Runs each row {args, says} of a table of bad command lines as `kdalab <head><args><tail> --out <d>/<stem><k>.h5`
-/// (k = 1, 2, ...: each row its own --out, so that a file left by one row cannot fail the next) and checks that it
-/// is refused: exit 2, every text of `says` (one string or a list) in the output, then `also(r)` where given. A
-/// failure names the row's args and shows the output. The caller checks that no file was left (d.count()).
-template <class Says>
-void check_refused_rows(const TempDir& d, const std::vector<std::pair<std::string, Says>>& rows, const std::string& head,
-                        const std::string& tail, const std::string& stem,
-                        const std::function<void(const RunResult&)>& also = {}) {
-  int k = 0;
-  for (const auto& [args, says] : rows) {
-    const auto r = run_kdalab(head + args + tail + " --out " + d.file(fmt::format("{}{}.h5", stem, ++k)));
-    INFO(args << ": " << r.output);
+TEST_CASE("a flag given twice is refused like any non-list option given twice", "[cli]") {
+  TempDir d;
+  for (const std::string& args : {std::string("info --quick --quick"), std::string("info --quiet --quiet"),
+                                  std::string("parity --force --seed 3 --force"),
+                                  kTiny + " --variants --variants"}) {
+    const auto r = run_kdalab(args + " --out " + d.file("x.h5"));
+    INFO(args << "\n" << r.output);
     CHECK(r.code == 2);
-    check_says(r, says);
-    if (also) also(r);
+    CHECK(has(r, ": the option is given more than once ('--"));
+    CHECK(has(r, "'); give it once"));
+  }
+  const auto r = run_kdalab("info --quick --quiet");
+  INFO(r.output);
+  CHECK(r.code == 0);
+  CHECK(d.count() == 0);
+}
+
+TEST_CASE("a FLOAT that underflows (to 0 or a denormal) is refused, quoting the text as given", "[cli]") {
+  for (const std::string& v : {std::string("1e-400"), std::string("-1e-400"), std::string("1e-310"),
+                               std::string("0.00001e-305")}) {
+    const auto r = run_kdalab("decode-cost --quick --min-time " + v + " --out /nonexistent/x.h5");
+    INFO(v << "\n" << r.output);
+    CHECK(r.code == 2);
+    CHECK(has(r, "--min-time: '" + v + "' is not accepted: it is below the smallest normal double"));
+    CHECK_FALSE(has(r, "--min-time: 0 "));
+  }
+  // 0 and the smallest normal double go through the parser to the subcommand's own check (here: --op first)
+  for (const std::string& v : {std::string("0"), std::string("0e-500"), std::string("2.2250738585072014e-308")}) {
+    const auto r = run_kdalab("check --tol " + v + " --op bogus --in none.h5");
+    INFO(v << "\n" << r.output);
+    CHECK(r.code == 2);
+    CHECK(has(r, "--op 'bogus' is unknown"));
   }
 }
 
-/// Runs `kdalab <args>` and checks that it is accepted (exit 0; a failure shows the output).
-void check_accepted(const std::string& args) {
-  const auto r = run_kdalab(args);
-  INFO(r.output);
-  CHECK(r.code == 0);
+TEST_CASE("a flag given a bad value says what a flag takes", "[cli]") {
+  const auto r = run_timed("parity --quick=banana");
+  require_one_line_exit2(r);
+  CHECK(has(r, "--quick: 'banana' is not accepted; give true, false, 1 or 0"));
+  CHECK(!has(r, "of type \n"));
 }
 
-/// A boolean's default as --help shows it and a results file records it ("softplus": "1") is accepted in --config.
-void check_config_boolean_accepted(const TempDir& d) {
-  d.write("b.json", "{\"softplus\": \"1\", \"kernel-plan\": false}");
-  check_accepted("decay-range --quick --quiet --T 64 --D 16 --C 16 --g-min -5 --precision fp64 --softplus 0 "
-                 "--config " + d.file("b.json") + " --out " + d.file("b.h5"));
+TEST_CASE("bad experiment options exit 2 and write no file", "[cli]") {
+  TempDir d;
+  const std::vector<std::string> bad{
+      "recall --d-k 0",        "recall --memories foo",     "recall --beta 2",       "recall --keys diagonal",
+      "recall --ratio 0",      "recall --g-min 1",          "recall --vocab 16 --d-k 64",
+      "copy --precision fp8",  "copy --alphabet 1",         "copy --L 0",            "copy --keys correlated",
+      "decode-cost --memory-gb -1", "decode-cost --k3-layers 90", "decode-cost --cpu-d 0",
+      "decode-cost --min-time 0", "decay-range --C 0",    "decay-range --C 65",    "decay-range --g-min 0",
+      "decay-range --precision fp8", "decay-range --precision tf32", "decay-range --T 0"};
+  for (const auto& b : bad) {
+    const auto r = run_kdalab(b + " --quick --quiet --out " + d.file("x.h5"));
+    INFO(b << " -> " << r.output);
+    CHECK(r.code == 2);
+    CHECK(r.output.find("error") != std::string::npos);
+    CHECK(d.count() == 0);
+  }
 }
-}  // namespace
 
-TEST_CASE("out-of-range experiment options exit 2 naming the option, with no file") {
+TEST_CASE("out-of-range experiment options exit 2 naming the option, with no file", "[cli]") {
   TempDir d;
   const std::vector<std::pair<std::string, std::string>> cases{
       {"decode-cost --quick --n 1e30", "--n"},
@@ -78,7 +120,7 @@ TEST_CASE("out-of-range experiment options exit 2 naming the option, with no fil
   CHECK(d.count() == 0);
 }
 
-TEST_CASE("decode-cost --cpu-n: the range message alone when the range fails, never a cache size") {
+TEST_CASE("decode-cost --cpu-n: the range message alone when the range fails, never a cache size", "[decode-cost]") {
   TempDir d;
   const auto ok = run_kdalab("decode-cost --cpu-n 1024 --cpu-d 64 --min-time 0.01 --n 1000 --d 64 --context 1024 "
                              "--gpu-n 0 --quiet --out " + d.file("ok.h5"));
@@ -97,7 +139,8 @@ TEST_CASE("decode-cost --cpu-n: the range message alone when the range fails, ne
   CHECK(d.count() == 1);  // ok.h5 only
 }
 
-TEST_CASE("every list option of every subcommand refuses a repeated value (exit 2, the option and the value, no file)") {
+TEST_CASE("every list option of every subcommand refuses a repeated value (exit 2, the option and the value, no file)",
+          "[cli]") {
   TempDir d;
   // one rule (cli::require_once): numbers compare by value, text exactly; the value shown is the repeat as given
   const std::vector<std::pair<std::string, std::string>> cases{
@@ -141,7 +184,8 @@ TEST_CASE("every list option of every subcommand refuses a repeated value (exit 
   CHECK(d.count() == 0);
 }
 
-TEST_CASE("integer options take decimal integers only; numbers are decimal (exit 2 naming the option, no file)") {
+TEST_CASE("integer options take decimal integers only; numbers are decimal (exit 2 naming the option, no file)",
+          "[cli]") {
   TempDir d;
   const std::string dec = "is not accepted; give a decimal integer (digits, an optional sign, no leading zero";
   const std::vector<std::pair<std::string, std::string>> cases{
@@ -163,64 +207,7 @@ TEST_CASE("integer options take decimal integers only; numbers are decimal (exit
   check_accepted("parity --quick --quiet --T +17 --dk 16 --dv 16 --impl float64 --out " + d.file("ok.h5"));
 }
 
-TEST_CASE("--help names every option's type: INT / INT list for counts, never FLOAT") {
-  // was "--T FLOAT=[17,64,300,1000] ...", "--trials FLOAT=2", "--seed UINT:UINT64=1". CLI11 2.1 prints a default as
-  // "--T INT list=[..]", CLI11 2.4 (the GPU machine) as "--T INT list [[..]]": the type must be followed by '=', the
-  // end of the line or a space that does not start " list"
-  const std::vector<std::pair<std::string, std::vector<std::string>>> cases{
-      {"parity", {"--B INT list", "--T INT list", "--H INT list", "--dk INT list", "--dv INT list", "--C INT list",
-                  "--g-min FLOAT list", "--gate TEXT list", "--windows INT", "--mp-max-work FLOAT", "--seed UINT64"}},
-      {"recall", {"--d-k INT list", "--ratio FLOAT list", "--trials INT", "--vocab INT", "--keys TEXT list"}},
-      {"copy", {"--d-k INT list", "--L INT list", "--trials INT", "--alphabet INT", "--precision TEXT list"}},
-      {"decay-range", {"--C INT list", "--T INT", "--D INT", "--g-min FLOAT list", "--softplus BOOLEAN"}},
-      {"decode-cost", {"--n INT list", "--d INT list", "--cpu-n INT list", "--cpu-d INT", "--context INT list",
-                       "--k3-layers INT", "--gpu-n INT list", "--gpu-iters INT", "--min-time FLOAT"}},
-      {"bench", {"--iters INT", "--variant INT", "--shapes TEXT", "--compare TEXT list"}},
-      {"check", {"--tol FLOAT", "--in TEXT"}},
-  };
-  auto shows = [](const std::string& out, const std::string& opt_type) {
-    const std::string line = "  " + opt_type;
-    for (auto pos = out.find(line); pos != std::string::npos; pos = out.find(line, pos + 1)) {
-      const std::size_t end = pos + line.size();
-      if (end >= out.size() || out[end] == '=' || out[end] == '\n') return true;
-      if (out[end] == ' ' && out.compare(end, 5, " list") != 0) return true;
-    }
-    return false;
-  };
-  for (const auto& [sub, says] : cases) {
-    const auto r = run_kdalab(sub + " --help");
-    INFO(sub << " --help: " << r.output);
-    CHECK(r.code == 0);
-    for (const auto& s : says) {
-      INFO("expected the option line '" << s << "'");
-      CHECK(shows(r.output, s));
-    }
-    CHECK(r.output.find("UINT:") == std::string::npos);
-  }
-}
-
-TEST_CASE("check outside the repo without --in names --in first, not the default --out's missing folder") {
-  TempDir d;  // no results/ folder here: the default --out results/check.h5 cannot be written either
-  const std::string bin = std::filesystem::absolute(kdalab_bin()).string();
-  auto r = run_command("cd " + d.path.string() + " && " + bin + " check --quiet");
-  INFO(r.output);
-  CHECK(r.code == 2);
-  CHECK(r.output.find("--in FILE.h5 is required") != std::string::npos);
-  CHECK(r.output.find("--out") == std::string::npos);
-  r = run_command("cd " + d.path.string() + " && " + bin + " check --quiet --in none.h5");
-  CHECK(r.code == 2);
-  CHECK(r.output.find("--in 'none.h5': not found") != std::string::npos);
-  CHECK(r.output.find("results") == std::string::npos);
-  // with a readable --in, the --out folder is the next thing to fix
-  std::filesystem::copy_file("data/golden/kda_recurrent.h5", d.file("in.h5"));
-  r = run_command("cd " + d.path.string() + " && " + bin + " check --quiet --in in.h5");
-  INFO(r.output);
-  CHECK(r.code == 2);
-  CHECK(r.output.find("--out 'results/check.h5': folder 'results' does not exist") != std::string::npos);
-  CHECK(d.count() == 1);  // in.h5 only
-}
-
-TEST_CASE("parity messages name the option, the value and what is accepted") {
+TEST_CASE("parity messages name the option, the value and what is accepted", "[parity]") {
   TempDir d;
   const std::vector<std::pair<std::string, std::vector<std::string>>> cases{
       // was "tensor 'g' has a non-finite value": the gate overflowed float32 inside the run
@@ -247,30 +234,10 @@ TEST_CASE("parity messages name the option, the value and what is accepted") {
   check_config_boolean_accepted(d);
 }
 
-TEST_CASE("golden --regen never replaces fixtures without --force; check never overwrites its input") {
-  TempDir d;
-  const std::string gdir = d.file("g");
-  std::filesystem::create_directories(gdir);
-  for (const auto& e : std::filesystem::directory_iterator("data/golden"))
-    std::filesystem::copy_file(e.path(), gdir + "/" + e.path().filename().string());
-  const auto before = std::filesystem::last_write_time(gdir + "/kda_recurrent.h5");
-  const auto r = run_kdalab("golden --regen --quiet --dir " + gdir);
-  INFO(r.output);
-  CHECK(r.code == 2);
-  CHECK(r.output.find("--force") != std::string::npos);
-  CHECK(std::filesystem::last_write_time(gdir + "/kda_recurrent.h5") == before);
-  const auto empty = run_kdalab("golden --regen --quiet --dir ''");
-  CHECK(empty.code == 2);
-  const std::string in = gdir + "/kda_recurrent.h5";
-  const auto same = run_kdalab("check --op kda --quiet --in " + in + " --out " + in + " --force");
-  INFO(same.output);
-  CHECK(same.code == 2);
-  CHECK(std::filesystem::last_write_time(in) == before);
-}
-
-// The breaker's finds on the CLI rules (session 7): each row a command line that was accepted (or refused in another
-// shape), now exit 2 with the words shown and no file. One place each, in experiments/cli.cpp unless said.
-TEST_CASE("breaker session 7: whitespace, empty list items, options twice, booleans, messages, --prefix (exit 2, no file)") {
+// The CLI rules on option values: each row a command line refused with exit 2, the words shown and no file. One place
+// each, in experiments/cli.cpp unless said.
+TEST_CASE("option values: whitespace, empty list items, options twice, booleans, messages, --prefix (exit 2, no file)",
+          "[cli]") {
   TempDir d;
   const std::string tab = "\"$(printf '\\tnan')\"";  // popen runs /bin/sh: no $'...'
   const std::vector<std::pair<std::string, std::vector<std::string>>> cases{
@@ -326,49 +293,4 @@ TEST_CASE("breaker session 7: whitespace, empty list items, options twice, boole
   CHECK((bench_valid_exit(edge) || (edge.code == 2 && edge.output.find("not enough GPU memory") != std::string::npos)));
   check_config_boolean_accepted(d);
   check_accepted("parity --quick --quiet --T +17 --dk 16 --dv 16 --impl float64 --seed 5 --out " + d.file("ok.h5"));
-}
-
-TEST_CASE("breaker session 7: --config values obey the command line's rules; a key twice is refused") {
-  TempDir d;
-  const std::vector<std::pair<std::string, std::string>> cases{
-      {"{\"power-a\": \" inf\"}", "--power-a: ' inf' is not accepted; give the number without surrounding whitespace"},
-      {"{\"T\": [17], \"T\": [300]}", "key 'T' appears twice; give each key once"},  // the last one won silently
-      {"{\"seed\": 5, \"seed\": 5}", "key 'seed' appears twice"},
-      {"{\"T\": \"17,,300\"}", "--T: the list '17,,300' has an empty item"},
-      {"{\"T\": [17, \"\"]}", "--T: the list '' has an empty item"},
-      {"{\"softplus\": \"0x1\"}", "--softplus: '0x1' is not accepted; accepted: true, false, 1 or 0"},
-  };
-  int k = 0;
-  for (const auto& [json, says] : cases) {
-    const std::string name = fmt::format("c{}.json", ++k);
-    d.write(name, json);
-    const std::string sub = json.find("power-a") != std::string::npos ? "recall"
-                            : json.find("softplus") != std::string::npos ? "decay-range"
-                                                                          : "parity";
-    const auto r = run_kdalab(sub + " --quick --quiet --config " + d.file(name) + " --out " + d.file(name + ".h5"));
-    INFO(json << ": " << r.output);
-    CHECK(r.code == 2);
-    CHECK(r.output.find(says) != std::string::npos);
-    if (says.find("twice") != std::string::npos) CHECK(r.output.find("--config '" + d.file(name) + "'") != std::string::npos);
-    CHECK(!std::filesystem::exists(d.file(name + ".h5")));
-  }
-}
-
-TEST_CASE("breaker session 7: check names a bad --in (a folder, not HDF5) before a bad --out, and 'check' once") {
-  TempDir d;
-  d.write("text.h5", "not an HDF5 file\n");
-  std::filesystem::create_directories(d.file("dir"));
-  for (const std::string& in : {d.file("dir"), d.file("text.h5")}) {
-    const auto r = run_kdalab("check --quiet --in " + in + " --out " + d.file("no/such/folder/r.h5"));
-    INFO(r.output);
-    CHECK(r.code == 2);
-    CHECK(r.output.find("kdalab check: error: --in '" + in + "': not found or not a readable HDF5 file") != std::string::npos);
-    CHECK(r.output.find("--out") == std::string::npos);
-  }
-  const auto r = run_kdalab("check --quiet --out " + d.file("r.h5"));
-  INFO(r.output);
-  CHECK(r.code == 2);
-  CHECK(r.output.find("kdalab check: error: --in FILE.h5 is required") != std::string::npos);
-  CHECK(r.output.find("check: check") == std::string::npos);
-  CHECK(d.count() == 2);  // text.h5 and dir only
 }

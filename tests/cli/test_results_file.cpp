@@ -1,4 +1,5 @@
-// HDF5 results writer: root attributes and tables round-trip; atomic write; no overwrite; progress.
+// The HDF5 results writer: root attributes and tables round-trip; a failed run leaves no file and never touches an
+// old one; tables reject rows that do not fit; progress lines off a terminal.
 #include <cstdio>
 #include <filesystem>
 
@@ -8,8 +9,10 @@
 #include "tests/catch.hpp"
 #include "tests/cli/cli_util.hpp"
 
-using namespace kdalab;
 using kdalab::testutil::TempDir;
+using namespace kdalab::testutil;
+using namespace kdalab;
+
 
 namespace {
 Table sample_table() {
@@ -21,7 +24,7 @@ Table sample_table() {
 }
 }  // namespace
 
-TEST_CASE("root attributes and a table round-trip through HDF5") {
+TEST_CASE("root attributes and a table round-trip through HDF5", "[results]") {
   TempDir d;
   const std::string p = d.file("r.h5");
   {
@@ -62,7 +65,7 @@ TEST_CASE("root attributes and a table round-trip through HDF5") {
   CHECK_THROWS_AS(h5read::attr_string(p, "/", "missing"), Error);
 }
 
-TEST_CASE("a failed run leaves no file, and never touches an old one") {
+TEST_CASE("a failed run leaves no file, and never touches an old one", "[results]") {
   TempDir d;
   const std::string p = d.file("r.h5");
   try {
@@ -86,13 +89,13 @@ TEST_CASE("a failed run leaves no file, and never touches an old one") {
   CHECK(d.count() == 1);
 }
 
-TEST_CASE("tables reject rows that do not fit") {
+TEST_CASE("tables reject rows that do not fit", "[results]") {
   Table t = sample_table();
   CHECK_THROWS_AS(t.row({1.0}), Error);
   CHECK_THROWS_AS(t.row({std::int64_t{1}, std::string("x"), std::string("y")}), Error);
 }
 
-TEST_CASE("progress off a terminal prints plain lines, and nothing when quiet") {
+TEST_CASE("progress off a terminal prints plain lines, and nothing when quiet", "[results]") {
   ::setenv("KDALAB_PROGRESS_INTERVAL", "0", 1);
   std::FILE* f = std::tmpfile();
   REQUIRE(f != nullptr);

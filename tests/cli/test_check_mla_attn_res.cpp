@@ -1,6 +1,6 @@
-// `kdalab check --op mla` and `--op attn-res`: files written from the golden fixtures report ~0 for
-// the truth itself and the expected error for a bf16-rounded candidate; every malformed variant gives
-// its own clear error, exit 2 and no report.
+// `kdalab check --op mla` and `--op attn-res`: files written from the golden fixtures report ~0 for the truth itself
+// and the expected error for a bf16-rounded candidate; every malformed variant gives its own clear error, exit 2
+// and no report.
 #include <H5Cpp.h>
 
 #include <cmath>
@@ -17,9 +17,10 @@
 #include "tests/catch.hpp"
 #include "tests/cli/cli_util.hpp"
 
-using namespace kdalab;
-using namespace kdalab::testutil;
 namespace fs = std::filesystem;
+using namespace kdalab::testutil;
+using namespace kdalab;
+
 
 namespace {
 const std::string kMla = "data/golden/mla.h5", kRes = "data/golden/attn_res.h5";
@@ -176,13 +177,14 @@ void all_bad(const std::function<File()>& base, const std::string& op, const std
 }
 }  // namespace
 
-TEST_CASE("check --op mla: the golden attended latent reports ~0; a bf16-rounded one reports the bf16 error") {
+TEST_CASE("check --op mla: the golden attended latent reports ~0; a bf16-rounded one reports the bf16 error",
+          "[check]") {
   truth_and_bf16(mla_file(), "mla", "o", mla_a());                        // prefill: every query, causal
   truth_and_bf16(mla_file(kMlaCase, 8), "mla", "o", mla_a(kMlaCase, 8));  // decode: the last query over the cache
   truth_and_bf16(mla_file(kMlaNope), "mla", "o", mla_a(kMlaNope));        // no rope part
 }
 
-TEST_CASE("check --op mla without a candidate writes the truth") {
+TEST_CASE("check --op mla without a candidate writes the truth", "[check]") {
   TempDir d;
   mla_file(kMlaCase, 3).write(d.file("in.h5"));
   const auto r = run_kdalab("check --op mla --in " + d.file("in.h5") + " --out " + d.file("t.h5"));
@@ -192,14 +194,14 @@ TEST_CASE("check --op mla without a candidate writes the truth") {
   CHECK(rel_rms(h5read::array(d.file("t.h5"), "/check/o_truth").data, mla_a(kMlaCase, 3).data) < tol::check_self.value);
 }
 
-TEST_CASE("check --op kda on an MLA file says to use --op mla (newcomer find)") {
+TEST_CASE("check --op kda on an MLA file says to use --op mla", "[check]") {
   TempDir d;
   mla_file(kMlaCase, 3).write(d.file("in.h5"));
   const auto r = run_kdalab("check --op kda --in " + d.file("in.h5") + " --out " + d.file("t.h5"));
   INFO(r.output);
   CHECK(r.code == 2);
   CHECK(r.output.find("give --op mla") != std::string::npos);
-  // --kernel is a KDA-only option: with --op mla it is refused, not ignored (adversarial find)
+  // --kernel is a KDA-only option: with --op mla it is refused, not ignored
   const auto r2 = run_kdalab("check --op mla --kernel --in " + d.file("in.h5") + " --out " + d.file("t2.h5"));
   INFO(r2.output);
   CHECK(r2.code == 2);
@@ -207,7 +209,7 @@ TEST_CASE("check --op kda on an MLA file says to use --op mla (newcomer find)") 
   CHECK(!std::filesystem::exists(d.file("t2.h5")));
 }
 
-TEST_CASE("check --op mla: every malformed file gives its own clear error, exit 2 and no report") {
+TEST_CASE("check --op mla: every malformed file gives its own clear error, exit 2 and no report", "[check]") {
   all_bad([] { return mla_file(); }, "mla",
           {
               {"missing q", [](File& f) { f.ds.erase("q"); }, "dataset 'q' is missing"},
@@ -233,7 +235,7 @@ TEST_CASE("check --op mla: every malformed file gives its own clear error, exit 
           });
 }
 
-TEST_CASE("check --op attn-res: the golden h reports ~0; a bf16-rounded one reports the bf16 error") {
+TEST_CASE("check --op attn-res: the golden h reports ~0; a bf16-rounded one reports the bf16 error", "[check]") {
   truth_and_bf16(res_file(), "attn-res", "h", h5read::array(kRes, kResCase + "/h_block"));
   File full = res_file();
   full.str["mode"] = "full";
@@ -241,7 +243,7 @@ TEST_CASE("check --op attn-res: the golden h reports ~0; a bf16-rounded one repo
   truth_and_bf16(full, "attn-res", "h", h5read::array(kRes, kResCase + "/h_full"));
 }
 
-TEST_CASE("check --op attn-res: every malformed file gives its own clear error, exit 2 and no report") {
+TEST_CASE("check --op attn-res: every malformed file gives its own clear error, exit 2 and no report", "[check]") {
   all_bad(res_file, "attn-res",
           {
               {"missing v", [](File& f) { f.ds.erase("v"); }, "dataset 'v' is missing"},

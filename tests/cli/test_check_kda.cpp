@@ -1,18 +1,23 @@
-// `kdalab check`: files written from the golden fixtures give ~0 for the truth itself and the
-// expected error for a bf16-rounded candidate; every malformed file gives its own clear error.
+// `kdalab check` (--op kda, kda-decode): files written from the golden fixtures give ~0 for the truth itself and
+// the expected error for a bf16-rounded candidate; every malformed file gives its own clear error (exit 2, no
+// report): shapes whose element count overflows, non-finite truths, a group where a dataset is expected;
+// --kernel's refusals.
 #include <H5Cpp.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "experiments/results.hpp"
 #include "numerics/bf16.hpp"
@@ -21,8 +26,10 @@
 #include "tests/catch.hpp"
 #include "tests/cli/cli_util.hpp"
 
-using namespace kdalab;
 namespace fs = std::filesystem;
+using namespace kdalab::testutil;
+using namespace kdalab;
+
 
 namespace {
 struct Run {
@@ -127,7 +134,7 @@ double reported(const std::string& report, const std::string& tensor) {
 }
 }  // namespace
 
-TEST_CASE("check: the truth itself reports ~0; a bf16-rounded candidate reports the bf16 error") {
+TEST_CASE("check: the truth itself reports ~0; a bf16-rounded candidate reports the bf16 error", "[check]") {
   const fs::path d = tmpdir();
   const Tensor<double> o = golden(kGolden, "/o"), S = golden(kGolden, "/S_final");
   Tensor<double> o_bf16 = o;
@@ -169,7 +176,7 @@ TEST_CASE("check: the truth itself reports ~0; a bf16-rounded candidate reports 
   fs::remove_all(d);
 }
 
-TEST_CASE("check: no candidate writes the truth; VK layouts; kda-decode") {
+TEST_CASE("check: no candidate writes the truth; VK layouts; kda-decode", "[check]") {
   const fs::path d = tmpdir();
   InputFile f = derived_file();
   Tensor<double> S0 = f.ds["S0"].t, S0vk({S0.dim(0), S0.dim(1), S0.dim(3), S0.dim(2)});
@@ -198,7 +205,7 @@ TEST_CASE("check: no candidate writes the truth; VK layouts; kda-decode") {
   fs::remove_all(d);
 }
 
-TEST_CASE("check: every malformed file gives its own clear error, exit 2 and no report") {
+TEST_CASE("check: every malformed file gives its own clear error, exit 2 and no report", "[check]") {
   const fs::path d = tmpdir();
   struct Bad {
     const char* name;
@@ -232,7 +239,7 @@ TEST_CASE("check: every malformed file gives its own clear error, exit 2 and no 
       {"beta outside [0, 1]", [](InputFile& f) { f.ds["beta"].t.data[3] = 1.5; }, "outside [0, 1]"},
       {"bf16 claim on fp32 data", [](InputFile& f) { f.ds["q"].attrs["format"] = "bf16"; }, "is not representable in bf16"},
       {"decode without S0", [](InputFile& f) { f.ds.erase("S0"); }, "needs the initial state S0", "kda-decode"},
-      // adversarial review finds: NaN names its tensor, gate parameters are blamed, dangling links, int32 o
+      // NaN names its tensor, gate parameters are blamed, dangling links, int32 o
       {"NaN in q", [](InputFile& f) { f.ds["q"].t.data[3] = std::nan(""); }, "dataset 'q' holds nan at flat index 3"},
       {"NaN in k", [](InputFile& f) { f.ds["k"].t.data[4] = std::nan(""); }, "dataset 'k' holds nan at flat index 4"},
       {"Inf in v", [](InputFile& f) { f.ds["v"].t.data[5] = HUGE_VAL; }, "dataset 'v' holds inf at flat index 5"},
@@ -283,7 +290,8 @@ TEST_CASE("check: every malformed file gives its own clear error, exit 2 and no 
   fs::remove_all(d);
 }
 
-TEST_CASE("check --kernel: refused with --op kda-decode and on inputs the kernel does not take; a CPU build checks the input first") {
+TEST_CASE("check --kernel: refused with --op kda-decode and on inputs the kernel does not take; a CPU build checks the input first",
+          "[check]") {
   const fs::path d = tmpdir();
   const std::string dec = "data/golden/kda_decode.h5";
   InputFile g = derived_file(dec, "/anchor_decode");
@@ -304,4 +312,67 @@ TEST_CASE("check --kernel: refused with --op kda-decode and on inputs the kernel
   CHECK(r.out.find("gate = \"k3\"") != std::string::npos);
   CHECK(!fs::exists(d / "r.h5"));
   fs::remove_all(d);
+}
+
+TEST_CASE("check: a shape whose element count overflows 64 bits is bad input (exit 2), not a crash", "[check]") {
+  TempDir d;
+  {
+    H5::H5File f(d.file("wrap.h5"), H5F_ACC_TRUNC);
+    const hsize_t dims[4] = {1, 1, (hsize_t{1} << 62) + 1, 4}, chunk[4] = {1, 1, 1, 4};
+    H5::DSetCreatPropList pl;
+    pl.setChunk(4, chunk);
+    const double one = 1.0;
+    pl.setFillValue(H5::PredType::NATIVE_DOUBLE, &one);
+    f.createDataSet("q", H5::PredType::NATIVE_FLOAT, H5::DataSpace(4, dims), pl);  // stored lazily: 2 KB on disk
+    write_f64(f, "c", {1, 8, 4}, 1.0);
+    attr_num(f, "scale", 0.1);
+  }
+  for (const char* op : {"mla", "kda"}) {
+    const auto r = run_kdalab(std::string("check --op ") + op + " --in " + d.file("wrap.h5") + " --out " + d.file("r.h5"));
+    INFO(r.output);
+    CHECK(r.code == 2);
+    CHECK(r.output.find("'q' has shape") != std::string::npos);
+  }
+  CHECK(d.count() == 1);  // no report file
+}
+
+TEST_CASE("check: a non-finite truth is refused with its cause, never written", "[check]") {
+  TempDir d;
+  {  // attn-res: eps = 0 and an all-zero source -> RMSNorm 0/0
+    H5::H5File f(d.file("ar.h5"), H5F_ACC_TRUNC);
+    write_f64(f, "v", {3, 2, 4}, 0.0);
+    write_f64(f, "w", {4}, 0.5);
+    attr_str(f, "mode", "full");
+    attr_num(f, "eps", 0.0);
+  }
+  auto r = run_kdalab("check --op attn-res --truth f64 --in " + d.file("ar.h5") + " --out " + d.file("r1.h5"));
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(r.output.find("eps") != std::string::npos);
+  {  // mla: float64 scores overflow (inf - inf in the max subtraction)
+    H5::H5File f(d.file("mla.h5"), H5F_ACC_TRUNC);
+    write_f64(f, "q", {1, 1, 1, 4}, 1e200);
+    write_f64(f, "c", {1, 3, 4}, 1e200);
+    attr_num(f, "scale", 1.0);
+  }
+  r = run_kdalab("check --op mla --truth f64 --in " + d.file("mla.h5") + " --out " + d.file("r2.h5"));
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(r.output.find("not finite") != std::string::npos);
+  CHECK(d.count() == 2);  // only the two inputs
+}
+
+TEST_CASE("check: a group where a dataset is expected is an error, not 'absent'", "[check]") {
+  TempDir d;
+  {
+    H5::H5File f(d.file("g.h5"), H5F_ACC_TRUNC);
+    write_f64(f, "q", {1, 2, 1, 4}, 0.3);
+    write_f64(f, "c", {1, 2, 4}, 0.7);
+    attr_num(f, "scale", 0.5);
+    f.createGroup("o");
+  }
+  const auto r = run_kdalab("check --op mla --in " + d.file("g.h5") + " --out " + d.file("r.h5"));
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(r.output.find("'o' is a group") != std::string::npos);
 }

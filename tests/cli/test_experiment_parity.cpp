@@ -1,49 +1,60 @@
-// The notes an experiment prints about its run: `kdalab parity` prints each note once (its "skipped > 80 nats"
-// and "cuda-bf16 rows skipped" notes were printed twice: live on stderr and again after the summary table)
-// and records them in the file; its "skipped > 80 nats" notes are one per (implementation, C), listing the
-// points (a default --quick run printed six, one per point); its NaN/Inf notes are one per (implementation, C, state
-// precision, matmul precision), naming them and listing the points (they were one per point, without the precisions,
-// and identical ones were dropped); `kdalab decode-cost` explains its CPU softmax curve with a one-line note (the
-// working set against this machine's caches), printed once and recorded as decode_cost/cpu's `note`.
-// parity's progress line names only the implementations that produced a row (a CPU build's ended "[... cuda-bf16]").
-#include <fmt/format.h>
+// `kdalab parity`: the quick sweep writes its table, summary and which truth each row used; the multiprecision truth;
+// bad configs exit 2 and write no file; its notes (skipped > 80 nats, NaN/Inf rows, skipped implementations) are
+// printed once, after the summary, grouped and recorded; rows that overflow are noted and summarised as NaN; the
+// README defines the parity columns.
+#include <H5Cpp.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <chrono>
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fmt/format.h>
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "experiments/decode_cost_note.hpp"
 #include "experiments/results.hpp"
+#include "numerics/tolerance.hpp"
 #include "tests/catch.hpp"
 #include "tests/cli/cli_util.hpp"
+#include "tests/cli/figure_util.hpp"
 
+namespace fs = std::filesystem;
 using namespace kdalab::testutil;
+using namespace kdalab;
+using nlohmann::json;
+
 
 namespace {
-std::size_t count(const std::string& text, const std::string& s) {
-  std::size_t n = 0;
-  for (std::size_t p = text.find(s); p != std::string::npos; p = text.find(s, p + 1)) ++n;
-  return n;
+struct Run {
+  int rc;
+  std::string out;
+};
+// The shared runner (tests/cli/cli_util.hpp), adapted to this file's field names.
+Run run(const std::string& args) {
+  const auto r = testutil::run_kdalab(args);
+  return {r.code, r.output};
 }
-/// The text after "note: " on every line that starts with it.
-std::vector<std::string> note_lines(const std::string& out) {
-  std::vector<std::string> notes;
-  std::size_t p = 0;
-  while (p < out.size()) {
-    const std::size_t e = out.find('\n', p);
-    const std::string line = out.substr(p, e == std::string::npos ? std::string::npos : e - p);
-    if (line.rfind("note: ", 0) == 0) notes.push_back(line.substr(6));
-    if (e == std::string::npos) break;
-    p = e + 1;
-  }
-  return notes;
+fs::path tmpdir() {
+  const fs::path d = fs::temp_directory_path() / ("kdalab_test_parity_" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  return d;
 }
+void write(const fs::path& p, const std::string& s) { std::ofstream(p) << s; }
 }  // namespace
 
-TEST_CASE("parity prints each note once, after the summary, and records it", "[cli]") {
+TEST_CASE("parity prints each note once, after the summary, and records it", "[parity]") {
   TempDir d;
   // softplus gates at T = 17, d_k = 128 reach a factored span > 80 nats at C = 16: float32-chunk skips them
   const auto r = run_kdalab("parity --T 17 --dk 128 --dv 128 --gate softplus --beta sigmoid,one --C 16 "
@@ -67,7 +78,7 @@ TEST_CASE("parity prints each note once, after the summary, and records it", "[c
   CHECK(r.output.find("note: ") > r.output.find("o median rRMS"));  // after the summary table
 }
 
-TEST_CASE("parity with no row prints every note once, the first in its one-line error", "[cli]") {
+TEST_CASE("parity with no row prints every note once, the first in its one-line error", "[parity]") {
   TempDir d;
   const auto r = run_kdalab("parity --T 17 --dk 128 --dv 128 --gate softplus --beta sigmoid,one --C 16 "
                             "--impl float32-chunk --truth f64 --quiet --out " + d.file("p.h5"));
@@ -78,7 +89,7 @@ TEST_CASE("parity with no row prints every note once, the first in its one-line 
   CHECK(d.count() == 0);
 }
 
-TEST_CASE("parity --quick: one '> 80 nats' note per (implementation, C), listing every skipped point", "[cli]") {
+TEST_CASE("parity --quick: one '> 80 nats' note per (implementation, C), listing every skipped point", "[parity]") {
   TempDir d;
   // --quick's grid (T = 17, 300, 1000; bounded and softplus gates; beta sigmoid and one): float32-chunk refuses
   // the six softplus points at every C (factored tile 16 for C = 32); float64-chunk (700 nats) refuses none.
@@ -134,25 +145,8 @@ TEST_CASE("parity --quick: one '> 80 nats' note per (implementation, C), listing
   }
 }
 
-TEST_CASE("decode-cost notes the CPU softmax working set against the caches, once, and records it", "[cli]") {
-  TempDir d;
-  const auto r = run_kdalab("decode-cost --cpu-n 1024,2048 --cpu-d 64 --min-time 0.01 --n 1000 --d 64 "
-                            "--context 1024 --gpu-n 0 --quiet --out " + d.file("dc.h5"));
-  INFO(r.output);
-  REQUIRE(r.code == 0);
-  const auto notes = note_lines(r.output);
-  REQUIRE(notes.size() == 1);
-  CHECK(notes[0].rfind("softmax read: ", 0) == 0);
-  CHECK(notes[0].find("working set") != std::string::npos);
-  CHECK((notes[0].find("caches") != std::string::npos || notes[0].find("cache sizes are unknown") != std::string::npos));
-  CHECK(kdalab::h5read::attr_string(d.file("dc.h5"), "/decode_cost/cpu", "note") == notes[0]);
-  // one softmax and one KDA row per n (a repeated --cpu-n value is refused now, not measured once: session 7,
-  // test_option_bounds_no_overwrite)
-  CHECK(kdalab::h5read::strings(d.file("dc.h5"), "/decode_cost/cpu/impl").size() == 4);
-}
-
-TEST_CASE("parity: one NaN/Inf note per (implementation, C, state precision, matmul precision), naming them and "
-          "listing the points", "[cli]") {
+TEST_CASE("parity: one NaN/Inf note per (implementation, C, state precision, matmul precision), naming them and listing the points",
+          "[parity]") {
   TempDir d;
   // g_min = -100 is far beyond the factored chunk form's range: every twin row has NaN in o at the bounded points
   // (0: T = 17, 2: T = 40), none at the softplus points (1, 3); the two state precisions give the same counts, so
@@ -200,7 +194,7 @@ TEST_CASE("parity: one NaN/Inf note per (implementation, C, state precision, mat
 }
 
 TEST_CASE("parity's progress line names only implementations that produced a row (not the skipped cuda-bf16)",
-          "[cli]") {
+          "[parity]") {
   TempDir d;
   // d_k = 16: cuda-bf16 is skipped in every build (no GPU, no CUDA kernels, or a shape the kernel does not run);
   // float32-chunk is skipped at the softplus points (span > 80 nats at T = 300). KDALAB_PROGRESS_INTERVAL=0 draws the
@@ -230,4 +224,133 @@ TEST_CASE("parity's progress line names only implementations that produced a row
     CHECK(line.find("softplus one float32-chunk") == std::string::npos);  // skipped there too
   }
   CHECK(lines >= 3);
+}
+
+TEST_CASE("parity: a twin row that overflows at C = 64 is noted and its summary reads NaN", "[parity]") {
+  TempDir d;
+  const auto r = run_kdalab("parity --B 1 --T 40 --H 1 --dk 8 --dv 8 --C 64 --impl twin-bf16 --state-precision fp32 "
+                            "--matmul-precision plan --truth f64 --quiet --out " + d.file("p.h5"));
+  INFO(r.output);
+  CHECK(r.code == 0);
+  CHECK(r.output.find("NaN") != std::string::npos);
+  CHECK(r.output.find("recorded in the row") != std::string::npos);
+}
+
+TEST_CASE("README defines matmul_precision = plan where the parity experiment is described", "[parity][readme]") {
+  const std::string readme = slurp("README.md");
+  const std::size_t row = readme.find("| `parity` |");
+  REQUIRE(row != std::string::npos);
+  const std::string line = readme.substr(row, readme.find('\n', row) - row);
+  INFO(line);
+  CHECK(line.find("`matmul_precision`") != std::string::npos);
+  CHECK(line.find("`plan` is the CUDA kernel's own choice (`kda_plan_kernel()`") != std::string::npos);
+  CHECK(line.find("intra-chunk products in fp32") != std::string::npos);
+}
+
+TEST_CASE("parity --quick writes the table, the summary and which truth each row used", "[parity]") {
+  const fs::path d = tmpdir();
+  const std::string out = (d / "quick.h5").string();
+  const auto t0 = std::chrono::steady_clock::now();
+  const Run r = run("parity --quick --out " + out);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  CHECK(secs < 60.0);
+  CHECK(r.out.find("o median rRMS") != std::string::npos);  // the summary table is printed
+  CHECK(r.out.find("twin-bf16") != std::string::npos);
+  // without the CUDA kernels or a GPU: a note and no cuda-bf16 rows; with them (the H200 machine): the rows
+  const bool cuda_rows = std::regex_search(r.out, std::regex(R"(cuda-bf16 +(fp32|bf16) +)"));  // a table row
+  CHECK(cuda_rows != (r.out.find("cuda-bf16 rows skipped") != std::string::npos));
+  // float32 chunked refuses softplus gates whose factored span exceeds 80 nats: a note, no row
+  CHECK(r.out.find("float32-chunk C=16 skipped") != std::string::npos);
+  const auto impl = h5read::strings(out, "/parity/table/impl");
+  const auto truth = h5read::strings(out, "/parity/table/truth");
+  const auto err = h5read::array(out, "/parity/table/o_rel_rms");
+  REQUIRE(impl.size() == err.numel());
+  REQUIRE(impl.size() >= 2);
+  for (const char* col : {"o_max_abs", "o_max_ulp_bf16", "o_nan", "o_inf", "S_rel_rms", "o_rel_rms_last_window", "T",
+                          "C", "state_precision", "matmul_precision", "gate", "beta", "g_min", "generator"})
+    CHECK(h5read::exists(out, std::string("/parity/table/") + col));
+  const auto mm = h5read::strings(out, "/parity/table/matmul_precision");
+  const auto gate = h5read::strings(out, "/parity/table/gate");
+  std::size_t plan_rows = 0, bf16_rows = 0;
+  double plan_worst = 0, bf16_best = 1;
+  for (std::size_t i = 0; i < impl.size(); ++i) {
+    CHECK(truth[i].rfind("float64", 0) == 0);  // --quick uses the float64 truth
+    if (impl[i] == "float32") {
+      CHECK(err.data[i] > 0.0);
+      CHECK(err.data[i] < tol::f32_vs_truth.value);
+    }
+    if (impl[i] == "float64-chunk") CHECK(err.data[i] < tol::f64_identity.value);  // chunked == recurrent
+    if (impl[i] == "float32-chunk") CHECK(err.data[i] < tol::f32_vs_truth.value);
+    if (impl[i] == "twin-bf16" && gate[i] == "bounded") {
+      if (mm[i] == "plan") { ++plan_rows; plan_worst = std::max(plan_worst, err.data[i]); }
+      if (mm[i] == "bf16") { ++bf16_rows; bf16_best = std::min(bf16_best, err.data[i]); }
+    }
+  }
+  // the kernel plan holds its tolerance on anchor-kda inputs; all-bf16 operands cost ~2x more
+  CHECK(plan_rows > 0);
+  CHECK(bf16_rows > 0);
+  CHECK(plan_worst <= tol::kda_twin_plan.value);
+  CHECK(bf16_best > 1.5 * plan_worst);
+  CHECK(h5read::strings(out, "/parity/summary/impl").size() >= 2);
+  CHECK(h5read::array(out, "/parity/o_rel_rms_windows").dim(0) == impl.size());
+  fs::remove_all(d);
+}
+
+TEST_CASE("parity with the multiprecision truth: float64 within 1e-12, float32 near u_fp32", "[parity]") {
+  const fs::path d = tmpdir();
+  const std::string out = (d / "mp.h5").string();
+  const Run r = run("parity --T 17 --dk 64 --dv 32 --impl float64,float32 --truth mp --quiet --out " + out);
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  const auto impl = h5read::strings(out, "/parity/table/impl");
+  const auto truth = h5read::strings(out, "/parity/table/truth");
+  const auto err = h5read::array(out, "/parity/table/o_rel_rms");
+  REQUIRE(impl.size() == 2);
+  CHECK(truth[0] == "cpp_bin_float_50");
+  CHECK(err.data[0] > 0.0);
+  CHECK(err.data[0] < tol::f64_vs_mp.value);
+  CHECK(err.data[1] < tol::f32_vs_truth.value);
+  fs::remove_all(d);
+}
+
+TEST_CASE("bad parity configs exit 2 and leave no file", "[parity]") {
+  const fs::path d = tmpdir();
+  struct Bad {
+    const char* name;
+    const char* json;
+    const char* says;
+  };
+  for (const Bad& b : {Bad{"unknown key", R"({"T": [17], "chunk": [16]})", "unknown key 'chunk'"},
+                       Bad{"empty grid", R"({"T": []})", "empty list"},
+                       Bad{"C = 0", R"({"T": [17], "C": [0]})", "--C: 0"},
+                       Bad{"unknown impl", R"({"impl": ["float16"]})", "float16"},
+                       Bad{"g_min >= 0", R"({"g-min": [0.5]})", "--g-min"},
+                       Bad{"bad truth", R"({"truth": "exact"})", "--truth"},
+                       Bad{"not JSON", R"({"T": [17)", "not valid JSON"}}) {
+    INFO(b.name);
+    const fs::path cfg = d / "bad.json", out = d / "bad.h5";
+    write(cfg, b.json);
+    const Run r = run("parity --quiet --config " + cfg.string() + " --out " + out.string());
+    INFO(r.out);
+    CHECK(r.rc == 2);
+    CHECK(r.out.find(b.says) != std::string::npos);
+    CHECK_FALSE(fs::exists(out));
+    for (const auto& e : fs::directory_iterator(d)) CHECK(e.path().filename().string().find(".tmp.") == std::string::npos);
+  }
+  // on the command line too
+  const Run r = run("parity --quiet --C 16,0 --out " + (d / "c0.h5").string());
+  CHECK(r.rc == 2);
+  CHECK_FALSE(fs::exists(d / "c0.h5"));
+  fs::remove_all(d);
+}
+
+TEST_CASE("the full parity config is valid", "[parity]") {
+  // parse only: an impossible --out folder fails after the config is read, before any work
+  const Run r = run("parity --config data/configs/parity.json --out /nonexistent_dir/x.h5");
+  INFO(r.out);
+  CHECK(r.rc == 2);
+  CHECK(r.out.find("does not exist") != std::string::npos);
+  CHECK(r.out.find("unknown key") == std::string::npos);
 }

@@ -1,7 +1,8 @@
-// The seed-002 exercise ("A fixed state that overwrites - and never gets slower"): its five
-// assertions and its printed decode-cost table, on the reference recurrence (EQUATIONS.md 1, 8).
-// Seed 002 holds S as d_v x d_k and reads o = S k; the reference holds S^T (K3 report Eq. 1
-// orientation) and reads S^T k: the same numbers (kda_step_seed checks the stated transpose).
+// A fixed state that overwrites and never gets slower, on the reference recurrence (docs/equations.md,
+// sections 1 and 8): a written key reads back its value, the delta rule overwrites (linear attention adds),
+// distinct keys do not interfere, the state has a fixed size whatever the context, and the decode-cost table
+// (softmax reads grow with n, the KDA state read does not). A state held as d_v x d_k read as o = S k gives the
+// same numbers as the reference's S^T (K3 report Eq. 1 orientation) read as S^T k.
 #include <cstdio>
 
 #include "tests/catch.hpp"
@@ -18,17 +19,17 @@ Vec<double> onehot(Eigen::Index i) { Vec<double> v = Vec<double>::Zero(D); v(i) 
 Vec<double> vec4(double a, double b, double c, double d) { Vec<double> v(4); v << a, b, c, d; return v; }
 const Vec<double> kZeroG = Vec<double>::Zero(D);
 
-/// delta_write of seed 002 (beta = 1, no decay): one DeltaNet step of the reference.
+/// A delta-rule write (beta = 1, no decay): one DeltaNet step of the reference.
 Mat<double> delta_write(Mat<double> S, const Vec<double>& k, const Vec<double>& v, double beta = 1.0) {
   kda_step<double>(S, k, k, v, kZeroG, beta, 1.0, KdaVariant::deltanet);
   return S;
 }
-/// linear_write of seed 002: one linear-attention step of the reference.
+/// A linear-attention write: one linear-attention step of the reference.
 Mat<double> linear_write(Mat<double> S, const Vec<double>& k, const Vec<double>& v) {
   kda_step<double>(S, k, k, v, kZeroG, 1.0, 1.0, KdaVariant::linear);
   return S;
 }
-/// read of seed 002: what the state associates with key k (S^T k in the KV layout).
+/// A read: what the state associates with key k (S^T k in the KV layout).
 Vec<double> read(const Mat<double>& S, const Vec<double>& k) { return S.transpose() * k; }
 Mat<double> zeros() { return Mat<double>::Zero(D, D); }
 }  // namespace
@@ -36,7 +37,7 @@ Mat<double> zeros() { return Mat<double>::Zero(D, D); }
 const Vec<double> k1 = onehot(1), k2 = onehot(2);
 const Vec<double> a = vec4(9, 8, 7, 6), b = vec4(1, 2, 3, 4);
 
-TEST_CASE("seed 002 assertion 1: write a key then read it back returns that value") {
+TEST_CASE("a key written then read back returns its value", "[kda][state]") {
   const Mat<double> S = delta_write(zeros(), k1, a);
   CHECK(read(S, k1) == a);
   // also with a random unit key and a state that already holds something (beta = 1: exact up to rounding)
@@ -47,7 +48,7 @@ TEST_CASE("seed 002 assertion 1: write a key then read it back returns that valu
   CHECK((read(S2, k) - b).norm() <= 1e-14);
 }
 
-TEST_CASE("seed 002 assertion 2: the delta rule overwrites, keeping the latest value") {
+TEST_CASE("the delta rule overwrites a key, keeping the latest value", "[kda][state]") {
   const Mat<double> S = delta_write(delta_write(zeros(), k1, a), k1, b);
   std::printf("delta  read(k1): [%g, %g, %g, %g]  -> latest value b (old a gone)\n", read(S, k1)(0), read(S, k1)(1),
               read(S, k1)(2), read(S, k1)(3));
@@ -60,7 +61,7 @@ TEST_CASE("seed 002 assertion 2: the delta rule overwrites, keeping the latest v
   CHECK(Vec<double>(Sseed * k1) == b);
 }
 
-TEST_CASE("seed 002: linear attention returns a + b where the delta rule returns b") {
+TEST_CASE("linear attention returns a + b for a key written twice where the delta rule returns b", "[kda][state]") {
   const Mat<double> L = linear_write(linear_write(zeros(), k1, a), k1, b);
   std::printf("linear read(k1): [%g, %g, %g, %g]  -> a+b, smeared\n", read(L, k1)(0), read(L, k1)(1), read(L, k1)(2),
               read(L, k1)(3));
@@ -68,7 +69,7 @@ TEST_CASE("seed 002: linear attention returns a + b where the delta rule returns
   CHECK(read(delta_write(delta_write(zeros(), k1, a), k1, b), k1) == b);
 }
 
-TEST_CASE("seed 002 assertion 3: distinct keys do not interfere in the shared state") {
+TEST_CASE("distinct keys do not interfere in the shared state", "[kda][state]") {
   const Mat<double> S = delta_write(delta_write(zeros(), k1, a), k2, b);
   CHECK(read(S, k1) == a);
   CHECK(read(S, k2) == b);
@@ -78,7 +79,7 @@ TEST_CASE("seed 002 assertion 3: distinct keys do not interfere in the shared st
   CHECK(read(S2, k2) == a);
 }
 
-TEST_CASE("seed 002 assertion 4: the recurrent state is a fixed d x d, whatever the context length") {
+TEST_CASE("the recurrent state is a fixed d x d, whatever the context length", "[kda][state]") {
   for (std::size_t T : {1u, 10u, 1000u}) {
     const Problem p = make_problem(200 + T, 1, T, 1, 1, D, D);
     const KdaOutput<double> r = kda_recurrent(p.q, p.k, p.v, p.g, p.beta, &p.S0, p.scale);
@@ -88,7 +89,7 @@ TEST_CASE("seed 002 assertion 4: the recurrent state is a fixed d x d, whatever 
   }
 }
 
-TEST_CASE("seed 002 assertion 5: softmax decode reads grow with n, the KDA state read does not") {
+TEST_CASE("softmax decode reads grow with n, the KDA state read does not", "[kda][state][decode-cost]") {
   std::uint64_t prev = 0;
   for (std::uint64_t n : {1ull, 1000ull, 128000ull, 1000000ull}) {
     CHECK(softmax_decode_reads(n, 64) > prev);
