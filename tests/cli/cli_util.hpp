@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <cctype>
 #include <random>
 #include <sstream>
 #include <string>
@@ -316,6 +317,72 @@ inline void check_config_boolean_accepted(const TempDir& d) {
   d.write("b.json", "{\"softplus\": \"1\", \"kernel-plan\": false}");
   check_accepted("decay-range --quick --quiet --T 64 --D 16 --C 16 --g-min -5 --precision fp64 --softplus 0 "
                  "--config " + d.file("b.json") + " --out " + d.file("b.h5"));
+}
+
+/// The option lines of a CLI11 help text ("  --name TYPE=default   description"). Newer CLI11 versions (2.4.1 on
+/// the GPU machine, 2.1 in Debian 12) wrap long descriptions onto indented continuation lines and print defaults
+/// as "TYPE [default]": continuation lines are joined to their option line.
+inline std::vector<std::string> option_lines(const std::string& help) {
+  std::vector<std::string> r;
+  std::stringstream ss(help);
+  std::string line;
+  bool in_option = false;
+  while (std::getline(ss, line)) {
+    if (line.rfind("  --", 0) == 0) {
+      r.push_back(line);
+      in_option = true;
+    } else if (const std::size_t pos = line.find_first_not_of(' ');
+               in_option && pos != std::string::npos && pos >= 4 && line[pos] != '-') {
+      r.back().push_back(' ');
+      r.back().append(line, pos, std::string::npos);
+    } else {
+      in_option = false;
+    }
+  }
+  return r;
+}
+
+inline std::string lower(std::string s) {
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+/// A `kdalab check --op kda --kernel` input the kernel takes (K3 gate, beta logits, l2norm_qk = 1, d_k = d_v = 64,
+/// H = HV, bf16 q/k/v/g/beta, fp32 A_log/bias/S0), seeded random values that are exact bf16 numbers (k/8).
+inline void write_kernel_input(const std::string& path, bool good_gate = true) {
+  std::mt19937 rng(20261129);
+  std::uniform_int_distribution<int> u(-16, 16);
+  auto vals = [&](std::size_t n) {
+    std::vector<float> v(n);
+    for (auto& x : v) x = static_cast<float>(u(rng)) / 8.0f;
+    return v;
+  };
+  write_h5(path, [&](H5::H5File& f) {
+    H5::StrType st(H5::PredType::C_S1, H5T_VARIABLE);
+    auto ds = [&](const std::string& name, std::vector<hsize_t> dims, std::vector<float> v, const char* fmt_attr) {
+      H5::DataSpace sp(static_cast<int>(dims.size()), dims.data());
+      H5::DataSet x = f.createDataSet(name, H5::PredType::NATIVE_FLOAT, sp);
+      x.write(v.data(), H5::PredType::NATIVE_FLOAT);
+      if (fmt_attr) x.createAttribute("format", st, H5::DataSpace(H5S_SCALAR)).write(st, std::string(fmt_attr));
+      return x;
+    };
+    const hsize_t B = 1, T = 4, H = 1, D = 64;
+    for (const char* n : {"q", "k", "v", "g"}) ds(n, {B, T, H, D}, vals(B * T * H * D), "bf16");
+    ds("beta", {B, T, H}, vals(B * T * H), "bf16");
+    ds("A_log", {H}, vals(H), nullptr);
+    ds("bias", {H, D}, vals(H * D), nullptr);
+    H5::DataSet s0 = ds("S0", {B, H, D, D}, vals(B * H * D * D), nullptr);
+    s0.createAttribute("layout", st, H5::DataSpace(H5S_SCALAR)).write(st, std::string("KV"));
+    H5::Group root = f.openGroup("/");
+    auto num = [&](const char* k, double v) {
+      root.createAttribute(k, H5::PredType::NATIVE_DOUBLE, H5::DataSpace(H5S_SCALAR)).write(H5::PredType::NATIVE_DOUBLE, &v);
+    };
+    num("scale", 0.125);
+    num("l2norm_qk", 1);
+    num("g_min", -5);
+    root.createAttribute("gate", st, H5::DataSpace(H5S_SCALAR)).write(st, std::string(good_gate ? "k3" : "none"));
+    root.createAttribute("beta", st, H5::DataSpace(H5S_SCALAR)).write(st, std::string("logits"));
+  });
 }
 
 }  // namespace kdalab::testutil

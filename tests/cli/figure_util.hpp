@@ -311,4 +311,21 @@ inline std::string note_line(const std::string& h5, const std::string& prefix) {
   return {};
 }
 
+/// A parity file where twin-bf16 sits among the reference lines (so fig_parity draws its zoom panel), with a root
+/// config and a command line far longer than one footer line.
+inline std::string long_parity_file(const TempDir& d) {
+  const std::string h5 = d.file("long.h5");
+  python_ok("import h5py, json, numpy as np\n"
+            "f = h5py.File('" + h5 + "', 'w')\n"
+            "cfg = {'impl-%02d' % i: ['value-%02d-%d' % (i, k) for k in range(6)] for i in range(30)}\n"
+            "cfg['last-key'] = 'the-end'\n"
+            "f.attrs['config'] = json.dumps(cfg)\n"
+            "f.attrs['command_line'] = 'kdalab parity ' + ' '.join('--opt-%02d %d' % (i, i) for i in range(60)) + ' --out tail.h5'\n"
+            "g = f.create_group('parity/table')\n"
+            "g['impl'] = np.array([b'float32', b'float32', b'twin-bf16', b'twin-bf16'])\n"
+            "g['T'] = np.array([64, 256, 64, 256])\n"
+            "g['o_rel_rms'] = np.array([1.2e-7, 1.3e-7, 1.70e-3, 3.75e-3])\n");
+  return h5;
+}
+
 }  // namespace kdalab::testutil
