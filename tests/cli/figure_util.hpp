@@ -24,7 +24,7 @@ inline const char* const kPy = "/usr/bin/python3";
 
 /// True (with a warning) when /usr/bin/python3 lacks h5py or matplotlib: the calling figure test then returns early.
 inline bool skip_without_plotting() {
-  if (run_command(std::string(kPy) + " -c 'import h5py, matplotlib' >/dev/null 2>&1").code == 0) return false;
+  if (run_command(cat({kPy, " -c 'import h5py, matplotlib' >/dev/null 2>&1"})).code == 0) return false;
   WARN("/usr/bin/python3 lacks h5py or matplotlib (scripts/setup.sh installs them): figure tests skipped");
   return true;
 }
@@ -86,7 +86,7 @@ inline int hlines_through(const nlohmann::json& ax, const nlohmann::json& box) {
 /// Runs scripts/<script> on `h5` with --dump only (no image files) and returns the dump; REQUIREs exit 0.
 inline nlohmann::json dump_figure(const TempDir& d, const std::string& script, const std::string& h5) {
   const std::string dump = d.file(script + ".json");
-  const auto r = run_command(std::string(kPy) + " scripts/" + script + " " + h5 + " --dump " + dump);
+  const auto r = run_command(cat({kPy, " scripts/", script, " ", h5, " --dump ", dump}));
   INFO(script << ": " << r.output);
   REQUIRE(r.code == 0);
   return nlohmann::json::parse(slurp(dump));
@@ -105,7 +105,7 @@ inline const nlohmann::json& panel_titled(const nlohmann::json& dump, std::strin
 
 /// Runs a python snippet with h5py and numpy (as np) imported, e.g. to write a hand-made results file; REQUIREs exit 0.
 inline void python_h5(const std::string& code) {
-  const auto r = run_command(std::string(kPy) + " -c \"import h5py, numpy as np\n" + code + "\"");
+  const auto r = run_command(cat({kPy, " -c \"import h5py, numpy as np\n", code, "\""}));
   INFO(code << "\n" << r.output);
   REQUIRE(r.code == 0);
 }
@@ -113,7 +113,7 @@ inline void python_h5(const std::string& code) {
 using nlohmann::json;
 
 /// Runs `/usr/bin/python3 <args>` from the working directory (the repo root under ctest); checks nothing.
-inline RunResult python(const std::string& args) { return run_command(std::string(kPy) + " " + args); }
+inline RunResult python(const std::string& args) { return run_command(cat({kPy, " ", args})); }
 
 /// Runs the Python program `code` (one double-quoted shell word: escape '"' as '\\"') with python3 -c, REQUIREs
 /// exit 0. The tests write their hand-made results files this way, with h5py.
