@@ -303,7 +303,7 @@ TEST_CASE("check --kernel: refused with --op kda-decode and on inputs the kernel
   CHECK(!fs::exists(d / "r.h5"));
   // the golden anchor holds d_k = d_v = 8 and the derived (log-decay) gate: the kernel does not take it. The input
   // is checked first in every build (a build without the kernel says so only for input it takes: exit 3, see
-  // test_cli_finds5.cpp): exit 2, the reason named, no report.
+  // test_exit_not_available.cpp): exit 2, the reason named, no report.
   InputFile f = derived_file();
   f.write(d / "small.h5");
   r = run("check --op kda --kernel --in " + (d / "small.h5").string() + " --out " + (d / "r.h5").string());

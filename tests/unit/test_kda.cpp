@@ -1,5 +1,5 @@
 // Unit tests of reference/kda.hpp: the recurrence in its three forms (product, delta, gradient
-// step), the seed-002 transpose, the special cases, float64 vs the mp50 truth, decode == prefill,
+// step), the d_v x d_k state orientation (its stated transpose), the special cases, float64 vs the mp50 truth, decode == prefill,
 // and bad input (docs/equations.md section 1).
 #include "tests/catch.hpp"
 #include "tests/unit/kda_testutil.hpp"
@@ -38,7 +38,7 @@ TEST_CASE("product form, delta form and gradient-step form agree (K3 Eq. 1)") {
   CHECK(rel_err(Sg, Sd) <= tol::f64_identity.value);
 }
 
-TEST_CASE("seed-002 orientation is the stated transpose S_seed = S^T") {
+TEST_CASE("a state held as d_v x d_k (read o = S k) is the stated transpose S^T of the reference state") {
   const Eigen::Index T = 30, dk = 5, dv = 3;
   const Head h = random_head(32, T, dk, dv);
   Mat<double> S = h.S0, Ss = to_seed_layout(h.S0);
