@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "tests/catch.hpp"
-#include "tests/cli_io/cli_util.hpp"
+#include "tests/cli/cli_util.hpp"
 
 using namespace kdalab::testutil;
 namespace fs = std::filesystem;

@@ -1,5 +1,5 @@
 // bf16 / fp16 rounding: round-to-nearest-even on ties, NaN/Inf, overflow, subnormals, and the
-// double-rounding hazard of the double -> float -> bf16 path (ISSUE 5 "Tests that must hold").
+// double-rounding hazard of the double -> float -> bf16 path.
 #include <cmath>
 #include <cstdint>
 #include <cstring>

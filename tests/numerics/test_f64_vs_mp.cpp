@@ -1,5 +1,5 @@
 // float64 and float32 recurrences against the cpp_bin_float_50 truth on anchor-kda inputs: the proof
-// that lets `kdalab parity` use a float64 truth for long T (ISSUE 5 "The sweep").
+// that lets `kdalab parity` use a float64 truth for long T.
 #include <array>
 
 #include "numerics/metrics.hpp"

@@ -1,4 +1,4 @@
-// Dynamic-range analysis of the factored chunk form (numerics/range.hpp; EQUATIONS.md section 2).
+// Dynamic-range analysis of the factored chunk form (numerics/range.hpp; docs/equations.md section 2).
 #include <cmath>
 
 #include "numerics/random.hpp"

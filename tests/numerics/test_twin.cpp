@@ -1,5 +1,5 @@
 // The KDA kernel twin (numerics/kda_twin.hpp): float64 identity with the recurrence, and the
-// accuracy of the precision plans on the ANCHORS.md anchor-kda cases (the T = 4096 case is in
+// accuracy of the precision plans on the anchor-kda cases (data/golden/kda_recurrent.h5) (the T = 4096 case is in
 // test_twin_slow.cpp).
 #include <cstdio>
 

@@ -1,4 +1,4 @@
-// Attention Residuals identities (ISSUE 4): block AttnRes with one source per block == full AttnRes;
+// Attention Residuals identities: block AttnRes with one source per block == full AttnRes;
 // w_l = 0 gives the uniform average; the online-softmax merge == a direct softmax over all sources;
 // block semantics (completed block sums + partial sum) written out; mp50; errors.
 #include <cmath>

@@ -1,5 +1,5 @@
 // Unit tests of reference/gate.hpp: the K3 bounded gate and the Kimi Linear softplus gate
-// (EQUATIONS.md section 2; K3 report Eqs. 2, 5).
+// (docs/equations.md section 2; K3 report Eqs. 2, 5).
 #include "tests/catch.hpp"
 #include "tests/unit/kda_testutil.hpp"
 

@@ -1,4 +1,4 @@
-// The whole hybrid (ISSUE 4): token-by-token decode == prefill for T = 1, 7, 64, 200 on toy.json
+// The whole hybrid: token-by-token decode == prefill for T = 1, 7, 64, 200 on toy.json
 // (<= 1e-11 in double), chunked prefill == prefill, every residual mode and granularity, block
 // AttnRes with one layer per block == full at the model level, cpp_bin_float_50 vs double, errors.
 #include <string>

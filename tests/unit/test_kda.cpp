@@ -1,6 +1,6 @@
 // Unit tests of reference/kda.hpp: the recurrence in its three forms (product, delta, gradient
-// step), the seed-002 transpose, the special cases, float64 vs the mp50 truth, decode == prefill,
-// and bad input (EQUATIONS.md section 1).
+// step), the d_v x d_k state orientation (its stated transpose), the special cases, float64 vs the mp50 truth, decode == prefill,
+// and bad input (docs/equations.md section 1).
 #include "tests/catch.hpp"
 #include "tests/unit/kda_testutil.hpp"
 
@@ -17,7 +17,7 @@ Head random_head(std::uint64_t seed, Eigen::Index T, Eigen::Index dk, Eigen::Ind
 }
 }  // namespace
 
-TEST_CASE("product form, delta form and gradient-step form agree (K3 Eq. 1; seed 000)") {
+TEST_CASE("product form, delta form and gradient-step form agree (K3 Eq. 1)") {
   const Eigen::Index T = 60, dk = 6, dv = 5;
   const Head h = random_head(31, T, dk, dv);
   Mat<double> Sd = h.S0, Sp = h.S0, Sg = h.S0;
@@ -38,7 +38,7 @@ TEST_CASE("product form, delta form and gradient-step form agree (K3 Eq. 1; seed
   CHECK(rel_err(Sg, Sd) <= tol::f64_identity.value);
 }
 
-TEST_CASE("seed-002 orientation is the stated transpose S_seed = S^T") {
+TEST_CASE("a state held as d_v x d_k (read o = S k) is the stated transpose S^T of the reference state") {
   const Eigen::Index T = 30, dk = 5, dv = 3;
   const Head h = random_head(32, T, dk, dv);
   Mat<double> S = h.S0, Ss = to_seed_layout(h.S0);
@@ -53,7 +53,7 @@ TEST_CASE("seed-002 orientation is the stated transpose S_seed = S^T") {
   CHECK(rel_err<double>(Ss, to_seed_layout(S)) <= tol::f64_identity.value);
 }
 
-TEST_CASE("special cases reduce correctly (EQUATIONS.md section 1)") {
+TEST_CASE("special cases reduce correctly (docs/equations.md section 1)") {
   const std::size_t T = 25, H = 2, HV = 2, dk = 4, dv = 3;
   const Problem p = make_problem(33, 1, T, H, HV, dk, dv);
   const auto run = [&](const Tensor<double>& g, const Tensor<double>& beta, KdaVariant var) {

@@ -1,7 +1,7 @@
 // Unit tests of reference/kda_chunk.hpp: the chunkwise UT/WY form equals the recurrence for any
 // C and T, in float64 and (small cases) cpp_bin_float_50; the 16x16 inverse by forward substitution
 // and by the Neumann product; the [-1, 1] bound of the inverse; the factored-span refusal; varlen
-// and decode after a chunked prefill (EQUATIONS.md section 4). The full mp50 grid is in
+// and decode after a chunked prefill (docs/equations.md section 4). The full mp50 grid is in
 // test_kda_chunk_slow.cpp.
 #include "tests/catch.hpp"
 #include "tests/unit/kda_testutil.hpp"

@@ -1,6 +1,6 @@
 // Slow (label `slow`): chunked == recurrent in cpp_bin_float_50 over the full grid
 // C in {1, 2, 3, 16, 32, 64, 128} x T in {1, 15, 16, 17, 100, 257}, both inverse methods,
-// d_k = d_v = 8, grouped value heads (H = 1, HV = 2), initial state (EQUATIONS.md section 4).
+// d_k = d_v = 8, grouped value heads (H = 1, HV = 2), initial state (docs/equations.md section 4).
 #include "tests/catch.hpp"
 #include "tests/unit/kda_testutil.hpp"
 

@@ -1,5 +1,5 @@
 // The segment decomposition behind the segment-parallel state pass of the KDA prefill (v5,
-// kernels/kda_prefill.cu; ISSUE 6 "parallelism for long T with few heads"), proved on the float64
+// kernels/kda_prefill.cu; parallelism for long T with few heads), proved on the float64
 // reference recurrence (reference/kda.hpp, K3 report Eq. 1) before any kernel relies on it:
 //   each step S_t = (I - beta_t k_t k_t^T) Diag(alpha_t) S_{t-1} + beta_t k_t v_t^T is affine in S, so over a
 //   segment of tokens [t0, t1): S_{t1} = A_seg S_{t0} + B_seg with
@@ -150,7 +150,7 @@ TEST_CASE("twin segment mode: fp64 plan equals the one-shot twin; kernel plan st
       CHECK(ms.rel_rms <= 1e-12);
     }
   }
-  SECTION("kernel plan on the ANCHORS.md cases (d = 128): segment scan cost in accuracy") {
+  SECTION("kernel plan on the anchor-kda cases (d = 128): segment scan cost in accuracy") {
     // cs[4] = 1: the long-memory variant of the inputs (the combine matters there)
     const std::size_t cases[][5] = {{1, 17, 1, 2, 0},  {3, 64, 1, 3, 0},   {1, 300, 2, 4, 0},
                                     {1, 1000, 4, 4, 0}, {1, 300, 1, 4, 1}, {1, 1000, 1, 8, 1}};
@@ -170,7 +170,7 @@ TEST_CASE("twin segment mode: fp64 plan equals the one-shot twin; kernel plan st
                   cs[4] ? "long-memory " : "anchor ", cs[0], cs[1], cs[2], cs[3], m2.rel_rms, m1.rel_rms, d_os, s2.rel_rms,
                   s1.rel_rms);
       CAPTURE(cs[1], cs[4], m1.rel_rms, m2.rel_rms, s1.rel_rms, s2.rel_rms);
-      if (!cs[4]) {  // the anchor cases: the goals of ISSUE 6
+      if (!cs[4]) {  // the anchor cases: the accuracy goals of docs/kernels/kda_prefill.md
         CHECK(m2.rel_rms <= tol::kda_bf16_goal.value);
         CHECK(s2.rel_rms <= tol::kda_twin_state.value);
       }

@@ -1,5 +1,5 @@
 // Unit tests of reference/layers.hpp: ShortConv (causal, tail cache), Swish, L2Norm, RMSNorm,
-// output gate (EQUATIONS.md section 3).
+// output gate (docs/equations.md section 3).
 #include "tests/catch.hpp"
 #include "tests/unit/kda_testutil.hpp"
 

@@ -1,4 +1,4 @@
-// Gated MLA identities (ISSUE 4): absorbed == naive, streaming (online softmax) == full softmax,
+// Gated MLA identities: absorbed == naive, streaming (online softmax) == full softmax,
 // decode over the latent cache == prefill, an independent loop-by-loop evaluation of the equations,
 // cpp_bin_float_50 vs double, cache footprint numbers and the errors bad input must raise.
 #include <cmath>
@@ -37,7 +37,7 @@ MlaConfig small_cfg(bool rope, std::size_t d_rope, std::size_t d_cq, bool gate) 
 }
 
 std::vector<MlaConfig> variants() {
-  return {small_cfg(false, 0, 0, true),   // pure latent, NoPE, gated (K3, EQUATIONS.md section 5)
+  return {small_cfg(false, 0, 0, true),   // pure latent, NoPE, gated (K3, docs/equations.md section 5)
           small_cfg(false, 4, 0, false),  // shared k^R unrotated, no gate (Kimi Linear, mla_use_nope)
           small_cfg(true, 4, 8, true),    // DeepSeek-V2 decoupled RoPE, low-rank q, gated
           small_cfg(true, 2, 0, false)};
@@ -48,7 +48,7 @@ MlaWeights<double> weights(const MlaConfig& c, std::uint64_t seed) {
   return mla_random_weights<double>(c, [&] { return rng.normal(); }, 0.0);
 }
 
-/// The equations of EQUATIONS.md section 5 written out with scalar loops, independent of mla.hpp's
+/// The equations of docs/equations.md section 5 written out with scalar loops, independent of mla.hpp's
 /// matrix code (only rope_rotate is shared).
 Mat<double> mla_by_loops(const MlaConfig& c, const MlaWeights<double>& w, const Mat<double>& X) {
   const std::size_t T = X.rows(), d = c.hidden, dqk = c.d_nope + c.d_rope;
@@ -202,7 +202,7 @@ TEST_CASE("MLA cache footprint per token: Kimi Linear 48B shapes", "[mla]") {
   CHECK(mla_cache_values_per_token(c) == 576);
   CHECK(mha_cache_values_per_token(c) == 32 * (192 + 128));
   CHECK(kda_state_values(32, 128, 128, 4) == 32 * 128 * 128 + 3 * 32 * (128 + 128 + 128));
-  c.d_rope = 0; c.d_v = 128;  // pure NoPE MLA: d_c vs 2 n_h d_h (EQUATIONS.md section 5)
+  c.d_rope = 0; c.d_v = 128;  // pure NoPE MLA: d_c vs 2 n_h d_h (docs/equations.md section 5)
   CHECK(mla_cache_values_per_token(c) == 512);
   CHECK(mha_cache_values_per_token(c) == 2 * 32 * 128);
 }

@@ -1,4 +1,4 @@
-// Model configs (ISSUE 4): the shipped configs load with the published shapes; a user's own
+// Model configs: the shipped configs load with the published shapes; a user's own
 // config.json loads the same way (unknown keys ignored, text_config nesting, 0-based ids); missing
 // or inconsistent keys give kdalab::Error naming the key. Cache footprint of Kimi Linear 48B.
 #include <filesystem>

@@ -1,0 +1,195 @@
+// bench's own options: options and shape fields the chosen op ignores are refused naming the option and its ops;
+// --shapes edge cases (trailing separators, empty, 2^31, too large, trailing garbage) are refused with what is
+// accepted; option combinations the kernels cannot run are refused (exit 2).
+#include <H5Cpp.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/catch.hpp"
+#include "tests/cli/cli_util.hpp"
+
+namespace fs = std::filesystem;
+using namespace kdalab::testutil;
+
+TEST_CASE("bench: options and shape fields the chosen op ignores are refused, naming the option and its ops",
+          "[bench]") {
+  TempDir d;
+  struct Case {
+    std::string args, says;
+  };
+  std::vector<Case> cases = {
+      {"--op kda-prefill --variant 4", "--variant 4 applies to --op mla-decode"},
+      {"--op attn-res --variant 1", "--variant 1 applies to --op mla-decode"},
+      {"--op kda-decode --prefix 16", "--prefix 16 applies to --op mla-prefill"},
+      {"--op mla-decode --prefix 16", "--prefix 16 applies to --op mla-prefill"},
+      {"--op mla-decode --shapes 1:64:2:4", "HV = 4 != H = 2"},
+      {"--op mla-prefill --shapes 1:64:2:4", "HV = 4 != H = 2"},
+      {"--op attn-res --shapes 9:16:64:64", "S:T:d"},
+  };
+  // --segments, --overlap, --variants act on kda-prefill only: refused with every other single op
+  for (const std::string op : {"kda-decode", "mla-decode", "mla-prefill", "attn-res"})
+    for (const std::string given : {"--segments 2", "--segments 1", "--overlap 0", "--overlap 2", "--variants"})
+      cases.push_back({"--op " + op + " " + given, given + " applies to --op kda-prefill (or all) only, not --op " + op});
+  for (const auto& c : cases) {
+    const auto r = run_kdalab("bench " + c.args + " --out " + d.file("b.h5"));
+    INFO(c.args << "\n" << r.output);
+    CHECK(r.code == 2);
+    CHECK(has(r, c.says));
+    CHECK(!has(r, "not available"));
+    CHECK(!fs::exists(d.file("b.h5")));
+  }
+  // what applies is still accepted (--variants on a default shape)
+  for (const std::string& args : {std::string("--op mla-decode --variant 4 --shapes 1:64:16"),
+                                  std::string("--op mla-prefill --prefix 16 --shapes 1:64:2:2"),
+                                  std::string("--op kda-prefill --variant 6 --shapes 1:16:1:2"),  // the default variant: not "set"
+                                  std::string("--op kda-prefill --segments 1 --overlap 0 --variants --shapes 4:4096:16:32"),
+                                  std::string("--op kda-decode --segments 0 --overlap 1 --shapes 1:1:2")}) {
+    const auto r = run_kdalab("bench " + args + " --iters 1 --warmup 0 --out " + d.file("b.h5"));
+    INFO(args << "\n" << r.output);
+    CHECK(bench_valid_exit(r));
+    fs::remove(d.file("b.h5"));
+  }
+  // --op all takes every one of them (each acts on its op's rows): the run gets as far as --out, the last check,
+  // in every build and without any GPU work
+  // (--segments 1, not 2: forced segments are refused up front with the default D = 256 row, tested below)
+  const auto r = run_kdalab("bench --op all --variant 4 --prefix 16 --segments 1 --overlap 2 --variants --out " +
+                            d.file("no/such/folder/b.h5"));
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(has(r, "--out"));
+  CHECK(has(r, "does not exist"));
+  CHECK(!has(r, "applies to"));
+  // --help says which ops each takes: test_bench_cli.cpp
+}
+
+TEST_CASE("bench --shapes: trailing ',' or ':', empty, 2^31 and too-large fields refused with what is accepted",
+          "[bench]") {
+  TempDir d;
+  struct Case {
+    std::string args, says;
+  };
+  const std::vector<Case> cases = {
+      {"--op kda-prefill --shapes 1:16:1,", "ends with ','"},
+      {"--op kda-prefill --shapes 1:16:1:", "ends with ':'"},
+      {"--op kda-prefill --shapes ''", "leave it out for the default"},
+      {"--op kda-prefill --shapes 1:2147483648:1", "too large (2^31 - 1 at most)"},
+      {"--op kda-prefill --shapes 1:99999999999999999999:1", "too large"},
+      {"--op kda-prefill --shapes 1:x:1", "B:T:H[:HV[:D]]"},
+      {"--op kda-decode --shapes 1:1:z", "B:T:H[:HV[:D]]"},
+      {"--op mla-decode --shapes 1:x:1", "B:N:H"},
+  };
+  for (const auto& c : cases) {
+    const auto r = run_kdalab("bench " + c.args + " --out " + d.file("b.h5"));
+    INFO(c.args << "\n" << r.output);
+    CHECK(r.code == 2);
+    CHECK(has(r, "--shapes"));
+    CHECK(has(r, c.says));
+  }
+  d.write("c.json", R"({"op": "kda-prefill", "shapes": ""})");
+  auto r = run_kdalab("bench --config " + d.file("c.json") + " --out " + d.file("b.h5"));
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(has(r, "leave it out"));
+  // 2^31 - 1 is the limit and accepted by the parser (a CPU build then says it cannot run: exit 3)
+#ifndef KDALAB_HAVE_CUDA
+  r = run_kdalab("bench --op kda-prefill --shapes 1:16:2147483647 --out " + d.file("b.h5"));
+  INFO(r.output);
+  CHECK(r.code == 3);
+#endif
+}
+
+TEST_CASE("bench: --segments >= 2 with a D = 256 kda-prefill shape and --variants without a D = 128 shape are refused up front",
+          "[bench]") {
+  // refused before any GPU work: --segments 2 on the default shapes reaches the D = 256 row, which the kernel would
+  // refuse mid-run (rows lost); --variants with only D != 128 shapes would do nothing
+  TempDir d;
+  struct Case {
+    std::string args, says;
+  };
+  for (const Case& c : {Case{"--op kda-prefill --segments 2", "a default shape"},
+                        Case{"--op all --segments 3", "a default shape"},
+                        // the hint must not send --op all to --shapes (which needs a single --op)
+                        Case{"--op all --segments 2", "--op kda-prefill with --shapes without D = 256"},
+                        Case{"--op kda-prefill --segments 2 --shapes 1:4096:2:2:256", "shape 1:4096:2:2:256"},
+                        Case{"--op kda-prefill --variants --shapes 1:4096:2:2:64,1:64:1:1:256", "D = 128 only"}}) {
+    const auto r = run_kdalab("bench " + c.args + " --out " + d.file("b.h5"));
+    INFO(c.args << "\n" << r.output);
+    CHECK(r.code == 2);
+    CHECK(has(r, c.says));
+    CHECK(!fs::exists(d.file("b.h5")));
+  }
+  // what can act is accepted: forced segments without D = 256 rows, --segments 1 with them, --variants with a D = 128
+  // row (the run then gets as far as --out, the last check)
+  for (const std::string args : {"--op kda-prefill --segments 2 --shapes 1:4096:2:2:64,1:4096:2", "--op all --segments 1",
+                                 "--op kda-prefill --variants --shapes 1:64:1:1:256,1:64:1"}) {
+    const auto r = run_kdalab("bench " + args + " --out " + d.file("no/such/folder/b.h5"));
+    INFO(args << "\n" << r.output);
+    CHECK(r.code == 2);
+    CHECK(has(r, "does not exist"));
+  }
+}
+
+TEST_CASE("bench: --shapes with trailing garbage and a missing --compare file are bad input", "[bench]") {
+  TempDir d;
+  auto r = run_kdalab("bench --op kda-prefill --shapes 1x:2:3 --out " + d.file("b.h5"));
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(r.output.find("'1x'") != std::string::npos);
+  r = run_kdalab("bench --op kda-prefill --compare " + d.file("none.h5") + " --out " + d.file("b.h5"));
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(r.output.find("--compare") != std::string::npos);
+  // several baselines / peers: the second, missing one is named (the first exists)
+  r = run_kdalab("bench --op kda-prefill --compare data/baselines/h200-kda.h5 --compare " + d.file("none2.h5") +
+                 " --out " + d.file("b.h5"));
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(r.output.find("none2.h5") != std::string::npos);
+  {
+    std::ofstream(d.file("p1.json")) << "{\"kda-prefill B=1 T=8192 H=64 HV=64\": 2.0}";
+    std::ofstream(d.file("p2.json")) << "[1, 2]";
+  }
+  r = run_kdalab("bench --op kda-prefill --peer-json " + d.file("p1.json") + " --peer-json " + d.file("p2.json") +
+                 " --out " + d.file("b.h5"));
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(r.output.find("p2.json") != std::string::npos);
+  CHECK(!std::filesystem::exists(d.file("b.h5")));
+  // a peer file whose name starts with "inf" is a file name, not a number
+  std::ofstream(d.file("info.json")) << "{}";
+  // (valid options: exit 3 "not available" in a CPU build; a tiny shape so that a GPU run is quick)
+  const std::string tiny = " --shapes 1:16:1 --iters 1 --warmup 0";
+  r = run_kdalab("bench --op kda-prefill --peer-json " + d.file("info.json") + tiny + " --out " + d.file("b.h5"));
+  INFO(r.output);
+  CHECK(bench_valid_exit(r));
+  std::filesystem::remove(d.file("b.h5"));  // a GPU run wrote it
+  // a peer time that is not a number, or the same key in two peer files, is bad input; _metadata is skipped
+  std::ofstream(d.file("p3.json")) << R"({"kda-prefill B=1 T=8192 H=64 HV=64": "fast"})";
+  r = run_kdalab("bench --op kda-prefill --peer-json " + d.file("p3.json") + " --out " + d.file("b.h5"));
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(r.output.find("\"fast\"") != std::string::npos);
+  std::ofstream(d.file("p4.json")) << R"({"kda-prefill B=1 T=8192 H=64 HV=64": 1.5, "_meta": {"x": "y"}})";
+  r = run_kdalab("bench --op kda-prefill --peer-json " + d.file("p1.json") + " --peer-json " + d.file("p4.json") +
+                 " --out " + d.file("b.h5"));
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(r.output.find("two peer files") != std::string::npos);
+  r = run_kdalab("bench --op kda-prefill --peer-json " + d.file("p4.json") + tiny + " --out " + d.file("b.h5"));
+  INFO(r.output);
+  CHECK(bench_valid_exit(r));
+  std::filesystem::remove(d.file("b.h5"));
+  // a --compare file that is not HDF5 is named with the option
+  std::ofstream(d.file("not.h5")) << "plain text";
+  r = run_kdalab("bench --op kda-prefill --compare " + d.file("not.h5") + " --out " + d.file("b.h5"));
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(r.output.find("--compare") != std::string::npos);
+}

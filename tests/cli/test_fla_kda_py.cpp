@@ -1,0 +1,186 @@
+// bench/fla_kda.py (the fla peer harness) follows kdalab's output rule: --json and the check files in --check-dir
+// are never overwritten without --force (one line naming the option and path, exit 2, nothing written), their
+// folders must exist; --dry-run checks the same paths; --help and --dry-run import neither torch nor fla.
+// Runs python3 from the PATH; skipped (with a warning) without it. The fla tree and torch here are fakes whose import
+// raises, so an import would show as exit 1.
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/catch.hpp"
+#include "tests/cli/cli_util.hpp"
+
+namespace fs = std::filesystem;
+using namespace kdalab::testutil;
+
+
+namespace {
+
+bool have_python3() { return run_command("command -v python3 >/dev/null").code == 0; }
+
+/// A temp folder with fake/torch (raises on import) and fla/fla/ops/kda/__init__.py (raises on import).
+struct Fakes {
+  TempDir d;
+  Fakes() {
+    fs::create_directories(d.path / "fake" / "torch");
+    fs::create_directories(d.path / "fla" / "fla" / "ops" / "kda");
+    fs::create_directories(d.path / "out");
+    std::ofstream(d.path / "fake" / "torch" / "__init__.py") << "raise RuntimeError('torch was imported')\n";
+    std::ofstream(d.path / "fla" / "fla" / "ops" / "kda" / "__init__.py") << "raise RuntimeError('fla was imported')\n";
+  }
+  std::string out(const std::string& name) const { return (d.path / "out" / name).string(); }
+  /// python3 bench/fla_kda.py --fla-path <fake fla> <args>, with the fake torch first on the import path
+  RunResult run(const std::string& args) const {
+    return run_command("PYTHONPATH=" + (d.path / "fake").string() + " python3 bench/fla_kda.py --fla-path " +
+                       (d.path / "fla").string() + " " + args);
+  }
+  std::size_t out_count() const {
+    std::size_t n = 0;
+    for ([[maybe_unused]] const auto& e : fs::directory_iterator(d.path / "out")) ++n;
+    return n;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("fla_kda.py: --help and --dry-run need neither torch nor fla; --dry-run writes nothing", "[fla][python]") {
+  if (!have_python3()) {
+    WARN("python3 is not on the PATH: bench/fla_kda.py tests skipped");
+    return;
+  }
+  Fakes f;
+  auto r = f.run("--help");
+  INFO(r.output);
+  CHECK(r.code == 0);
+  CHECK(has(r, "--force"));
+  CHECK(has(r, "--dry-run"));
+  r = f.run("--dry-run --json " + f.out("t.json") + " --check-dir " + f.out("chk"));
+  INFO(r.output);
+  CHECK(r.code == 0);
+  CHECK(has(r, "t.json (new)"));
+  CHECK(has(r, "(folder created)"));
+  CHECK(!has(r, "RuntimeError"));  // a fake torch or fla module was imported
+  CHECK(f.out_count() == 0);  // neither the JSON nor the check folder
+  // fla's path is still checked by --dry-run
+  r = run_command("python3 bench/fla_kda.py --dry-run --fla-path " + f.out("no-fla") + " --json " + f.out("t.json"));
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(has(r, "--fla-path"));
+}
+
+TEST_CASE("fla_kda.py: an existing --json is refused without --force (exit 2, untouched), dry run or not",
+          "[fla][python]") {
+  if (!have_python3()) {
+    WARN("python3 is not on the PATH: bench/fla_kda.py tests skipped");
+    return;
+  }
+  Fakes f;
+  std::ofstream(f.out("t.json")) << "{\"old\": 1}\n";
+  for (const std::string& dry : {std::string("--dry-run "), std::string()}) {
+    const auto r = f.run(dry + "--ops kda-decode --json " + f.out("t.json"));
+    INFO(dry << "\n" << r.output);
+    CHECK(r.code == 2);  // before torch is imported (the fake would make it exit 1)
+    CHECK(has(r, "--json"));
+    CHECK(has(r, f.out("t.json")));
+    CHECK(has(r, "--force"));
+    CHECK(!has(r, "RuntimeError"));  // a fake torch or fla module was imported
+  }
+  CHECK(slurp(f.out("t.json")) == "{\"old\": 1}\n");
+  auto r = f.run("--dry-run --ops kda-decode --force --json " + f.out("t.json"));
+  INFO(r.output);
+  CHECK(r.code == 0);
+  CHECK(has(r, "overwritten: --force"));
+  CHECK(slurp(f.out("t.json")) == "{\"old\": 1}\n");
+  // its folder must exist; a folder is not a file name
+  r = f.run("--dry-run --ops kda-decode --json " + f.out("no/such/t.json"));
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(has(r, "--json"));
+  CHECK(has(r, "does not exist"));
+  r = f.run("--dry-run --ops kda-decode --json " + f.out(""));
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(has(r, "is a directory"));
+  CHECK(f.out_count() == 1);
+}
+
+TEST_CASE("fla_kda.py: an existing check file in --check-dir is refused without --force", "[fla][python]") {
+  if (!have_python3()) {
+    WARN("python3 is not on the PATH: bench/fla_kda.py tests skipped");
+    return;
+  }
+  Fakes f;
+  fs::create_directories(f.out("chk"));
+  std::ofstream(f.out("chk/fla_kda_B1_T300_H2.h5")) << "old";
+  for (const std::string& dry : {std::string("--dry-run "), std::string()}) {
+    const auto r = f.run(dry + "--json " + f.out("t.json") + " --check-dir " + f.out("chk"));
+    INFO(dry << "\n" << r.output);
+    CHECK(r.code == 2);
+    CHECK(has(r, "--check-dir"));
+    CHECK(has(r, "fla_kda_B1_T300_H2.h5"));
+    CHECK(has(r, "--force"));
+  }
+  CHECK(slurp(f.out("chk/fla_kda_B1_T300_H2.h5")) == "old");
+  CHECK(!fs::exists(f.out("t.json")));  // nothing written
+  // without --ops check the folder is not used; with --force the plan says what is overwritten
+  auto r = f.run("--dry-run --ops kda-prefill,kda-decode --json " + f.out("t.json") + " --check-dir " + f.out("chk"));
+  INFO(r.output);
+  CHECK(r.code == 0);
+  r = f.run("--dry-run --force --json " + f.out("t.json") + " --check-dir " + f.out("chk"));
+  INFO(r.output);
+  CHECK(r.code == 0);
+  CHECK(has(r, "1 of 5 overwritten: --force"));
+  // a file where the folder should be; a missing parent folder
+  std::ofstream(f.out("plain")) << "x";
+  r = f.run("--dry-run --json " + f.out("t.json") + " --check-dir " + f.out("plain"));
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(has(r, "is not a folder"));
+  r = f.run("--dry-run --json " + f.out("t.json") + " --check-dir " + f.out("no/such/chk"));
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(has(r, "--check-dir"));
+  CHECK(has(r, "does not exist"));
+  CHECK(f.out_count() == 2);  // chk and plain
+}
+
+TEST_CASE("fla_kda.py: shapes, --time-budget, --seed and paths through a file are usage errors (exit 2, no traceback)",
+          "[fla][python]") {
+  if (!have_python3()) {
+    WARN("python3 is not on the PATH: bench/fla_kda.py tests skipped");
+    return;
+  }
+  Fakes f;
+  std::ofstream(f.out("afile")) << "x";
+  struct Case {
+    std::string args, says;
+  };
+  const std::vector<Case> cases = {
+      {"--prefill-shapes 1:\xc2\xb2:1", "is not B:T:H"},  // '²': isdigit() but not an int() number
+      {"--prefill-shapes 1:8192:32:32:64", "D = d_k = d_v = 128 only"},
+      {"--decode-shapes 256:1:32:32:256", "no fla peer"},
+      {"--time-budget nan", "finite and > 0"},
+      {"--time-budget inf", "finite and > 0"},
+      {"--time-budget 0", "finite and > 0"},
+      {"--seed -1", "[0, 2^63 - 1]"},
+      {"--seed 9223372036854775808", "[0, 2^63 - 1]"},
+      {"--check-dir " + f.out("afile/sub"), "is a file, not a folder"},
+      {"--ops kda-decode --json " + f.out("afile/t.json"), "is a file, not a folder"},
+  };
+  for (const auto& c : cases) {
+    const auto r = f.run("--dry-run --json " + f.out("t.json") + " " + c.args);
+    INFO(c.args << "\n" << r.output);
+    CHECK(r.code == 2);
+    CHECK(has(r, c.says));
+    CHECK(!has(r, "Traceback"));
+  }
+  const auto r = f.run("--dry-run --json " + f.out("t.json") + " --check-dir " + f.out("chk") +
+                       " --seed 9223372036854775807 --time-budget 30 --iters 1");
+  INFO(r.output);
+  CHECK(r.code == 0);
+  const auto h = f.run("--help");
+  CHECK(has(h, "(>= 1; use 50 or more for the record)"));
+  CHECK(f.out_count() == 1);  // afile only
+}

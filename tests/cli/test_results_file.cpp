@@ -1,0 +1,128 @@
+// The HDF5 results writer: root attributes and tables round-trip; a failed run leaves no file and never touches an
+// old one; tables reject rows that do not fit; progress lines off a terminal.
+#include <cstdio>
+#include <filesystem>
+
+#include "experiments/progress.hpp"
+#include "experiments/results.hpp"
+#include "reference/error.hpp"
+#include "tests/catch.hpp"
+#include "tests/cli/cli_util.hpp"
+
+using kdalab::testutil::TempDir;
+using namespace kdalab::testutil;
+using namespace kdalab;
+
+
+namespace {
+Table sample_table() {
+  Table t;
+  t.col("T", 'i', "1", "sequence length").col("rel_rms", 'd', "1", "relative RMS error").col("impl", 's', "1", "implementation");
+  t.row({std::int64_t{17}, 1.5e-3, std::string("float64")});
+  t.row({std::int64_t{4096}, 2.5e-3, std::string("twin-bf16")});
+  return t;
+}
+}  // namespace
+
+TEST_CASE("root attributes and a table round-trip through HDF5", "[results]") {
+  TempDir d;
+  const std::string p = d.file("r.h5");
+  {
+    ResultsFile f(p, false, RunInfo{"kdalab test --x 1", R"({"x":"1"})", "42"});
+    f.group("exp", "an experiment");
+    f.write_table("exp/table", sample_table());
+    Tensor<double> a({2, 3});
+    for (std::size_t i = 0; i < 6; ++i) a.data[i] = 0.5 * static_cast<double>(i);
+    f.write_array("exp", "array", a, "s", "a 2x3 array", {{"format", "bf16"}});
+    f.attr("exp", "note", "hello");
+    f.attr("exp/array", "scale", 0.125);
+    f.commit();
+  }
+  CHECK(h5read::attr_string(p, "/", "software") == "kdalab");
+  CHECK(h5read::attr_string(p, "/", "software_version") == software_version());
+  CHECK(h5read::attr_string(p, "/", "git_sha") == git_sha());
+  CHECK(h5read::attr_string(p, "/", "date").size() == 20);
+  CHECK(h5read::attr_string(p, "/", "command_line") == "kdalab test --x 1");
+  CHECK(h5read::attr_string(p, "/", "config") == R"({"x":"1"})");
+  CHECK(h5read::attr_string(p, "/", "host") == host_name());
+  CHECK(h5read::attr_string(p, "/", "device").find("CPU") != std::string::npos);
+  CHECK(h5read::attr_string(p, "/", "seed") == "42");
+  CHECK(h5read::attr_string(p, "exp", "description") == "an experiment");
+  CHECK(h5read::attr_string(p, "exp", "note") == "hello");
+  const auto T = h5read::array(p, "exp/table/T");
+  REQUIRE(T.numel() == 2);
+  CHECK(T.data[1] == 4096);
+  CHECK(h5read::array(p, "exp/table/rel_rms").data[0] == 1.5e-3);
+  CHECK(h5read::strings(p, "exp/table/impl") == std::vector<std::string>{"float64", "twin-bf16"});
+  CHECK(h5read::attr_string(p, "exp/table/rel_rms", "units") == "1");
+  CHECK(h5read::attr_string(p, "exp/table/rel_rms", "description") == "relative RMS error");
+  const auto arr = h5read::array(p, "exp/array");
+  CHECK(arr.shape == std::vector<std::size_t>{2, 3});
+  CHECK(arr(1, 2) == 2.5);
+  CHECK(h5read::attr_string(p, "exp/array", "format") == "bf16");
+  CHECK(h5read::attr_double(p, "exp/array", "scale") == 0.125);
+  CHECK_THROWS_AS(h5read::array(p, "exp/missing"), Error);
+  CHECK_THROWS_AS(h5read::attr_string(p, "/", "missing"), Error);
+}
+
+TEST_CASE("a failed run leaves no file, and never touches an old one", "[results]") {
+  TempDir d;
+  const std::string p = d.file("r.h5");
+  try {
+    ResultsFile f(p, false, RunInfo{"x", "{}", "1"});
+    f.write_table("g/t", sample_table());
+    throw std::runtime_error("simulated failure in the middle of a run");
+  } catch (const std::runtime_error&) {
+  }
+  CHECK(d.count() == 0);  // neither the file nor its temporary
+  {
+    ResultsFile f(p, false, RunInfo{"first", "{}", "1"});
+    f.commit();
+  }
+  CHECK_THROWS_AS(ResultsFile(p, false, RunInfo{"second", "{}", "1"}), Error);
+  try {
+    ResultsFile f(p, true, RunInfo{"third", "{}", "1"});
+    throw std::runtime_error("failure with --force");
+  } catch (const std::runtime_error&) {
+  }
+  CHECK(h5read::attr_string(p, "/", "command_line") == "first");
+  CHECK(d.count() == 1);
+}
+
+TEST_CASE("tables reject rows that do not fit", "[results]") {
+  Table t = sample_table();
+  CHECK_THROWS_AS(t.row({1.0}), Error);
+  CHECK_THROWS_AS(t.row({std::int64_t{1}, std::string("x"), std::string("y")}), Error);
+}
+
+TEST_CASE("progress off a terminal prints plain lines, and nothing when quiet", "[results]") {
+  ::setenv("KDALAB_PROGRESS_INTERVAL", "0", 1);
+  std::FILE* f = std::tmpfile();
+  REQUIRE(f != nullptr);
+  {
+    Progress p("work", 4, false, f);
+    for (int i = 0; i < 4; ++i) p.tick(1, "item");
+  }
+  std::FILE* q = std::tmpfile();
+  {
+    Progress p("work", 4, true, q);
+    for (int i = 0; i < 4; ++i) p.tick();
+  }
+  auto slurp = [](std::FILE* fp) {
+    std::string s;
+    std::rewind(fp);
+    int c;
+    while ((c = std::fgetc(fp)) != EOF) s.push_back(static_cast<char>(c));
+    return s;
+  };
+  const std::string out = slurp(f), quiet = slurp(q);
+  std::fclose(f);
+  std::fclose(q);
+  ::unsetenv("KDALAB_PROGRESS_INTERVAL");
+  INFO(out);
+  CHECK(out.find('\r') == std::string::npos);
+  CHECK(out.find("100.0%") != std::string::npos);
+  CHECK(out.find("ETA") != std::string::npos);
+  CHECK(std::count(out.begin(), out.end(), '\n') >= 4);
+  CHECK(quiet.empty());
+}
