@@ -25,17 +25,15 @@ TEST_CASE("bench: options and shape fields the chosen op ignores are refused, na
     std::string args, says;
   };
   std::vector<Case> cases = {
-      {"--op kda-prefill --variant 4", "--variant 4 applies to --op mla-decode"},
-      {"--op attn-res --variant 1", "--variant 1 applies to --op mla-decode"},
       {"--op kda-decode --prefix 16", "--prefix 16 applies to --op mla-prefill"},
       {"--op mla-decode --prefix 16", "--prefix 16 applies to --op mla-prefill"},
       {"--op mla-decode --shapes 1:64:2:4", "HV = 4 != H = 2"},
       {"--op mla-prefill --shapes 1:64:2:4", "HV = 4 != H = 2"},
       {"--op attn-res --shapes 9:16:64:64", "S:T:d"},
   };
-  // --segments, --overlap, --variants act on kda-prefill only: refused with every other single op
+  // --state-pass, --segments, --overlap act on kda-prefill only: refused with every other single op
   for (const std::string op : {"kda-decode", "mla-decode", "mla-prefill", "attn-res"})
-    for (const std::string given : {"--segments 2", "--segments 1", "--overlap 0", "--overlap 2", "--variants"})
+    for (const std::string given : {"--state-pass mma", "--segments 2", "--segments 1", "--overlap off"})
       cases.push_back({"--op " + op + " " + given, given + " applies to --op kda-prefill (or all) only, not --op " + op});
   for (const auto& c : cases) {
     const auto r = run_kdalab("bench " + c.args + " --out " + d.file("b.h5"));
@@ -45,12 +43,11 @@ TEST_CASE("bench: options and shape fields the chosen op ignores are refused, na
     CHECK(!has(r, "not available"));
     CHECK(!fs::exists(d.file("b.h5")));
   }
-  // what applies is still accepted (--variants on a default shape)
-  for (const std::string& args : {std::string("--op mla-decode --variant 4 --shapes 1:64:16"),
-                                  std::string("--op mla-prefill --prefix 16 --shapes 1:64:2:2"),
-                                  std::string("--op kda-prefill --variant 6 --shapes 1:16:1:2"),  // the default variant: not "set"
-                                  std::string("--op kda-prefill --segments 1 --overlap 0 --variants --shapes 4:4096:16:32"),
-                                  std::string("--op kda-decode --segments 0 --overlap 1 --shapes 1:1:2")}) {
+  // what applies is still accepted (options at their defaults are not "set")
+  for (const std::string& args : {std::string("--op mla-prefill --prefix 16 --shapes 1:64:2:2"),
+                                  std::string("--op kda-prefill --state-pass wgmma --shapes 1:16:1:2"),
+                                  std::string("--op kda-prefill --segments 1 --overlap off --shapes 4:4096:16:32"),
+                                  std::string("--op kda-decode --segments 0 --overlap on --state-pass auto --shapes 1:1:2")}) {
     const auto r = run_kdalab("bench " + args + " --iters 1 --warmup 0 --out " + d.file("b.h5"));
     INFO(args << "\n" << r.output);
     CHECK(bench_valid_exit(r));
@@ -59,7 +56,7 @@ TEST_CASE("bench: options and shape fields the chosen op ignores are refused, na
   // --op all takes every one of them (each acts on its op's rows): the run gets as far as --out, the last check,
   // in every build and without any GPU work
   // (--segments 1, not 2: forced segments are refused up front with the default D = 256 row, tested below)
-  const auto r = run_kdalab("bench --op all --variant 4 --prefix 16 --segments 1 --overlap 2 --variants --out " +
+  const auto r = run_kdalab("bench --op all --prefix 16 --segments 1 --overlap off --out " +
                             d.file("no/such/folder/b.h5"));
   INFO(r.output);
   CHECK(r.code == 2);
@@ -105,10 +102,10 @@ TEST_CASE("bench --shapes: trailing ',' or ':', empty, 2^31 and too-large fields
 #endif
 }
 
-TEST_CASE("bench: --segments >= 2 with a D = 256 kda-prefill shape and --variants without a D = 128 shape are refused up front",
+TEST_CASE("bench: --segments >= 2 with a D = 256 kda-prefill shape and a --state-pass the shape's D lacks are refused up front",
           "[bench]") {
   // refused before any GPU work: --segments 2 on the default shapes reaches the D = 256 row, which the kernel would
-  // refuse mid-run (rows lost); --variants with only D != 128 shapes would do nothing
+  // refuse mid-run (rows lost); likewise a state pass that does not run at a shape's D
   TempDir d;
   struct Case {
     std::string args, says;
@@ -118,17 +115,21 @@ TEST_CASE("bench: --segments >= 2 with a D = 256 kda-prefill shape and --variant
                         // the hint must not send --op all to --shapes (which needs a single --op)
                         Case{"--op all --segments 2", "--op kda-prefill with --shapes without D = 256"},
                         Case{"--op kda-prefill --segments 2 --shapes 1:4096:2:2:256", "shape 1:4096:2:2:256"},
-                        Case{"--op kda-prefill --variants --shapes 1:4096:2:2:64,1:64:1:1:256", "D = 128 only"}}) {
+                        Case{"--op kda-prefill --state-pass wgmma --shapes 1:4096:2:2:64", "does not run at D = 64"},
+                        Case{"--op kda-prefill --state-pass key-split --shapes 1:64:1", "does not run at D = 128"},
+                        Case{"--op all --state-pass mma", "a default shape"},
+                        Case{"--op kda-prefill --segments 2 --state-pass wgmma --shapes 1:4096:2", "the segment path runs the mma"}}) {
     const auto r = run_kdalab("bench " + c.args + " --out " + d.file("b.h5"));
     INFO(c.args << "\n" << r.output);
     CHECK(r.code == 2);
     CHECK(has(r, c.says));
     CHECK(!fs::exists(d.file("b.h5")));
   }
-  // what can act is accepted: forced segments without D = 256 rows, --segments 1 with them, --variants with a D = 128
-  // row (the run then gets as far as --out, the last check)
+  // what can act is accepted: forced segments without D = 256 rows, --segments 1 with them, a state pass on shapes of
+  // its D (the run then gets as far as --out, the last check)
   for (const std::string args : {"--op kda-prefill --segments 2 --shapes 1:4096:2:2:64,1:4096:2", "--op all --segments 1",
-                                 "--op kda-prefill --variants --shapes 1:64:1:1:256,1:64:1"}) {
+                                 "--op kda-prefill --state-pass key-split --shapes 1:64:1:1:256",
+                                 "--op kda-prefill --state-pass mma --segments 3 --shapes 1:64:1:1:64,1:64:1"}) {
     const auto r = run_kdalab("bench " + args + " --out " + d.file("no/such/folder/b.h5"));
     INFO(args << "\n" << r.output);
     CHECK(r.code == 2);

@@ -236,8 +236,8 @@ TEST_CASE("parity: a twin row that overflows at C = 64 is noted and its summary 
   CHECK(r.output.find("recorded in the row") != std::string::npos);
 }
 
-TEST_CASE("README defines matmul_precision = plan where the parity experiment is described", "[parity][readme]") {
-  const std::string readme = slurp("README.md");
+TEST_CASE("docs/cli.md defines matmul_precision = plan where the parity experiment is described", "[parity][docs]") {
+  const std::string readme = slurp("docs/cli.md");
   const std::size_t row = readme.find("| `parity` |");
   REQUIRE(row != std::string::npos);
   const std::string line = readme.substr(row, readme.find('\n', row) - row);

@@ -70,9 +70,8 @@ TEST_CASE("bench --help and check --help explain every option and state its defa
   };
   const std::string kda = "Only with --op kda-prefill or all (with all it acts on the kda-prefill rows";
   const auto blines = option_lines(b.output);
-  for (const OneOp& x : {OneOp{"--variant", "Only with --op mla-decode or all"},
-                         OneOp{"--prefix", "> 0 only with --op mla-prefill or all"}, OneOp{"--segments", kda},
-                         OneOp{"--overlap", kda}, OneOp{"--variants", kda}}) {
+  for (const OneOp& x : {OneOp{"--prefix", "> 0 only with --op mla-prefill or all"}, OneOp{"--segments", kda},
+                         OneOp{"--overlap", kda}, OneOp{"--state-pass", kda}}) {
     const auto it = std::find_if(blines.begin(), blines.end(), [&](const std::string& l) {
       std::stringstream ls(l);
       std::string name;
@@ -205,7 +204,7 @@ TEST_CASE("--help names every option's type: INT / INT list for counts, never FL
       {"decay-range", {"--C INT list", "--T INT", "--D INT", "--g-min FLOAT list", "--softplus BOOLEAN"}},
       {"decode-cost", {"--n INT list", "--d INT list", "--cpu-n INT list", "--cpu-d INT", "--context INT list",
                        "--k3-layers INT", "--gpu-n INT list", "--gpu-iters INT", "--min-time FLOAT"}},
-      {"bench", {"--iters INT", "--variant INT", "--shapes TEXT", "--compare TEXT list"}},
+      {"bench", {"--iters INT", "--segments INT", "--shapes TEXT", "--compare TEXT list"}},
       {"check", {"--tol FLOAT", "--in TEXT"}},
   };
   auto shows = [](const std::string& out, const std::string& opt_type) {
