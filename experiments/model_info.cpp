@@ -35,7 +35,7 @@ bool print_model_info(const std::string& config_path, ResultsFile* out) {
                m.mla.n_h, m.mla.d_c, m.mla.d_cq ? std::to_string(m.mla.d_cq) : std::string("none"), m.mla.d_nope,
                m.mla.d_rope, m.mla.d_rope ? (m.mla.rope ? " (RoPE)"
                                          : " (the config's decoupled-RoPE width; mla_use_nope: kdalab's MLA applies no "
-                                           "rotation to these dims, NoPE, see docs/equations.md, Gated MLA)")
+                                           "rotation to these dims, NoPE, see docs/equations.md section 5)")
                             : "", m.mla.d_v,
                m.mla.output_gate ? "yes" : "no");
   std::string res = residual_mode_name(m.opt.residual);

@@ -151,5 +151,5 @@ TEST_CASE("info --config kimi-k3: the qk_rope width is described, not called NoP
   REQUIRE(r.code == 0);
   CHECK(!has(r, "(NoPE: unrotated)"));
   CHECK(has(r, "qk_rope 64 (the config's decoupled-RoPE width; mla_use_nope: kdalab's MLA applies no rotation to "
-               "these dims, NoPE, see docs/equations.md, Gated MLA)"));
+               "these dims, NoPE, see docs/equations.md section 5)"));
 }
