@@ -677,6 +677,9 @@ int run(int argc, char** argv) {
       check_output_path(ctx.common.out, ctx.common.force);
     }
     return cmd->run(ctx);
+  } catch (const EnvironmentError& e) {  // no space, an I/O error, a permission: the path and errno, exit 5
+    print_error(ctx.name, e.what());
+    return 5;
   } catch (const Error& e) {
     print_error(ctx.name, e.what());
     return 2;
@@ -688,9 +691,9 @@ int run(int argc, char** argv) {
     print_error(ctx.name, "not enough memory for the requested problem size; reduce the sizes given (T, B, N, "
                           "trials, ...); nothing was written");
     return 2;
-  } catch (const std::filesystem::filesystem_error& e) {
+  } catch (const std::filesystem::filesystem_error& e) {  // the environment failed (exit 5, docs/cli.md)
     print_error(ctx.name, std::string("file system: ") + e.what() + "; nothing was written");
-    return 2;
+    return 5;
   } catch (const std::exception& e) {
     print_error(ctx.name, std::string("unexpected failure: ") + e.what());
     return 1;
