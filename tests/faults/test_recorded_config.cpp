@@ -156,3 +156,18 @@ TEST_CASE("--seed takes every integer in [0, 2^64 - 1], the range --help states,
     CHECK(r.has("give an integer in [0, 2^64 - 1]"));
   }
 }
+
+TEST_CASE("--T is refused with the range --help states, in a form the option takes", "[faults][parity][decay-range]") {
+  TempDir d, logs;
+  for (const auto& [sub, range] : std::vector<std::pair<std::string, std::string>>{
+           {"parity", "[1, 1000000000000]"}, {"decay-range", "[1, 1000000]"}}) {
+    Result r = kdalab_run({sub, "--help"}, logs);
+    INFO(sub << " --help: " << r.output);
+    CHECK(r.has("in " + range));
+    r = kdalab_run({sub, "--T", "0", "--out", d.file("x.h5")}, logs);
+    INFO(sub << " --T 0: " << r.output);
+    CHECK(r.code == 2);
+    CHECK(r.has("--T: 0 is not accepted; give " + std::string(sub == "parity" ? "integers" : "an integer") + " in " + range));
+  }
+  CHECK(!fs::exists(d.file("x.h5")));
+}
