@@ -500,9 +500,9 @@ AttnResInput read_attn_res(const std::string& path) {
     a.mode = ResidualMode::block;
     const auto bs = f.attr_num("/", "block_sources");
     require(bs.has_value(), f.where() + ": mode = \"block\" needs the root attribute 'block_sources' (sublayer outputs "
-                                        "per block, >= 1)");
+                                        "per block, an integer in [1, 1e6])");
     require(std::isfinite(*bs) && *bs >= 1 && *bs == std::floor(*bs) && *bs <= 1e6,
-            f.where() + ": attribute block_sources = " + fmt::format("{}", *bs) + " is not accepted; give an integer >= 1");
+            f.where() + ": attribute block_sources = " + fmt::format("{}", *bs) + " is not accepted; give an integer in [1, 1e6]");
     a.block_sources = static_cast<std::size_t>(*bs);
   } else {
     throw Error(f.where() + ": root attribute mode = '" + *mode + "' is unknown; accepted: full, block");

@@ -291,6 +291,12 @@ std::string check_value(const std::string& type, const std::string& v) {
            "010, 1e3 or 16.0)";
   if (t.find('x') != std::string::npos) return "'" + v + "' is not accepted; give a decimal number (not hexadecimal)";
   errno = 0;
+  if (integer && type.starts_with("UINT")) {  // the range of a std::uint64_t, stated as --help states it
+    const bool negative = v.front() == '-';
+    if (!negative) (void)std::strtoull(v.c_str(), nullptr, 10);
+    if (negative || errno == ERANGE) return "'" + v + "' is out of range; give an integer in [0, 2^64 - 1]";
+    return "";
+  }
   if (integer) {  // CLI11 clamps a 64-bit integer silently (strtoll): 99999999999999999999 read as 2^63 - 1
     (void)std::strtoll(v.c_str(), nullptr, 10);
     if (errno == ERANGE) return "'" + v + "' is out of range; give an integer in [-2^63, 2^63 - 1]";
@@ -306,8 +312,8 @@ std::string check_value(const std::string& type, const std::string& v) {
   const bool nonzero = mantissa.find_first_of("123456789") != std::string::npos;
   if (nonzero && std::fabs(x) < DBL_MIN)
     return "'" + v + "' is not accepted: it is below the smallest normal double 2.2250738585072014e-308 in magnitude "
-           "(a double would hold it as 0 or as a denormal with fewer digits than given); give 0 or a number of magnitude "
-           ">= 2.2250738585072014e-308";
+           "(a double would hold it as 0 or as a denormal with fewer digits than given); give a number of magnitude "
+           ">= 2.2250738585072014e-308 (or exactly 0, where the option's range in --help includes 0)";
   return "";
 }
 
@@ -356,6 +362,12 @@ void check_tokens(CLI::App* sub, const std::vector<std::string>& toks) {
     std::vector<std::string> values;
     if (o->get_expected_max() == 0) {  // a flag: the token itself stands for its value ("--quick", "--quick=true")
       if (long_name(o) == "help") continue;
+      // the spellings the help lists, no others (CLI11 also takes no, off, yes, on, ...)
+      if (eq != std::string::npos) {
+        const std::string fv = tok.substr(eq + 1);
+        require(fv == "true" || fv == "false" || fv == "1" || fv == "0",
+                "--" + long_name(o) + ": '" + fv + "' is not accepted; give true, false, 1 or 0");
+      }
       values.push_back(tok);
     } else if (eq != std::string::npos) {
       values.push_back(tok.substr(eq + 1));
@@ -509,7 +521,8 @@ std::string reword_conversion(CLI::App* sub, const std::string& what) {
     const long long x = std::strtoll(value.c_str(), nullptr, 10);
     if (errno != ERANGE && (x > INT_MAX || x < INT_MIN)) accepted = "an integer in [-2^31, 2^31 - 1]";
   }
-  if (type.starts_with("UINT")) accepted = "an integer >= 0";
+  if (type.starts_with("UINT64")) accepted = "an integer in [0, 2^64 - 1]";
+  else if (type.starts_with("UINT")) accepted = "an integer >= 0";
   return "--" + long_name(o) + ": '" + value + "' is not accepted; give " + accepted;
 }
 
@@ -520,8 +533,8 @@ nlohmann::json effective_config(CLI::App* sub) {
     // --force is not recorded: replaying a results file's config must never overwrite a file unless the
     // replaying command line says --force itself
     if (n.empty() || n == "help" || n == "config" || n == "force") continue;
-    if (o->get_expected_max() == 0) {
-      j[n] = o->count() > 0;
+    if (o->get_expected_max() == 0) {  // the value the run used: --quick=false and --quick=0 record false
+      j[n] = o->count() > 0 && o->as<bool>();
       continue;
     }
     if (o->count() > 0) {
@@ -677,6 +690,9 @@ int run(int argc, char** argv) {
       check_output_path(ctx.common.out, ctx.common.force);
     }
     return cmd->run(ctx);
+  } catch (const EnvironmentError& e) {  // no space, an I/O error, a permission: the path and errno, exit 5
+    print_error(ctx.name, e.what());
+    return 5;
   } catch (const Error& e) {
     print_error(ctx.name, e.what());
     return 2;
@@ -688,9 +704,9 @@ int run(int argc, char** argv) {
     print_error(ctx.name, "not enough memory for the requested problem size; reduce the sizes given (T, B, N, "
                           "trials, ...); nothing was written");
     return 2;
-  } catch (const std::filesystem::filesystem_error& e) {
+  } catch (const std::filesystem::filesystem_error& e) {  // the environment failed (exit 5, docs/cli.md)
     print_error(ctx.name, std::string("file system: ") + e.what() + "; nothing was written");
-    return 2;
+    return 5;
   } catch (const std::exception& e) {
     print_error(ctx.name, std::string("unexpected failure: ") + e.what());
     return 1;

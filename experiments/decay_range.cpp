@@ -69,7 +69,7 @@ void register_decay_range(Registry& reg) {
   a->add_option("--softplus", o->softplus, "also run the unbounded Kimi Linear softplus gate (true/false)")->capture_default_str();
   opt["C"] = a->add_option("--C", o->C, "chunk sizes C (tokens; factored over the whole chunk), 1..64")->delimiter(',')->type_name(kInt)->capture_default_str();
   opt["precision"] = a->add_option("--precision", o->precision, "formats of the chunked rows: fp64, fp32, bf16, fp16")->delimiter(',')->capture_default_str();
-  opt["T"] = a->add_option("--T", o->T, "sequence length (tokens); --quick without --T: 128")->type_name(kInt)->capture_default_str();
+  opt["T"] = a->add_option("--T", o->T, "sequence length (tokens), an integer in [1, 1000000]; --quick without --T: 128")->type_name(kInt)->capture_default_str();
   opt["D"] = a->add_option("--D", o->D, "head dimension d_k = d_v; --quick without --D: 32")->type_name(kInt)->capture_default_str();
   a->add_option("--gate-shift", o->gate_shift, "added to the gate logit so decays sit near their bound (0 = anchor-kda)")->capture_default_str();
   a->add_option("--kernel-plan", o->kernel_plan, "also run the twin with the CUDA kernel's plan (true/false)")->capture_default_str();
@@ -88,7 +88,7 @@ void register_decay_range(Registry& reg) {
       require(f != Format::tf32, "--precision: tf32 is an operand format only; accepted: fp64, fp32, bf16, fp16");
       o->precs.push_back(f);
     }
-    require(o->T >= 1 && o->T <= 1e6 && o->T == std::floor(o->T), fmt::format("--T: {} is not an integer in [1, 1e6]", o->T));
+    require(o->T >= 1 && o->T <= 1e6 && o->T == std::floor(o->T), fmt::format("--T: {} is not accepted; give an integer in [1, 1000000]", o->T));
     require(o->D >= 1 && o->D <= 256 && o->D == std::floor(o->D), fmt::format("--D: {} is not an integer in [1, 256]", o->D));
     require(std::isfinite(o->gate_shift), "--gate-shift must be finite");
   };

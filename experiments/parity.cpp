@@ -77,7 +77,7 @@ const std::vector<std::string> kImpls{"float64", "float32", "float64-chunk", "fl
 /// x as a count: an integer in [min, 1e12]; kdalab::Error naming --<opt>, the value and that range otherwise.
 std::size_t as_count(double x, const std::string& opt, double min = 1) {
   require(std::isfinite(x) && x >= min && x == std::floor(x) && x <= 1e12,
-          fmt::format("--{}: {} is not accepted; give integers in [{}, 1e12]", opt, x, min));
+          fmt::format("--{}: {} is not accepted; give integers in [{}, 1000000000000]", opt, x, min));
   return static_cast<std::size_t>(x);
 }
 
@@ -326,7 +326,7 @@ void register_parity(Registry& reg) {
       "results/parity.h5");
   auto* a = c.app;
   a->add_option("--B", o->B, "batch sizes (list)")->delimiter(',')->type_name(kInt)->capture_default_str();
-  a->add_option("--T", o->T, "sequence lengths in tokens (list)")->delimiter(',')->type_name(kInt)->capture_default_str();
+  a->add_option("--T", o->T, "sequence lengths in tokens (list), integers in [1, 1000000000000]")->delimiter(',')->type_name(kInt)->capture_default_str();
   a->add_option("--H", o->H, "heads (list; HV = H)")->delimiter(',')->type_name(kInt)->capture_default_str();
   a->add_option("--dk", o->dk, "key dimensions d_k (list)")->delimiter(',')->type_name(kInt)->capture_default_str();
   a->add_option("--dv", o->dv, "value dimensions d_v (list)")->delimiter(',')->type_name(kInt)->capture_default_str();

@@ -1,7 +1,15 @@
 #include "experiments/results.hpp"
 
 #include <H5Cpp.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <random>
 
 #include <chrono>
 #include <cstring>
@@ -58,7 +66,185 @@ const Column& Table::column(const std::string& name) const {
   throw Error("table has no column '" + name + "'");
 }
 
-// ---- writer --------------------------------------------------------------------------------------
+// ---- the one write path ----------------------------------------------------------------------------
+namespace {
+/// The temporary being written, for the signal handler: a fixed buffer (no allocation in a handler).
+char g_tmp_path[4096];
+volatile std::sig_atomic_t g_tmp_set = 0;
+constexpr int kCleanupSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
+
+extern "C" void remove_temporary_and_reraise(int sig) {
+  if (g_tmp_set) ::unlink(g_tmp_path);
+  g_tmp_set = 0;
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
+void install_cleanup_handlers() {
+  static bool installed = false;
+  if (installed) return;
+  installed = true;
+  for (int sig : kCleanupSignals) {
+    struct sigaction old{};
+    ::sigaction(sig, nullptr, &old);
+    if (old.sa_handler == SIG_IGN) continue;  // an ignored signal (nohup) stays ignored
+    struct sigaction sa{};
+    sa.sa_handler = remove_temporary_and_reraise;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(sig, &sa, nullptr);
+  }
+}
+
+/// Blocks the cleanup signals while the registered temporary changes (its creation, its rename).
+class SignalBlock {
+ public:
+  SignalBlock() {
+    sigset_t s;
+    sigemptyset(&s);
+    for (int sig : kCleanupSignals) sigaddset(&s, sig);
+    ::sigprocmask(SIG_BLOCK, &s, &old_);
+  }
+  ~SignalBlock() { ::sigprocmask(SIG_SETMASK, &old_, nullptr); }
+  SignalBlock(const SignalBlock&) = delete;
+  SignalBlock& operator=(const SignalBlock&) = delete;
+
+ private:
+  sigset_t old_{};
+};
+
+std::string errno_text(int e) { return std::string(std::strerror(e)) + " (errno " + std::to_string(e) + ")"; }
+
+[[noreturn]] void env_fail(const std::string& path, const std::string& what, int e) {
+  throw EnvironmentError("cannot write '" + path + "': " + what + ": " + errno_text(e) + "; nothing was written");
+}
+
+/// "<name>.tmp.<pid>" or "<name>.tmp.<pid>.<suffix>": the pid, or 0 when `entry` is not a temporary of `name`.
+long temporary_owner(const std::string& entry, const std::string& name) {
+  const std::string prefix = name + ".tmp.";
+  if (entry.size() <= prefix.size() || entry.compare(0, prefix.size(), prefix) != 0) return 0;
+  const std::string rest = entry.substr(prefix.size());
+  const std::string digits = rest.substr(0, rest.find('.'));
+  if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) return 0;
+  return std::stol(digits);
+}
+
+void remove_stale_temporaries(int dirfd, const std::string& dir, const std::string& name) {
+  const int fd = ::openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  DIR* d = ::fdopendir(fd);
+  if (!d) { ::close(fd); return; }
+  std::vector<std::string> stale;
+  while (const dirent* e = ::readdir(d)) {
+    const long pid = temporary_owner(e->d_name, name);
+    if (pid <= 0 || pid == ::getpid()) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == -1 && errno == ESRCH) stale.emplace_back(e->d_name);
+  }
+  ::closedir(d);
+  for (const auto& s : stale) {
+    struct stat st{};
+    if (::fstatat(dirfd, s.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) continue;
+    const std::string full = (dir == "." ? "" : dir + "/") + s;
+    if (::unlinkat(dirfd, s.c_str(), 0) == 0)
+      std::fprintf(stderr, "kdalab: removed '%s', a temporary left by process %ld, which no longer runs\n", full.c_str(),
+                   temporary_owner(s, name));
+    else
+      std::fprintf(stderr, "kdalab: '%s' is a temporary left by process %ld, which no longer runs; it cannot be removed: %s\n",
+                   full.c_str(), temporary_owner(s, name), errno_text(errno).c_str());
+  }
+}
+
+class Fd {
+ public:
+  explicit Fd(int fd = -1) : fd_(fd) {}
+  ~Fd() { if (fd_ >= 0) ::close(fd_); }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  int release() { const int f = fd_; fd_ = -1; return f; }
+  void reset(int fd) { if (fd_ >= 0) ::close(fd_); fd_ = fd; }
+
+ private:
+  int fd_;
+};
+}  // namespace
+
+void write_file_atomically(const std::string& path, const std::string& bytes, bool force) {
+  const fs::path p(path);
+  const std::string name = p.filename().string();
+  const std::string dir = p.has_parent_path() ? p.parent_path().string() : std::string(".");
+  require(!name.empty(), "'" + path + "': no file name; give a path that ends in a file name");
+  install_cleanup_handlers();
+  Fd dirfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (dirfd.get() < 0) env_fail(path, "cannot open folder '" + dir + "'", errno);
+  remove_stale_temporaries(dirfd.get(), dir, name);
+
+  // the temporary: a fresh name, created exclusively; registered for the signal handler in the same blocked span
+  std::random_device rd;
+  std::string tmp_name, tmp_path;
+  Fd fd;
+  {
+    SignalBlock block;
+    for (int attempt = 0; attempt < 100 && fd.get() < 0; ++attempt) {
+      char suffix[16];
+      std::snprintf(suffix, sizeof suffix, "%08x", rd());
+      tmp_name = name + ".tmp." + std::to_string(::getpid()) + "." + suffix;
+      tmp_path = (dir == "." && !p.has_parent_path() ? "" : dir + "/") + tmp_name;
+      const int f = ::openat(dirfd.get(), tmp_name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+      if (f >= 0) {
+        fd.reset(f);
+      } else if (errno != EEXIST) {
+        env_fail(path, "cannot create the temporary '" + tmp_path + "'", errno);
+      }
+    }
+    if (fd.get() < 0) env_fail(path, "no free temporary name in '" + dir + "'", EEXIST);
+    require(tmp_path.size() < sizeof g_tmp_path, "'" + path + "': the path is too long");
+    std::memcpy(g_tmp_path, tmp_path.c_str(), tmp_path.size() + 1);
+    g_tmp_set = 1;
+  }
+  const auto discard = [&] {
+    SignalBlock block;
+    ::unlinkat(dirfd.get(), tmp_name.c_str(), 0);
+    g_tmp_set = 0;
+  };
+  try {
+    std::size_t done = 0;
+    while (done < bytes.size()) {
+      const ssize_t n = ::write(fd.get(), bytes.data() + done, bytes.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) env_fail(path, "writing the temporary '" + tmp_path + "'", errno);
+      if (n == 0) env_fail(path, "writing the temporary '" + tmp_path + "' made no progress", EIO);
+      done += static_cast<std::size_t>(n);
+    }
+    if (::fsync(fd.get()) != 0) env_fail(path, "fsync of the temporary '" + tmp_path + "'", errno);
+    if (::close(fd.release()) != 0) env_fail(path, "closing the temporary '" + tmp_path + "'", errno);
+    {
+      SignalBlock block;
+      if (force) {
+        if (::renameat(dirfd.get(), tmp_name.c_str(), dirfd.get(), name.c_str()) != 0)
+          env_fail(path, "renaming the temporary '" + tmp_path + "' onto it", errno);
+      } else {
+        int r = ::renameat2(dirfd.get(), tmp_name.c_str(), dirfd.get(), name.c_str(), RENAME_NOREPLACE);
+        if (r != 0 && (errno == EINVAL || errno == ENOSYS)) {  // no RENAME_NOREPLACE here: link fails on an existing name
+          r = ::linkat(dirfd.get(), tmp_name.c_str(), dirfd.get(), name.c_str(), 0);
+          if (r == 0) ::unlinkat(dirfd.get(), tmp_name.c_str(), 0);
+        }
+        if (r != 0 && errno == EEXIST)
+          throw Error("--out '" + path + "' appeared while the run was going (another process created it); not "
+                      "overwritten (pass --force to replace it); nothing was written");
+        if (r != 0) env_fail(path, "renaming the temporary '" + tmp_path + "' onto it", errno);
+      }
+      g_tmp_set = 0;
+    }
+  } catch (...) {
+    discard();
+    throw;
+  }
+  if (::fsync(dirfd.get()) != 0 && errno != EINVAL)
+    throw EnvironmentError("'" + path + "' was written, but fsync of its folder '" + dir + "' failed: " + errno_text(errno) +
+                           "; the file may be lost if the system crashes now");
+}
+
+// ---- the HDF5 writer (in memory) ---------------------------------------------------------------------
 namespace {
 H5::StrType vlen_utf8() {
   H5::StrType t(H5::PredType::C_S1, H5T_VARIABLE);
@@ -76,9 +262,20 @@ void set_num_attr(H5::H5Object& obj, const std::string& name, double value) {
   H5::Attribute a = obj.createAttribute(name, H5::PredType::NATIVE_DOUBLE, H5::DataSpace(H5S_SCALAR));
   a.write(H5::PredType::NATIVE_DOUBLE, &value);
 }
+/// Runs an HDF5 step; an H5::Exception (not a std::exception) becomes a std::runtime_error naming the step.
+template <class F>
+auto h5(const std::string& what, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const H5::Exception& e) {
+    throw std::runtime_error("HDF5 failed while " + what + ": " + e.getDetailMsg());
+  }
+}
 }  // namespace
 
 struct ResultsFile::Impl {
+  /// The file lives in memory (core driver, no backing store): HDF5 never touches the disk, so no HDF5 close
+  /// path can fail on a full disk; its bytes go to disk through write_file_atomically().
   H5::H5File file;
   /// Opens group g, creating it and any missing parent groups.
   H5::Group open_group(const std::string& g) {
@@ -107,9 +304,14 @@ void check_output_path(const std::string& path, bool force) {
                  "); give a file name in an existing folder you can write to");
   };
   std::error_code ec;
-  const fs::file_status st = fs::status(p, ec);
-  if (ec && st.type() != fs::file_type::not_found) throw unusable(ec);
-  if (fs::exists(st)) {
+  const fs::file_status lst = fs::symlink_status(p, ec);
+  if (ec && lst.type() != fs::file_type::not_found) throw unusable(ec);
+  // a symlink, dangling or not, is an existing name: replaced (the link itself, never its target) only with --force
+  require(!fs::is_symlink(lst) || force,
+          "--out '" + path + "' already exists (a symbolic link); pass --force to replace the link (the file it points "
+          "to is never written)");
+  const fs::file_status st = fs::is_symlink(lst) ? lst : fs::status(p, ec);
+  if (!fs::is_symlink(lst) && fs::exists(st)) {
     require(!fs::is_directory(st), "--out '" + path + "' is a directory; give a file name ending in .h5");
     // a FIFO or a device would be replaced by a regular file even with --force (we may run as root: /dev/null)
     require(fs::is_regular_file(st), "--out '" + path + "' is not a regular file (a FIFO, device, socket or other "
@@ -118,21 +320,27 @@ void check_output_path(const std::string& path, bool force) {
     require(force, "--out '" + path + "' already exists; pass --force to overwrite it (the old file is kept otherwise)");
   }
   require(p.filename().string().size() + 24 <= 255,
-          "--out '" + path + "': the file name is too long (the temporary '<name>.tmp.<pid>' must fit in 255 bytes)");
+          "--out '" + path + "': the file name is too long (the temporary '<name>.tmp.<pid>.<random>' must fit in 255 bytes)");
   const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
   const fs::file_status dst = fs::status(dir, ec);
   if (ec && dst.type() != fs::file_type::not_found) throw unusable(ec);
   require(fs::is_directory(dst), "--out '" + path + "': folder '" + dir.string() + "' does not exist; create it first");
-  require(::access(dir.c_str(), W_OK) == 0, "--out '" + path + "': folder '" + dir.string() + "' is not writable");
+  if (::access(dir.c_str(), W_OK) != 0)
+    throw EnvironmentError("cannot write '" + path + "': folder '" + dir.string() + "' is not writable: " +
+                           errno_text(errno) + "; nothing was written");
 }
 
 ResultsFile::ResultsFile(const std::string& path, bool force, const RunInfo& info)
     : impl_(std::make_unique<Impl>()), path_(path), force_(force) {
   check_output_path(path, force);
-  tmp_ = path + ".tmp." + std::to_string(::getpid());
   H5::Exception::dontPrint();
-  try {
-    impl_->file = H5::H5File(tmp_, H5F_ACC_TRUNC);
+  h5("starting the file in memory", [&] {
+    H5::FileAccPropList fapl;
+    fapl.setCore(1 << 20, false);
+    // a name of its own: HDF5 tells open files apart by name here, and `path` may be open for reading meanwhile
+    static int n_files = 0;
+    const std::string memory_name = "kdalab-in-memory-" + std::to_string(++n_files) + ".h5";
+    impl_->file = H5::H5File(memory_name, H5F_ACC_TRUNC, H5::FileCreatPropList::DEFAULT, fapl);
     H5::Group root = impl_->file.openGroup("/");
     set_str_attr(root, "software", "kdalab");
     set_str_attr(root, "software_version", software_version());
@@ -143,90 +351,100 @@ ResultsFile::ResultsFile(const std::string& path, bool force, const RunInfo& inf
     set_str_attr(root, "host", host_name());
     set_str_attr(root, "device", device_description());
     set_str_attr(root, "seed", info.seed);
-  } catch (const H5::Exception& e) {
-    std::error_code ec;
-    fs::remove(tmp_, ec);
-    throw Error("--out '" + path + "': cannot create HDF5 file '" + tmp_ + "': " + e.getDetailMsg());
-  }
+  });
 }
 
 ResultsFile::~ResultsFile() {
-  if (committed_) return;
   try { impl_->file.close(); } catch (...) {}
-  std::error_code ec;
-  fs::remove(tmp_, ec);
 }
 
 void ResultsFile::group(const std::string& g, const std::string& description) {
-  H5::Group grp = impl_->open_group(g);
-  set_str_attr(grp, "description", description);
+  h5("writing group '" + g + "'", [&] {
+    H5::Group grp = impl_->open_group(g);
+    set_str_attr(grp, "description", description);
+  });
 }
 
 void ResultsFile::write_table(const std::string& g, const Table& table) {
-  H5::Group grp = impl_->open_group(g);
-  for (const auto& c : table.columns()) {
+  for (const auto& c : table.columns())
     require(c.size() == table.rows(), "table column '" + c.name + "' length differs from the row count");
-    hsize_t dims[1] = {c.size()};
-    H5::DataSpace space(1, dims);
-    H5::DataSet ds;
-    if (auto* v = std::get_if<std::vector<double>>(&c.data)) {
-      ds = grp.createDataSet(c.name, H5::PredType::NATIVE_DOUBLE, space);
-      if (!v->empty()) ds.write(v->data(), H5::PredType::NATIVE_DOUBLE);
-    } else if (auto* v = std::get_if<std::vector<std::int64_t>>(&c.data)) {
-      ds = grp.createDataSet(c.name, H5::PredType::NATIVE_INT64, space);
-      if (!v->empty()) ds.write(v->data(), H5::PredType::NATIVE_INT64);
-    } else {
-      const auto& s = std::get<std::vector<std::string>>(c.data);
-      auto t = vlen_utf8();
-      ds = grp.createDataSet(c.name, t, space);
-      std::vector<const char*> p;
-      for (const auto& x : s) p.push_back(x.c_str());
-      if (!p.empty()) ds.write(p.data(), t);
+  h5("writing the table of '" + g + "'", [&] {
+    H5::Group grp = impl_->open_group(g);
+    for (const auto& c : table.columns()) {
+      hsize_t dims[1] = {c.size()};
+      H5::DataSpace space(1, dims);
+      H5::DataSet ds;
+      if (auto* v = std::get_if<std::vector<double>>(&c.data)) {
+        ds = grp.createDataSet(c.name, H5::PredType::NATIVE_DOUBLE, space);
+        if (!v->empty()) ds.write(v->data(), H5::PredType::NATIVE_DOUBLE);
+      } else if (auto* v = std::get_if<std::vector<std::int64_t>>(&c.data)) {
+        ds = grp.createDataSet(c.name, H5::PredType::NATIVE_INT64, space);
+        if (!v->empty()) ds.write(v->data(), H5::PredType::NATIVE_INT64);
+      } else {
+        const auto& s = std::get<std::vector<std::string>>(c.data);
+        auto t = vlen_utf8();
+        ds = grp.createDataSet(c.name, t, space);
+        std::vector<const char*> p;
+        for (const auto& x : s) p.push_back(x.c_str());
+        if (!p.empty()) ds.write(p.data(), t);
+      }
+      set_str_attr(ds, "units", c.units);
+      set_str_attr(ds, "description", c.description);
     }
-    set_str_attr(ds, "units", c.units);
-    set_str_attr(ds, "description", c.description);
-  }
+  });
 }
 
 void ResultsFile::write_array(const std::string& g, const std::string& name, const Tensor<double>& t,
                               const std::string& units, const std::string& description,
                               const std::map<std::string, std::string>& attrs) {
-  H5::Group grp = impl_->open_group(g);
   // A fixed array, not a vector: g++ 13 reports a false -Wfree-nonheap-object on the vector form.
   require(t.rank() <= 32, "write_array '" + name + "': rank " + std::to_string(t.rank()) + " > 32");
-  hsize_t dims[32];
-  const int rank = t.rank() == 0 ? 1 : static_cast<int>(t.rank());
-  for (int i = 0; i < rank; ++i) dims[i] = t.rank() == 0 ? 1 : t.shape[static_cast<std::size_t>(i)];
-  H5::DataSpace space(rank, dims);
-  H5::DataSet ds = grp.createDataSet(name, H5::PredType::NATIVE_DOUBLE, space);
-  if (t.numel()) ds.write(t.data.data(), H5::PredType::NATIVE_DOUBLE);
-  set_str_attr(ds, "units", units);
-  set_str_attr(ds, "description", description);
-  for (const auto& [k, v] : attrs) set_str_attr(ds, k, v);
+  h5("writing array '" + g + "/" + name + "'", [&] {
+    H5::Group grp = impl_->open_group(g);
+    hsize_t dims[32];
+    const int rank = t.rank() == 0 ? 1 : static_cast<int>(t.rank());
+    for (int i = 0; i < rank; ++i) dims[i] = t.rank() == 0 ? 1 : t.shape[static_cast<std::size_t>(i)];
+    H5::DataSpace space(rank, dims);
+    H5::DataSet ds = grp.createDataSet(name, H5::PredType::NATIVE_DOUBLE, space);
+    if (t.numel()) ds.write(t.data.data(), H5::PredType::NATIVE_DOUBLE);
+    set_str_attr(ds, "units", units);
+    set_str_attr(ds, "description", description);
+    for (const auto& [k, v] : attrs) set_str_attr(ds, k, v);
+  });
 }
 
 void ResultsFile::attr(const std::string& g, const std::string& name, const std::string& value) {
-  H5::Group grp = impl_->open_group(g);
-  set_str_attr(grp, name, value);
+  h5("writing attribute '" + name + "' of '" + g + "'", [&] {
+    H5::Group grp = impl_->open_group(g);
+    set_str_attr(grp, name, value);
+  });
 }
 
 void ResultsFile::attr(const std::string& object, const std::string& name, double value) {
-  if (object == "/" || impl_->file.childObjType(object) == H5O_TYPE_GROUP) {
-    H5::Group grp = impl_->open_group(object);
-    set_num_attr(grp, name, value);
-  } else {
-    H5::DataSet ds = impl_->file.openDataSet(object);
-    set_num_attr(ds, name, value);
-  }
+  h5("writing attribute '" + name + "' of '" + object + "'", [&] {
+    if (object == "/" || impl_->file.childObjType(object) == H5O_TYPE_GROUP) {
+      H5::Group grp = impl_->open_group(object);
+      set_num_attr(grp, name, value);
+    } else {
+      H5::DataSet ds = impl_->file.openDataSet(object);
+      set_num_attr(ds, name, value);
+    }
+  });
 }
 
 void ResultsFile::commit() {
   require(!committed_, "results file committed twice");
-  impl_->file.close();
-  if (fs::exists(path_) && !force_) {
-    throw Error("--out '" + path_ + "' appeared while the run was going; not overwritten (pass --force)");
-  }
-  fs::rename(tmp_, path_);
+  std::string image;
+  h5("taking the file image", [&] {
+    impl_->file.flush(H5F_SCOPE_GLOBAL);
+    const hid_t id = impl_->file.getId();
+    const ssize_t n = H5Fget_file_image(id, nullptr, 0);
+    if (n < 0) throw std::runtime_error("H5Fget_file_image failed");
+    image.resize(static_cast<std::size_t>(n));
+    if (H5Fget_file_image(id, image.data(), image.size()) != n) throw std::runtime_error("H5Fget_file_image failed");
+    impl_->file.close();
+  });
+  write_file_atomically(path_, image, force_);
   committed_ = true;
 }
 

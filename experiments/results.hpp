@@ -4,12 +4,14 @@
 /// One file per run. Root attributes (variable-length UTF-8 strings): software, software_version,
 /// git_sha, date, command_line, config, host, device, seed. One group per experiment; inside it
 /// datasets with `units` and `description` attributes; sweep tables are 1-D column datasets of one
-/// length. The file is written to "<out>.tmp.<pid>" and renamed onto <out> by commit(); if the
-/// writer is destroyed without commit() (an exception, a failed run) the temporary is removed, so
-/// no partial file is ever left and an old file is never overwritten unless `force` was given.
+/// length. The HDF5 file is built in memory; commit() writes its bytes with write_file_atomically(), the
+/// one write path of every file kdalab creates. If the writer is destroyed without commit() (an
+/// exception, a failed run) nothing reaches the disk, so no partial file is ever left and an old file is
+/// never overwritten unless `force` was given.
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <variant>
 #include <vector>
@@ -17,6 +19,26 @@
 #include "reference/tensor.hpp"
 
 namespace kdalab {
+
+/// The environment failed while a file was written or its folder was checked: no space, an I/O error, a
+/// permission. The message names the path and the errno text; the command line exits 5 (docs/cli.md).
+class EnvironmentError : public std::runtime_error {
+ public:
+  explicit EnvironmentError(const std::string& what) : std::runtime_error(what) {}
+};
+
+/// Writes `bytes` to `path` so that `path` is either untouched or holds all of them:
+///  - a temporary "<name>.tmp.<pid>.<random>" in the same folder, created exclusively (O_CREAT | O_EXCL |
+///    O_NOFOLLOW: a symlink planted there is never followed), written with every return code checked, fsynced;
+///  - renamed onto `path`: without `force` by renameat2(RENAME_NOREPLACE) (or link + unlink where the file
+///    system has no renameat2), so a file that appeared at `path` meanwhile is never replaced (kdalab::Error,
+///    exit 2); with `force` by rename(), which replaces a symlink at `path` itself, never the file it points to;
+///  - the folder fsynced after the rename;
+///  - the temporary removed on every error and on SIGINT, SIGTERM, SIGHUP and SIGPIPE (the handler removes it,
+///    then the signal is raised again with its default action);
+///  - temporaries of `path` left by processes that no longer run are removed first (one line on stderr each).
+/// An environment failure throws EnvironmentError naming the path and errno.
+void write_file_atomically(const std::string& path, const std::string& bytes, bool force);
 
 /// Root attributes of a results file (all strings; seed as decimal text).
 struct RunInfo {
@@ -48,16 +70,16 @@ class Table {
   std::size_t n_rows_ = 0;
 };
 
-/// Checks before any work starts that `path` may be written: refuses an existing file without
-/// `force`, an existing --out that is not a regular file (a folder, FIFO, device: never replaced, even with `force`),
+/// Checks before any work starts that `path` may be written: refuses an existing file (or a symlink,
+/// dangling or not) without `force`, an existing --out that is not a regular file (a folder, FIFO, device: never replaced, even with `force`),
 /// an output folder that does not exist and a path the system cannot look up (too long). Throws kdalab::Error
-/// naming --out.
+/// naming --out; a folder kdalab may not write to throws EnvironmentError (exit 5).
 void check_output_path(const std::string& path, bool force);
 
 class ResultsFile {
  public:
-  /// Opens "<path>.tmp.<pid>" and writes the root attributes. Throws kdalab::Error (naming --out)
-  /// if the file exists and !force, or the folder is missing or not writable.
+  /// Starts the file in memory and writes the root attributes. Throws kdalab::Error (naming --out)
+  /// if the file exists and !force or the folder is missing; EnvironmentError if it is not writable.
   ResultsFile(const std::string& path, bool force, const RunInfo& info);
   ~ResultsFile();
   ResultsFile(const ResultsFile&) = delete;
@@ -75,14 +97,14 @@ class ResultsFile {
   void attr(const std::string& group, const std::string& name, const std::string& value);
   /// Sets a numeric attribute on a group or dataset path.
   void attr(const std::string& object, const std::string& name, double value);
-  /// Flushes, closes and renames the temporary onto the final path. After this the file exists.
+  /// Writes the file to its path with write_file_atomically(). After this the file exists.
   void commit();
   const std::string& path() const { return path_; }
 
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
-  std::string path_, tmp_;
+  std::string path_;
   bool force_ = false, committed_ = false;
 };
 
