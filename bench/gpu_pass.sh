@@ -10,8 +10,8 @@
 # Env: PARALLEL=0 runs the GPU test binaries one after another (default 1: all at once, see below).
 # Exit status: 1 when a GPU test process failed (after everything else ran and was packed), else 0.
 set -u
-OUT=${OUT:-./gpu-out}; B=${BUILD:-/tmp/b}; mkdir -p "$OUT"
-pack() { tar czf /tmp/gpu_pass.tgz --exclude=gpu_pass.tgz -C "$OUT" . && mv /tmp/gpu_pass.tgz "$OUT/gpu_pass.tgz"; }
+OUT=${OUT:-./gpu-out}; B=${BUILD:-build/cuda}; mkdir -p "$OUT"
+pack() { t=$(mktemp) && tar czf "$t" --exclude=gpu_pass.tgz -C "$OUT" . && mv "$t" "$OUT/gpu_pass.tgz"; }
 # Each step's log is packed as soon as it ends, so a pass cut short by the device's time limit still returns its logs.
 step() { local name=$1; shift; echo "== $name: $*"; local t0=$SECONDS
   "$@" > "$OUT/$name.log" 2>&1; local rc=$?; tail -n ${TAIL:-25} "$OUT/$name.log"

@@ -12,7 +12,7 @@
 // of an H200 (715 TFLOP/s, dense, a datasheet-level figure: not re-measured). Decode at B <= 8 is timed as one CUDA graph of 100
 // steps (per-step time reported). Inputs are seeded device-side N(0,1) bf16 fills (never zeros).
 // --peer-json: a JSON object {"<op> B=.. T=.. H=.. HV=..": milliseconds} written by a peer timing
-//   script in the same machine session (fla); adds peer_ms and speedup = peer_ms / time_ms. --out is never one of
+//   script run on the same machine just before (fla); adds peer_ms and speedup = peer_ms / time_ms. --out is never one of
 //   the --peer-json files (checked as for --compare).
 // --compare: prints time / baseline time per row found in the BASELINE.h5 files (same group, same key; the first
 //   file holding the key wins) and
@@ -627,7 +627,7 @@ void register_bench(Registry& reg) {
   a->add_option("--warmup", o->warmup, "untimed launches before timing, >= 0")->capture_default_str();
   a->add_option("--peer-json", o->peer_json,
                 "peer times (ms) as a JSON object keyed like the table's first column ('<op> B=.. T=.. H=.. HV=..', "
-                "'attn-res S=.. T=.. d=..'), a time > 0 (finite) or null, from the same machine session (the whole file is that "
+                "'attn-res S=.. T=.. d=..'), a time > 0 (finite) or null, measured on the same machine (the whole file is that "
                 "one object, each key once); several files (comma-separated like every list option, space-separated or the "
                 "option repeated; a file name with a comma in it cannot be given) are merged (each key in one file only; keys starting with _ are metadata and skipped), "
                 "e.g. bench/fla_kda.py's and bench/torch_mla_decode.py's; each file once (two spellings of one file are a "

@@ -123,7 +123,7 @@ const char* mla_prefill_path_name(MlaPrefillPath p);
 ///             fp32 row in place into bf16 hi + lo; causal flash attention (mma.sync m16n8k16, 128 queries of one
 ///             (sequence, head) per CTA, 32-key tiles, fp32 online softmax, causal mask with the N0 offset).
 ///
-/// Precision plan of the naive path (decided by a CPU emulation before the kernel was written, float64 truth
+/// Precision plan of the naive path (chosen by a CPU emulation (bench/mla_naive_emu.py), float64 truth
 /// vs each plan's roundings on the reference/mla.hpp test distribution: W_UK, W_UV ~ N(0, 1/d_c) and latents
 /// ~ N(0, 1) rounded to bf16, q^C ~ sigma N(0, 1) in bf16, sigma = 1, 2, 4 (logit std ~ sigma), N up to 1037;
 /// docs/kernels/mla_prefill.md): relative RMS of o

@@ -32,7 +32,7 @@ END = "<!-- results-table:end -->"
 OP_ORDER = ["kda_prefill", "kda_decode", "mla_decode", "mla_prefill", "attn_res"]
 FAMILY = {"kda_prefill": "kda", "kda_decode": "kda", "mla_decode": "mla", "mla_prefill": "mla"}
 # settings worth showing from the config attribute (the rest are paths or defaults of the run)
-SETTINGS = ["op", "shapes", "iters", "warmup", "variant", "segments", "overlap", "variants", "quick", "seed"]
+SETTINGS = ["op", "shapes", "iters", "warmup", "state-pass", "segments", "overlap", "quick", "seed"]
 
 
 def fail(msg):
@@ -149,11 +149,13 @@ def table(files):
         if f not in used:
             used.append(f)
     notes = [""]
-    notes.append("time: median of the timed launches (kda-decode with B <= 8: per step of a 100-step CUDA graph);")
-    notes.append("graph step: mla-decode with B <= 8, per step inside a CUDA graph of 20 steps;")
-    notes.append("% copy and % matmul: of the ceilings each file records (device-to-device copy measured in the run,")
-    notes.append("bf16 matmul peak); peer: the time from the run's `--peer-json` file; speedup = peer time / time.")
-    notes.append("In mla-decode rows T is the number of cached tokens N (one decode step).")
+    notes.append("- time: median of the timed launches (kda-decode with B <= 8: per step of a 100-step CUDA graph).")
+    notes.append("- graph step: mla-decode with B <= 8, per step inside a CUDA graph of 20 steps.")
+    notes.append("- % copy and % matmul: of the ceilings each file records (a device-to-device copy measured in the run;")
+    notes.append("  the bf16 dense matmul peak).")
+    notes.append("- peer: the time from the run's `--peer-json` file (mla-decode: an absorbed decode in plain torch,")
+    notes.append("  bench/torch_mla_decode.py); speedup = peer time / time.")
+    notes.append("- In mla-decode rows T is the number of cached tokens N (one decode step).")
     notes.append("")
     for f in used:
         a = f["attrs"]
