@@ -221,7 +221,7 @@ TEST_CASE("parity messages name the option, the value and what is accepted", "[p
       {"--state-precision fp16", {"--state-precision: 'fp16' is not accepted; accepted: fp32, bf16\n"}},
       {"--state-precision x", {"--state-precision: 'x' is not accepted; accepted: fp32, bf16\n"}},
       // was "give integers >= 1" without the cap
-      {"--C 10000000000000", {"--C: 10000000000000 is not accepted; give integers in [1, 1e12]"}},
+      {"--C 10000000000000", {"--C: 10000000000000 is not accepted; give integers in [1, 1000000000000]"}},
       {"--T 0", {"--T: 0 is not accepted; give integers in [1, 1000000000000]"}},
   };
   check_refused_rows(d, cases, "parity --quick --quiet --T 17 --dk 16 --dv 16 ", "", "p",
