@@ -1,6 +1,6 @@
 #pragma once
 // sm_90a warpgroup-MMA (wgmma) functions shared by the MLA decode kernels (kernels/mla_decode/split.cu) and the KDA wgmma
-// state pass (kernels/kda_prefill.cu, kda_state_wg_kernel): the 128-byte-swizzled shared-memory layout, the matrix
+// state pass (kernels/kda_prefill/state_wgmma.cu, kda_state_wg_kernel): the 128-byte-swizzled shared-memory layout, the matrix
 // descriptor, the fence / commit / wait instructions and the register fence. Source: PTX ISA, "Asynchronous Warpgroup
 // Level Matrix Multiply-Accumulate" (wgmma.mma_async, matrix descriptors, swizzling modes).
 #include <cstdint>

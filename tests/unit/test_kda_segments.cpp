@@ -1,5 +1,5 @@
 // The segment decomposition behind the segment-parallel state pass of the KDA prefill (v5,
-// kernels/kda_prefill.cu; parallelism for long T with few heads), proved on the float64
+// kernels/kda_prefill/segments.cu; parallelism for long T with few heads), proved on the float64
 // reference recurrence (reference/kda.hpp, K3 report Eq. 1) before any kernel relies on it:
 //   each step S_t = (I - beta_t k_t k_t^T) Diag(alpha_t) S_{t-1} + beta_t k_t v_t^T is affine in S, so over a
 //   segment of tokens [t0, t1): S_{t1} = A_seg S_{t0} + B_seg with
