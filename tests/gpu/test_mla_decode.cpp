@@ -233,10 +233,14 @@ TEST_CASE("mla decode: one sequence vs float64 on the exact q~ (lengths, heads, 
   for (int splits : {1, 3, 7, 100, 0}) cases.push_back({4100, 16, splits, 576});
   // odd / even block counts per slice (a slice with an odd count ends on a pair without its second block), one slice
   // (direct output), and more slices than the combine takes in one step (> 8 x 16: its warps loop)
-  for (const DecodeCase& k : {DecodeCase{129, 16}, DecodeCase{200, 32, 1}, DecodeCase{4100, 32, 100},
-                              DecodeCase{4100, 16, 3}, DecodeCase{4100, 32, 7}, DecodeCase{65536, 32, 1024},
-                              DecodeCase{20000, 16, 300}})
-    cases.push_back(k);
+  // (one push_back each: g++ 13.3 stops with an internal compiler error on a range-for over this braced list)
+  cases.push_back(DecodeCase{129, 16});
+  cases.push_back(DecodeCase{200, 32, 1});
+  cases.push_back(DecodeCase{4100, 32, 100});
+  cases.push_back(DecodeCase{4100, 16, 3});
+  cases.push_back(DecodeCase{4100, 32, 7});
+  cases.push_back(DecodeCase{65536, 32, 1024});
+  cases.push_back(DecodeCase{20000, 16, 300});
   // identical keys (every score equal) and very large logits (std ~2000: a near one-hot softmax) give no NaN
   for (double sigma : {kSigma, 1000.0}) cases.push_back({5000, 32, 0, DC, sigma, true});
   cases.push_back({5000, 32, 0, DC, 1000.0});
@@ -374,7 +378,8 @@ TEST_CASE("mla decode: a device length outside [1, max_len] gives NaN rows for t
   a.lens = dl.as<int>();
   const auto ref = truth_rows(c, q, 1, all_heads(32), 40, kScale);
   // max_len = 40: one slice (direct output) by the plan; the combine forced on the same slice
-  for (const auto& ov : {kernels::MlaDecodeOverrides{}, forced_combine(0)}) {
+  const std::vector<kernels::MlaDecodeOverrides> paths{kernels::MlaDecodeOverrides{}, forced_combine(0)};
+  for (const auto& ov : paths) {
     const auto out = run(a, ov, true);
     const char* path = kernels::mla_decode_output_name(kernels::mla_decode_plan(a, &ov).output);
     for (std::size_t b : {0, 2}) {
