@@ -61,6 +61,13 @@ void mla_require_dO(const MlaConfig& cfg, const MlaProjected<S>& p, const Mat<S>
           "MLA backward: tensor 'dO' is [" + std::to_string(dO.rows()) + ", " + std::to_string(dO.cols()) +
               "], expected [T = " + std::to_string(p.q_C.rows()) + ", n_h d_v = " + std::to_string(cfg.n_h * cfg.d_v) + "]");
 }
+/// The gradients' storage, shaped like their inputs: the accumulated ones (dq_R, dC, dK_R) zeroed, the ones every
+/// head writes once (dq_C, dW_UK, dW_UV) left to be filled.
+template <class S>
+MlaAttendGrad<S> mla_grad_shaped(const MlaWeights<S>& w, const MlaProjected<S>& p, const Mat<S>& C, const Mat<S>& K_R) {
+  return {Mat<S>(p.q_C.rows(), p.q_C.cols()), Mat<S>::Zero(p.q_R.rows(), p.q_R.cols()), Mat<S>::Zero(C.rows(), C.cols()),
+          Mat<S>::Zero(K_R.rows(), K_R.cols()), Mat<S>(w.W_UK.rows(), w.W_UK.cols()), Mat<S>(w.W_UV.rows(), w.W_UV.cols())};
+}
 }  // namespace detail
 
 /// VJP of mla_attend_naive for upstream dO [T, n_h d_v] (file comment). No checks beyond dO's shape.
@@ -70,9 +77,7 @@ MlaAttendGrad<S> mla_attend_naive_backward(const MlaConfig& cfg, const MlaWeight
   detail::mla_require_dO(cfg, p, dO);
   const Eigen::Index nh = cfg.n_h, dn = cfg.d_nope, dr = cfg.d_rope, dv = cfg.d_v;
   const S scale = mla_scale<S>(cfg);
-  MlaAttendGrad<S> g{Mat<S>(p.q_C.rows(), p.q_C.cols()), Mat<S>::Zero(p.q_R.rows(), p.q_R.cols()),
-                     Mat<S>::Zero(C.rows(), C.cols()), Mat<S>::Zero(K_R.rows(), K_R.cols()),
-                     Mat<S>(w.W_UK.rows(), w.W_UK.cols()), Mat<S>(w.W_UV.rows(), w.W_UV.cols())};
+  MlaAttendGrad<S> g = detail::mla_grad_shaped(w, p, C, K_R);
   for (Eigen::Index i = 0; i < nh; ++i) {
     const Mat<S> Ki = C * w.W_UK.middleRows(i * dn, dn).transpose();  // [N, d_nope]
     const Mat<S> Vi = C * w.W_UV.middleRows(i * dv, dv).transpose();  // [N, d_v]
@@ -100,9 +105,7 @@ MlaAttendGrad<S> mla_attend_absorbed_backward(const MlaConfig& cfg, const MlaWei
   detail::mla_require_dO(cfg, p, dO);
   const Eigen::Index nh = cfg.n_h, dn = cfg.d_nope, dr = cfg.d_rope, dv = cfg.d_v;
   const S scale = mla_scale<S>(cfg);
-  MlaAttendGrad<S> g{Mat<S>(p.q_C.rows(), p.q_C.cols()), Mat<S>::Zero(p.q_R.rows(), p.q_R.cols()),
-                     Mat<S>::Zero(C.rows(), C.cols()), Mat<S>::Zero(K_R.rows(), K_R.cols()),
-                     Mat<S>(w.W_UK.rows(), w.W_UK.cols()), Mat<S>(w.W_UV.rows(), w.W_UV.cols())};
+  MlaAttendGrad<S> g = detail::mla_grad_shaped(w, p, C, K_R);
   for (Eigen::Index i = 0; i < nh; ++i) {
     const Mat<S> qCi = p.q_C.middleCols(i * dn, dn);
     const Mat<S> q_abs = qCi * w.W_UK.middleRows(i * dn, dn);  // [T, d_c]
