@@ -2,7 +2,7 @@
 # One pass on the GPU machine: configure + build the cuda preset in a fresh
 # folder, run every GPU test binary (directly, so their printed numbers reach the logs), the generator
 # checksum test, then `kdalab bench` with the torch MLA baseline timed in the same session and
-# --compare against data/baselines/h200-kda.h5. Logs and results go to $OUT (default ./gpu-out) and
+# --compare against data/baselines/h200.h5. Logs and results go to $OUT (default ./gpu-out) and
 # are also packed into $OUT/gpu_pass.tgz (the device tool returns only a few files).
 # Usage: bench/gpu_pass.sh [all|kda-prefill|kda-decode|mla-decode|...|none]   (default: all)
 # Env: TESTS="gpu_test_a gpu_test_b" runs only those GPU test binaries (default: all).
@@ -64,7 +64,7 @@ if [ "$op" != none ]; then
   case "$op" in all|kda-prefill|kda-decode)
     [ -d peers/fla-src ] && step fla-kda python3 bench/fla_kda.py --fla-path peers/fla-src --json "$OUT/fla_kda.json" \
       --check-dir "$OUT/fla_check" && peer+=(--peer-json "$OUT/fla_kda.json");; esac
-  for f in data/baselines/h200-kda.h5 data/baselines/h200-mla.h5; do [ -f "$f" ] && cmp+=(--compare "$f"); done
+  for f in data/baselines/h200.h5; do [ -f "$f" ] && cmp+=(--compare "$f"); done
   TAIL=${BENCH_TAIL:-40} step "bench-$op" "$B/experiments/kdalab" bench --op "$op" "${peer[@]}" "${cmp[@]}" --out "$OUT/bench-$op.h5"
 fi
 pack

@@ -116,7 +116,7 @@ std::vector<Shape> parse_shapes(const std::string& text, const std::string& op) 
       return {{1, 8192, 64, 64}, {1, 8192, 96, 96}, {1, 65536, 32, 32}, {4, 4096, 16, 32}, {1, 8192, 64, 64, 64},
               {1, 8192, 32, 32, 256}};
     // mla-decode: the three goal shapes (docs/kernels/mla_decode.md), a short context and a small batch of short
-    // contexts (the plan's 64-token slices and the combine's warps per CTA; guarded by data/baselines/h200-mla.h5),
+    // contexts (the plan's 64-token slices and the combine's warps per CTA; guarded by data/baselines/h200.h5),
     // 256 x 4K (one slice per sequence: the direct output)
     if (op == "mla-decode")
       return {{1, 65536, 32, 32}, {1, 1048576, 32, 32}, {64, 32768, 32, 32}, {1, 8192, 32, 32}, {8, 8192, 32, 32},
@@ -221,7 +221,7 @@ std::string comma_split_note(const std::string& option, const std::vector<std::s
 BaselineRows read_compare_file(const std::string& cf, const std::vector<std::string>& grps,
                                const std::string& split_note = "") {
   const std::string what = "--compare: '" + cf + "'";
-  const std::string give = "; give a kdalab bench results file (e.g. data/baselines/h200-kda.h5)";
+  const std::string give = "; give a kdalab bench results file (e.g. data/baselines/h200.h5)";
   std::error_code ec;
   require(!std::filesystem::is_directory(cf, ec), what + " is a directory" + give);
   require(std::filesystem::is_regular_file(cf, ec), what + " does not exist or is not a file" + give + split_note);
@@ -657,7 +657,7 @@ void register_bench(Registry& reg) {
                 "baseline bench results file(s) to compare against: prints time / baseline per row found (same group, "
                 "same key), flags rows more than 10% slower and then exits 1; several files (comma-separated like every list "
                 "option, space-separated or the option repeated; a file name with a comma in it cannot be given): each "
-                "row is looked up in them in order, e.g. data/baselines/h200-kda.h5,data/baselines/h200-mla.h5; each file "
+                "row is looked up in them in order, e.g. data/baselines/h200.h5,mine.h5; each file "
                 "once (two spellings of one file are a repeat); each "
                 "file is checked completely first (/bench/<op>: a string 'key' and a numeric 'time_ms' of one length) "
                 "and is never the --out file; the rows without a baseline row are counted. "

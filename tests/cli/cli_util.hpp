@@ -110,8 +110,7 @@ inline RunResult run_in(const std::filesystem::path& dir, const std::string& arg
 /// The smallest valid bench command line (no --out).
 inline const std::string kTiny = "bench --op kda-prefill --shapes 1:16:1 --iters 1 --warmup 0";
 /// Stored benchmark results (valid --compare files).
-inline const std::string kBaselineKda = "data/baselines/h200-kda.h5";
-inline const std::string kBaselineMla = "data/baselines/h200-mla.h5";
+inline const std::string kBaseline = "data/baselines/h200.h5";
 
 /// A fresh folder for one test (removed first) under the system temp dir.
 inline std::string fresh_dir(const std::string& name) {

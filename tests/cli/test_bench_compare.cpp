@@ -86,7 +86,7 @@ TEST_CASE("bench --compare: each file is checked fully before any GPU work, exit
   };
   for (const auto& c : cases) {
     write_h5(d.file(c.name), c.fill);
-    for (const std::string& first : {std::string(), std::string(" data/baselines/h200-kda.h5")}) {
+    for (const std::string& first : {std::string(), std::string(" data/baselines/h200.h5")}) {
       const auto r = run_kdalab(kTiny + " --compare" + first + " " + d.file(c.name) + " --out " + d.file("b.h5"));
       INFO(c.name << first << "\n" << r.output);
       CHECK(r.code == 2);
@@ -126,7 +126,7 @@ TEST_CASE("bench --compare: each file is checked fully before any GPU work, exit
     g.createDataSet("key", st, sp).write(buf, st);
     num_col(g, "time_ms", {1.0e6});  // a baseline no GPU run is slower than (a flagged row would exit 1)
   });
-  r2 = run_kdalab(kTiny + " --compare data/baselines/h200-kda.h5 data/baselines/h200-mla.h5 " + d.file("fixed.h5") +
+  r2 = run_kdalab(kTiny + " --compare data/baselines/h200.h5 " + d.file("fixed.h5") +
                   " --out " + d.file("b.h5"));
   INFO(r2.output);
   CHECK(bench_valid_exit(r2));
@@ -179,8 +179,9 @@ TEST_CASE("bench --compare and --peer-json split on commas like every list optio
     TempDir d;
     d.write("p1.json", "{\"kda-prefill B=1 T=16 H=1 HV=1\": 1.5}");
     d.write("p2.json", "{\"kda-prefill B=2 T=16 H=1 HV=1\": 2.5}");
+    fs::copy_file(kBaseline, d.file("base2.h5"));  // a second, distinct baseline file
     // two valid files in one value: checked, then a build without a GPU says it cannot run (exit 3)
-    auto r = run_kdalab(kTiny + " --compare " + kBaselineKda + "," + kBaselineMla + " --peer-json " + d.file("p1.json") + "," +
+    auto r = run_kdalab(kTiny + " --compare " + kBaseline + "," + d.file("base2.h5") + " --peer-json " + d.file("p1.json") + "," +
                         d.file("p2.json") + " --out " + d.file("b.h5"));
     INFO(r.output);
     CHECK(bench_valid_exit(r));
@@ -190,26 +191,26 @@ TEST_CASE("bench --compare and --peer-json split on commas like every list optio
     else CHECK(has(r, "bench --compare: "));
     const std::size_t written = r.code == 0 ? 1 : 0;
     // a missing file in a comma list is named alone, exit 2, before the build's exit 3
-    r = run_kdalab(kTiny + " --compare " + kBaselineKda + "," + d.file("none.h5") + " --out " + d.file("b1.h5"));
+    r = run_kdalab(kTiny + " --compare " + kBaseline + "," + d.file("none.h5") + " --out " + d.file("b1.h5"));
     INFO(r.output);
     CHECK(r.code == 2);
     CHECK(has(r, "--compare: '" + d.file("none.h5") + "'"));
-    CHECK_FALSE(has(r, kBaselineKda + ","));
+    CHECK_FALSE(has(r, kBaseline + ","));
     r = run_kdalab(kTiny + " --peer-json " + d.file("p1.json") + "," + d.file("none.json") + " --out " + d.file("b1.h5"));
     INFO(r.output);
     CHECK(r.code == 2);
     CHECK(has(r, "--peer-json: cannot open '" + d.file("none.json") + "'"));
     // an empty item is refused as in every list option
-    r = run_kdalab(kTiny + " --compare " + kBaselineKda + ", --out " + d.file("b1.h5"));
+    r = run_kdalab(kTiny + " --compare " + kBaseline + ", --out " + d.file("b1.h5"));
     CHECK(r.code == 2);
-    CHECK(has(r, "--compare: the list '" + kBaselineKda + ",' has an empty item"));
+    CHECK(has(r, "--compare: the list '" + kBaseline + ",' has an empty item"));
     // --config: one string holding two files is two files too
-    d.write("c.json", "{\"compare\": \"" + kBaselineKda + "," + kBaselineMla + "\"}");
+    d.write("c.json", "{\"compare\": \"" + kBaseline + "," + d.file("base2.h5") + "\"}");
     r = run_kdalab(kTiny + " --config " + d.file("c.json") + " --out " + d.file("b2.h5"));
     INFO(r.output);
     CHECK(bench_valid_exit(r));
-    // p1.json, p2.json, c.json, and b.h5 / b2.h5 only where a GPU ran them; the refused runs wrote nothing (no b1.h5)
-    CHECK(d.count() == 3 + written + (r.code == 0 ? 1 : 0));
+    // p1.json, p2.json, base2.h5, c.json, and b.h5 / b2.h5 only where a GPU ran them; the refused runs wrote nothing (no b1.h5)
+    CHECK(d.count() == 4 + written + (r.code == 0 ? 1 : 0));
     CHECK_FALSE(fs::exists(d.file("b1.h5")));
     // --help says so for both options
     r = run_kdalab("bench --help");

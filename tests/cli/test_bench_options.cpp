@@ -148,7 +148,7 @@ TEST_CASE("bench: --shapes with trailing garbage and a missing --compare file ar
   CHECK(r.code == 2);
   CHECK(r.output.find("--compare") != std::string::npos);
   // several baselines / peers: the second, missing one is named (the first exists)
-  r = run_kdalab("bench --op kda-prefill --compare data/baselines/h200-kda.h5 --compare " + d.file("none2.h5") +
+  r = run_kdalab("bench --op kda-prefill --compare data/baselines/h200.h5 --compare " + d.file("none2.h5") +
                  " --out " + d.file("b.h5"));
   INFO(r.output);
   CHECK(r.code == 2);

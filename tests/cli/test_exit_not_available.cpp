@@ -25,7 +25,7 @@ TEST_CASE("bench: valid options in a build that cannot run the benchmark: exit 3
   TempDir d;
   const std::string tiny = "bench --op kda-prefill --shapes 1:16:1 --iters 1 --warmup 0";
   for (const std::string& extra :
-       {std::string(), std::string(" --compare data/baselines/h200-kda.h5 data/baselines/h200-mla.h5"),
+       {std::string(), std::string(" --compare data/baselines/h200.h5"),
         std::string(" --quick --force")}) {
     const auto r = run_kdalab(tiny + extra + " --out " + d.file("b.h5"));
     INFO(extra << "\n" << r.output);
@@ -41,7 +41,7 @@ TEST_CASE("bench: valid options in a build that cannot run the benchmark: exit 3
   }
 #ifndef KDALAB_HAVE_CUDA
   // --op all with its default shapes and a --config: the same refusal
-  d.write("c.json", R"({"op": "all", "iters": 2, "compare": ["data/baselines/h200-kda.h5"]})");
+  d.write("c.json", R"({"op": "all", "iters": 2, "compare": ["data/baselines/h200.h5"]})");
   const auto r = run_kdalab("bench --config " + d.file("c.json") + " --out " + d.file("b.h5"));
   INFO(r.output);
   CHECK(r.code == 3);

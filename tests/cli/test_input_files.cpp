@@ -28,14 +28,15 @@ TEST_CASE("--out is never one of the inputs (--compare, --peer-json, --in, --con
           "[bench][check][config][info]") {
   {
     TempDir d;
-    fs::copy_file("data/baselines/h200-kda.h5", d.file("base.h5"));
+    fs::copy_file(kBaseline, d.file("base.h5"));
+    fs::copy_file(kBaseline, d.file("base2.h5"));
     d.write("peer.json", "{\"kda-prefill B=1 T=16 H=1 HV=1\": 1.5}");  // valid: read completely before --out is looked at
     d.write("peer2.json", "{\"kda-prefill B=2 T=16 H=1 HV=1\": 2.5}");
     fs::create_directories(d.path / "sub");
     struct Input {
       std::string option, file, first;  // first: another file of the same option, given before `file`
     };
-    for (const Input& in : {Input{"--compare", "base.h5", "data/baselines/h200-mla.h5"},
+    for (const Input& in : {Input{"--compare", "base.h5", d.file("base2.h5")},
                             Input{"--peer-json", "peer.json", d.file("peer2.json")}}) {
       const std::string link = "link-" + in.file;
       fs::create_symlink(d.file(in.file), d.file(link));
@@ -58,7 +59,7 @@ TEST_CASE("--out is never one of the inputs (--compare, --peer-json, --in, --con
   }
   {
     TempDir d;
-    fs::copy_file(kBaselineKda, d.file("base.h5"));
+    fs::copy_file(kBaseline, d.file("base.h5"));
     fs::create_directories(d.path / "sub");
     fs::create_symlink(d.file("base.h5"), d.file("link.h5"));
     fs::create_hard_link(d.file("base.h5"), d.file("hard.h5"));
@@ -81,7 +82,7 @@ TEST_CASE("--out is never one of the inputs (--compare, --peer-json, --in, --con
     CHECK(r.code == 2);
     CHECK(has(r, "--compare: ./x.h5 is given more than once"));
     // two different files stay two files
-    r = run_in(d.path, kTiny + " --compare base.h5," + fs::absolute(kBaselineMla).string() + " --out b.h5");
+    r = run_in(d.path, kTiny + " --compare base.h5," + fs::absolute(kBaseline).string() + " --out b.h5");
     INFO(r.output);
     CHECK(bench_valid_exit(r));
 

@@ -132,7 +132,7 @@ TEST_CASE("bench names a bad option before its input files and before --out (exi
 
 TEST_CASE("bench: --out is checked after the options and before the build, exit 2 in every build", "[bench]") {
   TempDir d;
-  const std::string ok = "bench --op kda-prefill --shapes 1:16:1 --iters 1 --warmup 0 --compare data/baselines/h200-kda.h5";
+  const std::string ok = "bench --op kda-prefill --shapes 1:16:1 --iters 1 --warmup 0 --compare data/baselines/h200.h5";
   auto r = run_kdalab(ok + " --out " + d.file("no/such/folder/b.h5"));
   INFO(r.output);
   CHECK(r.code == 2);
