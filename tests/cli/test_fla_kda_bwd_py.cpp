@@ -1,0 +1,157 @@
+// bench/fla_kda_bwd.py (fla's KDA gradients as `kdalab check --op kda-bwd` files) follows kdalab's output rule:
+// existing check files in --out-dir are never overwritten without --force (one line naming the option and path,
+// exit 2, nothing written); bad arguments are one line and exit 2; --help and --dry-run import neither torch nor
+// fla. Runs python3 from the PATH; skipped (with a warning) without it. The fla tree and torch here are fakes whose
+// import raises, so an import would show as exit 1 and a traceback.
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "tests/catch.hpp"
+#include "tests/cli/cli_util.hpp"
+
+namespace fs = std::filesystem;
+using namespace kdalab::testutil;
+
+namespace {
+
+bool have_python3() { return run_command("command -v python3 >/dev/null").code == 0; }
+
+/// A temp folder with fake/torch (raises on import) and fla/fla/ops/kda/__init__.py (raises on import).
+struct Fakes {
+  TempDir d;
+  Fakes() {
+    fs::create_directories(d.path / "fake" / "torch");
+    fs::create_directories(d.path / "fla" / "fla" / "ops" / "kda");
+    fs::create_directories(d.path / "out");
+    std::ofstream(d.path / "fake" / "torch" / "__init__.py") << "raise RuntimeError('torch was imported')\n";
+    std::ofstream(d.path / "fla" / "fla" / "ops" / "kda" / "__init__.py") << "raise RuntimeError('fla was imported')\n";
+  }
+  std::string out(const std::string& name) const { return (d.path / "out" / name).string(); }
+  /// python3 bench/fla_kda_bwd.py --fla-path <fake fla> <args>, with the fake torch first on the import path
+  RunResult run(const std::string& args) const {
+    return run_command("PYTHONPATH=" + (d.path / "fake").string() + " python3 bench/fla_kda_bwd.py --fla-path " +
+                       (d.path / "fla").string() + " " + args);
+  }
+  std::size_t out_count() const {
+    std::size_t n = 0;
+    for ([[maybe_unused]] const auto& e : fs::recursive_directory_iterator(d.path / "out")) ++n;
+    return n;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("fla_kda_bwd.py: --help and --dry-run need neither torch nor fla; --dry-run plans one file per case and "
+          "writes nothing",
+          "[fla][python]") {
+  if (!have_python3()) {
+    WARN("python3 is not on the PATH: bench/fla_kda_bwd.py tests skipped");
+    return;
+  }
+  Fakes f;
+  auto r = f.run("--help");
+  INFO(r.output);
+  CHECK(r.code == 0);
+  CHECK(has(r, "--candidate"));
+  CHECK(has(r, "--fla-commit"));
+  r = f.run("--dry-run --out-dir " + f.out("bwd"));
+  INFO(r.output);
+  CHECK(r.code == 0);
+  CHECK(has(r, "(folder created)"));
+  for (const char* n : {"fla_kda_bwd_B1_T64_H16.h5", "fla_kda_bwd_B1_T300_H16.h5", "fla_kda_bwd_B1_T1000_H16.h5",
+                        "fla_kda_bwd_B1_T4096_H16.h5"})
+    CHECK(has(r, n));
+  CHECK(!has(r, ".f64.h5"));
+  CHECK(!has(r, "RuntimeError"));  // a fake torch or fla module was imported
+  // both candidates: two files per case; the float64 candidate alone does not need fla
+  r = f.run("--dry-run --candidate both --cases 2:17:16 --out-dir " + f.out("bwd"));
+  INFO(r.output);
+  CHECK(r.code == 0);
+  CHECK(has(r, "fla_kda_bwd_B2_T17_H16.h5"));
+  CHECK(has(r, "fla_kda_bwd_B2_T17_H16.f64.h5"));
+  r = run_command("python3 bench/fla_kda_bwd.py --dry-run --candidate f64 --fla-path " + f.out("no-fla") +
+                  " --out-dir " + f.out("bwd"));
+  INFO(r.output);
+  CHECK(r.code == 0);
+  CHECK(has(r, "fla_kda_bwd_B1_T4096_H16.f64.h5"));
+  CHECK(f.out_count() == 0);
+}
+
+TEST_CASE("fla_kda_bwd.py: an existing check file in --out-dir is refused without --force (exit 2, untouched), dry "
+          "run or not",
+          "[fla][python]") {
+  if (!have_python3()) {
+    WARN("python3 is not on the PATH: bench/fla_kda_bwd.py tests skipped");
+    return;
+  }
+  Fakes f;
+  fs::create_directories(f.out("bwd"));
+  std::ofstream(f.out("bwd/fla_kda_bwd_B1_T300_H16.h5")) << "old";
+  for (const std::string& dry : {std::string("--dry-run "), std::string()}) {
+    const auto r = f.run(dry + "--out-dir " + f.out("bwd"));
+    INFO(dry << "\n" << r.output);
+    CHECK(r.code == 2);  // before torch is imported (the fake would make it exit 1)
+    CHECK(has(r, "--out-dir"));
+    CHECK(has(r, "fla_kda_bwd_B1_T300_H16.h5 already exists"));
+    CHECK(has(r, "--force"));
+    CHECK(!has(r, "RuntimeError"));
+  }
+  CHECK(slurp(f.out("bwd/fla_kda_bwd_B1_T300_H16.h5")) == "old");
+  // another candidate's file name is not in the way; --force says what it would overwrite
+  auto r = f.run("--dry-run --candidate f64 --out-dir " + f.out("bwd"));
+  INFO(r.output);
+  CHECK(r.code == 0);
+  CHECK(has(r, "(new)"));
+  r = f.run("--dry-run --force --out-dir " + f.out("bwd"));
+  INFO(r.output);
+  CHECK(r.code == 0);
+  CHECK(has(r, "1 of 4 overwritten: --force"));
+  CHECK(slurp(f.out("bwd/fla_kda_bwd_B1_T300_H16.h5")) == "old");
+  CHECK(f.out_count() == 2);  // bwd and the old file
+}
+
+TEST_CASE("fla_kda_bwd.py: bad arguments and output paths are usage errors (exit 2, one line, nothing written)",
+          "[fla][python]") {
+  if (!have_python3()) {
+    WARN("python3 is not on the PATH: bench/fla_kda_bwd.py tests skipped");
+    return;
+  }
+  Fakes f;
+  std::ofstream(f.out("afile")) << "x";
+  struct Case {
+    std::string args, says;
+  };
+  const std::vector<Case> cases = {
+      {"--cases 1:64", "is not B:T:H"},
+      {"--cases 1:\xc2\xb2:16", "is not B:T:H"},  // '²': isdigit() but not an int() number
+      {"--cases 1:0:16", "B, T, H >= 1"},
+      {"--cases 1:64:16,1:64:16", "given twice"},
+      {"--seed -1", "--seed -1"},
+      {"--block 0", "--block 0"},
+      {"--time-budget nan", "finite and > 0"},
+      {"--device cpu", "fla's kernels need cuda"},
+      {"--fla-commit ''", "--fla-commit"},
+      {"--out-dir " + f.out("afile"), "is not a folder"},
+      {"--out-dir " + f.out("afile/sub"), "is a file, not a folder"},
+      {"--out-dir " + f.out("no/such/bwd"), "does not exist"},
+  };
+  for (const auto& c : cases) {
+    for (const std::string& dry : {std::string("--dry-run "), std::string()}) {
+      const auto r = f.run(dry + "--out-dir " + f.out("bwd") + " " + c.args);
+      INFO(dry << c.args << "\n" << r.output);
+      CHECK(r.code == 2);
+      CHECK(has(r, c.says));
+      CHECK(!has(r, "Traceback"));
+      CHECK(!has(r, "RuntimeError"));
+    }
+  }
+  // --fla-path is checked whenever fla's gradients are asked for
+  const auto r = run_command("python3 bench/fla_kda_bwd.py --dry-run --fla-path " + f.out("no-fla") + " --out-dir " +
+                             f.out("bwd"));
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(has(r, "--fla-path"));
+  CHECK(f.out_count() == 1);  // afile only
+}
