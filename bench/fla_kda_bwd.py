@@ -65,6 +65,7 @@ import math
 import os
 import sys
 import time
+import types
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fla_kda  # noqa: E402  (stdlib-only at import: fla's loading, the input conventions)
@@ -238,12 +239,13 @@ def f64_grads(torch, x, do, dS, scale, g_min, block):
 
 
 def self_test(torch, device):
-    """gradcheck of the float64 forward on a small case (finite differences), and the blocked loop against the
-    unblocked one (bitwise-close). Returns a list of failure lines (empty: passed)."""
+    """On a small case: gradcheck of the float64 forward (autograd against finite differences), the forward against
+    bench/fla_kda.py's float64 loop, and the blocked loop's gradients against the unblocked one's. Returns a list
+    of failure lines (empty: passed)."""
     fails = []
     gen = torch.Generator(device=device)
     gen.manual_seed(7)
-    B, T, H, Dk = 2, 7, 3, 5
+    B, T, H, Dk = 1, 6, 2, 4
 
     def rn(*s):
         return torch.randn(*s, generator=gen, device=device, dtype=torch.float64)
@@ -261,6 +263,14 @@ def self_test(torch, device):
             fails.append("gradcheck of the float64 forward failed")
     except Exception as e:
         fails.append(f"gradcheck of the float64 forward failed: {type(e).__name__}: {str(e)[:400]}")
+    # the forward against bench/fla_kda.py's float64 loop (written separately, no autograd)
+    with torch.no_grad():
+        o, S = f64_forward(torch, x, Dk ** -0.5, G_MIN, 4)
+        o_ref, S_ref = fla_kda.Harness.truth_f64(types.SimpleNamespace(torch=torch), x, Dk ** -0.5)
+    for n, a, b in (("o", o, o_ref), ("S", S, S_ref)):
+        r = float((a - b).norm() / b.norm())
+        if not r <= 1e-13:
+            fails.append(f"float64 forward {n} vs bench/fla_kda.py's float64 loop: rel RMS {r:.3e} > 1e-13")
     do, dS = rn(B, T, H, Dk), rn(B, H, Dk, Dk)
     _, _, g1 = f64_grads(torch, x, do, dS, Dk ** -0.5, G_MIN, 2)
     _, _, g2 = f64_grads(torch, x, do, dS, Dk ** -0.5, G_MIN, T)
@@ -435,7 +445,7 @@ def run_case(torch, args, case, index, dev, fla, meta):
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    need_fla = args.candidate in ("fla", "both")
+    need_fla = args.candidate in ("fla", "both") and not args.self_test
     try:  # the arguments, then --fla-path, then the outputs
         cases = parse_cases(args.cases)
         if not 0 <= args.seed <= 2**63 - 1 - len(cases):

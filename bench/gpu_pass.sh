@@ -11,7 +11,7 @@
 # Exit status: 1 when a GPU test process failed (after everything else ran and was packed), else 0.
 set -u
 OUT=${OUT:-./gpu-out}; B=${BUILD:-build/cuda}; mkdir -p "$OUT"
-pack() { t=$(mktemp) && tar czf "$t" --exclude=gpu_pass.tgz -C "$OUT" . && mv "$t" "$OUT/gpu_pass.tgz"; }
+pack() { t=$(mktemp) && tar czf "$t" --exclude=gpu_pass.tgz --exclude="./fla_bwd/*.h5" -C "$OUT" . && mv "$t" "$OUT/gpu_pass.tgz"; }
 # Each step's log is packed as soon as it ends, so a pass cut short by the device's time limit still returns its logs.
 step() { local name=$1; shift; echo "== $name: $*"; local t0=$SECONDS
   "$@" > "$OUT/$name.log" 2>&1; local rc=$?; tail -n ${TAIL:-25} "$OUT/$name.log"
@@ -66,6 +66,16 @@ if [ "$op" != none ]; then
       --check-dir "$OUT/fla_check" && peer+=(--peer-json "$OUT/fla_kda.json");; esac
   for f in data/baselines/h200.h5; do [ -f "$f" ] && cmp+=(--compare "$f"); done
   TAIL=${BENCH_TAIL:-40} step "bench-$op" "$B/experiments/kdalab" bench --op "$op" "${peer[@]}" "${cmp[@]}" --out "$OUT/bench-$op.h5"
+  # fla's KDA gradients (bench/fla_kda_bwd.py) checked by `kdalab check --op kda-bwd`: only with op all, peers/fla-src
+  # present, FLA_BWD not 0 and a kdalab whose check knows kda-bwd. The .h5 files stay out of gpu_pass.tgz (too large).
+  if [ "$op" = all ] && [ -d peers/fla-src ] && [ "${FLA_BWD:-1}" != 0 ]; then
+    if "$B/experiments/kdalab" check --help 2>&1 | grep -q kda-bwd; then
+      step fla-kda-bwd python3 bench/fla_kda_bwd.py --fla-path peers/fla-src --out-dir "$OUT/fla_bwd" --candidate both \
+        --force --time-budget "${FLA_BWD_BUDGET:-300}"
+      for f in "$OUT"/fla_bwd/fla_kda_bwd_*.h5; do [ -f "$f" ] || continue; n=$(basename "$f" .h5)
+        TAIL=30 step "check-$n" "$B/experiments/kdalab" check --op kda-bwd --in "$f" --out "$OUT/fla_bwd/$n.report.h5"; done
+    else echo "== fla-kda-bwd skipped: this kdalab check has no --op kda-bwd"; fi
+  fi
 fi
 pack
 [ "$failed" = 0 ] || { echo "== $failed GPU test process(es) failed (see their logs)"; exit 1; }
