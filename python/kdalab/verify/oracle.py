@@ -47,7 +47,8 @@ def _mla_selection_layer(n_h: int, d_c: int):
     W_UK = np.ascontiguousarray(np.tile(eye, (n_h, 1)))
     W_o = np.zeros((hidden, n_h * d_c))
     W_o[d_c:, :] = np.eye(n_h * d_c)
-    weights = {"W_DKV": W_DKV, "W_Q": W_Q, "W_UK": W_UK, "W_UV": W_UK.copy(), "W_o": W_o}
+    weights = {"W_DKV": W_DKV, "W_KR": np.zeros((0, hidden)), "W_Q": W_Q, "W_UK": W_UK, "W_UV": W_UK.copy(),
+               "W_o": W_o}
     config = {"hidden": hidden, "n_h": n_h, "d_c": d_c, "d_nope": d_c, "d_v": d_c, "output_gate": False}
     return weights, config
 
