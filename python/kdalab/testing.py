@@ -1,4 +1,4 @@
-"""pytest helpers over `kdalab verify`: parametrize a test over the case catalogue and assert that a candidate
+"""pytest utilities over `kdalab verify`: parametrize a test over the case catalogue and assert that a candidate
 passes a case, with a failure message naming the case, its seed and its generator call (docs/verify.md).
 
     from kdalab.testing import parametrize_cases, assert_case_passes

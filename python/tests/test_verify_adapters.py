@@ -1,5 +1,5 @@
 """Adapters of `kdalab verify`: what each cannot run is "not applicable" with its reason; options are checked;
-the budget rule is one swappable function; the pytest helpers of kdalab.testing."""
+the budget rule is one swappable function; the pytest utilities of kdalab.testing."""
 import numpy as np
 import pytest
 

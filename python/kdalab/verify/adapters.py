@@ -290,7 +290,7 @@ class FlashMlaDecode(Adapter):
 
     def __call__(self, x):
         torch = _torch()
-        import flash_mla  # noqa: F401  (the metadata helper of the same package)
+        import flash_mla  # noqa: F401  (get_mla_metadata of the same package)
         page = int(self.opt["page"])
         B, n_h, d_c = x["q"].shape
         N = x["cache"].shape[1]
