@@ -216,37 +216,51 @@ class FlashKdaFwd(_TorchKda):
 
 class KdalabCudaKda(_TorchKda):
     """kdalab's own prefill kernel (kernels/kda.hpp kda_prefill) through the module's CUDA entry point
-    kdalab._core.kda_prefill_cuda (present only in a KDALAB_CUDA build): bf16 q_raw, k_raw (L2Norm in the
-    kernel), v, g_raw (fused K3 gate: A_log [HV], bias [HV, D] fp32, g_min), beta_raw (logits); S0 fp32
-    [N, HV, D, D] ("KV"); D = d_k = d_v in {64, 128, 256}. The callable given as the candidate is that entry point
-    (or anything with its signature); without it every case is "not applicable"."""
+    `kdalab._core.cuda_kda_prefill(q, k, v, g, beta, A_log, bias, o, S0, S_final, workspace, *, g_min, scale,
+    l2norm_qk, beta_sigmoid)` (KDALAB_CUDA builds only): bf16 q_raw, k_raw (L2Norm in the kernel), v, g_raw (the
+    fused K3 gate with A_log [HV], bias [HV, D] fp32 and g_min), beta_raw (logits); S0, S_final fp32 [B, HV, D, D]
+    ("KV"); D = d_k = d_v in {64, 128, 256}; no varlen. The candidate is that entry point (None: looked up in the
+    module); without it every case is "not applicable"."""
     name = "kdalab-cuda"
     options = {}
 
     def __init__(self, fn, **opts):
-        super().__init__(fn, **opts)
+        import kdalab
+        super().__init__(fn if fn is not None else getattr(kdalab._core, "cuda_kda_prefill", None), **opts)
         self.precision = "bf16"
+        self.exact_batch = False
 
     def supports(self, x):
-        r = super().supports(x)
+        r = Adapter.supports(self, x)
         if r:
             return r
         import kdalab
-        if not kdalab.built_with_cuda or self.fn is None:
+        if self.fn is None or not kdalab.built_with_cuda:
             return "this kdalab was built without its CUDA entry points (KDALAB_CUDA=OFF)"
         K, V = x["q"].shape[3], x["v"].shape[3]
         if K != V or K not in (64, 128, 256):
             return f"kdalab's kernel needs d_k = d_v in {{64, 128, 256}}; the case has {K}, {V}"
+        if x["cu_seqlens"] is not None:
+            return "the module's prefill entry point takes no cu_seqlens"
+        if not (-5.0 <= x.get("g_min", -5.0) < 0.0):
+            return f"kdalab's kernel needs -5 <= g_min < 0; the case has g_min = {x.get('g_min')}"
         return self._needs(x, True, True, True)
 
     def __call__(self, x):
-        o, S = self.fn(self._t(x["q_raw"]), self._t(x["k_raw"]), self._t(x["v"]), self._t(x["g_raw"]),
-                       self._t(x["beta_raw"]), A_log=self._t(x["A_log"], "float32"),
-                       bias=self._t(x["bias"], "float32"), g_min=x["g_min"], scale=x["scale"],
-                       S0=self._state_in(x["S0"]),
-                       cu_seqlens=None if x["cu_seqlens"] is None else
-                       _torch().as_tensor(x["cu_seqlens"], dtype=_torch().int32, device="cuda"))
-        return o.detach().double().cpu().numpy(), self._state_out(S)
+        import kdalab
+        torch = _torch()
+        B, T, H, D = x["q"].shape
+        HV = x["v"].shape[2]
+        o = torch.zeros((B, T, HV, D), dtype=torch.bfloat16, device="cuda")
+        sf = torch.zeros((B, HV, D, D), dtype=torch.float32, device="cuda")
+        ws = torch.empty(kdalab._core.cuda_kda_prefill_workspace_bytes(B, T, H, HV, D), dtype=torch.uint8,
+                         device="cuda")
+        self.fn(self._t(x["q_raw"]), self._t(x["k_raw"]), self._t(x["v"]), self._t(x["g_raw"]),
+                self._t(x["beta_raw"]), self._t(x["A_log"], "float32"), self._t(x["bias"], "float32"), o,
+                self._state_in(x["S0"]), sf, ws, g_min=x["g_min"], scale=x["scale"], l2norm_qk=True,
+                beta_sigmoid=True, stream=torch.cuda.current_stream().cuda_stream)
+        torch.cuda.synchronize()
+        return o.double().cpu().numpy(), self._state_out(sf)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -308,16 +322,19 @@ class FlashMlaDecode(Adapter):
 
 
 class KdalabCudaMlaDecode(Adapter):
-    """kdalab's MLA decode kernel (kernels/mla.hpp mla_decode) through kdalab._core.mla_decode_cuda (KDALAB_CUDA
-    builds only): q [B, H, d_c] (split into bf16 hi + lo parts by the entry point), cache [B, N, d_c] bf16, lens [B]
-    int32; H in {16, 32}, d_c = 512; fp32 output. Without the entry point every case is "not applicable"."""
+    """kdalab's MLA decode kernel (kernels/mla.hpp mla_decode) through the module's CUDA entry point
+    `kdalab._core.cuda_mla_decode(q_hi, q_lo, c, out, workspace, lens, *, max_len, scale)` (KDALAB_CUDA builds only):
+    the absorbed query split into bf16 q_hi = bf16(q) and q_lo = bf16(q - q_hi); the latent cache bf16
+    [B, N, d_c]; lens int32 [B]; fp32 output. H in {16, 32}, d_c = 512. The candidate is that entry point (None:
+    looked up in the module); without it every case is "not applicable"."""
     name = "kdalab-mla-cuda"
     op = "mla_decode"
     returns_state = False
     options = {}
 
     def __init__(self, fn, **opts):
-        super().__init__(fn, **opts)
+        import kdalab
+        super().__init__(fn if fn is not None else getattr(kdalab._core, "cuda_mla_decode", None), **opts)
         self.precision = "bf16"
 
     def supports(self, x):
@@ -325,7 +342,7 @@ class KdalabCudaMlaDecode(Adapter):
         if r:
             return r
         import kdalab
-        if not kdalab.built_with_cuda or self.fn is None:
+        if self.fn is None or not kdalab.built_with_cuda:
             return "this kdalab was built without its CUDA entry points (KDALAB_CUDA=OFF)"
         B, n_h, d_c = x["q"].shape
         if n_h not in (16, 32) or d_c != 512:
@@ -333,11 +350,23 @@ class KdalabCudaMlaDecode(Adapter):
         return _cuda_reason()
 
     def __call__(self, x):
+        import kdalab
         torch = _torch()
-        o = self.fn(torch.as_tensor(x["q"]).to("cuda", torch.float32),
-                    torch.as_tensor(x["cache"]).to("cuda", torch.bfloat16),
-                    torch.as_tensor(x["cache_seqlens"], dtype=torch.int32, device="cuda"), scale=x["scale"])
-        return o.detach().double().cpu().numpy(), None
+        B, n_h, d_c = x["q"].shape
+        N = x["cache"].shape[1]
+        q = torch.as_tensor(x["q"]).to("cuda", torch.float32)
+        q_hi = q.to(torch.bfloat16)
+        q_lo = (q - q_hi.float()).to(torch.bfloat16)
+        c = torch.as_tensor(x["cache"]).to("cuda", torch.bfloat16).contiguous()
+        out = torch.zeros((B, n_h, d_c), dtype=torch.float32, device="cuda")
+        max_len = int(max(x["cache_seqlens"]))
+        ws = torch.empty(kdalab._core.cuda_mla_decode_workspace_bytes(B, n_h, N, max_len), dtype=torch.uint8,
+                         device="cuda")
+        lens = torch.as_tensor(x["cache_seqlens"], dtype=torch.int32, device="cuda")
+        self.fn(q_hi, q_lo, c, out, ws, lens, max_len=max_len, scale=x["scale"],
+                stream=torch.cuda.current_stream().cuda_stream)
+        torch.cuda.synchronize()
+        return out.double().cpu().numpy(), None
 
 
 def _fla(name):
