@@ -3,6 +3,8 @@ property meant for them, and the correct numpy candidate passes every case (so n
 import numpy as np
 import pytest
 
+import kdalab
+
 from kdalab.verify import run
 from kdalab.verify.candidates import numpy_kda, numpy_mla_decode
 
@@ -97,7 +99,8 @@ def test_correct_numpy_candidate_passes_every_case(correct):
     bad = [f"{r.case}: {r.verdict} {r.detail}" for r in correct.values() if not r.passed and r.kind != "not applicable"]
     assert not bad, "\n".join(bad)
     na = {n for n, r in correct.items() if r.kind == "not applicable"}
-    assert na <= {"grad/agree", "grad/causal"}, na
+    assert na <= {"grad/agree", "grad/agree-hv2h"}, na
+    assert correct["grad/causal"].passed
 
 
 def test_correct_numpy_mla_decode_passes_every_case():
@@ -127,9 +130,41 @@ def test_mla_decode_fault_is_caught_by_agreement():
     assert r["mla/len1"].kind == "over budget"  # lengths 9 and 2 are read short; length 1 is not
 
 
-def test_gradient_with_wrong_sign_needs_backward_bindings():
-    """The gradient cases are not applicable until the module has backward bindings: a wrong-sign gradient
-    cannot be planted yet, and the cases say why instead of passing."""
-    rep = run(numpy_kda, "kda", cases=["grad/*"], printer=None)
-    assert [r.kind for r in rep.results] == ["not applicable"] * 2
+def with_backward(backward):
+    def fn(*a, **kw):
+        return numpy_kda(*a, **kw)
+    fn.backward = backward
+    return fn
+
+
+def dk_with_wrong_sign(*a, **kw):
+    d = numpy_kda.backward(*a, **kw)
+    d["dk"] = -d["dk"]
+    return d
+
+
+def gradient_leaks_backwards_in_time(*a, **kw):
+    """dg at t also receives dg at t - 1 (a gradient flowing to later inputs)."""
+    d = numpy_kda.backward(*a, **kw)
+    d["dg"][:, 1:] += 1e-3 * d["dg"][:, :-1]
+    return d
+
+
+def test_gradient_leak_is_caught_by_gradient_causality():
+    rep = run(with_backward(gradient_leaks_backwards_in_time), "kda", cases=["grad/*"], printer=None)
+    r = {x.case: x for x in rep.results}
+    assert r["grad/causal"].kind == "property broken" and "dg is nonzero at t = 7" in r["grad/causal"].detail
+
+
+@pytest.mark.skipif(not hasattr(kdalab, "kda_recurrent_backward"), reason="no backward bindings in this kdalab")
+def test_gradient_with_wrong_sign_is_caught_by_gradient_agreement():
+    rep = run(with_backward(dk_with_wrong_sign), "kda", cases=["grad/*"], printer=None)
+    r = {x.case: x for x in rep.results}
+    assert r["grad/agree"].kind == "over budget" and r["grad/agree-hv2h"].kind == "over budget"
+    assert r["grad/causal"].passed
+
+
+def test_gradient_agreement_is_not_applicable_without_backward_bindings_or_a_candidate_backward():
+    rep = run(lambda *a, **kw: numpy_kda(*a, **kw), "kda", cases=["grad/*"], printer=None)
+    assert [r.kind for r in rep.results] == ["not applicable"] * 3
     assert all("backward" in r.detail for r in rep.results)

@@ -77,6 +77,18 @@ class CanonicalKda(Adapter):
                        cu_seqlens=x["cu_seqlens"])
         return np.asarray(o, dtype=np.float64), None if S is None else np.asarray(S, dtype=np.float64)
 
+    def backward_reason(self, x) -> Optional[str]:
+        if not callable(getattr(self.fn, "backward", None)):
+            return "the candidate has no backward (an attribute fn.backward)"
+        return None
+
+    def backward(self, x, dO):
+        """The candidate's gradients of L = <dO, o>: fn.backward(q, k, v, g, beta, dO, *, scale, initial_state)
+        -> {"dq", "dk", "dv", "dg", "dbeta", "dS0"} shaped as the inputs (dq, dk summed over a key head's value
+        heads), numpy float64."""
+        d = self.fn.backward(x["q"], x["k"], x["v"], x["g"], x["beta"], dO, scale=x["scale"], initial_state=x["S0"])
+        return {k: np.asarray(a, dtype=np.float64) for k, a in d.items()}
+
 
 def _torch():
     import torch  # imported only by adapters that need it

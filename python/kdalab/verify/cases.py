@@ -346,9 +346,11 @@ def _kda_catalogue() -> List[Case]:
         about="20 one-token calls passing the state == one prefill call")
     add("layout/state-roundtrip", "random_kda", 61, {"B": 2, "T": 1, "d_k": 16, "d_v": 16}, prop="state_layout",
         about="beta = 0, g = 0: S_T == S0 and o == scale S0^T q (a [K,V]/[V,K] mix-up shows)")
-    # gradients: "not applicable" until the module has backward bindings (kdalab.verify.properties)
+    # gradients: agreement is "not applicable" until the module has backward bindings (kdalab.verify.properties)
     add("grad/agree", "random_kda", 62, {"T": 20}, prop="gradient_agreement",
         about="gradients of <dO, o> against the gradient oracle")
+    add("grad/agree-hv2h", "random_kda", 64, {"T": 19, "H": 1, "HV": 2}, prop="gradient_agreement",
+        about="gradients with HV = 2H (dq, dk summed over a key head's value heads)")
     add("grad/causal", "random_kda", 63, {"T": 20}, prop="gradient_causality", prop_params={"P": 7},
         about="a loss on o[:, :7] has exactly zero gradient wrt inputs at t >= 7")
     return cs

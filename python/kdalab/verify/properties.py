@@ -296,26 +296,75 @@ def determinism(adapter, case: Case, x, opts) -> Result:
 
 
 # ---------------------------------------------------------------------------------------------
-# Gradients (extension point)
+# Gradients
 # ---------------------------------------------------------------------------------------------
 
+GRADS = (("dq", "q"), ("dk", "k"), ("dv", "v"), ("dg", "g"), ("dbeta", "beta"))
+
+
+def _grad_call(adapter, x, dO) -> Dict[str, np.ndarray]:
+    try:
+        d = adapter.backward(x, dO)
+    except Exception as e:
+        raise Broken(f"the candidate's backward raised {type(e).__name__}: {e}") from e
+    for name, arr in d.items():
+        _finite(name, arr)
+    return d
+
+
+def _grad_reason(adapter, x) -> Optional[str]:
+    if not hasattr(adapter, "backward"):
+        return f"the adapter {adapter.name} has no backward convention"
+    r = adapter.backward_reason(x) if hasattr(adapter, "backward_reason") else None
+    if r:
+        return r
+    if x.get("cu_seqlens") is not None:
+        return "gradient cases are not varlen"
+    return None
+
+
+def _upstream(case: Case, x) -> np.ndarray:
+    """dO = dL/do drawn with kdalab.Rng from the case's seed (N(0, 1))."""
+    shape = x["v"].shape
+    return kdalab.Rng(case.seed + 104729).normal(int(np.prod(shape))).reshape(shape)
+
+
 def gradient_agreement(adapter, case: Case, x, opts) -> Result:
-    """Gradients of a loss <dO, o> against the gradient oracle. Needs the module's backward bindings and an
-    adapter with a `backward(x, dO)` method; until both exist every case is "not applicable"."""
-    import kdalab
+    """Gradients of L = <dO, o> with respect to q, k, v, g, beta (and S0) against the gradient oracle
+    kdalab.kda_recurrent_backward (reference/kda_backward.hpp), within budget."""
+    r = _grad_reason(adapter, x)
+    if r:
+        return Result(case.name, "gradient_agreement", NA, False, detail=r)
     if not hasattr(kdalab, "kda_recurrent_backward"):
         return Result(case.name, "gradient_agreement", NA, False,
                       detail="this kdalab has no backward bindings (kdalab.kda_recurrent_backward)")
-    if not hasattr(adapter, "backward"):
-        return Result(case.name, "gradient_agreement", NA, False, detail="the adapter has no backward convention")
-    return Result(case.name, "gradient_agreement", NA, False, detail="gradient checks are not wired yet")
+    dO = _upstream(case, x)
+    got = _grad_call(adapter, x, dO)
+    want = kdalab.kda_recurrent_backward(x["q"], x["k"], x["v"], x["g"], x["beta"], x["S0"], dO, scale=x["scale"],
+                                         precision=opts.get("truth", "float64"))
+    c = _Compare(adapter, x)
+    for name, _ in GRADS + ((("dS0", "S0"),) if x["S0"] is not None else ()):
+        if name in got:
+            c.add(name, got[name], want[name])
+    return c.result(case, "gradient_agreement")
 
 
 def gradient_causality(adapter, case: Case, x, opts) -> Result:
-    """A loss on o[:, :P] has exactly zero gradient with respect to inputs at t >= P (same requirements as
-    gradient_agreement)."""
-    r = gradient_agreement(adapter, case, x, opts)
-    return dataclasses.replace(r, prop="gradient_causality")
+    """A loss on o[:, :P] only (dO = 0 at t >= P) has exactly zero gradient with respect to every input at t >= P
+    (no oracle needed)."""
+    r = _grad_reason(adapter, x)
+    if r:
+        return Result(case.name, "gradient_causality", NA, False, detail=r)
+    P = case.prop_params["P"]
+    dO = _upstream(case, x)
+    dO[:, P:] = 0.0
+    got = _grad_call(adapter, x, dO)
+    for name, _ in GRADS:
+        if name in got and np.any(got[name][:, P:] != 0):
+            t = int(np.argwhere(got[name][:, P:] != 0)[0][1]) + P
+            raise Broken(f"{name} is nonzero at t = {t} >= {P} for a loss on o[:, :{P}]")
+    return Result(case.name, "gradient_causality", WITHIN, True, 0.0, 0.0,
+                  f"d(q, k, v, g, beta)[:, {P}:] exactly zero")
 
 
 PROPERTIES: Dict[str, Callable[..., Result]] = {
