@@ -52,3 +52,4 @@ __all__ = [
     "budgets", "built_with_cuda", "cell_seed", "check", "exists", "fnv1a64", "kda_chunked", "kda_decode",
     "kda_inputs", "kda_layer", "kda_recurrent", "members", "mla", "read_array", "read_attr", "require_cuda",
 ]
+from . import verify  # noqa: E402,F401  (kdalab.verify: docs/verify.md)

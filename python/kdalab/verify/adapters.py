@@ -1,0 +1,417 @@
+"""Adapters: one small class per calling convention, between kdalab's canonical tensors (kdalab.verify.cases)
+and a candidate's arguments.
+
+An adapter wraps the candidate callable and states what it declares:
+  op           "kda" or "mla_decode"
+  precision    the candidate's declared precision ("float64", "float32", "bf16"): it picks the budget
+  exact_batch  whether the candidate's reduction order is the same for every batch position and every packing,
+               so batch and varlen packing invariance must hold bit for bit (else within budget, reported)
+  returns_state  whether it returns the final state
+`supports(x)` returns None when the candidate can run the case's inputs x, else the reason it cannot (the verdict is
+then "not applicable", never a pass). Calling the adapter returns (o, S): o in the canonical output layout and S
+[N, HV, d_k, d_v] ("KV") or None, both float64 numpy arrays.
+
+Adapters are built by name: make_adapter("fla-chunk:gate=fused,state=vk", fn). Options are `key=value` pairs after
+a colon, comma-separated; each adapter documents its own.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import numpy as np
+
+Out = Tuple[np.ndarray, Optional[np.ndarray]]
+
+
+class Adapter:
+    """Base of every adapter (see the module docstring)."""
+    name = "base"
+    op = "kda"
+    options: Dict[str, Tuple[str, ...]] = {}   # option -> accepted values (first is the default)
+    exact_batch = False
+    returns_state = True
+
+    def __init__(self, fn: Callable, **opts: str):
+        self.fn = fn
+        self.opt: Dict[str, str] = {}
+        for key, accepted in self.options.items():
+            self.opt[key] = opts.pop(key, accepted[0])
+            if accepted[0] != "*" and self.opt[key] not in accepted:
+                raise ValueError(f"adapter {self.name}: {key} = {self.opt[key]!r}; accepted: {', '.join(accepted)}")
+        if opts:
+            raise ValueError(f"adapter {self.name}: unknown option {sorted(opts)[0]!r}; accepted: "
+                             f"{', '.join(self.options) or 'none'}")
+        self.precision = self.opt.get("precision", "float64")
+
+    def supports(self, x: Dict[str, Any]) -> Optional[str]:
+        if x["op"] != self.op:
+            return f"the adapter runs {self.op}, the case is {x['op']}"
+        return None
+
+    def __call__(self, x: Dict[str, Any]) -> Out:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        opts = ",".join(f"{k}={v}" for k, v in sorted(self.opt.items()))
+        return f"{self.name}:{opts}" if opts else self.name
+
+
+# ---------------------------------------------------------------------------------------------
+# KDA
+# ---------------------------------------------------------------------------------------------
+
+class CanonicalKda(Adapter):
+    """kdalab's canonical convention, numpy float64 in and out:
+    fn(q, k, v, g, beta, *, scale, initial_state=None, cu_seqlens=None) -> (o [B, T, HV, d_v], S [N, HV, d_k, d_v]).
+    Options: precision (float64 | float32 | bf16, the declared precision; default float64),
+    exact (yes | no: bit-identical batch and varlen invariance declared; default yes)."""
+    name = "canonical"
+    options = {"precision": ("float64", "float32", "bf16"), "exact": ("yes", "no")}
+
+    def __init__(self, fn, **opts):
+        super().__init__(fn, **opts)
+        self.exact_batch = self.opt["exact"] == "yes"
+
+    def __call__(self, x):
+        o, S = self.fn(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=x["scale"], initial_state=x["S0"],
+                       cu_seqlens=x["cu_seqlens"])
+        return np.asarray(o, dtype=np.float64), None if S is None else np.asarray(S, dtype=np.float64)
+
+    def backward_reason(self, x) -> Optional[str]:
+        if not callable(getattr(self.fn, "backward", None)):
+            return "the candidate has no backward (an attribute fn.backward)"
+        return None
+
+    def backward(self, x, dO):
+        """The candidate's gradients of L = <dO, o>: fn.backward(q, k, v, g, beta, dO, *, scale, initial_state)
+        -> {"dq", "dk", "dv", "dg", "dbeta", "dS0"} shaped as the inputs (dq, dk summed over a key head's value
+        heads), numpy float64."""
+        d = self.fn.backward(x["q"], x["k"], x["v"], x["g"], x["beta"], dO, scale=x["scale"], initial_state=x["S0"])
+        return {k: np.asarray(a, dtype=np.float64) for k, a in d.items()}
+
+
+def _torch():
+    import torch  # imported only by adapters that need it
+    return torch
+
+
+def _cuda_reason() -> Optional[str]:
+    try:
+        torch = _torch()
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "no CUDA device is visible to torch"
+    return None
+
+
+_TORCH_DTYPES = {"bf16": "bfloat16", "float32": "float32", "float64": "float64"}
+
+
+class _TorchKda(Adapter):
+    """Shared parts of the torch-based KDA adapters: dtype and device conversion, state layout, logits."""
+    state_layout = "kv"
+
+    def _t(self, a, dtype=None):
+        torch = _torch()
+        dt = getattr(torch, _TORCH_DTYPES[dtype or self.precision])
+        return torch.as_tensor(np.ascontiguousarray(a)).to(device="cuda", dtype=dt)
+
+    def _state_in(self, S0):
+        if S0 is None:
+            return None
+        s = S0 if self.state_layout == "kv" else np.swapaxes(S0, -1, -2)
+        return self._t(s, "float32")
+
+    def _state_out(self, S):
+        if S is None:
+            return None
+        s = S.detach().double().cpu().numpy()
+        return np.ascontiguousarray(s if self.state_layout == "kv" else np.swapaxes(s, -1, -2))
+
+    def _needs(self, x, fused_gate: bool, beta_logits: bool, l2norm: bool) -> Optional[str]:
+        if fused_gate and not all(n in x for n in ("g_raw", "A_log", "bias")):
+            return "the candidate fuses the gate; this case gives no exact gate logits"
+        if beta_logits and "beta_raw" not in x:
+            return "the candidate takes beta logits; this case gives no exact beta logit"
+        if l2norm and not x.get("unit_qk", False):
+            return "the candidate normalizes q and k in its kernel; this case checks un-normalized q, k"
+        return _cuda_reason()
+
+
+class FlaKda(_TorchKda):
+    """fla's `chunk_kda` (name fla-chunk) or `fused_recurrent_kda` (fla-recurrent), fla.ops.kda, from their public
+    signatures: q, k [B, T, H, K], v [B, T, HV, V], g [B, T, HV, K], beta [B, T, HV], initial_state [N, HV, K, V]
+    (or [N, HV, V, K] with state_v_first), cu_seqlens (B = 1). Options:
+      gate       precomputed (g is the log-decay) | fused (g_raw with A_log, dt_bias = bias [HV*K] and
+                 lower_bound = g_min: the K3 bounded gate in the kernel; chunk_kda with safe_gate)
+      state      kv | vk (state_v_first)
+      l2norm     off | kernel (use_qk_l2norm_in_kernel on q_raw, k_raw; needs a unit-q/k case)
+      beta       prob | logits (use_beta_sigmoid_in_kernel on beta_raw)
+      precision  bf16 | float32 (the dtype of q, k, v, g, beta; the state is fp32)"""
+    options = {"gate": ("precomputed", "fused"), "state": ("kv", "vk"), "l2norm": ("off", "kernel"),
+               "beta": ("prob", "logits"), "precision": ("bf16", "float32")}
+
+    def __init__(self, fn, *, name: str = "fla-chunk", **opts):
+        self.name = name
+        super().__init__(fn, **opts)
+        self.state_layout = self.opt["state"]
+
+    def supports(self, x):
+        return super().supports(x) or self._needs(x, self.opt["gate"] == "fused", self.opt["beta"] == "logits",
+                                                  self.opt["l2norm"] == "kernel")
+
+    def __call__(self, x):
+        fused, l2 = self.opt["gate"] == "fused", self.opt["l2norm"] == "kernel"
+        kw: Dict[str, Any] = dict(scale=x["scale"], initial_state=self._state_in(x["S0"]), output_final_state=True,
+                                  use_qk_l2norm_in_kernel=l2, state_v_first=self.state_layout == "vk")
+        if fused:
+            HV, K = x["bias"].shape
+            kw.update(use_gate_in_kernel=True, A_log=self._t(x["A_log"], "float32"),
+                      dt_bias=self._t(x["bias"].reshape(HV * K), "float32"), lower_bound=x["g_min"])
+            if self.name == "fla-chunk":
+                kw["safe_gate"] = True
+        if self.opt["beta"] == "logits":
+            kw["use_beta_sigmoid_in_kernel"] = True
+        if x["cu_seqlens"] is not None:
+            kw["cu_seqlens"] = _torch().as_tensor(x["cu_seqlens"], dtype=_torch().long, device="cuda")
+        q = x["q_raw"] if l2 else x["q"]
+        k = x["k_raw"] if l2 else x["k"]
+        g = x["g_raw"] if fused else x["g"]
+        beta = x["beta_raw"] if self.opt["beta"] == "logits" else x["beta"]
+        o, S = self.fn(self._t(q), self._t(k), self._t(x["v"]), self._t(g), self._t(beta), **kw)
+        return o.detach().double().cpu().numpy(), self._state_out(S)
+
+
+class FlashKdaFwd(_TorchKda):
+    """FlashKDA's `flash_kda.fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None,
+    final_state=None, cu_seqlens=None)` (github MoonshotAI/FlashKDA, its README's kernel API): bf16 q, k, v
+    [B, T, H, K]; g the gate logits [B, T, H, K] (K3 bounded gate in the kernel, A_log [H] fp32, dt_bias [H, K] fp32,
+    lower_bound in [-5, 0]); beta logits [B, T, H]; q and k L2-normalized in the kernel; out [B, T, H, V] bf16
+    written in place; states [N, H, V, K] fp32; K = V = 128; HV = H. No options."""
+    name = "flashkda"
+    state_layout = "vk"
+    options = {}
+
+    def __init__(self, fn, **opts):
+        super().__init__(fn, **opts)
+        self.precision = "bf16"
+
+    def supports(self, x):
+        r = super().supports(x)
+        if r:
+            return r
+        H, HV, K, V = x["q"].shape[2], x["v"].shape[2], x["q"].shape[3], x["v"].shape[3]
+        if (K, V) != (128, 128):
+            return f"FlashKDA needs K = V = 128; the case has K = {K}, V = {V} (run with --param d_k=128 --param d_v=128)"
+        if HV != H:
+            return f"FlashKDA needs HV = H; the case has H = {H}, HV = {HV}"
+        if not (-5.0 <= x.get("g_min", -5.0) <= 0.0):
+            return f"FlashKDA needs lower_bound in [-5, 0]; the case has g_min = {x.get('g_min')}"
+        return self._needs(x, True, True, True)
+
+    def __call__(self, x):
+        torch = _torch()
+        q = self._t(x["q_raw"])
+        out = torch.zeros(x["v"].shape, dtype=torch.bfloat16, device="cuda")
+        N = x["v"].shape[0] if x["cu_seqlens"] is None else len(x["cu_seqlens"]) - 1
+        H, K, V = x["v"].shape[2], x["q"].shape[3], x["v"].shape[3]
+        s0 = self._state_in(x["S0"])
+        sf = torch.zeros((N, H, V, K), dtype=torch.float32, device="cuda")
+        cu = None if x["cu_seqlens"] is None else torch.as_tensor(x["cu_seqlens"], dtype=torch.int64, device="cuda")
+        self.fn(q, self._t(x["k_raw"]), self._t(x["v"]), self._t(x["g_raw"]), self._t(x["beta_raw"]), x["scale"], out,
+                self._t(x["A_log"], "float32"), self._t(x["bias"], "float32"), x["g_min"],
+                initial_state=s0, final_state=sf, cu_seqlens=cu)
+        torch.cuda.synchronize()
+        return out.double().cpu().numpy(), self._state_out(sf)
+
+
+class KdalabCudaKda(_TorchKda):
+    """kdalab's own prefill kernel (kernels/kda.hpp kda_prefill) through the module's CUDA entry point
+    `kdalab._core.cuda_kda_prefill(q, k, v, g, beta, A_log, bias, o, S0, S_final, workspace, *, g_min, scale,
+    l2norm_qk, beta_sigmoid)` (KDALAB_CUDA builds only): bf16 q_raw, k_raw (L2Norm in the kernel), v, g_raw (the
+    fused K3 gate with A_log [HV], bias [HV, D] fp32 and g_min), beta_raw (logits); S0, S_final fp32 [B, HV, D, D]
+    ("KV"); D = d_k = d_v in {64, 128, 256}; no varlen. The candidate is that entry point (None: looked up in the
+    module); without it every case is "not applicable"."""
+    name = "kdalab-cuda"
+    options = {}
+
+    def __init__(self, fn, **opts):
+        import kdalab
+        super().__init__(fn if fn is not None else getattr(kdalab._core, "cuda_kda_prefill", None), **opts)
+        self.precision = "bf16"
+        self.exact_batch = False
+
+    def supports(self, x):
+        r = Adapter.supports(self, x)
+        if r:
+            return r
+        import kdalab
+        if self.fn is None or not kdalab.built_with_cuda:
+            return "this kdalab was built without its CUDA entry points (KDALAB_CUDA=OFF)"
+        K, V = x["q"].shape[3], x["v"].shape[3]
+        if K != V or K not in (64, 128, 256):
+            return f"kdalab's kernel needs d_k = d_v in {{64, 128, 256}}; the case has {K}, {V}"
+        if x["cu_seqlens"] is not None:
+            return "the module's prefill entry point takes no cu_seqlens"
+        if not (-5.0 <= x.get("g_min", -5.0) < 0.0):
+            return f"kdalab's kernel needs -5 <= g_min < 0; the case has g_min = {x.get('g_min')}"
+        return self._needs(x, True, True, True)
+
+    def __call__(self, x):
+        import kdalab
+        torch = _torch()
+        B, T, H, D = x["q"].shape
+        HV = x["v"].shape[2]
+        o = torch.zeros((B, T, HV, D), dtype=torch.bfloat16, device="cuda")
+        sf = torch.zeros((B, HV, D, D), dtype=torch.float32, device="cuda")
+        ws = torch.empty(kdalab._core.cuda_kda_prefill_workspace_bytes(B, T, H, HV, D), dtype=torch.uint8,
+                         device="cuda")
+        self.fn(self._t(x["q_raw"]), self._t(x["k_raw"]), self._t(x["v"]), self._t(x["g_raw"]),
+                self._t(x["beta_raw"]), self._t(x["A_log"], "float32"), self._t(x["bias"], "float32"), o,
+                self._state_in(x["S0"]), sf, ws, g_min=x["g_min"], scale=x["scale"], l2norm_qk=True,
+                beta_sigmoid=True, stream=torch.cuda.current_stream().cuda_stream)
+        torch.cuda.synchronize()
+        return o.double().cpu().numpy(), self._state_out(sf)
+
+
+# ---------------------------------------------------------------------------------------------
+# MLA decode
+# ---------------------------------------------------------------------------------------------
+
+class CanonicalMlaDecode(Adapter):
+    """kdalab's canonical MLA decode convention, numpy float64: fn(q [B, n_h, d_c], cache [B, N, d_c],
+    cache_seqlens [B], *, scale) -> o [B, n_h, d_c]. Options: precision, exact (as the canonical KDA adapter)."""
+    name = "mla-canonical"
+    op = "mla_decode"
+    returns_state = False
+    options = {"precision": ("float64", "float32", "bf16"), "exact": ("yes", "no")}
+
+    def __init__(self, fn, **opts):
+        super().__init__(fn, **opts)
+        self.exact_batch = self.opt["exact"] == "yes"
+
+    def __call__(self, x):
+        o = self.fn(x["q"], x["cache"], x["cache_seqlens"], scale=x["scale"])
+        return np.asarray(o, dtype=np.float64), None
+
+
+class FlashMlaDecode(Adapter):
+    """FlashMLA-style decode: fn(q [B, s_q = 1, h_q, d], k_cache [num_blocks, page_block_size, 1, d],
+    block_table [B, max_blocks] int32, cache_seqlens [B] int32, head_dim_v, tile_scheduler_metadata, num_splits,
+    softmax_scale, causal) -> (out [B, 1, h_q, head_dim_v], lse), with get_mla_metadata(cache_seqlens, s_q * h_q,
+    1) giving the scheduler arguments (flash_mla.flash_mla_with_kvcache's public signature). The latent cache is
+    paged in blocks of `page` tokens (option page, default 64); d = head_dim_v = d_c (NoPE). Options: page."""
+    name = "flashmla"
+    op = "mla_decode"
+    returns_state = False
+    options = {"page": ("64", "*")}
+
+    def __init__(self, fn, **opts):
+        super().__init__(fn, **opts)
+        self.precision = "bf16"
+
+    def supports(self, x):
+        return super().supports(x) or _cuda_reason()
+
+    def __call__(self, x):
+        torch = _torch()
+        import flash_mla  # noqa: F401  (get_mla_metadata of the same package)
+        page = int(self.opt["page"])
+        B, n_h, d_c = x["q"].shape
+        N = x["cache"].shape[1]
+        nb = (N + page - 1) // page
+        cache = np.zeros((B * nb * page, d_c))
+        for b in range(B):
+            cache[b * nb * page:b * nb * page + N] = x["cache"][b]
+        k_cache = torch.as_tensor(cache.reshape(B * nb, page, 1, d_c)).to("cuda", torch.bfloat16)
+        table = torch.arange(B * nb, dtype=torch.int32, device="cuda").reshape(B, nb)
+        lens = torch.as_tensor(x["cache_seqlens"], dtype=torch.int32, device="cuda")
+        meta, splits = flash_mla.get_mla_metadata(lens, n_h, 1)
+        q = torch.as_tensor(x["q"][:, None]).to("cuda", torch.bfloat16)
+        out, _ = self.fn(q, k_cache, table, lens, d_c, meta, splits, softmax_scale=x["scale"], causal=True)
+        return out[:, 0].double().cpu().numpy(), None
+
+
+class KdalabCudaMlaDecode(Adapter):
+    """kdalab's MLA decode kernel (kernels/mla.hpp mla_decode) through the module's CUDA entry point
+    `kdalab._core.cuda_mla_decode(q_hi, q_lo, c, out, workspace, lens, *, max_len, scale)` (KDALAB_CUDA builds only):
+    the absorbed query split into bf16 q_hi = bf16(q) and q_lo = bf16(q - q_hi); the latent cache bf16
+    [B, N, d_c]; lens int32 [B]; fp32 output. H in {16, 32}, d_c = 512. The candidate is that entry point (None:
+    looked up in the module); without it every case is "not applicable"."""
+    name = "kdalab-mla-cuda"
+    op = "mla_decode"
+    returns_state = False
+    options = {}
+
+    def __init__(self, fn, **opts):
+        import kdalab
+        super().__init__(fn if fn is not None else getattr(kdalab._core, "cuda_mla_decode", None), **opts)
+        self.precision = "bf16"
+
+    def supports(self, x):
+        r = super().supports(x)
+        if r:
+            return r
+        import kdalab
+        if self.fn is None or not kdalab.built_with_cuda:
+            return "this kdalab was built without its CUDA entry points (KDALAB_CUDA=OFF)"
+        B, n_h, d_c = x["q"].shape
+        if n_h not in (16, 32) or d_c != 512:
+            return f"kdalab's MLA decode needs H in {{16, 32}} and d_c = 512; the case has H = {n_h}, d_c = {d_c}"
+        return _cuda_reason()
+
+    def __call__(self, x):
+        import kdalab
+        torch = _torch()
+        B, n_h, d_c = x["q"].shape
+        N = x["cache"].shape[1]
+        q = torch.as_tensor(x["q"]).to("cuda", torch.float32)
+        q_hi = q.to(torch.bfloat16)
+        q_lo = (q - q_hi.float()).to(torch.bfloat16)
+        c = torch.as_tensor(x["cache"]).to("cuda", torch.bfloat16).contiguous()
+        out = torch.zeros((B, n_h, d_c), dtype=torch.float32, device="cuda")
+        max_len = int(max(x["cache_seqlens"]))
+        ws = torch.empty(kdalab._core.cuda_mla_decode_workspace_bytes(B, n_h, N, max_len), dtype=torch.uint8,
+                         device="cuda")
+        lens = torch.as_tensor(x["cache_seqlens"], dtype=torch.int32, device="cuda")
+        self.fn(q_hi, q_lo, c, out, ws, lens, max_len=max_len, scale=x["scale"],
+                stream=torch.cuda.current_stream().cuda_stream)
+        torch.cuda.synchronize()
+        return out.double().cpu().numpy(), None
+
+
+def _fla(name):
+    return lambda fn, **o: FlaKda(fn, name=name, **o)
+
+
+ADAPTERS: Dict[str, Callable[..., Adapter]] = {
+    "canonical": CanonicalKda,
+    "fla-chunk": _fla("fla-chunk"),
+    "fla-recurrent": _fla("fla-recurrent"),
+    "flashkda": FlashKdaFwd,
+    "kdalab-cuda": KdalabCudaKda,
+    "mla-canonical": CanonicalMlaDecode,
+    "flashmla": FlashMlaDecode,
+    "kdalab-mla-cuda": KdalabCudaMlaDecode,
+}
+
+
+def parse_spec(spec: str) -> Tuple[str, Dict[str, str]]:
+    """"NAME[:key=value,...]" -> (NAME, options); ValueError naming what is wrong."""
+    name, _, rest = spec.partition(":")
+    if name not in ADAPTERS:
+        raise ValueError(f"--adapter {name!r} is unknown; accepted: {', '.join(ADAPTERS)}")
+    opts: Dict[str, str] = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise ValueError(f"--adapter option {item!r} is not key=value")
+        opts[key] = value
+    return name, opts
+
+
+def make_adapter(spec: str, fn: Callable) -> Adapter:
+    """The adapter named by spec ("NAME[:key=value,...]") around candidate fn."""
+    name, opts = parse_spec(spec)
+    return ADAPTERS[name](fn, **opts)

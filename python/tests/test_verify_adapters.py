@@ -1,0 +1,123 @@
+"""Adapters of `kdalab verify`: what each cannot run is "not applicable" with its reason; options are checked;
+the budget rule is one swappable function; the pytest utilities of kdalab.testing."""
+import numpy as np
+import pytest
+
+import kdalab
+from kdalab import testing
+from kdalab.verify import NA, make_adapter, run
+from kdalab.verify import budgets as budgets_mod
+from kdalab.verify.candidates import numpy_kda
+from kdalab.verify.cases import find, with_params
+from kdalab.verify.properties import check_case
+
+
+def inputs(name, **params):
+    return with_params([find(name)], params)[0].inputs()
+
+
+def test_flashkda_needs_128_wide_heads():
+    r = make_adapter("flashkda", numpy_kda).supports(inputs("agree/T17"))
+    assert "K = V = 128" in r
+
+
+def test_flashkda_needs_equal_key_and_value_heads():
+    r = make_adapter("flashkda", numpy_kda).supports(inputs("agree/hv2h", d_k=128, d_v=128))
+    assert "HV = H" in r
+
+
+def test_in_kernel_l2norm_cannot_run_unnormalized_keys():
+    r = make_adapter("fla-chunk:l2norm=kernel", numpy_kda).supports(inputs("adv/key-norm-huge"))
+    assert "un-normalized" in r
+
+
+def test_fused_gate_needs_exact_gate_logits_and_beta_logits_exact_logits():
+    x = inputs("agree/T17")
+    del x["g_raw"]
+    assert "gate logits" in make_adapter("fla-recurrent:gate=fused", numpy_kda).supports(x)
+    assert "beta logit" in make_adapter("fla-chunk:beta=logits", numpy_kda).supports(inputs("adv/long-memory"))
+
+
+def test_kdalab_cuda_adapter_is_guarded_without_cuda_entry_points():
+    if kdalab.built_with_cuda:
+        pytest.skip("this kdalab has its CUDA entry points")
+    x = inputs("agree/T17")
+    assert "CUDA" in make_adapter("kdalab-cuda", None).supports(x)
+
+
+def test_adapter_for_another_op_is_not_applicable():
+    assert "mla_decode" in make_adapter("mla-canonical", numpy_kda).supports(inputs("agree/T17"))
+
+
+@pytest.mark.parametrize("spec, names", [("canonical:precision=fp8", "fp8"), ("canonical:colour=red", "colour"),
+                                         ("fla-chunk:state", "key=value"), ("fla-chunk:gate=softplus", "softplus")])
+def test_bad_adapter_option_names_itself(spec, names):
+    with pytest.raises(ValueError, match=names):
+        make_adapter(spec, numpy_kda)
+
+
+def test_declared_precision_picks_the_budget():
+    tol = lambda p: budgets_mod.budget("kda", p, "o", {}).tol
+    assert tol("float64") == kdalab.budgets()["f64_identity"][0]
+    assert tol("bf16") == kdalab.budgets()["kda_bf16_goal"][0]
+    assert tol("float64") < tol("float32") < tol("bf16")
+
+
+def test_budget_rule_is_one_swappable_function(monkeypatch):
+    case = find("agree/T17")
+    ok = check_case(make_adapter("canonical", numpy_kda), case)
+    assert ok.passed
+    monkeypatch.setattr(budgets_mod, "budget",
+                        lambda op, p, q, x: budgets_mod.Budget(ok.rel_rms / 2, "test", "half the error"))
+    over = check_case(make_adapter("canonical", numpy_kda), case)
+    assert over.verdict == "over budget by 2x"
+
+
+def test_bf16_rounded_candidate_is_within_bf16_noise_not_float64():
+    def rounded(*a, **kw):
+        o, S = numpy_kda(*a, **kw)
+        return (o.astype(np.float32) * (1 + 2.0**-9)).astype(np.float64), S
+    rep = run(rounded, "kda", ["agree/T65"], adapter="canonical:precision=bf16", printer=None)
+    assert rep.results[0].passed
+    rep = run(rounded, "kda", ["agree/T65"], adapter="canonical:precision=float64", printer=None)
+    assert rep.results[0].verdict.startswith("over budget by")
+
+
+def test_batch_spread_is_reported_when_the_candidate_declares_no_exact_order():
+    def spread(q, k, v, g, beta, **kw):
+        o, S = numpy_kda(q, k, v, g, beta, **kw)
+        return o * (1 + 1e-15 * (q.shape[0] > 1)), S
+    r = check_case(make_adapter("canonical:exact=no", spread), find("batch/B3"))
+    assert r.passed and "not bit-identical" in r.detail
+    r = check_case(make_adapter("canonical:exact=yes", spread), find("batch/B3"))
+    assert r.verdict == "property broken" and "not bit-identical" in r.detail
+
+
+def test_determinism_spread_is_reported():
+    calls = []
+
+    def jitter(*a, **kw):
+        calls.append(1)
+        o, S = numpy_kda(*a, **kw)
+        return o * (1 + 1e-15 * (len(calls) % 2)), S
+    r = check_case(make_adapter("canonical", jitter), find("determinism/T65"))
+    assert r.verdict == "property broken" and "max |diff|" in r.detail
+
+
+@testing.parametrize_cases("kda", props=["causality", "continuation"])
+def test_parametrize_cases_gives_one_test_per_case(case):
+    testing.assert_case_passes(numpy_kda, case)
+
+
+def test_assert_case_passes_names_the_case_and_seed():
+    def wrong(*a, **kw):
+        o, S = numpy_kda(*a, **kw)
+        return o * 1.01, S
+    case = find("agree/T17")
+    with pytest.raises(AssertionError, match=r"agree/T17 \(agreement\) seed 117.*\n.*random_kda\(seed=117, "):
+        testing.assert_case_passes(wrong, case)
+
+
+def test_assert_case_passes_skips_what_the_adapter_cannot_run():
+    with pytest.raises(pytest.skip.Exception, match=NA):
+        testing.assert_case_passes(numpy_kda, find("agree/T17"), adapter="flashkda")

@@ -1,0 +1,116 @@
+"""`kdalab verify` from the command line: bad options, the report (root attributes, reproducers), replay."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+import kdalab
+from kdalab.verify import replay, run
+from kdalab.verify.cli import main
+
+
+def verify(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "kdalab.verify", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def test_help_lists_every_option():
+    p = verify("--help")
+    assert p.returncode == 0
+    for opt in ("--op", "--candidate", "--adapter", "--cases", "--long", "--param", "--truth", "--out", "--replay",
+                "--case", "--list", "--quiet", "--no-report"):
+        assert opt in p.stdout, opt
+
+
+@pytest.mark.parametrize("args, names", [
+    (["--bogus"], "--bogus"),
+    (["--op", "softmax"], "--op"),
+    (["--adapter", "nope"], "nope"),
+    (["--adapter", "canonical:precision=fp8"], "fp8"),
+    (["--candidate", "nomodule_xyz:f"], "nomodule_xyz"),
+    (["--candidate", "no-colon"], "MODULE:FUNCTION"),
+    (["--cases", "no/such/*"], "no/such"),
+    (["--param", "d_k"], "KEY=VALUE"),
+    (["--replay", "r.h5"], "--case"),
+])
+def test_bad_option_is_one_line_exit_2_and_writes_nothing(tmp_path, args, names):
+    p = verify(*args, "--out", str(tmp_path / "r.h5"), cwd=tmp_path)
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and names in lines[0] and lines[0].startswith("kdalab-verify: error:"), p.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_existing_report_is_never_overwritten(tmp_path):
+    out = tmp_path / "r.h5"
+    out.write_bytes(b"keep")
+    p = verify("--cases", "agree/T17", "--out", str(out))
+    assert p.returncode == 2 and "exists" in p.stderr
+    assert out.read_bytes() == b"keep"
+
+
+def test_one_line_per_case_and_a_summary(tmp_path):
+    p = verify("--cases", "agree/T17,causal/T17-P5", "--no-report", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0].split()[:3] == ["ok", "agree/T17", "agreement"]
+    assert lines[1].split()[:3] == ["ok", "causal/T17-P5", "causality"]
+    assert any(l.startswith("property") for l in lines) and lines[-1].split()[:2] == ["total", "2"]
+    assert os.listdir(tmp_path) == []
+
+
+def leaky(q, k, v, g, beta, *, scale, initial_state=None, cu_seqlens=None):
+    """A candidate whose output at t reads the value at t + 1."""
+    from kdalab.verify.candidates import numpy_kda
+    o, S = numpy_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens)
+    o[:, :-1] += 1e-6 * v[:, 1:]
+    return o, S
+
+
+def test_report_holds_root_attributes_and_every_failures_reproducer(tmp_path):
+    out = str(tmp_path / "r.h5")
+    rep = run(leaky, "kda", ["causal/T17-P5", "agree/T16"], out=out, command_line="kdalab-verify test",
+              printer=None)
+    assert rep.exit_code() == 1
+    for a in ("software", "software_version", "git_sha", "date", "command_line", "config", "host", "seed"):
+        assert kdalab.read_attr(out, "/", a) is not None, a
+    assert kdalab.read_attr(out, "/", "command_line") == "kdalab-verify test"
+    assert kdalab.members(out, "verify/failures") == ["000", "001"]  # catalogue order: agree/T16 first
+    g = "verify/failures/001"
+    assert kdalab.read_attr(out, g, "case") == "causal/T17-P5"
+    assert kdalab.read_attr(out, g, "property") == "causality"
+    assert kdalab.read_attr(out, g, "verdict") == "property broken"
+    assert kdalab.read_attr(out, g, "seed") == 62.0
+    assert kdalab.read_attr(out, g, "generator_call") == "random_kda(seed=62, T=17)"
+    assert "q [1, 17, 2, 16]" in kdalab.read_attr(out, g, "shapes")
+    assert list(kdalab.read_array(out, "verify/cases/passed")) == [0.0, 0.0]
+
+
+def test_replay_reruns_a_failure_exactly(tmp_path):
+    out = str(tmp_path / "r.h5")
+    first = run(leaky, "kda", ["causal/T17-P16"], out=out, params={"d_k": 8, "d_v": 8}, printer=None).results[0]
+    again = replay(out, "causal/T17-P16", candidate=leaky, printer=None).results[0]
+    assert (again.verdict, again.detail) == (first.verdict, first.detail)
+    assert again.verdict == "property broken"
+
+
+def test_replay_from_the_command_line_uses_the_recorded_candidate(tmp_path, capsys):
+    out = str(tmp_path / "r.h5")
+    assert main(["--cases", "agree/T65", "--out", out, "--quiet"]) == 0
+    assert main(["--replay", out, "--case", "agree/T65"]) == 0
+    assert "ok     agree/T65" in capsys.readouterr().out
+    assert main(["--replay", out, "--case", "agree/T1"]) == 2
+
+
+def test_long_cases_are_skipped_unless_asked(tmp_path):
+    names = [c.name for c in kdalab.verify.catalogue("kda")]
+    assert "agree/T1000" not in names and "agree/T65536" not in names and "adv/long-memory" not in names
+    long_names = [c.name for c in kdalab.verify.catalogue("kda", long=True)]
+    assert {"agree/T1000", "agree/T65536", "adv/long-memory"} <= set(long_names)
+
+
+def test_everything_not_applicable_is_exit_4_never_a_pass(tmp_path):
+    p = verify("--adapter", "flashkda", "--candidate", "kdalab.verify.candidates:numpy_kda", "--cases", "agree/*",
+               "--no-report", cwd=tmp_path)
+    assert p.returncode == 4, p.stdout + p.stderr
+    assert "n/a" in p.stdout and "ok " not in p.stdout
