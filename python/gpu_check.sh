@@ -2,7 +2,9 @@
 # On the GPU machine (nvcc, cmake, ninja, torch; no network): builds the CUDA Python module from this
 # tree with CMake (no pip build, so no isolation), then runs the pytest suite with it, the CUDA
 # kernel tests included (python/tests/test_cuda_kernels.py). nanobind and pytest come as wheels in
-# .whl/ at the repository root (git-ignored), installed into a target folder, not the system.
+# .whl/ at the repository root (git-ignored), installed into a target folder, not the system: pure
+# Python wheels (python 3.11+), made where there is a network with
+#   pip download --only-binary=:all: --no-deps -d .whl nanobind pytest iniconfig packaging pluggy pygments
 # Usage: python/gpu_check.sh [pytest args]
 #   PYTHON=python3   the interpreter that has torch and numpy (its C headers are needed too)
 #   SITE=/tmp/site   where the wheels are installed

@@ -6,6 +6,7 @@
 // (python/src/cuda_kernels.cpp) with these bit for bit on the same inputs.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/string.h>
 
 #include <map>

@@ -83,7 +83,7 @@ def test_decode_steps_captured_in_a_cuda_graph_replay_the_eager_bits(torch):
     state_e = x["S0"].clone()
     eager = [kc.kda_decode(*[x[n][:, t].contiguous() for n in RAW], state_e, **gate).clone() for t in range(T)]
 
-    static = [x[n][:, 0].clone() for n in RAW]
+    static = [x[n][:, 0].contiguous().clone() for n in RAW]
     state_g, o_g = x["S0"].clone(), torch.empty_like(eager[0])
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
