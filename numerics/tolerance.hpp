@@ -163,6 +163,11 @@ inline constexpr Tolerance recall_softmax_exact{1e-4,
 inline constexpr Tolerance backward_fd_mp{1e-25,
     "truncation h^2 L'''/6 ~ 1e-34 and rounding u_mp50 |L| / h ~ 1e-50 / 1e-17 = 1e-33 for O(1) derivatives; "
     "measured <= 1.2e-31 on the unit-test shapes (tests/unit/test_kda_backward.cpp); 1e-25 fails any wrong term (O(1)) and any float64 step (1e-16)."};
+/// The same directional derivative from Python (python/tests/test_backward.py): the gradient and the forward
+/// in cpp_bin_float_50, each output rounded once to float64, L = <dy, f(x)> summed in float64, step h = 1e-6.
+inline constexpr Tolerance backward_fd_f64{1e-7,
+    "|error| / max(|<grad, u>|, 1): truncation h^2 L'''/6 ~ 1e-12 and rounding 2^-53 n |dy f| / h ~ 1e-16 x 100 / 1e-6 "
+    "= 1e-8 on the test shapes (n <= 100 outputs of O(1)); measured <= 1.4e-9 (python/tests/test_backward.py shapes); a wrong or missing term gives O(1)."};
 /// float64 gradients vs the cpp_bin_float_50 gradients of the same inputs, per gradient tensor.
 inline constexpr Tolerance backward_f64_vs_mp{1e-13,
     "the reverse sweep repeats the forward's O(T d) dependent flops once more; measured <= 1.6e-15 on T = 64 (recurrence) and "

@@ -6,7 +6,15 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 preset=${PRESET:-default}
 jobs=$(nproc 2>/dev/null || echo 2)
-cmake --preset "$preset" >/dev/null
+# The Python package (its module, test label python) is built in the same tree when setup.sh made its
+# environment; not in the debug and asan builds (an asan module cannot be loaded by python).
+venv=${VENV:-build/venv}
+if [ "$preset" = default ] && "$venv/bin/python" -c 'import nanobind, numpy, pytest' >/dev/null 2>&1; then
+  py=(-DKDALAB_PYTHON=ON "-DPython_EXECUTABLE=$(cd "$venv/bin" && pwd)/python")
+else
+  py=(-DKDALAB_PYTHON=OFF)
+fi
+cmake --preset "$preset" "${py[@]}" >/dev/null
 cmake --build "build/$preset" -j "$jobs"
 exclude="gpu"
 [ "$preset" != "default" ] && exclude="gpu|slow"

@@ -5,6 +5,12 @@ C-contiguous; outputs are numpy float64 arrays. Bad input raises kdalab.Error (a
 the C++ message, which names the tensor or option, the value and what is accepted. Shapes,
 layouts and dtypes of every function: kdalab/_core.pyi.
 """
+# A build with -DKDALAB_PYTHON=ON puts kdalab._core in <build>/python/kdalab/, apart from these
+# files: with both python/ and <build>/python on sys.path, that folder joins the package.
+from pkgutil import extend_path
+
+__path__ = extend_path(__path__, __name__)
+
 from ._core import (
     CHECK_DEFAULT_TOL,
     CheckResult,
@@ -13,19 +19,26 @@ from ._core import (
     Rng,
     anchor_kda,
     attn_res,
+    attn_res_backward,
     budgets,
     built_with_cuda,
     cell_seed,
     check,
     exists,
     fnv1a64,
+    gate,
+    gate_backward,
     kda_chunked,
+    kda_chunked_backward,
     kda_decode,
     kda_inputs,
     kda_layer,
     kda_recurrent,
+    kda_recurrent_backward,
     members,
     mla,
+    mla_attend,
+    mla_attend_backward,
     read_array,
     read_attr,
     software_version,
@@ -49,7 +62,9 @@ def require_cuda() -> None:
 
 __all__ = [
     "CHECK_DEFAULT_TOL", "CheckResult", "Error", "NotAvailable", "ResultsFile", "Rng", "anchor_kda", "attn_res",
-    "budgets", "built_with_cuda", "cell_seed", "check", "exists", "fnv1a64", "kda_chunked", "kda_decode",
-    "kda_inputs", "kda_layer", "kda_recurrent", "members", "mla", "read_array", "read_attr", "require_cuda",
+    "attn_res_backward", "budgets", "built_with_cuda", "cell_seed", "check", "exists", "fnv1a64", "gate",
+    "gate_backward", "kda_chunked", "kda_chunked_backward", "kda_decode", "kda_inputs", "kda_layer",
+    "kda_recurrent", "kda_recurrent_backward", "members", "mla", "mla_attend", "mla_attend_backward",
+    "read_array", "read_attr", "require_cuda",
 ]
 from . import verify  # noqa: E402,F401  (kdalab.verify: docs/verify.md)

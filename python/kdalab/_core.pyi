@@ -77,6 +77,62 @@ def attn_res(v: Array, w: Array, *, mode: str, block_sources: int = 1, eps: floa
     (block_sources sublayer outputs per block); eps >= 0 of the RMSNorm of the keys. Returns h [T, d].
     Equals `kdalab check --op attn-res` on the same inputs."""
 
+# ---- gradients: reverse-mode derivatives (vector-Jacobian products) of the functions above, in
+# float64 or mp50 like them; each returns a dict of numpy float64 arrays shaped as the inputs.
+
+def kda_recurrent_backward(q: Array, k: Array, v: Array, g: Array, beta: Array, S0: Optional[Array], dO: Array,
+                           dS_T: Optional[Array] = None, *, scale: float, variant: str = "kda", checkpoint: int = 0,
+                           precision: str = "float64") -> dict[str, F64]:
+    """dL/d(q, k, v, g, beta, S0) of kda_recurrent (docs/equations.md; reference/kda_backward.hpp
+    kda_recurrent_backward) for upstream dO = dL/do [B, T, HV, d_v] and dS_T = dL/dS_final
+    [B, HV, d_k, d_v] (None: the final state is unused). Inputs as kda_recurrent (S0 None: zero state).
+    checkpoint: states kept every `checkpoint` tokens, the rest recomputed (0: all kept; every value
+    gives the same bits). Returns {"dq", "dk": [B, T, H, d_k] (summed over a key head's value heads);
+    "dv": [B, T, HV, d_v]; "dg": [B, T, HV, d_k]; "dbeta": [B, T, HV]; "dS0": [B, HV, d_k, d_v]}."""
+
+def kda_chunked_backward(q: Array, k: Array, v: Array, g: Array, beta: Array, S0: Optional[Array], dO: Array,
+                         dS_T: Optional[Array] = None, *, scale: float, C: int = 64,
+                         precision: str = "float64") -> dict[str, F64]:
+    """dL/d(q, k, v, g, beta, S0) of the chunked form with chunk size C >= 1 (Kimi Linear sections 3-4;
+    reference/kda_chunk_backward.hpp kda_chunked_backward), variant "kda" only; equal to
+    kda_recurrent_backward up to rounding. Arguments and result as kda_recurrent_backward. A chunk's
+    cumulative log-decay must stay within the factored range (the error names the chunk and g)."""
+
+def gate(z: Array, A_log: Array, bias: Array, *, kind: str = "bounded", g_min: float = -5.0,
+         precision: str = "float64") -> F64:
+    """The KDA decay gate (reference/gate.hpp gate). kind "bounded" (K3 report Eq. 5):
+    g = g_min Sigmoid(e^{A_log[h]} (z + bias)), g_min < 0; "softplus" (Kimi Linear):
+    g = -e^{A_log[h]} Softplus(z + bias). z [T, HV d_k] (head h owns columns h d_k .. h d_k + d_k - 1);
+    A_log [HV]; bias [HV, d_k]. Returns g [T, HV d_k]."""
+
+def gate_backward(z: Array, A_log: Array, bias: Array, dg: Array, *, kind: str = "bounded", g_min: float = -5.0,
+                  precision: str = "float64") -> dict[str, F64]:
+    """dL/d(z, A_log, bias) of gate for upstream dg = dL/dg [T, HV d_k] (reference/gate_backward.hpp).
+    Returns {"dz": [T, HV d_k]; "dA_log": [HV]; "dbias": [HV, d_k]} (the parameters' gradients summed
+    over the tokens)."""
+
+def attn_res_backward(v: Array, w: Array, dh: Array, *, mode: str, block_sources: int = 1, eps: float = 1e-6,
+                      precision: str = "float64") -> dict[str, F64]:
+    """dL/d(v, w) of attn_res for upstream dh = dL/dh [T, d] (reference/attn_res_backward.hpp). Arguments
+    as attn_res. Returns {"dv": [N, T, d] (block mode: a source inside a block sum receives that sum's
+    gradient); "dw": [d] (summed over the tokens)}."""
+
+def mla_attend(q_C: Array, q_R: Array, C: Array, K_R: Array, W_UK: Array, W_UV: Array, *, n_h: int,
+               eval: str = "naive", precision: str = "float64") -> F64:
+    """The Gated MLA attention core without the projections and the output gate (DeepSeek-V2 Eqs. 9-19;
+    reference/mla.hpp mla_attend_naive, mla_attend_absorbed): per head i, scores
+    d_qk^-1/2 (q^C_i (C W_UK,i^T)^T + q^R_i K_R^T), causal softmax, times C W_UV,i^T.
+    q_C [T, n_h d_nope]; q_R [T, n_h d_rope] (d_rope may be 0: shape [T, 0]); C [N, d_c] the latent
+    cache, N >= T, the T query tokens last (row t attends to cache rows 0 .. N - T + t); K_R [N, d_rope];
+    W_UK [n_h d_nope, d_c]; W_UV [n_h d_v, d_c]; head i owns the i-th block of columns (rows of the
+    weights). eval "naive" or "absorbed". Returns o [T, n_h d_v]."""
+
+def mla_attend_backward(q_C: Array, q_R: Array, C: Array, K_R: Array, W_UK: Array, W_UV: Array, dO: Array, *,
+                        n_h: int, eval: str = "naive", precision: str = "float64") -> dict[str, F64]:
+    """dL/d(q_C, q_R, C, K_R, W_UK, W_UV) of mla_attend for upstream dO = dL/do [T, n_h d_v]
+    (reference/mla_backward.hpp; naive and absorbed agree to rounding). Arguments as mla_attend.
+    Returns {"dq_C", "dq_R", "dC", "dK_R", "dW_UK", "dW_UV"}, each shaped as its input."""
+
 class CheckResult:
     """Metrics of a candidate against a truth (numerics/metrics.hpp) and the verdict of `kdalab check`."""
     name: str
@@ -155,3 +211,63 @@ def members(file: str, group: str) -> list[str]:
 
 def exists(file: str, path: str) -> bool:
     """Whether an HDF5 file holds an object (group or dataset) at path."""
+
+# ---- CUDA builds only (KDALAB_CUDA; built_with_cuda is True): kdalab's kernels on CUDA arrays through
+# DLPack (torch tensors), every array the caller's (outputs and workspace included), every launch on
+# `stream` (a cudaStream_t as an int; 0 the legacy default stream). The wrappers of kdalab.cuda
+# allocate with torch and pass torch's current stream. Errors: Error naming the tensor (device,
+# dtype, shape, C-contiguity) or the kernel's argument, before anything is launched.
+
+def cuda_kda_prefill_workspace_bytes(B: int, T: int, H: int, HV: int, D: int, *, single_stream: bool = False) -> int:
+    """Bytes of the workspace cuda_kda_prefill needs for these shapes (kernels/kda.hpp kda_prefill_workspace_bytes)."""
+
+def cuda_kda_prefill(q: Array, k: Array, v: Array, g: Array, beta: Array, A_log: Array, bias: Array, o: Array,
+                     S0: Optional[Array], S_final: Optional[Array], workspace: Array, *, g_min: float, scale: float,
+                     l2norm_qk: bool = True, beta_sigmoid: bool = True, single_stream: bool = False,
+                     stream: int = 0) -> None:
+    """KDA chunked prefill (kernels/kda.hpp kda_prefill; K3 report Eqs. 1, 5) with the fused K3 gate
+    g = g_min Sigmoid(e^A_log (g + bias)), L2-normalised q, k (l2norm_qk) and beta = Sigmoid(beta) (beta_sigmoid).
+    q, k [B, T, H, D] bf16; v, g [B, T, HV, D] bf16 (g the raw gate logits); beta [B, T, HV] bf16; A_log [HV]
+    fp32; bias [HV, D] fp32; out o [B, T, HV, D] bf16; S0, S_final [B, HV, D, D] fp32 ("KV" layout) or None;
+    workspace uint8 [>= cuda_kda_prefill_workspace_bytes]. D in {64, 128, 256}; -5 <= g_min < 0.
+    single_stream: no side stream (for CUDA-graph capture)."""
+
+def cuda_kda_decode(q: Array, k: Array, v: Array, g: Array, beta: Array, A_log: Array, bias: Array, state: Array,
+                    o: Array, *, g_min: float, scale: float, l2norm_qk: bool = True, beta_sigmoid: bool = True,
+                    stream: int = 0) -> None:
+    """One KDA decode step (kernels/kda.hpp kda_decode), capturable in a CUDA graph: q, k [B, H, D] bf16;
+    v, g [B, HV, D] bf16; beta [B, HV] bf16; A_log, bias as cuda_kda_prefill; state [B, HV, D, D] fp32
+    updated in place (the prefill's S_final); out o [B, HV, D] bf16."""
+
+def cuda_mla_absorb_query(q_C: Array, W_UK: Array, q_hi: Array, q_lo: Array, *, stream: int = 0) -> None:
+    """The absorbed MLA query q~ = W_UK,i^T q^C_i in fp32 split into bf16 q_hi + q_lo (kernels/mla_prefill.hpp
+    mla_absorb_query): q_C [n, H, d_nope] bf16; W_UK [H d_nope, d_c] bf16; out q_hi, q_lo [n, H, d_c] bf16; d_c = 512."""
+
+def cuda_mla_decode_workspace_bytes(B: int, H: int, capacity: int, max_len: int) -> int:
+    """Bytes of the workspace cuda_mla_decode needs (kernels/mla.hpp mla_decode_workspace_bytes)."""
+
+def cuda_mla_decode(q_hi: Array, q_lo: Array, c: Array, out: Array, workspace: Array, lens: Optional[Array] = None, *,
+                    max_len: int, scale: float, stream: int = 0) -> None:
+    """One absorbed MLA decode step (kernels/mla.hpp mla_decode), capturable in a CUDA graph: the attended
+    latent a = softmax(scale q~ C^T) C per (sequence, head). q_hi, q_lo [B, H, d_c] bf16; latent cache
+    c [B, N_max, row] bf16 (row = d_c = 512, or 576 with k^R in each row); out a [B, H, d_c] fp32; workspace
+    uint8 [>= cuda_mla_decode_workspace_bytes]; lens int32 [B] on the GPU or None (every sequence max_len
+    tokens); 1 <= max_len <= N_max; H in {16, 32}; scale = (d_nope + d_rope)^-1/2."""
+
+def cuda_mla_prefill_workspace_bytes(B: int, T: int, H: int, capacity: int, prefix: int, *, path: str = "auto") -> int:
+    """Bytes of the workspace cuda_mla_prefill needs (kernels/mla_prefill.hpp mla_prefill_heads_workspace_bytes)."""
+
+def cuda_mla_prefill(c: Array, q_C: Array, W_UK: Array, W_UV: Array, out: Array, workspace: Array,
+                     c_new: Optional[Array] = None, *, prefix: int, scale: float, path: str = "auto",
+                     stream: int = 0) -> None:
+    """Causal MLA prefill of T new tokens behind `prefix` cached ones with per-head output o_i = W_UV,i a_i
+    (kernels/mla_prefill.hpp mla_prefill_heads; path "auto" (the FLOP rule), "absorbed" or "naive"). c [B, N_max,
+    row] bf16, rows prefix .. prefix + T - 1 written from c_new [B, T, d_c] bf16 (None: already there); q_C
+    [B, T, H, d_nope] bf16; W_UK [H d_nope, d_c], W_UV [H d_v, d_c] bf16; out o [B, T, H, d_v] fp32; workspace
+    uint8 [>= cuda_mla_prefill_workspace_bytes]. d_c = 512, d_nope = d_v = 128. Its first call creates a cuBLAS
+    handle (not capturable)."""
+
+def cuda_attn_res(src: Array, w: Array, out: Array, *, eps: float = 1e-6, stream: int = 0) -> None:
+    """Attention Residuals over S sources (kernels/attn_res.hpp attn_res; K3 report Eqs. 8-10): per token
+    softmax_i(w . RMSNorm(src_i)) weighted sum of the raw sources. src [S, T, d] bf16 (d a multiple of 8);
+    w [d] fp32; out [T, d] fp32 or bf16."""

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "python/src/oracle.hpp"
+#include "reference/attn_res.hpp"
 #include "reference/scalar.hpp"
 
 namespace kdalab::py {
@@ -33,6 +34,21 @@ Tensor<double> from_mat(const Mat<S>& m) {
   for (Eigen::Index i = 0; i < m.size(); ++i) t.data[static_cast<std::size_t>(i)] = static_cast<double>(m.data()[i]);
   return t;
 }
+
+/// Vec<S> -> Tensor [n], each element rounded once to double.
+template <class S>
+Tensor<double> from_vec(const Vec<S>& v) {
+  Tensor<double> t({static_cast<std::size_t>(v.size())});
+  for (Eigen::Index i = 0; i < v.size(); ++i) t.data[static_cast<std::size_t>(i)] = static_cast<double>(v(i));
+  return t;
+}
+
+/// Throws kdalab::Error unless scale is finite and > 0.
+void require_scale(double scale);
+
+/// Checks the arguments of attn_res() (errors name the tensor or option) and returns the config.
+AttnResConfig attn_res_config(const Tensor<double>& v, const Tensor<double>& w, const std::string& mode,
+                              std::size_t block_sources, double eps);
 
 /// Reads layer options: every key of `given` must be in `accepted` (else kdalab::Error naming the
 /// key and the accepted ones); values parsed as the option's kind, errors naming the option.

@@ -27,6 +27,10 @@
 #include "numerics/metrics.hpp"
 #include "numerics/random.hpp"
 #include "numerics/tolerance.hpp"
+#include "python/src/arrays.hpp"
+#ifdef KDALAB_HAVE_CUDA
+#include "python/src/cuda_kernels.hpp"
+#endif
 #include "python/src/docstrings.hpp"
 #include "python/src/oracle.hpp"
 #include "reference/error.hpp"
@@ -35,10 +39,6 @@ namespace nb = nanobind;
 using namespace nb::literals;
 
 namespace kdalab::py {
-namespace {
-
-using Array = nb::ndarray<nb::ro>;
-using Out = nb::ndarray<nb::numpy, double>;
 
 std::string shape_of(const Array& a) {
   std::vector<std::size_t> s(a.ndim());
@@ -56,6 +56,7 @@ std::string dtype_name(const nb::dlpack::dtype& d) {
   return std::string(kind) + std::to_string(d.bits);
 }
 
+namespace {
 /// Checks device, layout and dtype of array `name` and returns its shape; throws kdalab::Error naming it.
 std::vector<std::size_t> checked_shape(const Array& a, const std::string& name) {
   require(a.device_type() == nb::device::cpu::value,
@@ -76,7 +77,8 @@ std::vector<std::size_t> checked_shape(const Array& a, const std::string& name) 
   return shape;
 }
 
-/// A float64 C-contiguous CPU array -> Tensor<double> (copied). Errors name the tensor.
+}  // namespace
+
 Tensor<double> tensor_in(const Array& a, const std::string& name) {
   require(a.dtype() == nb::dtype<double>(),
           "tensor '" + name + "' has dtype " + dtype_name(a.dtype()) +
@@ -87,6 +89,7 @@ Tensor<double> tensor_in(const Array& a, const std::string& name) {
   return t;
 }
 
+namespace {
 /// A candidate (float64, float32 or bfloat16; CPU; C-contiguous) -> doubles, each value exact.
 std::vector<double> values_in(const Array& a, const std::string& name) {
   const auto shape = checked_shape(a, name);
@@ -113,12 +116,15 @@ std::vector<double> values_in(const Array& a, const std::string& name) {
   return out;
 }
 
-/// Tensor<double> -> a numpy float64 array that owns the data.
+}  // namespace
+
 Out tensor_out(Tensor<double> t) {
   auto* v = new std::vector<double>(std::move(t.data));
   nb::capsule owner(v, [](void* p) noexcept { delete static_cast<std::vector<double>*>(p); });
   return Out(v->data(), t.shape.size(), t.shape.data(), owner);
 }
+
+namespace {
 
 Named named_in(const std::map<std::string, Array>& m) {
   Named r;
@@ -208,7 +214,8 @@ nb::dict budgets() {
       {"kda_bf16_goal", tol::kda_bf16_goal},   {"golden_f64", tol::golden_f64},
       {"golden_mp", tol::golden_mp},           {"check_self", tol::check_self},
       {"mla_decode_goal", tol::mla_decode_goal}, {"mla_prefill_goal", tol::mla_prefill_goal},
-      {"attn_res_f32", tol::attn_res_f32},     {"attn_res_bf16", tol::attn_res_bf16}};
+      {"attn_res_f32", tol::attn_res_f32},     {"attn_res_bf16", tol::attn_res_bf16},
+      {"backward_f64_vs_mp", tol::backward_f64_vs_mp}, {"backward_fd_f64", tol::backward_fd_f64}};
   for (const auto& [n, t] : ts) d[n] = nb::make_tuple(t.value, std::string(t.why));
   return d;
 }
@@ -222,7 +229,13 @@ NB_MODULE(_core, m) {
   m.doc() = "kdalab's C++ core: the reference (oracle), metrics, input generators, HDF5 results writer";
   nb::exception<kdalab::Error>(m, "Error", PyExc_ValueError);
 
+#ifdef KDALAB_HAVE_CUDA
+  m.attr("built_with_cuda") = true;
+  bind_cuda(m);
+  bind_cuda_host_path(m);
+#else
   m.attr("built_with_cuda") = false;
+#endif
   m.attr("software_version") = software_version();
 
   m.def(
@@ -284,6 +297,113 @@ NB_MODULE(_core, m) {
                                        eps, p));
       },
       "v"_a, "w"_a, nb::kw_only(), "mode"_a, "block_sources"_a = 1, "eps"_a = 1e-6, "precision"_a = "float64", doc::attn_res);
+
+  // ---- gradients (vector-Jacobian products): dicts of numpy float64 arrays, shaped as the inputs
+  const auto kda_grad_out = [](KdaGradResult r) {
+    nb::dict d;
+    d["dq"] = tensor_out(std::move(r.dq));
+    d["dk"] = tensor_out(std::move(r.dk));
+    d["dv"] = tensor_out(std::move(r.dv));
+    d["dg"] = tensor_out(std::move(r.dg));
+    d["dbeta"] = tensor_out(std::move(r.dbeta));
+    d["dS0"] = tensor_out(std::move(r.dS0));
+    return d;
+  };
+  m.def(
+      "kda_recurrent_backward",
+      [kda_grad_out](const Array& q, const Array& k, const Array& v, const Array& g, const Array& beta,
+                     const std::optional<Array>& S0, const Array& dO, const std::optional<Array>& dS_T, double scale,
+                     const std::string& variant, std::int64_t checkpoint, const std::string& precision) {
+        const Precision p = parse_precision(precision);
+        const auto s0 = opt_in(S0, "S0"), dst = opt_in(dS_T, "dS_T");
+        return kda_grad_out(py::kda_recurrent_backward(
+            tensor_in(q, "q"), tensor_in(k, "k"), tensor_in(v, "v"), tensor_in(g, "g"), tensor_in(beta, "beta"),
+            s0 ? &*s0 : nullptr, tensor_in(dO, "dO"), dst ? &*dst : nullptr, scale, variant,
+            count(checkpoint, "checkpoint"), p));
+      },
+      "q"_a, "k"_a, "v"_a, "g"_a, "beta"_a, "S0"_a.none(), "dO"_a, "dS_T"_a = nb::none(), nb::kw_only(), "scale"_a,
+      "variant"_a = "kda", "checkpoint"_a = 0, "precision"_a = "float64", doc::kda_recurrent_backward);
+  m.def(
+      "kda_chunked_backward",
+      [kda_grad_out](const Array& q, const Array& k, const Array& v, const Array& g, const Array& beta,
+                     const std::optional<Array>& S0, const Array& dO, const std::optional<Array>& dS_T, double scale,
+                     std::int64_t C, const std::string& precision) {
+        const Precision p = parse_precision(precision);
+        const auto s0 = opt_in(S0, "S0"), dst = opt_in(dS_T, "dS_T");
+        return kda_grad_out(py::kda_chunked_backward(tensor_in(q, "q"), tensor_in(k, "k"), tensor_in(v, "v"),
+                                                     tensor_in(g, "g"), tensor_in(beta, "beta"), s0 ? &*s0 : nullptr,
+                                                     tensor_in(dO, "dO"), dst ? &*dst : nullptr, scale, count(C, "C"), p));
+      },
+      "q"_a, "k"_a, "v"_a, "g"_a, "beta"_a, "S0"_a.none(), "dO"_a, "dS_T"_a = nb::none(), nb::kw_only(), "scale"_a,
+      "C"_a = 64, "precision"_a = "float64", doc::kda_chunked_backward);
+  m.def(
+      "gate",
+      [](const Array& z, const Array& A_log, const Array& bias, const std::string& kind, double g_min,
+         const std::string& precision) {
+        const Precision p = parse_precision(precision);
+        return tensor_out(py::gate(tensor_in(z, "z"), tensor_in(A_log, "A_log"), tensor_in(bias, "bias"), kind, g_min, p));
+      },
+      "z"_a, "A_log"_a, "bias"_a, nb::kw_only(), "kind"_a = "bounded", "g_min"_a = -5.0, "precision"_a = "float64",
+      doc::gate);
+  m.def(
+      "gate_backward",
+      [](const Array& z, const Array& A_log, const Array& bias, const Array& dg, const std::string& kind, double g_min,
+         const std::string& precision) {
+        const Precision p = parse_precision(precision);
+        GateGradResult r = py::gate_backward(tensor_in(z, "z"), tensor_in(A_log, "A_log"), tensor_in(bias, "bias"),
+                                             tensor_in(dg, "dg"), kind, g_min, p);
+        nb::dict d;
+        d["dz"] = tensor_out(std::move(r.dz));
+        d["dA_log"] = tensor_out(std::move(r.dA_log));
+        d["dbias"] = tensor_out(std::move(r.dbias));
+        return d;
+      },
+      "z"_a, "A_log"_a, "bias"_a, "dg"_a, nb::kw_only(), "kind"_a = "bounded", "g_min"_a = -5.0,
+      "precision"_a = "float64", doc::gate_backward);
+  m.def(
+      "attn_res_backward",
+      [](const Array& v, const Array& w, const Array& dh, const std::string& mode, std::int64_t block_sources,
+         double eps, const std::string& precision) {
+        const Precision p = parse_precision(precision);
+        AttnResGradResult r = py::attn_res_backward(tensor_in(v, "v"), tensor_in(w, "w"), tensor_in(dh, "dh"), mode,
+                                                    count(block_sources, "block_sources"), eps, p);
+        nb::dict d;
+        d["dv"] = tensor_out(std::move(r.dv));
+        d["dw"] = tensor_out(std::move(r.dw));
+        return d;
+      },
+      "v"_a, "w"_a, "dh"_a, nb::kw_only(), "mode"_a, "block_sources"_a = 1, "eps"_a = 1e-6, "precision"_a = "float64",
+      doc::attn_res_backward);
+  m.def(
+      "mla_attend",
+      [](const Array& q_C, const Array& q_R, const Array& C, const Array& K_R, const Array& W_UK, const Array& W_UV,
+         std::int64_t n_h, const std::string& eval, const std::string& precision) {
+        const Precision p = parse_precision(precision);
+        return tensor_out(py::mla_attend(tensor_in(q_C, "q_C"), tensor_in(q_R, "q_R"), tensor_in(C, "C"),
+                                         tensor_in(K_R, "K_R"), tensor_in(W_UK, "W_UK"), tensor_in(W_UV, "W_UV"),
+                                         count(n_h, "n_h"), eval, p));
+      },
+      "q_C"_a, "q_R"_a, "C"_a, "K_R"_a, "W_UK"_a, "W_UV"_a, nb::kw_only(), "n_h"_a, "eval"_a = "naive",
+      "precision"_a = "float64", doc::mla_attend);
+  m.def(
+      "mla_attend_backward",
+      [](const Array& q_C, const Array& q_R, const Array& C, const Array& K_R, const Array& W_UK, const Array& W_UV,
+         const Array& dO, std::int64_t n_h, const std::string& eval, const std::string& precision) {
+        const Precision p = parse_precision(precision);
+        MlaAttendGradResult r = py::mla_attend_backward(
+            tensor_in(q_C, "q_C"), tensor_in(q_R, "q_R"), tensor_in(C, "C"), tensor_in(K_R, "K_R"),
+            tensor_in(W_UK, "W_UK"), tensor_in(W_UV, "W_UV"), tensor_in(dO, "dO"), count(n_h, "n_h"), eval, p);
+        nb::dict d;
+        d["dq_C"] = tensor_out(std::move(r.dq_C));
+        d["dq_R"] = tensor_out(std::move(r.dq_R));
+        d["dC"] = tensor_out(std::move(r.dC));
+        d["dK_R"] = tensor_out(std::move(r.dK_R));
+        d["dW_UK"] = tensor_out(std::move(r.dW_UK));
+        d["dW_UV"] = tensor_out(std::move(r.dW_UV));
+        return d;
+      },
+      "q_C"_a, "q_R"_a, "C"_a, "K_R"_a, "W_UK"_a, "W_UV"_a, "dO"_a, nb::kw_only(), "n_h"_a, "eval"_a = "naive",
+      "precision"_a = "float64", doc::mla_attend_backward);
 
   // ---- metrics and budgets
   nb::class_<CheckResult>(m, "CheckResult", doc::CheckResult)

@@ -63,4 +63,68 @@ Tensor<double> mla(const Tensor<double>& x, const Named& weights, const Options&
 Tensor<double> attn_res(const Tensor<double>& v, const Tensor<double>& w, const std::string& mode,
                         std::size_t block_sources, double eps, Precision p);
 
+// ---- gradients (vector-Jacobian products; reference/*_backward.hpp) -------------------------------
+
+/// dL/d(q, k, v, g, beta, S0) of a KDA call, shaped as its inputs: dq, dk [B, T, H, d_k];
+/// dv [B, T, HV, d_v]; dg [B, T, HV, d_k]; dbeta [B, T, HV]; dS0 [B, HV, d_k, d_v].
+struct KdaGradResult {
+  Tensor<double> dq, dk, dv, dg, dbeta, dS0;
+};
+
+/// Reverse-mode derivative of kda_recurrent (reference/kda_backward.hpp kda_recurrent_backward) for
+/// upstream dO [B, T, HV, d_v] and dS_T [B, HV, d_k, d_v] (null: the final state is unused). checkpoint:
+/// states kept every `checkpoint` tokens (0: all; every value gives the same bits).
+KdaGradResult kda_recurrent_backward(const Tensor<double>& q, const Tensor<double>& k, const Tensor<double>& v,
+                                     const Tensor<double>& g, const Tensor<double>& beta, const Tensor<double>* S0,
+                                     const Tensor<double>& dO, const Tensor<double>* dS_T, double scale,
+                                     const std::string& variant, std::size_t checkpoint, Precision p);
+
+/// Reverse-mode derivative of kda_chunked, variant kda, chunk size C >= 1
+/// (reference/kda_chunk_backward.hpp kda_chunked_backward); arguments as kda_recurrent_backward.
+KdaGradResult kda_chunked_backward(const Tensor<double>& q, const Tensor<double>& k, const Tensor<double>& v,
+                                   const Tensor<double>& g, const Tensor<double>& beta, const Tensor<double>* S0,
+                                   const Tensor<double>& dO, const Tensor<double>* dS_T, double scale, std::size_t C,
+                                   Precision p);
+
+/// The KDA decay gate (K3 report Eq. 5 "bounded", Kimi Linear "softplus"; reference/gate.hpp gate):
+/// z [T, HV d_k], A_log [HV], bias [HV, d_k] -> g [T, HV d_k]; g_min < 0 for the bounded gate.
+Tensor<double> gate(const Tensor<double>& z, const Tensor<double>& A_log, const Tensor<double>& bias,
+                    const std::string& kind, double g_min, Precision p);
+
+/// dz [T, HV d_k], dA_log [HV], dbias [HV, d_k] of gate() for upstream dg [T, HV d_k]
+/// (reference/gate_backward.hpp gate_backward).
+struct GateGradResult {
+  Tensor<double> dz, dA_log, dbias;
+};
+GateGradResult gate_backward(const Tensor<double>& z, const Tensor<double>& A_log, const Tensor<double>& bias,
+                             const Tensor<double>& dg, const std::string& kind, double g_min, Precision p);
+
+/// dv [N, T, d] and dw [d] of attn_res() for upstream dh [T, d] (reference/attn_res_backward.hpp; in
+/// block mode a source inside a block sum receives the block sum's gradient).
+struct AttnResGradResult {
+  Tensor<double> dv, dw;
+};
+AttnResGradResult attn_res_backward(const Tensor<double>& v, const Tensor<double>& w, const Tensor<double>& dh,
+                                    const std::string& mode, std::size_t block_sources, double eps, Precision p);
+
+/// The MLA attention core (DeepSeek-V2 Eqs. 9-19 without the projections and the output gate;
+/// reference/mla.hpp mla_attend_naive / mla_attend_absorbed): queries q_C [T, n_h d_nope],
+/// q_R [T, n_h d_rope] (d_rope may be 0), latent cache C [N, d_c], shared keys K_R [N, d_rope],
+/// W_UK [n_h d_nope, d_c], W_UV [n_h d_v, d_c]; query row t sits at position N - T + t (causal).
+/// Returns o [T, n_h d_v] (ungated). eval "naive" or "absorbed".
+Tensor<double> mla_attend(const Tensor<double>& q_C, const Tensor<double>& q_R, const Tensor<double>& C,
+                          const Tensor<double>& K_R, const Tensor<double>& W_UK, const Tensor<double>& W_UV,
+                          std::size_t n_h, const std::string& eval, Precision p);
+
+/// Gradients of mla_attend for upstream dO [T, n_h d_v] (reference/mla_backward.hpp), each shaped as
+/// its input: dq_C, dq_R, dC, dK_R, dW_UK, dW_UV.
+struct MlaAttendGradResult {
+  Tensor<double> dq_C, dq_R, dC, dK_R, dW_UK, dW_UV;
+};
+MlaAttendGradResult mla_attend_backward(const Tensor<double>& q_C, const Tensor<double>& q_R,
+                                        const Tensor<double>& C, const Tensor<double>& K_R,
+                                        const Tensor<double>& W_UK, const Tensor<double>& W_UV,
+                                        const Tensor<double>& dO, std::size_t n_h, const std::string& eval,
+                                        Precision p);
+
 }  // namespace kdalab::py

@@ -70,6 +70,11 @@ std::string OptionReader::text(const std::string& key, const std::string& fallba
   return it == given_.end() ? fallback : it->second;
 }
 
+void require_scale(double scale) {
+  require(std::isfinite(scale) && scale > 0, "scale = " + num_str(scale) + " is not accepted; give a finite scale > 0 "
+                                             "(usually d_k^-1/2)");
+}
+
 namespace {
 
 template <class S>
@@ -93,11 +98,6 @@ KdaResult chunked_in(const Tensor<double>& q, const Tensor<double>& k, const Ten
   const Tensor<S> s0 = S0 ? S0->cast<S>() : Tensor<S>();
   return narrow(kdalab::kda_chunked<S>(q.cast<S>(), k.cast<S>(), v.cast<S>(), g.cast<S>(), beta.cast<S>(),
                                        S0 ? &s0 : nullptr, S(scale), opt, var));
-}
-
-void require_scale(double scale) {
-  require(std::isfinite(scale) && scale > 0, "scale = " + num_str(scale) + " is not accepted; give a finite scale > 0 "
-                                             "(usually d_k^-1/2)");
 }
 
 const char* const kKdaLayerOptions =

@@ -92,8 +92,8 @@ Tensor<double> mla(const Tensor<double>& x, const Named& weights, const Options&
   return p == Precision::mp50 ? mla_in<mp50>(x, weights, cfg, e) : mla_in<double>(x, weights, cfg, e);
 }
 
-Tensor<double> attn_res(const Tensor<double>& v, const Tensor<double>& w, const std::string& mode,
-                        std::size_t block_sources, double eps, Precision p) {
+AttnResConfig attn_res_config(const Tensor<double>& v, const Tensor<double>& w, const std::string& mode,
+                              std::size_t block_sources, double eps) {
   require(v.rank() == 3 && v.numel() > 0,
           "tensor 'v' has shape " + shape_str(v.shape) + "; expected [N, T, d] (the sources), no empty dimension");
   require(w.rank() == 1 && w.dim(0) == v.dim(2),
@@ -113,6 +113,12 @@ Tensor<double> attn_res(const Tensor<double>& v, const Tensor<double>& w, const 
     throw Error("mode = '" + mode + "' is unknown; accepted: full, block");
   require(cfg.mode != ResidualMode::block || block_sources >= 1,
           "block_sources = 0 is not accepted; give the number of sublayer outputs per block, >= 1");
+  return cfg;
+}
+
+Tensor<double> attn_res(const Tensor<double>& v, const Tensor<double>& w, const std::string& mode,
+                        std::size_t block_sources, double eps, Precision p) {
+  const AttnResConfig cfg = attn_res_config(v, w, mode, block_sources, eps);
   return p == Precision::mp50 ? attn_res_in<mp50>(v, w, cfg) : attn_res_in<double>(v, w, cfg);
 }
 

@@ -1,0 +1,410 @@
+// The CUDA entry points of the Python module (built with KDALAB_CUDA only): kdalab's kernels
+// (kernels/kda.hpp, mla.hpp, mla_prefill.hpp, attn_res.hpp) on CUDA arrays taken through DLPack
+// (torch tensors; no libtorch linked). Every array, outputs and workspace included, is the caller's:
+// nothing is allocated here, every launch goes to the caller's stream (an int, cudaStream_t; 0 the
+// legacy default stream), so the calls can be captured in CUDA graphs as the kernels allow. The
+// Python wrappers of kdalab/cuda.py allocate, pick torch's current stream and document each call.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/attn_res.hpp"
+#include "kernels/kda.hpp"
+#include "kernels/mla.hpp"
+#include "kernels/mla_prefill.hpp"
+#include "python/src/arrays.hpp"
+#include "python/src/cuda_kernels.hpp"
+#include "python/src/docstrings.hpp"
+#include "reference/error.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace kdalab::py {
+namespace {
+
+namespace K = kdalab::kernels;
+using Dev = nb::ndarray<>;
+
+enum class DType { bf16, f32, i32, u8 };
+
+const char* dtype_str(DType t) {
+  switch (t) {
+    case DType::bf16: return "bfloat16";
+    case DType::f32: return "float32";
+    case DType::i32: return "int32";
+    case DType::u8: return "uint8";
+  }
+  return "?";
+}
+
+bool dtype_is(const nb::dlpack::dtype& d, DType t) {
+  if (d.lanes != 1) return false;
+  switch (t) {
+    case DType::bf16: return d.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat) && d.bits == 16;
+    case DType::f32: return d.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float) && d.bits == 32;
+    case DType::i32: return d.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Int) && d.bits == 32;
+    case DType::u8: return d.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::UInt) && d.bits == 8;
+  }
+  return false;
+}
+
+std::vector<std::size_t> shape_vec(const Dev& a) {
+  std::vector<std::size_t> s(a.ndim());
+  for (std::size_t i = 0; i < a.ndim(); ++i) s[i] = a.shape(i);
+  return s;
+}
+
+/// Checks that array `name` is on the current CUDA device, of dtype t, C-contiguous, of rank `rank`; returns
+/// its shape. Errors (kdalab::Error) name the tensor, the value and what is accepted.
+std::vector<std::size_t> check_dev(const Dev& a, const std::string& name, DType t, std::size_t rank) {
+  require(a.device_type() == nb::device::cuda::value,
+          "tensor '" + name + "' is not on a CUDA device (DLPack device type " + std::to_string(a.device_type()) +
+              "); the CUDA kernels take CUDA tensors: pass " + name + ".cuda()");
+  int cur = 0;
+  K::cuda_check(cudaGetDevice(&cur), "cudaGetDevice");
+  require(a.device_id() == cur, "tensor '" + name + "' is on CUDA device " + std::to_string(a.device_id()) +
+                                    ", the current device is " + std::to_string(cur) +
+                                    "; accepted: tensors on the current device (torch.cuda.set_device)");
+  require(dtype_is(a.dtype(), t), "tensor '" + name + "' has dtype " + dtype_name(a.dtype()) + "; accepted: " +
+                                      dtype_str(t));
+  const std::vector<std::size_t> s = shape_vec(a);
+  require(s.size() == rank, "tensor '" + name + "' has shape " + shape_str(s) + "; expected " + std::to_string(rank) +
+                                " dimensions");
+  std::int64_t expect = 1;
+  bool contiguous = true;
+  for (std::size_t i = s.size(); i-- > 0;) {
+    if (s[i] != 1 && a.stride(i) != expect) contiguous = false;
+    expect *= static_cast<std::int64_t>(s[i]);
+  }
+  require(expect == 0 || contiguous, "tensor '" + name + "' of shape " + shape_str(s) +
+                                         " is not C-contiguous (row-major); pass " + name + ".contiguous()");
+  return s;
+}
+
+/// check_dev, then the exact shape `want`.
+void check_shape(const Dev& a, const std::string& name, DType t, const std::vector<std::size_t>& want) {
+  const auto s = check_dev(a, name, t, want.size());
+  require(s == want, "tensor '" + name + "' has shape " + shape_str(s) + ", expected " + shape_str(want));
+}
+
+template <class T>
+T* ptr(const Dev& a) {
+  return static_cast<T*>(a.data());
+}
+template <class T>
+T* opt_ptr(const std::optional<Dev>& a) {
+  return a ? static_cast<T*>(a->data()) : nullptr;
+}
+
+int as_int(std::size_t v, const std::string& what) {
+  require(v <= 0x7fffffffu, what + " = " + std::to_string(v) + " is too large; accepted: < 2^31");
+  return static_cast<int>(v);
+}
+
+cudaStream_t stream_of(std::uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
+
+/// Bytes of a 1-D uint8 workspace, checked against what the kernel needs.
+std::size_t check_workspace(const Dev& ws, std::size_t need) {
+  const auto s = check_dev(ws, "workspace", DType::u8, 1);
+  require(s[0] >= need, "tensor 'workspace' has " + std::to_string(s[0]) + " bytes; the call needs " +
+                            std::to_string(need) + " (the *_workspace_bytes function)");
+  return s[0];
+}
+
+// ---- KDA ----------------------------------------------------------------------------------------------
+
+/// The prefill's arguments from the arrays (shapes from q [B, T, H, D] and v [B, T, HV, D]); no workspace.
+K::KdaPrefillArgs kda_prefill_args(const Dev& q, const Dev& k, const Dev& v, const Dev& g, const Dev& beta,
+                                   const Dev& A_log, const Dev& bias, const Dev& o, const std::optional<Dev>& S0,
+                                   const std::optional<Dev>& S_final, double g_min, double scale, bool l2norm_qk,
+                                   bool beta_sigmoid, bool single_stream) {
+  const auto sq = check_dev(q, "q", DType::bf16, 4);
+  const auto sv = check_dev(v, "v", DType::bf16, 4);
+  const std::size_t B = sq[0], T = sq[1], H = sq[2], D = sq[3], HV = sv[2];
+  check_shape(k, "k", DType::bf16, {B, T, H, D});
+  check_shape(v, "v", DType::bf16, {B, T, HV, D});
+  check_shape(g, "g", DType::bf16, {B, T, HV, D});
+  check_shape(beta, "beta", DType::bf16, {B, T, HV});
+  check_shape(A_log, "A_log", DType::f32, {HV});
+  check_shape(bias, "bias", DType::f32, {HV, D});
+  check_shape(o, "o", DType::bf16, {B, T, HV, D});
+  if (S0) check_shape(*S0, "S0", DType::f32, {B, HV, D, D});
+  if (S_final) check_shape(*S_final, "S_final", DType::f32, {B, HV, D, D});
+  K::KdaPrefillArgs a;
+  a.B = as_int(B, "B");
+  a.T = as_int(T, "T");
+  a.H = as_int(H, "H");
+  a.HV = as_int(HV, "HV");
+  a.D = as_int(D, "D");
+  a.q = ptr<const K::bf16_t>(q);
+  a.k = ptr<const K::bf16_t>(k);
+  a.v = ptr<const K::bf16_t>(v);
+  a.g = ptr<const K::bf16_t>(g);
+  a.beta = ptr<const K::bf16_t>(beta);
+  a.gate.A_log = ptr<const float>(A_log);
+  a.gate.bias = ptr<const float>(bias);
+  a.gate.g_min = static_cast<float>(g_min);
+  a.scale = static_cast<float>(scale);
+  a.l2norm_qk = l2norm_qk;
+  a.beta_sigmoid = beta_sigmoid;
+  a.S0 = opt_ptr<const float>(S0);
+  a.S_final = opt_ptr<float>(S_final);
+  a.o = ptr<K::bf16_t>(o);
+  a.single_stream = single_stream;
+  return a;
+}
+
+K::KdaPrefillArgs kda_prefill_shape(std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t HV, std::int64_t D,
+                                    bool single_stream) {
+  K::KdaPrefillArgs a;
+  const auto n = [](std::int64_t v, const char* name) {
+    require(v >= 1 && v <= 0x7fffffff, std::string(name) + " = " + std::to_string(v) + "; accepted: >= 1");
+    return static_cast<int>(v);
+  };
+  a.B = n(B, "B");
+  a.T = n(T, "T");
+  a.H = n(H, "H");
+  a.HV = n(HV, "HV");
+  a.D = n(D, "D");
+  a.single_stream = single_stream;
+  return a;
+}
+
+// ---- MLA ----------------------------------------------------------------------------------------------
+
+/// The latent cache c [B, N_max, row] (row = d_c = 512, or 576 with k^R in each row): shape, and the row stride.
+std::vector<std::size_t> check_cache(const Dev& c) { return check_dev(c, "c", DType::bf16, 3); }
+
+K::MlaPrefillPath parse_path(const std::string& p) {
+  if (p == "auto") return K::MlaPrefillPath::automatic;
+  if (p == "absorbed") return K::MlaPrefillPath::absorbed;
+  if (p == "naive") return K::MlaPrefillPath::naive;
+  throw Error("path = '" + p + "' is unknown; accepted: auto, absorbed, naive");
+}
+
+}  // namespace
+
+void bind_cuda(nb::module_& m) {
+  m.def(
+      "cuda_kda_prefill_workspace_bytes",
+      [](std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t HV, std::int64_t D, bool single_stream) {
+        return K::kda_prefill_workspace_bytes(kda_prefill_shape(B, T, H, HV, D, single_stream));
+      },
+      "B"_a, "T"_a, "H"_a, "HV"_a, "D"_a, nb::kw_only(), "single_stream"_a = false,
+      doc::cuda_kda_prefill_workspace_bytes);
+  m.def(
+      "cuda_kda_prefill",
+      [](const Dev& q, const Dev& k, const Dev& v, const Dev& g, const Dev& beta, const Dev& A_log, const Dev& bias,
+         const Dev& o, const std::optional<Dev>& S0, const std::optional<Dev>& S_final, const Dev& workspace,
+         double g_min, double scale, bool l2norm_qk, bool beta_sigmoid, bool single_stream, std::uintptr_t stream) {
+        K::KdaPrefillArgs a = kda_prefill_args(q, k, v, g, beta, A_log, bias, o, S0, S_final, g_min, scale, l2norm_qk,
+                                               beta_sigmoid, single_stream);
+        a.workspace = workspace.data();
+        a.workspace_bytes = check_workspace(workspace, K::kda_prefill_workspace_bytes(a));
+        K::kda_prefill(a, stream_of(stream));
+      },
+      "q"_a, "k"_a, "v"_a, "g"_a, "beta"_a, "A_log"_a, "bias"_a, "o"_a, "S0"_a.none(), "S_final"_a.none(),
+      "workspace"_a, nb::kw_only(), "g_min"_a, "scale"_a, "l2norm_qk"_a = true, "beta_sigmoid"_a = true,
+      "single_stream"_a = false, "stream"_a = 0, doc::cuda_kda_prefill);
+  m.def(
+      "cuda_kda_decode",
+      [](const Dev& q, const Dev& k, const Dev& v, const Dev& g, const Dev& beta, const Dev& A_log, const Dev& bias,
+         const Dev& state, const Dev& o, double g_min, double scale, bool l2norm_qk, bool beta_sigmoid,
+         std::uintptr_t stream) {
+        const auto sq = check_dev(q, "q", DType::bf16, 3);
+        const auto sv = check_dev(v, "v", DType::bf16, 3);
+        const std::size_t B = sq[0], H = sq[1], D = sq[2], HV = sv[1];
+        check_shape(k, "k", DType::bf16, {B, H, D});
+        check_shape(v, "v", DType::bf16, {B, HV, D});
+        check_shape(g, "g", DType::bf16, {B, HV, D});
+        check_shape(beta, "beta", DType::bf16, {B, HV});
+        check_shape(A_log, "A_log", DType::f32, {HV});
+        check_shape(bias, "bias", DType::f32, {HV, D});
+        check_shape(state, "state", DType::f32, {B, HV, D, D});
+        check_shape(o, "o", DType::bf16, {B, HV, D});
+        K::KdaDecodeArgs a;
+        a.B = as_int(B, "B");
+        a.H = as_int(H, "H");
+        a.HV = as_int(HV, "HV");
+        a.D = as_int(D, "D");
+        a.q = ptr<const K::bf16_t>(q);
+        a.k = ptr<const K::bf16_t>(k);
+        a.v = ptr<const K::bf16_t>(v);
+        a.g = ptr<const K::bf16_t>(g);
+        a.beta = ptr<const K::bf16_t>(beta);
+        a.gate.A_log = ptr<const float>(A_log);
+        a.gate.bias = ptr<const float>(bias);
+        a.gate.g_min = static_cast<float>(g_min);
+        a.scale = static_cast<float>(scale);
+        a.l2norm_qk = l2norm_qk;
+        a.beta_sigmoid = beta_sigmoid;
+        a.state = ptr<float>(state);
+        a.o = ptr<K::bf16_t>(o);
+        K::kda_decode(a, stream_of(stream));
+      },
+      "q"_a, "k"_a, "v"_a, "g"_a, "beta"_a, "A_log"_a, "bias"_a, "state"_a, "o"_a, nb::kw_only(), "g_min"_a,
+      "scale"_a, "l2norm_qk"_a = true, "beta_sigmoid"_a = true, "stream"_a = 0, doc::cuda_kda_decode);
+
+  m.def(
+      "cuda_mla_absorb_query",
+      [](const Dev& q_C, const Dev& W_UK, const Dev& q_hi, const Dev& q_lo, std::uintptr_t stream) {
+        const auto s = check_dev(q_C, "q_C", DType::bf16, 3);
+        const auto sw = check_dev(W_UK, "W_UK", DType::bf16, 2);
+        const std::size_t n = s[0], H = s[1], dn = s[2], dc = sw[1];
+        check_shape(W_UK, "W_UK", DType::bf16, {H * dn, dc});
+        check_shape(q_hi, "q_hi", DType::bf16, {n, H, dc});
+        check_shape(q_lo, "q_lo", DType::bf16, {n, H, dc});
+        K::MlaAbsorbArgs a;
+        a.n = as_int(n, "n");
+        a.H = as_int(H, "H");
+        a.d_nope = as_int(dn, "d_nope");
+        a.d_c = as_int(dc, "d_c");
+        a.q_C = ptr<const K::bf16_t>(q_C);
+        a.W_UK = ptr<const K::bf16_t>(W_UK);
+        a.q_hi = ptr<K::bf16_t>(q_hi);
+        a.q_lo = ptr<K::bf16_t>(q_lo);
+        K::mla_absorb_query(a, stream_of(stream));
+      },
+      "q_C"_a, "W_UK"_a, "q_hi"_a, "q_lo"_a, nb::kw_only(), "stream"_a = 0, doc::cuda_mla_absorb_query);
+
+  const auto mla_decode_args = [](std::int64_t B, std::int64_t H, std::int64_t capacity, std::int64_t max_len) {
+    K::MlaDecodeArgs a;
+    a.B = static_cast<int>(B);
+    a.H = static_cast<int>(H);
+    a.capacity = static_cast<int>(capacity);
+    a.max_len = static_cast<int>(max_len);
+    return a;
+  };
+  m.def(
+      "cuda_mla_decode_workspace_bytes",
+      [mla_decode_args](std::int64_t B, std::int64_t H, std::int64_t capacity, std::int64_t max_len) {
+        return K::mla_decode_workspace_bytes(mla_decode_args(B, H, capacity, max_len));
+      },
+      "B"_a, "H"_a, "capacity"_a, "max_len"_a, doc::cuda_mla_decode_workspace_bytes);
+  m.def(
+      "cuda_mla_decode",
+      [mla_decode_args](const Dev& q_hi, const Dev& q_lo, const Dev& c, const Dev& out, const Dev& workspace,
+                        const std::optional<Dev>& lens, std::int64_t max_len, double scale, std::uintptr_t stream) {
+        const auto sq = check_dev(q_hi, "q_hi", DType::bf16, 3);
+        const auto sc = check_cache(c);
+        const std::size_t B = sq[0], H = sq[1], dc = sq[2];
+        check_shape(q_lo, "q_lo", DType::bf16, {B, H, dc});
+        require(sc[0] == B, "tensor 'c' has shape " + shape_str(sc) + ", expected [B = " + std::to_string(B) +
+                                ", N_max, row] (row = d_c or d_c + d_rope)");
+        check_shape(out, "out", DType::f32, {B, H, dc});
+        if (lens) check_shape(*lens, "lens", DType::i32, {B});
+        K::MlaDecodeArgs a = mla_decode_args(static_cast<std::int64_t>(B), static_cast<std::int64_t>(H),
+                                             static_cast<std::int64_t>(sc[1]), max_len);
+        a.d_c = as_int(dc, "d_c");
+        a.lens = opt_ptr<const int>(lens);
+        a.c = ptr<const K::bf16_t>(c);
+        a.sc_t = static_cast<std::int64_t>(sc[2]);
+        a.q_hi = ptr<const K::bf16_t>(q_hi);
+        a.q_lo = ptr<const K::bf16_t>(q_lo);
+        a.scale = static_cast<float>(scale);
+        a.out = ptr<float>(out);
+        a.workspace = workspace.data();
+        a.workspace_bytes = check_workspace(workspace, K::mla_decode_workspace_bytes(a));
+        K::mla_decode(a, stream_of(stream));
+      },
+      "q_hi"_a, "q_lo"_a, "c"_a, "out"_a, "workspace"_a, "lens"_a.none() = nb::none(), nb::kw_only(), "max_len"_a,
+      "scale"_a, "stream"_a = 0, doc::cuda_mla_decode);
+
+  const auto mla_prefill_args = [](std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t capacity,
+                                   std::int64_t prefix) {
+    K::MlaPrefillHeadsArgs a;
+    a.B = static_cast<int>(B);
+    a.T = static_cast<int>(T);
+    a.H = static_cast<int>(H);
+    a.capacity = static_cast<int>(capacity);
+    a.prefix = static_cast<int>(prefix);
+    return a;
+  };
+  m.def(
+      "cuda_mla_prefill_workspace_bytes",
+      [mla_prefill_args](std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t capacity, std::int64_t prefix,
+                         const std::string& path) {
+        K::MlaPrefillOverrides ov;
+        ov.path = parse_path(path);
+        return K::mla_prefill_heads_workspace_bytes(mla_prefill_args(B, T, H, capacity, prefix), &ov);
+      },
+      "B"_a, "T"_a, "H"_a, "capacity"_a, "prefix"_a, nb::kw_only(), "path"_a = "auto",
+      doc::cuda_mla_prefill_workspace_bytes);
+  m.def(
+      "cuda_mla_prefill",
+      [mla_prefill_args](const Dev& c, const Dev& q_C, const Dev& W_UK, const Dev& W_UV, const Dev& out,
+                         const Dev& workspace, const std::optional<Dev>& c_new, std::int64_t prefix, double scale,
+                         const std::string& path, std::uintptr_t stream) {
+        const auto sc = check_cache(c);
+        const auto sq = check_dev(q_C, "q_C", DType::bf16, 4);
+        const auto sk = check_dev(W_UK, "W_UK", DType::bf16, 2);
+        const auto sv = check_dev(W_UV, "W_UV", DType::bf16, 2);
+        const std::size_t B = sq[0], T = sq[1], H = sq[2], dn = sq[3], dc = sk[1];
+        require(sc[0] == B, "tensor 'c' has shape " + shape_str(sc) + ", expected [B = " + std::to_string(B) +
+                                ", N_max, row] (row = d_c or d_c + d_rope)");
+        check_shape(W_UK, "W_UK", DType::bf16, {H * dn, dc});
+        require(sv.size() == 2 && sv[1] == dc && sv[0] % (H ? H : 1) == 0,
+                "tensor 'W_UV' has shape " + shape_str(sv) + ", expected [H d_v, d_c] with H = " + std::to_string(H) +
+                    ", d_c = " + std::to_string(dc));
+        const std::size_t dv = sv[0] / H;
+        check_shape(out, "out", DType::f32, {B, T, H, dv});
+        if (c_new) check_shape(*c_new, "c_new", DType::bf16, {B, T, dc});
+        K::MlaPrefillHeadsArgs a = mla_prefill_args(static_cast<std::int64_t>(B), static_cast<std::int64_t>(T),
+                                                     static_cast<std::int64_t>(H), static_cast<std::int64_t>(sc[1]),
+                                                     prefix);
+        a.d_c = as_int(dc, "d_c");
+        a.d_nope = as_int(dn, "d_nope");
+        a.d_v = as_int(dv, "d_v");
+        a.c = ptr<K::bf16_t>(c);
+        a.sc_t = static_cast<std::int64_t>(sc[2]);
+        a.c_new = opt_ptr<const K::bf16_t>(c_new);
+        a.q_C = ptr<const K::bf16_t>(q_C);
+        a.W_UK = ptr<const K::bf16_t>(W_UK);
+        a.W_UV = ptr<const K::bf16_t>(W_UV);
+        a.scale = static_cast<float>(scale);
+        a.out = ptr<float>(out);
+        K::MlaPrefillOverrides ov;
+        ov.path = parse_path(path);
+        a.workspace = workspace.data();
+        a.workspace_bytes = check_workspace(workspace, K::mla_prefill_heads_workspace_bytes(a, &ov));
+        K::mla_prefill_heads(a, stream_of(stream), &ov);
+      },
+      "c"_a, "q_C"_a, "W_UK"_a, "W_UV"_a, "out"_a, "workspace"_a, "c_new"_a.none() = nb::none(), nb::kw_only(),
+      "prefix"_a, "scale"_a, "path"_a = "auto", "stream"_a = 0, doc::cuda_mla_prefill);
+
+  m.def(
+      "cuda_attn_res",
+      [](const Dev& src, const Dev& w, const Dev& out, double eps, std::uintptr_t stream) {
+        const auto s = check_dev(src, "src", DType::bf16, 3);
+        const std::size_t S = s[0], T = s[1], d = s[2];
+        check_shape(w, "w", DType::f32, {d});
+        const bool f32 = dtype_is(out.dtype(), DType::f32);
+        require(f32 || dtype_is(out.dtype(), DType::bf16),
+                "tensor 'out' has dtype " + dtype_name(out.dtype()) + "; accepted: float32, bfloat16");
+        check_shape(out, "out", f32 ? DType::f32 : DType::bf16, {T, d});
+        K::AttnResArgs a;
+        a.T = as_int(T, "T");
+        a.S = as_int(S, "S");
+        a.d = as_int(d, "d");
+        a.src = ptr<const K::bf16_t>(src);
+        a.w = ptr<const float>(w);
+        a.eps = static_cast<float>(eps);
+        if (f32)
+          a.out_f32 = ptr<float>(out);
+        else
+          a.out = ptr<K::bf16_t>(out);
+        K::attn_res(a, stream_of(stream));
+      },
+      "src"_a, "w"_a, "out"_a, nb::kw_only(), "eps"_a = 1e-6, "stream"_a = 0, doc::cuda_attn_res);
+}
+
+}  // namespace kdalab::py
