@@ -41,7 +41,8 @@
 // has 11 more significand bits than float64, so a float64 row against it still measures float64's own error).
 // Defaults of the mode (each unless given): --T 16,64,256, --dk 32, --dv 32, --impl float64,float32, --out
 // results/parity_backward.h5; --quick: --T 16,64. The full run of docs/cli.md: --T 16,64,256,1024,4096 --dk 64
-// --dv 64 (mp50 up to T = 2048, long double at 4096). Written to /parity_backward/table and /summary
+// --dv 64 --gate bounded,softplus (the mp50 truth through T = 1024, ~70 s a point there; long double at 4096;
+// measured 3.5 min on a loaded 2-core machine). Written to /parity_backward/table and /summary
 // (docs/results-schema.md); the figure is scripts/fig_parity_backward.py.
 #include <fmt/format.h>
 
@@ -348,9 +349,12 @@ GradOut run_backward_ref(const KdaInputs& in, const Tensor<double>& dO, const Te
 }
 
 /// One backward implementation of the gradient-parity mode on one point, or nothing with `why` set.
-/// bf16-emu: the hook for the bf16 reference emulation of the backward. It is to take the same inputs and upstream
-/// gradients, round them and every stored intermediate as the emulation plan says (numerics/), and return the six
-/// gradients as float64 copies; until numerics/ provides that entry point its rows are skipped with a note.
+/// bf16-emu: the hook for the bf16 reference emulation of the backward. It is to take the same derived inputs (q, k,
+/// v, g, beta, S0) and upstream gradients, run the emulated backward per head at bf16 operand precision, and return
+/// the six gradients as float64 copies; until numerics/ provides that entry point its rows are skipped with a note.
+/// The emulation reads reference/gate.hpp, whose GateKind cannot meet numerics/range.hpp's (included here through
+/// numerics/kda_inputs.hpp) in one file, so its call belongs in a translation unit of its own that takes and returns
+/// plain tensors.
 std::optional<GradOut> run_backward_impl(const std::string& impl, const KdaInputs& in, const Tensor<double>& dO,
                                          const Tensor<double>& dS_T, std::string& why) {
   if (impl == "float64") return run_backward_ref<double>(in, dO, dS_T);
@@ -361,6 +365,17 @@ std::optional<GradOut> run_backward_impl(const std::string& impl, const KdaInput
 
 /// The gradient-parity mode (--backward; file comment): one row per grid point and implementation.
 int run_parity_backward(const ParityOptions& o, Context& ctx) {
+  const auto not_available = [](const std::string& why) {
+    fmt::print(stderr, "kdalab parity --backward: not available in this build: no implementation produced a row ({}); "
+                       "nothing was written (exit 3)\n", why);
+    return 3;
+  };
+  // bf16-emu alone: said before any truth is computed (its rows would all be skipped)
+  if (std::all_of(o.impl.begin(), o.impl.end(), [](const std::string& s) { return s == "bf16-emu"; })) {
+    std::string why;
+    (void)run_backward_impl("bf16-emu", KdaInputs{}, Tensor<double>(), Tensor<double>(), why);
+    return not_available(why);
+  }
   std::vector<KdaGenSpec> points;
   for (double B : o.B)
     for (double T : o.T)
@@ -443,11 +458,7 @@ int run_parity_backward(const ParityOptions& o, Context& ctx) {
   }
   prog.finish();
   for (const auto& n : notes) fmt::print("note: {}\n", n);
-  if (t.rows() == 0) {
-    fmt::print(stderr, "kdalab parity --backward: not available in this build: no implementation produced a row ({}); "
-                       "nothing was written (exit 3)\n", notes.empty() ? std::string("empty grid") : notes.front());
-    return 3;
-  }
+  if (t.rows() == 0) return not_available(notes.empty() ? std::string("empty grid") : notes.front());
   // summary: per implementation and gradient, the median and worst relative RMS over the rows
   const auto& impl_c = std::get<std::vector<std::string>>(t.column("impl").data);
   Table sum;
