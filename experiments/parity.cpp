@@ -34,8 +34,9 @@
 // dO ~ N(0, 1) [B, T, H, d_v] and dS_T ~ N(0, 1) [B, H, d_k, d_v] (Rng(seed + 1)); each implementation runs the
 // reverse sweep of the recurrence (reference/kda_backward.hpp, checkpoint ceil(sqrt(T)) tokens) and one row
 // records the relative RMS of each gradient dq, dk, dv, dg, dbeta, dS0 against the truth's. Implementations:
-// float64, float32 (the same backward in that scalar type), bf16-emu (the bf16 reference emulation; the hook
-// run_backward_impl() says what it needs; rows skipped with a note until numerics/ provides it). Truths as the
+// float64, float32 (the same backward in that scalar type), bf16-emu (the bf16 reference emulation of
+// numerics/plain_emulation.hpp through experiments/parity_emul.cpp: the plain chunked algorithm, C = 64, bf16
+// operands, fp32 accumulation; rows skipped with a note in a tree without that header). Truths as the
 // forward mode's (--truth auto: mp50 while B*T*H*d_k*d_v <= --mp-max-work, long double while <= --f80-max-work,
 // float64 above, when the float64 row reads 0 by construction and only the float32 row is measured; long double
 // has 11 more significand bits than float64, so a float64 row against it still measures float64's own error).
@@ -59,6 +60,7 @@
 
 #include "experiments/build_info.hpp"
 #include "experiments/cli.hpp"
+#include "experiments/parity_emul.hpp"
 #ifdef KDALAB_HAVE_CUDA
 #include "experiments/gpu_exp.hpp"
 #endif
@@ -90,8 +92,7 @@ struct ParityOptions {
 };
 
 const std::vector<std::string> kImpls{"float64", "float32", "float64-chunk", "float32-chunk", "twin-bf16", "cuda-bf16"};
-/// Implementations of the gradient-parity mode (--backward). bf16-emu is the place of the bf16 reference emulation
-/// of the backward (numerics/): run_backward_impl() names what it needs; until it exists its rows are skipped with a note.
+/// Implementations of the gradient-parity mode (--backward); bf16-emu: run_backward_impl().
 const std::vector<std::string> kBackwardImpls{"float64", "float32", "bf16-emu"};
 
 /// x as a count: an integer in [min, 1e12]; kdalab::Error naming --<opt>, the value and that range otherwise.
@@ -349,18 +350,20 @@ GradOut run_backward_ref(const KdaInputs& in, const Tensor<double>& dO, const Te
 }
 
 /// One backward implementation of the gradient-parity mode on one point, or nothing with `why` set.
-/// bf16-emu: the hook for the bf16 reference emulation of the backward. It is to take the same derived inputs (q, k,
-/// v, g, beta, S0) and upstream gradients, run the emulated backward per head at bf16 operand precision, and return
-/// the six gradients as float64 copies; until numerics/ provides that entry point its rows are skipped with a note.
-/// The emulation reads reference/gate.hpp, whose GateKind cannot meet numerics/range.hpp's (included here through
-/// numerics/kda_inputs.hpp) in one file, so its call belongs in a translation unit of its own that takes and returns
-/// plain tensors.
+/// bf16-emu: the bf16 reference emulation of the backward (experiments/parity_emul.hpp: the plain chunked algorithm,
+/// C = 64, bf16 operands, fp32 accumulation) on the same derived inputs and upstream gradients; skipped with a note
+/// in a tree without numerics/plain_emulation.hpp.
 std::optional<GradOut> run_backward_impl(const std::string& impl, const KdaInputs& in, const Tensor<double>& dO,
                                          const Tensor<double>& dS_T, std::string& why) {
   if (impl == "float64") return run_backward_ref<double>(in, dO, dS_T);
   if (impl == "float32") return run_backward_ref<float>(in, dO, dS_T);
-  why = "bf16-emu rows skipped: the bf16 reference emulation of the backward (numerics/) is not in this build";
-  return std::nullopt;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto g = kda_backward_bf16_emulation(in.q, in.k, in.v, in.g, in.beta, in.S0, in.scale, dO, dS_T, why);
+  if (!g) return std::nullopt;
+  GradOut out;
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  out.g = std::move(*g);
+  return out;
 }
 
 /// The gradient-parity mode (--backward; file comment): one row per grid point and implementation.
@@ -371,11 +374,8 @@ int run_parity_backward(const ParityOptions& o, Context& ctx) {
     return 3;
   };
   // bf16-emu alone: said before any truth is computed (its rows would all be skipped)
-  if (std::all_of(o.impl.begin(), o.impl.end(), [](const std::string& s) { return s == "bf16-emu"; })) {
-    std::string why;
-    (void)run_backward_impl("bf16-emu", KdaInputs{}, Tensor<double>(), Tensor<double>(), why);
-    return not_available(why);
-  }
+  if (std::all_of(o.impl.begin(), o.impl.end(), [](const std::string& s) { return s == "bf16-emu"; }))
+    if (const auto no = bf16_emulation_unavailable()) return not_available(*no);
   std::vector<KdaGenSpec> points;
   for (double B : o.B)
     for (double T : o.T)
@@ -559,7 +559,7 @@ void register_parity(Registry& reg) {
       ->capture_default_str();
   a->add_flag("--backward", o->backward,
               "gradient parity: the backward of the recurrence (dq, dk, dv, dg, dbeta, dS0) in float64 and float32 "
-              "(bf16-emu: the bf16 emulation hook) against the truth's backward; defaults --T 16,64,256 --dk 32 --dv 32 "
+              "(bf16-emu: the bf16 reference emulation, where the tree has numerics/plain_emulation.hpp) against the truth's backward; defaults --T 16,64,256 --dk 32 --dv 32 "
               "--impl float64,float32 --out results/parity_backward.h5 (--quick: --T 16,64); writes /parity_backward");
 
   // cli::run's order: the options (here, with --quick's defaults applied first), then --out; run does the work
