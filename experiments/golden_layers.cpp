@@ -473,7 +473,7 @@ void check_hybrid(const std::string& path, const std::function<void(const std::s
 }  // namespace
 
 std::vector<LayerOp> layer_ops() {
-  return {
+  std::vector<LayerOp> ops{
       {"kda_layer", "KDA layer (K3 report Eqs. 2, 5, 6; reference/kda_layer.hpp): prefill, decode, mp50 truth",
        regen_kda_layer, check_kda_layer, case_list(kda_layer_cases())},
       {"mla", "Gated MLA (DeepSeek-V2 Eqs. 9-19, K3 report Eq. 7; reference/mla.hpp): naive and absorbed, mp50 truth",
@@ -483,6 +483,8 @@ std::vector<LayerOp> layer_ops() {
       {"hybrid", "KDA / Gated MLA hybrid (reference/hybrid.hpp) on data/configs/toy.json, mp50 truth", regen_hybrid,
        check_hybrid, case_list(hybrid_cases())},
   };
+  for (auto& op : grad_ops()) ops.push_back(std::move(op));
+  return ops;
 }
 
 }  // namespace kdalab::golden

@@ -1,5 +1,5 @@
 #pragma once
-/// The layer-level golden fixture files (kda_layer, mla, attn_res, hybrid) as seen by
+/// The layer-level golden fixture files (kda_layer, mla, attn_res, hybrid, and the gradient fixtures) as seen by
 /// `kdalab golden` (experiments/golden.cpp); implemented in experiments/golden_layers.cpp, case
 /// layouts in experiments/golden_fixtures.hpp. This header includes no reference/ code.
 #include <functional>
@@ -28,7 +28,11 @@ struct LayerOp {
   std::string cases;  ///< comma-separated case names (the file's root attribute `cases`)
 };
 
-/// kda_layer, mla, attn_res, hybrid, in that order.
+/// kda_layer, mla, attn_res, hybrid, then the gradient fixtures of grad_ops(), in that order.
 std::vector<LayerOp> layer_ops();
+
+/// The gradient fixtures (experiments/golden_grad.cpp): kda_recurrent_grad, kda_chunked_grad,
+/// kda_layer_grad, mla_grad, attn_res_grad.
+std::vector<LayerOp> grad_ops();
 
 }  // namespace kdalab::golden

@@ -29,6 +29,22 @@
 // data/configs/parity_long.json adds T = 1,048,576 for the float64 / float32 / twin (kernel plan) rows
 // with the float64 truth (measured 7 min and 13.7 GB peak memory: every tensor is held in float64; the
 // twin alone took 214 s, ~200 us per token and head, so the long grid is kept to one precision plan).
+//
+// --backward: the gradient-parity mode. Per grid point the inputs above plus seeded upstream gradients
+// dO ~ N(0, 1) [B, T, H, d_v] and dS_T ~ N(0, 1) [B, H, d_k, d_v] (Rng(seed + 1)); each implementation runs the
+// reverse sweep of the recurrence (reference/kda_backward.hpp, checkpoint ceil(sqrt(T)) tokens) and one row
+// records the relative RMS of each gradient dq, dk, dv, dg, dbeta, dS0 against the truth's. Implementations:
+// float64, float32 (the same backward in that scalar type), bf16-emu (the bf16 reference emulation of
+// numerics/plain_emulation.hpp through experiments/parity_emul.cpp: the plain chunked algorithm, C = 64, bf16
+// operands, fp32 accumulation; rows skipped with a note in a tree without that header). Truths as the
+// forward mode's (--truth auto: mp50 while B*T*H*d_k*d_v <= --mp-max-work, long double while <= --f80-max-work,
+// float64 above, when the float64 row reads 0 by construction and only the float32 row is measured; long double
+// has 11 more significand bits than float64, so a float64 row against it still measures float64's own error).
+// Defaults of the mode (each unless given): --T 16,64,256, --dk 32, --dv 32, --impl float64,float32, --out
+// results/parity_backward.h5; --quick: --T 16,64. The full run of docs/cli.md: --T 16,64,256,1024,4096 --dk 64
+// --dv 64 --gate bounded,softplus (the mp50 truth through T = 1024, ~70 s a point there; long double at 4096;
+// measured 3.5 min on a loaded 2-core machine). Written to /parity_backward/table and /summary
+// (docs/results-schema.md); the figure is scripts/fig_parity_backward.py.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -44,6 +60,7 @@
 
 #include "experiments/build_info.hpp"
 #include "experiments/cli.hpp"
+#include "experiments/parity_emul.hpp"
 #ifdef KDALAB_HAVE_CUDA
 #include "experiments/gpu_exp.hpp"
 #endif
@@ -54,6 +71,7 @@
 #include "numerics/range.hpp"
 #include "reference/error.hpp"
 #include "reference/kda.hpp"
+#include "reference/kda_backward.hpp"
 #include "reference/kda_chunk.hpp"
 
 namespace kdalab::cli {
@@ -67,12 +85,15 @@ struct ParityOptions {
   std::string truth = "auto";
   double mp_max_work = 1e7, f80_max_work = 1.1e9;
   int windows = 16;
+  bool backward = false;        ///< --backward: the gradient-parity mode (file comment)
   std::vector<GateKind> gates;  ///< --gate parsed (by the command's check)
   std::vector<BetaDist> betas;  ///< --beta parsed (by the command's check)
   std::vector<Format> states;   ///< --state-precision parsed (by the command's check)
 };
 
 const std::vector<std::string> kImpls{"float64", "float32", "float64-chunk", "float32-chunk", "twin-bf16", "cuda-bf16"};
+/// Implementations of the gradient-parity mode (--backward); bf16-emu: run_backward_impl().
+const std::vector<std::string> kBackwardImpls{"float64", "float32", "bf16-emu"};
 
 /// x as a count: an integer in [min, 1e12]; kdalab::Error naming --<opt>, the value and that range otherwise.
 std::size_t as_count(double x, const std::string& opt, double min = 1) {
@@ -306,12 +327,187 @@ std::string merge_point_note(const std::string& head, const std::vector<PointNot
   return fmt::format("{} at {} points [{}]: {}", head, items.size(), where, why);
 }
 
+/// The six gradients of one backward run, as float64 copies, with its wall time.
+struct GradOut {
+  std::vector<std::vector<double>> g;  ///< dq, dk, dv, dg, dbeta, dS0
+  double seconds = 0;
+};
+const char* const kGradNames[] = {"dq", "dk", "dv", "dg", "dbeta", "dS0"};
+
+/// The reverse sweep of the recurrence (kda_recurrent_backward, reference/kda_backward.hpp) in scalar type S on the
+/// inputs and upstream gradients cast to S, with checkpoint interval ceil(sqrt(T)) (memory 2 sqrt(T) states).
+template <class S>
+GradOut run_backward_ref(const KdaInputs& in, const Tensor<double>& dO, const Tensor<double>& dS_T) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const Tensor<S> S0 = in.S0.cast<S>(), dST = dS_T.cast<S>();
+  const KdaGrad<S> r = kda_recurrent_backward<S>(in.q.cast<S>(), in.k.cast<S>(), in.v.cast<S>(), in.g.cast<S>(),
+                                                 in.beta.cast<S>(), &S0, static_cast<S>(in.scale), dO.cast<S>(), &dST,
+                                                 KdaVariant::kda, kda_sqrt_checkpoint(in.T));
+  GradOut out;
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (const Tensor<S>* t : {&r.dq, &r.dk, &r.dv, &r.dg, &r.dbeta, &r.dS0}) out.g.push_back(t->template cast<double>().data);
+  return out;
+}
+
+/// One backward implementation of the gradient-parity mode on one point, or nothing with `why` set.
+/// bf16-emu: the bf16 reference emulation of the backward (experiments/parity_emul.hpp: the plain chunked algorithm,
+/// C = 64, bf16 operands, fp32 accumulation) on the same derived inputs and upstream gradients; skipped with a note
+/// in a tree without numerics/plain_emulation.hpp.
+std::optional<GradOut> run_backward_impl(const std::string& impl, const KdaInputs& in, const Tensor<double>& dO,
+                                         const Tensor<double>& dS_T, std::string& why) {
+  if (impl == "float64") return run_backward_ref<double>(in, dO, dS_T);
+  if (impl == "float32") return run_backward_ref<float>(in, dO, dS_T);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto g = kda_backward_bf16_emulation(in.q, in.k, in.v, in.g, in.beta, in.S0, in.scale, dO, dS_T, why);
+  if (!g) return std::nullopt;
+  GradOut out;
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  out.g = std::move(*g);
+  return out;
+}
+
+/// The gradient-parity mode (--backward; file comment): one row per grid point and implementation.
+int run_parity_backward(const ParityOptions& o, Context& ctx) {
+  const auto not_available = [](const std::string& why) {
+    fmt::print(stderr, "kdalab parity --backward: not available in this build: no implementation produced a row ({}); "
+                       "nothing was written (exit 3)\n", why);
+    return 3;
+  };
+  // bf16-emu alone: said before any truth is computed (its rows would all be skipped)
+  if (std::all_of(o.impl.begin(), o.impl.end(), [](const std::string& s) { return s == "bf16-emu"; }))
+    if (const auto no = bf16_emulation_unavailable()) return not_available(*no);
+  std::vector<KdaGenSpec> points;
+  for (double B : o.B)
+    for (double T : o.T)
+      for (double H : o.H)
+        for (double dk : o.dk)
+          for (double dv : o.dv)
+            for (GateKind g : o.gates)
+              for (std::size_t gi = 0; gi < o.g_min.size(); ++gi) {
+                if (g == GateKind::softplus && gi > 0) continue;
+                for (BetaDist b : o.betas) {
+                  KdaGenSpec s;
+                  s.B = as_count(B, "B"); s.T = as_count(T, "T"); s.H = as_count(H, "H");
+                  s.d_k = as_count(dk, "dk"); s.d_v = as_count(dv, "dv");
+                  s.gate = g; s.g_min = o.g_min[gi]; s.beta = b; s.seed = ctx.common.seed;
+                  points.push_back(s);
+                }
+              }
+  Table t;
+  t.col("point", 'i', "1", "index of the input grid point (inputs, upstream gradients and truth shared by its rows)")
+      .col("generator", 's', "1", "named input generator (numerics/kda_inputs.hpp)")
+      .col("seed", 'i', "1", "generator seed (upstream gradients: Rng(seed + 1))")
+      .col("B", 'i', "1", "batch size").col("T", 'i', "1", "sequence length (tokens)")
+      .col("H", 'i', "1", "heads (HV = H)").col("d_k", 'i', "1", "key dimension").col("d_v", 'i', "1", "value dimension")
+      .col("gate", 's', "1", "gate kind: bounded (K3) or softplus (Kimi Linear)")
+      .col("g_min", 'd', "1", "lower bound of the bounded gate (NaN for softplus)")
+      .col("beta", 's', "1", "beta distribution: sigmoid, wide, one")
+      .col("impl", 's', "1", "implementation of the backward: float64, float32, bf16-emu")
+      .col("truth", 's', "1", "the truth this row is measured against (scalar type of the reference backward)");
+  for (const char* n : kGradNames)
+    t.col(std::string(n) + "_rel_rms", 'd', "1", std::string("||") + n + " - " + n + "_truth||_2 / ||" + n + "_truth||_2");
+  t.col("worst_rel_rms", 'd', "1", "largest of the six gradient relative RMS errors of the row (NaN if any is NaN)")
+      .col("time_s", 'd', "s", "wall time of the implementation's backward on this point")
+      .col("truth_time_s", 'd', "s", "wall time of the truth's backward on this point");
+  std::vector<std::string> notes;
+  auto prog = ctx.progress("parity --backward", points.size() * o.impl.size());
+  fmt::print("{:<9}{:>7}{:>7}{:>6} {:<10}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}  truth\n", "impl", "T", "d_k", "d_v",
+             "gate", "dq", "dk", "dv", "dg", "dbeta", "dS0");
+  for (std::size_t p = 0; p < points.size(); ++p) {
+    const KdaGenSpec& s = points[p];
+    const KdaInputs in = kda_inputs(s);
+    Tensor<double> dO({s.B, s.T, s.H, s.d_v}), dS_T({s.B, s.H, s.d_k, s.d_v});
+    Rng rng(s.seed + 1);
+    rng.fill_normal(dO);
+    rng.fill_normal(dS_T);
+    const double work = static_cast<double>(s.B * s.T * s.H * s.d_k * s.d_v);
+    const std::string tk =
+        o.truth != "auto" ? o.truth : (work <= o.mp_max_work ? "mp" : (work <= o.f80_max_work ? "f80" : "f64"));
+    const GradOut tr = tk == "mp" ? run_backward_ref<mp50>(in, dO, dS_T)
+                                  : (tk == "f80" ? run_backward_ref<long double>(in, dO, dS_T)
+                                                 : run_backward_ref<double>(in, dO, dS_T));
+    const std::string tname =
+        tk == "mp" ? "cpp_bin_float_50" : (tk == "f80" ? "long double (x87, 64-bit significand)" : "float64");
+    const std::string label = fmt::format("T={} H={} {} {}", s.T, s.H, gate_kind_name(s.gate), beta_dist_name(s.beta));
+    for (const auto& impl : o.impl) {
+      std::string why;
+      const auto r = run_backward_impl(impl, in, dO, dS_T, why);
+      if (!r) {
+        if (std::find(notes.begin(), notes.end(), why) == notes.end()) notes.push_back(why);
+        prog.tick(1, std::string());
+        continue;
+      }
+      std::vector<Table::Cell> row{static_cast<std::int64_t>(p), in.generator, static_cast<std::int64_t>(s.seed),
+                            static_cast<std::int64_t>(s.B), static_cast<std::int64_t>(s.T),
+                            static_cast<std::int64_t>(s.H), static_cast<std::int64_t>(s.d_k),
+                            static_cast<std::int64_t>(s.d_v), gate_kind_name(s.gate),
+                            s.gate == GateKind::bounded ? s.g_min : std::numeric_limits<double>::quiet_NaN(),
+                            beta_dist_name(s.beta), impl,
+                            tname + (impl == "float64" && tk == "f64" ? " (the same computation: 0 by construction)" : "")};
+      std::vector<double> errs;
+      for (std::size_t i = 0; i < 6; ++i) errs.push_back(compare(r->g[i], tr.g[i], kGradNames[i]).rel_rms);
+      for (double e : errs) row.emplace_back(e);
+      row.emplace_back(nan_max(errs));
+      row.emplace_back(r->seconds);
+      row.emplace_back(tr.seconds);
+      t.row(row);
+      fmt::print("{:<9}{:>7}{:>7}{:>6} {:<10}{:>11.2e}{:>11.2e}{:>11.2e}{:>11.2e}{:>11.2e}{:>11.2e}  {}\n", impl, s.T,
+                 s.d_k, s.d_v, gate_kind_name(s.gate), errs[0], errs[1], errs[2], errs[3], errs[4], errs[5], tk);
+      prog.tick(1, label + " " + impl);
+    }
+  }
+  prog.finish();
+  for (const auto& n : notes) fmt::print("note: {}\n", n);
+  if (t.rows() == 0) return not_available(notes.empty() ? std::string("empty grid") : notes.front());
+  // summary: per implementation and gradient, the median and worst relative RMS over the rows
+  const auto& impl_c = std::get<std::vector<std::string>>(t.column("impl").data);
+  Table sum;
+  sum.col("impl", 's', "1", "implementation").col("gradient", 's', "1", "dq, dk, dv, dg, dbeta or dS0")
+      .col("rows", 'i', "1", "rows summarised")
+      .col("rel_rms_median", 'd', "1", "median relative RMS of the gradient over the rows")
+      .col("rel_rms_worst", 'd', "1", "largest relative RMS of the gradient over the rows (NaN if any is NaN)");
+  std::vector<std::string> impls;
+  for (const auto& i : impl_c)
+    if (std::find(impls.begin(), impls.end(), i) == impls.end()) impls.push_back(i);
+  for (const auto& im : impls)
+    for (const char* n : kGradNames) {
+      const auto& col = std::get<std::vector<double>>(t.column(std::string(n) + "_rel_rms").data);
+      std::vector<double> e;
+      for (std::size_t i = 0; i < t.rows(); ++i)
+        if (impl_c[i] == im) e.push_back(col[i]);
+      sum.row({im, std::string(n), static_cast<std::int64_t>(e.size()), median(e), nan_max(e)});
+    }
+  auto f = ctx.open_results();
+  f->group("parity_backward", "gradient parity of the KDA recurrence's backward against a high-precision truth on the same "
+                              "rounded inputs and upstream gradients");
+  f->write_table("parity_backward/table", t);
+  f->attr("parity_backward/table", "description", "one row per grid point and implementation; one relative RMS per gradient");
+  f->write_table("parity_backward/summary", sum);
+  f->attr("parity_backward/summary", "description", "median and worst relative RMS per implementation and gradient");
+  std::string all_notes;
+  for (const auto& n : notes) all_notes += (all_notes.empty() ? "" : "\n") + n;
+  f->attr("parity_backward", "notes", all_notes.empty() ? std::string("none") : all_notes);
+  f->attr("parity_backward", "truth_rule",
+          "--truth " + o.truth +
+              (o.truth == "auto" ? fmt::format(" (mp while B*T*H*d_k*d_v <= {}, f80 while <= {}, f64 above: then the "
+                                               "float64 row is the truth itself and only float32 is measured)",
+                                               o.mp_max_work, o.f80_max_work)
+                                 : std::string()));
+  f->attr("parity_backward", "upstream", "dO, dS_T ~ N(0, 1) from Rng(seed + 1), in that order; loss <dO, o> + <dS_T, S_T>");
+  f->commit();
+  fmt::print("wrote {} ({} rows)\n", ctx.common.out, t.rows());
+  return 0;
+}
+
 }  // namespace
 
 /// --quick's defaults (parity's check() and its --help).
 const std::vector<double> kQuickT = {17, 300, 1000};
 const std::vector<std::string> kQuickGate = {"bounded", "softplus"}, kQuickBeta = {"sigmoid", "one"};
 const std::string kQuickTruth = "f64";
+/// --backward's defaults (each unless given) and its --quick lengths.
+const std::vector<double> kBackwardT = {16, 64, 256}, kBackwardQuickT = {16, 64}, kBackwardD = {32};
+const std::vector<std::string> kBackwardImplDefault = {"float64", "float32"};
 
 /// Registers `kdalab parity` (the numeric-parity sweep described at the top of this file) with `reg`.
 void register_parity(Registry& reg) {
@@ -361,13 +557,23 @@ void register_parity(Registry& reg) {
       ->capture_default_str();
   a->add_option("--windows", o->windows, "number of windows along T for the error-growth columns (1..1024)")
       ->capture_default_str();
+  a->add_flag("--backward", o->backward,
+              "gradient parity: the backward of the recurrence (dq, dk, dv, dg, dbeta, dS0) in float64 and float32 "
+              "(bf16-emu: the bf16 reference emulation, where the tree has numerics/plain_emulation.hpp) against the truth's backward; defaults --T 16,64,256 --dk 32 --dv 32 "
+              "--impl float64,float32 --out results/parity_backward.h5 (--quick: --T 16,64); writes /parity_backward");
 
   // cli::run's order: the options (here, with --quick's defaults applied first), then --out; run does the work
   describe_quick(c, fmt::format("--T {}, --gate {}, --beta {}, --truth {}", fmt::join(kQuickT, ","),
                                  fmt::join(kQuickGate, ","), fmt::join(kQuickBeta, ","), kQuickTruth));
   c.check = [o](Context& ctx) {
     auto given = [&](const char* name) { return ctx.app->get_option(name)->count() > 0; };
-    if (ctx.common.quick) {  // a small grid, float64 truth; options given explicitly still win
+    if (o->backward) {  // the gradient mode's own defaults; options given explicitly still win
+      if (!given("--T")) o->T = ctx.common.quick ? kBackwardQuickT : kBackwardT;
+      if (!given("--dk")) o->dk = kBackwardD;
+      if (!given("--dv")) o->dv = kBackwardD;
+      if (!given("--impl")) o->impl = kBackwardImplDefault;
+      if (!given("--out")) ctx.common.out = "results/parity_backward.h5";
+    } else if (ctx.common.quick) {  // a small grid, float64 truth; options given explicitly still win
       if (!given("--T")) o->T = kQuickT;
       if (!given("--gate")) o->gate = kQuickGate;
       if (!given("--beta")) o->beta = kQuickBeta;
@@ -391,9 +597,14 @@ void register_parity(Registry& reg) {
     o->betas.clear();
     for (const auto& s : o->beta) o->betas.push_back(parse_beta_dist(s, "--beta"));
     for (const auto& s : o->impl)
-      require(std::find(kImpls.begin(), kImpls.end(), s) != kImpls.end(),
-              "--impl: '" + s + "' is unknown; accepted: float64, float32, float64-chunk, float32-chunk, twin-bf16, "
-              "cuda-bf16");
+      if (o->backward)
+        require(std::find(kBackwardImpls.begin(), kBackwardImpls.end(), s) != kBackwardImpls.end(),
+                "--impl: '" + s + "' is not an implementation of --backward; accepted with --backward: float64, float32, "
+                "bf16-emu");
+      else
+        require(std::find(kImpls.begin(), kImpls.end(), s) != kImpls.end(),
+                "--impl: '" + s + "' is unknown; accepted: float64, float32, float64-chunk, float32-chunk, twin-bf16, "
+                "cuda-bf16");
     o->states.clear();
     for (const auto& s : o->state) {
       require(s == "fp32" || s == "bf16", "--state-precision: '" + s + "' is not accepted; accepted: fp32, bf16");
@@ -427,6 +638,7 @@ void register_parity(Registry& reg) {
     require(o->windows >= 1 && o->windows <= 1024, fmt::format("--windows: {} is not in 1..1024", o->windows));
   };
   c.run = [o](Context& ctx) -> int {
+    if (o->backward) return run_parity_backward(*o, ctx);
     const std::vector<GateKind>& gates = o->gates;
     const std::vector<BetaDist>& betas = o->betas;
     const std::vector<Format>& states = o->states;

@@ -107,12 +107,14 @@ struct KdaHeadGrad {
 /// Reverse-mode derivative of kda_recurrent_head over T tokens. q, k, g: T x d_k; v: T x d_v;
 /// beta: T; S0: d_k x d_v; dO: T x d_v (dL/do); dS_T: d_k x d_v (dL/dS_T, zero when the final state
 /// is not used). checkpoint: states kept every `checkpoint` tokens (0 = all T; see file comment).
+/// states_held (optional, out): the largest number of d_k x d_v states held at once (checkpoints
+/// plus one recomputed segment), ceil(T / C) + min(C, T) for interval C: the memory the sweep needs.
 /// No input checks (kda_recurrent_backward validates).
 template <class S>
 KdaHeadGrad<S> kda_recurrent_head_backward(const Mat<S>& q, const Mat<S>& k, const Mat<S>& v, const Mat<S>& g,
                                            const Vec<S>& beta, const Mat<S>& S0, const S& scale, const Mat<S>& dO,
                                            const Mat<S>& dS_T, KdaVariant var = KdaVariant::kda,
-                                           Eigen::Index checkpoint = 0) {
+                                           Eigen::Index checkpoint = 0, std::size_t* states_held = nullptr) {
   const Eigen::Index T = q.rows(), dk = q.cols(), dv = v.cols();
   const Eigen::Index C = checkpoint > 0 ? std::min(checkpoint, T) : T;
   const auto step = [&](Mat<S>& St, Eigen::Index t) {
@@ -129,6 +131,7 @@ KdaHeadGrad<S> kda_recurrent_head_backward(const Mat<S>& q, const Mat<S>& k, con
   KdaHeadGrad<S> r{Mat<S>(T, dk), Mat<S>(T, dk), Mat<S>(T, dv), Mat<S>(T, dk), Vec<S>(T), dS_T};
   Mat<S>& dS = r.dS0;  // carried dL/dS_t, ends as dL/dS_0
   std::vector<Mat<S>> seg;
+  if (states_held) *states_held = 0;
   for (Eigen::Index n = static_cast<Eigen::Index>(ckpt.size()) - 1; n >= 0; --n) {
     const Eigen::Index t0 = n * C, t1 = std::min(T, t0 + C);
     seg.assign(1, ckpt[static_cast<std::size_t>(n)]);  // seg[r] = S_{t0 + r - 1}, the state before token t0 + r
@@ -136,6 +139,7 @@ KdaHeadGrad<S> kda_recurrent_head_backward(const Mat<S>& q, const Mat<S>& k, con
       seg.push_back(seg.back());
       step(seg.back(), t);
     }
+    if (states_held) *states_held = std::max(*states_held, ckpt.size() + seg.size());
     for (Eigen::Index t = t1 - 1; t >= t0; --t) {
       const KdaStepGrad<S> s = kda_step_backward<S>(seg[static_cast<std::size_t>(t - t0)], dS, q.row(t).transpose(),
                                                     k.row(t).transpose(), v.row(t).transpose(), g.row(t).transpose(),
@@ -148,6 +152,15 @@ KdaHeadGrad<S> kda_recurrent_head_backward(const Mat<S>& q, const Mat<S>& k, con
     }
   }
   return r;
+}
+
+/// The checkpoint interval that minimises the states held, ceil(T / C) + C: C = ceil(sqrt(T))
+/// (2 sqrt(T) states instead of T; at T = 65,536 and d_k = d_v = 128, 512 states = 32 MiB in float64
+/// instead of 8 GiB). T = 0 gives 1.
+inline std::size_t kda_sqrt_checkpoint(std::size_t T) {
+  std::size_t c = 1;
+  while (c * c < T) ++c;
+  return c;
 }
 
 /// Gradients of a batched KDA call, shaped as its inputs (see file comment).

@@ -77,12 +77,15 @@ KdaChunkFwd<S> kda_chunk_quantities(const Mat<S>& q, const Mat<S>& k, const Mat<
 }  // namespace detail
 
 /// Reverse-mode derivative of the chunked KDA forward (chunk size C >= 1) on one head; same
-/// arguments and result as kda_recurrent_head_backward. Errors: kdalab::Error when C = 0 or a
-/// chunk's decay span is out of range (file comment).
+/// arguments and result as kda_recurrent_head_backward. Memory: the forward keeps only the state
+/// entering each chunk (ceil(T / C) states of d_k x d_v); the backward recomputes one chunk's
+/// quantities (O(C^2 + C d) numbers) from its entering state, so it needs O(T / C d_k d_v), not
+/// O(T d_k d_v). states_held (optional, out): the number of d_k x d_v states held, ceil(T / C).
+/// Errors: kdalab::Error when C = 0 or a chunk's decay span is out of range (file comment).
 template <class S>
 KdaHeadGrad<S> kda_chunked_head_backward(const Mat<S>& q, const Mat<S>& k, const Mat<S>& v, const Mat<S>& g,
                                          const Vec<S>& beta, const Mat<S>& S0, const S& scale, const Mat<S>& dO,
-                                         const Mat<S>& dS_T, Eigen::Index C) {
+                                         const Mat<S>& dS_T, Eigen::Index C, std::size_t* states_held = nullptr) {
   require(C >= 1, "kda_chunked_backward: chunk = 0; accepted: >= 1");
   const Eigen::Index T = q.rows(), dk = q.cols(), dv = v.cols();
   // Forward over the chunks: the state entering each chunk.
@@ -95,6 +98,7 @@ KdaHeadGrad<S> kda_chunked_head_backward(const Mat<S>& q, const Mat<S>& k, const
     const Mat<S> Vt = c.U - c.W * St;
     St = (c.gamL.asDiagonal() * St + c.Kd.transpose() * Vt).eval();
   }
+  if (states_held) *states_held = enter.size();
   KdaHeadGrad<S> r{Mat<S>(T, dk), Mat<S>(T, dk), Mat<S>(T, dv), Mat<S>(T, dk), Vec<S>(T), dS_T};
   Mat<S>& dS = r.dS0;  // dL/d(state leaving the chunk), ends as dL/dS_0
   for (Eigen::Index n = static_cast<Eigen::Index>(enter.size()) - 1; n >= 0; --n) {

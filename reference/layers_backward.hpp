@@ -3,8 +3,16 @@
 /// reference/layers.hpp that feed the KDA recurrence (K3 report Eq. 2; Kimi Linear report):
 ///   L2Norm   y = x / n,  n = sqrt(||x||^2 + eps)      dx = dy / n - x (x^T dy) / n^3
 ///   Sigmoid  y = 1 / (1 + e^-x)                        dx = dy Sigmoid(x) Sigmoid(-x)
+///   Swish    y = x Sigmoid(x)                          dx = dy (Sigmoid(x) + x Sigmoid(x) Sigmoid(-x))
+///   Linear   y = x W^T                                 dx = dy W,  dW = dy^T x
+///   ShortConv y_{t,c} = sum_j w_{c,j} e_{t+j,c}, e = [tail; x]
+///                                                     de_{t+j,c} += w_{c,j} dy_{t,c},  dw_{c,j} = sum_t dy_{t,c} e_{t+j,c}
+///   RMSNorm  y = x r w,  r = (||x||^2 / d + eps)^-1/2  (per head block of d)
+///                                                     u = dy ⊙ w:  dx = r u - x r^3 (x^T u) / d,  dw = sum dy ⊙ x r
+///   Output gate  y = Sigmoid(l) ⊙ o                    do = dy ⊙ Sigmoid(l),  dl = dy ⊙ o Sigmoid(l) Sigmoid(-l)
 /// (Sigmoid(x) Sigmoid(-x) = y (1 - y), evaluated without the cancellation of 1 - y near y = 1.)
 /// Layouts as the forward ops: token-major matrices, per-head blocks of d columns.
+#include <algorithm>
 #include <string>
 
 #include "reference/error.hpp"
@@ -57,6 +65,127 @@ Mat<S> sigmoid_mat_backward(const Mat<S>& x, const Mat<S>& dy) {
   Mat<S> dx(x.rows(), x.cols());
   for (Eigen::Index i = 0; i < x.size(); ++i) dx.data()[i] = dy.data()[i] * sigmoid_derivative<S>(x.data()[i]);
   return dx;
+}
+
+/// Checks that an upstream gradient has the shape of the forward op's output.
+template <class S>
+void require_same_shape(const Mat<S>& dy, Eigen::Index rows, Eigen::Index cols, const std::string& op,
+                        const std::string& name = "dy") {
+  require(dy.rows() == rows && dy.cols() == cols,
+          op + ": tensor '" + name + "' is [" + std::to_string(dy.rows()) + ", " + std::to_string(dy.cols()) +
+              "], expected [" + std::to_string(rows) + ", " + std::to_string(cols) + "]");
+}
+
+/// Derivative of Swish x Sigmoid(x): Sigmoid(x) + x Sigmoid(x) Sigmoid(-x).
+template <class S>
+S swish_derivative(const S& x) {
+  return S(sigmoid<S>(x) + x * sigmoid_derivative<S>(x));
+}
+
+/// VJP of swish_mat: dx = dy ⊙ (Sigmoid(x) + x Sigmoid(x) Sigmoid(-x)). x, dy of one shape (checked).
+template <class S>
+Mat<S> swish_mat_backward(const Mat<S>& x, const Mat<S>& dy) {
+  require_same_shape(dy, x.rows(), x.cols(), "swish_mat_backward");
+  Mat<S> dx(x.rows(), x.cols());
+  for (Eigen::Index i = 0; i < x.size(); ++i) dx.data()[i] = dy.data()[i] * swish_derivative<S>(x.data()[i]);
+  return dx;
+}
+
+/// Gradients of a linear map y = x W^T: dx [T, in], dW [out, in].
+template <class S>
+struct LinearGrad {
+  Mat<S> dx, dW;
+};
+
+/// VJP of linear(x, W): dx = dy W, dW = dy^T x. x [T, in]; W [out, in]; dy [T, out] (checked).
+template <class S>
+LinearGrad<S> linear_backward(const Mat<S>& x, const Mat<S>& W, const Mat<S>& dy) {
+  require_same_shape(dy, x.rows(), W.rows(), "linear_backward");
+  return {Mat<S>(dy * W), Mat<S>(dy.transpose() * x)};
+}
+
+/// Gradients of short_conv: dx [T, channels], dw [channels, K], dtail [K - 1, channels] (the
+/// gradient of the tail the call started from).
+template <class S>
+struct ShortConvGrad {
+  Mat<S> dx, dw, dtail;
+};
+
+/// VJP of short_conv(x, w, tail) (reference/layers.hpp; ShortConv of K3 report Eq. 2) for upstream
+/// dy [T, channels]; `tail` is the tail the forward call started from (zeros for a fresh cache). The
+/// loss is on y only: the updated tail the forward call leaves behind carries no gradient here.
+/// Errors: kdalab::Error as short_conv, or naming 'dy' on a shape mismatch.
+template <class S>
+ShortConvGrad<S> short_conv_backward(const Mat<S>& x, const Mat<S>& w, const ConvTail<S>& tail, const Mat<S>& dy) {
+  ConvTail<S> t = tail;
+  (void)short_conv<S>(x, w, t, "short_conv_backward");  // the forward op's checks
+  require_same_shape(dy, x.rows(), x.cols(), "short_conv_backward");
+  const Eigen::Index T = x.rows(), C = x.cols(), K = w.cols();
+  Mat<S> ext(K - 1 + T, C);
+  if (K > 1) ext.topRows(K - 1) = tail.x;
+  if (T > 0) ext.bottomRows(T) = x;
+  Mat<S> dext = Mat<S>::Zero(K - 1 + T, C);
+  ShortConvGrad<S> r{Mat<S>(), Mat<S>::Zero(C, K), Mat<S>()};
+  for (Eigen::Index t0 = 0; t0 < T; ++t0)
+    for (Eigen::Index c = 0; c < C; ++c)
+      for (Eigen::Index j = 0; j < K; ++j) {
+        dext(t0 + j, c) += w(c, j) * dy(t0, c);
+        r.dw(c, j) += dy(t0, c) * ext(t0 + j, c);
+      }
+  r.dx = dext.bottomRows(T);
+  r.dtail = dext.topRows(K - 1);
+  return r;
+}
+
+/// Gradients of rmsnorm: dx [T, heads * d], dw [d] (summed over tokens and heads).
+template <class S>
+struct RmsNormGrad {
+  Mat<S> dx;
+  Vec<S> dw;
+};
+
+/// VJP of rmsnorm(x, w, eps) (reference/layers.hpp; per head block of d = w.size()) for upstream
+/// dy [T, heads * d]. A zero block with eps = 0 (the forward op returns 0 there; not differentiable)
+/// gets dx = 0 and adds nothing to dw. Errors: kdalab::Error as rmsnorm, or naming 'dy'.
+template <class S>
+RmsNormGrad<S> rmsnorm_backward(const Mat<S>& x, const Vec<S>& w, const Mat<S>& dy, const S& eps = S(1e-5)) {
+  (void)rmsnorm<S>(Mat<S>(x.topRows(std::min<Eigen::Index>(x.rows(), 1))), w, eps);  // the forward op's checks
+  require_same_shape(dy, x.rows(), x.cols(), "rmsnorm_backward");
+  const Eigen::Index d = w.size();
+  const S dd = S(static_cast<double>(d));
+  RmsNormGrad<S> r{Mat<S>::Zero(x.rows(), x.cols()), Vec<S>::Zero(d)};
+  for (Eigen::Index t = 0; t < x.rows(); ++t)
+    for (Eigen::Index h = 0; h < x.cols() / d; ++h) {
+      const Vec<S> xb = x.row(t).segment(h * d, d).transpose(), dyb = dy.row(t).segment(h * d, d).transpose();
+      const S ms = xb.squaredNorm() / dd + eps;
+      if (!(ms > S(0))) continue;
+      const S inv = S(1) / ssqrt<S>(ms);
+      const Vec<S> u = dyb.cwiseProduct(w);
+      r.dx.row(t).segment(h * d, d) = (inv * u - xb * (inv * inv * inv * xb.dot(u) / dd)).transpose();
+      r.dw += dyb.cwiseProduct(xb) * inv;
+    }
+  return r;
+}
+
+/// Gradients of output_gate: do and dgate_logit, both [T, channels].
+template <class S>
+struct OutputGateGrad {
+  Mat<S> d_o, d_gate_logit;
+};
+
+/// VJP of output_gate(o, gate_logit) (K3 report Eq. 6): do = dy ⊙ Sigmoid(l),
+/// dl = dy ⊙ o ⊙ Sigmoid(l) Sigmoid(-l). Errors: kdalab::Error as output_gate, or naming 'dy'.
+template <class S>
+OutputGateGrad<S> output_gate_backward(const Mat<S>& o, const Mat<S>& gate_logit, const Mat<S>& dy) {
+  (void)output_gate<S>(o, gate_logit);  // the forward op's checks
+  require_same_shape(dy, o.rows(), o.cols(), "output_gate_backward");
+  OutputGateGrad<S> r{Mat<S>(o.rows(), o.cols()), Mat<S>(o.rows(), o.cols())};
+  for (Eigen::Index i = 0; i < o.size(); ++i) {
+    const S l = gate_logit.data()[i];
+    r.d_o.data()[i] = dy.data()[i] * sigmoid<S>(l);
+    r.d_gate_logit.data()[i] = dy.data()[i] * o.data()[i] * sigmoid_derivative<S>(l);
+  }
+  return r;
 }
 
 }  // namespace kdalab

@@ -15,11 +15,19 @@
 ///   both:     dq^R_i = dZ K_R,  dK_R += dZ^T q^R_i
 /// The two forms compute one function, so their gradients agree to rounding.
 /// Layouts as mla_attend_naive: q_C [T, n_h d_nope], q_R [T, n_h d_rope], C [N, d_c], K_R [N, d_rope],
-/// dO [T, n_h d_v]; W_UK [n_h d_nope, d_c], W_UV [n_h d_v, d_c]. The projections (RoPE, W_Q, W_DKV)
-/// and the output gate are outside this VJP.
+/// dO [T, n_h d_v]; W_UK [n_h d_nope, d_c], W_UV [n_h d_v, d_c].
+///
+/// The whole layer on a fresh cache (mla_prefill_backward, pos0 = 0, C = c = X W_DKV^T, K_R = rot(X W_KR^T)),
+/// y = W_o [Sigmoid(W_g X) ⊙ O] (K3 report Eq. 7), adds the projections' VJPs:
+///     dW_o = dY^T (gate ⊙ O),  dG = dY W_o,  dO = dG ⊙ gate,  dl = dG ⊙ O ⊙ Sigmoid'(l),  dW_g = dl^T X
+///     RoPE is a rotation R_t per position: d(pre-rotation row) = R_t^T d(rotated row)
+///     dQ = [dq^C_i ; R^T dq^R_i] per head,  dW_Q = dQ^T X  (or dW_UQ = dQ^T c_Q, dW_DQ = (dQ W_UQ)^T X)
+///     dW_DKV = dC^T X,  dW_KR = (R^T dK_R)^T X,  dX = the sum of each projection's dY_p W_p
+#include <cstddef>
 #include <string>
 
 #include "reference/error.hpp"
+#include "reference/layers_backward.hpp"
 #include "reference/mla.hpp"
 #include "reference/scalar.hpp"
 
@@ -128,6 +136,99 @@ MlaAttendGrad<S> mla_attend_absorbed_backward(const MlaConfig& cfg, const MlaWei
     }
   }
   return g;
+}
+
+/// Gradients of a Gated MLA layer prefill: dx [T, hidden] and one gradient per weight, shaped as the
+/// weights (the ones the config does not use stay empty, as in mla_random_weights).
+template <class S>
+struct MlaLayerGrad {
+  Mat<S> dx;
+  MlaWeights<S> dw;
+};
+
+namespace detail {
+/// The transpose of rope_rotate at position `pos`: rotates each pair (2j, 2j+1) by minus its angle.
+template <class S, class Row>
+void rope_rotate_transpose(Row&& r, std::size_t pos, double base) {
+  const Eigen::Index n = r.size();
+  for (Eigen::Index j = 0; j + 1 < n; j += 2) {
+    const S ang = S(static_cast<double>(pos)) * sexp<S>(S(-static_cast<double>(j) / static_cast<double>(n)) * slog<S>(S(base)));
+    using std::cos; using std::sin; using boost::multiprecision::cos; using boost::multiprecision::sin;
+    const S cs = S(cos(ang)), sn = S(sin(ang));
+    const S a = r(j), b = r(j + 1);
+    r(j) = a * cs + b * sn;
+    r(j + 1) = -a * sn + b * cs;
+  }
+}
+}  // namespace detail
+
+/// VJP of mla_prefill(cfg, w, X, fresh cache, eval) (positions 0 .. T-1) for upstream dY [T, hidden]:
+/// gradients of X and of every weight (file comment). eval picks the attention core's VJP (naive or
+/// absorbed; streaming computes the absorbed function and takes its VJP). Errors: kdalab::Error as
+/// mla_prefill (weights, X), or naming 'dY' on a shape mismatch.
+template <class S>
+MlaLayerGrad<S> mla_prefill_backward(const MlaConfig& cfg, const MlaWeights<S>& w, const Mat<S>& X, const Mat<S>& dY,
+                                     MlaEval eval = MlaEval::naive) {
+  mla_validate(cfg, w);
+  require(X.rows() >= 1 && static_cast<std::size_t>(X.cols()) == cfg.hidden,
+          "MLA backward: input 'x' has shape [" + std::to_string(X.rows()) + ", " + std::to_string(X.cols()) +
+              "], expected [T >= 1, hidden = " + std::to_string(cfg.hidden) + "]");
+  detail::require_finite_mat(X, "MLA input x");
+  require(dY.rows() == X.rows() && dY.cols() == X.cols(),
+          "MLA backward: tensor 'dY' is [" + std::to_string(dY.rows()) + ", " + std::to_string(dY.cols()) +
+              "], expected the shape of 'x' [" + std::to_string(X.rows()) + ", " + std::to_string(X.cols()) + "]");
+  const Eigen::Index T = X.rows(), nh = cfg.n_h, dn = cfg.d_nope, dr = cfg.d_rope, dqk = cfg.d_qk();
+  const MlaProjected<S> p = mla_project(cfg, w, X, 0);
+  const Mat<S> O = eval == MlaEval::naive ? mla_attend_naive(cfg, w, p, p.c, p.k_R, 0)
+                                          : mla_attend_absorbed(cfg, w, p, p.c, p.k_R, 0);
+  MlaLayerGrad<S> r;
+  MlaWeights<S>& d = r.dw;
+  Mat<S> dO;
+  if (cfg.output_gate) {
+    d.W_o = dY.transpose() * p.gate.cwiseProduct(O);
+    const Mat<S> dG = dY * w.W_o;
+    dO = dG.cwiseProduct(p.gate);
+    const Mat<S> logit = X * w.W_g.transpose();  // Sigmoid'(l) = Sigmoid(l) Sigmoid(-l): no 1 - gate cancellation
+    Mat<S> dl(T, dG.cols());
+    for (Eigen::Index i = 0; i < dl.size(); ++i) dl.data()[i] = dG.data()[i] * O.data()[i] * sigmoid_derivative<S>(logit.data()[i]);
+    d.W_g = dl.transpose() * X;
+    r.dx = dl * w.W_g;
+  } else {
+    d.W_o = dY.transpose() * O;
+    dO = dY * w.W_o;
+    r.dx = Mat<S>::Zero(T, X.cols());
+  }
+  const MlaAttendGrad<S> a = eval == MlaEval::naive ? mla_attend_naive_backward(cfg, w, p, p.c, p.k_R, 0, dO)
+                                                    : mla_attend_absorbed_backward(cfg, w, p, p.c, p.k_R, 0, dO);
+  d.W_UK = a.dW_UK;
+  d.W_UV = a.dW_UV;
+  Mat<S> dQ(T, nh * dqk), dkR = a.dK_R;
+  for (Eigen::Index i = 0; i < nh; ++i) {
+    dQ.middleCols(i * dqk, dn) = a.dq_C.middleCols(i * dn, dn);
+    dQ.middleCols(i * dqk + dn, dr) = a.dq_R.middleCols(i * dr, dr);
+  }
+  if (cfg.rope && dr > 0)
+    for (Eigen::Index t = 0; t < T; ++t) {
+      detail::rope_rotate_transpose<S>(dkR.row(t), static_cast<std::size_t>(t), cfg.rope_theta);
+      for (Eigen::Index i = 0; i < nh; ++i)
+        detail::rope_rotate_transpose<S>(dQ.row(t).segment(i * dqk + dn, dr), static_cast<std::size_t>(t),
+                                         cfg.rope_theta);
+    }
+  if (cfg.d_cq == 0) {
+    d.W_Q = dQ.transpose() * X;
+    r.dx += dQ * w.W_Q;
+  } else {
+    const Mat<S> cQ = X * w.W_DQ.transpose();
+    d.W_UQ = dQ.transpose() * cQ;
+    const Mat<S> dcQ = dQ * w.W_UQ;
+    d.W_DQ = dcQ.transpose() * X;
+    r.dx += dcQ * w.W_DQ;
+  }
+  d.W_DKV = a.dC.transpose() * X;
+  r.dx += a.dC * w.W_DKV;
+  d.W_KR = dkR.transpose() * X;
+  if (dr > 0) r.dx += dkR * w.W_KR;
+  return r;
 }
 
 }  // namespace kdalab

@@ -150,3 +150,79 @@ TEST_CASE("MLA float64 gradients == cpp_bin_float_50 gradients", "[backward][mla
     CHECK(e <= tol::backward_f64_vs_mp.value);
   }
 }
+
+namespace {
+/// Every weight matrix of MlaWeights with its name, in a fixed order.
+template <class S>
+std::vector<std::pair<std::string, Mat<S>*>> mla_weight_mats(MlaWeights<S>& w) {
+  return {{"W_DKV", &w.W_DKV}, {"W_KR", &w.W_KR}, {"W_Q", &w.W_Q}, {"W_DQ", &w.W_DQ}, {"W_UQ", &w.W_UQ},
+          {"W_UK", &w.W_UK},   {"W_UV", &w.W_UV}, {"W_g", &w.W_g}, {"W_o", &w.W_o}};
+}
+}  // namespace
+
+TEST_CASE("MLA layer VJP == central differences in cpp_bin_float_50 for x and every projection weight "
+          "(RoPE on/off, q_lora_rank 0/3, gate on/off)",
+          "[backward][mla][mp50]") {
+  struct Variant {
+    bool rope;
+    std::size_t d_cq;
+    bool gate;
+    MlaEval eval;
+  };
+  for (const Variant var : {Variant{false, 0, true, MlaEval::naive}, Variant{true, 3, true, MlaEval::absorbed},
+                            Variant{true, 0, false, MlaEval::naive}}) {
+    MlaConfig cfg = small_cfg(2);
+    cfg.rope = var.rope;
+    cfg.d_cq = var.d_cq;
+    cfg.output_gate = var.gate;
+    Rng wr(441);
+    const MlaWeights<mp50> w = mla_random_weights<mp50>(cfg, [&] { return wr.normal(); });
+    Rng rng(442);
+    const Eigen::Index T = 5;
+    const Mat<mp50> x = randn<mp50>(rng, T, 8), dy = randn<mp50>(rng, T, 8);
+    const MlaLayerGrad<mp50> g = mla_prefill_backward<mp50>(cfg, w, x, dy, var.eval);
+    const auto L = [&](const Mat<mp50>& xx, const MlaWeights<mp50>& ww) {
+      MlaCache<mp50> cache(cfg, static_cast<std::size_t>(T));
+      return mp50(dy.cwiseProduct(mla_prefill<mp50>(cfg, ww, xx, cache, var.eval)).sum());
+    };
+    const auto central = [&](const std::function<mp50(const mp50&)>& f, const mp50& an) {
+      const mp50 fd = (f(fd_step) - f(mp50(-fd_step))) / (2 * fd_step);
+      return static_cast<double>(sabs<mp50>(mp50((fd - an) / an)));
+    };
+    const std::string where = std::string("rope ") + (var.rope ? "on" : "off") + ", d_cq " + std::to_string(var.d_cq) +
+                              ", gate " + (var.gate ? "on" : "off") + ", " + mla_eval_name(var.eval);
+    const Mat<mp50> dx = randn<mp50>(rng, T, 8);
+    const double ex = central([&](const mp50& h) { return L(Mat<mp50>(x + h * dx), w); }, g.dx.cwiseProduct(dx).sum());
+    INFO(where << ", d/dx: relative error " << ex);
+    CHECK(ex <= tol::backward_fd_mp.value);
+    MlaWeights<mp50> wd = w, gd = g.dw;
+    auto mats = mla_weight_mats(wd);
+    auto gmats = mla_weight_mats(gd);
+    for (std::size_t i = 0; i < mats.size(); ++i) {
+      if (mats[i].second->size() == 0) {  // not used by this config: no gradient either
+        CHECK(gmats[i].second->size() == 0);
+        continue;
+      }
+      const Mat<mp50> w0 = *mats[i].second;
+      const Mat<mp50> dir = randn<mp50>(rng, w0.rows(), w0.cols());
+      const double e = central(
+          [&](const mp50& h) {
+            *mats[i].second = w0 + h * dir;
+            const mp50 l = L(x, wd);
+            *mats[i].second = w0;
+            return l;
+          },
+          gmats[i].second->cwiseProduct(dir).sum());
+      INFO(where << ", d/d" << mats[i].first << ": relative error " << e);
+      CHECK(e <= tol::backward_fd_mp.value);
+    }
+  }
+}
+
+TEST_CASE("MLA layer VJP rejects dY of the wrong shape, naming it", "[backward][mla][errors]") {
+  const MlaConfig cfg = small_cfg(2);
+  Rng wr(451);
+  const MlaWeights<double> w = mla_random_weights<double>(cfg, [&] { return wr.normal(); });
+  require_error([&] { mla_prefill_backward<double>(cfg, w, Mat<double>::Zero(3, 8), Mat<double>::Zero(3, 7)); },
+                {"'dY'", "[3, 7]", "[3, 8]"});
+}

@@ -1,0 +1,65 @@
+// `kdalab parity --backward`: the gradient-parity mode writes one row per (point, implementation) with one relative
+// RMS per gradient; float64 against the mp50 backward is at rounding level, float32 at its own, the bf16 emulation at
+// bf16's (in a tree that has numerics/plain_emulation.hpp; otherwise its rows are skipped with a note and, asked for
+// alone, exit 3); an implementation of the forward mode is refused.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "experiments/results.hpp"
+#include "numerics/tolerance.hpp"
+#include "tests/catch.hpp"
+#include "tests/cli/cli_util.hpp"
+
+using namespace kdalab::testutil;
+using namespace kdalab;
+
+TEST_CASE("parity --backward writes one relative RMS per gradient; float64 is at rounding level against mp50",
+          "[parity]") {
+  TempDir d;
+  const std::string out = d.file("pb.h5");
+  const RunResult r = run_kdalab("parity --backward --quick --quiet --dk 8 --dv 8 --impl float64,float32,bf16-emu --out " + out);
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  const bool emulated = !has(r, "note: bf16-emu rows skipped");
+  const std::vector<std::string> grads = {"dq", "dk", "dv", "dg", "dbeta", "dS0"};
+  std::vector<std::string> cols = {"impl", "T", "truth", "worst_rel_rms"};
+  for (const auto& g : grads) cols.push_back(g + "_rel_rms");
+  require_columns(out, "/parity_backward/table", cols);
+  const auto impl = scol(out, "/parity_backward/table/impl");
+  const auto truth = scol(out, "/parity_backward/table/truth");
+  REQUIRE(impl.size() == (emulated ? 6u : 4u));  // T = 16, 64 (--quick) x float64, float32 (, bf16-emu)
+  for (std::size_t i = 0; i < impl.size(); ++i) {
+    INFO("row " << i << " " << impl[i] << " truth " << truth[i]);
+    CHECK(truth[i] == "cpp_bin_float_50");
+    for (const auto& g : grads) {
+      const double e = col(out, "/parity_backward/table/" + g + "_rel_rms")[i];
+      INFO(g << ": " << e);
+      if (impl[i] == "float64") CHECK((e > 0 && e <= tol::backward_f64_vs_mp.value));
+      else if (impl[i] == "float32") CHECK((e > 1e-9 && e < 1e-5));  // rounding of a 24-bit significand
+      else CHECK((e > 1e-4 && e < 5e-2));                              // bf16 operands: an 8-bit significand
+    }
+  }
+  CHECK((h5read::attr_string(out, "/parity_backward", "notes").find("bf16-emu") != std::string::npos) == !emulated);
+}
+
+TEST_CASE("parity --backward: bf16-emu alone without the emulation exits 3 and writes nothing; a forward-only "
+          "implementation exits 2",
+          "[parity]") {
+  TempDir d;
+  const std::string out = d.file("pb.h5");
+  RunResult r = run_kdalab("parity --backward --quick --quiet --dk 4 --dv 4 --impl bf16-emu --out " + out);
+  INFO(r.output);
+  if (has(r, "bf16-emu rows skipped")) {
+    CHECK(r.code == 3);
+    CHECK(!std::filesystem::exists(out));
+  } else {
+    CHECK(r.code == 0);
+    std::filesystem::remove(out);
+  }
+  r = run_kdalab("parity --backward --quick --impl twin-bf16 --out " + out);
+  INFO(r.output);
+  require_one_line_exit2(r);
+  CHECK(has(r, "--impl: 'twin-bf16' is not an implementation of --backward"));
+  CHECK(!std::filesystem::exists(out));
+}
