@@ -62,6 +62,20 @@ inline constexpr Tolerance golden_mp{1e-15,
 /// Default verdict tolerance of `kdalab check` for a bf16 candidate.
 inline constexpr Tolerance check_default{5.0e-3,
     "the threshold fla's own tests use (RMS ratio 5e-3): a candidate worse than the peers' bar fails."};
+/// Safety factor F of the `kdalab check` budget rule (numerics/budget.hpp): budget = F (emulation error at the
+/// declared precision + storage rounding of the output).
+inline constexpr Tolerance budget_factor{4.0,
+    "the emulation is one plain algorithm at precision p; a correct candidate at p differs from it by summation "
+    "order, tiling and which intermediates it stores at p, which moves the error by up to ~2x (the kernel twin's "
+    "all-bf16 plan, another algorithm at bf16, lands 1.2x - 2x from the bf16 emulation on the anchor cases), and by "
+    "the spread of a short sequence's error; 4 covers both. Real faults are O(1e-1 .. 1) (a wrong sign, a missing "
+    "term or chunk), 5x - 50x beyond a bf16 budget (~2e-2) and 1e5x beyond an fp32 one; the threshold of the "
+    "constant rule, 5e-3 (check_default), judged every precision alike."};
+/// Least budget of the `kdalab check` rule: below it the truth and the stored candidate disagree by rounding alone.
+inline constexpr Tolerance budget_floor{1e-12,
+    "at fp64 the rule's terms are ~1e-16 .. 1e-14, the size of the float64 truth's own rounding and of float64 "
+    "summation-order differences between two exact algorithms (backward_f64_vs_mp, check_self); 1e-12 judges no "
+    "such noise and still fails any real discrepancy (>= 1e-6)."};
 /// `kdalab check` fed the truth itself as the candidate: only the truth's own rounding differs.
 inline constexpr Tolerance check_self{1e-12,
     "candidate = the float64-stored truth; the recomputed truth differs by storage rounding (~1e-16) "
