@@ -18,7 +18,9 @@
 #include <cmath>
 #include <numeric>
 #include <map>
+#include <functional>
 #include <optional>
+#include <set>
 
 #include "experiments/cli.hpp"
 #include "experiments/kda_ops.hpp"
@@ -28,6 +30,9 @@
 #include "experiments/gpu_exp.hpp"
 #endif
 #include "numerics/bf16.hpp"
+#include "numerics/budget.hpp"
+#include "numerics/check_ops.hpp"
+#include "numerics/plain_emulation.hpp"
 #include "numerics/metrics.hpp"
 #include "numerics/tolerance.hpp"
 #include "reference/error.hpp"
@@ -180,6 +185,14 @@ class InFile {
   }
 
   const std::string& format_of(const std::string& name) { return formats_[name]; }
+
+  /// Names of every object at the file root.
+  std::vector<std::string> root_names() {
+    std::vector<std::string> r;
+    H5::Group g = f_.openGroup("/");
+    for (hsize_t i = 0; i < g.getNumObjs(); ++i) r.push_back(g.getObjnameByIdx(i));
+    return r;
+  }
 
  private:
   std::optional<H5::Attribute> open_attr(const std::string& obj, const std::string& name) {
@@ -547,7 +560,7 @@ Tensor<double> attn_res_truth(const AttnResInput& a) {
 struct Outcome {
   struct Cand {
     std::string name, format;
-    Tensor<double> x, truth;
+    Tensor<double> x, truth, emulation;  // emulation: numerics/plain_emulation.hpp at the declared precision
   };
   struct Out {
     std::string name, description;
@@ -561,6 +574,63 @@ struct Outcome {
 
 std::string pick_truth(const std::string& opt, double work) { return opt == "auto" ? (work <= 2e7 ? "mp" : "f64") : opt; }
 std::string truth_label(const std::string& tk) { return tk == "mp" ? "cpp_bin_float_50" : "float64"; }
+
+/// Thrown when the file has no candidate but a dataset that matches no known name (e.g. a misspelt candidate):
+/// run() exits kExitNothingChecked without computing or writing anything.
+struct NothingChecked : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+constexpr int kExitNothingChecked = 4;
+
+/// How a check judges its candidates: the declared precision (--precision; empty: the file's root attribute
+/// `precision`, else the candidates' formats), whether --tol overrides the budget rule, and the gate run after the
+/// input is read and before the truth is computed (it throws NothingChecked).
+struct Judge {
+  std::string precision;
+  bool tol_override = false;
+  std::function<void(std::size_t)> before_truth;
+  // filled by declare(): the precision used and where it came from
+  Format p = Format::fp32;
+  std::string p_from;
+};
+
+/// The declared precision: --precision, else the root attribute `precision`, else the lowest-precision storage
+/// format among the candidates (a bf16 output makes a bf16 kernel). Errors: kdalab::Error on an unknown name.
+void declare(Judge& j, const std::string& path, const std::vector<Outcome::Cand>& cands) {
+  auto parse = [](const std::string& v, const std::string& what) {
+    require(v == "bf16" || v == "fp16" || v == "fp32" || v == "fp64",
+            what + " = '" + v + "' is unknown; accepted: bf16, fp16, fp32, fp64");
+    return parse_format(v, what);
+  };
+  if (!j.precision.empty()) {
+    j.p = parse(j.precision, "--precision");
+    j.p_from = "--precision";
+    return;
+  }
+  InFile f(path);
+  if (const auto a = f.attr_str("/", "precision")) {
+    j.p = parse(*a, f.where() + ": root attribute precision");
+    j.p_from = "the file's attribute precision";
+    return;
+  }
+  j.p = Format::fp64;
+  for (const auto& c : cands) {
+    const Format fc = parse_format(c.format, "format of '" + c.name + "'");
+    if (static_cast<int>(fc) < static_cast<int>(j.p)) j.p = fc == Format::tf32 ? Format::fp32 : fc;
+  }
+  j.p_from = "the candidates' formats";
+}
+
+/// A candidate tensor `name` of the given shape, when the file has it (its format in *fmt).
+std::optional<Tensor<double>> read_candidate(InFile& f, const std::string& name, const std::vector<std::size_t>& shape,
+                                             const std::string& what, std::string* fmt) {
+  if (!f.has(name)) return std::nullopt;
+  Tensor<double> t = f.read(name, shape.size(), what);
+  require(t.shape == shape, f.where() + ": candidate '" + name + "' has shape " + shape_str(t.shape) + ", expected " +
+                                shape_str(shape) + " " + what);
+  *fmt = f.format_of(name);
+  return t;
+}
 
 /// Exit code of `kdalab check` when the work asked for cannot run here (--kernel in a build without the CUDA
 /// kernels, or with no GPU visible); as `kdalab bench`: not 2 (the input was fine), not 0 (nothing was checked).
@@ -620,8 +690,33 @@ KdaOutput<double> run_kdalab_kernel(const CheckInput& c, const std::string& path
 #endif
 }
 
-Outcome check_kda(const std::string& in_path, const std::string& op, const std::string& truth_opt, bool kernel) {
+/// The KDA problem of a validated file, for numerics/check_ops.hpp and numerics/plain_emulation.hpp.
+KdaCheckOp to_op(const CheckInput& c) {
+  KdaCheckOp k;
+  k.q = c.q; k.k = c.k; k.v = c.v; k.g = c.g; k.beta = c.beta; k.S0 = c.S0; k.A_log = c.A_log; k.bias = c.bias;
+  k.has_S0 = c.has_S0; k.l2norm = c.l2norm; k.beta_logits = c.beta_logits;
+  k.gate = c.gate == Gate::k3 ? KdaGateKind::k3 : c.gate == Gate::softplus ? KdaGateKind::softplus : KdaGateKind::none;
+  k.g_min = c.g_min; k.scale = c.scale;
+  return k;
+}
+
+/// Attaches to every candidate the emulation of the same tensor (by name) at the declared precision, unless --tol
+/// overrides the budget rule or there is no candidate.
+void attach_emulation(Outcome& r, Judge& j, const std::string& path,
+                      const std::function<std::map<std::string, Tensor<double>>(Format)>& emulate) {
+  if (j.tol_override || r.cands.empty()) return;
+  declare(j, path, r.cands);
+  const auto e = emulate(j.p);
+  for (auto& c : r.cands) {
+    std::string base = c.name;
+    if (base.size() > 8 && base.substr(base.size() - 8) == "_kdalab") base.resize(base.size() - 8);
+    c.emulation = e.at(base);
+  }
+}
+
+Outcome check_kda(const std::string& in_path, const std::string& op, const std::string& truth_opt, bool kernel, Judge& j) {
   const CheckInput in = read_input(in_path, op);  // (--kernel with another --op is refused in run())
+  j.before_truth(static_cast<std::size_t>(in.has_o) + in.has_S + (kernel ? 2 : 0));
   std::optional<KdaOutput<double>> mine;
   if (kernel) mine = run_kdalab_kernel(in, in_path);  // before the (slow) truth: a refusal costs nothing
   const std::string tk = pick_truth(truth_opt, static_cast<double>(in.B * in.T * in.HV * in.d_k * in.d_v));
@@ -637,12 +732,17 @@ Outcome check_kda(const std::string& in_path, const std::string& op, const std::
   const std::string kh = tk == "mp" ? "the inputs overflow even cpp_bin_float_50" : "the inputs overflow float64; try --truth mp";
   require_finite_truth(t.o, "o", r.truth_name, kh);
   require_finite_truth(t.S_final, "S", r.truth_name, kh);
-  if (in.has_o) r.cands.push_back({"o", in.o_format, in.o_cand, t.o});
-  if (in.has_S) r.cands.push_back({"S", in.S_format, in.S_cand, t.S_final});
+  if (in.has_o) r.cands.push_back({"o", in.o_format, in.o_cand, t.o, {}});
+  if (in.has_S) r.cands.push_back({"S", in.S_format, in.S_cand, t.S_final, {}});
   if (mine) {
-    r.cands.push_back({"o_kdalab", "bf16", mine->o, t.o});
-    r.cands.push_back({"S_kdalab", "fp32", mine->S_final, t.S_final});
+    r.cands.push_back({"o_kdalab", "bf16", mine->o, t.o, {}});
+    r.cands.push_back({"S_kdalab", "fp32", mine->S_final, t.S_final, {}});
   }
+  attach_emulation(r, j, in_path, [&](Format p) {
+    // kda-decode runs T one-token steps: the emulation's chunk is one token (the recurrence at p)
+    const emul::KdaEmulation e = emul::kda(to_op(in), p, op == "kda-decode" ? 1 : 64);
+    return std::map<std::string, Tensor<double>>{{"o", e.o}, {"S", e.S}};
+  });
   r.truths.push_back({"o_truth", "truth o [B, T, HV, d_v] on exactly the input file's tensors", t.o, {}});
   const std::string lay = in.has_S ? in.S_layout : (in.has_S0 ? in.S0_layout : "KV");
   r.truths.push_back({"S_truth", "truth final state in layout " + lay, lay == "VK" ? swap_last(t.S_final) : t.S_final,
@@ -650,8 +750,96 @@ Outcome check_kda(const std::string& in_path, const std::string& op, const std::
   return r;
 }
 
-Outcome check_mla(const std::string& in_path, const std::string& truth_opt) {
+/// --op kda-bwd: the forward inputs, the upstream gradients do (and dS) and any of the candidate gradients
+/// (docs/check-format.md, --op kda-bwd).
+Outcome check_kda_bwd(const std::string& in_path, const std::string& truth_opt, Judge& j) {
+  const CheckInput in = read_input(in_path, "kda-bwd");
+  const KdaCheckOp op = to_op(in);
+  InFile f(in_path);
+  const Tensor<double> dO = f.read("do", 4, "do [B, T, HV, d_v] (the upstream gradient dL/do)");
+  require(dO.shape == std::vector<std::size_t>{in.B, in.T, in.HV, in.d_v},
+          f.where() + ": dataset 'do' has shape " + shape_str(dO.shape) + ", expected " +
+              shape_str({in.B, in.T, in.HV, in.d_v}) + " [B, T, HV, d_v]");
+  require_finite(f, "do", dO);
+  const std::vector<std::size_t> kv{in.B, in.HV, in.d_k, in.d_v}, vk{in.B, in.HV, in.d_v, in.d_k};
+  std::optional<Tensor<double>> dS;
+  if (f.has("dS")) {
+    const std::string lay = layout_of(f, "dS");
+    Tensor<double> t = f.read("dS", 4, "dS [B, HV, d_k, d_v] (layout KV) or [B, HV, d_v, d_k] (layout VK)");
+    require(t.shape == (lay == "KV" ? kv : vk), f.where() + ": dataset 'dS' has shape " + shape_str(t.shape) +
+                                                    ", layout " + lay + " expects " + shape_str(lay == "KV" ? kv : vk));
+    require_finite(f, "dS", t);
+    dS = lay == "VK" ? swap_last(t) : t;
+  }
+  const std::string bias_name = in.gate == Gate::softplus ? "dt_bias" : "bias";
+  struct Spec {
+    std::string name;
+    std::vector<std::size_t> shape;
+    std::string what;
+  };
+  std::vector<Spec> specs{{"dq", in.q.shape, "[B, T, H, d_k]"},      {"dk", in.k.shape, "[B, T, H, d_k]"},
+                          {"dv", in.v.shape, "[B, T, HV, d_v]"},     {"dg", in.g.shape, "[B, T, HV, d_k]"},
+                          {"dbeta", in.beta.shape, "[B, T, HV]"}};
+  if (in.gate != Gate::none) {
+    specs.push_back({"dA_log", {in.HV}, "[HV]"});
+    specs.push_back({"d" + bias_name, {in.HV, in.d_k}, "[HV, d_k]"});
+  }
+  for (const std::string n : {"dA_log", "dbias", "ddt_bias"})
+    require(!f.has(n) || std::any_of(specs.begin(), specs.end(), [&](const Spec& s) { return s.name == n; }),
+            f.where() + ": candidate '" + n + "' is the gradient of a gate parameter the file's gate = \"" +
+                (in.gate == Gate::none ? "none" : in.gate == Gate::k3 ? "k3" : "softplus") +
+                "\" does not have; accepted: dA_log and dbias with gate = \"k3\", dA_log and ddt_bias with gate = \"softplus\"");
+  std::vector<std::pair<std::string, Tensor<double>>> found;
+  std::vector<std::string> formats;
+  for (const Spec& s : specs) {
+    std::string fm;
+    if (auto t = read_candidate(f, s.name, s.shape, s.what, &fm)) {
+      found.emplace_back(s.name, std::move(*t));
+      formats.push_back(fm);
+    }
+  }
+  std::string dS0_layout = in.has_S0 ? in.S0_layout : "KV";
+  if (f.has("dS0")) {
+    dS0_layout = layout_of(f, "dS0");
+    std::string fm;
+    auto t = read_candidate(f, "dS0", dS0_layout == "KV" ? kv : vk, "in layout " + dS0_layout, &fm);
+    found.emplace_back("dS0", dS0_layout == "VK" ? swap_last(*t) : *t);
+    formats.push_back(fm);
+  }
+  j.before_truth(found.size());
+  // the reverse sweep repeats the forward's work about twice: count it 3x in the auto rule
+  const std::string tk = pick_truth(truth_opt, 3.0 * static_cast<double>(in.B * in.T * in.HV * in.d_k * in.d_v));
+  const KdaCheckGrads t = tk == "mp" ? kda_check_backward_truth<mp50>(op, dO, dS ? &*dS : nullptr)
+                                     : kda_check_backward_truth<double>(op, dO, dS ? &*dS : nullptr);
+  Outcome r;
+  r.truth_name = truth_label(tk);
+  const std::map<std::string, const Tensor<double>*> by{{"dq", &t.dq},     {"dk", &t.dk},         {"dv", &t.dv},
+                                                        {"dg", &t.dg},     {"dbeta", &t.dbeta},   {"dS0", &t.dS0},
+                                                        {"dA_log", &t.dA_log}, {"d" + bias_name, &t.dbias}};
+  const std::string kh = tk == "mp" ? "the inputs overflow even cpp_bin_float_50" : "the inputs overflow float64; try --truth mp";
+  for (const auto& [n, x] : by) require_finite_truth(*x, n, r.truth_name, kh);
+  for (std::size_t i = 0; i < found.size(); ++i)
+    r.cands.push_back({found[i].first, formats[i], found[i].second, *by.at(found[i].first), {}});
+  attach_emulation(r, j, in_path, [&](Format p) {
+    const emul::KdaEmulation e = emul::kda(op, p, 64, &dO, dS ? &*dS : nullptr);
+    const KdaCheckGrads& g = e.grads;
+    return std::map<std::string, Tensor<double>>{{"dq", g.dq}, {"dk", g.dk}, {"dv", g.dv}, {"dg", g.dg}, {"dbeta", g.dbeta},
+                                                 {"dS0", g.dS0}, {"dA_log", g.dA_log}, {"d" + bias_name, g.dbias}};
+  });
+  for (const auto& [n, x] : by) {
+    if (x->numel() == 0) continue;  // no gate: no dA_log, dbias
+    if (n == "dS0")
+      r.truths.push_back({"dS0_truth", "truth dL/dS0 in layout " + dS0_layout, dS0_layout == "VK" ? swap_last(*x) : *x,
+                          {{"layout", dS0_layout}}});
+    else
+      r.truths.push_back({n + "_truth", "truth " + n + " on exactly the input file's tensors", *x, {}});
+  }
+  return r;
+}
+
+Outcome check_mla(const std::string& in_path, const std::string& truth_opt, Judge& j) {
   const MlaInput m = read_mla(in_path);
+  j.before_truth(m.has_o ? 1 : 0);
   const std::string tk = pick_truth(truth_opt, static_cast<double>(m.B * m.T * m.H * m.N * (m.d_c + m.d_rope)));
   const Tensor<double> a = tk == "mp" ? mla_truth<mp50>(m) : mla_truth<double>(m);
   Outcome r;
@@ -659,13 +847,61 @@ Outcome check_mla(const std::string& in_path, const std::string& truth_opt) {
   require_finite_truth(a, "o", r.truth_name,
                        tk == "mp" ? "the scores overflow even cpp_bin_float_50; scale q or c down"
                                   : "the scores overflow float64 (|scale q . c| too large); try --truth mp or scale q or c down");
-  if (m.has_o) r.cands.push_back({"o", m.o_format, m.o_cand, a});
+  if (m.has_o) r.cands.push_back({"o", m.o_format, m.o_cand, a, {}});
+  attach_emulation(r, j, in_path, [&](Format p) {
+    return std::map<std::string, Tensor<double>>{{"o", emul::mla({m.q, m.c, m.q_rope, m.k_rope, m.scale}, p).o}};
+  });
   r.truths.push_back({"o_truth", "truth attended latent [B, T, H, d_c] on exactly the input file's tensors", a, {}});
   return r;
 }
 
-Outcome check_attn_res(const std::string& in_path, const std::string& truth_opt) {
+/// --op mla-bwd: the --op mla inputs, do [B, T, H, d_c] and any of dq, dc, dq_rope, dk_rope.
+Outcome check_mla_bwd(const std::string& in_path, const std::string& truth_opt, Judge& j) {
+  const MlaInput m = read_mla(in_path);
+  const MlaCheckOp op{m.q, m.c, m.q_rope, m.k_rope, m.scale};
+  InFile f(in_path);
+  const Tensor<double> dO = f.read("do", 4, "do [B, T, H, d_c] (the upstream gradient dL/do)");
+  require(dO.shape == m.q.shape, f.where() + ": dataset 'do' has shape " + shape_str(dO.shape) + ", expected " +
+                                     shape_str(m.q.shape) + " [B, T, H, d_c]");
+  require_finite(f, "do", dO);
+  std::vector<std::pair<std::string, std::vector<std::size_t>>> specs{{"dq", m.q.shape}, {"dc", m.c.shape}};
+  if (m.d_rope) {
+    specs.push_back({"dq_rope", m.q_rope.shape});
+    specs.push_back({"dk_rope", m.k_rope.shape});
+  }
+  std::vector<Outcome::Cand> found;
+  for (const auto& [n, shape] : specs) {
+    std::string fm;
+    if (auto t = read_candidate(f, n, shape, "(the shape of " + n.substr(1) + ")", &fm)) found.push_back({n, fm, *t, {}, {}});
+  }
+  for (const char* n : {"dq_rope", "dk_rope"})
+    require(m.d_rope || !f.has(n), f.where() + ": candidate '" + n + "' is given but the file has no q_rope / k_rope");
+  j.before_truth(found.size());
+  const std::string tk = pick_truth(truth_opt, 3.0 * static_cast<double>(m.B * m.T * m.H * m.N * (m.d_c + m.d_rope)));
+  const MlaCheckGrads t = tk == "mp" ? mla_check_backward_truth<mp50>(op, dO) : mla_check_backward_truth<double>(op, dO);
+  Outcome r;
+  r.truth_name = truth_label(tk);
+  const std::map<std::string, const Tensor<double>*> by{{"dq", &t.dq}, {"dc", &t.dc}, {"dq_rope", &t.dq_rope},
+                                                        {"dk_rope", &t.dk_rope}};
+  for (const auto& [n, x] : by)
+    require_finite_truth(*x, n, r.truth_name, "the scores overflow; try --truth mp or scale q or c down");
+  for (auto& c : found) {
+    c.truth = *by.at(c.name);
+    r.cands.push_back(c);
+  }
+  attach_emulation(r, j, in_path, [&](Format p) {
+    const auto e = emul::mla(op, p, &dO);
+    return std::map<std::string, Tensor<double>>{{"dq", e.grads.dq}, {"dc", e.grads.dc}, {"dq_rope", e.grads.dq_rope},
+                                                 {"dk_rope", e.grads.dk_rope}};
+  });
+  for (const auto& [n, x] : by)
+    if (x->numel()) r.truths.push_back({n + "_truth", "truth " + n + " on exactly the input file's tensors", *x, {}});
+  return r;
+}
+
+Outcome check_attn_res(const std::string& in_path, const std::string& truth_opt, Judge& j) {
   const AttnResInput a = read_attn_res(in_path);
+  j.before_truth(a.has_h ? 1 : 0);
   const std::string tk = pick_truth(truth_opt, static_cast<double>(a.N * a.T * a.d) * 100.0);
   const Tensor<double> h = tk == "mp" ? attn_res_truth<mp50>(a) : attn_res_truth<double>(a);
   Outcome r;
@@ -673,9 +909,76 @@ Outcome check_attn_res(const std::string& in_path, const std::string& truth_opt)
   require_finite_truth(h, "h", r.truth_name,
                        "RMSNorm divides by sqrt(mean(v^2) + eps): with eps = 0 a source whose values are all 0 (or "
                        "underflow when squared) gives 0/0; give eps > 0");
-  if (a.has_h) r.cands.push_back({"h", a.h_format, a.h_cand, h});
+  if (a.has_h) r.cands.push_back({"h", a.h_format, a.h_cand, h, {}});
+  attach_emulation(r, j, in_path, [&](Format p) {
+    return std::map<std::string, Tensor<double>>{{"h", emul::attn_res({a.v, a.w, a.mode, a.block_sources, a.eps}, p).h}};
+  });
   r.truths.push_back({"h_truth", "truth h [T, d] (" + residual_mode_name(a.mode) + " AttnRes) on exactly the input "
                       "file's tensors", h, {}});
+  return r;
+}
+
+/// --op attn-res-bwd: the --op attn-res inputs, do [T, d] (dL/dh) and any of dv, dw.
+Outcome check_attn_res_bwd(const std::string& in_path, const std::string& truth_opt, Judge& j) {
+  const AttnResInput a = read_attn_res(in_path);
+  const AttnResCheckOp op{a.v, a.w, a.mode, a.block_sources, a.eps};
+  InFile f(in_path);
+  const Tensor<double> dh = f.read("do", 2, "do [T, d] (the upstream gradient dL/dh)");
+  require(dh.shape == std::vector<std::size_t>{a.T, a.d}, f.where() + ": dataset 'do' has shape " + shape_str(dh.shape) +
+                                                              ", expected " + shape_str({a.T, a.d}) + " [T, d]");
+  require_finite(f, "do", dh);
+  std::vector<Outcome::Cand> found;
+  for (const auto& [n, shape] : {std::pair<std::string, std::vector<std::size_t>>{"dv", a.v.shape}, {"dw", a.w.shape}}) {
+    std::string fm;
+    if (auto t = read_candidate(f, n, shape, "(the shape of " + n.substr(1) + ")", &fm)) found.push_back({n, fm, *t, {}, {}});
+  }
+  j.before_truth(found.size());
+  const std::string tk = pick_truth(truth_opt, 300.0 * static_cast<double>(a.N * a.T * a.d));
+  const AttnResCheckGrads t =
+      tk == "mp" ? attn_res_check_backward_truth<mp50>(op, dh) : attn_res_check_backward_truth<double>(op, dh);
+  Outcome r;
+  r.truth_name = truth_label(tk);
+  const std::map<std::string, const Tensor<double>*> by{{"dv", &t.dv}, {"dw", &t.dw}};
+  for (const auto& [n, x] : by) require_finite_truth(*x, n, r.truth_name, "give eps > 0");
+  for (auto& c : found) {
+    c.truth = *by.at(c.name);
+    r.cands.push_back(c);
+  }
+  attach_emulation(r, j, in_path, [&](Format p) {
+    const auto e = emul::attn_res(op, p, &dh);
+    return std::map<std::string, Tensor<double>>{{"dv", e.grads.dv}, {"dw", e.grads.dw}};
+  });
+  for (const auto& [n, x] : by) r.truths.push_back({n + "_truth", "truth " + n + " on exactly the input file's tensors", *x, {}});
+  return r;
+}
+
+/// The dataset names an op knows (its inputs, upstream gradients and candidates, and those of its forward or
+/// backward sibling, which may share a file) and the names it checks.
+struct OpNames {
+  std::set<std::string> known, candidates;
+};
+OpNames op_names(const std::string& op) {
+  const bool bwd = op.size() > 4 && op.substr(op.size() - 4) == "-bwd";
+  const std::string base = bwd ? op.substr(0, op.size() - 4) : op;
+  OpNames r;
+  std::set<std::string> fwd_c, bwd_c, inputs;
+  if (base == "kda" || base == "kda-decode") {
+    inputs = {"q", "k", "v", "g", "beta", "S0", "A_log", "bias", "dt_bias", "do", "dS"};
+    fwd_c = {"o", "S"};
+    bwd_c = {"dq", "dk", "dv", "dg", "dbeta", "dS0", "dA_log", "dbias", "ddt_bias"};
+  } else if (base == "mla") {
+    inputs = {"q", "c", "q_rope", "k_rope", "do"};
+    fwd_c = {"o"};
+    bwd_c = {"dq", "dc", "dq_rope", "dk_rope"};
+  } else {
+    inputs = {"v", "w", "do"};
+    fwd_c = {"h"};
+    bwd_c = {"dv", "dw"};
+  }
+  r.candidates = bwd ? bwd_c : fwd_c;
+  r.known = inputs;
+  r.known.insert(fwd_c.begin(), fwd_c.end());
+  r.known.insert(bwd_c.begin(), bwd_c.end());
   return r;
 }
 
@@ -685,17 +988,19 @@ void register_check(Registry& reg) {
   auto& c = reg.add("check",
                     "Check your own kernel's tensors: read the inputs and your candidate outputs from an HDF5 file "
                     "(format: docs/check-format.md), compute the truth on exactly those inputs and report relative RMS, max abs, "
-                    "max bf16 ULP and NaN/Inf counts per candidate, with a one-line verdict against --tol (exit 0 "
-                    "pass, 1 fail, 2 bad input, 3 --kernel without the CUDA kernels or a GPU). Ops: kda (q, k, v, g or gate logits, beta, S0 -> o, S), kda-decode, "
+                    "max bf16 ULP and NaN/Inf counts per candidate, with a budget fixed from the inputs and the declared precision (F x (error of the plain algorithm "
+                    "at that precision + output rounding)) and a verdict per candidate (exit 0 "
+                    "pass, 1 fail, 2 bad input, 3 --kernel without the CUDA kernels or a GPU, 4 nothing was checked). Ops: kda (q, k, v, g or gate logits, beta, S0 -> o, S), kda-decode, "
                     "mla (absorbed query q~, latent cache c -> attended latent o), attn-res (sources v, pseudo-query "
-                    "w -> h). Without a candidate the truth is written to --out.",
+                    "w -> h), and their gradients kda-bwd, mla-bwd, attn-res-bwd (upstream do -> dq, dk, ...). Without a candidate the truth is written to --out.",
                     "results/check.h5");
   // cli::run's order: c.check (the options, then --in), --out not the --in file (c.inputs), then --out itself: a missing
   // --in is named before a bad --out
   c.inputs = {"in"};
   struct Opts {
-    std::string op = "kda", in, truth = "auto";
+    std::string op = "kda", in, truth = "auto", precision;
     double tol = tol::check_default.value;
+    CLI::Option* tol_opt = nullptr;
     bool kernel = false;
   };
   auto o = std::make_shared<Opts>();
@@ -716,18 +1021,26 @@ void register_check(Registry& reg) {
   c.app->add_option("--truth", o->truth, "truth: mp (cpp_bin_float_50, slow: ~20 s at the auto limit), f64 (float64), auto (mp while the work "
                                          "(kda: B*T*HV*d_k*d_v; mla: B*T*H*N*(d_c + d_rope); attn-res: 100*N*T*d) <= 2e7, f64 above)")
       ->capture_default_str();
-  c.app->add_option("--tol", o->tol, std::string("verdict tolerance on relative RMS, > 0; a candidate passes when its "
-                                                 "relative RMS <= tol and it has no NaN/Inf. Default: ") +
-                                         tol::check_default.why)
-      ->capture_default_str();
+  o->tol_opt = c.app->add_option("--tol", o->tol, "a constant verdict tolerance on relative RMS, > 0, that overrides the "
+                                                  "budget rule (the report says so): a candidate passes when its "
+                                                  "relative RMS <= tol and it has no NaN/Inf. Default: not given; the budget rule "
+                                                  "(docs/check-format.md) judges every candidate");
+  c.app->add_option("--precision", o->precision,
+                    "declared precision of the candidate kernel: bf16, fp16, fp32 or fp64; the budget is the error of the "
+                    "plain algorithm at it. Default: the file's root attribute precision, else the lowest-precision format "
+                    "among the candidates");
   c.app->add_flag("--kernel", o->kernel,
                   "--op kda: also run kdalab's CUDA prefill kernel on exactly the file's inputs and report its o and S "
                   "as candidates o_kdalab, S_kdalab beside the file's (e.g. a peer's): both against one truth. Needs a "
                   "CUDA build and a GPU (without either: exit 3, after the input is checked), gate = \"k3\", beta = \"logits\", l2norm_qk = 1, d_k = d_v in {64, 128, 256}, "
                   "HV = H, and inputs that are bf16 (q, k, v, g, beta) / fp32 (A_log, bias, S0) numbers. Default: off");
   c.check = [o](Context& ctx) {
-    require(o->op == "kda" || o->op == "kda-decode" || o->op == "mla" || o->op == "attn-res",
-            "--op '" + o->op + "' is unknown; accepted: kda, kda-decode, mla, attn-res");
+    require(o->op == "kda" || o->op == "kda-decode" || o->op == "mla" || o->op == "attn-res" || o->op == "kda-bwd" ||
+                o->op == "mla-bwd" || o->op == "attn-res-bwd",
+            "--op '" + o->op + "' is unknown; accepted: kda, kda-decode, mla, attn-res, kda-bwd, mla-bwd, attn-res-bwd");
+    require(o->precision.empty() || o->precision == "bf16" || o->precision == "fp16" || o->precision == "fp32" ||
+                o->precision == "fp64",
+            "--precision '" + o->precision + "' is unknown; accepted: bf16, fp16, fp32, fp64");
     require(!o->kernel || o->op == "kda", "--kernel runs kdalab's KDA prefill kernel: it needs --op kda, not --op " + o->op);
     require(o->truth == "auto" || o->truth == "mp" || o->truth == "f64",
             "--truth '" + o->truth + "' is unknown; accepted: auto, mp, f64");
@@ -740,10 +1053,38 @@ void register_check(Registry& reg) {
   };
   c.run = [o](Context& ctx) -> int {
     Outcome res;
+    Judge judge;
+    judge.precision = o->precision;
+    judge.tol_override = o->tol_opt->count() > 0;
+    // a dataset no name of the op matches is named on stderr; with no candidate at all, nothing was checked (exit 4)
+    const OpNames names = op_names(o->op);
+    std::vector<std::string> unknown;
+    for (const auto& n : InFile(o->in).root_names())
+      if (!names.known.count(n)) unknown.push_back(n);
+    std::string accepted;
+    for (const auto& n : names.known) accepted += (accepted.empty() ? "" : ", ") + n;
+    for (const auto& n : unknown)
+      fmt::print(stderr, "kdalab check: dataset '{}' matches no name of --op {} and is not checked; accepted: {}\n", n,
+                 o->op, accepted);
+    judge.before_truth = [&](std::size_t n_cands) {
+      if (n_cands == 0 && !unknown.empty()) {
+        std::string cands;
+        for (const auto& n : names.candidates) cands += (cands.empty() ? "" : ", ") + n;
+        throw NothingChecked("check: nothing was checked: the file has no candidate of --op " + o->op + " (" + cands +
+                             ") but " + std::to_string(unknown.size()) + " dataset(s) matching no known name (first: '" +
+                             unknown.front() + "'); nothing was written");
+      }
+    };
     try {
-      res = o->op == "mla"        ? check_mla(o->in, o->truth)
-            : o->op == "attn-res" ? check_attn_res(o->in, o->truth)
-                                  : check_kda(o->in, o->op, o->truth, o->kernel);
+      res = o->op == "mla"            ? check_mla(o->in, o->truth, judge)
+            : o->op == "attn-res"     ? check_attn_res(o->in, o->truth, judge)
+            : o->op == "kda-bwd"      ? check_kda_bwd(o->in, o->truth, judge)
+            : o->op == "mla-bwd"      ? check_mla_bwd(o->in, o->truth, judge)
+            : o->op == "attn-res-bwd" ? check_attn_res_bwd(o->in, o->truth, judge)
+                                      : check_kda(o->in, o->op, o->truth, o->kernel, judge);
+    } catch (const NothingChecked& e) {
+      fmt::print(stderr, "kdalab {} (exit {})\n", e.what(), kExitNothingChecked);
+      return kExitNothingChecked;
     } catch (const H5::Exception& e) {  // anything HDF5 refuses to read is a malformed input: exit 2
       throw Error("--in '" + o->in + "': HDF5 cannot read it (" + e.getDetailMsg() + ")");
     } catch (const NotAvailable& e) {  // --kernel in a CPU build or without a GPU: exit 3, nothing written
@@ -755,20 +1096,43 @@ void register_check(Registry& reg) {
     rep.col("tensor", 's', "1", "candidate tensor").col("format", 's', "1", "its declared format")
         .col("rel_rms", 'd', "1", "||x - x_truth||_2 / ||x_truth||_2").col("max_abs", 'd', "1", "max |x - x_truth|")
         .col("max_ulp_bf16", 'i', "1", "max bf16-ulp distance").col("nan", 'i', "1", "NaN count")
-        .col("inf", 'i', "1", "Inf count").col("n", 'i', "1", "elements").col("tol", 'd', "1", "verdict tolerance")
-        .col("pass", 'i', "1", "1 if rel_rms <= tol and no NaN/Inf");
+        .col("inf", 'i', "1", "Inf count").col("n", 'i', "1", "elements")
+        .col("tol", 'd', "1", "the threshold applied: the budget, or --tol when given")
+        .col("pass", 'i', "1", "1 if rel_rms <= tol and no NaN/Inf")
+        .col("precision", 's', "1", "declared precision of the budget (--tol: none)")
+        .col("emulation_rel_rms", 'd', "1", "relRMS of the plain algorithm at the declared precision (--tol: NaN)")
+        .col("output_rounding", 'd', "1", "relRMS of the truth rounded to the candidate's format (--tol: NaN)")
+        .col("budget", 'd', "1", "max(F (emulation_rel_rms + output_rounding), floor), or --tol")
+        .col("ratio", 'd', "1", "rel_rms / budget").col("verdict", 's', "1", "the candidate's verdict");
     bool all = true;
     std::string verdict;
+    const std::string threshold =
+        judge.tol_override ? fmt::format("--tol {:g} (an explicit constant; the budget rule is not used)", o->tol)
+                           : fmt::format("budget rule: F = {:g} x (emulation at {} + output rounding), floor {:g}; "
+                                         "precision from {}",
+                                         tol::budget_factor.value, format_name(judge.p), tol::budget_floor.value,
+                                         judge.p_from);
+    if (!res.cands.empty()) fmt::print("threshold: {}\n", threshold);
     for (const auto& cand : res.cands) {
       const ErrorMetrics m = compare(cand.x.data, cand.truth.data, cand.name);
-      const bool ok = m.rel_rms <= o->tol && m.nan_count == 0 && m.inf_count == 0;
+      Budget b{NAN, NAN, o->tol};
+      if (!judge.tol_override)
+        b = budget_of(cand.emulation.data, cand.truth.data, parse_format(cand.format, "format of '" + cand.name + "'"));
+      const bool ok = within(m, b.value);
+      std::string v = verdict_text(m, b.value);
+      if (judge.tol_override && m.nan_count + m.inf_count == 0)
+        v = ok ? "within --tol" : fmt::format("over --tol by x{:.3g}", m.rel_rms / b.value);
       all = all && ok;
       rep.row({cand.name, cand.format, m.rel_rms, m.max_abs, m.max_ulp_bf16, m.nan_count, m.inf_count,
-               static_cast<std::int64_t>(m.n), o->tol, static_cast<std::int64_t>(ok)});
-      fmt::print("{:<8} rel RMS {:.3e}  max abs {:.3e}  max bf16 ulp {}  NaN {}  Inf {}  ({}, {} elements)\n", cand.name,
-                 m.rel_rms, m.max_abs, m.max_ulp_bf16, m.nan_count, m.inf_count, cand.format, m.n);
+               static_cast<std::int64_t>(m.n), b.value, static_cast<std::int64_t>(ok),
+               judge.tol_override ? std::string("none") : format_name(judge.p), b.emulation, b.output_rounding, b.value,
+               m.rel_rms / b.value, v});
+      fmt::print("{:<8} rel RMS {:.3e}  max abs {:.3e}  max bf16 ulp {}  NaN {}  Inf {}  ({}, {} elements)  budget "
+                 "{:.3e}  ratio {:.3g}  {}\n",
+                 cand.name, m.rel_rms, m.max_abs, m.max_ulp_bf16, m.nan_count, m.inf_count, cand.format, m.n, b.value,
+                 m.rel_rms / b.value, v);
       verdict += fmt::format("{}{} {:.3e} {} {:.1e}", verdict.empty() ? "" : "; ", cand.name, m.rel_rms,
-                             ok ? "<=" : ">", o->tol);
+                             ok ? "<=" : ">", b.value);
     }
 
     auto f = ctx.open_results();
@@ -776,6 +1140,7 @@ void register_check(Registry& reg) {
     f->attr("check", "op", o->op);
     f->attr("check", "input", o->in);
     f->attr("check", "truth", res.truth_name);
+    if (!res.cands.empty()) f->attr("check", "threshold", threshold);
     for (const auto& t : res.truths) f->write_array("check", t.name, t.t, "1", t.description, t.attrs);
     std::string line;
     if (res.cands.empty()) {
