@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "numerics/bf16.hpp"
 #include "numerics/check_ops.hpp"
 #include "numerics/tolerance.hpp"
 #include "tests/catch.hpp"
