@@ -393,6 +393,7 @@ Tensor<double> attn_res_truth(const AttnResInput& a) {
 }
 
 std::string pick_truth(const std::string& opt, double work) { return opt == "auto" ? (work <= 2e7 ? "mp" : "f64") : opt; }
+std::string truth_label(const std::string& tk) { return tk == "mp" ? "cpp_bin_float_50" : "float64"; }
 /// The declared precision: --precision, else the root attribute `precision`, else the lowest-precision storage
 /// format among the candidates (a bf16 output makes a bf16 kernel). Errors: kdalab::Error on an unknown name.
 void declare(Judge& j, const std::string& path, const std::vector<Outcome::Cand>& cands) {
