@@ -1,701 +1,48 @@
 // `kdalab check`: check another kernel's tensors against the truth, recomputed on exactly the file's inputs.
 //
-//   kdalab check --op kda|kda-decode|mla|attn-res --in FILE.h5 [--truth auto|mp|f64] [--tol X] [--kernel] --out report.h5
+//   kdalab check --op kda|kda-decode|mla|attn-res|kda-bwd|mla-bwd|attn-res-bwd --in FILE.h5 [--truth auto|mp|f64]
+//                [--precision P] [--tol X] [--kernel] --out report.h5
 //
-// The input and report file formats, the truth rule and the exit codes are described once, in
-// docs/check-format.md; this file implements them: read_input (kda, kda-decode), read_mla and read_attn_res
-// validate an input file (every malformed file is a one-line error, exit 2), the truth is computed in
-// cpp_bin_float_50 (mp) or float64 (f64), and the report table holds one row per candidate.
-// --kernel (--op kda, CUDA build + GPU) also runs kdalab's prefill kernel (kernels/kda.hpp) on the file's
-// inputs and reports its o and S as candidates o_kdalab, S_kdalab beside the file's own.
+// The input and report file formats, the truth rule, the budget rule and the exit codes are described once, in
+// docs/check-format.md. This file is the subcommand: its options, the names of the file's datasets, the budget and
+// verdict of every candidate and the report; the operations themselves are experiments/check_ops.cpp.
 #include <H5Cpp.h>
-#include <filesystem>
-#include <fstream>
 
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <cmath>
-#include <numeric>
-#include <map>
-#include <optional>
+#include <memory>
+#include <string>
+#include <vector>
 
+#include "experiments/check_ops.hpp"
 #include "experiments/cli.hpp"
-#include "experiments/kda_ops.hpp"
-#ifdef KDALAB_HAVE_CUDA
-#include <cuda_runtime.h>
-
-#include "experiments/gpu_exp.hpp"
-#endif
-#include "numerics/bf16.hpp"
+#include "numerics/budget.hpp"
 #include "numerics/metrics.hpp"
 #include "numerics/tolerance.hpp"
 #include "reference/error.hpp"
-#include "reference/attn_res.hpp"
-#include "reference/kda.hpp"
 
 namespace kdalab::cli {
 
-namespace {
-
-/// Largest tensor `kdalab check` reads (elements): 2^31 float64 values = 16 GiB, beyond any CPU truth
-/// that finishes; also the guard against shapes whose element count overflows 64 bits.
-constexpr double kMaxCheckElements = 2147483648.0;
-
-/// The truth must be finite before it is compared or written: float64 overflows on huge inputs
-/// (inf - inf in the softmax max subtraction) and 0/0 appears with eps = 0 on an all-zero source.
-void require_finite_truth(const Tensor<double>& t, const std::string& name, const std::string& truth, const std::string& hint) {
-  for (std::size_t i = 0; i < t.numel(); ++i)
-    require(std::isfinite(t.data[i]), "the " + truth + " truth of '" + name + "' is not finite at flat index " +
-                                          std::to_string(i) + " (value " + fmt::format("{}", t.data[i]) + "); " + hint +
-                                          "; nothing was written");
-}
-
-/// A reader of one input file that turns every HDF5 problem into a kdalab::Error naming it.
-class InFile {
- public:
-  explicit InFile(const std::string& path) : path_(path) {
-    H5::Exception::dontPrint();
-    require(!path.empty(), "--in FILE.h5 is required (the tensors to check; format in docs/check-format.md)");
-    try {
-      f_ = H5::H5File(path, H5F_ACC_RDONLY);
-    } catch (const H5::Exception&) {
-      throw Error("--in '" + path + "': not found or not a readable HDF5 file");
-    }
-  }
-  std::string where() const { return "--in '" + path_ + "'"; }
-
-  /// Whether `name` is present; a link that points to nothing (a dangling soft or external link)
-  /// is an error naming it, not "absent".
-  bool present(const std::string& name) {
-    if (!f_.nameExists(name)) return false;
-    require(H5Oexists_by_name(f_.getId(), name.c_str(), H5P_DEFAULT) > 0,
-            where() + ": '" + name + "' is a dangling link (a soft or external link to nothing); write the dataset itself");
-    return true;
-  }
-
-  /// Whether dataset `name` is present; a group (or other object) under that name is an error naming
-  /// it, never "absent" (an optional candidate or rope tensor must not be skipped silently).
-  bool has(const std::string& name) {
-    if (!present(name)) return false;
-    require(f_.childObjType(name) == H5O_TYPE_DATASET,
-            where() + ": '" + name + "' is a group (or another non-dataset object), not a dataset; write the tensor "
-                                     "as a dataset");
-    return true;
-  }
-
-  /// Reads float dataset `name` of rank `rank`; `what` describes the expected shape.
-  Tensor<double> read(const std::string& name, std::size_t rank, const std::string& what) {
-    require(present(name), where() + ": dataset '" + name + "' is missing; expected " + what);
-    require(f_.childObjType(name) == H5O_TYPE_DATASET, where() + ": '" + name + "' is not a dataset; expected " + what);
-    H5::DataSet ds = f_.openDataSet(name);
-    const H5T_class_t cls = ds.getTypeClass();
-    if (cls != H5T_FLOAT) {
-      const char* k = cls == H5T_INTEGER ? "an integer" : cls == H5T_STRING ? "a string" : "a non-float";
-      throw Error(where() + ": dataset '" + name + "' has " + k +
-                  " dtype; accepted: float32 or float64 (bf16 data as float32 holding bf16 values, attribute format = "
-                  "\"bf16\")");
-    }
-    const std::size_t bytes = ds.getFloatType().getSize();
-    require(bytes == 4 || bytes == 8, where() + ": dataset '" + name + "' is a " + std::to_string(8 * bytes) +
-                                          "-bit float; accepted: float32 or float64 (store fp16/bf16 as float32)");
-    H5::DataSpace sp = ds.getSpace();
-    const int r = sp.getSimpleExtentNdims();
-    std::vector<hsize_t> dims(static_cast<std::size_t>(std::max(r, 0)));
-    if (r > 0) sp.getSimpleExtentDims(dims.data());
-    {  // a shape whose element count overflows or exceeds what a CPU truth can hold is bad input
-      const double n = std::accumulate(dims.begin(), dims.end(), 1.0, [](double a, hsize_t d) { return a * double(d); });
-      std::string shp = "[";
-      for (std::size_t i = 0; i < dims.size(); ++i) shp += (i ? ", " : "") + std::to_string(dims[i]);
-      require(n <= kMaxCheckElements, where() + ": dataset '" + name + "' has shape " + shp + "] = " +
-                                          fmt::format("{:.3g}", n) + " elements; accepted: at most " +
-                                          fmt::format("{:.3g}", kMaxCheckElements) +
-                                          " elements per tensor (the CPU truth holds every tensor in float64)");
-    }
-    Tensor<double> t(std::vector<std::size_t>(dims.begin(), dims.end()));
-    require(t.rank() == rank, where() + ": dataset '" + name + "' has rank " + std::to_string(t.rank()) + " (shape " +
-                                  shape_str(t.shape) + "); expected " + what);
-    if (t.numel()) ds.read(t.data.data(), H5::PredType::NATIVE_DOUBLE);
-    // declared bf16 data must hold bf16 values
-    const auto fmt = attr_str(name, "format").value_or(attr_str("/", "format").value_or(""));
-    if (!fmt.empty()) {
-      const Format f = parse_format(fmt, where() + ": attribute format of '" + name + "'");
-      for (std::size_t i = 0; i < t.numel(); ++i)
-        if (std::isfinite(t.data[i]) && round_to(t.data[i], f) != t.data[i])
-          throw Error(where() + ": dataset '" + name + "' has format = \"" + fmt + "\" but its value " +
-                      fmt::format("{:.9g}", t.data[i]) + " at flat index " + std::to_string(i) +
-                      " is not representable in " + fmt + "; round it before writing (kdalab never re-rounds)");
-    }
-    formats_[name] = fmt.empty() ? (bytes == 4 ? "fp32" : "fp64") : fmt;
-    return t;
-  }
-
-  std::optional<std::string> attr_str(const std::string& obj, const std::string& name) {
-    auto a = open_attr(obj, name);
-    if (!a) return std::nullopt;
-    require(a->getTypeClass() == H5T_STRING,
-            where() + ": attribute '" + name + "' of '" + obj + "' must be a string");
-    std::string s;
-    a->read(a->getStrType(), s);
-    while (!s.empty() && s.back() == '\0') s.pop_back();
-    return s;
-  }
-
-  /// Numeric attribute (float, integer, a bool enum, or a string holding a number / true / false).
-  std::optional<double> attr_num(const std::string& obj, const std::string& name) {
-    auto a = open_attr(obj, name);
-    if (!a) return std::nullopt;
-    const H5T_class_t cls = a->getTypeClass();
-    const std::string bad = where() + ": attribute '" + name + "' of '" + obj + "' must be a number";
-    require(a->getSpace().getSimpleExtentNpoints() == 1, bad + " (a scalar, got several values)");
-    if (cls == H5T_FLOAT || cls == H5T_INTEGER) {
-      double v = 0;
-      a->read(H5::PredType::NATIVE_DOUBLE, &v);
-      return v;
-    }
-    if (cls == H5T_ENUM) {  // h5py writes numpy/Python bools as an int8 enum FALSE=0/TRUE=1
-      H5::DataType t = a->getDataType();
-      require(t.getSize() <= 8, bad);
-      unsigned char buf[8] = {0};
-      a->read(t, buf);
-      std::int64_t v = 0;
-      for (std::size_t i = t.getSize(); i-- > 0;) v = (v << 8) | buf[i];
-      return static_cast<double>(v);
-    }
-    if (cls == H5T_STRING) {
-      std::string s;
-      a->read(a->getStrType(), s);
-      while (!s.empty() && s.back() == '\0') s.pop_back();
-      if (s == "true" || s == "True") return 1.0;
-      if (s == "false" || s == "False") return 0.0;
-      try {
-        std::size_t used = 0;
-        const double v = std::stod(s, &used);
-        if (used == s.size()) return v;
-      } catch (...) {
-      }
-      throw Error(bad + ", got the string '" + s + "'");
-    }
-    throw Error(bad);
-  }
-
-  const std::string& format_of(const std::string& name) { return formats_[name]; }
-
- private:
-  std::optional<H5::Attribute> open_attr(const std::string& obj, const std::string& name) {
-    if (obj == "/") {
-      H5::Group g = f_.openGroup("/");
-      if (!g.attrExists(name)) return std::nullopt;
-      return g.openAttribute(name);
-    }
-    if (!present(obj) || f_.childObjType(obj) != H5O_TYPE_DATASET) return std::nullopt;
-    H5::DataSet d = f_.openDataSet(obj);
-    if (!d.attrExists(name)) return std::nullopt;
-    return d.openAttribute(name);
-  }
-  std::string path_;
-  H5::H5File f_;
-  std::map<std::string, std::string> formats_;
-};
-
-enum class Gate { none, k3, softplus };
-
-/// Everything read from the input file, validated.
-struct CheckInput {
-  std::size_t B = 0, T = 0, H = 0, HV = 0, d_k = 0, d_v = 0;
-  Tensor<double> q, k, v, g, beta, S0, A_log, bias, o_cand, S_cand;
-  bool has_S0 = false, has_o = false, has_S = false, l2norm = false, beta_logits = false;
-  Gate gate = Gate::none;
-  double scale = 0, g_min = 0;
-  std::string S0_layout, S_layout, o_format = "fp32", S_format = "fp32";
-};
-
-/// [B, H, X, Y] -> [B, H, Y, X]
-Tensor<double> swap_last(const Tensor<double>& t) {
-  Tensor<double> r({t.dim(0), t.dim(1), t.dim(3), t.dim(2)});
-  for (std::size_t b = 0; b < t.dim(0); ++b)
-    for (std::size_t h = 0; h < t.dim(1); ++h)
-      for (std::size_t i = 0; i < t.dim(2); ++i)
-        for (std::size_t j = 0; j < t.dim(3); ++j) r(b, h, j, i) = t(b, h, i, j);
-  return r;
-}
-
-/// Every input value must be finite: the error names the tensor, the value and its flat index.
-void require_finite(InFile& f, const std::string& name, const Tensor<double>& t) {
-  for (std::size_t i = 0; i < t.numel(); ++i)
-    require(std::isfinite(t.data[i]), f.where() + ": dataset '" + name + "' holds " + fmt::format("{}", t.data[i]) +
-                                          " at flat index " + std::to_string(i) + "; every input value must be finite");
-}
-
-std::string layout_of(InFile& f, const std::string& name) {
-  auto l = f.attr_str(name, "layout");
-  if (!l) l = f.attr_str("/", "layout");
-  require(l.has_value(), f.where() + ": dataset '" + name +
-                             "' has no attribute layout; give layout = \"KV\" ([B, HV, d_k, d_v]) or \"VK\" "
-                             "([B, HV, d_v, d_k]) on the dataset or the file root");
-  require(*l == "KV" || *l == "VK",
-          f.where() + ": attribute layout of '" + name + "' = '" + *l + "' is unknown; accepted: KV, VK");
-  return *l;
-}
-
-CheckInput read_input(const std::string& path, const std::string& op) {
-  InFile f(path);
-  CheckInput c;
-  c.q = f.read("q", 4, "q [B, T, H, d_k]");
-  c.B = c.q.dim(0); c.T = c.q.dim(1); c.H = c.q.dim(2); c.d_k = c.q.dim(3);
-  require(f.has("k") || !f.has("c"), f.where() + ": dataset 'k' is missing and the file has a latent cache 'c': it "
-                                                 "looks like an --op mla input; give --op mla (--op " + op + " needs q, k, v, g, beta)");
-  c.k = f.read("k", 4, "k [B, T, H, d_k]");
-  require(c.k.shape == c.q.shape, f.where() + ": dataset 'k' has shape " + shape_str(c.k.shape) +
-                                      ", q has " + shape_str(c.q.shape) + "; they must agree");
-  c.v = f.read("v", 4, "v [B, T, HV, d_v]");
-  c.HV = c.v.dim(2); c.d_v = c.v.dim(3);
-  require(c.v.dim(0) == c.B && c.v.dim(1) == c.T, f.where() + ": dataset 'v' has shape " + shape_str(c.v.shape) +
-                                                       "; its B, T must equal q's " + shape_str(c.q.shape));
-  require(c.B * c.T * c.H * c.d_k * c.HV * c.d_v > 0, f.where() + ": q or v has an empty dimension");
-  require(c.HV % c.H == 0, f.where() + ": v has HV = " + std::to_string(c.HV) + " heads, not a multiple of q's H = " +
-                               std::to_string(c.H));
-  c.g = f.read("g", 4, "g [B, T, HV, d_k]");
-  require(c.g.shape == std::vector<std::size_t>{c.B, c.T, c.HV, c.d_k},
-          f.where() + ": dataset 'g' has shape " + shape_str(c.g.shape) + ", expected " +
-              shape_str({c.B, c.T, c.HV, c.d_k}) + " [B, T, HV, d_k]");
-  c.beta = f.read("beta", 3, "beta [B, T, HV]");
-  require(c.beta.shape == std::vector<std::size_t>{c.B, c.T, c.HV},
-          f.where() + ": dataset 'beta' has shape " + shape_str(c.beta.shape) + ", expected " +
-              shape_str({c.B, c.T, c.HV}) + " [B, T, HV]");
-  // attributes
-  const auto scale = f.attr_num("/", "scale");
-  require(scale.has_value(), f.where() + ": root attribute 'scale' is missing (the output scale, e.g. d_k^-1/2 = " +
-                                 fmt::format("{:.6g}", 1.0 / std::sqrt(static_cast<double>(c.d_k))) + ")");
-  require(std::isfinite(*scale) && *scale > 0, f.where() + ": attribute scale = " + fmt::format("{}", *scale) +
-                                                   " is not accepted; give a finite scale > 0 (usually d_k^-1/2)");
-  c.scale = *scale;
-  const auto l2 = f.attr_num("/", "l2norm_qk");
-  require(l2.has_value(), f.where() + ": root attribute 'l2norm_qk' is missing (1: kdalab L2-normalises q and k per "
-                                      "head first, as the kernel does; 0: q and k are used as given)");
-  require(*l2 == 0 || *l2 == 1, f.where() + ": attribute l2norm_qk must be 0 or 1 (or a bool)");
-  c.l2norm = *l2 == 1;
-  const std::string gate = f.attr_str("/", "gate").value_or("none");
-  if (gate == "none") {
-    c.gate = Gate::none;
-  } else if (gate == "k3" || gate == "softplus") {
-    c.gate = gate == "k3" ? Gate::k3 : Gate::softplus;
-    const std::string bias_name = gate == "k3" ? "bias" : "dt_bias";
-    c.A_log = f.read("A_log", 1, "A_log [HV] (gate = \"" + gate + "\" needs it)");
-    require(c.A_log.dim(0) == c.HV, f.where() + ": dataset 'A_log' has shape " + shape_str(c.A_log.shape) +
-                                        ", expected [" + std::to_string(c.HV) + "] = [HV]");
-    c.bias = f.read(bias_name, 2, bias_name + " [HV, d_k] (gate = \"" + gate + "\" needs it)");
-    require(c.bias.shape == std::vector<std::size_t>{c.HV, c.d_k},
-            f.where() + ": dataset '" + bias_name + "' has shape " + shape_str(c.bias.shape) + ", expected " +
-                shape_str({c.HV, c.d_k}) + " [HV, d_k]");
-    if (c.gate == Gate::k3) {
-      const auto gm = f.attr_num("/", "g_min");
-      require(gm.has_value(), f.where() + ": gate = \"k3\" needs the root attribute 'g_min' (K3: -5)");
-      require(std::isfinite(*gm) && *gm < 0, f.where() + ": attribute g_min = " + fmt::format("{}", *gm) +
-                                                 " is not accepted; give a finite g_min < 0");
-      c.g_min = *gm;
-    }
-  } else {
-    throw Error(f.where() + ": root attribute gate = '" + gate +
-                "' is unknown; accepted: none (g is the log-decay), k3, softplus");
-  }
-  const std::string beta = f.attr_str("/", "beta").value_or("values");
-  require(beta == "values" || beta == "logits",
-          f.where() + ": root attribute beta = '" + beta + "' is unknown; accepted: values, logits");
-  c.beta_logits = beta == "logits";
-  if (!c.beta_logits)
-    for (std::size_t i = 0; i < c.beta.numel(); ++i)
-      require(c.beta.data[i] >= 0 && c.beta.data[i] <= 1,
-              f.where() + ": dataset 'beta' has " + fmt::format("{}", c.beta.data[i]) + " at flat index " +
-                  std::to_string(i) + ", outside [0, 1]; for logits set the root attribute beta = \"logits\"");
-  // states
-  const std::vector<std::size_t> kv{c.B, c.HV, c.d_k, c.d_v}, vk{c.B, c.HV, c.d_v, c.d_k};
-  if (f.has("S0")) {
-    c.S0_layout = layout_of(f, "S0");
-    c.S0 = f.read("S0", 4, "S0 [B, HV, d_k, d_v] (layout KV) or [B, HV, d_v, d_k] (layout VK)");
-    const auto& want = c.S0_layout == "KV" ? kv : vk;
-    require(c.S0.shape == want, f.where() + ": dataset 'S0' has shape " + shape_str(c.S0.shape) + ", layout " +
-                                    c.S0_layout + " expects " + shape_str(want));
-    if (c.S0_layout == "VK") c.S0 = swap_last(c.S0);
-    c.has_S0 = true;
-  }
-  require(op != "kda-decode" || c.has_S0, f.where() + ": --op kda-decode needs the initial state S0 (decode steps "
-                                                      "continue from a state); use --op kda for a prefill from zero");
-  if (f.has("o")) {
-    c.o_cand = f.read("o", 4, "o [B, T, HV, d_v]");
-    require(c.o_cand.shape == std::vector<std::size_t>{c.B, c.T, c.HV, c.d_v},
-            f.where() + ": candidate 'o' has shape " + shape_str(c.o_cand.shape) + ", expected " +
-                shape_str({c.B, c.T, c.HV, c.d_v}) + " [B, T, HV, d_v]");
-    c.has_o = true;
-    c.o_format = f.format_of("o");
-  }
-  if (f.has("S")) {
-    c.S_layout = layout_of(f, "S");
-    c.S_cand = f.read("S", 4, "S [B, HV, d_k, d_v] (layout KV) or [B, HV, d_v, d_k] (layout VK)");
-    const auto& want = c.S_layout == "KV" ? kv : vk;
-    require(c.S_cand.shape == want, f.where() + ": candidate 'S' has shape " + shape_str(c.S_cand.shape) +
-                                        ", layout " + c.S_layout + " expects " + shape_str(want));
-    if (c.S_layout == "VK") c.S_cand = swap_last(c.S_cand);
-    c.has_S = true;
-    c.S_format = f.format_of("S");
-  }
-  const std::string bias_name = c.gate == Gate::softplus ? "dt_bias" : "bias";
-  for (auto [n, p] : std::initializer_list<std::pair<std::string, const Tensor<double>*>>{
-           {"q", &c.q}, {"k", &c.k}, {"v", &c.v}, {"g", &c.g}, {"beta", &c.beta}, {"A_log", &c.A_log},
-           {bias_name, &c.bias}, {"S0", &c.S0}})
-    require_finite(f, n, *p);
-  return c;
-}
-
-/// The truth on exactly the file's inputs, in scalar type S.
-template <class S>
-KdaOutput<S> truth(const CheckInput& c, const std::string& op) {
-  Tensor<S> q = c.q.cast<S>(), k = c.k.cast<S>(), g = c.g.cast<S>(), beta = c.beta.cast<S>();
-  if (c.l2norm)
-    for (Tensor<S>* t : {&q, &k})
-      for (std::size_t r = 0; r < t->numel() / c.d_k; ++r) {
-        S n2 = 0;
-        for (std::size_t i = 0; i < c.d_k; ++i) n2 += t->data[r * c.d_k + i] * t->data[r * c.d_k + i];
-        const S inv = n2 > S(0) ? S(S(1) / ssqrt<S>(n2)) : S(0);
-        for (std::size_t i = 0; i < c.d_k; ++i) t->data[r * c.d_k + i] *= inv;
-      }
-  if (c.gate != Gate::none)
-    for (std::size_t b = 0; b < c.B; ++b)
-      for (std::size_t t = 0; t < c.T; ++t)
-        for (std::size_t h = 0; h < c.HV; ++h)
-          for (std::size_t i = 0; i < c.d_k; ++i) {
-            const S a = sexp<S>(S(c.A_log(h))), x = S(g(b, t, h, i) + S(c.bias(h, i)));
-            g(b, t, h, i) = c.gate == Gate::k3 ? S(S(c.g_min) * sigmoid<S>(S(a * x))) : S(-a * softplus<S>(x));
-            if (!std::isfinite(static_cast<double>(g(b, t, h, i))))
-              throw Error(fmt::format("the gate of value head {} (A_log = {}, {}[{}, {}] = {}) gives a non-finite "
-                                      "log-decay g at [b {}, t {}, d_k {}]; A_log and {} must keep exp(A_log) (z + "
-                                      "bias) finite",
-                                      h, c.A_log(h), c.gate == Gate::k3 ? "bias" : "dt_bias", h, i, c.bias(h, i), b, t,
-                                      i, c.gate == Gate::k3 ? "bias" : "dt_bias"));
-          }
-  if (c.beta_logits)
-    for (auto& x : beta.data) x = sigmoid<S>(x);
-  const Tensor<S> S0 = c.has_S0 ? c.S0.cast<S>() : Tensor<S>({c.B, c.HV, c.d_k, c.d_v});
-  if (op == "kda-decode") return kda_decode_steps<S>(q, k, c.v.cast<S>(), g, beta, S0, S(c.scale));
-  return kda_recurrent<S>(q, k, c.v.cast<S>(), g, beta, c.has_S0 ? &S0 : nullptr, S(c.scale));
-}
-
-// ---- --op mla: the absorbed attention over a latent cache (kernels/mla.hpp's operation) ----------
-
-/// Inputs of --op mla, validated (docs/check-format.md, --op mla).
-struct MlaInput {
-  std::size_t B = 0, T = 0, H = 0, N = 0, d_c = 0, d_rope = 0;
-  Tensor<double> q, c, q_rope, k_rope, o_cand;
-  double scale = 0;
-  bool has_o = false;
-  std::string o_format = "fp32";
-};
-
-MlaInput read_mla(const std::string& path) {
-  InFile f(path);
-  MlaInput m;
-  m.q = f.read("q", 4, "q [B, T, H, d_c] (the absorbed query q~_i = W_UK,i^T q^C_i)");
-  m.B = m.q.dim(0); m.T = m.q.dim(1); m.H = m.q.dim(2); m.d_c = m.q.dim(3);
-  m.c = f.read("c", 3, "c [B, N, d_c] (the latent cache)");
-  m.N = m.c.dim(1);
-  require(m.c.dim(0) == m.B && m.c.dim(2) == m.d_c,
-          f.where() + ": dataset 'c' has shape " + shape_str(m.c.shape) + "; expected [B, N, d_c] with B = " +
-              std::to_string(m.B) + " and d_c = " + std::to_string(m.d_c) + " from q " + shape_str(m.q.shape));
-  require(m.B * m.T * m.H * m.d_c > 0, f.where() + ": q has an empty dimension");
-  require(m.N >= m.T, f.where() + ": c holds N = " + std::to_string(m.N) + " tokens, fewer than the T = " +
-                          std::to_string(m.T) + " queries; query t sits at position N - T + t, so N >= T is needed");
-  const bool qr = f.has("q_rope"), kr = f.has("k_rope");
-  require(qr == kr, f.where() + ": dataset '" + std::string(qr ? "q_rope" : "k_rope") + "' is given without '" +
-                        (qr ? "k_rope" : "q_rope") + "'; the decoupled-RoPE part needs both (or neither)");
-  if (qr) {
-    m.q_rope = f.read("q_rope", 4, "q_rope [B, T, H, d_rope]");
-    m.d_rope = m.q_rope.dim(3);
-    require(m.q_rope.shape == std::vector<std::size_t>{m.B, m.T, m.H, m.d_rope},
-            f.where() + ": dataset 'q_rope' has shape " + shape_str(m.q_rope.shape) + ", expected [B, T, H, d_rope] = " +
-                shape_str({m.B, m.T, m.H, m.d_rope}));
-    m.k_rope = f.read("k_rope", 3, "k_rope [B, N, d_rope]");
-    require(m.k_rope.shape == std::vector<std::size_t>{m.B, m.N, m.d_rope},
-            f.where() + ": dataset 'k_rope' has shape " + shape_str(m.k_rope.shape) + ", expected [B, N, d_rope] = " +
-                shape_str({m.B, m.N, m.d_rope}));
-  }
-  const auto scale = f.attr_num("/", "scale");
-  require(scale.has_value(), f.where() + ": root attribute 'scale' is missing (the softmax scale 1/sqrt(d_nope + "
-                                         "d_rope) of the layer; it cannot be derived from q~)");
-  require(std::isfinite(*scale) && *scale > 0,
-          f.where() + ": attribute scale = " + fmt::format("{}", *scale) + " is not accepted; give a finite scale > 0");
-  m.scale = *scale;
-  if (f.has("o")) {
-    m.o_cand = f.read("o", 4, "o [B, T, H, d_c] (the attended latent)");
-    require(m.o_cand.shape == m.q.shape, f.where() + ": candidate 'o' has shape " + shape_str(m.o_cand.shape) +
-                                             ", expected [B, T, H, d_c] = " + shape_str(m.q.shape));
-    m.has_o = true;
-    m.o_format = f.format_of("o");
-  }
-  for (auto [n, p] : std::initializer_list<std::pair<const char*, const Tensor<double>*>>{
-           {"q", &m.q}, {"c", &m.c}, {"q_rope", &m.q_rope}, {"k_rope", &m.k_rope}})
-    require_finite(f, n, *p);
-  return m;
-}
-
-/// The attended latent a[b, t, h] = sum_{tau <= N - T + t} softmax_tau(s) c[b, tau] with
-/// s_tau = scale (q~[b, t, h] . c[b, tau] + q_rope[b, t, h] . k_rope[b, tau]) (DeepSeek-V2 Eqs. 17-19
-/// absorbed; docs/equations.md, Gated MLA; reference/mla.hpp mla_attend_absorbed with W_UV = I), in S.
-template <class S>
-Tensor<double> mla_truth(const MlaInput& m) {
-  Tensor<double> out({m.B, m.T, m.H, m.d_c});
-  const Tensor<S> q = m.q.cast<S>(), c = m.c.cast<S>(), qr = m.q_rope.cast<S>(), kr = m.k_rope.cast<S>();
-  const S scale = S(m.scale);
-  std::vector<S> s(m.N), acc(m.d_c);
-  for (std::size_t b = 0; b < m.B; ++b)
-    for (std::size_t t = 0; t < m.T; ++t)
-      for (std::size_t h = 0; h < m.H; ++h) {
-        const std::size_t n = m.N - m.T + t + 1;
-        S mx = S(0);
-        for (std::size_t tau = 0; tau < n; ++tau) {
-          S z = S(0);
-          for (std::size_t i = 0; i < m.d_c; ++i) z += q(b, t, h, i) * c(b, tau, i);
-          for (std::size_t i = 0; i < m.d_rope; ++i) z += qr(b, t, h, i) * kr(b, tau, i);
-          s[tau] = S(z * scale);
-          if (tau == 0 || s[tau] > mx) mx = s[tau];
-        }
-        S l = S(0);
-        std::fill(acc.begin(), acc.end(), S(0));
-        for (std::size_t tau = 0; tau < n; ++tau) {
-          const S e = sexp<S>(S(s[tau] - mx));
-          l += e;
-          for (std::size_t i = 0; i < m.d_c; ++i) acc[i] += e * c(b, tau, i);
-        }
-        for (std::size_t i = 0; i < m.d_c; ++i) out(b, t, h, i) = static_cast<double>(S(acc[i] / l));
-      }
-  return out;
-}
-
-// ---- --op attn-res: softmax attention over depth (reference/attn_res.hpp) -----------------------
-
-/// Inputs of --op attn-res, validated (docs/check-format.md, --op attn-res).
-struct AttnResInput {
-  std::size_t N = 0, T = 0, d = 0, block_sources = 1;
-  Tensor<double> v, w, h_cand;
-  ResidualMode mode = ResidualMode::full;
-  double eps = 0;
-  bool has_h = false;
-  std::string h_format = "fp32";
-};
-
-AttnResInput read_attn_res(const std::string& path) {
-  InFile f(path);
-  AttnResInput a;
-  a.v = f.read("v", 3, "v [N, T, d] (the sources: v_0 = h_1 the embedding, then the sublayer outputs in order)");
-  a.N = a.v.dim(0); a.T = a.v.dim(1); a.d = a.v.dim(2);
-  require(a.N * a.T * a.d > 0, f.where() + ": dataset 'v' has an empty dimension " + shape_str(a.v.shape));
-  a.w = f.read("w", 1, "w [d] (the consumer's pseudo-query)");
-  require(a.w.dim(0) == a.d, f.where() + ": dataset 'w' has shape " + shape_str(a.w.shape) + ", expected [d] = [" +
-                                 std::to_string(a.d) + "] from v " + shape_str(a.v.shape));
-  const auto mode = f.attr_str("/", "mode");
-  require(mode.has_value(), f.where() + ": root attribute 'mode' is missing; accepted: full (every source), block "
-                                        "(block AttnRes, with attribute block_sources)");
-  if (*mode == "full") {
-    a.mode = ResidualMode::full;
-  } else if (*mode == "block") {
-    a.mode = ResidualMode::block;
-    const auto bs = f.attr_num("/", "block_sources");
-    require(bs.has_value(), f.where() + ": mode = \"block\" needs the root attribute 'block_sources' (sublayer outputs "
-                                        "per block, an integer in [1, 1e6])");
-    require(std::isfinite(*bs) && *bs >= 1 && *bs == std::floor(*bs) && *bs <= 1e6,
-            f.where() + ": attribute block_sources = " + fmt::format("{}", *bs) + " is not accepted; give an integer in [1, 1e6]");
-    a.block_sources = static_cast<std::size_t>(*bs);
-  } else {
-    throw Error(f.where() + ": root attribute mode = '" + *mode + "' is unknown; accepted: full, block");
-  }
-  const auto eps = f.attr_num("/", "eps");
-  require(eps.has_value(), f.where() + ": root attribute 'eps' is missing (the RMSNorm eps of the keys, e.g. 1e-6)");
-  require(std::isfinite(*eps) && *eps >= 0,
-          f.where() + ": attribute eps = " + fmt::format("{}", *eps) + " is not accepted; give a finite eps >= 0");
-  a.eps = *eps;
-  if (f.has("h")) {
-    a.h_cand = f.read("h", 2, "h [T, d] (the mixed input of the consumer)");
-    require(a.h_cand.shape == std::vector<std::size_t>{a.T, a.d},
-            f.where() + ": candidate 'h' has shape " + shape_str(a.h_cand.shape) + ", expected [T, d] = " +
-                shape_str({a.T, a.d}));
-    a.has_h = true;
-    a.h_format = f.format_of("h");
-  }
-  require_finite(f, "v", a.v);
-  require_finite(f, "w", a.w);
-  return a;
-}
-
-/// h = the DepthMixer (reference/attn_res.hpp) started at v_0, after pushing v_1 .. v_{N-1}, read with w.
-template <class S>
-Tensor<double> attn_res_truth(const AttnResInput& a) {
-  auto mat = [&](std::size_t i) {
-    Mat<S> m(static_cast<Eigen::Index>(a.T), static_cast<Eigen::Index>(a.d));
-    for (Eigen::Index j = 0; j < m.size(); ++j) m.data()[j] = S(a.v.data[i * a.T * a.d + static_cast<std::size_t>(j)]);
-    return m;
-  };
-  DepthMixer<S> mix(AttnResConfig{a.mode, a.block_sources, a.eps}, mat(0));
-  for (std::size_t i = 1; i < a.N; ++i) mix.push(mat(i));
-  Vec<S> w(static_cast<Eigen::Index>(a.d));
-  for (std::size_t i = 0; i < a.d; ++i) w(static_cast<Eigen::Index>(i)) = S(a.w.data[i]);
-  const Mat<S> h = mix.input(w);
-  Tensor<double> out({a.T, a.d});
-  for (Eigen::Index j = 0; j < h.size(); ++j) out.data[static_cast<std::size_t>(j)] = static_cast<double>(h.data()[j]);
-  return out;
-}
-
-/// What one check computed: the candidates with their truths, and the truth tensors to write.
-struct Outcome {
-  struct Cand {
-    std::string name, format;
-    Tensor<double> x, truth;
-  };
-  struct Out {
-    std::string name, description;
-    Tensor<double> t;
-    std::map<std::string, std::string> attrs;
-  };
-  std::string truth_name;
-  std::vector<Cand> cands;
-  std::vector<Out> truths;
-};
-
-std::string pick_truth(const std::string& opt, double work) { return opt == "auto" ? (work <= 2e7 ? "mp" : "f64") : opt; }
-std::string truth_label(const std::string& tk) { return tk == "mp" ? "cpp_bin_float_50" : "float64"; }
-
-/// Exit code of `kdalab check` when the work asked for cannot run here (--kernel in a build without the CUDA
-/// kernels, or with no GPU visible); as `kdalab bench`: not 2 (the input was fine), not 0 (nothing was checked).
-constexpr int kExitNotAvailable = 3;
-
-/// Thrown when the work cannot run in this build / on this machine; run() prints it and exits kExitNotAvailable.
-struct NotAvailable : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-/// kdalab's CUDA prefill (kernels/kda.hpp through gpu_exp::kda_prefill_on_gpu) on exactly the file's inputs.
-/// Errors: kdalab::Error (exit 2) for inputs the kernel does not take (it fuses the K3 gate,
-/// the beta sigmoid and the q/k L2Norm, d_k = d_v in {64, 128, 256}, HV = H); the file's values are bf16 for q, k, v, g, beta
-/// (verified by read_input when declared) and fp32-rounded for A_log, bias, S0; then NotAvailable (exit 3) in a
-/// build without the CUDA kernels or with no GPU visible (cudaGetDeviceCount < 1).
-KdaOutput<double> run_kdalab_kernel(const CheckInput& c, const std::string& path) {
-  const std::string w = "check --kernel ('" + path + "'): ";
-  // the inputs are checked first, the same way in every build (bad input: exit 2); only then whether the kernel
-  // can run here (NotAvailable: exit 3)
-  require(c.gate == Gate::k3, w + "the kernel fuses the K3 gate; the file needs gate = \"k3\"");
-  require(c.beta_logits, w + "the kernel applies the beta sigmoid; the file needs beta = \"logits\"");
-  require(c.l2norm, w + "the kernel L2-normalises q and k; the file needs l2norm_qk = 1");
-  require(c.d_k == c.d_v && (c.d_k == 64 || c.d_k == 128 || c.d_k == 256),
-          w + fmt::format("d_k = {}, d_v = {}; the kernel takes d_k = d_v in {{64, 128, 256}}", c.d_k, c.d_v));
-  require(c.H == c.HV, w + fmt::format("H = {}, HV = {}; kdalab check --kernel takes HV = H", c.H, c.HV));
-  require(c.g_min >= -5.0, w + fmt::format("g_min = {}; the kernel accepts -5 <= g_min < 0", c.g_min));
-  // the kernel reads q, k, v, g, beta in bf16 and A_log, bias, S0 in fp32: inputs that are not exactly such
-  // numbers would be rounded for the kernel only, and kernel and truth would see different inputs
-  for (auto [n, t] : std::initializer_list<std::pair<const char*, const Tensor<double>*>>{
-           {"q", &c.q}, {"k", &c.k}, {"v", &c.v}, {"g", &c.g}, {"beta", &c.beta}})
-    for (std::size_t i = 0; i < t->numel(); ++i)
-      require(round_bf16(t->data[i]) == t->data[i],
-              w + fmt::format("dataset '{}' holds {} at flat index {}, not a bf16 number; the kernel reads bf16 "
-                              "inputs: round them to bf16 (and declare format = \"bf16\")", n, t->data[i], i));
-  for (auto [n, t] : std::initializer_list<std::pair<const char*, const Tensor<double>*>>{
-           {"A_log", &c.A_log}, {"bias", &c.bias}, {"S0", &c.S0}})
-    for (std::size_t i = 0; i < t->numel(); ++i)
-      require(static_cast<double>(static_cast<float>(t->data[i])) == t->data[i],
-              w + fmt::format("dataset '{}' holds {} at flat index {}, not an fp32 number; the kernel reads it in "
-                              "fp32: store it as float32", n, t->data[i], i));
-#ifndef KDALAB_HAVE_CUDA
-  throw NotAvailable("check --kernel: not available in this build: this kdalab was built without the CUDA kernels "
-                     "(configure with `cmake --preset cuda` and run on a GPU); nothing was checked or written");
-#else
-  int ndev = 0;
-  if (const cudaError_t e = cudaGetDeviceCount(&ndev); e != cudaSuccess || ndev < 1) {
-    cudaGetLastError();
-    throw NotAvailable(std::string("check --kernel: not available on this machine: no GPU visible (") +
-                       (e != cudaSuccess ? cudaGetErrorString(e) : "0 devices") + "); nothing was checked or written");
-  }
-  KdaInputs in;
-  in.B = c.B; in.T = c.T; in.H = c.H; in.HV = c.HV; in.d_k = c.d_k; in.d_v = c.d_v;
-  in.g_min = c.g_min; in.scale = c.scale;
-  in.q_raw = c.q; in.k_raw = c.k; in.v = c.v; in.g_raw = c.g; in.beta_raw = c.beta; in.A_log = c.A_log; in.bias = c.bias;
-  in.S0 = c.has_S0 ? c.S0 : Tensor<double>({c.B, c.HV, c.d_k, c.d_v});  // no S0: start from zero
-  return gpu_exp::kda_prefill_on_gpu(in, 0.0, false);
-#endif
-}
-
-Outcome check_kda(const std::string& in_path, const std::string& op, const std::string& truth_opt, bool kernel) {
-  const CheckInput in = read_input(in_path, op);  // (--kernel with another --op is refused in run())
-  std::optional<KdaOutput<double>> mine;
-  if (kernel) mine = run_kdalab_kernel(in, in_path);  // before the (slow) truth: a refusal costs nothing
-  const std::string tk = pick_truth(truth_opt, static_cast<double>(in.B * in.T * in.HV * in.d_k * in.d_v));
-  KdaOutput<double> t;
-  if (tk == "mp") {
-    const auto r = truth<mp50>(in, op);
-    t = {r.o.cast<double>(), r.S_final.cast<double>()};
-  } else {
-    t = truth<double>(in, op);
-  }
-  Outcome r;
-  r.truth_name = truth_label(tk);
-  const std::string kh = tk == "mp" ? "the inputs overflow even cpp_bin_float_50" : "the inputs overflow float64; try --truth mp";
-  require_finite_truth(t.o, "o", r.truth_name, kh);
-  require_finite_truth(t.S_final, "S", r.truth_name, kh);
-  if (in.has_o) r.cands.push_back({"o", in.o_format, in.o_cand, t.o});
-  if (in.has_S) r.cands.push_back({"S", in.S_format, in.S_cand, t.S_final});
-  if (mine) {
-    r.cands.push_back({"o_kdalab", "bf16", mine->o, t.o});
-    r.cands.push_back({"S_kdalab", "fp32", mine->S_final, t.S_final});
-  }
-  r.truths.push_back({"o_truth", "truth o [B, T, HV, d_v] on exactly the input file's tensors", t.o, {}});
-  const std::string lay = in.has_S ? in.S_layout : (in.has_S0 ? in.S0_layout : "KV");
-  r.truths.push_back({"S_truth", "truth final state in layout " + lay, lay == "VK" ? swap_last(t.S_final) : t.S_final,
-                      {{"layout", lay}}});
-  return r;
-}
-
-Outcome check_mla(const std::string& in_path, const std::string& truth_opt) {
-  const MlaInput m = read_mla(in_path);
-  const std::string tk = pick_truth(truth_opt, static_cast<double>(m.B * m.T * m.H * m.N * (m.d_c + m.d_rope)));
-  const Tensor<double> a = tk == "mp" ? mla_truth<mp50>(m) : mla_truth<double>(m);
-  Outcome r;
-  r.truth_name = truth_label(tk);
-  require_finite_truth(a, "o", r.truth_name,
-                       tk == "mp" ? "the scores overflow even cpp_bin_float_50; scale q or c down"
-                                  : "the scores overflow float64 (|scale q . c| too large); try --truth mp or scale q or c down");
-  if (m.has_o) r.cands.push_back({"o", m.o_format, m.o_cand, a});
-  r.truths.push_back({"o_truth", "truth attended latent [B, T, H, d_c] on exactly the input file's tensors", a, {}});
-  return r;
-}
-
-Outcome check_attn_res(const std::string& in_path, const std::string& truth_opt) {
-  const AttnResInput a = read_attn_res(in_path);
-  const std::string tk = pick_truth(truth_opt, static_cast<double>(a.N * a.T * a.d) * 100.0);
-  const Tensor<double> h = tk == "mp" ? attn_res_truth<mp50>(a) : attn_res_truth<double>(a);
-  Outcome r;
-  r.truth_name = truth_label(tk);
-  require_finite_truth(h, "h", r.truth_name,
-                       "RMSNorm divides by sqrt(mean(v^2) + eps): with eps = 0 a source whose values are all 0 (or "
-                       "underflow when squared) gives 0/0; give eps > 0");
-  if (a.has_h) r.cands.push_back({"h", a.h_format, a.h_cand, h});
-  r.truths.push_back({"h_truth", "truth h [T, d] (" + residual_mode_name(a.mode) + " AttnRes) on exactly the input "
-                      "file's tensors", h, {}});
-  return r;
-}
-
-}  // namespace
+using namespace check_detail;
 
 void register_check(Registry& reg) {
   auto& c = reg.add("check",
                     "Check your own kernel's tensors: read the inputs and your candidate outputs from an HDF5 file "
                     "(format: docs/check-format.md), compute the truth on exactly those inputs and report relative RMS, max abs, "
-                    "max bf16 ULP and NaN/Inf counts per candidate, with a one-line verdict against --tol (exit 0 "
-                    "pass, 1 fail, 2 bad input, 3 --kernel without the CUDA kernels or a GPU). Ops: kda (q, k, v, g or gate logits, beta, S0 -> o, S), kda-decode, "
+                    "max bf16 ULP and NaN/Inf counts per candidate, with a budget fixed from the inputs and the declared precision (F x (error of the plain algorithm "
+                    "at that precision + output rounding)) and a verdict per candidate (exit 0 "
+                    "pass, 1 fail, 2 bad input, 3 --kernel without the CUDA kernels or a GPU, 4 nothing was checked). Ops: kda (q, k, v, g or gate logits, beta, S0 -> o, S), kda-decode, "
                     "mla (absorbed query q~, latent cache c -> attended latent o), attn-res (sources v, pseudo-query "
-                    "w -> h). Without a candidate the truth is written to --out.",
+                    "w -> h), and their gradients kda-bwd, mla-bwd, attn-res-bwd (upstream do -> dq, dk, ...). Without a candidate the truth is written to --out.",
                     "results/check.h5");
   // cli::run's order: c.check (the options, then --in), --out not the --in file (c.inputs), then --out itself: a missing
   // --in is named before a bad --out
   c.inputs = {"in"};
   struct Opts {
-    std::string op = "kda", in, truth = "auto";
+    std::string op = "kda", in, truth = "auto", precision;
     double tol = tol::check_default.value;
+    CLI::Option* tol_opt = nullptr;
     bool kernel = false;
   };
   auto o = std::make_shared<Opts>();
@@ -716,18 +63,26 @@ void register_check(Registry& reg) {
   c.app->add_option("--truth", o->truth, "truth: mp (cpp_bin_float_50, slow: ~20 s at the auto limit), f64 (float64), auto (mp while the work "
                                          "(kda: B*T*HV*d_k*d_v; mla: B*T*H*N*(d_c + d_rope); attn-res: 100*N*T*d) <= 2e7, f64 above)")
       ->capture_default_str();
-  c.app->add_option("--tol", o->tol, std::string("verdict tolerance on relative RMS, > 0; a candidate passes when its "
-                                                 "relative RMS <= tol and it has no NaN/Inf. Default: ") +
-                                         tol::check_default.why)
-      ->capture_default_str();
+  o->tol_opt = c.app->add_option("--tol", o->tol, "a constant verdict tolerance on relative RMS, > 0, that overrides the "
+                                                  "budget rule (the report says so): a candidate passes when its "
+                                                  "relative RMS <= tol and it has no NaN/Inf. Default: not given; the budget rule "
+                                                  "(docs/check-format.md) judges every candidate");
+  c.app->add_option("--precision", o->precision,
+                    "declared precision of the candidate kernel: bf16, fp16, fp32 or fp64; the budget is the error of the "
+                    "plain algorithm at it. Default: the file's root attribute precision, else the lowest-precision format "
+                    "among the candidates");
   c.app->add_flag("--kernel", o->kernel,
                   "--op kda: also run kdalab's CUDA prefill kernel on exactly the file's inputs and report its o and S "
                   "as candidates o_kdalab, S_kdalab beside the file's (e.g. a peer's): both against one truth. Needs a "
                   "CUDA build and a GPU (without either: exit 3, after the input is checked), gate = \"k3\", beta = \"logits\", l2norm_qk = 1, d_k = d_v in {64, 128, 256}, "
                   "HV = H, and inputs that are bf16 (q, k, v, g, beta) / fp32 (A_log, bias, S0) numbers. Default: off");
   c.check = [o](Context& ctx) {
-    require(o->op == "kda" || o->op == "kda-decode" || o->op == "mla" || o->op == "attn-res",
-            "--op '" + o->op + "' is unknown; accepted: kda, kda-decode, mla, attn-res");
+    require(o->op == "kda" || o->op == "kda-decode" || o->op == "mla" || o->op == "attn-res" || o->op == "kda-bwd" ||
+                o->op == "mla-bwd" || o->op == "attn-res-bwd",
+            "--op '" + o->op + "' is unknown; accepted: kda, kda-decode, mla, attn-res, kda-bwd, mla-bwd, attn-res-bwd");
+    require(o->precision.empty() || o->precision == "bf16" || o->precision == "fp16" || o->precision == "fp32" ||
+                o->precision == "fp64",
+            "--precision '" + o->precision + "' is unknown; accepted: bf16, fp16, fp32, fp64");
     require(!o->kernel || o->op == "kda", "--kernel runs kdalab's KDA prefill kernel: it needs --op kda, not --op " + o->op);
     require(o->truth == "auto" || o->truth == "mp" || o->truth == "f64",
             "--truth '" + o->truth + "' is unknown; accepted: auto, mp, f64");
@@ -740,10 +95,38 @@ void register_check(Registry& reg) {
   };
   c.run = [o](Context& ctx) -> int {
     Outcome res;
+    Judge judge;
+    judge.precision = o->precision;
+    judge.tol_override = o->tol_opt->count() > 0;
+    // a dataset no name of the op matches is named on stderr; with no candidate at all, nothing was checked (exit 4)
+    const OpNames names = op_names(o->op);
+    std::vector<std::string> unknown;
+    for (const auto& n : InFile(o->in).root_names())
+      if (!names.known.count(n)) unknown.push_back(n);
+    std::string accepted;
+    for (const auto& n : names.known) accepted += (accepted.empty() ? "" : ", ") + n;
+    for (const auto& n : unknown)
+      fmt::print(stderr, "kdalab check: dataset '{}' matches no name of --op {} and is not checked; accepted: {}\n", n,
+                 o->op, accepted);
+    judge.before_truth = [&](std::size_t n_cands) {
+      if (n_cands == 0 && !unknown.empty()) {
+        std::string cands;
+        for (const auto& n : names.candidates) cands += (cands.empty() ? "" : ", ") + n;
+        throw NothingChecked("check: nothing was checked: the file has no candidate of --op " + o->op + " (" + cands +
+                             ") but " + std::to_string(unknown.size()) + " dataset(s) matching no known name (first: '" +
+                             unknown.front() + "'); nothing was written");
+      }
+    };
     try {
-      res = o->op == "mla"        ? check_mla(o->in, o->truth)
-            : o->op == "attn-res" ? check_attn_res(o->in, o->truth)
-                                  : check_kda(o->in, o->op, o->truth, o->kernel);
+      res = o->op == "mla"            ? check_mla(o->in, o->truth, judge)
+            : o->op == "attn-res"     ? check_attn_res(o->in, o->truth, judge)
+            : o->op == "kda-bwd"      ? check_kda_bwd(o->in, o->truth, judge)
+            : o->op == "mla-bwd"      ? check_mla_bwd(o->in, o->truth, judge)
+            : o->op == "attn-res-bwd" ? check_attn_res_bwd(o->in, o->truth, judge)
+                                      : check_kda(o->in, o->op, o->truth, o->kernel, judge);
+    } catch (const NothingChecked& e) {
+      fmt::print(stderr, "kdalab {} (exit {})\n", e.what(), kExitNothingChecked);
+      return kExitNothingChecked;
     } catch (const H5::Exception& e) {  // anything HDF5 refuses to read is a malformed input: exit 2
       throw Error("--in '" + o->in + "': HDF5 cannot read it (" + e.getDetailMsg() + ")");
     } catch (const NotAvailable& e) {  // --kernel in a CPU build or without a GPU: exit 3, nothing written
@@ -755,20 +138,43 @@ void register_check(Registry& reg) {
     rep.col("tensor", 's', "1", "candidate tensor").col("format", 's', "1", "its declared format")
         .col("rel_rms", 'd', "1", "||x - x_truth||_2 / ||x_truth||_2").col("max_abs", 'd', "1", "max |x - x_truth|")
         .col("max_ulp_bf16", 'i', "1", "max bf16-ulp distance").col("nan", 'i', "1", "NaN count")
-        .col("inf", 'i', "1", "Inf count").col("n", 'i', "1", "elements").col("tol", 'd', "1", "verdict tolerance")
-        .col("pass", 'i', "1", "1 if rel_rms <= tol and no NaN/Inf");
+        .col("inf", 'i', "1", "Inf count").col("n", 'i', "1", "elements")
+        .col("tol", 'd', "1", "the threshold applied: the budget, or --tol when given")
+        .col("pass", 'i', "1", "1 if rel_rms <= tol and no NaN/Inf")
+        .col("precision", 's', "1", "declared precision of the budget (--tol: none)")
+        .col("emulation_rel_rms", 'd', "1", "relRMS of the plain algorithm at the declared precision (--tol: NaN)")
+        .col("output_rounding", 'd', "1", "relRMS of the truth rounded to the candidate's format (--tol: NaN)")
+        .col("budget", 'd', "1", "max(F (emulation_rel_rms + output_rounding), floor), or --tol")
+        .col("ratio", 'd', "1", "rel_rms / budget").col("verdict", 's', "1", "the candidate's verdict");
     bool all = true;
     std::string verdict;
+    const std::string threshold =
+        judge.tol_override ? fmt::format("--tol {:g} (an explicit constant; the budget rule is not used)", o->tol)
+                           : fmt::format("budget rule: F = {:g} x (emulation at {} + output rounding), floor {:g}; "
+                                         "precision from {}",
+                                         tol::budget_factor.value, format_name(judge.p), tol::budget_floor.value,
+                                         judge.p_from);
+    if (!res.cands.empty()) fmt::print("threshold: {}\n", threshold);
     for (const auto& cand : res.cands) {
       const ErrorMetrics m = compare(cand.x.data, cand.truth.data, cand.name);
-      const bool ok = m.rel_rms <= o->tol && m.nan_count == 0 && m.inf_count == 0;
+      Budget b{NAN, NAN, o->tol};
+      if (!judge.tol_override)
+        b = budget_of(cand.emulation.data, cand.truth.data, parse_format(cand.format, "format of '" + cand.name + "'"));
+      const bool ok = within(m, b.value);
+      std::string v = verdict_text(m, b.value);
+      if (judge.tol_override && m.nan_count + m.inf_count == 0)
+        v = ok ? "within --tol" : fmt::format("over --tol by x{:.3g}", m.rel_rms / b.value);
       all = all && ok;
       rep.row({cand.name, cand.format, m.rel_rms, m.max_abs, m.max_ulp_bf16, m.nan_count, m.inf_count,
-               static_cast<std::int64_t>(m.n), o->tol, static_cast<std::int64_t>(ok)});
-      fmt::print("{:<8} rel RMS {:.3e}  max abs {:.3e}  max bf16 ulp {}  NaN {}  Inf {}  ({}, {} elements)\n", cand.name,
-                 m.rel_rms, m.max_abs, m.max_ulp_bf16, m.nan_count, m.inf_count, cand.format, m.n);
+               static_cast<std::int64_t>(m.n), b.value, static_cast<std::int64_t>(ok),
+               judge.tol_override ? std::string("none") : format_name(judge.p), b.emulation, b.output_rounding, b.value,
+               m.rel_rms / b.value, v});
+      fmt::print("{:<8} rel RMS {:.3e}  max abs {:.3e}  max bf16 ulp {}  NaN {}  Inf {}  ({}, {} elements)  budget "
+                 "{:.3e}  ratio {:.3g}  {}\n",
+                 cand.name, m.rel_rms, m.max_abs, m.max_ulp_bf16, m.nan_count, m.inf_count, cand.format, m.n, b.value,
+                 m.rel_rms / b.value, v);
       verdict += fmt::format("{}{} {:.3e} {} {:.1e}", verdict.empty() ? "" : "; ", cand.name, m.rel_rms,
-                             ok ? "<=" : ">", o->tol);
+                             ok ? "<=" : ">", b.value);
     }
 
     auto f = ctx.open_results();
@@ -776,6 +182,7 @@ void register_check(Registry& reg) {
     f->attr("check", "op", o->op);
     f->attr("check", "input", o->in);
     f->attr("check", "truth", res.truth_name);
+    if (!res.cands.empty()) f->attr("check", "threshold", threshold);
     for (const auto& t : res.truths) f->write_array("check", t.name, t.t, "1", t.description, t.attrs);
     std::string line;
     if (res.cands.empty()) {
@@ -792,3 +199,4 @@ void register_check(Registry& reg) {
 }
 
 }  // namespace kdalab::cli
+

@@ -62,6 +62,21 @@ inline constexpr Tolerance golden_mp{1e-15,
 /// Default verdict tolerance of `kdalab check` for a bf16 candidate.
 inline constexpr Tolerance check_default{5.0e-3,
     "the threshold fla's own tests use (RMS ratio 5e-3): a candidate worse than the peers' bar fails."};
+/// Safety factor F of the `kdalab check` budget rule (numerics/budget.hpp): budget = F (emulation error at the
+/// declared precision + storage rounding of the output).
+inline constexpr Tolerance budget_factor{2.0,
+    "the budget admits a candidate whose rounding noise is up to twice that of the plain algorithm at its declared "
+    "precision (another reduction order, tiling or chunk size than the emulation's), and nothing more; fixed at 2 "
+    "before any peer was run against the rule. Measured (anchor-kda, T = 300, H = HV = 2, d = 128, bf16 operands, "
+    "bf16-stored results): the emulation's o is 3.6e-3 from the truth, so a bf16 o gets 2 (3.6e-3 + 1.7e-3) = "
+    "1.1e-2; dq, dk, dv, dg, dS0, dbias get 8e-3 .. 9.4e-3, dbeta 1.3e-2, dA_log 5.9e-3. Real faults are O(1e-1 .. 1) "
+    "(a wrong sign, a missing term or chunk), 10x - 100x beyond a bf16 budget and ~1e5x beyond an fp32 one "
+    "(fp32 emulation ~1e-6)."};
+/// Least budget of the `kdalab check` rule: below it the truth and the stored candidate disagree by rounding alone.
+inline constexpr Tolerance budget_floor{1e-12,
+    "at fp64 the rule's terms are ~1e-16 .. 1e-14, the size of the float64 truth's own rounding and of float64 "
+    "summation-order differences between two exact algorithms (backward_f64_vs_mp, check_self); 1e-12 judges no "
+    "such noise and still fails any real discrepancy (>= 1e-6)."};
 /// `kdalab check` fed the truth itself as the candidate: only the truth's own rounding differs.
 inline constexpr Tolerance check_self{1e-12,
     "candidate = the float64-stored truth; the recomputed truth differs by storage rounding (~1e-16) "
