@@ -19,7 +19,7 @@ if ! PYTHONPATH="$site" "$py" -c 'import nanobind, pytest' >/dev/null 2>&1; then
 fi
 export PYTHONPATH="$site"
 "$py" -c 'import torch, numpy; assert torch.cuda.is_available(), "torch sees no GPU"'
-cmake --preset cuda -G Ninja -DKDALAB_PYTHON=ON -DPython_EXECUTABLE="$py" \
+cmake --preset cuda -DKDALAB_PYTHON=ON -DPython_EXECUTABLE="$py" \
   -Dnanobind_DIR="$("$py" -m nanobind --cmake_dir)" >/dev/null
 cmake --build build/cuda -j "${JOBS:-$(nproc)}" --target kdalab_py_core kdalab
 PYTHONPATH="$site:$PWD/python:$PWD/build/cuda/python" KDALAB_BIN="$PWD/build/cuda/experiments/kdalab" \
