@@ -4,6 +4,7 @@ time show one text. Usage: gen_docs.py _core.pyi docstrings.hpp
 Every docstring of a top-level function or class, or of a method, becomes
 kdalab::py::doc::<name> (methods: <Class>_<method>)."""
 import ast
+import os
 import sys
 
 
@@ -29,6 +30,7 @@ def main(pyi, out):
             return
     except OSError:
         pass
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)  # Makefile generators do not create it (Ninja does)
     with open(out, "w", encoding="utf-8") as f:
         f.write(content)
 
