@@ -12,7 +12,10 @@ from pkgutil import extend_path
 __path__ = extend_path(__path__, __name__)
 
 from ._core import (
+    BUDGET_FACTOR,
+    BUDGET_FLOOR,
     CHECK_DEFAULT_TOL,
+    Budget,
     CheckResult,
     Error,
     ResultsFile,
@@ -20,6 +23,9 @@ from ._core import (
     anchor_kda,
     attn_res,
     attn_res_backward,
+    budget_kda,
+    budget_mla,
+    budget_of,
     budgets,
     built_with_cuda,
     cell_seed,
@@ -61,8 +67,9 @@ def require_cuda() -> None:
 
 
 __all__ = [
-    "CHECK_DEFAULT_TOL", "CheckResult", "Error", "NotAvailable", "ResultsFile", "Rng", "anchor_kda", "attn_res",
-    "attn_res_backward", "budgets", "built_with_cuda", "cell_seed", "check", "exists", "fnv1a64", "gate",
+    "BUDGET_FACTOR", "BUDGET_FLOOR", "Budget", "CHECK_DEFAULT_TOL", "CheckResult", "Error", "NotAvailable", "ResultsFile", "Rng", "anchor_kda", "attn_res",
+    "attn_res_backward", "budget_kda", "budget_mla", "budget_of", "budgets", "built_with_cuda", "cell_seed",
+    "check", "exists", "fnv1a64", "gate",
     "gate_backward", "kda_chunked", "kda_chunked_backward", "kda_decode", "kda_inputs", "kda_layer",
     "kda_recurrent", "kda_recurrent_backward", "members", "mla", "mla_attend", "mla_attend_backward",
     "read_array", "read_attr", "require_cuda",

@@ -154,6 +154,66 @@ def budgets() -> dict[str, Tuple[float, str]]:
     """Named budgets of numerics/tolerance.hpp: name -> (value, reason); relative RMS unless the reason
     says otherwise."""
 
+BUDGET_FACTOR: float   # F of the budget rule (numerics/tolerance.hpp budget_factor, with its reason)
+BUDGET_FLOOR: float    # the least budget (numerics/tolerance.hpp budget_floor)
+
+class Budget:
+    """The verdict budget of one quantity by the rule of `kdalab check` (numerics/budget.hpp; docs/check-format.md,
+    "The budget rule"): value = max(BUDGET_FACTOR (emulation + output_rounding), BUDGET_FLOOR), relative RMS.
+    It depends on the inputs, the declared precision and the output format only, never on a candidate."""
+    quantity: str          # "o", "S", "dq", ... (the name in the dict that holds it)
+    emulation: float       # relRMS of the plain algorithm at the declared precision vs the float64 truth
+    output_rounding: float # relRMS of the truth rounded once to the output format vs the truth
+    value: float           # the budget
+    precision: str         # the declared precision: "bf16", "fp16", "fp32" or "fp64"
+    output_format: str     # the storage format of the quantity: "bf16", "fp16", "tf32", "fp32" or "fp64"
+    rule: str              # the rule in words, with F, the floor, the precision and the format
+    label: str             # the rule in short, e.g. "rule:F=2 emulation bf16, output bf16"
+
+def budget_of(emulation: Array, truth: Array, *, precision: str, output_format: str, quantity: str = "x") -> Budget:
+    """The budget rule on given tensors (numerics/budget.hpp budget_of): emulation (the plain algorithm at
+    `precision`) and truth, float64 of one shape (the truth finite); output_format the quantity's storage format.
+    precision: bf16, fp16, fp32, fp64 (or bfloat16, float16, float32, float64); output_format also tf32."""
+
+def budget_kda(q: Array, k: Array, v: Array, g: Array, beta: Array, S0: Optional[Array] = None, *, scale: float,
+               precision: str, output_format: Union[None, str, Mapping[str, str]] = None, gate: str = "none",
+               A_log: Optional[Array] = None, bias: Optional[Array] = None, g_min: float = -5.0,
+               l2norm_qk: bool = False, beta_logits: bool = False, cu_seqlens: Optional[Sequence[int]] = None,
+               dO: Optional[Array] = None, dS_T: Optional[Array] = None, chunk: int = 64) -> dict[str, Budget]:
+    """Budgets of a KDA call (`kdalab check --op kda`, and `--op kda-bwd` with dO) by the rule of `kdalab check`:
+    the plain chunked algorithm at the declared precision (numerics/plain_emulation.hpp emul::kda, chunk C; 1 is the
+    recurrence, as --op kda-decode) against the float64 truth (reference/kda.hpp, numerics/check_ops.hpp) on exactly
+    these inputs, as the candidate receives them.
+
+    q, k [B, T, H, d_k]; v [B, T, HV, d_v]; g [B, T, HV, d_k]: the log-decay (gate "none", g <= 0) or the gate
+    logits z (gate "k3": g_min Sigmoid(e^A_log (z + bias)); "softplus": -e^A_log Softplus(z + bias); A_log [HV],
+    bias [HV, d_k]); beta [B, T, HV]: values, or logits with beta_logits (Sigmoid); l2norm_qk: q and k are
+    L2-normalised per head first (eps 0); S0 [B, HV, d_k, d_v] ("KV") or None (zero). cu_seqlens [N + 1]: B = 1,
+    N sequences packed along T, S0 [N, HV, d_k, d_v]; each sequence is emulated and judged on its own, the budget
+    taken over all of them. dO [B, T, HV, d_v] (dL/do) and dS_T [B, HV, d_k, d_v] (dL/dS_T, None: unused): the
+    gradients too (no cu_seqlens).
+
+    Returns quantity -> Budget: "o" [B, T, HV, d_v] and "S" (the final state); with dO also "dq", "dk", "dv",
+    "dg" (w.r.t. g as given), "dbeta" (w.r.t. beta as given), "dS0", and with a gate "dA_log", "dbias".
+    precision: the candidate's declared precision (bf16, fp16, fp32, fp64; numpy names accepted).
+    output_format: None (every quantity stored at the declared precision), one format for all, or a dict
+    quantity -> format (the others at the declared precision). Errors: Error naming the tensor or option."""
+
+def budget_mla(q: Array, c: Array, q_rope: Optional[Array] = None, k_rope: Optional[Array] = None, *, scale: float,
+               precision: str, output_format: Union[None, str, Mapping[str, str]] = None,
+               lens: Optional[Sequence[int]] = None, dO: Optional[Array] = None) -> dict[str, Budget]:
+    """Budgets of the absorbed MLA attention core (`kdalab check --op mla`, and `--op mla-bwd` with dO) by the rule
+    of `kdalab check`: the naive attention at the declared precision (numerics/plain_emulation.hpp emul::mla)
+    against the float64 truth (reference/mla.hpp, W_UK = W_UV = I) on exactly these inputs.
+
+    q [B, T, H, d_c] (absorbed queries), c [B, N, d_c] (latent cache), q_rope [B, T, H, d_rope] and k_rope
+    [B, N, d_rope] (both or neither), softmax scale; query t of row b sits at position L_b - T + t and reads cache
+    tokens 0 .. L_b - 1, L_b = lens[b] (T <= L_b <= N; default N). Decode: T = 1, q[:, None].
+    dO [B, T, H, d_c]: the gradients too.
+
+    Returns quantity -> Budget: "o" [B, T, H, d_c]; with dO also "dq", "dc" (and "dq_rope", "dk_rope").
+    precision and output_format as budget_kda. Errors: Error naming the tensor or option."""
+
 def anchor_kda(B: int, T: int, H: int, D: int, seed: int) -> dict[str, Any]:
     """The "anchor-kda" inputs (numerics/random.hpp anchor_kda), identical to the C++ generator's:
     q_raw, k_raw, q, k [B, T, H, D]; v [B, T, H, D]; g_raw, g [B, T, H, D]; beta_raw, beta [B, T, H];

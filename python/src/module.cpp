@@ -40,6 +40,8 @@ using namespace nb::literals;
 
 namespace kdalab::py {
 
+void bind_budget(nb::module_& m);  // python/src/budget.cpp
+
 std::string shape_of(const Array& a) {
   std::vector<std::size_t> s(a.ndim());
   for (std::size_t i = 0; i < a.ndim(); ++i) s[i] = a.shape(i);
@@ -425,6 +427,7 @@ NB_MODULE(_core, m) {
   m.def("check", &check, "x"_a, "truth"_a, nb::kw_only(), "name"_a = "x", "tol"_a = tol::check_default.value, doc::check);
   m.def("budgets", &budgets, doc::budgets);
   m.attr("CHECK_DEFAULT_TOL") = tol::check_default.value;
+  bind_budget(m);
 
   // ---- generators
   m.def(
