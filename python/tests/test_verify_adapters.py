@@ -56,11 +56,24 @@ def test_bad_adapter_option_names_itself(spec, names):
         make_adapter(spec, numpy_kda)
 
 
-def test_declared_precision_picks_the_budget():
-    tol = lambda p: budgets_mod.budget("kda", p, "o", {}).tol
-    assert tol("float64") == kdalab.budgets()["f64_identity"][0]
-    assert tol("bf16") == kdalab.budgets()["kda_bf16_goal"][0]
-    assert tol("float64") < tol("float32") < tol("bf16")
+def test_declared_precision_picks_the_budget_of_the_check_rule():
+    x = inputs("agree/T17")
+    b = {p: budgets_mod.budget("kda", p, "o", x) for p in ("float64", "float32", "bf16")}
+    rule = kdalab.budget_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], x["S0"], scale=x["scale"], precision="bf16")
+    assert b["bf16"].tol == rule["o"].value and b["bf16"].rule == "rule:F=2 emulation bf16, output bf16"
+    assert b["float64"].tol == kdalab.BUDGET_FLOOR
+    assert b["float64"].tol < b["float32"].tol < b["bf16"].tol
+
+
+def test_budget_emulates_the_form_the_adapter_hands_the_candidate():
+    x = inputs("agree/T17")
+    fused = make_adapter("fla-chunk:gate=fused,beta=logits,l2norm=kernel", numpy_kda)
+    b = budgets_mod.budget("kda", "bf16", "o", x, fused)
+    raw = kdalab.budget_kda(x["q_raw"], x["k_raw"], x["v"], x["g_raw"], x["beta_raw"], x["S0"], scale=x["scale"],
+                            precision="bf16", output_format={"o": "bf16", "S": "float32"}, gate="k3", A_log=x["A_log"],
+                            bias=x["bias"], g_min=x["g_min"], l2norm_qk=True, beta_logits=True)
+    assert b.tol == raw["o"].value
+    assert budgets_mod.budget("kda", "bf16", "S", x, fused).rule == "rule:F=2 emulation bf16, output fp32"
 
 
 def test_budget_rule_is_one_swappable_function(monkeypatch):
@@ -68,9 +81,21 @@ def test_budget_rule_is_one_swappable_function(monkeypatch):
     ok = check_case(make_adapter("canonical", numpy_kda), case)
     assert ok.passed
     monkeypatch.setattr(budgets_mod, "budget",
-                        lambda op, p, q, x: budgets_mod.Budget(ok.rel_rms / 2, "test", "half the error"))
+                        lambda op, p, q, x, *a: budgets_mod.Budget(ok.rel_rms / 2, "test", "half the error"))
     over = check_case(make_adapter("canonical", numpy_kda), case)
     assert over.verdict == "over budget by 2x"
+
+
+def test_report_names_the_rule_of_every_comparison():
+    r = check_case(make_adapter("canonical:precision=bf16", numpy_kda), find("agree/T17"))
+    assert r.passed and r.detail.count("rule:F=2 emulation bf16, output bf16") == 2, r.detail
+
+
+def test_mla_cases_can_be_sized_for_kdalabs_decode_kernel():
+    from kdalab.verify.cases import catalogue
+    for c in with_params(catalogue("mla_decode"), {"n_h": 16, "d_c": 512}):
+        x = c.inputs()
+        assert x["q"].shape[1:] == (16, 512) and x["cache"].shape[2] == 512, c.name
 
 
 def test_bf16_rounded_candidate_is_within_bf16_noise_not_float64():

@@ -103,6 +103,12 @@ def test_correct_numpy_candidate_passes_every_case(correct):
     assert correct["grad/causal"].passed
 
 
+def test_correct_numpy_candidate_declared_bf16_passes_every_case():
+    rep = run(numpy_kda, "kda", adapter="canonical:precision=bf16", printer=None)
+    bad = [f"{r.case}: {r.verdict} {r.detail}" for r in rep.results if not r.passed and r.kind != "not applicable"]
+    assert not bad, "\n".join(bad)
+
+
 def test_correct_numpy_mla_decode_passes_every_case():
     rep = run(numpy_mla_decode, "mla_decode", printer=None)
     assert all(r.passed for r in rep.results), [(r.case, r.verdict, r.detail) for r in rep.results]

@@ -7,6 +7,12 @@ An adapter wraps the candidate callable and states what it declares:
   exact_batch  whether the candidate's reduction order is the same for every batch position and every packing,
                so batch and varlen packing invariance must hold bit for bit (else within budget, reported)
   returns_state  whether it returns the final state
+  fused_gate, beta_logits, l2norm_qk
+               which form of the case's tensors the candidate receives: the gate logits g_raw with A_log, bias,
+               g_min (K3 gate in the kernel) instead of g; beta_raw (Sigmoid in the kernel) instead of beta;
+               q_raw, k_raw (L2Norm in the kernel) instead of q, k. The budget's emulation gets the same form.
+  output_formats  the storage format of each returned quantity ("o", "S"; None: all at the declared precision),
+               the format of the budget's output-rounding term
 `supports(x)` returns None when the candidate can run the case's inputs x, else the reason it cannot (the verdict is
 then "not applicable", never a pass). Calling the adapter returns (o, S): o in the canonical output layout and S
 [N, HV, d_k, d_v] ("KV") or None, both float64 numpy arrays.
@@ -30,6 +36,10 @@ class Adapter:
     options: Dict[str, Tuple[str, ...]] = {}   # option -> accepted values (first is the default)
     exact_batch = False
     returns_state = True
+    fused_gate = False
+    beta_logits = False
+    l2norm_qk = False
+    output_formats: Optional[Dict[str, str]] = None
 
     def __init__(self, fn: Callable, **opts: str):
         self.fn = fn
@@ -156,6 +166,10 @@ class FlaKda(_TorchKda):
         self.name = name
         super().__init__(fn, **opts)
         self.state_layout = self.opt["state"]
+        self.fused_gate = self.opt["gate"] == "fused"
+        self.beta_logits = self.opt["beta"] == "logits"
+        self.l2norm_qk = self.opt["l2norm"] == "kernel"
+        self.output_formats = {"o": self.precision, "S": "float32"}  # q, k, v's dtype; fp32 state
 
     def supports(self, x):
         return super().supports(x) or self._needs(x, self.opt["gate"] == "fused", self.opt["beta"] == "logits",
@@ -192,6 +206,8 @@ class FlashKdaFwd(_TorchKda):
     name = "flashkda"
     state_layout = "vk"
     options = {}
+    fused_gate = beta_logits = l2norm_qk = True
+    output_formats = {"o": "bf16", "S": "float32"}
 
     def __init__(self, fn, **opts):
         super().__init__(fn, **opts)
@@ -235,6 +251,8 @@ class KdalabCudaKda(_TorchKda):
     module); without it every case is "not applicable"."""
     name = "kdalab-cuda"
     options = {}
+    fused_gate = beta_logits = l2norm_qk = True
+    output_formats = {"o": "bf16", "S": "float32"}
 
     def __init__(self, fn, **opts):
         import kdalab
@@ -306,6 +324,7 @@ class FlashMlaDecode(Adapter):
     op = "mla_decode"
     returns_state = False
     options = {"page": ("64", "*")}
+    output_formats = {"o": "bf16"}
 
     def __init__(self, fn, **opts):
         super().__init__(fn, **opts)
@@ -343,6 +362,7 @@ class KdalabCudaMlaDecode(Adapter):
     op = "mla_decode"
     returns_state = False
     options = {}
+    output_formats = {"o": "float32"}
 
     def __init__(self, fn, **opts):
         import kdalab

@@ -386,12 +386,14 @@ def catalogue(op: str = "kda", *, long: bool = False) -> List[Case]:
 
 
 def accepted_params(generator: str) -> set:
-    """The keyword parameters a generator accepts (those of the base KDA generator when it takes **kw)."""
+    """The keyword parameters a generator accepts (when it takes **kw, also those of the generator it passes them
+    to: mla_decode_random for the MLA decode generators, the base KDA generator for the others)."""
     import inspect
     out = set()
     for p in inspect.signature(GENERATORS[generator]).parameters.values():
         if p.kind is p.VAR_KEYWORD:
-            out |= {q for q in inspect.signature(_kda_base).parameters if q != "seed"}
+            base = mla_decode_random if generator.startswith("mla_decode") else _kda_base
+            out |= {q for q in inspect.signature(base).parameters if q != "seed"}
         elif p.name != "seed":
             out.add(p.name)
     return out

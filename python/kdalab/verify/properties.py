@@ -73,18 +73,19 @@ def _call(adapter, x) -> Tuple[np.ndarray, Optional[np.ndarray]]:
 class _Compare:
     """Collects budgeted comparisons; the worst ratio decides the verdict."""
 
-    def __init__(self, adapter, x):
-        self.adapter, self.x = adapter, x
+    def __init__(self, adapter, x, dO: Optional[np.ndarray] = None):
+        self.adapter, self.x, self.dO = adapter, x, dO  # dO: the upstream gradient of gradient comparisons
         self.worst: Tuple[float, float, float] = (-1.0, float("nan"), float("nan"))  # ratio, rel_rms, tol
         self.lines: List[str] = []
 
     def add(self, name: str, got: np.ndarray, want: np.ndarray) -> None:
         if got.shape != want.shape:
             raise Broken(f"{name} has shape {got.shape}, expected {want.shape}")
-        b = budget_mod.budget(self.adapter.op, self.adapter.precision, name, self.x)
+        b = budget_mod.budget(self.adapter.op, self.adapter.precision, name, self.x, self.adapter, self.dO)
         c = budget_mod.measure(got, want, name, b)
         ratio = c.rel_rms / b.tol if b.tol > 0 else float("inf")
-        self.lines.append(f"{name}: rel_rms {c.rel_rms:.3e}, max_abs {c.max_abs:.3e} (budget {b.tol:.1e}, {b.rule})")
+        self.lines.append(f"{name}: rel_rms {c.rel_rms:.3e}, max_abs {c.max_abs:.3e} (budget {b.tol:.2e} from "
+                          f"emulation {b.emulation:.2e} + output rounding {b.output_rounding:.2e}, {b.rule})")
         if ratio > self.worst[0]:
             self.worst = (ratio, c.rel_rms, b.tol)
 
@@ -342,7 +343,7 @@ def gradient_agreement(adapter, case: Case, x, opts) -> Result:
     got = _grad_call(adapter, x, dO)
     want = kdalab.kda_recurrent_backward(x["q"], x["k"], x["v"], x["g"], x["beta"], x["S0"], dO, scale=x["scale"],
                                          precision=opts.get("truth", "float64"))
-    c = _Compare(adapter, x)
+    c = _Compare(adapter, x, dO)
     for name, _ in GRADS + ((("dS0", "S0"),) if x["S0"] is not None else ()):
         if name in got:
             c.add(name, got[name], want[name])
