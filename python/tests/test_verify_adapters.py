@@ -98,6 +98,15 @@ def test_mla_cases_can_be_sized_for_kdalabs_decode_kernel():
         assert x["q"].shape[1:] == (16, 512) and x["cache"].shape[2] == 512, c.name
 
 
+def test_kdalab_kernel_adapters_run_their_own_entry_point_without_a_candidate(tmp_path):
+    from kdalab.verify.cli import main
+    out = str(tmp_path / "r.h5")
+    # at the default sizes every case is not applicable (exit 4) in any build; the report names the candidate run
+    assert main(["--op", "mla_decode", "--adapter", "kdalab-mla-cuda", "--cases", "mla/len1", "--out", out,
+                 "--quiet"]) == 4
+    assert kdalab.read_attr(out, "/verify", "candidate") == "kdalab._core:cuda_mla_decode"
+
+
 def test_bf16_rounded_candidate_is_within_bf16_noise_not_float64():
     def rounded(*a, **kw):
         o, S = numpy_kda(*a, **kw)

@@ -250,6 +250,7 @@ class KdalabCudaKda(_TorchKda):
     ("KV"); D = d_k = d_v in {64, 128, 256}; no varlen. The candidate is that entry point (None: looked up in the
     module); without it every case is "not applicable"."""
     name = "kdalab-cuda"
+    entry_point = "kdalab._core:cuda_kda_prefill"  # the candidate when none is given
     options = {}
     fused_gate = beta_logits = l2norm_qk = True
     output_formats = {"o": "bf16", "S": "float32"}
@@ -359,6 +360,7 @@ class KdalabCudaMlaDecode(Adapter):
     [B, N, d_c]; lens int32 [B]; fp32 output. H in {16, 32}, d_c = 512. The candidate is that entry point (None:
     looked up in the module); without it every case is "not applicable"."""
     name = "kdalab-mla-cuda"
+    entry_point = "kdalab._core:cuda_mla_decode"  # the candidate when none is given
     op = "mla_decode"
     returns_state = False
     options = {}

@@ -85,13 +85,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         out = None if a.no_report else (a.out or f"results/verify-{a.op}.h5")
         # validate everything before running anything, so bad input writes nothing
         select(a.op, cases, long=a.long, params=params)
-        adapters_mod.parse_spec(a.adapter or DEFAULTS[a.op][1])
+        name, _ = adapters_mod.parse_spec(a.adapter or DEFAULTS[a.op][1])
+        # kdalab's own kernels (kdalab-cuda, kdalab-mla-cuda) are their adapter's entry point unless --candidate
+        own = getattr(adapters_mod.ADAPTERS[name], "entry_point", None)
         import os
         if out is not None and os.path.exists(out):
             raise ValueError(f"--out {out} exists; a report is never overwritten (choose another name)")
         if out is not None:
             os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-        rep = run(a.candidate or DEFAULTS[a.op][0], a.op, cases, adapter=a.adapter, long=a.long, params=params,
+        rep = run(a.candidate or (None if own else DEFAULTS[a.op][0]), a.op, cases, adapter=a.adapter, long=a.long, params=params,
                   truth=a.truth, out=out, printer=printer,
                   command_line=" ".join(shlex.quote(s) for s in ["kdalab-verify"] + argv))
         if a.quiet:

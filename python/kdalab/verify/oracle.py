@@ -3,11 +3,11 @@ tensors are handed to it.
 
 KDA: kdalab.kda_recurrent (K3 report Eq. 1; docs/equations.md section 1); a varlen case is run one
 sequence at a time (the oracle has no cu_seqlens), each from its own S0 slot.
-MLA decode: kdalab.mla (DeepSeek-V2 Eqs. 9-19) on a layer whose weights are 0/1 selection matrices, so
-that the layer is exactly the absorbed attention core: x_t = [c_t | q_0 | ... | q_{n_h-1}],
-W_DKV picks c_t, W_Q picks the queries, W_UK = W_UV = I per head, no output gate, W_o puts the n_h
-attended latents back into x's query slots. Products with 0/1 weights are exact, so the layer's
-output row L-1 is the decode output over a cache of L tokens; its softmax scale is 1/sqrt(d_c).
+MLA decode: kdalab.mla_attend (the attention core of DeepSeek-V2 Eqs. 9-19, reference/mla.hpp
+mla_attend_absorbed) with W_UK = W_UV = I per head and no rope part, which is exactly the absorbed decode
+attention: the one query of row b (q_C = its n_h absorbed queries side by side) reads cache rows 0 .. L_b - 1;
+products with the identity are exact; the softmax scale is 1/sqrt(d_nope) = 1/sqrt(d_c). (The core, not the
+whole layer on 0/1 selection weights: those weights are [n_h d_c, (n_h + 1) d_c], 2 GB at n_h = 32, d_c = 512.)
 """
 from __future__ import annotations
 
@@ -37,37 +37,21 @@ def kda_truth(x: Dict[str, Any], precision: str = "float64") -> Tuple[np.ndarray
     return o, np.concatenate(states, axis=0)
 
 
-def _mla_selection_layer(n_h: int, d_c: int):
-    hidden = (n_h + 1) * d_c
-    eye = np.eye(d_c)
-    W_DKV = np.zeros((d_c, hidden))
-    W_DKV[:, :d_c] = eye
-    W_Q = np.zeros((n_h * d_c, hidden))
-    W_Q[:, d_c:] = np.eye(n_h * d_c)
-    W_UK = np.ascontiguousarray(np.tile(eye, (n_h, 1)))
-    W_o = np.zeros((hidden, n_h * d_c))
-    W_o[d_c:, :] = np.eye(n_h * d_c)
-    weights = {"W_DKV": W_DKV, "W_KR": np.zeros((0, hidden)), "W_Q": W_Q, "W_UK": W_UK, "W_UV": W_UK.copy(),
-               "W_o": W_o}
-    config = {"hidden": hidden, "n_h": n_h, "d_c": d_c, "d_nope": d_c, "d_v": d_c, "output_gate": False}
-    return weights, config
-
-
 def mla_decode_truth(x: Dict[str, Any], precision: str = "float64") -> Tuple[np.ndarray, None]:
     """(o [B, n_h, d_c], None) of an MLA decode case (the scale must be 1/sqrt(d_c))."""
     q, cache, lens = x["q"], x["cache"], x["cache_seqlens"]
     B, n_h, d_c = q.shape
     if not np.isclose(x["scale"], 1.0 / np.sqrt(d_c), rtol=1e-15, atol=0.0):
         raise ValueError(f"mla decode truth: scale = {x['scale']}; accepted: 1/sqrt(d_c) = {1 / np.sqrt(d_c)}")
-    weights, config = _mla_selection_layer(n_h, d_c)
+    eye = np.ascontiguousarray(np.tile(np.eye(d_c), (n_h, 1)))  # W_UK = W_UV = I per head
     o = np.zeros((B, n_h, d_c))
     for b in range(B):
         L = int(lens[b])
-        xin = np.zeros((L, (n_h + 1) * d_c))
-        xin[:, :d_c] = cache[b, :L]
-        xin[L - 1, d_c:] = q[b].reshape(-1)
-        y = kdalab.mla(xin, weights, config, eval="absorbed", precision=precision)
-        o[b] = y[L - 1, d_c:].reshape(n_h, d_c)
+        q_C = np.ascontiguousarray(q[b].reshape(1, n_h * d_c), dtype=np.float64)
+        C = np.ascontiguousarray(cache[b, :L], dtype=np.float64)
+        y = kdalab.mla_attend(q_C, np.zeros((1, 0)), C, np.zeros((L, 0)), eye, eye, n_h=n_h, eval="absorbed",
+                              precision=precision)
+        o[b] = y.reshape(n_h, d_c)
     return o, None
 
 

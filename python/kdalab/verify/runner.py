@@ -100,13 +100,13 @@ def line(r: Result) -> str:
     return f"{tag:<7}{r.case:<26}{r.prop:<20}{num:<18}{verdict}{extra}"
 
 
-def run(candidate: Union[str, Callable], op: str = "kda", cases: Optional[Sequence[Union[str, Case]]] = None, *,
+def run(candidate: Union[str, Callable, None], op: str = "kda", cases: Optional[Sequence[Union[str, Case]]] = None, *,
         adapter: Union[str, adapters_mod.Adapter, None] = None, long: bool = False,
         params: Optional[Dict[str, Any]] = None, truth: str = "float64", out: Optional[str] = None,
         command_line: str = "", printer: Optional[Callable[[str], None]] = print) -> Report:
     """Runs the catalogue (or `cases`: names, glob patterns or Case objects) of `op` against `candidate`
-    (a callable or "MODULE:FUNCTION") through `adapter` (a spec "NAME[:key=value,...]" or an Adapter; default the
-    canonical one of the op). Prints one line per case and the summary unless printer is None; writes the HDF5
+    (a callable or "MODULE:FUNCTION"; None: the adapter's own entry point, kdalab-cuda and kdalab-mla-cuda) through
+    `adapter` (a spec "NAME[:key=value,...]" or an Adapter; default the canonical one of the op). Prints one line per case and the summary unless printer is None; writes the HDF5
     report to `out` when given (refusing an existing file). Returns the Report."""
     if op not in DEFAULTS:
         raise ValueError(f"op = {op!r}; accepted: {', '.join(DEFAULTS)}")
@@ -121,6 +121,8 @@ def run(candidate: Union[str, Callable], op: str = "kda", cases: Optional[Sequen
         adapters_mod.make_adapter(adapter or DEFAULTS[op][1], fn)
     if ad.op != op:
         raise ValueError(f"--adapter {ad.name} runs {ad.op}, not --op {op}")
+    if candidate is None:
+        cand_name = getattr(ad, "entry_point", "None")
     if cases is not None and all(isinstance(c, Case) for c in cases):
         selected = list(cases)
     else:
