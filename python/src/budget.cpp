@@ -168,7 +168,9 @@ KdaCheckOp kda_sequence(const KdaCheckOp& c, std::size_t t0, std::size_t t1, std
 }
 
 /// Appends the values of `part` to `all` (sequences of a varlen problem, batch rows of an MLA decode).
-void append(Tensor<double>& all, const Tensor<double>& part) { all.data.insert(all.data.end(), part.data.begin(), part.data.end()); }
+void append(Tensor<double>& all, const Tensor<double>& part) {
+  all.data.insert(all.data.end(), part.data.begin(), part.data.end());
+}
 
 nb::dict budget_kda(const Array& q, const Array& k, const Array& v, const Array& g, const Array& beta,
                     const std::optional<Array>& S0, double scale, const std::string& precision,

@@ -93,8 +93,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise ValueError(f"--out {out} exists; a report is never overwritten (choose another name)")
         if out is not None:
             os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-        rep = run(a.candidate or (None if own else DEFAULTS[a.op][0]), a.op, cases, adapter=a.adapter, long=a.long, params=params,
-                  truth=a.truth, out=out, printer=printer,
+        rep = run(a.candidate or (None if own else DEFAULTS[a.op][0]), a.op, cases, adapter=a.adapter, long=a.long,
+                  params=params, truth=a.truth, out=out, printer=printer,
                   command_line=" ".join(shlex.quote(s) for s in ["kdalab-verify"] + argv))
         if a.quiet:
             print(rep.summary())

@@ -393,5 +393,6 @@ def check_case(adapter, case: Case, opts: Optional[Dict[str, Any]] = None) -> Re
         return PROPERTIES[case.prop](adapter, case, x, opts)
     except Broken as e:
         return Result(case.name, case.prop, BROKEN, False, detail=str(e))
-    except kdalab.Error as e:  # the oracle refused the case's inputs: nothing was checked
-        return Result(case.name, case.prop, NA, False, detail=f"the oracle cannot form the truth: {e}")
+    except kdalab.Error as e:  # the oracle or the budget rule refused the case's inputs: nothing was checked
+        return Result(case.name, case.prop, NA, False,
+                      detail=f"the oracle or the budget rule cannot judge the case: {e}")

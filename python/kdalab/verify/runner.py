@@ -106,8 +106,9 @@ def run(candidate: Union[str, Callable, None], op: str = "kda", cases: Optional[
         command_line: str = "", printer: Optional[Callable[[str], None]] = print) -> Report:
     """Runs the catalogue (or `cases`: names, glob patterns or Case objects) of `op` against `candidate`
     (a callable or "MODULE:FUNCTION"; None: the adapter's own entry point, kdalab-cuda and kdalab-mla-cuda) through
-    `adapter` (a spec "NAME[:key=value,...]" or an Adapter; default the canonical one of the op). Prints one line per case and the summary unless printer is None; writes the HDF5
-    report to `out` when given (refusing an existing file). Returns the Report."""
+    `adapter` (a spec "NAME[:key=value,...]" or an Adapter; default the canonical one of the op). Prints one line
+    per case and the summary unless printer is None; writes the HDF5 report to `out` when given (refusing an
+    existing file). Returns the Report."""
     if op not in DEFAULTS:
         raise ValueError(f"op = {op!r}; accepted: {', '.join(DEFAULTS)}")
     if truth not in ("float64", "mp50"):
