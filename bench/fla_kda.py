@@ -210,6 +210,25 @@ def _writable_folder(option, path, folder):
         raise UsageError(f"--{option} '{path}': folder '{folder}' is not writable")
 
 
+def check_folder(option, d, names, force):
+    """kdalab's output rule for the folder `d` of --`option` that the check files `names` go into: an existing
+    folder must be writable and hold none of them unless `force`; a missing one is created later, inside an
+    existing, writable folder. Returns the plan line; raises UsageError naming the option and path."""
+    if os.path.exists(d):
+        if not os.path.isdir(d):
+            raise UsageError(f"--{option} '{d}' exists and is not a folder; give a folder (created if missing)")
+        _writable_folder(option, d, d)
+        there = [n for n in names if os.path.lexists(os.path.join(d, n))]
+        if there and not force:
+            raise UsageError(f"--{option} '{d}': {os.path.join(d, there[0])} already exists"
+                             + (f" (and {len(there) - 1} more check files)" if len(there) > 1 else "")
+                             + "; pass --force to overwrite them (the old files are kept otherwise)")
+        return (f"check files -> {d}/ ({len(there)} of {len(names)} overwritten: --force)" if there
+                else f"check files -> {d}/ (new)")
+    _writable_folder(option, d, os.path.dirname(os.path.normpath(d)) or ".")
+    return f"check files -> {d}/ (folder created)"
+
+
 def check_outputs(args, ops):
     """kdalab's output rule for --json and (with --ops check) --check-dir, before anything is run or written:
     the folder exists and is writable, an existing file is overwritten only with --force. Returns a list of
@@ -228,20 +247,7 @@ def check_outputs(args, ops):
         d = args.check_dir
         if not d:
             raise UsageError("--check-dir: a folder name is required (e.g. --check-dir fla_check)")
-        if os.path.exists(d):
-            if not os.path.isdir(d):
-                raise UsageError(f"--check-dir '{d}' exists and is not a folder; give a folder (created if missing)")
-            _writable_folder("check-dir", d, d)
-            there = [n for n in (check_file_name(c) for c in ANCHOR_CASES) if os.path.lexists(os.path.join(d, n))]
-            if there and not args.force:
-                raise UsageError(f"--check-dir '{d}': {os.path.join(d, there[0])} already exists"
-                                 + (f" (and {len(there) - 1} more check files)" if len(there) > 1 else "")
-                                 + "; pass --force to overwrite them (the old files are kept otherwise)")
-            plan.append(f"check files -> {d}/ ({len(there)} of {len(ANCHOR_CASES)} overwritten: --force)" if there
-                        else f"check files -> {d}/ (new)")
-        else:
-            _writable_folder("check-dir", d, os.path.dirname(os.path.normpath(d)) or ".")
-            plan.append(f"check files -> {d}/ (folder created)")
+        plan.append(check_folder("check-dir", d, [check_file_name(c) for c in ANCHOR_CASES], args.force))
     return plan
 
 
@@ -544,39 +550,53 @@ class Harness:
 # files (no torch: numpy + h5py only)
 
 
-def write_check_file(path, arrays, scale, g_min, extra_attrs):
-    """One `kdalab check --op kda` input file (README.md "Checking your own kernel's tensors").
+def write_h5_check(path, datasets, scale, g_min, attrs, gzip_level):
+    """An HDF5 file of `kdalab check` (docs/check-format.md) with fla's KDA conventions: the K3 gate with this
+    g_min, L2-normalised q/k, beta as logits, this scale; then attrs (numbers as numbers, the rest as strings).
 
-    arrays: numpy float32 q, k [B,T,H,D]; v, g (gate logits) [B,T,HV,D]; beta (logits) [B,T,HV];
-    A_log [HV]; bias [HV,D]; S0 [B,HV,D,D]; o [B,T,HV,D] (bf16 values); S [B,HV,D,D] (fp32).
-    Written to PATH.tmp.<pid> and renamed, datasets of >= 4096 values gzip + shuffle compressed
-    (bf16-in-float32 halves; the device returns files of at most 16 MiB)."""
+    datasets: [(name, numpy array, dataset attributes, e.g. {"format": "bf16"} or {"layout": "KV"})] in file
+    order; float32 and float64 arrays are stored as they are, other dtypes as float32. Written to PATH.tmp.<pid>
+    and renamed, datasets of >= 4096 values gzip (gzip_level) + shuffle compressed."""
     import h5py
     import numpy as np
-    bf16 = ("q", "k", "v", "g", "beta", "o")
-    order = ("q", "k", "v", "g", "beta", "A_log", "bias", "S0", "o", "S")
     tmp = f"{path}.tmp.{os.getpid()}"
     try:
         with h5py.File(tmp, "w") as f:
-            for name in order:
-                a = np.ascontiguousarray(arrays[name], dtype=np.float32)
-                kw = dict(compression="gzip", compression_opts=4, shuffle=True) if a.size >= 4096 else {}
+            for name, a, dattrs in datasets:
+                a = np.ascontiguousarray(a)
+                if a.dtype not in (np.float32, np.float64):
+                    a = a.astype(np.float32)
+                kw = dict(compression="gzip", compression_opts=gzip_level, shuffle=True) if a.size >= 4096 else {}
                 d = f.create_dataset(name, data=a, **kw)
-                if name in bf16:
-                    d.attrs["format"] = "bf16"
-                if name in ("S0", "S"):
-                    d.attrs["layout"] = "KV"
+                for k, v in dattrs.items():
+                    d.attrs[k] = v
             f.attrs["scale"] = float(scale)
             f.attrs["l2norm_qk"] = 1
             f.attrs["gate"] = "k3"
             f.attrs["g_min"] = float(g_min)
             f.attrs["beta"] = "logits"
-            for k, v in extra_attrs.items():
+            for k, v in attrs.items():
                 f.attrs[k] = v if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def write_check_file(path, arrays, scale, g_min, extra_attrs):
+    """One `kdalab check --op kda` input file (README.md "Checking your own kernel's tensors").
+
+    arrays: numpy float32 q, k [B,T,H,D]; v, g (gate logits) [B,T,HV,D]; beta (logits) [B,T,HV];
+    A_log [HV]; bias [HV,D]; S0 [B,HV,D,D]; o [B,T,HV,D] (bf16 values); S [B,HV,D,D] (fp32).
+    Stored as float32 (write_h5_check), gzip level 4 (bf16-in-float32 halves; the device returns files of at
+    most 16 MiB)."""
+    import numpy as np
+    bf16 = ("q", "k", "v", "g", "beta", "o")
+    order = ("q", "k", "v", "g", "beta", "A_log", "bias", "S0", "o", "S")
+    datasets = [(name, np.ascontiguousarray(arrays[name], dtype=np.float32),
+                 {"format": "bf16"} if name in bf16 else {"layout": "KV"} if name in ("S0", "S") else {})
+                for name in order]
+    write_h5_check(path, datasets, scale, g_min, extra_attrs, gzip_level=4)
 
 
 def _finite_json(x):

@@ -69,7 +69,8 @@ import types
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fla_kda  # noqa: E402  (stdlib-only at import: fla's loading, the input conventions)
-from fla_kda import D, G_MIN, UsageError, _is_number, _writable_folder, fla_commit, load_fla, resolve_fla_root  # noqa: E402
+from fla_kda import (D, G_MIN, UsageError, _is_number, check_folder, elapsed, fla_commit, load_fla, log,  # noqa: E402
+                     resolve_fla_root, write_h5_check)
 
 DEFAULT_CASES = [(1, 64, 16), (1, 300, 16), (1, 1000, 16), (1, 4096, 16)]
 CANDIDATES = ("fla", "f64", "both")
@@ -79,12 +80,6 @@ LEAVES = ("q", "k", "v", "g", "beta", "A_log", "bias", "S0")
 BF16_INPUTS = ("q", "k", "v", "g", "beta", "do")
 FLA_BF16_GRADS = ("dq", "dk", "dv", "dg", "dbeta")
 KV_LAYOUT = ("S0", "dS", "dS0")
-
-T0 = time.monotonic()
-
-
-def log(*a):
-    print(*a, flush=True)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -166,21 +161,7 @@ def check_out_dir(args, cases):
     if not d:
         raise UsageError("--out-dir: a folder name is required (e.g. --out-dir fla_bwd)")
     names = [n for c in cases for n in file_names(c, args.candidate)]
-    if os.path.exists(d):
-        if not os.path.isdir(d):
-            raise UsageError(f"--out-dir '{d}' exists and is not a folder; give a folder (created if missing)")
-        _writable_folder("out-dir", d, d)
-        there = [n for n in names if os.path.lexists(os.path.join(d, n))]
-        if there and not args.force:
-            raise UsageError(f"--out-dir '{d}': {os.path.join(d, there[0])} already exists"
-                             + (f" (and {len(there) - 1} more check files)" if len(there) > 1 else "")
-                             + "; pass --force to overwrite them (the old files are kept otherwise)")
-        head = f"check files -> {d}/ ({len(there)} of {len(names)} overwritten: --force)" if there \
-            else f"check files -> {d}/ (new)"
-    else:
-        _writable_folder("out-dir", d, os.path.dirname(os.path.normpath(d)) or ".")
-        head = f"check files -> {d}/ (folder created)"
-    return [head] + ["  " + n for n in names]
+    return [check_folder("out-dir", d, names, args.force)] + ["  " + n for n in names]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -357,36 +338,19 @@ def rel_rms(a, b):
 def write_check_file(path, arrays, candidates, attrs):
     """One `kdalab check --op kda-bwd` file (docs/check-format.md): arrays are numpy inputs (float32) and
     upstream gradients; candidates numpy gradients (float32 holding bf16 for names in FLA_BF16_GRADS when
-    attrs['precision'] is bf16, else float32 / float64 as given). Written to PATH.tmp.<pid> and renamed;
-    datasets of >= 4096 values gzip + shuffle compressed."""
-    import h5py
-    import numpy as np
-    tmp = f"{path}.tmp.{os.getpid()}"
-    try:
-        with h5py.File(tmp, "w") as f:
-            for name, a in list(arrays.items()) + list(candidates.items()):
-                is_cand = name in candidates
-                a = np.ascontiguousarray(a)
-                if a.dtype not in (np.float32, np.float64):
-                    a = a.astype(np.float32)
-                kw = dict(compression="gzip", compression_opts=1, shuffle=True) if a.size >= 4096 else {}
-                d = f.create_dataset(name, data=a, **kw)
-                if (not is_cand and name in BF16_INPUTS) or (is_cand and attrs.get("precision") == "bf16"
-                                                            and name in FLA_BF16_GRADS):
-                    d.attrs["format"] = "bf16"
-                if name in KV_LAYOUT:
-                    d.attrs["layout"] = "KV"
-            f.attrs["scale"] = float(D ** -0.5)
-            f.attrs["l2norm_qk"] = 1
-            f.attrs["gate"] = "k3"
-            f.attrs["g_min"] = float(G_MIN)
-            f.attrs["beta"] = "logits"
-            for k, v in attrs.items():
-                f.attrs[k] = v if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    attrs['precision'] is bf16, else float32 / float64 as given). Written by fla_kda.write_h5_check (atomic,
+    gzip level 1)."""
+    bf16_cands = attrs.get("precision") == "bf16"
+
+    def dataset(name, a, bf16):
+        dattrs = {"format": "bf16"} if bf16 else {}
+        if name in KV_LAYOUT:
+            dattrs["layout"] = "KV"
+        return name, a, dattrs
+
+    datasets = [dataset(n, a, n in BF16_INPUTS) for n, a in arrays.items()] + \
+               [dataset(n, a, bf16_cands and n in FLA_BF16_GRADS) for n, a in candidates.items()]
+    write_h5_check(path, datasets, D ** -0.5, G_MIN, attrs, gzip_level=1)
 
 
 def run_case(torch, args, case, index, dev, fla, meta):
@@ -543,7 +507,7 @@ def main(argv=None):
     skipped, failed = [], 0
     for i, c in enumerate(cases):
         name = "B=%d T=%d H=%d" % c
-        if args.time_budget is not None and time.monotonic() - T0 > args.time_budget:
+        if args.time_budget is not None and elapsed() > args.time_budget:
             skipped.append(name)
             log(f"{name:<20} skipped (time budget)")
             continue
@@ -571,7 +535,7 @@ def main(argv=None):
         log(f"skipped for the time budget ({args.time_budget:.0f} s): {', '.join(skipped)}")
     log(f"then: for f in {args.out_dir}/fla_kda_bwd_*.h5; do build/cuda/experiments/kdalab check --op kda-bwd "
         "--in $f --out ${f%.h5}.report.h5; done")
-    log(f"{time.monotonic() - T0:.0f} s in all")
+    log(f"{elapsed():.0f} s in all")
     return 1 if failed else 0
 
 
