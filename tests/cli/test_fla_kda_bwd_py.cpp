@@ -10,47 +10,16 @@
 
 #include "tests/catch.hpp"
 #include "tests/cli/cli_util.hpp"
+#include "tests/cli/peer_script_util.hpp"
 
 namespace fs = std::filesystem;
 using namespace kdalab::testutil;
 
-namespace {
-
-bool have_python3() { return run_command("command -v python3 >/dev/null").code == 0; }
-
-/// A temp folder with fake/torch (raises on import) and fla/fla/ops/kda/__init__.py (raises on import).
-struct Fakes {
-  TempDir d;
-  Fakes() {
-    fs::create_directories(d.path / "fake" / "torch");
-    fs::create_directories(d.path / "fla" / "fla" / "ops" / "kda");
-    fs::create_directories(d.path / "out");
-    std::ofstream(d.path / "fake" / "torch" / "__init__.py") << "raise RuntimeError('torch was imported')\n";
-    std::ofstream(d.path / "fla" / "fla" / "ops" / "kda" / "__init__.py") << "raise RuntimeError('fla was imported')\n";
-  }
-  std::string out(const std::string& name) const { return (d.path / "out" / name).string(); }
-  /// python3 bench/fla_kda_bwd.py --fla-path <fake fla> <args>, with the fake torch first on the import path
-  RunResult run(const std::string& args) const {
-    return run_command("PYTHONPATH=" + (d.path / "fake").string() + " python3 bench/fla_kda_bwd.py --fla-path " +
-                       (d.path / "fla").string() + " " + args);
-  }
-  std::size_t out_count() const {
-    std::size_t n = 0;
-    for ([[maybe_unused]] const auto& e : fs::recursive_directory_iterator(d.path / "out")) ++n;
-    return n;
-  }
-};
-
-}  // namespace
-
 TEST_CASE("fla_kda_bwd.py: --help and --dry-run need neither torch nor fla; --dry-run plans one file per case and "
           "writes nothing",
           "[fla][python]") {
-  if (!have_python3()) {
-    WARN("python3 is not on the PATH: bench/fla_kda_bwd.py tests skipped");
-    return;
-  }
-  Fakes f;
+  if (skip_without_python3("bench/fla_kda_bwd.py")) return;
+  PeerScriptFakes f("bench/fla_kda_bwd.py");
   auto r = f.run("--help");
   INFO(r.output);
   CHECK(r.code == 0);
@@ -82,11 +51,8 @@ TEST_CASE("fla_kda_bwd.py: --help and --dry-run need neither torch nor fla; --dr
 TEST_CASE("fla_kda_bwd.py: an existing check file in --out-dir is refused without --force (exit 2, untouched), dry "
           "run or not",
           "[fla][python]") {
-  if (!have_python3()) {
-    WARN("python3 is not on the PATH: bench/fla_kda_bwd.py tests skipped");
-    return;
-  }
-  Fakes f;
+  if (skip_without_python3("bench/fla_kda_bwd.py")) return;
+  PeerScriptFakes f("bench/fla_kda_bwd.py");
   fs::create_directories(f.out("bwd"));
   std::ofstream(f.out("bwd/fla_kda_bwd_B1_T300_H16.h5")) << "old";
   for (const std::string& dry : {std::string("--dry-run "), std::string()}) {
@@ -114,11 +80,8 @@ TEST_CASE("fla_kda_bwd.py: an existing check file in --out-dir is refused withou
 
 TEST_CASE("fla_kda_bwd.py: bad arguments and output paths are usage errors (exit 2, one line, nothing written)",
           "[fla][python]") {
-  if (!have_python3()) {
-    WARN("python3 is not on the PATH: bench/fla_kda_bwd.py tests skipped");
-    return;
-  }
-  Fakes f;
+  if (skip_without_python3("bench/fla_kda_bwd.py")) return;
+  PeerScriptFakes f("bench/fla_kda_bwd.py");
   std::ofstream(f.out("afile")) << "x";
   struct Case {
     std::string args, says;

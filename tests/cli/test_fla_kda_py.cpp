@@ -11,46 +11,14 @@
 
 #include "tests/catch.hpp"
 #include "tests/cli/cli_util.hpp"
+#include "tests/cli/peer_script_util.hpp"
 
 namespace fs = std::filesystem;
 using namespace kdalab::testutil;
 
-
-namespace {
-
-bool have_python3() { return run_command("command -v python3 >/dev/null").code == 0; }
-
-/// A temp folder with fake/torch (raises on import) and fla/fla/ops/kda/__init__.py (raises on import).
-struct Fakes {
-  TempDir d;
-  Fakes() {
-    fs::create_directories(d.path / "fake" / "torch");
-    fs::create_directories(d.path / "fla" / "fla" / "ops" / "kda");
-    fs::create_directories(d.path / "out");
-    std::ofstream(d.path / "fake" / "torch" / "__init__.py") << "raise RuntimeError('torch was imported')\n";
-    std::ofstream(d.path / "fla" / "fla" / "ops" / "kda" / "__init__.py") << "raise RuntimeError('fla was imported')\n";
-  }
-  std::string out(const std::string& name) const { return (d.path / "out" / name).string(); }
-  /// python3 bench/fla_kda.py --fla-path <fake fla> <args>, with the fake torch first on the import path
-  RunResult run(const std::string& args) const {
-    return run_command("PYTHONPATH=" + (d.path / "fake").string() + " python3 bench/fla_kda.py --fla-path " +
-                       (d.path / "fla").string() + " " + args);
-  }
-  std::size_t out_count() const {
-    std::size_t n = 0;
-    for ([[maybe_unused]] const auto& e : fs::directory_iterator(d.path / "out")) ++n;
-    return n;
-  }
-};
-
-}  // namespace
-
 TEST_CASE("fla_kda.py: --help and --dry-run need neither torch nor fla; --dry-run writes nothing", "[fla][python]") {
-  if (!have_python3()) {
-    WARN("python3 is not on the PATH: bench/fla_kda.py tests skipped");
-    return;
-  }
-  Fakes f;
+  if (skip_without_python3("bench/fla_kda.py")) return;
+  PeerScriptFakes f("bench/fla_kda.py");
   auto r = f.run("--help");
   INFO(r.output);
   CHECK(r.code == 0);
@@ -72,11 +40,8 @@ TEST_CASE("fla_kda.py: --help and --dry-run need neither torch nor fla; --dry-ru
 
 TEST_CASE("fla_kda.py: an existing --json is refused without --force (exit 2, untouched), dry run or not",
           "[fla][python]") {
-  if (!have_python3()) {
-    WARN("python3 is not on the PATH: bench/fla_kda.py tests skipped");
-    return;
-  }
-  Fakes f;
+  if (skip_without_python3("bench/fla_kda.py")) return;
+  PeerScriptFakes f("bench/fla_kda.py");
   std::ofstream(f.out("t.json")) << "{\"old\": 1}\n";
   for (const std::string& dry : {std::string("--dry-run "), std::string()}) {
     const auto r = f.run(dry + "--ops kda-decode --json " + f.out("t.json"));
@@ -107,11 +72,8 @@ TEST_CASE("fla_kda.py: an existing --json is refused without --force (exit 2, un
 }
 
 TEST_CASE("fla_kda.py: an existing check file in --check-dir is refused without --force", "[fla][python]") {
-  if (!have_python3()) {
-    WARN("python3 is not on the PATH: bench/fla_kda.py tests skipped");
-    return;
-  }
-  Fakes f;
+  if (skip_without_python3("bench/fla_kda.py")) return;
+  PeerScriptFakes f("bench/fla_kda.py");
   fs::create_directories(f.out("chk"));
   std::ofstream(f.out("chk/fla_kda_B1_T300_H2.h5")) << "old";
   for (const std::string& dry : {std::string("--dry-run "), std::string()}) {
@@ -143,16 +105,13 @@ TEST_CASE("fla_kda.py: an existing check file in --check-dir is refused without 
   CHECK(r.code == 2);
   CHECK(has(r, "--check-dir"));
   CHECK(has(r, "does not exist"));
-  CHECK(f.out_count() == 2);  // chk and plain
+  CHECK(f.out_count() == 3);  // chk, its old check file and plain
 }
 
 TEST_CASE("fla_kda.py: shapes, --time-budget, --seed and paths through a file are usage errors (exit 2, no traceback)",
           "[fla][python]") {
-  if (!have_python3()) {
-    WARN("python3 is not on the PATH: bench/fla_kda.py tests skipped");
-    return;
-  }
-  Fakes f;
+  if (skip_without_python3("bench/fla_kda.py")) return;
+  PeerScriptFakes f("bench/fla_kda.py");
   std::ofstream(f.out("afile")) << "x";
   struct Case {
     std::string args, says;
