@@ -32,6 +32,13 @@ def test_help_lists_every_option():
     (["--cases", "no/such/*"], "no/such"),
     (["--param", "d_k"], "KEY=VALUE"),
     (["--replay", "r.h5"], "--case"),
+    (["--cases", ","], "--cases"),
+    (["--cases", ""], "--cases"),
+    (["--param", "d_k=abc"], "d_k"),
+    (["--param", "T=1e3"], "T"),
+    (["--param", "T=null"], "T"),
+    (["--param", "no_such_param=1"], "no_such_param"),
+    (["--cases", "agree/T17", "--param", "log2_norm=2"], "log2_norm"),
 ])
 def test_bad_option_is_one_line_exit_2_and_writes_nothing(tmp_path, args, names):
     p = verify(*args, "--out", str(tmp_path / "r.h5"), cwd=tmp_path)
@@ -114,3 +121,4 @@ def test_everything_not_applicable_is_exit_4_never_a_pass(tmp_path):
                "--no-report", cwd=tmp_path)
     assert p.returncode == 4, p.stdout + p.stderr
     assert "n/a" in p.stdout and "ok " not in p.stdout
+

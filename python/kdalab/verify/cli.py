@@ -81,7 +81,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             rep = replay(a.replay, a.case, candidate=a.candidate, adapter=a.adapter, printer=printer)
             return rep.exit_code()
         params = _params(a.param)
-        cases = [s for s in a.cases.split(",") if s] if a.cases else None
+        cases = [s for s in a.cases.split(",") if s] if a.cases is not None else None
         out = None if a.no_report else (a.out or f"results/verify-{a.op}.h5")
         # validate everything before running anything, so bad input writes nothing
         select(a.op, cases, long=a.long, params=params)

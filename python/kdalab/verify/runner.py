@@ -13,7 +13,7 @@ import numpy as np
 import kdalab
 
 from . import adapters as adapters_mod
-from .cases import Case, catalogue, find, with_params
+from .cases import Case, catalogue, check_params, find, with_params
 from .properties import BROKEN, NA, OVER, WITHIN, Result, check_case
 
 DEFAULTS = {
@@ -81,6 +81,9 @@ def select(op: str, patterns: Optional[Iterable[str]] = None, *, long: bool = Fa
     """The catalogue cases of `op` whose names match any glob pattern (all when none), with parameter overrides.
     A pattern that names a case exactly selects it even when it is long."""
     pats = list(patterns or [])
+    if patterns is not None and not pats:  # `--cases ""` or `--cases ,`: not "every case", not "no case"
+        raise ValueError("--cases names no case (an empty list of patterns); give names or glob patterns, or leave "
+                         "--cases out for every case (`--list` shows them)")
     cs = catalogue(op, long=True)
     if pats:
         cs = [c for c in cs if any(fnmatch.fnmatchcase(c.name, p) for p in pats)
@@ -89,6 +92,7 @@ def select(op: str, patterns: Optional[Iterable[str]] = None, *, long: bool = Fa
             raise ValueError(f"--cases {','.join(pats)!r} matches no case of op {op}; `--list` shows them")
     else:
         cs = [c for c in cs if long or not c.long]
+    check_params(cs, params or {})
     return with_params(cs, params or {})
 
 
@@ -121,7 +125,7 @@ def run(candidate: Union[str, Callable], op: str = "kda", cases: Optional[Sequen
         adapters_mod.make_adapter(adapter or DEFAULTS[op][1], fn)
     if ad.op != op:
         raise ValueError(f"--adapter {ad.name} runs {ad.op}, not --op {op}")
-    if cases is not None and all(isinstance(c, Case) for c in cases):
+    if cases and all(isinstance(c, Case) for c in cases):
         selected = list(cases)
     else:
         selected = select(op, cases, long=long, params=params)
