@@ -122,3 +122,20 @@ def test_everything_not_applicable_is_exit_4_never_a_pass(tmp_path):
     assert p.returncode == 4, p.stdout + p.stderr
     assert "n/a" in p.stdout and "ok " not in p.stdout
 
+
+CANDIDATES = """
+import sys
+from kdalab.verify.candidates import numpy_kda
+def exits(*a, **k):
+    sys.exit(0)
+def interrupted(*a, **k):
+    raise KeyboardInterrupt
+"""
+
+
+def test_a_candidate_that_exits_is_broken_never_the_runs_exit_code(tmp_path):
+    (tmp_path / "cands_exit.py").write_text(CANDIDATES)
+    p = verify("--candidate", "cands_exit:exits", "--cases", "agree/T17", "--no-report", cwd=tmp_path)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "property broken" in p.stdout and "SystemExit" in p.stdout
+
