@@ -139,3 +139,15 @@ def test_a_candidate_that_exits_is_broken_never_the_runs_exit_code(tmp_path):
     assert p.returncode == 1, p.stdout + p.stderr
     assert "property broken" in p.stdout and "SystemExit" in p.stdout
 
+
+def test_interrupt_and_unwritable_report_are_one_line_without_traceback(tmp_path):
+    (tmp_path / "cands_exit.py").write_text(CANDIDATES)
+    out = tmp_path / "r.h5"
+    p = verify("--candidate", "cands_exit:interrupted", "--cases", "agree/T17", "--out", str(out), cwd=tmp_path)
+    assert p.returncode == 130 and not out.exists(), p.stderr
+    assert p.stderr.strip().splitlines() == ["kdalab-verify: interrupted; no report was written"], p.stderr
+    if os.path.isdir("/proc/self"):  # a folder where no file can be created, for every user
+        p = verify("--cases", "agree/T17", "--out", "/proc/kdalab-verify-report.h5", "--quiet", cwd=tmp_path)
+        assert p.returncode == 5, p.stderr
+        lines = p.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("kdalab-verify: error:") and "nothing was written" in lines[0]

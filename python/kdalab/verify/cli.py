@@ -100,6 +100,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     except ValueError as e:
         sys.stderr.write(f"kdalab-verify: error: {e}\n")
         return 2
-    except OSError as e:
+    except (OSError, RuntimeError) as e:  # RuntimeError: the results writer's environment failure (no such folder,
+        # no space, permission), raised after the cases ran; nothing was written
         sys.stderr.write(f"kdalab-verify: error: {e}\n")
         return 5
+    except KeyboardInterrupt:  # Ctrl-C (also inside a candidate that hangs): one line, no traceback
+        sys.stderr.write("kdalab-verify: interrupted; no report was written\n")
+        return 130
