@@ -154,12 +154,31 @@ void register_check(Registry& reg) {
                                          "precision from {}",
                                          tol::budget_factor.value, format_name(judge.p), tol::budget_floor.value,
                                          judge.p_from);
+    // every budget before any line is printed: a budget that cannot be formed is bad input (one line, exit 2)
+    std::vector<Budget> budgets;
+    for (const auto& cand : res.cands) {
+      Budget b{NAN, NAN, o->tol};
+      if (!judge.tol_override) {
+        b = budget_of(cand.emulation.data, cand.truth.data, parse_format(cand.format, "format of '" + cand.name + "'"));
+        // an overflow in the emulation at p or in the truth stored in the candidate's format gives an infinite
+        // budget, which every finite candidate (even all zeros) would pass: no verdict can be formed, bad input
+        require(std::isfinite(b.value),
+                "the budget of '" + cand.name + "' is not finite: " +
+                    (std::isfinite(b.output_rounding)
+                         ? "the plain algorithm at precision " + format_name(judge.p) + " (from " + judge.p_from +
+                               ") overflows on the file's inputs; give a --precision whose range holds them (fp32, "
+                               "fp64) or a constant --tol X"
+                         : "its truth overflows the candidate's format " + cand.format +
+                               "; store '" + cand.name + "' as float32 (or give a constant --tol X)") +
+                    "; nothing was written");
+      }
+      budgets.push_back(b);
+    }
+    std::size_t ci = 0;
     if (!res.cands.empty()) fmt::print("threshold: {}\n", threshold);
     for (const auto& cand : res.cands) {
       const ErrorMetrics m = compare(cand.x.data, cand.truth.data, cand.name);
-      Budget b{NAN, NAN, o->tol};
-      if (!judge.tol_override)
-        b = budget_of(cand.emulation.data, cand.truth.data, parse_format(cand.format, "format of '" + cand.name + "'"));
+      const Budget& b = budgets[ci++];
       const bool ok = within(m, b.value);
       std::string v = verdict_text(m, b.value);
       if (judge.tol_override && m.nan_count + m.inf_count == 0)

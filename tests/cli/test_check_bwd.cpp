@@ -1,7 +1,7 @@
 // `kdalab check --op kda-bwd | mla-bwd | attn-res-bwd` and the budget rule of every check: float64 gradients of the
 // reference are within the noise of their precision; a planted wrong-sign gradient is over budget (exit 1); the
 // budget does not depend on the candidate; a file whose only candidate is misspelt checks nothing (exit 4), forward
-// and backward alike.
+// and backward alike; a budget that overflows is bad input, never a pass.
 #include <H5Cpp.h>
 
 #include <map>
@@ -200,4 +200,33 @@ TEST_CASE("check --op mla-bwd and attn-res-bwd: the reference's float64 gradient
     CHECK(num(d.file("ra.h5"), "rel_rms", n) <= 1e-12);
     CHECK(cell(d.file("ra.h5"), "verdict", n) == "within the noise of its precision");
   }
+}
+
+TEST_CASE("check: a budget that overflows (the plain algorithm at the declared precision, or the truth in the "
+          "candidate's format) is bad input: exit 2, nothing written, never a pass",
+          "[check]") {
+  TempDir d;
+  std::mt19937_64 gen(7);
+  // |v| ~ 1e5 > 65504, the largest fp16; the candidates are zeros: wrong by a relative RMS of 1
+  const Tensor<double> v = normal({3, 2, 4}, gen, 1e5), w = normal({4}, gen), dh = normal({2, 4}, gen);
+  write(d.file("ar.h5"), {{"v", v}, {"w", w}, {"h", Tensor<double>({2, 4})}}, {{"eps", 1e-6}}, {{"mode", "full"}});
+  auto r = run_kdalab("check --op attn-res --precision fp16 --in " + d.file("ar.h5") + " --out " + d.file("r.h5"));
+  require_one_line_exit2(r);
+  CHECK(has(r, "the budget of 'h' is not finite: the plain algorithm at precision fp16"));
+  CHECK(!std::filesystem::exists(d.file("r.h5")));
+  {  // the same zeros declared fp16: the truth (~1e5) has no fp16 value
+    H5::H5File f(d.file("ar.h5"), H5F_ACC_RDWR);
+    H5::StrType st(H5::PredType::C_S1, H5T_VARIABLE);
+    f.openDataSet("h").createAttribute("format", st, H5::DataSpace(H5S_SCALAR)).write(st, std::string("fp16"));
+  }
+  r = run_kdalab("check --op attn-res --in " + d.file("ar.h5") + " --out " + d.file("r.h5"));
+  require_one_line_exit2(r);
+  CHECK(has(r, "the budget of 'h' is not finite: its truth overflows the candidate's format fp16"));
+  CHECK(!std::filesystem::exists(d.file("r.h5")));
+  write(d.file("arb.h5"), {{"v", v}, {"w", w}, {"do", dh}, {"dv", Tensor<double>({3, 2, 4})}, {"dw", Tensor<double>({4})}},
+        {{"eps", 1e-6}}, {{"mode", "full"}});
+  r = run_kdalab("check --op attn-res-bwd --precision fp16 --in " + d.file("arb.h5") + " --out " + d.file("r.h5"));
+  require_one_line_exit2(r);
+  CHECK(has(r, "the budget of 'dv' is not finite"));
+  CHECK(!std::filesystem::exists(d.file("r.h5")));
 }
