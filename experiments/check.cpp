@@ -87,6 +87,10 @@ void register_check(Registry& reg) {
     require(o->truth == "auto" || o->truth == "mp" || o->truth == "f64",
             "--truth '" + o->truth + "' is unknown; accepted: auto, mp, f64");
     require(std::isfinite(o->tol) && o->tol > 0, fmt::format("--tol {} is not accepted; give a number > 0", o->tol));
+    // --tol replaces the budget rule, whose only input --precision is: both given, one would be ignored silently
+    require(o->tol_opt->count() == 0 || o->precision.empty(),
+            "--precision " + o->precision + " sets the budget rule's precision and --tol replaces that rule; give "
+            "one of them, not both");
     // --in before --out: without an input there is nothing to report (run outside the repository, a missing --in
     // would otherwise be reported as "--out 'results/check.h5': folder 'results' does not exist"). InFile refuses an
     // empty --in and opens it as HDF5, so a directory or a text file given as --in is named before a bad --out.

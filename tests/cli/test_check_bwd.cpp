@@ -1,7 +1,7 @@
 // `kdalab check --op kda-bwd | mla-bwd | attn-res-bwd` and the budget rule of every check: float64 gradients of the
 // reference are within the noise of their precision; a planted wrong-sign gradient is over budget (exit 1); the
 // budget does not depend on the candidate; a file whose only candidate is misspelt checks nothing (exit 4), forward
-// and backward alike; a budget that overflows is bad input, never a pass.
+// and backward alike; a budget that overflows is bad input, never a pass; --precision with --tol is refused.
 #include <H5Cpp.h>
 
 #include <map>
@@ -228,5 +228,19 @@ TEST_CASE("check: a budget that overflows (the plain algorithm at the declared p
   r = run_kdalab("check --op attn-res-bwd --precision fp16 --in " + d.file("arb.h5") + " --out " + d.file("r.h5"));
   require_one_line_exit2(r);
   CHECK(has(r, "the budget of 'dv' is not finite"));
+  CHECK(!std::filesystem::exists(d.file("r.h5")));
+}
+
+TEST_CASE("check: --tol replaces the budget rule, so --precision with --tol is refused (exit 2, nothing written)",
+          "[check]") {
+  TempDir d;
+  const KdaCase c = kda_case();
+  auto ds = c.inputs();
+  ds["dq"] = c.g.dq;
+  write(d.file("in.h5"), ds, kKdaNum, kKdaStr);
+  const auto r = run_kdalab("check --op kda-bwd --truth f64 --tol 1e-3 --precision bf16 --in " + d.file("in.h5") +
+                            " --out " + d.file("r.h5"));
+  require_one_line_exit2(r);
+  CHECK(has(r, "--precision bf16 sets the budget rule's precision and --tol replaces that rule"));
   CHECK(!std::filesystem::exists(d.file("r.h5")));
 }
