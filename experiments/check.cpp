@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -25,6 +26,13 @@
 namespace kdalab::cli {
 
 using namespace check_detail;
+
+namespace {
+/// Whether every truth value is exactly zero (the relative error of a candidate is then undefined).
+bool zero_truth(const Tensor<double>& t) {
+  return std::all_of(t.data.begin(), t.data.end(), [](double x) { return x == 0.0; });
+}
+}  // namespace
 
 void register_check(Registry& reg) {
   auto& c = reg.add("check",
@@ -175,15 +183,23 @@ void register_check(Registry& reg) {
                          : "its truth overflows the candidate's format " + cand.format +
                                "; store '" + cand.name + "' as float32 (or give a constant --tol X)") +
                     "; nothing was written");
+        // an all-zero truth (e.g. do = 0, or dw with one source) has no relative error: compare() then measures the
+        // absolute ||x||_2 and the emulation's absolute error is the budget, without the relative floor 1e-12 (an
+        // absolute 1e-12 would pass a wrong candidate of small magnitude; an exact zero stays within)
+        if (zero_truth(cand.truth)) b.value = tol::budget_factor.value * (b.emulation + b.output_rounding);
       }
       budgets.push_back(b);
     }
     std::size_t ci = 0;
     if (!res.cands.empty()) fmt::print("threshold: {}\n", threshold);
     for (const auto& cand : res.cands) {
-      const ErrorMetrics m = compare(cand.x.data, cand.truth.data, cand.name);
+      ErrorMetrics m = compare(cand.x.data, cand.truth.data, cand.name);
+      // --tol is relative: against an all-zero truth any nonzero candidate is infinitely far (compare() would give
+      // the absolute ||x||_2, which a relative --tol must not judge)
+      if (judge.tol_override && zero_truth(cand.truth) && m.rel_rms > 0) m.rel_rms = INFINITY;
       const Budget& b = budgets[ci++];
       const bool ok = within(m, b.value);
+      const double ratio = m.rel_rms == 0 ? 0.0 : m.rel_rms / b.value;  // 0 / 0: an exact zero against a zero budget
       std::string v = verdict_text(m, b.value);
       if (judge.tol_override && m.nan_count + m.inf_count == 0)
         v = ok ? "within --tol" : fmt::format("over --tol by x{:.3g}", m.rel_rms / b.value);
@@ -191,11 +207,11 @@ void register_check(Registry& reg) {
       rep.row({cand.name, cand.format, m.rel_rms, m.max_abs, m.max_ulp_bf16, m.nan_count, m.inf_count,
                static_cast<std::int64_t>(m.n), b.value, static_cast<std::int64_t>(ok),
                judge.tol_override ? std::string("none") : format_name(judge.p), b.emulation, b.output_rounding, b.value,
-               m.rel_rms / b.value, v});
+               ratio, v});
       fmt::print("{:<8} rel RMS {:.3e}  max abs {:.3e}  max bf16 ulp {}  NaN {}  Inf {}  ({}, {} elements)  budget "
                  "{:.3e}  ratio {:.3g}  {}\n",
                  cand.name, m.rel_rms, m.max_abs, m.max_ulp_bf16, m.nan_count, m.inf_count, cand.format, m.n, b.value,
-                 m.rel_rms / b.value, v);
+                 ratio, v);
       verdict += fmt::format("{}{} {:.3e} {} {:.1e}", verdict.empty() ? "" : "; ", cand.name, m.rel_rms,
                              ok ? "<=" : ">", b.value);
     }

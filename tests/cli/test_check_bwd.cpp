@@ -4,6 +4,7 @@
 // and backward alike; a budget that overflows is bad input, never a pass; --precision with --tol is refused.
 #include <H5Cpp.h>
 
+#include <algorithm>
 #include <map>
 #include <random>
 #include <string>
@@ -243,4 +244,41 @@ TEST_CASE("check: --tol replaces the budget rule, so --precision with --tol is r
   require_one_line_exit2(r);
   CHECK(has(r, "--precision bf16 sets the budget rule's precision and --tol replaces that rule"));
   CHECK(!std::filesystem::exists(d.file("r.h5")));
+}
+
+TEST_CASE("check: an all-zero truth passes only a candidate as exact as the plain algorithm, under the budget rule "
+          "and under --tol (never the relative floor applied to an absolute error)",
+          "[check]") {
+  TempDir d;
+  std::mt19937_64 gen(9);
+  // one source: h = v_0 whatever w is, so the truth dw is exactly 0 (and dv = do)
+  AttnResCheckOp a{normal({1, 3, 8}, gen), normal({8}, gen), ResidualMode::full, 1, 1e-6};
+  const Tensor<double> dh = normal({3, 8}, gen);
+  const AttnResCheckGrads ag = attn_res_check_backward_truth<double>(a, dh);
+  REQUIRE(std::all_of(ag.dw.data.begin(), ag.dw.data.end(), [](double x) { return x == 0.0; }));
+  Tensor<double> dw_wrong({8});
+  for (auto& x : dw_wrong.data) x = 1e-14;  // wrong, and below the relative floor 1e-12 as an absolute error
+  for (const bool exact : {true, false}) {
+    write(d.file("ar.h5"), {{"v", a.v}, {"w", a.w}, {"do", dh}, {"dv", ag.dv}, {"dw", exact ? ag.dw : dw_wrong}},
+          {{"eps", 1e-6}}, {{"mode", "full"}});
+    const auto r = run_kdalab("check --op attn-res-bwd --truth mp --force --in " + d.file("ar.h5") + " --out " +
+                              d.file("r.h5"));
+    INFO(r.output);
+    CHECK(r.code == (exact ? 0 : 1));
+    CHECK(cell(d.file("r.h5"), "verdict", "dw").rfind(exact ? "within" : "over budget", 0) == 0);
+    CHECK(cell(d.file("r.h5"), "verdict", "dv") == "within the noise of its precision");
+  }
+  // --tol is a relative tolerance: a nonzero candidate against an all-zero truth (do = 0) is never within it
+  const KdaCase c = kda_case();
+  auto ds = c.inputs();
+  ds["do"] = Tensor<double>(c.dO.shape);
+  ds.erase("dS");
+  ds["dq"] = Tensor<double>(c.g.dq.shape);
+  for (auto& x : ds["dq"].data) x = 1e-6;
+  write(d.file("kda.h5"), ds, kKdaNum, kKdaStr);
+  const auto r = run_kdalab("check --op kda-bwd --truth f64 --tol 1e-3 --in " + d.file("kda.h5") + " --out " +
+                            d.file("rk.h5"));
+  INFO(r.output);
+  CHECK(r.code == 1);
+  CHECK(cell(d.file("rk.h5"), "verdict", "dq").rfind("over --tol", 0) == 0);
 }
