@@ -568,6 +568,11 @@ void register_parity(Registry& reg) {
   c.check = [o](Context& ctx) {
     auto given = [&](const char* name) { return ctx.app->get_option(name)->count() > 0; };
     if (o->backward) {  // the gradient mode's own defaults; options given explicitly still win
+      // options of the forward sweep that the gradient mode does not read: given, they would be ignored silently
+      for (const char* n : {"--C", "--state-precision", "--matmul-precision", "--windows"})
+        require(!given(n), std::string(n) + " has no effect with --backward (the gradient mode runs the recurrence's "
+                                            "backward in float64 / float32 / bf16-emu, with no chunk size, state or "
+                                            "matmul format, and no error windows); leave it out");
       if (!given("--T")) o->T = ctx.common.quick ? kBackwardQuickT : kBackwardT;
       if (!given("--dk")) o->dk = kBackwardD;
       if (!given("--dv")) o->dv = kBackwardD;
