@@ -39,6 +39,9 @@ def test_help_lists_every_option():
     (["--param", "T=null"], "T"),
     (["--param", "no_such_param=1"], "no_such_param"),
     (["--cases", "agree/T17", "--param", "log2_norm=2"], "log2_norm"),
+    (["--no-report"], "--no-report"),
+    (["--replay", "r.h5", "--case", "agree/T17"], "--out has no effect with --replay"),
+    (["--replay", "r.h5", "--case", "agree/T17", "--cases", "agree/*"], "--cases has no effect with --replay"),
 ])
 def test_bad_option_is_one_line_exit_2_and_writes_nothing(tmp_path, args, names):
     p = verify(*args, "--out", str(tmp_path / "r.h5"), cwd=tmp_path)

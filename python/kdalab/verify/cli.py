@@ -77,6 +77,18 @@ def main(argv: Optional[List[str]] = None) -> int:
             return 0
         if (a.replay is None) != (a.case is None):
             raise ValueError("--replay and --case go together")
+        # options that would have no effect are refused, never ignored
+        if a.out is not None and a.out == "":
+            raise ValueError("--out '': give a file name (e.g. --out results/verify-kda.h5) or --no-report")
+        if a.no_report and a.out is not None:
+            raise ValueError(f"--out {a.out} with --no-report: give one of them")
+        if a.replay is not None:
+            extra = [o for o, given in (("--cases", a.cases is not None), ("--param", bool(a.param)),
+                                        ("--long", a.long), ("--out", a.out is not None),
+                                        ("--no-report", a.no_report)) if given]
+            if extra:
+                raise ValueError(f"{extra[0]} has no effect with --replay (it re-runs the recorded case and writes no "
+                                 "report); leave it out")
         if a.replay:
             rep = replay(a.replay, a.case, candidate=a.candidate, adapter=a.adapter, printer=printer)
             return rep.exit_code()
