@@ -120,6 +120,14 @@ void register_check(Registry& reg) {
     for (const auto& n : unknown)
       fmt::print(stderr, "kdalab check: dataset '{}' matches no name of --op {} and is not checked; accepted: {}\n", n,
                  o->op, accepted);
+    // a candidate of the forward / backward sibling (which may share the file) is not checked by this --op: say so,
+    // or a file of forward outputs run with --op kda-bwd would read "no candidate" with exit 0 and nothing said
+    const bool bwd = o->op.size() > 4 && o->op.substr(o->op.size() - 4) == "-bwd";
+    const std::string sibling = bwd ? o->op.substr(0, o->op.size() - 4) : (o->op == "kda-decode" ? "kda" : o->op) + "-bwd";
+    for (const auto& n : InFile(o->in).root_names())
+      if (op_names(sibling).candidates.count(n) && !names.candidates.count(n))
+        fmt::print(stderr, "kdalab check: dataset '{}' is a candidate of --op {}, not of --op {}, and is not checked\n",
+                   n, sibling, o->op);
     judge.before_truth = [&](std::size_t n_cands) {
       if (n_cands == 0 && !unknown.empty()) {
         std::string cands;
@@ -225,7 +233,8 @@ void register_check(Registry& reg) {
     for (const auto& t : res.truths) f->write_array("check", t.name, t.t, "1", t.description, t.attrs);
     std::string line;
     if (res.cands.empty()) {
-      line = "check: no candidate in the file; wrote the " + res.truth_name + " truth to " + ctx.common.out;
+      line = "check: no candidate of --op " + o->op + " in the file; wrote the " + res.truth_name + " truth to " +
+             ctx.common.out;
     } else {
       f->write_table("check/report", rep);
       line = fmt::format("check: {} ({}; truth {})", all ? "PASS" : "FAIL", verdict, res.truth_name);

@@ -1,7 +1,8 @@
 // `kdalab check --op kda-bwd | mla-bwd | attn-res-bwd` and the budget rule of every check: float64 gradients of the
 // reference are within the noise of their precision; a planted wrong-sign gradient is over budget (exit 1); the
 // budget does not depend on the candidate; a file whose only candidate is misspelt checks nothing (exit 4), forward
-// and backward alike; a budget that overflows is bad input, never a pass; --precision with --tol is refused.
+// and backward alike; a budget that overflows is bad input, never a pass; --precision with --tol is refused; an
+// all-zero truth has no relative floor; a candidate of the sibling op is named as not checked.
 #include <H5Cpp.h>
 
 #include <algorithm>
@@ -281,4 +282,24 @@ TEST_CASE("check: an all-zero truth passes only a candidate as exact as the plai
   INFO(r.output);
   CHECK(r.code == 1);
   CHECK(cell(d.file("rk.h5"), "verdict", "dq").rfind("over --tol", 0) == 0);
+}
+
+TEST_CASE("check: a candidate of the forward / backward sibling is named on stderr as not checked", "[check]") {
+  TempDir d;
+  const KdaCase c = kda_case();
+  auto ds = c.inputs();
+  ds["o"] = Tensor<double>({1, 20, 2, 8});  // a forward output in a gradient check: not checked, and said so
+  write(d.file("in.h5"), ds, kKdaNum, kKdaStr);
+  auto r = run_kdalab("check --op kda-bwd --truth f64 --in " + d.file("in.h5") + " --out " + d.file("r.h5"));
+  INFO(r.output);
+  CHECK(r.code == 0);  // no gradient candidate: the truth gradients are written
+  CHECK(has(r, "dataset 'o' is a candidate of --op kda, not of --op kda-bwd, and is not checked"));
+  CHECK(has(r, "no candidate of --op kda-bwd in the file"));
+  ds.erase("o");
+  ds["dq"] = c.g.dq;
+  write(d.file("fwd.h5"), ds, kKdaNum, kKdaStr);
+  r = run_kdalab("check --op kda --truth f64 --in " + d.file("fwd.h5") + " --out " + d.file("rf.h5"));
+  INFO(r.output);
+  CHECK(r.code == 0);
+  CHECK(has(r, "dataset 'dq' is a candidate of --op kda-bwd, not of --op kda, and is not checked"));
 }
