@@ -103,7 +103,12 @@ void register_check(Registry& reg) {
     // would otherwise be reported as "--out 'results/check.h5': folder 'results' does not exist"). InFile refuses an
     // empty --in and opens it as HDF5, so a directory or a text file given as --in is named before a bad --out.
     check_input_files(ctx, "in");  // a FIFO --in would block the open forever (cli::check_input_files)
-    { const InFile probe(o->in); }
+    InFile probe(o->in);
+    // the root attribute precision is validated in every run: also without a candidate or with --tol, where the budget
+    // rule does not read it (a misspelt value would otherwise pass unnoticed until a candidate is added)
+    if (const auto p = probe.attr_str("/", "precision"))
+      require(*p == "bf16" || *p == "fp16" || *p == "fp32" || *p == "fp64",
+              probe.where() + ": root attribute precision = '" + *p + "' is unknown; accepted: bf16, fp16, fp32, fp64");
   };
   c.run = [o](Context& ctx) -> int {
     Outcome res;

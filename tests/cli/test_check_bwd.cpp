@@ -303,3 +303,21 @@ TEST_CASE("check: a candidate of the forward / backward sibling is named on stde
   CHECK(r.code == 0);
   CHECK(has(r, "dataset 'dq' is a candidate of --op kda-bwd, not of --op kda, and is not checked"));
 }
+
+TEST_CASE("check: a root attribute precision that is not a precision is refused also without a candidate or with --tol",
+          "[check]") {
+  TempDir d;
+  const KdaCase c = kda_case();
+  auto str = kKdaStr;
+  str["precision"] = "bf17";
+  for (const bool cand : {false, true}) {
+    auto ds = c.inputs();
+    if (cand) ds["dq"] = c.g.dq;
+    write(d.file("in.h5"), ds, kKdaNum, str);
+    const auto r = run_kdalab("check --op kda-bwd --truth f64 " + std::string(cand ? "--tol 1e-3 " : "") + "--in " +
+                              d.file("in.h5") + " --out " + d.file("r.h5"));
+    require_one_line_exit2(r);
+    CHECK(has(r, "root attribute precision = 'bf17' is unknown; accepted: bf16, fp16, fp32, fp64"));
+    CHECK(!std::filesystem::exists(d.file("r.h5")));
+  }
+}
