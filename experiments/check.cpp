@@ -196,6 +196,13 @@ void register_check(Registry& reg) {
                          : "its truth overflows the candidate's format " + cand.format +
                                "; store '" + cand.name + "' as float32 (or give a constant --tol X)") +
                     "; nothing was written");
+        // a budget >= 1 admits an all-zero candidate (relative RMS 1): the plain algorithm at p does not compute this
+        // tensor on these inputs (e.g. fp32 squares of |v| ~ 1e30 overflow inside it), so no verdict can be formed
+        require(zero_truth(cand.truth) || b.value < 1,
+                fmt::format("the budget of '{}' is {:.3g} >= 1: the plain algorithm at precision {} (from {}) is off by "
+                            "{:.0f}% on the file's inputs, so even an all-zero candidate would be within it; give a "
+                            "wider --precision (fp32, fp64) or a constant --tol X; nothing was written",
+                            cand.name, b.value, format_name(judge.p), judge.p_from, 100 * b.emulation));
         // an all-zero truth (e.g. do = 0, or dw with one source) has no relative error: compare() then measures the
         // absolute ||x||_2 and the emulation's absolute error is the budget, without the relative floor 1e-12 (an
         // absolute 1e-12 would pass a wrong candidate of small magnitude; an exact zero stays within)

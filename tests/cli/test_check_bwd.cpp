@@ -321,3 +321,20 @@ TEST_CASE("check: a root attribute precision that is not a precision is refused 
     CHECK(!std::filesystem::exists(d.file("r.h5")));
   }
 }
+
+TEST_CASE("check: a budget >= 1 (the plain algorithm at the precision no better than zeros) is bad input, never a pass",
+          "[check]") {
+  TempDir d;
+  std::mt19937_64 gen(11);
+  // |v| ~ 1e30 is a bf16 number, but its square overflows the fp32 RMSNorm of the plain algorithm at bf16
+  const Tensor<double> v = normal({3, 2, 4}, gen, 1e30, true), w = normal({4}, gen);
+  write(d.file("ar.h5"), {{"v", v}, {"w", w}, {"h", Tensor<double>({2, 4})}}, {{"eps", 1e-6}}, {{"mode", "full"}});
+  auto r = run_kdalab("check --op attn-res --precision bf16 --in " + d.file("ar.h5") + " --out " + d.file("r.h5"));
+  require_one_line_exit2(r);
+  CHECK(has(r, "the budget of 'h' is"));
+  CHECK(has(r, ">= 1: the plain algorithm at precision bf16"));
+  CHECK(!std::filesystem::exists(d.file("r.h5")));
+  r = run_kdalab("check --op attn-res --precision fp64 --in " + d.file("ar.h5") + " --out " + d.file("r.h5"));
+  INFO(r.output);
+  CHECK(r.code == 1);  // at fp64 the rule judges: the zeros are over budget
+}
