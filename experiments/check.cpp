@@ -196,9 +196,11 @@ void register_check(Registry& reg) {
                          : "its truth overflows the candidate's format " + cand.format +
                                "; store '" + cand.name + "' as float32 (or give a constant --tol X)") +
                     "; nothing was written");
-        // a budget >= 1 admits an all-zero candidate (relative RMS 1): the plain algorithm at p does not compute this
-        // tensor on these inputs (e.g. fp32 squares of |v| ~ 1e30 overflow inside it), so no verdict can be formed
-        require(zero_truth(cand.truth) || b.value < 1,
+        // an emulation term >= 1 admits an all-zero candidate (relative RMS 1): the plain algorithm at p does not
+        // compute this tensor on these inputs (e.g. fp32 squares of |v| ~ 1e30 overflow inside it), so no verdict can
+        // be formed. (The rounding term alone may reach 1 honestly: a truth below the smallest value of the
+        // candidate's format is stored as zeros.)
+        require(zero_truth(cand.truth) || tol::budget_factor.value * b.emulation < 1,
                 fmt::format("the budget of '{}' is {:.3g} >= 1: the plain algorithm at precision {} (from {}) is off by "
                             "{:.0f}% on the file's inputs, so even an all-zero candidate would be within it; give a "
                             "wider --precision (fp32, fp64) or a constant --tol X; nothing was written",
