@@ -112,6 +112,33 @@ def test_replay_from_the_command_line_uses_the_recorded_candidate(tmp_path, caps
     assert main(["--replay", out, "--case", "agree/T1"]) == 2
 
 
+@pytest.mark.parametrize("config, case_json, says", [
+    ("xx", None, "config is not JSON"),
+    ("[1, 2]", None, "config is not a verify run's"),
+    (None, "{}", "is damaged"),
+    (None, "nope", "is damaged"),
+    (None, "generator", "names the generator 'nosuch'"),
+])
+def test_replay_of_a_damaged_report_is_one_line_exit_2(tmp_path, capsys, config, case_json, says):
+    import json
+    from kdalab.verify.cases import find
+    name = "causal/T17-P16"
+    good = {"op": "kda", "candidate": "kdalab.verify.candidates:numpy_kda", "adapter": "canonical", "cases": [name]}
+    case = json.loads(find(name).to_json())
+    case["generator"] = "nosuch"
+    out = str(tmp_path / "r.h5")
+    with kdalab.ResultsFile(out, command_line="", config=config or json.dumps(good), seed="1") as f:
+        f.group("verify", "a damaged report")
+        f.group("verify/failures", "failures")
+        f.group("verify/failures/000", "one failure")
+        f.attr("verify/failures/000", "case", name)
+        f.attr("verify/failures/000", "case_json",
+               json.dumps(case) if case_json == "generator" else case_json or find(name).to_json())
+    assert main(["--replay", out, "--case", name]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("kdalab-verify: error: --replay") and says in err[0], err
+
+
 def test_long_cases_are_skipped_unless_asked(tmp_path):
     names = [c.name for c in kdalab.verify.catalogue("kda")]
     assert "agree/T1000" not in names and "agree/T65536" not in names and "adv/long-memory" not in names

@@ -13,7 +13,7 @@ import numpy as np
 import kdalab
 
 from . import adapters as adapters_mod
-from .cases import Case, catalogue, check_params, find, with_params
+from .cases import GENERATORS, Case, catalogue, check_params, find, with_params
 from .properties import BROKEN, NA, OVER, WITHIN, Result, check_case
 
 DEFAULTS = {
@@ -203,12 +203,27 @@ def replay(report: str, name: str, *, candidate: Union[str, Callable, None] = No
         raise ValueError(f"--replay {report}: no such file")
     if not kdalab.exists(report, "verify"):
         raise ValueError(f"--replay {report}: not a kdalab verify report (no group /verify)")
-    config = json.loads(str(kdalab.read_attr(report, "/", "config")))
+    # a damaged or foreign report is bad input naming what is wrong, never a traceback
+    try:
+        config = json.loads(str(kdalab.read_attr(report, "/", "config")))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--replay {report}: its root attribute config is not JSON ({e})") from e
+    if not isinstance(config, dict) or not isinstance(config.get("cases", []), list) or \
+            not all(k in config for k in ("op", "candidate", "adapter")):
+        raise ValueError(f"--replay {report}: its root attribute config is not a verify run's (a JSON object with "
+                         "op, candidate, adapter, cases)")
     case = None
     for m in kdalab.members(report, "verify/failures"):
         g = f"verify/failures/{m}"
         if str(kdalab.read_attr(report, g, "case")) == name:
-            case = Case.from_json(str(kdalab.read_attr(report, g, "case_json")))
+            try:
+                case = Case.from_json(str(kdalab.read_attr(report, g, "case_json")))
+            except (ValueError, TypeError) as e:
+                raise ValueError(f"--replay {report}: the reproducer of case {name!r} ({g}/case_json) is damaged "
+                                 f"({e})") from e
+            if case.generator not in GENERATORS:
+                raise ValueError(f"--replay {report}: the reproducer of case {name!r} names the generator "
+                                 f"{case.generator!r}, which is not one of kdalab's ({', '.join(GENERATORS)})")
     if case is None:
         if name not in config.get("cases", []):
             raise ValueError(f"--case {name!r} is not in {report}; its cases: {', '.join(config.get('cases', []))}")
