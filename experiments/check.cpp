@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -25,6 +26,13 @@
 namespace kdalab::cli {
 
 using namespace check_detail;
+
+namespace {
+/// Whether every truth value is exactly zero (the relative error of a candidate is then undefined).
+bool zero_truth(const Tensor<double>& t) {
+  return std::all_of(t.data.begin(), t.data.end(), [](double x) { return x == 0.0; });
+}
+}  // namespace
 
 void register_check(Registry& reg) {
   auto& c = reg.add("check",
@@ -87,11 +95,20 @@ void register_check(Registry& reg) {
     require(o->truth == "auto" || o->truth == "mp" || o->truth == "f64",
             "--truth '" + o->truth + "' is unknown; accepted: auto, mp, f64");
     require(std::isfinite(o->tol) && o->tol > 0, fmt::format("--tol {} is not accepted; give a number > 0", o->tol));
+    // --tol replaces the budget rule, whose only input --precision is: both given, one would be ignored silently
+    require(o->tol_opt->count() == 0 || o->precision.empty(),
+            "--precision " + o->precision + " sets the budget rule's precision and --tol replaces that rule; give "
+            "one of them, not both");
     // --in before --out: without an input there is nothing to report (run outside the repository, a missing --in
     // would otherwise be reported as "--out 'results/check.h5': folder 'results' does not exist"). InFile refuses an
     // empty --in and opens it as HDF5, so a directory or a text file given as --in is named before a bad --out.
     check_input_files(ctx, "in");  // a FIFO --in would block the open forever (cli::check_input_files)
-    { const InFile probe(o->in); }
+    InFile probe(o->in);
+    // the root attribute precision is validated in every run: also without a candidate or with --tol, where the budget
+    // rule does not read it (a misspelt value would otherwise pass unnoticed until a candidate is added)
+    if (const auto p = probe.attr_str("/", "precision"))
+      require(*p == "bf16" || *p == "fp16" || *p == "fp32" || *p == "fp64",
+              probe.where() + ": root attribute precision = '" + *p + "' is unknown; accepted: bf16, fp16, fp32, fp64");
   };
   c.run = [o](Context& ctx) -> int {
     Outcome res;
@@ -108,6 +125,14 @@ void register_check(Registry& reg) {
     for (const auto& n : unknown)
       fmt::print(stderr, "kdalab check: dataset '{}' matches no name of --op {} and is not checked; accepted: {}\n", n,
                  o->op, accepted);
+    // a candidate of the forward / backward sibling (which may share the file) is not checked by this --op: say so,
+    // or a file of forward outputs run with --op kda-bwd would read "no candidate" with exit 0 and nothing said
+    const bool bwd = o->op.size() > 4 && o->op.substr(o->op.size() - 4) == "-bwd";
+    const std::string sibling = bwd ? o->op.substr(0, o->op.size() - 4) : (o->op == "kda-decode" ? "kda" : o->op) + "-bwd";
+    for (const auto& n : InFile(o->in).root_names())
+      if (op_names(sibling).candidates.count(n) && !names.candidates.count(n))
+        fmt::print(stderr, "kdalab check: dataset '{}' is a candidate of --op {}, not of --op {}, and is not checked\n",
+                   n, sibling, o->op);
     judge.before_truth = [&](std::size_t n_cands) {
       if (n_cands == 0 && !unknown.empty()) {
         std::string cands;
@@ -154,13 +179,49 @@ void register_check(Registry& reg) {
                                          "precision from {}",
                                          tol::budget_factor.value, format_name(judge.p), tol::budget_floor.value,
                                          judge.p_from);
+    // every budget before any line is printed: a budget that cannot be formed is bad input (one line, exit 2)
+    std::vector<Budget> budgets;
+    for (const auto& cand : res.cands) {
+      Budget b{NAN, NAN, o->tol};
+      if (!judge.tol_override) {
+        b = budget_of(cand.emulation.data, cand.truth.data, parse_format(cand.format, "format of '" + cand.name + "'"));
+        // an overflow in the emulation at p or in the truth stored in the candidate's format gives an infinite
+        // budget, which every finite candidate (even all zeros) would pass: no verdict can be formed, bad input
+        require(std::isfinite(b.value),
+                "the budget of '" + cand.name + "' is not finite: " +
+                    (std::isfinite(b.output_rounding)
+                         ? "the plain algorithm at precision " + format_name(judge.p) + " (from " + judge.p_from +
+                               ") overflows on the file's inputs; give a --precision whose range holds them (fp32, "
+                               "fp64) or a constant --tol X"
+                         : "its truth overflows the candidate's format " + cand.format +
+                               "; store '" + cand.name + "' as float32 (or give a constant --tol X)") +
+                    "; nothing was written");
+        // an emulation term >= 1 admits an all-zero candidate (relative RMS 1): the plain algorithm at p does not
+        // compute this tensor on these inputs (e.g. fp32 squares of |v| ~ 1e30 overflow inside it), so no verdict can
+        // be formed. (The rounding term alone may reach 1 honestly: a truth below the smallest value of the
+        // candidate's format is stored as zeros.)
+        require(zero_truth(cand.truth) || tol::budget_factor.value * b.emulation < 1,
+                fmt::format("the budget of '{}' is {:.3g} >= 1: the plain algorithm at precision {} (from {}) is off by "
+                            "{:.0f}% on the file's inputs, so even an all-zero candidate would be within it; give a "
+                            "wider --precision (fp32, fp64) or a constant --tol X; nothing was written",
+                            cand.name, b.value, format_name(judge.p), judge.p_from, 100 * b.emulation));
+        // an all-zero truth (e.g. do = 0, or dw with one source) has no relative error: compare() then measures the
+        // absolute ||x||_2 and the emulation's absolute error is the budget, without the relative floor 1e-12 (an
+        // absolute 1e-12 would pass a wrong candidate of small magnitude; an exact zero stays within)
+        if (zero_truth(cand.truth)) b.value = tol::budget_factor.value * (b.emulation + b.output_rounding);
+      }
+      budgets.push_back(b);
+    }
+    std::size_t ci = 0;
     if (!res.cands.empty()) fmt::print("threshold: {}\n", threshold);
     for (const auto& cand : res.cands) {
-      const ErrorMetrics m = compare(cand.x.data, cand.truth.data, cand.name);
-      Budget b{NAN, NAN, o->tol};
-      if (!judge.tol_override)
-        b = budget_of(cand.emulation.data, cand.truth.data, parse_format(cand.format, "format of '" + cand.name + "'"));
+      ErrorMetrics m = compare(cand.x.data, cand.truth.data, cand.name);
+      // --tol is relative: against an all-zero truth any nonzero candidate is infinitely far (compare() would give
+      // the absolute ||x||_2, which a relative --tol must not judge)
+      if (judge.tol_override && zero_truth(cand.truth) && m.rel_rms > 0) m.rel_rms = INFINITY;
+      const Budget& b = budgets[ci++];
       const bool ok = within(m, b.value);
+      const double ratio = m.rel_rms == 0 ? 0.0 : m.rel_rms / b.value;  // 0 / 0: an exact zero against a zero budget
       std::string v = verdict_text(m, b.value);
       if (judge.tol_override && m.nan_count + m.inf_count == 0)
         v = ok ? "within --tol" : fmt::format("over --tol by x{:.3g}", m.rel_rms / b.value);
@@ -168,11 +229,11 @@ void register_check(Registry& reg) {
       rep.row({cand.name, cand.format, m.rel_rms, m.max_abs, m.max_ulp_bf16, m.nan_count, m.inf_count,
                static_cast<std::int64_t>(m.n), b.value, static_cast<std::int64_t>(ok),
                judge.tol_override ? std::string("none") : format_name(judge.p), b.emulation, b.output_rounding, b.value,
-               m.rel_rms / b.value, v});
+               ratio, v});
       fmt::print("{:<8} rel RMS {:.3e}  max abs {:.3e}  max bf16 ulp {}  NaN {}  Inf {}  ({}, {} elements)  budget "
                  "{:.3e}  ratio {:.3g}  {}\n",
                  cand.name, m.rel_rms, m.max_abs, m.max_ulp_bf16, m.nan_count, m.inf_count, cand.format, m.n, b.value,
-                 m.rel_rms / b.value, v);
+                 ratio, v);
       verdict += fmt::format("{}{} {:.3e} {} {:.1e}", verdict.empty() ? "" : "; ", cand.name, m.rel_rms,
                              ok ? "<=" : ">", b.value);
     }
@@ -186,7 +247,8 @@ void register_check(Registry& reg) {
     for (const auto& t : res.truths) f->write_array("check", t.name, t.t, "1", t.description, t.attrs);
     std::string line;
     if (res.cands.empty()) {
-      line = "check: no candidate in the file; wrote the " + res.truth_name + " truth to " + ctx.common.out;
+      line = "check: no candidate of --op " + o->op + " in the file; wrote the " + res.truth_name + " truth to " +
+             ctx.common.out;
     } else {
       f->write_table("check/report", rep);
       line = fmt::format("check: {} ({}; truth {})", all ? "PASS" : "FAIL", verdict, res.truth_name);

@@ -255,7 +255,9 @@ void naming_fixture(const std::string& path, F&& check) {
   try {
     check();
   } catch (const Error& e) {
-    throw Error("golden file '" + path + "': " + e.what() + "; regenerate with 'kdalab golden --regen --force' if the file was damaged");
+    const std::string what = e.what();
+    if (what.rfind("golden file '" + path + "'", 0) == 0) throw;  // it names the file already (and says what to do)
+    throw Error("golden file '" + path + "': " + what + "; regenerate with 'kdalab golden --regen --force' if the file was damaged");
   }
 }
 

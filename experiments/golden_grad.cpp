@@ -43,6 +43,20 @@ namespace {
 
 using Line = std::function<void(const std::string&, double, double)>;
 
+/// Relative RMS of a gradient computed now against the stored one, dataset `name` of fixture `path`. A stored
+/// tensor of another size or with a NaN / Inf is an error naming that dataset (a damaged fixture, exit 2).
+double vs_stored(const Tensor<double>& now, const std::string& path, const std::string& name) {
+  const Tensor<double> st = read_f64(path, name);
+  const std::string where = "golden file '" + path + "': dataset '" + name + "'";
+  const std::string fix = "; regenerate with 'kdalab golden --regen --force' if the file was damaged";
+  require(st.numel() == now.numel(), where + " has shape " + shape_str(st.shape) + ", expected " +
+                                         shape_str(now.shape) + fix);
+  for (std::size_t i = 0; i < st.numel(); ++i)
+    require(std::isfinite(st.data[i]),
+            where + " holds " + fmt::format("{}", st.data[i]) + " at flat index " + std::to_string(i) + fix);
+  return rel_rms(now.data, st.data);
+}
+
 // ---- KDA core ------------------------------------------------------------------------------------
 
 struct CoreCase {
@@ -146,7 +160,7 @@ void check_core(const std::string& path, const Line& line, const std::vector<Cor
     const auto compare = [&](const KdaGrad<double>& d, const std::string& label) {
       const auto gl = grad_list(d);
       for (std::size_t i = 0; i < gl.size(); ++i)
-        line(op + g + "/" + kGradNames[i] + label, rel_rms(gl[i]->data, read_f64(path, g + "/" + kGradNames[i]).data),
+        line(op + g + "/" + kGradNames[i] + label, vs_stored(*gl[i], path, g + "/" + kGradNames[i]),
              tol::backward_f64_vs_mp.value);
     };
     if (!chunked) {
@@ -200,7 +214,7 @@ void check_kda_layer_grad(const std::string& path, const Line& line) {
     line("kda_layer_grad" + g + " x, dy == generator (bit-exact)", same ? 0.0 : 1.0, 0.0);
     const KdaLayerGrad<double> d = kda_layer_backward<double>(c.cfg, w, x, dy);
     const auto cmp = [&](const std::string& n, const Tensor<double>& t) {
-      line("kda_layer_grad" + g + "/" + n, rel_rms(t.data, read_f64(path, g + "/" + n).data), tol::backward_f64_vs_mp.value);
+      line("kda_layer_grad" + g + "/" + n, vs_stored(t, path, g + "/" + n), tol::backward_f64_vs_mp.value);
     };
     cmp("dx", to_tensor(d.dx));
     for (auto [n, m] : kda_weight_mats(d.dw)) {
@@ -253,10 +267,10 @@ void check_mla_grad(const std::string& path, const Line& line) {
     for (const MlaEval eval : {MlaEval::naive, MlaEval::absorbed}) {
       const MlaLayerGrad<double> d = mla_prefill_backward<double>(c.cfg, w, x, dy, eval);
       const std::string label = " (" + mla_eval_name(eval) + ")";
-      line("mla_grad" + g + "/dx" + label, rel_rms(to_tensor(d.dx).data, read_f64(path, g + "/dx").data),
+      line("mla_grad" + g + "/dx" + label, vs_stored(to_tensor(d.dx), path, g + "/dx"),
            tol::backward_f64_vs_mp.value);
       for (auto [n, m] : mla_weight_mats(d.dw))
-        line("mla_grad" + g + "/dw/" + n + label, rel_rms(to_tensor(*m).data, read_f64(path, g + "/dw/" + n).data),
+        line("mla_grad" + g + "/dw/" + n + label, vs_stored(to_tensor(*m), path, g + "/dw/" + n),
              tol::backward_f64_vs_mp.value);
     }
   }
@@ -305,9 +319,9 @@ void check_attn_res_grad(const std::string& path, const Line& line) {
     line("attn_res_grad" + g + " dh == generator (bit-exact)", read_f64(path, g + "/dh").data == to_tensor(dh).data ? 0.0 : 1.0,
          0.0);
     const auto [dv, dw] = attn_res_grads<double>(fx, dh);
-    line("attn_res_grad" + g + "/dv (float64 vs mp50)", rel_rms(dv.data, read_f64(path, g + "/dv").data),
+    line("attn_res_grad" + g + "/dv (float64 vs mp50)", vs_stored(dv, path, g + "/dv"),
          tol::backward_f64_vs_mp.value);
-    line("attn_res_grad" + g + "/dw", rel_rms(dw.data, read_f64(path, g + "/dw").data), tol::backward_f64_vs_mp.value);
+    line("attn_res_grad" + g + "/dw", vs_stored(dw, path, g + "/dw"), tol::backward_f64_vs_mp.value);
   }
 }
 

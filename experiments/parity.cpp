@@ -411,8 +411,9 @@ int run_parity_backward(const ParityOptions& o, Context& ctx) {
       .col("truth_time_s", 'd', "s", "wall time of the truth's backward on this point");
   std::vector<std::string> notes;
   auto prog = ctx.progress("parity --backward", points.size() * o.impl.size());
-  fmt::print("{:<9}{:>7}{:>7}{:>6} {:<10}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}  truth\n", "impl", "T", "d_k", "d_v",
-             "gate", "dq", "dk", "dv", "dg", "dbeta", "dS0");
+  // the table's header goes out with its first row: a first point that cannot be allocated (exit 2) or run is then
+  // one error line, not a header and an error
+  bool header = false;
   for (std::size_t p = 0; p < points.size(); ++p) {
     const KdaGenSpec& s = points[p];
     const KdaInputs in = kda_inputs(s);
@@ -451,6 +452,9 @@ int run_parity_backward(const ParityOptions& o, Context& ctx) {
       row.emplace_back(r->seconds);
       row.emplace_back(tr.seconds);
       t.row(row);
+      if (!std::exchange(header, true))
+        fmt::print("{:<9}{:>7}{:>7}{:>6} {:<10}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}  truth\n", "impl", "T", "d_k", "d_v",
+                   "gate", "dq", "dk", "dv", "dg", "dbeta", "dS0");
       fmt::print("{:<9}{:>7}{:>7}{:>6} {:<10}{:>11.2e}{:>11.2e}{:>11.2e}{:>11.2e}{:>11.2e}{:>11.2e}  {}\n", impl, s.T,
                  s.d_k, s.d_v, gate_kind_name(s.gate), errs[0], errs[1], errs[2], errs[3], errs[4], errs[5], tk);
       prog.tick(1, label + " " + impl);
@@ -568,6 +572,11 @@ void register_parity(Registry& reg) {
   c.check = [o](Context& ctx) {
     auto given = [&](const char* name) { return ctx.app->get_option(name)->count() > 0; };
     if (o->backward) {  // the gradient mode's own defaults; options given explicitly still win
+      // options of the forward sweep that the gradient mode does not read: given, they would be ignored silently
+      for (const char* n : {"--C", "--state-precision", "--matmul-precision", "--windows"})
+        require(!given(n), std::string(n) + " has no effect with --backward (the gradient mode runs the recurrence's "
+                                            "backward in float64 / float32 / bf16-emu, with no chunk size, state or "
+                                            "matmul format, and no error windows); leave it out");
       if (!given("--T")) o->T = ctx.common.quick ? kBackwardQuickT : kBackwardT;
       if (!given("--dk")) o->dk = kBackwardD;
       if (!given("--dv")) o->dv = kBackwardD;

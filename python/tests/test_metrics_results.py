@@ -22,6 +22,12 @@ def test_nan_and_inf_fail_with_infinite_error():
     assert c.max_ulp_bf16 == np.iinfo(np.int64).max
 
 
+def test_an_all_zero_truth_passes_only_an_exact_zero():
+    c = kdalab.check(np.full(3, 1e-3), np.zeros(3), name="dw")
+    assert c.rel_rms == np.inf and not c.passed, c
+    assert kdalab.check(np.zeros(3), np.zeros(3), name="dw").passed
+
+
 def test_default_budget_is_check_default():
     value, why = kdalab.budgets()["check_default"]
     assert kdalab.CHECK_DEFAULT_TOL == value == 5.0e-3 and why

@@ -155,3 +155,11 @@ def test_assert_case_passes_names_the_case_and_seed():
 def test_assert_case_passes_skips_what_the_adapter_cannot_run():
     with pytest.raises(pytest.skip.Exception, match=NA):
         testing.assert_case_passes(numpy_kda, find("agree/T17"), adapter="flashkda")
+
+
+def test_a_complex_output_is_broken_never_read_as_its_real_part():
+    def complex_kda(*a, **k):
+        o, S = numpy_kda(*a, **k)
+        return o + 1e-3j, S
+    r = run(complex_kda, "kda", ["agree/T17"], printer=None).results[0]
+    assert r.verdict == "property broken" and "complex" in r.detail, r.detail

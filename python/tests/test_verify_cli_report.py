@@ -32,6 +32,16 @@ def test_help_lists_every_option():
     (["--cases", "no/such/*"], "no/such"),
     (["--param", "d_k"], "KEY=VALUE"),
     (["--replay", "r.h5"], "--case"),
+    (["--cases", ","], "--cases"),
+    (["--cases", ""], "--cases"),
+    (["--param", "d_k=abc"], "d_k"),
+    (["--param", "T=1e3"], "T"),
+    (["--param", "T=null"], "T"),
+    (["--param", "no_such_param=1"], "no_such_param"),
+    (["--cases", "agree/T17", "--param", "log2_norm=2"], "log2_norm"),
+    (["--no-report"], "--no-report"),
+    (["--replay", "r.h5", "--case", "agree/T17"], "--out has no effect with --replay"),
+    (["--replay", "r.h5", "--case", "agree/T17", "--cases", "agree/*"], "--cases has no effect with --replay"),
 ])
 def test_bad_option_is_one_line_exit_2_and_writes_nothing(tmp_path, args, names):
     p = verify(*args, "--out", str(tmp_path / "r.h5"), cwd=tmp_path)
@@ -102,6 +112,33 @@ def test_replay_from_the_command_line_uses_the_recorded_candidate(tmp_path, caps
     assert main(["--replay", out, "--case", "agree/T1"]) == 2
 
 
+@pytest.mark.parametrize("config, case_json, says", [
+    ("xx", None, "config is not JSON"),
+    ("[1, 2]", None, "config is not a verify run's"),
+    (None, "{}", "is damaged"),
+    (None, "nope", "is damaged"),
+    (None, "generator", "names the generator 'nosuch'"),
+])
+def test_replay_of_a_damaged_report_is_one_line_exit_2(tmp_path, capsys, config, case_json, says):
+    import json
+    from kdalab.verify.cases import find
+    name = "causal/T17-P16"
+    good = {"op": "kda", "candidate": "kdalab.verify.candidates:numpy_kda", "adapter": "canonical", "cases": [name]}
+    case = json.loads(find(name).to_json())
+    case["generator"] = "nosuch"
+    out = str(tmp_path / "r.h5")
+    with kdalab.ResultsFile(out, command_line="", config=config or json.dumps(good), seed="1") as f:
+        f.group("verify", "a damaged report")
+        f.group("verify/failures", "failures")
+        f.group("verify/failures/000", "one failure")
+        f.attr("verify/failures/000", "case", name)
+        f.attr("verify/failures/000", "case_json",
+               json.dumps(case) if case_json == "generator" else case_json or find(name).to_json())
+    assert main(["--replay", out, "--case", name]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("kdalab-verify: error: --replay") and says in err[0], err
+
+
 def test_long_cases_are_skipped_unless_asked(tmp_path):
     names = [c.name for c in kdalab.verify.catalogue("kda")]
     assert "agree/T1000" not in names and "agree/T65536" not in names and "adv/long-memory" not in names
@@ -114,3 +151,33 @@ def test_everything_not_applicable_is_exit_4_never_a_pass(tmp_path):
                "--no-report", cwd=tmp_path)
     assert p.returncode == 4, p.stdout + p.stderr
     assert "n/a" in p.stdout and "ok " not in p.stdout
+
+
+CANDIDATES = """
+import sys
+from kdalab.verify.candidates import numpy_kda
+def exits(*a, **k):
+    sys.exit(0)
+def interrupted(*a, **k):
+    raise KeyboardInterrupt
+"""
+
+
+def test_a_candidate_that_exits_is_broken_never_the_runs_exit_code(tmp_path):
+    (tmp_path / "cands_exit.py").write_text(CANDIDATES)
+    p = verify("--candidate", "cands_exit:exits", "--cases", "agree/T17", "--no-report", cwd=tmp_path)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "property broken" in p.stdout and "SystemExit" in p.stdout
+
+
+def test_interrupt_and_unwritable_report_are_one_line_without_traceback(tmp_path):
+    (tmp_path / "cands_exit.py").write_text(CANDIDATES)
+    out = tmp_path / "r.h5"
+    p = verify("--candidate", "cands_exit:interrupted", "--cases", "agree/T17", "--out", str(out), cwd=tmp_path)
+    assert p.returncode == 130 and not out.exists(), p.stderr
+    assert p.stderr.strip().splitlines() == ["kdalab-verify: interrupted; no report was written"], p.stderr
+    if os.path.isdir("/proc/self"):  # a folder where no file can be created, for every user
+        p = verify("--cases", "agree/T17", "--out", "/proc/kdalab-verify-report.h5", "--quiet", cwd=tmp_path)
+        assert p.returncode == 5, p.stderr
+        lines = p.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("kdalab-verify: error:") and "nothing was written" in lines[0]

@@ -1,10 +1,11 @@
 // `kdalab golden` and its fixture files: a missing, folder or FIFO fixture is named first (one line, exit 2, before
-// any 'ok' line, never blocking), with or without --regen / --force; run outside the repository root it names the
-// working directory.
+// any 'ok' line, never blocking), with or without --regen / --force; a damaged stored gradient is named once, with
+// its dataset; run outside the repository root it names the working directory.
 #include <sys/stat.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -99,4 +100,39 @@ TEST_CASE("golden run outside the repository root names the working directory in
   CHECK(r.output.find("working directory") != std::string::npos);
   CHECK(r.output.find("--dir") != std::string::npos);
   CHECK(!std::filesystem::exists(d.file("data")));  // nothing written there
+}
+
+TEST_CASE("golden names a damaged stored gradient (a NaN, another size) by its dataset, the file once, exit 2",
+          "[golden]") {
+  TempDir d;
+  const std::string g = d.file("g");
+  std::filesystem::create_directories(g);
+  for (const auto& e : std::filesystem::directory_iterator("data/golden"))
+    if (e.path().extension() == ".h5") std::filesystem::copy_file(e.path(), g + "/" + e.path().filename().string());
+  const std::string file = g + "/kda_recurrent_grad.h5", ds = "/grouped_T24/dq";
+  {
+    H5::H5File f(file, H5F_ACC_RDWR);
+    H5::DataSet x = f.openDataSet(ds);
+    std::vector<double> v(static_cast<std::size_t>(x.getSpace().getSimpleExtentNpoints()));
+    x.read(v.data(), H5::PredType::NATIVE_DOUBLE);
+    v[0] = std::nan("");
+    x.write(v.data(), H5::PredType::NATIVE_DOUBLE);
+  }
+  RunResult r = run_kdalab("golden --dir " + g);
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(has(r, "golden file '" + file + "': dataset '" + ds + "' holds nan at flat index 0"));
+  // the error line is the only one naming a file (the 'ok' lines name checks)
+  CHECK(count(r.output, "golden file '") == 1);
+  CHECK(count(r.output, "regenerate with") == 1);
+  {
+    H5::H5File f(file, H5F_ACC_RDWR);
+    f.unlink(ds);
+    write_f64(f, ds, {1, 24, 1, 5}, 0.5);  // 120 values where the gradient has 1 x 24 x 1 x 8
+  }
+  r = run_kdalab("golden --dir " + g);
+  INFO(r.output);
+  CHECK(r.code == 2);
+  CHECK(has(r, "dataset '" + ds + "' has shape [1, 24, 1, 5], expected [1, 24, 1, 8]"));
+  CHECK(count(r.output, "golden file '") == 1);
 }

@@ -44,7 +44,7 @@ TEST_CASE("parity --backward writes one relative RMS per gradient; float64 is at
 }
 
 TEST_CASE("parity --backward: bf16-emu alone without the emulation exits 3 and writes nothing; a forward-only "
-          "implementation exits 2",
+          "implementation or option, or a point too large to allocate, exits 2",
           "[parity]") {
   TempDir d;
   const std::string out = d.file("pb.h5");
@@ -61,5 +61,17 @@ TEST_CASE("parity --backward: bf16-emu alone without the emulation exits 3 and w
   INFO(r.output);
   require_one_line_exit2(r);
   CHECK(has(r, "--impl: 'twin-bf16' is not an implementation of --backward"));
+  CHECK(!std::filesystem::exists(out));
+  // options of the forward sweep that the gradient mode does not read are refused, never ignored
+  for (const std::string opt : {"--C 16", "--state-precision bf16", "--matmul-precision tf32", "--windows 4"}) {
+    r = run_kdalab("parity --backward --quick --dk 4 --dv 4 " + opt + " --out " + out);
+    require_one_line_exit2(r);
+    CHECK(has(r, opt.substr(0, opt.find(' ')) + " has no effect with --backward"));
+    CHECK(!std::filesystem::exists(out));
+  }
+  // a grid point too large to allocate is one error line (no table header before it), nothing written
+  r = run_kdalab("parity --backward --T 1000000000000 --dk 2 --dv 2 --out " + out);
+  require_one_line_exit2(r);
+  CHECK(has(r, "not enough memory"));
   CHECK(!std::filesystem::exists(out));
 }

@@ -29,6 +29,14 @@ import numpy as np
 Out = Tuple[np.ndarray, Optional[np.ndarray]]
 
 
+def _f64(a: Any, name: str) -> np.ndarray:
+    """A candidate's output as float64; a complex one is an error (numpy would keep its real part with a warning)."""
+    arr = np.asarray(a)
+    if np.iscomplexobj(arr):
+        raise TypeError(f"{name} has the complex dtype {arr.dtype}; a real array is expected")
+    return np.asarray(arr, dtype=np.float64)
+
+
 class Adapter:
     """Base of every adapter (see the module docstring)."""
     name = "base"
@@ -85,7 +93,7 @@ class CanonicalKda(Adapter):
     def __call__(self, x):
         o, S = self.fn(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=x["scale"], initial_state=x["S0"],
                        cu_seqlens=x["cu_seqlens"])
-        return np.asarray(o, dtype=np.float64), None if S is None else np.asarray(S, dtype=np.float64)
+        return _f64(o, "o"), None if S is None else _f64(S, "S")
 
     def backward_reason(self, x) -> Optional[str]:
         if not callable(getattr(self.fn, "backward", None)):
@@ -97,7 +105,7 @@ class CanonicalKda(Adapter):
         -> {"dq", "dk", "dv", "dg", "dbeta", "dS0"} shaped as the inputs (dq, dk summed over a key head's value
         heads), numpy float64."""
         d = self.fn.backward(x["q"], x["k"], x["v"], x["g"], x["beta"], dO, scale=x["scale"], initial_state=x["S0"])
-        return {k: np.asarray(a, dtype=np.float64) for k, a in d.items()}
+        return {k: _f64(a, k) for k, a in d.items()}
 
 
 def _torch():
@@ -312,7 +320,7 @@ class CanonicalMlaDecode(Adapter):
 
     def __call__(self, x):
         o = self.fn(x["q"], x["cache"], x["cache_seqlens"], scale=x["scale"])
-        return np.asarray(o, dtype=np.float64), None
+        return _f64(o, "o"), None
 
 
 class FlashMlaDecode(Adapter):

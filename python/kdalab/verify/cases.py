@@ -399,6 +399,49 @@ def accepted_params(generator: str) -> set:
     return out
 
 
+def _param_types(generator: str) -> Dict[str, str]:
+    """The annotation (as text, e.g. "int", "Optional[List[int]]") of every keyword parameter of a generator."""
+    import inspect
+    out: Dict[str, str] = {}
+    for g in (GENERATORS[generator], _kda_base):
+        for p in inspect.signature(g).parameters.values():
+            if p.kind is not p.VAR_KEYWORD and p.name != "seed":
+                out.setdefault(p.name, str(p.annotation))
+    return {k: v for k, v in out.items() if k in accepted_params(generator)}
+
+
+def _fits(value: Any, annotation: str) -> bool:
+    """Whether a --param value (read as JSON) has the type a generator parameter is annotated with."""
+    if annotation.startswith("Optional["):
+        return value is None or _fits(value, annotation[len("Optional["):-1])
+    if annotation == "bool":
+        return isinstance(value, bool)
+    if annotation == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation == "float":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation == "List[int]":
+        return isinstance(value, list) and all(_fits(x, "int") for x in value)
+    return True
+
+
+def check_params(cs: List[Case], params: Dict[str, Any]) -> None:
+    """ValueError naming the --param when no case of `cs` has a generator taking it (it would change nothing) or
+    when its value does not have the parameter's type (e.g. d_k=abc, T=1e3: the generator would raise a TypeError
+    inside the run)."""
+    for key, value in params.items():
+        types = {}
+        for c in cs:
+            types.update(_param_types(c.generator))
+        if key not in types:
+            accepted = sorted(set().union(*(accepted_params(c.generator) for c in cs))) if cs else []
+            raise ValueError(f"--param {key}={json.dumps(value)}: no selected case's generator takes {key!r}; "
+                             f"accepted: {', '.join(accepted)}")
+        if not _fits(value, types[key]):
+            raise ValueError(f"--param {key}={json.dumps(value)}: {key} is {types[key]}; give a value of that type "
+                             f"(e.g. {key}=16)")
+
+
 def with_params(cs: List[Case], params: Dict[str, Any]) -> List[Case]:
     """The cases with `params` overriding the generator parameters each generator accepts (e.g. d_k = 128)."""
     out = []

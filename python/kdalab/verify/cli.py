@@ -77,11 +77,23 @@ def main(argv: Optional[List[str]] = None) -> int:
             return 0
         if (a.replay is None) != (a.case is None):
             raise ValueError("--replay and --case go together")
+        # options that would have no effect are refused, never ignored
+        if a.out is not None and a.out == "":
+            raise ValueError("--out '': give a file name (e.g. --out results/verify-kda.h5) or --no-report")
+        if a.no_report and a.out is not None:
+            raise ValueError(f"--out {a.out} with --no-report: give one of them")
+        if a.replay is not None:
+            extra = [o for o, given in (("--cases", a.cases is not None), ("--param", bool(a.param)),
+                                        ("--long", a.long), ("--out", a.out is not None),
+                                        ("--no-report", a.no_report)) if given]
+            if extra:
+                raise ValueError(f"{extra[0]} has no effect with --replay (it re-runs the recorded case and writes no "
+                                 "report); leave it out")
         if a.replay:
             rep = replay(a.replay, a.case, candidate=a.candidate, adapter=a.adapter, printer=printer)
             return rep.exit_code()
         params = _params(a.param)
-        cases = [s for s in a.cases.split(",") if s] if a.cases else None
+        cases = [s for s in a.cases.split(",") if s] if a.cases is not None else None
         out = None if a.no_report else (a.out or f"results/verify-{a.op}.h5")
         # validate everything before running anything, so bad input writes nothing
         select(a.op, cases, long=a.long, params=params)
@@ -102,6 +114,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     except ValueError as e:
         sys.stderr.write(f"kdalab-verify: error: {e}\n")
         return 2
-    except OSError as e:
+    except (OSError, RuntimeError) as e:  # RuntimeError: the results writer's environment failure (no such folder,
+        # no space, permission), raised after the cases ran; nothing was written
         sys.stderr.write(f"kdalab-verify: error: {e}\n")
         return 5
+    except KeyboardInterrupt:  # Ctrl-C (also inside a candidate that hangs): one line, no traceback
+        sys.stderr.write("kdalab-verify: interrupted; no report was written\n")
+        return 130

@@ -63,7 +63,8 @@ def _call(adapter, x) -> Tuple[np.ndarray, Optional[np.ndarray]]:
         o, S = adapter(x)
     except Broken:
         raise
-    except Exception as e:  # the candidate's own failure is a finding, reported with its type
+    except (Exception, SystemExit) as e:  # the candidate's own failure is a finding, reported with its type; a
+        # SystemExit (sys.exit() inside the candidate) would otherwise end kdalab-verify with the candidate's code
         raise Broken(f"the candidate raised {type(e).__name__}: {e}") from e
     _finite("o", o)
     _finite("S", S)
@@ -306,7 +307,7 @@ GRADS = (("dq", "q"), ("dk", "k"), ("dv", "v"), ("dg", "g"), ("dbeta", "beta"))
 def _grad_call(adapter, x, dO) -> Dict[str, np.ndarray]:
     try:
         d = adapter.backward(x, dO)
-    except Exception as e:
+    except (Exception, SystemExit) as e:  # SystemExit: as in _call
         raise Broken(f"the candidate's backward raised {type(e).__name__}: {e}") from e
     for name, arr in d.items():
         _finite(name, arr)

@@ -13,7 +13,7 @@ import numpy as np
 import kdalab
 
 from . import adapters as adapters_mod
-from .cases import Case, catalogue, find, with_params
+from .cases import GENERATORS, Case, catalogue, check_params, find, with_params
 from .properties import BROKEN, NA, OVER, WITHIN, Result, check_case
 
 DEFAULTS = {
@@ -81,6 +81,9 @@ def select(op: str, patterns: Optional[Iterable[str]] = None, *, long: bool = Fa
     """The catalogue cases of `op` whose names match any glob pattern (all when none), with parameter overrides.
     A pattern that names a case exactly selects it even when it is long."""
     pats = list(patterns or [])
+    if patterns is not None and not pats:  # `--cases ""` or `--cases ,`: not "every case", not "no case"
+        raise ValueError("--cases names no case (an empty list of patterns); give names or glob patterns, or leave "
+                         "--cases out for every case (`--list` shows them)")
     cs = catalogue(op, long=True)
     if pats:
         cs = [c for c in cs if any(fnmatch.fnmatchcase(c.name, p) for p in pats)
@@ -89,6 +92,7 @@ def select(op: str, patterns: Optional[Iterable[str]] = None, *, long: bool = Fa
             raise ValueError(f"--cases {','.join(pats)!r} matches no case of op {op}; `--list` shows them")
     else:
         cs = [c for c in cs if long or not c.long]
+    check_params(cs, params or {})
     return with_params(cs, params or {})
 
 
@@ -124,7 +128,7 @@ def run(candidate: Union[str, Callable, None], op: str = "kda", cases: Optional[
         raise ValueError(f"--adapter {ad.name} runs {ad.op}, not --op {op}")
     if candidate is None:
         cand_name = getattr(ad, "entry_point", "None")
-    if cases is not None and all(isinstance(c, Case) for c in cases):
+    if cases and all(isinstance(c, Case) for c in cases):
         selected = list(cases)
     else:
         selected = select(op, cases, long=long, params=params)
@@ -202,12 +206,27 @@ def replay(report: str, name: str, *, candidate: Union[str, Callable, None] = No
         raise ValueError(f"--replay {report}: no such file")
     if not kdalab.exists(report, "verify"):
         raise ValueError(f"--replay {report}: not a kdalab verify report (no group /verify)")
-    config = json.loads(str(kdalab.read_attr(report, "/", "config")))
+    # a damaged or foreign report is bad input naming what is wrong, never a traceback
+    try:
+        config = json.loads(str(kdalab.read_attr(report, "/", "config")))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--replay {report}: its root attribute config is not JSON ({e})") from e
+    if not isinstance(config, dict) or not isinstance(config.get("cases", []), list) or \
+            not all(k in config for k in ("op", "candidate", "adapter")):
+        raise ValueError(f"--replay {report}: its root attribute config is not a verify run's (a JSON object with "
+                         "op, candidate, adapter, cases)")
     case = None
     for m in kdalab.members(report, "verify/failures"):
         g = f"verify/failures/{m}"
         if str(kdalab.read_attr(report, g, "case")) == name:
-            case = Case.from_json(str(kdalab.read_attr(report, g, "case_json")))
+            try:
+                case = Case.from_json(str(kdalab.read_attr(report, g, "case_json")))
+            except (ValueError, TypeError) as e:
+                raise ValueError(f"--replay {report}: the reproducer of case {name!r} ({g}/case_json) is damaged "
+                                 f"({e})") from e
+            if case.generator not in GENERATORS:
+                raise ValueError(f"--replay {report}: the reproducer of case {name!r} names the generator "
+                                 f"{case.generator!r}, which is not one of kdalab's ({', '.join(GENERATORS)})")
     if case is None:
         if name not in config.get("cases", []):
             raise ValueError(f"--case {name!r} is not in {report}; its cases: {', '.join(config.get('cases', []))}")
