@@ -7,6 +7,7 @@
 # Usage: bench/gpu_pass.sh [all|kda-prefill|kda-decode|mla-decode|...|none]   (default: all)
 # Env: TESTS="gpu_test_a gpu_test_b" runs only those GPU test binaries (default: all).
 # Env: SANITIZE=1 also runs each GPU test under compute-sanitizer memcheck (timeout SAN_TIMEOUT s each; serial).
+# Env: PY=1 also builds the Python package with CUDA, runs its tests and kdalab-verify on kdalab's kernels.
 # Env: PARALLEL=0 runs the GPU test binaries one after another (default 1: all at once, see below).
 # Exit status: 1 when a GPU test process failed (after everything else ran and was packed), else 0.
 set -u
@@ -55,6 +56,16 @@ else
   done
 fi
 step ctest-generator ctest --test-dir "$B" -R generator --output-on-failure
+# PY=1: the Python package's CUDA build and tests (python/gpu_check.sh; needs nanobind and pytest wheels in .whl/), then
+# kdalab-verify on kdalab's own KDA prefill and MLA decode kernels (unbuffered, with faulthandler: a crash names its frame)
+if [ "${PY:-0}" = 1 ]; then
+  step py-cuda bash python/gpu_check.sh || failed=$((failed + 1))
+  pyenv=(env PYTHONUNBUFFERED=1 "PYTHONPATH=${SITE:-/tmp/site}:$PWD/python:$PWD/$B/python" "KDALAB_BIN=$PWD/$B/experiments/kdalab")
+  step verify-kda "${pyenv[@]}" python3 -X faulthandler -m kdalab.verify --op kda --adapter kdalab-cuda \
+    --param d_k=128 --param d_v=128 --out "$OUT/verify-kda.h5"
+  step verify-mla "${pyenv[@]}" python3 -X faulthandler -m kdalab.verify --op mla_decode --adapter kdalab-mla-cuda \
+    --param n_h=16 --param d_c=512 --out "$OUT/verify-mla.h5"
+fi
 op=${1:-all}
 if [ "$op" != none ]; then
   peer=(); cmp=()
