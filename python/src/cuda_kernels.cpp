@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -122,26 +123,30 @@ std::size_t check_workspace(const Dev& ws, std::size_t need) {
 
 // ---- KDA ----------------------------------------------------------------------------------------------
 
-/// The prefill's arguments from the arrays (shapes from q [B, T, H, D] and v [B, T, HV, D]); no workspace.
-K::KdaPrefillArgs kda_prefill_args(const Dev& q, const Dev& k, const Dev& v, const Dev& g, const Dev& beta,
-                                   const Dev& A_log, const Dev& bias, const Dev& o, const std::optional<Dev>& S0,
-                                   const std::optional<Dev>& S_final, double g_min, double scale, bool l2norm_qk,
-                                   bool beta_sigmoid, bool single_stream) {
-  const auto sq = check_dev(q, "q", DType::bf16, 4);
-  const auto sv = check_dev(v, "v", DType::bf16, 4);
-  const std::size_t B = sq[0], T = sq[1], H = sq[2], D = sq[3], HV = sv[2];
-  check_shape(k, "k", DType::bf16, {B, T, H, D});
-  check_shape(v, "v", DType::bf16, {B, T, HV, D});
-  check_shape(g, "g", DType::bf16, {B, T, HV, D});
-  check_shape(beta, "beta", DType::bf16, {B, T, HV});
+/// The inputs the prefill and the decode step share, checked (device, dtype, contiguous, shape) and filled into `a`
+/// (a K::KdaPrefillArgs or K::KdaDecodeArgs): q, k [lead..., H, D]; v, g [lead..., HV, D]; beta [lead..., HV];
+/// A_log [HV]; bias [HV, D] (the gate), with lead = [B, T] for the prefill and [B] for the decode; also g_min,
+/// scale, l2norm_qk, beta_sigmoid. Returns the shape of q with H replaced by HV, i.e. that of o [lead..., HV, D].
+/// Errors: kdalab::Error naming the tensor or size.
+template <class Args>
+std::vector<std::size_t> kda_inputs(Args& a, const Dev& q, const Dev& k, const Dev& v, const Dev& g, const Dev& beta,
+                                    const Dev& A_log, const Dev& bias, double g_min, double scale, bool l2norm_qk,
+                                    bool beta_sigmoid) {
+  constexpr bool prefill = std::is_same_v<Args, K::KdaPrefillArgs>;
+  constexpr std::size_t lead = prefill ? 2 : 1;  // [B, T] or [B]
+  const auto sq = check_dev(q, "q", DType::bf16, lead + 2);
+  const auto sv = check_dev(v, "v", DType::bf16, lead + 2);
+  const std::size_t H = sq[lead], D = sq[lead + 1], HV = sv[lead];
+  auto heads = sq;  // lead..., H, D
+  check_shape(k, "k", DType::bf16, heads);
+  heads[lead] = HV;  // lead..., HV, D
+  check_shape(v, "v", DType::bf16, heads);
+  check_shape(g, "g", DType::bf16, heads);
+  check_shape(beta, "beta", DType::bf16, std::vector<std::size_t>(heads.begin(), heads.end() - 1));
   check_shape(A_log, "A_log", DType::f32, {HV});
   check_shape(bias, "bias", DType::f32, {HV, D});
-  check_shape(o, "o", DType::bf16, {B, T, HV, D});
-  if (S0) check_shape(*S0, "S0", DType::f32, {B, HV, D, D});
-  if (S_final) check_shape(*S_final, "S_final", DType::f32, {B, HV, D, D});
-  K::KdaPrefillArgs a;
-  a.B = as_int(B, "B");
-  a.T = as_int(T, "T");
+  a.B = as_int(sq[0], "B");
+  if constexpr (prefill) a.T = as_int(sq[1], "T");
   a.H = as_int(H, "H");
   a.HV = as_int(HV, "HV");
   a.D = as_int(D, "D");
@@ -156,6 +161,20 @@ K::KdaPrefillArgs kda_prefill_args(const Dev& q, const Dev& k, const Dev& v, con
   a.scale = static_cast<float>(scale);
   a.l2norm_qk = l2norm_qk;
   a.beta_sigmoid = beta_sigmoid;
+  return heads;
+}
+
+/// The prefill's arguments from the arrays (shapes from q [B, T, H, D] and v [B, T, HV, D]); no workspace.
+K::KdaPrefillArgs kda_prefill_args(const Dev& q, const Dev& k, const Dev& v, const Dev& g, const Dev& beta,
+                                   const Dev& A_log, const Dev& bias, const Dev& o, const std::optional<Dev>& S0,
+                                   const std::optional<Dev>& S_final, double g_min, double scale, bool l2norm_qk,
+                                   bool beta_sigmoid, bool single_stream) {
+  K::KdaPrefillArgs a;
+  const auto so = kda_inputs(a, q, k, v, g, beta, A_log, bias, g_min, scale, l2norm_qk, beta_sigmoid);
+  const std::size_t B = so[0], HV = so[2], D = so[3];
+  check_shape(o, "o", DType::bf16, so);
+  if (S0) check_shape(*S0, "S0", DType::f32, {B, HV, D, D});
+  if (S_final) check_shape(*S_final, "S_final", DType::f32, {B, HV, D, D});
   a.S0 = opt_ptr<const float>(S0);
   a.S_final = opt_ptr<float>(S_final);
   a.o = ptr<K::bf16_t>(o);
@@ -228,33 +247,11 @@ void bind_cuda(nb::module_& m) {
       [](const Dev& q, const Dev& k, const Dev& v, const Dev& g, const Dev& beta, const Dev& A_log, const Dev& bias,
          const Dev& state, const Dev& o, double g_min, double scale, bool l2norm_qk, bool beta_sigmoid,
          std::uintptr_t stream) {
-        const auto sq = check_dev(q, "q", DType::bf16, 3);
-        const auto sv = check_dev(v, "v", DType::bf16, 3);
-        const std::size_t B = sq[0], H = sq[1], D = sq[2], HV = sv[1];
-        check_shape(k, "k", DType::bf16, {B, H, D});
-        check_shape(v, "v", DType::bf16, {B, HV, D});
-        check_shape(g, "g", DType::bf16, {B, HV, D});
-        check_shape(beta, "beta", DType::bf16, {B, HV});
-        check_shape(A_log, "A_log", DType::f32, {HV});
-        check_shape(bias, "bias", DType::f32, {HV, D});
-        check_shape(state, "state", DType::f32, {B, HV, D, D});
-        check_shape(o, "o", DType::bf16, {B, HV, D});
         K::KdaDecodeArgs a;
-        a.B = as_int(B, "B");
-        a.H = as_int(H, "H");
-        a.HV = as_int(HV, "HV");
-        a.D = as_int(D, "D");
-        a.q = ptr<const K::bf16_t>(q);
-        a.k = ptr<const K::bf16_t>(k);
-        a.v = ptr<const K::bf16_t>(v);
-        a.g = ptr<const K::bf16_t>(g);
-        a.beta = ptr<const K::bf16_t>(beta);
-        a.gate.A_log = ptr<const float>(A_log);
-        a.gate.bias = ptr<const float>(bias);
-        a.gate.g_min = static_cast<float>(g_min);
-        a.scale = static_cast<float>(scale);
-        a.l2norm_qk = l2norm_qk;
-        a.beta_sigmoid = beta_sigmoid;
+        const auto so = kda_inputs(a, q, k, v, g, beta, A_log, bias, g_min, scale, l2norm_qk, beta_sigmoid);
+        const std::size_t B = so[0], HV = so[1], D = so[2];
+        check_shape(state, "state", DType::f32, {B, HV, D, D});
+        check_shape(o, "o", DType::bf16, so);
         a.state = ptr<float>(state);
         a.o = ptr<K::bf16_t>(o);
         K::kda_decode(a, stream_of(stream));
