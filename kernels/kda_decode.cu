@@ -67,8 +67,31 @@ __global__ void __launch_bounds__(D) kda_decode_kernel(DParams p) {
       nk = red[0][1][0];
 #pragma unroll
       for (int w = 1; w < NW; ++w) nk += red[w][1][0];
-      qi *= inv_l2norm(nq);
-      ki *= inv_l2norm(nk);
+      float iq = inv_l2norm(nq), ik = inv_l2norm(nk);
+      const float rq = l2norm_rescale(nq), rk = l2norm_rescale(nk);
+      if (rq != 1.0f || rk != 1.0f) {  // squared norm overflowed or underflowed: again at a power-of-two scale
+        __syncthreads();                // (block-uniform: nq, nk are the block's sums) every read of red is done
+        float aq = qi * rq, ak = ki * rk;
+        aq *= aq;
+        ak *= ak;
+#pragma unroll
+        for (int m = 16; m >= 1; m >>= 1) {
+          aq += __shfl_xor_sync(0xffffffffu, aq, m);
+          ak += __shfl_xor_sync(0xffffffffu, ak, m);
+        }
+        if (tid % 32 == 0) { red[warp][0][0] = aq; red[warp][1][0] = ak; }
+        __syncthreads();
+        aq = red[0][0][0];
+#pragma unroll
+        for (int w = 1; w < NW; ++w) aq += red[w][0][0];
+        ak = red[0][1][0];
+#pragma unroll
+        for (int w = 1; w < NW; ++w) ak += red[w][1][0];
+        iq = inv_l2norm(aq) * rq;
+        ik = inv_l2norm(ak) * rk;
+      }
+      qi *= iq;
+      ki *= ik;
       __syncthreads();
     }
     sq[i] = qi;

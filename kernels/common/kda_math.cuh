@@ -125,6 +125,14 @@ __device__ __forceinline__ float k3_gate(float g_raw, float ea, float bias, floa
 /// The fused L2Norm's factor 1 / ||x|| from the squared norm n2 (0 for a zero vector): rsqrtf (MUFU.RSQ,
 /// <= 2 ulp) instead of the IEEE sqrt and division (two roundings, two slow-path branches).
 __device__ __forceinline__ float inv_l2norm(float n2) { return n2 > 0 ? rsqrtf(n2) : 0.0f; }
+/// The power-of-two scale s of a second L2Norm pass, for a row whose squared norm n2 left [2^-100, 2^100]: squares
+/// that overflowed fp32 (|x| >~ 2^63 gives n2 = inf, so x / ||x|| = 0) or lost their bits to underflow (|x| <~ 2^-63;
+/// n2 = 0 below ~2^-75, so the row would vanish). Then 1 / ||x|| = s / ||s x||, exact since s is a power of two:
+/// s = 2^-80 above (bf16's largest |x| ~2^128 gives squares <= 2^96), 2^80 below (its smallest, 2^-133, gives
+/// 2^-106). 1 inside the range, so ordinary rows keep their bits (the second pass never runs for them).
+__device__ __forceinline__ float l2norm_rescale(float n2) {
+  return n2 > 0x1p100f ? 0x1p-80f : (n2 < 0x1p-100f ? 0x1p80f : 1.0f);
+}
 /// beta from its input: Sigmoid(beta_raw) when the beta sigmoid is fused, else the input itself.
 __device__ __forceinline__ float beta_of(float b, bool fused_sigmoid) { return fused_sigmoid ? sigmoidf_(b) : b; }
 

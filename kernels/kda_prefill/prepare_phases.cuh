@@ -45,7 +45,8 @@ __device__ __forceinline__ Seq seq_of(const Prm& p, int n) {
 
 /// L2Norm of q and k (q / ||q||, k / ||k||; K3 report, the fused q/k normalisation) for a row of channels spread
 /// over 16 consecutive lanes, N channels per lane: the squared norms reduced over the 16 lanes by xor shuffles
-/// (offsets 8, 4, 2, 1), then scaled by inv_l2norm (rsqrtf; 0 for a zero row). Every lane of the warp calls it.
+/// (offsets 8, 4, 2, 1), then scaled by inv_l2norm (rsqrtf; 0 for a zero row); a row whose squared norm overflows or
+/// underflows is reduced again at a power-of-two scale (l2norm_rescale). Every lane of the warp calls it.
 template <int N>
 __device__ __forceinline__ void l2norm_row16(float (&fq)[N], float (&fk)[N]) {
   float nq = 0, nk = 0;
@@ -56,7 +57,27 @@ __device__ __forceinline__ void l2norm_row16(float (&fq)[N], float (&fk)[N]) {
     nq += __shfl_xor_sync(0xffffffffu, nq, m);
     nk += __shfl_xor_sync(0xffffffffu, nk, m);
   }
-  const float iq = inv_l2norm(nq), ik = inv_l2norm(nk);
+  float iq = inv_l2norm(nq), ik = inv_l2norm(nk);
+  const float sq = l2norm_rescale(nq), sk = l2norm_rescale(nk);
+  // a row's squared norm out of fp32's safe range (overflow or underflow): every lane repeats the reduction on the
+  // rows scaled by their power of two (1 for the ordinary rows, which get the same bits again); warp-uniform branch
+  if (__any_sync(0xffffffffu, sq != 1.0f || sk != 1.0f)) {
+    nq = 0;
+    nk = 0;
+#pragma unroll
+    for (int e = 0; e < N; ++e) {
+      const float a = fq[e] * sq, c = fk[e] * sk;
+      nq += a * a;
+      nk += c * c;
+    }
+#pragma unroll
+    for (int m = 8; m >= 1; m >>= 1) {
+      nq += __shfl_xor_sync(0xffffffffu, nq, m);
+      nk += __shfl_xor_sync(0xffffffffu, nk, m);
+    }
+    iq = inv_l2norm(nq) * sq;
+    ik = inv_l2norm(nk) * sk;
+  }
 #pragma unroll
   for (int e = 0; e < N; ++e) { fq[e] *= iq; fk[e] *= ik; }
 }

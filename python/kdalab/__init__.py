@@ -11,6 +11,19 @@ from pkgutil import extend_path
 
 __path__ = extend_path(__path__, __name__)
 
+# A CUDA build of kdalab._core loads the CUDA toolkit's runtime and cuBLAS. torch imported after it aborted in its own
+# import ("free(): invalid pointer", seen on an H100 machine with torch 2.x); imported before it, both work. So a CUDA
+# build imports torch first when torch is installed (a CPU build never imports it).
+try:
+    from ._build_config import CUDA as _BUILT_WITH_CUDA
+except ImportError:  # a module built before _build_config.py existed
+    _BUILT_WITH_CUDA = False
+if _BUILT_WITH_CUDA:
+    from importlib.util import find_spec as _find_spec
+
+    if _find_spec("torch") is not None:
+        import torch  # noqa: F401
+
 from ._core import (
     BUDGET_FACTOR,
     BUDGET_FLOOR,

@@ -180,3 +180,15 @@ def test_bad_cuda_input_names_the_tensor_and_what_is_accepted(torch):
     with pytest.raises(kdalab.Error, match=r"D = 32 is not supported; accepted: D = d_k = d_v in \{64, 128, 256\}"):
         kc.kda_prefill(q, q, *[a[..., :32].contiguous() for a in args[2:4]], args[4],
                        A_log=x["A_log"], bias=x["bias"][:, :32].contiguous(), g_min=-5.0, scale=1.0)
+
+
+def test_torch_imports_after_kdalab_in_a_fresh_process(torch):
+    """`import kdalab` then `import torch` (the order a user's script may take) works in a CUDA build and a CUDA
+    tensor can then be made: the CUDA build imports torch before loading its own CUDA libraries."""
+    import subprocess
+    import sys
+
+    code = "import kdalab, torch; x = torch.ones(4, device='cuda'); print(int(x.sum().item()))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "4"

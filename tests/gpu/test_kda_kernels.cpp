@@ -91,6 +91,8 @@ struct PrefillCase {
   bool expect_overlapped = false;   // the rule overlaps the prepare with the state pass here
   bool rule_is_plan = false;        // the rule picks plan.state_pass here, and the unforced run gives the same bits
   bool per_sequence = false;        // every batch entry's o within twice the bound (a wrong offset cannot hide)
+  int qk_log2 = 0;  // raw q, k times 2^qk_log2 (exact in bf16) before the fused L2Norm: +-66 overflows / underflows
+                    // the squared norm in fp32, which must not change the normalised q, k
 
   std::string name() const {
     std::string s = "D=" + std::to_string(D) + " B=" + std::to_string(B) + " T=" + std::to_string(T) +
@@ -102,6 +104,7 @@ struct PrefillCase {
     s += S0 ? " S0" : " noS0";
     if (anchor) s += " anchor";
     if (long_memory) s += " long-memory";
+    if (qk_log2 != 0) s += " qk*2^" + std::to_string(qk_log2);
     s += plan.schedule == KdaSchedule::segments ? " segments P=" + std::to_string(plan.segments)
                                                 : std::string(" ") + pass_name(plan.state_pass);
     return s;
@@ -132,6 +135,13 @@ PrefillCase segments(std::size_t B, std::size_t T, std::size_t H, std::size_t gr
   c.long_memory = lm;
   c.twin_o = c.twin_S = true;
   c.other = Other::one_shot_margin;
+  return c;
+}
+/// Raw q, k at 2^e before the fused L2Norm: 2 sequences of 40 tokens (a partial last chunk), HV = 2H, S0 given.
+PrefillCase raw_qk_scaled(int e, std::size_t D) {
+  PrefillCase c = shape(2, 40, 1, 2, true, D);
+  c.qk_log2 = e;
+  c.per_sequence = true;
   return c;
 }
 PrefillCase with_plan(PrefillCase c, const Overrides& plan) {
@@ -185,6 +195,10 @@ std::vector<PrefillCase> shape_cases() {
   v.push_back(varlen({37, 16, 100, 1}));
   v.push_back(varlen({1, 1, 5, 31, 17, 1}));
   v.push_back(with_plan(varlen({37, 16, 100, 1}), force_pass(KdaStatePass::wgmma)));
+  for (const int e : {66, -66}) {
+    v.push_back(raw_qk_scaled(e, 128));
+    v.push_back(with_plan(raw_qk_scaled(e, 128), force_pass(KdaStatePass::wgmma)));
+  }
   return v;
 }
 
@@ -223,8 +237,18 @@ std::vector<PrefillCase> dim_cases() {
     }
     v.push_back(varlen({37, 16, 100, 1}, D));
     v.push_back(varlen({1, 1, 5, 31, 17, 1}, D));
+    for (const int e : {66, -66}) v.push_back(raw_qk_scaled(e, D));
   }
   return v;
+}
+
+/// Raw q and k times 2^e (exact in bf16 for the anchor inputs at |e| <= 66), derived tensors recomputed: the fused
+/// L2Norm must give the same normalised q, k, so the float64 truth does not move.
+void scale_raw_qk(KdaInputs& in, int e) {
+  if (e == 0) return;
+  for (auto& x : in.q_raw.data) x = std::ldexp(x, e);
+  for (auto& x : in.k_raw.data) x = std::ldexp(x, e);
+  derive_kda(in);
 }
 
 /// Runs one PrefillCase and checks it (see PrefillCase for what applies).
@@ -233,6 +257,7 @@ void check_prefill(const PrefillCase& c) {
   CAPTURE(name);
   KdaInputs in = make_inputs(c.B, c.T, c.H, c.group, c.anchor ? kAnchorSeed : fresh_seed(), c.D);
   if (c.long_memory) make_long_memory(in);
+  scale_raw_qk(in, c.qk_log2);
   const std::size_t D = c.D, HV = in.HV;
   std::optional<VarlenBatch> vb;
   if (!c.lens.empty()) vb.emplace(in, c.lens, fresh_seed());  // one S0 per sequence, written into in.S0 before the upload
@@ -351,13 +376,15 @@ struct DecodeCase {
   std::size_t D = 128;
   std::size_t B = 4, T0 = 37, steps = 5, H = 2, HV = 4;  // prefill-then-decode
   std::size_t B1 = 3, H1 = 4, HV1 = 4;                   // the one-step and graph problem
+  int qk_log2 = 0;  // raw q, k times 2^qk_log2 before the fused L2Norm (see PrefillCase::qk_log2)
 };
 
 void check_decode(const DecodeCase& c) {
   const std::size_t D = c.D;
-  CAPTURE(D);
+  CAPTURE(D, c.qk_log2);
   {
-    const KdaInputs in = make_inputs(c.B, c.T0 + c.steps, c.H, c.HV / c.H, fresh_seed(), D);
+    KdaInputs in = make_inputs(c.B, c.T0 + c.steps, c.H, c.HV / c.H, fresh_seed(), D);
+    scale_raw_qk(in, c.qk_log2);
     const DevInputs d(in);
     const auto ref = kda_truth(in);
     const auto full = run_prefill(prefill_args(in, d), c.B * in.T * c.HV * D, c.B * c.HV * D * D);
@@ -374,7 +401,8 @@ void check_decode(const DecodeCase& c) {
     CHECK(m_same_o.rel_rms <= 2 * tol::kda_bf16_goal.value);
     CHECK(m_same_S.rel_rms <= 2 * tol::kda_twin_state.value);
   }
-  const KdaInputs in = make_inputs(c.B1, 1, c.H1, c.HV1 / c.H1, fresh_seed(), D);
+  KdaInputs in = make_inputs(c.B1, 1, c.H1, c.HV1 / c.H1, fresh_seed(), D);
+  scale_raw_qk(in, c.qk_log2);
   const DevInputs d(in);
   const auto ref = kda_truth(in);
   kernels::KdaDecodeArgs dd;
@@ -444,6 +472,12 @@ TEST_CASE("decode (D = 64, 128, 256): prefill-then-decode == prefill and float64
     c.D = D;
     cases.push_back(c);
   }
+  for (const std::size_t D : {std::size_t{64}, std::size_t{128}, std::size_t{256}})
+    for (const int e : {66, -66}) {  // raw q, k whose squared norms overflow / underflow fp32
+      c.D = D;
+      c.qk_log2 = e;
+      cases.push_back(c);
+    }
   for (const DecodeCase& dc : cases) check_decode(dc);
 }
 
