@@ -156,6 +156,8 @@ def table(files):
     notes.append("- peer: the time from the run's `--peer-json` file (mla-decode: an absorbed decode in plain torch,")
     notes.append("  bench/torch_mla_decode.py); speedup = peer time / time.")
     notes.append("- In mla-decode rows T is the number of cached tokens N (one decode step).")
+    notes.append("- (naive): the MLA prefill that first rebuilds K and V from the latent cache with cuBLAS; the other "
+                 "mla-prefill rows are the absorbed kernel.")
     notes.append("")
     for f in used:
         a = f["attrs"]
