@@ -51,6 +51,18 @@ def test_bad_option_is_one_line_exit_2_and_writes_nothing(tmp_path, args, names)
     assert os.listdir(tmp_path) == []
 
 
+def test_out_in_a_missing_folder_is_refused_and_nothing_is_made(tmp_path):
+    p = verify("--cases", "agree/T1", "--out", str(tmp_path / "no" / "r.h5"))
+    assert p.returncode == 2 and "--out" in p.stderr and "folder does not exist" in p.stderr, p.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_default_report_folder_results_is_made_when_missing(tmp_path):
+    p = verify("--cases", "agree/T1", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "results" / "verify-kda.h5").is_file()
+
+
 def test_existing_report_is_never_overwritten(tmp_path):
     out = tmp_path / "r.h5"
     out.write_bytes(b"keep")

@@ -43,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--truth", choices=["float64", "mp50"], default="float64",
                    help="the oracle's precision (default: float64; mp50 is 50 decimal digits, slower)")
     p.add_argument("--out", metavar="FILE.h5",
-                   help="the report (default: results/verify-OP.h5); an existing file is never overwritten")
+                   help="the report (default: results/verify-OP.h5, its folder made when missing); the folder of a given FILE must exist; an existing file is never overwritten")
     p.add_argument("--no-report", action="store_true", help="write no report")
     p.add_argument("--replay", metavar="REPORT.h5", help="re-run one case of a report exactly (with --case)")
     p.add_argument("--case", metavar="NAME", help="the case to replay (with --replay)")
@@ -103,8 +103,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         import os
         if out is not None and os.path.exists(out):
             raise ValueError(f"--out {out} exists; a report is never overwritten (choose another name)")
-        if out is not None:
-            os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+        if out is not None and a.out is None:
+            os.makedirs(os.path.dirname(out), exist_ok=True)  # the default folder results/ is made when missing
+        elif out is not None and not os.path.isdir(os.path.dirname(out) or "."):
+            raise ValueError(f"--out {out}: its folder does not exist (create it first)")
         rep = run(a.candidate or (None if own else DEFAULTS[a.op][0]), a.op, cases, adapter=a.adapter, long=a.long,
                   params=params, truth=a.truth, out=out, printer=printer,
                   command_line=" ".join(shlex.quote(s) for s in ["kdalab-verify"] + argv))
