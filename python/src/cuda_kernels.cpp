@@ -166,6 +166,18 @@ std::vector<std::size_t> kda_inputs(Args& a, const Dev& q, const Dev& k, const D
   return heads;
 }
 
+/// cu_seqlens (int32 [N + 1] on the device) into the argument set `a` (KdaPrefillArgs or KdaBackwardArgs) with B = 1;
+/// returns N. max_seqlen: the longest sequence (host-known), checked by the kernel. Errors name the tensor.
+template <class Args>
+std::size_t apply_cu_seqlens(Args& a, const Dev& cu, std::int64_t max_seqlen) {
+  const auto s = check_dev(cu, "cu_seqlens", DType::i32, 1);
+  require(s[0] >= 2, "tensor 'cu_seqlens' has shape " + shape_str(s) + "; accepted: [N + 1] with N >= 1 sequences");
+  a.cu_seqlens = ptr<const int>(cu);
+  a.num_seqs = as_int(s[0] - 1, "num_seqs");
+  a.max_seqlen = static_cast<int>(max_seqlen);
+  return s[0] - 1;
+}
+
 /// The prefill's arguments from the arrays (shapes from q [B, T, H, D] and v [B, T, HV, D]); no workspace.
 K::KdaPrefillArgs kda_prefill_args(const Dev& q, const Dev& k, const Dev& v, const Dev& g, const Dev& beta,
                                    const Dev& A_log, const Dev& bias, const Dev& o, const std::optional<Dev>& S0,
@@ -215,18 +227,6 @@ K::KdaPrefillArgs kda_prefill_shape(std::int64_t B, std::int64_t T, std::int64_t
     a.max_seqlen = a.T;
   }
   return a;
-}
-
-/// cu_seqlens (int32 [N + 1] on the device) into the argument set `a` (KdaPrefillArgs or KdaBackwardArgs) with B = 1;
-/// returns N. max_seqlen: the longest sequence (host-known), checked by the kernel. Errors name the tensor.
-template <class Args>
-std::size_t apply_cu_seqlens(Args& a, const Dev& cu, std::int64_t max_seqlen) {
-  const auto s = check_dev(cu, "cu_seqlens", DType::i32, 1);
-  require(s[0] >= 2, "tensor 'cu_seqlens' has shape " + shape_str(s) + "; accepted: [N + 1] with N >= 1 sequences");
-  a.cu_seqlens = ptr<const int>(cu);
-  a.num_seqs = as_int(s[0] - 1, "num_seqs");
-  a.max_seqlen = static_cast<int>(max_seqlen);
-  return s[0] - 1;
 }
 
 // ---- MLA ----------------------------------------------------------------------------------------------

@@ -54,11 +54,18 @@ struct BwdCase {
   bool twice = false;  // a second run on the same inputs gives the same bits (the deterministic reduction)
 
   std::string name() const {
-    std::string s = "D=" + std::to_string(D) + " B=" + std::to_string(B) + " T=" + std::to_string(T) +
-                    " H=" + std::to_string(H) + " HV=" + std::to_string(H * group);
+    std::string s = "D=";  // appended piece by piece: GCC 12's -Wrestrict misfires on "lit" + std::string&&
+    for (const auto& [key, val] : {std::pair<const char*, std::size_t>{"", D}, {" B=", B}, {" T=", T}, {" H=", H},
+                                   {" HV=", H * group}}) {
+      s += key;
+      s += std::to_string(val);
+    }
     if (!lens.empty()) {
       s += " varlen";
-      for (int l : lens) s += " " + std::to_string(l);
+      for (int l : lens) {
+        s += ' ';
+        s += std::to_string(l);
+      }
     }
     s += fused ? " gate=fused" : " gate=given";
     s += l2norm ? " l2norm" : " no-l2norm";
