@@ -318,10 +318,11 @@ def cuda_kda_backward(q: Array, k: Array, v: Array, g: Array, beta: Array, A_log
 
 def cuda_kda_decode(q: Array, k: Array, v: Array, g: Array, beta: Array, A_log: Array, bias: Array, state: Array,
                     o: Array, *, g_min: float, scale: float, l2norm_qk: bool = True, beta_sigmoid: bool = True,
-                    stream: int = 0) -> None:
+                    stream: int = 0, gate_fused: bool = True) -> None:
     """One KDA decode step (kernels/kda.hpp kda_decode), capturable in a CUDA graph: q, k [B, H, D] bf16;
     v, g [B, HV, D] bf16; beta [B, HV] bf16; A_log, bias as cuda_kda_prefill; state [B, HV, D, D] fp32
-    updated in place (the prefill's S_final); out o [B, HV, D] bf16."""
+    updated in place (the prefill's S_final); out o [B, HV, D] bf16. gate_fused = False: g is the log-decay
+    (as cuda_kda_prefill)."""
 
 def cuda_mla_absorb_query(q_C: Array, W_UK: Array, q_hi: Array, q_lo: Array, *, stream: int = 0) -> None:
     """The absorbed MLA query q~ = W_UK,i^T q^C_i in fp32 split into bf16 q_hi + q_lo (kernels/mla_prefill.hpp

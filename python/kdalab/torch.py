@@ -2,8 +2,9 @@
 kernels/kda_backward.hpp) with fla's calling convention, for training. Imported on demand
 (`import kdalab.torch`); `import kdalab` never imports torch.
 
-The two kernels are torch.library custom ops (kdalab::kda_prefill, kdalab::kda_backward) with fake (meta)
-implementations and the backward registered as the forward's autograd formula, so torch.compile traces through them
+The kernels are torch.library custom ops (kdalab::kda_prefill, kdalab::kda_backward, and the forward-only decode
+step kdalab::kda_decode, which updates its state in place) with fake (meta) implementations and the backward
+registered as the prefill's autograd formula, so torch.compile traces through them
 and CUDA graphs capture them (the forward runs on one stream while the current stream is capturing). Every call
 allocates its outputs and workspace with torch on the inputs' device and runs on torch's current stream.
 
@@ -20,7 +21,7 @@ import torch
 
 from . import _core, require_cuda
 
-__all__ = ["chunk_kda"]
+__all__ = ["chunk_kda", "kda_decode_step"]
 
 Tensor = torch.Tensor
 
@@ -187,3 +188,52 @@ def chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: O
                               S0, cu_seqlens, float(scale), g_min, bool(use_qk_l2norm_in_kernel),
                               bool(use_beta_sigmoid_in_kernel), bool(use_gate_in_kernel), max_seqlen)
     return o, (S_final if output_final_state else None)
+
+
+@torch.library.custom_op("kdalab::kda_decode", mutates_args=("state",))
+def _kda_decode(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Optional[Tensor],
+                bias: Optional[Tensor], state: Tensor, scale: float, g_min: float, l2norm_qk: bool,
+                beta_sigmoid: bool, gate_fused: bool) -> Tensor:
+    HV, D = v.shape[1], v.shape[2]
+    o = torch.empty(v.shape, dtype=torch.bfloat16, device=v.device)
+    if A_log is None:  # gate given: not read by the kernel, but the binding takes arrays
+        A_log = torch.zeros((HV,), dtype=torch.float32, device=v.device)
+        bias = torch.zeros((HV, D), dtype=torch.float32, device=v.device)
+    _core.cuda_kda_decode(q, k, v, g, beta, A_log, bias, state, o, g_min=g_min, scale=scale, l2norm_qk=l2norm_qk,
+                          beta_sigmoid=beta_sigmoid, stream=_stream(), gate_fused=gate_fused)
+    return o
+
+
+@_kda_decode.register_fake
+def _(q, k, v, g, beta, A_log, bias, state, scale, g_min, l2norm_qk, beta_sigmoid, gate_fused):
+    return torch.empty_like(v)
+
+
+def kda_decode_step(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor,
+                    scale: Optional[float] = None, use_qk_l2norm_in_kernel: bool = False,
+                    use_gate_in_kernel: bool = False, use_beta_sigmoid_in_kernel: bool = False,
+                    safe_gate: bool = False, lower_bound: Optional[float] = None, A_log: Optional[Tensor] = None,
+                    dt_bias: Optional[Tensor] = None) -> Tensor:
+    """One KDA decode token per sequence (kernels/kda.hpp kda_decode), forward only, the options as chunk_kda:
+    q, k [B, H, K]; v, g [B, HV, V]; beta [B, HV] (read as bf16); state [B, HV, K, V] fp32 contiguous, updated in
+    place (chunk_kda's final_state). Returns o [B, HV, V] bf16. Capturable in a CUDA graph."""
+    require_cuda()
+    if state.dtype != torch.float32 or not state.is_contiguous() or not state.is_cuda:
+        _bad("state", (state.dtype, tuple(state.shape)), "a contiguous float32 CUDA tensor [B, HV, K, V]")
+    q, k, v, g, beta = (t.to(torch.bfloat16).contiguous() for t in (q, k, v, g, beta))
+    D = q.shape[-1]
+    if scale is None:
+        scale = D ** -0.5
+    if use_gate_in_kernel:
+        if not safe_gate or lower_bound is None:
+            _bad("use_gate_in_kernel", True, "with safe_gate = True and lower_bound set (the K3 bounded gate); "
+                 "the softplus gate is not implemented")
+        HV = v.shape[1]
+        A = (A_log if A_log is not None else torch.zeros((HV,), device=q.device)).to(torch.float32).contiguous()
+        bias = (dt_bias if dt_bias is not None else torch.zeros((HV * D,), device=q.device))
+        bias = bias.to(torch.float32).reshape(HV, D).contiguous()
+        g_min = float(lower_bound)
+    else:
+        A, bias, g_min = None, None, -5.0
+    return _kda_decode(q, k, v, g, beta, A, bias, state, float(scale), g_min, bool(use_qk_l2norm_in_kernel),
+                       bool(use_beta_sigmoid_in_kernel), bool(use_gate_in_kernel))

@@ -355,7 +355,7 @@ void bind_cuda(nb::module_& m) {
       "cuda_kda_decode",
       [](const Dev& q, const Dev& k, const Dev& v, const Dev& g, const Dev& beta, const Dev& A_log, const Dev& bias,
          const Dev& state, const Dev& o, double g_min, double scale, bool l2norm_qk, bool beta_sigmoid,
-         std::uintptr_t stream) {
+         std::uintptr_t stream, bool gate_fused) {
         K::KdaDecodeArgs a;
         const auto so = kda_inputs(a, q, k, v, g, beta, A_log, bias, g_min, scale, l2norm_qk, beta_sigmoid);
         const std::size_t B = so[0], HV = so[1], D = so[2];
@@ -363,10 +363,13 @@ void bind_cuda(nb::module_& m) {
         check_shape(o, "o", DType::bf16, so);
         a.state = ptr<float>(state);
         a.o = ptr<K::bf16_t>(o);
+        a.gate.fused = gate_fused;  // false: g is the log-decay, the caller's range (A_log, bias not read)
+        a.gate.allow_unsafe_range = !gate_fused;
         K::kda_decode(a, stream_of(stream));
       },
       "q"_a, "k"_a, "v"_a, "g"_a, "beta"_a, "A_log"_a, "bias"_a, "state"_a, "o"_a, nb::kw_only(), "g_min"_a,
-      "scale"_a, "l2norm_qk"_a = true, "beta_sigmoid"_a = true, "stream"_a = 0, doc::cuda_kda_decode);
+      "scale"_a, "l2norm_qk"_a = true, "beta_sigmoid"_a = true, "stream"_a = 0, "gate_fused"_a = true,
+      doc::cuda_kda_decode);
 
   m.def(
       "cuda_mla_absorb_query",

@@ -207,3 +207,29 @@ def test_a_bad_tensor_raises_naming_it(torch, kt):
         kt.chunk_kda(x["q"], c["k"], c["v"], c["g"], c["beta"])  # q on the CPU
     with pytest.raises(ValueError, match="use_gate_in_kernel"):
         kt.chunk_kda(c["q"], c["k"], c["v"], c["g"], c["beta"], use_gate_in_kernel=True)  # softplus gate
+
+
+def test_decode_step_continues_chunk_kda_and_replays_in_a_cuda_graph(torch, kt):
+    """chunk_kda over T - 1 tokens then kda_decode_step on token T gives chunk_kda's last output and final state
+    (within the bf16 goal); the step captured in a CUDA graph replays the eager bits."""
+    B, T, H, HV, D = 2, 33, 1, 2, 64
+    x = make_inputs(torch, B, T, H, HV, D, fused=True, l2norm=True, beta_sigmoid=True, S0=True, seed=5)
+    c = {n: (t.cuda() if t is not None else None) for n, t in x.items()}
+    kw = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+              safe_gate=True, lower_bound=-5.0, A_log=c["A_log"], dt_bias=c["dt_bias"])
+    o_all, S_all = kt.chunk_kda(c["q"], c["k"], c["v"], c["g"], c["beta"], initial_state=c["S0"],
+                                output_final_state=True, **kw)
+    _, S = kt.chunk_kda(*(c[n][:, :T - 1] for n in ("q", "k", "v", "g", "beta")), initial_state=c["S0"],
+                        output_final_state=True, **kw)
+    last = [c[n][:, T - 1].contiguous() for n in ("q", "k", "v", "g", "beta")]
+    S_graph = S.clone()
+    o = kt.kda_decode_step(*last, S, **kw)
+    goal = kdalab.budgets()["kda_bf16_goal"][0]
+    assert rel_rms(np64(o), np64(o_all[:, T - 1])) <= 2 * goal
+    assert rel_rms(np64(S), np64(S_all)) <= 3 * goal  # 6e-3 = 2 tol::kda_twin_state, as the C++ decode test
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o_g = kt.kda_decode_step(*last, S_graph, **kw)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(o_g, o) and torch.equal(S_graph, S)
