@@ -1,5 +1,6 @@
-// KDA backward, host side: argument checks (the forward's helpers and messages), the workspace layout and the four
-// launches (prepare, sweep, epilogue, params). API: kernels/kda_backward.hpp; design: docs/kernels/kda_backward.md.
+// KDA backward, host side: argument checks (the forward's check functions and messages), the workspace layout and
+// the four launches (prepare, sweep, epilogue, params). API: kernels/kda_backward.hpp; design:
+// docs/kernels/kda_backward.md.
 #include <algorithm>
 #include <string>
 #include <utility>

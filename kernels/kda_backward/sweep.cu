@@ -208,7 +208,8 @@ __global__ void __launch_bounds__(Cfg<D>::THREADS) sweep_kernel(Params p) {
     const std::size_t st_base = (static_cast<std::size_t>(n) * p.HV + hv) * D * D;  // S0, dS_T, dS0
     float S[K::R][K::BV], dS[K::R][K::BV];
     const auto ckpt_of = [&](int c) {
-      return p.ckpt + (static_cast<std::size_t>(slot0 + c) * p.HV + hv) * D * D + static_cast<std::size_t>(cb) * K::TILE;
+      return p.ckpt + (static_cast<std::size_t>(slot0 + c) * p.HV + hv) * D * D +
+             static_cast<std::size_t>(cb) * K::TILE;
     };
     const auto store = [&](float* tile) {
 #pragma unroll
@@ -271,7 +272,8 @@ __global__ void __launch_bounds__(Cfg<D>::THREADS) sweep_kernel(Params p) {
 #pragma unroll
       for (int r = 0; r < K::R; ++r)
 #pragma unroll
-        for (int c = 0; c < K::BV; ++c) p.dS0[st_base + static_cast<std::size_t>(lane + 32 * r) * D + col0 + c] = dS[r][c];
+        for (int c = 0; c < K::BV; ++c)
+          p.dS0[st_base + static_cast<std::size_t>(lane + 32 * r) * D + col0 + c] = dS[r][c];
     }
   }
 }

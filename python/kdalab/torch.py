@@ -184,9 +184,10 @@ def chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: O
         lens = (cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens).diff()
         max_seqlen = int(lens.max().item())
         cu_seqlens = cu_seqlens.to(device=q.device, dtype=torch.int32).contiguous()
-    o, S_final = _kda_prefill(q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(), A, bias,
-                              S0, cu_seqlens, float(scale), g_min, bool(use_qk_l2norm_in_kernel),
-                              bool(use_beta_sigmoid_in_kernel), bool(use_gate_in_kernel), max_seqlen)
+    q, k, v, g, beta = (t.contiguous() for t in (q, k, v, g, beta))
+    o, S_final = _kda_prefill(q, k, v, g, beta, A, bias, S0, cu_seqlens, float(scale), g_min,
+                              bool(use_qk_l2norm_in_kernel), bool(use_beta_sigmoid_in_kernel),
+                              bool(use_gate_in_kernel), max_seqlen)
     return o, (S_final if output_final_state else None)
 
 

@@ -183,7 +183,8 @@ Grads oracle(const Problem& p, const BwdCase& c) {
       if (c.fused)
         for (std::size_t i = 0; i < D; ++i) {
           const std::size_t o = (row * HV + hv) * D + i;
-          const GatePartials<double> gp = bounded_gate_partials<double>(p.g.data[o], p.A_log(hv), p.bias(hv, i), p.g_min);
+          const GatePartials<double> gp =
+              bounded_gate_partials<double>(p.g.data[o], p.A_log(hv), p.bias(hv, i), p.g_min);
           r.dg.data[o] = d.dg.data[o] * gp.dz;
           r.dbias(hv, i) += d.dg.data[o] * gp.dz;
           r.dA_log(hv) += d.dg.data[o] * gp.dA_log;
@@ -225,10 +226,11 @@ double check_grad(const char* name, const std::vector<double>& out, const Tensor
     }
     if (ibad == out.size() && !(e <= 8 * tol * rms_ref)) ibad = i;
   }
+  const std::string floor = bf16 ? ", bf16 floor " + std::to_string(std::sqrt(floor2 / std::max(ref2, 1e-300))) : "";
   std::printf("  %-7s rel_rms %.3e (tol %.1e%s) max_abs %.3e at %s (out %.6g ref %.6g) rms_ref %.3e nan %lld inf %lld",
-              name, m.rel_rms, tol, bf16 ? (", bf16 floor " + std::to_string(std::sqrt(floor2 / std::max(ref2, 1e-300)))).c_str() : "",
-              emax, coords(imax, ref.shape).c_str(), out.empty() ? 0.0 : out[imax], ref.data.empty() ? 0.0 : ref.data[imax],
-              rms_ref, static_cast<long long>(m.nan_count), static_cast<long long>(m.inf_count));
+              name, m.rel_rms, tol, floor.c_str(), emax, coords(imax, ref.shape).c_str(), out.empty() ? 0.0 : out[imax],
+              ref.data.empty() ? 0.0 : ref.data[imax], rms_ref, static_cast<long long>(m.nan_count),
+              static_cast<long long>(m.inf_count));
   if (ibad < out.size())
     std::printf("; first > 8 tol rms_ref at %s (out %.6g ref %.6g)", coords(ibad, ref.shape).c_str(), out[ibad],
                 ref.data[ibad]);
