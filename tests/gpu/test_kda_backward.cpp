@@ -231,10 +231,11 @@ void check_grad(const char* name, const std::vector<double>& out, const Tensor<d
   const double floor = std::sqrt(floor2 / std::max(ref2, 1e-300));
   const double bound = bf16 ? std::max(tol, 1.5 * floor) : tol;
   const std::string floor_s = bf16 ? ", bf16 floor " + std::to_string(floor) : "";
-  std::printf("  %-7s rel_rms %.3e (bound %.2e%s) max_abs %.3e at %s (out %.6g ref %.6g) rms_ref %.3e nan %lld inf %lld",
-              name, m.rel_rms, bound, floor_s.c_str(), emax, coords(imax, ref.shape).c_str(), out.empty() ? 0.0 : out[imax],
-              ref.data.empty() ? 0.0 : ref.data[imax], rms_ref, static_cast<long long>(m.nan_count),
-              static_cast<long long>(m.inf_count));
+  std::printf("  %-7s rel_rms %.3e (bound %.2e%s) max_abs %.3e at %s (out %.6g ref %.6g) rms_ref %.3e "
+              "nan %lld inf %lld",
+              name, m.rel_rms, bound, floor_s.c_str(), emax, coords(imax, ref.shape).c_str(),
+              out.empty() ? 0.0 : out[imax], ref.data.empty() ? 0.0 : ref.data[imax], rms_ref,
+              static_cast<long long>(m.nan_count), static_cast<long long>(m.inf_count));
   if (ibad < out.size())
     std::printf("; first > 8 tol rms_ref at %s (out %.6g ref %.6g)", coords(ibad, ref.shape).c_str(), out[ibad],
                 ref.data[ibad]);
