@@ -115,6 +115,25 @@ inline constexpr Tolerance kda_state_wgmma_vs_mma{5e-4,
     "or the next chunk's S operand (2^-8 relative each): 5e-4 is 0.3 of the bf16 output floor (1.66e-3), far below the "
     "O(1) of a wrong fragment layout, swizzle or descriptor."};
 
+// ---- KDA backward kernel (kernels/kda_backward.hpp): fp32 compute, bf16 inputs -----------------
+
+/// A bf16 gradient of the CUDA KDA backward (dq, dk, dv, dg, dbeta) vs the float64 oracle (reference/kda_backward.hpp
+/// with the pre-ops' chain rules) on the same bf16 inputs.
+inline constexpr Tolerance kda_bwd_bf16{2.5e-3,
+    "everything is computed in fp32 and rounded once to bf16: the rounding alone is the bf16 output floor (~1.66e-3 "
+    "relative RMS, bf16_output_floor); the fp32 part (a checkpointed recompute of the state and the reverse sweep, "
+    "O(T d) dependent flops with a contracting state, as f32_vs_truth: <= 1e-5) moves it by < 1%. 2.5e-3 = 1.5x the "
+    "floor leaves room for a tensor whose bf16 rounding costs more than it does on the anchor outputs, while a wrong "
+    "term, sign, token or head gives >= 1e-2 (dk without its S' G^T k term: 1.5e-2 at T = 17). A tensor of a few "
+    "elements rounds by more (one element: up to 2^-8 = 3.9e-3), so the test bounds each bf16 gradient by "
+    "max(2.5e-3, 1.5x its own rounding floor)."};
+/// An fp32 gradient of the CUDA KDA backward (dA_log, dbias, dS0) vs the float64 oracle on the same bf16 inputs.
+inline constexpr Tolerance kda_bwd_f32{1e-4,
+    "fp32 compute with fp32 output: the per-token terms carry O(T d) dependent fp32 roundings (~1e-6 .. 1e-5, as "
+    "f32_vs_truth), and dA_log, dbias sum them over all tokens (in fp64, fixed order), where cancellation between "
+    "terms of both signs can magnify the relative error by the ratio of the terms' size to the sum's (~10x on the "
+    "test inputs); 1e-4 keeps a 10x margin over that and is 100x below a wrong term."};
+
 // ---- MLA decode, absorbed, bf16 latent cache, fp32 output --------------------------------------
 
 /// Absorbed MLA decode kernel (attended latent a = softmax(scale q~ C^T) C, fp32 output) vs float64 on

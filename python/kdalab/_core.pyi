@@ -278,26 +278,51 @@ def exists(file: str, path: str) -> bool:
 # allocate with torch and pass torch's current stream. Errors: Error naming the tensor (device,
 # dtype, shape, C-contiguity) or the kernel's argument, before anything is launched.
 
-def cuda_kda_prefill_workspace_bytes(B: int, T: int, H: int, HV: int, D: int, *, single_stream: bool = False) -> int:
-    """Bytes of the workspace cuda_kda_prefill needs for these shapes (kernels/kda.hpp kda_prefill_workspace_bytes)."""
+def cuda_kda_prefill_workspace_bytes(B: int, T: int, H: int, HV: int, D: int, *, single_stream: bool = False,
+                                     num_seqs: int = 0) -> int:
+    """Bytes of the workspace cuda_kda_prefill needs for these shapes (kernels/kda.hpp kda_prefill_workspace_bytes);
+    num_seqs > 0: num_seqs packed sequences (cu_seqlens, B = 1)."""
 
 def cuda_kda_prefill(q: Array, k: Array, v: Array, g: Array, beta: Array, A_log: Array, bias: Array, o: Array,
                      S0: Optional[Array], S_final: Optional[Array], workspace: Array, *, g_min: float, scale: float,
                      l2norm_qk: bool = True, beta_sigmoid: bool = True, single_stream: bool = False,
-                     stream: int = 0) -> None:
+                     stream: int = 0, cu_seqlens: Optional[Array] = None, max_seqlen: int = 0,
+                     gate_fused: bool = True) -> None:
     """KDA chunked prefill (kernels/kda.hpp kda_prefill; K3 report Eqs. 1, 5) with the fused K3 gate
     g = g_min Sigmoid(e^A_log (g + bias)), L2-normalised q, k (l2norm_qk) and beta = Sigmoid(beta) (beta_sigmoid).
     q, k [B, T, H, D] bf16; v, g [B, T, HV, D] bf16 (g the raw gate logits); beta [B, T, HV] bf16; A_log [HV]
     fp32; bias [HV, D] fp32; out o [B, T, HV, D] bf16; S0, S_final [B, HV, D, D] fp32 ("KV" layout) or None;
     workspace uint8 [>= cuda_kda_prefill_workspace_bytes]. D in {64, 128, 256}; -5 <= g_min < 0.
-    single_stream: no side stream (for CUDA-graph capture)."""
+    single_stream: no side stream (for CUDA-graph capture). cu_seqlens: int32 [N + 1] offsets of N packed
+    sequences (B = 1; S0, S_final then [N, HV, D, D]; max_seqlen the longest). gate_fused = False: g is the
+    log-decay itself, in [-5, 0] by the caller's guarantee (A_log, bias not read)."""
+
+def cuda_kda_backward_workspace_bytes(B: int, T: int, H: int, HV: int, D: int, *, num_seqs: int = 0) -> int:
+    """Bytes of the workspace cuda_kda_backward needs for these shapes on the current device
+    (kernels/kda_backward.hpp kda_backward_workspace_bytes); num_seqs > 0: packed sequences (cu_seqlens, B = 1)."""
+
+def cuda_kda_backward(q: Array, k: Array, v: Array, g: Array, beta: Array, A_log: Optional[Array],
+                      bias: Optional[Array], dO: Array, S0: Optional[Array], dS_T: Optional[Array], dq: Array,
+                      dk: Array, dv: Array, dg: Array, dbeta: Array, dA_log: Optional[Array], dbias: Optional[Array],
+                      dS0: Optional[Array], workspace: Array, *, g_min: float, scale: float, l2norm_qk: bool = True,
+                      beta_sigmoid: bool = True, gate_fused: bool = True, cu_seqlens: Optional[Array] = None,
+                      max_seqlen: int = 0, stream: int = 0) -> None:
+    """KDA backward (kernels/kda_backward.hpp kda_backward; docs/kernels/kda_backward.md): the gradients of
+    cuda_kda_prefill on the same inputs for upstream dO = dL/do [B, T, HV, D] bf16 and dS_T = dL/dS_final
+    [N, HV, D, D] fp32 (None: the final state is unused). Inputs as cuda_kda_prefill (A_log, bias: with
+    gate_fused only). Outputs, written in place: dq, dk [B, T, H, D] bf16 (of the raw q, k; summed over a key
+    head's value heads); dv, dg [B, T, HV, D] bf16 (dg: of the g input, the raw logits when gate_fused);
+    dbeta [B, T, HV] bf16 (of the logits when beta_sigmoid); dA_log [HV], dbias [HV, D] fp32 (gate_fused only,
+    summed over all tokens); dS0 [N, HV, D, D] fp32 or None. workspace uint8 [>= cuda_kda_backward_workspace_bytes].
+    fp32 inside, deterministic (no atomics); no allocation, capturable in a CUDA graph."""
 
 def cuda_kda_decode(q: Array, k: Array, v: Array, g: Array, beta: Array, A_log: Array, bias: Array, state: Array,
                     o: Array, *, g_min: float, scale: float, l2norm_qk: bool = True, beta_sigmoid: bool = True,
-                    stream: int = 0) -> None:
+                    stream: int = 0, gate_fused: bool = True) -> None:
     """One KDA decode step (kernels/kda.hpp kda_decode), capturable in a CUDA graph: q, k [B, H, D] bf16;
     v, g [B, HV, D] bf16; beta [B, HV] bf16; A_log, bias as cuda_kda_prefill; state [B, HV, D, D] fp32
-    updated in place (the prefill's S_final); out o [B, HV, D] bf16."""
+    updated in place (the prefill's S_final); out o [B, HV, D] bf16. gate_fused = False: g is the log-decay
+    (as cuda_kda_prefill)."""
 
 def cuda_mla_absorb_query(q_C: Array, W_UK: Array, q_hi: Array, q_lo: Array, *, stream: int = 0) -> None:
     """The absorbed MLA query q~ = W_UK,i^T q^C_i in fp32 split into bf16 q_hi + q_lo (kernels/mla_prefill.hpp

@@ -13,12 +13,14 @@
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <cuda_runtime_api.h>
 
 #include "kernels/attn_res.hpp"
 #include "kernels/kda.hpp"
+#include "kernels/kda_backward.hpp"
 #include "kernels/mla.hpp"
 #include "kernels/mla_prefill.hpp"
 #include "python/src/arrays.hpp"
@@ -164,17 +166,33 @@ std::vector<std::size_t> kda_inputs(Args& a, const Dev& q, const Dev& k, const D
   return heads;
 }
 
+/// cu_seqlens (int32 [N + 1] on the device) into the argument set `a` (KdaPrefillArgs or KdaBackwardArgs) with B = 1;
+/// returns N. max_seqlen: the longest sequence (host-known), checked by the kernel. Errors name the tensor.
+template <class Args>
+std::size_t apply_cu_seqlens(Args& a, const Dev& cu, std::int64_t max_seqlen) {
+  const auto s = check_dev(cu, "cu_seqlens", DType::i32, 1);
+  require(s[0] >= 2, "tensor 'cu_seqlens' has shape " + shape_str(s) + "; accepted: [N + 1] with N >= 1 sequences");
+  a.cu_seqlens = ptr<const int>(cu);
+  a.num_seqs = as_int(s[0] - 1, "num_seqs");
+  a.max_seqlen = static_cast<int>(max_seqlen);
+  return s[0] - 1;
+}
+
 /// The prefill's arguments from the arrays (shapes from q [B, T, H, D] and v [B, T, HV, D]); no workspace.
 K::KdaPrefillArgs kda_prefill_args(const Dev& q, const Dev& k, const Dev& v, const Dev& g, const Dev& beta,
                                    const Dev& A_log, const Dev& bias, const Dev& o, const std::optional<Dev>& S0,
                                    const std::optional<Dev>& S_final, double g_min, double scale, bool l2norm_qk,
-                                   bool beta_sigmoid, bool single_stream) {
+                                   bool beta_sigmoid, bool single_stream, const std::optional<Dev>& cu_seqlens,
+                                   std::int64_t max_seqlen, bool gate_fused) {
   K::KdaPrefillArgs a;
   const auto so = kda_inputs(a, q, k, v, g, beta, A_log, bias, g_min, scale, l2norm_qk, beta_sigmoid);
-  const std::size_t B = so[0], HV = so[2], D = so[3];
+  const std::size_t HV = so[2], D = so[3];
+  const std::size_t N = cu_seqlens ? apply_cu_seqlens(a, *cu_seqlens, max_seqlen) : so[0];
   check_shape(o, "o", DType::bf16, so);
-  if (S0) check_shape(*S0, "S0", DType::f32, {B, HV, D, D});
-  if (S_final) check_shape(*S_final, "S_final", DType::f32, {B, HV, D, D});
+  if (S0) check_shape(*S0, "S0", DType::f32, {N, HV, D, D});
+  if (S_final) check_shape(*S_final, "S_final", DType::f32, {N, HV, D, D});
+  a.gate.fused = gate_fused;  // false: g is the log-decay, the caller's range (A_log, bias not read)
+  a.gate.allow_unsafe_range = !gate_fused;
   a.S0 = opt_ptr<const float>(S0);
   a.S_final = opt_ptr<float>(S_final);
   a.o = ptr<K::bf16_t>(o);
@@ -183,7 +201,7 @@ K::KdaPrefillArgs kda_prefill_args(const Dev& q, const Dev& k, const Dev& v, con
 }
 
 K::KdaPrefillArgs kda_prefill_shape(std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t HV, std::int64_t D,
-                                    bool single_stream) {
+                                    bool single_stream, std::int64_t num_seqs = 0) {
   K::KdaPrefillArgs a;
   const auto n = [](std::int64_t v, const char* name) {
     require(v >= 1 && v <= 0x7fffffff, std::string(name) + " = " + std::to_string(v) + "; accepted: >= 1");
@@ -203,6 +221,11 @@ K::KdaPrefillArgs kda_prefill_shape(std::int64_t B, std::int64_t T, std::int64_t
   a.o = reinterpret_cast<K::bf16_t*>(const_cast<unsigned char*>(stand_in));
   a.gate.A_log = a.gate.bias = reinterpret_cast<const float*>(stand_in);
   a.scale = 1.0f;
+  if (num_seqs > 0) {  // packed sequences: the workspace depends on N (the offsets themselves are not read)
+    a.cu_seqlens = reinterpret_cast<const int*>(stand_in);
+    a.num_seqs = n(num_seqs, "num_seqs");
+    a.max_seqlen = a.T;
+  }
   return a;
 }
 
@@ -218,35 +241,121 @@ K::MlaPrefillPath parse_path(const std::string& p) {
   throw Error("path = '" + p + "' is unknown; accepted: auto, absorbed, naive");
 }
 
+/// cuda_kda_backward: the arrays checked (device, dtype, C-contiguous, shape) into K::KdaBackwardArgs, then the call.
+void kda_backward_call(const Dev& q, const Dev& k, const Dev& v, const Dev& g, const Dev& beta,
+                       const std::optional<Dev>& A_log, const std::optional<Dev>& bias, const Dev& dO,
+                       const std::optional<Dev>& S0, const std::optional<Dev>& dS_T, const Dev& dq, const Dev& dk,
+                       const Dev& dv, const Dev& dg, const Dev& dbeta, const std::optional<Dev>& dA_log,
+                       const std::optional<Dev>& dbias, const std::optional<Dev>& dS0, const Dev& workspace,
+                       double g_min, double scale, bool l2norm_qk, bool beta_sigmoid, bool gate_fused,
+                       const std::optional<Dev>& cu_seqlens, std::int64_t max_seqlen, std::uintptr_t stream) {
+  K::KdaBackwardArgs a;
+  const auto sq = check_dev(q, "q", DType::bf16, 4);
+  const auto sv = check_dev(v, "v", DType::bf16, 4);
+  const std::size_t B = sq[0], T = sq[1], H = sq[2], D = sq[3], HV = sv[2];
+  const std::vector<std::size_t> shk = {B, T, H, D}, shv = {B, T, HV, D}, shb = {B, T, HV};
+  check_shape(k, "k", DType::bf16, shk);
+  check_shape(v, "v", DType::bf16, shv);
+  check_shape(g, "g", DType::bf16, shv);
+  check_shape(beta, "beta", DType::bf16, shb);
+  check_shape(dO, "dO", DType::bf16, shv);
+  check_shape(dq, "dq", DType::bf16, shk);
+  check_shape(dk, "dk", DType::bf16, shk);
+  check_shape(dv, "dv", DType::bf16, shv);
+  check_shape(dg, "dg", DType::bf16, shv);
+  check_shape(dbeta, "dbeta", DType::bf16, shb);
+  a.B = as_int(B, "B");
+  a.T = as_int(T, "T");
+  a.H = as_int(H, "H");
+  a.HV = as_int(HV, "HV");
+  a.D = as_int(D, "D");
+  const std::size_t N = cu_seqlens ? apply_cu_seqlens(a, *cu_seqlens, max_seqlen) : B;
+  for (const auto& [t, name] : {std::pair{&S0, "S0"}, {&dS_T, "dS_T"}, {&dS0, "dS0"}})
+    if (*t) check_shape(**t, name, DType::f32, {N, HV, D, D});
+  if (gate_fused) {
+    for (const auto& [t, name] : {std::pair{&A_log, "A_log"}, {&bias, "bias"}, {&dA_log, "dA_log"}, {&dbias, "dbias"}})
+      require(t->has_value(), std::string("tensor '") + name + "' is None; it is required with gate_fused = True");
+    check_shape(*A_log, "A_log", DType::f32, {HV});
+    check_shape(*bias, "bias", DType::f32, {HV, D});
+    check_shape(*dA_log, "dA_log", DType::f32, {HV});
+    check_shape(*dbias, "dbias", DType::f32, {HV, D});
+  }
+  a.q = ptr<const K::bf16_t>(q);
+  a.k = ptr<const K::bf16_t>(k);
+  a.v = ptr<const K::bf16_t>(v);
+  a.g = ptr<const K::bf16_t>(g);
+  a.beta = ptr<const K::bf16_t>(beta);
+  a.gate.fused = gate_fused;
+  a.gate.allow_unsafe_range = !gate_fused;  // g given: the caller's range
+  a.gate.g_min = static_cast<float>(g_min);
+  a.gate.A_log = gate_fused ? ptr<const float>(*A_log) : nullptr;
+  a.gate.bias = gate_fused ? ptr<const float>(*bias) : nullptr;
+  a.scale = static_cast<float>(scale);
+  a.l2norm_qk = l2norm_qk;
+  a.beta_sigmoid = beta_sigmoid;
+  a.S0 = opt_ptr<const float>(S0);
+  a.dO = ptr<const K::bf16_t>(dO);
+  a.dS_T = opt_ptr<const float>(dS_T);
+  a.dq = ptr<K::bf16_t>(dq);
+  a.dk = ptr<K::bf16_t>(dk);
+  a.dv = ptr<K::bf16_t>(dv);
+  a.dg = ptr<K::bf16_t>(dg);
+  a.dbeta = ptr<K::bf16_t>(dbeta);
+  a.dA_log = gate_fused ? ptr<float>(*dA_log) : nullptr;
+  a.dbias = gate_fused ? ptr<float>(*dbias) : nullptr;
+  a.dS0 = opt_ptr<float>(dS0);
+  a.workspace = workspace.data();
+  a.workspace_bytes = check_workspace(workspace, K::kda_backward_workspace_bytes(a));
+  K::kda_backward(a, stream_of(stream));
+}
+
 }  // namespace
 
 void bind_cuda(nb::module_& m) {
   m.def(
       "cuda_kda_prefill_workspace_bytes",
-      [](std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t HV, std::int64_t D, bool single_stream) {
-        return K::kda_prefill_workspace_bytes(kda_prefill_shape(B, T, H, HV, D, single_stream));
+      [](std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t HV, std::int64_t D, bool single_stream,
+         std::int64_t num_seqs) {
+        return K::kda_prefill_workspace_bytes(kda_prefill_shape(B, T, H, HV, D, single_stream, num_seqs));
       },
-      "B"_a, "T"_a, "H"_a, "HV"_a, "D"_a, nb::kw_only(), "single_stream"_a = false,
+      "B"_a, "T"_a, "H"_a, "HV"_a, "D"_a, nb::kw_only(), "single_stream"_a = false, "num_seqs"_a = 0,
       doc::cuda_kda_prefill_workspace_bytes);
   m.def(
       "cuda_kda_prefill",
       [](const Dev& q, const Dev& k, const Dev& v, const Dev& g, const Dev& beta, const Dev& A_log, const Dev& bias,
          const Dev& o, const std::optional<Dev>& S0, const std::optional<Dev>& S_final, const Dev& workspace,
-         double g_min, double scale, bool l2norm_qk, bool beta_sigmoid, bool single_stream, std::uintptr_t stream) {
+         double g_min, double scale, bool l2norm_qk, bool beta_sigmoid, bool single_stream, std::uintptr_t stream,
+         const std::optional<Dev>& cu_seqlens, std::int64_t max_seqlen, bool gate_fused) {
         K::KdaPrefillArgs a = kda_prefill_args(q, k, v, g, beta, A_log, bias, o, S0, S_final, g_min, scale, l2norm_qk,
-                                               beta_sigmoid, single_stream);
+                                               beta_sigmoid, single_stream, cu_seqlens, max_seqlen, gate_fused);
         a.workspace = workspace.data();
         a.workspace_bytes = check_workspace(workspace, K::kda_prefill_workspace_bytes(a));
         K::kda_prefill(a, stream_of(stream));
       },
       "q"_a, "k"_a, "v"_a, "g"_a, "beta"_a, "A_log"_a, "bias"_a, "o"_a, "S0"_a.none(), "S_final"_a.none(),
       "workspace"_a, nb::kw_only(), "g_min"_a, "scale"_a, "l2norm_qk"_a = true, "beta_sigmoid"_a = true,
-      "single_stream"_a = false, "stream"_a = 0, doc::cuda_kda_prefill);
+      "single_stream"_a = false, "stream"_a = 0, "cu_seqlens"_a.none() = nb::none(), "max_seqlen"_a = 0,
+      "gate_fused"_a = true, doc::cuda_kda_prefill);
+  m.def(
+      "cuda_kda_backward_workspace_bytes",
+      [](std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t HV, std::int64_t D, std::int64_t num_seqs) {
+        const K::KdaPrefillArgs f = kda_prefill_shape(B, T, H, HV, D, false, num_seqs);
+        K::KdaBackwardArgs a;
+        a.B = f.B; a.T = f.T; a.H = f.H; a.HV = f.HV; a.D = f.D; a.scale = 1.0f;
+        a.cu_seqlens = f.cu_seqlens; a.num_seqs = f.num_seqs; a.max_seqlen = f.max_seqlen;
+        return K::kda_backward_workspace_bytes(a);
+      },
+      "B"_a, "T"_a, "H"_a, "HV"_a, "D"_a, nb::kw_only(), "num_seqs"_a = 0, doc::cuda_kda_backward_workspace_bytes);
+  m.def("cuda_kda_backward", &kda_backward_call, "q"_a, "k"_a, "v"_a, "g"_a, "beta"_a, "A_log"_a.none(),
+        "bias"_a.none(), "dO"_a, "S0"_a.none(), "dS_T"_a.none(), "dq"_a, "dk"_a, "dv"_a, "dg"_a, "dbeta"_a,
+        "dA_log"_a.none(), "dbias"_a.none(), "dS0"_a.none(), "workspace"_a, nb::kw_only(), "g_min"_a, "scale"_a,
+        "l2norm_qk"_a = true, "beta_sigmoid"_a = true, "gate_fused"_a = true, "cu_seqlens"_a.none() = nb::none(),
+        "max_seqlen"_a = 0, "stream"_a = 0, doc::cuda_kda_backward);
   m.def(
       "cuda_kda_decode",
       [](const Dev& q, const Dev& k, const Dev& v, const Dev& g, const Dev& beta, const Dev& A_log, const Dev& bias,
          const Dev& state, const Dev& o, double g_min, double scale, bool l2norm_qk, bool beta_sigmoid,
-         std::uintptr_t stream) {
+         std::uintptr_t stream, bool gate_fused) {
         K::KdaDecodeArgs a;
         const auto so = kda_inputs(a, q, k, v, g, beta, A_log, bias, g_min, scale, l2norm_qk, beta_sigmoid);
         const std::size_t B = so[0], HV = so[1], D = so[2];
@@ -254,10 +363,13 @@ void bind_cuda(nb::module_& m) {
         check_shape(o, "o", DType::bf16, so);
         a.state = ptr<float>(state);
         a.o = ptr<K::bf16_t>(o);
+        a.gate.fused = gate_fused;  // false: g is the log-decay, the caller's range (A_log, bias not read)
+        a.gate.allow_unsafe_range = !gate_fused;
         K::kda_decode(a, stream_of(stream));
       },
       "q"_a, "k"_a, "v"_a, "g"_a, "beta"_a, "A_log"_a, "bias"_a, "state"_a, "o"_a, nb::kw_only(), "g_min"_a,
-      "scale"_a, "l2norm_qk"_a = true, "beta_sigmoid"_a = true, "stream"_a = 0, doc::cuda_kda_decode);
+      "scale"_a, "l2norm_qk"_a = true, "beta_sigmoid"_a = true, "stream"_a = 0, "gate_fused"_a = true,
+      doc::cuda_kda_decode);
 
   m.def(
       "cuda_mla_absorb_query",

@@ -221,7 +221,8 @@ nb::dict budgets() {
       {"golden_mp", tol::golden_mp},           {"check_self", tol::check_self},
       {"mla_decode_goal", tol::mla_decode_goal}, {"mla_prefill_goal", tol::mla_prefill_goal},
       {"attn_res_f32", tol::attn_res_f32},     {"attn_res_bf16", tol::attn_res_bf16},
-      {"backward_f64_vs_mp", tol::backward_f64_vs_mp}, {"backward_fd_f64", tol::backward_fd_f64}};
+      {"backward_f64_vs_mp", tol::backward_f64_vs_mp}, {"backward_fd_f64", tol::backward_fd_f64},
+      {"kda_bwd_bf16", tol::kda_bwd_bf16},     {"kda_bwd_f32", tol::kda_bwd_f32}};
   for (const auto& [n, t] : ts) d[n] = nb::make_tuple(t.value, std::string(t.why));
   return d;
 }

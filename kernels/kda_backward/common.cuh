@@ -1,0 +1,127 @@
+#pragma once
+// Private to kernels/kda_backward/: the kernel parameters, the per-D configuration of the sweep, the sequence span,
+// fp32 device math and the launchers each file provides to launch.cu. Public API and math: kernels/kda_backward.hpp;
+// design: docs/kernels/kda_backward.md.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/common/kda_math.cuh"
+#include "kernels/kda_backward.hpp"
+
+namespace kdalab::kernels::kda_backward_detail {
+
+using namespace detail;
+
+constexpr int CK = 64;   // checkpoint interval of the forward sweep (tokens)
+constexpr int SUB = 8;   // sub-checkpoint interval inside a chunk (tokens); CK / SUB sub-checkpoints
+constexpr int SCRATCH_TILES = CK / SUB + SUB;  // per-CTA scratch: the sub-checkpoints and one sub-chunk's states
+static_assert(CK % SUB == 0, "the checkpoint interval must be a multiple of the sub-checkpoint interval");
+
+/// The sweep's mapping for d_k = d_v = D: a warp holds S on rows lane + 32 r (r < R) and BV adjacent value columns
+/// (R BV = 32 fp32 of S and 32 of dS per lane); a CTA has W warps side by side, NC = W BV value columns; P = D / NC
+/// CTAs (column blocks) cover a value head.
+template <int D>
+struct Cfg {
+  static_assert(D == 64 || D == 128 || D == 256, "D = d_k = d_v must be 64, 128 or 256");
+  static constexpr int R = D / 32;
+  static constexpr int BV = 32 / R;
+  static constexpr int NC = D == 256 ? 32 : 64;
+  static constexpr int W = NC / BV;
+  static constexpr int THREADS = 32 * W;
+  static constexpr int P = D / NC;
+  static constexpr int TILE = D * NC;  // fp32 of S one CTA holds
+  static_assert(THREADS >= D, "the epilogue of a token uses one thread per key row");
+  /// Shared memory (floats): q, k, a [SUB][D]; v, dO [SUB][NC]; beta [SUB] (padded to 32); the per-token reduction
+  /// over warps red [W][3][D] and redb [W] (padded to 32).
+  static constexpr int SMEM_FLOATS = 3 * SUB * D + 2 * SUB * NC + 32 + W * 3 * D + 32;
+};
+
+/// Column blocks per value head for a run-time D (0 for an unsupported D).
+constexpr int cfg_p(int D) { return D == 64 ? 1 : D == 128 ? 2 : D == 256 ? 8 : 0; }
+/// Columns per CTA for a run-time D.
+constexpr int cfg_nc(int D) { return D == 256 ? 32 : 64; }
+
+struct Params {
+  int B, T, H, HV, group, D, N, P, M;  // M = token rows (B T, or T with cu_seqlens)
+  const bf16_t *q, *k, *v, *g, *beta, *dO;
+  Strides sq, sk, sv, sg, sbeta, sdo;  // resolved (no zeros)
+  const float *A_log, *bias;
+  float g_min, scale;
+  bool fuse_gate, l2norm, beta_sigmoid;
+  const float *S0, *dS_T;
+  const int* cu;
+  bf16_t *dq, *dk, *dv, *dg, *dbeta;
+  float *dA_log, *dbias, *dS0;
+  // workspace regions (fp32)
+  float *qn, *kn;      // [M][H][D]: q, k after the L2Norm (or as given)
+  float *qinv, *kinv;  // [M][H]: 1 / ||q||, 1 / ||k|| (1 without the L2Norm)
+  float *gf, *bf;      // [M][HV][D], [M][HV]: g (log-decay) and beta as the recurrence uses them
+  float* ckpt;         // [slots][HV][D][D]: S entering each 64-token chunk (per CTA: its D x NC tile)
+  float* scratch;      // [grid][SCRATCH_TILES][D NC]
+  float *pq, *pk, *pg;  // [P][M][HV][D]: partial dq, dk, dg of each column block (pg[0]: dg_raw after the epilogue)
+  float* pb;            // [P][M][HV]: partial dbeta
+  float* pA;            // [M][HV]: per-token dA_log terms
+};
+
+/// Row `tau` of the flattened token rows -> (batch entry, token): fixed length tau = b T + t; with cu_seqlens b = 0.
+__device__ __forceinline__ void row_bt(const Params& p, int tau, int& b, int& t) {
+  if (p.cu) {
+    b = 0;
+    t = tau;
+  } else {
+    b = tau / p.T;
+    t = tau - b * p.T;
+  }
+}
+__device__ __forceinline__ std::int64_t at(const Strides& s, int b, int t, int h) {
+  return static_cast<std::int64_t>(b) * s.b + static_cast<std::int64_t>(t) * s.t + static_cast<std::int64_t>(h) * s.h;
+}
+
+/// Sequence n: first token row, length, first checkpoint slot (fixed length: n ceil(T / CK); cu_seqlens:
+/// n + floor(cu[n] / CK), which leaves room for ceil(len / CK) slots before the next sequence's first).
+__device__ __forceinline__ void seq_of(const Params& p, int n, int& bos, int& len, long long& slot0) {
+  if (p.cu) {
+    bos = p.cu[n];
+    len = p.cu[n + 1] - bos;
+    slot0 = n + bos / CK;
+  } else {
+    bos = n * p.T;
+    len = p.T;
+    slot0 = static_cast<long long>(n) * ((p.T + CK - 1) / CK);
+  }
+}
+
+/// Accurate fp32 math for the backward (IEEE expf and division; the forward's fast variants trade ~1e-6).
+__device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ std::uint16_t f2bf(float x) {
+  const __nv_bfloat16 h = __float2bfloat16_rn(x);
+  return *reinterpret_cast<const std::uint16_t*>(&h);
+}
+
+/// Sum over the block of one value per thread (blockDim.x a multiple of 32, <= 1024), the same on every thread, in a
+/// fixed order (xor butterfly in the warp, then the warps in order). `buf`: 32 floats of shared memory; the call
+/// synchronises the block twice.
+__device__ __forceinline__ float block_sum(float x, float* buf) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  const int w = threadIdx.x / 32, nw = blockDim.x / 32;
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) buf[w] = x;
+  __syncthreads();
+  float s = 0.0f;
+  for (int i = 0; i < nw; ++i) s += buf[i];
+  return s;
+}
+
+// ---- launchers (host); each checks its launch with cuda_check ----
+/// prepare.cu: grid (M, HV), one thread per key row.
+void launch_prepare(const Params& p, cudaStream_t stream);
+/// sweep.cu: the most CTAs of the sweep resident at once on the current device (the scratch is sized for them).
+int sweep_resident_ctas(int D);
+/// sweep.cu: the forward and reverse sweeps on `grid` CTAs (each loops over the N HV P work items).
+void launch_sweep(const Params& p, int grid, cudaStream_t stream);
+/// epilogue.cu: the partial sums and chain rules, grid (M, H); then (fused gate) dA_log and dbias.
+void launch_epilogue(const Params& p, cudaStream_t stream);
+
+}  // namespace kdalab::kernels::kda_backward_detail

@@ -1,0 +1,154 @@
+// KDA backward, host side: argument checks (the forward's check functions and messages), the workspace layout and
+// the four launches (prepare, sweep, epilogue, params). API: kernels/kda_backward.hpp; design:
+// docs/kernels/kda_backward.md.
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "kernels/kda_backward/common.cuh"
+
+namespace kdalab::kernels {
+
+namespace {
+using namespace kda_backward_detail;
+
+constexpr const char* kOp = "kda_backward";
+
+Strides resolve(Strides s, long long T, long long heads, long long Dl) {
+  if (s.h == 0) s.h = Dl;
+  if (s.t == 0) s.t = heads * s.h;
+  if (s.b == 0) s.b = T * s.t;
+  return s;
+}
+
+/// The shapes and options, checked (no pointers): the forward's checks and messages.
+void check_shapes(const KdaBackwardArgs& a) {
+  const std::string op = kOp;
+  check_dim(a.D, kOp);
+  if (a.T < 1) throw Error(op + ": T = " + std::to_string(a.T) + "; accepted: T >= 1");
+  if (a.B < 1) throw Error(op + ": B = " + std::to_string(a.B) + "; accepted: B >= 1");
+  if (a.H < 1 || a.HV < 1 || a.HV % a.H != 0)
+    throw Error(op + ": H = " + std::to_string(a.H) + ", HV = " + std::to_string(a.HV) +
+                "; accepted: H >= 1 and HV a positive multiple of H");
+  if (!(a.scale > 0.0f)) throw Error(op + ": scale = " + std::to_string(a.scale) + "; accepted: scale > 0");
+  if (a.cu_seqlens) {
+    if (a.B != 1)
+      throw Error(op + ": cu_seqlens given with B = " + std::to_string(a.B) +
+                  "; accepted: B = 1 (sequences packed along T)");
+    if (a.num_seqs < 1 || a.max_seqlen < 1 || a.max_seqlen > a.T)
+      throw Error(op + ": cu_seqlens given with num_seqs = " + std::to_string(a.num_seqs) + ", max_seqlen = " +
+                  std::to_string(a.max_seqlen) + "; accepted: num_seqs >= 1, 1 <= max_seqlen <= T");
+  }
+  const long long M = static_cast<long long>(a.B) * a.T;
+  if (M * std::max(a.H, a.HV) > 0x7fffffffLL)
+    throw Error(op + ": B T HV = " + std::to_string(M * a.HV) + " token rows x heads; accepted: < 2^31");
+}
+
+/// Workspace regions, byte offsets from its start (each rounded up to 256 bytes).
+struct Layout {
+  std::size_t qn, kn, qinv, kinv, gf, bf, ckpt, scratch, pq, pk, pg, pb, pA, total;
+  int grid;
+};
+
+Layout layout_of(const KdaBackwardArgs& a) {
+  const std::size_t M = static_cast<std::size_t>(a.B) * a.T, H = a.H, HV = a.HV, D = a.D;
+  const std::size_t N = a.cu_seqlens ? a.num_seqs : a.B;
+  const std::size_t slots = a.cu_seqlens ? N + a.T / CK + 1 : N * ((a.T + CK - 1) / CK);
+  const std::size_t P = cfg_p(a.D), NC = cfg_nc(a.D);
+  const std::size_t items = N * HV * P;
+  const int grid = static_cast<int>(std::min<std::size_t>(items, sweep_resident_ctas(a.D)));
+  Layout l{};
+  l.grid = grid;
+  std::size_t off = 0;
+  const auto take = [&](std::size_t floats) {
+    const std::size_t o = off;
+    off += (floats * 4 + 255) / 256 * 256;
+    return o;
+  };
+  l.qn = take(M * H * D);
+  l.kn = take(M * H * D);
+  l.qinv = take(M * H);
+  l.kinv = take(M * H);
+  l.gf = take(M * HV * D);
+  l.bf = take(M * HV);
+  l.ckpt = take(slots * HV * D * D);
+  l.scratch = take(static_cast<std::size_t>(grid) * SCRATCH_TILES * D * NC);
+  l.pq = take(P * M * HV * D);
+  l.pk = take(P * M * HV * D);
+  l.pg = take(P * M * HV * D);
+  l.pb = take(P * M * HV);
+  l.pA = take(M * HV);
+  l.total = off;
+  return l;
+}
+
+}  // namespace
+
+std::size_t kda_backward_workspace_bytes(const KdaBackwardArgs& a) {
+  check_shapes(a);
+  return layout_of(a).total;
+}
+
+void kda_backward(const KdaBackwardArgs& a, cudaStream_t stream) {
+  check_shapes(a);
+  check_gate(a.gate, a.HV, kOp);
+  const int D = a.D;
+  check_ptr(a.q, 16, "q");
+  check_ptr(a.k, 16, "k");
+  check_ptr(a.v, 16, "v");
+  check_ptr(a.g, 16, "g");
+  check_ptr(a.beta, 2, "beta");
+  check_ptr(a.dO, 16, "dO");
+  check_ptr(a.S0, 16, "S0", false);
+  check_ptr(a.dS_T, 16, "dS_T", false);
+  check_ptr(a.dq, 16, "dq");
+  check_ptr(a.dk, 16, "dk");
+  check_ptr(a.dv, 16, "dv");
+  check_ptr(a.dg, 16, "dg");
+  check_ptr(a.dbeta, 2, "dbeta");
+  check_ptr(a.dS0, 16, "dS0", false);
+  if (a.gate.fused) {
+    check_ptr(a.dA_log, 4, "dA_log");
+    check_ptr(a.dbias, 4, "dbias");
+  }
+  if (a.cu_seqlens) check_ptr(a.cu_seqlens, 4, "cu_seqlens");
+  check_ptr(a.workspace, 16, "workspace");
+  const Layout l = layout_of(a);
+  if (a.workspace_bytes < l.total)
+    throw Error(std::string(kOp) + ": workspace_bytes = " + std::to_string(a.workspace_bytes) +
+                "; accepted: >= " + std::to_string(l.total) + " (kda_backward_workspace_bytes())");
+
+  Params p{};
+  p.B = a.B; p.T = a.T; p.H = a.H; p.HV = a.HV; p.group = a.HV / a.H; p.D = D;
+  p.N = a.cu_seqlens ? a.num_seqs : a.B;
+  p.P = cfg_p(D);
+  p.M = a.B * a.T;
+  p.q = a.q; p.k = a.k; p.v = a.v; p.g = a.g; p.beta = a.beta; p.dO = a.dO;
+  p.sq = resolve(a.sq, a.T, a.H, D);
+  p.sk = resolve(a.sk, a.T, a.H, D);
+  p.sv = resolve(a.sv, a.T, a.HV, D);
+  p.sg = resolve(a.sg, a.T, a.HV, D);
+  p.sdo = resolve(a.sdo, a.T, a.HV, D);
+  p.sbeta = resolve(a.sbeta, a.T, a.HV, 1);
+  for (auto [s, name] : {std::pair{p.sq, "q"}, {p.sk, "k"}, {p.sv, "v"}, {p.sg, "g"}, {p.sdo, "dO"}}) {
+    check_stride(s.b, 8, (std::string(name) + ".b").c_str());
+    check_stride(s.t, 8, (std::string(name) + ".t").c_str());
+    check_stride(s.h, 8, (std::string(name) + ".h").c_str());
+  }
+  p.A_log = a.gate.A_log; p.bias = a.gate.bias; p.g_min = a.gate.g_min; p.scale = a.scale;
+  p.fuse_gate = a.gate.fused; p.l2norm = a.l2norm_qk; p.beta_sigmoid = a.beta_sigmoid;
+  p.S0 = a.S0; p.dS_T = a.dS_T; p.cu = a.cu_seqlens;
+  p.dq = a.dq; p.dk = a.dk; p.dv = a.dv; p.dg = a.dg; p.dbeta = a.dbeta;
+  p.dA_log = a.dA_log; p.dbias = a.dbias; p.dS0 = a.dS0;
+  auto* ws = static_cast<unsigned char*>(a.workspace);
+  const auto f = [&](std::size_t off) { return reinterpret_cast<float*>(ws + off); };
+  p.qn = f(l.qn); p.kn = f(l.kn); p.qinv = f(l.qinv); p.kinv = f(l.kinv); p.gf = f(l.gf); p.bf = f(l.bf);
+  p.ckpt = f(l.ckpt); p.scratch = f(l.scratch);
+  p.pq = f(l.pq); p.pk = f(l.pk); p.pg = f(l.pg); p.pb = f(l.pb); p.pA = f(l.pA);
+
+  launch_prepare(p, stream);
+  launch_sweep(p, l.grid, stream);
+  launch_epilogue(p, stream);
+}
+
+}  // namespace kdalab::kernels

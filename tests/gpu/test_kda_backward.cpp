@@ -1,0 +1,473 @@
+// The CUDA KDA backward (kernels/kda_backward.hpp) against the float64 oracle (reference/kda_backward.hpp, with the
+// chain rules of the L2Norm, the beta sigmoid and the K3 gate as reference/kda_fused_backward.hpp composes them) on
+// fresh seeded inputs rounded to what the kernel reads (bf16 tensors, fp32 gate parameters and states); every output
+// and the workspace poisoned (NaN) before each run. Runs only where the CUDA kernels are built (ctest label gpu).
+//
+// The accuracy cases are one table (BwdCase: the problem's shape and switches) and one check function (check_bwd):
+// every gradient within tol::kda_bwd_bf16 (bf16 outputs) or tol::kda_bwd_f32 (fp32 outputs) relative RMS of the
+// oracle, no NaN / Inf. Each comparison prints one line (relative RMS, the tensor's own bf16 rounding floor, the
+// largest error and where, the first element off by more than 8 tol RMS(ref)), so a failing run says which gradient,
+// token, head and row went wrong.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "kernels/kda_backward.hpp"
+#include "numerics/bf16.hpp"
+#include "numerics/metrics.hpp"
+#include "numerics/random.hpp"
+#include "numerics/tolerance.hpp"
+#include "reference/gate_backward.hpp"
+#include "reference/kda_backward.hpp"
+#include "reference/layers_backward.hpp"
+#include "tests/catch.hpp"
+#include "tests/gpu/kda_gpu_util.hpp"
+
+using namespace kdalab;
+using kda_gpu::DevBuf;
+using kda_gpu::download_bf16;
+using kda_gpu::download_f32;
+using kda_gpu::upload_bf16;
+using kda_gpu::upload_f32;
+using kernels::bf16_t;
+using kernels::cuda_check;
+
+namespace {
+
+std::uint64_t fresh_seed() {
+  static std::uint64_t s = 20261205;
+  return ++s;
+}
+
+/// One backward problem: shape, packing and the pre-op switches.
+struct BwdCase {
+  std::size_t B = 1, T = 1, H = 1, group = 1, D = 128;
+  std::vector<int> lens;  // varlen (cu_seqlens) when not empty: B = 1, T = the sum, one S0 / dS_T per sequence
+  bool fused = true;      // K3 gate fused (g = raw logits); false: g is the log-decay in [-5, 0]
+  bool l2norm = true, beta_sigmoid = true;
+  bool S0 = true, dS_T = false;
+  bool twice = false;  // a second run on the same inputs gives the same bits (the deterministic reduction)
+
+  std::string name() const {
+    std::string s = "D=";  // appended piece by piece: GCC 12's -Wrestrict misfires on "lit" + std::string&&
+    for (const auto& [key, val] : {std::pair<const char*, std::size_t>{"", D}, {" B=", B}, {" T=", T}, {" H=", H},
+                                   {" HV=", H * group}}) {
+      s += key;
+      s += std::to_string(val);
+    }
+    if (!lens.empty()) {
+      s += " varlen";
+      for (int l : lens) {
+        s += ' ';
+        s += std::to_string(l);
+      }
+    }
+    s += fused ? " gate=fused" : " gate=given";
+    s += l2norm ? " l2norm" : " no-l2norm";
+    s += beta_sigmoid ? " beta=sigmoid" : " beta=given";
+    s += S0 ? " S0" : " noS0";
+    s += dS_T ? " dS_T" : " no-dS_T";
+    return s;
+  }
+};
+
+BwdCase shape(std::size_t B, std::size_t T, std::size_t H, std::size_t group, std::size_t D) {
+  BwdCase c;
+  c.B = B; c.T = T; c.H = H; c.group = group; c.D = D;
+  return c;
+}
+
+/// The inputs as the kernel reads them (bf16 / fp32 values held in doubles) and the upstream gradients.
+struct Problem {
+  std::size_t B, T, H, HV, D, N;
+  std::vector<std::size_t> cu;  // empty: fixed length
+  Tensor<double> q, k, v, g, beta, A_log, bias, S0, dO, dS_T;
+  double g_min = -5.0, scale;
+};
+
+Problem make_problem(const BwdCase& c, std::uint64_t seed) {
+  Problem p;
+  p.B = c.lens.empty() ? c.B : 1;
+  p.T = c.lens.empty() ? c.T : static_cast<std::size_t>(kda_gpu::VarlenBatch::total(c.lens));
+  p.H = c.H; p.HV = c.H * c.group; p.D = c.D;
+  p.N = c.lens.empty() ? p.B : c.lens.size();
+  if (!c.lens.empty()) {
+    p.cu.assign(1, 0);
+    for (int l : c.lens) p.cu.push_back(p.cu.back() + static_cast<std::size_t>(l));
+  }
+  p.scale = 1.0 / std::sqrt(static_cast<double>(p.D));
+  const std::size_t B = p.B, T = p.T, H = p.H, HV = p.HV, D = p.D;
+  Rng rng(seed);
+  p.q = Tensor<double>({B, T, H, D});
+  p.k = Tensor<double>({B, T, H, D});
+  p.v = Tensor<double>({B, T, HV, D});
+  p.g = Tensor<double>({B, T, HV, D});
+  p.beta = Tensor<double>({B, T, HV});
+  p.A_log = Tensor<double>({HV});
+  p.bias = Tensor<double>({HV, D});
+  p.S0 = Tensor<double>({p.N, HV, D, D});
+  p.dO = Tensor<double>({B, T, HV, D});
+  p.dS_T = Tensor<double>({p.N, HV, D, D});
+  rng.fill_normal(p.q, 1.0, Format::bf16);
+  rng.fill_normal(p.k, 1.0, Format::bf16);
+  if (!c.l2norm)  // q, k given unit-norm (then rounded), as the recurrence expects them
+    for (auto* t : {&p.q, &p.k})
+      for (std::size_t r = 0; r < B * T * H; ++r) {
+        double n2 = 0;
+        for (std::size_t i = 0; i < D; ++i) n2 += t->data[r * D + i] * t->data[r * D + i];
+        for (std::size_t i = 0; i < D; ++i) t->data[r * D + i] = round_bf16(t->data[r * D + i] / std::sqrt(n2));
+      }
+  rng.fill_normal(p.v, 1.0, Format::bf16);
+  if (c.fused)
+    rng.fill_normal(p.g, 1.0, Format::bf16);
+  else
+    rng.fill_uniform(p.g, -5.0, 0.0, Format::bf16);
+  if (c.beta_sigmoid)
+    rng.fill_normal(p.beta, 1.0, Format::bf16);
+  else
+    rng.fill_uniform(p.beta, 0.0, 1.0, Format::bf16);
+  rng.fill_uniform(p.A_log, 0.0, 1.0, Format::fp32);
+  rng.fill_uniform(p.bias, 0.0, 1.0, Format::fp32);
+  rng.fill_normal(p.S0, 0.1, Format::fp32);
+  rng.fill_normal(p.dO, 1.0, Format::bf16);
+  rng.fill_normal(p.dS_T, 0.1, Format::fp32);
+  return p;
+}
+
+/// The float64 gradients of the problem (the kernel's output set).
+struct Grads {
+  Tensor<double> dq, dk, dv, dg, dbeta, dA_log, dbias, dS0;
+};
+
+Grads oracle(const Problem& p, const BwdCase& c) {
+  const std::size_t B = p.B, T = p.T, H = p.H, HV = p.HV, D = p.D;
+  Tensor<double> qn = p.q, kn = p.k, g = p.g, beta = p.beta;
+  if (c.l2norm)
+    for (auto [src, dst] : {std::pair{&p.q, &qn}, {&p.k, &kn}})
+      for (std::size_t r = 0; r < B * T * H; ++r) {
+        double n2 = 0;
+        for (std::size_t i = 0; i < D; ++i) n2 += src->data[r * D + i] * src->data[r * D + i];
+        const double inv = n2 > 0 ? 1.0 / std::sqrt(n2) : 0.0;
+        for (std::size_t i = 0; i < D; ++i) dst->data[r * D + i] = src->data[r * D + i] * inv;
+      }
+  for (std::size_t r = 0; r < B * T; ++r)
+    for (std::size_t hv = 0; hv < HV; ++hv) {
+      if (c.beta_sigmoid) beta.data[r * HV + hv] = sigmoid<double>(p.beta.data[r * HV + hv]);
+      if (c.fused)
+        for (std::size_t i = 0; i < D; ++i)
+          g.data[(r * HV + hv) * D + i] =
+              bounded_gate<double>(p.g.data[(r * HV + hv) * D + i], p.A_log(hv), p.bias(hv, i), p.g_min);
+    }
+  const Tensor<double>* S0 = c.S0 ? &p.S0 : nullptr;
+  const Tensor<double>* dST = c.dS_T ? &p.dS_T : nullptr;
+  KdaGrad<double> d = p.cu.empty() ? kda_recurrent_backward<double>(qn, kn, p.v, g, beta, S0, p.scale, p.dO, dST)
+                                   : kda_recurrent_varlen_backward<double>(qn, kn, p.v, g, beta, S0, p.cu, p.scale,
+                                                                           p.dO, dST);
+  Grads r{d.dq, d.dk, d.dv, d.dg, d.dbeta, Tensor<double>({HV}, 0.0), Tensor<double>({HV, D}, 0.0), d.dS0};
+  const auto n = static_cast<Eigen::Index>(D);
+  if (c.l2norm)
+    for (auto [x, dy, dx] : {std::tuple{&p.q, &d.dq, &r.dq}, {&p.k, &d.dk, &r.dk}})
+      for (std::size_t row = 0; row < B * T * H; ++row) {
+        const Vec<double> xr = Eigen::Map<const Vec<double>>(x->data.data() + row * D, n);
+        const Vec<double> dyr = Eigen::Map<const Vec<double>>(dy->data.data() + row * D, n);
+        Eigen::Map<Vec<double>>(dx->data.data() + row * D, n) = l2norm_vec_backward<double>(xr, dyr, 0.0);
+      }
+  for (std::size_t row = 0; row < B * T; ++row)
+    for (std::size_t hv = 0; hv < HV; ++hv) {
+      if (c.beta_sigmoid) r.dbeta.data[row * HV + hv] *= sigmoid_derivative<double>(p.beta.data[row * HV + hv]);
+      if (c.fused)
+        for (std::size_t i = 0; i < D; ++i) {
+          const std::size_t o = (row * HV + hv) * D + i;
+          const GatePartials<double> gp =
+              bounded_gate_partials<double>(p.g.data[o], p.A_log(hv), p.bias(hv, i), p.g_min);
+          r.dg.data[o] = d.dg.data[o] * gp.dz;
+          r.dbias(hv, i) += d.dg.data[o] * gp.dz;
+          r.dA_log(hv) += d.dg.data[o] * gp.dA_log;
+        }
+    }
+  return r;
+}
+
+/// Index of a flat element as its coordinates, e.g. "[0, 17, 1, 42]".
+std::string coords(std::size_t idx, const std::vector<std::size_t>& shape) {
+  std::vector<std::size_t> c(shape.size());
+  for (std::size_t d = shape.size(); d-- > 0;) {
+    c[d] = idx % shape[d];
+    idx /= shape[d];
+  }
+  std::string s = "[";
+  for (std::size_t d = 0; d < c.size(); ++d) s += (d ? ", " : "") + std::to_string(c[d]);
+  return s + "]";
+}
+
+/// Compares one gradient with its oracle, prints its line and checks it: no NaN / Inf; relative RMS within `tol`, for a
+/// bf16 gradient within max(tol, 1.5 x the tensor's own bf16 rounding floor) (tol::kda_bwd_bf16: a tensor of a few
+/// elements can round worse than the floor of a large one, a single element by up to 2^-8 = 3.9e-3).
+void check_grad(const char* name, const std::vector<double>& out, const Tensor<double>& ref, double tol, bool bf16) {
+  const ErrorMetrics m = compare(out, ref.data, name);
+  double ref2 = 0, floor2 = 0;
+  for (double x : ref.data) {
+    ref2 += x * x;
+    const double e = round_bf16(x) - x;
+    floor2 += e * e;
+  }
+  const double rms_ref = std::sqrt(ref2 / std::max<std::size_t>(1, ref.data.size()));
+  std::size_t imax = 0, ibad = out.size();
+  double emax = -1;
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    const double e = std::fabs(out[i] - ref.data[i]);
+    if (!(e <= emax)) {  // NaN counts as the largest
+      emax = e;
+      imax = i;
+      if (std::isnan(e)) emax = INFINITY;
+    }
+    if (ibad == out.size() && !(e <= 8 * tol * rms_ref)) ibad = i;
+  }
+  const double floor = std::sqrt(floor2 / std::max(ref2, 1e-300));
+  const double bound = bf16 ? std::max(tol, 1.5 * floor) : tol;
+  const std::string floor_s = bf16 ? ", bf16 floor " + std::to_string(floor) : "";
+  std::printf("  %-7s rel_rms %.3e (bound %.2e%s) max_abs %.3e at %s (out %.6g ref %.6g) rms_ref %.3e "
+              "nan %lld inf %lld",
+              name, m.rel_rms, bound, floor_s.c_str(), emax, coords(imax, ref.shape).c_str(),
+              out.empty() ? 0.0 : out[imax], ref.data.empty() ? 0.0 : ref.data[imax], rms_ref,
+              static_cast<long long>(m.nan_count), static_cast<long long>(m.inf_count));
+  if (ibad < out.size())
+    std::printf("; first > 8 tol rms_ref at %s (out %.6g ref %.6g)", coords(ibad, ref.shape).c_str(), out[ibad],
+                ref.data[ibad]);
+  std::printf("\n");
+  CAPTURE(name, m.rel_rms, bound, m.nan_count, m.inf_count);
+  CHECK(m.nan_count + m.inf_count == 0);
+  CHECK(m.rel_rms <= bound);
+}
+
+/// Device copies of a problem and the kernel's argument set pointing at them (outputs allocated here).
+struct DevProblem {
+  DevBuf q, k, v, g, beta, A_log, bias, S0, dO, dS_T, cu;
+  DevBuf dq, dk, dv, dg, dbeta, dA_log, dbias, dS0;
+  std::optional<DevBuf> ws;
+  kernels::KdaBackwardArgs a;
+  DevProblem(const Problem& p, const BwdCase& c)
+      : q(upload_bf16(p.q)), k(upload_bf16(p.k)), v(upload_bf16(p.v)), g(upload_bf16(p.g)), beta(upload_bf16(p.beta)),
+        A_log(upload_f32(p.A_log)), bias(upload_f32(p.bias)), S0(upload_f32(p.S0)), dO(upload_bf16(p.dO)),
+        dS_T(upload_f32(p.dS_T)), cu(std::max<std::size_t>(p.cu.size(), 1) * 4), dq(p.q.numel() * 2),
+        dk(p.k.numel() * 2), dv(p.v.numel() * 2), dg(p.g.numel() * 2), dbeta(p.beta.numel() * 2), dA_log(p.HV * 4),
+        dbias(p.HV * p.D * 4), dS0(p.S0.numel() * 4) {
+    a.B = static_cast<int>(p.B); a.T = static_cast<int>(p.T); a.H = static_cast<int>(p.H);
+    a.HV = static_cast<int>(p.HV); a.D = static_cast<int>(p.D);
+    a.q = q.as<bf16_t>(); a.k = k.as<bf16_t>(); a.v = v.as<bf16_t>(); a.g = g.as<bf16_t>();
+    a.beta = beta.as<bf16_t>();
+    a.gate.A_log = A_log.as<float>(); a.gate.bias = bias.as<float>(); a.gate.g_min = static_cast<float>(p.g_min);
+    a.gate.fused = c.fused;
+    a.gate.allow_unsafe_range = !c.fused;  // g given in [-5, 0] by construction
+    a.scale = static_cast<float>(p.scale);
+    a.l2norm_qk = c.l2norm;
+    a.beta_sigmoid = c.beta_sigmoid;
+    a.S0 = c.S0 ? S0.as<float>() : nullptr;
+    a.dO = dO.as<bf16_t>();
+    a.dS_T = c.dS_T ? dS_T.as<float>() : nullptr;
+    if (!p.cu.empty()) {
+      std::vector<int> h(p.cu.begin(), p.cu.end());
+      cuda_check(cudaMemcpy(cu.p, h.data(), h.size() * 4, cudaMemcpyHostToDevice), "cu_seqlens");
+      a.cu_seqlens = cu.as<int>();
+      a.num_seqs = static_cast<int>(p.N);
+      int mx = 0;
+      for (std::size_t i = 0; i + 1 < h.size(); ++i) mx = std::max(mx, h[i + 1] - h[i]);
+      a.max_seqlen = std::max(mx, 1);
+    }
+    a.dq = dq.as<bf16_t>(); a.dk = dk.as<bf16_t>(); a.dv = dv.as<bf16_t>(); a.dg = dg.as<bf16_t>();
+    a.dbeta = dbeta.as<bf16_t>();
+    a.dA_log = dA_log.as<float>(); a.dbias = dbias.as<float>(); a.dS0 = dS0.as<float>();
+    a.workspace_bytes = kernels::kda_backward_workspace_bytes(a);
+    ws.emplace(a.workspace_bytes);
+    a.workspace = ws->p;
+  }
+  /// Poisons every output and the workspace, runs the backward, waits.
+  void run() {
+    for (DevBuf* b : {&dq, &dk, &dv, &dg, &dbeta, &dA_log, &dbias, &dS0, &*ws}) b->poison();
+    kernels::kda_backward(a, nullptr);
+    cuda_check(cudaDeviceSynchronize(), "kda_backward");
+  }
+  std::vector<std::vector<double>> outputs() const {
+    return {download_bf16(dq), download_bf16(dk), download_bf16(dv), download_bf16(dg), download_bf16(dbeta),
+            download_f32(dA_log), download_f32(dbias), download_f32(dS0)};
+  }
+};
+
+void check_bwd(const BwdCase& c) {
+  const std::string name = c.name();
+  CAPTURE(name);
+  std::printf("kda_backward %s\n", name.c_str());
+  const Problem p = make_problem(c, fresh_seed());
+  const Grads ref = oracle(p, c);
+  DevProblem d(p, c);
+  d.run();
+  const auto out = d.outputs();
+  const double tb = tol::kda_bwd_bf16.value, tf = tol::kda_bwd_f32.value;
+  check_grad("dq", out[0], ref.dq, tb, true);
+  check_grad("dk", out[1], ref.dk, tb, true);
+  check_grad("dv", out[2], ref.dv, tb, true);
+  check_grad(c.fused ? "dg_raw" : "dg", out[3], ref.dg, tb, true);
+  check_grad(c.beta_sigmoid ? "dbeta_r" : "dbeta", out[4], ref.dbeta, tb, true);
+  check_grad("dS0", out[7], ref.dS0, tf, false);
+  if (c.fused) {
+    check_grad("dA_log", out[5], ref.dA_log, tf, false);
+    check_grad("dbias", out[6], ref.dbias, tf, false);
+  }
+  if (c.twice) {
+    d.run();
+    const auto again = d.outputs();
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      if (!c.fused && (i == 5 || i == 6)) continue;  // not written (poison both times)
+      CAPTURE(i);
+      CHECK(std::equal(out[i].begin(), out[i].end(), again[i].begin(),
+                       [](double x, double y) { return x == y || (std::isnan(x) && std::isnan(y)); }));
+    }
+  }
+}
+
+/// T = 1, 17, 300 at D = 64, 128, 256 (HV = 2H from T = 17 on, B = 2 at T = 17, dS_T at T = 17), the fused pre-ops.
+std::vector<BwdCase> shape_cases() {
+  std::vector<BwdCase> v;
+  for (const std::size_t D : {std::size_t{64}, std::size_t{128}, std::size_t{256}}) {
+    v.push_back(shape(1, 1, 1, 1, D));
+    BwdCase c = shape(2, 17, 1, 2, D);
+    c.dS_T = true;
+    c.twice = true;
+    v.push_back(c);
+    v.push_back(shape(1, 300, 1, 2, D));
+  }
+  BwdCase c = shape(3, 64, 2, 1, 128);  // T a multiple of the checkpoint interval, no S0, H = 2
+  c.S0 = false;
+  v.push_back(c);
+  return v;
+}
+
+/// The pre-op switches: the gate given as the log-decay, q and k given normalised, beta given.
+std::vector<BwdCase> switch_cases() {
+  std::vector<BwdCase> v;
+  BwdCase c = shape(1, 300, 1, 2, 128);
+  c.fused = false;
+  c.l2norm = false;
+  c.beta_sigmoid = false;
+  c.dS_T = true;
+  v.push_back(c);
+  c = shape(2, 17, 1, 1, 64);
+  c.fused = false;
+  v.push_back(c);
+  c = shape(1, 70, 1, 2, 256);
+  c.l2norm = false;
+  c.S0 = false;
+  v.push_back(c);
+  return v;
+}
+
+/// Packed sequences (cu_seqlens): a last sequence of 1 token, an empty one, S0 and dS_T per sequence.
+std::vector<BwdCase> varlen_cases() {
+  std::vector<BwdCase> v;
+  for (const std::size_t D : {std::size_t{64}, std::size_t{128}, std::size_t{256}}) {
+    BwdCase c = shape(1, 0, 1, 2, D);
+    c.lens = {5, 64, 1};
+    c.dS_T = true;
+    v.push_back(c);
+  }
+  BwdCase c = shape(1, 0, 2, 1, 128);
+  c.lens = {3, 0, 70, 1};
+  c.dS_T = true;
+  c.fused = false;
+  v.push_back(c);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("KDA backward shapes (D = 64, 128, 256; T = 1, 17, 300; HV = 2H) vs the float64 oracle", "[gpu][kda_bwd]") {
+  for (const auto& c : shape_cases()) check_bwd(c);
+}
+
+TEST_CASE("KDA backward pre-op switches (gate given, no L2Norm, beta given) vs the float64 oracle", "[gpu][kda_bwd]") {
+  for (const auto& c : switch_cases()) check_bwd(c);
+}
+
+TEST_CASE("KDA backward varlen (cu_seqlens; a 1-token last sequence, an empty one) vs the float64 oracle",
+          "[gpu][kda_bwd]") {
+  for (const auto& c : varlen_cases()) check_bwd(c);
+}
+
+TEST_CASE("KDA backward T = 2048 (32 checkpoints, dS_T, S0) vs the float64 oracle", "[gpu][kda_bwd]") {
+  BwdCase c = shape(1, 2048, 1, 2, 128);
+  c.dS_T = true;
+  check_bwd(c);
+}
+
+namespace {
+/// The message of the kdalab::Error `f` throws ("" when it does not throw).
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST_CASE("KDA backward bad arguments throw before any launch, naming the argument", "[gpu][kda_bwd]") {
+  BwdCase c = shape(1, 20, 1, 2, 128);
+  const Problem p = make_problem(c, fresh_seed());
+  DevProblem d(p, c);
+  REQUIRE_NOTHROW(d.run());
+  const auto throws_naming = [&](kernels::KdaBackwardArgs bad, const std::string& what) {
+    const std::string msg = error_of([&] { kernels::kda_backward(bad, nullptr); });
+    CAPTURE(what, msg);
+    CHECK(msg.find(what) != std::string::npos);
+  };
+  auto bad = d.a;
+  bad.D = 96;
+  throws_naming(bad, "D = 96");
+  bad = d.a;
+  bad.T = 0;
+  throws_naming(bad, "T = 0");
+  bad = d.a;
+  bad.H = 2;
+  bad.HV = 3;
+  throws_naming(bad, "HV = 3");
+  bad = d.a;
+  bad.dO = nullptr;
+  throws_naming(bad, "'dO'");
+  bad = d.a;
+  bad.dq = nullptr;
+  throws_naming(bad, "'dq'");
+  bad = d.a;
+  bad.dk = d.a.dk + 1;  // 2-byte offset: not 16-byte aligned
+  throws_naming(bad, "'dk'");
+  bad = d.a;
+  bad.dA_log = nullptr;  // required with the fused gate
+  throws_naming(bad, "'dA_log'");
+  bad = d.a;
+  bad.gate.g_min = -6.0f;
+  throws_naming(bad, "g_min");
+  bad = d.a;
+  bad.gate.fused = false;
+  bad.gate.allow_unsafe_range = false;
+  throws_naming(bad, "gate.fused");
+  bad = d.a;
+  bad.scale = 0.0f;
+  throws_naming(bad, "scale");
+  bad = d.a;
+  bad.workspace_bytes = 100;
+  throws_naming(bad, "workspace_bytes");
+  bad = d.a;
+  bad.sv.t = 7;
+  throws_naming(bad, "'v.t'");
+  bad = d.a;
+  bad.cu_seqlens = d.cu.as<int>();
+  bad.B = 2;
+  throws_naming(bad, "cu_seqlens");
+  cuda_check(cudaDeviceSynchronize(), "after bad arguments");
+}
