@@ -131,9 +131,10 @@ void kda_backward(const KdaBackwardArgs& a, cudaStream_t stream) {
   p.sdo = resolve(a.sdo, a.T, a.HV, D);
   p.sbeta = resolve(a.sbeta, a.T, a.HV, 1);
   for (auto [s, name] : {std::pair{p.sq, "q"}, {p.sk, "k"}, {p.sv, "v"}, {p.sg, "g"}, {p.sdo, "dO"}}) {
-    check_stride(s.b, 8, (std::string(name) + ".b").c_str());
+    // t and h first: a b stride left 0 is derived from t, so a bad t must be named as t
     check_stride(s.t, 8, (std::string(name) + ".t").c_str());
     check_stride(s.h, 8, (std::string(name) + ".h").c_str());
+    check_stride(s.b, 8, (std::string(name) + ".b").c_str());
   }
   p.A_log = a.gate.A_log; p.bias = a.gate.bias; p.g_min = a.gate.g_min; p.scale = a.scale;
   p.fuse_gate = a.gate.fused; p.l2norm = a.l2norm_qk; p.beta_sigmoid = a.beta_sigmoid;

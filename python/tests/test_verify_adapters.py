@@ -163,3 +163,11 @@ def test_a_complex_output_is_broken_never_read_as_its_real_part():
         return o + 1e-3j, S
     r = run(complex_kda, "kda", ["agree/T17"], printer=None).results[0]
     assert r.verdict == "property broken" and "complex" in r.detail, r.detail
+
+
+def test_fla_gradients_are_judged_only_in_the_canonical_form():
+    x = inputs("grad/agree")
+    r = make_adapter("fla-chunk:gate=fused,beta=logits,l2norm=kernel", numpy_kda).backward_reason(x)
+    assert "gate=precomputed,l2norm=off,beta=prob" in r
+    r = make_adapter("fla-chunk", numpy_kda).backward_reason(x)  # canonical options: only the device is missing
+    assert r is None or "canonical" not in r

@@ -177,7 +177,7 @@ class FlaKda(_TorchKda):
         self.fused_gate = self.opt["gate"] == "fused"
         self.beta_logits = self.opt["beta"] == "logits"
         self.l2norm_qk = self.opt["l2norm"] == "kernel"
-        self.output_formats = {"o": self.precision, "S": "float32"}  # q, k, v's dtype; fp32 state
+        self.output_formats = {"o": self.precision, "S": "float32", "dS0": "float32"}  # q, k, v's dtype; fp32 state
 
     def supports(self, x):
         return super().supports(x) or self._needs(x, self.opt["gate"] == "fused", self.opt["beta"] == "logits",
@@ -203,6 +203,38 @@ class FlaKda(_TorchKda):
         beta = x["beta_raw"] if self.opt["beta"] == "logits" else x["beta"]
         o, S = self.fn(self._t(q), self._t(k), self._t(x["v"]), self._t(g), self._t(beta), **kw)
         return o.detach().double().cpu().numpy(), self._state_out(S)
+
+
+    def backward_reason(self, x) -> Optional[str]:
+        if (self.opt["gate"], self.opt["l2norm"], self.opt["beta"]) != ("precomputed", "off", "prob"):
+            return ("gradients are judged in the canonical form dL/d(q, k, v, g, beta, S0): run the adapter with "
+                    "gate=precomputed,l2norm=off,beta=prob")
+        return self.supports(x)
+
+    def backward(self, x, dO):
+        """Gradients of L = <dO, o> by torch autograd through the candidate (canonical inputs: the log-decay g, unit
+        q and k, beta in [0, 1]); dO is handed over in o's dtype, S0's gradient comes back in the adapter's layout."""
+        leaves = {n: self._t(x[n]).requires_grad_(True) for n in ("q", "k", "v", "g", "beta")}
+        S0 = self._state_in(x["S0"])
+        if S0 is not None:
+            S0.requires_grad_(True)
+        kw: Dict[str, Any] = dict(scale=x["scale"], initial_state=S0, output_final_state=False,
+                                  use_qk_l2norm_in_kernel=False)
+        if self.state_layout == "vk":
+            kw["state_v_first"] = True
+        out = self.fn(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"], **kw)
+        o = out[0] if isinstance(out, (tuple, list)) else out
+        o.backward(self._t(dO).to(o.dtype))
+        d = {f"d{n}": t.grad for n, t in leaves.items()}
+        if S0 is not None:
+            d["dS0"] = S0.grad
+        missing = sorted(k for k, t in d.items() if t is None)
+        if missing:
+            raise ValueError(f"the candidate's autograd gave no gradient for {', '.join(missing)}")
+        r = {k: t.detach().double().cpu().numpy() for k, t in d.items() if k != "dS0"}
+        if "dS0" in d:
+            r["dS0"] = self._state_out(d["dS0"])
+        return r
 
 
 class FlashKdaFwd(_TorchKda):

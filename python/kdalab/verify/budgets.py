@@ -74,6 +74,8 @@ def budgets_of_case(op: str, precision: str, x: Dict[str, Any], adapter=None,
     if precision not in PRECISIONS:
         raise ValueError(f"precision = {precision!r}; accepted: {', '.join(PRECISIONS)}")
     formats = getattr(adapter, "output_formats", None)
+    if formats is not None and dO is None:  # gradient formats (d...) only where gradients are budgeted
+        formats = {k: v for k, v in formats.items() if not k.startswith("d")}
     if op == "kda":
         kw = _kda_form(x, adapter, dO is not None)
         cu = x.get("cu_seqlens")
