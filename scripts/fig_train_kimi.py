@@ -18,7 +18,9 @@ TASK_TITLES = {"palindrome": "Palindrome", "mqar": "MQAR", "stack": "Stack"}
 
 
 def main():
-    files, rows, note = tr.load(__doc__.splitlines()[0])
+    files, rows, note, grids = tr.load(__doc__.splitlines()[0])
+    if all(g.startswith("zoology") for g in grids):
+        return fs.skip(f"{files[0].filename}: a Zoology grid ({', '.join(sorted(grids))}): fig_train_zoology.py draws it")
     tasks = [t for t in ("palindrome", "mqar", "stack") if (rows["task"] == t).any()]
     tasks = [t for t in tasks if len(set(rows["seq_len"][rows["task"] == t].tolist())) >= 2]
     if not tasks:

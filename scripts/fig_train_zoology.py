@@ -17,7 +17,9 @@ from figstyle import plt
 
 
 def main():
-    files, rows, note = tr.load(__doc__.splitlines()[0])
+    files, rows, note, grids = tr.load(__doc__.splitlines()[0])
+    if all(g.startswith("kimi") for g in grids):
+        return fs.skip(f"{files[0].filename}: a Kimi Linear grid ({', '.join(sorted(grids))}): fig_train_kimi.py draws it")
     sel = rows["task"] == "mqar"
     shapes = sorted({(int(L), int(N)) for L, N in zip(rows["seq_len"][sel], rows["kv_pairs"][sel])})
     if not shapes or len(set(rows["d_model"][sel].tolist())) < 2:

@@ -23,7 +23,7 @@ class _Parser(argparse.ArgumentParser):
 
 def load(description):
     """Parses the command line (RESULTS.h5 optional; --out-dir, --dump as every figure script) and returns
-    (open files, rows of all their train_recall tables as numpy arrays, title note). Without RESULTS.h5 the files
+    (open files, rows of all their train_recall tables as numpy arrays, title note, the set of their grid names). Without RESULTS.h5 the files
     are data/recall_train/*.h5; none there raises fs.Skip (exit 3) with the reason."""
     p = _Parser(description=description)
     p.add_argument("results", nargs="?", help="a results file of python -m kdalab.train_recall (default: every "
@@ -45,17 +45,18 @@ def load(description):
         paths = [a.results]
     a.results = paths[0]
     fs._ARGS = a  # save() and run() read it
-    files, parts, notes = [], [], []
+    files, parts, notes, grids = [], [], [], set()
     for path in paths:
         f = h5py.File(path, "r")
         t = fs.need_table(f, "train_recall", COLUMNS, path)
         files.append(f)
         parts.append({k: np.atleast_1d(t[k]) for k in COLUMNS})
+        grids.add(fs.attr(f["train_recall"], "grid", "none"))
         note = fs.attr(f["train_recall"], "note", "")
         if note.startswith("reduced grid"):
             notes.append(note)
     rows = {k: np.concatenate([p[k] for p in parts]) for k in COLUMNS}
-    return files, rows, (" — " + "; ".join(notes)) if notes else ""
+    return files, rows, (" — " + "; ".join(notes)) if notes else "", grids
 
 
 def mixers_in(rows, sel):

@@ -770,7 +770,7 @@ def main(argv: Optional[List[str]] = None, kernels: Optional[Dict[str, Tuple[Cal
         return 0
     try:
         write_results(a.out, cfg, trainer.done, device_name, trainer.bf16, a.force,
-                      " ".join(shlex.quote(s) for s in [PROG] + argv))
+                      " ".join([PROG] + [shlex.quote(s) for s in argv]))
     except (OSError, RuntimeError) as e:  # the results writer's environment failures (no space, I/O, permission)
         sys.stderr.write(f"{PROG}: error: {e}\n")
         return 5

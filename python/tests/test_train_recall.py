@@ -201,11 +201,24 @@ def test_zoology_figure_draws_the_best_learning_rate_per_width(tmp_path):
     assert [a["title"] for a in dump["axes"]] == ["L = 64, N = 4", "L = 128, N = 8"]
     lines = {ln["label"]: ln for ln in dump["axes"][0]["lines"] if not ln["label"].startswith("_")}
     assert lines["softmax attention"]["y"] == [1.0, 1.0] and lines["KDA"]["y"] == [0.5, 0.5]
-    # the Kimi layout needs two lengths of one task at one width: drawn from the same file too
-    assert figure("fig_train_kimi.py", str(tmp_path / "z.h5"), "--dump", str(tmp_path / "k.json")).returncode == 0
+    # a Zoology grid is not drawn in the Kimi layout
+    r = figure("fig_train_kimi.py", str(tmp_path / "z.h5"), "--dump", str(tmp_path / "k.json"))
+    assert r.returncode == 3 and "a Zoology grid (zoology-reduced): fig_train_zoology.py draws it" in r.stderr
 
 
-def test_kimi_figure_skips_a_file_with_one_length(tmp_path):
+def test_kimi_figure_draws_the_best_learning_rate_per_length_and_skips_a_file_with_one_length(tmp_path):
+    rows = [(t, L, 0, 256, m, lr, acc * (L == 256) + 0.1 * (lr == 5e-4)) for t in ("palindrome", "stack")
+            for L in (256, 1024) for m, acc in (("kda", 0.8), ("gated_deltanet", 0.4)) for lr in (5e-4, 1e-3)]
+    synthetic_results(tmp_path / "kr.h5", "kimi-reduced", rows)
+    r = figure("fig_train_kimi.py", str(tmp_path / "kr.h5"), "--dump", str(tmp_path / "kr.json"))
+    assert r.returncode == 0, r.stderr
+    import json
+    dump = json.loads((tmp_path / "kr.json").read_text())
+    assert [a["title"] for a in dump["axes"]] == ["Palindrome (d_model 256)", "Stack (d_model 256)"]
+    lines = {ln["label"]: ln for ln in dump["axes"][1]["lines"]}  # legend labels only in the first panel
+    assert lines["_kda"]["x"] == [256.0, 1024.0] and lines["_kda"]["y"] == pytest.approx([0.9, 0.1])
+    assert lines["_gated_deltanet"]["y"] == pytest.approx([0.5, 0.1])
+    assert "reduced grid: 16 runs" in dump["suptitle"]
     synthetic_results(tmp_path / "k.h5", "none", [("stack", 256, 0, 256, "kda", 1e-3, 0.9)])
     r = figure("fig_train_kimi.py", str(tmp_path / "k.h5"), "--out-dir", str(tmp_path / "fig"))
     assert r.returncode == 3 and "no task run at two or more sequence lengths" in r.stderr
