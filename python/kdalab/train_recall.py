@@ -115,7 +115,7 @@ def parser() -> argparse.ArgumentParser:
       "(default: heads x head_dim / 2)")
     g("--g-min", type=float, default=-5.0, help="lower bound g_min of the KDA / Gated DeltaNet gate (default: -5)")
     g("--short-conv", choices=["on", "off"], default="on", help="causal depthwise convolution (kernel 4) on each "
-      "mixer's q, k, v (MLA: on its input), as in Zoology and the KDA layer (default: on)")
+      "mixer's q, k, v, as in Zoology and the KDA layer (default: on)")
     g("--pos-emb", choices=["none", "learned"], default="none", help="absolute position embeddings (default: none)")
     g("--tied-head", action="store_true", help="tie the LM head to the token embedding")
     g("--lr", type=_list(float, "numbers"), help="learning rates, one run each (default: 3e-3)")
@@ -222,7 +222,7 @@ def resolve(a: argparse.Namespace) -> Dict[str, Any]:
         need(1 <= d <= 65536, f"--d-model: {d} is not an integer in [1, 65536]")
         need(cfg["head_dim"] > 0 or d % heads == 0, f"--d-model: {d} is not a multiple of --heads {heads}; give "
              "--head-dim")
-    need(cfg["head_dim"] >= 0, f"--head-dim: {cfg['head_dim']} must be >= 1")
+    need(a.head_dim is None or a.head_dim >= 1, f"--head-dim: {a.head_dim} must be >= 1")
     need(1 <= cfg["layers"] <= 64, f"--layers: {cfg['layers']} is not in [1, 64]")
     need(cfg["mla_latent"] >= 0, f"--mla-latent: {cfg['mla_latent']} must be >= 1 (or 0: the default)")
     need(math.isfinite(cfg["g_min"]) and cfg["g_min"] < 0, f"--g-min: {cfg['g_min']} must be a finite negative number")
@@ -349,11 +349,14 @@ def build_model(run: Run, cfg: Dict[str, Any], kda_fn: Optional[Callable] = None
     class GatedMla(nn.Module):
         """Gated MLA without RoPE (docs/equations.md section 5; DeepSeek-V2 Eqs. 9-19, K3 report Eq. 7): latent
         c_kv = RMSNorm(W_DKV x) [d_c], k = W_UK c_kv, v = W_UV c_kv; c_q = RMSNorm(W_DQ x), q = W_UQ c_q;
-        causal softmax attention; y = W_O [Sigmoid(W_G x) * o]."""
+        causal softmax attention; y = W_O [Sigmoid(W_G x) * o]. With --short-conv on, q, k, v pass through the same
+        convolutions as the softmax mixer's (after the up-projections; a shared one on the input would have to hold
+        the current and the previous token in the same channels), so the two differ only by the latent and the
+        gate."""
         def __init__(self):
             super().__init__()
             dc = cfg["mla_latent"] or max(1, H * hd // 2)
-            self.conv = maybe_conv(d)
+            self.cq, self.ck, self.cv = (maybe_conv(H * hd) for _ in range(3))
             self.dkv, self.dq = nn.Linear(d, dc, bias=False), nn.Linear(d, dc, bias=False)
             self.nkv, self.nq = nn.RMSNorm(dc), nn.RMSNorm(dc)
             self.uk, self.uv, self.uq = (nn.Linear(dc, H * hd, bias=False) for _ in range(3))
@@ -361,10 +364,9 @@ def build_model(run: Run, cfg: Dict[str, Any], kda_fn: Optional[Callable] = None
             self.o = nn.Linear(H * hd, d, bias=False)
 
         def forward(self, x):
-            h = self.conv(x)
-            c = self.nkv(self.dkv(h))
-            q = heads(self.uq(self.nq(self.dq(h)))).transpose(1, 2)
-            k, v = heads(self.uk(c)).transpose(1, 2), heads(self.uv(c)).transpose(1, 2)
+            c = self.nkv(self.dkv(x))
+            q = heads(self.cq(self.uq(self.nq(self.dq(x))))).transpose(1, 2)
+            k, v = heads(self.ck(self.uk(c))).transpose(1, 2), heads(self.cv(self.uv(c))).transpose(1, 2)
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(x.shape[0], x.shape[1], -1)
             return self.o(torch.sigmoid(self.gate(x)) * o)
 
@@ -629,7 +631,7 @@ def write_results(path: str, cfg: Dict[str, Any], results: Sequence[Result], dev
     flags = best_flags(results)
     n = len(results)
     reduced = cfg["grid"].endswith("-reduced")
-    with kdalab.ResultsFile(path, force=force, command_line=command_line, config=json.dumps(cfg, sort_keys=True),
+    with kdalab.ResultsFile(path, force=force, command_line=command_line, config=json.dumps({k.replace("_", "-"): v for k, v in cfg.items()}, sort_keys=True),
                             seed=str(cfg["seed"])) as f:
         g = "train_recall"
         f.group(g, "Trained associative recall (docs/recall-training.md): one row per run (task, length, width, "
