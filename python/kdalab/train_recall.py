@@ -663,6 +663,10 @@ def write_results(path: str, cfg: Dict[str, Any], results: Sequence[Result], dev
             col("seconds", "s", "wall time of the run", [x.seconds for x in results]),
             col("init_seed", "1", "torch seed of the initialisation (cell_seed >> 1)",
                 [str(x.init_seed >> 1) for x in results]),
+            col("train_data_seed", "1", "seed of the training split's generator (cell_seed of the data cell)",
+                [str(kdalab.cell_seed(cfg["seed"], f"{r.cell} split=train")) for r in R]),
+            col("test_data_seed", "1", "seed of the test split's generator",
+                [str(kdalab.cell_seed(cfg["seed"], f"{r.cell} split=test")) for r in R]),
         ])
         for i, x in enumerate(results):
             rg = f"{g}/runs/{i:03d}"
