@@ -9,7 +9,6 @@ Usage: /usr/bin/python3 scripts/fig_train_zoology.py [RESULTS.h5] [--out-dir fig
 """
 import sys
 
-import numpy as np
 
 import figstyle as fs
 import train_recall_rows as tr

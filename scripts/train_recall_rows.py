@@ -35,7 +35,7 @@ def load(description):
         paths = sorted(glob.glob(os.path.join(DATA_DIR, "*.h5")))
         if not paths:
             fs._ARGS = a
-            raise fs.Skip(f"no results files under data/recall_train/ (GPU runs of python -m kdalab.train_recall "
+            raise fs.Skip("no results files under data/recall_train/ (GPU runs of python -m kdalab.train_recall "
                           "are not checked in yet); give a results file")
     else:
         if not os.path.isfile(a.results):
