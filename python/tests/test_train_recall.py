@@ -62,6 +62,9 @@ def test_help_names_every_option():
 def test_grids_state_their_run_counts():
     counts = {g: len(tr.runs_of(tr.resolve(tr.parser().parse_args(["--grid", g])))) for g in tr.GRIDS}
     assert counts == {"zoology": 3 * 4 * 5 * 4, "zoology-reduced": 54, "kimi": 3 * 4 * 4 * 4, "kimi-reduced": 24}
+    # an option given with a grid replaces the grid's value
+    cfg = tr.resolve(tr.parser().parse_args(["--grid", "zoology-reduced", "--mixers", "softmax"]))
+    assert len(tr.runs_of(cfg)) == 18 and cfg["vocab"] == [8192] and tr.steps_per_run(cfg) == 2496
 
 
 # ---- training (torch)
