@@ -31,6 +31,7 @@ from ._core import (
     Budget,
     CheckResult,
     Error,
+    IGNORE_INDEX,
     ResultsFile,
     Rng,
     anchor_kda,
@@ -58,9 +59,12 @@ from ._core import (
     mla,
     mla_attend,
     mla_attend_backward,
+    mqar,
+    palindrome,
     read_array,
     read_attr,
     software_version,
+    stack_task,
 )
 
 __version__ = software_version
@@ -80,11 +84,11 @@ def require_cuda() -> None:
 
 
 __all__ = [
-    "BUDGET_FACTOR", "BUDGET_FLOOR", "Budget", "CHECK_DEFAULT_TOL", "CheckResult", "Error", "NotAvailable", "ResultsFile", "Rng", "anchor_kda", "attn_res",
+    "BUDGET_FACTOR", "BUDGET_FLOOR", "Budget", "CHECK_DEFAULT_TOL", "CheckResult", "Error", "IGNORE_INDEX", "NotAvailable", "ResultsFile", "Rng", "anchor_kda", "attn_res",
     "attn_res_backward", "budget_kda", "budget_mla", "budget_of", "budgets", "built_with_cuda", "cell_seed",
     "check", "exists", "fnv1a64", "gate",
     "gate_backward", "kda_chunked", "kda_chunked_backward", "kda_decode", "kda_inputs", "kda_layer",
-    "kda_recurrent", "kda_recurrent_backward", "members", "mla", "mla_attend", "mla_attend_backward",
-    "read_array", "read_attr", "require_cuda",
+    "kda_recurrent", "kda_recurrent_backward", "members", "mla", "mla_attend", "mla_attend_backward", "mqar", "palindrome",
+    "read_array", "read_attr", "require_cuda", "stack_task",
 ]
 from . import verify  # noqa: E402,F401  (kdalab.verify: docs/verify.md)

@@ -226,6 +226,25 @@ def kda_inputs(B: int, T: int, H: int, d_k: int, d_v: int, *, gate: str = "bound
     ("bounded" | "softplus"), g_min (bounded gate), beta ("sigmoid" | "wide" | "one") and d_v != d_k.
     Keys and shapes as anchor_kda (v [B, T, H, d_v], S0 [B, H, d_k, d_v]); "generator" names it."""
 
+def mqar(n: int, seq_len: int, num_kv_pairs: int, vocab: int, seed: int, *, power_a: float = 0.01,
+         random_non_queries: bool = True) -> dict[str, Any]:
+    """Zoology's multi-query associative recall (numerics/recall_tasks.hpp mqar; Arora et al. 2023, sec. 3.1),
+    identical to the C++ generator's: "inputs" and "targets" int64 [n, seq_len] (targets IGNORE_INDEX = -100 where
+    not scored), and "task", "n", "seq_len", "vocab", "seed", "checksum" (FNV-1a 64 of inputs then targets).
+    Keys from [1, vocab/2), values from [vocab/2, vocab); each key queried once at a power-law gap
+    P(g) ~ (g + 1)^(power_a - 1). Errors: Error naming the argument."""
+
+def palindrome(n: int, seq_len: int, vocab: int, seed: int) -> dict[str, Any]:
+    """The Palindrome task (numerics/recall_tasks.hpp palindrome; Kimi Linear report sec. 5.1): seq_len / 2
+    tokens from [2, vocab), the separator 1, then the reversed tokens; the second half is scored. Keys as mqar."""
+
+def stack_task(n: int, seq_len: int, vocab: int, num_stacks: int, seed: int) -> dict[str, Any]:
+    """The Stack task (numerics/recall_tasks.hpp stack_task; Kimi Linear report sec. 5.1): seq_len / 2 push or
+    pop operations on num_stacks stacks (push s: token 2 + s and a value from [2 + 2 num_stacks, vocab); pop s:
+    token 2 + num_stacks + s, scored, then the popped value). Keys as mqar."""
+
+IGNORE_INDEX: int
+
 class Rng:
     """The seeded portable generator (numerics/random.hpp: boost mt19937_64 and Boost's distributions)."""
     def __init__(self, seed: int) -> None: ...

@@ -27,6 +27,7 @@
 #include "numerics/kda_inputs.hpp"
 #include "numerics/metrics.hpp"
 #include "numerics/random.hpp"
+#include "numerics/recall_tasks.hpp"
 #include "numerics/tolerance.hpp"
 #include "python/src/arrays.hpp"
 #ifdef KDALAB_HAVE_CUDA
@@ -208,6 +209,23 @@ nb::dict inputs_out(KdaInputs in) {
 std::size_t count(std::int64_t n, const char* name) {
   require(n >= 0, std::string(name) + " = " + std::to_string(n) + " is not accepted; give an integer >= 0");
   return static_cast<std::size_t>(n);
+}
+
+/// A token task (numerics/recall_tasks.hpp) as a dict: inputs and targets as numpy int64 [n, L], and its facts.
+nb::dict task_out(TokenTask d) {
+  using I64 = nb::ndarray<nb::numpy, std::int64_t>;
+  auto int_array = [&](std::vector<std::int64_t>&& v) {
+    auto* p = new std::vector<std::int64_t>(std::move(v));
+    nb::capsule owner(p, [](void* x) noexcept { delete static_cast<std::vector<std::int64_t>*>(x); });
+    const std::size_t shape[2] = {d.n, d.L};
+    return I64(p->data(), 2, shape, owner);
+  };
+  nb::dict r;
+  r["task"] = d.task; r["n"] = d.n; r["seq_len"] = d.L; r["vocab"] = d.vocab; r["seed"] = d.seed;
+  r["checksum"] = task_checksum(d);
+  r["inputs"] = int_array(std::move(d.inputs));
+  r["targets"] = int_array(std::move(d.targets));
+  return r;
 }
 
 /// Named budgets of numerics/tolerance.hpp (relative RMS unless the reason says otherwise).
@@ -456,6 +474,28 @@ NB_MODULE(_core, m) {
       },
       "B"_a, "T"_a, "H"_a, "d_k"_a, "d_v"_a, nb::kw_only(), "gate"_a = "bounded", "g_min"_a = -5.0,
       "beta"_a = "sigmoid", "seed"_a = 1, doc::kda_inputs);
+  m.def(
+      "mqar",
+      [](std::int64_t n, std::int64_t seq_len, std::int64_t num_kv_pairs, std::int64_t vocab, std::uint64_t seed,
+         double power_a, bool random_non_queries) {
+        return task_out(mqar(count(n, "n"), count(seq_len, "seq_len"), count(num_kv_pairs, "num_kv_pairs"), vocab,
+                             seed, power_a, random_non_queries));
+      },
+      "n"_a, "seq_len"_a, "num_kv_pairs"_a, "vocab"_a, "seed"_a, nb::kw_only(), "power_a"_a = 0.01,
+      "random_non_queries"_a = true, doc::mqar);
+  m.def(
+      "palindrome",
+      [](std::int64_t n, std::int64_t seq_len, std::int64_t vocab, std::uint64_t seed) {
+        return task_out(palindrome(count(n, "n"), count(seq_len, "seq_len"), vocab, seed));
+      },
+      "n"_a, "seq_len"_a, "vocab"_a, "seed"_a, doc::palindrome);
+  m.def(
+      "stack_task",
+      [](std::int64_t n, std::int64_t seq_len, std::int64_t vocab, std::int64_t num_stacks, std::uint64_t seed) {
+        return task_out(stack_task(count(n, "n"), count(seq_len, "seq_len"), vocab, count(num_stacks, "num_stacks"), seed));
+      },
+      "n"_a, "seq_len"_a, "vocab"_a, "num_stacks"_a, "seed"_a, doc::stack_task);
+  m.attr("IGNORE_INDEX") = kIgnore;
   nb::class_<Rng>(m, "Rng", doc::Rng)
       .def(nb::init<std::uint64_t>(), "seed"_a)
       .def("normal", [](Rng& r, std::int64_t n) {

@@ -1,0 +1,228 @@
+"""python -m kdalab.train_recall (python/kdalab/train_recall.py; docs/recall-training.md): bad options, training to
+high accuracy, resumption, the KDA-family mixers' wiring and the figure scripts. Tests that train need torch and
+skip without it (the project's CI has none); the others run everywhere."""
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import kdalab
+from kdalab import train_recall as tr
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+# a small MQAR problem softmax attention learns in a few hundred CPU steps
+TINY = ["--vocab", "64", "--seq-len", "32", "--kv-pairs", "4", "--d-model", "32", "--batch-size", "32",
+        "--train-examples", "1600", "--test-examples", "200", "--threads", "1", "--device", "cpu", "--quiet"]
+
+
+def run_cli(argv, **kw):
+    try:
+        return tr.main(argv, **kw)
+    except SystemExit as e:  # argparse's own errors
+        return e.code
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--tasks", "copy"], "--tasks: 'copy' is unknown"),
+    (["--mixers", "mamba2"], "--mixers: 'mamba2' is unknown"),
+    (["--lr", "0"], "--lr: 0.0 must be in (0, 1]"),
+    (["--lr", "fast"], "argument --lr: 'fast' is not a comma-separated list of numbers"),
+    (["--seq-len", "63"], "--seq-len: 63 is not an even integer"),
+    (["--seq-len", "64", "--kv-pairs", "17"], "--kv-pairs: 17 pairs do not fit L = 64"),
+    (["--tasks", "stack", "--vocab", "100"], "--vocab: 100 leaves no value tokens for the Stack task"),
+    (["--grid", "zoology-tiny"], "argument --grid: invalid choice"),
+    (["--resume"], "--resume: no checkpoint"),
+])
+def test_bad_options_are_one_line_exit_2_and_write_nothing(tmp_path, capsys, argv, says):
+    out = tmp_path / "r.h5"
+    assert run_cli(argv + ["--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1 and err.startswith("python -m kdalab.train_recall: error: ")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_existing_out_is_kept_without_force(tmp_path, capsys):
+    out = tmp_path / "r.h5"
+    out.write_text("keep")
+    assert run_cli(["--out", str(out)]) == 2
+    assert "exists; it is replaced only with --force" in capsys.readouterr().err and out.read_text() == "keep"
+
+
+def test_help_names_every_option():
+    r = subprocess.run([sys.executable, "-m", "kdalab.train_recall", "--help"], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert r.returncode == 0
+    for opt in ("--grid", "--tasks", "--mixers", "--lr", "--resume", "--force", "--stop-after", "--short-conv"):
+        assert opt in r.stdout
+
+
+def test_grids_state_their_run_counts():
+    counts = {g: len(tr.runs_of(tr.resolve(tr.parser().parse_args(["--grid", g])))) for g in tr.GRIDS}
+    assert counts == {"zoology": 3 * 4 * 5 * 4, "zoology-reduced": 54, "kimi": 3 * 4 * 4 * 4, "kimi-reduced": 24}
+    # an option given with a grid replaces the grid's value
+    cfg = tr.resolve(tr.parser().parse_args(["--grid", "zoology-reduced", "--mixers", "softmax"]))
+    assert len(tr.runs_of(cfg)) == 18 and cfg["vocab"] == [8192] and tr.steps_per_run(cfg) == 2496
+
+
+# ---- training (torch)
+
+
+def test_softmax_attention_learns_tiny_mqar_on_the_cpu(tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "r.h5"
+    assert tr.main(TINY + ["--epochs", "8", "--lr", "3e-3", "--out", str(out)]) == 0
+    acc = kdalab.read_array(str(out), "train_recall/test_accuracy")
+    assert acc.shape == (1,) and acc[0] >= 0.9, acc
+    assert kdalab.read_attr(str(out), "/", "software") == "kdalab"
+    assert kdalab.read_attr(str(out), "train_recall", "torch_device") == "cpu"
+    assert len(kdalab.read_array(str(out), "train_recall/runs/000/loss")) == 8 * 50
+    assert not (tmp_path / "r.h5.ckpt").exists()
+
+
+def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path):
+    pytest.importorskip("torch")
+    opts = TINY + ["--epochs", "1", "--lr", "1e-3,3e-3", "--checkpoint-every", "7"]
+    a, b = tmp_path / "a.h5", tmp_path / "b.h5"
+    assert tr.main(opts + ["--out", str(a)]) == 0
+    assert tr.main(opts + ["--out", str(b), "--stop-after", "70"]) == 0  # inside the second run (50 steps each)
+    assert not b.exists() and (tmp_path / "b.h5.ckpt").exists()
+    assert tr.main(opts + ["--out", str(b), "--resume", "--stop-after", "0"]) == 0
+    for run in ("000", "001"):
+        for name in ("loss", "train_accuracy", "eval_accuracy"):
+            x = kdalab.read_array(str(a), f"train_recall/runs/{run}/{name}")
+            y = kdalab.read_array(str(b), f"train_recall/runs/{run}/{name}")
+            assert np.array_equal(x, y), (run, name)
+    assert not (tmp_path / "b.h5.ckpt").exists()
+
+
+def test_a_resume_with_other_options_is_refused(tmp_path, capsys):
+    pytest.importorskip("torch")
+    opts = TINY + ["--epochs", "1", "--out", str(tmp_path / "r.h5")]
+    assert tr.main(opts + ["--stop-after", "3"]) == 0
+    assert tr.main(opts + ["--resume", "--lr", "1e-2"]) == 2
+    assert "was made with other options (lr)" in capsys.readouterr().err
+
+
+def test_kernel_mixers_on_the_cpu_cannot_run_here(tmp_path, capsys):
+    pytest.importorskip("torch")
+    assert tr.main(TINY + ["--mixers", "softmax,kda", "--out", str(tmp_path / "r.h5")]) == 3
+    err = capsys.readouterr().err
+    assert "--mixers kda: it runs kdalab's CUDA KDA kernel" in err and "needs a CUDA device" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def reference_kda(q, k, v, g, beta, scale):
+    """The KDA recurrence (docs/equations.md section 1) in plain torch, fla's convention: S_t = Diag(e^g_t) S_{t-1}
+    + beta_t k_t (v_t - (Diag(e^g_t) S_{t-1})^T k_t)^T, o_t = scale S_t^T q_t."""
+    import torch
+    B, T, H, K = q.shape
+    S = q.new_zeros(B, H, K, v.shape[-1])
+    out = []
+    for t in range(T):
+        S = S * g[:, t].exp()[..., None]
+        kv = (S * k[:, t, ..., None]).sum(-2)
+        S = S + beta[:, t, :, None, None] * k[:, t, ..., None] * (v[:, t] - kv)[..., None, :]
+        out.append(scale * (S * q[:, t, ..., None]).sum(-2))
+    return torch.stack(out, 1), S
+
+
+def test_kernel_mixers_train_through_a_given_chunked_kda(tmp_path):
+    """The wiring of the KDA, Gated DeltaNet and DeltaNet mixers (gates, shapes, the kernel's name in the file),
+    through the reference recurrence in place of kdalab.torch.chunk_kda."""
+    pytest.importorskip("torch")
+    out = tmp_path / "r.h5"
+    ref = (reference_kda, "reference_kda")
+    mixers = ["kda", "gated_deltanet", "deltanet"]
+    assert tr.main(TINY + ["--mixers", ",".join(mixers), "--seq-len", "16", "--kv-pairs", "2", "--max-steps", "4",
+                           "--out", str(out)], kernels={m: ref for m in mixers}) == 0
+    assert kdalab.read_attr(str(out), "train_recall/runs/000", "kernel") == "reference_kda"
+    loss = kdalab.read_array(str(out), "train_recall/runs/001/loss")
+    assert loss.shape == (4,) and np.isfinite(loss).all()
+
+
+def test_gates_stay_within_their_bounds():
+    torch = pytest.importorskip("torch")
+    seen = {}
+
+    def spy(q, k, v, g, beta, scale):
+        seen["g"], seen["beta"] = g, beta
+        return reference_kda(q, k, v, g, beta, scale)
+
+    cfg = tr.resolve(tr.parser().parse_args(["--g-min", "-3", "--heads", "2"]))
+    for mixer in ("kda", "gated_deltanet"):
+        run = tr.Run("mqar", 16, 2, 64, 32, mixer, 1e-3)
+        tr.build_model(run, cfg, spy)(torch.randint(0, 64, (2, 16)))
+        g = seen["g"]
+        assert g.shape == (2, 16, 2, 16) and (g <= 0).all() and (g >= -3).all()
+        if mixer == "gated_deltanet":  # one value per head, broadcast over the key channels
+            assert (g == g[..., :1]).all()
+        assert ((seen["beta"] > 0) & (seen["beta"] < 1)).all()
+
+
+# ---- figures (Debian's /usr/bin/python3 with h5py and matplotlib)
+
+
+def figure(script, *args):
+    py = "/usr/bin/python3"
+    if not os.path.exists(py) or subprocess.run([py, "-c", "import h5py, matplotlib"]).returncode != 0:
+        pytest.skip("/usr/bin/python3 lacks h5py or matplotlib")
+    return subprocess.run([py, str(ROOT / "scripts" / script), *args], capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("script", ["fig_train_zoology.py", "fig_train_kimi.py"])
+def test_figures_from_the_checked_in_files_skip_when_there_are_none(script, tmp_path):
+    r = figure(script, "--out-dir", str(tmp_path))
+    if list((ROOT / "data" / "recall_train").glob("*.h5")):
+        assert r.returncode in (0, 3), r.stderr
+    else:
+        assert r.returncode == 3 and "skip: no results files under data/recall_train/" in r.stderr
+
+
+def synthetic_results(path, grid, rows):
+    """A results file with the train_recall table of a finished run, as train_recall writes it (no training)."""
+    n = len(rows)
+    with kdalab.ResultsFile(str(path), config="{}", seed="1") as f:
+        f.group("train_recall", "test")
+        f.attr("train_recall", "grid", grid)
+        f.attr("train_recall", "note", f"reduced grid: {n} runs" if grid.endswith("-reduced") else f"{n} runs")
+        cols = ("task", "seq_len", "kv_pairs", "d_model", "mixer", "lr", "test_accuracy")
+        f.write_table("train_recall", [(c, "1", c, [r[i] for r in rows]) for i, c in enumerate(cols)])
+
+
+def test_zoology_figure_draws_the_best_learning_rate_per_width(tmp_path):
+    rows = [("mqar", L, L // 16, d, m, lr, acc * (1 if lr == 1e-3 else 0.5))
+            for L in (64, 128) for d in (64, 128) for m, acc in (("softmax", 1.0), ("kda", 0.5)) for lr in (1e-3, 1e-2)]
+    synthetic_results(tmp_path / "z.h5", "zoology-reduced", rows)
+    r = figure("fig_train_zoology.py", str(tmp_path / "z.h5"), "--dump", str(tmp_path / "z.json"))
+    assert r.returncode == 0, r.stderr
+    import json
+    dump = json.loads((tmp_path / "z.json").read_text())
+    assert "reduced grid: 16 runs" in dump["suptitle"]
+    assert [a["title"] for a in dump["axes"]] == ["L = 64, N = 4", "L = 128, N = 8"]
+    lines = {ln["label"]: ln for ln in dump["axes"][0]["lines"] if not ln["label"].startswith("_")}
+    assert lines["softmax attention"]["y"] == [1.0, 1.0] and lines["KDA"]["y"] == [0.5, 0.5]
+    # a Zoology grid is not drawn in the Kimi layout
+    r = figure("fig_train_kimi.py", str(tmp_path / "z.h5"), "--dump", str(tmp_path / "k.json"))
+    assert r.returncode == 3 and "a Zoology grid (zoology-reduced): fig_train_zoology.py draws it" in r.stderr
+
+
+def test_kimi_figure_draws_the_best_learning_rate_per_length_and_skips_a_file_with_one_length(tmp_path):
+    rows = [(t, L, 0, 256, m, lr, acc * (L == 256) + 0.1 * (lr == 5e-4)) for t in ("palindrome", "stack")
+            for L in (256, 1024) for m, acc in (("kda", 0.8), ("gated_deltanet", 0.4)) for lr in (5e-4, 1e-3)]
+    synthetic_results(tmp_path / "kr.h5", "kimi-reduced", rows)
+    r = figure("fig_train_kimi.py", str(tmp_path / "kr.h5"), "--dump", str(tmp_path / "kr.json"))
+    assert r.returncode == 0, r.stderr
+    import json
+    dump = json.loads((tmp_path / "kr.json").read_text())
+    assert [a["title"] for a in dump["axes"]] == ["Palindrome (d_model 256)", "Stack (d_model 256)"]
+    lines = {ln["label"]: ln for ln in dump["axes"][1]["lines"]}  # legend labels only in the first panel
+    assert lines["_kda"]["x"] == [256.0, 1024.0] and lines["_kda"]["y"] == pytest.approx([0.9, 0.1])
+    assert lines["_gated_deltanet"]["y"] == pytest.approx([0.5, 0.1])
+    assert "reduced grid: 16 runs" in dump["suptitle"]
+    synthetic_results(tmp_path / "k.h5", "none", [("stack", 256, 0, 256, "kda", 1e-3, 0.9)])
+    r = figure("fig_train_kimi.py", str(tmp_path / "k.h5"), "--out-dir", str(tmp_path / "fig"))
+    assert r.returncode == 3 and "no task run at two or more sequence lengths" in r.stderr
+    assert not (tmp_path / "fig").exists()

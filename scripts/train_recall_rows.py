@@ -1,0 +1,79 @@
+"""The rows of python -m kdalab.train_recall's results files for fig_train_zoology.py and fig_train_kimi.py (not a
+figure itself): the command line of both scripts, the train_recall table of one file or of every
+data/recall_train/*.h5, the best learning rate per point, the title note of a reduced grid."""
+import argparse
+import glob
+import os
+
+import h5py
+import numpy as np
+
+import figstyle as fs
+
+DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "recall_train")
+LABEL = {"softmax": "softmax attention", "mla": "Gated MLA", "kda": "KDA", "gated_deltanet": "Gated DeltaNet",
+         "deltanet": "DeltaNet"}
+COLUMNS = ("task", "seq_len", "kv_pairs", "d_model", "mixer", "lr", "test_accuracy")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        fs.usage_error(message)
+
+
+def load(description):
+    """Parses the command line (RESULTS.h5 optional; --out-dir, --dump as every figure script) and returns
+    (open files, rows of all their train_recall tables as numpy arrays, title note, the set of their grid names). Without RESULTS.h5 the files
+    are data/recall_train/*.h5; none there raises fs.Skip (exit 3) with the reason."""
+    p = _Parser(description=description)
+    p.add_argument("results", nargs="?", help="a results file of python -m kdalab.train_recall (default: every "
+                   "data/recall_train/*.h5)")
+    p.add_argument("--out-dir", default=None, help="folder for the PNG and PDF (default figures/)")
+    p.add_argument("--dump", metavar="FILE.json", help="write what was drawn as JSON (see figstyle.py)")
+    a = p.parse_args()
+    if a.results is None:
+        paths = sorted(glob.glob(os.path.join(DATA_DIR, "*.h5")))
+        if not paths:
+            fs._ARGS = a
+            raise fs.Skip("no results files under data/recall_train/ (GPU runs of python -m kdalab.train_recall "
+                          "are not checked in yet); give a results file")
+    else:
+        if not os.path.isfile(a.results):
+            fs.usage_error(f"{a.results}: no such file")
+        if not h5py.is_hdf5(a.results):
+            fs.usage_error(f"{a.results}: not an HDF5 file (give a kdalab results file, .h5)")
+        paths = [a.results]
+    a.results = paths[0]
+    fs._ARGS = a  # save() and run() read it
+    files, parts, notes, grids = [], [], [], set()
+    for path in paths:
+        f = h5py.File(path, "r")
+        t = fs.need_table(f, "train_recall", COLUMNS, path)
+        files.append(f)
+        parts.append({k: np.atleast_1d(t[k]) for k in COLUMNS})
+        grids.add(fs.attr(f["train_recall"], "grid", "none"))
+        note = fs.attr(f["train_recall"], "note", "")
+        if note.startswith("reduced grid"):
+            notes.append(note)
+    rows = {k: np.concatenate([p[k] for p in parts]) for k in COLUMNS}
+    return files, rows, (" — " + "; ".join(notes)) if notes else "", grids
+
+
+def mixers_in(rows, sel):
+    """The mixers of the selected rows in the figure order (softmax, mla, kda, gated_deltanet, deltanet, others)."""
+    present = list(dict.fromkeys(rows["mixer"][sel].tolist()))
+    order = [m for m in LABEL if m in present]
+    return order + [m for m in present if m not in order]
+
+
+def best_over_lr(rows, sel, x_key):
+    """x values and, for each, the best test accuracy over the learning rates (and files) of the selected rows."""
+    xs = sorted(set(rows[x_key][sel].tolist()))
+    ys = [rows["test_accuracy"][sel & (rows[x_key] == x)].max() for x in xs]
+    return np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
+
+
+def caption(files):
+    names = ", ".join(os.path.basename(f.filename) for f in files)
+    return (f"Each point: the best test accuracy over the learning rates tried (files: {names}); training settings in "
+            "the config below and docs/recall-training.md.")
