@@ -55,7 +55,10 @@ struct BwdCase {
 
   std::string name() const {
     std::string s = "D=";  // appended piece by piece: GCC 12's -Wrestrict misfires on "lit" + std::string&&
-    for (const auto& [key, val] : {std::pair<const char*, std::size_t>{"", D}, {" B=", B}, {" T=", T}, {" H=", H},
+    std::size_t tokens = 0;  // varlen: the packed total
+    for (int l : lens) tokens += static_cast<std::size_t>(l);
+    if (lens.empty()) tokens = T;
+    for (const auto& [key, val] : {std::pair<const char*, std::size_t>{"", D}, {" B=", B}, {" T=", tokens}, {" H=", H},
                                    {" HV=", H * group}}) {
       s += key;
       s += std::to_string(val);
