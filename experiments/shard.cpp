@@ -285,7 +285,7 @@ int run_merge(Context& ctx, const std::vector<std::string>& files) {
             fmt::format("merge: '{}' has seed {}, '{}' seed {}; merge the shards of one run", files[i], root(i, "seed"),
                         files[0], root(0, "seed")));
     const nlohmann::json cfg = comparable_config(root(i, "config"), files[i]);
-    if (cfg != cfg0) {
+    if (cfg.dump() != cfg0.dump()) {
       std::string key;
       for (const auto& [k, v] : cfg.items())
         if (!cfg0.contains(k) || cfg0[k] != v) { key = k; break; }
@@ -307,16 +307,16 @@ int run_merge(Context& ctx, const std::vector<std::string>& files) {
   for (std::size_t i = 0; i < shards.size(); ++i) {
     const std::size_t idx = std::stoul(root(i, "shard_index"));
     require(idx >= 1 && idx <= count, "merge: '" + files[i] + "': shard index out of range");
-    require(file_of_index[idx] == shards.size(),
-            fmt::format("merge: '{}' and '{}' are both shard {}; give each shard once", files[file_of_index[idx]],
-                        files[i], root(i, "shard")));
+    if (file_of_index[idx] != shards.size())
+      throw Error(fmt::format("merge: '{}' and '{}' are both shard {}; give each shard once", files[file_of_index[idx]],
+                              files[i], root(i, "shard")));
     file_of_index[idx] = i;
     for (const auto k : parse_keys(root(i, "shard_points"), files[i], "/")) {
       require(k >= 0 && static_cast<std::size_t>(k) < grid, "merge: '" + files[i] + "': a shard point is out of range");
       const auto p = static_cast<std::size_t>(k);
-      require(file_of_point[p] == shards.size(),
-              fmt::format("merge: grid point {} is in '{}' and in '{}'; give shards that cover each point once", p,
-                          files[file_of_point[p]], files[i]));
+      if (file_of_point[p] != shards.size())
+        throw Error(fmt::format("merge: grid point {} is in '{}' and in '{}'; give shards that cover each point once", p,
+                                files[file_of_point[p]], files[i]));
       file_of_point[p] = i;
     }
   }
