@@ -691,7 +691,10 @@ int run(int argc, char** argv) {
     if (CLI::Option* o = find_long(cmd->app, "config"))
       for (const std::string& f : o->results()) require_regular_input("--config", f, "a regular file");
     check_option_values(cmd->app, cmd->inputs);
-    ctx.shard = parse_shard(ctx.common.shard);
+    {
+      const CLI::Option* so = find_long(cmd->app, "shard");
+      ctx.shard = parse_shard(ctx.common.shard, so != nullptr && so->count() > 0);
+    }
     ctx.config = effective_config(cmd->app);
     // the one order of checks: the subcommand's own (options, then its input files), --out not an input, --out
     if (cmd->check) cmd->check(ctx);

@@ -16,9 +16,9 @@
 
 namespace kdalab::cli {
 
-ShardSpec parse_shard(const std::string& value) {
+ShardSpec parse_shard(const std::string& value, bool given) {
   ShardSpec s;
-  if (value.empty()) return s;
+  if (value.empty() && !given) return s;
   static const std::regex re("([1-9][0-9]{0,5})/([1-9][0-9]{0,5})");
   std::smatch m;
   const std::string accepted = "; give I/N with integers 1 <= I <= N <= 100000 (e.g. --shard 2/4: the second of four "

@@ -35,9 +35,10 @@ struct ShardSpec {
   bool active() const { return count > 0; }
 };
 
-/// Parses --shard's value "I/N" (decimal integers, 1 <= I <= N <= 100000). "" is the whole grid. Throws kdalab::Error
-/// "--shard: 'V' is not accepted; give I/N with integers 1 <= I <= N (e.g. --shard 2/4: the second of four shards)".
-ShardSpec parse_shard(const std::string& value);
+/// Parses --shard's value "I/N" (decimal integers without leading zeros, 1 <= I <= N <= 100000); `given`: the option was
+/// given (then "" is refused too), else the whole grid. Throws kdalab::Error "--shard: 'V' is not accepted; give I/N
+/// with integers 1 <= I <= N <= 100000 (...)" (exit 2).
+ShardSpec parse_shard(const std::string& value, bool given);
 
 /// The shard (1-based) of each grid point: longest first, each to the least loaded shard (ties: lower index). cost:
 /// one expected cost per point (any positive unit; non-finite or negative counts as 0). count >= 1.

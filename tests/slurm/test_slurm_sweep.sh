@@ -128,7 +128,7 @@ done
 log "after ${waited}s: array $array tasks: $(job_state "$array"); merge $merge: $ms"
 if [ -f "$T/jobcomp.txt" ]; then  # the controller's record of every finished job
   while read -r line; do
-    log "jobcomp: $(grep -oE '(JobId|Name|JobState|NodeList|StartTime|EndTime|ExitCode)=[^ ]*' <<<"$line" | paste -sd' ' -)"
+    log "jobcomp: $(grep -oE '(^| )(JobId|Name|ArrayJobId|ArrayTaskId|JobState|StartTime|EndTime|ExitCode)=[^ ]*' <<<"$line" | tr -d ' ' | paste -sd' ' -)"
   done < "$T/jobcomp.txt"
 fi
 [ "$ms" = COMPLETED ] || fail "merge job $merge ended $ms"
