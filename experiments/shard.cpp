@@ -204,7 +204,7 @@ MergedData read_file(const std::string& file) {
     H5::Group root = f.openGroup("/");
     read_tree(root, "/", file, d);
   } catch (const H5::Exception& e) {
-    throw Error("merge: '" + file + "' cannot be read as an HDF5 results file: " + e.getDetailMsg());
+    throw Error("'" + file + "' cannot be read as an HDF5 results file: " + e.getDetailMsg());
   }
   return d;
 }
@@ -224,7 +224,7 @@ std::vector<std::int64_t> parse_keys(const std::string& text, const std::string&
     try {
       k.push_back(std::stoll(text.substr(a, b - a)));
     } catch (...) {
-      throw Error("merge: '" + file + "': attribute shard_row_keys of '" + path + "' is not a list of integers");
+      throw Error("'" + file + "': attribute shard_row_keys of '" + path + "' is not a list of integers");
     }
     a = b + 1;
   }
@@ -237,7 +237,7 @@ nlohmann::json comparable_config(const std::string& text, const std::string& fil
   try {
     j = nlohmann::json::parse(text);
   } catch (const std::exception&) {
-    throw Error("merge: '" + file + "': root attribute config is not JSON");
+    throw Error("'" + file + "': root attribute config is not JSON");
   }
   // what may differ between the shards of one run: the shard itself, each shard's own --out, its progress lines
   for (const char* k : {"shard", "out", "quiet"}) j.erase(k);
@@ -261,28 +261,28 @@ std::vector<T> gather(const std::vector<const std::vector<T>*>& parts, const std
 }
 
 int run_merge(Context& ctx, const std::vector<std::string>& files) {
-  require(!files.empty(), "merge: no shard files given; give the files written with --shard 1/N ... N/N");
+  require(!files.empty(), "no shard files given; give the files written with --shard 1/N ... N/N");
   std::vector<MergedData> shards;
   for (const auto& f : files) {
-    require(std::filesystem::is_regular_file(f), "merge: shard file '" + f + "' does not exist or is not a regular file");
+    require(std::filesystem::is_regular_file(f), "shard file '" + f + "' does not exist or is not a regular file");
     shards.push_back(read_file(f));
   }
   // ---- the shards come from one sharded run, and cover the grid once ----
   const auto root = [&](std::size_t i, const char* a) { return attr_text(shards[i].nodes.at("/"), a); };
   for (std::size_t i = 0; i < shards.size(); ++i)
-    require(!root(i, "shard").empty(), "merge: '" + files[i] + "' is not a shard file (no root attribute shard); "
+    require(!root(i, "shard").empty(), "'" + files[i] + "' is not a shard file (no root attribute shard); "
                                        "write shards with --shard I/N (docs/cluster.md)");
   const nlohmann::json cfg0 = comparable_config(root(0, "config"), files[0]);
   for (std::size_t i = 1; i < shards.size(); ++i) {
     for (const char* a : {"software", "software_version", "git_sha"})
       require(root(i, a) == root(0, a),
-              fmt::format("merge: '{}' was written by another build ({} '{}') than '{}' ('{}'); merge the shards of one "
+              fmt::format("'{}' was written by another build ({} '{}') than '{}' ('{}'); merge the shards of one "
                           "build of one run", files[i], a, root(i, a), files[0], root(0, a)));
     require(root(i, "shard_subcommand") == root(0, "shard_subcommand"),
-            fmt::format("merge: '{}' is a shard of '{}', '{}' of '{}'; merge the shards of one run", files[i],
+            fmt::format("'{}' is a shard of '{}', '{}' of '{}'; merge the shards of one run", files[i],
                         root(i, "shard_subcommand"), files[0], root(0, "shard_subcommand")));
     require(root(i, "seed") == root(0, "seed"),
-            fmt::format("merge: '{}' has seed {}, '{}' seed {}; merge the shards of one run", files[i], root(i, "seed"),
+            fmt::format("'{}' has seed {}, '{}' seed {}; merge the shards of one run", files[i], root(i, "seed"),
                         files[0], root(0, "seed")));
     const nlohmann::json cfg = comparable_config(root(i, "config"), files[i]);
     if (cfg.dump() != cfg0.dump()) {
@@ -292,12 +292,12 @@ int run_merge(Context& ctx, const std::vector<std::string>& files) {
       if (key.empty())
         for (const auto& [k, v] : cfg0.items())
           if (!cfg.contains(k)) { key = k; break; }
-      throw Error(fmt::format("merge: '{}' has another config than '{}' (option {}: {} vs {}); merge the shards of one "
+      throw Error(fmt::format("'{}' has another config than '{}' (option {}: {} vs {}); merge the shards of one "
                               "run", files[i], files[0], key, cfg.contains(key) ? cfg[key].dump() : "absent",
                               cfg0.contains(key) ? cfg0[key].dump() : "absent"));
     }
     require(root(i, "shard_count") == root(0, "shard_count") && root(i, "grid_points") == root(0, "grid_points"),
-            fmt::format("merge: '{}' is shard {} of a grid of {} points, '{}' shard {} of {}; merge the shards of one run",
+            fmt::format("'{}' is shard {} of a grid of {} points, '{}' shard {} of {}; merge the shards of one run",
                         files[i], root(i, "shard"), root(i, "grid_points"), files[0], root(0, "shard"),
                         root(0, "grid_points")));
   }
@@ -306,16 +306,16 @@ int run_merge(Context& ctx, const std::vector<std::string>& files) {
   std::vector<std::size_t> file_of_point(grid, shards.size());
   for (std::size_t i = 0; i < shards.size(); ++i) {
     const std::size_t idx = std::stoul(root(i, "shard_index"));
-    require(idx >= 1 && idx <= count, "merge: '" + files[i] + "': shard index out of range");
+    require(idx >= 1 && idx <= count, "'" + files[i] + "': shard index out of range");
     if (file_of_index[idx] != shards.size())
-      throw Error(fmt::format("merge: '{}' and '{}' are both shard {}; give each shard once", files[file_of_index[idx]],
+      throw Error(fmt::format("'{}' and '{}' are both shard {}; give each shard once", files[file_of_index[idx]],
                               files[i], root(i, "shard")));
     file_of_index[idx] = i;
     for (const auto k : parse_keys(root(i, "shard_points"), files[i], "/")) {
-      require(k >= 0 && static_cast<std::size_t>(k) < grid, "merge: '" + files[i] + "': a shard point is out of range");
+      require(k >= 0 && static_cast<std::size_t>(k) < grid, "'" + files[i] + "': a shard point is out of range");
       const auto p = static_cast<std::size_t>(k);
       if (file_of_point[p] != shards.size())
-        throw Error(fmt::format("merge: grid point {} is in '{}' and in '{}'; give shards that cover each point once", p,
+        throw Error(fmt::format("grid point {} is in '{}' and in '{}'; give shards that cover each point once", p,
                                 files[file_of_point[p]], files[i]));
       file_of_point[p] = i;
     }
@@ -327,7 +327,7 @@ int run_merge(Context& ctx, const std::vector<std::string>& files) {
   for (std::size_t p = 0; p < grid; ++p)
     if (file_of_point[p] == shards.size()) uncovered.push_back(p);
   require(missing.empty() && uncovered.empty(),
-          fmt::format("merge: shard{} {} of {} missing (grid points {} are in no file given); give every shard 1..{} once",
+          fmt::format("shard{} {} of {} missing (grid points {} are in no file given); give every shard 1..{} once",
                       missing.size() == 1 ? "" : "s", fmt::join(missing, ", "), count, fmt::join(uncovered, ", "), count));
 
   // ---- join: the first shard's tree, each sharded table or array's rows from every shard in key order ----
@@ -346,7 +346,7 @@ int run_merge(Context& ctx, const std::vector<std::string>& files) {
       const auto& nodes = shards[by_index[s]].nodes;
       const auto it = nodes.find(path);
       require(it != nodes.end() && it->second.attrs.count("shard_row_keys"),
-              "merge: '" + files[by_index[s]] + "' has no sharded '" + path + "' (a shard of another kind of run)");
+              "'" + files[by_index[s]] + "' has no sharded '" + path + "' (a shard of another kind of run)");
       const auto keys = parse_keys(attr_text(it->second, "shard_row_keys"), files[by_index[s]], path);
       for (std::size_t r = 0; r < keys.size(); ++r) order.push_back({s, r, keys[r]});
     }
@@ -371,16 +371,16 @@ int run_merge(Context& ctx, const std::vector<std::string>& files) {
               const auto& sn = shards[by_index[s]].nodes;
               const auto it = sn.find(t);
               require(it != sn.end() && std::holds_alternative<V>(it->second.data),
-                      "merge: '" + files[by_index[s]] + "' has no dataset '" + t + "' of the first shard's kind");
+                      "'" + files[by_index[s]] + "' has no dataset '" + t + "' of the first shard's kind");
               parts.push_back(&std::get<V>(it->second.data));
               std::size_t rows = it->second.dims.empty() ? 0 : it->second.dims[0];
               require(rows * width == parts.back()->size(),
-                      "merge: '" + files[by_index[s]] + "': dataset '" + t + "' has another row width");
+                      "'" + files[by_index[s]] + "': dataset '" + t + "' has another row width");
             }
             for (const Piece& p : order) {
               const auto& sn = shards[by_index[p.shard]].nodes.at(t);
               require(p.row < (sn.dims.empty() ? 0 : sn.dims[0]),
-                      "merge: '" + files[by_index[p.shard]] + "': '" + t + "' has fewer rows than its shard_row_keys");
+                      "'" + files[by_index[p.shard]] + "': '" + t + "' has fewer rows than its shard_row_keys");
             }
             node.data = gather(parts, order, width);
           },
@@ -419,7 +419,7 @@ int run_merge(Context& ctx, const std::vector<std::string>& files) {
     if (node.group) {
       // the group exists before its attributes are set (a numeric attribute needs it)
       f.group(path, node.attrs.count("description") ? attr_text(node, "description") : std::string());
-      if (!node.attrs.count("description")) throw Error("merge: group '" + path + "' of '" + files[by_index[0]] + "' has no description");
+      if (!node.attrs.count("description")) throw Error("group '" + path + "' of '" + files[by_index[0]] + "' has no description");
       for (const auto& [k, v] : node.attrs) {
         if (const auto* s = std::get_if<std::string>(&v)) f.attr(path, k, *s);
         else f.attr(path, k, std::get<double>(v));
@@ -476,7 +476,7 @@ void register_merge(Registry& reg) {
               "are read, never overwritten)");
     for (std::size_t i = 0; i < files->size(); ++i)
       for (std::size_t j = 0; j < i; ++j)
-        require_once(!same_file((*files)[i], (*files)[j]), "merge: shard file", (*files)[i]);
+        require_once(!same_file((*files)[i], (*files)[j]), "shard file", (*files)[i]);
   };
   c.run = [files](Context& ctx) { return run_merge(ctx, *files); };
 }

@@ -13,9 +13,9 @@
 #include "tests/catch.hpp"
 #include "tests/cli/cli_util.hpp"
 
-using namespace kdalab::testutil;
-
+// in a namespace of its own, test cases included: the cli files compile in unity batches
 namespace shard_merge_test {
+using namespace kdalab::testutil;
 
 std::string bits(const void* p, std::size_t n) {
   std::string s;
@@ -130,9 +130,6 @@ void set_root_attr(const std::string& file, const std::string& name, const std::
   g.createAttribute(name, t, H5::DataSpace(H5S_SCALAR)).write(t, value);
 }
 
-}  // namespace shard_merge_test
-
-using namespace shard_merge_test;
 
 TEST_CASE("shards merged equal the unsharded run for every sweeping subcommand, timing columns aside",
           "[shard][merge][parity][recall][copy][decay-range][decode-cost]") {
@@ -213,7 +210,7 @@ TEST_CASE("merge refuses shard sets that are not one run's whole grid once (exit
   }
   SECTION("the same file twice") { refused(join(files) + " " + files[0], "more than once"); }
   SECTION("a shard of another config") {
-    const auto other = run_kdalab(args + " --vocab 2048 --quiet --shard 2/3 --out " + d.file("other.h5"));
+    const auto other = run_kdalab(args + " --vocab 4096 --quiet --shard 2/3 --out " + d.file("other.h5"));
     REQUIRE(other.code == 0);
     refused(files[0] + " " + d.file("other.h5") + " " + files[2], "another config");
   }
@@ -223,7 +220,7 @@ TEST_CASE("merge refuses shard sets that are not one run's whole grid once (exit
     refused(files[0] + " " + d.file("other.h5") + " " + files[2], "seed 7");
   }
   SECTION("a shard of another subcommand") {
-    const auto other = run_kdalab("copy --quick --d-k 8,16 --L 8 --trials 1 --quiet --shard 2/3 --out " + d.file("other.h5"));
+    const auto other = run_kdalab("copy --quick --d-k 8,16 --L 8,16 --trials 1 --quiet --shard 2/3 --out " + d.file("other.h5"));
     REQUIRE(other.code == 0);
     refused(files[0] + " " + d.file("other.h5") + " " + files[2], "is a shard of 'copy'");
   }
@@ -265,3 +262,5 @@ TEST_CASE("--shard takes I/N with 1 <= I <= N <= grid points; other values exit 
   CHECK(has(r, "--shard: '2/3' is not accepted: this grid has 2 points"));
   CHECK(!std::filesystem::exists(out));
 }
+
+}  // namespace shard_merge_test
