@@ -573,8 +573,8 @@ int run(int argc, char** argv) {
       "kdalab: a reference simulator and correctness-verification suite for the Kimi K3 attention stack "
       "(KDA, Gated MLA, Attention Residuals, the 3:1 hybrid). Each experiment (parity, recall, copy, decay-range, "
       "decode-cost) writes one HDF5 results file (--out) whose root attributes record how it was made; check writes "
-      "a report there, bench only when it runs on a GPU, info only when --out is given, golden never; --shard I/N runs "
-      "part of a sweep and merge joins the parts. Run 'kdalab "
+      "a report there, bench only when it runs on a GPU, info only when --out is given, golden never. An experiment "
+      "run with --shard I/N computes part of its grid, and merge joins the parts into the whole file. Run 'kdalab "
       "SUBCOMMAND --help' for its options.",
       "kdalab"};
   app.require_subcommand(1, 1);
