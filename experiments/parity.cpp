@@ -595,7 +595,8 @@ int run_parity_backward(const ParityOptions& o, Context& ctx) {
   prog.finish();
   const std::vector<std::string> notes = log.finish();
   for (const auto& n : notes) fmt::print("note: {}\n", n);
-  if (t.rows() == 0) return not_available(notes.empty() ? std::string("empty grid") : notes.front());
+  // a shard whose rows were all skipped still writes its file (as the forward mode's)
+  if (t.rows() == 0 && !plan.active()) return not_available(notes.empty() ? std::string("empty grid") : notes.front());
   const Table sum = parity_backward_summary(t);
   auto f = ctx.open_results();
   f->group("parity_backward", "gradient parity of the KDA recurrence's backward against a high-precision truth on the same "
@@ -941,12 +942,14 @@ void register_parity(Registry& reg) {
     }
     prog.finish();
     const std::vector<std::string> notes = log.finish();
-    if (t.rows() == 0)  // the first note goes into the one-line error below; the others are printed here, once
+    // a shard whose points' rows were all skipped still writes its file, its notes saying why: merge needs every shard
+    const bool no_rows = t.rows() == 0 && !plan.active();
+    if (no_rows)  // the first note goes into the one-line error below; the others are printed here, once
       for (std::size_t i = 1; i < notes.size(); ++i) fmt::print(stderr, "parity: note: {}\n", notes[i]);
-    if (t.rows() == 0 && cuda_skipped_here)  // no row, and the cuda-bf16 rows could not run here: not bad input, exit 3
+    if (no_rows && cuda_skipped_here)  // no row, and the cuda-bf16 rows could not run here: not bad input, exit 3
       return not_available(notes.empty() ? std::string("cuda-bf16") : notes.front());
-    require(t.rows() > 0, "parity: no implementation produced a row (" +
-                              (notes.empty() ? std::string("empty grid") : notes.front()) + "); nothing was written");
+    require(!no_rows, "parity: no implementation produced a row (" +
+                          (notes.empty() ? std::string("empty grid") : notes.front()) + "); nothing was written");
     windows.shape[0] = t.rows();
     windows.data.resize(t.rows() * static_cast<std::size_t>(o->windows));
 
