@@ -68,6 +68,13 @@ namespace {
 nlohmann::json effective_config(CLI::App* sub);
 }  // namespace
 
+void add_shard_option(Command& c) {
+  c.app->add_option("--shard", c.common->shard,
+                    "run shard I of N of the grid (I/N, 1 <= I <= N <= the number of grid points): a deterministic part "
+                    "balanced by expected cost; join the shard files with `kdalab merge` (docs/cluster.md)")
+      ->type_name("I/N");
+}
+
 void describe_quick(Command& c, const std::string& what) {
   c.app->get_option("--quick")->description("run a small version (seconds to a minute on a laptop CPU): " + what +
                                             ", each unless given explicitly; the values used are recorded in the "
@@ -533,6 +540,9 @@ nlohmann::json effective_config(CLI::App* sub) {
     // --force is not recorded: replaying a results file's config must never overwrite a file unless the
     // replaying command line says --force itself
     if (n.empty() || n == "help" || n == "config" || n == "force") continue;
+    // --shard only when given: an unsharded run's config is what it was before the option existed, and kdalab merge
+    // writes the unsharded run's config
+    if (n == "shard" && o->count() == 0) continue;
     if (o->get_expected_max() == 0) {  // the value the run used: --quick=false and --quick=0 record false
       j[n] = o->count() > 0 && o->as<bool>();
       continue;
@@ -563,7 +573,8 @@ int run(int argc, char** argv) {
       "kdalab: a reference simulator and correctness-verification suite for the Kimi K3 attention stack "
       "(KDA, Gated MLA, Attention Residuals, the 3:1 hybrid). Each experiment (parity, recall, copy, decay-range, "
       "decode-cost) writes one HDF5 results file (--out) whose root attributes record how it was made; check writes "
-      "a report there, bench only when it runs on a GPU, info only when --out is given, golden never. Run 'kdalab "
+      "a report there, bench only when it runs on a GPU, info only when --out is given, golden never. An experiment "
+      "run with --shard I/N computes part of its grid, and merge joins the parts into the whole file. Run 'kdalab "
       "SUBCOMMAND --help' for its options.",
       "kdalab"};
   app.require_subcommand(1, 1);
@@ -578,6 +589,7 @@ int run(int argc, char** argv) {
   register_bench(reg);
   register_golden(reg);
   register_check(reg);
+  register_merge(reg);
   for (auto& c : reg.commands()) prepare_options(c.app);
 
   std::vector<std::string> args;
@@ -679,6 +691,10 @@ int run(int argc, char** argv) {
     if (CLI::Option* o = find_long(cmd->app, "config"))
       for (const std::string& f : o->results()) require_regular_input("--config", f, "a regular file");
     check_option_values(cmd->app, cmd->inputs);
+    {
+      const CLI::Option* so = find_long(cmd->app, "shard");
+      ctx.shard = parse_shard(ctx.common.shard, so != nullptr && so->count() > 0);
+    }
     ctx.config = effective_config(cmd->app);
     // the one order of checks: the subcommand's own (options, then its input files), --out not an input, --out
     if (cmd->check) cmd->check(ctx);

@@ -27,6 +27,7 @@ std::string to_string(double v);
 
 #include "experiments/progress.hpp"
 #include "experiments/results.hpp"
+#include "experiments/shard.hpp"
 
 namespace kdalab::cli {
 
@@ -38,6 +39,7 @@ struct Common {
   bool quick = false;      ///< --quick: a small version that runs in seconds to a minute
   bool force = false;      ///< --force: overwrite an existing --out
   bool quiet = false;      ///< --quiet: no progress lines
+  std::string shard;       ///< --shard I/N (sweeping subcommands only: add_shard_option); "" the whole grid
 };
 
 /// What a running subcommand gets.
@@ -50,6 +52,7 @@ struct Context {
   std::vector<std::string> inputs;  ///< the subcommand's Command::inputs (long names of its input file options)
   /// The inputs options check_input_files() has checked so far (run() checks the others after `check`: once each).
   std::vector<std::string> inputs_checked;
+  ShardSpec shard;  ///< --shard parsed by run() before the subcommand's check (inactive: the whole grid)
 
   /// Opens the results file for --out with the root attributes filled in (checks --force). Refuses first, as
   /// check_out_not_inputs() does, an --out that is one of the input files (whatever Command::writes_output says).
@@ -105,6 +108,11 @@ class Registry {
   std::vector<Command> cmds_;
 };
 
+/// Adds --shard I/N to a sweeping subcommand (experiments/shard.hpp; docs/cluster.md). run() parses it into
+/// Context::shard before the subcommand's check; the subcommand builds a ShardPlan of its grid. Recorded in the
+/// results file's `config` only when given.
+void add_shard_option(Command& c);
+
 /// Registration functions, one per experiment file (experiments/<name>.cpp).
 void register_info(Registry&);
 void register_parity(Registry&);
@@ -115,6 +123,7 @@ void register_decode_cost(Registry&);
 void register_bench(Registry&);
 void register_golden(Registry&);
 void register_check(Registry&);
+void register_merge(Registry&);
 
 /// Runs the whole command line: returns the process exit code (0 success, 2 bad input or usage,
 /// 1 an unexpected failure). Prints errors as one line on stderr.

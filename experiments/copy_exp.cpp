@@ -56,6 +56,7 @@ void register_copy(Registry& reg) {
                     "exact-copy accuracy vs L, state size and precision, with the information bound "
                     "(state bits vs L log2|D|).",
                     "results/copy.h5");
+  add_shard_option(c);
   auto* a = c.app;
   std::map<std::string, CLI::Option*> opt;
   opt["memories"] = a->add_option("--memories", o->memories, "memories to test")->delimiter(',')->capture_default_str();
@@ -116,9 +117,19 @@ void register_copy(Registry& reg) {
 
     const auto Dn = static_cast<Eigen::Index>(o->alphabet);
     const auto trials = static_cast<int>(o->trials);
-    auto prog = ctx.progress("copy", o->d_k.size() * o->L.size() * static_cast<std::size_t>(trials));
+    // --shard: a grid point is one (d_k, L) cell; its cost is the recurrent memories' 2L d_k^2 plus softmax's L^2 d_k
+    std::vector<double> cost;
+    for (double dd : o->d_k)
+      for (double ll : o->L) cost.push_back(2 * ll * dd * dd + ll * ll * dd);
+    const ShardPlan plan(ctx.shard, cost, "2 L d_k^2 + L^2 d_k per (d_k, L) cell");
+    std::vector<std::int64_t> row_keys;
+    std::size_t point = 0, runs = 0;
+    for (std::size_t p = 0; p < cost.size(); ++p) runs += plan.runs(p) ? 1 : 0;
+    auto prog = ctx.progress("copy", runs * static_cast<std::size_t>(trials));
     for (double dd : o->d_k)
       for (double ll : o->L) {
+        const std::size_t this_point = point++;
+        if (!plan.runs(this_point)) continue;
         const auto d = static_cast<Eigen::Index>(dd);
         const auto Ls = static_cast<Eigen::Index>(ll);
         std::map<std::tuple<int, int>, std::array<double, 5>> acc;  // tok, exact, err2, ref2, numbers
@@ -188,6 +199,7 @@ void register_copy(Registry& reg) {
                  static_cast<std::int64_t>(Ls), static_cast<std::int64_t>(Dn), a[0] / trials, a[1] / trials,
                  std::sqrt(a[2] / a[3]), static_cast<std::int64_t>(trials), static_cast<std::int64_t>(a[4]), bits, info,
                  static_cast<std::int64_t>(info <= bits ? 1 : 0)});
+          row_keys.push_back(static_cast<std::int64_t>(this_point));
         }
       }
     prog.finish();
@@ -195,6 +207,8 @@ void register_copy(Registry& reg) {
     f->group("copy", "copying a length-L string through each memory without training (Repeat After Me); the "
                      "information bound is state bits vs L log2|D|");
     f->write_table("copy/accuracy", t);
+    plan.record(*f, "copy");
+    plan.mark_rows(*f, "copy/accuracy", row_keys);
     f->attr("copy/accuracy", "description", "one row per (memory, precision, d_k, L): copy accuracy and the bound");
     f->attr("copy", "options",
             nlohmann::json{{"memories", o->memories}, {"precision", o->precision}, {"d-k", o->d_k}, {"L", o->L},

@@ -63,6 +63,7 @@ void register_decay_range(Registry& reg) {
                     "in fp64/fp32/bf16/fp16, with overflow/underflow/subnormal counts of the factored tile form: why "
                     "g_min = -5 and 16-token tiles go together.",
                     "results/decay_range.h5");
+  add_shard_option(c);
   auto* a = c.app;
   std::map<std::string, CLI::Option*> opt;
   opt["g-min"] = a->add_option("--g-min", o->g_min, "lower bounds g_min (< 0) of the bounded gate")->delimiter(',')->capture_default_str();
@@ -134,8 +135,23 @@ void register_decay_range(Registry& reg) {
     gpu_note = "cuda rows skipped: kdalab was built without the CUDA kernels";
 #endif
     std::size_t total = gates.size() * o->C.size() * (precs.size() + (o->kernel_plan ? 1 : 0)) + (gpu_ok ? o->g_min.size() : 0);
+    // --shard: a grid point is one gate (its inputs, truth and every C and precision on them); every gate costs the same,
+    // T D^2 (the recurrence and the twin per C)
+    const ShardPlan plan(ctx.shard, std::vector<double>(gates.size(), static_cast<double>(T * D * D)),
+                         "T D^2 per gate (equal for every gate)");
+    if (plan.active()) {
+      std::size_t runs = 0, bounded = 0;
+      for (std::size_t gi = 0; gi < gates.size(); ++gi) {
+        runs += plan.runs(gi) ? 1 : 0;
+        bounded += plan.runs(gi) && gates[gi].kind == GateKind::bounded ? 1 : 0;
+      }
+      total = runs * o->C.size() * (precs.size() + (o->kernel_plan ? 1 : 0)) + (gpu_ok ? bounded : 0);
+    }
+    std::vector<std::int64_t> row_keys;
     auto prog = ctx.progress("decay-range", total);
-    for (const Gate& gate : gates) {
+    for (std::size_t gate_index = 0; gate_index < gates.size(); ++gate_index) {
+      const Gate& gate = gates[gate_index];
+      if (!plan.runs(gate_index)) continue;
       KdaGenSpec spec;
       spec.B = 1;
       spec.T = T;
@@ -178,6 +194,7 @@ void register_decay_range(Registry& reg) {
           t.row({impl, format_name(prec), static_cast<std::int64_t>(Crow), gate_kind_name(gate.kind), gate.g_min, gmean,
                  glow, rc.c_min, err, nan, inf, static_cast<std::int64_t>(rc.n), static_cast<std::int64_t>(rc.overflow),
                  static_cast<std::int64_t>(rc.underflow), static_cast<std::int64_t>(rc.subnormal), allow});
+          row_keys.push_back(static_cast<std::int64_t>(gate_index));
         };
         for (Format f : precs) {
           KdaTwinPlan p;
@@ -209,6 +226,7 @@ void register_decay_range(Registry& reg) {
                glow, rc.c_min, err, nan, inf, static_cast<std::int64_t>(rc.n), static_cast<std::int64_t>(rc.overflow),
                static_cast<std::int64_t>(rc.underflow), static_cast<std::int64_t>(rc.subnormal),
                std::int64_t{unsafe ? 1 : 0}});
+        row_keys.push_back(static_cast<std::int64_t>(gate_index));
         prog.tick();
       }
 #endif
@@ -219,6 +237,8 @@ void register_decay_range(Registry& reg) {
     auto f = ctx.open_results();
     f->group("decay_range", "error and dynamic range of the chunked KDA algorithm vs g_min and C (docs/equations.md, gates)");
     f->write_table("decay_range/table", t);
+    plan.record(*f, "decay-range");
+    plan.mark_rows(*f, "decay_range/table", row_keys);
     f->attr("decay_range/table", "description", "one row per (impl, precision, C, gate, g_min)");
     f->attr("decay_range", "options",
             nlohmann::json{{"g-min", o->g_min}, {"softplus", o->softplus}, {"C", o->C}, {"precision", o->precision},

@@ -210,6 +210,7 @@ void register_decode_cost(Registry& reg) {
                     "reference at small n, (c) measured with the CUDA kernels up to 1M tokens when a GPU is "
                     "present, and the hybrid layouts' attention cost vs an all-MLA stack.",
                     "results/decode_cost.h5");
+  add_shard_option(c);
   c.app->add_option("--n", o->n, "context lengths n (tokens) for the analytic table")->delimiter(',')->type_name(kInt)->capture_default_str();
   c.app->add_option("--d", o->d, "head dimensions d (d_k = d_v = d) for the analytic table")->delimiter(',')->type_name(kInt)->capture_default_str();
   c.app->add_option("--memory-gb", o->memory_gb,
@@ -228,6 +229,23 @@ void register_decode_cost(Registry& reg) {
   c.app->add_option("--gpu-n", o->gpu_n, "context lengths n of the GPU rows: the CUDA kernels' decode steps of one layer (KDA, and MLA over an n-token latent cache) timed on the GPU, and the 48B hybrid / all-MLA ratio they give (0 = skip the GPU rows)")
       ->delimiter(',')->type_name(kInt)->capture_default_str();
   c.app->add_option("--gpu-iters", o->gpu_iters, "timed launches per GPU point (median)")->type_name(kInt)->capture_default_str();
+  // kdalab merge: the note on the CPU rows is rebuilt from the merged softmax rows (against the merging machine's caches)
+  merge_hooks()["decode-cost"] = [](MergedData& m) {
+    if (!m.nodes.count("/decode_cost/cpu")) return;
+    const Table t = m.table("/decode_cost/cpu");
+    const auto& impl = std::get<std::vector<std::string>>(t.column("impl").data);
+    const auto& nc = std::get<std::vector<std::int64_t>>(t.column("n").data);
+    const auto& dc = std::get<std::vector<std::int64_t>>(t.column("d").data);
+    const auto& sc = std::get<std::vector<double>>(t.column("seconds_per_token").data);
+    std::vector<double> n, sec;
+    for (std::size_t i = 0; i < t.rows(); ++i)
+      if (impl[i] == "softmax") {
+        n.push_back(static_cast<double>(nc[i]));
+        sec.push_back(sc[i]);
+      }
+    if (!dc.empty())
+      m.nodes["/decode_cost/cpu"].attrs["note"] = softmax_cache_note(n, sec, static_cast<double>(dc[0]), cpu0_caches());
+  };
   // cli::run's order: the options (here, with --quick's defaults applied first), then --out
   describe_quick(c, fmt::format("--cpu-n {}, --min-time {}", fmt::join(kQuickCpuN, ","), kQuickMinTime));
   c.check = [o, cpu_n_opt, min_time_opt](Context& ctx) {
@@ -300,7 +318,27 @@ void register_decode_cost(Registry& reg) {
     std::string cpu_note;  // the working set vs the caches (softmax_cache_note)
     for (double n : o->cpu_n)
       if (n > 0) cpu_n.push_back(n);
+    std::sort(cpu_n.begin(), cpu_n.end());
+    // --shard: a grid point is one CPU-measured n (in increasing order); its cost is the cache read's 2 n d. The analytic,
+    // GPU and hybrid parts are the same in every shard (kdalab merge takes them from shard 1).
+    std::vector<double> cpu_cost;
+    for (double n : cpu_n) cpu_cost.push_back(2 * n * static_cast<double>(d));
+    const ShardPlan plan(ctx.shard, cpu_cost, "2 n d per CPU-measured n (the analytic, GPU and hybrid parts run in every shard)");
+    const std::size_t cpu_grid = cpu_n.size();
+    std::vector<std::int64_t> row_keys;  // softmax rows: the point; kda rows: grid + the point
+    std::vector<std::size_t> cpu_points;
+    {
+      std::vector<double> kept;
+      for (std::size_t p = 0; p < cpu_n.size(); ++p)
+        if (plan.runs(p)) {
+          kept.push_back(cpu_n[p]);
+          cpu_points.push_back(p);
+        }
+      cpu_n = kept;
+    }
     if (!cpu_n.empty()) {
+      // the cache's keys and values from Rng(seed) in token order: the same prefix for every n, whichever n a run
+      // measures; each n's query, and the KDA step's vectors, from their own generators (cell_seed)
       Rng rng(ctx.common.seed);
       auto randvec = [&](Eigen::Index m) {
         Vec<CpuScalar> x(m);
@@ -312,32 +350,42 @@ void register_decode_cost(Registry& reg) {
       const auto n_max = static_cast<Eigen::Index>(*std::max_element(cpu_n.begin(), cpu_n.end()));
       SoftmaxCache<CpuScalar> cache(d, d, n_max);  // 2 n_max d numbers, checked against kCpuCacheMaxBytes above
       std::size_t next = 0;
-      std::sort(cpu_n.begin(), cpu_n.end());
       // no repeated n here: cli::run refuses a value given twice in a list option (require_once)
       for (Eigen::Index n = 1; n <= n_max && next < cpu_n.size(); ++n) {
         Vec<CpuScalar> k = randvec(d);
         k.normalize();
         cache.append(k, randvec(d));
         if (n == static_cast<Eigen::Index>(cpu_n[next])) {
-          const Vec<CpuScalar> q = randvec(d);
+          Rng qrng(cell_seed(ctx.common.seed, fmt::format("decode-cost cpu n={}", n)));
+          Vec<CpuScalar> q(d);
+          for (Eigen::Index i = 0; i < d; ++i) q(i) = static_cast<CpuScalar>(qrng.normal());
           volatile CpuScalar sink = 0;
           const double sec = time_per_call([&] { sink = sink + cache.read(q, scale)(0); }, o->min_time);
           cpu.row({std::string("softmax"), static_cast<std::int64_t>(n), static_cast<std::int64_t>(d), sec,
                    static_cast<std::int64_t>(2 * n * d)});
+          row_keys.push_back(static_cast<std::int64_t>(cpu_points[next]));
           ++next;
           pb.tick();
         }
       }
       Mat<CpuScalar> S = Mat<CpuScalar>::Zero(d, d);
-      Vec<CpuScalar> q = randvec(d), k = randvec(d), v = randvec(d), g = Vec<CpuScalar>::Constant(d, CpuScalar(-0.01));
+      Rng krng(cell_seed(ctx.common.seed, "decode-cost cpu kda"));
+      auto kvec = [&] {
+        Vec<CpuScalar> x(d);
+        for (Eigen::Index i = 0; i < d; ++i) x(i) = static_cast<CpuScalar>(krng.normal());
+        return x;
+      };
+      Vec<CpuScalar> q = kvec(), k = kvec(), v = kvec(), g = Vec<CpuScalar>::Constant(d, CpuScalar(-0.01));
       q.normalize();
       k.normalize();
       volatile CpuScalar sink = 0;
       const double sec =
           time_per_call([&] { sink = sink + kda_step<CpuScalar>(S, q, k, v, g, CpuScalar(0.5), scale)(0); }, o->min_time);
-      for (double n : cpu_n)  // constant in n by construction: one row per n for the plot
-        cpu.row({std::string("kda"), static_cast<std::int64_t>(n), static_cast<std::int64_t>(d), sec,
+      for (std::size_t i = 0; i < cpu_n.size(); ++i) {  // constant in n by construction: one row per n for the plot
+        cpu.row({std::string("kda"), static_cast<std::int64_t>(cpu_n[i]), static_cast<std::int64_t>(d), sec,
                  static_cast<std::int64_t>(d * d)});
+        row_keys.push_back(static_cast<std::int64_t>(cpu_grid + cpu_points[i]));
+      }
       pb.tick();
       pb.finish();
       fmt::print("\nCPU reference decode step, one head, d = {}, {}, one core (KDA: one measurement, its step does not "
@@ -479,7 +527,9 @@ void register_decode_cost(Registry& reg) {
               "measured per-token decode step of the CPU reference, one head, " + scalar_name<CpuScalar>() +
                 ": softmax cache read vs KDA step");
       f->attr("decode_cost/cpu", "note", cpu_note);
+      plan.mark_rows(*f, "decode_cost/cpu", row_keys);
     }
+    plan.record(*f, "decode-cost");
     f->group("decode_cost/gpu", "GPU-measured decode steps (CUDA kernels); empty when not run");
     if (gpu.rows() > 0) f->write_table("decode_cost/gpu", gpu);
     f->attr("decode_cost/gpu", "note", gpu_note);

@@ -61,6 +61,7 @@
 #include "experiments/build_info.hpp"
 #include "experiments/cli.hpp"
 #include "experiments/parity_emul.hpp"
+#include "experiments/shard.hpp"
 #ifdef KDALAB_HAVE_CUDA
 #include "experiments/gpu_exp.hpp"
 #endif
@@ -327,6 +328,104 @@ std::string merge_point_note(const std::string& head, const std::vector<PointNot
   return fmt::format("{} at {} points [{}]: {}", head, items.size(), where, why);
 }
 
+/// The notes of a parity run in the order the unsharded run makes them, and the events that made them: a shard file
+/// records the events (group attribute shard_note_events, JSON [[point, note], [point, head, label, why], ...]) so that
+/// kdalab merge replays every shard's events in point order and makes the unsharded run's notes (replay()).
+struct NoteLog {
+  std::vector<std::string> notes;
+  std::map<std::string, std::pair<std::size_t, std::vector<PointNote>>> point_notes;
+  nlohmann::json events = nlohmann::json::array();
+
+  /// A note said once however often it happens (e.g. "cuda-bf16 rows skipped: no GPU"), at grid point p.
+  void note(std::size_t p, const std::string& n) {
+    events.push_back({p, n});
+    if (std::find(notes.begin(), notes.end(), n) == notes.end()) notes.push_back(n);
+  }
+  /// A note about points, merged per head (merge_point_note()): a placeholder in `notes` where its first point
+  /// happened, filled in by finish().
+  void point_note(const std::string& head, std::size_t p, const std::string& label, const std::string& why) {
+    events.push_back({p, head, label, why});
+    auto [it, first] = point_notes.try_emplace(head);
+    if (first) {
+      it->second.first = notes.size();
+      notes.emplace_back();
+    }
+    it->second.second.push_back({p, label, why});
+  }
+  std::vector<std::string> finish() const {
+    std::vector<std::string> out = notes;
+    for (const auto& [head, at] : point_notes) out[at.first] = merge_point_note(head, at.second);
+    return out;
+  }
+  /// The log of the unsharded run from the shards' events (each shard's JSON text, in shard order).
+  static NoteLog replay(const std::vector<std::string>& shard_events) {
+    std::vector<nlohmann::json> all;
+    for (const auto& text : shard_events)
+      for (const auto& e : nlohmann::json::parse(text.empty() ? std::string("[]") : text)) all.push_back(e);
+    std::stable_sort(all.begin(), all.end(), [](const nlohmann::json& a, const nlohmann::json& b) {
+      return a.at(0).get<std::size_t>() < b.at(0).get<std::size_t>();
+    });
+    NoteLog log;
+    for (const auto& e : all) {
+      if (e.size() == 2) log.note(e[0].get<std::size_t>(), e[1].get<std::string>());
+      else log.point_note(e[1].get<std::string>(), e[0].get<std::size_t>(), e[2].get<std::string>(), e[3].get<std::string>());
+    }
+    return log;
+  }
+};
+
+/// The `notes` attribute: the notes one per line, "none" when there is none.
+std::string notes_text(const std::vector<std::string>& notes) {
+  std::string all;
+  for (const auto& n : notes) all += (all.empty() ? "" : "\n") + n;
+  return all.empty() ? std::string("none") : all;
+}
+
+/// /parity/summary from /parity/table: per (impl, state_precision, matmul_precision) in first-row order, the rows, the
+/// median and worst relative RMS of o and of S (NaN when a row's is NaN).
+Table parity_summary(const Table& t) {
+  const auto& impl_c = std::get<std::vector<std::string>>(t.column("impl").data);
+  const auto& st_c = std::get<std::vector<std::string>>(t.column("state_precision").data);
+  const auto& mm_c = std::get<std::vector<std::string>>(t.column("matmul_precision").data);
+  const auto& err_c = std::get<std::vector<double>>(t.column("o_rel_rms").data);
+  const auto& errS_c = std::get<std::vector<double>>(t.column("S_rel_rms").data);
+  std::vector<std::string> keys;
+  std::map<std::string, std::vector<std::size_t>> groups;
+  for (std::size_t i = 0; i < t.rows(); ++i) {
+    const std::string k = impl_c[i] + "|" + st_c[i] + "|" + mm_c[i];
+    if (!groups.count(k)) keys.push_back(k);
+    groups[k].push_back(i);
+  }
+  Table sum;
+  sum.col("impl", 's', "1", "implementation").col("state_precision", 's', "1", "state format")
+      .col("matmul_precision", 's', "1", "matmul operand format").col("rows", 'i', "1", "rows summarised")
+      .col("o_rel_rms_median", 'd', "1", "median relative RMS of o over the rows")
+      .col("o_rel_rms_worst", 'd', "1", "largest relative RMS of o over the rows")
+      .col("S_rel_rms_median", 'd', "1", "median relative RMS of the final state")
+      .col("S_rel_rms_worst", 'd', "1", "largest relative RMS of the final state");
+  for (const auto& k : keys) {
+    std::vector<double> eo, es;
+    for (std::size_t i : groups[k]) {
+      eo.push_back(err_c[i]);
+      es.push_back(errS_c[i]);
+    }
+    const std::size_t i0 = groups[k].front();
+    sum.row({impl_c[i0], st_c[i0], mm_c[i0], static_cast<std::int64_t>(eo.size()), median(eo), nan_max(eo), median(es),
+             nan_max(es)});
+  }
+  return sum;
+}
+
+/// The expected cost of one grid point for --shard: its work B T H d_k d_v times the truth's weight (mp 50, f80 13,
+/// f64 1: their measured slowdowns against float64, rounded) plus the point's rows (each about one float64 run).
+double point_cost(const KdaGenSpec& s, const std::string& truth_kind, std::size_t rows) {
+  const double work = static_cast<double>(s.B * s.T * s.H * s.d_k * s.d_v);
+  const double w = truth_kind == "mp" ? 50 : truth_kind == "f80" ? 13 : 1;
+  return work * (w + static_cast<double>(rows));
+}
+constexpr const char* kParityCostModel =
+    "B T H d_k d_v x (truth weight: mp 50, f80 13, f64 1 + the point's rows) per grid point";
+
 /// The six gradients of one backward run, as float64 copies, with its wall time.
 struct GradOut {
   std::vector<std::vector<double>> g;  ///< dq, dk, dv, dg, dbeta, dS0
@@ -364,6 +463,29 @@ std::optional<GradOut> run_backward_impl(const std::string& impl, const KdaInput
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   out.g = std::move(*g);
   return out;
+}
+
+/// /parity_backward/summary from /parity_backward/table: per implementation (first-row order) and gradient, the rows,
+/// the median and worst relative RMS (NaN when a row's is NaN).
+Table parity_backward_summary(const Table& t) {
+  const auto& impl_c = std::get<std::vector<std::string>>(t.column("impl").data);
+  Table sum;
+  sum.col("impl", 's', "1", "implementation").col("gradient", 's', "1", "dq, dk, dv, dg, dbeta or dS0")
+      .col("rows", 'i', "1", "rows summarised")
+      .col("rel_rms_median", 'd', "1", "median relative RMS of the gradient over the rows")
+      .col("rel_rms_worst", 'd', "1", "largest relative RMS of the gradient over the rows (NaN if any is NaN)");
+  std::vector<std::string> impls;
+  for (const auto& i : impl_c)
+    if (std::find(impls.begin(), impls.end(), i) == impls.end()) impls.push_back(i);
+  for (const auto& im : impls)
+    for (const char* n : kGradNames) {
+      const auto& col = std::get<std::vector<double>>(t.column(std::string(n) + "_rel_rms").data);
+      std::vector<double> e;
+      for (std::size_t i = 0; i < t.rows(); ++i)
+        if (impl_c[i] == im) e.push_back(col[i]);
+      sum.row({im, std::string(n), static_cast<std::int64_t>(e.size()), median(e), nan_max(e)});
+    }
+  return sum;
 }
 
 /// The gradient-parity mode (--backward; file comment): one row per grid point and implementation.
@@ -409,21 +531,30 @@ int run_parity_backward(const ParityOptions& o, Context& ctx) {
   t.col("worst_rel_rms", 'd', "1", "largest of the six gradient relative RMS errors of the row (NaN if any is NaN)")
       .col("time_s", 'd', "s", "wall time of the implementation's backward on this point")
       .col("truth_time_s", 'd', "s", "wall time of the truth's backward on this point");
-  std::vector<std::string> notes;
-  auto prog = ctx.progress("parity --backward", points.size() * o.impl.size());
+  const auto truth_kind = [&](const KdaGenSpec& s) {
+    const double work = static_cast<double>(s.B * s.T * s.H * s.d_k * s.d_v);
+    return o.truth != "auto" ? o.truth : (work <= o.mp_max_work ? "mp" : (work <= o.f80_max_work ? "f80" : "f64"));
+  };
+  std::vector<double> cost;
+  for (const auto& s : points) cost.push_back(point_cost(s, truth_kind(s), o.impl.size()));
+  const ShardPlan plan(ctx.shard, cost, kParityCostModel);
+  std::size_t runs = 0;
+  for (std::size_t p = 0; p < points.size(); ++p) runs += plan.runs(p) ? 1 : 0;
+  std::vector<std::int64_t> row_keys;
+  NoteLog log;
+  auto prog = ctx.progress("parity --backward", runs * o.impl.size());
   // the table's header goes out with its first row: a first point that cannot be allocated (exit 2) or run is then
   // one error line, not a header and an error
   bool header = false;
   for (std::size_t p = 0; p < points.size(); ++p) {
+    if (!plan.runs(p)) continue;
     const KdaGenSpec& s = points[p];
     const KdaInputs in = kda_inputs(s);
     Tensor<double> dO({s.B, s.T, s.H, s.d_v}), dS_T({s.B, s.H, s.d_k, s.d_v});
     Rng rng(s.seed + 1);
     rng.fill_normal(dO);
     rng.fill_normal(dS_T);
-    const double work = static_cast<double>(s.B * s.T * s.H * s.d_k * s.d_v);
-    const std::string tk =
-        o.truth != "auto" ? o.truth : (work <= o.mp_max_work ? "mp" : (work <= o.f80_max_work ? "f80" : "f64"));
+    const std::string tk = truth_kind(s);
     const GradOut tr = tk == "mp" ? run_backward_ref<mp50>(in, dO, dS_T)
                                   : (tk == "f80" ? run_backward_ref<long double>(in, dO, dS_T)
                                                  : run_backward_ref<double>(in, dO, dS_T));
@@ -434,7 +565,7 @@ int run_parity_backward(const ParityOptions& o, Context& ctx) {
       std::string why;
       const auto r = run_backward_impl(impl, in, dO, dS_T, why);
       if (!r) {
-        if (std::find(notes.begin(), notes.end(), why) == notes.end()) notes.push_back(why);
+        log.note(p, why);
         prog.tick(1, std::string());
         continue;
       }
@@ -452,6 +583,7 @@ int run_parity_backward(const ParityOptions& o, Context& ctx) {
       row.emplace_back(r->seconds);
       row.emplace_back(tr.seconds);
       t.row(row);
+      row_keys.push_back(static_cast<std::int64_t>(p));
       if (!std::exchange(header, true))
         fmt::print("{:<9}{:>7}{:>7}{:>6} {:<10}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}  truth\n", "impl", "T", "d_k", "d_v",
                    "gate", "dq", "dk", "dv", "dg", "dbeta", "dS0");
@@ -461,26 +593,11 @@ int run_parity_backward(const ParityOptions& o, Context& ctx) {
     }
   }
   prog.finish();
+  const std::vector<std::string> notes = log.finish();
   for (const auto& n : notes) fmt::print("note: {}\n", n);
-  if (t.rows() == 0) return not_available(notes.empty() ? std::string("empty grid") : notes.front());
-  // summary: per implementation and gradient, the median and worst relative RMS over the rows
-  const auto& impl_c = std::get<std::vector<std::string>>(t.column("impl").data);
-  Table sum;
-  sum.col("impl", 's', "1", "implementation").col("gradient", 's', "1", "dq, dk, dv, dg, dbeta or dS0")
-      .col("rows", 'i', "1", "rows summarised")
-      .col("rel_rms_median", 'd', "1", "median relative RMS of the gradient over the rows")
-      .col("rel_rms_worst", 'd', "1", "largest relative RMS of the gradient over the rows (NaN if any is NaN)");
-  std::vector<std::string> impls;
-  for (const auto& i : impl_c)
-    if (std::find(impls.begin(), impls.end(), i) == impls.end()) impls.push_back(i);
-  for (const auto& im : impls)
-    for (const char* n : kGradNames) {
-      const auto& col = std::get<std::vector<double>>(t.column(std::string(n) + "_rel_rms").data);
-      std::vector<double> e;
-      for (std::size_t i = 0; i < t.rows(); ++i)
-        if (impl_c[i] == im) e.push_back(col[i]);
-      sum.row({im, std::string(n), static_cast<std::int64_t>(e.size()), median(e), nan_max(e)});
-    }
+  // a shard whose rows were all skipped still writes its file (as the forward mode's)
+  if (t.rows() == 0 && !plan.active()) return not_available(notes.empty() ? std::string("empty grid") : notes.front());
+  const Table sum = parity_backward_summary(t);
   auto f = ctx.open_results();
   f->group("parity_backward", "gradient parity of the KDA recurrence's backward against a high-precision truth on the same "
                               "rounded inputs and upstream gradients");
@@ -488,9 +605,10 @@ int run_parity_backward(const ParityOptions& o, Context& ctx) {
   f->attr("parity_backward/table", "description", "one row per grid point and implementation; one relative RMS per gradient");
   f->write_table("parity_backward/summary", sum);
   f->attr("parity_backward/summary", "description", "median and worst relative RMS per implementation and gradient");
-  std::string all_notes;
-  for (const auto& n : notes) all_notes += (all_notes.empty() ? "" : "\n") + n;
-  f->attr("parity_backward", "notes", all_notes.empty() ? std::string("none") : all_notes);
+  f->attr("parity_backward", "notes", notes_text(notes));
+  plan.record(*f, "parity");
+  plan.mark_rows(*f, "parity_backward/table", row_keys);
+  if (plan.active()) f->attr("parity_backward", "shard_note_events", log.events.dump());
   f->attr("parity_backward", "truth_rule",
           "--truth " + o.truth +
               (o.truth == "auto" ? fmt::format(" (mp while B*T*H*d_k*d_v <= {}, f80 while <= {}, f64 above: then the "
@@ -524,6 +642,16 @@ void register_parity(Registry& reg) {
       "(group /parity/table), a summary per implementation and precision (/parity/summary). The full grid is "
       "data/configs/parity.json; --quick runs a small grid with the float64 truth in seconds.",
       "results/parity.h5");
+  add_shard_option(c);
+  // kdalab merge: the summaries and notes are rebuilt from the merged rows and every shard's note events
+  merge_hooks()["parity"] = [](MergedData& m) {
+    for (const std::string g : {"/parity", "/parity_backward"}) {
+      if (!m.nodes.count(g + "/table")) continue;
+      const Table t = m.table(g + "/table");
+      m.set_table(g + "/summary", g == "/parity" ? parity_summary(t) : parity_backward_summary(t));
+      m.nodes[g].attrs["notes"] = notes_text(NoteLog::replay(m.per_shard_attr[g]).finish());
+    }
+  };
   auto* a = c.app;
   a->add_option("--B", o->B, "batch sizes (list)")->delimiter(',')->type_name(kInt)->capture_default_str();
   a->add_option("--T", o->T, "sequence lengths in tokens (list), integers in [1, 1000000000000]")->delimiter(',')->type_name(kInt)->capture_default_str();
@@ -684,7 +812,17 @@ void register_parity(Registry& reg) {
     for (const auto& s : o->impl)
       per_point += (s == "float64" || s == "float32") ? 1 : (s == "twin-bf16" ? o->C.size() * states.size() * o->matmul.size()
                                                                               : o->C.size());
-    const std::size_t total = points.size() * per_point;
+    const auto truth_kind = [&](const KdaGenSpec& s) {
+      const double work = static_cast<double>(s.B * s.T * s.H * s.d_k * s.d_v);
+      return o->truth != "auto" ? o->truth : (work <= o->mp_max_work ? "mp" : (work <= o->f80_max_work ? "f80" : "f64"));
+    };
+    std::vector<double> cost;
+    for (const auto& s : points) cost.push_back(point_cost(s, truth_kind(s), per_point));
+    const ShardPlan plan(ctx.shard, cost, kParityCostModel);
+    std::size_t runs = 0;
+    for (std::size_t p = 0; p < points.size(); ++p) runs += plan.runs(p) ? 1 : 0;
+    const std::size_t total = runs * per_point;
+    std::vector<std::int64_t> row_keys;
 
     Table t;
     t.col("point", 'i', "1", "index of the input grid point (inputs and truth shared by its rows)")
@@ -717,34 +855,20 @@ void register_parity(Registry& reg) {
         .col("time_s", 'd', "s", "wall time of the implementation on this point")
         .col("truth_time_s", 'd', "s", "wall time of the truth on this point");
     Tensor<double> windows({total, static_cast<std::size_t>(o->windows)}, std::numeric_limits<double>::quiet_NaN());
-    std::vector<std::string> notes;
     bool cuda_skipped_here = false;  // a cuda-bf16 row was skipped because this build / machine cannot run it
-    // Collected once each and printed once, after the summary table (and kept in the file's `notes`).
-    auto note = [&](const std::string& n) {
-      if (std::find(notes.begin(), notes.end(), n) == notes.end()) notes.push_back(n);
-    };
-    // Notes about points, merged per head: skipped chunked rows, one per (implementation, C) ("<impl> C=<C> skipped"),
-    // and rows whose o or S holds NaN/Inf, one per (implementation, C, state precision, matmul precision) ("<impl>
-    // C=<C> (state <st>, matmul <mm>) has NaN/Inf", the row's own columns, so a note matches its rows). Each is a
-    // placeholder in `notes` where its first point happened, filled in by merge_point_note() once the grid is done.
-    std::map<std::string, std::pair<std::size_t, std::vector<PointNote>>> point_notes;
-    auto point_note = [&](const std::string& head, std::size_t p, const std::string& label, const std::string& why) {
-      auto [it, first] = point_notes.try_emplace(head);
-      if (first) {
-        it->second.first = notes.size();
-        notes.emplace_back();  // merged below
-      }
-      it->second.second.push_back({p, label, why});
-    };
+    // Notes collected once each and printed once, after the summary table (and kept in the file's `notes`); notes about
+    // points merged per head: skipped chunked rows, one per (implementation, C) ("<impl> C=<C> skipped"), and rows
+    // whose o or S holds NaN/Inf, one per (implementation, C, state precision, matmul precision) ("<impl> C=<C> (state
+    // <st>, matmul <mm>) has NaN/Inf", the row's own columns, so a note matches its rows): NoteLog.
+    NoteLog log;
 
     auto prog = ctx.progress("parity", total);
     std::size_t row = 0;
     for (std::size_t p = 0; p < points.size(); ++p) {
+      if (!plan.runs(p)) continue;
       const KdaGenSpec& s = points[p];
       const KdaInputs in = kda_inputs(s);
-      const double work = static_cast<double>(s.B * s.T * s.H * s.d_k * s.d_v);
-      const std::string tk =
-          o->truth != "auto" ? o->truth : (work <= o->mp_max_work ? "mp" : (work <= o->f80_max_work ? "f80" : "f64"));
+      const std::string tk = truth_kind(s);
       const Truth tr = compute_truth(in, tk);
       const std::size_t win = std::max<std::size_t>(1, (s.T + static_cast<std::size_t>(o->windows) - 1) /
                                                            static_cast<std::size_t>(o->windows));
@@ -756,7 +880,7 @@ void register_parity(Registry& reg) {
         for (std::size_t j = 0; j < w.size() && j < static_cast<std::size_t>(o->windows); ++j) windows(row, j) = w[j];
         const double wmax = nan_max(w);
         if (mo.nan_count + mo.inf_count + ms.nan_count + ms.inf_count > 0)
-          point_note(fmt::format("{} C={} (state {}, matmul {}) has NaN/Inf", impl, C, st, mm), p, label,
+          log.point_note(fmt::format("{} C={} (state {}, matmul {}) has NaN/Inf", impl, C, st, mm), p, label,
                      fmt::format("o has {} NaN / {} Inf, S has {} NaN / {} Inf (recorded in the rows{})", mo.nan_count,
                                  mo.inf_count, ms.nan_count, ms.inf_count,
                                  C > 0 ? "; the factored chunk form overflows at this C and gate: see kdalab decay-range"
@@ -770,6 +894,7 @@ void register_parity(Registry& reg) {
                impl, C, st, mm, r.out_format, truth_name, mo.rel_rms, mo.max_abs, mo.max_ulp_bf16, mo.nan_count,
                mo.inf_count, ms.rel_rms, ms.max_abs, ms.max_ulp_bf16, ms.nan_count, ms.inf_count,
                static_cast<std::int64_t>(win), w.front(), w.back(), wmax, r.seconds, tr.seconds});
+        row_keys.push_back(static_cast<std::int64_t>(p));
         ++row;
       };
       for (const auto& impl : o->impl) {
@@ -788,7 +913,7 @@ void register_parity(Registry& reg) {
               record(impl, static_cast<std::int64_t>(Cn), f64 ? "fp64" : "fp32", f64 ? "fp64" : "fp32",
                      f64 ? run_chunked<double>(in, Cn, "fp64") : run_chunked<float>(in, Cn, "fp32"));
             } catch (const Error& e) {  // factored decay span over the scalar type's limit
-              point_note(fmt::format("{} C={} skipped", impl, Cn), p, label, e.what());
+              log.point_note(fmt::format("{} C={} skipped", impl, Cn), p, label, e.what());
               ran = false;
             }
             prog.tick(1, ran ? label + " " + impl : std::string());  // a skipped row is counted, not named
@@ -808,7 +933,7 @@ void register_parity(Registry& reg) {
             if (r)
               record(impl, static_cast<std::int64_t>(C), "fp32", "plan", *r);
             else
-              note(why);
+              log.note(p, why);
             // the progress line names only implementations that ran (a CPU build's line ended "[... cuda-bf16]")
             prog.tick(1, r ? label + " " + impl : std::string());
           }
@@ -816,50 +941,34 @@ void register_parity(Registry& reg) {
       }
     }
     prog.finish();
-    for (const auto& [head, at] : point_notes) notes[at.first] = merge_point_note(head, at.second);
-    if (t.rows() == 0)  // the first note goes into the one-line error below; the others are printed here, once
+    const std::vector<std::string> notes = log.finish();
+    // a shard whose points' rows were all skipped still writes its file, its notes saying why: merge needs every shard
+    const bool no_rows = t.rows() == 0 && !plan.active();
+    if (no_rows)  // the first note goes into the one-line error below; the others are printed here, once
       for (std::size_t i = 1; i < notes.size(); ++i) fmt::print(stderr, "parity: note: {}\n", notes[i]);
-    if (t.rows() == 0 && cuda_skipped_here)  // no row, and the cuda-bf16 rows could not run here: not bad input, exit 3
+    if (no_rows && cuda_skipped_here)  // no row, and the cuda-bf16 rows could not run here: not bad input, exit 3
       return not_available(notes.empty() ? std::string("cuda-bf16") : notes.front());
-    require(t.rows() > 0, "parity: no implementation produced a row (" +
-                              (notes.empty() ? std::string("empty grid") : notes.front()) + "); nothing was written");
+    require(!no_rows, "parity: no implementation produced a row (" +
+                          (notes.empty() ? std::string("empty grid") : notes.front()) + "); nothing was written");
     windows.shape[0] = t.rows();
     windows.data.resize(t.rows() * static_cast<std::size_t>(o->windows));
 
     // ---- summary: one row per implementation and precision ----
-    const auto& impl_c = std::get<std::vector<std::string>>(t.column("impl").data);
-    const auto& st_c = std::get<std::vector<std::string>>(t.column("state_precision").data);
-    const auto& mm_c = std::get<std::vector<std::string>>(t.column("matmul_precision").data);
-    const auto& err_c = std::get<std::vector<double>>(t.column("o_rel_rms").data);
-    const auto& errS_c = std::get<std::vector<double>>(t.column("S_rel_rms").data);
-    std::vector<std::string> keys;
-    std::map<std::string, std::vector<std::size_t>> groups;
-    for (std::size_t i = 0; i < t.rows(); ++i) {
-      const std::string k = impl_c[i] + "|" + st_c[i] + "|" + mm_c[i];
-      if (!groups.count(k)) keys.push_back(k);
-      groups[k].push_back(i);
-    }
-    Table sum;
-    sum.col("impl", 's', "1", "implementation").col("state_precision", 's', "1", "state format")
-        .col("matmul_precision", 's', "1", "matmul operand format").col("rows", 'i', "1", "rows summarised")
-        .col("o_rel_rms_median", 'd', "1", "median relative RMS of o over the rows")
-        .col("o_rel_rms_worst", 'd', "1", "largest relative RMS of o over the rows")
-        .col("S_rel_rms_median", 'd', "1", "median relative RMS of the final state")
-        .col("S_rel_rms_worst", 'd', "1", "largest relative RMS of the final state");
+    const Table sum = parity_summary(t);
     fmt::print("\n{:<15}{:>7}{:>8}{:>6}{:>16}{:>16}{:>16}{:>16}\n", "impl", "state", "matmul", "rows", "o median rRMS",
                "o worst rRMS", "S median rRMS", "S worst rRMS");
-    for (const auto& k : keys) {
-      std::vector<double> eo, es;
-      for (std::size_t i : groups[k]) {
-        eo.push_back(err_c[i]);
-        es.push_back(errS_c[i]);
-      }
-      const std::size_t i0 = groups[k].front();
-      const double mo = median(eo), wo = nan_max(eo);
-      const double ms = median(es), ws = nan_max(es);
-      sum.row({impl_c[i0], st_c[i0], mm_c[i0], static_cast<std::int64_t>(eo.size()), mo, wo, ms, ws});
-      fmt::print("{:<15}{:>7}{:>8}{:>6}{:>16.3e}{:>16.3e}{:>16.3e}{:>16.3e}\n", impl_c[i0], st_c[i0], mm_c[i0], eo.size(),
-                 mo, wo, ms, ws);
+    {
+      const auto& si = std::get<std::vector<std::string>>(sum.column("impl").data);
+      const auto& ss = std::get<std::vector<std::string>>(sum.column("state_precision").data);
+      const auto& sm = std::get<std::vector<std::string>>(sum.column("matmul_precision").data);
+      const auto& sr = std::get<std::vector<std::int64_t>>(sum.column("rows").data);
+      const auto& c1 = std::get<std::vector<double>>(sum.column("o_rel_rms_median").data);
+      const auto& c2 = std::get<std::vector<double>>(sum.column("o_rel_rms_worst").data);
+      const auto& c3 = std::get<std::vector<double>>(sum.column("S_rel_rms_median").data);
+      const auto& c4 = std::get<std::vector<double>>(sum.column("S_rel_rms_worst").data);
+      for (std::size_t i = 0; i < sum.rows(); ++i)
+        fmt::print("{:<15}{:>7}{:>8}{:>6}{:>16.3e}{:>16.3e}{:>16.3e}{:>16.3e}\n", si[i], ss[i], sm[i], sr[i], c1[i], c2[i],
+                   c3[i], c4[i]);
     }
     for (const auto& n : notes) fmt::print("note: {}\n", n);
 
@@ -871,9 +980,11 @@ void register_parity(Registry& reg) {
     f->attr("parity/summary", "description", "median and worst relative RMS per implementation and precision");
     f->write_array("parity", "o_rel_rms_windows", windows, "1",
                    "relative RMS of o per window along T, one row per table row (NaN where T has fewer windows)");
-    std::string all_notes;
-    for (const auto& n : notes) all_notes += (all_notes.empty() ? "" : "\n") + n;
-    f->attr("parity", "notes", all_notes.empty() ? std::string("none") : all_notes);
+    f->attr("parity", "notes", notes_text(notes));
+    plan.record(*f, "parity");
+    plan.mark_rows(*f, "parity/table", row_keys);
+    plan.mark_rows(*f, "parity/o_rel_rms_windows", row_keys);
+    if (plan.active()) f->attr("parity", "shard_note_events", log.events.dump());
     f->attr("parity", "truth_rule",
             "--truth " + o->truth +
                 (o->truth == "auto" ? fmt::format(" (mp while B*T*H*d_k*d_v <= {}, f80 while <= {}, f64 above)",

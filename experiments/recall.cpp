@@ -142,6 +142,7 @@ void register_recall(Registry& reg) {
                     "attention, GLA, DeltaNet, Gated DeltaNet, KDA), read back each key at a power-law distance, "
                     "decode to the nearest value; accuracy and relative error vs N / d_k.",
                     "results/recall.h5");
+  add_shard_option(c);
   auto* a = c.app;
   std::map<std::string, CLI::Option*> opt;
   opt["memories"] = a->add_option("--memories", o->memories, "memories to test")->delimiter(',')->capture_default_str();
@@ -213,10 +214,25 @@ void register_recall(Registry& reg) {
         .col("state_numbers", 'i', "1", "numbers the memory holds at read time (d_k d_v, N (d_k + d_v), or N d_c)");
 
     const auto trials = static_cast<int>(o->trials);
-    auto prog = ctx.progress("recall", o->keys.size() * o->d_k.size() * o->ratio.size() * static_cast<std::size_t>(trials));
+    // --shard: a grid point is one (keys, d_k, ratio) cell; its cost is the sequence length times the d_k x d_k state
+    // each memory updates per token, (N + span N) d_k^2
+    std::vector<double> cost;
+    for (std::size_t i = 0; i < o->keys.size(); ++i)
+      for (double dd : o->d_k)
+        for (double rr : o->ratio) {
+          const double N = static_cast<double>(std::max<long>(1, std::lround(rr * dd)));
+          cost.push_back((N + std::ceil(o->span * N)) * dd * dd);
+        }
+    const ShardPlan plan(ctx.shard, cost, "(N + ceil(span N)) d_k^2 per (keys, d_k, ratio) cell");
+    std::vector<std::int64_t> row_keys;
+    std::size_t point = 0, runs = 0;
+    for (std::size_t p = 0; p < cost.size(); ++p) runs += plan.runs(p) ? 1 : 0;
+    auto prog = ctx.progress("recall", runs * static_cast<std::size_t>(trials));
     for (const auto& keymode : o->keys)
       for (double dd : o->d_k)
         for (double rr : o->ratio) {
+          const std::size_t this_point = point++;
+          if (!plan.runs(this_point)) continue;
           const auto d = static_cast<Eigen::Index>(dd);
           const auto N = std::max<Eigen::Index>(1, std::lround(rr * dd));
           const auto Lq = static_cast<Eigen::Index>(std::ceil(o->span * static_cast<double>(N)));
@@ -330,6 +346,7 @@ void register_recall(Registry& reg) {
                    static_cast<double>(N) / dd, b, gm, static_cast<std::int64_t>(dc), a.correct / a.count,
                    std::sqrt(a.err2 / a.ref2), static_cast<std::int64_t>(a.count), a.dist / a.count,
                    static_cast<std::int64_t>(a.numbers)});
+            row_keys.push_back(static_cast<std::int64_t>(this_point));
           }
         }
     prog.finish();
@@ -338,6 +355,8 @@ void register_recall(Registry& reg) {
              "multi-query associative recall without training: mechanistic capacity of each memory (not Zoology's "
              "trained-model curves); docs/equations.md, associative-memory facts");
     f->write_table("recall/capacity", t);
+    plan.record(*f, "recall");
+    plan.mark_rows(*f, "recall/capacity", row_keys);
     f->attr("recall/capacity", "description",
             "one row per (memory, keys, d_k, N, beta, g_min, d_c): accuracy of nearest-value decoding and relative "
             "read error, averaged over trials");

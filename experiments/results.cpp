@@ -415,6 +415,18 @@ void ResultsFile::write_array(const std::string& g, const std::string& name, con
 
 void ResultsFile::attr(const std::string& g, const std::string& name, const std::string& value) {
   h5("writing attribute '" + name + "' of '" + g + "'", [&] {
+    // a dataset too (kdalab merge copies every attribute); a path that does not exist yet is a group to create
+    bool exists = g != "/" && !g.empty();
+    for (std::size_t pos = 0; exists && pos != std::string::npos;) {  // nameExists checks the last link only
+      pos = g.find('/', pos + 1);
+      const std::string part = g.substr(0, pos);
+      exists = part.empty() || part == "/" || impl_->file.nameExists(part);
+    }
+    if (exists && impl_->file.childObjType(g) == H5O_TYPE_DATASET) {
+      H5::DataSet ds = impl_->file.openDataSet(g);
+      set_str_attr(ds, name, value);
+      return;
+    }
     H5::Group grp = impl_->open_group(g);
     set_str_attr(grp, name, value);
   });

@@ -93,7 +93,7 @@ class ResultsFile {
   void write_array(const std::string& group, const std::string& name, const Tensor<double>& t,
                    const std::string& units, const std::string& description,
                    const std::map<std::string, std::string>& attrs = {});
-  /// Sets a string attribute on a group ("/" for the root).
+  /// Sets a string attribute on a group ("/" for the root; created if needed) or on an existing dataset.
   void attr(const std::string& group, const std::string& name, const std::string& value);
   /// Sets a numeric attribute on a group or dataset path.
   void attr(const std::string& object, const std::string& name, double value);

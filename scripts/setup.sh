@@ -21,6 +21,15 @@ need_header CLI/CLI.hpp libcli11-dev
 need_header nlohmann/json.hpp nlohmann-json3-dev
 /usr/bin/python3 -c 'import h5py' >/dev/null 2>&1 || missing+=(python3-h5py)
 /usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1 || missing+=(python3-matplotlib)
+# The Slurm test (ctest label slurm) starts munged, slurmctld and slurmd itself: Debian's packages, where apt can run.
+if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+  need_cmd munged munge
+  need_cmd slurmctld slurmctld
+  need_cmd slurmd slurmd
+  need_cmd sbatch slurm-client
+elif ! command -v slurmctld >/dev/null 2>&1; then
+  echo "setup.sh: no Slurm and no apt: the slurm test fails here; leave it out with ctest -LE 'gpu|slurm'" >&2
+fi
 # The Python package (python/) needs venv and the C headers of /usr/bin/python3; optional: without them
 # (and no apt to install them) the package is skipped, not the rest.
 can_apt=0
