@@ -196,17 +196,18 @@ std::pair<Mat<double>, Mat<double>> layer_x_dy(std::size_t T, std::size_t hidden
   return {normal_mat(T, hidden, seed + 1), normal_mat(T, hidden, seed + 2)};
 }
 
-/// Opens group g (description `what`) of a layer gradient case, writes its x, dy and the mp50 dx (`dx_what`), and
-/// opens the weight-gradient group g/dw (`dw_what`), which it returns.
+/// Opens group g (description `what`) of a layer gradient case, writes its x, dy and the mp50 dx (`dx_what`), then
+/// the weight-gradient group g/dw (`dw_what`) with dL/d<name> of each weight in `dw`; returns g/dw.
 std::string put_layer_case(ResultsFile& f, const std::string& g, const std::string& what, const Mat<double>& x,
                            const Mat<double>& dy, const Mat<mp50>& dx, const std::string& dx_what,
-                           const std::string& dw_what) {
+                           const std::string& dw_what, const std::vector<std::pair<const char*, const Mat<mp50>*>>& dw) {
   const std::string wg = g + "/dw";
   f.group(g, what);
   f.write_array(g, "x", to_tensor(x), "1", "layer input x [T, hidden] (N(0, 1), Rng(seed + 1))");
   f.write_array(g, "dy", to_tensor(dy), "1", "upstream dL/dy [T, hidden] (N(0, 1), Rng(seed + 2))");
   f.write_array(g, "dx", to_tensor(dx), "1", dx_what);
   f.group(wg, dw_what);
+  for (auto [n, m] : dw) f.write_array(wg, n, to_tensor(*m), "1", std::string("dL/d") + n);
   return wg;
 }
 
@@ -226,8 +227,8 @@ void regen_kda_layer_grad(ResultsFile& f) {
     const std::string wg =
         put_layer_case(f, g, "KDA layer gradient case " + g + " (the config, weights and x of kda_layer.h5), "
                        "cpp_bin_float_50 VJP", x, dy, gr.dx, "dL/dx [T, hidden], mp50 rounded once",
-                       "dL/d(weight) for every KdaWeights member (zero for a weight the config does not use)");
-    for (auto [n, m] : kda_weight_mats(gr.dw)) f.write_array(wg, n, to_tensor(*m), "1", std::string("dL/d") + n);
+                       "dL/d(weight) for every KdaWeights member (zero for a weight the config does not use)",
+                       kda_weight_mats(gr.dw));
     f.write_array(wg, "A_log", to_tensor(gr.dw.A_log), "1", "dL/dA_log [HV]");
     f.write_array(wg, "rms_w", to_tensor(gr.dw.rms_w), "1", "dL/d rms_w [d_v]");
     f.attr(g, "T", double(c.T));
@@ -274,11 +275,9 @@ void regen_mla_grad(ResultsFile& f) {
     const auto [x, dy] = layer_x_dy(c.T, c.cfg.hidden, c.seed);
     const MlaLayerGrad<mp50> gr = mla_prefill_backward<mp50>(c.cfg, w.cast<mp50>(), x.cast<mp50>(), dy.cast<mp50>());
     const std::string g = c.name;
-    const std::string wg =
-        put_layer_case(f, g, "Gated MLA gradient case " + g + " (the config, weights and x of mla.h5), "
-                       "cpp_bin_float_50 VJP", x, dy, gr.dx, "dL/dx [T, hidden], mp50 naive prefill VJP rounded once",
-                       "dL/d(weight) for every weight the config uses (MlaWeights names, [out, in])");
-    for (auto [n, m] : mla_weight_mats(gr.dw)) f.write_array(wg, n, to_tensor(*m), "1", std::string("dL/d") + n);
+    put_layer_case(f, g, "Gated MLA gradient case " + g + " (the config, weights and x of mla.h5), cpp_bin_float_50 VJP",
+                   x, dy, gr.dx, "dL/dx [T, hidden], mp50 naive prefill VJP rounded once",
+                   "dL/d(weight) for every weight the config uses (MlaWeights names, [out, in])", mla_weight_mats(gr.dw));
     f.attr(g, "T", double(c.T));
     f.attr(g, "seed", double(c.seed));
   }
