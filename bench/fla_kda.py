@@ -260,6 +260,33 @@ def fla_commit(root):
     return "unknown"
 
 
+def fla_environment(dispatch):
+    """Before fla is imported: fla's own Triton kernels unless --dispatch, no on-disk reuse of autotune timings."""
+    if not dispatch:
+        os.environ["FLA_DISABLE_BACKEND_DISPATCH"] = "1"
+    os.environ["FLA_CACHE_RESULTS"] = "0"
+
+
+def fla_settings(root, commit, args, ops=None):
+    """The log line naming fla's folder and commit, the ops (when given) and the chunk_kda settings of args."""
+    what = f"; ops {','.join(ops)}" if ops else ""
+    return (f"fla from {root} (commit {commit}){what}; chunk_size {args.chunk_size}, "
+            f"safe_gate {not args.no_safe_gate}, backend dispatch {'on' if args.dispatch else 'off'}")
+
+
+def case_name(case):
+    """'B=.. T=.. H=..' of one (B, T, H) case."""
+    return "B=%d T=%d H=%d" % case
+
+
+def end_dry_run(plan):
+    """The end of --dry-run: the output plan, a line each, and that nothing was done. Returns exit code 0."""
+    for line in plan:
+        log(line)
+    log("dry run: nothing was imported, run or written")
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------------
 # loading fla
 
@@ -736,28 +763,21 @@ def main(argv=None):
         print(f"fla_kda.py: {e}", file=sys.stderr)
         return 2
 
-    # before fla is imported: fla's own Triton kernels, no on-disk reuse of autotune timings
-    if not args.dispatch:
-        os.environ["FLA_DISABLE_BACKEND_DISPATCH"] = "1"
-    os.environ["FLA_CACHE_RESULTS"] = "0"
+    fla_environment(args.dispatch)
 
     if args._worker:
         return worker_main(args, root)
 
     commit = fla_commit(root)
-    log(f"fla from {root} (commit {commit}); ops {','.join(ops)}; chunk_size {args.chunk_size}, "
-        f"safe_gate {not args.no_safe_gate}, backend dispatch {'on' if args.dispatch else 'off'}")
+    log(fla_settings(root, commit, args, ops))
     if args.dry_run:
         if "kda-prefill" in ops:
             log("prefill shapes: " + ", ".join(key_of("kda-prefill", s) for s in prefill))
         if "kda-decode" in ops:
             log("decode shapes: " + ", ".join(key_of("kda-decode", s) for s in decode))
         if "check" in ops:
-            log("check cases: " + ", ".join("B=%d T=%d H=%d" % c for c in ANCHOR_CASES))
-        for line in plan:
-            log(line)
-        log("dry run: nothing was imported, run or written")
-        return 0
+            log("check cases: " + ", ".join(map(case_name, ANCHOR_CASES)))
+        return end_dry_run(plan)
 
     try:
         import torch
@@ -870,7 +890,7 @@ def main(argv=None):
         log(f"{'check case':<26} {'first s':>8} {'o rel RMS vs f64':>17} {'S rel RMS vs f64':>17}  file")
         meta["check"] = {}
         for i, c in enumerate(ANCHOR_CASES):
-            name = "B=%d T=%d H=%d" % c
+            name = case_name(c)
             if over_budget():
                 meta["skipped"].append("check " + name)
                 log(f"{name:<26} skipped (time budget)")

@@ -69,8 +69,8 @@ import types
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fla_kda  # noqa: E402  (stdlib-only at import: fla's loading, the input conventions)
-from fla_kda import (D, G_MIN, UsageError, _is_number, check_folder, elapsed, fla_commit, load_fla, log,  # noqa: E402
-                     resolve_fla_root, write_h5_check)
+from fla_kda import (D, G_MIN, UsageError, _is_number, case_name, check_folder, elapsed, end_dry_run,  # noqa: E402
+                     fla_commit, fla_environment, fla_settings, load_fla, log, resolve_fla_root, write_h5_check)
 
 DEFAULT_CASES = [(1, 64, 16), (1, 300, 16), (1, 1000, 16), (1, 4096, 16)]
 CANDIDATES = ("fla", "f64", "both")
@@ -357,7 +357,7 @@ def run_case(torch, args, case, index, dev, fla, meta):
     B, T, H = case
     seed = args.seed + index
     x = draw_inputs(torch, B, T, H, seed, dev)
-    r = dict(case="B=%d T=%d H=%d" % case, seed=seed)
+    r = dict(case=case_name(case), seed=seed)
     sync = (lambda: torch.cuda.synchronize()) if dev.type == "cuda" else (lambda: None)
     t = time.monotonic()
     o64, S64, g64 = f64_grads(torch, x, x["do"], x["dS"], D ** -0.5, G_MIN, args.block)
@@ -433,20 +433,14 @@ def main(argv=None):
         print(f"fla_kda_bwd.py: {e}", file=sys.stderr)
         return 2
 
-    if not args.dispatch:
-        os.environ["FLA_DISABLE_BACKEND_DISPATCH"] = "1"
-    os.environ["FLA_CACHE_RESULTS"] = "0"
+    fla_environment(args.dispatch)
     commit = args.fla_commit.strip() if args.fla_commit else (fla_commit(root) if root else "unknown")
     if args.dry_run:
         if need_fla:
-            log(f"fla from {root} (commit {commit}); chunk_size {args.chunk_size}, safe_gate {not args.no_safe_gate}, "
-                f"backend dispatch {'on' if args.dispatch else 'off'}")
-        log(f"candidates: {args.candidate}; cases: " + ", ".join("B=%d T=%d H=%d" % c for c in cases)
+            log(fla_settings(root, commit, args))
+        log(f"candidates: {args.candidate}; cases: " + ", ".join(map(case_name, cases))
             + f"; seeds {args.seed}..{args.seed + len(cases) - 1}; device {args.device}")
-        for line in plan:
-            log(line)
-        log("dry run: nothing was imported, run or written")
-        return 0
+        return end_dry_run(plan)
 
     try:
         import torch
@@ -506,7 +500,7 @@ def main(argv=None):
         log(f"{'case':<20}" + "".join(f"{n:>9}" for n in names) + f"{'f64 s':>8}{'fla 1st s':>10}  det")
     skipped, failed = [], 0
     for i, c in enumerate(cases):
-        name = "B=%d T=%d H=%d" % c
+        name = case_name(c)
         if args.time_budget is not None and elapsed() > args.time_budget:
             skipped.append(name)
             log(f"{name:<20} skipped (time budget)")

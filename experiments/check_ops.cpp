@@ -19,7 +19,6 @@
 #include <optional>
 #include <set>
 #include "experiments/cli.hpp"
-#include "experiments/kda_ops.hpp"
 #ifdef KDALAB_HAVE_CUDA
 #include <cuda_runtime.h>
 #include "experiments/gpu_exp.hpp"
@@ -47,14 +46,12 @@ void require_finite_truth(const Tensor<double>& t, const std::string& name, cons
                                           "; nothing was written");
 }
 
-enum class Gate { none, k3, softplus };
-
 /// Everything read from the input file, validated.
 struct CheckInput {
   std::size_t B = 0, T = 0, H = 0, HV = 0, d_k = 0, d_v = 0;
   Tensor<double> q, k, v, g, beta, S0, A_log, bias, o_cand, S_cand;
   bool has_S0 = false, has_o = false, has_S = false, l2norm = false, beta_logits = false;
-  Gate gate = Gate::none;
+  KdaGateKind gate = KdaGateKind::none;
   double scale = 0, g_min = 0;
   std::string S0_layout, S_layout, o_format = "fp32", S_format = "fp32";
 };
@@ -126,9 +123,9 @@ CheckInput read_input(const std::string& path, const std::string& op) {
   c.l2norm = *l2 == 1;
   const std::string gate = f.attr_str("/", "gate").value_or("none");
   if (gate == "none") {
-    c.gate = Gate::none;
+    c.gate = KdaGateKind::none;
   } else if (gate == "k3" || gate == "softplus") {
-    c.gate = gate == "k3" ? Gate::k3 : Gate::softplus;
+    c.gate = gate == "k3" ? KdaGateKind::k3 : KdaGateKind::softplus;
     const std::string bias_name = gate == "k3" ? "bias" : "dt_bias";
     c.A_log = f.read("A_log", 1, "A_log [HV] (gate = \"" + gate + "\" needs it)");
     require(c.A_log.dim(0) == c.HV, f.where() + ": dataset 'A_log' has shape " + shape_str(c.A_log.shape) +
@@ -137,7 +134,7 @@ CheckInput read_input(const std::string& path, const std::string& op) {
     require(c.bias.shape == std::vector<std::size_t>{c.HV, c.d_k},
             f.where() + ": dataset '" + bias_name + "' has shape " + shape_str(c.bias.shape) + ", expected " +
                 shape_str({c.HV, c.d_k}) + " [HV, d_k]");
-    if (c.gate == Gate::k3) {
+    if (c.gate == KdaGateKind::k3) {
       const auto gm = f.attr_num("/", "g_min");
       require(gm.has_value(), f.where() + ": gate = \"k3\" needs the root attribute 'g_min' (K3: -5)");
       require(std::isfinite(*gm) && *gm < 0, f.where() + ": attribute g_min = " + fmt::format("{}", *gm) +
@@ -188,45 +185,12 @@ CheckInput read_input(const std::string& path, const std::string& op) {
     c.has_S = true;
     c.S_format = f.format_of("S");
   }
-  const std::string bias_name = c.gate == Gate::softplus ? "dt_bias" : "bias";
+  const std::string bias_name = c.gate == KdaGateKind::softplus ? "dt_bias" : "bias";
   for (auto [n, p] : std::initializer_list<std::pair<std::string, const Tensor<double>*>>{
            {"q", &c.q}, {"k", &c.k}, {"v", &c.v}, {"g", &c.g}, {"beta", &c.beta}, {"A_log", &c.A_log},
            {bias_name, &c.bias}, {"S0", &c.S0}})
     require_finite(f, n, *p);
   return c;
-}
-
-/// The truth on exactly the file's inputs, in scalar type S.
-template <class S>
-KdaOutput<S> truth(const CheckInput& c, const std::string& op) {
-  Tensor<S> q = c.q.cast<S>(), k = c.k.cast<S>(), g = c.g.cast<S>(), beta = c.beta.cast<S>();
-  if (c.l2norm)
-    for (Tensor<S>* t : {&q, &k})
-      for (std::size_t r = 0; r < t->numel() / c.d_k; ++r) {
-        S n2 = 0;
-        for (std::size_t i = 0; i < c.d_k; ++i) n2 += t->data[r * c.d_k + i] * t->data[r * c.d_k + i];
-        const S inv = n2 > S(0) ? S(S(1) / ssqrt<S>(n2)) : S(0);
-        for (std::size_t i = 0; i < c.d_k; ++i) t->data[r * c.d_k + i] *= inv;
-      }
-  if (c.gate != Gate::none)
-    for (std::size_t b = 0; b < c.B; ++b)
-      for (std::size_t t = 0; t < c.T; ++t)
-        for (std::size_t h = 0; h < c.HV; ++h)
-          for (std::size_t i = 0; i < c.d_k; ++i) {
-            const S a = sexp<S>(S(c.A_log(h))), x = S(g(b, t, h, i) + S(c.bias(h, i)));
-            g(b, t, h, i) = c.gate == Gate::k3 ? S(S(c.g_min) * sigmoid<S>(S(a * x))) : S(-a * softplus<S>(x));
-            if (!std::isfinite(static_cast<double>(g(b, t, h, i))))
-              throw Error(fmt::format("the gate of value head {} (A_log = {}, {}[{}, {}] = {}) gives a non-finite "
-                                      "log-decay g at [b {}, t {}, d_k {}]; A_log and {} must keep exp(A_log) (z + "
-                                      "bias) finite",
-                                      h, c.A_log(h), c.gate == Gate::k3 ? "bias" : "dt_bias", h, i, c.bias(h, i), b, t,
-                                      i, c.gate == Gate::k3 ? "bias" : "dt_bias"));
-          }
-  if (c.beta_logits)
-    for (auto& x : beta.data) x = sigmoid<S>(x);
-  const Tensor<S> S0 = c.has_S0 ? c.S0.cast<S>() : Tensor<S>({c.B, c.HV, c.d_k, c.d_v});
-  if (op == "kda-decode") return kda_decode_steps<S>(q, k, c.v.cast<S>(), g, beta, S0, S(c.scale));
-  return kda_recurrent<S>(q, k, c.v.cast<S>(), g, beta, c.has_S0 ? &S0 : nullptr, S(c.scale));
 }
 
 // ---- --op mla: the absorbed attention over a latent cache (kernels/mla.hpp's operation) ----------
@@ -286,39 +250,6 @@ MlaInput read_mla(const std::string& path) {
   return m;
 }
 
-/// The attended latent a[b, t, h] = sum_{tau <= N - T + t} softmax_tau(s) c[b, tau] with
-/// s_tau = scale (q~[b, t, h] . c[b, tau] + q_rope[b, t, h] . k_rope[b, tau]) (DeepSeek-V2 Eqs. 17-19
-/// absorbed; docs/equations.md, Gated MLA; reference/mla.hpp mla_attend_absorbed with W_UV = I), in S.
-template <class S>
-Tensor<double> mla_truth(const MlaInput& m) {
-  Tensor<double> out({m.B, m.T, m.H, m.d_c});
-  const Tensor<S> q = m.q.cast<S>(), c = m.c.cast<S>(), qr = m.q_rope.cast<S>(), kr = m.k_rope.cast<S>();
-  const S scale = S(m.scale);
-  std::vector<S> s(m.N), acc(m.d_c);
-  for (std::size_t b = 0; b < m.B; ++b)
-    for (std::size_t t = 0; t < m.T; ++t)
-      for (std::size_t h = 0; h < m.H; ++h) {
-        const std::size_t n = m.N - m.T + t + 1;
-        S mx = S(0);
-        for (std::size_t tau = 0; tau < n; ++tau) {
-          S z = S(0);
-          for (std::size_t i = 0; i < m.d_c; ++i) z += q(b, t, h, i) * c(b, tau, i);
-          for (std::size_t i = 0; i < m.d_rope; ++i) z += qr(b, t, h, i) * kr(b, tau, i);
-          s[tau] = S(z * scale);
-          if (tau == 0 || s[tau] > mx) mx = s[tau];
-        }
-        S l = S(0);
-        std::fill(acc.begin(), acc.end(), S(0));
-        for (std::size_t tau = 0; tau < n; ++tau) {
-          const S e = sexp<S>(S(s[tau] - mx));
-          l += e;
-          for (std::size_t i = 0; i < m.d_c; ++i) acc[i] += e * c(b, tau, i);
-        }
-        for (std::size_t i = 0; i < m.d_c; ++i) out(b, t, h, i) = static_cast<double>(S(acc[i] / l));
-      }
-  return out;
-}
-
 // ---- --op attn-res: softmax attention over depth (reference/attn_res.hpp) -----------------------
 
 /// Inputs of --op attn-res, validated (docs/check-format.md, --op attn-res).
@@ -374,24 +305,6 @@ AttnResInput read_attn_res(const std::string& path) {
   return a;
 }
 
-/// h = the DepthMixer (reference/attn_res.hpp) started at v_0, after pushing v_1 .. v_{N-1}, read with w.
-template <class S>
-Tensor<double> attn_res_truth(const AttnResInput& a) {
-  auto mat = [&](std::size_t i) {
-    Mat<S> m(static_cast<Eigen::Index>(a.T), static_cast<Eigen::Index>(a.d));
-    for (Eigen::Index j = 0; j < m.size(); ++j) m.data()[j] = S(a.v.data[i * a.T * a.d + static_cast<std::size_t>(j)]);
-    return m;
-  };
-  DepthMixer<S> mix(AttnResConfig{a.mode, a.block_sources, a.eps}, mat(0));
-  for (std::size_t i = 1; i < a.N; ++i) mix.push(mat(i));
-  Vec<S> w(static_cast<Eigen::Index>(a.d));
-  for (std::size_t i = 0; i < a.d; ++i) w(static_cast<Eigen::Index>(i)) = S(a.w.data[i]);
-  const Mat<S> h = mix.input(w);
-  Tensor<double> out({a.T, a.d});
-  for (Eigen::Index j = 0; j < h.size(); ++j) out.data[static_cast<std::size_t>(j)] = static_cast<double>(h.data()[j]);
-  return out;
-}
-
 std::string pick_truth(const std::string& opt, double work) { return opt == "auto" ? (work <= 2e7 ? "mp" : "f64") : opt; }
 std::string truth_label(const std::string& tk) { return tk == "mp" ? "cpp_bin_float_50" : "float64"; }
 /// The declared precision: --precision, else the root attribute `precision`, else the lowest-precision storage
@@ -441,7 +354,7 @@ KdaOutput<double> run_kdalab_kernel(const CheckInput& c, const std::string& path
   const std::string w = "check --kernel ('" + path + "'): ";
   // the inputs are checked first, the same way in every build (bad input: exit 2); only then whether the kernel
   // can run here (NotAvailable: exit 3)
-  require(c.gate == Gate::k3, w + "the kernel fuses the K3 gate; the file needs gate = \"k3\"");
+  require(c.gate == KdaGateKind::k3, w + "the kernel fuses the K3 gate; the file needs gate = \"k3\"");
   require(c.beta_logits, w + "the kernel applies the beta sigmoid; the file needs beta = \"logits\"");
   require(c.l2norm, w + "the kernel L2-normalises q and k; the file needs l2norm_qk = 1");
   require(c.d_k == c.d_v && (c.d_k == 64 || c.d_k == 128 || c.d_k == 256),
@@ -486,10 +399,16 @@ KdaCheckOp to_op(const CheckInput& c) {
   KdaCheckOp k;
   k.q = c.q; k.k = c.k; k.v = c.v; k.g = c.g; k.beta = c.beta; k.S0 = c.S0; k.A_log = c.A_log; k.bias = c.bias;
   k.has_S0 = c.has_S0; k.l2norm = c.l2norm; k.beta_logits = c.beta_logits;
-  k.gate = c.gate == Gate::k3 ? KdaGateKind::k3 : c.gate == Gate::softplus ? KdaGateKind::softplus : KdaGateKind::none;
+  k.gate = c.gate;
   k.g_min = c.g_min; k.scale = c.scale;
   return k;
 }
+
+/// The MLA problem of a validated file.
+MlaCheckOp to_op(const MlaInput& m) { return {m.q, m.c, m.q_rope, m.k_rope, m.scale}; }
+
+/// The AttnRes problem of a validated file.
+AttnResCheckOp to_op(const AttnResInput& a) { return {a.v, a.w, a.mode, a.block_sources, a.eps}; }
 
 /// Attaches to every candidate the emulation of the same tensor (by name) at the declared precision, unless --tol
 /// overrides the budget rule or there is no candidate.
@@ -513,12 +432,13 @@ Outcome check_kda(const std::string& in_path, const std::string& op, const std::
   std::optional<KdaOutput<double>> mine;
   if (kernel) mine = run_kdalab_kernel(in, in_path);  // before the (slow) truth: a refusal costs nothing
   const std::string tk = pick_truth(truth_opt, static_cast<double>(in.B * in.T * in.HV * in.d_k * in.d_v));
+  const KdaCheckOp kop = to_op(in);
   KdaOutput<double> t;
   if (tk == "mp") {
-    const auto r = truth<mp50>(in, op);
+    const auto r = kda_check_truth<mp50>(kop, op == "kda-decode");
     t = {r.o.cast<double>(), r.S_final.cast<double>()};
   } else {
-    t = truth<double>(in, op);
+    t = kda_check_truth<double>(kop, op == "kda-decode");
   }
   Outcome r;
   r.truth_name = truth_label(tk);
@@ -533,7 +453,7 @@ Outcome check_kda(const std::string& in_path, const std::string& op, const std::
   }
   attach_emulation(r, j, in_path, [&](Format p) {
     // kda-decode runs T one-token steps: the emulation's chunk is one token (the recurrence at p)
-    const emul::KdaEmulation e = emul::kda(to_op(in), p, op == "kda-decode" ? 1 : 64);
+    const emul::KdaEmulation e = emul::kda(kop, p, op == "kda-decode" ? 1 : 64);
     return std::map<std::string, Tensor<double>>{{"o", e.o}, {"S", e.S}};
   });
   r.truths.push_back({"o_truth", "truth o [B, T, HV, d_v] on exactly the input file's tensors", t.o, {}});
@@ -564,7 +484,7 @@ Outcome check_kda_bwd(const std::string& in_path, const std::string& truth_opt, 
     require_finite(f, "dS", t);
     dS = lay == "VK" ? swap_last(t) : t;
   }
-  const std::string bias_name = in.gate == Gate::softplus ? "dt_bias" : "bias";
+  const std::string bias_name = in.gate == KdaGateKind::softplus ? "dt_bias" : "bias";
   struct Spec {
     std::string name;
     std::vector<std::size_t> shape;
@@ -573,14 +493,14 @@ Outcome check_kda_bwd(const std::string& in_path, const std::string& truth_opt, 
   std::vector<Spec> specs{{"dq", in.q.shape, "[B, T, H, d_k]"},      {"dk", in.k.shape, "[B, T, H, d_k]"},
                           {"dv", in.v.shape, "[B, T, HV, d_v]"},     {"dg", in.g.shape, "[B, T, HV, d_k]"},
                           {"dbeta", in.beta.shape, "[B, T, HV]"}};
-  if (in.gate != Gate::none) {
+  if (in.gate != KdaGateKind::none) {
     specs.push_back({"dA_log", {in.HV}, "[HV]"});
     specs.push_back({"d" + bias_name, {in.HV, in.d_k}, "[HV, d_k]"});
   }
   for (const std::string n : {"dA_log", "dbias", "ddt_bias"})
     require(!f.has(n) || std::any_of(specs.begin(), specs.end(), [&](const Spec& s) { return s.name == n; }),
             f.where() + ": candidate '" + n + "' is the gradient of a gate parameter the file's gate = \"" +
-                (in.gate == Gate::none ? "none" : in.gate == Gate::k3 ? "k3" : "softplus") +
+                (in.gate == KdaGateKind::none ? "none" : in.gate == KdaGateKind::k3 ? "k3" : "softplus") +
                 "\" does not have; accepted: dA_log and dbias with gate = \"k3\", dA_log and ddt_bias with gate = \"softplus\"");
   std::vector<std::pair<std::string, Tensor<double>>> found;
   std::vector<std::string> formats;
@@ -634,7 +554,8 @@ Outcome check_mla(const std::string& in_path, const std::string& truth_opt, Judg
   const MlaInput m = read_mla(in_path);
   j.before_truth(m.has_o ? 1 : 0);
   const std::string tk = pick_truth(truth_opt, static_cast<double>(m.B * m.T * m.H * m.N * (m.d_c + m.d_rope)));
-  const Tensor<double> a = tk == "mp" ? mla_truth<mp50>(m) : mla_truth<double>(m);
+  const MlaCheckOp op = to_op(m);
+  const Tensor<double> a = tk == "mp" ? mla_check_truth<mp50>(op) : mla_check_truth<double>(op);
   Outcome r;
   r.truth_name = truth_label(tk);
   require_finite_truth(a, "o", r.truth_name,
@@ -642,7 +563,7 @@ Outcome check_mla(const std::string& in_path, const std::string& truth_opt, Judg
                                   : "the scores overflow float64 (|scale q . c| too large); try --truth mp or scale q or c down");
   if (m.has_o) r.cands.push_back({"o", m.o_format, m.o_cand, a, {}});
   attach_emulation(r, j, in_path, [&](Format p) {
-    return std::map<std::string, Tensor<double>>{{"o", emul::mla({m.q, m.c, m.q_rope, m.k_rope, m.scale}, p).o}};
+    return std::map<std::string, Tensor<double>>{{"o", emul::mla(op, p).o}};
   });
   r.truths.push_back({"o_truth", "truth attended latent [B, T, H, d_c] on exactly the input file's tensors", a, {}});
   return r;
@@ -651,7 +572,7 @@ Outcome check_mla(const std::string& in_path, const std::string& truth_opt, Judg
 /// --op mla-bwd: the --op mla inputs, do [B, T, H, d_c] and any of dq, dc, dq_rope, dk_rope.
 Outcome check_mla_bwd(const std::string& in_path, const std::string& truth_opt, Judge& j) {
   const MlaInput m = read_mla(in_path);
-  const MlaCheckOp op{m.q, m.c, m.q_rope, m.k_rope, m.scale};
+  const MlaCheckOp op = to_op(m);
   InFile f(in_path);
   const Tensor<double> dO = f.read("do", 4, "do [B, T, H, d_c] (the upstream gradient dL/do)");
   require(dO.shape == m.q.shape, f.where() + ": dataset 'do' has shape " + shape_str(dO.shape) + ", expected " +
@@ -696,7 +617,8 @@ Outcome check_attn_res(const std::string& in_path, const std::string& truth_opt,
   const AttnResInput a = read_attn_res(in_path);
   j.before_truth(a.has_h ? 1 : 0);
   const std::string tk = pick_truth(truth_opt, static_cast<double>(a.N * a.T * a.d) * 100.0);
-  const Tensor<double> h = tk == "mp" ? attn_res_truth<mp50>(a) : attn_res_truth<double>(a);
+  const AttnResCheckOp op = to_op(a);
+  const Tensor<double> h = tk == "mp" ? attn_res_check_truth<mp50>(op) : attn_res_check_truth<double>(op);
   Outcome r;
   r.truth_name = truth_label(tk);
   require_finite_truth(h, "h", r.truth_name,
@@ -704,7 +626,7 @@ Outcome check_attn_res(const std::string& in_path, const std::string& truth_opt,
                        "underflow when squared) gives 0/0; give eps > 0");
   if (a.has_h) r.cands.push_back({"h", a.h_format, a.h_cand, h, {}});
   attach_emulation(r, j, in_path, [&](Format p) {
-    return std::map<std::string, Tensor<double>>{{"h", emul::attn_res({a.v, a.w, a.mode, a.block_sources, a.eps}, p).h}};
+    return std::map<std::string, Tensor<double>>{{"h", emul::attn_res(op, p).h}};
   });
   r.truths.push_back({"h_truth", "truth h [T, d] (" + residual_mode_name(a.mode) + " AttnRes) on exactly the input "
                       "file's tensors", h, {}});
@@ -714,7 +636,7 @@ Outcome check_attn_res(const std::string& in_path, const std::string& truth_opt,
 /// --op attn-res-bwd: the --op attn-res inputs, do [T, d] (dL/dh) and any of dv, dw.
 Outcome check_attn_res_bwd(const std::string& in_path, const std::string& truth_opt, Judge& j) {
   const AttnResInput a = read_attn_res(in_path);
-  const AttnResCheckOp op{a.v, a.w, a.mode, a.block_sources, a.eps};
+  const AttnResCheckOp op = to_op(a);
   InFile f(in_path);
   const Tensor<double> dh = f.read("do", 2, "do [T, d] (the upstream gradient dL/dh)");
   require(dh.shape == std::vector<std::size_t>{a.T, a.d}, f.where() + ": dataset 'do' has shape " + shape_str(dh.shape) +

@@ -29,7 +29,7 @@
 
 #include "experiments/cli.hpp"
 #include "experiments/golden_layers.hpp"
-#include "experiments/kda_ops.hpp"
+#include "reference/kda_decode.hpp"
 #include "numerics/kda_inputs.hpp"
 #include "numerics/metrics.hpp"
 #include "numerics/tolerance.hpp"

@@ -57,6 +57,13 @@ double vs_stored(const Tensor<double>& now, const std::string& path, const std::
   return rel_rms(now.data, st.data);
 }
 
+/// One line for a gradient computed now: its relative RMS against the stored dataset g/name of `path`, within
+/// tol::backward_f64_vs_mp, named op + g + "/" + name + label.
+void compare_stored(const Line& line, const std::string& path, const std::string& op, const std::string& g,
+                    const std::string& name, const Tensor<double>& now, const std::string& label = "") {
+  line(op + g + "/" + name + label, vs_stored(now, path, g + "/" + name), tol::backward_f64_vs_mp.value);
+}
+
 // ---- KDA core ------------------------------------------------------------------------------------
 
 struct CoreCase {
@@ -159,9 +166,7 @@ void check_core(const std::string& path, const Line& line, const std::vector<Cor
          drifted.empty() ? 0.0 : 1.0, 0.0);
     const auto compare = [&](const KdaGrad<double>& d, const std::string& label) {
       const auto gl = grad_list(d);
-      for (std::size_t i = 0; i < gl.size(); ++i)
-        line(op + g + "/" + kGradNames[i] + label, vs_stored(*gl[i], path, g + "/" + kGradNames[i]),
-             tol::backward_f64_vs_mp.value);
+      for (std::size_t i = 0; i < gl.size(); ++i) compare_stored(line, path, op, g, kGradNames[i], *gl[i], label);
     };
     if (!chunked) {
       compare(kda_recurrent_backward<double>(p.q, p.k, p.v, p.g, p.beta, &p.S0, p.scale, p.dO, &p.dS_T),
@@ -186,18 +191,44 @@ std::vector<std::pair<const char*, const Mat<S>*>> kda_weight_mats(const KdaWeig
           {"W_o", &w.W_o}};
 }
 
+/// x [T, hidden] (Rng(seed + 1)) and dy [T, hidden] (Rng(seed + 2)) of a layer gradient case.
+std::pair<Mat<double>, Mat<double>> layer_x_dy(std::size_t T, std::size_t hidden, std::uint64_t seed) {
+  return {normal_mat(T, hidden, seed + 1), normal_mat(T, hidden, seed + 2)};
+}
+
+/// Opens group g (description `what`) of a layer gradient case, writes its x, dy and the mp50 dx (`dx_what`), then
+/// the weight-gradient group g/dw (`dw_what`) with dL/d<name> of each weight in `dw`; returns g/dw.
+std::string put_layer_case(ResultsFile& f, const std::string& g, const std::string& what, const Mat<double>& x,
+                           const Mat<double>& dy, const Mat<mp50>& dx, const std::string& dx_what,
+                           const std::string& dw_what, const std::vector<std::pair<const char*, const Mat<mp50>*>>& dw) {
+  const std::string wg = g + "/dw";
+  f.group(g, what);
+  f.write_array(g, "x", to_tensor(x), "1", "layer input x [T, hidden] (N(0, 1), Rng(seed + 1))");
+  f.write_array(g, "dy", to_tensor(dy), "1", "upstream dL/dy [T, hidden] (N(0, 1), Rng(seed + 2))");
+  f.write_array(g, "dx", to_tensor(dx), "1", dx_what);
+  f.group(wg, dw_what);
+  for (auto [n, m] : dw) f.write_array(wg, n, to_tensor(*m), "1", std::string("dL/d") + n);
+  return wg;
+}
+
+/// The line saying whether the stored x and dy of layer case g are what the generator draws now, bit for bit.
+void check_layer_x_dy(const Line& line, const std::string& path, const std::string& op, const std::string& g,
+                      const Mat<double>& x, const Mat<double>& dy) {
+  const bool same = read_f64(path, g + "/x").data == to_tensor(x).data && read_f64(path, g + "/dy").data == to_tensor(dy).data;
+  line(op + g + " x, dy == generator (bit-exact)", same ? 0.0 : 1.0, 0.0);
+}
+
 void regen_kda_layer_grad(ResultsFile& f) {
   for (const auto& c : kda_layer_cases()) {
     const KdaWeights<double> w = KdaWeights<double>::random(c.cfg, c.seed);
-    const Mat<double> x = normal_mat(c.T, c.cfg.hidden, c.seed + 1), dy = normal_mat(c.T, c.cfg.hidden, c.seed + 2);
+    const auto [x, dy] = layer_x_dy(c.T, c.cfg.hidden, c.seed);
     const KdaLayerGrad<mp50> gr = kda_layer_backward<mp50>(c.cfg, w.cast<mp50>(), x.cast<mp50>(), dy.cast<mp50>());
-    const std::string g = c.name, wg = g + "/dw";
-    f.group(g, "KDA layer gradient case " + g + " (the config, weights and x of kda_layer.h5), cpp_bin_float_50 VJP");
-    f.write_array(g, "x", to_tensor(x), "1", "layer input x [T, hidden] (N(0, 1), Rng(seed + 1))");
-    f.write_array(g, "dy", to_tensor(dy), "1", "upstream dL/dy [T, hidden] (N(0, 1), Rng(seed + 2))");
-    f.write_array(g, "dx", to_tensor(gr.dx), "1", "dL/dx [T, hidden], mp50 rounded once");
-    f.group(wg, "dL/d(weight) for every KdaWeights member (zero for a weight the config does not use)");
-    for (auto [n, m] : kda_weight_mats(gr.dw)) f.write_array(wg, n, to_tensor(*m), "1", std::string("dL/d") + n);
+    const std::string g = c.name;
+    const std::string wg =
+        put_layer_case(f, g, "KDA layer gradient case " + g + " (the config, weights and x of kda_layer.h5), "
+                       "cpp_bin_float_50 VJP", x, dy, gr.dx, "dL/dx [T, hidden], mp50 rounded once",
+                       "dL/d(weight) for every KdaWeights member (zero for a weight the config does not use)",
+                       kda_weight_mats(gr.dw));
     f.write_array(wg, "A_log", to_tensor(gr.dw.A_log), "1", "dL/dA_log [HV]");
     f.write_array(wg, "rms_w", to_tensor(gr.dw.rms_w), "1", "dL/d rms_w [d_v]");
     f.attr(g, "T", double(c.T));
@@ -209,12 +240,11 @@ void check_kda_layer_grad(const std::string& path, const Line& line) {
   for (const auto& c : kda_layer_cases()) {
     const std::string g = "/" + c.name;
     const KdaWeights<double> w = KdaWeights<double>::random(c.cfg, c.seed);
-    const Mat<double> x = normal_mat(c.T, c.cfg.hidden, c.seed + 1), dy = normal_mat(c.T, c.cfg.hidden, c.seed + 2);
-    const bool same = read_f64(path, g + "/x").data == to_tensor(x).data && read_f64(path, g + "/dy").data == to_tensor(dy).data;
-    line("kda_layer_grad" + g + " x, dy == generator (bit-exact)", same ? 0.0 : 1.0, 0.0);
+    const auto [x, dy] = layer_x_dy(c.T, c.cfg.hidden, c.seed);
+    check_layer_x_dy(line, path, "kda_layer_grad", g, x, dy);
     const KdaLayerGrad<double> d = kda_layer_backward<double>(c.cfg, w, x, dy);
     const auto cmp = [&](const std::string& n, const Tensor<double>& t) {
-      line("kda_layer_grad" + g + "/" + n, vs_stored(t, path, g + "/" + n), tol::backward_f64_vs_mp.value);
+      compare_stored(line, path, "kda_layer_grad", g, n, t);
     };
     cmp("dx", to_tensor(d.dx));
     for (auto [n, m] : kda_weight_mats(d.dw)) {
@@ -242,15 +272,12 @@ void regen_mla_grad(ResultsFile& f) {
   for (const auto& c : mla_cases()) {
     Rng rng(c.seed);
     const MlaWeights<double> w = mla_random_weights<double>(c.cfg, [&] { return rng.normal(); });
-    const Mat<double> x = normal_mat(c.T, c.cfg.hidden, c.seed + 1), dy = normal_mat(c.T, c.cfg.hidden, c.seed + 2);
+    const auto [x, dy] = layer_x_dy(c.T, c.cfg.hidden, c.seed);
     const MlaLayerGrad<mp50> gr = mla_prefill_backward<mp50>(c.cfg, w.cast<mp50>(), x.cast<mp50>(), dy.cast<mp50>());
-    const std::string g = c.name, wg = g + "/dw";
-    f.group(g, "Gated MLA gradient case " + g + " (the config, weights and x of mla.h5), cpp_bin_float_50 VJP");
-    f.write_array(g, "x", to_tensor(x), "1", "layer input x [T, hidden] (N(0, 1), Rng(seed + 1))");
-    f.write_array(g, "dy", to_tensor(dy), "1", "upstream dL/dy [T, hidden] (N(0, 1), Rng(seed + 2))");
-    f.write_array(g, "dx", to_tensor(gr.dx), "1", "dL/dx [T, hidden], mp50 naive prefill VJP rounded once");
-    f.group(wg, "dL/d(weight) for every weight the config uses (MlaWeights names, [out, in])");
-    for (auto [n, m] : mla_weight_mats(gr.dw)) f.write_array(wg, n, to_tensor(*m), "1", std::string("dL/d") + n);
+    const std::string g = c.name;
+    put_layer_case(f, g, "Gated MLA gradient case " + g + " (the config, weights and x of mla.h5), cpp_bin_float_50 VJP",
+                   x, dy, gr.dx, "dL/dx [T, hidden], mp50 naive prefill VJP rounded once",
+                   "dL/d(weight) for every weight the config uses (MlaWeights names, [out, in])", mla_weight_mats(gr.dw));
     f.attr(g, "T", double(c.T));
     f.attr(g, "seed", double(c.seed));
   }
@@ -261,17 +288,14 @@ void check_mla_grad(const std::string& path, const Line& line) {
     const std::string g = "/" + c.name;
     Rng rng(c.seed);
     const MlaWeights<double> w = mla_random_weights<double>(c.cfg, [&] { return rng.normal(); });
-    const Mat<double> x = normal_mat(c.T, c.cfg.hidden, c.seed + 1), dy = normal_mat(c.T, c.cfg.hidden, c.seed + 2);
-    const bool same = read_f64(path, g + "/x").data == to_tensor(x).data && read_f64(path, g + "/dy").data == to_tensor(dy).data;
-    line("mla_grad" + g + " x, dy == generator (bit-exact)", same ? 0.0 : 1.0, 0.0);
+    const auto [x, dy] = layer_x_dy(c.T, c.cfg.hidden, c.seed);
+    check_layer_x_dy(line, path, "mla_grad", g, x, dy);
     for (const MlaEval eval : {MlaEval::naive, MlaEval::absorbed}) {
       const MlaLayerGrad<double> d = mla_prefill_backward<double>(c.cfg, w, x, dy, eval);
       const std::string label = " (" + mla_eval_name(eval) + ")";
-      line("mla_grad" + g + "/dx" + label, vs_stored(to_tensor(d.dx), path, g + "/dx"),
-           tol::backward_f64_vs_mp.value);
+      compare_stored(line, path, "mla_grad", g, "dx", to_tensor(d.dx), label);
       for (auto [n, m] : mla_weight_mats(d.dw))
-        line("mla_grad" + g + "/dw/" + n + label, vs_stored(to_tensor(*m), path, g + "/dw/" + n),
-             tol::backward_f64_vs_mp.value);
+        compare_stored(line, path, "mla_grad", g, std::string("dw/") + n, to_tensor(*m), label);
     }
   }
 }
@@ -319,9 +343,8 @@ void check_attn_res_grad(const std::string& path, const Line& line) {
     line("attn_res_grad" + g + " dh == generator (bit-exact)", read_f64(path, g + "/dh").data == to_tensor(dh).data ? 0.0 : 1.0,
          0.0);
     const auto [dv, dw] = attn_res_grads<double>(fx, dh);
-    line("attn_res_grad" + g + "/dv (float64 vs mp50)", vs_stored(dv, path, g + "/dv"),
-         tol::backward_f64_vs_mp.value);
-    line("attn_res_grad" + g + "/dw", vs_stored(dw, path, g + "/dw"), tol::backward_f64_vs_mp.value);
+    compare_stored(line, path, "attn_res_grad", g, "dv", dv, " (float64 vs mp50)");
+    compare_stored(line, path, "attn_res_grad", g, "dw", dw);
   }
 }
 

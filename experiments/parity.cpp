@@ -426,6 +426,32 @@ double point_cost(const KdaGenSpec& s, const std::string& truth_kind, std::size_
 constexpr const char* kParityCostModel =
     "B T H d_k d_v x (truth weight: mp 50, f80 13, f64 1 + the point's rows) per grid point";
 
+/// The leading columns of both parity tables (forward and --backward): the input grid point. The descriptions of
+/// point, generator and seed differ between the two tables.
+Table& point_columns(Table& t, const std::string& point, const std::string& generator, const std::string& seed) {
+  return t.col("point", 'i', "1", point)
+      .col("generator", 's', "1", generator)
+      .col("seed", 'i', "1", seed)
+      .col("B", 'i', "1", "batch size").col("T", 'i', "1", "sequence length (tokens)")
+      .col("H", 'i', "1", "heads (HV = H)").col("d_k", 'i', "1", "key dimension").col("d_v", 'i', "1", "value dimension")
+      .col("gate", 's', "1", "gate kind: bounded (K3) or softplus (Kimi Linear)")
+      .col("g_min", 'd', "1", "lower bound of the bounded gate (NaN for softplus)")
+      .col("beta", 's', "1", "beta distribution: sigmoid, wide, one");
+}
+
+/// The cells of point_columns for grid point p (spec s, its generated inputs in), then `rest`.
+std::vector<Table::Cell> point_row(std::size_t p, const KdaInputs& in, const KdaGenSpec& s,
+                                   std::initializer_list<Table::Cell> rest) {
+  std::vector<Table::Cell> row{static_cast<std::int64_t>(p), in.generator, static_cast<std::int64_t>(s.seed),
+                               static_cast<std::int64_t>(s.B), static_cast<std::int64_t>(s.T),
+                               static_cast<std::int64_t>(s.H), static_cast<std::int64_t>(s.d_k),
+                               static_cast<std::int64_t>(s.d_v), gate_kind_name(s.gate),
+                               s.gate == GateKind::bounded ? s.g_min : std::numeric_limits<double>::quiet_NaN(),
+                               beta_dist_name(s.beta)};
+  row.insert(row.end(), rest);
+  return row;
+}
+
 /// The six gradients of one backward run, as float64 copies, with its wall time.
 struct GradOut {
   std::vector<std::vector<double>> g;  ///< dq, dk, dv, dg, dbeta, dS0
@@ -516,14 +542,8 @@ int run_parity_backward(const ParityOptions& o, Context& ctx) {
                 }
               }
   Table t;
-  t.col("point", 'i', "1", "index of the input grid point (inputs, upstream gradients and truth shared by its rows)")
-      .col("generator", 's', "1", "named input generator (numerics/kda_inputs.hpp)")
-      .col("seed", 'i', "1", "generator seed (upstream gradients: Rng(seed + 1))")
-      .col("B", 'i', "1", "batch size").col("T", 'i', "1", "sequence length (tokens)")
-      .col("H", 'i', "1", "heads (HV = H)").col("d_k", 'i', "1", "key dimension").col("d_v", 'i', "1", "value dimension")
-      .col("gate", 's', "1", "gate kind: bounded (K3) or softplus (Kimi Linear)")
-      .col("g_min", 'd', "1", "lower bound of the bounded gate (NaN for softplus)")
-      .col("beta", 's', "1", "beta distribution: sigmoid, wide, one")
+  point_columns(t, "index of the input grid point (inputs, upstream gradients and truth shared by its rows)",
+                "named input generator (numerics/kda_inputs.hpp)", "generator seed (upstream gradients: Rng(seed + 1))")
       .col("impl", 's', "1", "implementation of the backward: float64, float32, bf16-emu")
       .col("truth", 's', "1", "the truth this row is measured against (scalar type of the reference backward)");
   for (const char* n : kGradNames)
@@ -569,13 +589,9 @@ int run_parity_backward(const ParityOptions& o, Context& ctx) {
         prog.tick(1, std::string());
         continue;
       }
-      std::vector<Table::Cell> row{static_cast<std::int64_t>(p), in.generator, static_cast<std::int64_t>(s.seed),
-                            static_cast<std::int64_t>(s.B), static_cast<std::int64_t>(s.T),
-                            static_cast<std::int64_t>(s.H), static_cast<std::int64_t>(s.d_k),
-                            static_cast<std::int64_t>(s.d_v), gate_kind_name(s.gate),
-                            s.gate == GateKind::bounded ? s.g_min : std::numeric_limits<double>::quiet_NaN(),
-                            beta_dist_name(s.beta), impl,
-                            tname + (impl == "float64" && tk == "f64" ? " (the same computation: 0 by construction)" : "")};
+      std::vector<Table::Cell> row = point_row(
+          p, in, s,
+          {impl, tname + (impl == "float64" && tk == "f64" ? " (the same computation: 0 by construction)" : "")});
       std::vector<double> errs;
       for (std::size_t i = 0; i < 6; ++i) errs.push_back(compare(r->g[i], tr.g[i], kGradNames[i]).rel_rms);
       for (double e : errs) row.emplace_back(e);
@@ -825,14 +841,8 @@ void register_parity(Registry& reg) {
     std::vector<std::int64_t> row_keys;
 
     Table t;
-    t.col("point", 'i', "1", "index of the input grid point (inputs and truth shared by its rows)")
-        .col("generator", 's', "1", "named input generator (numerics/kda_inputs.hpp; anchor-kda: numerics/random.hpp)")
-        .col("seed", 'i', "1", "generator seed")
-        .col("B", 'i', "1", "batch size").col("T", 'i', "1", "sequence length (tokens)")
-        .col("H", 'i', "1", "heads (HV = H)").col("d_k", 'i', "1", "key dimension").col("d_v", 'i', "1", "value dimension")
-        .col("gate", 's', "1", "gate kind: bounded (K3) or softplus (Kimi Linear)")
-        .col("g_min", 'd', "1", "lower bound of the bounded gate (NaN for softplus)")
-        .col("beta", 's', "1", "beta distribution: sigmoid, wide, one")
+    point_columns(t, "index of the input grid point (inputs and truth shared by its rows)",
+                  "named input generator (numerics/kda_inputs.hpp; anchor-kda: numerics/random.hpp)", "generator seed")
         .col("impl", 's', "1", "implementation: float64, float32, float64-chunk, float32-chunk, twin-bf16, cuda-bf16")
         .col("C", 'i', "1", "chunk size of a chunked implementation (0: not applicable, a recurrence)")
         .col("state_precision", 's', "1", "format the state is kept in")
@@ -887,13 +897,11 @@ void register_parity(Registry& reg) {
                                        : ""));
         std::string truth_name = tr.name;
         if (impl == "float64" && tk == "f64") truth_name += " (the same computation: 0 by construction)";
-        t.row({static_cast<std::int64_t>(p), in.generator, static_cast<std::int64_t>(s.seed),
-               static_cast<std::int64_t>(s.B), static_cast<std::int64_t>(s.T), static_cast<std::int64_t>(s.H),
-               static_cast<std::int64_t>(s.d_k), static_cast<std::int64_t>(s.d_v), gate_kind_name(s.gate),
-               s.gate == GateKind::bounded ? s.g_min : std::numeric_limits<double>::quiet_NaN(), beta_dist_name(s.beta),
-               impl, C, st, mm, r.out_format, truth_name, mo.rel_rms, mo.max_abs, mo.max_ulp_bf16, mo.nan_count,
-               mo.inf_count, ms.rel_rms, ms.max_abs, ms.max_ulp_bf16, ms.nan_count, ms.inf_count,
-               static_cast<std::int64_t>(win), w.front(), w.back(), wmax, r.seconds, tr.seconds});
+        t.row(point_row(p, in, s,
+                        {impl, C, st, mm, r.out_format, truth_name, mo.rel_rms, mo.max_abs, mo.max_ulp_bf16,
+                         mo.nan_count, mo.inf_count, ms.rel_rms, ms.max_abs, ms.max_ulp_bf16, ms.nan_count,
+                         ms.inf_count, static_cast<std::int64_t>(win), w.front(), w.back(), wmax, r.seconds,
+                         tr.seconds}));
         row_keys.push_back(static_cast<std::int64_t>(p));
         ++row;
       };

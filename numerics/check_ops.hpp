@@ -1,6 +1,8 @@
 #pragma once
 /// The operations that `kdalab check` judges (docs/check-format.md), as functions of exactly the tensors of an
-/// input file, and their exact reverse-mode derivatives (the truth of `--op kda-bwd`, `mla-bwd`, `attn-res-bwd`).
+/// input file: their forward truths (`--op kda`, `kda-decode`, `mla`, `attn-res`) and their exact reverse-mode
+/// derivatives (the truth of `--op kda-bwd`, `mla-bwd`, `attn-res-bwd`), each in scalar S (double or
+/// cpp_bin_float_50). The Python budget rule (python/src/budget.cpp) takes its truths from here too.
 /// Everything here composes the oracle of reference/: no new math.
 ///
 ///  * KDA (docs/equations.md, sections 1-2; K3 report Eqs. 1, 5): optional per-head L2Norm of q and k, the decay
@@ -19,13 +21,20 @@
 ///
 /// Layouts: states [B, HV, d_k, d_v] (KV) throughout; callers convert VK files. All tensors are float64 holders of
 /// the scalar S results.
+#include <algorithm>
+#include <cmath>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include <fmt/format.h>
+
+#include "reference/attn_res.hpp"
 #include "reference/attn_res_backward.hpp"
 #include "reference/gate_backward.hpp"
+#include "reference/kda.hpp"
 #include "reference/kda_backward.hpp"
+#include "reference/kda_decode.hpp"
 #include "reference/kda_fused_backward.hpp"
 #include "reference/layers_backward.hpp"
 #include "reference/mla_backward.hpp"
@@ -74,6 +83,35 @@ KdaPreops<S> kda_check_preops(const KdaCheckOp& c) {
   if (c.beta_logits)
     for (auto& x : p.beta.data) x = sigmoid<S>(x);
   return p;
+}
+
+/// Refuses a gate whose derived log-decay g [B, T, HV, d_k] is not finite (exp(A_log) (z + bias) overflows):
+/// kdalab::Error naming the first such element, its value head, A_log and bias (or dt_bias).
+template <class S>
+void require_finite_gate(const KdaCheckOp& c, const Tensor<S>& g) {
+  const std::size_t dk = c.q.dim(3), HV = c.v.dim(2), T = c.v.dim(1);
+  const char* bias = c.gate == KdaGateKind::k3 ? "bias" : "dt_bias";
+  for (std::size_t x = 0; x < g.numel(); ++x) {
+    if (std::isfinite(static_cast<double>(g.data[x]))) continue;
+    const std::size_t i = x % dk, h = (x / dk) % HV, t = (x / dk / HV) % T, b = x / dk / HV / T;
+    throw Error(fmt::format("the gate of value head {} (A_log = {}, {}[{}, {}] = {}) gives a non-finite log-decay g "
+                            "at [b {}, t {}, d_k {}]; A_log and {} must keep exp(A_log) (z + bias) finite",
+                            h, c.A_log(h), bias, h, i, c.bias(h, i), b, t, i, bias));
+  }
+}
+
+/// The forward truth of a KDA problem in scalar S: the pre-ops (kda_check_preops), then the recurrence from S0
+/// or zero (reference/kda.hpp kda_recurrent) or, with decode_steps, T one-token steps from S0 (reference/kda_decode.hpp
+/// kda_decode_steps; S0 absent: zero). Returns o [B, T, HV, d_v] and the final state [B, HV, d_k, d_v] (KV).
+/// Errors: kdalab::Error on a gate with a non-finite log-decay (require_finite_gate), and from the reference
+/// (shapes, non-finite values).
+template <class S>
+KdaOutput<S> kda_check_truth(const KdaCheckOp& c, bool decode_steps = false) {
+  const KdaPreops<S> p = kda_check_preops<S>(c);
+  if (c.gate != KdaGateKind::none) require_finite_gate<S>(c, p.g);
+  const Tensor<S> S0 = c.has_S0 ? c.S0.cast<S>() : Tensor<S>({c.v.dim(0), c.v.dim(2), c.q.dim(3), c.v.dim(3)});
+  if (decode_steps) return kda_decode_steps<S>(p.q, p.k, c.v.cast<S>(), p.g, p.beta, S0, S(c.scale));
+  return kda_recurrent<S>(p.q, p.k, c.v.cast<S>(), p.g, p.beta, c.has_S0 ? &S0 : nullptr, S(c.scale));
 }
 
 /// Chains the gradients w.r.t. the derived inputs (d: dq, dk, dg, dbeta of the recurrence, dv, dS0) back to the
@@ -152,6 +190,41 @@ struct MlaCheckGrads {
   Tensor<double> dq, dc, dq_rope, dk_rope;
 };
 
+/// The forward truth of an MLA problem in scalar S: the attended latent a[b, t, h] = sum_{tau <= N - T + t}
+/// softmax_tau(s) c[b, tau] with s_tau = scale (q~[b, t, h] . c[b, tau] + q_rope[b, t, h] . k_rope[b, tau])
+/// (DeepSeek-V2 Eqs. 17-19 absorbed; docs/equations.md, Gated MLA; reference/mla.hpp mla_attend_absorbed with
+/// W_UK = W_UV = I, the scale applied as given). Returns [B, T, H, d_c].
+template <class S>
+Tensor<double> mla_check_truth(const MlaCheckOp& m) {
+  const std::size_t B = m.q.dim(0), T = m.q.dim(1), H = m.q.dim(2), dc = m.q.dim(3), N = m.c.dim(1), dr = m.d_rope();
+  Tensor<double> out({B, T, H, dc});
+  const Tensor<S> q = m.q.cast<S>(), c = m.c.cast<S>(), qr = m.q_rope.cast<S>(), kr = m.k_rope.cast<S>();
+  const S scale = S(m.scale);
+  std::vector<S> s(N), acc(dc);
+  for (std::size_t b = 0; b < B; ++b)
+    for (std::size_t t = 0; t < T; ++t)
+      for (std::size_t h = 0; h < H; ++h) {
+        const std::size_t n = N - T + t + 1;
+        S mx = S(0);
+        for (std::size_t tau = 0; tau < n; ++tau) {
+          S z = S(0);
+          for (std::size_t i = 0; i < dc; ++i) z += q(b, t, h, i) * c(b, tau, i);
+          for (std::size_t i = 0; i < dr; ++i) z += qr(b, t, h, i) * kr(b, tau, i);
+          s[tau] = S(z * scale);
+          if (tau == 0 || s[tau] > mx) mx = s[tau];
+        }
+        S l = S(0);
+        std::fill(acc.begin(), acc.end(), S(0));
+        for (std::size_t tau = 0; tau < n; ++tau) {
+          const S e = sexp<S>(S(s[tau] - mx));
+          l += e;
+          for (std::size_t i = 0; i < dc; ++i) acc[i] += e * c(b, tau, i);
+        }
+        for (std::size_t i = 0; i < dc; ++i) out(b, t, h, i) = static_cast<double>(S(acc[i] / l));
+      }
+  return out;
+}
+
 /// Exact gradients of an MLA problem for upstream dO [B, T, H, d_c], in scalar S (file comment).
 template <class S>
 MlaCheckGrads mla_check_backward_truth(const MlaCheckOp& m, const Tensor<double>& dO) {
@@ -228,6 +301,26 @@ inline std::vector<std::size_t> attn_res_source_of(const AttnResCheckOp& a, std:
   for (std::size_t i = 0; i < N; ++i) of[i] = a.mode == ResidualMode::full || i == 0 ? i : 1 + (i - 1) / a.block_sources;
   n_sources = of.back() + 1;
   return of;
+}
+
+/// The forward truth of an AttnRes problem in scalar S: h [T, d], the DepthMixer (reference/attn_res.hpp) started
+/// at v_0, after pushing v_1 .. v_{N-1}, read with w.
+template <class S>
+Tensor<double> attn_res_check_truth(const AttnResCheckOp& a) {
+  const std::size_t N = a.v.dim(0), T = a.v.dim(1), d = a.v.dim(2);
+  auto mat = [&](std::size_t i) {
+    Mat<S> m(static_cast<Eigen::Index>(T), static_cast<Eigen::Index>(d));
+    for (Eigen::Index j = 0; j < m.size(); ++j) m.data()[j] = S(a.v.data[i * T * d + static_cast<std::size_t>(j)]);
+    return m;
+  };
+  DepthMixer<S> mix(AttnResConfig{a.mode, a.block_sources, a.eps}, mat(0));
+  for (std::size_t i = 1; i < N; ++i) mix.push(mat(i));
+  Vec<S> w(static_cast<Eigen::Index>(d));
+  for (std::size_t i = 0; i < d; ++i) w(static_cast<Eigen::Index>(i)) = S(a.w.data[i]);
+  const Mat<S> h = mix.input(w);
+  Tensor<double> out({T, d});
+  for (Eigen::Index j = 0; j < h.size(); ++j) out.data[static_cast<std::size_t>(j)] = static_cast<double>(h.data()[j]);
+  return out;
 }
 
 /// Exact gradients of an AttnRes problem for upstream dh [T, d], in scalar S (file comment).

@@ -204,7 +204,8 @@ def budget_mla(q: Array, c: Array, q_rope: Optional[Array] = None, k_rope: Optio
                lens: Optional[Sequence[int]] = None, dO: Optional[Array] = None) -> dict[str, Budget]:
     """Budgets of the absorbed MLA attention core (`kdalab check --op mla`, and `--op mla-bwd` with dO) by the rule
     of `kdalab check`: the naive attention at the declared precision (numerics/plain_emulation.hpp emul::mla)
-    against the float64 truth (reference/mla.hpp, W_UK = W_UV = I) on exactly these inputs.
+    against check's float64 truth (numerics/check_ops.hpp mla_check_truth: reference/mla.hpp's absorbed attention
+    with W_UK = W_UV = I) on exactly these inputs.
 
     q [B, T, H, d_c] (absorbed queries), c [B, N, d_c] (latent cache), q_rope [B, T, H, d_rope] and k_rope
     [B, N, d_rope] (both or neither), softmax scale; query t of row b sits at position L_b - T + t and reads cache

@@ -19,11 +19,10 @@
 #include <fmt/format.h>
 
 #include "numerics/budget.hpp"
+#include "numerics/check_ops.hpp"
 #include "numerics/plain_emulation.hpp"
 #include "python/src/arrays.hpp"
 #include "python/src/docstrings.hpp"
-#include "reference/kda.hpp"
-#include "reference/mla.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -144,12 +143,6 @@ void require_kda_shapes(const KdaCheckOp& c) {
   }
 }
 
-/// The float64 truth of a KDA problem: the pre-ops of numerics/check_ops.hpp, then the recurrence (reference/kda.hpp).
-KdaOutput<double> kda_truth(const KdaCheckOp& c) {
-  const KdaPreops<double> p = kda_check_preops<double>(c);
-  return kda_recurrent<double>(p.q, p.k, c.v, p.g, p.beta, c.has_S0 ? &c.S0 : nullptr, c.scale);
-}
-
 /// Sequence [t0, t1) of a packed varlen problem (B = 1), its state slot n.
 KdaCheckOp kda_sequence(const KdaCheckOp& c, std::size_t t0, std::size_t t1, std::size_t n) {
   KdaCheckOp s = c;
@@ -204,7 +197,7 @@ nb::dict budget_kda(const Array& q, const Array& k, const Array& v, const Array&
   if (!dO) {
     require(!dS, "dS_T (the upstream gradient of the final state) is given without dO");
     if (!cu_seqlens) {
-      const KdaOutput<double> t = kda_truth(c);
+      const KdaOutput<double> t = kda_check_truth<double>(c);
       const emul::KdaEmulation e = emul::kda(c, p, C);
       et["o"] = {e.o, t.o};
       et["S"] = {e.S, t.S_final};
@@ -228,7 +221,7 @@ nb::dict budget_kda(const Array& q, const Array& k, const Array& v, const Array&
           continue;
         }
         const KdaCheckOp s = kda_sequence(c, cu[n], cu[n + 1], n);
-        const KdaOutput<double> t = kda_truth(s);
+        const KdaOutput<double> t = kda_check_truth<double>(s);
         const emul::KdaEmulation e = emul::kda(s, p, C);
         append(eo, e.o); append(to, t.o); append(eS, e.S); append(tS, t.S_final);
       }
@@ -239,7 +232,7 @@ nb::dict budget_kda(const Array& q, const Array& k, const Array& v, const Array&
     require_shape(dOt, {B, T, HV, dv}, "dO");
     const auto dSt = opt_in(dS, "dS_T");
     if (dSt) require_shape(*dSt, {B, HV, dk, dv}, "dS_T");
-    const KdaOutput<double> t = kda_truth(c);
+    const KdaOutput<double> t = kda_check_truth<double>(c);
     const KdaCheckGrads tg = kda_check_backward_truth<double>(c, dOt, dSt ? &*dSt : nullptr);
     const emul::KdaEmulation e = emul::kda(c, p, C, &dOt, dSt ? &*dSt : nullptr);
     et["o"] = {e.o, t.o};
@@ -260,46 +253,6 @@ nb::dict budget_kda(const Array& q, const Array& k, const Array& v, const Array&
   fm.require_known(names);
   nb::dict out;
   for (const auto& n : names) out[n.c_str()] = make(n, et[n].first, et[n].second, p, fm.of(n));
-  return out;
-}
-
-/// The float64 truth of an `--op mla` problem (numerics/check_ops.hpp MlaCheckOp): reference/mla.hpp
-/// mla_attend_absorbed with W_UK = W_UV = I, the queries times s sqrt(d_c + d_rope) to reach the problem's scale s.
-Tensor<double> mla_truth(const MlaCheckOp& m) {
-  const std::size_t B = m.q.dim(0), T = m.q.dim(1), H = m.q.dim(2), dc = m.q.dim(3), N = m.c.dim(1), dr = m.d_rope();
-  MlaConfig cfg;
-  cfg.hidden = dc; cfg.n_h = H; cfg.d_c = dc; cfg.d_nope = dc; cfg.d_rope = dr; cfg.d_v = dc;
-  const double fac = m.scale / mla_scale<double>(cfg);
-  MlaWeights<double> w;
-  w.W_UK = Mat<double>(static_cast<Eigen::Index>(H * dc), static_cast<Eigen::Index>(dc));
-  for (std::size_t h = 0; h < H; ++h)
-    w.W_UK.middleRows(static_cast<Eigen::Index>(h * dc), static_cast<Eigen::Index>(dc)).setIdentity();
-  w.W_UV = w.W_UK;
-  Tensor<double> out(m.q.shape);
-  const auto Ti = static_cast<Eigen::Index>(T), Ni = static_cast<Eigen::Index>(N);
-  for (std::size_t b = 0; b < B; ++b) {
-    MlaProjected<double> p;
-    p.c = Mat<double>::Zero(Ti, static_cast<Eigen::Index>(dc));
-    p.q_C.resize(Ti, static_cast<Eigen::Index>(H * dc));
-    p.q_R.resize(Ti, static_cast<Eigen::Index>(H * dr));
-    Mat<double> Cm(Ni, static_cast<Eigen::Index>(dc)), KR(Ni, static_cast<Eigen::Index>(dr));
-    for (std::size_t t = 0; t < T; ++t)
-      for (std::size_t h = 0; h < H; ++h) {
-        for (std::size_t i = 0; i < dc; ++i)
-          p.q_C(static_cast<Eigen::Index>(t), static_cast<Eigen::Index>(h * dc + i)) = fac * m.q(b, t, h, i);
-        for (std::size_t i = 0; i < dr; ++i)
-          p.q_R(static_cast<Eigen::Index>(t), static_cast<Eigen::Index>(h * dr + i)) = fac * m.q_rope(b, t, h, i);
-      }
-    for (std::size_t n = 0; n < N; ++n) {
-      for (std::size_t i = 0; i < dc; ++i) Cm(static_cast<Eigen::Index>(n), static_cast<Eigen::Index>(i)) = m.c(b, n, i);
-      for (std::size_t i = 0; i < dr; ++i) KR(static_cast<Eigen::Index>(n), static_cast<Eigen::Index>(i)) = m.k_rope(b, n, i);
-    }
-    const Mat<double> O = mla_attend_absorbed<double>(cfg, w, p, Cm, KR, N - T);
-    for (std::size_t t = 0; t < T; ++t)
-      for (std::size_t h = 0; h < H; ++h)
-        for (std::size_t i = 0; i < dc; ++i)
-          out(b, t, h, i) = O(static_cast<Eigen::Index>(t), static_cast<Eigen::Index>(h * dc + i));
-  }
   return out;
 }
 
@@ -385,7 +338,7 @@ nb::dict budget_mla(const Array& q, const Array& c, const std::optional<Array>& 
     }
     const emul::MlaEmulation e = emul::mla(r, p, dOb ? &*dOb : nullptr);
     append(et["o"].first, e.o);
-    append(et["o"].second, mla_truth(r));
+    append(et["o"].second, mla_check_truth<double>(r));
     if (dOb) {
       const MlaCheckGrads t = mla_check_backward_truth<double>(r, *dOb);
       append(et["dq"].first, e.grads.dq);

@@ -35,7 +35,7 @@ KdaResult kda_chunked(const Tensor<double>& q, const Tensor<double>& k, const Te
                       const Tensor<double>& g, const Tensor<double>& beta, const Tensor<double>* S0, double scale,
                       std::size_t C, std::size_t tile, const std::string& variant, Precision p);
 
-/// T one-token decode steps from S0 (experiments/kda_ops.hpp kda_decode_steps; kda_step per token).
+/// T one-token decode steps from S0 (reference/kda_decode.hpp kda_decode_steps; kda_step per token).
 KdaResult kda_decode(const Tensor<double>& q, const Tensor<double>& k, const Tensor<double>& v,
                      const Tensor<double>& g, const Tensor<double>& beta, const Tensor<double>& S0, double scale,
                      Precision p);

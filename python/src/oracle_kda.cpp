@@ -6,7 +6,7 @@
 #include <set>
 #include <sstream>
 
-#include "experiments/kda_ops.hpp"
+#include "reference/kda_decode.hpp"
 #include "python/src/convert.hpp"
 #include "python/src/oracle.hpp"
 #include "reference/kda.hpp"

@@ -1,12 +1,14 @@
 #pragma once
 // Shared by the tests of the fla peer scripts in bench/ (fla_kda.py, fla_kda_bwd.py): the skip without python3,
-// and a temp folder with a fake torch and a fake fla tree whose imports raise, so that a script that imports
-// either shows it as exit 1 and "RuntimeError". Catch2 (WARN) and tests/cli/cli_util.hpp (run_command, TempDir).
+// a temp folder with a fake torch and a fake fla tree whose imports raise, so that a script that imports
+// either shows it as exit 1 and "RuntimeError", and the checks of one run (exit code, what the output names).
+// Catch2 (WARN, INFO, CHECK) and tests/cli/cli_util.hpp (run_command, TempDir).
 #include <cstddef>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "tests/catch.hpp"
 #include "tests/cli/cli_util.hpp"
@@ -51,5 +53,28 @@ class PeerScriptFakes {
   TempDir d_;
   std::string script_;
 };
+
+/// One bad argument and what its one-line error must name.
+struct UsageCase {
+  std::string args, says;
+};
+
+/// Checks one run: exit `code`, the output names each of `says` and none of `absent` (the output is the INFO).
+inline void check_run(const RunResult& r, int code, const std::vector<std::string>& says,
+                      const std::vector<std::string>& absent = {}) {
+  INFO(r.output);
+  CHECK(r.code == code);
+  for (const auto& s : says) CHECK(has(r, s));
+  for (const auto& s : absent) CHECK(!has(r, s));
+}
+
+/// check_run of the script with `args`, once with --dry-run and once without: the dry run must refuse the same.
+inline void check_dry_and_wet(const PeerScriptFakes& f, const std::string& args, int code,
+                              const std::vector<std::string>& says, const std::vector<std::string>& absent = {}) {
+  for (const std::string dry : {"--dry-run ", ""}) {
+    INFO(dry << args);
+    check_run(f.run(dry + args), code, says, absent);
+  }
+}
 
 }  // namespace kdalab::testutil

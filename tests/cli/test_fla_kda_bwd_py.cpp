@@ -20,31 +20,18 @@ TEST_CASE("fla_kda_bwd.py: --help and --dry-run need neither torch nor fla; --dr
           "[fla][python]") {
   if (skip_without_python3("bench/fla_kda_bwd.py")) return;
   PeerScriptFakes f("bench/fla_kda_bwd.py");
-  auto r = f.run("--help");
-  INFO(r.output);
-  CHECK(r.code == 0);
-  CHECK(has(r, "--candidate"));
-  CHECK(has(r, "--fla-commit"));
-  r = f.run("--dry-run --out-dir " + f.out("bwd"));
-  INFO(r.output);
-  CHECK(r.code == 0);
-  CHECK(has(r, "(folder created)"));
-  for (const char* n : {"fla_kda_bwd_B1_T64_H16.h5", "fla_kda_bwd_B1_T300_H16.h5", "fla_kda_bwd_B1_T1000_H16.h5",
-                        "fla_kda_bwd_B1_T4096_H16.h5"})
-    CHECK(has(r, n));
-  CHECK(!has(r, ".f64.h5"));
-  CHECK(!has(r, "RuntimeError"));  // a fake torch or fla module was imported
+  check_run(f.run("--help"), 0, {"--candidate", "--fla-commit"});
+  // ".f64.h5": a float64 candidate file; "RuntimeError": a fake torch or fla module was imported
+  check_run(f.run("--dry-run --out-dir " + f.out("bwd")), 0,
+            {"(folder created)", "fla_kda_bwd_B1_T64_H16.h5", "fla_kda_bwd_B1_T300_H16.h5",
+             "fla_kda_bwd_B1_T1000_H16.h5", "fla_kda_bwd_B1_T4096_H16.h5"},
+            {".f64.h5", "RuntimeError"});
   // both candidates: two files per case; the float64 candidate alone does not need fla
-  r = f.run("--dry-run --candidate both --cases 2:17:16 --out-dir " + f.out("bwd"));
-  INFO(r.output);
-  CHECK(r.code == 0);
-  CHECK(has(r, "fla_kda_bwd_B2_T17_H16.h5"));
-  CHECK(has(r, "fla_kda_bwd_B2_T17_H16.f64.h5"));
-  r = run_command("python3 bench/fla_kda_bwd.py --dry-run --candidate f64 --fla-path " + f.out("no-fla") +
-                  " --out-dir " + f.out("bwd"));
-  INFO(r.output);
-  CHECK(r.code == 0);
-  CHECK(has(r, "fla_kda_bwd_B1_T4096_H16.f64.h5"));
+  check_run(f.run("--dry-run --candidate both --cases 2:17:16 --out-dir " + f.out("bwd")), 0,
+            {"fla_kda_bwd_B2_T17_H16.h5", "fla_kda_bwd_B2_T17_H16.f64.h5"});
+  check_run(run_command("python3 bench/fla_kda_bwd.py --dry-run --candidate f64 --fla-path " + f.out("no-fla") +
+                        " --out-dir " + f.out("bwd")),
+            0, {"fla_kda_bwd_B1_T4096_H16.f64.h5"});
   CHECK(f.out_count() == 0);
 }
 
@@ -55,25 +42,13 @@ TEST_CASE("fla_kda_bwd.py: an existing check file in --out-dir is refused withou
   PeerScriptFakes f("bench/fla_kda_bwd.py");
   fs::create_directories(f.out("bwd"));
   std::ofstream(f.out("bwd/fla_kda_bwd_B1_T300_H16.h5")) << "old";
-  for (const std::string& dry : {std::string("--dry-run "), std::string()}) {
-    const auto r = f.run(dry + "--out-dir " + f.out("bwd"));
-    INFO(dry << "\n" << r.output);
-    CHECK(r.code == 2);  // before torch is imported (the fake would make it exit 1)
-    CHECK(has(r, "--out-dir"));
-    CHECK(has(r, "fla_kda_bwd_B1_T300_H16.h5 already exists"));
-    CHECK(has(r, "--force"));
-    CHECK(!has(r, "RuntimeError"));
-  }
+  // exit 2 before torch is imported (the fake would make it exit 1 with "RuntimeError")
+  check_dry_and_wet(f, "--out-dir " + f.out("bwd"), 2,
+                    {"--out-dir", "fla_kda_bwd_B1_T300_H16.h5 already exists", "--force"}, {"RuntimeError"});
   CHECK(slurp(f.out("bwd/fla_kda_bwd_B1_T300_H16.h5")) == "old");
   // another candidate's file name is not in the way; --force says what it would overwrite
-  auto r = f.run("--dry-run --candidate f64 --out-dir " + f.out("bwd"));
-  INFO(r.output);
-  CHECK(r.code == 0);
-  CHECK(has(r, "(new)"));
-  r = f.run("--dry-run --force --out-dir " + f.out("bwd"));
-  INFO(r.output);
-  CHECK(r.code == 0);
-  CHECK(has(r, "1 of 4 overwritten: --force"));
+  check_run(f.run("--dry-run --candidate f64 --out-dir " + f.out("bwd")), 0, {"(new)"});
+  check_run(f.run("--dry-run --force --out-dir " + f.out("bwd")), 0, {"1 of 4 overwritten: --force"});
   CHECK(slurp(f.out("bwd/fla_kda_bwd_B1_T300_H16.h5")) == "old");
   CHECK(f.out_count() == 2);  // bwd and the old file
 }
@@ -83,10 +58,7 @@ TEST_CASE("fla_kda_bwd.py: bad arguments and output paths are usage errors (exit
   if (skip_without_python3("bench/fla_kda_bwd.py")) return;
   PeerScriptFakes f("bench/fla_kda_bwd.py");
   std::ofstream(f.out("afile")) << "x";
-  struct Case {
-    std::string args, says;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<UsageCase> cases = {
       {"--cases 1:64", "is not B:T:H"},
       {"--cases 1:\xc2\xb2:16", "is not B:T:H"},  // '²': isdigit() but not an int() number
       {"--cases 1:0:16", "B, T, H >= 1"},
@@ -100,21 +72,11 @@ TEST_CASE("fla_kda_bwd.py: bad arguments and output paths are usage errors (exit
       {"--out-dir " + f.out("afile/sub"), "is a file, not a folder"},
       {"--out-dir " + f.out("no/such/bwd"), "does not exist"},
   };
-  for (const auto& c : cases) {
-    for (const std::string& dry : {std::string("--dry-run "), std::string()}) {
-      const auto r = f.run(dry + "--out-dir " + f.out("bwd") + " " + c.args);
-      INFO(dry << c.args << "\n" << r.output);
-      CHECK(r.code == 2);
-      CHECK(has(r, c.says));
-      CHECK(!has(r, "Traceback"));
-      CHECK(!has(r, "RuntimeError"));
-    }
-  }
+  for (const auto& c : cases)
+    check_dry_and_wet(f, "--out-dir " + f.out("bwd") + " " + c.args, 2, {c.says}, {"Traceback", "RuntimeError"});
   // --fla-path is checked whenever fla's gradients are asked for
-  const auto r = run_command("python3 bench/fla_kda_bwd.py --dry-run --fla-path " + f.out("no-fla") + " --out-dir " +
-                             f.out("bwd"));
-  INFO(r.output);
-  CHECK(r.code == 2);
-  CHECK(has(r, "--fla-path"));
+  check_run(run_command("python3 bench/fla_kda_bwd.py --dry-run --fla-path " + f.out("no-fla") + " --out-dir " +
+                        f.out("bwd")),
+            2, {"--fla-path"});
   CHECK(f.out_count() == 1);  // afile only
 }

@@ -5,7 +5,6 @@
 // raises, so an import would show as exit 1.
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -19,23 +18,15 @@ using namespace kdalab::testutil;
 TEST_CASE("fla_kda.py: --help and --dry-run need neither torch nor fla; --dry-run writes nothing", "[fla][python]") {
   if (skip_without_python3("bench/fla_kda.py")) return;
   PeerScriptFakes f("bench/fla_kda.py");
-  auto r = f.run("--help");
-  INFO(r.output);
-  CHECK(r.code == 0);
-  CHECK(has(r, "--force"));
-  CHECK(has(r, "--dry-run"));
-  r = f.run("--dry-run --json " + f.out("t.json") + " --check-dir " + f.out("chk"));
-  INFO(r.output);
-  CHECK(r.code == 0);
-  CHECK(has(r, "t.json (new)"));
-  CHECK(has(r, "(folder created)"));
-  CHECK(!has(r, "RuntimeError"));  // a fake torch or fla module was imported
+  check_run(f.run("--help"), 0, {"--force", "--dry-run"});
+  // "RuntimeError": a fake torch or fla module was imported
+  check_run(f.run("--dry-run --json " + f.out("t.json") + " --check-dir " + f.out("chk")), 0,
+            {"t.json (new)", "(folder created)"}, {"RuntimeError"});
   CHECK(f.out_count() == 0);  // neither the JSON nor the check folder
   // fla's path is still checked by --dry-run
-  r = run_command("python3 bench/fla_kda.py --dry-run --fla-path " + f.out("no-fla") + " --json " + f.out("t.json"));
-  INFO(r.output);
-  CHECK(r.code == 2);
-  CHECK(has(r, "--fla-path"));
+  check_run(
+      run_command("python3 bench/fla_kda.py --dry-run --fla-path " + f.out("no-fla") + " --json " + f.out("t.json")), 2,
+      {"--fla-path"});
 }
 
 TEST_CASE("fla_kda.py: an existing --json is refused without --force (exit 2, untouched), dry run or not",
@@ -43,31 +34,15 @@ TEST_CASE("fla_kda.py: an existing --json is refused without --force (exit 2, un
   if (skip_without_python3("bench/fla_kda.py")) return;
   PeerScriptFakes f("bench/fla_kda.py");
   std::ofstream(f.out("t.json")) << "{\"old\": 1}\n";
-  for (const std::string& dry : {std::string("--dry-run "), std::string()}) {
-    const auto r = f.run(dry + "--ops kda-decode --json " + f.out("t.json"));
-    INFO(dry << "\n" << r.output);
-    CHECK(r.code == 2);  // before torch is imported (the fake would make it exit 1)
-    CHECK(has(r, "--json"));
-    CHECK(has(r, f.out("t.json")));
-    CHECK(has(r, "--force"));
-    CHECK(!has(r, "RuntimeError"));  // a fake torch or fla module was imported
-  }
+  // exit 2 before torch is imported (the fake would make it exit 1 with "RuntimeError")
+  check_dry_and_wet(f, "--ops kda-decode --json " + f.out("t.json"), 2, {"--json", f.out("t.json"), "--force"},
+                    {"RuntimeError"});
   CHECK(slurp(f.out("t.json")) == "{\"old\": 1}\n");
-  auto r = f.run("--dry-run --ops kda-decode --force --json " + f.out("t.json"));
-  INFO(r.output);
-  CHECK(r.code == 0);
-  CHECK(has(r, "overwritten: --force"));
+  check_run(f.run("--dry-run --ops kda-decode --force --json " + f.out("t.json")), 0, {"overwritten: --force"});
   CHECK(slurp(f.out("t.json")) == "{\"old\": 1}\n");
   // its folder must exist; a folder is not a file name
-  r = f.run("--dry-run --ops kda-decode --json " + f.out("no/such/t.json"));
-  INFO(r.output);
-  CHECK(r.code == 2);
-  CHECK(has(r, "--json"));
-  CHECK(has(r, "does not exist"));
-  r = f.run("--dry-run --ops kda-decode --json " + f.out(""));
-  INFO(r.output);
-  CHECK(r.code == 2);
-  CHECK(has(r, "is a directory"));
+  check_run(f.run("--dry-run --ops kda-decode --json " + f.out("no/such/t.json")), 2, {"--json", "does not exist"});
+  check_run(f.run("--dry-run --ops kda-decode --json " + f.out("")), 2, {"is a directory"});
   CHECK(f.out_count() == 1);
 }
 
@@ -76,35 +51,17 @@ TEST_CASE("fla_kda.py: an existing check file in --check-dir is refused without 
   PeerScriptFakes f("bench/fla_kda.py");
   fs::create_directories(f.out("chk"));
   std::ofstream(f.out("chk/fla_kda_B1_T300_H2.h5")) << "old";
-  for (const std::string& dry : {std::string("--dry-run "), std::string()}) {
-    const auto r = f.run(dry + "--json " + f.out("t.json") + " --check-dir " + f.out("chk"));
-    INFO(dry << "\n" << r.output);
-    CHECK(r.code == 2);
-    CHECK(has(r, "--check-dir"));
-    CHECK(has(r, "fla_kda_B1_T300_H2.h5"));
-    CHECK(has(r, "--force"));
-  }
+  const std::string json = "--json " + f.out("t.json");
+  check_dry_and_wet(f, json + " --check-dir " + f.out("chk"), 2, {"--check-dir", "fla_kda_B1_T300_H2.h5", "--force"});
   CHECK(slurp(f.out("chk/fla_kda_B1_T300_H2.h5")) == "old");
   CHECK(!fs::exists(f.out("t.json")));  // nothing written
   // without --ops check the folder is not used; with --force the plan says what is overwritten
-  auto r = f.run("--dry-run --ops kda-prefill,kda-decode --json " + f.out("t.json") + " --check-dir " + f.out("chk"));
-  INFO(r.output);
-  CHECK(r.code == 0);
-  r = f.run("--dry-run --force --json " + f.out("t.json") + " --check-dir " + f.out("chk"));
-  INFO(r.output);
-  CHECK(r.code == 0);
-  CHECK(has(r, "1 of 5 overwritten: --force"));
+  check_run(f.run("--dry-run --ops kda-prefill,kda-decode " + json + " --check-dir " + f.out("chk")), 0, {});
+  check_run(f.run("--dry-run --force " + json + " --check-dir " + f.out("chk")), 0, {"1 of 5 overwritten: --force"});
   // a file where the folder should be; a missing parent folder
   std::ofstream(f.out("plain")) << "x";
-  r = f.run("--dry-run --json " + f.out("t.json") + " --check-dir " + f.out("plain"));
-  INFO(r.output);
-  CHECK(r.code == 2);
-  CHECK(has(r, "is not a folder"));
-  r = f.run("--dry-run --json " + f.out("t.json") + " --check-dir " + f.out("no/such/chk"));
-  INFO(r.output);
-  CHECK(r.code == 2);
-  CHECK(has(r, "--check-dir"));
-  CHECK(has(r, "does not exist"));
+  check_run(f.run("--dry-run " + json + " --check-dir " + f.out("plain")), 2, {"is not a folder"});
+  check_run(f.run("--dry-run " + json + " --check-dir " + f.out("no/such/chk")), 2, {"--check-dir", "does not exist"});
   CHECK(f.out_count() == 3);  // chk, its old check file and plain
 }
 
@@ -113,10 +70,7 @@ TEST_CASE("fla_kda.py: shapes, --time-budget, --seed and paths through a file ar
   if (skip_without_python3("bench/fla_kda.py")) return;
   PeerScriptFakes f("bench/fla_kda.py");
   std::ofstream(f.out("afile")) << "x";
-  struct Case {
-    std::string args, says;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<UsageCase> cases = {
       {"--prefill-shapes 1:\xc2\xb2:1", "is not B:T:H"},  // '²': isdigit() but not an int() number
       {"--prefill-shapes 1:8192:32:32:64", "D = d_k = d_v = 128 only"},
       {"--decode-shapes 256:1:32:32:256", "no fla peer"},
@@ -129,16 +83,12 @@ TEST_CASE("fla_kda.py: shapes, --time-budget, --seed and paths through a file ar
       {"--ops kda-decode --json " + f.out("afile/t.json"), "is a file, not a folder"},
   };
   for (const auto& c : cases) {
-    const auto r = f.run("--dry-run --json " + f.out("t.json") + " " + c.args);
-    INFO(c.args << "\n" << r.output);
-    CHECK(r.code == 2);
-    CHECK(has(r, c.says));
-    CHECK(!has(r, "Traceback"));
+    INFO(c.args);
+    check_run(f.run("--dry-run --json " + f.out("t.json") + " " + c.args), 2, {c.says}, {"Traceback"});
   }
-  const auto r = f.run("--dry-run --json " + f.out("t.json") + " --check-dir " + f.out("chk") +
-                       " --seed 9223372036854775807 --time-budget 30 --iters 1");
-  INFO(r.output);
-  CHECK(r.code == 0);
+  check_run(f.run("--dry-run --json " + f.out("t.json") + " --check-dir " + f.out("chk") +
+                  " --seed 9223372036854775807 --time-budget 30 --iters 1"),
+            0, {});
   const auto h = f.run("--help");
   CHECK(has(h, "(>= 1; use 50 or more for the record)"));
   CHECK(f.out_count() == 1);  // afile only

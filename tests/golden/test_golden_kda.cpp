@@ -9,7 +9,7 @@
 #include <sstream>
 #include <string>
 
-#include "experiments/kda_ops.hpp"
+#include "reference/kda_decode.hpp"
 #include "experiments/results.hpp"
 #include "numerics/kda_inputs.hpp"
 #include "numerics/metrics.hpp"

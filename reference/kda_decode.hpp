@@ -1,5 +1,5 @@
 #pragma once
-/// KDA operations the golden fixtures and `kdalab check` share.
+/// KDA decode steps (the golden decode fixture, `kdalab check --op kda-decode`, the Python oracle).
 ///
 /// kda_decode_steps: the one-token decode path, T kda_step calls per (b, h) from an initial state,
 /// token-major (every sequence advances one token at a time, as a serving loop does). Must equal
