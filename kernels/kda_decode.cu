@@ -53,42 +53,34 @@ __global__ void __launch_bounds__(D) kda_decode_kernel(DParams p) {
     float gi = bf2f(p.g[b * p.sg + hv * D + i]);
     if (p.fuse_gate) gi = k3_gate(gi, expf(p.A_log[hv]), p.bias[hv * D + i], p.g_min);
     if (p.l2norm) {
-      float nq = qi * qi, nk = ki * ki;
+      // the block's squared norms of (s_q qi) and (s_k ki): shuffles within a warp, then the warps' sums in the order
+      // ((r0 + r1) + r2) + ... (the D = 128 order); red is free again after the caller's next barrier
+      const auto norms2 = [&](float s_q, float s_k, float& nq, float& nk) {
+        nq = (qi * s_q) * (qi * s_q);
+        nk = (ki * s_k) * (ki * s_k);
 #pragma unroll
-      for (int m = 16; m >= 1; m >>= 1) {
-        nq += __shfl_xor_sync(0xffffffffu, nq, m);
-        nk += __shfl_xor_sync(0xffffffffu, nk, m);
-      }
-      if (tid % 32 == 0) { red[warp][0][0] = nq; red[warp][1][0] = nk; }
-      __syncthreads();
-      nq = red[0][0][0];  // ((r0 + r1) + r2) + ...: the D = 128 order
+        for (int m = 16; m >= 1; m >>= 1) {
+          nq += __shfl_xor_sync(0xffffffffu, nq, m);
+          nk += __shfl_xor_sync(0xffffffffu, nk, m);
+        }
+        if (tid % 32 == 0) { red[warp][0][0] = nq; red[warp][1][0] = nk; }
+        __syncthreads();
+        nq = red[0][0][0];
 #pragma unroll
-      for (int w = 1; w < NW; ++w) nq += red[w][0][0];
-      nk = red[0][1][0];
+        for (int w = 1; w < NW; ++w) nq += red[w][0][0];
+        nk = red[0][1][0];
 #pragma unroll
-      for (int w = 1; w < NW; ++w) nk += red[w][1][0];
+        for (int w = 1; w < NW; ++w) nk += red[w][1][0];
+      };
+      float nq, nk;
+      norms2(1.0f, 1.0f, nq, nk);
       float iq = inv_l2norm(nq), ik = inv_l2norm(nk);
       const float rq = l2norm_rescale(nq), rk = l2norm_rescale(nk);
       if (rq != 1.0f || rk != 1.0f) {  // squared norm overflowed or underflowed: again at a power-of-two scale
         __syncthreads();                // (block-uniform: nq, nk are the block's sums) every read of red is done
-        float aq = qi * rq, ak = ki * rk;
-        aq *= aq;
-        ak *= ak;
-#pragma unroll
-        for (int m = 16; m >= 1; m >>= 1) {
-          aq += __shfl_xor_sync(0xffffffffu, aq, m);
-          ak += __shfl_xor_sync(0xffffffffu, ak, m);
-        }
-        if (tid % 32 == 0) { red[warp][0][0] = aq; red[warp][1][0] = ak; }
-        __syncthreads();
-        aq = red[0][0][0];
-#pragma unroll
-        for (int w = 1; w < NW; ++w) aq += red[w][0][0];
-        ak = red[0][1][0];
-#pragma unroll
-        for (int w = 1; w < NW; ++w) ak += red[w][1][0];
-        iq = inv_l2norm(aq) * rq;
-        ik = inv_l2norm(ak) * rk;
+        norms2(rq, rk, nq, nk);
+        iq = inv_l2norm(nq) * rq;
+        ik = inv_l2norm(nk) * rk;
       }
       qi *= iq;
       ki *= ik;
