@@ -12,7 +12,6 @@ import sys
 
 import figstyle as fs
 import train_recall_rows as tr
-from figstyle import plt
 
 TASK_TITLES = {"palindrome": "Palindrome", "mqar": "MQAR", "stack": "Stack"}
 
@@ -25,31 +24,16 @@ def main():
     tasks = [t for t in tasks if len(set(rows["seq_len"][rows["task"] == t].tolist())) >= 2]
     if not tasks:
         return fs.skip(f"{files[0].filename}: train_recall has no task run at two or more sequence lengths")
-    fig, axes = plt.subplots(1, len(tasks), figsize=(3.3 * len(tasks) + 0.4, 3.4), squeeze=False, sharey=True)
-    widths = []
+    fig, axes = tr.panels(len(tasks))
     for j, task in enumerate(tasks):
-        ax = axes[0][j]
         sel = rows["task"] == task
         d = rows["d_model"][sel].max()
-        widths.append(int(d))
         sel = sel & (rows["d_model"] == d)
-        for mixer in tr.mixers_in(rows, sel):
-            x, y = tr.best_over_lr(rows, sel & (rows["mixer"] == mixer), "seq_len")
-            ax.plot(x, y, "o-", color=fs.COLORS.get(mixer, "#333333"), ms=3.5, lw=1.5,
-                    label=tr.LABEL.get(mixer, mixer) if j == 0 else "_" + mixer)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("sequence length L")
-        ax.set_ylim(-0.03, 1.03)
-        ax.set_title(f"{TASK_TITLES[task]} (d_model {int(d)})")
-        ax.axhline(1.0, color="#999999", lw=0.6, ls=":")
-    axes[0][0].set_ylabel("test accuracy (best lr)")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="center left", fontsize=7, frameon=False, bbox_to_anchor=(1.0, 0.55))
-    fig.suptitle("Trained synthetic tasks: accuracy vs sequence length (Kimi Linear sec. 5.1 layout)" + note, y=1.03)
-    fs.label_footer(fig, files[0], tr.caption(files))
-    fig.tight_layout()
-    return fs.save(fig, fs._ARGS.out_dir, "train_recall_kimi")
-
+        tr.draw_panel(axes[j], rows, sel, "seq_len", "sequence length L", f"{TASK_TITLES[task]} (d_model {int(d)})",
+                      j == 0)
+    return tr.finish(fig, axes, files, "test accuracy (best lr)",
+                     "Trained synthetic tasks: accuracy vs sequence length (Kimi Linear sec. 5.1 layout)" + note,
+                     "train_recall_kimi")
 
 if __name__ == "__main__":
     sys.exit(fs.run(main))

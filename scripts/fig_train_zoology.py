@@ -12,7 +12,6 @@ import sys
 
 import figstyle as fs
 import train_recall_rows as tr
-from figstyle import plt
 
 
 def main():
@@ -23,27 +22,13 @@ def main():
     shapes = sorted({(int(L), int(N)) for L, N in zip(rows["seq_len"][sel], rows["kv_pairs"][sel])})
     if not shapes or len(set(rows["d_model"][sel].tolist())) < 2:
         return fs.skip(f"{files[0].filename}: train_recall has no MQAR runs at two or more d_model")
-    fig, axes = plt.subplots(1, len(shapes), figsize=(3.3 * len(shapes) + 0.4, 3.4), squeeze=False, sharey=True)
+    fig, axes = tr.panels(len(shapes))
     for j, (L, N) in enumerate(shapes):
-        ax = axes[0][j]
         cell = sel & (rows["seq_len"] == L) & (rows["kv_pairs"] == N)
-        for mixer in tr.mixers_in(rows, cell):
-            x, y = tr.best_over_lr(rows, cell & (rows["mixer"] == mixer), "d_model")
-            ax.plot(x, y, "o-", color=fs.COLORS.get(mixer, "#333333"), ms=3.5, lw=1.5,
-                    label=tr.LABEL.get(mixer, mixer) if j == 0 else "_" + mixer)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("model dimension d_model")
-        ax.set_ylim(-0.03, 1.03)
-        ax.set_title(f"L = {L}, N = {N}")
-        ax.axhline(1.0, color="#999999", lw=0.6, ls=":")
-    axes[0][0].set_ylabel("MQAR test accuracy (best lr)")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="center left", fontsize=7, frameon=False, bbox_to_anchor=(1.0, 0.55))
-    fig.suptitle("Trained MQAR accuracy vs model dimension (2 layers, no MLP; Zoology Fig. 2 layout)" + note, y=1.03)
-    fs.label_footer(fig, files[0], tr.caption(files))
-    fig.tight_layout()
-    return fs.save(fig, fs._ARGS.out_dir, "train_recall_zoology")
-
+        tr.draw_panel(axes[j], rows, cell, "d_model", "model dimension d_model", f"L = {L}, N = {N}", j == 0)
+    return tr.finish(fig, axes, files, "MQAR test accuracy (best lr)",
+                     "Trained MQAR accuracy vs model dimension (2 layers, no MLP; Zoology Fig. 2 layout)" + note,
+                     "train_recall_zoology")
 
 if __name__ == "__main__":
     sys.exit(fs.run(main))

@@ -77,3 +77,34 @@ def caption(files):
     names = ", ".join(os.path.basename(f.filename) for f in files)
     return (f"Each point: the best test accuracy over the learning rates tried (files: {names}); training settings in "
             "the config below and docs/recall-training.md.")
+
+
+def panels(n):
+    """A row of n panels sharing the accuracy axis."""
+    fig, axes = fs.plt.subplots(1, n, figsize=(3.3 * n + 0.4, 3.4), squeeze=False, sharey=True)
+    return fig, axes[0]
+
+
+def draw_panel(ax, rows, sel, x_key, xlabel, title, first):
+    """One panel: per mixer of the selected rows, the best test accuracy over the learning rates against x_key
+    (log2 axis); the legend labels come from the first panel only."""
+    for mixer in mixers_in(rows, sel):
+        x, y = best_over_lr(rows, sel & (rows["mixer"] == mixer), x_key)
+        ax.plot(x, y, "o-", color=fs.COLORS.get(mixer, "#333333"), ms=3.5, lw=1.5,
+                label=LABEL.get(mixer, mixer) if first else "_" + mixer)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel(xlabel)
+    ax.set_ylim(-0.03, 1.03)
+    ax.set_title(title)
+    ax.axhline(1.0, color="#999999", lw=0.6, ls=":")
+
+
+def finish(fig, axes, files, ylabel, title, name):
+    """The shared axis label, one legend for every panel, the title, the footer; saves the figure as `name`."""
+    axes[0].set_ylabel(ylabel)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center left", fontsize=7, frameon=False, bbox_to_anchor=(1.0, 0.55))
+    fig.suptitle(title, y=1.03)
+    fs.label_footer(fig, files[0], caption(files))
+    fig.tight_layout()
+    return fs.save(fig, fs._ARGS.out_dir, name)
