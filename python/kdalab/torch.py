@@ -131,6 +131,19 @@ def _bad(name, value, accepted):
     raise ValueError(f"chunk_kda: {name} = {value!r}; accepted: {accepted}")
 
 
+def _gate_params(use_gate_in_kernel, safe_gate, lower_bound, A_log, dt_bias, HV, D, device):
+    """(A_log [HV], bias [HV, D] fp32, g_min) of the fused K3 gate (fla's use_gate_in_kernel with safe_gate and
+    lower_bound; A_log, dt_bias None = 0), or (None, None, -5) for a given log-decay g."""
+    if not use_gate_in_kernel:
+        return None, None, -5.0
+    if not safe_gate or lower_bound is None:
+        _bad("use_gate_in_kernel", True, "with safe_gate = True and lower_bound set (the K3 bounded gate); "
+             "the softplus gate is not implemented")
+    A = (A_log if A_log is not None else torch.zeros((HV,), device=device)).to(torch.float32).contiguous()
+    bias = dt_bias if dt_bias is not None else torch.zeros((HV * D,), device=device)
+    return A, bias.to(torch.float32).reshape(HV, D).contiguous(), float(lower_bound)
+
+
 def chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: Optional[float] = None,
               initial_state: Optional[Tensor] = None, output_final_state: bool = False,
               use_qk_l2norm_in_kernel: bool = False, use_gate_in_kernel: bool = False,
@@ -165,17 +178,7 @@ def chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: O
         _bad("v", tuple(v.shape), f"[B, T, HV, V] with V = K = {D}")
     if scale is None:
         scale = D ** -0.5
-    if use_gate_in_kernel:
-        if not safe_gate or lower_bound is None:
-            _bad("use_gate_in_kernel", True, "with safe_gate = True and lower_bound set (the K3 bounded gate); "
-                 "the softplus gate is not implemented")
-        HV = v.shape[2]
-        A = (A_log if A_log is not None else torch.zeros((HV,), device=q.device)).to(torch.float32).contiguous()
-        bias = (dt_bias if dt_bias is not None else torch.zeros((HV * D,), device=q.device))
-        bias = bias.to(torch.float32).reshape(HV, D).contiguous()
-        g_min = float(lower_bound)
-    else:
-        A, bias, g_min = None, None, -5.0
+    A, bias, g_min = _gate_params(use_gate_in_kernel, safe_gate, lower_bound, A_log, dt_bias, v.shape[2], D, q.device)
     S0 = initial_state.to(torch.float32).contiguous() if initial_state is not None else None
     max_seqlen = 0
     if cu_seqlens is not None:
@@ -225,16 +228,6 @@ def kda_decode_step(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, st
     D = q.shape[-1]
     if scale is None:
         scale = D ** -0.5
-    if use_gate_in_kernel:
-        if not safe_gate or lower_bound is None:
-            _bad("use_gate_in_kernel", True, "with safe_gate = True and lower_bound set (the K3 bounded gate); "
-                 "the softplus gate is not implemented")
-        HV = v.shape[1]
-        A = (A_log if A_log is not None else torch.zeros((HV,), device=q.device)).to(torch.float32).contiguous()
-        bias = (dt_bias if dt_bias is not None else torch.zeros((HV * D,), device=q.device))
-        bias = bias.to(torch.float32).reshape(HV, D).contiguous()
-        g_min = float(lower_bound)
-    else:
-        A, bias, g_min = None, None, -5.0
+    A, bias, g_min = _gate_params(use_gate_in_kernel, safe_gate, lower_bound, A_log, dt_bias, v.shape[1], D, q.device)
     return _kda_decode(q, k, v, g, beta, A, bias, state, float(scale), g_min, bool(use_qk_l2norm_in_kernel),
                        bool(use_beta_sigmoid_in_kernel), bool(use_gate_in_kernel))

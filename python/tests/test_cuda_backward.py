@@ -27,16 +27,6 @@ def test_import_kdalab_imports_torch_only_in_a_cuda_build_that_has_it():
 
 
 @pytest.fixture(scope="module")
-def torch():
-    if not kdalab.built_with_cuda:
-        pytest.skip("kdalab was built without its CUDA kernels (KDALAB_CUDA=OFF)")
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch sees no CUDA device")
-    return torch
-
-
-@pytest.fixture(scope="module")
 def kt(torch):
     import kdalab.torch as kt
     return kt

@@ -13,16 +13,6 @@ import kdalab.cuda as kc
 from kdalab import _core
 
 
-@pytest.fixture(scope="module")
-def torch():
-    if not kdalab.built_with_cuda:
-        pytest.skip("kdalab was built without its CUDA kernels (KDALAB_CUDA=OFF)")
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch sees no CUDA device")
-    return torch
-
-
 def bits_equal(x, ref):
     """x (torch tensor, any float dtype) equals ref (float64 numpy) value for value, NaN nowhere."""
     x = x.detach().double().cpu().numpy()
