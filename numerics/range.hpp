@@ -24,21 +24,13 @@
 
 #include "numerics/bf16.hpp"
 #include "reference/error.hpp"
+#include "reference/gate.hpp"
 #include "reference/scalar.hpp"
 
 namespace kdalab {
 
-/// Gate kinds: the K3 bounded gate g = g_min Sigmoid(e^A (z + b)) in [g_min, 0] (K3 report Eq. 5)
-/// and the Kimi Linear unbounded gate g = -e^A Softplus(z + dt_bias) (docs/equations.md, gates).
-enum class GateKind { bounded, softplus };
-
-inline std::string gate_kind_name(GateKind k) { return k == GateKind::bounded ? "bounded" : "softplus"; }
-/// Parses "bounded" (alias "k3") or "softplus"; throws kdalab::Error naming `what` otherwise.
-inline GateKind parse_gate_kind(const std::string& s, const std::string& what = "gate") {
-  if (s == "bounded" || s == "k3") return GateKind::bounded;
-  if (s == "softplus") return GateKind::softplus;
-  throw Error(what + " = '" + s + "' is unknown; accepted: bounded (alias k3), softplus");
-}
+// GateKind, gate_kind_name and parse_gate_kind ("bounded", alias "k3", or "softplus") come from reference/gate.hpp:
+// one definition, so that a file may include both headers.
 
 /// The log-decay g of one channel from its logit z, per-head log-scale A_log and bias b
 /// (b is the bias inside the sigmoid for the bounded gate, dt_bias for softplus). g_min is used

@@ -24,18 +24,19 @@
 
 namespace kdalab {
 
-/// Which gate turns the decay logit into g.
+/// Which gate turns the decay logit into g: the K3 bounded gate g = g_min Sigmoid(e^A (z + b)) in [g_min, 0] (K3
+/// report Eq. 5) or the Kimi Linear unbounded gate g = -e^A Softplus(z + dt_bias) (docs/equations.md, gates).
 enum class GateKind { bounded, softplus };
 /// Where the decay logit z comes from.
 enum class GateInput { from_x, from_v };
 
 inline std::string gate_kind_name(GateKind k) { return k == GateKind::bounded ? "bounded" : "softplus"; }
 inline std::string gate_input_name(GateInput i) { return i == GateInput::from_x ? "x" : "v"; }
-/// Parses "bounded" / "softplus"; throws kdalab::Error naming `what` otherwise.
+/// Parses "bounded" (alias "k3") or "softplus"; throws kdalab::Error naming `what` otherwise.
 inline GateKind parse_gate_kind(const std::string& s, const std::string& what = "gate") {
-  if (s == "bounded") return GateKind::bounded;
+  if (s == "bounded" || s == "k3") return GateKind::bounded;
   if (s == "softplus") return GateKind::softplus;
-  throw Error(what + " = '" + s + "' is unknown; accepted: bounded, softplus");
+  throw Error(what + " = '" + s + "' is unknown; accepted: bounded (alias k3), softplus");
 }
 /// Parses "x" / "v"; throws kdalab::Error naming `what` otherwise.
 inline GateInput parse_gate_input(const std::string& s, const std::string& what = "gate_input") {

@@ -21,6 +21,21 @@ trap 'rm -rf "$tmp"' EXIT
 drawn=0
 failed=0
 seen=" "  # figure file names written by this run
+# Every (results file, script) pair runs first, $(nproc) at a time (each is a Python start-up and a drawing), into
+# its own folder; then the outcomes are taken in order, file by file and script by script, as if run one by one.
+jobs=${FIGURE_JOBS:-$(nproc 2>/dev/null || echo 2)}
+i=0
+for f in "$@"; do
+  [ -f "$f" ] || continue
+  for s in "$here"/fig_*.py; do
+    i=$((i + 1))
+    mkdir "$tmp/$i"
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
+    { "$py" "$s" "$f" --out-dir "$tmp/$i" > "$tmp/$i.msg" 2>&1; echo $? > "$tmp/$i.rc"; } &
+  done
+done
+wait
+i=0
 for f in "$@"; do
   if [ ! -f "$f" ]; then
     echo "figures.sh: $f: no such file" >&2
@@ -29,13 +44,12 @@ for f in "$@"; do
   fi
   stem=$(basename "$f" .h5)
   for s in "$here"/fig_*.py; do
-    rm -rf "$tmp/d" && mkdir "$tmp/d"
-    msg=$("$py" "$s" "$f" --out-dir "$tmp/d" 2>&1)
-    rc=$?
+    i=$((i + 1))
+    rc=$(cat "$tmp/$i.rc")
     case $rc in
       0)
         written=""
-        for p in "$tmp/d"/*; do
+        for p in "$tmp/$i"/*; do
           [ -e "$p" ] || continue
           name=$(basename "$p")
           case "$seen" in *" $name "*) name="${name%.*}-$stem.${name##*.}" ;; esac
@@ -46,7 +60,7 @@ for f in "$@"; do
         echo "wrote$written"
         drawn=$((drawn + 1)) ;;
       3) ;;
-      *) echo "figures.sh: $(basename "$s") failed on $f (exit $rc):" >&2; echo "$msg" >&2; failed=$((failed + 1)) ;;
+      *) echo "figures.sh: $(basename "$s") failed on $f (exit $rc):" >&2; cat "$tmp/$i.msg" >&2; failed=$((failed + 1)) ;;
     esac
   done
 done
