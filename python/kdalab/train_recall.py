@@ -10,7 +10,8 @@ kdalab.torch.chunk_kda (fla's calling convention) and so need a CUDA device. tor
 
 Exit codes (docs/cli.md): 0 done (or stopped by --stop-after with its checkpoint saved), 2 bad input (one line,
 nothing written), 3 cannot run here (no torch, no CUDA device or no kdalab.torch for a kernel mixer), 5 the results
-file or the checkpoint could not be written.
+file or the checkpoint could not be written, 128 + N stopped by signal N (SIGINT 130, SIGTERM 143: at a step
+boundary, the checkpoint saved, no results file).
 """
 from __future__ import annotations
 
