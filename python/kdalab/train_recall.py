@@ -33,6 +33,7 @@ import kdalab
 
 PROG = "python -m kdalab.train_recall"
 DEFAULT_OUT = "results/train_recall.h5"
+MAX_THREADS = 1024
 TASKS = ("mqar", "palindrome", "stack")
 MIXERS = ("softmax", "mla", "kda", "gated_deltanet", "deltanet")
 KERNEL_MIXERS = ("kda", "gated_deltanet", "deltanet")  # through kdalab.torch.chunk_kda
@@ -135,7 +136,7 @@ def parser() -> argparse.ArgumentParser:
     g("--device", default="auto", help="torch device: auto (cuda when present), cpu, cuda, cuda:N")
     g("--precision", choices=["auto", "fp32", "bf16"], default="auto",
       help="fp32, or bf16 autocast (default: bf16 on CUDA, fp32 on the CPU)")
-    g("--threads", type=int, default=0, help="torch CPU threads, 0: torch's default")
+    g("--threads", type=int, default=0, help=f"torch CPU threads, at most {MAX_THREADS}; 0: torch's default")
     g("--out", help=f"the results file (default: {DEFAULT_OUT}, its folder made when missing; the folder of a "
       "given --out must exist)")
     g("--force", action="store_true", help="replace an existing --out (and an existing checkpoint)")
@@ -198,6 +199,9 @@ def resolve(a: argparse.Namespace) -> Dict[str, Any]:
     for key, opt in (("tasks", "--tasks"), ("mixers", "--mixers"), ("seq_len", "--seq-len"), ("d_model", "--d-model"),
                      ("lr", "--lr"), ("vocab", "--vocab")):
         need(len(cfg[key]) > 0, f"{opt}: the list is empty; give at least one value")
+        if key != "vocab":  # one value per task, so it may repeat; a repeat elsewhere would repeat runs
+            twice = next((x for i, x in enumerate(cfg[key]) if x in cfg[key][:i]), None)
+            need(twice is None, f"{opt}: {twice} is given twice; give each value once")
     for L in cfg["seq_len"]:
         need(2 <= L <= 1 << 20 and L % 2 == 0, f"--seq-len: {L} is not an even integer in [2, 1048576]")
     nl = len(cfg["seq_len"])
@@ -247,8 +251,10 @@ def resolve(a: argparse.Namespace) -> Dict[str, Any]:
                  f"--{split.replace('_', '-')}: {cfg[split]} examples of --seq-len {L} are {cfg[split] * L} tokens; "
                  f"accepted: examples x seq_len <= {kdalab.MAX_TASK_TOKENS}")
     need(0 <= cfg["seed"] < 1 << 64, f"--seed: {cfg['seed']} is not an integer in [0, 2^64 - 1]")
-    for key in ("eval_every", "log_every", "threads"):
+    for key in ("eval_every", "log_every"):
         need(cfg[key] >= 0, f"--{key.replace('_', '-')}: {cfg[key]} must be >= 0")
+    # torch's OpenMP pool allocates per thread: --threads 1000000000 aborted the process (216 GB)
+    need(0 <= cfg["threads"] <= MAX_THREADS, f"--threads: {cfg['threads']} is not an integer in [0, {MAX_THREADS}]")
     dev = cfg["device"]
     need(dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit()),
          f"--device: '{dev}' is not accepted; accepted: auto, cpu, cuda, cuda:N")
@@ -784,6 +790,8 @@ def main(argv: Optional[List[str]] = None, kernels: Optional[Dict[str, Tuple[Cal
         ckpt = a.checkpoint or out + ".ckpt"
         if os.path.exists(out) and not a.force:
             raise BadInput(f"--out {out} exists; it is replaced only with --force")
+        if os.path.realpath(ckpt) == os.path.realpath(out):  # the results file would find its checkpoint in its place
+            raise BadInput(f"--checkpoint {ckpt} is the --out file; give another name (default: OUT.ckpt)")
         # a given --out or --checkpoint names an existing folder (a typo must not create folders); the default
         # results/ is made when missing, after every check
         for opt, path, given in (("--out", out, a.out is not None), ("--checkpoint", ckpt, a.checkpoint is not None

@@ -41,6 +41,10 @@ def run_cli(argv, **kw):
      "--train-examples: 3000 examples of --seq-len 1048576 are 3145728000 tokens; accepted: examples x seq_len <= "
      "268435456"),
     (["--checkpoint", ""], "--checkpoint '': give a file name"),
+    (["--threads", "1000000000"], "--threads: 1000000000 is not an integer in [0, 1024]"),
+    (["--lr", "1e-3,2e-3,1e-3"], "--lr: 0.001 is given twice; give each value once"),
+    (["--tasks", "mqar,stack,mqar"], "--tasks: mqar is given twice"),
+    (["--seq-len", "64,64"], "--seq-len: 64 is given twice"),
 ])
 def test_bad_options_are_one_line_exit_2_and_write_nothing(tmp_path, capsys, argv, says):
     out = tmp_path / "r.h5"
@@ -57,12 +61,14 @@ def test_an_existing_out_is_kept_without_force(tmp_path, capsys):
     assert "exists; it is replaced only with --force" in capsys.readouterr().err and out.read_text() == "keep"
 
 
-def test_a_given_out_or_checkpoint_folder_must_exist(tmp_path, capsys):
+def test_a_given_out_or_checkpoint_folder_must_exist_and_they_differ(tmp_path, capsys):
     for argv, says in ((["--out", str(tmp_path / "no" / "r.h5")], f"--out {tmp_path}/no/r.h5: its folder "),
                        (["--out", str(tmp_path / "r.h5"), "--checkpoint", str(tmp_path / "no" / "c")],
                         f"--checkpoint {tmp_path}/no/c: its folder "),
                        (["--out", str(tmp_path)], "exists; it is replaced only with --force"),
-                       (["--out", str(tmp_path), "--force"], f"--out {tmp_path} is a folder; give a file name")):
+                       (["--out", str(tmp_path), "--force"], f"--out {tmp_path} is a folder; give a file name"),
+                       (["--out", str(tmp_path / "r.h5"), "--checkpoint", str(tmp_path / "." / "r.h5")],
+                        "is the --out file; give another name")):
         assert run_cli(argv) == 2
         err = capsys.readouterr().err
         assert says in err and err.count("\n") == 1
