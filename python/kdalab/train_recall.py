@@ -100,7 +100,11 @@ def parser() -> argparse.ArgumentParser:
         "Zoology's MQAR or the Kimi Linear report's Palindrome and Stack tasks, one run per (task, length, d_model, "
         "mixer, learning rate), and write the accuracy and loss curves, test accuracies and settings to one HDF5 "
         "file. Without --grid: a tiny MQAR run (seconds on a CPU). Options given with --grid replace the grid's. "
-        "Documentation: docs/recall-training.md."))
+        "Documentation: docs/recall-training.md."), epilog=(
+        "Exit codes: 0 done (or stopped by --stop-after), 2 bad input (one line, nothing written), 3 cannot run here "
+        "(no torch, no CUDA device or no kdalab.torch for a kernel mixer), 5 the results file or the checkpoint "
+        "could not be written, 130 / 143 stopped by SIGINT / SIGTERM at a step boundary (the checkpoint saved, no "
+        "results file; continue with --resume)."))
     g = p.add_argument
     g("--grid", choices=sorted(GRIDS), help="a preset grid: zoology (Fig. 2), zoology-reduced (54 runs, about 20 min "
       "on one H100), kimi (sec. 5.1), kimi-reduced (24 runs)")

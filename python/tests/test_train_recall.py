@@ -75,12 +75,16 @@ def test_a_given_out_or_checkpoint_folder_must_exist_and_they_differ(tmp_path, c
         assert list(tmp_path.iterdir()) == []
 
 
-def test_help_names_every_option():
+def test_help_names_every_option_and_the_exit_codes():
     r = subprocess.run([sys.executable, "-m", "kdalab.train_recall", "--help"], capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert r.returncode == 0
-    for opt in ("--grid", "--tasks", "--mixers", "--lr", "--resume", "--force", "--stop-after", "--short-conv"):
-        assert opt in r.stdout
+    options = [s for action in tr.parser()._actions for s in action.option_strings]
+    assert len(options) >= 39
+    for opt in options:
+        assert opt in r.stdout, opt
+    text = " ".join(r.stdout.split())
+    assert "Exit codes: 0 done" in text and "130 / 143 stopped by SIGINT / SIGTERM" in text
 
 
 def test_grids_state_their_run_counts():
