@@ -234,7 +234,8 @@ def mqar(n: int, seq_len: int, num_kv_pairs: int, vocab: int, seed: int, *, powe
     Keys from [1, vocab/2), values from [vocab/2, vocab); each key queried once at a power-law gap
     P(g) ~ (g + 1)^(power_a - 1). Errors: Error naming the argument, its value and what is accepted, for every bad
     argument of the three tasks: sizes and vocab integers in [1, 2^63 - 1] and seed in [0, 2^64 - 1] (int or numpy
-    integer; not bool, float, None), n x seq_len <= 2^28 tokens (2 GiB per array), the task's own bounds."""
+    integer; not bool, float, None), power_a a number, random_non_queries a bool, n x seq_len <= 2^28 tokens
+    (MAX_TASK_TOKENS; 2 GiB per array), the task's own bounds."""
 
 def palindrome(n: int, seq_len: int, vocab: int, seed: int) -> dict[str, Any]:
     """The Palindrome task (numerics/recall_tasks.hpp palindrome; Kimi Linear report sec. 5.1): seq_len / 2

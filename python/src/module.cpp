@@ -213,9 +213,16 @@ std::size_t count(std::int64_t n, const char* name) {
   return static_cast<std::size_t>(n);
 }
 
+/// The text of a refused argument: its repr (at most 60 characters) and, unless `expected`, its type.
+std::string shown_arg(nb::handle h, bool expected) {
+  std::string shown = nb::repr(h).c_str();
+  if (shown.size() > 60) shown = shown.substr(0, 57) + "...";
+  return expected ? shown : shown + " (" + Py_TYPE(h.ptr())->tp_name + ")";
+}
 /// An integer argument of the token tasks: a Python int or anything with __index__ (numpy integers), bool excluded,
-/// in [lo, hi] (the arguments take None too, so that None gets this message). Else kdalab::Error naming the function, the argument, its value (and type when not an integer) and
+/// in [lo, hi]. Else kdalab::Error naming the function, the argument, its value (and type when not an integer) and
 /// the range: nanobind's own TypeError names neither the argument nor the value (a seed of -1 or 2^64, n = 1.5).
+/// The token tasks take every argument as a handle that may be None, so that None gets this message too.
 template <class T>
 T integer_arg(nb::handle h, const char* fn, const char* name, T lo, T hi, const char* range) {
   PyObject* o = h.ptr();
@@ -237,12 +244,27 @@ T integer_arg(nb::handle h, const char* fn, const char* name, T lo, T hi, const 
     }
     PyErr_Clear();
   }
-  std::string shown = nb::repr(h).c_str();
-  if (shown.size() > 60) shown = shown.substr(0, 57) + "...";
-  const bool integer = !PyBool_Check(o) && PyIndex_Check(o);
-  throw Error(std::string(fn) + ": " + name + " = " + shown +
-              (integer ? std::string() : std::string(" (") + Py_TYPE(o)->tp_name + ")") + "; accepted: an integer in " +
-              range);
+  throw Error(std::string(fn) + ": " + name + " = " + shown_arg(h, !PyBool_Check(o) && PyIndex_Check(o)) +
+              "; accepted: an integer in " + range);
+}
+/// mqar's power_a: a number (int, float, numpy scalar; not bool, str, None), else kdalab::Error naming it.
+double real_arg(nb::handle h, const char* fn, const char* name) {
+  PyObject* o = h.ptr();
+  if (!PyBool_Check(o) && PyNumber_Check(o)) {
+    const double x = PyFloat_AsDouble(o);
+    if (!PyErr_Occurred()) return x;
+    PyErr_Clear();
+  }
+  throw Error(std::string(fn) + ": " + name + " = " + shown_arg(h, false) + "; accepted: a number in (0, 1]");
+}
+/// mqar's random_non_queries: True or False (numpy bools too), else kdalab::Error naming it (a string "no" is
+/// not taken for True).
+bool bool_arg(nb::handle h, const char* fn, const char* name) {
+  PyObject* o = h.ptr();
+  if (PyBool_Check(o)) return o == Py_True;
+  if (std::string(Py_TYPE(o)->tp_name) == "numpy.bool" || std::string(Py_TYPE(o)->tp_name) == "numpy.bool_")
+    return PyObject_IsTrue(o) == 1;
+  throw Error(std::string(fn) + ": " + name + " = " + shown_arg(h, false) + "; accepted: True or False");
 }
 std::size_t size_arg(nb::handle h, const char* fn, const char* name) {
   return static_cast<std::size_t>(
@@ -521,16 +543,16 @@ NB_MODULE(_core, m) {
   m.def(
       "mqar",
       [](nb::handle n, nb::handle seq_len, nb::handle num_kv_pairs, nb::handle vocab, nb::handle seed,
-         double power_a, bool random_non_queries) {
+         nb::handle power_a, nb::handle random_non_queries) {
         const char* f = "mqar";
         return task_out(mqar(size_arg(n, f, "n"), size_arg(seq_len, f, "seq_len"),
                              size_arg(num_kv_pairs, f, "num_kv_pairs"), vocab_arg(vocab, f), seed_arg(seed, f),
-                             power_a, random_non_queries));
+                             real_arg(power_a, f, "power_a"), bool_arg(random_non_queries, f, "random_non_queries")));
       },
       nb::sig("def mqar(n: int, seq_len: int, num_kv_pairs: int, vocab: int, seed: int, *, power_a: float = 0.01, "
               "random_non_queries: bool = True) -> dict[str, typing.Any]"),
       "n"_a.none(), "seq_len"_a.none(), "num_kv_pairs"_a.none(), "vocab"_a.none(), "seed"_a.none(), nb::kw_only(),
-      "power_a"_a = 0.01, "random_non_queries"_a = true, doc::mqar);
+      "power_a"_a.none() = 0.01, "random_non_queries"_a.none() = true, doc::mqar);
   m.def(
       "palindrome",
       [](nb::handle n, nb::handle seq_len, nb::handle vocab, nb::handle seed) {

@@ -107,13 +107,21 @@ def test_mqar_names_a_tiny_or_negative_power_a_with_its_value():
                                                  r"\[1, 2\^63 - 1\]"),
     (lambda: kdalab.stack_task(1, 64, 200, -64, 1), r"stack_task: num_stacks = -64; accepted"),
     (lambda: kdalab.mqar(1, 64, 0, 256, 1), r"mqar: num_kv_pairs = 0; accepted"),
+    (lambda: kdalab.mqar(1, 64, 4, 256, 1, power_a="0.5"), r"mqar: power_a = '0.5' \(str\); accepted: a number in "
+                                                         r"\(0, 1\]"),
+    (lambda: kdalab.mqar(1, 64, 4, 256, 1, power_a=None), r"mqar: power_a = None \(NoneType\)"),
+    (lambda: kdalab.mqar(1, 64, 4, 256, 1, random_non_queries="no"), r"mqar: random_non_queries = 'no' \(str\); "
+                                                                    r"accepted: True or False"),
 ])
 def test_recall_tasks_name_a_bad_argument_its_value_and_the_accepted_range(call, says):
     refused(says, call)
 
 
-def test_recall_tasks_take_numpy_integers_and_the_extreme_seeds():
+def test_recall_tasks_take_numpy_scalars_and_the_extreme_seeds():
     a = kdalab.mqar(np.int64(2), np.int32(64), np.uint8(4), np.int64(256), np.uint64(2**64 - 1))
     b = kdalab.mqar(2, 64, 4, 256, 2**64 - 1)
     assert a["checksum"] == b["checksum"] and a["seed"] == 2**64 - 1
     assert kdalab.palindrome(1, 64, 32, 0)["seed"] == 0
+    c = kdalab.mqar(2, 64, 4, 256, 3, power_a=np.float32(0.5), random_non_queries=np.bool_(False))["checksum"]
+    assert c == kdalab.mqar(2, 64, 4, 256, 3, power_a=0.5, random_non_queries=False)["checksum"]
+    assert kdalab.mqar(2, 64, 4, 256, 3, power_a=1)["checksum"] == kdalab.mqar(2, 64, 4, 256, 3, power_a=1.0)["checksum"]
