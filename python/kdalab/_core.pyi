@@ -263,6 +263,12 @@ def fnv1a64(x: Array) -> int:
 def cell_seed(seed: int, cell: str) -> int:
     """The seed of one grid cell (numerics/random.hpp cell_seed)."""
 
+def check_output_path(path: str, *, force: bool = False) -> None:
+    """The results writer's checks of an output path, made before anything runs (experiments/results.cpp
+    check_output_path; docs/cli.md): Error (bad input, exit 2) for an empty path, a folder, a missing folder, an
+    existing file without force, a special file or a name too long; RuntimeError (exit 5) when the folder is not
+    writable. Writes nothing."""
+
 class ResultsFile:
     """The HDF5 results writer of the command line (experiments/results.hpp; docs/results-schema.md): the same
     root attributes (software, software_version, git_sha, date, command_line, config, host, device,

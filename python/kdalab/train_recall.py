@@ -805,6 +805,18 @@ def main(argv: Optional[List[str]] = None, kernels: Optional[Dict[str, Tuple[Cal
                 raise BadInput(f"{opt} {path}: its folder {folder} does not exist; create it first")
             if os.path.isdir(path):
                 raise BadInput(f"{opt} {path} is a folder; give a file name")
+        def check_out() -> None:  # the results writer's own checks (a name too long, a special file, ...), so that
+            # they are found before training, not when the results are written
+            try:
+                kdalab.check_output_path(out, force=a.force)
+            except kdalab.Error as e:
+                raise BadInput(str(e)) from e
+            except RuntimeError as e:  # the folder is not writable
+                raise OSError(str(e)) from e
+
+        out_checked = os.path.isdir(os.path.dirname(out) or ".")
+        if out_checked:  # else the default folder results/ is made below, and checked then
+            check_out()
         if a.resume and not os.path.isfile(ckpt):
             raise BadInput(f"--resume: no checkpoint {ckpt} to continue from")
         if not a.resume and os.path.exists(ckpt) and not a.force:
@@ -847,6 +859,8 @@ def main(argv: Optional[List[str]] = None, kernels: Optional[Dict[str, Tuple[Cal
             os.makedirs(folder, exist_ok=True)  # only the default's results/ can be missing here
             if not os.access(folder, os.W_OK):  # found now, not after hours of training
                 raise OSError(f"cannot write '{path}': folder '{folder}' is not writable; nothing was written")
+        if not out_checked:
+            check_out()
     except BadInput as e:
         sys.stderr.write(f"{PROG}: error: {e}\n")
         return 2

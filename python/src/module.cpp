@@ -590,6 +590,8 @@ NB_MODULE(_core, m) {
   m.def("cell_seed", &cell_seed, "seed"_a, "cell"_a, doc::cell_seed);
 
   // ---- HDF5 results
+  m.def("check_output_path", [](const std::string& path, bool force) { check_output_path(path, force); }, "path"_a,
+        nb::kw_only(), "force"_a = false, doc::check_output_path);
   nb::class_<ResultsFile>(m, "ResultsFile", doc::ResultsFile)
       .def("__init__",
            [](ResultsFile* self, const std::string& path, bool force, const std::string& command_line,

@@ -68,7 +68,10 @@ def test_a_given_out_or_checkpoint_folder_must_exist_and_they_differ(tmp_path, c
                        (["--out", str(tmp_path)], "exists; it is replaced only with --force"),
                        (["--out", str(tmp_path), "--force"], f"--out {tmp_path} is a folder; give a file name"),
                        (["--out", str(tmp_path / "r.h5"), "--checkpoint", str(tmp_path / "." / "r.h5")],
-                        "is the --out file; give another name")):
+                        "is the --out file; give another name"),
+                       # the results writer's checks, before training (without torch too): found after it, they were
+                       # a traceback
+                       (["--out", str(tmp_path / ("r" * 240 + ".h5"))], "the file name is too long")):
         assert run_cli(argv) == 2
         err = capsys.readouterr().err
         assert says in err and err.count("\n") == 1
