@@ -15,9 +15,13 @@
 /// own seed (the caller's cell_seed of the split and the task's parameters), so adding examples to a split never
 /// changes the examples already in it.
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include <boost/random/uniform_int_distribution.hpp>
@@ -29,6 +33,10 @@ namespace kdalab {
 
 /// The target of a position that is not scored (torch.nn.functional.cross_entropy's default ignore_index).
 inline constexpr std::int64_t kIgnore = -100;
+
+/// The most tokens n x L one task call returns: 2^28 (2 GiB per int64 array, inputs and targets each). The largest
+/// preset of python/kdalab/train_recall.py (the Kimi grid: 100k examples of 2048 tokens) needs 2.05e8.
+inline constexpr std::size_t kMaxTaskTokens = std::size_t{1} << 28;
 
 /// n examples of one task: inputs and targets [n, L], row-major.
 struct TokenTask {
@@ -52,8 +60,22 @@ namespace detail {
 inline std::int64_t uniform_int(Rng& rng, std::int64_t lo, std::int64_t hi) {
   return boost::random::uniform_int_distribution<std::int64_t>(lo, hi)(rng.engine());
 }
+/// A double as the shortest text that reads back to it (std::to_string prints 1e-9 as 0.000000).
+inline std::string number(double x) {
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, x);
+  return std::string(buf, r.ptr);
+}
+/// Refuses n x L above kMaxTaskTokens (checked without overflow; L >= 1 checked by the caller).
+inline void require_tokens(const std::string& name, std::size_t n, std::size_t L) {
+  require(n <= kMaxTaskTokens / L,
+          name + ": n = " + std::to_string(n) + " examples of seq_len = " + std::to_string(L) +
+              " tokens are more than " + std::to_string(kMaxTaskTokens) + " tokens; accepted: n x seq_len <= " +
+              std::to_string(kMaxTaskTokens) + " (generate the examples in several calls)");
+}
 inline TokenTask empty_task(const std::string& name, std::size_t n, std::size_t L, std::int64_t vocab,
                             std::uint64_t seed) {
+  require_tokens(name, n, L);
   TokenTask d;
   d.task = name; d.n = n; d.L = L; d.vocab = vocab; d.seed = seed;
   d.inputs.assign(n * L, 0);
@@ -99,7 +121,7 @@ inline TokenTask mqar(std::size_t n, std::size_t L, std::size_t N, std::int64_t 
   require(V >= 4 && V / 2 - 1 >= static_cast<std::int64_t>(N) && V - V / 2 >= static_cast<std::int64_t>(N),
           "mqar: vocab = " + std::to_string(V) + " holds " + std::to_string(std::max<std::int64_t>(0, V / 2 - 1)) +
               " key tokens; accepted: at least num_kv_pairs = " + std::to_string(N) + " keys and values");
-  require(power_a > 0 && power_a <= 1, "mqar: power_a = " + std::to_string(power_a) + "; accepted: (0, 1]");
+  require(power_a > 0 && power_a <= 1, "mqar: power_a = " + detail::number(power_a) + "; accepted: (0, 1]");
   TokenTask d = detail::empty_task("mqar", n, L, V, seed);
   const std::size_t space = (L - 2 * N) / 2;
   const std::vector<double> p = mqar_gap_law(space, power_a);
@@ -110,11 +132,14 @@ inline TokenTask mqar(std::size_t n, std::size_t L, std::size_t N, std::int64_t 
   std::vector<std::int64_t> keys(N), values(N);
   std::vector<std::size_t> gaps(N);
   std::vector<bool> gap_used(space);
+  std::unordered_set<std::int64_t> taken;  // the draws of this example so far (a linear search is O(N^2))
+  taken.reserve(N);
   auto distinct = [&](std::vector<std::int64_t>& out, std::int64_t lo, std::int64_t hi) {
+    taken.clear();
     for (std::size_t i = 0; i < N; ++i) {
       std::int64_t x;
       do x = detail::uniform_int(rng, lo, hi);
-      while (std::find(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(i), x) != out.begin() + static_cast<std::ptrdiff_t>(i));
+      while (!taken.insert(x).second);
       out[i] = x;
     }
   };
@@ -188,14 +213,19 @@ inline TokenTask stack_task(std::size_t n, std::size_t L, std::int64_t V, std::s
   require(n >= 1, "stack: n = " + std::to_string(n) + " examples; accepted: >= 1");
   require(L % 2 == 0 && L >= 2, "stack: seq_len = " + std::to_string(L) + "; accepted: an even length >= 2");
   require(S >= 1, "stack: num_stacks = " + std::to_string(S) + "; accepted: >= 1");
-  const std::int64_t first_value = kStackOpBase + 2 * static_cast<std::int64_t>(S);
-  require(V > first_value, "stack: vocab = " + std::to_string(V) + " with num_stacks = " + std::to_string(S) +
-                               "; accepted: > 2 + 2 num_stacks = " + std::to_string(first_value));
+  // 2 + 2 S computed only where it fits an int64 (a larger S would wrap around and pass the vocabulary check)
+  constexpr auto kMaxStacks = static_cast<std::size_t>((std::numeric_limits<std::int64_t>::max() - kStackOpBase) / 2);
+  const std::int64_t first_value = S <= kMaxStacks ? kStackOpBase + 2 * static_cast<std::int64_t>(S) : -1;
+  require(S <= kMaxStacks && V > first_value,
+          "stack: vocab = " + std::to_string(V) + " with num_stacks = " + std::to_string(S) +
+              "; accepted: vocab > 2 + 2 num_stacks" +
+              (S <= kMaxStacks ? " = " + std::to_string(first_value) : std::string()));
   TokenTask d = detail::empty_task("stack", n, L, V, seed);
   Rng rng(seed);
-  std::vector<std::vector<std::int64_t>> stacks(S);
+  // only the stacks an example touches (at most L / 2 of them) are held: num_stacks may be as large as vocab / 2
+  std::unordered_map<std::size_t, std::vector<std::int64_t>> stacks;
   for (std::size_t e = 0; e < n; ++e) {
-    for (auto& s : stacks) s.clear();
+    stacks.clear();
     for (std::size_t t = 0; t < L; t += 2) {
       const auto s = static_cast<std::size_t>(detail::uniform_int(rng, 0, static_cast<std::int64_t>(S) - 1));
       const bool pop = rng.uniform(0.0, 1.0) < 0.5 && !stacks[s].empty();

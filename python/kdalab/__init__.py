@@ -32,6 +32,7 @@ from ._core import (
     CheckResult,
     Error,
     IGNORE_INDEX,
+    MAX_TASK_TOKENS,
     ResultsFile,
     Rng,
     anchor_kda,
@@ -44,6 +45,7 @@ from ._core import (
     built_with_cuda,
     cell_seed,
     check,
+    check_output_path,
     exists,
     fnv1a64,
     gate,
@@ -84,9 +86,9 @@ def require_cuda() -> None:
 
 
 __all__ = [
-    "BUDGET_FACTOR", "BUDGET_FLOOR", "Budget", "CHECK_DEFAULT_TOL", "CheckResult", "Error", "IGNORE_INDEX", "NotAvailable", "ResultsFile", "Rng", "anchor_kda", "attn_res",
+    "BUDGET_FACTOR", "BUDGET_FLOOR", "Budget", "CHECK_DEFAULT_TOL", "CheckResult", "Error", "IGNORE_INDEX", "MAX_TASK_TOKENS", "NotAvailable", "ResultsFile", "Rng", "anchor_kda", "attn_res",
     "attn_res_backward", "budget_kda", "budget_mla", "budget_of", "budgets", "built_with_cuda", "cell_seed",
-    "check", "exists", "fnv1a64", "gate",
+    "check", "check_output_path", "exists", "fnv1a64", "gate",
     "gate_backward", "kda_chunked", "kda_chunked_backward", "kda_decode", "kda_inputs", "kda_layer",
     "kda_recurrent", "kda_recurrent_backward", "members", "mla", "mla_attend", "mla_attend_backward", "mqar", "palindrome",
     "read_array", "read_attr", "require_cuda", "stack_task",

@@ -233,7 +233,10 @@ def mqar(n: int, seq_len: int, num_kv_pairs: int, vocab: int, seed: int, *, powe
     identical to the C++ generator's: "inputs" and "targets" int64 [n, seq_len] (targets IGNORE_INDEX = -100 where
     not scored), and "task", "n", "seq_len", "vocab", "seed", "checksum" (FNV-1a 64 of inputs then targets).
     Keys from [1, vocab/2), values from [vocab/2, vocab); each key queried once at a power-law gap
-    P(g) ~ (g + 1)^(power_a - 1). Errors: Error naming the argument."""
+    P(g) ~ (g + 1)^(power_a - 1). Errors: Error naming the argument, its value and what is accepted, for every bad
+    argument of the three tasks: sizes and vocab integers in [1, 2^63 - 1] and seed in [0, 2^64 - 1] (int or numpy
+    integer; not bool, float, None), power_a a number, random_non_queries a bool, n x seq_len <= 2^28 tokens
+    (MAX_TASK_TOKENS; 2 GiB per array), the task's own bounds."""
 
 def palindrome(n: int, seq_len: int, vocab: int, seed: int) -> dict[str, Any]:
     """The Palindrome task (numerics/recall_tasks.hpp palindrome; Kimi Linear report sec. 5.1): seq_len / 2
@@ -245,6 +248,7 @@ def stack_task(n: int, seq_len: int, vocab: int, num_stacks: int, seed: int) -> 
     token 2 + num_stacks + s, scored, then the popped value). Keys as mqar."""
 
 IGNORE_INDEX: int
+MAX_TASK_TOKENS: int  # the most tokens n x seq_len one call of mqar, palindrome or stack_task returns (2^28)
 
 class Rng:
     """The seeded portable generator (numerics/random.hpp: boost mt19937_64 and Boost's distributions)."""
@@ -259,6 +263,12 @@ def fnv1a64(x: Array) -> int:
 
 def cell_seed(seed: int, cell: str) -> int:
     """The seed of one grid cell (numerics/random.hpp cell_seed)."""
+
+def check_output_path(path: str, *, force: bool = False) -> None:
+    """The results writer's checks of an output path, made before anything runs (experiments/results.cpp
+    check_output_path; docs/cli.md): Error (bad input, exit 2) for an empty path, a folder, a missing folder, an
+    existing file without force, a special file or a name too long; RuntimeError (exit 5) when the folder is not
+    writable. Writes nothing."""
 
 class ResultsFile:
     """The HDF5 results writer of the command line (experiments/results.hpp; docs/results-schema.md): the same

@@ -43,6 +43,7 @@ def _kda_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log
                  bias: Optional[Tensor], S0: Optional[Tensor], cu_seqlens: Optional[Tensor], scale: float,
                  g_min: float, l2norm_qk: bool, beta_sigmoid: bool, gate_fused: bool,
                  max_seqlen: int) -> Tuple[Tensor, Tensor]:
+    require_cuda()  # reached through torch.ops.kdalab on a CPU build: NotAvailable, not a CUDA error
     B, T, H, D = q.shape
     HV = v.shape[2]
     N = _num_seqs(q, cu_seqlens)
@@ -73,6 +74,7 @@ def _kda_backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_lo
                   bias: Optional[Tensor], S0: Optional[Tensor], cu_seqlens: Optional[Tensor], dO: Tensor,
                   dS_T: Optional[Tensor], scale: float, g_min: float, l2norm_qk: bool, beta_sigmoid: bool,
                   gate_fused: bool, max_seqlen: int) -> List[Tensor]:
+    require_cuda()  # reached through torch.ops.kdalab on a CPU build: NotAvailable, not a CUDA error
     B, T, H, D = q.shape
     HV = v.shape[2]
     N = _num_seqs(q, cu_seqlens)
@@ -198,6 +200,7 @@ def chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: O
 def _kda_decode(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Optional[Tensor],
                 bias: Optional[Tensor], state: Tensor, scale: float, g_min: float, l2norm_qk: bool,
                 beta_sigmoid: bool, gate_fused: bool) -> Tensor:
+    require_cuda()  # reached through torch.ops.kdalab on a CPU build: NotAvailable, not a CUDA error
     HV, D = v.shape[1], v.shape[2]
     o = torch.empty(v.shape, dtype=torch.bfloat16, device=v.device)
     if A_log is None:  # gate given: not read by the kernel, but the binding takes arrays

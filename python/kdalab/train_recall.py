@@ -10,7 +10,8 @@ kdalab.torch.chunk_kda (fla's calling convention) and so need a CUDA device. tor
 
 Exit codes (docs/cli.md): 0 done (or stopped by --stop-after with its checkpoint saved), 2 bad input (one line,
 nothing written), 3 cannot run here (no torch, no CUDA device or no kdalab.torch for a kernel mixer), 5 the results
-file or the checkpoint could not be written.
+file or the checkpoint could not be written, 128 + N stopped by signal N (SIGINT 130, SIGTERM 143: at a step
+boundary, the checkpoint saved, no results file).
 """
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ import json
 import math
 import os
 import shlex
+import signal
 import sys
+import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -29,6 +32,8 @@ import numpy as np
 import kdalab
 
 PROG = "python -m kdalab.train_recall"
+DEFAULT_OUT = "results/train_recall.h5"
+MAX_THREADS = 1024
 TASKS = ("mqar", "palindrome", "stack")
 MIXERS = ("softmax", "mla", "kda", "gated_deltanet", "deltanet")
 KERNEL_MIXERS = ("kda", "gated_deltanet", "deltanet")  # through kdalab.torch.chunk_kda
@@ -95,7 +100,11 @@ def parser() -> argparse.ArgumentParser:
         "Zoology's MQAR or the Kimi Linear report's Palindrome and Stack tasks, one run per (task, length, d_model, "
         "mixer, learning rate), and write the accuracy and loss curves, test accuracies and settings to one HDF5 "
         "file. Without --grid: a tiny MQAR run (seconds on a CPU). Options given with --grid replace the grid's. "
-        "Documentation: docs/recall-training.md."))
+        "Documentation: docs/recall-training.md."), epilog=(
+        "Exit codes: 0 done (or stopped by --stop-after), 2 bad input (one line, nothing written), 3 cannot run here "
+        "(no torch, no CUDA device or no kdalab.torch for a kernel mixer), 5 the results file or the checkpoint "
+        "could not be written, 130 / 143 stopped by SIGINT / SIGTERM at a step boundary (the checkpoint saved, no "
+        "results file; continue with --resume)."))
     g = p.add_argument
     g("--grid", choices=sorted(GRIDS), help="a preset grid: zoology (Fig. 2), zoology-reduced (54 runs, about 20 min "
       "on one H100), kimi (sec. 5.1), kimi-reduced (24 runs)")
@@ -131,8 +140,9 @@ def parser() -> argparse.ArgumentParser:
     g("--device", default="auto", help="torch device: auto (cuda when present), cpu, cuda, cuda:N")
     g("--precision", choices=["auto", "fp32", "bf16"], default="auto",
       help="fp32, or bf16 autocast (default: bf16 on CUDA, fp32 on the CPU)")
-    g("--threads", type=int, default=0, help="torch CPU threads, 0: torch's default")
-    g("--out", default="results/train_recall.h5", help="the results file (default: results/train_recall.h5)")
+    g("--threads", type=int, default=0, help=f"torch CPU threads, at most {MAX_THREADS}; 0: torch's default")
+    g("--out", help=f"the results file (default: {DEFAULT_OUT}, its folder made when missing; the folder of a "
+      "given --out must exist)")
     g("--force", action="store_true", help="replace an existing --out (and an existing checkpoint)")
     g("--checkpoint", help="the checkpoint file (default: OUT.ckpt); removed when the results file is written")
     g("--checkpoint-every", type=int, default=500, help="save the checkpoint every N steps (default: 500), 0: never")
@@ -193,6 +203,9 @@ def resolve(a: argparse.Namespace) -> Dict[str, Any]:
     for key, opt in (("tasks", "--tasks"), ("mixers", "--mixers"), ("seq_len", "--seq-len"), ("d_model", "--d-model"),
                      ("lr", "--lr"), ("vocab", "--vocab")):
         need(len(cfg[key]) > 0, f"{opt}: the list is empty; give at least one value")
+        if key != "vocab":  # one value per task, so it may repeat; a repeat elsewhere would repeat runs
+            twice = next((x for i, x in enumerate(cfg[key]) if x in cfg[key][:i]), None)
+            need(twice is None, f"{opt}: {twice} is given twice; give each value once")
     for L in cfg["seq_len"]:
         need(2 <= L <= 1 << 20 and L % 2 == 0, f"--seq-len: {L} is not an even integer in [2, 1048576]")
     nl = len(cfg["seq_len"])
@@ -236,8 +249,16 @@ def resolve(a: argparse.Namespace) -> Dict[str, Any]:
     need(cfg["test_examples"] >= 1, f"--test-examples: {cfg['test_examples']} must be >= 1")
     need(cfg["epochs"] >= 1, f"--epochs: {cfg['epochs']} must be >= 1")
     need(cfg["max_steps"] >= 0, f"--max-steps: {cfg['max_steps']} must be >= 0")
-    for key in ("eval_every", "log_every", "threads"):
+    for split in ("train_examples", "test_examples"):  # the generators' bound on one split (kdalab.MAX_TASK_TOKENS)
+        for L in cfg["seq_len"]:
+            need(cfg[split] * L <= kdalab.MAX_TASK_TOKENS,
+                 f"--{split.replace('_', '-')}: {cfg[split]} examples of --seq-len {L} are {cfg[split] * L} tokens; "
+                 f"accepted: examples x seq_len <= {kdalab.MAX_TASK_TOKENS}")
+    need(0 <= cfg["seed"] < 1 << 64, f"--seed: {cfg['seed']} is not an integer in [0, 2^64 - 1]")
+    for key in ("eval_every", "log_every"):
         need(cfg[key] >= 0, f"--{key.replace('_', '-')}: {cfg[key]} must be >= 0")
+    # torch's OpenMP pool allocates per thread: --threads 1000000000 aborted the process (216 GB)
+    need(0 <= cfg["threads"] <= MAX_THREADS, f"--threads: {cfg['threads']} is not an integer in [0, {MAX_THREADS}]")
     dev = cfg["device"]
     need(dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit()),
          f"--device: '{dev}' is not accepted; accepted: auto, cpu, cuda, cuda:N")
@@ -479,6 +500,54 @@ def _atomic_torch_save(obj: Any, path: str) -> None:
         raise
 
 
+class Interrupted(Exception):
+    """SIGINT or SIGTERM arrived; the checkpoint holds the last finished step (exit 128 + the signal's number)."""
+    def __init__(self, signum: int, step: int):
+        super().__init__(signum, step)
+        self.signum, self.step = signum, step
+
+
+class _Signals:
+    """SIGINT and SIGTERM as a request to stop at the next step boundary (the checkpoint is then saved whole); a
+    second signal stops at once (the previous checkpoint stays as it was: it is replaced atomically)."""
+    def __init__(self):
+        self.signum: Optional[int] = None
+        self._old: Dict[int, Any] = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():  # only the main thread may set handlers
+            for s in (signal.SIGINT, signal.SIGTERM):
+                self._old[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for s, h in self._old.items():
+            signal.signal(s, h)
+
+    def _handle(self, signum, frame):
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+
+
+def _checked_state(state: Any, ckpt: str, runs: Sequence[Run]) -> Tuple[List[Result], int, Dict[str, Any]]:
+    """The finished results, the run index and the current run's state of a loaded checkpoint; BadInput naming the
+    file when it is not a checkpoint of these runs."""
+    try:
+        done = [Result(**{**r, "run": Run(**r["run"])}) for r in state["done"]]
+        cur = state["current"]
+        index, step = cur["index"], cur["step"]
+        ok = (isinstance(index, int) and 0 <= index < len(runs) and Run(**cur["run"]) == runs[index]
+              and len(done) == index and [r.run for r in done] == list(runs[:index])
+              and isinstance(step, int) and step >= 0 and all(k in cur for k in ("model", "opt", "sched", "curves")))
+    except (KeyError, TypeError, AttributeError, IndexError) as e:
+        raise BadInput(f"--resume: {ckpt} is not a checkpoint of {PROG} ({type(e).__name__}: {e}); start again "
+                       "with --force") from e
+    if not ok:
+        raise BadInput(f"--resume: {ckpt} does not hold a run of these options; start again with --force")
+    return done, index, cur
+
+
 def _resumable_config(cfg: Dict[str, Any]) -> Dict[str, Any]:  # what a resumed run must share with the first
     return {k: v for k, v in cfg.items() if k not in ("log_every", "threads")}
 
@@ -491,6 +560,7 @@ class Trainer:
         self.ckpt_path, self.stop_after, self.ckpt_every = ckpt_path, stop_after, ckpt_every
         self.kernels = kernels or {}
         self.steps_done_here = 0
+        self.signals: Optional[_Signals] = None  # set by main(): a stop requested by SIGINT or SIGTERM
         self.done: List[Result] = []
         self._data_cell: Optional[str] = None
         self.bf16 = cfg["precision"] == "bf16" or (cfg["precision"] == "auto" and device.type == "cuda")
@@ -573,6 +643,10 @@ class Trainer:
         t0 = time.perf_counter() - cur["seconds"]
         x_all, y_all = self.data(run)["train"]
         while step < total:
+            if self.signals is not None and self.signals.signum is not None:
+                cur["seconds"] = time.perf_counter() - t0
+                self.save(index, run, step, model, opt, sched, cur)
+                raise Interrupted(self.signals.signum, step)
             if self.stop_after and self.steps_done_here >= self.stop_after:
                 cur["seconds"] = time.perf_counter() - t0
                 self.save(index, run, step, model, opt, sched, cur)
@@ -714,10 +788,36 @@ def main(argv: Optional[List[str]] = None, kernels: Optional[Dict[str, Tuple[Cal
                 raise BadInput(f"--{opt.replace('_', '-')}: {getattr(a, opt)} must be >= 0")
         if a.out == "":
             raise BadInput("--out '': give a file name, e.g. --out results/train_recall.h5")
-        ckpt = a.checkpoint or a.out + ".ckpt"
-        if os.path.exists(a.out) and not a.force:
-            raise BadInput(f"--out {a.out} exists; it is replaced only with --force")
-        if a.resume and not os.path.exists(ckpt):
+        if a.checkpoint == "":
+            raise BadInput("--checkpoint '': give a file name, or leave the option out (OUT.ckpt)")
+        out = a.out if a.out is not None else DEFAULT_OUT
+        ckpt = a.checkpoint or out + ".ckpt"
+        if os.path.exists(out) and not a.force:
+            raise BadInput(f"--out {out} exists; it is replaced only with --force")
+        if os.path.realpath(ckpt) == os.path.realpath(out):  # the results file would find its checkpoint in its place
+            raise BadInput(f"--checkpoint {ckpt} is the --out file; give another name (default: OUT.ckpt)")
+        # a given --out or --checkpoint names an existing folder (a typo must not create folders); the default
+        # results/ is made when missing, after every check
+        for opt, path, given in (("--out", out, a.out is not None), ("--checkpoint", ckpt, a.checkpoint is not None
+                                                                     or a.out is not None)):
+            folder = os.path.dirname(path) or "."
+            if given and not os.path.isdir(folder):
+                raise BadInput(f"{opt} {path}: its folder {folder} does not exist; create it first")
+            if os.path.isdir(path):
+                raise BadInput(f"{opt} {path} is a folder; give a file name")
+        def check_out() -> None:  # the results writer's own checks (a name too long, a special file, ...), so that
+            # they are found before training, not when the results are written
+            try:
+                kdalab.check_output_path(out, force=a.force)
+            except kdalab.Error as e:
+                raise BadInput(str(e)) from e
+            except RuntimeError as e:  # the folder is not writable
+                raise OSError(str(e)) from e
+
+        out_checked = os.path.isdir(os.path.dirname(out) or ".")
+        if out_checked:  # else the default folder results/ is made below, and checked then
+            check_out()
+        if a.resume and not os.path.isfile(ckpt):
             raise BadInput(f"--resume: no checkpoint {ckpt} to continue from")
         if not a.resume and os.path.exists(ckpt) and not a.force:
             raise BadInput(f"the checkpoint {ckpt} of an interrupted run exists: continue it with --resume, or start "
@@ -739,15 +839,28 @@ def main(argv: Optional[List[str]] = None, kernels: Optional[Dict[str, Tuple[Cal
         device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
         state = None
         if a.resume:
-            state = torch.load(ckpt, map_location=device, weights_only=False)
+            try:  # weights_only: plain data and tensors, so a foreign pickle runs no code
+                state = torch.load(ckpt, map_location=device, weights_only=True)
+            except Exception as e:  # torch raises UnpicklingError, RuntimeError, EOFError, ... on a bad file (its
+                # text is many lines, about torch's weights_only default): the type names the cause
+                raise BadInput(f"--resume: {ckpt} is not a readable checkpoint of {PROG} (torch.load: "
+                               f"{type(e).__name__}); start again with --force") from e
+            if not isinstance(state, dict) or not isinstance(state.get("config"), dict):
+                raise BadInput(f"--resume: {ckpt} is not a checkpoint of {PROG} (no options recorded); start again "
+                               "with --force")
             if state["config"] != _resumable_config(cfg):
                 diff = sorted(k for k in set(state["config"]) | set(cfg)
                               if k in _resumable_config(cfg) and state["config"].get(k) != cfg.get(k))
                 raise BadInput(f"--resume: the checkpoint {ckpt} was made with other options ({', '.join(diff)}); "
                                "give the same options")
-        out_dir = os.path.dirname(a.out) or "."
-        if not os.path.isdir(out_dir):
-            os.makedirs(out_dir, exist_ok=True)
+            resumed = _checked_state(state, ckpt, runs)
+        for path in (out, ckpt):
+            folder = os.path.dirname(path) or "."
+            os.makedirs(folder, exist_ok=True)  # only the default's results/ can be missing here
+            if not os.access(folder, os.W_OK):  # found now, not after hours of training
+                raise OSError(f"cannot write '{path}': folder '{folder}' is not writable; nothing was written")
+        if not out_checked:
+            check_out()
     except BadInput as e:
         sys.stderr.write(f"{PROG}: error: {e}\n")
         return 2
@@ -759,27 +872,39 @@ def main(argv: Optional[List[str]] = None, kernels: Optional[Dict[str, Tuple[Cal
         return 5
 
     total = steps_per_run(cfg)
-    printer(f"{len(runs)} runs of {total} steps on {device_name} (grid {cfg['grid']}); results: {a.out}")
+    printer(f"{len(runs)} runs of {total} steps on {device_name} (grid {cfg['grid']}); results: {out}")
     trainer = Trainer(cfg, device, printer, ckpt, stop_after=a.stop_after, ckpt_every=a.checkpoint_every,
                       kernels=kernels)
     start, current = 0, None
     if state is not None:
-        trainer.done = [Result(**{**r, "run": Run(**r["run"])}) for r in state["done"]]
-        start, current = state["current"]["index"], state["current"]
+        trainer.done, start, current = resumed
         printer(f"resuming run {start + 1} of {len(runs)} at step {current['step']}")
-    try:
-        for i in range(start, len(runs)):
-            trainer.done.append(trainer.train(i, len(runs), runs[i], current if i == start else None))
-    except Stopped:
-        printer(f"stopped after {a.stop_after} steps (--stop-after); the checkpoint {ckpt} holds the run: continue "
-                "with --resume")
-        return 0
-    try:
-        write_results(a.out, cfg, trainer.done, device_name, trainer.bf16, a.force,
-                      " ".join([PROG] + [shlex.quote(s) for s in argv]))
-    except (OSError, RuntimeError) as e:  # the results writer's environment failures (no space, I/O, permission)
-        sys.stderr.write(f"{PROG}: error: {e}\n")
-        return 5
+    with _Signals() as signals:
+        trainer.signals = signals
+        try:
+            for i in range(start, len(runs)):
+                trainer.done.append(trainer.train(i, len(runs), runs[i], current if i == start else None))
+            try:
+                write_results(out, cfg, trainer.done, device_name, trainer.bf16, a.force,
+                              " ".join([PROG] + [shlex.quote(s) for s in argv]))
+            except RuntimeError as e:  # the results writer's environment failures (no space, I/O, permission)
+                raise OSError(str(e)) from e
+        except Stopped:
+            printer(f"stopped after {a.stop_after} steps (--stop-after); the checkpoint {ckpt} holds the run: "
+                    "continue with --resume")
+            return 0
+        except Interrupted as e:
+            sys.stderr.write(f"{PROG}: interrupted by {signal.Signals(e.signum).name} at step {e.step} of run "
+                             f"{len(trainer.done) + 1} of {len(runs)}; no results file was written; the checkpoint "
+                             f"{ckpt} holds the run: continue with --resume\n")
+            return 128 + e.signum
+        except KeyboardInterrupt:  # a second signal: stopped at once
+            sys.stderr.write(f"{PROG}: interrupted; no results file was written (the checkpoint {ckpt}, if any, "
+                             "holds an earlier step)\n")
+            return 130
+        except OSError as e:  # the checkpoint's or the results file's environment failures (no space, I/O, permission)
+            sys.stderr.write(f"{PROG}: error: {(str(e).strip().splitlines() or [''])[0]}\n")
+            return 5
     if os.path.exists(ckpt):
         os.remove(ckpt)
     print(summary(trainer.done))

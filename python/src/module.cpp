@@ -16,9 +16,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <fmt/format.h>
@@ -209,6 +211,70 @@ nb::dict inputs_out(KdaInputs in) {
 std::size_t count(std::int64_t n, const char* name) {
   require(n >= 0, std::string(name) + " = " + std::to_string(n) + " is not accepted; give an integer >= 0");
   return static_cast<std::size_t>(n);
+}
+
+/// The text of a refused argument: its repr (at most 60 characters) and, unless `expected`, its type.
+std::string shown_arg(nb::handle h, bool expected) {
+  std::string shown = nb::repr(h).c_str();
+  if (shown.size() > 60) shown = shown.substr(0, 57) + "...";
+  return expected ? shown : shown + " (" + Py_TYPE(h.ptr())->tp_name + ")";
+}
+/// An integer argument of the token tasks: a Python int or anything with __index__ (numpy integers), bool excluded,
+/// in [lo, hi]. Else kdalab::Error naming the function, the argument, its value (and type when not an integer) and
+/// the range: nanobind's own TypeError names neither the argument nor the value (a seed of -1 or 2^64, n = 1.5).
+/// The token tasks take every argument as a handle that may be None, so that None gets this message too.
+template <class T>
+T integer_arg(nb::handle h, const char* fn, const char* name, T lo, T hi, const char* range) {
+  PyObject* o = h.ptr();
+  if (!PyBool_Check(o) && PyIndex_Check(o)) {
+    nb::object i = nb::steal(PyNumber_Index(o));
+    if (i.is_valid()) {
+      T v{};
+      bool ok;
+      if constexpr (std::is_unsigned_v<T>) {
+        v = static_cast<T>(PyLong_AsUnsignedLongLong(i.ptr()));
+        ok = !PyErr_Occurred();
+      } else {
+        int overflow = 0;
+        v = static_cast<T>(PyLong_AsLongLongAndOverflow(i.ptr(), &overflow));
+        ok = overflow == 0 && !PyErr_Occurred();
+      }
+      PyErr_Clear();
+      if (ok && v >= lo && v <= hi) return v;
+    }
+    PyErr_Clear();
+  }
+  throw Error(std::string(fn) + ": " + name + " = " + shown_arg(h, !PyBool_Check(o) && PyIndex_Check(o)) +
+              "; accepted: an integer in " + range);
+}
+/// mqar's power_a: a number (int, float, numpy scalar; not bool, str, None), else kdalab::Error naming it.
+double real_arg(nb::handle h, const char* fn, const char* name) {
+  PyObject* o = h.ptr();
+  if (!PyBool_Check(o) && PyNumber_Check(o)) {
+    const double x = PyFloat_AsDouble(o);
+    if (!PyErr_Occurred()) return x;
+    PyErr_Clear();
+  }
+  throw Error(std::string(fn) + ": " + name + " = " + shown_arg(h, false) + "; accepted: a number in (0, 1]");
+}
+/// mqar's random_non_queries: True or False (numpy bools too), else kdalab::Error naming it (a string "no" is
+/// not taken for True).
+bool bool_arg(nb::handle h, const char* fn, const char* name) {
+  PyObject* o = h.ptr();
+  if (PyBool_Check(o)) return o == Py_True;
+  if (std::string(Py_TYPE(o)->tp_name) == "numpy.bool" || std::string(Py_TYPE(o)->tp_name) == "numpy.bool_")
+    return PyObject_IsTrue(o) == 1;
+  throw Error(std::string(fn) + ": " + name + " = " + shown_arg(h, false) + "; accepted: True or False");
+}
+std::size_t size_arg(nb::handle h, const char* fn, const char* name) {
+  return static_cast<std::size_t>(
+      integer_arg<std::int64_t>(h, fn, name, 1, std::numeric_limits<std::int64_t>::max(), "[1, 2^63 - 1]"));
+}
+std::int64_t vocab_arg(nb::handle h, const char* fn) {
+  return integer_arg<std::int64_t>(h, fn, "vocab", 1, std::numeric_limits<std::int64_t>::max(), "[1, 2^63 - 1]");
+}
+std::uint64_t seed_arg(nb::handle h, const char* fn) {
+  return integer_arg<std::uint64_t>(h, fn, "seed", 0, std::numeric_limits<std::uint64_t>::max(), "[0, 2^64 - 1]");
 }
 
 /// A token task (numerics/recall_tasks.hpp) as a dict: inputs and targets as numpy int64 [n, L], and its facts.
@@ -476,26 +542,38 @@ NB_MODULE(_core, m) {
       "beta"_a = "sigmoid", "seed"_a = 1, doc::kda_inputs);
   m.def(
       "mqar",
-      [](std::int64_t n, std::int64_t seq_len, std::int64_t num_kv_pairs, std::int64_t vocab, std::uint64_t seed,
-         double power_a, bool random_non_queries) {
-        return task_out(mqar(count(n, "n"), count(seq_len, "seq_len"), count(num_kv_pairs, "num_kv_pairs"), vocab,
-                             seed, power_a, random_non_queries));
+      [](nb::handle n, nb::handle seq_len, nb::handle num_kv_pairs, nb::handle vocab, nb::handle seed,
+         nb::handle power_a, nb::handle random_non_queries) {
+        const char* f = "mqar";
+        return task_out(mqar(size_arg(n, f, "n"), size_arg(seq_len, f, "seq_len"),
+                             size_arg(num_kv_pairs, f, "num_kv_pairs"), vocab_arg(vocab, f), seed_arg(seed, f),
+                             real_arg(power_a, f, "power_a"), bool_arg(random_non_queries, f, "random_non_queries")));
       },
-      "n"_a, "seq_len"_a, "num_kv_pairs"_a, "vocab"_a, "seed"_a, nb::kw_only(), "power_a"_a = 0.01,
-      "random_non_queries"_a = true, doc::mqar);
+      nb::sig("def mqar(n: int, seq_len: int, num_kv_pairs: int, vocab: int, seed: int, *, power_a: float = 0.01, "
+              "random_non_queries: bool = True) -> dict[str, typing.Any]"),
+      "n"_a.none(), "seq_len"_a.none(), "num_kv_pairs"_a.none(), "vocab"_a.none(), "seed"_a.none(), nb::kw_only(),
+      "power_a"_a.none() = 0.01, "random_non_queries"_a.none() = true, doc::mqar);
   m.def(
       "palindrome",
-      [](std::int64_t n, std::int64_t seq_len, std::int64_t vocab, std::uint64_t seed) {
-        return task_out(palindrome(count(n, "n"), count(seq_len, "seq_len"), vocab, seed));
+      [](nb::handle n, nb::handle seq_len, nb::handle vocab, nb::handle seed) {
+        const char* f = "palindrome";
+        return task_out(palindrome(size_arg(n, f, "n"), size_arg(seq_len, f, "seq_len"), vocab_arg(vocab, f),
+                                   seed_arg(seed, f)));
       },
-      "n"_a, "seq_len"_a, "vocab"_a, "seed"_a, doc::palindrome);
+      nb::sig("def palindrome(n: int, seq_len: int, vocab: int, seed: int) -> dict[str, typing.Any]"),
+      "n"_a.none(), "seq_len"_a.none(), "vocab"_a.none(), "seed"_a.none(), doc::palindrome);
   m.def(
       "stack_task",
-      [](std::int64_t n, std::int64_t seq_len, std::int64_t vocab, std::int64_t num_stacks, std::uint64_t seed) {
-        return task_out(stack_task(count(n, "n"), count(seq_len, "seq_len"), vocab, count(num_stacks, "num_stacks"), seed));
+      [](nb::handle n, nb::handle seq_len, nb::handle vocab, nb::handle num_stacks, nb::handle seed) {
+        const char* f = "stack_task";
+        return task_out(stack_task(size_arg(n, f, "n"), size_arg(seq_len, f, "seq_len"), vocab_arg(vocab, f),
+                                   size_arg(num_stacks, f, "num_stacks"), seed_arg(seed, f)));
       },
-      "n"_a, "seq_len"_a, "vocab"_a, "num_stacks"_a, "seed"_a, doc::stack_task);
+      nb::sig("def stack_task(n: int, seq_len: int, vocab: int, num_stacks: int, seed: int) -> dict[str, typing.Any]"),
+      "n"_a.none(), "seq_len"_a.none(), "vocab"_a.none(), "num_stacks"_a.none(), "seed"_a.none(),
+      doc::stack_task);
   m.attr("IGNORE_INDEX") = kIgnore;
+  m.attr("MAX_TASK_TOKENS") = kMaxTaskTokens;
   nb::class_<Rng>(m, "Rng", doc::Rng)
       .def(nb::init<std::uint64_t>(), "seed"_a)
       .def("normal", [](Rng& r, std::int64_t n) {
@@ -512,6 +590,8 @@ NB_MODULE(_core, m) {
   m.def("cell_seed", &cell_seed, "seed"_a, "cell"_a, doc::cell_seed);
 
   // ---- HDF5 results
+  m.def("check_output_path", [](const std::string& path, bool force) { check_output_path(path, force); }, "path"_a,
+        nb::kw_only(), "force"_a = false, doc::check_output_path);
   nb::class_<ResultsFile>(m, "ResultsFile", doc::ResultsFile)
       .def("__init__",
            [](ResultsFile* self, const std::string& path, bool force, const std::string& command_line,

@@ -28,6 +28,27 @@ def test_without_a_cuda_build_every_entry_point_names_what_is_missing():
         kc.mla_decode(None, None, None, scale=1.0)
 
 
+def test_without_a_cuda_build_the_torch_ops_raise_not_available():
+    """kdalab.torch imports on any build; chunk_kda, kda_decode_step and the ops under torch.ops.kdalab raise
+    NotAvailable (the ops reached torch.cuda first: a CUDA driver error on a machine without one)."""
+    if kdalab.built_with_cuda:
+        pytest.skip("this build has the CUDA kernels")
+    torch = pytest.importorskip("torch")
+    import kdalab.torch as kt
+    q, g, beta = torch.randn(1, 8, 2, 64), -torch.rand(1, 8, 2, 64), torch.rand(1, 8, 2)
+    calls = [lambda: kt.chunk_kda(q, q, q, g, beta),
+             lambda: kt.kda_decode_step(q[:, 0], q[:, 0], q[:, 0], g[:, 0], beta[:, 0], torch.zeros(1, 2, 64, 64)),
+             lambda: torch.ops.kdalab.kda_prefill(q, q, q, g, beta, None, None, None, None, 0.125, -5.0, False, False,
+                                                  False, 8),
+             lambda: torch.ops.kdalab.kda_backward(q, q, q, g, beta, None, None, None, None, q, None, 0.125, -5.0,
+                                                   False, False, False, 8),
+             lambda: torch.ops.kdalab.kda_decode(q[:, 0], q[:, 0], q[:, 0], g[:, 0], beta[:, 0], None, None,
+                                                 torch.zeros(1, 2, 64, 64), 0.125, -5.0, False, False, False)]
+    for call in calls:
+        with pytest.raises(kdalab.NotAvailable, match=r"built without its CUDA kernels"):
+            call()
+
+
 def kda_inputs(B, T, H, group, D, seed):
     """anchor-kda with HV = group H (q_raw, k_raw cut to H heads) and the gate parameters in fp32: the GPU
     tests' make_inputs."""

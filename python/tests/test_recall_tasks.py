@@ -48,3 +48,80 @@ def test_recall_tasks_refuse_bad_shapes_naming_them():
         kdalab.stack_task(4, 64, 130, 64, 1)
     with pytest.raises(kdalab.Error, match="n = -1"):
         kdalab.palindrome(-1, 64, 32, 1)
+
+
+def refused(match, fn, *args, **kw):
+    with pytest.raises(kdalab.Error, match=match) as e:
+        fn(*args, **kw)
+    assert isinstance(e.value, ValueError) and "\n" not in str(e.value)
+
+
+def test_recall_tasks_refuse_more_tokens_than_their_bound_before_allocating():
+    # 2^33 x 2^32 tokens wrap around to 0 in a 64-bit size: without the bound, no array and writes past it
+    refused(r"n = 8589934592 examples of seq_len = 4294967296 .* accepted: n x seq_len <= 268435456",
+            kdalab.palindrome, 2**33, 2**32, 32, 1)
+    refused(r"stack: n = 3 examples of seq_len = 134217728", kdalab.stack_task, 3, 2**27, 200, 64, 1)
+    refused(r"mqar: n = 1000000 examples of seq_len = 1000000", kdalab.mqar, 10**6, 10**6, 4, 8192, 1)
+    assert kdalab.palindrome(2**20, 2**8, 32, 1)["inputs"].shape == (2**20, 2**8)  # the bound itself is accepted
+
+
+def test_stack_task_refuses_a_stack_count_whose_token_range_overflows():
+    # 2 + 2 S wrapped around for S >= 2^62 and passed the vocabulary check
+    refused(r"num_stacks = 4611686018427387904; accepted: vocab > 2 \+ 2 num_stacks$",
+            kdalab.stack_task, 1, 8, 3, 2**62, 1)
+    refused(r"num_stacks = 9223372036854775807", kdalab.stack_task, 1, 8, 2**63 - 1, 2**63 - 1, 1)
+
+
+def test_stack_task_takes_any_stack_count_its_vocabulary_holds():
+    S = 2**61  # every stack a token of its own: only the stacks an example touches are held
+    d = kdalab.stack_task(2, 8, 2**63 - 1, S, 1)
+    ops = d["inputs"][:, ::2]
+    assert ((ops >= 2) & (ops < 2 + 2 * S)).all() and (d["inputs"][:, 1::2] >= 2 + 2 * S).all()
+
+
+def test_mqar_with_every_key_of_the_vocabulary_is_fast():
+    # N = vocab / 2 - 1 keys: every key token, drawn without replacement (a linear search per draw was O(N^2))
+    import time
+    N = 2**17 - 1
+    t0 = time.perf_counter()
+    d = kdalab.mqar(1, 4 * (N + 1), N, 2**18, 1, power_a=1.0)
+    assert time.perf_counter() - t0 < 10  # about 0.1 s; minutes with the linear search
+    assert sorted(d["inputs"][0, : 2 * N : 2].tolist()) == list(range(1, N + 1))
+
+
+def test_mqar_names_a_tiny_or_negative_power_a_with_its_value():
+    # its shortest text: printed with a fixed 6 decimals, -1e-9 read "-0.000000"
+    refused(r"mqar: power_a = -1e-09; accepted: \(0, 1\]$", kdalab.mqar, 1, 64, 4, 256, 1, power_a=-1e-9)
+    refused(r"mqar: power_a = nan; accepted", kdalab.mqar, 1, 64, 4, 256, 1, power_a=float("nan"))
+
+
+@pytest.mark.parametrize("call, says", [
+    (lambda: kdalab.mqar(1, 64, 4, 256, -1), r"mqar: seed = -1; accepted: an integer in \[0, 2\^64 - 1\]"),
+    (lambda: kdalab.palindrome(1, 64, 32, 2**64), r"palindrome: seed = 18446744073709551616; accepted"),
+    (lambda: kdalab.stack_task(1.5, 64, 200, 64, 1), r"stack_task: n = 1.5 \(float\); accepted: an integer in \[1, "),
+    (lambda: kdalab.mqar(None, 64, 4, 256, 1), r"mqar: n = None \(NoneType\)"),
+    (lambda: kdalab.mqar(1, [64], 4, 256, 1), r"mqar: seq_len = \[64\] \(list\)"),
+    (lambda: kdalab.mqar(True, 64, 4, 256, 1), r"mqar: n = True \(bool\)"),
+    (lambda: kdalab.palindrome(1, 64, "32", 1), r"palindrome: vocab = '32' \(str\)"),
+    (lambda: kdalab.palindrome(1, 64, 2**63, 1), r"palindrome: vocab = 9223372036854775808; accepted: an integer in "
+                                                 r"\[1, 2\^63 - 1\]"),
+    (lambda: kdalab.stack_task(1, 64, 200, -64, 1), r"stack_task: num_stacks = -64; accepted"),
+    (lambda: kdalab.mqar(1, 64, 0, 256, 1), r"mqar: num_kv_pairs = 0; accepted"),
+    (lambda: kdalab.mqar(1, 64, 4, 256, 1, power_a="0.5"), r"mqar: power_a = '0.5' \(str\); accepted: a number in "
+                                                         r"\(0, 1\]"),
+    (lambda: kdalab.mqar(1, 64, 4, 256, 1, power_a=None), r"mqar: power_a = None \(NoneType\)"),
+    (lambda: kdalab.mqar(1, 64, 4, 256, 1, random_non_queries="no"), r"mqar: random_non_queries = 'no' \(str\); "
+                                                                    r"accepted: True or False"),
+])
+def test_recall_tasks_name_a_bad_argument_its_value_and_the_accepted_range(call, says):
+    refused(says, call)
+
+
+def test_recall_tasks_take_numpy_scalars_and_the_extreme_seeds():
+    a = kdalab.mqar(np.int64(2), np.int32(64), np.uint8(4), np.int64(256), np.uint64(2**64 - 1))
+    b = kdalab.mqar(2, 64, 4, 256, 2**64 - 1)
+    assert a["checksum"] == b["checksum"] and a["seed"] == 2**64 - 1
+    assert kdalab.palindrome(1, 64, 32, 0)["seed"] == 0
+    c = kdalab.mqar(2, 64, 4, 256, 3, power_a=np.float32(0.5), random_non_queries=np.bool_(False))["checksum"]
+    assert c == kdalab.mqar(2, 64, 4, 256, 3, power_a=0.5, random_non_queries=False)["checksum"]
+    assert kdalab.mqar(2, 64, 4, 256, 3, power_a=1)["checksum"] == kdalab.mqar(2, 64, 4, 256, 3, power_a=1.0)["checksum"]

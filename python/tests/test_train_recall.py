@@ -35,6 +35,16 @@ def run_cli(argv, **kw):
     (["--tasks", "stack", "--vocab", "100"], "--vocab: 100 leaves no value tokens for the Stack task"),
     (["--grid", "zoology-tiny"], "argument --grid: invalid choice"),
     (["--resume"], "--resume: no checkpoint"),
+    (["--seed", "-1"], "--seed: -1 is not an integer in [0, 2^64 - 1]"),
+    (["--seed", str(2**64)], "--seed: 18446744073709551616 is not an integer in [0, 2^64 - 1]"),
+    (["--seq-len", "1048576", "--kv-pairs", "4"],
+     "--train-examples: 3000 examples of --seq-len 1048576 are 3145728000 tokens; accepted: examples x seq_len <= "
+     "268435456"),
+    (["--checkpoint", ""], "--checkpoint '': give a file name"),
+    (["--threads", "1000000000"], "--threads: 1000000000 is not an integer in [0, 1024]"),
+    (["--lr", "1e-3,2e-3,1e-3"], "--lr: 0.001 is given twice; give each value once"),
+    (["--tasks", "mqar,stack,mqar"], "--tasks: mqar is given twice"),
+    (["--seq-len", "64,64"], "--seq-len: 64 is given twice"),
 ])
 def test_bad_options_are_one_line_exit_2_and_write_nothing(tmp_path, capsys, argv, says):
     out = tmp_path / "r.h5"
@@ -51,12 +61,33 @@ def test_an_existing_out_is_kept_without_force(tmp_path, capsys):
     assert "exists; it is replaced only with --force" in capsys.readouterr().err and out.read_text() == "keep"
 
 
-def test_help_names_every_option():
+def test_a_given_out_or_checkpoint_folder_must_exist_and_they_differ(tmp_path, capsys):
+    for argv, says in ((["--out", str(tmp_path / "no" / "r.h5")], f"--out {tmp_path}/no/r.h5: its folder "),
+                       (["--out", str(tmp_path / "r.h5"), "--checkpoint", str(tmp_path / "no" / "c")],
+                        f"--checkpoint {tmp_path}/no/c: its folder "),
+                       (["--out", str(tmp_path)], "exists; it is replaced only with --force"),
+                       (["--out", str(tmp_path), "--force"], f"--out {tmp_path} is a folder; give a file name"),
+                       (["--out", str(tmp_path / "r.h5"), "--checkpoint", str(tmp_path / "." / "r.h5")],
+                        "is the --out file; give another name"),
+                       # the results writer's checks, before training (without torch too): found after it, they were
+                       # a traceback
+                       (["--out", str(tmp_path / ("r" * 240 + ".h5"))], "the file name is too long")):
+        assert run_cli(argv) == 2
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1
+        assert list(tmp_path.iterdir()) == []
+
+
+def test_help_names_every_option_and_the_exit_codes():
     r = subprocess.run([sys.executable, "-m", "kdalab.train_recall", "--help"], capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert r.returncode == 0
-    for opt in ("--grid", "--tasks", "--mixers", "--lr", "--resume", "--force", "--stop-after", "--short-conv"):
-        assert opt in r.stdout
+    options = [s for action in tr.parser()._actions for s in action.option_strings]
+    assert len(options) >= 39
+    for opt in options:
+        assert opt in r.stdout, opt
+    text = " ".join(r.stdout.split())
+    assert "Exit codes: 0 done" in text and "130 / 143 stopped by SIGINT / SIGTERM" in text
 
 
 def test_grids_state_their_run_counts():
@@ -104,6 +135,104 @@ def test_a_resume_with_other_options_is_refused(tmp_path, capsys):
     assert tr.main(opts + ["--stop-after", "3"]) == 0
     assert tr.main(opts + ["--resume", "--lr", "1e-2"]) == 2
     assert "was made with other options (lr)" in capsys.readouterr().err
+
+
+def test_the_default_out_folder_is_made(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    monkeypatch.chdir(tmp_path)
+    assert tr.main(TINY + ["--max-steps", "2"]) == 0
+    assert sorted(os.listdir(tmp_path / "results")) == ["train_recall.h5"]
+
+
+def checkpoint_of_a_stopped_run(tmp_path):
+    opts = TINY + ["--epochs", "1", "--out", str(tmp_path / "r.h5")]
+    assert tr.main(opts + ["--stop-after", "3"]) == 0
+    return opts, tmp_path / "r.h5.ckpt"
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (os.mkdir, (os.environ["KDALAB_TEST_MARK"],))
+
+
+def test_a_resume_from_a_damaged_or_foreign_checkpoint_is_one_line_exit_2(tmp_path, capsys, monkeypatch):
+    torch = pytest.importorskip("torch")
+    opts, ckpt = checkpoint_of_a_stopped_run(tmp_path)
+    good = torch.load(ckpt, weights_only=True)
+    mark = tmp_path / "code-ran"
+    monkeypatch.setenv("KDALAB_TEST_MARK", str(mark))
+
+    def other_run(s):
+        s["current"]["index"] = 7
+        return s
+
+    for content, says in ((b"not a checkpoint", "is not a readable checkpoint of python -m kdalab.train_recall "
+                                                "(torch.load: UnpicklingError)"),
+                          (b"", "(torch.load: EOFError)"),
+                          ([1, 2, 3], "is not a checkpoint of python -m kdalab.train_recall (no options recorded)"),
+                          ({"config": _RunsCode()}, "(torch.load: UnpicklingError)"),  # a pickle runs no code
+                          (other_run(good), "does not hold a run of these options")):
+        if isinstance(content, bytes):
+            ckpt.write_bytes(content)
+        else:
+            torch.save(content, ckpt)
+        before = ckpt.read_bytes()
+        assert tr.main(opts + ["--resume"]) == 2
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1 and "start again with --force" in err
+        assert ckpt.read_bytes() == before and sorted(os.listdir(tmp_path)) == ["r.h5.ckpt"]
+        assert not mark.exists()
+
+
+def test_an_unwritable_folder_fails_before_training_and_a_failed_checkpoint_write_is_exit_5(tmp_path, capsys,
+                                                                                             monkeypatch):
+    pytest.importorskip("torch")
+    out = tmp_path / "r.h5"
+    real_access = os.access
+    monkeypatch.setattr(tr.os, "access", lambda p, m: False if str(p) == str(tmp_path) else real_access(p, m))
+    assert tr.main(TINY + ["--out", str(out)]) == 5  # found before any training (as root, access is mocked)
+    err = capsys.readouterr().err
+    assert f"cannot write '{out}': folder '{tmp_path}' is not writable" in err and err.count("\n") == 1
+    monkeypatch.setattr(tr.os, "access", real_access)
+
+    def no_space(obj, path):
+        raise OSError(28, "No space left on device", path)
+
+    monkeypatch.setattr(tr, "_atomic_torch_save", no_space)
+    assert tr.main(TINY + ["--out", str(out), "--checkpoint-every", "2"]) == 5
+    err = capsys.readouterr().err
+    assert "No space left on device" in err and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+def test_a_signal_stops_at_a_step_with_the_checkpoint_saved_and_no_results_file(tmp_path, signame):
+    pytest.importorskip("torch")
+    import signal
+    import time
+    out = tmp_path / "r.h5"
+    argv = [a for a in TINY if a != "--quiet"] + ["--epochs", "100", "--log-every", "1", "--checkpoint-every", "0",
+                                                  "--out", str(out)]
+    p = subprocess.Popen([sys.executable, "-m", "kdalab.train_recall", *argv], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    for line in p.stdout:  # training has begun
+        if ": step 3/" in line:
+            break
+    time.sleep(0.2)
+    p.send_signal(getattr(signal, signame))
+    _, err = p.communicate(timeout=120)
+    num = getattr(signal, signame).value
+    assert p.returncode == 128 + num, err
+    assert err.startswith(f"python -m kdalab.train_recall: interrupted by {signame} at step ") and err.count("\n") == 1
+    assert "no results file was written" in err and "continue with --resume" in err
+    assert sorted(os.listdir(tmp_path)) == ["r.h5.ckpt"]  # no results file, no temporary
+    import torch
+    state = torch.load(tmp_path / "r.h5.ckpt", weights_only=True)
+    step = state["current"]["step"]
+    assert step >= 3 and len(state["current"]["curves"]["loss"]) == step
+    assert tr.main(TINY + ["--epochs", "100", "--out", str(out), "--resume", "--stop-after", "2"]) == 0
+    state = torch.load(tmp_path / "r.h5.ckpt", weights_only=True)
+    assert state["current"]["step"] == step + 2
 
 
 def test_kernel_mixers_on_the_cpu_cannot_run_here(tmp_path, capsys):

@@ -151,6 +151,42 @@ def test_replay_of_a_damaged_report_is_one_line_exit_2(tmp_path, capsys, config,
     assert len(err) == 1 and err[0].startswith("kdalab-verify: error: --replay") and says in err[0], err
 
 
+@pytest.mark.parametrize("change, name, says", [
+    ({"params": "oops"}, "agree/T1", "config is not a verify run's"),
+    ({"cases": [1, 2]}, "agree/T1", "config is not a verify run's"),
+    ({"adapter": 7}, "agree/T1", "config is not a verify run's"),
+    ({"truth": 5}, "agree/T1", "config is not a verify run's"),
+    ({"params": {"T": "x"}}, "agree/T1", "its recorded parameters do not fit case 'agree/T1' (--param T=\"x\": T is int"),
+    ({"cases": ["nosuch/x"]}, "nosuch/x", "its case 'nosuch/x' is not in kdalab's catalogue of op 'kda'"),
+])
+def test_replay_of_a_report_with_a_foreign_config_is_one_line_exit_2(tmp_path, capsys, change, name, says):
+    import json
+    config = {"op": "kda", "candidate": "kdalab.verify.candidates:numpy_kda", "adapter": "canonical",
+              "cases": ["agree/T1"], **change}
+    out = str(tmp_path / "r.h5")
+    with kdalab.ResultsFile(out, command_line="", config=json.dumps(config), seed="1") as f:
+        f.group("verify", "a report without failures")
+        f.group("verify/failures", "failures")
+    assert main(["--replay", out, "--case", name]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"kdalab-verify: error: --replay {out}") and says in err[0], err
+
+
+def test_a_param_is_accepted_only_when_the_generator_it_reaches_takes_it(tmp_path):
+    # short_sequences passes its parameters to varlen, which takes no T (it was offered T and then crashed)
+    p = verify("--cases", "adv/varlen-hundreds", "--param", "T=5", "--no-report", cwd=tmp_path)
+    assert p.returncode == 2 and "--param T=5: no selected case's generator takes 'T'; accepted: H, HV, d_k, d_v, " \
+        "max_len, n, state" in p.stderr, p.stderr
+    p = verify("--cases", "adv/varlen-hundreds", "--param", "d_k=8", "--no-report", "--quiet", cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_a_case_too_large_for_memory_is_not_applicable_never_a_traceback(tmp_path):
+    p = verify("--cases", "agree/T1", "--param", f"T={10**12}", "--no-report", cwd=tmp_path)
+    assert p.returncode == 4 and "Traceback" not in p.stderr, p.stdout + p.stderr
+    assert "n/a    agree/T1" in p.stdout and "the case's inputs do not fit in memory" in p.stdout
+
+
 def test_long_cases_are_skipped_unless_asked(tmp_path):
     names = [c.name for c in kdalab.verify.catalogue("kda")]
     assert "agree/T1000" not in names and "agree/T65536" not in names and "adv/long-memory" not in names

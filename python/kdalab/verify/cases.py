@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -385,15 +385,24 @@ def catalogue(op: str = "kda", *, long: bool = False) -> List[Case]:
     return [c for c in cs if long or not c.long]
 
 
+def _forwards_to(generator: str) -> Tuple[Callable[..., Dict[str, Any]], set]:
+    """The generator that one taking **kw passes them to, and the parameters it sets there itself:
+    short_sequences passes them to varlen (with its own lens), the MLA decode generators to mla_decode_random, the
+    others to the base KDA generator."""
+    if generator == "short_sequences":
+        return varlen, {"lens"}
+    return (mla_decode_random if generator.startswith("mla_decode") else _kda_base), set()
+
+
 def accepted_params(generator: str) -> set:
     """The keyword parameters a generator accepts (when it takes **kw, also those of the generator it passes them
-    to: mla_decode_random for the MLA decode generators, the base KDA generator for the others)."""
+    to, _forwards_to)."""
     import inspect
     out = set()
     for p in inspect.signature(GENERATORS[generator]).parameters.values():
         if p.kind is p.VAR_KEYWORD:
-            base = mla_decode_random if generator.startswith("mla_decode") else _kda_base
-            out |= {q for q in inspect.signature(base).parameters if q != "seed"}
+            base, own = _forwards_to(generator)
+            out |= {q for q in inspect.signature(base).parameters if q != "seed" and q not in own}
         elif p.name != "seed":
             out.add(p.name)
     return out
@@ -403,7 +412,7 @@ def _param_types(generator: str) -> Dict[str, str]:
     """The annotation (as text, e.g. "int", "Optional[List[int]]") of every keyword parameter of a generator."""
     import inspect
     out: Dict[str, str] = {}
-    for g in (GENERATORS[generator], _kda_base):
+    for g in (GENERATORS[generator], _forwards_to(generator)[0]):
         for p in inspect.signature(g).parameters.values():
             if p.kind is not p.VAR_KEYWORD and p.name != "seed":
                 out.setdefault(p.name, str(p.annotation))

@@ -385,6 +385,9 @@ def check_case(adapter, case: Case, opts: Optional[Dict[str, Any]] = None) -> Re
         x = case.inputs()
     except ValueError as e:  # parameters the generator refuses (e.g. an override that does not fit the case)
         return Result(case.name, case.prop, NA, False, detail=f"the case cannot be generated: {e}")
+    except MemoryError:  # sizes too large for this machine (e.g. --param T=10**12): nothing can be checked
+        return Result(case.name, case.prop, NA, False,
+                      detail=f"the case's inputs do not fit in memory (parameters {case.params})")
     reason = adapter.supports(x)
     if reason:
         return Result(case.name, case.prop, NA, False, detail=reason)
@@ -397,3 +400,6 @@ def check_case(adapter, case: Case, opts: Optional[Dict[str, Any]] = None) -> Re
     except kdalab.Error as e:  # the oracle or the budget rule refused the case's inputs: nothing was checked
         return Result(case.name, case.prop, NA, False,
                       detail=f"the oracle or the budget rule cannot judge the case: {e}")
+    except MemoryError:  # the oracle's or the candidate's work for these sizes does not fit in memory
+        return Result(case.name, case.prop, NA, False,
+                      detail=f"the case does not fit in memory (parameters {case.params})")

@@ -13,7 +13,7 @@ import numpy as np
 import kdalab
 
 from . import adapters as adapters_mod
-from .cases import GENERATORS, Case, catalogue, check_params, find, with_params
+from .cases import GENERATORS, Case, accepted_params, catalogue, check_params, find, with_params
 from .properties import BROKEN, NA, OVER, WITHIN, Result, check_case
 
 DEFAULTS = {
@@ -212,9 +212,11 @@ def replay(report: str, name: str, *, candidate: Union[str, Callable, None] = No
     except json.JSONDecodeError as e:
         raise ValueError(f"--replay {report}: its root attribute config is not JSON ({e})") from e
     if not isinstance(config, dict) or not isinstance(config.get("cases", []), list) or \
-            not all(k in config for k in ("op", "candidate", "adapter")):
+            not all(isinstance(config.get(k), str) for k in ("op", "candidate", "adapter")) or \
+            not all(isinstance(c, str) for c in config.get("cases", [])) or \
+            not isinstance(config.get("params", {}), dict) or not isinstance(config.get("truth", "float64"), str):
         raise ValueError(f"--replay {report}: its root attribute config is not a verify run's (a JSON object with "
-                         "op, candidate, adapter, cases)")
+                         "op, candidate, adapter as text, cases a list of names, params an object)")
     case = None
     for m in kdalab.members(report, "verify/failures"):
         g = f"verify/failures/{m}"
@@ -230,6 +232,16 @@ def replay(report: str, name: str, *, candidate: Union[str, Callable, None] = No
     if case is None:
         if name not in config.get("cases", []):
             raise ValueError(f"--case {name!r} is not in {report}; its cases: {', '.join(config.get('cases', []))}")
-        case = with_params([find(name, config["op"])], config.get("params", {}))[0]
+        try:
+            recorded = find(name, config["op"])
+        except KeyError:
+            raise ValueError(f"--replay {report}: its case {name!r} is not in kdalab's catalogue of op "
+                             f"{config['op']!r} (`--list --op OP` shows them)") from None
+        params = {k: v for k, v in config.get("params", {}).items() if k in accepted_params(recorded.generator)}
+        try:
+            check_params([recorded], params)
+        except ValueError as e:
+            raise ValueError(f"--replay {report}: its recorded parameters do not fit case {name!r} ({e})") from None
+        case = with_params([recorded], params)[0]
     return run(candidate or config["candidate"], config["op"], [case], adapter=adapter or config["adapter"],
                truth=config.get("truth", "float64"), printer=printer)
