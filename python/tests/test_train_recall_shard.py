@@ -46,7 +46,7 @@ def test_shards_cover_the_grid_once_deterministically_and_balanced(count):
 
 def test_the_assignment_follows_the_cpp_rules():
     # longest first (ties: lower index), each to the least loaded shard (ties: fewer points, then the lower shard)
-    assert tr.assign_shards([1, 5, 3, 3, 0, 0], 2) == [1, 1, 2, 2, 1, 2]  # 5 | 3 3 | 1 (6 | 6) | 0 | 0
+    assert tr.assign_shards([1, 5, 3, 3, 0, 0], 2) == [1, 1, 2, 2, 1, 2]  # loads 5-0, 5-3, 5-6, 6-6; equal loads: fewer runs
     assert tr.assign_shards([0, 0, 0], 3) == [1, 2, 3]
 
 
