@@ -389,6 +389,33 @@ int run_merge(Context& ctx, const std::vector<std::string>& files) {
     }
     m.nodes.at(path).attrs.erase("shard_row_keys");
   }
+  // groups whose child groups are one per grid point (shard_row_groups; train_recall's runs/NNN): every shard's
+  // children, each child once
+  std::set<std::string> row_groups;
+  for (const auto& [path, node] : m.nodes)
+    if (node.group && node.attrs.count("shard_row_groups")) row_groups.insert(path);
+  for (const std::string& path : row_groups) {
+    const std::string prefix = path + "/";
+    const auto under = [&](const std::string& p) { return p.rfind(prefix, 0) == 0; };
+    for (auto it = m.nodes.begin(); it != m.nodes.end();) it = under(it->first) ? m.nodes.erase(it) : std::next(it);
+    std::map<std::string, std::size_t> owner;  // child name -> the shard (position in by_index) that holds it
+    for (std::size_t s = 0; s < by_index.size(); ++s) {
+      const auto& nodes = shards[by_index[s]].nodes;
+      const auto it = nodes.find(path);
+      require(it != nodes.end() && it->second.group && it->second.attrs.count("shard_row_groups"),
+              "'" + files[by_index[s]] + "' has no sharded group '" + path + "' (a shard of another kind of run)");
+      for (const auto& [p, n] : nodes) {
+        if (!under(p)) continue;
+        const std::string child = p.substr(prefix.size(), p.find('/', prefix.size()) - prefix.size());
+        const auto [o, fresh] = owner.emplace(child, s);
+        if (!fresh && o->second != s)
+          throw Error(fmt::format("'{}{}' is in '{}' and in '{}'; give shards that cover each point once", prefix,
+                                  child, files[by_index[o->second]], files[by_index[s]]));
+        m.nodes[p] = n;
+      }
+    }
+    m.nodes.at(path).attrs.erase("shard_row_groups");
+  }
   // attributes each shard has in its own version (notes the hook rebuilds)
   for (auto& [path, node] : m.nodes)
     for (auto it = node.attrs.begin(); it != node.attrs.end();) {
@@ -455,6 +482,41 @@ int run_merge(Context& ctx, const std::vector<std::string>& files) {
 }  // namespace
 
 void register_merge(Registry& reg) {
+  // python -m kdalab.train_recall --shard (docs/recall-training.md): best_lr compares the learning rates of one model,
+  // which may lie in different shards; the run count and note are the whole grid's
+  merge_hooks()["train_recall"] = [](MergedData& m) {
+    const std::string g = "/train_recall";
+    if (!m.nodes.count(g + "/best_lr")) return;
+    const Table t = m.table(g);
+    const auto text = [&](const char* c, std::size_t r) {
+      const auto* v = std::get_if<std::vector<std::string>>(&t.column(c).data);
+      return v ? v->at(r) : std::string();
+    };
+    const auto num = [&](const char* c, std::size_t r) {
+      return std::visit([&](const auto& v) -> double {
+        if constexpr (std::is_arithmetic_v<typename std::decay_t<decltype(v)>::value_type>) return static_cast<double>(v.at(r));
+        else return std::nan("");
+      }, t.column(c).data);
+    };
+    // the first row of best test accuracy among the rows of one (task, L, N, vocab, d_model, mixer) gets 1
+    std::map<std::string, std::size_t> best;
+    for (std::size_t r = 0; r < t.rows(); ++r) {
+      const std::string key = fmt::format("{}|{}|{}|{}|{}|{}", text("task", r), num("seq_len", r), num("kv_pairs", r),
+                                          num("vocab", r), num("d_model", r), text("mixer", r));
+      const auto [it, fresh] = best.emplace(key, r);
+      if (!fresh && num("test_accuracy", r) > num("test_accuracy", it->second)) it->second = r;
+    }
+    std::vector<std::int64_t> flags(t.rows(), 0);
+    for (const auto& kv : best) flags[kv.second] = 1;
+    m.nodes.at(g + "/best_lr").data = flags;
+    const auto n = static_cast<double>(t.rows());
+    auto& attrs = m.nodes.at(g).attrs;
+    attrs["runs"] = n;
+    const auto grid = attrs.find("grid");
+    const bool reduced = grid != attrs.end() && std::holds_alternative<std::string>(grid->second) &&
+                         std::get<std::string>(grid->second).ends_with("-reduced");
+    attrs["note"] = fmt::format("{}{} runs", reduced ? "reduced grid: " : "", t.rows());
+  };
   auto files = std::make_shared<std::vector<std::string>>();
   auto& c = reg.add("merge",
                     "Joins the files of a sharded sweep (each written with --shard I/N) into the file the unsharded run "

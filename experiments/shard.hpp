@@ -16,7 +16,10 @@
 /// shard_subcommand, shard_points (the grid points it covers, ascending, comma separated), grid_points and
 /// shard_cost_model; each table or array whose rows depend on the shard carries the attribute shard_row_keys, the
 /// merge order of its rows; a group attribute shard_note_events (parity) carries what the merge needs to rebuild its
-/// notes. kdalab merge drops these and records the shards in the root attribute merged_shards.
+/// notes; a group with the attribute shard_row_groups (train_recall's runs) holds one child group per grid point,
+/// which the merge takes from every shard (each child once). kdalab merge drops these and records the shards in the
+/// root attribute merged_shards. python -m kdalab.train_recall writes shard files by the same rules
+/// (python/kdalab/train_recall.py).
 #include <cstddef>
 #include <cstdint>
 #include <functional>

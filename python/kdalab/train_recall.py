@@ -20,6 +20,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import shlex
 import signal
 import sys
@@ -150,6 +151,8 @@ def parser() -> argparse.ArgumentParser:
     g("--stop-after", type=int, default=0, help="stop after N steps of this invocation, saving the checkpoint "
       "(continue with --resume); for tests of resumption")
     g("--quiet", action="store_true", help="print only the summary")
+    g("--shard", default=None, help="run shard I of N of the grid's runs (1 <= I <= N <= 100000, N at most the "
+      "runs); join the shard files with kdalab merge (docs/cluster.md)")
     return p
 
 
@@ -191,6 +194,8 @@ def resolve(a: argparse.Namespace) -> Dict[str, Any]:
                 "weight_decay", "eval_every", "log_every", "seed", "device", "precision", "threads"):
         cfg[key] = getattr(a, key)
     cfg["grid"] = a.grid or "none"
+    if getattr(a, "shard", None) is not None:  # in config (kdalab merge ignores it) and in the checkpoint's options
+        cfg["shard"] = a.shard
 
     def need(cond: bool, msg: str) -> None:
         if not cond:
@@ -262,6 +267,7 @@ def resolve(a: argparse.Namespace) -> Dict[str, Any]:
     dev = cfg["device"]
     need(dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit()),
          f"--device: '{dev}' is not accepted; accepted: auto, cpu, cuda, cuda:N")
+    shard_runs(cfg)  # --shard: its value, and N against the grid's runs
     return cfg
 
 
@@ -275,6 +281,66 @@ def runs_of(cfg: Dict[str, Any]) -> List[Run]:
                     for lr in cfg["lr"]:
                         out.append(Run(task, L, N if task == "mqar" else 0, V, d, m, float(lr)))
     return out
+
+
+# ---------------------------------------------------------------------------------------------- --shard
+# The rules of the C++ sweeps' --shard (experiments/shard.hpp, docs/cluster.md): the same accepted values, messages,
+# assignment and shard-file attributes, so kdalab merge joins train_recall shards like its own.
+
+SHARD_ACCEPTED = ("; give I/N with integers 1 <= I <= N <= 100000 (e.g. --shard 2/4: the second of four shards; "
+                  "docs/cluster.md)")
+SHARD_COST_MODEL = ("a run costs steps x L x d_model^2 (every run of one options set has the same steps and layers; "
+                    "the mixers' projections dominate at these lengths)")
+
+
+def parse_shard(text: Optional[str]) -> Tuple[int, int]:
+    """--shard's value "I/N" -> (I, N); None (not given) -> (0, 0), the whole grid. Raises BadInput."""
+    if text is None:
+        return 0, 0
+    m = re.fullmatch(r"([1-9][0-9]{0,5})/([1-9][0-9]{0,5})", text)
+    shown = text.encode("unicode_escape").decode("ascii")
+    if not m:
+        raise BadInput(f"--shard: '{shown}' is not accepted{SHARD_ACCEPTED}")
+    i, n = int(m[1]), int(m[2])
+    if not (i <= n <= 100000):
+        raise BadInput(f"--shard: '{shown}' is not accepted{SHARD_ACCEPTED}")
+    return i, n
+
+
+def run_cost(run: Run, steps: int) -> float:
+    """The expected cost of a run for the shard assignment (SHARD_COST_MODEL)."""
+    return float(steps) * run.seq_len * run.d_model ** 2
+
+
+def assign_shards(cost: Sequence[float], count: int) -> List[int]:
+    """The shard (1-based) of each run, as kdalab::cli::assign_shards: longest first (ties: lower index), each to
+    the least loaded shard (ties: fewer runs, then the lower shard)."""
+    c = [x if math.isfinite(x) and x > 0 else 0.0 for x in cost]
+    order = sorted(range(len(c)), key=lambda i: -c[i])  # stable: ties keep the lower index first
+    load, npts, owner = [0.0] * count, [0] * count, [0] * len(c)
+    for i in order:
+        best = min(range(count), key=lambda s: (load[s], npts[s], s))
+        load[best] += c[i]
+        npts[best] += 1
+        owner[i] = best + 1
+    return owner
+
+
+def shard_runs(cfg: Dict[str, Any]) -> List[int]:
+    """The grid indices (into runs_of(cfg)) the run of cfg trains: all of them without cfg["shard"], else those
+    assign_shards() gives its shard. Raises BadInput when the grid has fewer runs than shards."""
+    runs = runs_of(cfg)
+    index, count = parse_shard(cfg.get("shard"))
+    if count == 0:
+        return list(range(len(runs)))
+    n = len(runs)
+    if count > n:
+        raise BadInput(f"--shard: '{index}/{count}' is not accepted: this grid has {n} point{'' if n == 1 else 's'}, "
+                       f"so at most {n} shard{'' if n == 1 else 's'}; give N <= {n} (an empty shard would write a "
+                       "file without rows)")
+    steps = steps_per_run(cfg)
+    owner = assign_shards([run_cost(r, steps) for r in runs], count)
+    return [p for p in range(n) if owner[p] == index]
 
 
 def steps_per_run(cfg: Dict[str, Any]) -> int:
@@ -700,14 +766,22 @@ def best_flags(results: Sequence[Result]) -> List[int]:
 
 
 def write_results(path: str, cfg: Dict[str, Any], results: Sequence[Result], device_name: str, bf16: bool,
-                  force: bool, command_line: str) -> None:
+                  force: bool, command_line: str, points: Optional[Sequence[int]] = None) -> None:
+    """points: the grid index of each result (default 0, 1, ...), the name of its runs/NNN group. With cfg["shard"]
+    (--shard I/N) the file is a shard file that kdalab merge joins (experiments/shard.hpp)."""
+    shard = parse_shard(cfg.get("shard"))
     torch = _torch()
     flags = best_flags(results)
     n = len(results)
+    points = list(range(n)) if points is None else list(points)
     reduced = cfg["grid"].endswith("-reduced")
-    with kdalab.ResultsFile(path, force=force, command_line=command_line, config=json.dumps({k.replace("_", "-"): v for k, v in cfg.items()}, sort_keys=True),
+    config = {k.replace("_", "-"): v for k, v in cfg.items()}
+    config["out"] = path
+    with kdalab.ResultsFile(path, force=force, command_line=command_line, config=json.dumps(config, sort_keys=True),
                             seed=str(cfg["seed"])) as f:
         g = "train_recall"
+        if shard[1]:
+            record_shard(f, shard, points, len(runs_of(cfg)))
         f.group(g, "Trained associative recall (docs/recall-training.md): one row per run (task, length, width, "
                    "mixer, learning rate); curves per run under runs/NNN")
         f.attr(g, "grid", cfg["grid"])
@@ -742,7 +816,11 @@ def write_results(path: str, cfg: Dict[str, Any], results: Sequence[Result], dev
             col("test_data_seed", "1", "seed of the test split's generator",
                 [str(kdalab.cell_seed(cfg["seed"], f"{r.cell} split=test")) for r in R]),
         ])
-        for i, x in enumerate(results):
+        f.group(f"{g}/runs", "the curves of each run: one group per run, named by its row in the whole grid")
+        if shard[1]:
+            f.attr(g, "shard_row_keys", ",".join(str(p) for p in points))
+            f.attr(f"{g}/runs", "shard_row_groups", "one child group per grid point, joined from every shard")
+        for i, x in zip(points, results):
             rg = f"{g}/runs/{i:03d}"
             f.group(rg, x.run.label())
             f.attr(rg, "kernel", x.kernel)
@@ -755,6 +833,15 @@ def write_results(path: str, cfg: Dict[str, Any], results: Sequence[Result], dev
                           description="steps of the test evaluations (the last one: the end)")
             f.write_array(rg, "eval_accuracy", np.asarray(x.eval_accuracy, dtype=np.float64), units="1",
                           description="test accuracy at eval_step")
+
+
+def record_shard(f, shard: Tuple[int, int], points: Sequence[int], grid: int) -> None:
+    """The root attributes of a shard file, as the C++ sweeps write them (kdalab::cli::ShardPlan::record)."""
+    index, count = shard
+    for name, value in (("shard", f"{index}/{count}"), ("shard_index", str(index)), ("shard_count", str(count)),
+                        ("shard_subcommand", "train_recall"), ("shard_points", ",".join(str(p) for p in points)),
+                        ("grid_points", str(grid)), ("shard_cost_model", SHARD_COST_MODEL)):
+        f.attr("/", name, value)
 
 
 def summary(results: Sequence[Result]) -> str:
@@ -783,6 +870,7 @@ def main(argv: Optional[List[str]] = None, kernels: Optional[Dict[str, Tuple[Cal
     printer = (lambda s: None) if a.quiet else (lambda s: print(s, flush=True))
     try:
         cfg = resolve(a)
+        points = shard_runs(cfg)
         for opt in ("checkpoint_every", "stop_after"):
             if getattr(a, opt) < 0:
                 raise BadInput(f"--{opt.replace('_', '-')}: {getattr(a, opt)} must be >= 0")
@@ -831,7 +919,8 @@ def main(argv: Optional[List[str]] = None, kernels: Optional[Dict[str, Tuple[Cal
         device = torch.device(dev)
         if cfg["threads"]:
             torch.set_num_threads(cfg["threads"])
-        runs = runs_of(cfg)
+        grid_runs = runs_of(cfg)
+        runs = [grid_runs[p] for p in points]
         kernels = dict(kernels or {})
         for m in dict.fromkeys(r.mixer for r in runs):  # every mixer checked before anything runs
             if m not in kernels:
@@ -872,7 +961,8 @@ def main(argv: Optional[List[str]] = None, kernels: Optional[Dict[str, Tuple[Cal
         return 5
 
     total = steps_per_run(cfg)
-    printer(f"{len(runs)} runs of {total} steps on {device_name} (grid {cfg['grid']}); results: {out}")
+    part = f", shard {a.shard}: runs {', '.join(str(p) for p in points)} of {len(grid_runs)}" if a.shard else ""
+    printer(f"{len(runs)} runs of {total} steps on {device_name} (grid {cfg['grid']}{part}); results: {out}")
     trainer = Trainer(cfg, device, printer, ckpt, stop_after=a.stop_after, ckpt_every=a.checkpoint_every,
                       kernels=kernels)
     start, current = 0, None
@@ -886,7 +976,7 @@ def main(argv: Optional[List[str]] = None, kernels: Optional[Dict[str, Tuple[Cal
                 trainer.done.append(trainer.train(i, len(runs), runs[i], current if i == start else None))
             try:
                 write_results(out, cfg, trainer.done, device_name, trainer.bf16, a.force,
-                              " ".join([PROG] + [shlex.quote(s) for s in argv]))
+                              " ".join([PROG] + [shlex.quote(s) for s in argv]), points)
             except RuntimeError as e:  # the results writer's environment failures (no space, I/O, permission)
                 raise OSError(str(e)) from e
         except Stopped:
