@@ -107,8 +107,8 @@ def parser() -> argparse.ArgumentParser:
         "could not be written, 130 / 143 stopped by SIGINT / SIGTERM at a step boundary (the checkpoint saved, no "
         "results file; continue with --resume)."))
     g = p.add_argument
-    g("--grid", choices=sorted(GRIDS), help="a preset grid: zoology (Fig. 2), zoology-reduced (54 runs, about 20 min "
-      "on one H100), kimi (sec. 5.1), kimi-reduced (24 runs)")
+    g("--grid", choices=sorted(GRIDS), help="a preset grid: zoology (Fig. 2), zoology-reduced (54 runs, sized for ~20 min "
+      "on one GPU; not yet timed), kimi (sec. 5.1), kimi-reduced (24 runs)")
     g("--tasks", type=_list(str, "tasks"), help=f"tasks: {', '.join(TASKS)} (default: mqar)")
     g("--seq-len", type=_list(int, "integers"), help="sequence lengths L (default: 64)")
     g("--kv-pairs", type=_list(int, "integers"),
