@@ -35,7 +35,16 @@ def test_fused_gate_needs_exact_gate_logits_and_beta_logits_exact_logits():
     x = inputs("agree/T17")
     del x["g_raw"]
     assert "gate logits" in make_adapter("fla-recurrent:gate=fused", numpy_kda).supports(x)
-    assert "beta logit" in make_adapter("fla-chunk:beta=logits", numpy_kda).supports(inputs("adv/long-memory"))
+    y = inputs("agree/T17")
+    del y["beta_raw"]
+    assert "beta logit" in make_adapter("fla-chunk:beta=logits", numpy_kda).supports(y)
+
+
+def test_long_memory_case_gives_exact_gate_and_beta_logits():
+    x = inputs("adv/long-memory")
+    assert "logit" not in (make_adapter("fla-chunk:gate=fused,beta=logits", numpy_kda).supports(x) or "")
+    np.testing.assert_array_equal(x["beta"], 1.0 / (1.0 + np.exp(-x["beta_raw"])))
+    np.testing.assert_array_equal(x["g"], x["g_min"] / (1.0 + np.exp(-np.exp(x["A_log"])[:, None] * (x["g_raw"] + x["bias"]))))
 
 
 def test_kdalab_cuda_adapter_is_guarded_without_cuda_entry_points():

@@ -285,21 +285,26 @@ class FlashKdaFwd(_TorchKda):
 class KdalabCudaKda(_TorchKda):
     """kdalab's own prefill kernel (kernels/kda.hpp kda_prefill) through the module's CUDA entry point
     `kdalab._core.cuda_kda_prefill(q, k, v, g, beta, A_log, bias, o, S0, S_final, workspace, *, g_min, scale,
-    l2norm_qk, beta_sigmoid)` (KDALAB_CUDA builds only): bf16 q_raw, k_raw (L2Norm in the kernel), v, g_raw (the
-    fused K3 gate with A_log [HV], bias [HV, D] fp32 and g_min), beta_raw (logits); S0, S_final fp32 [B, HV, D, D]
-    ("KV"); D = d_k = d_v in {64, 128, 256}; no varlen. The candidate is that entry point (None: looked up in the
-    module); without it every case is "not applicable"."""
+    l2norm_qk, beta_sigmoid, gate_fused)` (KDALAB_CUDA builds only): bf16 q, k, v, g, beta; A_log [HV], bias [HV, D]
+    fp32; S0, S_final fp32 [N, HV, D, D] ("KV"); D = d_k = d_v in {64, 128, 256}; varlen cases pass cu_seqlens
+    (int32 [N + 1], B = 1) and max_seqlen. Options (the kernel's own switches; defaults: everything in the kernel):
+      gate    fused (g_raw with A_log, bias and g_min: the K3 bounded gate in the kernel) | precomputed (g itself)
+      l2norm  kernel (q_raw, k_raw normalised in the kernel; needs a unit-q/k case) | off (q, k as given)
+      beta    logits (beta_raw, Sigmoid in the kernel) | prob (beta itself)
+    The candidate is that entry point (None: looked up in the module); without it every case is "not applicable"."""
     name = "kdalab-cuda"
     entry_point = "kdalab._core:cuda_kda_prefill"  # the candidate when none is given
-    options = {}
-    fused_gate = beta_logits = l2norm_qk = True
-    output_formats = {"o": "bf16", "S": "float32"}
+    options = {"gate": ("fused", "precomputed"), "l2norm": ("kernel", "off"), "beta": ("logits", "prob")}
+    output_formats = {"o": "bf16", "S": "float32", "dS0": "float32"}
 
     def __init__(self, fn, **opts):
         import kdalab
         super().__init__(fn if fn is not None else getattr(kdalab._core, "cuda_kda_prefill", None), **opts)
         self.precision = "bf16"
         self.exact_batch = False
+        self.fused_gate = self.opt["gate"] == "fused"
+        self.beta_logits = self.opt["beta"] == "logits"
+        self.l2norm_qk = self.opt["l2norm"] == "kernel"
 
     def supports(self, x):
         r = Adapter.supports(self, x)
@@ -311,27 +316,70 @@ class KdalabCudaKda(_TorchKda):
         K, V = x["q"].shape[3], x["v"].shape[3]
         if K != V or K not in (64, 128, 256):
             return f"kdalab's kernel needs d_k = d_v in {{64, 128, 256}}; the case has {K}, {V}"
-        if x["cu_seqlens"] is not None:
-            return "the module's prefill entry point takes no cu_seqlens"
-        if not (-5.0 <= x.get("g_min", -5.0) < 0.0):
+        if self.fused_gate and not (-5.0 <= x.get("g_min", -5.0) < 0.0):
             return f"kdalab's kernel needs -5 <= g_min < 0; the case has g_min = {x.get('g_min')}"
-        return self._needs(x, True, True, True)
+        if not self.fused_gate and float(np.min(x["g"])) < -5.0:
+            return f"kdalab's kernel needs a precomputed g in [-5, 0]; the case has min g = {float(np.min(x['g']))}"
+        return self._needs(x, self.fused_gate, self.beta_logits, self.l2norm_qk)
 
     def __call__(self, x):
         import kdalab
         torch = _torch()
         B, T, H, D = x["q"].shape
         HV = x["v"].shape[2]
+        cu = x["cu_seqlens"]
+        N = B if cu is None else len(cu) - 1
+        varlen = {} if cu is None else dict(
+            cu_seqlens=torch.as_tensor(np.asarray(cu), dtype=torch.int32, device="cuda"),
+            max_seqlen=int(np.max(np.diff(np.asarray(cu)))))
         o = torch.zeros((B, T, HV, D), dtype=torch.bfloat16, device="cuda")
-        sf = torch.zeros((B, HV, D, D), dtype=torch.float32, device="cuda")
-        ws = torch.empty(kdalab._core.cuda_kda_prefill_workspace_bytes(B, T, H, HV, D), dtype=torch.uint8,
-                         device="cuda")
-        self.fn(self._t(x["q_raw"]), self._t(x["k_raw"]), self._t(x["v"]), self._t(x["g_raw"]),
-                self._t(x["beta_raw"]), self._t(x["A_log"], "float32"), self._t(x["bias"], "float32"), o,
-                self._state_in(x["S0"]), sf, ws, g_min=x["g_min"], scale=x["scale"], l2norm_qk=True,
-                beta_sigmoid=True, stream=torch.cuda.current_stream().cuda_stream)
+        sf = torch.zeros((N, HV, D, D), dtype=torch.float32, device="cuda")
+        ws = torch.empty(kdalab._core.cuda_kda_prefill_workspace_bytes(B, T, H, HV, D, num_seqs=0 if cu is None else N),
+                         dtype=torch.uint8, device="cuda")
+        q, k = (x["q_raw"], x["k_raw"]) if self.l2norm_qk else (x["q"], x["k"])
+        g = x["g_raw"] if self.fused_gate else x["g"]
+        beta = x["beta_raw"] if self.beta_logits else x["beta"]
+        A_log = self._t(x["A_log"], "float32") if self.fused_gate else torch.zeros(HV, device="cuda")
+        bias = self._t(x["bias"], "float32") if self.fused_gate else torch.zeros((HV, D), device="cuda")
+        self.fn(self._t(q), self._t(k), self._t(x["v"]), self._t(g), self._t(beta), A_log, bias, o,
+                self._state_in(x["S0"]), sf, ws, g_min=x.get("g_min", -5.0) if self.fused_gate else -5.0,
+                scale=x["scale"], l2norm_qk=self.l2norm_qk, beta_sigmoid=self.beta_logits,
+                gate_fused=self.fused_gate, stream=torch.cuda.current_stream().cuda_stream, **varlen)
         torch.cuda.synchronize()
         return o.double().cpu().numpy(), self._state_out(sf)
+
+    def backward_reason(self, x) -> Optional[str]:
+        if (self.opt["gate"], self.opt["l2norm"], self.opt["beta"]) != ("precomputed", "off", "prob"):
+            return ("gradients are judged in the canonical form dL/d(q, k, v, g, beta, S0): run the adapter with "
+                    "gate=precomputed,l2norm=off,beta=prob")
+        return self.supports(x)
+
+    def backward(self, x, dO):
+        """kdalab's backward kernel (kernels/kda_backward.hpp, `kdalab._core.cuda_kda_backward`) on the canonical
+        inputs (the log-decay g, unit q and k, beta in [0, 1]) for upstream dO in bf16 and no dS_T: dq, dk, dv, dg,
+        dbeta as bf16, dS0 fp32 (when the case has S0)."""
+        import kdalab
+        torch = _torch()
+        B, T, H, D = x["q"].shape
+        HV = x["v"].shape[2]
+        bf = dict(dtype=torch.bfloat16, device="cuda")
+        dq, dk = torch.zeros((B, T, H, D), **bf), torch.zeros((B, T, H, D), **bf)
+        dv, dg = torch.zeros((B, T, HV, D), **bf), torch.zeros((B, T, HV, D), **bf)
+        dbeta = torch.zeros((B, T, HV), **bf)
+        dS0 = None if x["S0"] is None else torch.zeros((B, HV, D, D), dtype=torch.float32, device="cuda")
+        ws = torch.empty(kdalab._core.cuda_kda_backward_workspace_bytes(B, T, H, HV, D), dtype=torch.uint8,
+                         device="cuda")
+        kdalab._core.cuda_kda_backward(
+            self._t(x["q"]), self._t(x["k"]), self._t(x["v"]), self._t(x["g"]), self._t(x["beta"]), None, None,
+            self._t(dO), self._state_in(x["S0"]), None, dq, dk, dv, dg, dbeta, None, None, dS0, ws, g_min=-5.0,
+            scale=x["scale"], l2norm_qk=False, beta_sigmoid=False, gate_fused=False,
+            stream=torch.cuda.current_stream().cuda_stream)
+        torch.cuda.synchronize()
+        r = {n: t.double().cpu().numpy() for n, t in (("dq", dq), ("dk", dk), ("dv", dv), ("dg", dg),
+                                                     ("dbeta", dbeta))}
+        if dS0 is not None:
+            r["dS0"] = self._state_out(dS0)
+        return r
 
 
 # ---------------------------------------------------------------------------------------------

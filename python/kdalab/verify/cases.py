@@ -189,17 +189,18 @@ def large_state(seed: int, log2_scale: int = 12, **kw) -> Dict[str, Any]:
     return x
 
 
-def long_memory(seed: int, g_min: float = -0.002, **kw) -> Dict[str, Any]:
-    """Slow decay and small writes: g = g_min / 2 everywhere (g_raw = bias = A_log = 0, exact), beta = 2^-6 (no
-    exact logit is given, so a candidate that takes beta logits cannot run the case)."""
+def long_memory(seed: int, g_min: float = -0.002, beta_logit: float = -4.125, **kw) -> Dict[str, Any]:
+    """Slow decay and small writes: g = g_min / 2 everywhere (g_raw = bias = A_log = 0, exact) and
+    beta = Sigmoid(beta_logit) everywhere (the bf16-exact logit -4.125 gives beta ~ 0.0159, about 2^-6), so kernels
+    that take the gate and beta as logits run the case on the same inputs."""
     x = _kda_base(seed, **kw)
     x["g"] = np.full_like(x["g"], g_min / 2)
     x["g_raw"] = np.zeros_like(x["g_raw"])
     x["bias"] = np.zeros_like(x["bias"])
     x["A_log"] = np.zeros_like(x["A_log"])
     x["g_min"] = g_min
-    x["beta"] = np.full_like(x["beta"], 2.0**-6)
-    del x["beta_raw"]
+    x["beta_raw"] = np.full_like(x["beta_raw"], beta_logit)
+    x["beta"] = np.full_like(x["beta"], 1.0 / (1.0 + np.exp(-beta_logit)))
     return x
 
 
@@ -319,7 +320,7 @@ def _kda_catalogue() -> List[Case]:
     add("adv/no-decay", "no_decay", 30, {"T": 40}, about="g = 0 everywhere")
     add("adv/beta-one", "beta_const", 32, {"T": 40, "value": 1.0}, about="beta = 1")
     add("adv/large-state", "large_state", 33, {"T": 20, "log2_scale": 12}, about="S0 scaled by 2^12")
-    add("adv/long-memory", "long_memory", 34, {"T": 2000}, about="g = -0.001, beta = 2^-6 over T = 2000")
+    add("adv/long-memory", "long_memory", 34, {"T": 2000}, about="g = -0.001, beta = Sigmoid(-4.125) ~ 2^-6 over T = 2000")
     add("adv/varlen-short", "varlen", 35, {"lens": [1, 5, 17, 1, 16, 1]},
         about="varlen with 1-token sequences and a chunk-size one")
     add("adv/varlen-hundreds", "short_sequences", 36, {"n": 200, "max_len": 5},
