@@ -5,9 +5,10 @@
 //
 // The accuracy cases are one table (BwdCase: the problem's shape and switches) and one check function (check_bwd):
 // every gradient within tol::kda_bwd_bf16 (bf16 outputs) or tol::kda_bwd_f32 (fp32 outputs) relative RMS of the
-// oracle, no NaN / Inf. Each comparison prints one line (relative RMS, the tensor's own bf16 rounding floor, the
-// largest error and where, the first element off by more than 8 tol RMS(ref)), so a failing run says which gradient,
-// token, head and row went wrong.
+// oracle, no NaN / Inf, and each bf16 gradient's error within 10% of the kernel twin's (numerics/kda_backward_twin.hpp:
+// the same problem in fp32 with the kernel's output rounding). Each comparison prints one line (relative RMS, the
+// twin's, the tensor's own bf16 rounding floor, the largest error and where, the first element off by more than
+// 8 tol RMS(ref)), so a failing run says which gradient, token, head and row went wrong.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -18,13 +19,11 @@
 #include <vector>
 
 #include "kernels/kda_backward.hpp"
+#include "numerics/kda_backward_twin.hpp"
 #include "numerics/bf16.hpp"
 #include "numerics/metrics.hpp"
 #include "numerics/random.hpp"
 #include "numerics/tolerance.hpp"
-#include "reference/gate_backward.hpp"
-#include "reference/kda_backward.hpp"
-#include "reference/layers_backward.hpp"
 #include "tests/catch.hpp"
 #include "tests/gpu/kda_gpu_util.hpp"
 
@@ -85,116 +84,17 @@ BwdCase shape(std::size_t B, std::size_t T, std::size_t H, std::size_t group, st
   return c;
 }
 
-/// The inputs as the kernel reads them (bf16 / fp32 values held in doubles) and the upstream gradients.
-struct Problem {
-  std::size_t B, T, H, HV, D, N;
-  std::vector<std::size_t> cu;  // empty: fixed length
-  Tensor<double> q, k, v, g, beta, A_log, bias, S0, dO, dS_T;
-  double g_min = -5.0, scale;
-};
+/// The inputs as the kernel reads them and the upstream gradients (numerics/kda_backward_twin.hpp's draw).
+using Problem = KdaBwdProblem;
+using Grads = KdaBwdGrads;
 
 Problem make_problem(const BwdCase& c, std::uint64_t seed) {
-  Problem p;
-  p.B = c.lens.empty() ? c.B : 1;
-  p.T = c.lens.empty() ? c.T : static_cast<std::size_t>(kda_gpu::VarlenBatch::total(c.lens));
-  p.H = c.H; p.HV = c.H * c.group; p.D = c.D;
-  p.N = c.lens.empty() ? p.B : c.lens.size();
-  if (!c.lens.empty()) {
-    p.cu.assign(1, 0);
-    for (int l : c.lens) p.cu.push_back(p.cu.back() + static_cast<std::size_t>(l));
-  }
-  p.scale = 1.0 / std::sqrt(static_cast<double>(p.D));
-  const std::size_t B = p.B, T = p.T, H = p.H, HV = p.HV, D = p.D;
-  Rng rng(seed);
-  p.q = Tensor<double>({B, T, H, D});
-  p.k = Tensor<double>({B, T, H, D});
-  p.v = Tensor<double>({B, T, HV, D});
-  p.g = Tensor<double>({B, T, HV, D});
-  p.beta = Tensor<double>({B, T, HV});
-  p.A_log = Tensor<double>({HV});
-  p.bias = Tensor<double>({HV, D});
-  p.S0 = Tensor<double>({p.N, HV, D, D});
-  p.dO = Tensor<double>({B, T, HV, D});
-  p.dS_T = Tensor<double>({p.N, HV, D, D});
-  rng.fill_normal(p.q, 1.0, Format::bf16);
-  rng.fill_normal(p.k, 1.0, Format::bf16);
-  if (!c.l2norm)  // q, k given unit-norm (then rounded), as the recurrence expects them
-    for (auto* t : {&p.q, &p.k})
-      for (std::size_t r = 0; r < B * T * H; ++r) {
-        double n2 = 0;
-        for (std::size_t i = 0; i < D; ++i) n2 += t->data[r * D + i] * t->data[r * D + i];
-        for (std::size_t i = 0; i < D; ++i) t->data[r * D + i] = round_bf16(t->data[r * D + i] / std::sqrt(n2));
-      }
-  rng.fill_normal(p.v, 1.0, Format::bf16);
-  if (c.fused)
-    rng.fill_normal(p.g, 1.0, Format::bf16);
-  else
-    rng.fill_uniform(p.g, -5.0, 0.0, Format::bf16);
-  if (c.beta_sigmoid)
-    rng.fill_normal(p.beta, 1.0, Format::bf16);
-  else
-    rng.fill_uniform(p.beta, 0.0, 1.0, Format::bf16);
-  rng.fill_uniform(p.A_log, 0.0, 1.0, Format::fp32);
-  rng.fill_uniform(p.bias, 0.0, 1.0, Format::fp32);
-  rng.fill_normal(p.S0, 0.1, Format::fp32);
-  rng.fill_normal(p.dO, 1.0, Format::bf16);
-  rng.fill_normal(p.dS_T, 0.1, Format::fp32);
-  return p;
+  return kda_backward_problem(c.B, c.T, c.H, c.group, c.D, c.lens, c.fused, c.l2norm, c.beta_sigmoid, c.S0, c.dS_T,
+                              seed);
 }
 
 /// The float64 gradients of the problem (the kernel's output set).
-struct Grads {
-  Tensor<double> dq, dk, dv, dg, dbeta, dA_log, dbias, dS0;
-};
-
-Grads oracle(const Problem& p, const BwdCase& c) {
-  const std::size_t B = p.B, T = p.T, H = p.H, HV = p.HV, D = p.D;
-  Tensor<double> qn = p.q, kn = p.k, g = p.g, beta = p.beta;
-  if (c.l2norm)
-    for (auto [src, dst] : {std::pair{&p.q, &qn}, {&p.k, &kn}})
-      for (std::size_t r = 0; r < B * T * H; ++r) {
-        double n2 = 0;
-        for (std::size_t i = 0; i < D; ++i) n2 += src->data[r * D + i] * src->data[r * D + i];
-        const double inv = n2 > 0 ? 1.0 / std::sqrt(n2) : 0.0;
-        for (std::size_t i = 0; i < D; ++i) dst->data[r * D + i] = src->data[r * D + i] * inv;
-      }
-  for (std::size_t r = 0; r < B * T; ++r)
-    for (std::size_t hv = 0; hv < HV; ++hv) {
-      if (c.beta_sigmoid) beta.data[r * HV + hv] = sigmoid<double>(p.beta.data[r * HV + hv]);
-      if (c.fused)
-        for (std::size_t i = 0; i < D; ++i)
-          g.data[(r * HV + hv) * D + i] =
-              bounded_gate<double>(p.g.data[(r * HV + hv) * D + i], p.A_log(hv), p.bias(hv, i), p.g_min);
-    }
-  const Tensor<double>* S0 = c.S0 ? &p.S0 : nullptr;
-  const Tensor<double>* dST = c.dS_T ? &p.dS_T : nullptr;
-  KdaGrad<double> d = p.cu.empty() ? kda_recurrent_backward<double>(qn, kn, p.v, g, beta, S0, p.scale, p.dO, dST)
-                                   : kda_recurrent_varlen_backward<double>(qn, kn, p.v, g, beta, S0, p.cu, p.scale,
-                                                                           p.dO, dST);
-  Grads r{d.dq, d.dk, d.dv, d.dg, d.dbeta, Tensor<double>({HV}, 0.0), Tensor<double>({HV, D}, 0.0), d.dS0};
-  const auto n = static_cast<Eigen::Index>(D);
-  if (c.l2norm)
-    for (auto [x, dy, dx] : {std::tuple{&p.q, &d.dq, &r.dq}, {&p.k, &d.dk, &r.dk}})
-      for (std::size_t row = 0; row < B * T * H; ++row) {
-        const Vec<double> xr = Eigen::Map<const Vec<double>>(x->data.data() + row * D, n);
-        const Vec<double> dyr = Eigen::Map<const Vec<double>>(dy->data.data() + row * D, n);
-        Eigen::Map<Vec<double>>(dx->data.data() + row * D, n) = l2norm_vec_backward<double>(xr, dyr, 0.0);
-      }
-  for (std::size_t row = 0; row < B * T; ++row)
-    for (std::size_t hv = 0; hv < HV; ++hv) {
-      if (c.beta_sigmoid) r.dbeta.data[row * HV + hv] *= sigmoid_derivative<double>(p.beta.data[row * HV + hv]);
-      if (c.fused)
-        for (std::size_t i = 0; i < D; ++i) {
-          const std::size_t o = (row * HV + hv) * D + i;
-          const GatePartials<double> gp =
-              bounded_gate_partials<double>(p.g.data[o], p.A_log(hv), p.bias(hv, i), p.g_min);
-          r.dg.data[o] = d.dg.data[o] * gp.dz;
-          r.dbias(hv, i) += d.dg.data[o] * gp.dz;
-          r.dA_log(hv) += d.dg.data[o] * gp.dA_log;
-        }
-    }
-  return r;
-}
+Grads oracle(const Problem& p) { return kda_backward_kernel_form<double>(p); }
 
 /// Index of a flat element as its coordinates, e.g. "[0, 17, 1, 42]".
 std::string coords(std::size_t idx, const std::vector<std::size_t>& shape) {
@@ -211,8 +111,12 @@ std::string coords(std::size_t idx, const std::vector<std::size_t>& shape) {
 /// Compares one gradient with its oracle, prints its line and checks it: no NaN / Inf; relative RMS within `tol`, for a
 /// bf16 gradient within max(tol, 1.5 x the tensor's own bf16 rounding floor) (tol::kda_bwd_bf16: a tensor of a few
 /// elements can round worse than the floor of a large one, a single element by up to 2^-8 = 3.9e-3).
-void check_grad(const char* name, const std::vector<double>& out, const Tensor<double>& ref, double tol, bool bf16) {
+/// With `twin` (numerics/kda_backward_twin.hpp) its error is printed too, and a bf16 gradient's error must be within
+/// tol::twin_vs_kernel (10%) of the twin's: the twin rounds the same fp32 values the kernel rounds.
+void check_grad(const char* name, const std::vector<double>& out, const Tensor<double>& ref, double tol, bool bf16,
+                const Tensor<double>* twin = nullptr) {
   const ErrorMetrics m = compare(out, ref.data, name);
+  const double e_twin = twin ? compare(twin->data, ref.data).rel_rms : -1.0;
   double ref2 = 0, floor2 = 0;
   for (double x : ref.data) {
     ref2 += x * x;
@@ -234,9 +138,9 @@ void check_grad(const char* name, const std::vector<double>& out, const Tensor<d
   const double floor = std::sqrt(floor2 / std::max(ref2, 1e-300));
   const double bound = bf16 ? std::max(tol, 1.5 * floor) : tol;
   const std::string floor_s = bf16 ? ", bf16 floor " + std::to_string(floor) : "";
-  std::printf("  %-7s rel_rms %.3e (bound %.2e%s) max_abs %.3e at %s (out %.6g ref %.6g) rms_ref %.3e "
+  std::printf("  %-7s rel_rms %.3e (twin %.3e, bound %.2e%s) max_abs %.3e at %s (out %.6g ref %.6g) rms_ref %.3e "
               "nan %lld inf %lld",
-              name, m.rel_rms, bound, floor_s.c_str(), emax, coords(imax, ref.shape).c_str(),
+              name, m.rel_rms, e_twin, bound, floor_s.c_str(), emax, coords(imax, ref.shape).c_str(),
               out.empty() ? 0.0 : out[imax], ref.data.empty() ? 0.0 : ref.data[imax], rms_ref,
               static_cast<long long>(m.nan_count), static_cast<long long>(m.inf_count));
   if (ibad < out.size())
@@ -246,6 +150,15 @@ void check_grad(const char* name, const std::vector<double>& out, const Tensor<d
   CAPTURE(name, m.rel_rms, bound, m.nan_count, m.inf_count);
   CHECK(m.nan_count + m.inf_count == 0);
   CHECK(m.rel_rms <= bound);
+  if (twin && bf16) {
+    CAPTURE(e_twin);
+    CHECK(std::fabs(m.rel_rms - e_twin) <= tol::twin_vs_kernel.value * m.rel_rms);
+  }
+}
+
+/// A state of the problem, or zeros of its shape [N, HV, D, D] where the problem has none (uploaded, not passed).
+Tensor<double> state_or_zero(const Problem& p, const std::optional<Tensor<double>>& s) {
+  return s ? *s : Tensor<double>({p.N, p.HV, p.D, p.D}, 0.0);
 }
 
 /// Device copies of a problem and the kernel's argument set pointing at them (outputs allocated here).
@@ -256,10 +169,11 @@ struct DevProblem {
   kernels::KdaBackwardArgs a;
   DevProblem(const Problem& p, const BwdCase& c)
       : q(upload_bf16(p.q)), k(upload_bf16(p.k)), v(upload_bf16(p.v)), g(upload_bf16(p.g)), beta(upload_bf16(p.beta)),
-        A_log(upload_f32(p.A_log)), bias(upload_f32(p.bias)), S0(upload_f32(p.S0)), dO(upload_bf16(p.dO)),
-        dS_T(upload_f32(p.dS_T)), cu(std::max<std::size_t>(p.cu.size(), 1) * 4), dq(p.q.numel() * 2),
+        A_log(upload_f32(p.A_log)), bias(upload_f32(p.bias)), S0(upload_f32(state_or_zero(p, p.S0))),
+        dO(upload_bf16(p.dO)), dS_T(upload_f32(state_or_zero(p, p.dS_T))),
+        cu(std::max<std::size_t>(p.cu.size(), 1) * 4), dq(p.q.numel() * 2),
         dk(p.k.numel() * 2), dv(p.v.numel() * 2), dg(p.g.numel() * 2), dbeta(p.beta.numel() * 2), dA_log(p.HV * 4),
-        dbias(p.HV * p.D * 4), dS0(p.S0.numel() * 4) {
+        dbias(p.HV * p.D * 4), dS0(p.N * p.HV * p.D * p.D * 4) {
     a.B = static_cast<int>(p.B); a.T = static_cast<int>(p.T); a.H = static_cast<int>(p.H);
     a.HV = static_cast<int>(p.HV); a.D = static_cast<int>(p.D);
     a.q = q.as<bf16_t>(); a.k = k.as<bf16_t>(); a.v = v.as<bf16_t>(); a.g = g.as<bf16_t>();
@@ -306,20 +220,21 @@ void check_bwd(const BwdCase& c) {
   CAPTURE(name);
   std::printf("kda_backward %s\n", name.c_str());
   const Problem p = make_problem(c, fresh_seed());
-  const Grads ref = oracle(p, c);
+  const Grads ref = oracle(p);
   DevProblem d(p, c);
   d.run();
   const auto out = d.outputs();
   const double tb = tol::kda_bwd_bf16.value, tf = tol::kda_bwd_f32.value;
-  check_grad("dq", out[0], ref.dq, tb, true);
-  check_grad("dk", out[1], ref.dk, tb, true);
-  check_grad("dv", out[2], ref.dv, tb, true);
-  check_grad(c.fused ? "dg_raw" : "dg", out[3], ref.dg, tb, true);
-  check_grad(c.beta_sigmoid ? "dbeta_r" : "dbeta", out[4], ref.dbeta, tb, true);
-  check_grad("dS0", out[7], ref.dS0, tf, false);
+  const Grads tw = kda_backward_twin(p);
+  check_grad("dq", out[0], ref.dq, tb, true, &tw.dq);
+  check_grad("dk", out[1], ref.dk, tb, true, &tw.dk);
+  check_grad("dv", out[2], ref.dv, tb, true, &tw.dv);
+  check_grad(c.fused ? "dg_raw" : "dg", out[3], ref.dg, tb, true, &tw.dg);
+  check_grad(c.beta_sigmoid ? "dbeta_r" : "dbeta", out[4], ref.dbeta, tb, true, &tw.dbeta);
+  check_grad("dS0", out[7], ref.dS0, tf, false, &tw.dS0);
   if (c.fused) {
-    check_grad("dA_log", out[5], ref.dA_log, tf, false);
-    check_grad("dbias", out[6], ref.dbias, tf, false);
+    check_grad("dA_log", out[5], ref.dA_log, tf, false, &tw.dA_log);
+    check_grad("dbias", out[6], ref.dbias, tf, false, &tw.dbias);
   }
   if (c.twice) {
     d.run();
