@@ -195,14 +195,15 @@ def _with_supported_head_dims(fn: Callable, q: Tensor, k: Tensor, v: Tensor, g: 
     initial_state's columns) are zero-padded to a multiple of D and run as ceil(V / D) value blocks of D columns,
     each a call of fn with the same q, k, g, beta; the outputs and final states are joined along V and sliced back
     to [..., V] and [..., K, V]. Exact, not an approximation (docs/equations.md section 1, S_t = Diag(e^g_t)
-    S_{t-1} + beta_t k_t (v_t - (Diag(e^g_t) S_{t-1})^T k_t)^T, o_t = scale S_t^T q_t): with q, k zero in the padded
-    channels and the state's padded rows zero at the start, those rows stay zero for any g there, so o and the
-    state's real rows are unchanged; L2Norm of q, k is unchanged by zeros; the value columns of S and o evolve
-    independently, so a block of columns is the recurrence restricted to them. The default scale is K^-1/2 of the
-    caller's K, not of D. The padding and slicing are plain torch ops, so autograd differentiates through them:
-    the padded channels' gradients are dropped by the slices, and q, k, g, beta, dt_bias sum their gradients over
-    the value blocks. Cost: the kernels' work at D instead of K, ceil(V / D) times. K > 256 raises ValueError (the
-    padding cannot shrink a head)."""
+    S_{t-1} + beta_t k_t (v_t - (Diag(e^g_t) S_{t-1})^T k_t)^T, o_t = scale S_t^T q_t): k zero in the padded
+    channels keeps the state's padded rows out of S^T k and leaves them unwritten, so they keep their start, zero,
+    for any g there; zero rows (and q zero there) leave o and the real rows unchanged. The L2Norm of q, k is
+    unchanged by zeros. The value columns of S and o evolve independently, so a block of columns is the
+    recurrence restricted to them. The default scale is K^-1/2 of the caller's K, not of D. The padding and
+    slicing are plain torch ops, so autograd differentiates through them: the padded channels' gradients are
+    dropped by the slices, and q, k, g, beta, dt_bias sum their gradients over the value blocks. Cost: the
+    kernels' work at D instead of K, ceil(V / D) times. K > 256 raises ValueError (the padding cannot shrink a
+    head)."""
     K, V, D = _head_dims("chunk_kda", q, k, v, g, initial_state, "initial_state", dt_bias)
     scale = K ** -0.5 if scale is None else scale
     if K == D and V == D:
