@@ -9,13 +9,15 @@ and CUDA graphs capture them (the forward runs on one stream while the current s
 allocates its outputs and workspace with torch on the inputs' device and runs on torch's current stream.
 
 Supported (else ValueError naming the argument): q, k, v, g, beta on the GPU, read as bf16 (other float dtypes are
-rounded to bf16 first; their gradients come back through the cast); D = K = V in {64, 128, 256}; HV a multiple
-of H; the log-decay g given (use_gate_in_kernel = False, g in [-5, 0], the caller's guarantee), or the K3 bounded
-gate fused (use_gate_in_kernel = True with safe_gate = True and lower_bound in [-5, 0): g = lower_bound
+rounded to bf16 first; their gradients come back through the cast); any head sizes K <= 256 and V >= 1 (the
+kernels take D = K = V in {64, 128, 256}; other sizes are zero-padded and split into value blocks in plain torch
+around the custom ops, exactly: see _with_supported_head_dims); HV a multiple of H; the log-decay g given
+(use_gate_in_kernel = False, g in [-5, 0], the caller's guarantee), or the K3 bounded gate fused
+(use_gate_in_kernel = True with safe_gate = True and lower_bound in [-5, 0): g = lower_bound
 Sigmoid(exp(A_log) (g + dt_bias))); the L2Norm of q, k and the beta sigmoid fused or not; packed sequences by
 cu_seqlens (B = 1). Gradients: bf16 for the per-token inputs, fp32 for A_log, dt_bias and initial_state.
 """
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch
 
@@ -129,8 +131,8 @@ def _backward(ctx, d_o, d_S):
 _kda_prefill.register_autograd(_backward, setup_context=_setup_context)
 
 
-def _bad(name, value, accepted):
-    raise ValueError(f"chunk_kda: {name} = {value!r}; accepted: {accepted}")
+def _bad(name, value, accepted, who="chunk_kda"):
+    raise ValueError(f"{who}: {name} = {value!r}; accepted: {accepted}")
 
 
 def _gate_params(use_gate_in_kernel, safe_gate, lower_bound, A_log, dt_bias, HV, D, device):
@@ -146,6 +148,108 @@ def _gate_params(use_gate_in_kernel, safe_gate, lower_bound, A_log, dt_bias, HV,
     return A, bias.to(torch.float32).reshape(HV, D).contiguous(), float(lower_bound)
 
 
+SUPPORTED_D = (64, 128, 256)  # D = d_k = d_v of kernels/kda.hpp and kernels/kda_backward.hpp
+
+
+def _head_dims(who: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, state: Optional[Tensor], state_name: str,
+               dt_bias: Optional[Tensor]) -> Tuple[int, int, int]:
+    """(K, V, D): the caller's key and value head sizes and the kernel size D, the smallest of SUPPORTED_D >= K.
+    Checks what the padding relies on (k and g of K channels, the state [..., K, V], dt_bias of HV K values, with HV
+    = v.shape[-2]). Raises ValueError naming the tensor."""
+    K, V = int(q.shape[-1]), int(v.shape[-1])
+    if not 1 <= K <= SUPPORTED_D[-1]:
+        _bad("q.shape[-1] (the key head size K)", K, "1 <= K <= 256 (the kernels take D = K = V in {64, 128, 256}; "
+             "a smaller K is zero-padded exactly, a larger K cannot be: split the head into heads of <= 256)", who)
+    if V < 1:
+        _bad("v.shape[-1] (the value head size V)", V, "V >= 1", who)
+    for name, t in (("k", k), ("g", g)):
+        if t.shape[-1] != K:
+            _bad(f"{name}.shape[-1]", int(t.shape[-1]), f"K = q.shape[-1] = {K}", who)
+    if state is not None and tuple(state.shape[-2:]) != (K, V):
+        _bad(f"{state_name}.shape", tuple(state.shape), f"[..., K, V] = [..., {K}, {V}] (fla's [K, V] state layout)",
+             who)
+    HV = int(v.shape[-2])
+    if dt_bias is not None and dt_bias.numel() != HV * K:
+        _bad("dt_bias.numel()", dt_bias.numel(), f"HV K = {HV} x {K} = {HV * K}", who)
+    return K, V, next(d for d in SUPPORTED_D if d >= K)
+
+
+def _pad_keys(K: int, D: int, q: Tensor, k: Tensor, g: Tensor, dt_bias: Optional[Tensor]):
+    """q, k, g zero-padded from K to D channels (the last axis); dt_bias [HV K] to [HV D]."""
+    pad = torch.nn.functional.pad
+    q, k, g = (pad(t, (0, D - K)) for t in (q, k, g))
+    if dt_bias is not None:
+        dt_bias = pad(dt_bias.reshape(-1, K), (0, D - K)).reshape(-1)
+    return q, k, g, dt_bias
+
+
+def _with_supported_head_dims(fn: Callable, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
+                              scale: Optional[float] = None, initial_state: Optional[Tensor] = None,
+                              output_final_state: bool = False, dt_bias: Optional[Tensor] = None, **kw):
+    """fn, a chunked KDA function of fla's convention that takes only K = V = D in SUPPORTED_D, at any K <= 256 and
+    any V >= 1: q, k [B, T, H, K]; v [B, T, HV, V]; g [B, T, HV, K]; beta [B, T, HV]; initial_state [N, HV, K, V];
+    dt_bias [HV K]; the other keywords go to fn unchanged. Returns (o [B, T, HV, V], final_state [N, HV, K, V] or
+    None), as fn does, at the caller's sizes.
+
+    D is the smallest supported size >= K. q, k, g (and dt_bias) are zero-padded from K to D key channels; v (and
+    initial_state's columns) are zero-padded to a multiple of D and run as ceil(V / D) value blocks of D columns,
+    each a call of fn with the same q, k, g, beta; the outputs and final states are joined along V and sliced back
+    to [..., V] and [..., K, V]. Exact, not an approximation (docs/equations.md section 1, S_t = Diag(e^g_t)
+    S_{t-1} + beta_t k_t (v_t - (Diag(e^g_t) S_{t-1})^T k_t)^T, o_t = scale S_t^T q_t): k zero in the padded
+    channels keeps the state's padded rows out of S^T k and leaves them unwritten, so they keep their start, zero,
+    for any g there; zero rows (and q zero there) leave o and the real rows unchanged. The L2Norm of q, k is
+    unchanged by zeros. The value columns of S and o evolve independently, so a block of columns is the
+    recurrence restricted to them. The default scale is K^-1/2 of the caller's K, not of D. The padding and
+    slicing are plain torch ops, so autograd differentiates through them: the padded channels' gradients are
+    dropped by the slices, and q, k, g, beta, dt_bias sum their gradients over the value blocks. Cost: the
+    kernels' work at D instead of K, ceil(V / D) times. K > 256 raises ValueError (the padding cannot shrink a
+    head)."""
+    K, V, D = _head_dims("chunk_kda", q, k, v, g, initial_state, "initial_state", dt_bias)
+    scale = K ** -0.5 if scale is None else scale
+    if K == D and V == D:
+        return fn(q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+                  dt_bias=dt_bias, **kw)
+    pad = torch.nn.functional.pad
+    blocks = -(-V // D)
+    q, k, g, dt_bias = _pad_keys(K, D, q, k, g, dt_bias)
+    v = pad(v, (0, blocks * D - V))
+    S0 = None if initial_state is None else pad(initial_state, (0, blocks * D - V, 0, D - K))
+    outs, states = [], []
+    for j in range(blocks):
+        cols = slice(j * D, (j + 1) * D)
+        o, S = fn(q, k, v[..., cols], g, beta, scale=scale, initial_state=None if S0 is None else S0[..., cols],
+                  output_final_state=output_final_state, dt_bias=dt_bias, **kw)
+        outs.append(o)
+        states.append(S)
+    o = torch.cat(outs, -1)[..., :V]
+    return o, (torch.cat(states, -1)[..., :K, :V] if output_final_state else None)
+
+
+def _decode_with_supported_head_dims(fn: Callable, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
+                                     state: Tensor, scale: Optional[float] = None, dt_bias: Optional[Tensor] = None,
+                                     **kw) -> Tensor:
+    """The decode step's _with_supported_head_dims: fn(q, k, v, g, beta, state, scale=, dt_bias=, **kw) takes only
+    K = V = D in SUPPORTED_D and updates its state in place; this runs it at any K <= 256, V >= 1 with q, k [B, H, K],
+    v [B, HV, V], g [B, HV, K], beta [B, HV], state [B, HV, K, V] (updated in place). Each value block copies its
+    columns of the state into a zero [B, HV, D, D] state, steps it and copies the real part back. Returns o
+    [B, HV, V]. Exact for the reasons given in _with_supported_head_dims."""
+    K, V, D = _head_dims("kda_decode_step", q, k, v, g, state, "state", dt_bias)
+    scale = K ** -0.5 if scale is None else scale
+    if K == D and V == D:
+        return fn(q, k, v, g, beta, state, scale=scale, dt_bias=dt_bias, **kw)
+    blocks = -(-V // D)
+    q, k, g, dt_bias = _pad_keys(K, D, q, k, g, dt_bias)
+    v = torch.nn.functional.pad(v, (0, blocks * D - V))
+    outs = []
+    for j in range(blocks):
+        c0, c1 = j * D, min((j + 1) * D, V)
+        S = state.new_zeros(tuple(state.shape[:-2]) + (D, D))
+        S[..., :K, :c1 - c0] = state[..., c0:c1]
+        outs.append(fn(q, k, v[..., j * D:(j + 1) * D], g, beta, S, scale=scale, dt_bias=dt_bias, **kw))
+        state[..., c0:c1] = S[..., :K, :c1 - c0]
+    return torch.cat(outs, -1)[..., :V]
+
+
 def chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: Optional[float] = None,
               initial_state: Optional[Tensor] = None, output_final_state: bool = False,
               use_qk_l2norm_in_kernel: bool = False, use_gate_in_kernel: bool = False,
@@ -154,12 +258,22 @@ def chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: O
               cu_seqlens_cpu: Optional[Tensor] = None, A_log: Optional[Tensor] = None,
               dt_bias: Optional[Tensor] = None, state_v_first: bool = False, **kwargs):
     """KDA (kernels/kda.hpp, kernels/kda_backward.hpp) with gradients, in fla's chunk_kda convention:
-    q, k [B, T, H, K]; v [B, T, HV, V] (K = V = D); g [B, T, HV, K] (the log-decay, or the raw gate input with
+    q, k [B, T, H, K]; v [B, T, HV, V]; g [B, T, HV, K] (the log-decay, or the raw gate input with
     use_gate_in_kernel); beta [B, T, HV]; all bf16. scale: default K^-1/2. initial_state [N, HV, K, V] (fp32 used;
     N = B, or the number of sequences with cu_seqlens). use_gate_in_kernel needs safe_gate = True and lower_bound
     (the K3 bounded gate lower_bound Sigmoid(exp(A_log) (g + dt_bias)); A_log [HV] and dt_bias [HV K], None = 0).
     cu_seqlens: [N + 1] offsets of packed sequences (B = 1); cu_seqlens_cpu, a host copy, avoids a device sync.
-    Returns (o [B, T, HV, V] bf16, final_state [N, HV, K, V] fp32 or None unless output_final_state)."""
+    Returns (o [B, T, HV, V] bf16, final_state [N, HV, K, V] fp32 or None unless output_final_state).
+
+    Head sizes: any 1 <= K <= 256 and any V >= 1. The kernels take D = K = V in {64, 128, 256}; other sizes run at
+    D, the smallest of those >= K: q, k, g, dt_bias zero-padded to D key channels, v and initial_state's columns
+    split into ceil(V / D) value blocks of D columns (the last one zero-padded), one kernel call each, the outputs
+    joined and sliced back to the caller's sizes (_with_supported_head_dims). This is exact, not an approximation:
+    zero key channels (with zero state rows) leave o and the real state rows unchanged whatever g is there, L2Norm
+    ignores zeros, and value columns evolve independently (docs/equations.md section 1). The pads and slices are
+    torch ops around the custom ops, so autograd and torch.compile see them. Cost: the work of size D instead of
+    K, ceil(V / D) times (K = 32, V = 512: 8 calls at D = 64). K > 256 raises ValueError: no padding can shrink a
+    head; split it into heads of <= 256."""
     require_cuda()
     for name in ("disable_recompute", "return_intermediate_states"):
         kwargs.pop(name, None)
@@ -175,11 +289,25 @@ def chunk_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: O
         if not isinstance(t, torch.Tensor) or not t.is_floating_point() or not t.is_cuda:
             _bad(name, getattr(t, "dtype", type(t)), "a floating-point CUDA tensor (used rounded to bfloat16)")
     q, k, v, g, beta = (t.to(torch.bfloat16) for t in (q, k, v, g, beta))
+    return _with_supported_head_dims(_chunk_kda_d, q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                                     output_final_state=output_final_state, dt_bias=dt_bias,
+                                     use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                                     use_gate_in_kernel=use_gate_in_kernel,
+                                     use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, safe_gate=safe_gate,
+                                     lower_bound=lower_bound, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
+                                     A_log=A_log)
+
+
+def _chunk_kda_d(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: float,
+                 initial_state: Optional[Tensor], output_final_state: bool, use_qk_l2norm_in_kernel: bool,
+                 use_gate_in_kernel: bool, use_beta_sigmoid_in_kernel: bool, safe_gate: bool,
+                 lower_bound: Optional[float], cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional[Tensor],
+                 A_log: Optional[Tensor], dt_bias: Optional[Tensor]):
+    """chunk_kda at K = V = D in {64, 128, 256} (the kernels' sizes; the binding checks D), scale given."""
+    q, k, v, g, beta = (t.to(torch.bfloat16) for t in (q, k, v, g, beta))
     D = q.shape[-1]
     if v.shape[-1] != D:
         _bad("v", tuple(v.shape), f"[B, T, HV, V] with V = K = {D}")
-    if scale is None:
-        scale = D ** -0.5
     A, bias, g_min = _gate_params(use_gate_in_kernel, safe_gate, lower_bound, A_log, dt_bias, v.shape[2], D, q.device)
     S0 = initial_state.to(torch.float32).contiguous() if initial_state is not None else None
     max_seqlen = 0
@@ -222,15 +350,29 @@ def kda_decode_step(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, st
                     safe_gate: bool = False, lower_bound: Optional[float] = None, A_log: Optional[Tensor] = None,
                     dt_bias: Optional[Tensor] = None) -> Tensor:
     """One KDA decode token per sequence (kernels/kda.hpp kda_decode), forward only, the options as chunk_kda:
-    q, k [B, H, K]; v, g [B, HV, V]; beta [B, HV] (read as bf16); state [B, HV, K, V] fp32 contiguous, updated in
-    place (chunk_kda's final_state). Returns o [B, HV, V] bf16. Capturable in a CUDA graph."""
+    q, k [B, H, K]; v [B, HV, V]; g [B, HV, K]; beta [B, HV] (read as bf16); state [B, HV, K, V] fp32 contiguous,
+    updated in place (chunk_kda's final_state). Returns o [B, HV, V] bf16. Capturable in a CUDA graph. Head sizes as
+    chunk_kda (any K <= 256, V >= 1): other than K = V in {64, 128, 256}, each value block's columns of the state
+    are copied into a zero [B, HV, D, D] state, stepped, and copied back (_decode_with_supported_head_dims)."""
     require_cuda()
     if state.dtype != torch.float32 or not state.is_contiguous() or not state.is_cuda:
-        _bad("state", (state.dtype, tuple(state.shape)), "a contiguous float32 CUDA tensor [B, HV, K, V]")
+        _bad("state", (state.dtype, tuple(state.shape)), "a contiguous float32 CUDA tensor [B, HV, K, V]",
+             "kda_decode_step")
+    q, k, v, g, beta = (t.to(torch.bfloat16) for t in (q, k, v, g, beta))
+    return _decode_with_supported_head_dims(_kda_decode_d, q, k, v, g, beta, state, scale=scale, dt_bias=dt_bias,
+                                            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                                            use_gate_in_kernel=use_gate_in_kernel,
+                                            use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                                            safe_gate=safe_gate, lower_bound=lower_bound, A_log=A_log)
+
+
+def _kda_decode_d(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, scale: float,
+                  use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool, use_beta_sigmoid_in_kernel: bool,
+                  safe_gate: bool, lower_bound: Optional[float], A_log: Optional[Tensor],
+                  dt_bias: Optional[Tensor]) -> Tensor:
+    """kda_decode_step at K = V = D in {64, 128, 256}, scale given; state [B, HV, D, D] fp32 contiguous."""
     q, k, v, g, beta = (t.to(torch.bfloat16).contiguous() for t in (q, k, v, g, beta))
     D = q.shape[-1]
-    if scale is None:
-        scale = D ** -0.5
     A, bias, g_min = _gate_params(use_gate_in_kernel, safe_gate, lower_bound, A_log, dt_bias, v.shape[1], D, q.device)
     return _kda_decode(q, k, v, g, beta, A, bias, state, float(scale), g_min, bool(use_qk_l2norm_in_kernel),
                        bool(use_beta_sigmoid_in_kernel), bool(use_gate_in_kernel))

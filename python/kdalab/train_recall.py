@@ -38,6 +38,7 @@ MAX_THREADS = 1024
 TASKS = ("mqar", "palindrome", "stack")
 MIXERS = ("softmax", "mla", "kda", "gated_deltanet", "deltanet")
 KERNEL_MIXERS = ("kda", "gated_deltanet", "deltanet")  # through kdalab.torch.chunk_kda
+KERNEL_MAX_HEAD_DIM = 256  # kdalab.torch.chunk_kda's largest key head size (smaller ones are zero-padded, exactly)
 ZOOLOGY_LRS = [float(x) for x in np.logspace(-4, -2, 4)]  # Zoology Fig. 2: logspace(-4, -2, 4), best reported
 KIMI_LRS = [5e-5, 1e-4, 5e-4, 1e-3]  # Kimi Linear report sec. 5.1
 SDPA = "torch.nn.functional.scaled_dot_product_attention"
@@ -118,7 +119,8 @@ def parser() -> argparse.ArgumentParser:
     g("--power-a", type=float, default=0.01, help="MQAR query-gap exponent a: P(gap g) ~ (g+1)^(a-1) (default: 0.01)")
     g("--mixers", type=_list(str, "mixers"), help=f"sequence mixers: {', '.join(MIXERS)} (default: softmax)")
     g("--d-model", type=_list(int, "integers"), help="model widths (default: 64)")
-    g("--heads", type=int, help="heads per mixer (default: 1)")
+    g("--heads", type=int, help="heads per mixer (default: 1); the KDA-family mixers split a head over 256 into "
+      "ceil(head_dim / 256) equal heads")
     g("--head-dim", type=int, help="head dimension (default: d_model / heads)")
     g("--layers", type=int, default=2, help="layers (default: 2)")
     g("--mla-latent", type=int, default=0, help="Gated MLA latent width d_c of keys/values and of queries "
@@ -241,6 +243,9 @@ def resolve(a: argparse.Namespace) -> Dict[str, Any]:
         need(cfg["head_dim"] > 0 or d % heads == 0, f"--d-model: {d} is not a multiple of --heads {heads}; give "
              "--head-dim")
     need(a.head_dim is None or a.head_dim >= 1, f"--head-dim: {a.head_dim} must be >= 1")
+    for d in cfg["d_model"]:
+        for m in cfg["mixers"]:
+            head_shape(cfg, m, d)  # a KDA-family head over 256 must split evenly
     need(1 <= cfg["layers"] <= 64, f"--layers: {cfg['layers']} is not in [1, 64]")
     need(cfg["mla_latent"] >= 0, f"--mla-latent: {cfg['mla_latent']} must be >= 1 (or 0: the default)")
     need(math.isfinite(cfg["g_min"]) and cfg["g_min"] < 0, f"--g-min: {cfg['g_min']} must be a finite negative number")
@@ -269,6 +274,27 @@ def resolve(a: argparse.Namespace) -> Dict[str, Any]:
          f"--device: '{dev}' is not accepted; accepted: auto, cpu, cuda, cuda:N")
     shard_runs(cfg)  # --shard: its value, and N against the grid's runs
     return cfg
+
+
+def head_shape(cfg: Dict[str, Any], mixer: str, d_model: int) -> Tuple[int, int]:
+    """(heads, head_dim) of a mixer at width d_model, the one place that decides them: --heads and --head-dim
+    (default d_model / heads). The KDA-family mixers run kdalab.torch.chunk_kda, which takes a key head of at most
+    256 (a smaller one is zero-padded exactly; no padding shrinks a larger one), so there a head of more than 256 is
+    split into f = ceil(head_dim / 256) equal heads: f x heads heads of head_dim / f, the same width heads x head_dim
+    and so the same projection sizes as softmax and MLA, which keep the heads given (Zoology's d_model 512 with one
+    head: 2 heads of 256 for kda, gated_deltanet, deltanet; docs/recall-training.md). Raises BadInput when head_dim
+    does not split evenly."""
+    H = cfg["heads"]
+    hd = cfg["head_dim"] or d_model // H
+    if mixer in KERNEL_MIXERS and hd > KERNEL_MAX_HEAD_DIM:
+        f = -(-hd // KERNEL_MAX_HEAD_DIM)
+        if hd % f:
+            src = "--head-dim" if cfg["head_dim"] else f"--d-model {d_model} / --heads {H}"
+            raise BadInput(f"{src}: head dim {hd} is over {KERNEL_MAX_HEAD_DIM} for --mixers {mixer} and does not "
+                           f"split into {f} equal heads; accepted: a head dim <= {KERNEL_MAX_HEAD_DIM}, or one "
+                           f"divisible by ceil(head dim / {KERNEL_MAX_HEAD_DIM})")
+        H, hd = H * f, hd // f
+    return H, hd
 
 
 def runs_of(cfg: Dict[str, Any]) -> List[Run]:
@@ -396,8 +422,8 @@ def build_model(run: Run, cfg: Dict[str, Any], kda_fn: Optional[Callable] = None
     beta [B, T, H], g the log-decay; returns o [B, T, H, V] or (o, final_state)."""
     torch = _torch()
     nn, F = torch.nn, torch.nn.functional
-    d, H = run.d_model, cfg["heads"]
-    hd = cfg["head_dim"] or d // H
+    d = run.d_model
+    H, hd = head_shape(cfg, run.mixer, d)
     conv = cfg["short_conv"] == "on"
 
     class ShortConv(nn.Module):
@@ -799,6 +825,10 @@ def write_results(path: str, cfg: Dict[str, Any], results: Sequence[Result], dev
             col("vocab", "tokens", "vocabulary size", [r.vocab for r in R]),
             col("d_model", "1", "model width", [r.d_model for r in R]),
             col("mixer", "1", "sequence mixer: softmax, mla, kda, gated_deltanet, deltanet", [r.mixer for r in R]),
+            col("heads", "1", "heads of the mixer (a KDA-family head over 256 is split: docs/recall-training.md)",
+                [head_shape(cfg, r.mixer, r.d_model)[0] for r in R]),
+            col("head_dim", "1", "head size of the mixer (d_k = d_v)",
+                [head_shape(cfg, r.mixer, r.d_model)[1] for r in R]),
             col("kernel", "1", "what computed the mixer", [x.kernel for x in results]),
             col("lr", "1", "peak learning rate (AdamW, cosine decay)", [r.lr for r in R]),
             col("steps", "1", "optimizer steps", [x.steps for x in results]),

@@ -45,6 +45,10 @@ def run_cli(argv, **kw):
     (["--lr", "1e-3,2e-3,1e-3"], "--lr: 0.001 is given twice; give each value once"),
     (["--tasks", "mqar,stack,mqar"], "--tasks: mqar is given twice"),
     (["--seq-len", "64,64"], "--seq-len: 64 is given twice"),
+    (["--mixers", "softmax,kda", "--head-dim", "257"],
+     "--head-dim: head dim 257 is over 256 for --mixers kda and does not split into 2 equal heads; accepted: a head "
+     "dim <= 256, or one divisible by ceil(head dim / 256)"),
+    (["--mixers", "deltanet", "--d-model", "514"], "--d-model 514 / --heads 1: head dim 514 is over 256"),
 ])
 def test_bad_options_are_one_line_exit_2_and_write_nothing(tmp_path, capsys, argv, says):
     out = tmp_path / "r.h5"
@@ -96,6 +100,18 @@ def test_grids_state_their_run_counts():
     # an option given with a grid replaces the grid's value
     cfg = tr.resolve(tr.parser().parse_args(["--grid", "zoology-reduced", "--mixers", "softmax"]))
     assert len(tr.runs_of(cfg)) == 18 and cfg["vocab"] == [8192] and tr.steps_per_run(cfg) == 2496
+
+
+def test_kda_family_heads_over_256_split_and_softmax_keeps_the_given_heads():
+    """kdalab's head rule (docs/recall-training.md, Head sizes): Zoology's d_model 512 with one head is 2 heads of 256
+    for the KDA-family mixers (chunk_kda takes key heads <= 256), 1 head of 512 for softmax and MLA."""
+    cfg = tr.resolve(tr.parser().parse_args(["--grid", "zoology"]))
+    shapes = {(m, d): tr.head_shape(cfg, m, d) for m in tr.MIXERS for d in cfg["d_model"]}
+    for m in tr.MIXERS:
+        assert [shapes[m, d] for d in (64, 128, 256)] == [(1, 64), (1, 128), (1, 256)], m
+        assert shapes[m, 512] == ((2, 256) if m in tr.KERNEL_MIXERS else (1, 512)), m
+    cfg = tr.resolve(tr.parser().parse_args(["--mixers", "kda", "--heads", "2", "--head-dim", "600"]))
+    assert tr.head_shape(cfg, "kda", 64) == (6, 200)  # ceil(600 / 256) = 3 heads of 200 per given head
 
 
 # ---- training (torch)
@@ -268,6 +284,8 @@ def test_kernel_mixers_train_through_a_given_chunked_kda(tmp_path):
     assert tr.main(TINY + ["--mixers", ",".join(mixers), "--seq-len", "16", "--kv-pairs", "2", "--max-steps", "4",
                            "--out", str(out)], kernels={m: ref for m in mixers}) == 0
     assert kdalab.read_attr(str(out), "train_recall/runs/000", "kernel") == "reference_kda"
+    assert list(kdalab.read_array(str(out), "train_recall/heads")) == [1, 1, 1]
+    assert list(kdalab.read_array(str(out), "train_recall/head_dim")) == [32, 32, 32]
     loss = kdalab.read_array(str(out), "train_recall/runs/001/loss")
     assert loss.shape == (4,) and np.isfinite(loss).all()
 
@@ -289,6 +307,9 @@ def test_gates_stay_within_their_bounds():
         if mixer == "gated_deltanet":  # one value per head, broadcast over the key channels
             assert (g == g[..., :1]).all()
         assert ((seen["beta"] > 0) & (seen["beta"] < 1)).all()
+    cfg = tr.resolve(tr.parser().parse_args(["--mixers", "kda"]))
+    tr.build_model(tr.Run("mqar", 4, 1, 64, 512, "kda", 1e-3), cfg, spy)(torch.randint(0, 64, (1, 4)))
+    assert seen["g"].shape == (1, 4, 2, 256)  # d_model 512, one head: 2 heads of 256 reach the chunked KDA
 
 
 # ---- figures (Debian's /usr/bin/python3 with h5py and matplotlib)

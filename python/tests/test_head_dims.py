@@ -1,0 +1,156 @@
+"""kdalab.torch's head-size rule (python/kdalab/torch.py, _with_supported_head_dims and its decode twin): chunk_kda and
+kda_decode_step take any K <= 256 and any V >= 1 by zero-padding the key channels to D in {64, 128, 256} and running
+the value columns in blocks of D. Checked on the CPU with a float64 torch recurrence standing in for the kernels: the
+stand-in refuses any size the kernels refuse, and the padded results and gradients must equal the same recurrence
+run directly at the caller's sizes. Needs torch; skipped without it."""
+import pytest
+
+torch = pytest.importorskip("torch")
+kt = pytest.importorskip("kdalab.torch")
+
+SUPPORTED = (64, 128, 256)
+LOWER_BOUND = -5.0
+
+
+def step(S, q, k, v, g, beta, scale, l2norm, gate, A_log, dt_bias):
+    """One token of docs/equations.md section 1 in fla's convention, per value head: S [B, HV, K, V]; q, k [B, H, K];
+    v [B, HV, V]; g [B, HV, K]; beta [B, HV]. Value head j reads key head j / (HV / H). Returns (o [B, HV, V], S)."""
+    HV, H = v.shape[1], q.shape[1]
+    q, k = (x.repeat_interleave(HV // H, dim=1) for x in (q, k))
+    if l2norm:
+        q, k = (x / x.norm(dim=-1, keepdim=True).clamp_min(1e-6) for x in (q, k))
+    if gate:  # the K3 bounded gate, fused as chunk_kda's use_gate_in_kernel with safe_gate
+        g = LOWER_BOUND * torch.sigmoid(A_log.exp()[:, None] * (g + dt_bias.reshape(HV, -1)))
+    S = S * g.exp()[..., None]
+    kv = (S * k[..., None]).sum(-2)
+    S = S + beta[..., None, None] * k[..., None] * (v - kv)[..., None, :]
+    return scale * (S * q[..., None]).sum(-2), S
+
+
+def naive_chunk(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, dt_bias=None,
+                use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, A_log=None):
+    """The recurrence over T in fla's chunk_kda convention (float64 on the CPU), at any sizes."""
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    scale = K ** -0.5 if scale is None else scale
+    S = q.new_zeros(B, HV, K, V) if initial_state is None else initial_state
+    out = []
+    for t in range(T):
+        o, S = step(S, q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], scale, use_qk_l2norm_in_kernel,
+                    use_gate_in_kernel, A_log, dt_bias)
+        out.append(o)
+    return torch.stack(out, 1), (S if output_final_state else None)
+
+
+def kernel_like(calls):
+    """naive_chunk that, like the kernels, takes only K = V = D in {64, 128, 256}; records each call's sizes."""
+    def fn(q, k, v, g, beta, **kw):
+        K, V = q.shape[-1], v.shape[-1]
+        assert K == V and K in SUPPORTED and k.shape[-1] == K and g.shape[-1] == K, (K, V)
+        S0 = kw.get("initial_state")
+        assert S0 is None or tuple(S0.shape[-2:]) == (K, K)
+        assert kw.get("scale") is not None  # the wrapper fixes the scale from the caller's K
+        calls.append((K, V))
+        return naive_chunk(q, k, v, g, beta, **kw)
+    return fn
+
+
+def inputs(K, V, B=2, T=5, H=1, HV=2, gate=False, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)
+    x = dict(q=r(B, T, H, K), k=r(B, T, H, K), v=r(B, T, HV, V), beta=torch.rand(B, T, HV, generator=gen,
+             dtype=torch.float64), initial_state=0.3 * r(B, HV, K, V))
+    x["g"] = r(B, T, HV, K) if gate else -0.5 * torch.rand(B, T, HV, K, generator=gen, dtype=torch.float64)
+    if not gate:  # unit keys without the fused L2Norm keep the recurrence bounded
+        x["k"] = x["k"] / x["k"].norm(dim=-1, keepdim=True)
+    if gate:
+        x["dt_bias"], x["A_log"] = r(HV * K), 0.1 * r(HV)
+    return {n: t.requires_grad_() for n, t in x.items()}
+
+
+def run_and_grads(fn, x, opts, dO, dS):
+    """(o, S_T, gradients of <o, dO> + <S_T, dS> by input name) of fn on fresh copies of x."""
+    x = {n: t.detach().clone().requires_grad_() for n, t in x.items()}
+    o, S = fn(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"], output_final_state=True,
+              dt_bias=x.get("dt_bias"), A_log=x.get("A_log"), **opts)
+    ((o * dO).sum() + (S * dS).sum()).backward()
+    return o, S, {n: t.grad for n, t in x.items()}
+
+
+@pytest.mark.parametrize("K", [1, 32, 96, 200])
+@pytest.mark.parametrize("V", [16, 96, 300, 512])
+def test_padded_head_sizes_give_the_recurrence_at_the_callers_sizes_with_gradients(K, V):
+    gate = K == 96  # the fused gate and L2Norm on one K: dt_bias [HV K] is padded too
+    opts = dict(use_qk_l2norm_in_kernel=gate, use_gate_in_kernel=gate)
+    x = inputs(K, V, H=1, HV=2, gate=gate, seed=K * 1000 + V)
+    gen = torch.Generator().manual_seed(7)
+    dO = torch.randn(2, 5, 2, V, generator=gen, dtype=torch.float64)
+    dS = torch.randn(2, 2, K, V, generator=gen, dtype=torch.float64)
+    calls = []
+    o, S, grads = run_and_grads(lambda *a, **kw: kt._with_supported_head_dims(kernel_like(calls), *a, **kw),
+                                x, opts, dO, dS)
+    o_ref, S_ref, grads_ref = run_and_grads(naive_chunk, x, opts, dO, dS)
+    D = next(d for d in SUPPORTED if d >= K)
+    assert calls == [(D, D)] * -(-V // D)  # the cost the docstring states: ceil(V / D) calls at D
+    assert o.shape == o_ref.shape == (2, 5, 2, V) and S.shape == S_ref.shape == (2, 2, K, V)
+    torch.testing.assert_close(o, o_ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(S, S_ref, rtol=1e-12, atol=1e-12)
+    for name, ref in grads_ref.items():
+        assert grads[name] is not None and grads[name].shape == ref.shape, name
+        torch.testing.assert_close(grads[name], ref, rtol=1e-10, atol=1e-12, msg=name)
+
+
+def test_supported_sizes_reach_the_function_unchanged():
+    x = inputs(64, 64)
+    seen = []
+    out = kt._with_supported_head_dims(lambda *a, **kw: seen.append((a, kw)) or ("o", "S"), x["q"], x["k"], x["v"],
+                                       x["g"], x["beta"], initial_state=x["initial_state"])
+    assert out == ("o", "S") and len(seen) == 1
+    args, kw = seen[0]
+    assert all(a is b for a, b in zip(args, (x["q"], x["k"], x["v"], x["g"], x["beta"])))
+    assert kw["initial_state"] is x["initial_state"] and kw["scale"] == 64 ** -0.5
+
+
+def test_decode_step_at_padded_sizes_updates_the_callers_state_in_place():
+    K, V, B, H, HV = 32, 300, 2, 1, 2
+    x = {n: t.detach() for n, t in inputs(K, V, B=B, T=1, H=H, HV=HV).items()}
+    one = {n: x[n][:, 0] for n in ("q", "k", "v", "g", "beta")}
+    o_ref, S_ref = step(x["initial_state"], *(one[n] for n in ("q", "k", "v", "g", "beta")), K ** -0.5, False, False,
+                        None, None)
+    calls = []
+
+    def decode_like(q, k, v, g, beta, state, scale, dt_bias):
+        assert q.shape[-1] == v.shape[-1] == state.shape[-1] == state.shape[-2] and q.shape[-1] in SUPPORTED
+        calls.append(q.shape[-1])
+        o, state[...] = step(state, q, k, v, g, beta, scale, False, False, None, dt_bias)
+        return o
+
+    state = x["initial_state"].clone()
+    o = kt._decode_with_supported_head_dims(decode_like, *(one[n] for n in ("q", "k", "v", "g", "beta")), state)
+    assert calls == [64] * 5 and o.shape == (B, HV, V)
+    torch.testing.assert_close(o, o_ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(state, S_ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("K", [257, 512])
+def test_a_key_head_over_256_is_one_line_naming_q(K):
+    x = inputs(K, 64, T=1)
+    with pytest.raises(ValueError) as e:
+        kt._with_supported_head_dims(naive_chunk, x["q"], x["k"], x["v"], x["g"], x["beta"])
+    msg = str(e.value)
+    assert msg.startswith(f"chunk_kda: q.shape[-1] (the key head size K) = {K}; accepted: 1 <= K <= 256")
+    assert "\n" not in msg
+    one = {n: x[n][:, 0].detach() for n in ("q", "k", "v", "g", "beta")}
+    with pytest.raises(ValueError, match=f"^kda_decode_step: q.shape\\[-1\\] \\(the key head size K\\) = {K};"):
+        kt._decode_with_supported_head_dims(None, *one.values(), x["initial_state"][:, :, :, :64].detach())
+
+
+def test_mismatched_key_sizes_are_refused_before_padding():
+    x = inputs(32, 64)
+    with pytest.raises(ValueError, match=r"^chunk_kda: k.shape\[-1\] = 48; accepted: K = q.shape\[-1\] = 32$"):
+        kt._with_supported_head_dims(naive_chunk, x["q"], torch.zeros(2, 5, 1, 48, dtype=torch.float64), x["v"], x["g"],
+                                     x["beta"])
+    with pytest.raises(ValueError,
+                       match=r"^chunk_kda: initial_state.shape = \(2, 2, 64, 32\); accepted: \[..., K, V\]"):
+        kt._with_supported_head_dims(naive_chunk, x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                     initial_state=torch.zeros(2, 2, 64, 32, dtype=torch.float64))
