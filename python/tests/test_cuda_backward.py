@@ -46,8 +46,10 @@ def np64(t):
     return t.detach().double().cpu().numpy()
 
 
-def make_inputs(torch, B, T, H, HV, D, *, fused, l2norm, beta_sigmoid, S0, lens=None, seed=0):
-    """Fresh seeded inputs (bf16-representable values; A_log, dt_bias, S0, dS fp32) and upstream gradients."""
+def make_inputs(torch, B, T, H, HV, D, *, fused, l2norm, beta_sigmoid, S0, lens=None, seed=0, V=None):
+    """Fresh seeded inputs (bf16-representable values; A_log, dt_bias, S0, dS fp32) and upstream gradients; key head
+    size D, value head size V (default D)."""
+    V = D if V is None else V
     gen = torch.Generator().manual_seed(seed)
     bf = torch.bfloat16
 
@@ -58,7 +60,7 @@ def make_inputs(torch, B, T, H, HV, D, *, fused, l2norm, beta_sigmoid, S0, lens=
         return (lo + (hi - lo) * torch.rand(*s, generator=gen)).to(dtype)
 
     N = len(lens) if lens else B
-    x = {"q": randn(B, T, H, D), "k": randn(B, T, H, D), "v": randn(B, T, HV, D)}
+    x = {"q": randn(B, T, H, D), "k": randn(B, T, H, D), "v": randn(B, T, HV, V)}
     if not l2norm:  # given unit-norm, as the recurrence expects
         for n in ("q", "k"):
             f = x[n].float()
@@ -67,9 +69,9 @@ def make_inputs(torch, B, T, H, HV, D, *, fused, l2norm, beta_sigmoid, S0, lens=
     x["beta"] = randn(B, T, HV) if beta_sigmoid else rand(0.0, 1.0, B, T, HV)
     x["A_log"] = rand(0.0, 1.0, HV, dtype=torch.float32)
     x["dt_bias"] = rand(0.0, 1.0, HV * D, dtype=torch.float32)
-    x["S0"] = randn(N, HV, D, D, std=0.1, dtype=torch.float32) if S0 else None
-    x["dO"] = randn(B, T, HV, D)
-    x["dS"] = randn(N, HV, D, D, std=0.1, dtype=torch.float32)
+    x["S0"] = randn(N, HV, D, V, std=0.1, dtype=torch.float32) if S0 else None
+    x["dO"] = randn(B, T, HV, V)
+    x["dS"] = randn(N, HV, D, V, std=0.1, dtype=torch.float32)
     return x
 
 
@@ -112,18 +114,21 @@ def oracle(x, *, fused, l2norm, beta_sigmoid, scale, g_min, lens=None):
 
 
 CASES = [
-    # B, T, H, HV, D, fused, l2norm, beta_sigmoid, S0, lens, input dtype
-    (2, 37, 1, 2, 64, True, True, True, True, None, "bfloat16"),
-    (1, 70, 2, 2, 128, False, False, False, False, None, "float32"),
-    (1, 70, 1, 2, 128, True, True, True, True, [5, 64, 1], "bfloat16"),
+    # B, T, H, HV, D (key head size), fused, l2norm, beta_sigmoid, S0, lens, input dtype, V (value head size)
+    (2, 37, 1, 2, 64, True, True, True, True, None, "bfloat16", 64),
+    (1, 70, 2, 2, 128, False, False, False, False, None, "float32", 128),
+    (1, 70, 1, 2, 128, True, True, True, True, [5, 64, 1], "bfloat16", 128),
+    # head sizes the kernels do not take, through chunk_kda's zero padding (K) and value blocks (V)
+    (1, 45, 1, 2, 32, True, True, True, True, None, "bfloat16", 96),
+    (2, 21, 1, 1, 96, False, False, False, True, None, "bfloat16", 300),
 ]
 
 
-@pytest.mark.parametrize("B,T,H,HV,D,fused,l2norm,beta_sigmoid,S0,lens,dtype", CASES)
+@pytest.mark.parametrize("B,T,H,HV,D,fused,l2norm,beta_sigmoid,S0,lens,dtype,V", CASES)
 def test_chunk_kda_gradients_match_the_float64_oracle(torch, kt, B, T, H, HV, D, fused, l2norm, beta_sigmoid, S0,
-                                                      lens, dtype):
+                                                      lens, dtype, V):
     x = make_inputs(torch, B, T, H, HV, D, fused=fused, l2norm=l2norm, beta_sigmoid=beta_sigmoid, S0=S0, lens=lens,
-                    seed=B * 1000 + T)
+                    seed=B * 1000 + T, V=V)
     dt = getattr(torch, dtype)
     leaves = {n: x[n].to("cuda", dt).requires_grad_() for n in ("q", "k", "v", "g", "beta")}
     for n in ("A_log", "dt_bias", "S0"):
