@@ -153,7 +153,8 @@ SUPPORTED_D = (64, 128, 256)  # D = d_k = d_v of kernels/kda.hpp and kernels/kda
 
 def _head_dims(who: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, state: Optional[Tensor], state_name: str,
                dt_bias: Optional[Tensor]) -> Tuple[int, int, int]:
-    """(K, V, D): the caller's key and value head sizes and the kernel size D, the smallest of SUPPORTED_D >= K.
+    """(K, V, D): the caller's key and value head sizes and the kernel size D, the smallest of SUPPORTED_D >= K and
+    >= V (256 when V > 256: the value columns then run in blocks).
     Checks what the padding relies on (k and g of K channels, the state [..., K, V], dt_bias of HV K values, with HV
     = v.shape[-2]). Raises ValueError naming the tensor."""
     K, V = int(q.shape[-1]), int(v.shape[-1])
@@ -171,7 +172,7 @@ def _head_dims(who: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, state: Opti
     HV = int(v.shape[-2])
     if dt_bias is not None and dt_bias.numel() != HV * K:
         _bad("dt_bias.numel()", dt_bias.numel(), f"HV K = {HV} x {K} = {HV * K}", who)
-    return K, V, next(d for d in SUPPORTED_D if d >= K)
+    return K, V, next(d for d in SUPPORTED_D if d >= max(K, min(V, SUPPORTED_D[-1])))
 
 
 def _pad_keys(K: int, D: int, q: Tensor, k: Tensor, g: Tensor, dt_bias: Optional[Tensor]):
@@ -191,19 +192,20 @@ def _with_supported_head_dims(fn: Callable, q: Tensor, k: Tensor, v: Tensor, g: 
     dt_bias [HV K]; the other keywords go to fn unchanged. Returns (o [B, T, HV, V], final_state [N, HV, K, V] or
     None), as fn does, at the caller's sizes.
 
-    D is the smallest supported size >= K. q, k, g (and dt_bias) are zero-padded from K to D key channels; v (and
-    initial_state's columns) are zero-padded to a multiple of D and run as ceil(V / D) value blocks of D columns,
-    each a call of fn with the same q, k, g, beta; the outputs and final states are joined along V and sliced back
-    to [..., V] and [..., K, V]. Exact, not an approximation (docs/equations.md section 1, S_t = Diag(e^g_t)
-    S_{t-1} + beta_t k_t (v_t - (Diag(e^g_t) S_{t-1})^T k_t)^T, o_t = scale S_t^T q_t): k zero in the padded
-    channels keeps the state's padded rows out of S^T k and leaves them unwritten, so they keep their start, zero,
-    for any g there; zero rows (and q zero there) leave o and the real rows unchanged. The L2Norm of q, k is
-    unchanged by zeros. The value columns of S and o evolve independently, so a block of columns is the
-    recurrence restricted to them. The default scale is K^-1/2 of the caller's K, not of D. The padding and
+    D is the smallest supported size >= K and >= V (256 when V > 256). q, k, g (and dt_bias) are zero-padded from K
+    to D key channels; v (and initial_state's columns) are zero-padded to a multiple of D, so one call of fn when
+    V <= 256, else ceil(V / 256) value blocks of 256 columns, each a call of fn with the same q, k, g, beta; the
+    outputs and final states are joined along V and sliced back to [..., V] and [..., K, V]. Exact, not an
+    approximation (docs/equations.md section 1, S_t = Diag(e^g_t) S_{t-1} + beta_t k_t (v_t - (Diag(e^g_t)
+    S_{t-1})^T k_t)^T, o_t = scale S_t^T q_t): k zero in the padded channels keeps the state's padded rows out of
+    S^T k and leaves them unwritten, so they keep their start, zero, for any g there; zero rows (and q zero there)
+    leave o and the real rows unchanged. The L2Norm of q, k is unchanged by zeros. The value columns of S and o
+    evolve independently, so a block of columns is the recurrence restricted to them. The default scale is K^-1/2 of the caller's K, not of D. The padding and
     slicing are plain torch ops, so autograd differentiates through them: the padded channels' gradients are
-    dropped by the slices, and q, k, g, beta, dt_bias sum their gradients over the value blocks. Cost: the
-    kernels' work at D instead of K, ceil(V / D) times. K > 256 raises ValueError (the padding cannot shrink a
-    head)."""
+    dropped by the slices. With several value blocks, q, k, g, beta reach each block through an fp32 copy, so
+    their gradients (bf16 from each block) are summed in fp32 and rounded once to their dtype, instead of a bf16 sum
+    rounding after every block. Cost: the kernels' work at D instead of K and V, ceil(V / D) times. K > 256 raises
+    ValueError (the padding cannot shrink a head)."""
     K, V, D = _head_dims("chunk_kda", q, k, v, g, initial_state, "initial_state", dt_bias)
     scale = K ** -0.5 if scale is None else scale
     if K == D and V == D:
@@ -214,11 +216,16 @@ def _with_supported_head_dims(fn: Callable, q: Tensor, k: Tensor, v: Tensor, g: 
     q, k, g, dt_bias = _pad_keys(K, D, q, k, g, dt_bias)
     v = pad(v, (0, blocks * D - V))
     S0 = None if initial_state is None else pad(initial_state, (0, blocks * D - V, 0, D - K))
+    low = (q, k, g, beta)
+    # the blocks' gradients of the shared inputs summed in fp32 at least (docstring)
+    up = tuple(t.float() if t.element_size() < 4 else t for t in low) if blocks > 1 else low
     outs, states = [], []
     for j in range(blocks):
         cols = slice(j * D, (j + 1) * D)
-        o, S = fn(q, k, v[..., cols], g, beta, scale=scale, initial_state=None if S0 is None else S0[..., cols],
-                  output_final_state=output_final_state, dt_bias=dt_bias, **kw)
+        shared = tuple(u.to(t.dtype) for u, t in zip(up, low)) if blocks > 1 else low  # one cast per block
+        o, S = fn(shared[0], shared[1], v[..., cols], shared[2], shared[3], scale=scale,
+                  initial_state=None if S0 is None else S0[..., cols], output_final_state=output_final_state,
+                  dt_bias=dt_bias, **kw)
         outs.append(o)
         states.append(S)
     o = torch.cat(outs, -1)[..., :V]
