@@ -192,20 +192,20 @@ def _with_supported_head_dims(fn: Callable, q: Tensor, k: Tensor, v: Tensor, g: 
     dt_bias [HV K]; the other keywords go to fn unchanged. Returns (o [B, T, HV, V], final_state [N, HV, K, V] or
     None), as fn does, at the caller's sizes.
 
-    D is the smallest supported size >= K and >= V (256 when V > 256). q, k, g (and dt_bias) are zero-padded from K
-    to D key channels; v (and initial_state's columns) are zero-padded to a multiple of D, so one call of fn when
-    V <= 256, else ceil(V / 256) value blocks of 256 columns, each a call of fn with the same q, k, g, beta; the
-    outputs and final states are joined along V and sliced back to [..., V] and [..., K, V]. Exact, not an
-    approximation (docs/equations.md section 1, S_t = Diag(e^g_t) S_{t-1} + beta_t k_t (v_t - (Diag(e^g_t)
-    S_{t-1})^T k_t)^T, o_t = scale S_t^T q_t): k zero in the padded channels keeps the state's padded rows out of
-    S^T k and leaves them unwritten, so they keep their start, zero, for any g there; zero rows (and q zero there)
-    leave o and the real rows unchanged. The L2Norm of q, k is unchanged by zeros. The value columns of S and o
-    evolve independently, so a block of columns is the recurrence restricted to them. The default scale is K^-1/2 of the caller's K, not of D. The padding and
-    slicing are plain torch ops, so autograd differentiates through them: the padded channels' gradients are
-    dropped by the slices. With several value blocks, q, k, g, beta reach each block through an fp32 copy, so
-    their gradients (bf16 from each block) are summed in fp32 and rounded once to their dtype, instead of a bf16 sum
-    rounding after every block. Cost: the kernels' work at D instead of K and V, ceil(V / D) times. K > 256 raises
-    ValueError (the padding cannot shrink a head)."""
+    D is the smallest supported size >= K and >= V (256 when V > 256). q, k, g (and dt_bias) are zero-padded from K to D
+    key channels; v (and initial_state's columns) are zero-padded to a multiple of D, so one call of fn when V <= 256,
+    else ceil(V / 256) value blocks of 256 columns, each a call of fn with the same q, k, g, beta; the outputs and final
+    states are joined along V and sliced back to [..., V] and [..., K, V]. Exact, not an approximation
+    (docs/equations.md section 1, S_t = Diag(e^g_t) S_{t-1} + beta_t k_t (v_t - (Diag(e^g_t) S_{t-1})^T k_t)^T, o_t =
+    scale S_t^T q_t): k zero in the padded channels keeps the state's padded rows out of S^T k and leaves them
+    unwritten, so they keep their start, zero, for any g there; zero rows (and q zero there) leave o and the real rows
+    unchanged. The L2Norm of q, k is unchanged by zeros. The value columns of S and o evolve independently, so a block
+    of columns is the recurrence restricted to them. The default scale is K^-1/2 of the caller's K, not of D. The
+    padding and slicing are plain torch ops, so autograd differentiates through them: the padded channels' gradients are
+    dropped by the slices. With several value blocks, q, k, g, beta reach each block through an fp32 copy, so their
+    gradients (bf16 from each block) are summed in fp32 and rounded once to their dtype, instead of a bf16 sum rounding
+    after every block. Cost: the kernels' work at D instead of K and V, ceil(V / D) times. K > 256 raises ValueError
+    (the padding cannot shrink a head)."""
     K, V, D = _head_dims("chunk_kda", q, k, v, g, initial_state, "initial_state", dt_bias)
     scale = K ** -0.5 if scale is None else scale
     if K == D and V == D:
