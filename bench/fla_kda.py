@@ -9,7 +9,8 @@ every op, fla.layers and fla.models, i.e. einops and transformers), which needs 
 packaging; if that fails it falls back to the ordinary `import fla.ops.kda` (--full-import forces it).
 
   python3 bench/fla_kda.py [--fla-path peers/fla-src] [--json OUT.json] [--check-dir DIR] [--force]
-                           [--ops kda-prefill,kda-decode,check] [--time-budget S] [--prewarm N] [--dry-run]
+                           [--ops kda-prefill,kda-decode,check,kda-backward] [--time-budget S] [--prewarm N]
+                           [--dry-run]
 
 Outputs (kdalab's rule): --json's folder must exist and be writable; --check-dir is created if missing
 (its parent folder must exist and be writable). An existing --json file, or an existing check file in
@@ -18,7 +19,8 @@ one line on stderr naming the option and the path, exit 2, nothing written. --dr
 checks (arguments, --fla-path, outputs), prints the plan and exits without importing torch or fla.
 
 What it runs (bf16 in/out, fp32 state, D = d_k = d_v = 128 only: kdalab bench's D = 64 and D = 256 rows
-(" D=64" / " D=256" keys) have no fla peer, and a D field in --prefill-shapes / --decode-shapes is refused;
+(" D=64" / " D=256" keys) have no fla peer, and a D field in --prefill-shapes / --decode-shapes /
+--backward-shapes is refused;
 scale = D^-1/2, everything fused the way
 kdalab's kernels take it: raw gate logits, raw beta logits, un-normalised q/k):
   kda-prefill: fla.ops.kda.chunk_kda(q, k, v, g_raw, beta_raw, A_log=, dt_bias=, initial_state=S0,
@@ -28,6 +30,17 @@ kdalab's kernels take it: raw gate logits, raw beta logits, un-normalised q/k):
   kda-decode: fla.ops.kda.fused_recurrent.fused_recurrent_kda_fwd(..., initial_state=S,
       inplace_final_state=True, out=o, same fusions): one token per sequence, state updated in place
       (the call vLLM-style decoding uses; the public fused_recurrent_kda copies the state instead).
+  kda-backward (only when --ops names it: fla's backward compiles and autotunes for several minutes): the
+      kda-prefill call above with requires_grad on q, k, v, g_raw, beta_raw, A_log, bias and S0, then
+      torch.autograd.grad((o, S), those leaves, (do, dS)): fla's forward + backward, the pair that
+      `kdalab bench --op kda-backward` times as its row time. Upstream gradients do N(0,1) bf16 [B,T,HV,D] and
+      dS N(0,1) fp32 [B,HV,D,D] (bench/fla_kda_bwd.py's distribution), drawn after the inputs from the same
+      generator. Per shape also: fla's forward alone with autograd recording (the same call, grad enabled,
+      no backward), "bwd_est_ms" = forward + backward - forward (an estimate of the backward alone: fla's
+      backward is not a separate public call), and "peak_bytes" = torch.cuda.max_memory_allocated() over one
+      forward + backward after the first call (inputs and upstream gradients included, as kdalab's
+      peak_bytes includes them; "inputs_bytes" = torch.cuda.memory_allocated() before the call). The JSON
+      value is the forward + backward time (graph or eager as below; the meta says which).
   Shapes: the `kdalab bench` defaults (experiments/bench.cpp parse_shapes), keys
       "<op> B=.. T=.. H=.. HV=..". Inputs as bench.cpp draws them: q, k, v, g_raw, beta_raw N(0,1) bf16,
       A_log U(0,1) [HV] fp32, bias U(0,1) [HV, D] fp32, S0 = 0.1 N(0,1) [B, HV, D, D] fp32.
@@ -44,7 +57,8 @@ kdalab's kernels take it: raw gate logits, raw beta logits, un-normalised q/k):
       gate = "k3", g_min = -5, beta = "logits". Also printed: fla's relative RMS against a float64
       recurrence computed here (a preview; the numbers of record come from `kdalab check`).
 
-Output JSON (--json): {"kda-prefill B=1 T=8192 H=64 HV=64": ms, ...} for `kdalab bench --peer-json`,
+Output JSON (--json): {"kda-prefill B=1 T=8192 H=64 HV=64": ms, ..., "kda-backward B=1 T=8192 H=64 HV=64": ms}
+for `kdalab bench --peer-json`,
 plus one object under "_fla_meta" (fla commit, versions, flags, eager and graph times; ignored by
 kdalab bench). Rewritten after every shape, so a run cut short keeps what it measured. One file per
 peer: `kdalab bench --peer-json fla_kda.json --peer-json torch_mla.json` merges them (bench/gpu_pass.sh
@@ -74,11 +88,13 @@ import types
 # kdalab bench defaults (experiments/bench.cpp parse_shapes): (B, T, H, HV)
 PREFILL_SHAPES = [(1, 8192, 64, 64), (1, 8192, 96, 96), (1, 65536, 32, 32), (4, 4096, 16, 32)]
 DECODE_SHAPES = [(256, 1, 32, 32), (1, 1, 32, 32), (64, 1, 32, 64)]
+BACKWARD_SHAPES = [(1, 8192, 64, 64), (1, 8192, 96, 96), (1, 65536, 32, 32)]
 # the anchor-kda accuracy cases: (B, T, H), HV = H
 ANCHOR_CASES = [(1, 17, 1), (3, 64, 1), (1, 300, 2), (1, 1000, 4), (1, 4096, 2)]
 D = 128
 G_MIN = -5.0
-OPS = ("kda-prefill", "kda-decode", "check")
+OPS = ("kda-prefill", "kda-decode", "check", "kda-backward")
+DEFAULT_OPS = ("kda-prefill", "kda-decode", "check")  # kda-backward only when asked (minutes of Triton autotuning)
 
 T0 = time.monotonic()
 
@@ -146,11 +162,15 @@ def build_parser():
                         "must exist); existing fla_kda_B*_T*_H*.h5 files in it only with --force")
     p.add_argument("--force", action="store_true",
                    help="overwrite an existing --json file and existing check files in --check-dir")
-    p.add_argument("--ops", default=",".join(OPS), help="comma-separated subset of " + ", ".join(OPS))
+    p.add_argument("--ops", default=",".join(DEFAULT_OPS),
+                   help="comma-separated subset of " + ", ".join(OPS) + " (kda-backward: fla's forward + backward, "
+                        "its first call compiles and autotunes for minutes; e.g. --ops kda-backward alone)")
     p.add_argument("--prefill-shapes", default=",".join("%d:%d:%d:%d" % s for s in PREFILL_SHAPES),
                    help="B:T:H[:HV],...; the default is kdalab bench's")
     p.add_argument("--decode-shapes", default=",".join("%d:%d:%d:%d" % s for s in DECODE_SHAPES),
                    help="B:1:H[:HV],...; the default is kdalab bench's")
+    p.add_argument("--backward-shapes", default=",".join("%d:%d:%d:%d" % s for s in BACKWARD_SHAPES),
+                   help="B:T:H[:HV],... of the kda-backward rows; the default is kdalab bench's")
     p.add_argument("--iters", type=int, default=100, help="timed calls (or graph replays) per shape, median reported (>= 1; use 50 or more for the record)")
     p.add_argument("--warmup", type=int, default=10, help="untimed calls after the first (compile + autotune) call")
     p.add_argument("--reps", type=int, default=0,
@@ -392,6 +412,17 @@ class Harness:
         x["A_log"] = torch.rand(HV, generator=gen, device=self.dev, dtype=torch.float32)
         x["bias"] = torch.rand(HV, D, generator=gen, device=self.dev, dtype=torch.float32)
         x["S0"] = 0.1 * torch.randn(B, HV, D, D, generator=gen, device=self.dev, dtype=torch.float32)
+        self._gen = gen  # inputs_with_upstream draws the upstream gradients next
+        return x
+
+    def inputs_with_upstream(self, B, T, H, HV, seed):
+        """inputs() and, drawn next from the same generator, the upstream gradients of kda-backward (bench.cpp's
+        distribution, bench/fla_kda_bwd.py's too): do [B,T,HV,D] N(0,1) in bf16, dS [B,HV,D,D] N(0,1) fp32."""
+        torch = self.torch
+        x = self.inputs(B, T, H, HV, seed)
+        gen = self._gen
+        x["do"] = torch.randn(B, T, HV, D, generator=gen, device=self.dev, dtype=torch.float32).to(torch.bfloat16)
+        x["dS"] = torch.randn(B, HV, D, D, generator=gen, device=self.dev, dtype=torch.float32)
         return x
 
     # -- the fla calls --------------------------------------------------------------------------
@@ -403,6 +434,31 @@ class Harness:
             use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
             A_log=x["A_log"], dt_bias=x["bias"].reshape(-1), lower_bound=G_MIN, safe_gate=self.safe_gate,
             chunk_size=self.args.chunk_size)
+
+    GRAD_LEAVES = ("q", "k", "v", "g", "beta", "A_log", "bias", "S0")
+
+    def grad_leaves(self, x):
+        """The inputs that chunk_kda differentiates as autograd leaves (requires_grad) for backward_call: detached
+        views of x's tensors (the same memory: nothing is written to them, and the peak memory counts them once)."""
+        return {n: x[n].detach().requires_grad_(True) for n in self.GRAD_LEAVES}
+
+    def backward_call(self, x, leaves, backward=True):
+        """fla's chunk_kda forward on `leaves` with autograd recording (the prefill call's fusions), then, when
+        `backward`, its backward: torch.autograd.grad((o, S), leaves, (do, dS)) (returns the gradients; nothing is
+        accumulated into .grad, so repeated calls do the same work)."""
+        torch = self.torch
+        with torch.enable_grad():
+            o, S = self.chunk_kda(
+                leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
+                scale=D ** -0.5, initial_state=leaves["S0"], output_final_state=True,
+                use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+                A_log=leaves["A_log"], dt_bias=leaves["bias"].reshape(-1), lower_bound=G_MIN,
+                safe_gate=self.safe_gate, chunk_size=self.args.chunk_size)
+            if not backward:
+                return o, S
+            # .to() is a no-op where fla's dtypes are the upstream's (bf16 o, fp32 S)
+            return torch.autograd.grad((o, S), [leaves[n] for n in self.GRAD_LEAVES],
+                                       (x["do"].to(o.dtype), x["dS"].to(S.dtype)), allow_unused=True)
 
     def decode_call(self, x, S, o):
         """One fla decode step (T = 1 per sequence), state S updated in place, output into o."""
@@ -489,6 +545,37 @@ class Harness:
         nq, nv = B * T * H * D, B * T * HV * D
         r["bytes"] = 2.0 * (2 * nq + 3 * nv + B * T * HV) + 2.0 * 4.0 * B * HV * D * D  # as bench.cpp
         x = None  # free the inputs before the next shape
+        torch.cuda.empty_cache()
+        return r
+
+    def bench_backward(self, shape):
+        """kda-backward: fla's forward + backward (measure(): first call, warm-up, eager, CUDA graph), its
+        peak memory over one forward + backward, and its forward alone with autograd recording (the same
+        measure()); bwd_est_ms = forward + backward - forward (eager and graph), an estimate."""
+        torch = self.torch
+        B, T, H, HV = shape
+        x = self.inputs_with_upstream(B, T, H, HV, self.args.seed)
+        leaves = self.grad_leaves(x)
+        r = self.measure(lambda: self.backward_call(x, leaves), is_decode=False)
+        # peak memory of one forward + backward, after the first call (Triton's autotuning allocates its own buffers)
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        r["inputs_bytes"] = torch.cuda.memory_allocated()
+        grads = self.backward_call(x, leaves)
+        torch.cuda.synchronize()
+        r["peak_bytes"] = torch.cuda.max_memory_allocated()
+        grads = None
+        f = self.measure(lambda: self.backward_call(x, leaves, backward=False), is_decode=False)
+        r["forward"] = f
+        r["fwd_eager_ms"] = f["eager_ms"]
+        r["fwd_graph_ms"] = f.get("graph_ms")
+        r["bwd_est_eager_ms"] = r["eager_ms"] - f["eager_ms"]
+        r["bwd_est_graph_ms"] = (r["graph_ms"] - f["graph_ms"]) if r.get("graph_ms") and f.get("graph_ms") else None
+        r["bwd_est_note"] = ("forward + backward minus the forward alone (grad enabled, same inputs): an estimate of "
+                             "fla's backward, which has no separate public call")
+        r["bytes"] = backward_row_bytes(B, T, H, HV)
+        x = leaves = grads = None  # free the inputs before the next shape
         torch.cuda.empty_cache()
         return r
 
@@ -649,6 +736,25 @@ def key_of(op, s):
     return f"{op} B={s[0]} T={s[1]} H={s[2]} HV={s[3]}"
 
 
+BACKWARD_TIMING = ("chunk_kda forward + torch.autograd.grad backward per call (JSON value), the forward alone with "
+                   "autograd recording, bwd_est = their difference (an estimate), peak_bytes = "
+                   "torch.cuda.max_memory_allocated over one forward + backward; each time from a CUDA graph of "
+                   "the calls where capture works, else eager CUDA events (--report; the meta says which)")
+
+
+def backward_row_bytes(B, T, H, HV):
+    """The bytes of a `kdalab bench --op kda-backward` row (experiments/bench.cpp: the prefill's model plus
+    backward_model, D = 128, fused gate), so that TB/s here and there divide the same bytes."""
+    M, P = B * T, D // 64
+    nq, nv, nb, ns = M * H * D, M * HV * D, M * HV, B * HV * D * D
+    n = (T + 63) // 64
+    prefill = 2.0 * (2 * nq + 3 * nv + nb) + 2.0 * 4.0 * ns
+    bwd_in = 2.0 * (2 * nq + 3 * nv + nb) + 4.0 * (HV + HV * D) + 4.0 * 2 * ns
+    bwd_out = 2.0 * (2 * nq + 2 * nv + nb) + 4.0 * (HV + HV * D) + 4.0 * ns
+    ws = M * (2 * H * D + 2 * H + HV * D + HV) + B * n * HV * D * D + P * M * HV * (3 * D + 1) + M * HV + M * HV * D
+    return prefill + bwd_in + bwd_out + 2.0 * 4.0 * ws
+
+
 # ---------------------------------------------------------------------------------------------------
 # prewarm: JIT-compile + autotune every shape once in parallel worker processes
 
@@ -673,13 +779,17 @@ def worker_main(args, root):
         B, T, H, HV = int(B), int(T), int(H), int(HV)
         t = time.monotonic()
         try:
-            x = h.inputs(B, T, H, HV, args.seed)
-            with torch.no_grad():
-                if op == "decode":
-                    S, o = x["S0"].clone(), torch.empty(B, 1, HV, D, device=h.dev, dtype=torch.bfloat16)
-                    h.decode_call(x, S, o)
-                else:
-                    h.prefill_call(x)
+            if op == "backward":  # forward + backward with autograd: fla's backward kernels compile too
+                x = h.inputs_with_upstream(B, T, H, HV, args.seed)
+                h.backward_call(x, h.grad_leaves(x))
+            else:
+                x = h.inputs(B, T, H, HV, args.seed)
+                with torch.no_grad():
+                    if op == "decode":
+                        S, o = x["S0"].clone(), torch.empty(B, 1, HV, D, device=h.dev, dtype=torch.bfloat16)
+                        h.decode_call(x, S, o)
+                    else:
+                        h.prefill_call(x)
             torch.cuda.synchronize()
             log(f"worker {os.getpid()}: {item} {time.monotonic() - t:.1f} s")
         except Exception as e:  # go on with the other shapes; the main process reports the failure itself
@@ -749,6 +859,7 @@ def main(argv=None):
             raise UsageError(f"--ops '{args.ops}': unknown {bad or 'empty'}; accepted: comma-separated {', '.join(OPS)}")
         prefill = parse_shapes(args.prefill_shapes, "prefill")
         decode = parse_shapes(args.decode_shapes, "decode")
+        backward = parse_shapes(args.backward_shapes, "backward")
         if args.iters < 1 or args.warmup < 0 or args.reps < 0:
             raise UsageError(f"--iters {args.iters} / --warmup {args.warmup} / --reps {args.reps}: "
                              "accepted: --iters >= 1 (50 or more for the record), --warmup >= 0, --reps >= 0")
@@ -777,6 +888,9 @@ def main(argv=None):
             log("decode shapes: " + ", ".join(key_of("kda-decode", s) for s in decode))
         if "check" in ops:
             log("check cases: " + ", ".join(map(case_name, ANCHOR_CASES)))
+        if "kda-backward" in ops:
+            log("backward shapes: " + ", ".join(key_of("kda-backward", s) for s in backward))
+            log("backward rows: " + BACKWARD_TIMING)
         return end_dry_run(plan)
 
     try:
@@ -809,6 +923,8 @@ def main(argv=None):
         jobs += [("prefill",) + s for s in prefill]
     if "kda-decode" in ops:
         jobs += [("decode",) + s for s in decode]
+    if "kda-backward" in ops:
+        jobs += [("backward",) + s for s in backward]
     if "check" in ops:
         jobs += [("prefill", B, T, H, H) for (B, T, H) in ANCHOR_CASES]
     if args.prewarm != 0 and len({(j[3], j[4]) for j in jobs}) > 1:
@@ -833,6 +949,10 @@ def main(argv=None):
                      "output_final_state=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, "
                      f"use_beta_sigmoid_in_kernel=True, lower_bound={G_MIN}, safe_gate={h.safe_gate}, "
                      f"chunk_size={args.chunk_size})",
+        backward_call=("chunk_kda(...) as prefill_call with requires_grad on q, k, v, g_raw, beta_raw, A_log, bias, "
+                       "S0, then torch.autograd.grad((o, S), those, (do, dS)); do N(0,1) bf16, dS N(0,1) fp32")
+        if "kda-backward" in ops else None,
+        backward_timing=BACKWARD_TIMING if "kda-backward" in ops else None,
         decode_call=("fused_recurrent_kda_fwd(..., initial_state=S, inplace_final_state=True, out=o, "
                      "use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, "
                      f"lower_bound={G_MIN})") if h.decode_inplace else
@@ -854,7 +974,8 @@ def main(argv=None):
 
     save()
     hdr = f"{'key':<40} {'first s':>8} {'eager ms':>10} {'graph ms':>10} {'reps':>5} {'TB/s':>7}"
-    for op, shapes, fn in (("kda-prefill", prefill, h.bench_prefill), ("kda-decode", decode, h.bench_decode)):
+    for op, shapes, fn in (("kda-prefill", prefill, h.bench_prefill), ("kda-decode", decode, h.bench_decode),
+                           ("kda-backward", backward, h.bench_backward)):
         if op not in ops:
             continue
         log(hdr)
@@ -882,6 +1003,17 @@ def main(argv=None):
             g = f"{r['graph_ms']:10.4f} {r['graph_reps']:5d}" if r.get("graph_ms") else f"{'-':>10} {'-':>5}"
             log(f"{key:<40} {r['first_call_s']:8.1f} {r['eager_ms']:10.4f} {g} {r['TBps']:7.2f}"
                 + ("" if r.get("graph_ms") else f"   (graph: {r.get('graph_error')})"))
+            if op == "kda-backward":
+                fwd = r["fwd_graph_ms"] if r["reported"] == "graph" and r.get("fwd_graph_ms") else r["fwd_eager_ms"]
+                est = r["bwd_est_graph_ms"] if r["reported"] == "graph" and r.get("bwd_est_graph_ms") else \
+                    r["bwd_est_eager_ms"]
+                r["fwd_ms"], r["bwd_est_ms"] = fwd, est
+                r["fwd_reported"] = "graph" if fwd == r.get("fwd_graph_ms") else "eager"
+                r["bwd_est_reported"] = "graph" if est == r.get("bwd_est_graph_ms") else "eager"
+                log(f"{'':<40} forward + backward {ms:.4f} ms ({r['reported']}), forward alone {fwd:.4f} ms "
+                    f"({r['fwd_reported']}), backward {est:.4f} ms ({r['bwd_est_reported']}; an estimate: the difference); peak "
+                    f"memory "
+                    f"{r['peak_bytes'] / 1e9:.2f} GB (inputs {r['inputs_bytes'] / 1e9:.2f} GB)")
             save()
 
     if "check" in ops:

@@ -4,7 +4,8 @@
 # checksum test, then `kdalab bench` with the torch MLA baseline timed in the same session and
 # --compare against data/baselines/h200.h5. Logs and results go to $OUT (default ./gpu-out) and
 # are also packed into $OUT/gpu_pass.tgz (the device tool returns only a few files).
-# Usage: bench/gpu_pass.sh [all|kda-prefill|kda-decode|mla-decode|...|none]   (default: all)
+# Usage: bench/gpu_pass.sh [all|kda-prefill|kda-decode|kda-backward|mla-decode|...|none]   (default: all)
+# Env: FLA_BENCH_BWD=1 with op all also times fla's forward + backward (bench/fla_kda.py --ops ...,kda-backward).
 # Env: TESTS="gpu_test_a gpu_test_b" runs only those GPU test binaries (default: all).
 # Env: SANITIZE=1 also runs each GPU test under compute-sanitizer memcheck (timeout SAN_TIMEOUT s each; serial).
 # Env: PY=1 also builds the Python package with CUDA, runs its tests and kdalab-verify on kdalab's kernels.
@@ -71,10 +72,14 @@ if [ "$op" != none ]; then
   peer=(); cmp=()
   case "$op" in all|mla-decode)
     step torch-mla python3 bench/torch_mla_decode.py "$OUT/torch_mla.json" && peer+=(--peer-json "$OUT/torch_mla.json");; esac
-  # fla (KDA peer) when its source was carried to peers/fla-src (git-ignored; see bench/fla_kda.py)
-  case "$op" in all|kda-prefill|kda-decode)
+  # fla (KDA peer) when its source was carried to peers/fla-src (git-ignored; see bench/fla_kda.py). kda-backward: fla's
+  # forward + backward rows only (--ops kda-backward); op all adds them to the default ops only with FLA_BENCH_BWD=1
+  # (fla's backward compiles and autotunes for several minutes on its first call)
+  case "$op" in all|kda-prefill|kda-decode|kda-backward)
+    fla_ops=(); [ "$op" = kda-backward ] && fla_ops=(--ops kda-backward)
+    [ "$op" = all ] && [ "${FLA_BENCH_BWD:-0}" = 1 ] && fla_ops=(--ops kda-prefill,kda-decode,check,kda-backward)
     [ -d peers/fla-src ] && step fla-kda python3 bench/fla_kda.py --fla-path peers/fla-src --json "$OUT/fla_kda.json" \
-      --check-dir "$OUT/fla_check" && peer+=(--peer-json "$OUT/fla_kda.json");; esac
+      --check-dir "$OUT/fla_check" "${fla_ops[@]}" && peer+=(--peer-json "$OUT/fla_kda.json");; esac
   for f in data/baselines/h200.h5; do [ -f "$f" ] && cmp+=(--compare "$f"); done
   TAIL=${BENCH_TAIL:-40} step "bench-$op" "$B/experiments/kdalab" bench --op "$op" "${peer[@]}" "${cmp[@]}" --out "$OUT/bench-$op.h5"
   # fla's KDA gradients (bench/fla_kda_bwd.py) checked by `kdalab check --op kda-bwd`: only with op all, peers/fla-src

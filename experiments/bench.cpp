@@ -1,7 +1,8 @@
-// `kdalab bench`: timings of the CUDA kernels: KDA (kernels/kda.hpp), MLA decode and prefill (kernels/mla.hpp,
-// kernels/mla_prefill.hpp) and Block AttnRes (kernels/attn_res.hpp).
+// `kdalab bench`: timings of the CUDA kernels: KDA (kernels/kda.hpp) and its backward (kernels/kda_backward.hpp), MLA
+// decode and prefill (kernels/mla.hpp, kernels/mla_prefill.hpp) and Block AttnRes (kernels/attn_res.hpp).
 //
-//   kdalab bench --op kda-prefill|kda-decode|mla-decode|mla-prefill|attn-res|all [--shapes "B:T:H[:HV[:D]],..."]
+//   kdalab bench --op kda-prefill|kda-decode|kda-backward|mla-decode|mla-prefill|attn-res|all
+//                [--shapes "B:T:H[:HV[:D]],..."]
 //                [--iters N] [--warmup N] [--quick] [--prefix N0] [--peer-json FILE..] [--compare BASELINE.h5..]
 //                [--state-pass auto|mma|wgmma|key-split] [--segments P] [--overlap on|off] --out results/bench.h5
 //
@@ -34,11 +35,19 @@
 //   [B, T, H, 128] fp32); bytes = latents, c_new, q^C, W_UK, W_UV read, o written (fp32 K, V workspace not counted);
 //   flops = 4 d_h H per causal pair + 2 d_c (d_nope + d_v) H per key (one pass, hi/lo not counted). A printed line
 //   gives the rule's choice, the absorbed path through the same API (absorb + prefill + W_UV) and P hi only.
-// kda-prefill / kda-decode: D = d_k = d_v is the optional 5th shape field (64, 128 or 256; default 128); rows
-//   with D != 128 carry " D=<D>" at the end of their key (D = 128 keys are unchanged). The defaults add
-//   D = 64 and D = 256 rows. kda-prefill: --state-pass and --segments force a state pass and schedule
+// kda-prefill / kda-decode / kda-backward: D = d_k = d_v is the optional 5th shape field (64, 128 or 256; default
+//   128); rows with D != 128 carry " D=<D>" at the end of their key (D = 128 keys are unchanged). The kda-prefill and
+//   kda-decode defaults add D = 64 and D = 256 rows. kda-prefill: --state-pass and --segments force a state pass and schedule
 //   (kernels/kda.hpp KdaPrefillOverrides), --overlap off runs everything on one stream (KdaPrefillArgs::single_stream);
 //   prep ms and state ms time the prepare and the state pass alone (KdaPrefillOverrides::phases).
+// kda-backward (kernels/kda_backward.hpp; shapes B:T:H[:HV[:D]] as kda-prefill, defaults 1:8192:64, 1:8192:96,
+//   1:65536:32): kda-prefill's inputs (the fused K3 gate, L2Norm and beta sigmoid, S0 given, S_final written) plus the
+//   upstream dO N(0,1) bf16 and dS_T N(0,1) fp32. Three timings, each as kda-prefill's: the forward (kda_prefill, the
+//   rule's plan: --state-pass, --segments, --overlap act on kda-prefill rows only), the backward (kda_backward) and
+//   the forward then the backward; time_ms = the last, fwd_ms and bwd_ms the first two (printed as fwd ms, bwd ms).
+//   bytes, flops = the prefill's model + the backward's (bwd_bytes, bwd_flops: backward_model below); peak_bytes =
+//   the device bytes the row allocates (inputs, outputs, the prefill and backward workspaces), printed with the
+//   backward's own TB/s and TFLOP/s.
 // attn-res (kernels/attn_res.hpp): shapes S:T:d in the B:T:H slots (S sources, T tokens, width d; the table's
 //   B, T, H, D columns hold S, T, d, d); bytes = the S T d bf16 sources read once + the bf16 output written;
 //   flops = 6 S T d (h.h, w.h, the weighted sum).
@@ -77,6 +86,7 @@
 
 #include "kernels/attn_res.hpp"
 #include "kernels/kda.hpp"
+#include "kernels/kda_backward.hpp"
 #include "kernels/mla.hpp"
 #include "kernels/mla_prefill.hpp"
 #include "kernels/common/random_fill.hpp"
@@ -125,9 +135,12 @@ std::vector<Shape> parse_shapes(const std::string& text, const std::string& op) 
     // attn-res: S:T:d (K3: 8 completed blocks + the embedding = 9 sources, 10 with the partial sum, d = 7168;
     // Kimi Linear: d = 2304)
     if (op == "attn-res") return {{9, 8192, 7168, 7168}, {10, 8192, 7168, 7168}, {9, 8192, 2304, 2304}};
+    // kda-backward: the first three kda-prefill shapes (fla's chunk_kda forward + backward is timed on the same keys);
+    // the T = 65536 row allocates ~20 GB (inputs, outputs, both workspaces; docs/kernels/kda_backward.md, "Measuring")
+    if (op == "kda-backward") return {{1, 8192, 64, 64}, {1, 8192, 96, 96}, {1, 65536, 32, 32}};
     return {{256, 1, 32, 32}, {1, 1, 32, 32}, {64, 1, 32, 64}, {256, 1, 32, 32, 64}, {256, 1, 32, 32, 256}};
   }
-  const bool kda = op == "kda-prefill" || op == "kda-decode";
+  const bool kda = op == "kda-prefill" || op == "kda-decode" || op == "kda-backward";
   const std::string form = kda ? "B:T:H[:HV[:D]]" : op == "mla-decode" ? "B:N:H" : op == "attn-res" ? "S:T:d" : "B:T:H";
   constexpr long long kMaxField = 2147483647LL;  // 2^31 - 1: the kernels take int sizes
   require(text.back() != ',', "--shapes: '" + text + "' ends with ','; accepted: comma-separated " + form);
@@ -283,9 +296,10 @@ using kernels::cuda_check;
 
 struct Dev {
   void* p = nullptr;
+  std::size_t bytes = 0;  // as asked (cudaMalloc gets at least 16)
   /// Device buffer of n bytes. Errors: a shape too large for the device's memory -> kdalab::Error (exit 2) saying how
   /// much was asked and how much is free; any other CUDA error as cuda_check.
-  explicit Dev(std::size_t n) {
+  explicit Dev(std::size_t n) : bytes(n) {
     const cudaError_t e = cudaMalloc(&p, std::max<std::size_t>(n, 16));
     if (e == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();  // an allocation failure is not sticky: clear it, the context stays usable
@@ -362,6 +376,11 @@ struct Measured {
   double ms, ms_min, bytes, flops, prepare_ms = 0, state_ms = 0;
   double graph_ms = std::numeric_limits<double>::quiet_NaN();  // MLA decode, B <= 8: per step in a graph of 20 steps
   double floor_ms = std::numeric_limits<double>::quiet_NaN();  // the same bytes read by a plain kernel, same graph
+  // kda-backward: the forward and the backward each timed alone (medians), the backward's own bytes and flops model,
+  // and the device bytes allocated (inputs, outputs, both workspaces)
+  double fwd_ms = std::numeric_limits<double>::quiet_NaN(), bwd_ms = std::numeric_limits<double>::quiet_NaN();
+  double bwd_bytes = std::numeric_limits<double>::quiet_NaN(), bwd_flops = std::numeric_limits<double>::quiet_NaN();
+  double peak_bytes = std::numeric_limits<double>::quiet_NaN();
 };
 
 /// The least bytes and the FLOPs of a KDA prefill of shape s (chunk 16, D = s.D) with its timings.
@@ -388,27 +407,47 @@ kernels::KdaPrefillOverrides prefill_overrides(const std::string& state_pass, in
   return ov;
 }
 
+/// The device tensors of a KDA prefill of shape s as the bench draws them, and the KdaPrefillArgs over them (no
+/// workspace): q, k [B, T, H, D], v, g (raw gate logits) [B, T, HV, D], beta (raw logits) [B, T, HV] seeded N(0,1)
+/// bf16 fills (seeds seed + 1 .. seed + 5); A_log [HV], bias [HV, D] U(0,1) fp32 (seed + 6, + 7); S0 [B, HV, D, D]
+/// 0.1 N(0,1) fp32 (seed + 8); outputs o [B, T, HV, D] bf16 and S_final [B, HV, D, D] fp32. The K3 gate (g_min = -5),
+/// the L2Norm of q, k and the beta sigmoid in the kernel; scale = D^-1/2. Shared by kda-prefill and kda-backward.
+struct PrefillInputs {
+  std::size_t nq, nv, nb, ns;  // elements of q (and k), v (and g, o), beta, S0 (and S_final)
+  Dev q, k, v, g, beta, o, A_log, bias, S0, Sf;
+  kernels::KdaPrefillArgs a;
+  PrefillInputs(const Shape& s, std::uint64_t seed)
+      : nq(s.B * s.T * s.H * s.D), nv(s.B * s.T * s.HV * s.D), nb(s.B * s.T * s.HV), ns(s.B * s.HV * s.D * s.D),
+        q(nq * 2), k(nq * 2), v(nv * 2), g(nv * 2), beta(nb * 2), o(nv * 2), A_log(s.HV * 4), bias(s.HV * s.D * 4),
+        S0(ns * 4), Sf(ns * 4) {
+    const long long D = s.D;
+    kernels::fill_normal_bf16(q.as<bf16_t>(), nq, seed + 1, 1.0f, nullptr);
+    kernels::fill_normal_bf16(k.as<bf16_t>(), nq, seed + 2, 1.0f, nullptr);
+    kernels::fill_normal_bf16(v.as<bf16_t>(), nv, seed + 3, 1.0f, nullptr);
+    kernels::fill_normal_bf16(g.as<bf16_t>(), nv, seed + 4, 1.0f, nullptr);
+    kernels::fill_normal_bf16(beta.as<bf16_t>(), nb, seed + 5, 1.0f, nullptr);
+    kernels::fill_uniform_f32(A_log.as<float>(), s.HV, seed + 6, nullptr);
+    kernels::fill_uniform_f32(bias.as<float>(), s.HV * D, seed + 7, nullptr);
+    kernels::fill_normal_f32(S0.as<float>(), ns, seed + 8, 0.1f, nullptr);
+    a.B = static_cast<int>(s.B); a.T = static_cast<int>(s.T); a.H = static_cast<int>(s.H); a.HV = static_cast<int>(s.HV);
+    a.D = static_cast<int>(D);
+    a.q = q.as<bf16_t>(); a.k = k.as<bf16_t>(); a.v = v.as<bf16_t>(); a.g = g.as<bf16_t>(); a.beta = beta.as<bf16_t>();
+    a.gate.A_log = A_log.as<float>(); a.gate.bias = bias.as<float>(); a.gate.g_min = -5.0f;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(D));
+    a.S0 = S0.as<float>(); a.S_final = Sf.as<float>(); a.o = o.as<bf16_t>();
+  }
+  /// Bytes of the buffers above (as asked of cudaMalloc).
+  std::size_t bytes() const {
+    std::size_t n = 0;
+    for (const Dev* d : {&q, &k, &v, &g, &beta, &o, &A_log, &bias, &S0, &Sf}) n += d->bytes;
+    return n;
+  }
+};
+
 Measured bench_prefill(const Shape& s, int warmup, int iters, std::uint64_t seed, kernels::KdaPrefillOverrides ov,
                        bool single_stream) {
-  const long long D = s.D;
-  const std::size_t nq = s.B * s.T * s.H * D, nv = s.B * s.T * s.HV * D;
-  Dev q(nq * 2), k(nq * 2), v(nv * 2), g(nv * 2), beta(s.B * s.T * s.HV * 2), o(nv * 2);
-  Dev A_log(s.HV * 4), bias(s.HV * D * 4), S0(s.B * s.HV * D * D * 4), Sf(s.B * s.HV * D * D * 4);
-  kernels::fill_normal_bf16(q.as<bf16_t>(), nq, seed + 1, 1.0f, nullptr);
-  kernels::fill_normal_bf16(k.as<bf16_t>(), nq, seed + 2, 1.0f, nullptr);
-  kernels::fill_normal_bf16(v.as<bf16_t>(), nv, seed + 3, 1.0f, nullptr);
-  kernels::fill_normal_bf16(g.as<bf16_t>(), nv, seed + 4, 1.0f, nullptr);
-  kernels::fill_normal_bf16(beta.as<bf16_t>(), s.B * s.T * s.HV, seed + 5, 1.0f, nullptr);
-  kernels::fill_uniform_f32(A_log.as<float>(), s.HV, seed + 6, nullptr);
-  kernels::fill_uniform_f32(bias.as<float>(), s.HV * D, seed + 7, nullptr);
-  kernels::fill_normal_f32(S0.as<float>(), s.B * s.HV * D * D, seed + 8, 0.1f, nullptr);
-  kernels::KdaPrefillArgs a;
-  a.B = static_cast<int>(s.B); a.T = static_cast<int>(s.T); a.H = static_cast<int>(s.H); a.HV = static_cast<int>(s.HV);
-  a.D = static_cast<int>(D);
-  a.q = q.as<bf16_t>(); a.k = k.as<bf16_t>(); a.v = v.as<bf16_t>(); a.g = g.as<bf16_t>(); a.beta = beta.as<bf16_t>();
-  a.gate.A_log = A_log.as<float>(); a.gate.bias = bias.as<float>(); a.gate.g_min = -5.0f;
-  a.scale = 1.0f / std::sqrt(static_cast<float>(D));
-  a.S0 = S0.as<float>(); a.S_final = Sf.as<float>(); a.o = o.as<bf16_t>();
+  PrefillInputs in(s, seed);
+  kernels::KdaPrefillArgs& a = in.a;
   a.single_stream = single_stream;
   const std::size_t wsb = kernels::kda_prefill_workspace_bytes(a, &ov);
   Dev ws(wsb);
@@ -419,6 +458,93 @@ Measured bench_prefill(const Shape& s, int warmup, int iters, std::uint64_t seed
   ov.phases = kernels::KdaPhases::state;
   const double state = time_ms([&] { kernels::kda_prefill(a, nullptr, &ov); }, warmup, iters).first;
   return prefill_measured(s, ms, mn, prep, state);
+}
+
+/// The model of the KDA backward (kernels/kda_backward.hpp, version 1) for a fixed-length batch of shape s with the
+/// fused K3 gate (docs/kernels/kda_backward.md, "Measuring"). M = B T token rows, P = D / NC column blocks per value
+/// head (NC = 64; 32 at D = 256). Returns {bytes, flops}:
+///  bytes: the compulsory traffic. Inputs read once (q, k, v, g, dO, beta bf16; A_log, bias, S0, dS_T fp32), outputs
+///    written once (dq, dk, dv, dg, dbeta bf16; dA_log, dbias, dS0 fp32), and each workspace region written once and
+///    read once, fp32: the prepared inputs M (2 H D + 2 H + HV D + HV), the checkpoints B ceil(T / 64) HV D^2, the
+///    partials P M HV (3 D + 1) + M HV and the per-token dbias terms M HV D (the epilogue writes them over partial
+///    slot 0, the params kernel reads them). Not counted: the sweep's per-CTA scratch (each sub-chunk's states, a
+///    D x NC tile written and read back per token, mostly from L2) and the repeated reads of the prepared inputs by
+///    the three passes of the sweep.
+///  flops: the sweep's fp32 work on the state, per value head and step on its D^2 elements, an FMA counted as 2
+///    (kernels/kda_backward/sweep.cu): a forward step 5 (S' = Diag(a) S; u += k S'; S += k (beta (v - u))), a reverse
+///    step 23 (bwd_step: u = S'^T k and G^T k, 7; then S', S_t, dq, G, G delta, S' G^T k, dS', dg, Diag(a) dS', 16).
+///    A sequence of L tokens, n = ceil(L / 64) chunks, l = L - 64 (n - 1) tokens in the last one, takes L reverse
+///    steps and 64 (n - 1) (the checkpoint sweep) + 56 (n - 1) + 8 (ceil(l / 8) - 1) (the sub-checkpoints) +
+///    L - 8 (n - 1) - ceil(l / 8) (each sub-chunk's states) forward steps, about 2.75 L. Not counted: the warp
+///    butterflies (every lane adds the same sums), the per-row and per-column terms (O(D) per warp and step), the
+///    prepare, the epilogue and the params sums (O(D) per token and head): the useful work on the state, ~20% below
+///    the executed fp32 operations at D = 128.
+std::pair<double, double> backward_model(const Shape& s) {
+  const double D = static_cast<double>(s.D), H = static_cast<double>(s.H), HV = static_cast<double>(s.HV);
+  const double M = static_cast<double>(s.B) * s.T, P = s.D == 256 ? 8.0 : s.D / 64.0;
+  const double nq = M * H * D, nv = M * HV * D, nb = M * HV, ns = static_cast<double>(s.B) * HV * D * D;
+  const long long n = (s.T + 63) / 64, l = s.T - 64 * (n - 1), lsub = (l + 7) / 8;
+  const double in = 2.0 * (2.0 * nq + 3.0 * nv + nb) + 4.0 * (HV + HV * D) + 4.0 * 2.0 * ns;
+  const double out = 2.0 * (2.0 * nq + 2.0 * nv + nb) + 4.0 * (HV + HV * D) + 4.0 * ns;
+  const double ws = M * (2.0 * H * D + 2.0 * H + HV * D + HV) + static_cast<double>(s.B) * n * HV * D * D +
+                    P * M * HV * (3.0 * D + 1.0) + M * HV + M * HV * D;
+  const double fwd_steps = 64.0 * (n - 1) + 56.0 * (n - 1) + 8.0 * (lsub - 1) + (s.T - 8.0 * (n - 1) - lsub);
+  const double steps = static_cast<double>(s.B) * HV * (5.0 * fwd_steps + 23.0 * s.T);
+  return {in + out + 2.0 * 4.0 * ws, steps * D * D};
+}
+
+/// kda-backward: the forward (kda_prefill with S_final, the rule's plan) and the backward (kda_backward) of the KDA
+/// prefill on bench_prefill's inputs (PrefillInputs: the fused K3 gate, L2Norm and beta sigmoid, S0 given) with the
+/// upstream dO [B, T, HV, D] N(0,1) bf16 (seed + 9) and dS_T [B, HV, D, D] N(0,1) fp32 (seed + 10). Times (CUDA
+/// events, --warmup then --iters launches each, as bench_prefill): the forward alone, the backward alone and the
+/// forward then the backward; the row's time is the last. Bytes and flops: the prefill's model plus backward_model.
+Measured bench_backward(const Shape& s, int warmup, int iters, std::uint64_t seed) {
+  PrefillInputs in(s, seed);
+  const std::size_t nq = in.nq, nv = in.nv, nb = in.nb, ns = in.ns;
+  Dev dO(nv * 2), dST(ns * 4), dq(nq * 2), dk(nq * 2), dv(nv * 2), dg(nv * 2), dbeta(nb * 2), dA(s.HV * 4),
+      dbias(s.HV * s.D * 4), dS0(ns * 4);
+  kernels::fill_normal_bf16(dO.as<bf16_t>(), nv, seed + 9, 1.0f, nullptr);
+  kernels::fill_normal_f32(dST.as<float>(), ns, seed + 10, 1.0f, nullptr);
+  const kernels::KdaPrefillArgs& f = in.a;
+  kernels::KdaBackwardArgs b;
+  b.B = f.B; b.T = f.T; b.H = f.H; b.HV = f.HV; b.D = f.D;
+  b.q = f.q; b.k = f.k; b.v = f.v; b.g = f.g; b.beta = f.beta;
+  b.gate = f.gate; b.scale = f.scale; b.l2norm_qk = f.l2norm_qk; b.beta_sigmoid = f.beta_sigmoid;
+  b.S0 = f.S0;
+  b.dO = dO.as<bf16_t>(); b.dS_T = dST.as<float>();
+  b.dq = dq.as<bf16_t>(); b.dk = dk.as<bf16_t>(); b.dv = dv.as<bf16_t>(); b.dg = dg.as<bf16_t>();
+  b.dbeta = dbeta.as<bf16_t>(); b.dA_log = dA.as<float>(); b.dbias = dbias.as<float>(); b.dS0 = dS0.as<float>();
+  const std::size_t wsf = kernels::kda_prefill_workspace_bytes(in.a), wsb = kernels::kda_backward_workspace_bytes(b);
+  Dev wf(wsf), wb(wsb);
+  in.a.workspace = wf.p; in.a.workspace_bytes = wsf;
+  b.workspace = wb.p; b.workspace_bytes = wsb;
+  std::size_t inputs = in.bytes() - in.o.bytes - in.Sf.bytes + dO.bytes + dST.bytes, outputs = in.o.bytes + in.Sf.bytes;
+  for (const Dev* d : {&dq, &dk, &dv, &dg, &dbeta, &dA, &dbias, &dS0}) outputs += d->bytes;
+  const double fwd = time_ms([&] { kernels::kda_prefill(in.a, nullptr); }, warmup, iters).first;
+  const double bwd = time_ms([&] { kernels::kda_backward(b, nullptr); }, warmup, iters).first;
+  auto [ms, mn] = time_ms([&] {
+    kernels::kda_prefill(in.a, nullptr);
+    kernels::kda_backward(b, nullptr);
+  }, warmup, iters);
+  Measured m = prefill_measured(s, ms, mn, 0.0, 0.0);
+  const auto [bb, bf] = backward_model(s);
+  m.bytes += bb;
+  m.flops += bf;
+  m.fwd_ms = fwd;
+  m.bwd_ms = bwd;
+  m.bwd_bytes = bb;
+  m.bwd_flops = bf;
+  m.peak_bytes = static_cast<double>(inputs + outputs + wsf + wsb);
+  std::size_t free_b = 0, total_b = 0;
+  cuda_check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+  fmt::print("  (B={} T={} H={} HV={} D={}: forward {:.4f} ms, backward {:.4f} ms ({:.2f} TB/s, {:.1f} TFLOP/s of its "
+             "model: {:.2f} GB, {:.1f} GFLOP), forward + backward {:.4f} ms; device memory {:.2f} GB = inputs {:.2f} + "
+             "outputs {:.2f} + prefill workspace {:.2f} + backward workspace {:.2f} GB ({:.2f} of {:.2f} GB in use on "
+             "the device))\n",
+             s.B, s.T, s.H, s.HV, s.D, fwd, bwd, bb / (bwd * 1e-3) / 1e12, bf / (bwd * 1e-3) / 1e12, bb / 1e9, bf / 1e9, ms,
+             m.peak_bytes / 1e9, inputs / 1e9, outputs / 1e9, wsf / 1e9, wsb / 1e9, (total_b - free_b) / 1e9,
+             total_b / 1e9);
+  return m;
 }
 
 Measured bench_decode(const Shape& s, int warmup, int iters, std::uint64_t seed) {
@@ -581,7 +707,7 @@ Measured bench_attn_res(const Shape& s, int warmup, int iters, std::uint64_t see
 /// from parse_shapes() so that the help cannot drift from what runs.
 std::string default_shapes_help() {
   std::string r;
-  for (const char* op : {"kda-prefill", "kda-decode", "mla-decode", "mla-prefill", "attn-res"}) {
+  for (const char* op : {"kda-prefill", "kda-decode", "kda-backward", "mla-decode", "mla-prefill", "attn-res"}) {
     r += (r.empty() ? "" : "; ") + std::string(op);
     const auto v = parse_shapes("", op);
     for (std::size_t i = 0; i < v.size(); ++i)
@@ -597,8 +723,9 @@ std::string default_shapes_help() {
 void register_bench(Registry& reg) {
   auto o = std::make_shared<BenchOptions>();
   auto& c = reg.add("bench",
-                    "Benchmarks of the KDA, MLA and AttnRes CUDA kernels: median time by CUDA events, TB/s, TFLOP/s, % of the copy "
-                    "(measured) and bf16 matmul (715 TFLOP/s) ceilings, peer time and ratio from --peer-json; "
+                    "Benchmarks of the KDA (prefill, decode, backward), MLA and AttnRes CUDA kernels: median time by "
+                    "CUDA events, TB/s, TFLOP/s, % of the copy (measured) and bf16 matmul (715 TFLOP/s) ceilings, "
+                    "peer time and ratio from --peer-json; "
                     "--compare BASELINE.h5 flags rows more than 10% slower (exit 1). Every option (--out last) is "
                     "checked first, the same way in every build (bad input: exit 2). Without the CUDA kernels (a "
                     "CPU build) or without a GPU: says so on stderr, measures, compares and writes nothing, exit 3.",
@@ -613,12 +740,15 @@ void register_bench(Registry& reg) {
                                         "are unchanged, pick small ones with --shapes)");
   a->get_option("--quiet")->description("no effect for bench (it prints no progress lines; the table is always printed)");
   a->add_option("--op", o->op,
-                "kda-prefill (chunked KDA prefill), kda-decode (one KDA decode step per sequence), mla-decode (absorbed "
+                "kda-prefill (chunked KDA prefill), kda-decode (one KDA decode step per sequence), kda-backward (the "
+                "KDA prefill's forward then its backward, kda_prefill + kda_backward; each also timed alone, with the "
+                "device bytes allocated), mla-decode (absorbed "
                 "MLA decode over a latent cache), mla-prefill (causal absorbed MLA prefill), attn-res (Block Attention "
                 "Residuals) or all (each of them, with its default shapes)")->capture_default_str();
   a->add_option("--prefix", o->prefix, "mla-prefill: cached tokens before the T new ones (N0), >= 0; > 0 only with --op mla-prefill or all")->capture_default_str();
   a->add_option("--shapes", o->shapes,
-                "comma-separated B:T:H[:HV] (HV a multiple of H, default H), only with a single --op; kda-prefill / kda-decode: "
+                "comma-separated B:T:H[:HV] (HV a multiple of H, default H), only with a single --op; kda-prefill / kda-decode / "
+                "kda-backward: "
                 "B:T:H[:HV[:D]] with D = d_k = d_v in {64, 128, 256} (default 128); kda-decode: T = 1; "
                 "mla-decode: B:N:H with N cached tokens, mla-prefill: B:T:H (no HV: one latent cache for every head); attn-res: "
                 "S:T:d (sources, tokens, width, 3 fields); each field <= 2^31 - 1. Leave it out for the default (the "
@@ -669,9 +799,10 @@ void register_bench(Registry& reg) {
   // times what check planned
   auto plan = std::make_shared<BenchPlan>();
   c.check = [o, plan](Context& ctx) {
-    require(o->op == "kda-prefill" || o->op == "kda-decode" || o->op == "mla-decode" || o->op == "mla-prefill" ||
-                o->op == "attn-res" || o->op == "all",
-            "--op = '" + o->op + "'; accepted: kda-prefill, kda-decode, mla-decode, mla-prefill, attn-res, all");
+    require(o->op == "kda-prefill" || o->op == "kda-decode" || o->op == "kda-backward" || o->op == "mla-decode" ||
+                o->op == "mla-prefill" || o->op == "attn-res" || o->op == "all",
+            "--op = '" + o->op + "'; accepted: kda-prefill, kda-decode, kda-backward, mla-decode, mla-prefill, "
+                                 "attn-res, all");
     require(o->prefix >= 0, "--prefix = " + std::to_string(o->prefix) + "; accepted: >= 0 cached tokens");
     require(o->iters >= 1, "--iters = " + std::to_string(o->iters) + "; accepted: an integer >= 1 (timed launches per shape)");
     require(o->warmup >= 0, "--warmup = " + std::to_string(o->warmup) + "; accepted: an integer >= 0 (untimed launches)");
@@ -707,10 +838,11 @@ void register_bench(Registry& reg) {
     require(ctx.app->get_option("--shapes")->count() == 0 || !o->shapes.empty(),
             "--shapes is empty; leave it out for the default shapes");
     std::vector<std::string> ops =
-        o->op == "all" ? std::vector<std::string>{"kda-prefill", "kda-decode", "mla-decode", "mla-prefill", "attn-res"}
+        o->op == "all" ? std::vector<std::string>{"kda-prefill", "kda-decode", "kda-backward", "mla-decode",
+                                                  "mla-prefill", "attn-res"}
                        : std::vector<std::string>{o->op};
     require(o->op != "all" || o->shapes.empty(),
-            "--shapes needs a single --op (kda-prefill, kda-decode, mla-decode, mla-prefill or attn-res)");
+            "--shapes needs a single --op (kda-prefill, kda-decode, kda-backward, mla-decode, mla-prefill or attn-res)");
     std::vector<std::vector<Shape>> shapes;
     for (const auto& op : ops) {
       shapes.push_back(parse_shapes(o->shapes, op));
@@ -872,9 +1004,19 @@ void register_bench(Registry& reg) {
                "time, no host launch gap); NaN otherwise")
           .col("read_floor_ms", 'd', "ms", "mla-decode with B <= 8: the same latent bytes read by a plain streaming "
                "kernel (kernels/common/stream_read.hpp) in a CUDA graph of 20 steps: what a memory-bound step cannot beat; NaN "
-               "otherwise");
-      fmt::print("{:<40}{:>10}{:>9}{:>9}{:>9}{:>10}{:>8}{:>8}{:>10}{:>9}{:>10}\n", op, "ms", "prep ms", "state ms",
-                 "TB/s", "TFLOP/s", "%copy", "%mm", "peer ms", "speedup", "vs base");
+               "otherwise")
+          .col("fwd_ms", 'd', "ms", "kda-backward: the forward (kda_prefill with S_final) alone (median); NaN otherwise")
+          .col("bwd_ms", 'd', "ms", "kda-backward: the backward (kda_backward) alone (median); NaN otherwise")
+          .col("bwd_bytes", 'd', "B", "kda-backward: the backward's bytes model (inputs, outputs, each workspace "
+               "region written and read once; docs/kernels/kda_backward.md); NaN otherwise")
+          .col("bwd_flops", 'd', "FLOP", "kda-backward: the backward's flops model (the sweep's fp32 work on the "
+               "state); NaN otherwise")
+          .col("peak_bytes", 'd', "B", "kda-backward: device bytes allocated for the row (inputs, outputs, the prefill "
+               "and backward workspaces); NaN otherwise");
+      // kda-backward rows print the forward and the backward alone where kda-prefill rows print their two phases
+      const bool bwd_op = op == "kda-backward";
+      fmt::print("{:<40}{:>10}{:>9}{:>9}{:>9}{:>10}{:>8}{:>8}{:>10}{:>9}{:>10}\n", op, "ms", bwd_op ? "fwd ms" : "prep ms",
+                 bwd_op ? "bwd ms" : "state ms", "TB/s", "TFLOP/s", "%copy", "%mm", "peer ms", "speedup", "vs base");
       for (const Shape& s : shapes[oi]) {
         const std::string key = key_of(op, s, op == "mla-prefill" ? o->prefix : 0);
         const Measured m =
@@ -885,6 +1027,7 @@ void register_bench(Registry& reg) {
             : op == "mla-prefill" && s.naive ? bench_mla_prefill_naive(s, o->prefix, o->warmup, o->iters, ctx.common.seed)
             : op == "mla-prefill" ? bench_mla_prefill(s, o->prefix, o->warmup, o->iters, ctx.common.seed)
             : op == "attn-res"    ? bench_attn_res(s, o->warmup, o->iters, ctx.common.seed)
+            : op == "kda-backward" ? bench_backward(s, o->warmup, o->iters, ctx.common.seed)
                                   : bench_decode(s, o->warmup, o->iters, ctx.common.seed);
         const double tbs = m.bytes / (m.ms * 1e-3) / 1e12, tfl = m.flops / (m.ms * 1e-3) / 1e12;
         const double nan = std::numeric_limits<double>::quiet_NaN();
@@ -899,9 +1042,10 @@ void register_bench(Registry& reg) {
         flagged = flagged || slow;
         t.row({key, static_cast<std::int64_t>(s.B), static_cast<std::int64_t>(s.T), static_cast<std::int64_t>(s.H),
                static_cast<std::int64_t>(s.HV), std::int64_t{op == "mla-decode" || op == "mla-prefill" ? 512 : op == "attn-res" ? s.H : s.D}, m.ms, m.ms_min, m.prepare_ms, m.state_ms, m.bytes, m.flops, tbs, tfl,
-               100.0 * tbs / copy_tbs, 100.0 * tfl / mm_tflops, pm, pm / m.ms, bm, ratio, m.graph_ms, m.floor_ms});
+               100.0 * tbs / copy_tbs, 100.0 * tfl / mm_tflops, pm, pm / m.ms, bm, ratio, m.graph_ms, m.floor_ms,
+               m.fwd_ms, m.bwd_ms, m.bwd_bytes, m.bwd_flops, m.peak_bytes});
         fmt::print("{:<40}{:>10.4f}{:>9.4f}{:>9.4f}{:>9.2f}{:>10.1f}{:>8.1f}{:>8.2f}{:>10.4f}{:>9.2f}{:>10}{}\n", key, m.ms,
-                   m.prepare_ms, m.state_ms, tbs, tfl,
+                   bwd_op ? m.fwd_ms : m.prepare_ms, bwd_op ? m.bwd_ms : m.state_ms, tbs, tfl,
                    100.0 * tbs / copy_tbs, 100.0 * tfl / mm_tflops, pm, pm / m.ms,
                    std::isfinite(ratio) ? fmt::format("{:.3f}", ratio) : std::string("-"),
                    slow ? "  SLOWER >10%" : "");

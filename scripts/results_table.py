@@ -29,8 +29,8 @@ import sys
 BEGIN = "<!-- results-table:begin -->"
 END = "<!-- results-table:end -->"
 
-OP_ORDER = ["kda_prefill", "kda_decode", "mla_decode", "mla_prefill", "attn_res"]
-FAMILY = {"kda_prefill": "kda", "kda_decode": "kda", "mla_decode": "mla", "mla_prefill": "mla"}
+OP_ORDER = ["kda_prefill", "kda_decode", "kda_backward", "mla_decode", "mla_prefill", "attn_res"]
+FAMILY = {"kda_prefill": "kda", "kda_decode": "kda", "kda_backward": "kda", "mla_decode": "mla", "mla_prefill": "mla"}
 # settings worth showing from the config attribute (the rest are paths or defaults of the run)
 SETTINGS = ["op", "shapes", "iters", "warmup", "state-pass", "segments", "overlap", "quick", "seed"]
 
@@ -151,6 +151,9 @@ def table(files):
     notes = [""]
     notes.append("- time: median of the timed launches (kda-decode with B <= 8: per step of a 100-step CUDA graph).")
     notes.append("- graph step: mla-decode with B <= 8, per step inside a CUDA graph of 20 steps.")
+    if "kda_backward" in chosen:
+        notes.append("- kda-backward: time = the forward (kda_prefill) then the backward (kda_backward); the bench "
+                     "table's fwd_ms and bwd_ms hold each alone.")
     notes.append("- % copy and % matmul: of the ceilings each file records (a device-to-device copy measured in the run;")
     notes.append("  the bf16 dense matmul peak).")
     notes.append("- peer: the time from the run's `--peer-json` file (mla-decode: an absorbed decode in plain torch,")

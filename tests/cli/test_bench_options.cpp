@@ -26,13 +26,14 @@ TEST_CASE("bench: options and shape fields the chosen op ignores are refused, na
   };
   std::vector<Case> cases = {
       {"--op kda-decode --prefix 16", "--prefix 16 applies to --op mla-prefill"},
+      {"--op kda-backward --prefix 16", "--prefix 16 applies to --op mla-prefill"},
       {"--op mla-decode --prefix 16", "--prefix 16 applies to --op mla-prefill"},
       {"--op mla-decode --shapes 1:64:2:4", "HV = 4 != H = 2"},
       {"--op mla-prefill --shapes 1:64:2:4", "HV = 4 != H = 2"},
       {"--op attn-res --shapes 9:16:64:64", "S:T:d"},
   };
   // --state-pass, --segments, --overlap act on kda-prefill only: refused with every other single op
-  for (const std::string op : {"kda-decode", "mla-decode", "mla-prefill", "attn-res"})
+  for (const std::string op : {"kda-decode", "kda-backward", "mla-decode", "mla-prefill", "attn-res"})
     for (const std::string given : {"--state-pass mma", "--segments 2", "--segments 1", "--overlap off"})
       cases.push_back({"--op " + op + " " + given, given + " applies to --op kda-prefill (or all) only, not --op " + op});
   for (const auto& c : cases) {
@@ -100,6 +101,37 @@ TEST_CASE("bench --shapes: trailing ',' or ':', empty, 2^31 and too-large fields
   INFO(r.output);
   CHECK(r.code == 3);
 #endif
+}
+
+TEST_CASE("bench --op kda-backward: shapes B:T:H[:HV[:D]] as kda-prefill's, checked before any GPU work; --help lists "
+          "its default shapes",
+          "[bench]") {
+  TempDir d;
+  struct Case {
+    std::string args, says;
+  };
+  for (const Case& c : {Case{"--shapes 1:64:2:2:32", "D = 32 in '1:64:2:2:32'; accepted: D = 64, 128 or 256"},
+                        Case{"--shapes 1:64:2:2:512", "D = 512"},
+                        Case{"--shapes 1:64:2:2:64:1", "more than 5 fields"},
+                        Case{"--shapes 1:64:2:3", "HV a multiple of H"},
+                        Case{"--shapes 1:0:2", "B, T, H >= 1"},
+                        Case{"--shapes 1:x:1", "B:T:H[:HV[:D]]"}}) {
+    const auto r = run_kdalab("bench --op kda-backward " + c.args + " --out " + d.file("b.h5"));
+    INFO(c.args << "\n" << r.output);
+    CHECK(r.code == 2);
+    CHECK(has(r, "--shapes"));
+    CHECK(has(r, c.says));
+    CHECK(!has(r, "not available"));
+    CHECK(d.count() == 0);
+  }
+  // every D, grouped heads and T not a multiple of the 64-token checkpoint reach the run (a CPU build: exit 3)
+  const auto r = run_kdalab("bench --op kda-backward --shapes 1:17:1:2:64,2:64:2:2,1:100:1:1:256 --iters 1 --warmup 0 "
+                            "--out " + d.file("b.h5"));
+  INFO(r.output);
+  CHECK(bench_valid_exit(r));
+  std::filesystem::remove(d.file("b.h5"));  // a GPU run wrote it
+  const auto h = run_kdalab("bench --help");
+  CHECK(has(h, "kda-backward 1:8192:64, 1:8192:96, 1:65536:32"));
 }
 
 TEST_CASE("bench: --segments >= 2 with a D = 256 kda-prefill shape and a --state-pass the shape's D lacks are refused up front",

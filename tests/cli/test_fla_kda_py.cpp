@@ -29,6 +29,21 @@ TEST_CASE("fla_kda.py: --help and --dry-run need neither torch nor fla; --dry-ru
       {"--fla-path"});
 }
 
+TEST_CASE("fla_kda.py: the kda-backward rows run only with --ops kda-backward, keyed as kdalab bench keys them",
+          "[fla][python]") {
+  if (skip_without_python3("bench/fla_kda.py")) return;
+  PeerScriptFakes f("bench/fla_kda.py");
+  // the keys of `kdalab bench --op kda-backward`'s default rows (experiments/bench.cpp key_of)
+  check_run(f.run("--dry-run --ops kda-backward --json " + f.out("t.json")), 0,
+            {"backward shapes: kda-backward B=1 T=8192 H=64 HV=64, kda-backward B=1 T=8192 H=96 HV=96, "
+             "kda-backward B=1 T=65536 H=32 HV=32", "torch.autograd.grad"},
+            {"RuntimeError", "prefill shapes", "check cases"});
+  // the default ops leave them out (fla's backward autotunes for minutes)
+  check_run(f.run("--dry-run --json " + f.out("t.json") + " --check-dir " + f.out("chk")), 0, {"prefill shapes"},
+            {"backward shapes"});
+  CHECK(f.out_count() == 0);
+}
+
 TEST_CASE("fla_kda.py: an existing --json is refused without --force (exit 2, untouched), dry run or not",
           "[fla][python]") {
   if (skip_without_python3("bench/fla_kda.py")) return;
@@ -74,6 +89,8 @@ TEST_CASE("fla_kda.py: shapes, --time-budget, --seed and paths through a file ar
       {"--prefill-shapes 1:\xc2\xb2:1", "is not B:T:H"},  // '²': isdigit() but not an int() number
       {"--prefill-shapes 1:8192:32:32:64", "D = d_k = d_v = 128 only"},
       {"--decode-shapes 256:1:32:32:256", "no fla peer"},
+      {"--ops kda-backward --backward-shapes 1:8192:64:64:64", "--backward-shapes: '1:8192:64:64:64' has a D field"},
+      {"--ops kda-backward --backward-shapes 1:64:2:3", "HV a multiple of H"},
       {"--time-budget nan", "finite and > 0"},
       {"--time-budget inf", "finite and > 0"},
       {"--time-budget 0", "finite and > 0"},
