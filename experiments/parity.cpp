@@ -980,7 +980,7 @@ void register_parity(Registry& reg) {
 
     // ---- summary: one row per implementation and precision ----
     const Table sum = parity_summary(t);
-    fmt::print("\n{:<15}{:>7}{:>8}{:>6}{:>16}{:>16}{:>16}{:>16}\n", "impl", "state", "matmul", "rows", "o median rRMS",
+    fmt::print("\n{:<15}{:>7}{:>11}{:>6}{:>16}{:>16}{:>16}{:>16}\n", "impl", "state", "matmul", "rows", "o median rRMS",
                "o worst rRMS", "S median rRMS", "S worst rRMS");
     {
       const auto& si = std::get<std::vector<std::string>>(sum.column("impl").data);
@@ -992,7 +992,7 @@ void register_parity(Registry& reg) {
       const auto& c3 = std::get<std::vector<double>>(sum.column("S_rel_rms_median").data);
       const auto& c4 = std::get<std::vector<double>>(sum.column("S_rel_rms_worst").data);
       for (std::size_t i = 0; i < sum.rows(); ++i)
-        fmt::print("{:<15}{:>7}{:>8}{:>6}{:>16.3e}{:>16.3e}{:>16.3e}{:>16.3e}\n", si[i], ss[i], sm[i], sr[i], c1[i], c2[i],
+        fmt::print("{:<15}{:>7}{:>11}{:>6}{:>16.3e}{:>16.3e}{:>16.3e}{:>16.3e}\n", si[i], ss[i], sm[i], sr[i], c1[i], c2[i],
                    c3[i], c4[i]);
     }
     for (const auto& n : notes) fmt::print("note: {}\n", n);
