@@ -1,6 +1,6 @@
 // `kdalab parity`: the numeric-parity sweep.
 //
-// For every grid point (B, T, H, d_k, d_v, gate kind, g_min, beta distribution) the inputs are
+// For every grid point (B, T, H, d_k, d_v, gate kind, g_min, beta distribution, input kind) the inputs are
 // drawn once by the named generator (numerics/kda_inputs.hpp, anchor-kda first) and the truth is
 // computed once on exactly those (rounded) inputs; then every implementation runs on the same
 // inputs and one table row per (implementation, C, state precision, matmul precision) records
@@ -15,6 +15,7 @@
 //   twin-bf16  the kernel twin numerics/kda_twin.hpp (bf16 inputs and output), per (C, state
 //              precision, matmul precision); matmul "plan" is the CUDA kernel's chosen plan
 //              (kda_plan_kernel(): intra-chunk products fp32, the three d_k x d_v products bf16),
+//              "plan-hilo" is that plan with Qg S and Kd^T D carried as bf16 hi + lo (kda_plan_state_hilo()),
 //              "bf16"/"fp16"/"tf32"/"fp32" put every product's operands in that format
 //   cuda-bf16  the CUDA prefill kernel (kernels/kda.hpp), only when kdalab was built with CUDA and a
 //              GPU is present, bounded gate, C = 16, D = 128, HV = H; other points are skipped with a note
@@ -81,7 +82,7 @@ namespace {
 
 struct ParityOptions {
   std::vector<double> B{1}, T{17, 64, 300, 1000}, H{1}, dk{128}, dv{128}, C{16}, g_min{-5};
-  std::vector<std::string> gate{"bounded"}, beta{"sigmoid"}, impl{"float64", "float32", "float64-chunk", "float32-chunk", "twin-bf16", "cuda-bf16"},
+  std::vector<std::string> gate{"bounded"}, beta{"sigmoid"}, inputs{"anchor"}, impl{"float64", "float32", "float64-chunk", "float32-chunk", "twin-bf16", "cuda-bf16"},
       state{"fp32", "bf16"}, matmul{"plan", "bf16"};
   std::string truth = "auto";
   double mp_max_work = 1e7, f80_max_work = 1.1e9;
@@ -89,6 +90,7 @@ struct ParityOptions {
   bool backward = false;        ///< --backward: the gradient-parity mode (file comment)
   std::vector<GateKind> gates;  ///< --gate parsed (by the command's check)
   std::vector<BetaDist> betas;  ///< --beta parsed (by the command's check)
+  std::vector<InputKind> input_kinds;  ///< --inputs parsed (by the command's check)
   std::vector<Format> states;   ///< --state-precision parsed (by the command's check)
 };
 
@@ -149,10 +151,11 @@ ImplOut run_chunked(const KdaInputs& in, std::size_t C, const std::string& fmt_n
 /// The kernel twin (numerics/kda_twin.hpp) on the raw inputs exactly as the kernel reads them:
 /// bf16 q_raw/k_raw/v/g_raw/beta_raw, L2Norm, gate and beta sigmoid fused (the softplus gate is
 /// not fused in the kernel: its rows read the derived g), chunk C, state format `state`, matmul
-/// operands per `matmul` ("plan" = kda_plan_kernel(), else every product in that format), o bf16.
+/// operands per `matmul` ("plan" = kda_plan_kernel(), "plan-hilo" = kda_plan_state_hilo(), else every product in
+/// that format), o bf16.
 ImplOut run_twin(const KdaInputs& in, GateKind gate, std::size_t C, Format state, const std::string& matmul) {
-  KdaTwinPlan p = kda_plan_kernel();
-  if (matmul != "plan") {
+  KdaTwinPlan p = matmul == "plan-hilo" ? kda_plan_state_hilo() : kda_plan_kernel();
+  if (matmul != "plan" && matmul != "plan-hilo") {
     const Format f = parse_format(matmul, "--matmul-precision");
     p.kk = p.qk = p.solve = p.ws = p.qs = p.pd = p.kd = f;
   }
@@ -533,13 +536,14 @@ int run_parity_backward(const ParityOptions& o, Context& ctx) {
             for (GateKind g : o.gates)
               for (std::size_t gi = 0; gi < o.g_min.size(); ++gi) {
                 if (g == GateKind::softplus && gi > 0) continue;
-                for (BetaDist b : o.betas) {
-                  KdaGenSpec s;
-                  s.B = as_count(B, "B"); s.T = as_count(T, "T"); s.H = as_count(H, "H");
-                  s.d_k = as_count(dk, "dk"); s.d_v = as_count(dv, "dv");
-                  s.gate = g; s.g_min = o.g_min[gi]; s.beta = b; s.seed = ctx.common.seed;
-                  points.push_back(s);
-                }
+                for (BetaDist b : o.betas)
+                  for (InputKind ik : o.input_kinds) {
+                    KdaGenSpec s;
+                    s.B = as_count(B, "B"); s.T = as_count(T, "T"); s.H = as_count(H, "H");
+                    s.d_k = as_count(dk, "dk"); s.d_v = as_count(dv, "dv");
+                    s.gate = g; s.g_min = o.g_min[gi]; s.beta = b; s.inputs = ik; s.seed = ctx.common.seed;
+                    points.push_back(s);
+                  }
               }
   Table t;
   point_columns(t, "index of the input grid point (inputs, upstream gradients and truth shared by its rows)",
@@ -684,6 +688,13 @@ void register_parity(Registry& reg) {
   a->add_option("--beta", o->beta, "beta distributions: sigmoid (anchor), wide (Sigmoid(N(0,16))), one (beta = 1)")
       ->delimiter(',')
       ->capture_default_str();
+  a->add_option("--inputs", o->inputs,
+                "input kinds (numerics/kda_inputs.hpp), each a variation of the anchor draw: anchor; long-memory (A_log 0, "
+                "bias -12: decay ~3e-5 per token; beta_raw - 5: beta ~ 0.007); collinear-keys (one unit key per head + 1e-2 "
+                "relative noise, no decay); collinear-keys-slow-decay (those keys, the long-memory gate); identical-keys "
+                "(one key, no decay). beta follows --beta (the key kinds are hardest with --beta one)")
+      ->delimiter(',')
+      ->capture_default_str();
   a->add_option("--impl", o->impl,
                 "implementations: float64, float32 (recurrences), float64-chunk, float32-chunk (chunked form, C), "
                 "twin-bf16 (kernel twin), cuda-bf16 (GPU only)")->delimiter(',')->capture_default_str();
@@ -692,7 +703,8 @@ void register_parity(Registry& reg) {
       ->capture_default_str();
   a->add_option("--matmul-precision", o->matmul,
                 "matmul operand formats of the twin rows: plan (the CUDA kernel's plan: intra-chunk fp32, d_k x d_v "
-                "products bf16), or bf16, fp16, tf32, fp32 for every product")
+                "products bf16), plan-hilo (the plan with both operands of Qg S and Kd^T D as bf16 hi + lo: "
+                "kda_plan_state_hilo()), or bf16, fp16, tf32, fp32 for every product")
       ->delimiter(',')
       ->capture_default_str();
   a->add_option("--truth", o->truth,
@@ -735,7 +747,7 @@ void register_parity(Registry& reg) {
     // ---- validate everything before any work (a bad config writes no file) ----
     for (const auto* l : {&o->B, &o->T, &o->H, &o->dk, &o->dv, &o->C, &o->g_min})
       require(!l->empty(), "parity: an empty list was given; every grid axis needs at least one value");
-    for (const auto* l : {&o->gate, &o->beta, &o->impl, &o->state, &o->matmul})
+    for (const auto* l : {&o->gate, &o->beta, &o->inputs, &o->impl, &o->state, &o->matmul})
       require(!l->empty(), "parity: an empty list was given; every grid axis needs at least one value");
     for (double x : o->B) as_count(x, "B");
     for (double x : o->T) as_count(x, "T");
@@ -749,6 +761,8 @@ void register_parity(Registry& reg) {
     for (const auto& s : o->gate) o->gates.push_back(parse_gate_kind(s, "--gate"));
     o->betas.clear();
     for (const auto& s : o->beta) o->betas.push_back(parse_beta_dist(s, "--beta"));
+    o->input_kinds.clear();
+    for (const auto& s : o->inputs) o->input_kinds.push_back(parse_input_kind(s, "--inputs"));
     for (const auto& s : o->impl)
       if (o->backward)
         require(std::find(kBackwardImpls.begin(), kBackwardImpls.end(), s) != kBackwardImpls.end(),
@@ -765,9 +779,9 @@ void register_parity(Registry& reg) {
     }
     for (const auto& s : o->matmul) {
       require(s != "fp64" && s != "float64",
-              "--matmul-precision: '" + s + "' is not a tensor-core format; accepted: plan, bf16, fp16, tf32, fp32");
-      require(s == "plan" || s == "bf16" || s == "fp16" || s == "tf32" || s == "fp32",
-              "--matmul-precision: '" + s + "' is not accepted; accepted: plan, bf16, fp16, tf32, fp32");
+              "--matmul-precision: '" + s + "' is not a tensor-core format; accepted: plan, plan-hilo, bf16, fp16, tf32, fp32");
+      require(s == "plan" || s == "plan-hilo" || s == "bf16" || s == "fp16" || s == "tf32" || s == "fp32",
+              "--matmul-precision: '" + s + "' is not accepted; accepted: plan, plan-hilo, bf16, fp16, tf32, fp32");
     }
     // A repeated value in a list option (it would give duplicate rows) is refused by cli::run (require_once).
     // The float32 implementations compute the bounded gate g = g_min Sigmoid(...) in float32: a g_min beyond its
@@ -816,13 +830,14 @@ void register_parity(Registry& reg) {
               for (GateKind g : gates)
                 for (std::size_t gi = 0; gi < o->g_min.size(); ++gi) {
                   if (g == GateKind::softplus && gi > 0) continue;  // g_min only shapes the bounded gate
-                  for (BetaDist b : betas) {
-                    KdaGenSpec s;
-                    s.B = as_count(B, "B"); s.T = as_count(T, "T"); s.H = as_count(H, "H");
-                    s.d_k = as_count(dk, "dk"); s.d_v = as_count(dv, "dv");
-                    s.gate = g; s.g_min = o->g_min[gi]; s.beta = b; s.seed = ctx.common.seed;
-                    points.push_back(s);
-                  }
+                  for (BetaDist b : betas)
+                    for (InputKind ik : o->input_kinds) {
+                      KdaGenSpec s;
+                      s.B = as_count(B, "B"); s.T = as_count(T, "T"); s.H = as_count(H, "H");
+                      s.d_k = as_count(dk, "dk"); s.d_v = as_count(dv, "dv");
+                      s.gate = g; s.g_min = o->g_min[gi]; s.beta = b; s.inputs = ik; s.seed = ctx.common.seed;
+                      points.push_back(s);
+                    }
                 }
     std::size_t per_point = 0;
     for (const auto& s : o->impl)
@@ -847,7 +862,8 @@ void register_parity(Registry& reg) {
         .col("C", 'i', "1", "chunk size of a chunked implementation (0: not applicable, a recurrence)")
         .col("state_precision", 's', "1", "format the state is kept in")
         .col("matmul_precision", 's', "1",
-             "operand format of the matmuls (plan: kda_plan_kernel(), kk/qk/solve/pd fp32, ws/qs/kd bf16)")
+             "operand format of the matmuls (plan: kda_plan_kernel(), kk/qk/solve/pd fp32, ws/qs/kd bf16; plan-hilo: "
+             "kda_plan_state_hilo(), qs and kd with bf16 hi + lo operands)")
         .col("out_format", 's', "1", "format o is delivered in")
         .col("truth", 's', "1", "the truth this row is measured against (scalar type of the reference recurrence)")
         .col("o_rel_rms", 'd', "1", "||o - o_truth||_2 / ||o_truth||_2 (metric of record)")
@@ -882,7 +898,8 @@ void register_parity(Registry& reg) {
       const Truth tr = compute_truth(in, tk);
       const std::size_t win = std::max<std::size_t>(1, (s.T + static_cast<std::size_t>(o->windows) - 1) /
                                                            static_cast<std::size_t>(o->windows));
-      const std::string label = fmt::format("T={} H={} {} {}", s.T, s.H, gate_kind_name(s.gate), beta_dist_name(s.beta));
+      const std::string label = fmt::format("T={} H={} {} {}{}", s.T, s.H, gate_kind_name(s.gate), beta_dist_name(s.beta),
+                                            s.inputs == InputKind::anchor ? "" : " " + input_kind_name(s.inputs));
       auto record = [&](const std::string& impl, std::int64_t C, const std::string& st, const std::string& mm,
                         const ImplOut& r) {
         const ErrorMetrics mo = compare(r.o, tr.o, "o"), ms = compare(r.S, tr.S, "S");
@@ -963,7 +980,7 @@ void register_parity(Registry& reg) {
 
     // ---- summary: one row per implementation and precision ----
     const Table sum = parity_summary(t);
-    fmt::print("\n{:<15}{:>7}{:>8}{:>6}{:>16}{:>16}{:>16}{:>16}\n", "impl", "state", "matmul", "rows", "o median rRMS",
+    fmt::print("\n{:<15}{:>7}{:>11}{:>6}{:>16}{:>16}{:>16}{:>16}\n", "impl", "state", "matmul", "rows", "o median rRMS",
                "o worst rRMS", "S median rRMS", "S worst rRMS");
     {
       const auto& si = std::get<std::vector<std::string>>(sum.column("impl").data);
@@ -975,7 +992,7 @@ void register_parity(Registry& reg) {
       const auto& c3 = std::get<std::vector<double>>(sum.column("S_rel_rms_median").data);
       const auto& c4 = std::get<std::vector<double>>(sum.column("S_rel_rms_worst").data);
       for (std::size_t i = 0; i < sum.rows(); ++i)
-        fmt::print("{:<15}{:>7}{:>8}{:>6}{:>16.3e}{:>16.3e}{:>16.3e}{:>16.3e}\n", si[i], ss[i], sm[i], sr[i], c1[i], c2[i],
+        fmt::print("{:<15}{:>7}{:>11}{:>6}{:>16.3e}{:>16.3e}{:>16.3e}{:>16.3e}\n", si[i], ss[i], sm[i], sr[i], c1[i], c2[i],
                    c3[i], c4[i]);
     }
     for (const auto& n : notes) fmt::print("note: {}\n", n);

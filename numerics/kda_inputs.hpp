@@ -11,10 +11,22 @@
 ///   beta  sigmoid:  beta_raw ~ N(0, 1) bf16, beta = Sigmoid(beta_raw)  (anchor)
 ///         wide:     beta_raw ~ N(0, 16) bf16 (betas near 0 and 1)
 ///         one:      beta_raw = 88, beta = 1 exactly in float64 (the exact-write case)
+///   inputs (InputKind; applied to the raw tensors after the anchor draw, before the derived ones):
+///         anchor:          as drawn
+///         long-memory:     make_long_memory(): A_log = 0, bias = -12 (bounded gate: g ~ -5 e^-12 = -3e-5 per
+///                          token), beta_raw - 5 (beta ~ 0.007 for the sigmoid distribution): the state carries
+///                          information over thousands of tokens
+///         collinear-keys:  make_collinear_keys() with key_noise (default 1e-2) and no decay (bias = -1e4:
+///                          g = 0 exactly in float64 and fp32): near-collinear keys, the state never forgotten
+///         collinear-keys-slow-decay: the same keys with the long-memory gate (A_log = 0, bias = -12)
+///         identical-keys:  make_collinear_keys() with noise 0 (every token the same key), no decay
+///   The key kinds leave beta to the beta distribution: with --beta one (beta = 1) each token overwrites
+///   the state along the shared direction, the regime where the kernel's state products lose most.
 /// Shapes as KdaInputs (HV = H); v is [B, T, H, d_v], S0 [B, H, d_k, d_v].
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "numerics/random.hpp"
 #include "numerics/range.hpp"
@@ -22,6 +34,73 @@
 namespace kdalab {
 
 enum class BetaDist { sigmoid, wide, one };
+/// The input kind of a grid point (file comment): the anchor draw, or a variation of its keys / gate / beta.
+enum class InputKind { anchor, long_memory, collinear_keys, collinear_keys_slow_decay, identical_keys };
+
+inline std::string input_kind_name(InputKind k) {
+  switch (k) {
+    case InputKind::anchor: return "anchor";
+    case InputKind::long_memory: return "long-memory";
+    case InputKind::collinear_keys: return "collinear-keys";
+    case InputKind::collinear_keys_slow_decay: return "collinear-keys-slow-decay";
+    case InputKind::identical_keys: return "identical-keys";
+  }
+  return "?";
+}
+/// The accepted names of parse_input_kind(), comma-separated (error messages and --help).
+inline const char* input_kind_names() {
+  return "anchor, long-memory, collinear-keys, collinear-keys-slow-decay, identical-keys";
+}
+/// Parses an input_kind_name(); throws kdalab::Error naming `what`, the value and the accepted names otherwise.
+inline InputKind parse_input_kind(const std::string& s, const std::string& what = "inputs") {
+  for (InputKind k : {InputKind::anchor, InputKind::long_memory, InputKind::collinear_keys,
+                      InputKind::collinear_keys_slow_decay, InputKind::identical_keys})
+    if (s == input_kind_name(k)) return k;
+  throw Error(what + ": '" + s + "' is unknown; accepted: " + input_kind_names());
+}
+
+/// The long-memory variant of `in`, in place: A_log = 0, bias = -12 (the bounded gate's
+/// g = g_min Sigmoid(g_raw - 12) ~ -5 e^-12 ~ -3e-5 per token: a decay time of ~3e4 tokens) and beta_raw - 5
+/// (rounded to bf16; beta = Sigmoid(N(0,1) - 5) ~ 0.007), so the state carries information over thousands of
+/// tokens (on the anchor gates it is forgotten within a few). Raw values stay bf16 / fp32 representable; q, k, g,
+/// beta re-derived (bounded gate: derive_kda).
+inline void make_long_memory(KdaInputs& in) {
+  for (auto& x : in.A_log.data) x = 0.0;
+  for (auto& x : in.bias.data) x = -12.0;
+  for (auto& x : in.beta_raw.data) x = round_bf16(x - 5.0);
+  derive_kda(in);
+}
+
+/// Near-collinear keys, in place: per (sequence, key head) one random unit direction u (N(0, 1) entries,
+/// normalised) and k_raw[b, t, h] = bf16(u + noise z_t / sqrt(d_k)) with z_t ~ N(0, 1) entries, so that the
+/// perturbation's norm is ~noise relative to the key (noise 0: every token the same key, exactly). Draws from
+/// Rng(cell_seed(seed, "collinear-keys")), so the other tensors keep the anchor draw. decay: the long-memory
+/// gate (A_log = 0, bias = -12, g ~ -3e-5 per token); else no decay (bias = -1e4: Sigmoid(-1e4 exp(A_log))
+/// = 0 in float64 and fp32, g = 0). beta untouched. q, k, g, beta re-derived (bounded gate: derive_kda).
+/// Errors: kdalab::Error if noise < 0 or not finite.
+inline void make_collinear_keys(KdaInputs& in, double noise, bool decay, std::uint64_t seed) {
+  require(std::isfinite(noise) && noise >= 0, "make_collinear_keys: noise = " + std::to_string(noise) +
+                                                  " is not accepted; give a finite value >= 0");
+  Rng rng(cell_seed(seed, "collinear-keys"));
+  const std::size_t D = in.d_k;
+  std::vector<double> u(D);
+  for (std::size_t b = 0; b < in.B; ++b)
+    for (std::size_t h = 0; h < in.H; ++h) {
+      double n2 = 0;
+      for (auto& x : u) {
+        x = rng.normal();
+        n2 += x * x;
+      }
+      for (auto& x : u) x /= std::sqrt(n2);
+      for (std::size_t t = 0; t < in.T; ++t)
+        for (std::size_t i = 0; i < D; ++i)
+          in.k_raw(b, t, h, i) = round_bf16(u[i] + (noise > 0 ? noise * rng.normal() / std::sqrt(double(D)) : 0.0));
+    }
+  if (decay)
+    for (auto& x : in.A_log.data) x = 0.0;
+  for (auto& x : in.bias.data) x = decay ? -12.0 : -1e4;
+  derive_kda(in);
+}
 
 inline std::string beta_dist_name(BetaDist b) {
   switch (b) {
@@ -45,11 +124,13 @@ struct KdaGenSpec {
   GateKind gate = GateKind::bounded;
   double g_min = -5.0;  ///< bounded gate only
   BetaDist beta = BetaDist::sigmoid;
+  InputKind inputs = InputKind::anchor;
+  double key_noise = 1e-2;  ///< collinear-keys kinds: relative norm of the key perturbation
   std::uint64_t seed = 1;
 };
 
 /// Name of the generator a spec describes: "anchor-kda" for the anchor settings, otherwise
-/// "anchor-kda(gate=softplus, beta=wide, ...)" listing the settings that differ.
+/// "anchor-kda(gate=softplus, beta=wide, ..., inputs=long-memory)" listing the settings that differ.
 inline std::string generator_name(const KdaGenSpec& s) {
   std::string extra;
   auto add = [&](const std::string& x) { extra += (extra.empty() ? "" : ", ") + x; };
@@ -57,6 +138,7 @@ inline std::string generator_name(const KdaGenSpec& s) {
   if (s.gate == GateKind::bounded && s.g_min != -5.0) add("g_min=" + std::to_string(s.g_min));
   if (s.beta != BetaDist::sigmoid) add("beta=" + beta_dist_name(s.beta));
   if (s.d_k != s.d_v) add("d_v=" + std::to_string(s.d_v));
+  if (s.inputs != InputKind::anchor) add("inputs=" + input_kind_name(s.inputs));
   return extra.empty() ? "anchor-kda" : "anchor-kda(" + extra + ")";
 }
 
@@ -94,6 +176,13 @@ inline KdaInputs kda_inputs(const KdaGenSpec& s) {
   rng.fill_uniform(in.bias, 0.0, 1.0);
   rng.fill_normal(in.S0, 0.1, Format::fp32);
   derive_kda(in);  // q, k L2-normalised, beta = Sigmoid(beta_raw), bounded g
+  switch (s.inputs) {
+    case InputKind::anchor: break;
+    case InputKind::long_memory: make_long_memory(in); break;
+    case InputKind::collinear_keys: make_collinear_keys(in, s.key_noise, false, s.seed); break;
+    case InputKind::collinear_keys_slow_decay: make_collinear_keys(in, s.key_noise, true, s.seed); break;
+    case InputKind::identical_keys: make_collinear_keys(in, 0.0, false, s.seed); break;
+  }
   if (s.gate == GateKind::softplus)
     for (std::size_t b = 0; b < s.B; ++b)
       for (std::size_t t = 0; t < s.T; ++t)

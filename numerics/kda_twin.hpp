@@ -35,6 +35,43 @@
 ///   (1,4096,2)     3.71e-3             1.66e-3 (2.17e-3)          1.66e-3   (test_twin_slow.cpp)
 /// The all-bf16 plan misses the 2.0e-3 goal; the chosen one meets it with the three d_k x d_v products on the tensor cores.
 ///
+/// State-product precision (KdaTwinPlan::split; docs/kernels/kda_prefill.md, "State-product precision: the twin's
+/// decision"). An operand may be carried as two parts of its product's format, hi = rnd(x), lo = rnd(x - hi) (bf16:
+/// ~16 significant bits), the product formed as hi b + lo b with one fp32 accumulation (both operands split:
+/// hi hi + hi lo + lo hi, lo lo dropped, as the kernel's P D). The twin forms exact products summed in float64, so one
+/// split operand is modelled as the value hi + lo. Goals: o <= 2.0e-3 (tol::kda_bf16_goal), final state <= 2.5e-3
+/// (tol::kda_state_goal), flat in T. Relative RMS of o (of the final state) against the float64 recurrence,
+/// B = 1, D = 128, seed 1234 (numerics/kda_inputs.hpp kinds; collinear keys: noise 1e-2, beta = 1 unless said);
+/// columns: the kernel plan; S as hi + lo in W S and Qg S; that and D as hi + lo in Kd^T D; tf32 and fp32 operands in
+/// the three state products; the chosen kda_plan_state_hilo() (S, Qg in Qg S and D, Kd in Kd^T D as hi + lo):
+///   input (T, H)            kernel plan         S hi/lo             S, D hi/lo          tf32                fp32                chosen
+///   anchor (17, 1)          1.73e-3 (2.22e-3)   1.69e-3 (2.22e-3)   1.68e-3 (1.63e-3)   1.61e-3 (2.9e-4)    1.61e-3 (1.1e-7)    1.61e-3 (1.8e-5)
+///   anchor (64, 1)          1.72e-3 (2.14e-3)   1.72e-3 (2.14e-3)   1.72e-3 (1.63e-3)   1.71e-3 (3.1e-4)    1.71e-3 (4.1e-7)    1.71e-3 (3.8e-6)
+///   anchor (300, 2)         1.66e-3 (2.45e-3)   1.66e-3 (2.45e-3)   1.65e-3 (1.62e-3)   1.65e-3 (3.1e-4)    1.65e-3 (3.5e-7)    1.65e-3 (4.7e-6)
+///   anchor (2048, 2)        1.68e-3 (2.58e-3)   1.67e-3 (2.58e-3)   1.67e-3 (1.77e-3)   1.66e-3 (3.0e-4)    1.66e-3 (2.3e-7)    1.66e-3 (4.9e-6)
+///   long-memory (17, 1)     2.98e-3 (9.7e-5)    2.38e-3 (9.7e-5)    2.38e-3 (6.8e-5)    1.72e-3 (1.3e-5)    1.69e-3 (5.6e-8)    1.69e-3 (9.4e-6)
+///   long-memory (300, 1)    2.90e-3 (7.2e-4)    2.38e-3 (7.2e-4)    2.36e-3 (5.1e-4)    1.68e-3 (8.7e-5)    1.65e-3 (1.7e-7)    1.65e-3 (7.5e-5)
+///   long-memory (2048, 2)   3.06e-3 (1.44e-3)   2.58e-3 (1.43e-3)   2.46e-3 (1.02e-3)   1.69e-3 (1.8e-4)    1.66e-3 (4.1e-7)    1.66e-3 (1.4e-4)
+///   long-memory (8192, 1)   3.35e-3 (2.21e-3)   2.91e-3 (2.20e-3)   2.65e-3 (1.56e-3)   1.70e-3 (2.7e-4)    1.66e-3 (5.7e-7)    1.67e-3 (2.0e-4)
+///   long-memory (16384, 1)  3.52e-3 (2.35e-3)   3.10e-3 (2.34e-3)   2.76e-3 (1.65e-3)   1.71e-3 (2.9e-4)    1.67e-3 (6.4e-7)    1.68e-3 (2.2e-4)
+///   long-memory (65536, 1)  3.67e-3 (2.38e-3)   3.28e-3 (2.37e-3)   2.85e-3 (1.69e-3)   1.71e-3 (3.0e-4)    1.66e-3 (6.1e-7)    1.68e-3 (2.1e-4)
+///   collinear (64, 1)       2.74e-3 (6.84e-3)   2.31e-3 (6.84e-3)   2.31e-3 (2.28e-3)   1.81e-3 (1.51e-3)   1.68e-3 (2.2e-7)    1.77e-3 (6.3e-4)
+///   collinear, slow decay (64, 1)   3.08e-3 (7.52e-3)   2.72e-3 (7.37e-3)   2.73e-3 (3.22e-3)   1.88e-3 (1.62e-3)   1.66e-3 (3.4e-7)   1.75e-3 (6.7e-4)
+///   collinear, slow decay (2048, 1) 1.38e-2 (1.98e-2)   1.37e-2 (1.97e-2)   1.37e-2 (1.85e-2)   5.74e-3 (7.59e-3)   1.66e-3 (1.6e-6)   1.77e-3 (4.4e-4)
+///   identical keys (64, 1)  2.71e-3 (6.70e-3)   2.25e-3 (6.76e-3)   2.25e-3 (1.6e-4)    1.68e-3 (3.8e-4)    1.66e-3 (6.9e-8)    1.67e-3 (2.0e-4)
+///   collinear, beta sigmoid (64, 2) 2.81e-3 (3.55e-3)   2.31e-3 (3.64e-3)   2.29e-3 (1.41e-3)   1.72e-3 (8.5e-4)    1.66e-3 (1.4e-7)   1.67e-3 (2.0e-4)
+/// (bf16 output floor 1.61e-3 .. 1.71e-3.) What limits which error: o on long-memory inputs is Qg S's bf16 operands
+/// (both S and Qg: splitting either alone leaves o at 2.3e-3 .. 2.6e-3); the state is Kd^T D's (both D and Kd: D alone
+/// leaves 3.2e-3 on collinear keys with slow decay, Kd alone 6.9e-3 .. 7.1e-3); W S's bf16 operands are left as they
+/// are (splitting S there too moves o by < 0.5% and the state by < 1.5x). The cheap fix (S hi/lo in W S and Qg S)
+/// therefore misses o on long-memory inputs at every T (growing 2.4e-3 -> 3.3e-3) and on collinear keys, and the state
+/// on collinear keys; the kernel plan's state also passes 2.5e-3 on the anchor case (2048, 2) (2.58e-3). tf32 in all three products meets the goals except on collinear keys with slow decay at T = 2048
+/// (o 5.7e-3, state 7.6e-3: tf32's 11 bits are not enough where the state is rewritten along one direction for
+/// thousands of tokens). The chosen plan stays within 1.08x of the fp32 plan's o everywhere measured and is flat in T
+/// (anchor 17 .. 2048, long memory 17 .. 65536). fp32 accumulation is not the limit (the fp32-operand plan's state
+/// errors are <= 1.6e-6), so an error-compensated accumulation would not help. Twin speed ~110-190 us per token,
+/// head and plan (D = 128, one core), so T = 65536 took ~10 s per plan.
+///
 /// Layouts: as KdaInputs (numerics/random.hpp): q_raw, k_raw [B, T, H, d_k]; v [B, T, HV, d_v];
 /// g_raw [B, T, HV, d_k]; beta_raw [B, T, HV]; A_log [HV]; bias [HV, d_k]; S0 [B, HV, d_k, d_v].
 /// Output o [B, T, HV, d_v], final state [B, HV, d_k, d_v]. Value head j reads key head j/(HV/H).
@@ -72,6 +109,18 @@ struct KdaTwinPlan {
   /// A_seg S_start(s) + B_seg in fp32 (accum); then segments 1..P-1 from their S_start (o,
   /// final state). Exact in float64 (tests/unit/test_kda_segments.cpp).
   std::size_t segments = 0;
+  /// Operands carried as two parts of their product's format, hi = rnd(x), lo = rnd(x - hi) (bf16: ~16
+  /// significant bits), the product formed as hi b + lo b (both parts split: hi hi + hi lo + lo hi, lo lo
+  /// dropped) with one fp32 accumulation: two (three) tensor-core instructions instead of one, the way the
+  /// kernel already carries P D and the MLA kernels the query. Off (the default) = one rounding, as before.
+  struct Split {
+    bool ws_S = false;   ///< S in D = U - W S
+    bool ws_W = false;   ///< W in the same product
+    bool qs_S = false;   ///< S in o's Qg S
+    bool qs_Qg = false;  ///< Qg in the same product
+    bool kd_D = false;   ///< D in S <- Diag(gam_n) S + Kd^T D
+    bool kd_Kd = false;  ///< Kd in the same product
+  } split;
 };
 
 /// The plan the CUDA prefill kernel runs (see file comment for its measured errors).
@@ -80,6 +129,14 @@ inline KdaTwinPlan kda_plan_kernel() { return KdaTwinPlan{}; }
 inline KdaTwinPlan kda_plan_all_bf16() {
   KdaTwinPlan p;
   p.kk = p.qk = p.solve = p.ws = p.qs = p.pd = p.kd = Format::bf16;
+  return p;
+}
+/// The state-product precision decision (file comment, "State-product precision"): the kernel plan with BOTH
+/// operands of Qg S (S and Qg) and of Kd^T D (D and Kd) carried as bf16 hi + lo (three tensor-core products each:
+/// hi hi + hi lo + lo hi, fp32 accumulation); W S, on the chunk-to-chunk critical path, stays one bf16 product.
+inline KdaTwinPlan kda_plan_state_hilo() {
+  KdaTwinPlan p;
+  p.split.qs_S = p.split.qs_Qg = p.split.kd_D = p.split.kd_Kd = true;
   return p;
 }
 /// Every format float64: the twin then equals reference/kda.hpp kda_recurrent up to rounding order.
@@ -100,6 +157,29 @@ inline void rnd_all(std::vector<double>& a, Format f) {
   if (f == Format::fp64) return;
   for (auto& x : a) x = rnd(x, f);
 }
+/// hi = rnd(x, f) and lo = rnd(x - hi, f) (KdaTwinPlan::Split); hi + lo is exact in float64 (at most ~2 x 24 bits).
+inline void split_all(const std::vector<double>& a, Format f, std::vector<double>& hi, std::vector<double>& lo) {
+  hi.resize(a.size());
+  lo.resize(a.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    hi[i] = rnd(a[i], f);
+    lo[i] = rnd(a[i] - hi[i], f);
+  }
+}
+/// An operand carried as hi + lo against one unsplit operand: hi b + lo b with exact products summed in float64
+/// equals (hi + lo) b, so the operand is replaced by hi + lo (rounded once per part).
+inline double rnd_split(double x, Format f, bool split) {
+  const double hi = rnd(x, f);
+  return split && f != Format::fp64 ? hi + rnd(x - hi, f) : hi;
+}
+inline void rnd_all_split(std::vector<double>& a, Format f, bool split) {
+  if (f == Format::fp64) return;
+  if (!split) return rnd_all(a, f);
+  for (auto& x : a) {
+    const double hi = rnd(x, f);
+    x = hi + rnd(x - hi, f);
+  }
+}
 }  // namespace twin_detail
 
 /// Runs the tiled algorithm on `in` with plan `p`. Returns o [B,T,HV,d_v] and the final state.
@@ -107,6 +187,7 @@ inline void rnd_all(std::vector<double>& a, Format f) {
 inline KdaOutput<double> kda_twin(const KdaInputs& in, const KdaTwinPlan& p) {
   using twin_detail::rnd;
   using twin_detail::rnd_all;
+  using twin_detail::rnd_all_split;
   require(p.chunk >= 1 && p.chunk <= 64, "kda_twin: chunk = " + std::to_string(p.chunk) + "; accepted: 1 <= chunk <= 64");
   const std::size_t B = in.B, T = in.T, H = in.H, HV = in.HV, dk = in.d_k, dv = in.d_v, C = p.chunk;
   require(B >= 1 && T >= 1 && H >= 1 && HV >= 1 && dk >= 1 && dv >= 1 && HV % H == 0,
@@ -129,7 +210,7 @@ inline KdaOutput<double> kda_twin(const KdaInputs& in, const KdaTwinPlan& p) {
   const std::size_t group = HV / H;
   std::vector<double> q(C * dk), k(C * dk), g(C * dk), beta(C), V(C * dv);
   std::vector<double> Qg(C * dk), Kg(C * dk), Ki(C * dk), Kd(C * dk), gam(C * dk), A(C * C), P(C * C);
-  std::vector<double> X(C * (dk + dv)), Xs(C * (dk + dv)), Dl(C * dv), S(dk * dv), Sop(dk * dv), op1, op2;
+  std::vector<double> X(C * (dk + dv)), Xs(C * (dk + dv)), Dl(C * dv), S(dk * dv), Sop(dk * dv), Sopl, op1, op2, op1l, op2l;
   auto l2 = [&](const Tensor<double>& src, std::size_t b, std::size_t t, std::size_t h, double* dst) {
     for (std::size_t i = 0; i < dk; ++i) dst[i] = src(b, t, h, i);
     if (!p.l2norm) return;
@@ -139,7 +220,7 @@ inline KdaOutput<double> kda_twin(const KdaInputs& in, const KdaTwinPlan& p) {
     for (std::size_t i = 0; i < dk; ++i) dst[i] = rnd(dst[i] * inv, fa);
   };
   const std::size_t nx = dk + dv;
-  std::vector<double> row(dk);
+  std::vector<double> row(dk), rowl(dk);
   // ---- one chunk's intra-chunk quantities (fusions, decay, Qg/Kg/Ki/Kd, A, P, [W | U]) ----
   auto prep = [&](std::size_t b, std::size_t hv, std::size_t t0, std::size_t n) {
     const std::size_t h = hv / group;
@@ -208,43 +289,77 @@ inline KdaOutput<double> kda_twin(const KdaInputs& in, const KdaTwinPlan& p) {
     const std::vector<double>& Kd = *so.Kdv;
     const std::vector<double>& P = *so.Pv;
     Dl.assign(so.ld * nc, 0.0);
-    Sop = Sx;
-    rnd_all(Sop, p.ws);
+    // (both operands of a product split: hi hi + hi lo + lo hi, lo lo dropped; KdaTwinPlan::Split)
+    const bool ws_both = p.split.ws_S && p.split.ws_W && p.ws != Format::fp64;
+    if (ws_both) {
+      twin_detail::split_all(Sx, p.ws, Sop, Sopl);
+    } else {
+      Sop = Sx;
+      rnd_all_split(Sop, p.ws, p.split.ws_S);
+    }
     for (std::size_t r = 0; r < n; ++r) {
-      for (std::size_t i = 0; i < dk; ++i) row[i] = rnd(X[r * nx + i], p.ws);
+      for (std::size_t i = 0; i < dk; ++i) {
+        row[i] = twin_detail::rnd_split(X[r * nx + i], p.ws, p.split.ws_W && !ws_both);
+        if (ws_both) rowl[i] = twin_detail::rnd(X[r * nx + i] - row[i], p.ws);
+      }
       for (std::size_t j = 0; j < nc; ++j) {
         double acc = 0;
-        for (std::size_t i = 0; i < dk; ++i) acc += row[i] * Sop[i * nc + j];
+        if (ws_both)
+          for (std::size_t i = 0; i < dk; ++i) acc += row[i] * Sop[i * nc + j] + row[i] * Sopl[i * nc + j] + rowl[i] * Sop[i * nc + j];
+        else
+          for (std::size_t i = 0; i < dk; ++i) acc += row[i] * Sop[i * nc + j];
         Dl[r * nc + j] = rnd((useU ? X[r * nx + dk + j] : 0.0) - rnd(acc, fa), fa);
       }
     }
     if (write_o) {
-      Sop = Sx;
-      rnd_all(Sop, p.qs);
+      const bool qs_both = p.split.qs_S && p.split.qs_Qg && p.qs != Format::fp64;
+      if (qs_both) {
+        twin_detail::split_all(Sx, p.qs, Sop, Sopl);
+      } else {
+        Sop = Sx;
+        rnd_all_split(Sop, p.qs, p.split.qs_S);
+      }
       op2 = Dl;
       rnd_all(op2, p.pd);
       for (std::size_t r = 0; r < n; ++r) {
-        for (std::size_t i = 0; i < dk; ++i) row[i] = rnd(Qg[r * dk + i], p.qs);
+        for (std::size_t i = 0; i < dk; ++i) {
+          row[i] = twin_detail::rnd_split(Qg[r * dk + i], p.qs, p.split.qs_Qg && !qs_both);
+          if (qs_both) rowl[i] = twin_detail::rnd(Qg[r * dk + i] - row[i], p.qs);
+        }
         double Pr[64];
         for (std::size_t s = 0; s <= r; ++s) Pr[s] = rnd(P[r * so.ld + s], p.pd);
         for (std::size_t j = 0; j < nc; ++j) {
           double qs = 0, pd = 0;
-          for (std::size_t i = 0; i < dk; ++i) qs += row[i] * Sop[i * nc + j];
+          if (qs_both)
+            for (std::size_t i = 0; i < dk; ++i) qs += row[i] * Sop[i * nc + j] + row[i] * Sopl[i * nc + j] + rowl[i] * Sop[i * nc + j];
+          else
+            for (std::size_t i = 0; i < dk; ++i) qs += row[i] * Sop[i * nc + j];
           for (std::size_t s = 0; s <= r; ++s) pd += Pr[s] * op2[s * nc + j];
           out.o(b, t0 + r, hv, j) = rnd(in.scale * (rnd(qs, fa) + rnd(pd, fa)), p.out);
         }
       }
     }
     // ---- S <- Diag(gam_n) S + Kd^T D ----
-    op1 = Kd;
-    rnd_all(op1, p.kd);
-    op2 = Dl;
-    rnd_all(op2, p.kd);
+    // (both operands split: hi hi + hi lo + lo hi, the lo lo term dropped as the kernel's P D does)
+    const bool kd_both = p.split.kd_D && p.split.kd_Kd && p.kd != Format::fp64;
+    if (kd_both) {
+      twin_detail::split_all(Kd, p.kd, op1, op1l);
+      twin_detail::split_all(Dl, p.kd, op2, op2l);
+    } else {
+      op1 = Kd;
+      rnd_all_split(op1, p.kd, p.split.kd_Kd);
+      op2 = Dl;
+      rnd_all_split(op2, p.kd, p.split.kd_D);
+    }
     for (std::size_t i = 0; i < dk; ++i) {
       const double gn = so.gn[i];
       for (std::size_t j = 0; j < nc; ++j) {
         double acc = 0;
-        for (std::size_t r = 0; r < n; ++r) acc += op1[r * dk + i] * op2[r * nc + j];
+        if (kd_both)
+          for (std::size_t r = 0; r < n; ++r)
+            acc += op1[r * dk + i] * op2[r * nc + j] + op1[r * dk + i] * op2l[r * nc + j] + op1l[r * dk + i] * op2[r * nc + j];
+        else
+          for (std::size_t r = 0; r < n; ++r) acc += op1[r * dk + i] * op2[r * nc + j];
         Sx[i * nc + j] = rnd(rnd(gn * Sx[i * nc + j], fa) + rnd(acc, fa), p.state);
       }
     }

@@ -16,6 +16,7 @@
 #include "kernels/kda.hpp"
 #include "kernels/common/random_fill.hpp"
 #include "numerics/bf16.hpp"
+#include "numerics/kda_inputs.hpp"
 #include "numerics/random.hpp"
 #include "reference/kda.hpp"
 
@@ -122,16 +123,8 @@ inline KdaInputs make_inputs(std::size_t B, std::size_t T, std::size_t H, std::s
   return in;
 }
 
-/// The long-memory variant of `in` (decay ~ -3e-5 per token: A_log = 0, bias = -12; beta ~ 0.007:
-/// beta_raw - 5): the state is carried across thousands of tokens, so the segment combine
-/// (S_start = A_seg S_start + B_seg) matters for o; on the anchor gates the state is forgotten within
-/// a few tokens. Raw values stay bf16 / fp32 representable; derived tensors recomputed.
-inline void make_long_memory(KdaInputs& in) {
-  for (auto& x : in.A_log.data) x = 0.0;
-  for (auto& x : in.bias.data) x = -12.0;
-  for (auto& x : in.beta_raw.data) x = round_bf16(x - 5.0);
-  derive_kda(in);
-}
+// make_long_memory (the long-memory variant of the inputs: the state carried across thousands of tokens, so the
+// segment combine matters for o) is numerics/kda_inputs.hpp's, shared with the twin tests and `kdalab parity`.
 
 /// Rows [0, T) of value (or key) head `head` of a device [1, T, heads, 128] bf16 tensor, as doubles.
 inline std::vector<double> download_head_bf16(const bf16_t* p, std::size_t T, std::size_t heads, std::size_t head,

@@ -43,3 +43,35 @@ TEST_CASE("kda_inputs variations: softplus gate, beta distributions, d_v != d_k"
   CHECK_THROWS_AS(kda_inputs(s), Error);
   CHECK_THROWS_AS(parse_beta_dist("uniform"), Error);
 }
+
+TEST_CASE("kda_inputs input kinds: long-memory gate and beta, collinear and identical keys, the other draws kept") {
+  KdaGenSpec s;
+  s.T = 40; s.H = 2; s.d_k = 16; s.d_v = 16; s.seed = 7;
+  const KdaInputs a = kda_inputs(s);
+  s.inputs = InputKind::long_memory;
+  const KdaInputs lm = kda_inputs(s);
+  CHECK(lm.generator == "anchor-kda(inputs=long-memory)");
+  CHECK(lm.k_raw.data == a.k_raw.data);
+  for (double g : lm.g.data) CHECK((g < 0.0 && g > -5.0 * std::exp(-8.0)));  // ~ -5 e^-12 Sigmoid spread
+  for (double b : lm.beta.data) CHECK(b < 0.5);
+  for (InputKind k : {InputKind::collinear_keys, InputKind::collinear_keys_slow_decay, InputKind::identical_keys}) {
+    s.inputs = k;
+    const KdaInputs c = kda_inputs(s);
+    CAPTURE(input_kind_name(k));
+    CHECK(c.q_raw.data == a.q_raw.data);
+    CHECK(c.v.data == a.v.data);
+    double min_cos = 1.0;
+    for (std::size_t h = 0; h < s.H; ++h)
+      for (std::size_t t = 1; t < s.T; ++t) {
+        double dot = 0;
+        for (std::size_t i = 0; i < s.d_k; ++i) dot += c.k(0, t, h, i) * c.k(0, 0, h, i);
+        min_cos = std::min(min_cos, dot);
+      }
+    if (k == InputKind::identical_keys) CHECK(min_cos == Approx(1.0).epsilon(1e-14));
+    else CHECK((min_cos > 0.99 && min_cos < 1.0 - 1e-6));
+    for (double g : c.g.data)
+      if (k == InputKind::collinear_keys_slow_decay) CHECK((g < 0.0 && g > -5.0 * std::exp(-8.0)));
+      else CHECK(g == 0.0);
+  }
+  CHECK_THROWS_AS(parse_input_kind("long_memory", "--inputs"), Error);
+}

@@ -11,6 +11,7 @@
 // (numerics/kda_twin.hpp, KdaTwinPlan::segments) against its one-shot mode and the float64 truth.
 #include <cstdio>
 
+#include "numerics/kda_inputs.hpp"
 #include "numerics/kda_twin.hpp"
 #include "numerics/metrics.hpp"
 #include "numerics/tolerance.hpp"
@@ -22,15 +23,12 @@ using namespace kdalab;
 using namespace kdatest;
 
 namespace {
-/// anchor-kda inputs turned into a long-memory problem (decay ~ -3e-5 per token, beta ~ 0.007), so
-/// that S_start of a late segment still matters (on the anchor gates the state is forgotten within
-/// a few tokens and a wrong combine would not show). Raw values stay bf16 / fp32 representable.
+/// anchor-kda inputs turned into a long-memory problem (numerics/kda_inputs.hpp make_long_memory: decay ~ -3e-5 per
+/// token, beta ~ 0.007), so that S_start of a late segment still matters (on the anchor gates the state is forgotten
+/// within a few tokens and a wrong combine would not show).
 KdaInputs long_memory(std::size_t B, std::size_t T, std::size_t H, std::size_t D, std::uint64_t seed) {
   KdaInputs in = anchor_kda(B, T, H, D, seed);
-  for (auto& x : in.A_log.data) x = 0.0;
-  for (auto& x : in.bias.data) x = -12.0;
-  for (auto& x : in.beta_raw.data) x = round_bf16(x - 5.0);
-  derive_kda(in);
+  make_long_memory(in);
   return in;
 }
 
