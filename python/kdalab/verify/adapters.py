@@ -147,6 +147,14 @@ class _TorchKda(Adapter):
         s = S.detach().double().cpu().numpy()
         return np.ascontiguousarray(s if self.state_layout == "kv" else np.swapaxes(s, -1, -2))
 
+    def backward_reason(self, x) -> Optional[str]:
+        """Why the gradient cases cannot run (None: they can): gradients are judged in the canonical form, so an
+        adapter with a backward runs them only with its gate, L2Norm and beta switches in that form."""
+        if (self.opt.get("gate"), self.opt.get("l2norm"), self.opt.get("beta")) != ("precomputed", "off", "prob"):
+            return ("gradients are judged in the canonical form dL/d(q, k, v, g, beta, S0): run the adapter with "
+                    "gate=precomputed,l2norm=off,beta=prob")
+        return self.supports(x)
+
     def _needs(self, x, fused_gate: bool, beta_logits: bool, l2norm: bool) -> Optional[str]:
         if fused_gate and not all(n in x for n in ("g_raw", "A_log", "bias")):
             return "the candidate fuses the gate; this case gives no exact gate logits"
@@ -204,12 +212,6 @@ class FlaKda(_TorchKda):
         o, S = self.fn(self._t(q), self._t(k), self._t(x["v"]), self._t(g), self._t(beta), **kw)
         return o.detach().double().cpu().numpy(), self._state_out(S)
 
-
-    def backward_reason(self, x) -> Optional[str]:
-        if (self.opt["gate"], self.opt["l2norm"], self.opt["beta"]) != ("precomputed", "off", "prob"):
-            return ("gradients are judged in the canonical form dL/d(q, k, v, g, beta, S0): run the adapter with "
-                    "gate=precomputed,l2norm=off,beta=prob")
-        return self.supports(x)
 
     def backward(self, x, dO):
         """Gradients of L = <dO, o> by torch autograd through the candidate (canonical inputs: the log-decay g, unit
@@ -347,12 +349,6 @@ class KdalabCudaKda(_TorchKda):
                 gate_fused=self.fused_gate, stream=torch.cuda.current_stream().cuda_stream, **varlen)
         torch.cuda.synchronize()
         return o.double().cpu().numpy(), self._state_out(sf)
-
-    def backward_reason(self, x) -> Optional[str]:
-        if (self.opt["gate"], self.opt["l2norm"], self.opt["beta"]) != ("precomputed", "off", "prob"):
-            return ("gradients are judged in the canonical form dL/d(q, k, v, g, beta, S0): run the adapter with "
-                    "gate=precomputed,l2norm=off,beta=prob")
-        return self.supports(x)
 
     def backward(self, x, dO):
         """kdalab's backward kernel (kernels/kda_backward.hpp, `kdalab._core.cuda_kda_backward`) on the canonical
