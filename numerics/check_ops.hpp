@@ -348,4 +348,20 @@ AttnResCheckGrads attn_res_check_backward_truth(const AttnResCheckOp& a, const T
   return r;
 }
 
+// Explicit instantiations: compiled once, in reference/instantiate/ (the library kdalab_reference), for the
+// scalars below; every other file links them instead of compiling them again. X is `extern` or empty.
+#define KDALAB_TEMPLATES_CHECK_OPS(X, S) \
+  X template KdaPreops<S> kda_check_preops<S>(const KdaCheckOp&); \
+  X template void require_finite_gate<S>(const KdaCheckOp&, const Tensor<S>&); \
+  X template KdaOutput<S> kda_check_truth<S>(const KdaCheckOp&, bool); \
+  X template KdaCheckGrads kda_check_chain<S>(const KdaCheckOp&, const KdaGrad<S>&); \
+  X template KdaCheckGrads kda_check_backward_truth<S>(const KdaCheckOp&, const Tensor<double>&, \
+      const Tensor<double>*); \
+  X template Tensor<double> mla_check_truth<S>(const MlaCheckOp&); \
+  X template MlaCheckGrads mla_check_backward_truth<S>(const MlaCheckOp&, const Tensor<double>&); \
+  X template Tensor<double> attn_res_check_truth<S>(const AttnResCheckOp&); \
+  X template AttnResCheckGrads attn_res_check_backward_truth<S>(const AttnResCheckOp&, const Tensor<double>&);
+KDALAB_TEMPLATES_CHECK_OPS(extern, double)
+KDALAB_TEMPLATES_CHECK_OPS(extern, mp50)
+
 }  // namespace kdalab

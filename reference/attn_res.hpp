@@ -207,4 +207,13 @@ class DepthMixer {
   std::size_t partial_count_ = 0, pushed_ = 0;
 };
 
+// Explicit instantiations: compiled once, in reference/instantiate/ (the library kdalab_reference), for the
+// scalars below; every other file links them instead of compiling them again. X is `extern` or empty.
+#define KDALAB_TEMPLATES_ATTN_RES(X, S) \
+  X template Vec<S> rms_normalize<S>(const Vec<S>&, const S&); \
+  X template Vec<S> attn_res_full<S>(const Vec<S>&, const std::vector<Vec<S>>&, const S&); \
+  X template Vec<S> attn_res_block<S>(const Vec<S>&, const std::vector<Vec<S>>&, const Vec<S>*, const S&);
+KDALAB_TEMPLATES_ATTN_RES(extern, double)
+KDALAB_TEMPLATES_ATTN_RES(extern, mp50)
+
 }  // namespace kdalab

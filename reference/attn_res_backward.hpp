@@ -91,4 +91,15 @@ AttnResBlockGrad<S> attn_res_block_backward(const Vec<S>& w, const std::vector<V
   return r;
 }
 
+// Explicit instantiations: compiled once, in reference/instantiate/ (the library kdalab_reference), for the
+// scalars below; every other file links them instead of compiling them again. X is `extern` or empty.
+#define KDALAB_TEMPLATES_ATTN_RES_BACKWARD(X, S) \
+  X template Vec<S> rms_normalize_backward<S>(const Vec<S>&, const Vec<S>&, const S&); \
+  X template AttnResGrad<S> attn_res_full_backward<S>(const Vec<S>&, const std::vector<Vec<S>>&, const S&, \
+      const Vec<S>&); \
+  X template AttnResBlockGrad<S> attn_res_block_backward<S>(const Vec<S>&, const std::vector<Vec<S>>&, const Vec<S>*, \
+      const S&, const Vec<S>&);
+KDALAB_TEMPLATES_ATTN_RES_BACKWARD(extern, double)
+KDALAB_TEMPLATES_ATTN_RES_BACKWARD(extern, mp50)
+
 }  // namespace kdalab

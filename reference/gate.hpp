@@ -143,4 +143,13 @@ S min_tile_log_decay(const Mat<S>& g, Eigen::Index tile = 16) {
   return lo;
 }
 
+// Explicit instantiations: compiled once, in reference/instantiate/ (the library kdalab_reference), for the
+// scalars below; every other file links them instead of compiling them again. X is `extern` or empty.
+#define KDALAB_TEMPLATES_GATE(X, S) \
+  X template Mat<S> gate<S>(const Mat<S>&, const Vec<S>&, const Mat<S>&, GateKind, const S&); \
+  X template Mat<S> gate_logit_from_x<S>(const Mat<S>&, const Mat<S>&, const Mat<S>&); \
+  X template Mat<S> gate_logit_from_v<S>(const Mat<S>&, const Mat<S>&);
+KDALAB_TEMPLATES_GATE(extern, double)
+KDALAB_TEMPLATES_GATE(extern, mp50)
+
 }  // namespace kdalab

@@ -68,4 +68,12 @@ GateGrad<S> gate_backward(const Mat<S>& z, const Vec<S>& A_log, const Mat<S>& bi
   return r;
 }
 
+// Explicit instantiations: compiled once, in reference/instantiate/ (the library kdalab_reference), for the
+// scalars below; every other file links them instead of compiling them again. X is `extern` or empty.
+#define KDALAB_TEMPLATES_GATE_BACKWARD(X, S) \
+  X template GateGrad<S> gate_backward<S>(const Mat<S>&, const Vec<S>&, const Mat<S>&, GateKind, const Mat<S>&, \
+      const S&);
+KDALAB_TEMPLATES_GATE_BACKWARD(extern, double)
+KDALAB_TEMPLATES_GATE_BACKWARD(extern, mp50)
+
 }  // namespace kdalab

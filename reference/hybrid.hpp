@@ -289,4 +289,11 @@ inline CacheFootprint cache_footprint(const ModelConfig& m) {
   return f;
 }
 
+// Explicit instantiations: compiled once, in reference/instantiate/ (the library kdalab_reference), for the
+// scalars below; every other file links them instead of compiling them again. X is `extern` or empty.
+#define KDALAB_TEMPLATES_HYBRID(X, S) \
+  X template Mat<S> swiglu<S>(const SwiGluWeights<S>&, const Mat<S>&);
+KDALAB_TEMPLATES_HYBRID(extern, double)
+KDALAB_TEMPLATES_HYBRID(extern, mp50)
+
 }  // namespace kdalab

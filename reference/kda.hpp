@@ -311,4 +311,24 @@ KdaOutput<S> kda_recurrent_varlen(const Tensor<S>& q, const Tensor<S>& k, const 
 template <class S>
 Mat<S> to_seed_layout(const Mat<S>& S_kv) { return S_kv.transpose(); }
 
+// Explicit instantiations: compiled once, in reference/instantiate/ (the library kdalab_reference), for the
+// scalars below; every other file links them instead of compiling them again. X is `extern` or empty.
+#define KDALAB_TEMPLATES_KDA(X, S) \
+  X template Vec<S> kda_step<S>(Mat<S>&, const Vec<S>&, const Vec<S>&, const Vec<S>&, const Vec<S>&, const S&, \
+      const S&, KdaVariant); \
+  X template Mat<S> kda_recurrent_head<S>(const Mat<S>&, const Mat<S>&, const Mat<S>&, const Mat<S>&, const Vec<S>&, \
+      Mat<S>&, const S&, KdaVariant); \
+  X template KdaShape kda_validate<S>(const Tensor<S>&, const Tensor<S>&, const Tensor<S>&, const Tensor<S>&, \
+      const Tensor<S>&, const Tensor<S>*); \
+  X template KdaOutput<S> kda_recurrent<S>(const Tensor<S>&, const Tensor<S>&, const Tensor<S>&, const Tensor<S>&, \
+      const Tensor<S>&, const Tensor<S>*, const S&, KdaVariant);
+#define KDALAB_TEMPLATES_KDA_DM(X, S) \
+  X template KdaOutput<S> kda_recurrent_varlen<S>(const Tensor<S>&, const Tensor<S>&, const Tensor<S>&, \
+      const Tensor<S>&, const Tensor<S>&, const Tensor<S>*, const std::vector<std::size_t>&, const S&, KdaVariant);
+KDALAB_TEMPLATES_KDA(extern, double)
+KDALAB_TEMPLATES_KDA(extern, mp50)
+KDALAB_TEMPLATES_KDA(extern, float)
+KDALAB_TEMPLATES_KDA_DM(extern, double)
+KDALAB_TEMPLATES_KDA_DM(extern, mp50)
+
 }  // namespace kdalab

@@ -303,4 +303,25 @@ KdaGrad<S> kda_recurrent_varlen_backward(const Tensor<S>& q, const Tensor<S>& k,
   return r;
 }
 
+// Explicit instantiations: compiled once, in reference/instantiate/ (the library kdalab_reference), for the
+// scalars below; every other file links them instead of compiling them again. X is `extern` or empty.
+#define KDALAB_TEMPLATES_KDA_BACKWARD(X, S) \
+  X template KdaStepGrad<S> kda_step_backward<S>(const Mat<S>&, Mat<S>&, const Vec<S>&, const Vec<S>&, const Vec<S>&, \
+      const Vec<S>&, const S&, const S&, const Vec<S>&, KdaVariant); \
+  X template KdaHeadGrad<S> kda_recurrent_head_backward<S>(const Mat<S>&, const Mat<S>&, const Mat<S>&, \
+      const Mat<S>&, const Vec<S>&, const Mat<S>&, const S&, const Mat<S>&, const Mat<S>&, KdaVariant, Eigen::Index, \
+      std::size_t*); \
+  X template KdaGrad<S> kda_recurrent_backward<S>(const Tensor<S>&, const Tensor<S>&, const Tensor<S>&, \
+      const Tensor<S>&, const Tensor<S>&, const Tensor<S>*, const S&, const Tensor<S>&, const Tensor<S>*, KdaVariant, \
+      std::size_t);
+#define KDALAB_TEMPLATES_KDA_BACKWARD_DM(X, S) \
+  X template KdaGrad<S> kda_recurrent_varlen_backward<S>(const Tensor<S>&, const Tensor<S>&, const Tensor<S>&, \
+      const Tensor<S>&, const Tensor<S>&, const Tensor<S>*, const std::vector<std::size_t>&, const S&, \
+      const Tensor<S>&, const Tensor<S>*, KdaVariant, std::size_t);
+KDALAB_TEMPLATES_KDA_BACKWARD(extern, double)
+KDALAB_TEMPLATES_KDA_BACKWARD(extern, mp50)
+KDALAB_TEMPLATES_KDA_BACKWARD(extern, float)
+KDALAB_TEMPLATES_KDA_BACKWARD_DM(extern, double)
+KDALAB_TEMPLATES_KDA_BACKWARD_DM(extern, mp50)
+
 }  // namespace kdalab

@@ -308,4 +308,26 @@ KdaOutput<S> kda_chunked_varlen(const Tensor<S>& q, const Tensor<S>& k, const Te
                            const Tensor<S>& e, const Tensor<S>* f) { return kda_chunked<S>(a, b, c, d, e, f, scale, opt, var); });
 }
 
+// Explicit instantiations: compiled once, in reference/instantiate/ (the library kdalab_reference), for the
+// scalars below; every other file links them instead of compiling them again. X is `extern` or empty.
+#define KDALAB_TEMPLATES_KDA_CHUNK(X, S) \
+  X template Mat<S> tri_inverse<S>(const Mat<S>&, TriInverse); \
+  X template Mat<S> tri_inverse_tiled<S>(const Mat<S>&, Eigen::Index, TriInverse); \
+  X template Mat<S> detail::decayed_tril<S>(const Mat<S>&, const Mat<S>&, const Mat<S>&, Eigen::Index, bool); \
+  X template void detail::effective_g<S>(Mat<S>&, KdaVariant); \
+  X template Mat<S> kda_chunked_head<S>(const Mat<S>&, const Mat<S>&, const Mat<S>&, const Mat<S>&, const Vec<S>&, \
+      Mat<S>&, const S&, const ChunkOptions&, KdaVariant); \
+  X template KdaOutput<S> kda_chunked<S>(const Tensor<S>&, const Tensor<S>&, const Tensor<S>&, const Tensor<S>&, \
+      const Tensor<S>&, const Tensor<S>*, const S&, const ChunkOptions&, KdaVariant);
+#define KDALAB_TEMPLATES_KDA_CHUNK_DM(X, S) \
+  X template Mat<S> ut_lower<S>(const Mat<S>&, const Mat<S>&, const Vec<S>&, Eigen::Index); \
+  X template KdaOutput<S> kda_chunked_varlen<S>(const Tensor<S>&, const Tensor<S>&, const Tensor<S>&, \
+      const Tensor<S>&, const Tensor<S>&, const Tensor<S>*, const std::vector<std::size_t>&, const S&, \
+      const ChunkOptions&, KdaVariant);
+KDALAB_TEMPLATES_KDA_CHUNK(extern, double)
+KDALAB_TEMPLATES_KDA_CHUNK(extern, mp50)
+KDALAB_TEMPLATES_KDA_CHUNK(extern, float)
+KDALAB_TEMPLATES_KDA_CHUNK_DM(extern, double)
+KDALAB_TEMPLATES_KDA_CHUNK_DM(extern, mp50)
+
 }  // namespace kdalab

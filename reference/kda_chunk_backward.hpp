@@ -160,4 +160,17 @@ KdaGrad<S> kda_chunked_backward(const Tensor<S>& q, const Tensor<S>& k, const Te
                                   });
 }
 
+// Explicit instantiations: compiled once, in reference/instantiate/ (the library kdalab_reference), for the
+// scalars below; every other file links them instead of compiling them again. X is `extern` or empty.
+#define KDALAB_TEMPLATES_KDA_CHUNK_BACKWARD(X, S) \
+  X template detail::KdaChunkFwd<S> detail::kda_chunk_quantities<S>(const Mat<S>&, const Mat<S>&, const Mat<S>&, \
+      const Mat<S>&, const Vec<S>&, Eigen::Index, Eigen::Index); \
+  X template KdaHeadGrad<S> kda_chunked_head_backward<S>(const Mat<S>&, const Mat<S>&, const Mat<S>&, const Mat<S>&, \
+      const Vec<S>&, const Mat<S>&, const S&, const Mat<S>&, const Mat<S>&, Eigen::Index, std::size_t*); \
+  X template KdaGrad<S> kda_chunked_backward<S>(const Tensor<S>&, const Tensor<S>&, const Tensor<S>&, \
+      const Tensor<S>&, const Tensor<S>&, const Tensor<S>*, const S&, const Tensor<S>&, const Tensor<S>*, \
+      std::size_t);
+KDALAB_TEMPLATES_KDA_CHUNK_BACKWARD(extern, double)
+KDALAB_TEMPLATES_KDA_CHUNK_BACKWARD(extern, mp50)
+
 }  // namespace kdalab

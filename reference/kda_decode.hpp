@@ -39,4 +39,13 @@ KdaOutput<S> kda_decode_steps(const Tensor<S>& q, const Tensor<S>& k, const Tens
   return out;
 }
 
+// Explicit instantiations: compiled once, in reference/instantiate/ (the library kdalab_reference), for the
+// scalars below; every other file links them instead of compiling them again. X is `extern` or empty.
+#define KDALAB_TEMPLATES_KDA_DECODE(X, S) \
+  X template KdaOutput<S> kda_decode_steps<S>(const Tensor<S>&, const Tensor<S>&, const Tensor<S>&, const Tensor<S>&, \
+      const Tensor<S>&, const Tensor<S>&, const S&);
+KDALAB_TEMPLATES_KDA_DECODE(extern, double)
+KDALAB_TEMPLATES_KDA_DECODE(extern, mp50)
+KDALAB_TEMPLATES_KDA_DECODE(extern, float)
+
 }  // namespace kdalab

@@ -129,4 +129,18 @@ KdaFusedGrad<S> kda_fused_backward(const Tensor<S>& q_raw, const Tensor<S>& k_ra
   return r;
 }
 
+// Explicit instantiations: compiled once, in reference/instantiate/ (the library kdalab_reference), for the
+// scalars below; every other file links them instead of compiling them again. X is `extern` or empty.
+#define KDALAB_TEMPLATES_KDA_FUSED_BACKWARD(X, S) \
+  X template KdaPreops<S> kda_fused_preops<S>(const Tensor<S>&, const Tensor<S>&, const Tensor<S>&, const Tensor<S>&, \
+      const Tensor<S>&, const Tensor<S>&, const Tensor<S>&, const KdaFusedGate<S>&, const S&); \
+  X template KdaOutput<S> kda_fused<S>(const Tensor<S>&, const Tensor<S>&, const Tensor<S>&, const Tensor<S>&, \
+      const Tensor<S>&, const Tensor<S>&, const Tensor<S>&, const Tensor<S>*, const S&, const KdaFusedGate<S>&, \
+      const S&); \
+  X template KdaFusedGrad<S> kda_fused_backward<S>(const Tensor<S>&, const Tensor<S>&, const Tensor<S>&, \
+      const Tensor<S>&, const Tensor<S>&, const Tensor<S>&, const Tensor<S>&, const Tensor<S>*, const S&, \
+      const Tensor<S>&, const Tensor<S>*, const KdaFusedGate<S>&, const S&, std::size_t);
+KDALAB_TEMPLATES_KDA_FUSED_BACKWARD(extern, double)
+KDALAB_TEMPLATES_KDA_FUSED_BACKWARD(extern, mp50)
+
 }  // namespace kdalab

@@ -134,4 +134,12 @@ KdaLayerGrad<S> kda_layer_backward(const KdaConfig& cfg, const KdaWeights<S>& w,
   return r;
 }
 
+// Explicit instantiations: compiled once, in reference/instantiate/ (the library kdalab_reference), for the
+// scalars below; every other file links them instead of compiling them again. X is `extern` or empty.
+#define KDALAB_TEMPLATES_KDA_LAYER_BACKWARD(X, S) \
+  X template KdaLayerGrad<S> kda_layer_backward<S>(const KdaConfig&, const KdaWeights<S>&, const Mat<S>&, \
+      const Mat<S>&, std::size_t);
+KDALAB_TEMPLATES_KDA_LAYER_BACKWARD(extern, double)
+KDALAB_TEMPLATES_KDA_LAYER_BACKWARD(extern, mp50)
+
 }  // namespace kdalab

@@ -131,4 +131,17 @@ Mat<S> output_gate(const Mat<S>& o, const Mat<S>& gate_logit) {
   return y;
 }
 
+// Explicit instantiations: compiled once, in reference/instantiate/ (the library kdalab_reference), for the
+// scalars below; every other file links them instead of compiling them again. X is `extern` or empty.
+#define KDALAB_TEMPLATES_LAYERS(X, S) \
+  X template Mat<S> linear<S>(const Mat<S>&, const Mat<S>&, const std::string&); \
+  X template Mat<S> swish_mat<S>(const Mat<S>&); \
+  X template Mat<S> sigmoid_mat<S>(const Mat<S>&); \
+  X template Mat<S> short_conv<S>(const Mat<S>&, const Mat<S>&, ConvTail<S>&, const std::string&); \
+  X template Mat<S> l2norm<S>(const Mat<S>&, Eigen::Index, const S&); \
+  X template Mat<S> rmsnorm<S>(const Mat<S>&, const Vec<S>&, const S&); \
+  X template Mat<S> output_gate<S>(const Mat<S>&, const Mat<S>&);
+KDALAB_TEMPLATES_LAYERS(extern, double)
+KDALAB_TEMPLATES_LAYERS(extern, mp50)
+
 }  // namespace kdalab

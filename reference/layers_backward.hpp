@@ -188,4 +188,19 @@ OutputGateGrad<S> output_gate_backward(const Mat<S>& o, const Mat<S>& gate_logit
   return r;
 }
 
+// Explicit instantiations: compiled once, in reference/instantiate/ (the library kdalab_reference), for the
+// scalars below; every other file links them instead of compiling them again. X is `extern` or empty.
+#define KDALAB_TEMPLATES_LAYERS_BACKWARD(X, S) \
+  X template Vec<S> l2norm_vec_backward<S>(const Vec<S>&, const Vec<S>&, const S&); \
+  X template Mat<S> l2norm_backward<S>(const Mat<S>&, const Mat<S>&, Eigen::Index, const S&); \
+  X template Mat<S> sigmoid_mat_backward<S>(const Mat<S>&, const Mat<S>&); \
+  X template Mat<S> swish_mat_backward<S>(const Mat<S>&, const Mat<S>&); \
+  X template LinearGrad<S> linear_backward<S>(const Mat<S>&, const Mat<S>&, const Mat<S>&); \
+  X template ShortConvGrad<S> short_conv_backward<S>(const Mat<S>&, const Mat<S>&, const ConvTail<S>&, \
+      const Mat<S>&); \
+  X template RmsNormGrad<S> rmsnorm_backward<S>(const Mat<S>&, const Vec<S>&, const Mat<S>&, const S&); \
+  X template OutputGateGrad<S> output_gate_backward<S>(const Mat<S>&, const Mat<S>&, const Mat<S>&);
+KDALAB_TEMPLATES_LAYERS_BACKWARD(extern, double)
+KDALAB_TEMPLATES_LAYERS_BACKWARD(extern, mp50)
+
 }  // namespace kdalab

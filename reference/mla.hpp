@@ -427,4 +427,23 @@ inline std::size_t kda_state_values(std::size_t H, std::size_t d_k, std::size_t 
   return H * d_k * d_v + (conv_kernel > 0 ? conv_kernel - 1 : 0) * H * (2 * d_k + d_v);
 }
 
+// Explicit instantiations: compiled once, in reference/instantiate/ (the library kdalab_reference), for the
+// scalars below; every other file links them instead of compiling them again. X is `extern` or empty.
+#define KDALAB_TEMPLATES_MLA(X, S) \
+  X template void mla_validate<S>(const MlaConfig&, const MlaWeights<S>&); \
+  X template MlaProjected<S> mla_project<S>(const MlaConfig&, const MlaWeights<S>&, const Mat<S>&, std::size_t); \
+  X template void detail::causal_softmax_rows<S>(Mat<S>&, std::size_t); \
+  X template Mat<S> mla_attend_naive<S>(const MlaConfig&, const MlaWeights<S>&, const MlaProjected<S>&, \
+      const Mat<S>&, const Mat<S>&, std::size_t); \
+  X template Mat<S> mla_attend_absorbed<S>(const MlaConfig&, const MlaWeights<S>&, const MlaProjected<S>&, \
+      const Mat<S>&, const Mat<S>&, std::size_t); \
+  X template Mat<S> mla_attend_streaming<S>(const MlaConfig&, const MlaWeights<S>&, const MlaProjected<S>&, \
+      const Mat<S>&, const Mat<S>&, std::size_t, std::size_t); \
+  X template Mat<S> mla_output<S>(const MlaConfig&, const MlaWeights<S>&, const MlaProjected<S>&, const Mat<S>&); \
+  X template Mat<S> mla_prefill<S>(const MlaConfig&, const MlaWeights<S>&, const Mat<S>&, MlaCache<S>&, MlaEval, \
+      std::size_t); \
+  X template Vec<S> mla_decode<S>(const MlaConfig&, const MlaWeights<S>&, const Vec<S>&, MlaCache<S>&);
+KDALAB_TEMPLATES_MLA(extern, double)
+KDALAB_TEMPLATES_MLA(extern, mp50)
+
 }  // namespace kdalab

@@ -231,4 +231,21 @@ MlaLayerGrad<S> mla_prefill_backward(const MlaConfig& cfg, const MlaWeights<S>& 
   return r;
 }
 
+// Explicit instantiations: compiled once, in reference/instantiate/ (the library kdalab_reference), for the
+// scalars below; every other file links them instead of compiling them again. X is `extern` or empty.
+#define KDALAB_TEMPLATES_MLA_BACKWARD(X, S) \
+  X template Mat<S> detail::softmax_rows_backward<S>(const Mat<S>&, const Mat<S>&, const S&); \
+  X template Mat<S> detail::mla_head_probs<S>(const MlaConfig&, const MlaWeights<S>&, const MlaProjected<S>&, \
+      const Mat<S>&, const Mat<S>&, std::size_t, Eigen::Index); \
+  X template MlaAttendGrad<S> detail::mla_grad_shaped<S>(const MlaWeights<S>&, const MlaProjected<S>&, const Mat<S>&, \
+      const Mat<S>&); \
+  X template MlaAttendGrad<S> mla_attend_naive_backward<S>(const MlaConfig&, const MlaWeights<S>&, \
+      const MlaProjected<S>&, const Mat<S>&, const Mat<S>&, std::size_t, const Mat<S>&); \
+  X template MlaAttendGrad<S> mla_attend_absorbed_backward<S>(const MlaConfig&, const MlaWeights<S>&, \
+      const MlaProjected<S>&, const Mat<S>&, const Mat<S>&, std::size_t, const Mat<S>&); \
+  X template MlaLayerGrad<S> mla_prefill_backward<S>(const MlaConfig&, const MlaWeights<S>&, const Mat<S>&, \
+      const Mat<S>&, MlaEval);
+KDALAB_TEMPLATES_MLA_BACKWARD(extern, double)
+KDALAB_TEMPLATES_MLA_BACKWARD(extern, mp50)
+
 }  // namespace kdalab

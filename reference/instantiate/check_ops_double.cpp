@@ -1,0 +1,7 @@
+// Explicit instantiations in double of the templates that reference/ and numerics/ declare `extern template`
+// (the KDALAB_TEMPLATES_* lists at the end of each header): compiled here once, linked by every other file.
+#include "numerics/check_ops.hpp"
+
+namespace kdalab {
+KDALAB_TEMPLATES_CHECK_OPS(, double)
+}  // namespace kdalab

@@ -1,0 +1,13 @@
+// Explicit instantiations in mp50 of the templates that reference/ and numerics/ declare `extern template`
+// (the KDALAB_TEMPLATES_* lists at the end of each header): compiled here once, linked by every other file.
+#include "reference/kda.hpp"
+#include "reference/kda_chunk.hpp"
+#include "reference/kda_decode.hpp"
+
+namespace kdalab {
+KDALAB_TEMPLATES_KDA(, mp50)
+KDALAB_TEMPLATES_KDA_DM(, mp50)
+KDALAB_TEMPLATES_KDA_CHUNK(, mp50)
+KDALAB_TEMPLATES_KDA_CHUNK_DM(, mp50)
+KDALAB_TEMPLATES_KDA_DECODE(, mp50)
+}  // namespace kdalab
