@@ -189,7 +189,8 @@ def test_value_blocks_sum_the_shared_inputs_gradients_in_fp32_and_round_once():
     bf = torch.bfloat16
     x = dict(q=torch.zeros(B, T, H, K, dtype=bf), k=torch.zeros(B, T, H, K, dtype=bf),
              v=torch.zeros(B, T, HV, V, dtype=bf), g=torch.zeros(B, T, HV, K, dtype=bf),
-             beta=torch.zeros(B, T, HV, dtype=bf), dt_bias=torch.zeros(HV * K, dtype=bf), A_log=torch.zeros(HV, dtype=bf))
+             beta=torch.zeros(B, T, HV, dtype=bf), dt_bias=torch.zeros(HV * K, dtype=bf),
+             A_log=torch.zeros(HV, dtype=bf))
     for t in x.values():
         t.requires_grad_()
     calls = []
