@@ -584,7 +584,8 @@ int run_parity_backward(const ParityOptions& o, Context& ctx) {
                                                  : run_backward_ref<double>(in, dO, dS_T));
     const std::string tname =
         tk == "mp" ? "cpp_bin_float_50" : (tk == "f80" ? "long double (x87, 64-bit significand)" : "float64");
-    const std::string label = fmt::format("T={} H={} {} {}", s.T, s.H, gate_kind_name(s.gate), beta_dist_name(s.beta));
+    const std::string label = fmt::format("T={} H={} {} {}{}", s.T, s.H, gate_kind_name(s.gate), beta_dist_name(s.beta),
+                                          s.inputs == InputKind::anchor ? "" : " " + input_kind_name(s.inputs));
     for (const auto& impl : o.impl) {
       std::string why;
       const auto r = run_backward_impl(impl, in, dO, dS_T, why);
@@ -605,10 +606,11 @@ int run_parity_backward(const ParityOptions& o, Context& ctx) {
       t.row(row);
       row_keys.push_back(static_cast<std::int64_t>(p));
       if (!std::exchange(header, true))
-        fmt::print("{:<9}{:>7}{:>7}{:>6} {:<10}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}  truth\n", "impl", "T", "d_k", "d_v",
-                   "gate", "dq", "dk", "dv", "dg", "dbeta", "dS0");
-      fmt::print("{:<9}{:>7}{:>7}{:>6} {:<10}{:>11.2e}{:>11.2e}{:>11.2e}{:>11.2e}{:>11.2e}{:>11.2e}  {}\n", impl, s.T,
-                 s.d_k, s.d_v, gate_kind_name(s.gate), errs[0], errs[1], errs[2], errs[3], errs[4], errs[5], tk);
+        fmt::print("{:<9}{:>7}{:>7}{:>6} {:<10}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}  truth  inputs\n", "impl", "T", "d_k",
+                   "d_v", "gate", "dq", "dk", "dv", "dg", "dbeta", "dS0");
+      fmt::print("{:<9}{:>7}{:>7}{:>6} {:<10}{:>11.2e}{:>11.2e}{:>11.2e}{:>11.2e}{:>11.2e}{:>11.2e}  {:<5}  {}\n", impl,
+                 s.T, s.d_k, s.d_v, gate_kind_name(s.gate), errs[0], errs[1], errs[2], errs[3], errs[4], errs[5], tk,
+                 input_kind_name(s.inputs));
       prog.tick(1, label + " " + impl);
     }
   }
@@ -728,11 +730,17 @@ void register_parity(Registry& reg) {
   c.check = [o](Context& ctx) {
     auto given = [&](const char* name) { return ctx.app->get_option(name)->count() > 0; };
     if (o->backward) {  // the gradient mode's own defaults; options given explicitly still win
-      // options of the forward sweep that the gradient mode does not read: given, they would be ignored silently
-      for (const char* n : {"--C", "--state-precision", "--matmul-precision", "--windows"})
-        require(!given(n), std::string(n) + " has no effect with --backward (the gradient mode runs the recurrence's "
-                                            "backward in float64 / float32 / bf16-emu, with no chunk size, state or "
-                                            "matmul format, and no error windows); leave it out");
+      // options of the forward sweep that the gradient mode does not read: set to other than their default, they
+      // would be ignored silently. At their default they are accepted (as bench's one-op options): a results file's
+      // config records every option, so its --config replay gives them
+      const ParityOptions def;
+      for (const auto& [n, set] : {std::pair<const char*, bool>{"--C", o->C != def.C},
+                                   {"--state-precision", o->state != def.state},
+                                   {"--matmul-precision", o->matmul != def.matmul},
+                                   {"--windows", o->windows != def.windows}})
+        require(!set, std::string(n) + " has no effect with --backward (the gradient mode runs the recurrence's "
+                                       "backward in float64 / float32 / bf16-emu, with no chunk size, state or "
+                                       "matmul format, and no error windows); leave it out");
       if (!given("--T")) o->T = ctx.common.quick ? kBackwardQuickT : kBackwardT;
       if (!given("--dk")) o->dk = kBackwardD;
       if (!given("--dv")) o->dv = kBackwardD;
