@@ -56,6 +56,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -803,9 +804,28 @@ void register_parity(Registry& reg) {
                             "g = g_min Sigmoid(...) is computed in float32, whose largest finite magnitude is {:.6g}; "
                             "give {:.6g} <= g_min < 0", x, std::numeric_limits<float>::max(),
                             -std::numeric_limits<float>::max()));
-    if (std::find(o->impl.begin(), o->impl.end(), "twin-bf16") != o->impl.end())
+    const bool twin = std::find(o->impl.begin(), o->impl.end(), "twin-bf16") != o->impl.end();
+    if (twin)
       for (double C : o->C)
         require(C <= 64, fmt::format("--C: {} is not accepted with the twin-bf16 implementation (1 <= C <= 64)", C));
+    // options no row of the chosen implementations reads, set to other than their default, would be ignored silently
+    // (at their default they are accepted, as --backward's: a results file's config records every option)
+    if (!o->backward) {
+      const ParityOptions def;
+      for (const auto& [n, set, vals] :
+           {std::tuple<const char*, bool, std::string>{"--state-precision", o->state != def.state,
+                                                       fmt::format("{}", fmt::join(o->state, ","))},
+            {"--matmul-precision", o->matmul != def.matmul, fmt::format("{}", fmt::join(o->matmul, ","))}})
+        require(!set || twin, fmt::format("{} {} has no effect without --impl twin-bf16 (only the kernel twin's rows have "
+                                          "a state and matmul format); add twin-bf16 to --impl, or leave the option out",
+                                          n, vals));
+      const bool chunked = std::any_of(o->impl.begin(), o->impl.end(), [](const std::string& s) {
+        return s == "float64-chunk" || s == "float32-chunk" || s == "twin-bf16" || s == "cuda-bf16";
+      });
+      require(o->C == def.C || chunked,
+              fmt::format("--C {} has no effect without a chunked implementation (float64-chunk, float32-chunk, "
+                          "twin-bf16, cuda-bf16); add one to --impl, or leave the option out", fmt::join(o->C, ",")));
+    }
     require(o->truth == "auto" || o->truth == "mp" || o->truth == "f64" || o->truth == "f80",
             "--truth: '" + o->truth + "' is unknown; accepted: auto, mp, f64, f80");
     require(o->mp_max_work > 0, fmt::format("--mp-max-work: {} must be > 0", o->mp_max_work));
