@@ -16,7 +16,9 @@ Outputs (kdalab's rule): --json's folder must exist and be writable; --check-dir
 (its parent folder must exist and be writable). An existing --json file, or an existing check file in
 --check-dir (fla_kda_B<B>_T<T>_H<H>.h5, only with --ops check), is never overwritten without --force:
 one line on stderr naming the option and the path, exit 2, nothing written. --dry-run makes the same
-checks (arguments, --fla-path, outputs), prints the plan and exits without importing torch or fla.
+checks (arguments, --fla-path, outputs), prints the plan and exits without importing torch or fla. An op or a
+shape given twice, a shape field above 2^31 - 1, and a shapes option (--prefill-shapes, --decode-shapes,
+--backward-shapes) set for an op that --ops does not name are usage errors too (exit 2): none would be timed as given.
 
 What it runs (bf16 in/out, fp32 state, D = d_k = d_v = 128 only: kdalab bench's D = 64 and D = 256 rows
 (" D=64" / " D=256" keys) have no fla peer, and a D field in --prefill-shapes / --decode-shapes /
@@ -136,10 +138,15 @@ def parse_shapes(text, op):
         if len(v) == 3:
             v.append(v[2])
         B, T, H, HV = v
+        if max(v) > 2**31 - 1:
+            raise UsageError(f"--{op}-shapes: '{item}' has a field above 2^31 - 1; accepted: B:T:H[:HV] with each "
+                             "field in [1, 2^31 - 1] (as kdalab bench --shapes)")
         if min(B, T, H, HV) < 1 or HV % H:
             raise UsageError(f"--{op}-shapes: '{item}' needs B, T, H >= 1 and HV a multiple of H")
         if op == "decode" and T != 1:
             raise UsageError(f"--decode-shapes: decode shapes have T = 1, got '{item}'")
+        if (B, T, H, HV) in out:  # its JSON key would be written twice, the later time replacing the earlier
+            raise UsageError(f"--{op}-shapes: '{item.strip()}' is given more than once; give each shape once")
         out.append((B, T, H, HV))
     return out
 
@@ -851,12 +858,22 @@ def prewarm(args, root, jobs, budget_left):
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:  # the arguments, then --fla-path, then the output paths (kdalab bench's order: --out last)
         ops = [o.strip() for o in args.ops.split(",") if o.strip()]
         bad = [o for o in ops if o not in OPS]
         if bad or not ops:
             raise UsageError(f"--ops '{args.ops}': unknown {bad or 'empty'}; accepted: comma-separated {', '.join(OPS)}")
+        twice = next((o for i, o in enumerate(ops) if o in ops[:i]), None)
+        if twice:
+            raise UsageError(f"--ops '{args.ops}': {twice} is given more than once; give each op once")
+        # a shapes option of an op that does not run, set to other than its default, would be ignored: refused
+        for name, op in (("prefill_shapes", "kda-prefill"), ("decode_shapes", "kda-decode"),
+                         ("backward_shapes", "kda-backward")):
+            if getattr(args, name) != parser.get_default(name) and op not in ops:
+                raise UsageError(f"--{name.replace('_', '-')} applies to --ops {op} only; --ops is '{args.ops}' "
+                                 f"(add {op} to --ops, or leave the option out)")
         prefill = parse_shapes(args.prefill_shapes, "prefill")
         decode = parse_shapes(args.decode_shapes, "decode")
         backward = parse_shapes(args.backward_shapes, "backward")

@@ -56,6 +56,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -584,7 +585,8 @@ int run_parity_backward(const ParityOptions& o, Context& ctx) {
                                                  : run_backward_ref<double>(in, dO, dS_T));
     const std::string tname =
         tk == "mp" ? "cpp_bin_float_50" : (tk == "f80" ? "long double (x87, 64-bit significand)" : "float64");
-    const std::string label = fmt::format("T={} H={} {} {}", s.T, s.H, gate_kind_name(s.gate), beta_dist_name(s.beta));
+    const std::string label = fmt::format("T={} H={} {} {}{}", s.T, s.H, gate_kind_name(s.gate), beta_dist_name(s.beta),
+                                          s.inputs == InputKind::anchor ? "" : " " + input_kind_name(s.inputs));
     for (const auto& impl : o.impl) {
       std::string why;
       const auto r = run_backward_impl(impl, in, dO, dS_T, why);
@@ -605,10 +607,11 @@ int run_parity_backward(const ParityOptions& o, Context& ctx) {
       t.row(row);
       row_keys.push_back(static_cast<std::int64_t>(p));
       if (!std::exchange(header, true))
-        fmt::print("{:<9}{:>7}{:>7}{:>6} {:<10}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}  truth\n", "impl", "T", "d_k", "d_v",
-                   "gate", "dq", "dk", "dv", "dg", "dbeta", "dS0");
-      fmt::print("{:<9}{:>7}{:>7}{:>6} {:<10}{:>11.2e}{:>11.2e}{:>11.2e}{:>11.2e}{:>11.2e}{:>11.2e}  {}\n", impl, s.T,
-                 s.d_k, s.d_v, gate_kind_name(s.gate), errs[0], errs[1], errs[2], errs[3], errs[4], errs[5], tk);
+        fmt::print("{:<9}{:>7}{:>7}{:>6} {:<10}{:>11}{:>11}{:>11}{:>11}{:>11}{:>11}  truth  inputs\n", "impl", "T", "d_k",
+                   "d_v", "gate", "dq", "dk", "dv", "dg", "dbeta", "dS0");
+      fmt::print("{:<9}{:>7}{:>7}{:>6} {:<10}{:>11.2e}{:>11.2e}{:>11.2e}{:>11.2e}{:>11.2e}{:>11.2e}  {:<5}  {}\n", impl,
+                 s.T, s.d_k, s.d_v, gate_kind_name(s.gate), errs[0], errs[1], errs[2], errs[3], errs[4], errs[5], tk,
+                 input_kind_name(s.inputs));
       prog.tick(1, label + " " + impl);
     }
   }
@@ -728,11 +731,17 @@ void register_parity(Registry& reg) {
   c.check = [o](Context& ctx) {
     auto given = [&](const char* name) { return ctx.app->get_option(name)->count() > 0; };
     if (o->backward) {  // the gradient mode's own defaults; options given explicitly still win
-      // options of the forward sweep that the gradient mode does not read: given, they would be ignored silently
-      for (const char* n : {"--C", "--state-precision", "--matmul-precision", "--windows"})
-        require(!given(n), std::string(n) + " has no effect with --backward (the gradient mode runs the recurrence's "
-                                            "backward in float64 / float32 / bf16-emu, with no chunk size, state or "
-                                            "matmul format, and no error windows); leave it out");
+      // options of the forward sweep that the gradient mode does not read: set to other than their default, they
+      // would be ignored silently. At their default they are accepted (as bench's one-op options): a results file's
+      // config records every option, so its --config replay gives them
+      const ParityOptions def;
+      for (const auto& [n, set] : {std::pair<const char*, bool>{"--C", o->C != def.C},
+                                   {"--state-precision", o->state != def.state},
+                                   {"--matmul-precision", o->matmul != def.matmul},
+                                   {"--windows", o->windows != def.windows}})
+        require(!set, std::string(n) + " has no effect with --backward (the gradient mode runs the recurrence's "
+                                       "backward in float64 / float32 / bf16-emu, with no chunk size, state or "
+                                       "matmul format, and no error windows); leave it out");
       if (!given("--T")) o->T = ctx.common.quick ? kBackwardQuickT : kBackwardT;
       if (!given("--dk")) o->dk = kBackwardD;
       if (!given("--dv")) o->dv = kBackwardD;
@@ -795,9 +804,28 @@ void register_parity(Registry& reg) {
                             "g = g_min Sigmoid(...) is computed in float32, whose largest finite magnitude is {:.6g}; "
                             "give {:.6g} <= g_min < 0", x, std::numeric_limits<float>::max(),
                             -std::numeric_limits<float>::max()));
-    if (std::find(o->impl.begin(), o->impl.end(), "twin-bf16") != o->impl.end())
+    const bool twin = std::find(o->impl.begin(), o->impl.end(), "twin-bf16") != o->impl.end();
+    if (twin)
       for (double C : o->C)
         require(C <= 64, fmt::format("--C: {} is not accepted with the twin-bf16 implementation (1 <= C <= 64)", C));
+    // options no row of the chosen implementations reads, set to other than their default, would be ignored silently
+    // (at their default they are accepted, as --backward's: a results file's config records every option)
+    if (!o->backward) {
+      const ParityOptions def;
+      for (const auto& [n, set, vals] :
+           {std::tuple<const char*, bool, std::string>{"--state-precision", o->state != def.state,
+                                                       fmt::format("{}", fmt::join(o->state, ","))},
+            {"--matmul-precision", o->matmul != def.matmul, fmt::format("{}", fmt::join(o->matmul, ","))}})
+        require(!set || twin, fmt::format("{} {} has no effect without --impl twin-bf16 (only the kernel twin's rows have "
+                                          "a state and matmul format); add twin-bf16 to --impl, or leave the option out",
+                                          n, vals));
+      const bool chunked = std::any_of(o->impl.begin(), o->impl.end(), [](const std::string& s) {
+        return s == "float64-chunk" || s == "float32-chunk" || s == "twin-bf16" || s == "cuda-bf16";
+      });
+      require(o->C == def.C || chunked,
+              fmt::format("--C {} has no effect without a chunked implementation (float64-chunk, float32-chunk, "
+                          "twin-bf16, cuda-bf16); add one to --impl, or leave the option out", fmt::join(o->C, ",")));
+    }
     require(o->truth == "auto" || o->truth == "mp" || o->truth == "f64" || o->truth == "f80",
             "--truth: '" + o->truth + "' is unknown; accepted: auto, mp, f64, f80");
     require(o->mp_max_work > 0, fmt::format("--mp-max-work: {} must be > 0", o->mp_max_work));

@@ -150,6 +150,16 @@ def truth_text(f):
     return names.get(truth, "the high-precision recurrence" + (f" (--truth {truth})" if truth else ""))
 
 
+def inputs_text(t):
+    """The inputs the rows were measured on: 'anchor-kda', or the input kinds of a parity run with --inputs (the
+    generator column names a kind other than the anchor as '..., inputs=KIND)'; numerics/kda_inputs.hpp)."""
+    gens = [str(g) for g in t["generator"]] if "generator" in t else []
+    kinds = sorted({g.split("inputs=", 1)[1].split(")")[0].split(",")[0] if "inputs=" in g else "anchor" for g in gens})
+    if kinds in ([], ["anchor"]):
+        return "anchor-kda"
+    return f"inputs of the kinds {', '.join(kinds)} (numerics/kda_inputs.hpp), pooled in the medians"
+
+
 def main():
     a = fs.parse_args(__doc__.splitlines()[0])
     with h5py.File(a.results, "r") as f:
@@ -278,7 +288,7 @@ def main():
         fs.label_footer(fig, f, f"Median over the grid points at each T (band: min to max); an exact 0 is drawn at {ZERO_AT:.0e}. "
                         "Series whose medians agree within 2% at every T are drawn on top of each other with smaller "
                         "markers and broken lines ('lies on' in the legend). Truth: " + truth_text(f) + " on "
-                        "the same rounded inputs (anchor-kda)."
+                        "the same rounded inputs (" + inputs_text(t) + ")."
                         + (f" {n_nonfinite} row(s) have a non-finite {err_col} (o has NaN/Inf): left out of the medians "
                            f"and bands, marked {NONFINITE_GLYPH} at the top edge at their T." if n_nonfinite else ""))
         fig.tight_layout()

@@ -202,10 +202,10 @@ def _with_supported_head_dims(fn: Callable, q: Tensor, k: Tensor, v: Tensor, g: 
     unchanged. The L2Norm of q, k is unchanged by zeros. The value columns of S and o evolve independently, so a block
     of columns is the recurrence restricted to them. The default scale is K^-1/2 of the caller's K, not of D. The
     padding and slicing are plain torch ops, so autograd differentiates through them: the padded channels' gradients are
-    dropped by the slices. With several value blocks, q, k, g, beta reach each block through an fp32 copy, so their
-    gradients (bf16 from each block) are summed in fp32 and rounded once to their dtype, instead of a bf16 sum rounding
-    after every block. Cost: the kernels' work at D instead of K and V, ceil(V / D) times. K > 256 raises ValueError
-    (the padding cannot shrink a head)."""
+    dropped by the slices. With several value blocks, q, k, g, beta, dt_bias and A_log (the floating-point tensors
+    among the keywords) reach each block through an fp32 copy, so their gradients (one from each block) are summed in
+    fp32 and rounded once to their dtype, instead of a bf16 sum rounding after every block. Cost: the kernels' work at
+    D instead of K and V, ceil(V / D) times. K > 256 raises ValueError (the padding cannot shrink a head)."""
     K, V, D = _head_dims("chunk_kda", q, k, v, g, initial_state, "initial_state", dt_bias)
     scale = K ** -0.5 if scale is None else scale
     if K == D and V == D:
@@ -216,16 +216,19 @@ def _with_supported_head_dims(fn: Callable, q: Tensor, k: Tensor, v: Tensor, g: 
     q, k, g, dt_bias = _pad_keys(K, D, q, k, g, dt_bias)
     v = pad(v, (0, blocks * D - V))
     S0 = None if initial_state is None else pad(initial_state, (0, blocks * D - V, 0, D - K))
-    low = (q, k, g, beta)
-    # the blocks' gradients of the shared inputs summed in fp32 at least (docstring)
-    up = tuple(t.float() if t.element_size() < 4 else t for t in low) if blocks > 1 else low
+    # the inputs every block reads: q, k, g, beta, dt_bias and the floating-point tensors among the other keywords
+    # (A_log); their blocks' gradients summed in fp32 at least (docstring)
+    names = [n for n, t in kw.items() if isinstance(t, Tensor) and t.is_floating_point()]
+    low = (q, k, g, beta, dt_bias) + tuple(kw[n] for n in names)
+    up = tuple(t.float() if t is not None and t.element_size() < 4 else t for t in low) if blocks > 1 else low
     outs, states = [], []
     for j in range(blocks):
         cols = slice(j * D, (j + 1) * D)
-        shared = tuple(u.to(t.dtype) for u, t in zip(up, low)) if blocks > 1 else low  # one cast per block
+        shared = (tuple(None if u is None else u.to(t.dtype) for u, t in zip(up, low))  # one cast per block
+                  if blocks > 1 else low)
         o, S = fn(shared[0], shared[1], v[..., cols], shared[2], shared[3], scale=scale,
                   initial_state=None if S0 is None else S0[..., cols], output_final_state=output_final_state,
-                  dt_bias=dt_bias, **kw)
+                  dt_bias=shared[4], **{**kw, **dict(zip(names, shared[5:]))})
         outs.append(o)
         states.append(S)
     o = torch.cat(outs, -1)[..., :V]

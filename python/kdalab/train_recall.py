@@ -238,11 +238,15 @@ def resolve(a: argparse.Namespace) -> Dict[str, Any]:
     need(0 < cfg["power_a"] <= 1, f"--power-a: {cfg['power_a']} must be in (0, 1]")
     heads = cfg["heads"]
     need(heads >= 1, f"--heads: {heads} must be >= 1")
+    need(a.head_dim is None or a.head_dim >= 1, f"--head-dim: {a.head_dim} must be >= 1")
+    # the mixer's width heads x head_dim sizes its projections as d_model does its embedding: the same bound
+    need(cfg["head_dim"] == 0 or heads * cfg["head_dim"] <= 65536,
+         f"--heads x --head-dim: {heads} x {cfg['head_dim']} = {heads * cfg['head_dim']} is not in [1, 65536] (the "
+         "mixer's width, bounded as --d-model)")
     for d in cfg["d_model"]:
         need(1 <= d <= 65536, f"--d-model: {d} is not an integer in [1, 65536]")
         need(cfg["head_dim"] > 0 or d % heads == 0, f"--d-model: {d} is not a multiple of --heads {heads}; give "
              "--head-dim")
-    need(a.head_dim is None or a.head_dim >= 1, f"--head-dim: {a.head_dim} must be >= 1")
     for d in cfg["d_model"]:
         for m in cfg["mixers"]:
             head_shape(cfg, m, d)  # a KDA-family head over 256 must split evenly

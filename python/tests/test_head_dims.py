@@ -154,3 +154,58 @@ def test_mismatched_key_sizes_are_refused_before_padding():
                        match=r"^chunk_kda: initial_state.shape = \(2, 2, 64, 32\); accepted: \[..., K, V\]"):
         kt._with_supported_head_dims(naive_chunk, x["q"], x["k"], x["v"], x["g"], x["beta"],
                                      initial_state=torch.zeros(2, 2, 64, 32, dtype=torch.float64))
+
+
+def blockwise_grads(calls, b):
+    """A stand-in for the kernels (K = V = D) whose backward returns, for the i-th call, the gradient 1 where
+    element % 3 == i % 3 and b elsewhere for q, k, g, beta, dt_bias and A_log, cast by autograd to their dtype (as the
+    kernels' bf16 / fp32 gradients are): with three value blocks, every element's three terms are 1, b, b in an
+    order that differs between elements, so any bf16 running sum rounds 1 + b first somewhere."""
+    class Fn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, g, beta, dt_bias, A_log):
+            ctx.i = len(calls)
+            ctx.like = (q, k, g, beta, dt_bias, A_log)
+            calls.append(v.shape[-1])
+            return v.new_zeros(v.shape), None
+
+        @staticmethod
+        def backward(ctx, d_o, d_S):
+            def grad(t):
+                one = (torch.arange(t.numel()) % 3 == ctx.i % 3).reshape(t.shape)
+                return torch.where(one, 1.0, b).to(torch.float32)
+            q, k, g, beta, dt_bias, A_log = ctx.like
+            return grad(q), grad(k), None, grad(g), grad(beta), grad(dt_bias), grad(A_log)
+
+    def fn(q, k, v, g, beta, scale, initial_state, output_final_state, dt_bias, A_log):
+        assert q.shape[-1] == v.shape[-1] in SUPPORTED
+        return Fn.apply(q, k, v, g, beta, dt_bias, A_log)
+    return fn
+
+
+def test_value_blocks_sum_the_shared_inputs_gradients_in_fp32_and_round_once():
+    K, V, B, T, H, HV = 64, 3 * 256, 1, 2, 1, 1
+    b = 3 * 2.0 ** -10  # 1 + b rounds to 1 in bf16, 1 + 2b to 1 + 2^-7: a bf16 running sum loses b where 1 comes first
+    bf = torch.bfloat16
+    x = dict(q=torch.zeros(B, T, H, K, dtype=bf), k=torch.zeros(B, T, H, K, dtype=bf),
+             v=torch.zeros(B, T, HV, V, dtype=bf), g=torch.zeros(B, T, HV, K, dtype=bf),
+             beta=torch.zeros(B, T, HV, dtype=bf), dt_bias=torch.zeros(HV * K, dtype=bf),
+             A_log=torch.zeros(HV, dtype=bf))
+    for t in x.values():
+        t.requires_grad_()
+    calls = []
+    o, _ = kt._with_supported_head_dims(blockwise_grads(calls, b), **x)
+    o.float().sum().backward()
+    assert calls == [256] * 3
+    once = torch.tensor(1 + 2 * b, dtype=torch.float32).to(bf)  # the fp32 sum rounded once: 1 + 2^-7
+    assert once.item() == 1 + 2.0 ** -7
+    for name in ("q", "k", "g", "beta", "dt_bias", "A_log"):
+        assert x[name].grad.dtype == bf, name
+        assert torch.equal(x[name].grad, torch.full_like(x[name], once.item())), name
+    # the same gradients summed by autograd in bf16 (three calls on the same bf16 tensors) lose b somewhere
+    fn = blockwise_grads([], b)
+    q, k, g = (torch.zeros(B, T, H, 256, dtype=bf, requires_grad=True) for _ in range(3))
+    sum(fn(q, k, x["v"][..., :256], g, x["beta"], None, None, False, x["dt_bias"], x["A_log"])[0].float().sum()
+        for _ in range(3)).backward()
+    assert not torch.equal(q.grad, torch.full_like(q, once.item()))
+    assert torch.equal(q.grad.float().unique(), torch.tensor([1.0, 1 + 2.0 ** -7]))  # only order differs

@@ -49,6 +49,9 @@ def run_cli(argv, **kw):
      "--head-dim: head dim 257 is over 256 for --mixers kda and does not split into 2 equal heads; accepted: a head "
      "dim <= 256, or one divisible by ceil(head dim / 256)"),
     (["--mixers", "deltanet", "--d-model", "514"], "--d-model 514 / --heads 1: head dim 514 is over 256"),
+    (["--heads", "3", "--head-dim", "-5"], "--head-dim: -5 must be >= 1"),
+    (["--heads", "1000", "--head-dim", "1000"],
+     "--heads x --head-dim: 1000 x 1000 = 1000000 is not in [1, 65536] (the mixer's width, bounded as --d-model)"),
 ])
 def test_bad_options_are_one_line_exit_2_and_write_nothing(tmp_path, capsys, argv, says):
     out = tmp_path / "r.h5"

@@ -47,6 +47,17 @@ def test_long_memory_case_gives_exact_gate_and_beta_logits():
     np.testing.assert_array_equal(x["g"], x["g_min"] / (1.0 + np.exp(-np.exp(x["A_log"])[:, None] * (x["g_raw"] + x["bias"]))))
 
 
+def test_long_memory_beta_logit_must_be_exact_in_bf16():
+    """A logit kernel reads beta_raw rounded to bf16; a logit bf16 cannot hold would give it another beta than the
+    oracle's, so the case cannot be generated (not applicable, with the reason)."""
+    assert inputs("adv/long-memory", T=4, beta_logit=-3.5)["beta_raw"][0, 0, 0] == -3.5
+    with pytest.raises(ValueError, match=r"^long_memory: beta_logit = 0.3 is not exact in bf16 .*; accepted: a bf16 "
+                                         r"value, e.g. -4.125$"):
+        inputs("adv/long-memory", T=4, beta_logit=0.3)
+    r = run(numpy_kda, "kda", ["adv/long-memory"], params={"T": 4, "beta_logit": 0.3}, printer=None).results[0]
+    assert r.kind == NA and "beta_logit = 0.3 is not exact in bf16" in r.detail
+
+
 def test_kdalab_cuda_adapter_is_guarded_without_cuda_entry_points():
     if kdalab.built_with_cuda:
         pytest.skip("this kdalab has its CUDA entry points")
@@ -59,7 +70,8 @@ def test_adapter_for_another_op_is_not_applicable():
 
 
 @pytest.mark.parametrize("spec, names", [("canonical:precision=fp8", "fp8"), ("canonical:colour=red", "colour"),
-                                         ("fla-chunk:state", "key=value"), ("fla-chunk:gate=softplus", "softplus")])
+                                         ("fla-chunk:state", "key=value"), ("fla-chunk:gate=softplus", "softplus"),
+                                         ("kdalab-cuda:gate=fused,gate=precomputed", "option 'gate' is given twice")])
 def test_bad_adapter_option_names_itself(spec, names):
     with pytest.raises(ValueError, match=names):
         make_adapter(spec, numpy_kda)

@@ -151,6 +151,34 @@ def test_replay_of_a_damaged_report_is_one_line_exit_2(tmp_path, capsys, config,
     assert len(err) == 1 and err[0].startswith("kdalab-verify: error: --replay") and says in err[0], err
 
 
+def test_replay_of_a_failure_whose_generator_now_makes_other_tensors_is_one_line_exit_2(tmp_path, capsys):
+    """A report written before adv/long-memory carried beta logits recorded its failure's shapes without beta_raw: the
+    same generator call now makes other inputs, so the replay is refused, not run on them."""
+    import json
+    from kdalab.verify.cases import find
+    from kdalab.verify.runner import _shapes
+    name = "adv/long-memory"
+    case = find(name)
+    old_shapes = ", ".join(p for p in _shapes(case).split(", ") if not p.startswith("beta_raw "))
+    config = {"op": "kda", "candidate": "kdalab.verify.candidates:numpy_kda", "adapter": "canonical", "cases": [name]}
+    for shapes, code in ((old_shapes, 2), (_shapes(case), None)):
+        out = str(tmp_path / f"r{code}.h5")
+        with kdalab.ResultsFile(out, command_line="", config=json.dumps(config), seed="34") as f:
+            f.group("verify", "a report with one failure")
+            f.group("verify/failures", "failures")
+            f.group("verify/failures/000", "one failure")
+            for k, v in (("case", name), ("case_json", case.to_json()), ("shapes", shapes)):
+                f.attr("verify/failures/000", k, v)
+        if code is None:  # the shapes this kdalab makes: replayed (the numpy candidate is within budget)
+            assert main(["--replay", out, "--case", name, "--quiet"]) == 0
+            continue
+        assert main(["--replay", out, "--case", name]) == code
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"kdalab-verify: error: --replay {out}: case 'adv/long-memory'"), err
+        assert "long_memory(seed=34, T=2000) now makes other tensors than the report's" in err[0], err
+        assert "now: " in err[0] and "beta_raw [1, 2000, 2]" in err[0].split("now: ")[1], err
+
+
 @pytest.mark.parametrize("change, name, says", [
     ({"params": "oops"}, "agree/T1", "config is not a verify run's"),
     ({"cases": [1, 2]}, "agree/T1", "config is not a verify run's"),

@@ -1,6 +1,7 @@
 // scripts/fig_parity.py: coinciding series stay visible and the legend says which lie on which; non-finite rows are
 // marked at the top edge; the full-range panel shows the reference lines as one band; notes under the panel (skipped
-// implementations and points, from parity's `notes`) are apart, whole, without empty or repeated reasons.
+// implementations and points, from parity's `notes`) are apart, whole, without empty or repeated reasons; the footer
+// names the truth and the input kinds the rows were measured on.
 // Runs /usr/bin/python3; skipped with a warning when it lacks h5py or matplotlib.
 #include <algorithm>
 #include <cmath>
@@ -295,5 +296,22 @@ TEST_CASE("fig_parity leaves out empty and repeated reasons of parity's notes", 
   t = axes_texts(j["axes"][0]);
   INFO(t);
   CHECK(t.find("cuda-bf16: 1 of the 3 grid points plotted; its rows at the others skipped: the kernel runs d_k = 128. |") !=
+        std::string::npos);
+}
+
+TEST_CASE("fig_parity's footer names the input kinds of a parity run with --inputs", "[figures][parity][python]") {
+  if (skip_without_plotting()) return;
+  TempDir d;
+  const std::string h5 = d.file("p.h5");
+  const auto r = run_kdalab("parity --T 17 --dk 8 --dv 8 --inputs anchor,long-memory --impl float64,float32 --truth f64 "
+                            "--quiet --out " + h5);
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  const json j = dump_figure(d, "fig_parity.py", h5);
+  std::string footer;
+  for (const auto& x : j["texts"]) footer += std::string(x) + " ";
+  for (auto& ch : footer) if (ch == '\n') ch = ' ';
+  INFO(footer);
+  CHECK(footer.find("inputs of the kinds anchor, long-memory (numerics/kda_inputs.hpp), pooled in the medians") !=
         std::string::npos);
 }

@@ -222,6 +222,14 @@ TEST_CASE("parity messages name the option, the value and what is accepted", "[p
       {"--inputs long_memory", {"--inputs: 'long_memory' is unknown; accepted: anchor, long-memory, collinear-keys, "
                                 "collinear-keys-slow-decay, identical-keys\n"}},
       {"--state-precision fp16", {"--state-precision: 'fp16' is not accepted; accepted: fp32, bf16\n"}},
+      // were ignored silently: no row of these implementations has a chunk size, state or matmul format
+      {"--impl float64,float32 --matmul-precision plan-hilo",
+       {"--matmul-precision plan-hilo has no effect without --impl twin-bf16 (only the kernel twin's rows have a "
+        "state and matmul format); add twin-bf16 to --impl, or leave the option out\n"}},
+      {"--impl float64,float32-chunk --state-precision bf16", {"--state-precision bf16 has no effect without --impl "
+                                                               "twin-bf16"}},
+      {"--impl float64,float32 --C 32", {"--C 32 has no effect without a chunked implementation (float64-chunk, "
+                                         "float32-chunk, twin-bf16, cuda-bf16)"}},
       {"--state-precision x", {"--state-precision: 'x' is not accepted; accepted: fp32, bf16\n"}},
       // was "give integers >= 1" without the cap
       {"--C 10000000000000", {"--C: 10000000000000 is not accepted; give integers in [1, 1000000000000]"}},

@@ -63,7 +63,7 @@ TEST_CASE("parity --backward: bf16-emu alone without the emulation exits 3 and w
   CHECK(has(r, "--impl: 'twin-bf16' is not an implementation of --backward"));
   CHECK(!std::filesystem::exists(out));
   // options of the forward sweep that the gradient mode does not read are refused, never ignored
-  for (const std::string opt : {"--C 16", "--state-precision bf16", "--matmul-precision tf32", "--windows 4"}) {
+  for (const std::string opt : {"--C 32", "--state-precision bf16", "--matmul-precision tf32", "--windows 4"}) {
     r = run_kdalab("parity --backward --quick --dk 4 --dv 4 " + opt + " --out " + out);
     require_one_line_exit2(r);
     CHECK(has(r, opt.substr(0, opt.find(' ')) + " has no effect with --backward"));
@@ -74,4 +74,21 @@ TEST_CASE("parity --backward: bf16-emu alone without the emulation exits 3 and w
   require_one_line_exit2(r);
   CHECK(has(r, "not enough memory"));
   CHECK(!std::filesystem::exists(out));
+}
+
+TEST_CASE("parity --backward's results file replays through --config to the same rows; rows name their input kind",
+          "[parity]") {
+  TempDir d;
+  const std::string a = d.file("a.h5"), b = d.file("b.h5");
+  RunResult r = run_kdalab("parity --backward --quiet --T 1,5 --dk 4 --dv 4 --inputs long-memory,identical-keys "
+                           "--beta one --out " + a);
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  CHECK(has(r, "  mp     identical-keys\n"));  // each printed row names its input kind (--quiet: no progress lines)
+  d.write("replay.json", h5read::attr_string(a, "/", "config"));
+  r = run_kdalab("parity --quiet --config " + d.file("replay.json") + " --out " + b);
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  CHECK(scol(b, "/parity_backward/table/generator") == scol(a, "/parity_backward/table/generator"));
+  CHECK(col(b, "/parity_backward/table/dq_rel_rms") == col(a, "/parity_backward/table/dq_rel_rms"));
 }

@@ -513,6 +513,8 @@ def parse_spec(spec: str) -> Tuple[str, Dict[str, str]]:
         key, eq, value = item.partition("=")
         if not eq or not key:
             raise ValueError(f"--adapter option {item!r} is not key=value")
+        if key in opts:  # the later value would replace the earlier one unseen
+            raise ValueError(f"--adapter {spec!r}: option {key!r} is given twice; give each option once")
         opts[key] = value
     return name, opts
 

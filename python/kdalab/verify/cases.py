@@ -192,7 +192,12 @@ def large_state(seed: int, log2_scale: int = 12, **kw) -> Dict[str, Any]:
 def long_memory(seed: int, g_min: float = -0.002, beta_logit: float = -4.125, **kw) -> Dict[str, Any]:
     """Slow decay and small writes: g = g_min / 2 everywhere (g_raw = bias = A_log = 0, exact) and
     beta = Sigmoid(beta_logit) everywhere (the bf16-exact logit -4.125 gives beta ~ 0.0159, about 2^-6), so kernels
-    that take the gate and beta as logits run the case on the same inputs."""
+    that take the gate and beta as logits run the case on the same inputs. A beta_logit that bf16 cannot hold is
+    refused (ValueError): such a kernel would read it rounded, another beta than the oracle's."""
+    f32 = np.float32(beta_logit)
+    if float(f32) != beta_logit or int(f32.view(np.uint32)) & 0xFFFF:
+        raise ValueError(f"long_memory: beta_logit = {beta_logit} is not exact in bf16 (a kernel that takes beta "
+                         "logits reads them as bf16); accepted: a bf16 value, e.g. -4.125")
     x = _kda_base(seed, **kw)
     x["g"] = np.full_like(x["g"], g_min / 2)
     x["g_raw"] = np.zeros_like(x["g_raw"])

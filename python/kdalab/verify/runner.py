@@ -229,6 +229,16 @@ def replay(report: str, name: str, *, candidate: Union[str, Callable, None] = No
             if case.generator not in GENERATORS:
                 raise ValueError(f"--replay {report}: the reproducer of case {name!r} names the generator "
                                  f"{case.generator!r}, which is not one of kdalab's ({', '.join(GENERATORS)})")
+            # a generator changed since the report (e.g. a tensor added) would replay other inputs: refused
+            try:
+                recorded_shapes = str(kdalab.read_attr(report, g, "shapes"))
+            except ValueError:  # a reproducer without its shapes: nothing to compare
+                recorded_shapes = None
+            shapes = _shapes(case)
+            if recorded_shapes is not None and shapes != recorded_shapes:
+                raise ValueError(f"--replay {report}: case {name!r}: its generator call {case.call()} now makes other "
+                                 f"tensors than the report's, so this kdalab cannot replay it exactly (recorded: "
+                                 f"{recorded_shapes}; now: {shapes}); run the case again with --cases {name}")
     if case is None:
         if name not in config.get("cases", []):
             raise ValueError(f"--case {name!r} is not in {report}; its cases: {', '.join(config.get('cases', []))}")
