@@ -42,7 +42,31 @@
 ///
 /// Measured precision (relative RMS against kda_backward_kernel_form<double>, D = 128, C = 16): see the table in
 /// docs/kernels/kda_backward.md, "Version 2: the chunked backward, planned", repeated here:
-/// PRECISION_TABLE
+///   input (T, H x HV)        plan      dq     dk     dv     dg     dbeta  (x bf16 floor)  dA_log   dbias    dS0
+///   anchor (64, 1 x 2)       all-bf16  2.12   1.75   1.98   17.37  1.66   1.3e-02  6.5e-02  2.4e-03
+///   anchor (64, 1 x 2)       mirror    1.01   1.47   1.48   1.96   1.39   1.3e-03  2.2e-03  2.4e-03
+///   anchor (64, 1 x 2)       chosen    1.00   1.00   1.00   1.00   1.00   3.0e-06  6.9e-06  4.7e-06
+///   anchor (300, 2 x 2)      all-bf16  1.93   1.90   2.14   24.15  2.60   3.7e-02  1.2e-01  2.6e-03
+///   anchor (300, 2 x 2)      mirror    1.00   1.25   1.21   1.22   1.24   8.5e-04  1.6e-03  2.6e-03
+///   anchor (300, 2 x 2)      chosen    1.00   1.00   1.00   1.00   1.00   9.0e-07  1.3e-05  5.0e-06
+///   anchor (2048, 1 x 2)     all-bf16  1.93   1.95   2.26   24.16  2.42   4.4e-02  1.2e-01  2.5e-03
+///   anchor (2048, 1 x 2)     mirror    1.01   1.05   1.05   1.13   1.11   1.9e-03  9.2e-04  2.5e-03
+///   anchor (2048, 1 x 2)     chosen    1.00   1.00   1.00   1.00   1.00   1.7e-05  9.6e-06  4.8e-06
+///   anchor (8192, 1 x 1)     chosen    1.00   1.00   1.00   1.00   1.00   2.3e-05  9.1e-06  4.1e-06
+///   long memory (300, 1 x 1) all-bf16  1.42   2.05   2.23   1.22   2.31   4.2e-05  1.4e-03  1.9e-03
+///   long memory (300, 1 x 1) mirror    1.42   2.03   1.99   1.22   2.14   6.1e-05  1.4e-03  1.9e-03
+///   long memory (300, 1 x 1) chosen    1.00   1.01   1.00   1.00   1.00   1.0e-05  3.1e-06  3.6e-06
+///   long memory (2048, 1 x 2) all-bf16  1.56   2.22   2.40   1.81   2.47   7.9e-04  2.5e-03  2.3e-03
+///   long memory (2048, 1 x 2) mirror    1.56   2.21   2.19   1.80   2.20   8.2e-04  2.5e-03  2.3e-03
+///   long memory (2048, 1 x 2) chosen    1.00   1.01   1.00   1.00   1.00   2.6e-06  4.7e-06  4.4e-06
+///   long memory (8192, 1 x 1) all-bf16  1.77   2.24   2.42   1.93   2.56   6.4e-03  2.6e-03  2.4e-03
+///   long memory (8192, 1 x 1) mirror    1.77   2.23   2.22   1.93   2.30   6.3e-03  2.6e-03  2.4e-03
+///   long memory (8192, 1 x 1) chosen    1.00   1.01   1.00   1.00   1.00   1.5e-05  5.0e-06  4.6e-06
+///   long memory (16384, 1 x 1) all-bf16  1.87   2.26   2.45   2.12   2.51   3.6e-04  3.3e-03  2.3e-03
+///   long memory (16384, 1 x 1) mirror    1.86   2.25   2.24   2.12   2.27   7.1e-04  3.3e-03  2.3e-03
+/// (fp32 plan: every bf16 gradient 1.00x, dA_log, dbias, dS0 <= 2.6e-6; the per-product variants and the state
+/// hi/lo plan, whose checkpoints keep the forward's one-product W S and miss dbias on long memory at T >= 8192, in
+/// the doc.) Twin speed ~0.2-1.3 ms per token and head on one shared core.
 ///
 /// Layouts as KdaBwdProblem (numerics/kda_backward_twin.hpp); fixed-length batches only (cu empty).
 /// Errors: kdalab::Error for packed sequences (cu), chunk < 1, or a chunk's decay span beyond the factored range.
