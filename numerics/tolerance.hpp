@@ -142,6 +142,14 @@ inline constexpr Tolerance kda_bwd_f32{1e-4,
     "terms of both signs can magnify the relative error by the ratio of the terms' size to the sum's (~10x on the "
     "test inputs); 1e-4 keeps a 10x margin over that and is 100x below a wrong term."};
 
+/// Goal of the chunked (tensor-core) KDA backward, per bf16 gradient: its relative RMS against the float64 oracle over
+/// the bf16 rounding floor of the oracle's values (docs/kernels/kda_backward.md, "Version 2").
+inline constexpr Tolerance kda_bwd_chunk_floor_ratio{1.1,
+    "the chunked backward's precision plan is to cost at most 10% above the output format: the bf16 rounding of a "
+    "gradient alone is its floor (~1.66e-3), the fp32-class arithmetic below it adds < 1% (the twin's fp32 plan: "
+    "1.00x); the forward kernel's plan mirrored gives 1.2x .. 1.5x on the anchor inputs and all-bf16 operands ~2x "
+    "(dg ~24x), so 1.1 separates a plan that keeps the floor from one that does not."};
+
 // ---- MLA decode, absorbed, bf16 latent cache, fp32 output --------------------------------------
 
 /// Absorbed MLA decode kernel (attended latent a = softmax(scale q~ C^T) C, fp32 output) vs float64 on

@@ -1,0 +1,116 @@
+// The chunked KDA backward twin (numerics/kda_chunk_backward_twin.hpp): exact at float64, and the chosen precision plan
+// of the planned tensor-core backward (docs/kernels/kda_backward.md, "Version 2") keeps every gradient at its goal on
+// the anchor and long-memory draws while all-bf16 operands (fla's level) do not.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "numerics/kda_chunk_backward_twin.hpp"
+#include "numerics/metrics.hpp"
+#include "numerics/tolerance.hpp"
+#include "tests/catch.hpp"
+
+using namespace kdalab;
+
+namespace {
+
+/// Relative RMS of bf16(ref) against ref: the floor of a bf16 output of these values.
+double bf16_floor(const Tensor<double>& ref) {
+  double e2 = 0, r2 = 0;
+  for (double x : ref.data) {
+    const double e = round_bf16(x) - x;
+    e2 += e * e;
+    r2 += x * x;
+  }
+  return std::sqrt(e2 / std::max(r2, 1e-300));
+}
+
+struct Err {
+  const char* name;
+  double err, floor;  ///< floor = 0: an fp32 gradient
+};
+
+std::vector<Err> errors(const KdaBwdGrads& tw, const KdaBwdGrads& ref, bool fused) {
+  std::vector<Err> e;
+  for (auto [n, a, b] : {std::tuple{"dq", &tw.dq, &ref.dq}, {"dk", &tw.dk, &ref.dk}, {"dv", &tw.dv, &ref.dv},
+                         {"dg", &tw.dg, &ref.dg}, {"dbeta", &tw.dbeta, &ref.dbeta}})
+    e.push_back({n, compare(a->data, b->data).rel_rms, bf16_floor(*b)});
+  e.push_back({"dS0", compare(tw.dS0.data, ref.dS0.data).rel_rms, 0});
+  if (fused) {
+    e.push_back({"dA_log", compare(tw.dA_log.data, ref.dA_log.data).rel_rms, 0});
+    e.push_back({"dbias", compare(tw.dbias.data, ref.dbias.data).rel_rms, 0});
+  }
+  return e;
+}
+
+/// Whether every gradient meets the version-2 goal: a bf16 one within kda_bwd_chunk_floor_ratio of its floor, an fp32
+/// one within kda_bwd_f32. Prints the errors.
+bool meets_goal(const std::vector<Err>& es, const char* label) {
+  bool ok = true;
+  std::printf("  %-9s", label);
+  for (const Err& e : es) {
+    const bool pass = e.floor > 0 ? e.err <= tol::kda_bwd_chunk_floor_ratio.value * e.floor : e.err <= tol::kda_bwd_f32.value;
+    if (e.floor > 0)
+      std::printf(" %s %.3e (%.2fx)%s", e.name, e.err, e.err / e.floor, pass ? "" : "!");
+    else
+      std::printf(" %s %.2e%s", e.name, e.err, pass ? "" : "!");
+    ok = ok && pass;
+  }
+  std::printf("\n");
+  return ok;
+}
+
+}  // namespace
+
+TEST_CASE("chunked backward twin: at every format fp64 it equals the float64 oracle", "[twin][kda_bwd]") {
+  struct Case {
+    const char* what;
+    KdaBwdProblem p;
+    std::size_t chunk;
+  };
+  std::vector<Case> cases;
+  // a last chunk of 5 tokens; grouped value heads; fused pre-ops, S0 and dS_T
+  cases.push_back({"D 64, T 37, H 1, HV 2, fused, S0, dS_T, C 16",
+                   kda_backward_problem(1, 37, 1, 2, 64, {}, true, true, true, true, true, 20261207), 16});
+  cases.push_back({"D 64, T 70, H 1, HV 2, fused, S0, dS_T, C 64",
+                   kda_backward_problem(1, 70, 1, 2, 64, {}, true, true, true, true, true, 20261208), 64});
+  cases.push_back({"D 32, B 2, T 40, H 2, nothing fused, S0, C 16",
+                   kda_backward_problem(2, 40, 2, 1, 32, {}, false, false, false, true, false, 20261209), 16});
+  for (const Case& c : cases) {
+    KdaBwdTwinPlan plan = kda_bwd_plan_fp64();
+    plan.chunk = c.chunk;
+    const auto es = errors(kda_chunk_backward_twin(c.p, plan), kda_backward_kernel_form<double>(c.p), c.p.fused);
+    std::printf("chunked twin at fp64, %s:", c.what);
+    for (const Err& e : es) std::printf(" %s %.1e", e.name, e.err);
+    std::printf("\n");
+    for (const Err& e : es) {
+      CAPTURE(c.what, e.name, e.err);
+      CHECK(e.err <= tol::f64_identity.value);
+    }
+  }
+}
+
+TEST_CASE("chunked backward twin: the chosen plan keeps every gradient at its goal, all-bf16 operands do not",
+          "[twin][kda_bwd]") {
+  struct Case {
+    const char* what;
+    KdaBwdProblem p;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"anchor, D 128, T 64, H 1, HV 2",
+                   kda_backward_problem(1, 64, 1, 2, 128, {}, true, true, true, true, true, 20261205)});
+  cases.push_back({"long memory, D 128, T 300, H 1",
+                   kda_backward_problem(1, 300, 1, 1, 128, {}, true, true, true, true, true, 20261205)});
+  make_long_memory(cases.back().p);
+  for (const Case& c : cases) {
+    std::printf("chunked backward twin, %s; relative RMS against float64 (x its bf16 floor)\n", c.what);
+    const KdaBwdGrads ref = kda_backward_kernel_form<double>(c.p);
+    const bool chosen = meets_goal(errors(kda_chunk_backward_twin(c.p, kda_bwd_plan_chosen()), ref, true), "chosen");
+    const bool bf16 = meets_goal(errors(kda_chunk_backward_twin(c.p, kda_bwd_plan_all_bf16()), ref, true), "all-bf16");
+    CAPTURE(c.what);
+    CHECK(chosen);
+    CHECK_FALSE(bf16);
+  }
+}
