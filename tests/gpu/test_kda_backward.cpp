@@ -117,12 +117,8 @@ void check_grad(const char* name, const std::vector<double>& out, const Tensor<d
                 const Tensor<double>* twin = nullptr) {
   const ErrorMetrics m = compare(out, ref.data, name);
   const double e_twin = twin ? compare(twin->data, ref.data).rel_rms : -1.0;
-  double ref2 = 0, floor2 = 0;
-  for (double x : ref.data) {
-    ref2 += x * x;
-    const double e = round_bf16(x) - x;
-    floor2 += e * e;
-  }
+  double ref2 = 0;
+  for (double x : ref.data) ref2 += x * x;
   const double rms_ref = std::sqrt(ref2 / std::max<std::size_t>(1, ref.data.size()));
   std::size_t imax = 0, ibad = out.size();
   double emax = -1;
@@ -135,7 +131,7 @@ void check_grad(const char* name, const std::vector<double>& out, const Tensor<d
     }
     if (ibad == out.size() && !(e <= 8 * tol * rms_ref)) ibad = i;
   }
-  const double floor = std::sqrt(floor2 / std::max(ref2, 1e-300));
+  const double floor = bf16_rounding_floor(ref.data);
   const double bound = bf16 ? std::max(tol, 1.5 * floor) : tol;
   const std::string floor_s = bf16 ? ", bf16 floor " + std::to_string(floor) : "";
   std::printf("  %-7s rel_rms %.3e (twin %.3e, bound %.2e%s) max_abs %.3e at %s (out %.6g ref %.6g) rms_ref %.3e "

@@ -16,17 +16,6 @@ using namespace kdalab;
 
 namespace {
 
-/// Relative RMS of bf16(ref) against ref: the floor of a bf16 output of these values.
-double bf16_floor(const Tensor<double>& ref) {
-  double e2 = 0, r2 = 0;
-  for (double x : ref.data) {
-    const double e = round_bf16(x) - x;
-    e2 += e * e;
-    r2 += x * x;
-  }
-  return std::sqrt(e2 / std::max(r2, 1e-300));
-}
-
 struct Named {
   const char* name;
   const Tensor<double>* twin;
@@ -51,7 +40,7 @@ void check_twin(const KdaBwdProblem& p) {
   for (const Named& n : all) {
     const double e = compare(n.twin->data, n.ref->data).rel_rms;
     const double e32 = compare(n.f32->data, n.ref->data).rel_rms;
-    const double floor = bf16_floor(*n.ref);
+    const double floor = bf16_rounding_floor(n.ref->data);
     std::printf("  %-6s twin %.3e  fp32 form %.3e  bf16 floor %.3e\n", n.name, e, e32, floor);
     CAPTURE(n.name, e, e32, floor);
     CHECK(std::isfinite(e));
