@@ -108,14 +108,16 @@ struct KdaBwdTwinPlan {
   std::size_t chunk = 16;
 };
 
-/// Every product with bf16 operands (fla's level), the forward's state pass too.
-inline KdaBwdTwinPlan kda_bwd_plan_all_bf16() {
+/// Every product's operands in one format, not split, the forward's state pass too.
+inline KdaBwdTwinPlan kda_bwd_plan_uniform(Format f) {
   KdaBwdTwinPlan p;
   for (OperandFormat* o : {&p.kk, &p.qk, &p.solve, &p.pdo, &p.dov, &p.dpk, &p.ndx, &p.dxw, &p.ws, &p.kds, &p.vds,
                            &p.dos, &p.qdo, &p.fwd_ws, &p.fwd_kd})
-    *o = {Format::bf16, false};
+    *o = {f, false};
   return p;
 }
+/// Every product with bf16 operands (fla's level), the forward's state pass too.
+inline KdaBwdTwinPlan kda_bwd_plan_all_bf16() { return kda_bwd_plan_uniform(Format::bf16); }
 /// The forward kernel's plan mirrored (numerics/kda_twin.hpp kda_plan_kernel): intra-chunk products fp32, every
 /// state product one bf16 product, the forward's state pass too.
 inline KdaBwdTwinPlan kda_bwd_plan_mirror() {
@@ -143,19 +145,10 @@ inline KdaBwdTwinPlan kda_bwd_plan_chosen() {
   return p;
 }
 /// fp32 operands everywhere (the forward's state pass too).
-inline KdaBwdTwinPlan kda_bwd_plan_fp32() {
-  KdaBwdTwinPlan p;
-  for (OperandFormat* o : {&p.kk, &p.qk, &p.solve, &p.pdo, &p.dov, &p.dpk, &p.ndx, &p.dxw, &p.ws, &p.kds, &p.vds,
-                           &p.dos, &p.qdo, &p.fwd_ws, &p.fwd_kd})
-    *o = {Format::fp32, false};
-  return p;
-}
+inline KdaBwdTwinPlan kda_bwd_plan_fp32() { return kda_bwd_plan_uniform(Format::fp32); }
 /// Every format float64: the twin then equals kda_backward_kernel_form<double> up to summation order.
 inline KdaBwdTwinPlan kda_bwd_plan_fp64() {
-  KdaBwdTwinPlan p;
-  for (OperandFormat* o : {&p.kk, &p.qk, &p.solve, &p.pdo, &p.dov, &p.dpk, &p.ndx, &p.dxw, &p.ws, &p.kds, &p.vds,
-                           &p.dos, &p.qdo, &p.fwd_ws, &p.fwd_kd})
-    *o = {Format::fp64, false};
+  KdaBwdTwinPlan p = kda_bwd_plan_uniform(Format::fp64);
   p.accum = p.checkpoint = p.out = p.out_f32 = Format::fp64;
   return p;
 }
