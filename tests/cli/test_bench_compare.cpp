@@ -114,7 +114,7 @@ TEST_CASE("bench --compare: each file is checked fully before any GPU work, exit
   INFO(r2.output);
   CHECK(r2.code == 2);
   CHECK(has(r2, "not a readable HDF5"));
-  // the checked-in baselines pass the check, and a fixed-length string key column is read too
+  // the checked-in baselines (H200, H100) pass the check, and a fixed-length string key column is read too
   write_h5(d.file("fixed.h5"), [&](H5::H5File& f) {
     f.createGroup("bench");
     H5::Group g = f.createGroup("bench/kda_prefill");
@@ -126,8 +126,8 @@ TEST_CASE("bench --compare: each file is checked fully before any GPU work, exit
     g.createDataSet("key", st, sp).write(buf, st);
     num_col(g, "time_ms", {1.0e6});  // a baseline no GPU run is slower than (a flagged row would exit 1)
   });
-  r2 = run_kdalab(kTiny + " --compare data/baselines/h200.h5 " + d.file("fixed.h5") +
-                  " --out " + d.file("b.h5"));
+  r2 = run_kdalab(kTiny + " --compare data/baselines/h200.h5 --compare data/baselines/h100/all.h5 " +
+                  d.file("fixed.h5") + " --out " + d.file("b.h5"));
   INFO(r2.output);
   CHECK(bench_valid_exit(r2));
 #ifdef KDALAB_HAVE_CUDA
