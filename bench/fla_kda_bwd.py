@@ -3,7 +3,8 @@
 files, each with this script's own float64-autograd numbers beside them.
 
   python3 bench/fla_kda_bwd.py [--fla-path peers/fla-src] [--out-dir fla_bwd] [--cases B:T:H,...]
-                               [--candidate fla|f64|both] [--fla-commit TEXT] [--seed N] [--force]
+                               [--candidate fla|f64|both|kdalab|all] [--inputs anchor|long-memory]
+                               [--fla-commit TEXT] [--seed N] [--force]
                                [--device auto|cuda|cpu] [--block N] [--time-budget S] [--self-test] [--dry-run]
 
 fla is imported the way bench/fla_kda.py imports it (only fla.ops.kda under bare parent packages, from
@@ -27,16 +28,24 @@ docs/equations.md section 1 on exactly the same (bf16-valued) inputs, in float64
   L = <o, do> + <S_T, dS>, gradients by torch.autograd. The time loop runs over all heads at once;
   blocks of --block tokens are activation-checkpointed (only the states between blocks are kept).
 
+--candidate kdalab (or all) also runs kdalab's own KDA kernels through `kdalab.torch.chunk_kda` (the same call,
+fla's convention, no chunk_size) on the same inputs, so both kernels' gradients are checked on identical files.
+
 Cases (--cases, default 1:64:16,1:300:16,1:1000:16,1:4096:16, i.e. B = 1, H = HV = 16, T in 64, 300, 1000,
 4096; H >= 16 gives the per-head parameters A_log and bias enough entries for a relative RMS): inputs drawn
 with torch (generator on the run's device, seed --seed + case index, recorded per file):
   q, k, v, g_raw, beta_raw N(0,1) rounded to bf16; A_log U(0,1) fp32; bias U(0,1) fp32; S0 0.1 N(0,1) fp32
-  (bench/fla_kda.py's anchor-kda distribution); upstream gradients do N(0,1) rounded to bf16 (o is bf16)
+  (bench/fla_kda.py's anchor-kda distribution; --inputs anchor); with --inputs long-memory the gate and beta
+  logits give slow decay and small beta, so the state carries information over thousands of tokens:
+  g_raw -7 + 0.5 N(0,1), beta_raw -4 + 0.5 N(0,1) (both bf16), A_log U(-0.1, 0.1), bias U(-0.5, 0.5)
+  (g ~ -5 Sigmoid(-7) ~ -4.5e-3 per step, beta ~ 0.018); upstream gradients do N(0,1) rounded to bf16 (o is bf16)
   and dS N(0,1) fp32.
 
 Files, in --out-dir (created if missing; its parent must exist), one per case and candidate:
   fla_kda_bwd_B<B>_T<T>_H<H>.h5      (--candidate fla or both) fla's gradients, root precision = "bf16"
   fla_kda_bwd_B<B>_T<T>_H<H>.f64.h5  (--candidate f64 or both) the float64 autograd's, precision = "fp64"
+  fla_kda_bwd_B<B>_T<T>_H<H>.kdalab.h5 (--candidate kdalab or all) kdalab's gradients, precision = "bf16"
+(with --inputs long-memory the names start fla_kda_bwd_long-memory_)
 in the `kdalab check --op kda-bwd` format (docs/check-format.md): the forward inputs q, k, v, g, beta
 (float32 holding bf16, format = "bf16"), A_log, bias, S0 (layout KV); root attributes scale, l2norm_qk = 1,
 gate = "k3", g_min = -5, beta = "logits"; the upstream gradients do (bf16) and dS (layout KV); candidates
@@ -73,7 +82,8 @@ from fla_kda import (D, G_MIN, UsageError, _is_number, case_name, check_folder, 
                      fla_commit, fla_environment, fla_settings, load_fla, log, resolve_fla_root, write_h5_check)
 
 DEFAULT_CASES = [(1, 64, 16), (1, 300, 16), (1, 1000, 16), (1, 4096, 16)]
-CANDIDATES = ("fla", "f64", "both")
+CANDIDATES = ("fla", "f64", "both", "kdalab", "all")
+INPUTS = ("anchor", "long-memory")
 # gradient names in the kda-bwd file, in order, and the leaf each belongs to
 GRADS = ("dq", "dk", "dv", "dg", "dbeta", "dA_log", "dbias", "dS0")
 LEAVES = ("q", "k", "v", "g", "beta", "A_log", "bias", "S0")
@@ -102,11 +112,12 @@ def parse_cases(text):
     return out
 
 
-def file_names(case, candidate):
-    """The files case (B, T, H) gets for --candidate fla / f64 / both."""
-    base = "fla_kda_bwd_B%d_T%d_H%d" % case
-    return ([base + ".h5"] if candidate in ("fla", "both") else []) + \
-           ([base + ".f64.h5"] if candidate in ("f64", "both") else [])
+def file_names(case, candidate, inputs="anchor"):
+    """The files case (B, T, H) gets for --candidate fla / f64 / both / kdalab / all and --inputs."""
+    base = ("fla_kda_bwd_B%d_T%d_H%d" if inputs == "anchor" else "fla_kda_bwd_" + inputs + "_B%d_T%d_H%d") % case
+    return ([base + ".h5"] if candidate in ("fla", "both", "all") else []) + \
+           ([base + ".f64.h5"] if candidate in ("f64", "both", "all") else []) + \
+           ([base + ".kdalab.h5"] if candidate in ("kdalab", "all") else [])
 
 
 def build_parser():
@@ -129,7 +140,10 @@ def build_parser():
                    help="B:T:H,... (HV = H, D = 128)")
     p.add_argument("--candidate", default="fla", choices=CANDIDATES,
                    help="the candidate gradients written: fla's (bf16), the float64 autograd's (fp64; no fla needed), "
-                        "or both (two files per case)")
+                        "both (two files per case), kdalab's kernels through kdalab.torch.chunk_kda (bf16; no fla "
+                        "needed), or all three")
+    p.add_argument("--inputs", default="anchor", choices=INPUTS,
+                   help="input distribution: the anchor-kda one, or long-memory (slow decay, small beta; file header)")
     p.add_argument("--seed", type=int, default=20261201,
                    help="base seed; case i draws with seed + i; an integer in [0, 2^63 - 1]")
     p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"),
@@ -160,7 +174,7 @@ def check_out_dir(args, cases):
     d = args.out_dir
     if not d:
         raise UsageError("--out-dir: a folder name is required (e.g. --out-dir fla_bwd)")
-    names = [n for c in cases for n in file_names(c, args.candidate)]
+    names = [n for c in cases for n in file_names(c, args.candidate, args.inputs)]
     return [check_folder("out-dir", d, names, args.force)] + ["  " + n for n in names]
 
 
@@ -269,7 +283,7 @@ def self_test(torch, device):
 # the case runner
 
 
-def draw_inputs(torch, B, T, H, seed, device):
+def draw_inputs(torch, B, T, H, seed, device, inputs="anchor"):
     """bench/fla_kda.py's anchor-kda distribution plus the upstream gradients (HV = H): q, k, v, g_raw,
     beta_raw N(0,1) bf16; A_log, bias U(0,1) fp32; S0 0.1 N(0,1) fp32; do N(0,1) bf16; dS N(0,1) fp32."""
     gen = torch.Generator(device=device)
@@ -279,18 +293,30 @@ def draw_inputs(torch, B, T, H, seed, device):
     def normal_bf16(*shape):  # drawn in fp32, rounded once to bf16 (round to nearest even)
         return torch.randn(*shape, generator=gen, device=device, dtype=torch.float32).to(torch.bfloat16)
 
-    x = dict(q=normal_bf16(B, T, H, D), k=normal_bf16(B, T, H, D), v=normal_bf16(B, T, HV, D),
-             g=normal_bf16(B, T, HV, D), beta=normal_bf16(B, T, HV))
-    x["A_log"] = torch.rand(HV, generator=gen, device=device, dtype=torch.float32)
-    x["bias"] = torch.rand(HV, D, generator=gen, device=device, dtype=torch.float32)
+    x = dict(q=normal_bf16(B, T, H, D), k=normal_bf16(B, T, H, D), v=normal_bf16(B, T, HV, D))
+    if inputs == "long-memory":
+        def shifted_bf16(mean, sd, *shape):
+            return (mean + sd * torch.randn(*shape, generator=gen, device=device, dtype=torch.float32)).to(torch.bfloat16)
+
+        x["g"] = shifted_bf16(-7.0, 0.5, B, T, HV, D)
+        x["beta"] = shifted_bf16(-4.0, 0.5, B, T, HV)
+        x["A_log"] = 0.2 * torch.rand(HV, generator=gen, device=device, dtype=torch.float32) - 0.1
+        x["bias"] = torch.rand(HV, D, generator=gen, device=device, dtype=torch.float32) - 0.5
+    else:
+        x["g"], x["beta"] = normal_bf16(B, T, HV, D), normal_bf16(B, T, HV)
+        x["A_log"] = torch.rand(HV, generator=gen, device=device, dtype=torch.float32)
+        x["bias"] = torch.rand(HV, D, generator=gen, device=device, dtype=torch.float32)
     x["S0"] = 0.1 * torch.randn(B, HV, D, D, generator=gen, device=device, dtype=torch.float32)
     x["do"] = normal_bf16(B, T, HV, D)
     x["dS"] = torch.randn(B, HV, D, D, generator=gen, device=device, dtype=torch.float32)
     return x
 
 
-DISTRIBUTIONS = ("q, k, v, g (gate logits), beta (logits): N(0,1) drawn in fp32, rounded to bf16; A_log: U(0,1) fp32; "
-                 "bias: U(0,1) fp32; S0: 0.1 N(0,1) fp32")
+DISTRIBUTIONS = {
+    "anchor": "q, k, v, g (gate logits), beta (logits): N(0,1) drawn in fp32, rounded to bf16; A_log: U(0,1) fp32; "
+              "bias: U(0,1) fp32; S0: 0.1 N(0,1) fp32",
+    "long-memory": "q, k, v: N(0,1) rounded to bf16; g (gate logits): -7 + 0.5 N(0,1) bf16; beta (logits): "
+                   "-4 + 0.5 N(0,1) bf16; A_log: U(-0.1, 0.1) fp32; bias: U(-0.5, 0.5) fp32; S0: 0.1 N(0,1) fp32"}
 UPSTREAM = "do: N(0,1) drawn in fp32, rounded to bf16 (o is bf16); dS: N(0,1) fp32 (layout KV)"
 
 
@@ -331,6 +357,36 @@ class FlaRunner:
         return o.detach(), S.detach(), g
 
 
+class KdalabRunner:
+    """kdalab's KDA forward and backward kernels through kdalab.torch.chunk_kda, called as fla's chunk_kda is."""
+
+    def __init__(self, torch):
+        import kdalab.torch as kt
+        self.torch = torch
+        self.chunk_kda = kt.chunk_kda
+        self.call = ("kdalab.torch.chunk_kda(q, k, v, g_raw, beta_raw, scale=D^-1/2, initial_state=S0, "
+                     "output_final_state=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, "
+                     f"use_beta_sigmoid_in_kernel=True, A_log=A_log, dt_bias=bias.reshape(-1), lower_bound={G_MIN}, "
+                     "safe_gate=True); torch.autograd.backward((o, S), (do, dS))")
+
+    def grads(self, x):
+        torch = self.torch
+        leaves = {n: x[n].detach().clone().requires_grad_(True) for n in LEAVES}
+        o, S = self.chunk_kda(
+            leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
+            scale=D ** -0.5, initial_state=leaves["S0"], output_final_state=True,
+            use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+            A_log=leaves["A_log"], dt_bias=leaves["bias"].reshape(-1), lower_bound=G_MIN, safe_gate=True)
+        torch.autograd.backward((o, S), (x["do"].to(o.dtype), x["dS"].to(S.dtype)))
+        g = {}
+        for n in LEAVES:
+            gr = leaves[n].grad
+            if gr is None:
+                raise RuntimeError(f"kdalab returned no gradient for {n}")
+            g["d" + n] = gr.detach().reshape(x[n].shape)
+        return o.detach(), S.detach(), g
+
+
 def rel_rms(a, b):
     return float((a.double() - b.double()).norm() / b.double().norm())
 
@@ -353,57 +409,63 @@ def write_check_file(path, arrays, candidates, attrs):
     write_h5_check(path, datasets, D ** -0.5, G_MIN, attrs, gzip_level=1)
 
 
-def run_case(torch, args, case, index, dev, fla, meta):
+def run_case(torch, args, case, index, dev, runners, meta):
+    """runners: {"fla": FlaRunner, "kdalab": KdalabRunner} for the candidates asked for (either may be absent)."""
     B, T, H = case
     seed = args.seed + index
-    x = draw_inputs(torch, B, T, H, seed, dev)
-    r = dict(case=case_name(case), seed=seed)
+    x = draw_inputs(torch, B, T, H, seed, dev, args.inputs)
+    r = dict(case=case_name(case), seed=seed, rel={}, first_s={}, deterministic={}, nonfinite={}, grads={})
     sync = (lambda: torch.cuda.synchronize()) if dev.type == "cuda" else (lambda: None)
     t = time.monotonic()
     o64, S64, g64 = f64_grads(torch, x, x["do"], x["dS"], D ** -0.5, G_MIN, args.block)
     sync()
     r["f64_s"] = time.monotonic() - t
-    if fla is not None:
+    for who, runner in runners.items():
         t = time.monotonic()
-        o, S, g = fla.grads(x)  # first call of a shape: Triton compile + autotune
+        o, S, g = runner.grads(x)  # first call of a shape: Triton compile + autotune (fla)
         sync()
-        r["fla_first_s"] = time.monotonic() - t
-        o2, S2, g2 = fla.grads(x)
+        r["first_s"][who] = time.monotonic() - t
+        o2, S2, g2 = runner.grads(x)
         sync()
-        r["deterministic"] = all(torch.equal(g[n], g2[n]) for n in GRADS) and torch.equal(o, o2) and torch.equal(S, S2)
+        r["deterministic"][who] = (all(torch.equal(g[n], g2[n]) for n in GRADS) and torch.equal(o, o2)
+                                   and torch.equal(S, S2))
         rel = {n: rel_rms(g[n], g64[n]) for n in GRADS}
         rel["o"], rel["S"] = rel_rms(o, o64), rel_rms(S, S64)
-        r["rel"] = rel
-        r["nonfinite"] = int(sum(int((~torch.isfinite(g[n])).sum()) for n in GRADS))
+        r["rel"][who] = rel
+        r["nonfinite"][who] = int(sum(int((~torch.isfinite(g[n])).sum()) for n in GRADS))
+        r["grads"][who] = g
 
     def np32(t):
         return t.detach().float().cpu().numpy()
 
     arrays = {n: np32(x[n]) for n in LEAVES + ("do", "dS")}
     base = dict(meta)
-    base.update(case=f"B={B} T={T} H={H} HV={H} D={D}", seed=seed,
+    base.update(case=f"B={B} T={T} H={H} HV={H} D={D}", seed=seed, inputs=args.inputs,
                 generator=f"torch.Generator({dev.type}), manual_seed(seed); draws in the order q, k, v, g, beta, "
                           "A_log, bias, S0, do, dS",
-                inputs_distribution=DISTRIBUTIONS, upstream_distribution=UPSTREAM,
+                inputs_distribution=DISTRIBUTIONS[args.inputs], upstream_distribution=UPSTREAM,
                 harness_f64="float64 torch autograd of the recurrence (docs/equations.md section 1) on the file's "
                             "inputs: L2Norm eps 0, K3 gate, beta sigmoid, decay before the rank-1 update; "
                             f"L = <o, do> + <S_T, dS>; blocks of {args.block} tokens checkpointed",
                 harness_f64_seconds=round(r["f64_s"], 3))
     r["files"] = []
-    for name in file_names(case, args.candidate):
+    for name in file_names(case, args.candidate, args.inputs):
         path = os.path.join(args.out_dir, name)
         attrs = dict(base)
         if name.endswith(".f64.h5"):
             attrs.update(precision="fp64", candidate="the harness's float64 autograd gradients (float64 datasets)")
             cands = {n: g64[n].cpu().numpy() for n in GRADS}
         else:
-            attrs.update(precision="bf16", candidate="fla's gradients: dq dk dv dg dbeta bf16, dS0 dA_log dbias fp32",
-                         fla_first_call_seconds=round(r["fla_first_s"], 2), fla_deterministic=int(r["deterministic"]))
-            for n, v in r["rel"].items():
+            who = "kdalab" if name.endswith(".kdalab.h5") else "fla"
+            attrs.update(precision="bf16", candidate=f"{who}'s gradients: dq dk dv dg dbeta bf16, dS0 dA_log dbias fp32",
+                         candidate_call=runners[who].call, candidate_first_call_seconds=round(r["first_s"][who], 2),
+                         candidate_deterministic=int(r["deterministic"][who]))
+            for n, v in r["rel"][who].items():
                 attrs["harness_rel_rms_" + n] = v
-            cands = {n: np32(g[n]) for n in GRADS}
+            cands = {n: np32(r["grads"][who][n]) for n in GRADS}
         write_check_file(path, arrays, cands, attrs)
         r["files"].append((path, os.path.getsize(path)))
+    r.pop("grads")
     return r
 
 
@@ -412,7 +474,8 @@ def run_case(torch, args, case, index, dev, fla, meta):
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    need_fla = args.candidate in ("fla", "both") and not args.self_test
+    need_fla = args.candidate in ("fla", "both", "all") and not args.self_test
+    need_kdalab = args.candidate in ("kdalab", "all") and not args.self_test
     try:  # the arguments, then --fla-path, then the outputs
         cases = parse_cases(args.cases)
         if not 0 <= args.seed <= 2**63 - 1 - len(cases):
@@ -422,8 +485,8 @@ def main(argv=None):
         if args.time_budget is not None and not (math.isfinite(args.time_budget) and args.time_budget > 0):
             raise UsageError(f"--time-budget {args.time_budget}: accepted: seconds, finite and > 0 (leave it out "
                              "for no limit)")
-        if need_fla and args.device == "cpu":
-            raise UsageError(f"--device cpu with --candidate {args.candidate}: fla's kernels need cuda; "
+        if (need_fla or need_kdalab) and args.device == "cpu":
+            raise UsageError(f"--device cpu with --candidate {args.candidate}: fla's and kdalab's kernels need cuda; "
                              "accepted: --device auto or cuda, or --candidate f64")
         if args.fla_commit is not None and (not args.fla_commit.strip() or "\n" in args.fla_commit):
             raise UsageError(f"--fla-commit '{args.fla_commit}': accepted: one non-empty line (e.g. a git hash)")
@@ -438,7 +501,7 @@ def main(argv=None):
     if args.dry_run:
         if need_fla:
             log(fla_settings(root, commit, args))
-        log(f"candidates: {args.candidate}; cases: " + ", ".join(map(case_name, cases))
+        log(f"candidates: {args.candidate}; inputs: {args.inputs}; cases: " + ", ".join(map(case_name, cases))
             + f"; seeds {args.seed}..{args.seed + len(cases) - 1}; device {args.device}")
         return end_dry_run(plan)
 
@@ -448,7 +511,7 @@ def main(argv=None):
         print(f"fla_kda_bwd.py: torch is not importable ({e}); run this on the GPU machine", file=sys.stderr)
         return 1
     cuda = torch.cuda.is_available()
-    if args.device == "cuda" or (need_fla and args.device == "auto"):
+    if args.device == "cuda" or ((need_fla or need_kdalab) and args.device == "auto"):
         if not cuda:
             print("fla_kda_bwd.py: no CUDA device visible to torch; nothing was run or written", file=sys.stderr)
             return 1
@@ -469,13 +532,13 @@ def main(argv=None):
         return 1
     os.makedirs(args.out_dir, exist_ok=True)
 
-    fla = None
+    runners = {}
     meta = dict(torch=torch.__version__, python=sys.version.split()[0],
                 device=torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu",
                 fla_commit=commit)
     if need_fla:
         try:
-            fla = FlaRunner(torch, args, root)
+            fla = runners["fla"] = FlaRunner(torch, args, root)
         except Exception as e:
             import traceback
             traceback.print_exc()
@@ -491,13 +554,23 @@ def main(argv=None):
                               "FLA_CACHE_RESULTS=0")
         log(f"fla.ops.kda loaded from {root} ({fla.import_how}); commit {commit}; torch {torch.__version__}, "
             f"triton {triton.__version__}, {meta['device']}")
-    else:
+    if need_kdalab:
+        try:
+            runners["kdalab"] = KdalabRunner(torch)
+        except Exception as e:
+            print(f"fla_kda_bwd.py: kdalab.torch is not usable ({type(e).__name__}: {e}); build the Python package "
+                  "with the CUDA kernels and put it on PYTHONPATH", file=sys.stderr)
+            return 1
+        meta.update(kdalab_call=runners["kdalab"].call)
+        log(f"kdalab.torch.chunk_kda loaded; {meta['device']}")
+    if not runners:
         log(f"float64 autograd only (--candidate f64) on {meta['device']}; torch {torch.__version__}")
 
     names = ("dq", "dk", "dv", "dg", "dbeta", "dA_log", "dbias", "dS0", "o", "S")
-    if need_fla:
-        log(f"fla's relative RMS against the float64 autograd (numbers of record: `kdalab check --op kda-bwd`)")
-        log(f"{'case':<20}" + "".join(f"{n:>9}" for n in names) + f"{'f64 s':>8}{'fla 1st s':>10}  det")
+    if runners:
+        log(f"relative RMS against the float64 autograd (numbers of record: `kdalab check --op kda-bwd`); "
+            f"inputs {args.inputs}")
+        log(f"{'case':<20}{'kernel':<8}" + "".join(f"{n:>9}" for n in names) + f"{'f64 s':>8}{'1st s':>8}  det")
     skipped, failed = [], 0
     for i, c in enumerate(cases):
         name = case_name(c)
@@ -506,7 +579,7 @@ def main(argv=None):
             log(f"{name:<20} skipped (time budget)")
             continue
         try:
-            r = run_case(torch, args, c, i, dev, fla, meta)
+            r = run_case(torch, args, c, i, dev, runners, meta)
         except Exception as e:
             import traceback
             traceback.print_exc()
@@ -515,11 +588,11 @@ def main(argv=None):
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
             continue
-        if need_fla:
-            log(f"{name:<20}" + "".join(f"{r['rel'][n]:9.2e}" for n in names) + f"{r['f64_s']:8.1f}"
-                f"{r['fla_first_s']:10.1f}  {'yes' if r['deterministic'] else 'NO'}"
-                + (f"  NON-FINITE gradients: {r['nonfinite']}" if r["nonfinite"] else ""))
-        else:
+        for who in runners:
+            log(f"{name:<20}{who:<8}" + "".join(f"{r['rel'][who][n]:9.2e}" for n in names) + f"{r['f64_s']:8.1f}"
+                f"{r['first_s'][who]:8.1f}  {'yes' if r['deterministic'][who] else 'NO'}"
+                + (f"  NON-FINITE gradients: {r['nonfinite'][who]}" if r["nonfinite"][who] else ""))
+        if not runners:
             log(f"{name:<20} float64 autograd {r['f64_s']:.1f} s")
         for p, size in r["files"]:
             log(f"  wrote {p} ({size / 2**20:.1f} MiB)")
