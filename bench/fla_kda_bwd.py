@@ -486,7 +486,8 @@ def main(argv=None):
             raise UsageError(f"--time-budget {args.time_budget}: accepted: seconds, finite and > 0 (leave it out "
                              "for no limit)")
         if (need_fla or need_kdalab) and args.device == "cpu":
-            raise UsageError(f"--device cpu with --candidate {args.candidate}: fla's and kdalab's kernels need cuda; "
+            who = " and ".join(n for n, need in (("fla's", need_fla), ("kdalab's", need_kdalab)) if need)
+            raise UsageError(f"--device cpu with --candidate {args.candidate}: {who} kernels need cuda; "
                              "accepted: --device auto or cuda, or --candidate f64")
         if args.fla_commit is not None and (not args.fla_commit.strip() or "\n" in args.fla_commit):
             raise UsageError(f"--fla-commit '{args.fla_commit}': accepted: one non-empty line (e.g. a git hash)")

@@ -4,7 +4,8 @@
 //   kdalab bench --op kda-prefill|kda-decode|kda-backward|mla-decode|mla-prefill|attn-res|all
 //                [--shapes "B:T:H[:HV[:D]],..."]
 //                [--iters N] [--warmup N] [--quick] [--prefix N0] [--peer-json FILE..] [--compare BASELINE.h5..]
-//                [--state-pass auto|mma|wgmma|key-split] [--segments P] [--overlap on|off] --out results/bench.h5
+//                [--state-pass auto|mma|wgmma|key-split] [--segments P] [--overlap on|off] [--precision fast|accurate]
+//                --out results/bench.h5
 //
 // Per shape: median (and min) of --iters CUDA-event timings after --warmup launches, the bytes a
 // kernel must move at least (inputs read once, outputs written once; the workspace is not counted)
@@ -109,6 +110,7 @@ struct BenchOptions {
   std::string kda_state_pass = "auto";  // kda-prefill: KdaPrefillOverrides::state_pass (auto, mma, wgmma, key-split)
   int kda_segments = 0;  // kda-prefill schedule: 0 the rule, 1 one-shot, 2..64 the segment path with P segments
   std::string kda_overlap = "on";  // kda-prefill: off = KdaPrefillArgs::single_stream
+  std::string kda_precision = "fast";  // kda-prefill: KdaPrefillArgs::precision (fast, accurate; D = 128)
   long long prefix = 0;  // mla-prefill: cached tokens before the T new ones
 };
 
@@ -445,10 +447,11 @@ struct PrefillInputs {
 };
 
 Measured bench_prefill(const Shape& s, int warmup, int iters, std::uint64_t seed, kernels::KdaPrefillOverrides ov,
-                       bool single_stream) {
+                       bool single_stream, bool accurate) {
   PrefillInputs in(s, seed);
   kernels::KdaPrefillArgs& a = in.a;
   a.single_stream = single_stream;
+  a.precision = accurate ? kernels::KdaPrecision::accurate : kernels::KdaPrecision::fast;
   const std::size_t wsb = kernels::kda_prefill_workspace_bytes(a, &ov);
   Dev ws(wsb);
   a.workspace = ws.p; a.workspace_bytes = wsb;
@@ -783,6 +786,12 @@ void register_bench(Registry& reg) {
                 "with the state pass on a side stream), off = every launch on one stream (KdaPrefillArgs::single_stream; "
                 "same results). " + kda_prefill_only)
       ->capture_default_str();
+  a->add_option("--precision", o->kda_precision,
+                "kda-prefill state-product precision (kernels/kda.hpp KdaPrecision): fast (bf16 operands) or accurate "
+                "(S, Qg and D, Kd as bf16 hi + lo: at the bf16 floor on long-memory and repeated-key inputs; D = 128 "
+                "only, the one-shot wgmma pass). accurate rows get the key suffix ' accurate' (their own baselines; the "
+                "peer time is looked up under the plain key). " + kda_prefill_only)
+      ->capture_default_str();
   a->add_option("--compare", o->compare,
                 "baseline bench results file(s) to compare against: prints time / baseline per row found (same group, "
                 "same key), flags rows more than 10% slower and then exits 1; several files (comma-separated like every list "
@@ -820,6 +829,13 @@ void register_bench(Registry& reg) {
     require(o->kda_segments < 2 || o->kda_state_pass == "auto" || o->kda_state_pass == "mma",
             "--segments " + std::to_string(o->kda_segments) + " with --state-pass " + o->kda_state_pass +
                 "; accepted: the segment path runs the mma state pass (--state-pass auto or mma)");
+    require(o->kda_precision == "fast" || o->kda_precision == "accurate",
+            "--precision = '" + o->kda_precision + "'; accepted: fast or accurate");
+    require(o->kda_precision == "fast" ||
+                ((o->kda_state_pass == "auto" || o->kda_state_pass == "wgmma") && o->kda_segments < 2),
+            "--precision accurate with --state-pass " + o->kda_state_pass + " --segments " +
+                std::to_string(o->kda_segments) + "; accepted: accurate runs the one-shot wgmma pass (--state-pass auto "
+                "or wgmma, --segments 0 or 1)");
     // options that act on one op only, set to other than their default, are refused with another op, not dropped
     // silently; --op all takes each of them (it acts on that op's rows)
     struct OneOpOption {
@@ -832,7 +848,8 @@ void register_bench(Registry& reg) {
          {OneOpOption{o->prefix != def.prefix, "--prefix " + std::to_string(o->prefix), "mla-prefill"},
           OneOpOption{o->kda_state_pass != def.kda_state_pass, "--state-pass " + o->kda_state_pass, "kda-prefill"},
           OneOpOption{o->kda_segments != def.kda_segments, "--segments " + std::to_string(o->kda_segments), "kda-prefill"},
-          OneOpOption{o->kda_overlap != def.kda_overlap, "--overlap " + o->kda_overlap, "kda-prefill"}})
+          OneOpOption{o->kda_overlap != def.kda_overlap, "--overlap " + o->kda_overlap, "kda-prefill"},
+          OneOpOption{o->kda_precision != def.kda_precision, "--precision " + o->kda_precision, "kda-prefill"}})
       require(!x.set || o->op == x.op || o->op == "all",
               x.given + " applies to --op " + x.op + " (or all) only, not --op " + o->op);
     require(ctx.app->get_option("--shapes")->count() == 0 || !o->shapes.empty(),
@@ -884,6 +901,13 @@ void register_bench(Registry& reg) {
                     (o->op == "all" ? std::string(" (--op all takes only its default shapes: use --op kda-prefill "
                                                   "with --shapes)")
                                     : std::string(" (give --shapes with that D only)")));
+        require(o->kda_precision == "fast" || s.D == 128,
+                "--precision accurate does not run at D = " + std::to_string(s.D) + " (shape " + std::to_string(s.B) +
+                    ":" + std::to_string(s.T) + ":" + std::to_string(s.H) + ":" + std::to_string(s.HV) + ":" +
+                    std::to_string(s.D) + (o->shapes.empty() ? ", a default shape" : "") + "); accepted: D = 128 " +
+                    (o->op == "all" ? std::string("(--op all takes only its default shapes: use --op kda-prefill with "
+                                                  "--shapes)")
+                                    : std::string("(give --shapes with D = 128 only)")));
         require(o->kda_segments < 2 || s.D != 256,
                 "--segments " + std::to_string(o->kda_segments) + " forces the segment-parallel state pass, which D = 256 " +
                     "does not have (shape " + std::to_string(s.B) + ":" + std::to_string(s.T) + ":" + std::to_string(s.H) +
@@ -1018,11 +1042,13 @@ void register_bench(Registry& reg) {
       fmt::print("{:<40}{:>10}{:>9}{:>9}{:>9}{:>10}{:>8}{:>8}{:>10}{:>9}{:>10}\n", op, "ms", bwd_op ? "fwd ms" : "prep ms",
                  bwd_op ? "bwd ms" : "state ms", "TB/s", "TFLOP/s", "%copy", "%mm", "peer ms", "speedup", "vs base");
       for (const Shape& s : shapes[oi]) {
-        const std::string key = key_of(op, s, op == "mla-prefill" ? o->prefix : 0);
+        const std::string plain_key = key_of(op, s, op == "mla-prefill" ? o->prefix : 0);
+        const bool accurate = op == "kda-prefill" && o->kda_precision == "accurate";
+        const std::string key = accurate ? plain_key + " accurate" : plain_key;
         const Measured m =
             op == "kda-prefill"   ? bench_prefill(s, o->warmup, o->iters, ctx.common.seed,
                                                   prefill_overrides(o->kda_state_pass, o->kda_segments),
-                                                  o->kda_overlap == "off")
+                                                  o->kda_overlap == "off", accurate)
             : op == "mla-decode"  ? bench_mla_decode(s, o->warmup, o->iters, ctx.common.seed)
             : op == "mla-prefill" && s.naive ? bench_mla_prefill_naive(s, o->prefix, o->warmup, o->iters, ctx.common.seed)
             : op == "mla-prefill" ? bench_mla_prefill(s, o->prefix, o->warmup, o->iters, ctx.common.seed)
@@ -1032,7 +1058,7 @@ void register_bench(Registry& reg) {
         const double tbs = m.bytes / (m.ms * 1e-3) / 1e12, tfl = m.flops / (m.ms * 1e-3) / 1e12;
         const double nan = std::numeric_limits<double>::quiet_NaN();
         double pm = nan;
-        if (peer.contains(key) && peer[key].is_number()) pm = peer[key].get<double>();
+        if (peer.contains(plain_key) && peer[plain_key].is_number()) pm = peer[plain_key].get<double>();
         double bm = nan;
         for (std::size_t i = 0; i < bkeys.size() && i < bms.size(); ++i)
           if (bkeys[i] == key) { bm = bms[i]; break; }

@@ -54,6 +54,18 @@ struct KdaGate {
   bool allow_unsafe_range = false;
 };
 
+/// The precision of the prefill's three d_k x d_v state products (W S, Qg S, Kd^T D; numerics/kda_twin.hpp,
+/// docs/kernels/kda_prefill.md "State-product precision").
+enum class KdaPrecision {
+  fast,      ///< bf16 operands, fp32 accumulation (kda_plan_kernel()): ~1.7e-3 relative RMS of o on the anchor
+             ///< distribution (the bf16 output floor is ~1.66e-3), but it grows where the state remembers long
+             ///< (slow decay, small beta: 3.5e-3 at T = 8192) and on repeated keys; any D
+  accurate,  ///< S and Qg in Qg S, D and Kd in Kd^T D as bf16 hi + lo parts (three tensor-core products each, lo lo
+             ///< dropped; kda_plan_state_hilo()): o at the bf16 floor and the final state <= 2.5e-3 on every input kind
+             ///< of numerics/kda_inputs.hpp up to T = 65536 in the twin. D = 128 only (the wgmma state pass,
+             ///< one-shot schedule); its workspace adds 8 KB per 16-token chunk and value head (the lo parts)
+};
+
 /// Arguments of the chunked prefill (forward).
 struct KdaPrefillArgs {
   int B = 0;            ///< batch; must be 1 when cu_seqlens is given (packed sequences)
@@ -79,6 +91,7 @@ struct KdaPrefillArgs {
   /// side stream is created and destroyed inside the call). Same results; long fixed-length batches then run their
   /// prepare and state pass one after the other instead of overlapped (KdaPrefillPlan::overlapped).
   bool single_stream = false;
+  KdaPrecision precision = KdaPrecision::fast;  ///< the state products' precision (see KdaPrecision)
 };
 
 /// The state pass of the prefill (kda_prefill_plan states which one runs). All three run the same step with the same
@@ -129,6 +142,7 @@ struct KdaPrefillPlan {
   /// events, joined back to `stream`; the state crosses parts through an fp32 buffer in the workspace, which is exact:
   /// the same results as one prepare then one state pass).
   bool overlapped = false;
+  KdaPrecision precision = KdaPrecision::fast;   ///< the arguments' precision (accurate: the wgmma pass, one-shot)
 };
 
 /// Layout of one workspace slot (one 16-token chunk of one value head) for d_k = d_v = D, byte offsets
@@ -150,6 +164,9 @@ struct KdaSlot : KdaSlotOf<128> {};
 static_assert(KdaSlot::W == 0 && KdaSlot::Qg == 4096 && KdaSlot::Kd == 8192 && KdaSlot::U == 12288 &&
                   KdaSlot::P == 20480 && KdaSlot::gam_n == 21504 && KdaSlot::Pf == 22016 && KdaSlot::bytes == 23040,
               "the D = 128 slot layout must not change");
+/// The lo parts of one slot in the accurate precision (D = 128), in their own workspace region after every other one
+/// (slot s at s * kda_slot_lo_bytes): Qg lo [16][128] then Kd lo [16][128], bf16 row-major (lo = rnd(x - rnd(x))).
+constexpr int kda_slot_lo_bytes = 8192;
 /// KdaSlotOf<D>::bytes for a run-time D in {64, 128, 256}; 0 for any other D.
 constexpr int kda_slot_bytes(int D) { return D == 64 || D == 128 || D == 256 ? 164 * D + 2048 : 0; }
 

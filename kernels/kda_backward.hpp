@@ -73,6 +73,10 @@ struct KdaBackwardArgs {
   bf16_t* dv = nullptr;                 ///< [B, T, HV, D]
   bf16_t* dg = nullptr;                 ///< [B, T, HV, D]: of the g input (the raw gate logits when gate.fused)
   bf16_t* dbeta = nullptr;              ///< [B, T, HV]: of the beta input (the logits when beta_sigmoid)
+  /// Optional fp32 outputs written instead of dq, dk, dg, dbeta (all four given, and then those four bf16 pointers
+  /// null): the same gradients before their bf16 rounding, for callers that sum them over several calls (the value
+  /// blocks of one head, kdalab.torch.chunk_kda) and round once. Same shapes, contiguous.
+  float *dq_f32 = nullptr, *dk_f32 = nullptr, *dg_f32 = nullptr, *dbeta_f32 = nullptr;
   float* dA_log = nullptr;              ///< [HV]; required when gate.fused, else not written
   float* dbias = nullptr;               ///< [HV, D]; required when gate.fused, else not written
   float* dS0 = nullptr;                 ///< optional [N, HV, D, D]: dL/dS0 (also when S0 is null: the zero state's)

@@ -52,6 +52,7 @@ struct Params {
   const float *S0, *dS_T;
   const int* cu;
   bf16_t *dq, *dk, *dv, *dg, *dbeta;
+  float *dq32, *dk32, *dg32, *dbeta32;  // KdaBackwardArgs::dq_f32 ...: written instead of the bf16 ones when set
   float *dA_log, *dbias, *dS0;
   // workspace regions (fp32)
   float *qn, *kn;      // [M][H][D]: q, k after the L2Norm (or as given)

@@ -33,8 +33,13 @@ __global__ void epilogue_kernel(Params p) {
     dq = (dq - yq * sq) * p.qinv[rk];
     dk = (dk - yk * sk) * p.kinv[rk];
   }
-  p.dq[rk * D + i] = f2bf(dq);
-  p.dk[rk * D + i] = f2bf(dk);
+  if (p.dq32) {
+    p.dq32[rk * D + i] = dq;
+    p.dk32[rk * D + i] = dk;
+  } else {
+    p.dq[rk * D + i] = f2bf(dq);
+    p.dk[rk * D + i] = f2bf(dk);
+  }
 
   for (int hv = h * p.group; hv < (h + 1) * p.group; ++hv) {
     const std::size_t rv = static_cast<std::size_t>(tau) * p.HV + hv, o = rv * D + i;
@@ -45,10 +50,13 @@ __global__ void epilogue_kernel(Params p) {
       const float u = ea * z, sg = sigm(u);
       const float dgdu = p.g_min * sg * (1.0f - sg);
       const float draw = dg * dgdu * ea;
-      p.dg[o] = f2bf(draw);
+      if (p.dg32) p.dg32[o] = draw;
+      else p.dg[o] = f2bf(draw);
       p.pg[o] = draw;  // slot 0, this thread's own element: the per-token dbias term
       const float dA = block_sum(dg * dgdu * u, buf);
       if (i == 0) p.pA[rv] = dA;
+    } else if (p.dg32) {
+      p.dg32[o] = dg;
     } else {
       p.dg[o] = f2bf(dg);
     }
@@ -59,7 +67,8 @@ __global__ void epilogue_kernel(Params p) {
         const float sb = sigm(bf2f(p.beta[at(p.sbeta, b, t, hv)]));
         db *= sb * (1.0f - sb);
       }
-      p.dbeta[rv] = f2bf(db);
+      if (p.dbeta32) p.dbeta32[rv] = db;
+      else p.dbeta[rv] = f2bf(db);
     }
   }
 }

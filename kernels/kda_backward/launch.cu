@@ -101,11 +101,16 @@ void kda_backward(const KdaBackwardArgs& a, cudaStream_t stream) {
   check_ptr(a.dO, 16, "dO");
   check_ptr(a.S0, 16, "S0", false);
   check_ptr(a.dS_T, 16, "dS_T", false);
-  check_ptr(a.dq, 16, "dq");
-  check_ptr(a.dk, 16, "dk");
+  // dq, dk, dg, dbeta: the bf16 outputs, or all four fp32 ones instead (KdaBackwardArgs::dq_f32)
+  const bool f32 = a.dq_f32 || a.dk_f32 || a.dg_f32 || a.dbeta_f32;
+  if (f32 && (a.dq || a.dk || a.dg || a.dbeta))
+    throw Error(std::string("kda_backward: dq_f32 ... and dq ... both given; accepted: the bf16 dq, dk, dg, dbeta or "
+                            "the fp32 dq_f32, dk_f32, dg_f32, dbeta_f32, not both"));
+  check_ptr(f32 ? static_cast<const void*>(a.dq_f32) : a.dq, 16, f32 ? "dq_f32" : "dq");
+  check_ptr(f32 ? static_cast<const void*>(a.dk_f32) : a.dk, 16, f32 ? "dk_f32" : "dk");
   check_ptr(a.dv, 16, "dv");
-  check_ptr(a.dg, 16, "dg");
-  check_ptr(a.dbeta, 2, "dbeta");
+  check_ptr(f32 ? static_cast<const void*>(a.dg_f32) : a.dg, 16, f32 ? "dg_f32" : "dg");
+  check_ptr(f32 ? static_cast<const void*>(a.dbeta_f32) : a.dbeta, f32 ? 4 : 2, f32 ? "dbeta_f32" : "dbeta");
   check_ptr(a.dS0, 16, "dS0", false);
   if (a.gate.fused) {
     check_ptr(a.dA_log, 4, "dA_log");
@@ -140,6 +145,7 @@ void kda_backward(const KdaBackwardArgs& a, cudaStream_t stream) {
   p.fuse_gate = a.gate.fused; p.l2norm = a.l2norm_qk; p.beta_sigmoid = a.beta_sigmoid;
   p.S0 = a.S0; p.dS_T = a.dS_T; p.cu = a.cu_seqlens;
   p.dq = a.dq; p.dk = a.dk; p.dv = a.dv; p.dg = a.dg; p.dbeta = a.dbeta;
+  p.dq32 = a.dq_f32; p.dk32 = a.dk_f32; p.dg32 = a.dg_f32; p.dbeta32 = a.dbeta_f32;
   p.dA_log = a.dA_log; p.dbias = a.dbias; p.dS0 = a.dS0;
   auto* ws = static_cast<unsigned char*>(a.workspace);
   const auto f = [&](std::size_t off) { return reinterpret_cast<float*>(ws + off); };

@@ -54,6 +54,7 @@ struct Params {
   const int* cu;
   bf16_t* o;
   unsigned char* ws;
+  unsigned char* ws_lo;  // the accurate precision's lo parts (kda_slot_lo_bytes per slot, same slot index); null: fast
   // The segment path (segments.cu): grid.z = N * nseg_grid, segment sg = seg_base + blockIdx.z % nseg_grid covers
   // chunks [sg * seg_chunks, min(nch, (sg + 1) * seg_chunks)). One-shot pass: nseg_grid = 1, seg_chunks = 1 << 30.
   int nseg_grid, seg_chunks;
@@ -70,7 +71,7 @@ __device__ __forceinline__ Seq seq_info(const Params& p, int n) { return prep::s
 
 // ---- launchers (host), one per kernel family; each checks the launch with cuda_check ----
 /// prepare.cu: the prepare kernel for d_k = d_v = D (64, 128, 256) on `grid` (chunks, HV, N); wgmma_layout: W, Qg, Kd,
-/// P row-major for the wgmma state pass (D = 128 only).
+/// P row-major for the wgmma state pass (D = 128 only), and with p.ws_lo set the lo parts of Qg and Kd.
 void launch_prepare(const Params& p, dim3 grid, int D, bool wgmma_layout, cudaStream_t stream);
 /// state_mma.cu: the mma state pass (D = 64 or 128), grid (D / 32, HV, nz): one-shot (nz = N, nseg_grid = 1) or
 /// pass 2 of the segment path (nz = N nseg_grid).
@@ -79,7 +80,7 @@ void launch_state_mma(const Params& p, int D, int HV, int nz, cudaStream_t strea
 void launch_state_mma_pass1(const Params& p, int D, int HV, int nz, cudaStream_t stream);
 /// state_key_split.cu: the key-split state pass (D = 256), grid (D / 32, HV, N).
 void launch_state_key_split(const Params& p, int HV, int N, cudaStream_t stream);
-/// state_wgmma.cu: the wgmma state pass (D = 128), grid (2, HV, N).
+/// state_wgmma.cu: the wgmma state pass (D = 128), grid (2, HV, N); the accurate precision's variant when p.ws_lo is set.
 void launch_state_wgmma(const Params& p, int HV, int N, cudaStream_t stream);
 /// segments.cu: the combine of the segment path (D = 64 or 128), S_start(s + 1) for s = 1 .. nseg - 2.
 void launch_segment_combine(const Params& p, int D, int HV, int N, int nseg, cudaStream_t stream);

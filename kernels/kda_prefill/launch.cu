@@ -89,6 +89,7 @@ Checked check_prefill(const KdaPrefillArgs& a) {
   p.seg_base = 0;
   p.chunk_base = 0;
   p.seg_S = p.seg_A = p.seg_B = nullptr;
+  p.ws_lo = nullptr;
   return ck;
 }
 
@@ -238,6 +239,24 @@ Plan plan_of(const KdaPrefillArgs& a, const KdaPrefillOverrides* o, int N, int n
   }
   Plan r;
   KdaPrefillPlan& pl = r.pub;
+  pl.precision = a.precision;
+  if (a.precision == KdaPrecision::accurate) {
+    // the lo parts exist only in the wgmma pass (D = 128, one-shot): the rule takes it, forcing anything else is refused
+    if (a.D != 128)
+      throw Error(std::string(op) + ": precision = accurate with D = " + std::to_string(a.D) +
+                  "; accepted: D = 128 (precision = fast at D = 64, 256)");
+    if ((ov.state_pass != KdaStatePass::automatic && ov.state_pass != KdaStatePass::wgmma) ||
+        ov.schedule == KdaSchedule::segments)
+      throw Error(std::string(op) + ": precision = accurate with overrides.state_pass = " + pass +
+                  (ov.schedule == KdaSchedule::segments ? ", schedule = segments" : "") +
+                  "; accepted: state_pass automatic or wgmma, schedule automatic or one_shot");
+    pl.state_pass = KdaStatePass::wgmma;
+    pl.overlapped = segments_of(a).K > 1 && ov.phases == KdaPhases::both;
+    return r;
+  }
+  if (a.precision != KdaPrecision::fast)
+    throw Error(std::string(op) + ": precision = " + std::to_string(static_cast<int>(a.precision)) +
+                "; accepted: KdaPrecision::fast or accurate");
   int P = 1;
   if (a.D != 256) {
     if (ov.schedule == KdaSchedule::segments) P = ov.segments;
@@ -283,11 +302,16 @@ Plan query_plan(const KdaPrefillArgs& a, const KdaPrefillOverrides* o) {
 
 KdaPrefillPlan kda_prefill_plan(const KdaPrefillArgs& a, const KdaPrefillOverrides* o) { return query_plan(a, o).pub; }
 
+/// The accurate precision's lo region (after the slots and the state or segment buffers).
+std::size_t lo_region_bytes(const KdaPrefillArgs& a, const Checked& ck) {
+  return a.precision == KdaPrecision::accurate ? static_cast<std::size_t>(ck.slots) * a.HV * kda_slot_lo_bytes : 0;
+}
+
 std::size_t kda_prefill_workspace_bytes(const KdaPrefillArgs& a, const KdaPrefillOverrides* o) {
   const Checked ck = check_prefill(a);
   const int P = plan_of(a, o, ck.N, ck.max_chunks).pub.segments;
   return static_cast<std::size_t>(ck.slots) * a.HV * kda_slot_bytes(a.D) +
-         (P > 1 ? seg_buffer_bytes(a, ck.N, P) : state_buffer_bytes(a, segments_of(a)));
+         (P > 1 ? seg_buffer_bytes(a, ck.N, P) : state_buffer_bytes(a, segments_of(a))) + lo_region_bytes(a, ck);
 }
 
 void kda_prefill(const KdaPrefillArgs& a, cudaStream_t stream, const KdaPrefillOverrides* o) {
@@ -296,13 +320,15 @@ void kda_prefill(const KdaPrefillArgs& a, cudaStream_t stream, const KdaPrefillO
   const KdaPrefillPlan& pl = pr.pub;
   const Segments sg = segments_of(a);
   const std::size_t slot_bytes = static_cast<std::size_t>(ck.slots) * a.HV * kda_slot_bytes(a.D);
-  const std::size_t need =
+  const std::size_t before_lo =
       slot_bytes + (pl.segments > 1 ? seg_buffer_bytes(a, ck.N, pl.segments) : state_buffer_bytes(a, sg));
+  const std::size_t need = before_lo + lo_region_bytes(a, ck);
   if (!a.workspace || a.workspace_bytes < need)
     throw Error("kda_prefill: workspace of " + std::to_string(a.workspace_bytes) + " bytes at " +
                 (a.workspace ? "a valid pointer" : "null") + "; accepted: a 16-byte aligned device buffer of >= " +
                 std::to_string(need) + " bytes (kda_prefill_workspace_bytes())");
   ck.p.ws = static_cast<unsigned char*>(a.workspace);
+  if (a.precision == KdaPrecision::accurate) ck.p.ws_lo = ck.p.ws + before_lo;
   if (ck.N > 65535 || a.HV > 65535)
     throw Error("kda_prefill: " + std::to_string(ck.N) + " sequences x " + std::to_string(a.HV) +
                 " value heads; accepted: each <= 65535 (grid limits)");
@@ -343,6 +369,7 @@ void kda_prefill(const KdaPrefillArgs& a, cudaStream_t stream, const KdaPrefillO
     p.beta += t0 * p.sbeta.t;
     p.o += t0 * p.so.t;
     p.ws = ck.p.ws + static_cast<std::size_t>(k) * a.B * seg_chunks * a.HV * kda_slot_bytes(a.D);
+    if (ck.p.ws_lo) p.ws_lo = ck.p.ws_lo + static_cast<std::size_t>(k) * a.B * seg_chunks * a.HV * kda_slot_lo_bytes;
     p.S0 = k == 0 ? a.S0 : sbuf;
     p.S_final = k == sg.K - 1 ? a.S_final : sbuf;
     launch_prepare(p, dim3(p.nchunk_fixed, a.HV, ck.N), a.D, wgl, stream);

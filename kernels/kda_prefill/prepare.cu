@@ -84,6 +84,17 @@ __global__ void __launch_bounds__(256, D == 256 ? 3 : 4) kda_prepare_kernel(Para
     if constexpr (kWg) {  // the wgmma state pass: Qg, Kd row-major (kda_state_wg_kernel's layout)
       prep::store_rowmajor_col<D>(reinterpret_cast<std::uint16_t*>(slot + SL::Qg), qg, i);
       prep::store_rowmajor_col<D>(reinterpret_cast<std::uint16_t*>(slot + SL::Kd), kd, i);
+      if (p.ws_lo) {  // the accurate precision: lo = rnd(x - rnd(x)) of Qg and Kd, same layout, in the lo region
+        unsigned char* lo = p.ws_lo + ((sq.slot0 + c) * p.HV + hv) * static_cast<long long>(kda_slot_lo_bytes);
+        float ql[C], kl[C];
+#pragma unroll
+        for (int r = 0; r < C; ++r) {
+          ql[r] = qg[r] - __bfloat162float(__float2bfloat16_rn(qg[r]));
+          kl[r] = kd[r] - __bfloat162float(__float2bfloat16_rn(kd[r]));
+        }
+        prep::store_rowmajor_col<D>(reinterpret_cast<std::uint16_t*>(lo), ql, i);
+        prep::store_rowmajor_col<D>(reinterpret_cast<std::uint16_t*>(lo + 4096), kl, i);
+      }
     } else {
       prep::store_afrag_col(reinterpret_cast<uint4*>(slot + SL::Qg), qg, i);
       prep::store_bfrag_col(reinterpret_cast<uint4*>(slot + SL::Kd), kd, i);

@@ -14,6 +14,11 @@
 // The prepare writes this slot layout (kda_prepare_kernel<128, true>, prepare.cu: W, Qg, Kd [16][128] and P hi / lo
 // [16][16] bf16 row-major at the same slot offsets); the same bf16 operand roundings and fp32 state as the mma pass:
 // only the fp32 summation order inside the tensor-core products may differ.
+// The accurate precision (KdaPrecision::accurate, kHiLo; numerics/kda_twin.hpp kda_plan_state_hilo()) adds, per chunk:
+//   [1] o^T += S^T_lo Qg^T + S^T Qg_lo^T: 16 wgmma m64n16k16 (S^T split into bf16 hi + lo in registers; Qg hi read
+//       from the [W; Qg] block's rows 16..31, Qg lo from its own two swizzled [16 x 64] blocks);
+//   [3] S^T += D^T_lo Kd + D^T Kd_lo: 2 wgmma m64n128k16 (Kd lo in two blocks laid out as Kd's).
+// W S keeps one bf16 product. The lo parts come from the workspace's lo region (prepare.cu), 8 KB more per stage.
 #include "kernels/common/wgmma.cuh"
 #include "kernels/kda_prefill/common.cuh"
 
@@ -30,8 +35,13 @@ constexpr int OFF_PH = 12288, OFF_PL = 14336;            // one swizzled [16 x 6
 // U [16][UP] fp32; gam_n: one 512-byte copy per warp (each warp copies the gam_n and the U columns it reads itself,
 // so it reads them before the CTA's barrier)
 constexpr int OFF_U = 16384, OFF_GN = OFF_U + C * UP * 4, STAGE = (OFF_GN + 4 * 512 + 1023) / 1024 * 1024;
-constexpr int SMEM = NST * STAGE + 1024;                 // + slack to align the base to 1024 bytes
-static_assert(STAGE == 23552 && SMEM <= 227 * 1024, "wgmma state stage");
+// the accurate precision's lo parts: Qg lo and Kd lo, two swizzled [16 x 64] blocks each (Kd's layout)
+constexpr int OFF_QL = STAGE, OFF_KL = STAGE + 4096, STAGE_HL = STAGE + 8192;
+template <bool kHiLo>
+constexpr int stage_bytes = kHiLo ? STAGE_HL : STAGE;
+template <bool kHiLo>
+constexpr int smem_bytes = NST * stage_bytes<kHiLo> + 1024;  // + slack to align the base to 1024 bytes
+static_assert(STAGE == 23552 && smem_bytes<true> <= 227 * 1024, "wgmma state stage");
 
 // the 128-byte swizzle, descriptor, fence / commit / wait helpers: kernels/common/wgmma.cuh
 using wgmma_util::desc;
@@ -97,14 +107,15 @@ __device__ __forceinline__ void cp16(std::uint32_t sdst, const void* gsrc) {
 /// r, r + 8, columns 16 warp + 4 c4 .. + 3: the warp's own 16 value columns), gam_n (one 16-byte part per lane into the
 /// warp's own 512-byte copy).
 struct CopyPlan {
-  std::uint32_t d_wq, d_kd, d_p, d_u, d_g;  // shared offsets from the stage base
-  std::uint32_t s_wqk, s_p, s_u, s_g;       // byte offsets into the slot
+  std::uint32_t d_wq, d_kd, d_p, d_u, d_g, d_ql;  // shared offsets from the stage base (d_ql: Qg lo; Kd lo at +4096)
+  std::uint32_t s_wqk, s_p, s_u, s_g;             // byte offsets into the slot (s_wqk also into the lo slot)
   __device__ __forceinline__ CopyPlan(int tid, int vbase) {
     using SL = Slot<128>;
     const int r = tid / 16, c = tid % 16;
     const std::uint32_t x = r * 128 + (((c % 8) ^ r) << 4);  // sw(r, c % 8); r < 8, so r & 7 = r
     d_wq = (c / 8) * 4096 + x;
     d_kd = OFF_KD + (c / 8) * 2048 + x;
+    d_ql = OFF_QL + (c / 8) * 2048 + x;
     const int h = (tid / 32) & 1, pr = (tid % 32) / 2, pc = tid % 2;
     d_p = (h ? OFF_PL : OFF_PH) + sw(pr, pc);
     const int warp = tid / 32, lane = tid % 32, ur = lane / 4, uc = 16 * warp + 4 * (lane % 4);
@@ -126,6 +137,11 @@ struct CopyPlan {
     for (int k = 0; k < 2; ++k) cp16(st + d_u + k * 8 * UP * 4, slot + s_u + k * 8 * 128 * 4);
     cp16(st + d_g, slot + s_g);
   }
+  /// The accurate precision's copies of one lo slot (Qg lo rows 0..7, 8..15, then Kd lo's), 4 of 16 B per thread.
+  __device__ __forceinline__ void issue_lo(std::uint32_t st, const unsigned char* lo) const {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) cp16(st + d_ql + (k / 2) * 4096 + (k & 1) * 1024, lo + s_wqk + 2048 * k);
+  }
 };
 }  // namespace wg
 
@@ -138,6 +154,7 @@ struct CopyPlan {
 // 2); (3) the copies and the o stores use offsets computed once per thread (else ~95 and ~50 instructions of 64-bit
 // address arithmetic per step). (Storing chunk c's o during chunk c + 1's chain, or the decay there, is not possible:
 // ptxas then injects a wgmma wait right after the chain's issue, see the note at the decay.)
+template <bool kHiLo>
 __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
   constexpr int D = 128;
   using SL = Slot<D>;
@@ -166,12 +183,20 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
 
   const long long slot_stride = static_cast<long long>(p.HV) * SL::bytes;
   const unsigned char* slot_next = p.ws + (static_cast<long long>(sq.slot0) * p.HV + hv) * SL::bytes;
+  constexpr int STG = wg::stage_bytes<kHiLo>;
+  const long long lo_stride = static_cast<long long>(p.HV) * kda_slot_lo_bytes;
+  const unsigned char* lo_next =
+      kHiLo ? p.ws_lo + (static_cast<long long>(sq.slot0) * p.HV + hv) * kda_slot_lo_bytes : nullptr;
   const wg::CopyPlan cpl(tid, vbase);
 #pragma unroll
   for (int i = 0; i < NST - 1; ++i) {
-    if (i < nch) cpl.issue(sbase_a + i * wg::STAGE, slot_next, tid);
+    if (i < nch) {
+      cpl.issue(sbase_a + i * STG, slot_next, tid);
+      if constexpr (kHiLo) cpl.issue_lo(sbase_a + i * STG, lo_next);
+    }
     cp_async_commit();
     slot_next += slot_stride;
+    if constexpr (kHiLo) lo_next += lo_stride;
   }
   // descriptors of stage 0 (start address >> 4 in the low 14 bits; the shared window is below 2^18 bytes, so adding a
   // stage or block offset >> 4 to the low word never carries into the next field): low words, one shared high word
@@ -181,6 +206,9 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
   const std::uint32_t lo_kd = static_cast<std::uint32_t>(wg::desc(sbase_a + wg::OFF_KD, 2048, 1024));
   const std::uint32_t lo_ph = static_cast<std::uint32_t>(wg::desc(sbase_a + wg::OFF_PH, 16, 1024));
   const std::uint32_t lo_pl = static_cast<std::uint32_t>(wg::desc(sbase_a + wg::OFF_PL, 16, 1024));
+  // the accurate precision: Qg lo (K-major, as P), Kd lo (MN-major, as Kd)
+  const std::uint32_t lo_ql = static_cast<std::uint32_t>(wg::desc(sbase_a + wg::OFF_QL, 16, 1024));
+  const std::uint32_t lo_kl = static_cast<std::uint32_t>(wg::desc(sbase_a + wg::OFF_KL, 2048, 1024));
   auto dsc = [hi_k](std::uint32_t lo) { return (static_cast<std::uint64_t>(hi_k) << 32) | lo; };
 
   // o: this thread's rows 2 tq + odd (+ 8) and columns v0 + (gq & ~1) (+ 8) of each chunk, as 4-byte bf16 pairs
@@ -193,8 +221,8 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
   for (int c = 0; c < nch; ++c) {
     cp_async_wait<NST - 2>();
     const int s_next = s_cur == 0 ? NST - 1 : s_cur - 1;
-    const unsigned char* const st = sbase + s_cur * wg::STAGE;
-    const std::uint32_t so = (s_cur * wg::STAGE) >> 4;  // the stage's offset in descriptor units
+    const unsigned char* const st = sbase + s_cur * STG;
+    const std::uint32_t so = (s_cur * STG) >> 4;  // the stage's offset in descriptor units
     // this warp's gam_n and U^T (its own copies: visible to the warp after its wait and a __syncwarp), read before the
     // CTA's barrier so that their latency runs under it
     __syncwarp();
@@ -216,12 +244,18 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
     __syncthreads();  // every thread's W, Qg, Kd, P copies of this chunk, for the wgmma
     // ---- [1] D^T and o^T's Qg part: one m64n32 chain over [W; Qg]^T, A = S^T's bf16 k-tiles ----
     std::uint32_t as[8][4];
+    std::uint32_t asl[kHiLo ? 8 : 1][4];  // the accurate precision: S^T's lo parts
 #pragma unroll
     for (int kt = 0; kt < 8; ++kt) {
-      as[kt][0] = pack_bf16(Sacc[8 * kt + 0], Sacc[8 * kt + 1]);
-      as[kt][1] = pack_bf16(Sacc[8 * kt + 2], Sacc[8 * kt + 3]);
-      as[kt][2] = pack_bf16(Sacc[8 * kt + 4], Sacc[8 * kt + 5]);
-      as[kt][3] = pack_bf16(Sacc[8 * kt + 6], Sacc[8 * kt + 7]);
+      if constexpr (kHiLo) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) split_bf16(Sacc[8 * kt + 2 * e], Sacc[8 * kt + 2 * e + 1], as[kt][e], asl[kt][e]);
+      } else {
+        as[kt][0] = pack_bf16(Sacc[8 * kt + 0], Sacc[8 * kt + 1]);
+        as[kt][1] = pack_bf16(Sacc[8 * kt + 2], Sacc[8 * kt + 3]);
+        as[kt][2] = pack_bf16(Sacc[8 * kt + 4], Sacc[8 * kt + 5]);
+        as[kt][3] = pack_bf16(Sacc[8 * kt + 6], Sacc[8 * kt + 7]);
+      }
     }
     // the decay of S^T before the chain is issued: ptxas injects a wgmma wait before any access to a wgmma accumulator
     // register (Sacc, ot) while a wgmma is pending, so nothing of S^T or o^T can run in the chain's shadow
@@ -234,18 +268,32 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
       Sacc[4 * j + 3] *= g.y;
     }
     float dq[16];  // dq[0..7] = S^T W^T (r = 0..15), dq[8..15] = S^T Qg^T; written by the first wgmma (ACC = 0)
+    float oq[8];   // the accurate precision: S^T_lo Qg^T + S^T Qg_lo^T (the m64n16 layout of dq[8..15])
     wg::wgmma_fence();
     wg::mma_n32<0>(dq, as[0], dsc(lo_wq + so));
 #pragma unroll
     for (int kt = 1; kt < 8; ++kt) wg::mma_n32(dq, as[kt], dsc(lo_wq + so + ((kt / 4) * 4096 + (kt % 4) * 32) / 16));
+    if constexpr (kHiLo) {
+      // Qg hi: rows 16..31 of the [W; Qg] block (2048 bytes in: a whole number of 8-row swizzle atoms)
+      wg::mma_n16<0>(oq, asl[0], dsc(lo_wq + so + 2048 / 16));
+#pragma unroll
+      for (int kt = 1; kt < 8; ++kt)
+        wg::mma_n16(oq, asl[kt], dsc(lo_wq + so + ((kt / 4) * 4096 + 2048 + (kt % 4) * 32) / 16));
+#pragma unroll
+      for (int kt = 0; kt < 8; ++kt) wg::mma_n16(oq, as[kt], dsc(lo_ql + so + ((kt / 4) * 2048 + (kt % 4) * 32) / 16));
+    }
     wg::wgmma_commit();
     wg::wgmma_wait<0>();
 #pragma unroll
     for (int e = 0; e < 16; ++e) wg::fence_reg(dq[e]);
+    if constexpr (kHiLo) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) wg::fence_reg(oq[e]);
+    }
     float ot[8];  // o^T (a copy: accumulating the P D wgmma onto dq[8..15] in place makes ptxas serialise every wgmma
                   // for lack of registers (C7511); the copy costs one injected warpgroup.arrive, as with descriptors rebuilt per wgmma)
 #pragma unroll
-    for (int e = 0; e < 8; ++e) ot[e] = dq[8 + e];
+    for (int e = 0; e < 8; ++e) ot[e] = kHiLo ? dq[8 + e] + oq[e] : dq[8 + e];
     // ---- [2] D^T = U^T - S^T W^T (dq[4 nt + e]: v = gq + 8 (e >> 1), r = 8 nt + 2 tq + (e & 1)), hi / lo ----
     float d[8];
 #pragma unroll
@@ -258,15 +306,23 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
     // ---- [3] S^T <- Diag(gam_n) S^T + D^T Kd; o^T += D^T P^T (Phi Dhi + Phi Dlo + Plo Dhi) ----
     wg::wgmma_fence();
     wg::mma_n128_t(Sacc, ad, dsc(lo_kd + so));
+    if constexpr (kHiLo) {
+      wg::mma_n128_t(Sacc, adl, dsc(lo_kd + so));
+      wg::mma_n128_t(Sacc, ad, dsc(lo_kl + so));
+    }
     wg::mma_n16(ot, ad, dsc(lo_ph + so));
     wg::mma_n16(ot, adl, dsc(lo_ph + so));
     wg::mma_n16(ot, ad, dsc(lo_pl + so));
     wg::wgmma_commit();
     // the next chunk's copies (into the stage of chunk c - 1: every wgmma that read it was waited for in step c - 1,
     // and every thread is past this step's barrier)
-    if (c + NST - 1 < nch) cpl.issue(sbase_a + s_next * wg::STAGE, slot_next, tid);
+    if (c + NST - 1 < nch) {
+      cpl.issue(sbase_a + s_next * STG, slot_next, tid);
+      if constexpr (kHiLo) cpl.issue_lo(sbase_a + s_next * STG, lo_next);
+    }
     cp_async_commit();
     slot_next += slot_stride;
+    if constexpr (kHiLo) lo_next += lo_stride;
     wg::wgmma_wait<0>();
 #pragma unroll
     for (int e = 0; e < 64; ++e) wg::fence_reg(Sacc[e]);
@@ -275,7 +331,10 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
 #pragma unroll
     for (int kt = 0; kt < 8; ++kt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) wg::fence_reg(as[kt][e]);
+      for (int e = 0; e < 4; ++e) {
+        wg::fence_reg(as[kt][e]);
+        if constexpr (kHiLo) wg::fence_reg(asl[kt][e]);
+      }
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       wg::fence_reg(ad[e]);
@@ -306,11 +365,18 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
 }
 }  // namespace
 
-void launch_state_wgmma(const Params& p, int HV, int N, cudaStream_t stream) {
-  cuda_check(cudaFuncSetAttribute(kda_state_wg_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, wg::SMEM),
+template <bool kHiLo>
+void launch_wg(const Params& p, int HV, int N, cudaStream_t stream) {
+  constexpr int smem = wg::smem_bytes<kHiLo>;
+  cuda_check(cudaFuncSetAttribute(kda_state_wg_kernel<kHiLo>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
              "cudaFuncSetAttribute(kda_state_wg_kernel)");
-  kda_state_wg_kernel<<<dim3(128 / wg::SLC, HV, N), 128, wg::SMEM, stream>>>(p);
+  kda_state_wg_kernel<kHiLo><<<dim3(128 / wg::SLC, HV, N), 128, smem, stream>>>(p);
   cuda_check(cudaGetLastError(), "kda_state_wg_kernel launch");
+}
+
+void launch_state_wgmma(const Params& p, int HV, int N, cudaStream_t stream) {
+  if (p.ws_lo) launch_wg<true>(p, HV, N, stream);
+  else launch_wg<false>(p, HV, N, stream);
 }
 
 }  // namespace kdalab::kernels::kda_prefill_detail

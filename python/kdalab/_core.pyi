@@ -309,15 +309,16 @@ def exists(file: str, path: str) -> bool:
 # dtype, shape, C-contiguity) or the kernel's argument, before anything is launched.
 
 def cuda_kda_prefill_workspace_bytes(B: int, T: int, H: int, HV: int, D: int, *, single_stream: bool = False,
-                                     num_seqs: int = 0) -> int:
+                                     num_seqs: int = 0, precision: str = "fast") -> int:
     """Bytes of the workspace cuda_kda_prefill needs for these shapes (kernels/kda.hpp kda_prefill_workspace_bytes);
-    num_seqs > 0: num_seqs packed sequences (cu_seqlens, B = 1)."""
+    num_seqs > 0: num_seqs packed sequences (cu_seqlens, B = 1); precision as cuda_kda_prefill's ("accurate" adds
+    8 KB per 16-token chunk and value head)."""
 
 def cuda_kda_prefill(q: Array, k: Array, v: Array, g: Array, beta: Array, A_log: Array, bias: Array, o: Array,
                      S0: Optional[Array], S_final: Optional[Array], workspace: Array, *, g_min: float, scale: float,
                      l2norm_qk: bool = True, beta_sigmoid: bool = True, single_stream: bool = False,
                      stream: int = 0, cu_seqlens: Optional[Array] = None, max_seqlen: int = 0,
-                     gate_fused: bool = True) -> None:
+                     gate_fused: bool = True, precision: str = "fast") -> None:
     """KDA chunked prefill (kernels/kda.hpp kda_prefill; K3 report Eqs. 1, 5) with the fused K3 gate
     g = g_min Sigmoid(e^A_log (g + bias)), L2-normalised q, k (l2norm_qk) and beta = Sigmoid(beta) (beta_sigmoid).
     q, k [B, T, H, D] bf16; v, g [B, T, HV, D] bf16 (g the raw gate logits); beta [B, T, HV] bf16; A_log [HV]
@@ -325,7 +326,9 @@ def cuda_kda_prefill(q: Array, k: Array, v: Array, g: Array, beta: Array, A_log:
     workspace uint8 [>= cuda_kda_prefill_workspace_bytes]. D in {64, 128, 256}; -5 <= g_min < 0.
     single_stream: no side stream (for CUDA-graph capture). cu_seqlens: int32 [N + 1] offsets of N packed
     sequences (B = 1; S0, S_final then [N, HV, D, D]; max_seqlen the longest). gate_fused = False: g is the
-    log-decay itself, in [-5, 0] by the caller's guarantee (A_log, bias not read)."""
+    log-decay itself, in [-5, 0] by the caller's guarantee (A_log, bias not read). precision (kernels/kda.hpp
+    KdaPrecision): "fast" (bf16 state-product operands) or "accurate" (S, Qg and D, Kd as bf16 hi + lo: o at the bf16
+    floor on long-memory and repeated-key inputs; D = 128 only, with a workspace sized for it)."""
 
 def cuda_kda_backward_workspace_bytes(B: int, T: int, H: int, HV: int, D: int, *, num_seqs: int = 0) -> int:
     """Bytes of the workspace cuda_kda_backward needs for these shapes on the current device
@@ -342,7 +345,8 @@ def cuda_kda_backward(q: Array, k: Array, v: Array, g: Array, beta: Array, A_log
     [N, HV, D, D] fp32 (None: the final state is unused). Inputs as cuda_kda_prefill (A_log, bias: with
     gate_fused only). Outputs, written in place: dq, dk [B, T, H, D] bf16 (of the raw q, k; summed over a key
     head's value heads); dv, dg [B, T, HV, D] bf16 (dg: of the g input, the raw logits when gate_fused);
-    dbeta [B, T, HV] bf16 (of the logits when beta_sigmoid); dA_log [HV], dbias [HV, D] fp32 (gate_fused only,
+    dbeta [B, T, HV] bf16 (of the logits when beta_sigmoid); dq, dk, dg, dbeta may instead all be float32 (the
+    gradients before their bf16 rounding, for a caller that sums several calls and rounds once); dA_log [HV], dbias [HV, D] fp32 (gate_fused only,
     summed over all tokens); dS0 [N, HV, D, D] fp32 or None. workspace uint8 [>= cuda_kda_backward_workspace_bytes].
     fp32 inside, deterministic (no atomics); no allocation, capturable in a CUDA graph."""
 

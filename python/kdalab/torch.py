@@ -40,6 +40,12 @@ def _num_seqs(q: Tensor, cu_seqlens: Optional[Tensor]) -> int:
     return q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
 
 
+def _bf16(*ts: Tensor) -> Tuple[Tensor, ...]:
+    """The kernels' bf16 operands: q, k, g, beta arrive as bf16, or (value blocks of one head, see
+    _with_supported_head_dims) as float32 copies of bf16 values, which this rounds back exactly."""
+    return tuple(t.to(torch.bfloat16).contiguous() for t in ts)
+
+
 @torch.library.custom_op("kdalab::kda_prefill", mutates_args=())
 def _kda_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Optional[Tensor],
                  bias: Optional[Tensor], S0: Optional[Tensor], cu_seqlens: Optional[Tensor], scale: float,
@@ -49,6 +55,7 @@ def _kda_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log
     B, T, H, D = q.shape
     HV = v.shape[2]
     N = _num_seqs(q, cu_seqlens)
+    q, k, g, beta = _bf16(q, k, g, beta)
     o = torch.empty((B, T, HV, D), dtype=torch.bfloat16, device=q.device)
     S_final = torch.empty((N, HV, D, D), dtype=torch.float32, device=q.device)
     single = torch.cuda.is_current_stream_capturing()
@@ -80,8 +87,11 @@ def _kda_backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_lo
     B, T, H, D = q.shape
     HV = v.shape[2]
     N = _num_seqs(q, cu_seqlens)
-    dq, dk = torch.empty_like(q), torch.empty_like(k)
-    dv, dg, dbeta = torch.empty_like(v), torch.empty_like(g), torch.empty_like(beta)
+    # dq, dk, dg, dbeta in q's dtype: float32 inputs (value blocks) get the kernel's fp32 gradients, unrounded
+    gt = torch.float32 if q.dtype == torch.float32 else torch.bfloat16
+    q, k, g, beta = _bf16(q, k, g, beta)
+    dq, dk = torch.empty_like(q, dtype=gt), torch.empty_like(k, dtype=gt)
+    dv, dg, dbeta = torch.empty_like(v), torch.empty_like(g, dtype=gt), torch.empty_like(beta, dtype=gt)
     dA_log = torch.zeros((HV,), dtype=torch.float32, device=q.device)
     dbias = torch.zeros((HV, D), dtype=torch.float32, device=q.device)
     dS0 = torch.empty((N, HV, D, D), dtype=torch.float32, device=q.device)
@@ -101,8 +111,10 @@ def _(q, k, v, g, beta, A_log, bias, S0, cu_seqlens, dO, dS_T, scale, g_min, l2n
     HV = v.shape[2]
     N = _num_seqs(q, cu_seqlens)
     f32 = torch.float32
-    return [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g),
-            torch.empty_like(beta), q.new_empty((HV,), dtype=f32), q.new_empty((HV, D), dtype=f32),
+    gt = f32 if q.dtype == f32 else torch.bfloat16
+    return [torch.empty_like(q, dtype=gt), torch.empty_like(k, dtype=gt), torch.empty_like(v, dtype=torch.bfloat16),
+            torch.empty_like(g, dtype=gt), torch.empty_like(beta, dtype=gt), q.new_empty((HV,), dtype=f32),
+            q.new_empty((HV, D), dtype=f32),
             q.new_empty((N, HV, D, D), dtype=f32)]
 
 
@@ -124,6 +136,7 @@ def _backward(ctx, d_o, d_S):
     dq, dk, dv, dg, dbeta, dA_log, dbias, dS0 = _kda_backward(q, k, v, g, beta, A_log, bias, S0, cu_seqlens, d_o, d_S,
                                                               scale, g_min, l2norm_qk, beta_sigmoid, gate_fused,
                                                               max_seqlen)
+    dq, dk, dg, dbeta = (d.to(x.dtype) for d, x in ((dq, q), (dk, k), (dg, g), (dbeta, beta)))
     return (dq, dk, dv, dg, dbeta, dA_log if A_log is not None else None, dbias if bias is not None else None,
             dS0 if S0 is not None else None, None, None, None, None, None, None, None)
 
@@ -203,8 +216,10 @@ def _with_supported_head_dims(fn: Callable, q: Tensor, k: Tensor, v: Tensor, g: 
     of columns is the recurrence restricted to them. The default scale is K^-1/2 of the caller's K, not of D. The
     padding and slicing are plain torch ops, so autograd differentiates through them: the padded channels' gradients are
     dropped by the slices. With several value blocks, q, k, g, beta, dt_bias and A_log (the floating-point tensors
-    among the keywords) reach each block through an fp32 copy, so their gradients (one from each block) are summed in
-    fp32 and rounded once to their dtype, instead of a bf16 sum rounding after every block. Cost: the kernels' work at
+    among the keywords) reach each block as one fp32 copy (of bf16 values: exact), the backward kernel returns each
+    block's gradients of q, k, g, beta in fp32 (KdaBackwardArgs::dq_f32), and autograd sums them in fp32 and rounds
+    once to their dtype: one bf16 rounding, as with one call (a bf16 gradient per block, summed then rounded again,
+    is ~1.5x the bf16 floor at V = 300). Cost: the kernels' work at
     D instead of K and V, ceil(V / D) times. K > 256 raises ValueError (the padding cannot shrink a head)."""
     K, V, D = _head_dims("chunk_kda", q, k, v, g, initial_state, "initial_state", dt_bias)
     scale = K ** -0.5 if scale is None else scale
@@ -220,12 +235,10 @@ def _with_supported_head_dims(fn: Callable, q: Tensor, k: Tensor, v: Tensor, g: 
     # (A_log); their blocks' gradients summed in fp32 at least (docstring)
     names = [n for n, t in kw.items() if isinstance(t, Tensor) and t.is_floating_point()]
     low = (q, k, g, beta, dt_bias) + tuple(kw[n] for n in names)
-    up = tuple(t.float() if t is not None and t.element_size() < 4 else t for t in low) if blocks > 1 else low
+    shared = tuple(t.float() if t is not None and t.element_size() < 4 else t for t in low) if blocks > 1 else low
     outs, states = [], []
     for j in range(blocks):
         cols = slice(j * D, (j + 1) * D)
-        shared = (tuple(None if u is None else u.to(t.dtype) for u, t in zip(up, low))  # one cast per block
-                  if blocks > 1 else low)
         o, S = fn(shared[0], shared[1], v[..., cols], shared[2], shared[3], scale=scale,
                   initial_state=None if S0 is None else S0[..., cols], output_final_state=output_final_state,
                   dt_bias=shared[4], **{**kw, **dict(zip(names, shared[5:]))})
@@ -313,8 +326,12 @@ def _chunk_kda_d(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale
                  use_gate_in_kernel: bool, use_beta_sigmoid_in_kernel: bool, safe_gate: bool,
                  lower_bound: Optional[float], cu_seqlens: Optional[Tensor], cu_seqlens_cpu: Optional[Tensor],
                  A_log: Optional[Tensor], dt_bias: Optional[Tensor]):
-    """chunk_kda at K = V = D in {64, 128, 256} (the kernels' sizes; the binding checks D), scale given."""
-    q, k, v, g, beta = (t.to(torch.bfloat16) for t in (q, k, v, g, beta))
+    """chunk_kda at K = V = D in {64, 128, 256} (the kernels' sizes; the binding checks D), scale given. q, k, g, beta
+    in bf16, or all four float32 holding bf16 values (the value blocks of _with_supported_head_dims: their gradients
+    come back in fp32)."""
+    keep = q.dtype == torch.float32 and all(t.dtype == torch.float32 for t in (k, g, beta))
+    q, k, g, beta = (t if keep else t.to(torch.bfloat16) for t in (q, k, g, beta))
+    v = v.to(torch.bfloat16)
     D = q.shape[-1]
     if v.shape[-1] != D:
         _bad("v", tuple(v.shape), f"[B, T, HV, V] with V = K = {D}")

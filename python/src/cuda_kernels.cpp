@@ -234,6 +234,12 @@ K::KdaPrefillArgs kda_prefill_shape(std::int64_t B, std::int64_t T, std::int64_t
 /// The latent cache c [B, N_max, row] (row = d_c = 512, or 576 with k^R in each row): shape, and the row stride.
 std::vector<std::size_t> check_cache(const Dev& c) { return check_dev(c, "c", DType::bf16, 3); }
 
+K::KdaPrecision parse_precision(const std::string& p) {
+  if (p == "fast") return K::KdaPrecision::fast;
+  if (p == "accurate") return K::KdaPrecision::accurate;
+  throw Error("precision = '" + p + "' is unknown; accepted: fast, accurate");
+}
+
 K::MlaPrefillPath parse_path(const std::string& p) {
   if (p == "auto") return K::MlaPrefillPath::automatic;
   if (p == "absorbed") return K::MlaPrefillPath::absorbed;
@@ -259,11 +265,13 @@ void kda_backward_call(const Dev& q, const Dev& k, const Dev& v, const Dev& g, c
   check_shape(g, "g", DType::bf16, shv);
   check_shape(beta, "beta", DType::bf16, shb);
   check_shape(dO, "dO", DType::bf16, shv);
-  check_shape(dq, "dq", DType::bf16, shk);
-  check_shape(dk, "dk", DType::bf16, shk);
+  // dq, dk, dg, dbeta: all bf16, or all float32 (the kernel's fp32 outputs, KdaBackwardArgs::dq_f32), as dq is
+  const DType gt = dtype_is(dq.dtype(), DType::f32) ? DType::f32 : DType::bf16;
+  check_shape(dq, "dq", gt, shk);
+  check_shape(dk, "dk", gt, shk);
   check_shape(dv, "dv", DType::bf16, shv);
-  check_shape(dg, "dg", DType::bf16, shv);
-  check_shape(dbeta, "dbeta", DType::bf16, shb);
+  check_shape(dg, "dg", gt, shv);
+  check_shape(dbeta, "dbeta", gt, shb);
   a.B = as_int(B, "B");
   a.T = as_int(T, "T");
   a.H = as_int(H, "H");
@@ -296,11 +304,18 @@ void kda_backward_call(const Dev& q, const Dev& k, const Dev& v, const Dev& g, c
   a.S0 = opt_ptr<const float>(S0);
   a.dO = ptr<const K::bf16_t>(dO);
   a.dS_T = opt_ptr<const float>(dS_T);
-  a.dq = ptr<K::bf16_t>(dq);
-  a.dk = ptr<K::bf16_t>(dk);
+  if (gt == DType::f32) {
+    a.dq_f32 = ptr<float>(dq);
+    a.dk_f32 = ptr<float>(dk);
+    a.dg_f32 = ptr<float>(dg);
+    a.dbeta_f32 = ptr<float>(dbeta);
+  } else {
+    a.dq = ptr<K::bf16_t>(dq);
+    a.dk = ptr<K::bf16_t>(dk);
+    a.dg = ptr<K::bf16_t>(dg);
+    a.dbeta = ptr<K::bf16_t>(dbeta);
+  }
   a.dv = ptr<K::bf16_t>(dv);
-  a.dg = ptr<K::bf16_t>(dg);
-  a.dbeta = ptr<K::bf16_t>(dbeta);
   a.dA_log = gate_fused ? ptr<float>(*dA_log) : nullptr;
   a.dbias = gate_fused ? ptr<float>(*dbias) : nullptr;
   a.dS0 = opt_ptr<float>(dS0);
@@ -315,19 +330,22 @@ void bind_cuda(nb::module_& m) {
   m.def(
       "cuda_kda_prefill_workspace_bytes",
       [](std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t HV, std::int64_t D, bool single_stream,
-         std::int64_t num_seqs) {
-        return K::kda_prefill_workspace_bytes(kda_prefill_shape(B, T, H, HV, D, single_stream, num_seqs));
+         std::int64_t num_seqs, const std::string& precision) {
+        K::KdaPrefillArgs a = kda_prefill_shape(B, T, H, HV, D, single_stream, num_seqs);
+        a.precision = parse_precision(precision);
+        return K::kda_prefill_workspace_bytes(a);
       },
       "B"_a, "T"_a, "H"_a, "HV"_a, "D"_a, nb::kw_only(), "single_stream"_a = false, "num_seqs"_a = 0,
-      doc::cuda_kda_prefill_workspace_bytes);
+      "precision"_a = "fast", doc::cuda_kda_prefill_workspace_bytes);
   m.def(
       "cuda_kda_prefill",
       [](const Dev& q, const Dev& k, const Dev& v, const Dev& g, const Dev& beta, const Dev& A_log, const Dev& bias,
          const Dev& o, const std::optional<Dev>& S0, const std::optional<Dev>& S_final, const Dev& workspace,
          double g_min, double scale, bool l2norm_qk, bool beta_sigmoid, bool single_stream, std::uintptr_t stream,
-         const std::optional<Dev>& cu_seqlens, std::int64_t max_seqlen, bool gate_fused) {
+         const std::optional<Dev>& cu_seqlens, std::int64_t max_seqlen, bool gate_fused, const std::string& precision) {
         K::KdaPrefillArgs a = kda_prefill_args(q, k, v, g, beta, A_log, bias, o, S0, S_final, g_min, scale, l2norm_qk,
                                                beta_sigmoid, single_stream, cu_seqlens, max_seqlen, gate_fused);
+        a.precision = parse_precision(precision);
         a.workspace = workspace.data();
         a.workspace_bytes = check_workspace(workspace, K::kda_prefill_workspace_bytes(a));
         K::kda_prefill(a, stream_of(stream));
@@ -335,7 +353,7 @@ void bind_cuda(nb::module_& m) {
       "q"_a, "k"_a, "v"_a, "g"_a, "beta"_a, "A_log"_a, "bias"_a, "o"_a, "S0"_a.none(), "S_final"_a.none(),
       "workspace"_a, nb::kw_only(), "g_min"_a, "scale"_a, "l2norm_qk"_a = true, "beta_sigmoid"_a = true,
       "single_stream"_a = false, "stream"_a = 0, "cu_seqlens"_a.none() = nb::none(), "max_seqlen"_a = 0,
-      "gate_fused"_a = true, doc::cuda_kda_prefill);
+      "gate_fused"_a = true, "precision"_a = "fast", doc::cuda_kda_prefill);
   m.def(
       "cuda_kda_backward_workspace_bytes",
       [](std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t HV, std::int64_t D, std::int64_t num_seqs) {

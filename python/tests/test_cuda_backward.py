@@ -162,6 +162,15 @@ def test_chunk_kda_gradients_match_the_float64_oracle(torch, kt, B, T, H, HV, D,
         print(report[-1])
         if not e <= tol:
             bad.append(n)
+        if V > 256 and n in ("q", "k", "g", "beta"):
+            # value blocks: each block's gradient of the shared inputs comes back in fp32 and the sum is rounded once,
+            # so the error stays at the gradient's own bf16 rounding floor (a bf16 gradient per block, summed and
+            # rounded again, was 1.5x it: dq 2.51e-3, dg 2.82e-3 at this case's inputs)
+            ref_bf16 = torch.from_numpy(ref[n]).to(torch.bfloat16).double().numpy()
+            floor = rel_rms(ref_bf16, ref[n])
+            report[-1] += f"; bf16 floor {floor:.3e} (ratio {e / floor:.3f})"
+            if not e <= 1.15 * floor:
+                bad.append(n + " (above 1.15x its bf16 floor)")
     assert not bad, "\n".join(report)
 
 

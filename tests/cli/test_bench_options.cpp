@@ -34,7 +34,7 @@ TEST_CASE("bench: options and shape fields the chosen op ignores are refused, na
   };
   // --state-pass, --segments, --overlap act on kda-prefill only: refused with every other single op
   for (const std::string op : {"kda-decode", "kda-backward", "mla-decode", "mla-prefill", "attn-res"})
-    for (const std::string given : {"--state-pass mma", "--segments 2", "--segments 1", "--overlap off"})
+    for (const std::string given : {"--state-pass mma", "--segments 2", "--segments 1", "--overlap off", "--precision accurate"})
       cases.push_back({"--op " + op + " " + given, given + " applies to --op kda-prefill (or all) only, not --op " + op});
   for (const auto& c : cases) {
     const auto r = run_kdalab("bench " + c.args + " --out " + d.file("b.h5"));
@@ -150,7 +150,14 @@ TEST_CASE("bench: --segments >= 2 with a D = 256 kda-prefill shape and a --state
                         Case{"--op kda-prefill --state-pass wgmma --shapes 1:4096:2:2:64", "does not run at D = 64"},
                         Case{"--op kda-prefill --state-pass key-split --shapes 1:64:1", "does not run at D = 128"},
                         Case{"--op all --state-pass mma", "a default shape"},
-                        Case{"--op kda-prefill --segments 2 --state-pass wgmma --shapes 1:4096:2", "the segment path runs the mma"}}) {
+                        Case{"--op kda-prefill --segments 2 --state-pass wgmma --shapes 1:4096:2", "the segment path runs the mma"},
+                        // the accurate precision: D = 128 and the one-shot wgmma pass only
+                        Case{"--op kda-prefill --precision accurate", "does not run at D = 64"},
+                        Case{"--op all --precision accurate", "--op all takes only its default shapes"},
+                        Case{"--op kda-prefill --precision accurate --shapes 1:64:1:1:256", "does not run at D = 256"},
+                        Case{"--op kda-prefill --precision accurate --state-pass mma --shapes 1:64:1", "one-shot wgmma"},
+                        Case{"--op kda-prefill --precision accurate --segments 2 --shapes 1:64:1", "one-shot wgmma"},
+                        Case{"--op kda-prefill --precision hilo --shapes 1:64:1", "accepted: fast or accurate"}}) {
     const auto r = run_kdalab("bench " + c.args + " --out " + d.file("b.h5"));
     INFO(c.args << "\n" << r.output);
     CHECK(r.code == 2);
@@ -161,7 +168,8 @@ TEST_CASE("bench: --segments >= 2 with a D = 256 kda-prefill shape and a --state
   // its D (the run then gets as far as --out, the last check)
   for (const std::string args : {"--op kda-prefill --segments 2 --shapes 1:4096:2:2:64,1:4096:2", "--op all --segments 1",
                                  "--op kda-prefill --state-pass key-split --shapes 1:64:1:1:256",
-                                 "--op kda-prefill --state-pass mma --segments 3 --shapes 1:64:1:1:64,1:64:1"}) {
+                                 "--op kda-prefill --state-pass mma --segments 3 --shapes 1:64:1:1:64,1:64:1",
+                                 "--op kda-prefill --precision accurate --state-pass wgmma --segments 1 --shapes 1:64:1"}) {
     const auto r = run_kdalab("bench " + args + " --out " + d.file("no/such/folder/b.h5"));
     INFO(args << "\n" << r.output);
     CHECK(r.code == 2);

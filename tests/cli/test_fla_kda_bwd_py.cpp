@@ -32,6 +32,14 @@ TEST_CASE("fla_kda_bwd.py: --help and --dry-run need neither torch nor fla; --dr
   check_run(run_command("python3 bench/fla_kda_bwd.py --dry-run --candidate f64 --fla-path " + f.out("no-fla") +
                         " --out-dir " + f.out("bwd")),
             0, {"fla_kda_bwd_B1_T4096_H16.f64.h5"});
+  // all three candidates (kdalab's kernels beside fla's on the same inputs); the long-memory inputs named apart;
+  // kdalab's candidate alone does not need fla
+  check_run(f.run("--dry-run --candidate all --inputs long-memory --cases 1:17:16 --out-dir " + f.out("bwd")), 0,
+            {"fla_kda_bwd_long-memory_B1_T17_H16.h5", "fla_kda_bwd_long-memory_B1_T17_H16.f64.h5",
+             "fla_kda_bwd_long-memory_B1_T17_H16.kdalab.h5", "inputs: long-memory"});
+  check_run(run_command("python3 bench/fla_kda_bwd.py --dry-run --candidate kdalab --fla-path " + f.out("no-fla") +
+                        " --cases 1:17:16 --out-dir " + f.out("bwd")),
+            0, {"fla_kda_bwd_B1_T17_H16.kdalab.h5"}, {"fla_kda_bwd_B1_T17_H16.h5"});
   CHECK(f.out_count() == 0);
 }
 
@@ -67,6 +75,9 @@ TEST_CASE("fla_kda_bwd.py: bad arguments and output paths are usage errors (exit
       {"--block 0", "--block 0"},
       {"--time-budget nan", "finite and > 0"},
       {"--device cpu", "fla's kernels need cuda"},
+      {"--device cpu --candidate kdalab", "kdalab's kernels need cuda"},
+      {"--device cpu --candidate all", "fla's and kdalab's kernels need cuda"},
+      {"--inputs short-memory", "--inputs"},
       {"--fla-commit ''", "--fla-commit"},
       {"--out-dir " + f.out("afile"), "is not a folder"},
       {"--out-dir " + f.out("afile/sub"), "is a file, not a folder"},

@@ -293,10 +293,12 @@ class KdalabCudaKda(_TorchKda):
       gate    fused (g_raw with A_log, bias and g_min: the K3 bounded gate in the kernel) | precomputed (g itself)
       l2norm  kernel (q_raw, k_raw normalised in the kernel; needs a unit-q/k case) | off (q, k as given)
       beta    logits (beta_raw, Sigmoid in the kernel) | prob (beta itself)
+      precision  fast (bf16 state-product operands) | accurate (hi + lo state products; D = 128 only)
     The candidate is that entry point (None: looked up in the module); without it every case is "not applicable"."""
     name = "kdalab-cuda"
     entry_point = "kdalab._core:cuda_kda_prefill"  # the candidate when none is given
-    options = {"gate": ("fused", "precomputed"), "l2norm": ("kernel", "off"), "beta": ("logits", "prob")}
+    options = {"gate": ("fused", "precomputed"), "l2norm": ("kernel", "off"), "beta": ("logits", "prob"),
+               "precision": ("fast", "accurate")}
     output_formats = {"o": "bf16", "S": "float32", "dS0": "float32"}
 
     def __init__(self, fn, **opts):
@@ -318,6 +320,8 @@ class KdalabCudaKda(_TorchKda):
         K, V = x["q"].shape[3], x["v"].shape[3]
         if K != V or K not in (64, 128, 256):
             return f"kdalab's kernel needs d_k = d_v in {{64, 128, 256}}; the case has {K}, {V}"
+        if self.opt["precision"] == "accurate" and K != 128:
+            return f"kdalab's accurate precision needs d_k = d_v = 128; the case has {K}"
         if self.fused_gate and not (-5.0 <= x.get("g_min", -5.0) < 0.0):
             return f"kdalab's kernel needs -5 <= g_min < 0; the case has g_min = {x.get('g_min')}"
         if not self.fused_gate and float(np.min(x["g"])) < -5.0:
@@ -336,7 +340,8 @@ class KdalabCudaKda(_TorchKda):
             max_seqlen=int(np.max(np.diff(np.asarray(cu)))))
         o = torch.zeros((B, T, HV, D), dtype=torch.bfloat16, device="cuda")
         sf = torch.zeros((N, HV, D, D), dtype=torch.float32, device="cuda")
-        ws = torch.empty(kdalab._core.cuda_kda_prefill_workspace_bytes(B, T, H, HV, D, num_seqs=0 if cu is None else N),
+        ws = torch.empty(kdalab._core.cuda_kda_prefill_workspace_bytes(B, T, H, HV, D, num_seqs=0 if cu is None else N,
+                                                                       precision=self.opt["precision"]),
                          dtype=torch.uint8, device="cuda")
         q, k = (x["q_raw"], x["k_raw"]) if self.l2norm_qk else (x["q"], x["k"])
         g = x["g_raw"] if self.fused_gate else x["g"]
@@ -346,7 +351,8 @@ class KdalabCudaKda(_TorchKda):
         self.fn(self._t(q), self._t(k), self._t(x["v"]), self._t(g), self._t(beta), A_log, bias, o,
                 self._state_in(x["S0"]), sf, ws, g_min=x.get("g_min", -5.0) if self.fused_gate else -5.0,
                 scale=x["scale"], l2norm_qk=self.l2norm_qk, beta_sigmoid=self.beta_logits,
-                gate_fused=self.fused_gate, stream=torch.cuda.current_stream().cuda_stream, **varlen)
+                gate_fused=self.fused_gate, precision=self.opt["precision"],
+                stream=torch.cuda.current_stream().cuda_stream, **varlen)
         torch.cuda.synchronize()
         return o.double().cpu().numpy(), self._state_out(sf)
 
