@@ -320,71 +320,61 @@ DISTRIBUTIONS = {
 UPSTREAM = "do: N(0,1) drawn in fp32, rounded to bf16 (o is bf16); dS: N(0,1) fp32 (layout KV)"
 
 
-class FlaRunner:
-    """fla's chunk_kda forward + backward with the K3 gate, L2Norm and beta sigmoid in kernel."""
+class _Runner:
+    """A chunk_kda of fla's convention run forward + backward with the K3 gate, L2Norm and beta sigmoid in kernel:
+    subclasses set self.torch, self.who, self.chunk_kda, self.extra (their own keyword arguments) and self.call."""
+
+    def grads(self, x):
+        """Returns (o, S, {dq, dk, dv, dg, dbeta, dA_log, dbias, dS0}) as the kernel computes them."""
+        torch = self.torch
+        leaves = {n: x[n].detach().clone().requires_grad_(True) for n in LEAVES}
+        o, S = self.chunk_kda(
+            leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
+            scale=D ** -0.5, initial_state=leaves["S0"], output_final_state=True,
+            use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+            A_log=leaves["A_log"], dt_bias=leaves["bias"].reshape(-1), lower_bound=G_MIN, **self.extra)
+        torch.autograd.backward((o, S), (x["do"].to(o.dtype), x["dS"].to(S.dtype)))
+        g = {}
+        for n in LEAVES:
+            gr = leaves[n].grad
+            if gr is None:
+                raise RuntimeError(f"{self.who} returned no gradient for {n}")
+            g["d" + n] = gr.detach().reshape(x[n].shape)
+        return o.detach(), S.detach(), g
+
+
+class FlaRunner(_Runner):
+    """fla's chunk_kda (its Triton kernels), safe_gate and chunk_size from the command line."""
 
     def __init__(self, torch, args, root):
         self.torch = torch
-        self.args = args
+        self.who = "fla"
         before = fla_kda.top_level_modules()
         self.chunk_kda, _, self.import_how = load_fla(root, args.full_import)
         self.fla_needs = sorted(fla_kda.top_level_modules() - before)
         self.safe_gate = not args.no_safe_gate
         # A_log, dt_bias and chunk_size go through **kwargs in fla's chunk_kda (chunk.py)
+        self.extra = dict(safe_gate=self.safe_gate, chunk_size=args.chunk_size)
         self.call = ("chunk_kda(q, k, v, g_raw, beta_raw, scale=D^-1/2, initial_state=S0, output_final_state=True, "
                      "use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, "
                      f"A_log=A_log, dt_bias=bias.reshape(-1), lower_bound={G_MIN}, safe_gate={self.safe_gate}, "
                      f"chunk_size={args.chunk_size}); torch.autograd.backward((o, S), (do, dS)); requires_grad on "
                      "q, k, v, g_raw, beta_raw, A_log, bias, S0")
 
-    def grads(self, x):
-        """Returns (o, S, {dq, dk, dv, dg, dbeta, dA_log, dbias, dS0}) as fla computes them."""
-        torch = self.torch
-        leaves = {n: x[n].detach().clone().requires_grad_(True) for n in LEAVES}
-        o, S = self.chunk_kda(
-            leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
-            scale=D ** -0.5, initial_state=leaves["S0"], output_final_state=True,
-            use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
-            A_log=leaves["A_log"], dt_bias=leaves["bias"].reshape(-1), lower_bound=G_MIN, safe_gate=self.safe_gate,
-            chunk_size=self.args.chunk_size)
-        torch.autograd.backward((o, S), (x["do"].to(o.dtype), x["dS"].to(S.dtype)))
-        g = {}
-        for n in LEAVES:
-            gr = leaves[n].grad
-            if gr is None:
-                raise RuntimeError(f"fla returned no gradient for {n}")
-            g["d" + n] = gr.detach().reshape(x[n].shape)
-        return o.detach(), S.detach(), g
 
-
-class KdalabRunner:
+class KdalabRunner(_Runner):
     """kdalab's KDA forward and backward kernels through kdalab.torch.chunk_kda, called as fla's chunk_kda is."""
 
     def __init__(self, torch):
         import kdalab.torch as kt
         self.torch = torch
+        self.who = "kdalab"
         self.chunk_kda = kt.chunk_kda
+        self.extra = dict(safe_gate=True)
         self.call = ("kdalab.torch.chunk_kda(q, k, v, g_raw, beta_raw, scale=D^-1/2, initial_state=S0, "
                      "output_final_state=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, "
                      f"use_beta_sigmoid_in_kernel=True, A_log=A_log, dt_bias=bias.reshape(-1), lower_bound={G_MIN}, "
                      "safe_gate=True); torch.autograd.backward((o, S), (do, dS))")
-
-    def grads(self, x):
-        torch = self.torch
-        leaves = {n: x[n].detach().clone().requires_grad_(True) for n in LEAVES}
-        o, S = self.chunk_kda(
-            leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
-            scale=D ** -0.5, initial_state=leaves["S0"], output_final_state=True,
-            use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
-            A_log=leaves["A_log"], dt_bias=leaves["bias"].reshape(-1), lower_bound=G_MIN, safe_gate=True)
-        torch.autograd.backward((o, S), (x["do"].to(o.dtype), x["dS"].to(S.dtype)))
-        g = {}
-        for n in LEAVES:
-            gr = leaves[n].grad
-            if gr is None:
-                raise RuntimeError(f"kdalab returned no gradient for {n}")
-            g["d" + n] = gr.detach().reshape(x[n].shape)
-        return o.detach(), S.detach(), g
 
 
 def rel_rms(a, b):

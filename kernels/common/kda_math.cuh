@@ -143,6 +143,22 @@ inline void check_dim(int D, const char* op) {
     throw Error(std::string(op) + ": D = " + std::to_string(D) +
                 " is not supported; accepted: D = d_k = d_v in {64, 128, 256}");
 }
+/// Element strides of a [B, T, heads, Dl] tensor (or [B, T, heads] with Dl = 1) with the fields left 0 filled in
+/// as the contiguous default: h = Dl, t = heads h, b = T t (each from the one inside it, as given or filled in).
+inline Strides resolve_strides(Strides s, long long T, long long heads, long long Dl) {
+  if (s.h == 0) s.h = Dl;
+  if (s.t == 0) s.t = heads * s.h;
+  if (s.b == 0) s.b = T * s.t;
+  return s;
+}
+/// Checks the resolved strides of tensor `name` are positive multiples of 8 elements (16-byte rows of bf16), inner
+/// first (h, t, b): a field left 0 is derived from the one inside it, so a bad h or t must be named as itself, not as
+/// the outer stride made from it. Throws kdalab::Error naming name.h / .t / .b.
+inline void check_strides(const Strides& s, const char* name) {
+  check_stride(s.h, 8, (std::string(name) + ".h").c_str());
+  check_stride(s.t, 8, (std::string(name) + ".t").c_str());
+  check_stride(s.b, 8, (std::string(name) + ".b").c_str());
+}
 inline void check_gate(const KdaGate& g, int HV, const char* op) {
   if (g.fused) {
     check_ptr(g.A_log, 4, "gate.A_log");

@@ -14,13 +14,6 @@ using namespace kda_backward_detail;
 
 constexpr const char* kOp = "kda_backward";
 
-Strides resolve(Strides s, long long T, long long heads, long long Dl) {
-  if (s.h == 0) s.h = Dl;
-  if (s.t == 0) s.t = heads * s.h;
-  if (s.b == 0) s.b = T * s.t;
-  return s;
-}
-
 /// The shapes and options, checked (no pointers): the forward's checks and messages.
 void check_shapes(const KdaBackwardArgs& a) {
   const std::string op = kOp;
@@ -129,18 +122,13 @@ void kda_backward(const KdaBackwardArgs& a, cudaStream_t stream) {
   p.P = cfg_p(D);
   p.M = a.B * a.T;
   p.q = a.q; p.k = a.k; p.v = a.v; p.g = a.g; p.beta = a.beta; p.dO = a.dO;
-  p.sq = resolve(a.sq, a.T, a.H, D);
-  p.sk = resolve(a.sk, a.T, a.H, D);
-  p.sv = resolve(a.sv, a.T, a.HV, D);
-  p.sg = resolve(a.sg, a.T, a.HV, D);
-  p.sdo = resolve(a.sdo, a.T, a.HV, D);
-  p.sbeta = resolve(a.sbeta, a.T, a.HV, 1);
-  for (auto [s, name] : {std::pair{p.sq, "q"}, {p.sk, "k"}, {p.sv, "v"}, {p.sg, "g"}, {p.sdo, "dO"}}) {
-    // t and h first: a b stride left 0 is derived from t, so a bad t must be named as t
-    check_stride(s.t, 8, (std::string(name) + ".t").c_str());
-    check_stride(s.h, 8, (std::string(name) + ".h").c_str());
-    check_stride(s.b, 8, (std::string(name) + ".b").c_str());
-  }
+  p.sq = resolve_strides(a.sq, a.T, a.H, D);
+  p.sk = resolve_strides(a.sk, a.T, a.H, D);
+  p.sv = resolve_strides(a.sv, a.T, a.HV, D);
+  p.sg = resolve_strides(a.sg, a.T, a.HV, D);
+  p.sdo = resolve_strides(a.sdo, a.T, a.HV, D);
+  p.sbeta = resolve_strides(a.sbeta, a.T, a.HV, 1);
+  for (auto [s, name] : {std::pair{p.sq, "q"}, {p.sk, "k"}, {p.sv, "v"}, {p.sg, "g"}, {p.sdo, "dO"}}) check_strides(s, name);
   p.A_log = a.gate.A_log; p.bias = a.gate.bias; p.g_min = a.gate.g_min; p.scale = a.scale;
   p.fuse_gate = a.gate.fused; p.l2norm = a.l2norm_qk; p.beta_sigmoid = a.beta_sigmoid;
   p.S0 = a.S0; p.dS_T = a.dS_T; p.cu = a.cu_seqlens;

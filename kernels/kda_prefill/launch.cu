@@ -13,13 +13,6 @@ namespace kdalab::kernels {
 namespace {
 using namespace kda_prefill_detail;
 
-Strides resolve(Strides s, long long T, long long heads, long long Dl) {
-  if (s.h == 0) s.h = Dl;
-  if (s.t == 0) s.t = heads * s.h;
-  if (s.b == 0) s.b = T * s.t;
-  return s;
-}
-
 struct Checked {
   Params p;
   int N, max_chunks;
@@ -50,17 +43,13 @@ Checked check_prefill(const KdaPrefillArgs& a) {
   Params& p = ck.p;
   p.B = a.B; p.T = a.T; p.H = a.H; p.HV = a.HV; p.group = a.HV / a.H;
   p.q = a.q; p.k = a.k; p.v = a.v; p.g = a.g; p.beta = a.beta; p.o = a.o;
-  p.sq = resolve(a.sq, a.T, a.H, D);
-  p.sk = resolve(a.sk, a.T, a.H, D);
-  p.sv = resolve(a.sv, a.T, a.HV, D);
-  p.sg = resolve(a.sg, a.T, a.HV, D);
-  p.so = resolve(a.so, a.T, a.HV, D);
-  p.sbeta = resolve(a.sbeta, a.T, a.HV, 1);
-  for (auto [s, name] : {std::pair{p.sq, "q"}, {p.sk, "k"}, {p.sv, "v"}, {p.sg, "g"}, {p.so, "o"}}) {
-    check_stride(s.b, 8, (std::string(name) + ".b").c_str());
-    check_stride(s.t, 8, (std::string(name) + ".t").c_str());
-    check_stride(s.h, 8, (std::string(name) + ".h").c_str());
-  }
+  p.sq = resolve_strides(a.sq, a.T, a.H, D);
+  p.sk = resolve_strides(a.sk, a.T, a.H, D);
+  p.sv = resolve_strides(a.sv, a.T, a.HV, D);
+  p.sg = resolve_strides(a.sg, a.T, a.HV, D);
+  p.so = resolve_strides(a.so, a.T, a.HV, D);
+  p.sbeta = resolve_strides(a.sbeta, a.T, a.HV, 1);
+  for (auto [s, name] : {std::pair{p.sq, "q"}, {p.sk, "k"}, {p.sv, "v"}, {p.sg, "g"}, {p.so, "o"}}) check_strides(s, name);
   p.A_log = a.gate.A_log; p.bias = a.gate.bias; p.g_min = a.gate.g_min; p.scale = a.scale;
   p.fuse_gate = a.gate.fused; p.l2norm = a.l2norm_qk; p.beta_sigmoid = a.beta_sigmoid;
   p.write_p = false;

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -331,6 +332,39 @@ std::string error_of(F&& f) {
 }
 }  // namespace
 
+TEST_CASE("KDA backward fp32 gradient outputs are the bf16 outputs before their one rounding", "[gpu][kda_bwd]") {
+  // KdaBackwardArgs::dq_f32 ...: what kdalab.torch.chunk_kda's value blocks sum before rounding once. The kernel is
+  // deterministic, so rounding its fp32 gradients to bf16 must give the bf16 outputs bit for bit.
+  for (BwdCase c : {shape(2, 37, 1, 2, 128), shape(1, 70, 2, 1, 64)}) {
+    c.fused = c.D == 128;
+    c.l2norm = c.beta_sigmoid = c.fused;
+    const Problem p = make_problem(c, fresh_seed());
+    DevProblem d(p, c);
+    d.run();
+    const auto bf = d.outputs();
+    DevBuf q32(p.q.numel() * 4), k32(p.k.numel() * 4), g32(p.g.numel() * 4), b32(p.beta.numel() * 4);
+    for (DevBuf* b : {&q32, &k32, &g32, &b32}) b->poison();
+    auto a = d.a;
+    a.dq = a.dk = a.dg = a.dbeta = nullptr;
+    a.dq_f32 = q32.as<float>(); a.dk_f32 = k32.as<float>(); a.dg_f32 = g32.as<float>(); a.dbeta_f32 = b32.as<float>();
+    kernels::kda_backward(a, nullptr);
+    cuda_check(cudaDeviceSynchronize(), "kda_backward fp32 outputs");
+    const DevBuf* f32[] = {&q32, &k32, &g32, &b32};
+    const int bf_index[] = {0, 1, 3, 4};  // dq, dk, dg, dbeta in DevProblem::outputs()
+    for (int i = 0; i < 4; ++i) {
+      const auto x = download_f32(*f32[i]);
+      std::size_t differ = 0, nonfinite = 0;
+      for (std::size_t e = 0; e < x.size(); ++e) {
+        nonfinite += !std::isfinite(x[e]);
+        differ += round_bf16(x[e]) != bf[bf_index[i]][e];
+      }
+      CAPTURE(c.name(), i, differ, nonfinite);
+      CHECK(nonfinite == 0);
+      CHECK(differ == 0);
+    }
+  }
+}
+
 TEST_CASE("KDA backward bad arguments throw before any launch, naming the argument", "[gpu][kda_bwd]") {
   BwdCase c = shape(1, 20, 1, 2, 128);
   const Problem p = make_problem(c, fresh_seed());
@@ -341,47 +375,35 @@ TEST_CASE("KDA backward bad arguments throw before any launch, naming the argume
     CAPTURE(what, msg);
     CHECK(msg.find(what) != std::string::npos);
   };
-  auto bad = d.a;
-  bad.D = 96;
-  throws_naming(bad, "D = 96");
-  bad = d.a;
-  bad.T = 0;
-  throws_naming(bad, "T = 0");
-  bad = d.a;
-  bad.H = 2;
-  bad.HV = 3;
-  throws_naming(bad, "HV = 3");
-  bad = d.a;
-  bad.dO = nullptr;
-  throws_naming(bad, "'dO'");
-  bad = d.a;
-  bad.dq = nullptr;
-  throws_naming(bad, "'dq'");
-  bad = d.a;
-  bad.dk = d.a.dk + 1;  // 2-byte offset: not 16-byte aligned
-  throws_naming(bad, "'dk'");
-  bad = d.a;
-  bad.dA_log = nullptr;  // required with the fused gate
-  throws_naming(bad, "'dA_log'");
-  bad = d.a;
-  bad.gate.g_min = -6.0f;
-  throws_naming(bad, "g_min");
-  bad = d.a;
-  bad.gate.fused = false;
-  bad.gate.allow_unsafe_range = false;
-  throws_naming(bad, "gate.fused");
-  bad = d.a;
-  bad.scale = 0.0f;
-  throws_naming(bad, "scale");
-  bad = d.a;
-  bad.workspace_bytes = 100;
-  throws_naming(bad, "workspace_bytes");
-  bad = d.a;
-  bad.sv.t = 7;
-  throws_naming(bad, "'v.t'");
-  bad = d.a;
-  bad.cu_seqlens = d.cu.as<int>();
-  bad.B = 2;
-  throws_naming(bad, "cu_seqlens");
+  // one row per bad argument: the change to the good arguments and the name the message must carry
+  DevBuf f32(c.B * c.T * c.H * c.group * c.D * 4);
+  float* const pf = f32.as<float>();
+  const struct {
+    const char* names;
+    std::function<void(kernels::KdaBackwardArgs&)> change;
+  } rows[] = {
+      {"D = 96", [](auto& a) { a.D = 96; }},
+      {"T = 0", [](auto& a) { a.T = 0; }},
+      {"HV = 3", [](auto& a) { a.H = 2; a.HV = 3; }},
+      {"'dO'", [](auto& a) { a.dO = nullptr; }},
+      {"'dq'", [](auto& a) { a.dq = nullptr; }},
+      {"'dk'", [](auto& a) { a.dk = a.dk + 1; }},  // 2-byte offset: not 16-byte aligned
+      {"'dA_log'", [](auto& a) { a.dA_log = nullptr; }},  // required with the fused gate
+      {"g_min", [](auto& a) { a.gate.g_min = -6.0f; }},
+      {"gate.fused", [](auto& a) { a.gate.fused = false; a.gate.allow_unsafe_range = false; }},
+      {"scale", [](auto& a) { a.scale = 0.0f; }},
+      {"workspace_bytes", [](auto& a) { a.workspace_bytes = 100; }},
+      {"'v.t'", [](auto& a) { a.sv.t = 7; }},  // named as t, not as the b stride derived from it
+      {"'g.h'", [](auto& a) { a.sg.h = 12; }},  // named as h, not as the t stride derived from it
+      {"cu_seqlens", [&](auto& a) { a.cu_seqlens = d.cu.as<int>(); a.B = 2; }},
+      // the fp32 gradient outputs: all four instead of the bf16 ones, never both, never some
+      {"both given", [&](auto& a) { a.dq_f32 = a.dk_f32 = a.dg_f32 = a.dbeta_f32 = pf; }},
+      {"'dk_f32'", [&](auto& a) { a.dq = a.dk = a.dg = nullptr; a.dbeta = nullptr; a.dq_f32 = pf; }},
+  };
+  for (const auto& r : rows) {
+    auto bad = d.a;
+    r.change(bad);
+    throws_naming(bad, r.names);
+  }
   cuda_check(cudaDeviceSynchronize(), "after bad arguments");
 }
