@@ -38,9 +38,12 @@ struct PrepSmem {
 // 4 CTAs (32 warps) per SM at D = 64 / 128 need <= 64 registers: the minimum-blocks bound keeps ptxas there
 // (the gate / reciprocal code takes 72 without it, i.e. 3 CTAs per SM); D = 256 is held to 3 CTAs by its 66.6 KB of
 // dynamic shared memory (and by this bound: <= 85 registers).
-template <int D, bool kWg = false>
+// kHiLo (the accurate precision, wgmma layout only) is its own instance: its lo stores in the fast kernel took
+// registers from the rest (96 bytes of spills against 8), whatever the run-time branch.
+template <int D, bool kWg = false, bool kHiLo = false>
 __global__ void __launch_bounds__(256, D == 256 ? 3 : 4) kda_prepare_kernel(Params p) {
   static_assert(!kWg || D == 128, "the wgmma slot layout: D = 128");
+  static_assert(!kHiLo || kWg, "the lo parts: the wgmma layout only");
   static_assert(D == 64 || D == 128 || D == 256, "prepare: D = 64, 128 or 256");
   constexpr int DP = PrepSmem<D>::DP;
   constexpr int CPW = D / 8;   // channels per warp in the A / P products (8 per k-step)
@@ -82,18 +85,16 @@ __global__ void __launch_bounds__(256, D == 256 ? 3 : 4) kda_prepare_kernel(Para
     float qg[C], kd[C];
     prep::decay_apply(sQ, sK, sKi, i, gam, gn, qg, kd);
     if constexpr (kWg) {  // the wgmma state pass: Qg, Kd row-major (kda_state_wg_kernel's layout)
-      prep::store_rowmajor_col<D>(reinterpret_cast<std::uint16_t*>(slot + SL::Qg), qg, i);
-      prep::store_rowmajor_col<D>(reinterpret_cast<std::uint16_t*>(slot + SL::Kd), kd, i);
-      if (p.ws_lo) {  // the accurate precision: lo = rnd(x - rnd(x)) of Qg and Kd, same layout, in the lo region
-        unsigned char* lo = p.ws_lo + ((sq.slot0 + c) * p.HV + hv) * static_cast<long long>(kda_slot_lo_bytes);
-        float ql[C], kl[C];
-#pragma unroll
-        for (int r = 0; r < C; ++r) {
-          ql[r] = qg[r] - __bfloat162float(__float2bfloat16_rn(qg[r]));
-          kl[r] = kd[r] - __bfloat162float(__float2bfloat16_rn(kd[r]));
-        }
-        prep::store_rowmajor_col<D>(reinterpret_cast<std::uint16_t*>(lo), ql, i);
-        prep::store_rowmajor_col<D>(reinterpret_cast<std::uint16_t*>(lo + 4096), kl, i);
+      auto* qg_hi = reinterpret_cast<std::uint16_t*>(slot + SL::Qg);
+      auto* kd_hi = reinterpret_cast<std::uint16_t*>(slot + SL::Kd);
+      if constexpr (kHiLo) {  // the accurate precision: also lo = rnd(x - rnd(x)) of Qg and Kd, same layout, lo region
+        auto* lo = reinterpret_cast<std::uint16_t*>(
+            p.ws_lo + ((sq.slot0 + c) * p.HV + hv) * static_cast<long long>(kda_slot_lo_bytes));
+        prep::store_rowmajor_col_hilo<D>(qg_hi, lo, qg, i);
+        prep::store_rowmajor_col_hilo<D>(kd_hi, lo + 2048, kd, i);
+      } else {
+        prep::store_rowmajor_col<D>(qg_hi, qg, i);
+        prep::store_rowmajor_col<D>(kd_hi, kd, i);
       }
     } else {
       prep::store_afrag_col(reinterpret_cast<uint4*>(slot + SL::Qg), qg, i);
@@ -159,7 +160,9 @@ __global__ void __launch_bounds__(256, D == 256 ? 3 : 4) kda_prepare_kernel(Para
 }  // namespace
 
 void launch_prepare(const Params& p, dim3 grid, int D, bool wgmma_layout, cudaStream_t stream) {
-  if (wgmma_layout) {
+  if (wgmma_layout && p.ws_lo) {
+    kda_prepare_kernel<128, true, true><<<grid, 256, 0, stream>>>(p);
+  } else if (wgmma_layout) {
     kda_prepare_kernel<128, true><<<grid, 256, 0, stream>>>(p);
   } else if (D == 64) {
     kda_prepare_kernel<64><<<grid, 256, 0, stream>>>(p);

@@ -343,4 +343,22 @@ __device__ __forceinline__ void store_rowmajor_col(std::uint16_t* m, const float
   }
 }
 
+/// store_rowmajor_col of X's bf16 hi parts into `hi` and of its lo parts rnd(x - rnd(x)) into `lo` (the accurate
+/// precision's Qg and Kd), one exchange of the fp32 values for both (split_bf16 on the pair each thread stores).
+template <int N>
+__device__ __forceinline__ void store_rowmajor_col_hilo(std::uint16_t* hi, std::uint16_t* lo, const float (&X)[C],
+                                                        int i) {
+  const int par = i & 1;
+#pragma unroll
+  for (int rr = 0; rr < 8; ++rr) {
+    const float mine = par ? X[rr + 8] : X[rr], send = par ? X[rr] : X[rr + 8];
+    const float y = __shfl_xor_sync(0xffffffffu, send, 1);
+    std::uint32_t wh, wl;
+    split_bf16(par ? y : mine, par ? mine : y, wh, wl);  // even channel in the low half
+    const int at = (par ? rr + 8 : rr) * N + (i & ~1);
+    *reinterpret_cast<std::uint32_t*>(hi + at) = wh;
+    *reinterpret_cast<std::uint32_t*>(lo + at) = wl;
+  }
+}
+
 }  // namespace kdalab::kernels::detail::prep
