@@ -179,6 +179,21 @@ def test_replay_of_a_failure_whose_generator_now_makes_other_tensors_is_one_line
         assert "now: " in err[0] and "beta_raw [1, 2000, 2]" in err[0].split("now: ")[1], err
 
 
+def test_replay_of_a_kdalab_cuda_report_in_a_build_without_its_entry_point_is_not_applicable(tmp_path, capsys):
+    """The report of kdalab's own kernel records the adapter's entry point as its candidate; replayed where that entry
+    point is missing (a CPU build), the case is "not applicable" (exit 4) as in the run, not a bad --candidate."""
+    if kdalab.built_with_cuda:
+        pytest.skip("this kdalab has its CUDA entry points")
+    out = str(tmp_path / "r.h5")
+    assert main(["--adapter", "kdalab-cuda:precision=accurate", "--cases", "agree/T1", "--out", out, "--quiet"]) == 4
+    assert kdalab.read_attr(out, "verify", "candidate") == "kdalab._core:cuda_kda_prefill"
+    capsys.readouterr()
+    assert main(["--replay", out, "--case", "agree/T1"]) == 4
+    captured = capsys.readouterr()
+    assert "not applicable: this kdalab was built without its CUDA entry points" in captured.out, captured.out
+    assert captured.err == ""
+
+
 @pytest.mark.parametrize("field, recorded, says", [
     ("shapes", "q [2, 17, 2, 16], k [2, 17, 2, 16]", "now makes other tensors than the report's"),
     ("calls", "random_kda(seed=101, B=2, T=33)", "the report ran the generator call random_kda(seed=101, B=2, T=33), "

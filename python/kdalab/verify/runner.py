@@ -272,5 +272,10 @@ def replay(report: str, name: str, *, candidate: Union[str, Callable, None] = No
             raise ValueError(f"--replay {report}: case {name!r}: its generator call {case.call()} now makes other "
                              f"tensors than the report's, so this kdalab cannot replay it exactly (recorded: "
                              f"{recorded_shapes}; now: {shapes}); run the case again with --cases {name}")
-    return run(candidate or config["candidate"], config["op"], [case], adapter=adapter or config["adapter"],
-               truth=config.get("truth", "float64"), printer=printer)
+    spec = adapter or config["adapter"]
+    # a report of kdalab's own kernels records the adapter's entry point as its candidate: replayed as that adapter
+    # looks it up (None), so a build without it says "not applicable" (exit 4) as the run itself does, not bad input
+    own = getattr(adapters_mod.ADAPTERS[adapters_mod.parse_spec(spec)[0]], "entry_point", None)
+    recorded = None if own is not None and config["candidate"] == own else config["candidate"]
+    return run(candidate or recorded, config["op"], [case], adapter=spec, truth=config.get("truth", "float64"),
+               printer=printer)
