@@ -60,7 +60,9 @@ to compare with what `kdalab check --op kda-bwd` reports. An existing file is ne
 --candidate f64 runs without fla and (with --device cpu) without a GPU. --dry-run checks the arguments,
 --fla-path (when fla is needed) and the outputs, prints the plan and exits without importing torch or fla.
 --self-test checks the float64 autograd itself (torch.autograd.gradcheck on a small case; the blocked loop
-against an unblocked one) and exits.
+against an unblocked one) and exits. Options that would change nothing are refused (exit 2), never ignored: fla's
+chunk_kda settings (--no-safe-gate, --chunk-size, --dispatch, --full-import) without an fla candidate or with
+--self-test, and --candidate kdalab|all or --inputs long-memory with --self-test.
 
 Then: for f in <out-dir>/*.h5; do build/cuda/experiments/kdalab check --op kda-bwd --in $f --out ${f%.h5}.report.h5; done
 (bench/gpu_pass.sh does both when peers/fla-src is there.) The files are large (T = 4096, H = 16: ~0.2 GB):
@@ -167,6 +169,26 @@ def build_parser():
                    help="check the arguments, the fla path and the output paths, print the plan, exit "
                         "(imports neither torch nor fla)")
     return p
+
+
+def check_effective(args, need_fla):
+    """Options that would change nothing in this run are refused (UsageError), never ignored: fla's chunk_kda settings
+    when fla is not run (--candidate f64 or kdalab, --self-test: kdalab's chunk_kda has no chunk_size and always runs
+    the safe gate), and the candidate and input choices with --self-test (it checks the float64 autograd on its own
+    small case)."""
+    if not need_fla:
+        why = "--self-test" if args.self_test else f"--candidate {args.candidate}"
+        for given, name in ((args.no_safe_gate, "--no-safe-gate"), (args.chunk_size != 64, f"--chunk-size {args.chunk_size}"),
+                            (args.dispatch, "--dispatch"), (args.full_import, "--full-import")):
+            if given:
+                raise UsageError(f"{name} sets fla's chunk_kda, which {why} does not run; accepted: --candidate fla, "
+                                 "both or all (without --self-test), or leave it out")
+    if args.self_test:
+        for given, name in ((args.candidate in ("kdalab", "all"), f"--candidate {args.candidate}"),
+                            (args.inputs != "anchor", f"--inputs {args.inputs}")):
+            if given:
+                raise UsageError(f"{name} with --self-test: the self-test checks the float64 autograd on its own small "
+                                 "case, never kdalab's kernels or the --inputs distribution; leave it out")
 
 
 def check_out_dir(args, cases):
@@ -481,6 +503,7 @@ def main(argv=None):
                              "accepted: --device auto or cuda, or --candidate f64")
         if args.fla_commit is not None and (not args.fla_commit.strip() or "\n" in args.fla_commit):
             raise UsageError(f"--fla-commit '{args.fla_commit}': accepted: one non-empty line (e.g. a git hash)")
+        check_effective(args, need_fla)
         root = resolve_fla_root(args.fla_path) if need_fla else None
         plan = [] if args.self_test else check_out_dir(args, cases)
     except UsageError as e:

@@ -790,7 +790,9 @@ void register_bench(Registry& reg) {
                 "kda-prefill state-product precision (kernels/kda.hpp KdaPrecision): fast (bf16 operands) or accurate "
                 "(S, Qg and D, Kd as bf16 hi + lo: at the bf16 floor on long-memory and repeated-key inputs; D = 128 "
                 "only, the one-shot wgmma pass). accurate rows get the key suffix ' accurate' (their own baselines; the "
-                "peer time is looked up under the plain key). " + kda_prefill_only)
+                "peer time is looked up under the plain key). accurate: --op kda-prefill with --shapes of D = 128 only "
+                "(the default kda-prefill shapes, which --op all takes, have D = 64 and 256 rows: refused); refused "
+                "with another op")
       ->capture_default_str();
   a->add_option("--compare", o->compare,
                 "baseline bench results file(s) to compare against: prints time / baseline per row found (same group, "

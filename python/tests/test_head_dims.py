@@ -2,7 +2,8 @@
 kda_decode_step take any K <= 256 and any V >= 1 by zero-padding the key channels to D in {64, 128, 256} and running
 the value columns in blocks of D. Checked on the CPU with a float64 torch recurrence standing in for the kernels: the
 stand-in refuses any size the kernels refuse, and the padded results and gradients must equal the same recurrence
-run directly at the caller's sizes. Needs torch; skipped without it."""
+run directly at the caller's sizes; chunk_kda's own path through the custom ops runs with a stand-in for the CUDA
+entry points (the fp32 value-block inputs and gradients). Needs torch; skipped without it."""
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -209,3 +210,58 @@ def test_value_blocks_sum_the_shared_inputs_gradients_in_fp32_and_round_once():
         for _ in range(3)).backward()
     assert not torch.equal(q.grad, torch.full_like(q, once.item()))
     assert torch.equal(q.grad.float().unique(), torch.tensor([1.0, 1 + 2.0 ** -7]))  # only order differs
+
+
+def test_value_blocks_reach_the_custom_ops_in_fp32_and_their_gradients_come_back_in_fp32(monkeypatch):
+    """chunk_kda's own path (_chunk_kda_d and the custom ops kdalab::kda_prefill / kda_backward) at three value
+    blocks, on the CPU with a stand-in for the CUDA entry points: the kernels read bf16 operands, the backward is given
+    fp32 dq, dk, dg, dbeta outputs (KdaBackwardArgs::dq_f32) for the fp32 shared inputs, and the blocks' gradients
+    are summed in fp32 and rounded to bf16 once (the stand-in's gradients are those of blockwise_grads)."""
+    b = 3 * 2.0 ** -10
+    seen = []
+
+    class Core:  # kdalab._core's CUDA entry points, as far as the custom ops call them
+        @staticmethod
+        def cuda_kda_prefill_workspace_bytes(*a, **kw):
+            return 1
+
+        cuda_kda_backward_workspace_bytes = cuda_kda_prefill_workspace_bytes
+
+        @staticmethod
+        def cuda_kda_prefill(q, k, v, g, beta, A_log, bias, o, S0, S_final, ws, **kw):
+            seen.append(("prefill", q.dtype, k.dtype, g.dtype, beta.dtype))
+            o.zero_()
+            S_final.zero_()
+
+        @staticmethod
+        def cuda_kda_backward(q, k, v, g, beta, A_log, bias, dO, S0, dS_T, dq, dk, dv, dg, dbeta, dA_log, dbias, dS0,
+                              ws, **kw):
+            i = sum(s[0] == "backward" for s in seen)
+            seen.append(("backward", q.dtype, dq.dtype, dk.dtype, dg.dtype, dbeta.dtype))
+            for t in (dq, dk, dg, dbeta):
+                one = (torch.arange(t.numel()) % 3 == i % 3).reshape(t.shape)
+                t.copy_(torch.where(one, 1.0, b))
+            dv.zero_()
+            dS0.zero_()
+
+    monkeypatch.setattr(kt, "_core", Core)
+    monkeypatch.setattr(kt, "require_cuda", lambda: None)
+    monkeypatch.setattr(kt, "_stream", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    K, V, B, T, H, HV = 64, 3 * 256, 1, 2, 1, 1
+    bf = torch.bfloat16
+    x = dict(q=torch.zeros(B, T, H, K, dtype=bf), k=torch.zeros(B, T, H, K, dtype=bf),
+             v=torch.zeros(B, T, HV, V, dtype=bf), g=torch.zeros(B, T, HV, K, dtype=bf),
+             beta=torch.zeros(B, T, HV, dtype=bf))
+    for t in x.values():
+        t.requires_grad_()
+    o, _ = kt._with_supported_head_dims(kt._chunk_kda_d, **x, use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False,
+                                        use_beta_sigmoid_in_kernel=False, safe_gate=False, lower_bound=None,
+                                        cu_seqlens=None, cu_seqlens_cpu=None, A_log=None)
+    o.float().sum().backward()
+    assert seen[:3] == [("prefill", bf, bf, bf, bf)] * 3  # the kernels' operands: bf16
+    assert seen[3:] == [("backward", bf) + (torch.float32,) * 4] * 3  # fp32 gradient outputs for fp32 inputs
+    once = torch.tensor(1 + 2 * b).to(bf).item()  # the fp32 sum 1 + 2b rounded once
+    for name in ("q", "k", "g", "beta"):
+        assert x[name].grad.dtype == bf, name
+        assert torch.equal(x[name].grad, torch.full_like(x[name], once)), name

@@ -71,7 +71,8 @@ def test_adapter_for_another_op_is_not_applicable():
 
 @pytest.mark.parametrize("spec, names", [("canonical:precision=fp8", "fp8"), ("canonical:colour=red", "colour"),
                                          ("fla-chunk:state", "key=value"), ("fla-chunk:gate=softplus", "softplus"),
-                                         ("kdalab-cuda:gate=fused,gate=precomputed", "option 'gate' is given twice")])
+                                         ("kdalab-cuda:gate=fused,gate=precomputed", "option 'gate' is given twice"),
+                                         ("kdalab-cuda:precision=hilo", "precision = 'hilo'; accepted: fast, accurate")])
 def test_bad_adapter_option_names_itself(spec, names):
     with pytest.raises(ValueError, match=names):
         make_adapter(spec, numpy_kda)

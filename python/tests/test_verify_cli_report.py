@@ -179,6 +179,51 @@ def test_replay_of_a_failure_whose_generator_now_makes_other_tensors_is_one_line
         assert "now: " in err[0] and "beta_raw [1, 2000, 2]" in err[0].split("now: ")[1], err
 
 
+def test_replay_of_a_kdalab_cuda_report_in_a_build_without_its_entry_point_is_not_applicable(tmp_path, capsys):
+    """The report of kdalab's own kernel records the adapter's entry point as its candidate; replayed where that entry
+    point is missing (a CPU build), the case is "not applicable" (exit 4) as in the run, not a bad --candidate."""
+    if kdalab.built_with_cuda:
+        pytest.skip("this kdalab has its CUDA entry points")
+    out = str(tmp_path / "r.h5")
+    assert main(["--adapter", "kdalab-cuda:precision=accurate", "--cases", "agree/T1", "--out", out, "--quiet"]) == 4
+    assert kdalab.read_attr(out, "verify", "candidate") == "kdalab._core:cuda_kda_prefill"
+    capsys.readouterr()
+    assert main(["--replay", out, "--case", "agree/T1"]) == 4
+    captured = capsys.readouterr()
+    assert "not applicable: this kdalab was built without its CUDA entry points" in captured.out, captured.out
+    assert captured.err == ""
+
+
+@pytest.mark.parametrize("field, recorded, says", [
+    ("shapes", "q [2, 17, 2, 16], k [2, 17, 2, 16]", "now makes other tensors than the report's"),
+    ("calls", "random_kda(seed=101, B=2, T=33)", "the report ran the generator call random_kda(seed=101, B=2, T=33), "
+                                                 "this kdalab's catalogue now makes random_kda(seed=101, B=2, T=1)"),
+])
+def test_replay_of_a_passed_case_the_catalogue_now_builds_otherwise_is_one_line_exit_2(tmp_path, capsys, field,
+                                                                                        recorded, says):
+    """A passed case is replayed from the catalogue (it has no reproducer group): a report whose recorded generator
+    call or tensors of that case differ from what this kdalab builds is refused, as a failure's reproducer is."""
+    import json
+    src = str(tmp_path / "src.h5")
+    assert main(["--cases", "agree/T1", "--out", src, "--quiet"]) == 0
+    config = json.loads(kdalab.read_attr(src, "/", "config"))
+    assert config["calls"] == {"agree/T1": "random_kda(seed=101, B=2, T=1)"}
+    assert config["shapes"]["agree/T1"].startswith("q [2, 1, 2, 16], k [2, 1, 2, 16]")
+    assert main(["--replay", src, "--case", "agree/T1", "--quiet"]) == 0  # as recorded: replayed
+    capsys.readouterr()
+    config[field]["agree/T1"] = recorded
+    out = str(tmp_path / "r.h5")
+    with kdalab.ResultsFile(out, command_line="", config=json.dumps(config), seed="1") as f:
+        f.group("verify", "a report without failures")
+        f.group("verify/failures", "failures")
+    assert main(["--replay", out, "--case", "agree/T1"]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"kdalab-verify: error: --replay {out}: case 'agree/T1'"), err
+    assert says in err[0] and "--cases agree/T1" in err[0], err
+    assert "agree/T1" not in captured.out  # nothing was run
+
+
 @pytest.mark.parametrize("change, name, says", [
     ({"params": "oops"}, "agree/T1", "config is not a verify run's"),
     ({"cases": [1, 2]}, "agree/T1", "config is not a verify run's"),

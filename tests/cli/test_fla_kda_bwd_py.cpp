@@ -78,6 +78,11 @@ TEST_CASE("fla_kda_bwd.py: bad arguments and output paths are usage errors (exit
       {"--device cpu --candidate kdalab", "kdalab's kernels need cuda"},
       {"--device cpu --candidate all", "fla's and kdalab's kernels need cuda"},
       {"--inputs short-memory", "--inputs"},
+      // options that would change nothing in the run asked for are refused, never ignored
+      {"--candidate kdalab --no-safe-gate", "--no-safe-gate sets fla's chunk_kda, which --candidate kdalab does not run"},
+      {"--candidate f64 --chunk-size 32", "--chunk-size 32 sets fla's chunk_kda, which --candidate f64 does not run"},
+      {"--self-test --candidate kdalab", "--candidate kdalab with --self-test"},
+      {"--self-test --inputs long-memory", "--inputs long-memory with --self-test"},
       {"--fla-commit ''", "--fla-commit"},
       {"--out-dir " + f.out("afile"), "is not a folder"},
       {"--out-dir " + f.out("afile/sub"), "is a file, not a folder"},

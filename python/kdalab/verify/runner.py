@@ -146,7 +146,11 @@ def run(candidate: Union[str, Callable, None], op: str = "kda", cases: Optional[
         write_report(rep, out, command_line=command_line,
                      config={"op": op, "candidate": cand_name, "adapter": ad.describe(), "long": long,
                              "params": params or {}, "truth": truth, "precision": ad.precision,
-                             "cases": [c.name for c in selected]})
+                             "cases": [c.name for c in selected],
+                             # each case's generator call and tensors, so that --replay of any case (passed or
+                             # failed) refuses a catalogue that now builds it otherwise
+                             "calls": {c.name: c.call() for c in selected},
+                             "shapes": {c.name: _shapes(c) for c in selected}})
         if printer:
             printer(f"report: {out}")
     return rep
@@ -214,9 +218,12 @@ def replay(report: str, name: str, *, candidate: Union[str, Callable, None] = No
     if not isinstance(config, dict) or not isinstance(config.get("cases", []), list) or \
             not all(isinstance(config.get(k), str) for k in ("op", "candidate", "adapter")) or \
             not all(isinstance(c, str) for c in config.get("cases", [])) or \
-            not isinstance(config.get("params", {}), dict) or not isinstance(config.get("truth", "float64"), str):
+            not isinstance(config.get("params", {}), dict) or not isinstance(config.get("truth", "float64"), str) or \
+            not all(isinstance(config.get(k, {}), dict) and all(isinstance(v, str) for v in config.get(k, {}).values())
+                    for k in ("calls", "shapes")):
         raise ValueError(f"--replay {report}: its root attribute config is not a verify run's (a JSON object with "
-                         "op, candidate, adapter as text, cases a list of names, params an object)")
+                         "op, candidate, adapter as text, cases a list of names, params an object, calls and shapes "
+                         "objects of text)")
     case = None
     for m in kdalab.members(report, "verify/failures"):
         g = f"verify/failures/{m}"
@@ -253,5 +260,22 @@ def replay(report: str, name: str, *, candidate: Union[str, Callable, None] = No
         except ValueError as e:
             raise ValueError(f"--replay {report}: its recorded parameters do not fit case {name!r} ({e})") from None
         case = with_params([recorded], params)[0]
-    return run(candidate or config["candidate"], config["op"], [case], adapter=adapter or config["adapter"],
-               truth=config.get("truth", "float64"), printer=printer)
+    # the case as the report recorded it (reports of older kdalab versions have no calls or shapes: nothing to compare)
+    recorded_call, recorded_shapes = config.get("calls", {}).get(name), config.get("shapes", {}).get(name)
+    if recorded_call is not None and recorded_call != case.call():
+        raise ValueError(f"--replay {report}: case {name!r}: the report ran the generator call {recorded_call}, this "
+                         f"kdalab's catalogue now makes {case.call()}, so it cannot replay it exactly; run the case "
+                         f"again with --cases {name}")
+    if recorded_shapes is not None:
+        shapes = _shapes(case)
+        if shapes != recorded_shapes:
+            raise ValueError(f"--replay {report}: case {name!r}: its generator call {case.call()} now makes other "
+                             f"tensors than the report's, so this kdalab cannot replay it exactly (recorded: "
+                             f"{recorded_shapes}; now: {shapes}); run the case again with --cases {name}")
+    spec = adapter or config["adapter"]
+    # a report of kdalab's own kernels records the adapter's entry point as its candidate: replayed as that adapter
+    # looks it up (None), so a build without it says "not applicable" (exit 4) as the run itself does, not bad input
+    own = getattr(adapters_mod.ADAPTERS[adapters_mod.parse_spec(spec)[0]], "entry_point", None)
+    recorded = None if own is not None and config["candidate"] == own else config["candidate"]
+    return run(candidate or recorded, config["op"], [case], adapter=spec, truth=config.get("truth", "float64"),
+               printer=printer)
