@@ -24,17 +24,19 @@ seen=" "  # figure file names written by this run
 # Every (results file, script) pair runs first, $(nproc) at a time (each is a Python start-up and a drawing), into
 # its own folder; then the outcomes are taken in order, file by file and script by script, as if run one by one.
 jobs=${FIGURE_JOBS:-$(nproc 2>/dev/null || echo 2)}
+# Every (file, script) pair is one run of `fig_<name>.py FILE --out-dir $tmp/<i>`, its output in $tmp/<i>.msg and its
+# exit code in $tmp/<i>.rc; figures_fork.py starts them, $jobs at once, each a fork of one python that imported
+# matplotlib once (most runs skip their file: a fork instead of a python start).
 i=0
 for f in "$@"; do
   [ -f "$f" ] || continue
   for s in "$here"/fig_*.py; do
     i=$((i + 1))
     mkdir "$tmp/$i"
-    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
-    { "$py" "$s" "$f" --out-dir "$tmp/$i" > "$tmp/$i.msg" 2>&1; echo $? > "$tmp/$i.rc"; } &
+    printf '%s\t%s\t%s\n' "$i" "$s" "$f"
   done
-done
-wait
+done > "$tmp/jobs"
+"$py" "$here/figures_fork.py" "$jobs" "$tmp" < "$tmp/jobs"
 i=0
 for f in "$@"; do
   if [ ! -f "$f" ]; then
@@ -45,7 +47,7 @@ for f in "$@"; do
   stem=$(basename "$f" .h5)
   for s in "$here"/fig_*.py; do
     i=$((i + 1))
-    rc=$(cat "$tmp/$i.rc")
+    rc=$(cat "$tmp/$i.rc" 2>/dev/null || echo "unknown: figures_fork.py did not run it")
     case $rc in
       0)
         written=""

@@ -5,6 +5,7 @@
 // tests/cli/cli_util.hpp (run_command, run_kdalab).
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <string>
 #include <sstream>
 #include <string_view>
@@ -23,10 +24,11 @@ namespace kdalab::testutil {
 inline const char* const kPy = "/usr/bin/python3";
 
 /// True (with a warning) when /usr/bin/python3 lacks h5py or matplotlib: the calling figure test then returns early.
+/// Asked once per test process (a python start with matplotlib is ~0.3 s), the answer kept for its other test cases.
 inline bool skip_without_plotting() {
-  if (run_command(cat({kPy, " -c 'import h5py, matplotlib' >/dev/null 2>&1"})).code == 0) return false;
-  WARN("/usr/bin/python3 lacks h5py or matplotlib (scripts/setup.sh installs them): figure tests skipped");
-  return true;
+  static const bool lacking = run_command(cat({kPy, " -c 'import h5py, matplotlib' >/dev/null 2>&1"})).code != 0;
+  if (lacking) WARN("/usr/bin/python3 lacks h5py or matplotlib (scripts/setup.sh installs them): figure tests skipped");
+  return lacking;
 }
 
 /// A small `kdalab decode-cost` run into `h5` (CPU rows at n = 1024, 2048, 4096, d = 64; no GPU rows), for the
@@ -131,19 +133,35 @@ inline RunResult kdalab_ok(const std::string& args) {
   return r;
 }
 
-/// Runs scripts/<script> on `h5` with --dump, returns the dump (REQUIREs exit 0).
-inline json draw(const TempDir& d, const std::string& script, const std::string& h5) {
+/// How draw() runs a figure script: the dump only, or the dump and the PNG and PDF (figstyle.save() dumps before it
+/// saves, so the dump is the same either way; saving costs ~0.8 s a run).
+enum class Save { dump_only, png_pdf };
+
+/// Runs scripts/<script> on `h5` with --dump, returns the dump (REQUIREs exit 0). With Save::png_pdf also with
+/// --out-dir <d>/fig, and CHECKs that the script wrote a .png and a .pdf there: once per figure script in the tests.
+inline json draw(const TempDir& d, const std::string& script, const std::string& h5, Save save = Save::dump_only) {
   const std::string dump = d.file(script + ".json");
-  const auto r = python("scripts/" + script + " " + h5 + " --out-dir " + d.file("fig") + " --dump " + dump);
+  const std::string out_dir = save == Save::png_pdf ? " --out-dir " + d.file("fig") : std::string();
+  const auto r = python("scripts/" + script + " " + h5 + out_dir + " --dump " + dump);
   INFO(script << ": " << r.output);
   REQUIRE(r.code == 0);
+  if (save == Save::png_pdf) {
+    int png = 0, pdf = 0;
+    for (const auto& e : std::filesystem::directory_iterator(d.file("fig"))) {
+      png += e.path().extension() == ".png";
+      pdf += e.path().extension() == ".pdf";
+    }
+    CHECK(png >= 1);
+    CHECK(pdf >= 1);
+  }
   return json::parse(slurp(dump));
 }
 
 /// Runs `kdalab <args> --out <d>/<h5>` (REQUIREs exit 0), then draws that file with scripts/<script>: the dump.
-inline json run_and_draw(const TempDir& d, const std::string& args, const std::string& h5, const std::string& script) {
+inline json run_and_draw(const TempDir& d, const std::string& args, const std::string& h5, const std::string& script,
+                         Save save = Save::dump_only) {
   kdalab_ok(args + " --out " + d.file(h5));
-  return draw(d, script, d.file(h5));
+  return draw(d, script, d.file(h5), save);
 }
 
 /// The strings of the JSON array `texts`, each followed by a line break.

@@ -34,7 +34,7 @@ TEST_CASE("decay-range: figure cells and summary.py say what the console says (i
   const std::regex cell(R"(\b(inf|nan) \(([0-9]+)\))");
   for (std::sregex_iterator it(r.output.begin(), r.output.end(), cell), end; it != end; ++it) console.push_back(it->str());
   REQUIRE(!console.empty());
-  const json j = draw(d, "fig_decay_range.py", d.file("dr.h5"));
+  const json j = draw(d, "fig_decay_range.py", d.file("dr.h5"), Save::png_pdf);
   int dark = 0;
   for (const auto& ax : j["axes"])
     for (const auto& t : ax["texts"]) {

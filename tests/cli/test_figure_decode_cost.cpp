@@ -104,7 +104,7 @@ TEST_CASE("decode-cost's cache note reaches the figure footer, its GPU note sits
   if (skip_without_plotting()) return;
   TempDir d;
   const json j = run_and_draw(d, "decode-cost --cpu-n 1024,2048 --cpu-d 64 --min-time 0.01 --n 1000 --d 64 "
-                              "--context 1024 --gpu-n 0 --quiet", "dc.h5", "fig_decode_cost.py");
+                              "--context 1024 --gpu-n 0 --quiet", "dc.h5", "fig_decode_cost.py", Save::png_pdf);
   CHECK(footer(j).find("CPU: softmax read:") != std::string::npos);
   CHECK(config_text(j).find("cpu-n=[1024,2048]") != std::string::npos);
   CHECK(config_text(j).find(" quiet=") == std::string::npos);

@@ -31,7 +31,7 @@ TEST_CASE("fig_hybrid's time-per-token panel (Kimi Linear Fig. 1b's layout, atte
   // the left panel draws each layout's attention time per token at batch 1, whose all-MLA / hybrid ratio is the middle panel's curve
   if (skip_without_plotting()) return;
   TempDir d;
-  const json j = run_and_draw(d, "decode-cost --quick --quiet", "dc.h5", "fig_hybrid.py");
+  const json j = run_and_draw(d, "decode-cost --quick --quiet", "dc.h5", "fig_hybrid.py", Save::png_pdf);
   const json* tpot = find_axis(j, "Time per output token vs context (attention only)", Match::exact);
   const json* ratio = find_axis(j, "Attention reads per token, any batch", Match::exact);
   REQUIRE(tpot != nullptr);

@@ -26,7 +26,7 @@ TEST_CASE("fig_recall: error axis from the data, exact errors in their strip, in
   if (skip_without_plotting()) return;
   TempDir d;
   const json j = run_and_draw(d, "recall --d-k 16 --ratio 0.5,1,2,4 --trials 1 --keys random,orthogonal "
-                              "--memories softmax,linear,deltanet,kda --quiet", "recall.h5", "fig_recall.py");
+                              "--memories softmax,linear,deltanet,kda --quiet", "recall.h5", "fig_recall.py", Save::png_pdf);
   int error_axes = 0, strips = 0;
   double smallest_drawn = INFINITY;
   for (const auto& ax : j["axes"]) {

@@ -26,7 +26,7 @@ TEST_CASE("figures.sh keeps a second results file's same figure under <figure>-<
     kdalab_ok(std::string("parity --T 17 --dk 16 --dv 16 --impl float64,float32 --truth f64 --quiet --out ") + d.file(name));
   // figures.sh runs every fig_*.py beside it: a copy with only the parity figure keeps this test to two drawings
   std::filesystem::create_directories(d.file("scripts"));
-  for (const char* s : {"figures.sh", "figstyle.py", "fig_parity.py"})
+  for (const char* s : {"figures.sh", "figures_fork.py", "figstyle.py", "fig_parity.py"})
     std::filesystem::copy_file(std::string("scripts/") + s, d.file(std::string("scripts/") + s));
   const auto r = run_command("FIGURES=" + d.file("fig") + " bash " + d.file("scripts/figures.sh") + " " +
                              d.file("parity.h5") + " " + d.file("parity_long.h5"));

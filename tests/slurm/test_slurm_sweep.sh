@@ -109,8 +109,10 @@ done
 log "slurmctld (pid ${pids[1]}) and slurmd (pid ${pids[2]}) running; node $host idle with $cpus CPUs"
 
 # ---- the recipe: 4 shards of parity --quick, then the merge ----
+# The quick grid (12 points in 4 shards) at d_k = d_v = 16: the same sharding, merge and rows in a tenth of the time.
+small=(--dk 16 --dv 16)
 cd "$T/out"
-out=$(KDALAB="$kdalab" "$root/scripts/slurm/submit.sh" 4 "$T/out" parity --quick)
+out=$(KDALAB="$kdalab" "$root/scripts/slurm/submit.sh" 4 "$T/out" parity --quick "${small[@]}")
 log "$out"
 array=$(sed -n 's/.*array \([0-9]*\).*/\1/p' <<<"$out")
 merge=$(sed -n 's/.* merge \([0-9]*\).*/\1/p' <<<"$out")
@@ -136,6 +138,6 @@ cat "$T/out"/kdalab-merge-*.out
 ls "$T/out"/parity-shard-*-of-4.h5 >/dev/null || fail "no shard files"
 
 # ---- the unsharded run, and the comparison ----
-"$kdalab" parity --quick --quiet --out "$T/out/unsharded.h5" >/dev/null
+"$kdalab" parity --quick "${small[@]}" --quiet --out "$T/out/unsharded.h5" >/dev/null
 /usr/bin/python3 "$here/same_results.py" "$T/out/parity.h5" "$T/out/unsharded.h5" || fail "merged file differs from the unsharded run"
 log "PASSED: the merged 4-shard parity --quick equals the unsharded run (timing columns aside)"
