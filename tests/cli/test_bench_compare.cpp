@@ -127,6 +127,7 @@ TEST_CASE("bench --compare: each file is checked fully before any GPU work, exit
     num_col(g, "time_ms", {1.0e6});  // a baseline no GPU run is slower than (a flagged row would exit 1)
   });
   r2 = run_kdalab(kTiny + " --compare data/baselines/h200.h5 --compare data/baselines/h100/all.h5 " +
+                  "--compare data/baselines/h100/kda-backward.h5 --compare data/baselines/h100/kda-prefill-accurate.h5 " +
                   d.file("fixed.h5") + " --out " + d.file("b.h5"));
   INFO(r2.output);
   CHECK(bench_valid_exit(r2));
