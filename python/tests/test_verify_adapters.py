@@ -7,7 +7,7 @@ import kdalab
 from kdalab import testing
 from kdalab.verify import NA, make_adapter, run
 from kdalab.verify import budgets as budgets_mod
-from kdalab.verify.candidates import numpy_kda
+from kdalab.verify.candidates import numpy_kda, numpy_mla_decode
 from kdalab.verify.cases import find, with_params
 from kdalab.verify.properties import check_case
 
@@ -117,7 +117,17 @@ def test_mla_cases_can_be_sized_for_kdalabs_decode_kernel():
     from kdalab.verify.cases import catalogue
     for c in with_params(catalogue("mla_decode"), {"n_h": 16, "d_c": 512}):
         x = c.inputs()
-        assert x["q"].shape[1:] == (16, 512) and x["cache"].shape[2] == 512, c.name
+        assert x["q"].shape[-2:] == (16, 512) and x["cache"].shape[2] == 512, c.name
+
+
+def test_kdalab_mla_kernel_says_multi_token_decode_is_not_applicable_naming_s_q():
+    from kdalab.verify.cases import catalogue
+    mtp = [c for c in catalogue("mla_decode") if c.params.get("s_q", 1) > 1]
+    assert mtp, "the catalogue has multi-token decode cases"
+    a = make_adapter("kdalab-mla-cuda", numpy_mla_decode)
+    for c in mtp:
+        why = a.supports(c.inputs())
+        assert why and f"s_q = {c.params['s_q']}" in why, (c.name, why)
 
 
 def test_kdalab_kernel_adapters_run_their_own_entry_point_without_a_candidate(tmp_path):

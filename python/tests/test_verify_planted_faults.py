@@ -74,6 +74,17 @@ def decode_state_to_neighbour_slot(q, k, v, g, beta, *, scale, initial_state=Non
     return o, S
 
 
+def mla_decode_multi_token_not_causal(q, cache, cache_seqlens, *, scale):
+    """Multi-token decode whose every query token reads the whole cache, the later query tokens included (a kernel
+    that drops the causal mask among the s_q new tokens); one-token decode stays correct."""
+    q = np.asarray(q, dtype=np.float64)
+    if q.ndim == 3:
+        return numpy_mla_decode(q, cache, cache_seqlens, scale=scale)
+    s_q = q.shape[1]
+    # each query token as a one-token decode over the whole cache: no mask among the s_q new tokens
+    return np.stack([numpy_mla_decode(q[:, j], cache, cache_seqlens, scale=scale) for j in range(s_q)], axis=1)
+
+
 def mla_decode_reads_one_token_short(q, cache, cache_seqlens, *, scale):
     """The MLA decode step attends over all but the newest cached token (when there is more than one)."""
     return numpy_mla_decode(q, cache, np.maximum(np.asarray(cache_seqlens) - 1, 1), scale=scale)
@@ -127,6 +138,15 @@ def test_planted_fault_is_caught_by_its_case(fault, correct):
     for name, r in results.items():
         if not r.passed and r.kind != "not applicable":
             assert correct[name].passed, name
+
+
+def test_multi_token_decode_without_the_causal_mask_among_the_new_tokens_is_caught():
+    rep = run(mla_decode_multi_token_not_causal, "mla_decode", printer=None)
+    r = {x.case: x for x in rep.results}
+    for name in ("mla/mtp2", "mla/mtp4", "mla/mtp4-sharp"):
+        assert r[name].kind == "over budget", (name, r[name].kind)
+    for name in ("mla/agree", "mla/len1", "mla/sharp"):  # one query token: nothing to mask
+        assert r[name].kind == "within the noise of its precision", (name, r[name].kind)
 
 
 def test_mla_decode_fault_is_caught_by_agreement():

@@ -390,7 +390,9 @@ class KdalabCudaKda(_TorchKda):
 
 class CanonicalMlaDecode(Adapter):
     """kdalab's canonical MLA decode convention, numpy float64: fn(q [B, n_h, d_c], cache [B, N, d_c],
-    cache_seqlens [B], *, scale) -> o [B, n_h, d_c]. Options: precision, exact (as the canonical KDA adapter)."""
+    cache_seqlens [B], *, scale) -> o [B, n_h, d_c]; multi-token decode cases pass q [B, s_q, n_h, d_c] (the last s_q
+    cached tokens, causal among themselves) and expect o [B, s_q, n_h, d_c]. Options: precision, exact (as the
+    canonical KDA adapter)."""
     name = "mla-canonical"
     op = "mla_decode"
     returns_state = False
@@ -406,10 +408,10 @@ class CanonicalMlaDecode(Adapter):
 
 
 class FlashMlaDecode(Adapter):
-    """FlashMLA-style decode: fn(q [B, s_q = 1, h_q, d], k_cache [num_blocks, page_block_size, 1, d],
+    """FlashMLA-style decode: fn(q [B, s_q, h_q, d], k_cache [num_blocks, page_block_size, 1, d],
     block_table [B, max_blocks] int32, cache_seqlens [B] int32, head_dim_v, tile_scheduler_metadata, num_splits,
-    softmax_scale, causal) -> (out [B, 1, h_q, head_dim_v], lse), with get_mla_metadata(cache_seqlens, s_q * h_q,
-    1) giving the scheduler arguments (flash_mla.flash_mla_with_kvcache's public signature). The latent cache is
+    softmax_scale, causal) -> (out [B, s_q, h_q, head_dim_v], lse), with get_mla_metadata(cache_seqlens, s_q * h_q,
+    1) giving the scheduler arguments (s_q = 1, or the multi-token cases' s_q with causal = True) (flash_mla.flash_mla_with_kvcache's public signature). The latent cache is
     paged in blocks of `page` tokens (option page, default 64); d = head_dim_v = d_c (NoPE). Options: page."""
     name = "flashmla"
     op = "mla_decode"
@@ -428,7 +430,8 @@ class FlashMlaDecode(Adapter):
         torch = _torch()
         import flash_mla  # noqa: F401  (get_mla_metadata of the same package)
         page = int(self.opt["page"])
-        B, n_h, d_c = x["q"].shape
+        q4 = x["q"] if x["q"].ndim == 4 else x["q"][:, None]
+        B, s_q, n_h, d_c = q4.shape
         N = x["cache"].shape[1]
         nb = (N + page - 1) // page
         cache = np.zeros((B * nb * page, d_c))
@@ -437,10 +440,11 @@ class FlashMlaDecode(Adapter):
         k_cache = torch.as_tensor(cache.reshape(B * nb, page, 1, d_c)).to("cuda", torch.bfloat16)
         table = torch.arange(B * nb, dtype=torch.int32, device="cuda").reshape(B, nb)
         lens = torch.as_tensor(x["cache_seqlens"], dtype=torch.int32, device="cuda")
-        meta, splits = flash_mla.get_mla_metadata(lens, n_h, 1)
-        q = torch.as_tensor(x["q"][:, None]).to("cuda", torch.bfloat16)
+        meta, splits = flash_mla.get_mla_metadata(lens, s_q * n_h, 1)
+        q = torch.as_tensor(q4).to("cuda", torch.bfloat16)
         out, _ = self.fn(q, k_cache, table, lens, d_c, meta, splits, softmax_scale=x["scale"], causal=True)
-        return out[:, 0].double().cpu().numpy(), None
+        out = out.double().cpu().numpy()
+        return (out if x["q"].ndim == 4 else out[:, 0]), None
 
 
 class KdalabCudaMlaDecode(Adapter):
@@ -465,6 +469,9 @@ class KdalabCudaMlaDecode(Adapter):
         r = super().supports(x)
         if r:
             return r
+        if x["q"].ndim == 4 and x["q"].shape[1] > 1:
+            return (f"kdalab's MLA decode kernel takes one query token per sequence; the case has s_q = "
+                    f"{x['q'].shape[1]} (multi-token decode)")
         import kdalab
         if self.fn is None or not kdalab.built_with_cuda:
             return "this kdalab was built without its CUDA entry points (KDALAB_CUDA=OFF)"

@@ -89,7 +89,7 @@ def budgets_of_case(op: str, precision: str, x: Dict[str, Any], adapter=None,
                 precision=precision, output_format=formats,
                 cu_seqlens=None if cu is None else [int(c) for c in cu], dO=dO, **kw)
     elif op == "mla_decode":
-        q = np.ascontiguousarray(x["q"][:, None], dtype=np.float64)
+        q = np.ascontiguousarray(x["q"] if x["q"].ndim == 4 else x["q"][:, None], dtype=np.float64)
         key = _key(op, precision, formats, q, x["cache"], x["cache_seqlens"], x["scale"])
         if key not in _CACHE:
             _CACHE[key] = kdalab.budget_mla(q, np.ascontiguousarray(x["cache"], dtype=np.float64), scale=x["scale"],

@@ -46,15 +46,20 @@ def numpy_kda(q, k, v, g, beta, *, scale: float, initial_state: Optional[np.ndar
 def numpy_mla_decode(q, cache, cache_seqlens, *, scale: float) -> np.ndarray:
     """Absorbed MLA decode (DeepSeek-V2 Eqs. 9-19, W_UK folded into q; docs/equations.md section 5):
     o_{b,i} = sum_{tau < L_b} softmax_tau(scale q_{b,i} . c_{b,tau}) c_{b,tau}.
-    q [B, n_h, d_c]; cache [B, N, d_c]; cache_seqlens [B]. Returns o [B, n_h, d_c], float64."""
+    q [B, n_h, d_c]; cache [B, N, d_c]; cache_seqlens [B]. Returns o [B, n_h, d_c], float64. q [B, s_q, n_h, d_c]
+    (multi-token decode): query j is the cache's token L_b - s_q + j and reads tau <= L_b - s_q + j; o [B, s_q, n_h,
+    d_c]."""
     q, cache = np.asarray(q, dtype=np.float64), np.asarray(cache, dtype=np.float64)
-    o = np.zeros(q.shape)
-    for b in range(q.shape[0]):
-        c = cache[b, :int(cache_seqlens[b])]
-        s = scale * (q[b] @ c.T)
-        p = np.exp(s - s.max(axis=1, keepdims=True))
-        o[b] = (p / p.sum(axis=1, keepdims=True)) @ c
-    return o
+    q4 = q if q.ndim == 4 else q[:, None]
+    s_q = q4.shape[1]
+    o = np.zeros(q4.shape)
+    for b in range(q4.shape[0]):
+        for j in range(s_q):
+            c = cache[b, :int(cache_seqlens[b]) - s_q + 1 + j]
+            s = scale * (q4[b, j] @ c.T)
+            p = np.exp(s - s.max(axis=1, keepdims=True))
+            o[b, j] = (p / p.sum(axis=1, keepdims=True)) @ c
+    return o if q.ndim == 4 else o[:, 0]
 
 
 def numpy_kda_backward(q, k, v, g, beta, dO, *, scale: float, initial_state: Optional[np.ndarray] = None):

@@ -253,17 +253,22 @@ def short_sequences(seed: int, n: int = 200, max_len: int = 5, **kw) -> Dict[str
 # ---------------------------------------------------------------------------------------------
 
 def mla_decode_random(seed: int, B: int = 2, N: int = 33, n_h: int = 4, d_c: int = 32,
-                      lens: Optional[List[int]] = None, log2_q: int = 0) -> Dict[str, Any]:
+                      lens: Optional[List[int]] = None, log2_q: int = 0, s_q: int = 1) -> Dict[str, Any]:
     """Absorbed queries and a latent cache drawn N(0, 1) with kdalab.Rng; cache lengths `lens` (default: N for
-    the first sequence, then shorter); q scaled by 2^log2_q (sharp or flat softmax)."""
+    the first sequence, then shorter); q scaled by 2^log2_q (sharp or flat softmax). s_q > 1: multi-token decode
+    (speculative decoding, multi-token prediction), q [B, s_q, n_h, d_c] (else [B, n_h, d_c]): the s_q queries of
+    sequence b are its last s_q cached tokens, query j reading cache positions 0 .. lens[b] - s_q + j (causal among
+    them), so every length is >= s_q."""
+    if s_q < 1:
+        raise ValueError(f"mla_decode_random: s_q = {s_q}; accepted: s_q >= 1 query tokens per sequence")
     r = kdalab.Rng(seed)
-    q = r.normal(B * n_h * d_c).reshape(B, n_h, d_c) * 2.0 ** log2_q
+    q = r.normal(B * s_q * n_h * d_c).reshape((B, n_h, d_c) if s_q == 1 else (B, s_q, n_h, d_c)) * 2.0 ** log2_q
     cache = r.normal(B * N * d_c).reshape(B, N, d_c)
     if lens is None:
-        lens = [N - (b * 7) % N for b in range(B)]
+        lens = [max(N - (b * 7) % N, s_q) for b in range(B)]
     lens = [int(n) for n in lens]
-    if len(lens) != B or any(n < 1 or n > N for n in lens):
-        raise ValueError(f"mla_decode_random: lens = {lens}; B = {B} lengths in [1, {N}] accepted")
+    if len(lens) != B or any(n < s_q or n > N for n in lens):
+        raise ValueError(f"mla_decode_random: lens = {lens}; B = {B} lengths in [{s_q}, {N}] accepted (s_q = {s_q})")
     return {"op": "mla_decode", "q": q, "cache": cache, "cache_seqlens": np.array(lens, dtype=np.int64),
             "scale": 1.0 / np.sqrt(d_c)}
 
@@ -377,6 +382,17 @@ def _mla_catalogue() -> List[Case]:
                    params={"B": 3}, prop="batch_invariance", about="each sequence equals its batch-of-1 call"))
     cs.append(Case(name="mla/determinism", op="mla_decode", generator="mla_decode_random", seed=77,
                    params={"B": 2}, prop="determinism", about="two calls bit-identical"))
+    # multi-token decode: s_q query tokens per sequence, causal among themselves
+    for name, params, about in (
+            ("mla/mtp2", {"s_q": 2}, "2 query tokens per sequence (speculative decoding), B = 2 of different lengths"),
+            ("mla/mtp4", {"s_q": 4, "B": 3, "lens": [33, 9, 4]}, "4 query tokens; the last sequence holds only them"),
+            ("mla/mtp4-sharp", {"s_q": 4, "log2_q": 3}, "4 query tokens, a sharp softmax: a token that reads a later "
+                                                         "one shows")):
+        cs.append(Case(name=name, op="mla_decode", generator="mla_decode_random", seed=78 + len(cs),
+                       params=params, prop="agreement", about=about))
+    cs.append(Case(name="mla/mtp-batch", op="mla_decode", generator="mla_decode_random", seed=88,
+                   params={"B": 3, "s_q": 3}, prop="batch_invariance", about="each sequence of 3 query tokens equals "
+                                                                         "its batch-of-1 call"))
     return cs
 
 

@@ -38,21 +38,26 @@ def kda_truth(x: Dict[str, Any], precision: str = "float64") -> Tuple[np.ndarray
 
 
 def mla_decode_truth(x: Dict[str, Any], precision: str = "float64") -> Tuple[np.ndarray, None]:
-    """(o [B, n_h, d_c], None) of an MLA decode case (the scale must be 1/sqrt(d_c))."""
+    """(o, None) of an MLA decode case (the scale must be 1/sqrt(d_c)): q [B, n_h, d_c] -> o [B, n_h, d_c]; q [B, s_q,
+    n_h, d_c] (multi-token decode) -> o [B, s_q, n_h, d_c], query j of sequence b reading its cache positions
+    0 .. L_b - s_q + j (the queries are the last s_q cached tokens, causal among themselves)."""
     q, cache, lens = x["q"], x["cache"], x["cache_seqlens"]
-    B, n_h, d_c = q.shape
+    multi = q.ndim == 4
+    q4 = q if multi else q[:, None]
+    B, s_q, n_h, d_c = q4.shape
     if not np.isclose(x["scale"], 1.0 / np.sqrt(d_c), rtol=1e-15, atol=0.0):
         raise ValueError(f"mla decode truth: scale = {x['scale']}; accepted: 1/sqrt(d_c) = {1 / np.sqrt(d_c)}")
     eye = np.ascontiguousarray(np.tile(np.eye(d_c), (n_h, 1)))  # W_UK = W_UV = I per head
-    o = np.zeros((B, n_h, d_c))
+    o = np.zeros((B, s_q, n_h, d_c))
     for b in range(B):
-        L = int(lens[b])
-        q_C = np.ascontiguousarray(q[b].reshape(1, n_h * d_c), dtype=np.float64)
-        C = np.ascontiguousarray(cache[b, :L], dtype=np.float64)
-        y = kdalab.mla_attend(q_C, np.zeros((1, 0)), C, np.zeros((L, 0)), eye, eye, n_h=n_h, eval="absorbed",
-                              precision=precision)
-        o[b] = y.reshape(n_h, d_c)
-    return o, None
+        for j in range(s_q):
+            L = int(lens[b]) - s_q + 1 + j  # the positions query j reads
+            q_C = np.ascontiguousarray(q4[b, j].reshape(1, n_h * d_c), dtype=np.float64)
+            C = np.ascontiguousarray(cache[b, :L], dtype=np.float64)
+            y = kdalab.mla_attend(q_C, np.zeros((1, 0)), C, np.zeros((L, 0)), eye, eye, n_h=n_h, eval="absorbed",
+                                  precision=precision)
+            o[b, j] = y.reshape(n_h, d_c)
+    return (o if multi else o[:, 0]), None
 
 
 def truth(x: Dict[str, Any], precision: str = "float64"):
