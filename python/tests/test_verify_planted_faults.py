@@ -85,6 +85,22 @@ def mla_decode_multi_token_not_causal(q, cache, cache_seqlens, *, scale):
     return np.stack([numpy_mla_decode(q[:, j], cache, cache_seqlens, scale=scale) for j in range(s_q)], axis=1)
 
 
+def mla_decode_reads_past_the_length(q, cache, cache_seqlens, *, scale):
+    """Multi-token decode whose queries each read one cache row past their own position (the last query past the
+    sequence's length, where the cache has one), by a tiny weight: below the agreement budget, not below an exact
+    check."""
+    q = np.asarray(q, dtype=np.float64)
+    o = numpy_mla_decode(q, cache, cache_seqlens, scale=scale)
+    if q.ndim == 4:
+        s_q = q.shape[1]
+        for b, L in enumerate(cache_seqlens):
+            for j in range(s_q):
+                t = int(L) - s_q + j + 1
+                if t < np.shape(cache)[1]:  # (the last query of a full cache has no row past it)
+                    o[b, j] += 1e-14 * np.asarray(cache)[b, t]
+    return o
+
+
 def mla_decode_reads_one_token_short(q, cache, cache_seqlens, *, scale):
     """The MLA decode step attends over all but the newest cached token (when there is more than one)."""
     return numpy_mla_decode(q, cache, np.maximum(np.asarray(cache_seqlens) - 1, 1), scale=scale)
@@ -145,8 +161,16 @@ def test_multi_token_decode_without_the_causal_mask_among_the_new_tokens_is_caug
     r = {x.case: x for x in rep.results}
     for name in ("mla/mtp2", "mla/mtp4", "mla/mtp4-sharp"):
         assert r[name].kind == "over budget", (name, r[name].kind)
+    assert r["mla/mtp-causal"].kind == "property broken", r["mla/mtp-causal"].kind  # the exact check sees it too
     for name in ("mla/agree", "mla/len1", "mla/sharp"):  # one query token: nothing to mask
         assert r[name].kind == "within the noise of its precision", (name, r[name].kind)
+
+
+def test_multi_token_decode_reading_a_row_past_its_position_breaks_decode_causality():
+    rep = run(mla_decode_reads_past_the_length, "mla_decode", cases=["mla/mtp4", "mla/mtp-causal"], printer=None)
+    r = {x.case: x for x in rep.results}
+    assert r["mla/mtp4"].kind == "within the noise of its precision"  # 1e-14 hides under the float64 budget
+    assert r["mla/mtp-causal"].kind == "property broken", r["mla/mtp-causal"].kind
 
 
 def test_mla_decode_fault_is_caught_by_agreement():

@@ -390,6 +390,9 @@ def _mla_catalogue() -> List[Case]:
                                                          "one shows")):
         cs.append(Case(name=name, op="mla_decode", generator="mla_decode_random", seed=78 + len(cs),
                        params=params, prop="agreement", about=about))
+    cs.append(Case(name="mla/mtp-causal", op="mla_decode", generator="mla_decode_random", seed=89,
+                   params={"B": 2, "s_q": 4}, prop="decode_causality", prop_params={"P": 2},
+                   about="queries 2, 3 and the cache rows only they read replaced: o of queries 0, 1 bit-identical"))
     cs.append(Case(name="mla/mtp-batch", op="mla_decode", generator="mla_decode_random", seed=88,
                    params={"B": 3, "s_q": 3}, prop="batch_invariance", about="each sequence of 3 query tokens equals "
                                                                          "its batch-of-1 call"))

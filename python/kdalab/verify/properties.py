@@ -243,6 +243,30 @@ def causality(adapter, case: Case, x, opts) -> Result:
     return Result(case.name, "causality", WITHIN, True, 0.0, 0.0, f"o[:, :{P}] bit-identical")
 
 
+def decode_causality(adapter, case: Case, x, opts) -> Result:
+    """Multi-token decode (q [B, s_q, n_h, d_c]; query j of sequence b reads cache positions <= L_b - s_q + j): the
+    queries from P on and every cache row queries 0 .. P - 1 cannot read (positions >= L_b - s_q + P, those past L_b
+    too) replaced by another draw leave o[:, :P] bit-identical."""
+    P = case.prop_params["P"]
+    s_q = x["q"].shape[1]
+    other = GENERATORS[case.generator](case.seed + 7919, **case.params)
+    y = dict(x)
+    y["q"] = x["q"].copy()
+    y["q"][:, P:] = other["q"][:, P:]
+    y["cache"] = x["cache"].copy()
+    for b, L in enumerate(x["cache_seqlens"]):
+        first = int(L) - s_q + P  # the first position query P - 1 cannot read
+        y["cache"][b, first:] = other["cache"][b, first:]
+    o1, _ = _call(adapter, x)
+    o2, _ = _call(adapter, y)
+    if not _bits_equal(o1[:, :P], o2[:, :P]):
+        d = np.abs(o1[:, :P] - o2[:, :P])
+        j_first = int(np.argwhere(d > 0)[0][1])
+        raise Broken(f"o[:, :{P}] changed when the later queries and the cache rows they alone read changed (first "
+                     f"at query {j_first}, max |diff| {d.max():.3e})")
+    return Result(case.name, "decode_causality", WITHIN, True, 0.0, 0.0, f"o[:, :{P}] bit-identical")
+
+
 def _invariance(adapter, case: Case, prop: str, whole: np.ndarray, parts: List[np.ndarray], x) -> Result:
     joined = np.concatenate(parts, axis=0 if x["op"] == "mla_decode" or x.get("cu_seqlens") is None else 1)
     if _bits_equal(joined, whole):
@@ -371,11 +395,11 @@ def gradient_causality(adapter, case: Case, x, opts) -> Result:
 
 PROPERTIES: Dict[str, Callable[..., Result]] = {
     f.__name__: f for f in (agreement, unit_read, continuation, decode_prefill, state_layout, causality,
-                            batch_invariance, varlen_invariance, determinism, gradient_agreement,
+                            decode_causality, batch_invariance, varlen_invariance, determinism, gradient_agreement,
                             gradient_causality)
 }
 
-EXACT = ("causality", "batch_invariance", "varlen_invariance", "determinism")
+EXACT = ("causality", "decode_causality", "batch_invariance", "varlen_invariance", "determinism")
 
 
 def check_case(adapter, case: Case, opts: Optional[Dict[str, Any]] = None) -> Result:
