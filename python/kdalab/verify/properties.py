@@ -224,6 +224,18 @@ def state_layout(adapter, case: Case, x, opts) -> Result:
 # Exact
 # ---------------------------------------------------------------------------------------------
 
+def _prefix_unchanged(adapter, case: Case, prop: str, x, y, P: int, changed: str, at: str) -> Result:
+    """The exact check of the causality properties: o[:, :P] of x and of y (x with `changed` replaced) bit-identical;
+    `at` names axis 1 of o in the message ("t", "query")."""
+    o1, _ = _call(adapter, x)
+    o2, _ = _call(adapter, y)
+    if not _bits_equal(o1[:, :P], o2[:, :P]):
+        d = np.abs(o1[:, :P] - o2[:, :P])
+        first = int(np.argwhere(d > 0)[0][1])
+        raise Broken(f"o[:, :{P}] changed when {changed} changed (first at {at} = {first}, max |diff| {d.max():.3e})")
+    return Result(case.name, prop, WITHIN, True, 0.0, 0.0, f"o[:, :{P}] bit-identical")
+
+
 def causality(adapter, case: Case, x, opts) -> Result:
     """Inputs at positions >= P replaced by another draw leave o[:, :P] bit-identical."""
     P = case.prop_params["P"]
@@ -233,14 +245,7 @@ def causality(adapter, case: Case, x, opts) -> Result:
         if k in x and k in other:
             y[k] = x[k].copy()
             y[k][:, P:] = other[k][:, P:]
-    o1, _ = _call(adapter, x)
-    o2, _ = _call(adapter, y)
-    if not _bits_equal(o1[:, :P], o2[:, :P]):
-        d = np.abs(o1[:, :P] - o2[:, :P])
-        t_first = int(np.argwhere(d > 0)[0][1])
-        raise Broken(f"o[:, :{P}] changed when inputs at t >= {P} changed (first at t = {t_first}, "
-                     f"max |diff| {d.max():.3e})")
-    return Result(case.name, "causality", WITHIN, True, 0.0, 0.0, f"o[:, :{P}] bit-identical")
+    return _prefix_unchanged(adapter, case, "causality", x, y, P, f"inputs at t >= {P}", "t")
 
 
 def decode_causality(adapter, case: Case, x, opts) -> Result:
@@ -257,14 +262,8 @@ def decode_causality(adapter, case: Case, x, opts) -> Result:
     for b, L in enumerate(x["cache_seqlens"]):
         first = int(L) - s_q + P  # the first position query P - 1 cannot read
         y["cache"][b, first:] = other["cache"][b, first:]
-    o1, _ = _call(adapter, x)
-    o2, _ = _call(adapter, y)
-    if not _bits_equal(o1[:, :P], o2[:, :P]):
-        d = np.abs(o1[:, :P] - o2[:, :P])
-        j_first = int(np.argwhere(d > 0)[0][1])
-        raise Broken(f"o[:, :{P}] changed when the later queries and the cache rows they alone read changed (first "
-                     f"at query {j_first}, max |diff| {d.max():.3e})")
-    return Result(case.name, "decode_causality", WITHIN, True, 0.0, 0.0, f"o[:, :{P}] bit-identical")
+    return _prefix_unchanged(adapter, case, "decode_causality", x, y, P,
+                             "the later queries and the cache rows they alone read", "query")
 
 
 def _invariance(adapter, case: Case, prop: str, whole: np.ndarray, parts: List[np.ndarray], x) -> Result:
