@@ -111,6 +111,7 @@ struct BenchOptions {
   int kda_segments = 0;  // kda-prefill schedule: 0 the rule, 1 one-shot, 2..64 the segment path with P segments
   std::string kda_overlap = "on";  // kda-prefill: off = KdaPrefillArgs::single_stream
   std::string kda_precision = "fast";  // kda-prefill: KdaPrefillArgs::precision (fast, accurate; D = 128)
+  std::string bwd_pass = "auto";  // kda-backward: KdaBackwardOverrides::pass (auto, sweep, chunked)
   long long prefix = 0;  // mla-prefill: cached tokens before the T new ones
 };
 
@@ -496,12 +497,39 @@ std::pair<double, double> backward_model(const Shape& s) {
   return {in + out + 2.0 * 4.0 * ws, steps * D * D};
 }
 
+/// The chunked pass's model (kernels/kda_backward/chunked.cu), per sequence of L tokens in J = ceil(L / 16) chunks:
+///  bytes: the inputs and outputs as backward_model; the workspace regions written once and read once (the prepared
+///    inputs, the partials, every chunk's S and dS), the factor slots written once and read three times (the two
+///    chains and the gradient kernel).
+///  flops: the fp32-class products of a chunk as executed, per value head, an FMA counted as 2 (the three tf32
+///    passes of a product counted once): the chains 2 C D^2 (V~ = U - W S, Kd^T V~) and 3 C D^2 + C^2 D (Kd dS,
+///    Qg^T dO, W^T dV~, P^T dO); the gradient kernel 5 C D^2 (W S, Kd dS, dO S^T, dV~ S^T, V~ dS^T) + 4 C^2 D
+///    (P^T dO, N^T dV~, dO V~^T, dY U^T) + 7 C^2 D (N^T dW, dX W^T, dP Ki, dP^T Qg, dB^T Kg, dB Ki, ...); the factors
+///    C^2 D (B and P, lower halves) + C^2 (2 D + C) / 2 (the substitution). C = 16.
+std::pair<double, double> chunked_backward_model(const Shape& s) {
+  const double D = static_cast<double>(s.D), H = static_cast<double>(s.H), HV = static_cast<double>(s.HV);
+  const double M = static_cast<double>(s.B) * s.T, C = 16.0;
+  const double J = static_cast<double>(s.B) * static_cast<double>((s.T + 15) / 16);
+  const double nq = M * H * D, nv = M * HV * D, nb = M * HV, ns = static_cast<double>(s.B) * HV * D * D;
+  const double in = 2.0 * (2.0 * nq + 3.0 * nv + nb) + 4.0 * (HV + HV * D) + 4.0 * 2.0 * ns;
+  const double out = 2.0 * (2.0 * nq + 2.0 * nv + nb) + 4.0 * (HV + HV * D) + 4.0 * ns;
+  const double fac = J * HV * (7.0 * C * D + 3.0 * C * C);
+  const double ws = M * (2.0 * H * D + 2.0 * H + HV * D + HV) + 2.0 * J * HV * D * D + M * HV * (3.0 * D + 1.0) +
+                    M * HV + M * HV * D;
+  const double fma = J * HV * (10.0 * C * D * D + 13.0 * C * C * D + C * C * (2.0 * D + C) / 2.0);
+  return {in + out + 2.0 * 4.0 * ws + 4.0 * 4.0 * fac, 2.0 * fma};
+}
+
 /// kda-backward: the forward (kda_prefill with S_final, the rule's plan) and the backward (kda_backward) of the KDA
 /// prefill on bench_prefill's inputs (PrefillInputs: the fused K3 gate, L2Norm and beta sigmoid, S0 given) with the
 /// upstream dO [B, T, HV, D] N(0,1) bf16 (seed + 9) and dS_T [B, HV, D, D] N(0,1) fp32 (seed + 10). Times (CUDA
 /// events, --warmup then --iters launches each, as bench_prefill): the forward alone, the backward alone and the
 /// forward then the backward; the row's time is the last. Bytes and flops: the prefill's model plus backward_model.
-Measured bench_backward(const Shape& s, int warmup, int iters, std::uint64_t seed) {
+Measured bench_backward(const Shape& s, int warmup, int iters, std::uint64_t seed, const std::string& pass_name) {
+  kernels::KdaBackwardOverrides ov;
+  ov.pass = pass_name == "sweep"     ? kernels::KdaBackwardPass::sweep
+            : pass_name == "chunked" ? kernels::KdaBackwardPass::chunked
+                                     : kernels::KdaBackwardPass::automatic;
   PrefillInputs in(s, seed);
   const std::size_t nq = in.nq, nv = in.nv, nb = in.nb, ns = in.ns;
   Dev dO(nv * 2), dST(ns * 4), dq(nq * 2), dk(nq * 2), dv(nv * 2), dg(nv * 2), dbeta(nb * 2), dA(s.HV * 4),
@@ -517,20 +545,21 @@ Measured bench_backward(const Shape& s, int warmup, int iters, std::uint64_t see
   b.dO = dO.as<bf16_t>(); b.dS_T = dST.as<float>();
   b.dq = dq.as<bf16_t>(); b.dk = dk.as<bf16_t>(); b.dv = dv.as<bf16_t>(); b.dg = dg.as<bf16_t>();
   b.dbeta = dbeta.as<bf16_t>(); b.dA_log = dA.as<float>(); b.dbias = dbias.as<float>(); b.dS0 = dS0.as<float>();
-  const std::size_t wsf = kernels::kda_prefill_workspace_bytes(in.a), wsb = kernels::kda_backward_workspace_bytes(b);
+  const std::size_t wsf = kernels::kda_prefill_workspace_bytes(in.a), wsb = kernels::kda_backward_workspace_bytes(b, &ov);
   Dev wf(wsf), wb(wsb);
   in.a.workspace = wf.p; in.a.workspace_bytes = wsf;
   b.workspace = wb.p; b.workspace_bytes = wsb;
   std::size_t inputs = in.bytes() - in.o.bytes - in.Sf.bytes + dO.bytes + dST.bytes, outputs = in.o.bytes + in.Sf.bytes;
   for (const Dev* d : {&dq, &dk, &dv, &dg, &dbeta, &dA, &dbias, &dS0}) outputs += d->bytes;
   const double fwd = time_ms([&] { kernels::kda_prefill(in.a, nullptr); }, warmup, iters).first;
-  const double bwd = time_ms([&] { kernels::kda_backward(b, nullptr); }, warmup, iters).first;
+  const double bwd = time_ms([&] { kernels::kda_backward(b, nullptr, &ov); }, warmup, iters).first;
   auto [ms, mn] = time_ms([&] {
     kernels::kda_prefill(in.a, nullptr);
-    kernels::kda_backward(b, nullptr);
+    kernels::kda_backward(b, nullptr, &ov);
   }, warmup, iters);
   Measured m = prefill_measured(s, ms, mn, 0.0, 0.0);
-  const auto [bb, bf] = backward_model(s);
+  const bool chunked = kernels::kda_backward_plan(b, &ov) == kernels::KdaBackwardPass::chunked;
+  const auto [bb, bf] = chunked ? chunked_backward_model(s) : backward_model(s);
   m.bytes += bb;
   m.flops += bf;
   m.fwd_ms = fwd;
@@ -794,6 +823,12 @@ void register_bench(Registry& reg) {
                 "(the default kda-prefill shapes, which --op all takes, have D = 64 and 256 rows: refused); refused "
                 "with another op")
       ->capture_default_str();
+  a->add_option("--bwd-pass", o->bwd_pass,
+                "kda-backward pass (kernels/kda_backward.hpp KdaBackwardPass): auto (the rule: chunked for D = 64, 128, "
+                "sweep for D = 256), sweep or chunked (D = 64, 128 only). A forced pass's rows get the key suffix "
+                "' sweep' or ' chunked' (their own baselines; the peer time is looked up under the plain key); refused "
+                "with another op")
+      ->capture_default_str();
   a->add_option("--compare", o->compare,
                 "baseline bench results file(s) to compare against: prints time / baseline per row found (same group, "
                 "same key), flags rows more than 10% slower and then exits 1; several files (comma-separated like every list "
@@ -838,6 +873,8 @@ void register_bench(Registry& reg) {
             "--precision accurate with --state-pass " + o->kda_state_pass + " --segments " +
                 std::to_string(o->kda_segments) + "; accepted: accurate runs the one-shot wgmma pass (--state-pass auto "
                 "or wgmma, --segments 0 or 1)");
+    require(o->bwd_pass == "auto" || o->bwd_pass == "sweep" || o->bwd_pass == "chunked",
+            "--bwd-pass = '" + o->bwd_pass + "'; accepted: auto, sweep or chunked");
     // options that act on one op only, set to other than their default, are refused with another op, not dropped
     // silently; --op all takes each of them (it acts on that op's rows)
     struct OneOpOption {
@@ -851,7 +888,8 @@ void register_bench(Registry& reg) {
           OneOpOption{o->kda_state_pass != def.kda_state_pass, "--state-pass " + o->kda_state_pass, "kda-prefill"},
           OneOpOption{o->kda_segments != def.kda_segments, "--segments " + std::to_string(o->kda_segments), "kda-prefill"},
           OneOpOption{o->kda_overlap != def.kda_overlap, "--overlap " + o->kda_overlap, "kda-prefill"},
-          OneOpOption{o->kda_precision != def.kda_precision, "--precision " + o->kda_precision, "kda-prefill"}})
+          OneOpOption{o->kda_precision != def.kda_precision, "--precision " + o->kda_precision, "kda-prefill"},
+          OneOpOption{o->bwd_pass != def.bwd_pass, "--bwd-pass " + o->bwd_pass, "kda-backward"}})
       require(!x.set || o->op == x.op || o->op == "all",
               x.given + " applies to --op " + x.op + " (or all) only, not --op " + o->op);
     require(ctx.app->get_option("--shapes")->count() == 0 || !o->shapes.empty(),
@@ -1033,10 +1071,10 @@ void register_bench(Registry& reg) {
                "otherwise")
           .col("fwd_ms", 'd', "ms", "kda-backward: the forward (kda_prefill with S_final) alone (median); NaN otherwise")
           .col("bwd_ms", 'd', "ms", "kda-backward: the backward (kda_backward) alone (median); NaN otherwise")
-          .col("bwd_bytes", 'd', "B", "kda-backward: the backward's bytes model (inputs, outputs, each workspace "
-               "region written and read once; docs/kernels/kda_backward.md); NaN otherwise")
-          .col("bwd_flops", 'd', "FLOP", "kda-backward: the backward's flops model (the sweep's fp32 work on the "
-               "state); NaN otherwise")
+          .col("bwd_bytes", 'd', "B", "kda-backward: the backward's bytes model of the pass that ran (inputs, "
+               "outputs, the workspace regions; docs/kernels/kda_backward.md); NaN otherwise")
+          .col("bwd_flops", 'd', "FLOP", "kda-backward: the backward's flops model (the pass that ran: the "
+               "sweep's fp32 work on the state, or the chunked pass's products); NaN otherwise")
           .col("peak_bytes", 'd', "B", "kda-backward: device bytes allocated for the row (inputs, outputs, the prefill "
                "and backward workspaces); NaN otherwise");
       // kda-backward rows print the forward and the backward alone where kda-prefill rows print their two phases
@@ -1046,7 +1084,8 @@ void register_bench(Registry& reg) {
       for (const Shape& s : shapes[oi]) {
         const std::string plain_key = key_of(op, s, op == "mla-prefill" ? o->prefix : 0);
         const bool accurate = op == "kda-prefill" && o->kda_precision == "accurate";
-        const std::string key = accurate ? plain_key + " accurate" : plain_key;
+        const bool bwd_forced = op == "kda-backward" && o->bwd_pass != "auto";
+        const std::string key = accurate ? plain_key + " accurate" : bwd_forced ? plain_key + " " + o->bwd_pass : plain_key;
         const Measured m =
             op == "kda-prefill"   ? bench_prefill(s, o->warmup, o->iters, ctx.common.seed,
                                                   prefill_overrides(o->kda_state_pass, o->kda_segments),
@@ -1055,7 +1094,7 @@ void register_bench(Registry& reg) {
             : op == "mla-prefill" && s.naive ? bench_mla_prefill_naive(s, o->prefix, o->warmup, o->iters, ctx.common.seed)
             : op == "mla-prefill" ? bench_mla_prefill(s, o->prefix, o->warmup, o->iters, ctx.common.seed)
             : op == "attn-res"    ? bench_attn_res(s, o->warmup, o->iters, ctx.common.seed)
-            : op == "kda-backward" ? bench_backward(s, o->warmup, o->iters, ctx.common.seed)
+            : op == "kda-backward" ? bench_backward(s, o->warmup, o->iters, ctx.common.seed, o->bwd_pass)
                                   : bench_decode(s, o->warmup, o->iters, ctx.common.seed);
         const double tbs = m.bytes / (m.ms * 1e-3) / 1e12, tfl = m.flops / (m.ms * 1e-3) / 1e12;
         const double nan = std::numeric_limits<double>::quiet_NaN();

@@ -84,18 +84,41 @@ struct KdaBackwardArgs {
   std::size_t workspace_bytes = 0;
 };
 
+/// How the reverse pass maps onto the GPU (kda_backward_plan states which one runs). Both compute the same gradients
+/// in fp32-class arithmetic with bf16 in and out; they differ in summation order (design and measurements:
+/// docs/kernels/kda_backward.md).
+enum class KdaBackwardPass {
+  automatic,  ///< the rule of kda_backward_plan: chunked for D = 64 and 128, sweep for D = 256
+  sweep,      ///< version 1: token-by-token fp32 sweeps, one CTA per (sequence, value head, column block); every D
+  chunked,    ///< version 2: 16-token chunks in the WY form (docs/kernels/kda_backward.md "Version 2"); D = 64, 128
+};
+
+/// What benchmarks and tests force; kda_backward without overrides (nullptr) runs the rule of kda_backward_plan.
+struct KdaBackwardOverrides {
+  KdaBackwardPass pass = KdaBackwardPass::automatic;
+};
+
+/// The pass kda_backward runs for these arguments and overrides (never automatic). Errors: kdalab::Error when the
+/// overrides force the chunked pass at D = 256.
+KdaBackwardPass kda_backward_plan(const KdaBackwardArgs& a, const KdaBackwardOverrides* overrides = nullptr);
+
 /// Bytes of device scratch kda_backward needs for these shapes on the current device (checks the shapes and options
 /// too; the pointers are not read). Formula (docs/kernels/kda_backward.md), with M = B T token rows (T with
 /// cu_seqlens), P = D / NC column blocks (NC = 64, or 32 at D = 256), all fp32:
 ///   prepared inputs   M (2 H D + 2 H + HV D + HV)
-///   checkpoints       K HV D^2,  K = N ceil(T / 64) (fixed length) or N + floor(T / 64) + 1 (cu_seqlens)
-///   partials          P M HV (3 D + 1) + M HV
-///   scratch           G 16 D NC,  G = min(N HV P, resident CTAs of the sweep kernel on this device)
+///   sweep pass:
+///     checkpoints     K HV D^2,  K = N ceil(T / 64) (fixed length) or N + floor(T / 64) + 1 (cu_seqlens)
+///     partials        P M HV (3 D + 1) + M HV
+///     scratch         G 16 D NC,  G = min(N HV P, resident CTAs of the sweep kernel on this device)
+///   chunked pass (16-token chunks, J = N ceil(T / 16) or N + floor(T / 16) + 1 chunk slots):
+///     chunk factors   J HV (7 16 D + 3 16^2)
+///     S and dS        2 J HV D^2 (the state entering and the gradient leaving every chunk)
+///     partials        M HV (3 D + 1) + M HV
 /// each region rounded up to 256 bytes.
-std::size_t kda_backward_workspace_bytes(const KdaBackwardArgs& a);
+std::size_t kda_backward_workspace_bytes(const KdaBackwardArgs& a, const KdaBackwardOverrides* overrides = nullptr);
 
 /// The KDA backward (file comment). Asynchronous on `stream`; no allocation, no host synchronisation, no side stream
 /// (capturable in a CUDA graph). Deterministic. Errors: kdalab::Error (see file comment), before anything is launched.
-void kda_backward(const KdaBackwardArgs& a, cudaStream_t stream);
+void kda_backward(const KdaBackwardArgs& a, cudaStream_t stream, const KdaBackwardOverrides* overrides = nullptr);
 
 }  // namespace kdalab::kernels

@@ -144,6 +144,16 @@ inline KdaBwdTwinPlan kda_bwd_plan_chosen() {
   for (OperandFormat* o : {&p.kds, &p.vds, &p.dos, &p.qdo, &p.fwd_ws, &p.fwd_kd}) *o = {Format::bf16, true};
   return p;
 }
+/// The chunked kernel as built (kernels/kda_backward/chunked.cu): the products over D or value columns as tf32 hi + lo
+/// (three mma.sync passes), the products over a chunk's 16 tokens (kk, qk, dpk, the substitution) in fp32 FMA, the
+/// forward chain that stores every chunk's S likewise (tf32 hi + lo).
+inline KdaBwdTwinPlan kda_bwd_plan_kernel() {
+  KdaBwdTwinPlan p;
+  for (OperandFormat* o : {&p.ws, &p.kds, &p.vds, &p.dos, &p.qdo, &p.fwd_ws, &p.fwd_kd, &p.pdo, &p.dov, &p.ndx,
+                           &p.dxw})
+    *o = {Format::tf32, true};
+  return p;
+}
 /// fp32 operands everywhere (the forward's state pass too).
 inline KdaBwdTwinPlan kda_bwd_plan_fp32() { return kda_bwd_plan_uniform(Format::fp32); }
 /// Every format float64: the twin then equals kda_backward_kernel_form<double> up to summation order.

@@ -44,6 +44,7 @@ constexpr int cfg_nc(int D) { return D == 256 ? 32 : 64; }
 
 struct Params {
   int B, T, H, HV, group, D, N, P, M;  // M = token rows (B T, or T with cu_seqlens)
+  int max_len;                         // the longest sequence (T, or max_seqlen with cu_seqlens)
   const bf16_t *q, *k, *v, *g, *beta, *dO;
   Strides sq, sk, sv, sg, sbeta, sdo;  // resolved (no zeros)
   const float *A_log, *bias;
@@ -63,6 +64,10 @@ struct Params {
   float *pq, *pk, *pg;  // [P][M][HV][D]: partial dq, dk, dg of each column block (pg[0]: dg_raw after the epilogue)
   float* pb;            // [P][M][HV]: partial dbeta
   float* pA;            // [M][HV]: per-token dA_log terms
+  // the chunked pass (chunked.cuh): per (chunk slot, value head)
+  float* fac;   // [slots][HV][FAC]: the chunk's factors
+  float* Sst;   // [slots][HV][D][D]: S entering the chunk
+  float* dSst;  // [slots][HV][D][D]: dL/dS leaving the chunk
 };
 
 /// Row `tau` of the flattened token rows -> (batch entry, token): fixed length tau = b T + t; with cu_seqlens b = 0.
@@ -124,5 +129,10 @@ int sweep_resident_ctas(int D);
 void launch_sweep(const Params& p, int grid, cudaStream_t stream);
 /// epilogue.cu: the partial sums and chain rules, grid (M, H); then (fused gate) dA_log and dbias.
 void launch_epilogue(const Params& p, cudaStream_t stream);
+/// chunked.cu: the chunked pass (factors, forward chain, reverse chain, gradients) for D = 64 or 128; writes what the
+/// sweep writes (dv, dS0 and the partials of one column block) for the epilogue.
+void launch_chunked(const Params& p, cudaStream_t stream);
+/// chunked.cu: floats of one chunk's factor slot (D = 64 or 128).
+std::size_t chunked_factor_floats(int D);
 
 }  // namespace kdalab::kernels::kda_backward_detail

@@ -37,21 +37,28 @@ void check_shapes(const KdaBackwardArgs& a) {
     throw Error(op + ": B T HV = " + std::to_string(M * a.HV) + " token rows x heads; accepted: < 2^31");
 }
 
-/// Workspace regions, byte offsets from its start (each rounded up to 256 bytes).
+/// Workspace regions, byte offsets from its start (each rounded up to 256 bytes); the regions of the other pass are 0
+/// bytes long.
 struct Layout {
-  std::size_t qn, kn, qinv, kinv, gf, bf, ckpt, scratch, pq, pk, pg, pb, pA, total;
-  int grid;
+  std::size_t qn, kn, qinv, kinv, gf, bf, ckpt, scratch, fac, Sst, dSst, pq, pk, pg, pb, pA, total;
+  int grid, P;
 };
 
-Layout layout_of(const KdaBackwardArgs& a) {
+constexpr std::size_t kChunk = 16;  // the chunked pass's chunk (chunked.cu)
+
+Layout layout_of(const KdaBackwardArgs& a, KdaBackwardPass pass) {
+  const bool chunked = pass == KdaBackwardPass::chunked;
   const std::size_t M = static_cast<std::size_t>(a.B) * a.T, H = a.H, HV = a.HV, D = a.D;
   const std::size_t N = a.cu_seqlens ? a.num_seqs : a.B;
-  const std::size_t slots = a.cu_seqlens ? N + a.T / CK + 1 : N * ((a.T + CK - 1) / CK);
-  const std::size_t P = cfg_p(a.D), NC = cfg_nc(a.D);
+  const std::size_t slots = chunked ? 0 : a.cu_seqlens ? N + a.T / CK + 1 : N * ((a.T + CK - 1) / CK);
+  const std::size_t cslots =
+      !chunked ? 0 : a.cu_seqlens ? N + a.T / kChunk + 1 : N * ((a.T + kChunk - 1) / kChunk);
+  const std::size_t P = chunked ? 1 : cfg_p(a.D), NC = cfg_nc(a.D);
   const std::size_t items = N * HV * P;
-  const int grid = static_cast<int>(std::min<std::size_t>(items, sweep_resident_ctas(a.D)));
+  const int grid = chunked ? 0 : static_cast<int>(std::min<std::size_t>(items, sweep_resident_ctas(a.D)));
   Layout l{};
   l.grid = grid;
+  l.P = static_cast<int>(P);
   std::size_t off = 0;
   const auto take = [&](std::size_t floats) {
     const std::size_t o = off;
@@ -66,6 +73,9 @@ Layout layout_of(const KdaBackwardArgs& a) {
   l.bf = take(M * HV);
   l.ckpt = take(slots * HV * D * D);
   l.scratch = take(static_cast<std::size_t>(grid) * SCRATCH_TILES * D * NC);
+  l.fac = take(cslots * HV * (chunked ? chunked_factor_floats(a.D) : 0));
+  l.Sst = take(cslots * HV * D * D);
+  l.dSst = take(cslots * HV * D * D);
   l.pq = take(P * M * HV * D);
   l.pk = take(P * M * HV * D);
   l.pg = take(P * M * HV * D);
@@ -77,13 +87,22 @@ Layout layout_of(const KdaBackwardArgs& a) {
 
 }  // namespace
 
-std::size_t kda_backward_workspace_bytes(const KdaBackwardArgs& a) {
+KdaBackwardPass kda_backward_plan(const KdaBackwardArgs& a, const KdaBackwardOverrides* ov) {
   check_shapes(a);
-  return layout_of(a).total;
+  const KdaBackwardPass forced = ov ? ov->pass : KdaBackwardPass::automatic;
+  if (forced == KdaBackwardPass::chunked && a.D == 256)
+    throw Error(std::string(kOp) + ": pass = chunked with D = 256; accepted: the chunked pass with D = 64 or 128, "
+                "the sweep with any D");
+  if (forced != KdaBackwardPass::automatic) return forced;
+  return a.D == 256 ? KdaBackwardPass::sweep : KdaBackwardPass::chunked;
 }
 
-void kda_backward(const KdaBackwardArgs& a, cudaStream_t stream) {
-  check_shapes(a);
+std::size_t kda_backward_workspace_bytes(const KdaBackwardArgs& a, const KdaBackwardOverrides* ov) {
+  return layout_of(a, kda_backward_plan(a, ov)).total;
+}
+
+void kda_backward(const KdaBackwardArgs& a, cudaStream_t stream, const KdaBackwardOverrides* ov) {
+  const KdaBackwardPass pass = kda_backward_plan(a, ov);
   check_gate(a.gate, a.HV, kOp);
   const int D = a.D;
   check_ptr(a.q, 16, "q");
@@ -111,16 +130,17 @@ void kda_backward(const KdaBackwardArgs& a, cudaStream_t stream) {
   }
   if (a.cu_seqlens) check_ptr(a.cu_seqlens, 4, "cu_seqlens");
   check_ptr(a.workspace, 16, "workspace");
-  const Layout l = layout_of(a);
+  const Layout l = layout_of(a, pass);
   if (a.workspace_bytes < l.total)
     throw Error(std::string(kOp) + ": workspace_bytes = " + std::to_string(a.workspace_bytes) +
-                "; accepted: >= " + std::to_string(l.total) + " (kda_backward_workspace_bytes())");
+                "; accepted: >= " + std::to_string(l.total) + " (kda_backward_workspace_bytes() of the same pass)");
 
   Params p{};
   p.B = a.B; p.T = a.T; p.H = a.H; p.HV = a.HV; p.group = a.HV / a.H; p.D = D;
   p.N = a.cu_seqlens ? a.num_seqs : a.B;
-  p.P = cfg_p(D);
+  p.P = l.P;
   p.M = a.B * a.T;
+  p.max_len = a.cu_seqlens ? a.max_seqlen : a.T;
   p.q = a.q; p.k = a.k; p.v = a.v; p.g = a.g; p.beta = a.beta; p.dO = a.dO;
   p.sq = resolve_strides(a.sq, a.T, a.H, D);
   p.sk = resolve_strides(a.sk, a.T, a.H, D);
@@ -139,10 +159,12 @@ void kda_backward(const KdaBackwardArgs& a, cudaStream_t stream) {
   const auto f = [&](std::size_t off) { return reinterpret_cast<float*>(ws + off); };
   p.qn = f(l.qn); p.kn = f(l.kn); p.qinv = f(l.qinv); p.kinv = f(l.kinv); p.gf = f(l.gf); p.bf = f(l.bf);
   p.ckpt = f(l.ckpt); p.scratch = f(l.scratch);
+  p.fac = f(l.fac); p.Sst = f(l.Sst); p.dSst = f(l.dSst);
   p.pq = f(l.pq); p.pk = f(l.pk); p.pg = f(l.pg); p.pb = f(l.pb); p.pA = f(l.pA);
 
   launch_prepare(p, stream);
-  launch_sweep(p, l.grid, stream);
+  if (pass == KdaBackwardPass::chunked) launch_chunked(p, stream);
+  else launch_sweep(p, l.grid, stream);
   launch_epilogue(p, stream);
 }
 

@@ -21,6 +21,7 @@
 
 #include "kernels/kda_backward.hpp"
 #include "numerics/kda_backward_twin.hpp"
+#include "numerics/kda_chunk_backward_twin.hpp"
 #include "numerics/bf16.hpp"
 #include "numerics/metrics.hpp"
 #include "numerics/random.hpp"
@@ -164,7 +165,8 @@ struct DevProblem {
   DevBuf dq, dk, dv, dg, dbeta, dA_log, dbias, dS0;
   std::optional<DevBuf> ws;
   kernels::KdaBackwardArgs a;
-  DevProblem(const Problem& p, const BwdCase& c)
+  kernels::KdaBackwardOverrides ov;
+  DevProblem(const Problem& p, const BwdCase& c, kernels::KdaBackwardPass pass = kernels::KdaBackwardPass::automatic)
       : q(upload_bf16(p.q)), k(upload_bf16(p.k)), v(upload_bf16(p.v)), g(upload_bf16(p.g)), beta(upload_bf16(p.beta)),
         A_log(upload_f32(p.A_log)), bias(upload_f32(p.bias)), S0(upload_f32(state_or_zero(p, p.S0))),
         dO(upload_bf16(p.dO)), dS_T(upload_f32(state_or_zero(p, p.dS_T))),
@@ -196,14 +198,15 @@ struct DevProblem {
     a.dq = dq.as<bf16_t>(); a.dk = dk.as<bf16_t>(); a.dv = dv.as<bf16_t>(); a.dg = dg.as<bf16_t>();
     a.dbeta = dbeta.as<bf16_t>();
     a.dA_log = dA_log.as<float>(); a.dbias = dbias.as<float>(); a.dS0 = dS0.as<float>();
-    a.workspace_bytes = kernels::kda_backward_workspace_bytes(a);
+    ov.pass = pass;
+    a.workspace_bytes = kernels::kda_backward_workspace_bytes(a, &ov);
     ws.emplace(a.workspace_bytes);
     a.workspace = ws->p;
   }
   /// Poisons every output and the workspace, runs the backward, waits.
   void run() {
     for (DevBuf* b : {&dq, &dk, &dv, &dg, &dbeta, &dA_log, &dbias, &dS0, &*ws}) b->poison();
-    kernels::kda_backward(a, nullptr);
+    kernels::kda_backward(a, nullptr, &ov);
     cuda_check(cudaDeviceSynchronize(), "kda_backward");
   }
   std::vector<std::vector<double>> outputs() const {
@@ -212,26 +215,46 @@ struct DevProblem {
   }
 };
 
-void check_bwd(const BwdCase& c) {
-  const std::string name = c.name();
+const char* pass_name(kernels::KdaBackwardPass pass) {
+  switch (pass) {
+    case kernels::KdaBackwardPass::sweep: return "sweep";
+    case kernels::KdaBackwardPass::chunked: return "chunked";
+    default: return "automatic";
+  }
+}
+
+/// The twin of the pass that runs (numerics/kda_backward_twin.hpp for the sweep, the chunked twin with the kernel's
+/// plan for the chunked pass); none for packed sequences on the chunked pass (the chunked twin models fixed lengths).
+std::optional<Grads> twin_of(const Problem& p, kernels::KdaBackwardPass pass) {
+  if (pass == kernels::KdaBackwardPass::sweep) return kda_backward_twin(p);
+  if (!p.cu.empty()) return std::nullopt;
+  return kda_chunk_backward_twin(p, kda_bwd_plan_kernel());
+}
+
+void check_bwd(const BwdCase& c, kernels::KdaBackwardPass force = kernels::KdaBackwardPass::automatic,
+               bool long_memory = false) {
+  const std::string name = c.name() + (long_memory ? " long-memory" : "");
   CAPTURE(name);
-  std::printf("kda_backward %s\n", name.c_str());
-  const Problem p = make_problem(c, fresh_seed());
+  Problem p = make_problem(c, fresh_seed());
+  if (long_memory) make_long_memory(p);
+  DevProblem d(p, c, force);
+  const kernels::KdaBackwardPass pass = kernels::kda_backward_plan(d.a, &d.ov);
+  std::printf("kda_backward %s pass=%s\n", name.c_str(), pass_name(pass));
   const Grads ref = oracle(p);
-  DevProblem d(p, c);
   d.run();
   const auto out = d.outputs();
   const double tb = tol::kda_bwd_bf16.value, tf = tol::kda_bwd_f32.value;
-  const Grads tw = kda_backward_twin(p);
-  check_grad("dq", out[0], ref.dq, tb, true, &tw.dq);
-  check_grad("dk", out[1], ref.dk, tb, true, &tw.dk);
-  check_grad("dv", out[2], ref.dv, tb, true, &tw.dv);
-  check_grad(c.fused ? "dg_raw" : "dg", out[3], ref.dg, tb, true, &tw.dg);
-  check_grad(c.beta_sigmoid ? "dbeta_r" : "dbeta", out[4], ref.dbeta, tb, true, &tw.dbeta);
-  check_grad("dS0", out[7], ref.dS0, tf, false, &tw.dS0);
+  const std::optional<Grads> tw = twin_of(p, pass);
+  const auto T = [&](const Tensor<double> Grads::*m) { return tw ? &((*tw).*m) : nullptr; };
+  check_grad("dq", out[0], ref.dq, tb, true, T(&Grads::dq));
+  check_grad("dk", out[1], ref.dk, tb, true, T(&Grads::dk));
+  check_grad("dv", out[2], ref.dv, tb, true, T(&Grads::dv));
+  check_grad(c.fused ? "dg_raw" : "dg", out[3], ref.dg, tb, true, T(&Grads::dg));
+  check_grad(c.beta_sigmoid ? "dbeta_r" : "dbeta", out[4], ref.dbeta, tb, true, T(&Grads::dbeta));
+  check_grad("dS0", out[7], ref.dS0, tf, false, T(&Grads::dS0));
   if (c.fused) {
-    check_grad("dA_log", out[5], ref.dA_log, tf, false, &tw.dA_log);
-    check_grad("dbias", out[6], ref.dbias, tf, false, &tw.dbias);
+    check_grad("dA_log", out[5], ref.dA_log, tf, false, T(&Grads::dA_log));
+    check_grad("dbias", out[6], ref.dbias, tf, false, T(&Grads::dbias));
   }
   if (c.twice) {
     d.run();
@@ -317,6 +340,46 @@ TEST_CASE("KDA backward T = 2048 (32 checkpoints, dS_T, S0) vs the float64 oracl
   BwdCase c = shape(1, 2048, 1, 2, 128);
   c.dS_T = true;
   check_bwd(c);
+}
+
+TEST_CASE("KDA backward sweep pass (forced at D = 64, 128) vs the float64 oracle", "[gpu][kda_bwd]") {
+  for (const auto& c : shape_cases())
+    if (c.D != 256) check_bwd(c, kernels::KdaBackwardPass::sweep);
+  for (const auto& c : varlen_cases())
+    if (c.D != 256) check_bwd(c, kernels::KdaBackwardPass::sweep);
+}
+
+TEST_CASE("KDA backward chunked pass on long-memory inputs (slow decay, small beta; T = 1024, 4096)",
+          "[gpu][kda_bwd]") {
+  for (const std::size_t T : {std::size_t{1024}, std::size_t{4096}}) {
+    BwdCase c = shape(1, T, 1, 1, 128);
+    c.dS_T = true;
+    check_bwd(c, kernels::KdaBackwardPass::chunked, true);
+  }
+}
+
+TEST_CASE("KDA backward plan: chunked for D = 64, 128, sweep for D = 256; chunked refused at D = 256",
+          "[gpu][kda_bwd]") {
+  for (const int D : {64, 128, 256}) {
+    kernels::KdaBackwardArgs a;
+    a.B = 1; a.T = 40; a.H = 1; a.HV = 1; a.D = D; a.scale = 0.1f;
+    CAPTURE(D);
+    CHECK(kernels::kda_backward_plan(a) ==
+          (D == 256 ? kernels::KdaBackwardPass::sweep : kernels::KdaBackwardPass::chunked));
+    kernels::KdaBackwardOverrides ov;
+    ov.pass = kernels::KdaBackwardPass::chunked;
+    if (D == 256) {
+      std::string msg;
+      try {
+        kernels::kda_backward_plan(a, &ov);
+      } catch (const std::exception& e) {
+        msg = e.what();
+      }
+      CHECK(msg.find("pass = chunked with D = 256") != std::string::npos);
+    } else {
+      CHECK(kernels::kda_backward_plan(a, &ov) == kernels::KdaBackwardPass::chunked);
+    }
+  }
 }
 
 namespace {

@@ -81,7 +81,7 @@ TEST_CASE("chunked backward twin: at every format fp64 it equals the float64 ora
   }
 }
 
-TEST_CASE("chunked backward twin: the chosen plan keeps every gradient at its goal, all-bf16 operands do not",
+TEST_CASE("chunked backward twin: the chosen plan and the kernel's keep every gradient at its goal, all-bf16 operands do not",
           "[twin][kda_bwd]") {
   struct Case {
     const char* what;
@@ -98,8 +98,10 @@ TEST_CASE("chunked backward twin: the chosen plan keeps every gradient at its go
     const KdaBwdGrads ref = kda_backward_kernel_form<double>(c.p);
     const bool chosen = meets_goal(errors(kda_chunk_backward_twin(c.p, kda_bwd_plan_chosen()), ref, true), "chosen");
     const bool bf16 = meets_goal(errors(kda_chunk_backward_twin(c.p, kda_bwd_plan_all_bf16()), ref, true), "all-bf16");
+    const bool built = meets_goal(errors(kda_chunk_backward_twin(c.p, kda_bwd_plan_kernel()), ref, true), "kernel");
     CAPTURE(c.what);
     CHECK(chosen);
+    CHECK(built);
     CHECK_FALSE(bf16);
   }
 }

@@ -1,0 +1,581 @@
+// KDA backward, version 2: the chunked pass (kernels/kda_backward.hpp; design and measurements:
+// docs/kernels/kda_backward.md "Version 2"). Per value head, chunks of C = 16 tokens in the WY form; the names are
+// those of reference/kda_chunk_backward.hpp and numerics/kda_chunk_backward_twin.hpp. Every product is fp32-class:
+// the products over D or over value columns run on mma.sync as three tf32 passes (hi hi + hi lo + lo hi), the
+// products over the 16 tokens of a chunk in fp32 FMA.
+//  1. factors (one CTA per chunk and value head): from the prepared q, k, g, beta (prepare.cu) and v: the in-chunk
+//     cumulative log-decay G, Gam = e^G, Kg = Gam K, Ki = K / Gam, Qg = Gam Q, Kd = gamL Ki (gamL: Gam's last row),
+//     B = StrictTril(Kg Ki^T), P = Tril(Qg Ki^T), A = Diag(beta) B, N = (I + A)^-1 and [W | U] = N [Diag(beta) Kg |
+//     Diag(beta) V] by forward substitution; stored in the chunk's factor slot. Rows past the end of a sequence are
+//     zero (g = 0 there), which leaves every product of the chunk unchanged.
+//  2. forward chain (one CTA per sequence, value head and NC value columns; chunks in order): stores S entering each
+//     chunk; V~ = U - W S, S <- Diag(gamL) S + Kd^T V~.
+//  3. reverse chain (chunks last first): stores dS = dL/dS leaving each chunk; dV~ = scale P^T dO + Kd dS,
+//     dS <- Diag(gamL) dS + Qg^T (scale dO) - W^T dV~; dS0 at the end.
+//  4. gradients (one CTA per chunk and value head), NT value columns at a time from the stored S and dS: V~, dV~,
+//     dY = N^T dV~ (dv = beta dY), and the sums over value columns dQg' = dO S^T, dW = -dV~ S^T, dKd = V~ dS^T,
+//     dP = scale Tril(dO V~^T), the dY U^T part of dA; then the chunk's token math: dX = N^T dW,
+//     dA = -StrictTril(dX W^T + dY U^T), dB = Diag(beta) dA, dQg = scale dQg' + dP Ki,
+//     dKi = dP^T Qg + dKd Diag(gamL) + dB^T Kg, dKg = dB Ki + Diag(beta) dX, dq = Gam dQg, dk = Gam dKg + dKi / Gam,
+//     dG = Gam (K dKg + Q dQg) - Ki dKi (+ gamL dgamL on the last row, dgamL = rowsum(dS S) + colsum(Ki dKd)),
+//     dg = the suffix sums of dG, dbeta = rowsum(dA B) + rowsum(dX Kg) + rowsum(dY V). Written as the partials of one
+//     column block, which the epilogue (epilogue.cu) turns into the outputs as for the sweep.
+// No atomics: every sum has a fixed order.
+#include "kernels/kda_backward/common.cuh"
+
+namespace kdalab::kernels::kda_backward_detail {
+namespace {
+
+constexpr int C = 16;   // chunk (tokens)
+constexpr int NC = 32;  // value columns per CTA of the chains
+constexpr int NT = 32;  // value columns per step of the gradient kernel
+constexpr int CL = C + 4;  // padded row of a C x C matrix in shared memory
+
+/// The factor slot of a (chunk, value head), floats: C x D matrices row-major (W, U, Kd, Qg, Ki, Kg, Gam), then the
+/// C x C matrices B (strictly lower), P (lower), N (lower, unit diagonal).
+template <int D>
+struct Fac {
+  static constexpr int W = 0, U = C * D, Kd = 2 * C * D, Qg = 3 * C * D, Ki = 4 * C * D, Kg = 5 * C * D,
+                       Gam = 6 * C * D, B = 7 * C * D, P = B + C * C, N = P + C * C, size = N + C * C;
+};
+
+/// Sequence n: first token row, length, first chunk slot (fixed length: n ceil(T / C); cu_seqlens:
+/// n + floor(cu[n] / C), which leaves room for ceil(len / C) slots before the next sequence's first).
+__device__ __forceinline__ void chunk_seq(const Params& p, int n, int& bos, int& len, long long& slot0) {
+  if (p.cu) {
+    bos = p.cu[n];
+    len = p.cu[n + 1] - bos;
+    slot0 = n + bos / C;
+  } else {
+    bos = n * p.T;
+    len = p.T;
+    slot0 = static_cast<long long>(n) * ((p.T + C - 1) / C);
+  }
+}
+
+/// d (one m16n8k8 accumulator tile) += A B summed over k in [0, K) (K a multiple of 8), fp32-class: each operand
+/// split into tf32 hi + lo, three products. A(m, k) = a[m am + k ak] and B(k, n) = b[k bk + n bn] in shared memory
+/// (a transpose is a swap of the strides); a points at the tile's first row, b at its first column.
+__device__ __forceinline__ void mma_x3(float (&d)[4], const float* a, int am, int ak, const float* b, int bk, int bn,
+                                       int K) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  for (int k0 = 0; k0 < K; k0 += 8) {
+    std::uint32_t ah[4], al[4], bh[2], bl[2];
+    split_tf32(a[g * am + (k0 + t) * ak], ah[0], al[0]);
+    split_tf32(a[(g + 8) * am + (k0 + t) * ak], ah[1], al[1]);
+    split_tf32(a[g * am + (k0 + t + 4) * ak], ah[2], al[2]);
+    split_tf32(a[(g + 8) * am + (k0 + t + 4) * ak], ah[3], al[3]);
+    split_tf32(b[(k0 + t) * bk + g * bn], bh[0], bl[0]);
+    split_tf32(b[(k0 + t + 4) * bk + g * bn], bh[1], bl[1]);
+    mma_tf32(d, al, bh);
+    mma_tf32(d, ah, bl);
+    mma_tf32(d, ah, bh);
+  }
+}
+/// Row and column inside the 16 x 8 tile of accumulator element e of this thread.
+__device__ __forceinline__ int frow(int e) { return ((threadIdx.x & 31) >> 2) + 8 * (e >> 1); }
+__device__ __forceinline__ int fcol(int e) { return 2 * (threadIdx.x & 3) + (e & 1); }
+
+/// Element (b, t, hv, col) of a bf16 [B, T, HV, D] input with strides, as fp32.
+__device__ __forceinline__ float ld_v(const bf16_t* x, const Strides& s, const Params& p, int tau, int hv, int col) {
+  int b, t;
+  row_bt(p, tau, b, t);
+  return bf2f(x[at(s, b, t, hv) + col]);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// 1. factors
+template <int D>
+__global__ void __launch_bounds__(256) factors_kernel(Params p) {
+  constexpr int LD = D + 4;
+  using F = Fac<D>;
+  extern __shared__ float sm[];
+  float *sK = sm, *sQ = sK + C * LD, *sGam = sQ + C * LD, *sV = sGam + C * LD, *sKg = sV + C * LD,
+        *sKi = sKg + C * LD, *sQg = sKi + C * LD, *sA = sQg + C * LD, *sbt = sA + C * CL;
+  const int c = blockIdx.x, hv = blockIdx.y, n = blockIdx.z, tid = threadIdx.x;
+  int bos, len;
+  long long slot0;
+  chunk_seq(p, n, bos, len, slot0);
+  const int t0 = c * C;
+  if (t0 >= len) return;  // uniform over the CTA
+  const int L = min(C, len - t0), h = hv / p.group;
+  float* f = p.fac + (static_cast<std::size_t>(slot0 + c) * p.HV + hv) * F::size;
+  for (int idx = tid; idx < C * D; idx += 256) {
+    const int r = idx / D, i = idx - r * D;
+    float k = 0.0f, q = 0.0f, g = 0.0f, v = 0.0f;
+    if (r < L) {
+      const int tau = bos + t0 + r;
+      const std::size_t rk = (static_cast<std::size_t>(tau) * p.H + h) * D + i;
+      k = p.kn[rk];
+      q = p.qn[rk];
+      g = p.gf[(static_cast<std::size_t>(tau) * p.HV + hv) * D + i];
+      v = ld_v(p.v, p.sv, p, tau, hv, i);
+    }
+    sK[r * LD + i] = k;
+    sQ[r * LD + i] = q;
+    sGam[r * LD + i] = g;
+    sV[r * LD + i] = v;
+  }
+  if (tid < C) sbt[tid] = tid < L ? p.bf[static_cast<std::size_t>(bos + t0 + tid) * p.HV + hv] : 0.0f;
+  __syncthreads();
+  if (tid < D) {  // the cumulative log-decay of column tid, then Gam = e^G
+    float G = 0.0f;
+    for (int r = 0; r < C; ++r) {
+      G += sGam[r * LD + tid];
+      sGam[r * LD + tid] = expf(G);
+    }
+  }
+  __syncthreads();
+  for (int idx = tid; idx < C * D; idx += 256) {
+    const int r = idx / D, i = idx - r * D;
+    const float gam = sGam[r * LD + i], gl = sGam[(C - 1) * LD + i], k = sK[r * LD + i];
+    const float kg = gam * k, ki = k / gam, qg = gam * sQ[r * LD + i], kd = k * (gl / gam);
+    sKg[r * LD + i] = kg;
+    sKi[r * LD + i] = ki;
+    sQg[r * LD + i] = qg;
+    f[F::Kg + idx] = kg;
+    f[F::Ki + idx] = ki;
+    f[F::Qg + idx] = qg;
+    f[F::Kd + idx] = kd;
+    f[F::Gam + idx] = gam;
+  }
+  __syncthreads();
+  {  // B and P, one element per thread (only the parts used: s < r for B, s <= r for P; the rest would need e^(+G))
+    const int r = tid / C, s = tid % C;
+    float b = 0.0f, pq = 0.0f;
+    if (s <= r)
+      for (int i = 0; i < D; ++i) {
+        const float ki = sKi[s * LD + i];
+        b += sKg[r * LD + i] * ki;
+        pq += sQg[r * LD + i] * ki;
+      }
+    if (s == r) b = 0.0f;
+    f[F::B + tid] = b;
+    f[F::P + tid] = pq;
+    sA[r * CL + s] = sbt[r] * b;
+  }
+  __syncthreads();
+  // [W | U | N] = (I + A)^-1 [Diag(beta) Kg | Diag(beta) V | I], one column per thread (columns are independent)
+  for (int col = tid; col < 2 * D + C; col += 256) {
+    float x[C];
+#pragma unroll
+    for (int r = 0; r < C; ++r) {
+      float acc = col < D ? sbt[r] * sKg[r * LD + col] : col < 2 * D ? sbt[r] * sV[r * LD + col - D] : (col - 2 * D == r ? 1.0f : 0.0f);
+#pragma unroll
+      for (int s = 0; s < r; ++s) acc -= sA[r * CL + s] * x[s];
+      x[r] = acc;
+    }
+    float* dst = col < D ? f + F::W + col : col < 2 * D ? f + F::U + (col - D) : f + F::N + (col - 2 * D);
+    const int stride = col < 2 * D ? D : C;
+#pragma unroll
+    for (int r = 0; r < C; ++r) dst[r * stride] = x[r];
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// 2. forward chain: S entering every chunk
+template <int D>
+__global__ void __launch_bounds__(128) fwd_chain_kernel(Params p) {
+  constexpr int LD = D + 4, NL = NC + 4;
+  using F = Fac<D>;
+  extern __shared__ float sm[];
+  float *sS = sm, *sW = sS + D * NL, *sKd = sW + C * LD, *sU = sKd + C * LD, *sVt = sU + C * NL, *sgL = sVt + C * NL;
+  const int cb = blockIdx.x, hv = blockIdx.y, n = blockIdx.z, tid = threadIdx.x, w = tid / 32;
+  int bos, len;
+  long long slot0;
+  chunk_seq(p, n, bos, len, slot0);
+  const int nch = (len + C - 1) / C, col0 = cb * NC;
+  const std::size_t st_base = (static_cast<std::size_t>(n) * p.HV + hv) * D * D;
+  for (int idx = tid; idx < D * NC; idx += 128) {
+    const int i = idx / NC, c = idx - i * NC;
+    sS[i * NL + c] = p.S0 ? p.S0[st_base + static_cast<std::size_t>(i) * D + col0 + c] : 0.0f;
+  }
+  for (int ch = 0; ch < nch; ++ch) {
+    __syncthreads();
+    const std::size_t sh = static_cast<std::size_t>(slot0 + ch) * p.HV + hv;
+    const float* f = p.fac + sh * F::size;
+    float* so = p.Sst + sh * D * D;
+    for (int idx = tid; idx < D * NC; idx += 128) {
+      const int i = idx / NC, c = idx - i * NC;
+      so[static_cast<std::size_t>(i) * D + col0 + c] = sS[i * NL + c];
+    }
+    for (int idx = tid; idx < C * D; idx += 128) {
+      const int r = idx / D, i = idx - r * D;
+      sW[r * LD + i] = f[F::W + idx];
+      sKd[r * LD + i] = f[F::Kd + idx];
+    }
+    for (int idx = tid; idx < C * NC; idx += 128) {
+      const int r = idx / NC, c = idx - r * NC;
+      sU[r * NL + c] = f[F::U + r * D + col0 + c];
+    }
+    for (int i = tid; i < D; i += 128) sgL[i] = f[F::Gam + (C - 1) * D + i];
+    __syncthreads();
+    {  // V~ = U - W S: warp w, columns 8 w ..
+      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      mma_x3(d, sW, LD, 1, sS + 8 * w, NL, 1, D);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = frow(e), c = 8 * w + fcol(e);
+        sVt[r * NL + c] = sU[r * NL + c] - d[e];
+      }
+    }
+    __syncthreads();
+    // S <- Diag(gamL) S + Kd^T V~: tiles of 16 key rows x 8 columns
+    for (int tt = w; tt < (D / 16) * (NC / 8); tt += 4) {
+      const int m0 = 16 * (tt / (NC / 8)), n0 = 8 * (tt % (NC / 8));
+      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      mma_x3(d, sKd + m0, 1, LD, sVt + n0, NL, 1, C);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = m0 + frow(e), c = n0 + fcol(e);
+        sS[i * NL + c] = sgL[i] * sS[i * NL + c] + d[e];
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// 3. reverse chain: dS leaving every chunk, dS0
+template <int D>
+__global__ void __launch_bounds__(128) bwd_chain_kernel(Params p) {
+  constexpr int LD = D + 4, NL = NC + 4;
+  using F = Fac<D>;
+  extern __shared__ float sm[];
+  float *sdS = sm, *sW = sdS + D * NL, *sKd = sW + C * LD, *sQg = sKd + C * LD, *sP = sQg + C * LD,
+        *sdO = sP + C * CL, *sdVt = sdO + C * NL, *sgL = sdVt + C * NL;
+  const int cb = blockIdx.x, hv = blockIdx.y, n = blockIdx.z, tid = threadIdx.x, w = tid / 32;
+  int bos, len;
+  long long slot0;
+  chunk_seq(p, n, bos, len, slot0);
+  const int nch = (len + C - 1) / C, col0 = cb * NC;
+  const float scale = p.scale;
+  const std::size_t st_base = (static_cast<std::size_t>(n) * p.HV + hv) * D * D;
+  for (int idx = tid; idx < D * NC; idx += 128) {
+    const int i = idx / NC, c = idx - i * NC;
+    sdS[i * NL + c] = p.dS_T ? p.dS_T[st_base + static_cast<std::size_t>(i) * D + col0 + c] : 0.0f;
+  }
+  for (int ch = nch - 1; ch >= 0; --ch) {
+    __syncthreads();
+    const std::size_t sh = static_cast<std::size_t>(slot0 + ch) * p.HV + hv;
+    const float* f = p.fac + sh * F::size;
+    float* so = p.dSst + sh * D * D;
+    const int t0 = ch * C, L = min(C, len - t0);
+    for (int idx = tid; idx < D * NC; idx += 128) {
+      const int i = idx / NC, c = idx - i * NC;
+      so[static_cast<std::size_t>(i) * D + col0 + c] = sdS[i * NL + c];
+    }
+    for (int idx = tid; idx < C * D; idx += 128) {
+      const int r = idx / D, i = idx - r * D;
+      sW[r * LD + i] = f[F::W + idx];
+      sKd[r * LD + i] = f[F::Kd + idx];
+      sQg[r * LD + i] = f[F::Qg + idx];
+    }
+    for (int idx = tid; idx < C * C; idx += 128) sP[(idx / C) * CL + idx % C] = f[F::P + idx];
+    for (int idx = tid; idx < C * NC; idx += 128) {
+      const int r = idx / NC, c = idx - r * NC;
+      sdO[r * NL + c] = r < L ? ld_v(p.dO, p.sdo, p, bos + t0 + r, hv, col0 + c) : 0.0f;
+    }
+    for (int i = tid; i < D; i += 128) sgL[i] = f[F::Gam + (C - 1) * D + i];
+    __syncthreads();
+    {  // dV~ = scale P^T dO + Kd dS
+      float d1[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      mma_x3(d1, sP, 1, CL, sdO + 8 * w, NL, 1, C);
+      mma_x3(d2, sKd, LD, 1, sdS + 8 * w, NL, 1, D);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sdVt[frow(e) * NL + 8 * w + fcol(e)] = scale * d1[e] + d2[e];
+    }
+    __syncthreads();
+    // dS <- Diag(gamL) dS + Qg^T (scale dO) - W^T dV~
+    for (int tt = w; tt < (D / 16) * (NC / 8); tt += 4) {
+      const int m0 = 16 * (tt / (NC / 8)), n0 = 8 * (tt % (NC / 8));
+      float d1[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      mma_x3(d1, sQg + m0, 1, LD, sdO + n0, NL, 1, C);
+      mma_x3(d2, sW + m0, 1, LD, sdVt + n0, NL, 1, C);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = m0 + frow(e), c = n0 + fcol(e);
+        sdS[i * NL + c] = sgL[i] * sdS[i * NL + c] + scale * d1[e] - d2[e];
+      }
+    }
+  }
+  if (p.dS0) {
+    __syncthreads();
+    for (int idx = tid; idx < D * NC; idx += 128) {
+      const int i = idx / NC, c = idx - i * NC;
+      p.dS0[st_base + static_cast<std::size_t>(i) * D + col0 + c] = sdS[i * NL + c];
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// 4. gradients
+template <int D>
+struct GradSmem {
+  static constexpr int LD = D + 4, NL = NT + 4;
+  // floats: W, Kd, Qg, Ki, Kg, Gam [C][LD]; P, N, Bm [C][CL]; S, dS [D][NL]; dO, V, U, Vt, dVt, dY [C][NL];
+  // dQg', dW, dKd, dX, dG [C][LD]; dP, dAY, dA, dB [C][CL]; dgamL [D]; dbY, dbeta [C]
+  static constexpr int floats = 11 * C * LD + 7 * C * CL + 2 * D * NL + 6 * C * NL + D + 2 * C;
+  static constexpr int bytes = floats * 4;
+};
+
+template <int D>
+__global__ void __launch_bounds__(256) grad_kernel(Params p) {
+  using Sm = GradSmem<D>;
+  using F = Fac<D>;
+  constexpr int LD = Sm::LD, NL = Sm::NL;
+  constexpr int TPW = D / 64;  // 8-column tiles of a C x D accumulator per warp (8 warps)
+  extern __shared__ float sm[];
+  float* s = sm;
+  const auto take = [&s](int n) {
+    float* r = s;
+    s += n;
+    return r;
+  };
+  float *sW = take(C * LD), *sKd = take(C * LD), *sQg = take(C * LD), *sKi = take(C * LD), *sKg = take(C * LD),
+        *sGam = take(C * LD);
+  float *sP = take(C * CL), *sN = take(C * CL), *sBm = take(C * CL);
+  float *sS = take(D * NL), *sdS = take(D * NL);
+  float *sdO = take(C * NL), *sV = take(C * NL), *sU = take(C * NL), *sVt = take(C * NL), *sdVt = take(C * NL),
+        *sdY = take(C * NL);
+  float *sdQp = take(C * LD), *sdW = take(C * LD), *sdKd = take(C * LD), *sdX = take(C * LD), *sdG = take(C * LD);
+  float *sdP = take(C * CL), *sdAY = take(C * CL), *sdA = take(C * CL), *sdB = take(C * CL);
+  float *sdgL = take(D), *sdbY = take(C), *sdb = take(C);
+
+  const int c = blockIdx.x, hv = blockIdx.y, n = blockIdx.z, tid = threadIdx.x, w = tid / 32, lane = tid % 32;
+  int bos, len;
+  long long slot0;
+  chunk_seq(p, n, bos, len, slot0);
+  const int t0 = c * C;
+  if (t0 >= len) return;  // uniform over the CTA
+  const int L = min(C, len - t0), h = hv / p.group;
+  const float scale = p.scale;
+  const std::size_t sh = static_cast<std::size_t>(slot0 + c) * p.HV + hv;
+  const float* f = p.fac + sh * F::size;
+  const float* gS = p.Sst + sh * D * D;
+  const float* gdS = p.dSst + sh * D * D;
+  for (int idx = tid; idx < C * D; idx += 256) {
+    const int r = idx / D, i = idx - r * D, o = r * LD + i;
+    sW[o] = f[F::W + idx];
+    sKd[o] = f[F::Kd + idx];
+    sQg[o] = f[F::Qg + idx];
+    sKi[o] = f[F::Ki + idx];
+    sKg[o] = f[F::Kg + idx];
+    sGam[o] = f[F::Gam + idx];
+  }
+  {
+    const int r = tid / C, s2 = tid % C;
+    sP[r * CL + s2] = f[F::P + tid];
+    sN[r * CL + s2] = f[F::N + tid];
+    sBm[r * CL + s2] = f[F::B + tid];
+  }
+  if (tid < C) sdb[tid] = tid < L ? p.bf[static_cast<std::size_t>(bos + t0 + tid) * p.HV + hv] : 0.0f;  // beta
+  float accQ[TPW][4] = {}, accW[TPW][4] = {}, accK[TPW][4] = {}, accS[4] = {};  // accS: dP (warps 0, 1), dY U^T (2, 3)
+  float dgl = 0.0f, dby = 0.0f;  // thread i < D: rowsum(dS S); thread r < C: rowsum(dY V)
+  for (int j0 = 0; j0 < D; j0 += NT) {
+    __syncthreads();
+    for (int idx = tid; idx < D * NT; idx += 256) {
+      const int i = idx / NT, cc = idx - i * NT;
+      sS[i * NL + cc] = gS[static_cast<std::size_t>(i) * D + j0 + cc];
+      sdS[i * NL + cc] = gdS[static_cast<std::size_t>(i) * D + j0 + cc];
+    }
+    for (int idx = tid; idx < C * NT; idx += 256) {
+      const int r = idx / NT, cc = idx - r * NT;
+      const bool in = r < L;
+      sdO[r * NL + cc] = in ? ld_v(p.dO, p.sdo, p, bos + t0 + r, hv, j0 + cc) : 0.0f;
+      sV[r * NL + cc] = in ? ld_v(p.v, p.sv, p, bos + t0 + r, hv, j0 + cc) : 0.0f;
+      sU[r * NL + cc] = f[F::U + r * D + j0 + cc];
+    }
+    __syncthreads();
+    if (w < NT / 8) {  // V~ = U - W S
+      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      mma_x3(d, sW, LD, 1, sS + 8 * w, NL, 1, D);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int o = frow(e) * NL + 8 * w + fcol(e);
+        sVt[o] = sU[o] - d[e];
+      }
+    } else if (w < 2 * (NT / 8)) {  // dV~ = scale P^T dO + Kd dS
+      const int n0 = 8 * (w - NT / 8);
+      float d1[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      mma_x3(d1, sP, 1, CL, sdO + n0, NL, 1, C);
+      mma_x3(d2, sKd, LD, 1, sdS + n0, NL, 1, D);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sdVt[frow(e) * NL + n0 + fcol(e)] = scale * d1[e] + d2[e];
+    }
+    __syncthreads();
+    if (w < NT / 8) {  // dY = N^T dV~
+      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      mma_x3(d, sN, 1, CL, sdVt + 8 * w, NL, 1, C);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sdY[frow(e) * NL + 8 * w + fcol(e)] = d[e];
+    }
+    // the sums over value columns with D outputs: warp w owns key columns 8 (w TPW + q) ..
+#pragma unroll
+    for (int q = 0; q < TPW; ++q) {
+      const int n0 = 8 * (w * TPW + q);
+      mma_x3(accQ[q], sdO, NL, 1, sS + n0 * NL, 1, NL, NT);
+      mma_x3(accW[q], sdVt, NL, 1, sS + n0 * NL, 1, NL, NT);
+      mma_x3(accK[q], sVt, NL, 1, sdS + n0 * NL, 1, NL, NT);
+    }
+    if (tid < D)
+      for (int cc = 0; cc < NT; ++cc) dgl += sdS[tid * NL + cc] * sS[tid * NL + cc];
+    __syncthreads();
+    if (w < 2) mma_x3(accS, sdO, NL, 1, sVt + 8 * w * NL, 1, NL, NT);
+    else if (w < 4) mma_x3(accS, sdY, NL, 1, sU + 8 * (w - 2) * NL, 1, NL, NT);
+    for (int idx = tid; idx < L * NT; idx += 256) {
+      const int r = idx / NT, cc = idx - r * NT;
+      const float br = sdb[r];
+      p.dv[(static_cast<std::size_t>(bos + t0 + r) * p.HV + hv) * D + j0 + cc] = f2bf(br * sdY[r * NL + cc]);
+    }
+    if (tid < C)
+      for (int cc = 0; cc < NT; ++cc) dby += sdY[tid * NL + cc] * sV[tid * NL + cc];
+  }
+  // the accumulators into shared memory
+#pragma unroll
+  for (int q = 0; q < TPW; ++q) {
+    const int n0 = 8 * (w * TPW + q);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int o = frow(e) * LD + n0 + fcol(e);
+      sdQp[o] = accQ[q][e];
+      sdW[o] = -accW[q][e];
+      sdKd[o] = accK[q][e];
+    }
+  }
+  if (w < 4) {
+    float* dst = w < 2 ? sdP + 8 * w : sdAY + 8 * (w - 2);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dst[frow(e) * CL + fcol(e)] = accS[e];
+  }
+  if (tid < C) sdbY[tid] = dby;
+  __syncthreads();
+  // dP = scale Tril(dO V~^T); dX = N^T dW
+  {
+    const int r = tid / C, s2 = tid % C;
+    sdP[r * CL + s2] = s2 <= r ? scale * sdP[r * CL + s2] : 0.0f;
+  }
+  for (int idx = tid; idx < C * D; idx += 256) {
+    const int r = idx / D, i = idx - r * D;
+    float x = 0.0f;
+#pragma unroll
+    for (int s2 = 0; s2 < C; ++s2) x += sN[s2 * CL + r] * sdW[s2 * LD + i];
+    sdX[r * LD + i] = x;
+  }
+  if (tid < D) {  // dgamL = rowsum(dS S) + colsum(Ki dKd)
+    float x = dgl;
+#pragma unroll
+    for (int r = 0; r < C; ++r) x += sKi[r * LD + tid] * sdKd[r * LD + tid];
+    sdgL[tid] = x;
+  }
+  __syncthreads();
+  {  // dA = -StrictTril(dX W^T + dY U^T), dB = Diag(beta) dA
+    const int r = tid / C, s2 = tid % C;
+    float a = 0.0f;
+    if (s2 < r) {
+      for (int i = 0; i < D; ++i) a += sdX[r * LD + i] * sW[s2 * LD + i];
+      a = -(a + sdAY[r * CL + s2]);
+    }
+    sdA[r * CL + s2] = a;
+    sdB[r * CL + s2] = sdb[r] * a;
+  }
+  __syncthreads();
+  // dbeta = rowsum(dA B) + rowsum(dX Kg) + rowsum(dY V): rows 2 w and 2 w + 1, the lanes over the key columns
+  float dbr[2];
+#pragma unroll
+  for (int m = 0; m < 2; ++m) {
+    const int r = 2 * w + m;
+    float x = lane < C ? sdA[r * CL + lane] * sBm[r * CL + lane] : 0.0f;
+    for (int i = lane; i < D; i += 32) x += sdX[r * LD + i] * sKg[r * LD + i];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    dbr[m] = x + sdbY[r];
+  }
+  __syncthreads();
+  for (int idx = tid; idx < C * D; idx += 256) {
+    const int r = idx / D, i = idx - r * D;
+    float dqg = scale * sdQp[r * LD + i], dki = sdKd[r * LD + i] * sGam[(C - 1) * LD + i], dkg = 0.0f;
+#pragma unroll
+    for (int s2 = 0; s2 < C; ++s2) {
+      dqg += sdP[r * CL + s2] * sKi[s2 * LD + i];
+      dki += sdP[s2 * CL + r] * sQg[s2 * LD + i] + sdB[s2 * CL + r] * sKg[s2 * LD + i];
+      dkg += sdB[r * CL + s2] * sKi[s2 * LD + i];
+    }
+    const float br = sdb[r];
+    dkg += br * sdX[r * LD + i];
+    const float gam = sGam[r * LD + i];
+    float kk = 0.0f, qq = 0.0f;
+    if (r < L) {
+      const int tau = bos + t0 + r;
+      const std::size_t rk = (static_cast<std::size_t>(tau) * p.H + h) * D + i;
+      kk = p.kn[rk];
+      qq = p.qn[rk];
+      const std::size_t o = (static_cast<std::size_t>(tau) * p.HV + hv) * D + i;
+      p.pq[o] = gam * dqg;
+      p.pk[o] = gam * dkg + dki / gam;
+    }
+    float dG = gam * (kk * dkg + qq * dqg) - sKi[r * LD + i] * dki;
+    if (r == C - 1) dG += sGam[(C - 1) * LD + i] * sdgL[i];
+    sdG[r * LD + i] = dG;
+  }
+  __syncthreads();
+  if (tid < D) {  // dg: the suffix sums of dG over the chunk's rows
+    float acc = 0.0f;
+    for (int r = C - 1; r >= 0; --r) {
+      acc += sdG[r * LD + tid];
+      if (r < L) p.pg[(static_cast<std::size_t>(bos + t0 + r) * p.HV + hv) * D + tid] = acc;
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < 2; ++m) {
+    const int r = 2 * w + m;
+    if (lane == 0 && r < L) p.pb[static_cast<std::size_t>(bos + t0 + r) * p.HV + hv] = dbr[m];
+  }
+}
+
+template <int D>
+int fac_smem() {
+  return (7 * C * (D + 4) + C * CL + C) * 4;
+}
+template <int D>
+int fwd_smem() {
+  return (D * (NC + 4) + 2 * C * (D + 4) + 2 * C * (NC + 4) + D) * 4;
+}
+template <int D>
+int bwd_smem() {
+  return (D * (NC + 4) + 3 * C * (D + 4) + C * CL + 2 * C * (NC + 4) + D) * 4;
+}
+
+template <class K>
+void set_smem(K kernel, int bytes, const char* what) {
+  cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), what);
+}
+
+template <int D>
+void launch_of(const Params& p, cudaStream_t stream) {
+  const int max_len = p.cu ? p.max_len : p.T;  // host-known (KdaBackwardArgs::max_seqlen)
+  const dim3 chunks((max_len + C - 1) / C, p.HV, p.N);
+  const dim3 chains(D / NC, p.HV, p.N);
+  set_smem(factors_kernel<D>, fac_smem<D>(), "cudaFuncSetAttribute (kda_backward factors)");
+  factors_kernel<D><<<chunks, 256, fac_smem<D>(), stream>>>(p);
+  cuda_check(cudaGetLastError(), "kda_backward factors launch");
+  set_smem(fwd_chain_kernel<D>, fwd_smem<D>(), "cudaFuncSetAttribute (kda_backward forward chain)");
+  fwd_chain_kernel<D><<<chains, 128, fwd_smem<D>(), stream>>>(p);
+  cuda_check(cudaGetLastError(), "kda_backward forward chain launch");
+  set_smem(bwd_chain_kernel<D>, bwd_smem<D>(), "cudaFuncSetAttribute (kda_backward reverse chain)");
+  bwd_chain_kernel<D><<<chains, 128, bwd_smem<D>(), stream>>>(p);
+  cuda_check(cudaGetLastError(), "kda_backward reverse chain launch");
+  set_smem(grad_kernel<D>, GradSmem<D>::bytes, "cudaFuncSetAttribute (kda_backward gradients)");
+  grad_kernel<D><<<chunks, 256, GradSmem<D>::bytes, stream>>>(p);
+  cuda_check(cudaGetLastError(), "kda_backward gradients launch");
+}
+
+}  // namespace
+
+std::size_t chunked_factor_floats(int D) { return D == 64 ? Fac<64>::size : Fac<128>::size; }
+
+void launch_chunked(const Params& p, cudaStream_t stream) {
+  if (p.D == 64) launch_of<64>(p, stream);
+  else launch_of<128>(p, stream);
+}
+
+}  // namespace kdalab::kernels::kda_backward_detail
