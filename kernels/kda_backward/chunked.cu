@@ -312,9 +312,12 @@ __global__ void __launch_bounds__(128) bwd_chain_kernel(Params p) {
 template <int D>
 struct GradSmem {
   static constexpr int LD = D + 4, NL = NT + 4;
-  // floats: W, Kd, Qg, Ki, Kg, Gam [C][LD]; P, N, Bm [C][CL]; S, dS [D][NL]; dO, V, U, Vt, dVt, dY [C][NL];
-  // dQg', dW, dKd, dX, dG [C][LD]; dP, dAY, dA, dB [C][CL]; dgamL [D]; dbY, dbeta [C]
-  static constexpr int floats = 11 * C * LD + 7 * C * CL + 2 * D * NL + 6 * C * NL + D + 2 * C;
+  // floats: W, Kd, Qg, Ki, Kg, Gam [C][LD]; P, N, Bm [C][CL]; the tiles S, dS [D][NL] and dO, V, U, Vt, dVt, dY
+  // [C][NL], whose space the token math reuses after the last tile for dQg', dW, dKd, dX, dG [C][LD]; dP, dAY, dA,
+  // dB [C][CL]; dgamL [D]; dbY, beta [C]. 111 KB at D = 128: two CTAs per SM.
+  static constexpr int tiles = 2 * D * NL + 6 * C * NL;
+  static_assert(5 * C * LD <= tiles, "the token math's C x D buffers reuse the tile space");
+  static constexpr int floats = 6 * C * LD + 7 * C * CL + tiles + D + 2 * C;
   static constexpr int bytes = floats * 4;
 };
 
@@ -337,7 +340,7 @@ __global__ void __launch_bounds__(256) grad_kernel(Params p) {
   float *sS = take(D * NL), *sdS = take(D * NL);
   float *sdO = take(C * NL), *sV = take(C * NL), *sU = take(C * NL), *sVt = take(C * NL), *sdVt = take(C * NL),
         *sdY = take(C * NL);
-  float *sdQp = take(C * LD), *sdW = take(C * LD), *sdKd = take(C * LD), *sdX = take(C * LD), *sdG = take(C * LD);
+  float *sdQp = sS, *sdW = sdQp + C * LD, *sdKd = sdW + C * LD, *sdX = sdKd + C * LD, *sdG = sdX + C * LD;
   float *sdP = take(C * CL), *sdAY = take(C * CL), *sdA = take(C * CL), *sdB = take(C * CL);
   float *sdgL = take(D), *sdbY = take(C), *sdb = take(C);
 
@@ -430,7 +433,8 @@ __global__ void __launch_bounds__(256) grad_kernel(Params p) {
     if (tid < C)
       for (int cc = 0; cc < NT; ++cc) dby += sdY[tid * NL + cc] * sV[tid * NL + cc];
   }
-  // the accumulators into shared memory
+  // the accumulators into shared memory (over the tiles: every warp done with them first)
+  __syncthreads();
 #pragma unroll
   for (int q = 0; q < TPW; ++q) {
     const int n0 = 8 * (w * TPW + q);
