@@ -76,6 +76,15 @@ __device__ __forceinline__ void mma_x3(float (&d)[4], const float* a, int am, in
 __device__ __forceinline__ int frow(int e) { return ((threadIdx.x & 31) >> 2) + 8 * (e >> 1); }
 __device__ __forceinline__ int fcol(int e) { return 2 * (threadIdx.x & 3) + (e & 1); }
 
+/// Four fp32 from global memory (16-byte aligned), and into shared memory at p[0..3].
+__device__ __forceinline__ float4 ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ void st4(float* p, const float4& v) {
+  p[0] = v.x;
+  p[1] = v.y;
+  p[2] = v.z;
+  p[3] = v.w;
+}
+
 /// Element (b, t, hv, col) of a bf16 [B, T, HV, D] input with strides, as fp32.
 __device__ __forceinline__ float ld_v(const bf16_t* x, const Strides& s, const Params& p, int tau, int hv, int col) {
   int b, t;
@@ -190,25 +199,38 @@ __global__ void __launch_bounds__(128) fwd_chain_kernel(Params p) {
     const int i = idx / NC, c = idx - i * NC;
     sS[i * NL + c] = p.S0 ? p.S0[st_base + static_cast<std::size_t>(i) * D + col0 + c] : 0.0f;
   }
+  // the next chunk's W, Kd, U slice and gamL, loaded into registers one step ahead
+  constexpr int V4 = C * D / 512;  // float4 of a C x D matrix per thread
+  static_assert(C * NC == 512, "one float4 of the U slice per thread");
+  float4 rW[V4], rKd[V4], rU;
+  float rgl = 0.0f;
+  const auto fetch = [&](int ch) {
+    const float* f = p.fac + (static_cast<std::size_t>(slot0 + ch) * p.HV + hv) * F::size;
+#pragma unroll
+    for (int j = 0; j < V4; ++j) {
+      rW[j] = ld4(f + F::W + 4 * (tid + 128 * j));
+      rKd[j] = ld4(f + F::Kd + 4 * (tid + 128 * j));
+    }
+    rU = ld4(f + F::U + (tid / (NC / 4)) * D + col0 + 4 * (tid % (NC / 4)));
+    if (tid < D) rgl = f[F::Gam + (C - 1) * D + tid];
+  };
+  if (nch > 0) fetch(0);
   for (int ch = 0; ch < nch; ++ch) {
     __syncthreads();
-    const std::size_t sh = static_cast<std::size_t>(slot0 + ch) * p.HV + hv;
-    const float* f = p.fac + sh * F::size;
-    float* so = p.Sst + sh * D * D;
+    float* so = p.Sst + (static_cast<std::size_t>(slot0 + ch) * p.HV + hv) * D * D;
     for (int idx = tid; idx < D * NC; idx += 128) {
       const int i = idx / NC, c = idx - i * NC;
       so[static_cast<std::size_t>(i) * D + col0 + c] = sS[i * NL + c];
     }
-    for (int idx = tid; idx < C * D; idx += 128) {
-      const int r = idx / D, i = idx - r * D;
-      sW[r * LD + i] = f[F::W + idx];
-      sKd[r * LD + i] = f[F::Kd + idx];
+#pragma unroll
+    for (int j = 0; j < V4; ++j) {
+      const int e = 4 * (tid + 128 * j), r = e / D, i = e - r * D;
+      st4(sW + r * LD + i, rW[j]);
+      st4(sKd + r * LD + i, rKd[j]);
     }
-    for (int idx = tid; idx < C * NC; idx += 128) {
-      const int r = idx / NC, c = idx - r * NC;
-      sU[r * NL + c] = f[F::U + r * D + col0 + c];
-    }
-    for (int i = tid; i < D; i += 128) sgL[i] = f[F::Gam + (C - 1) * D + i];
+    st4(sU + (tid / (NC / 4)) * NL + 4 * (tid % (NC / 4)), rU);
+    if (tid < D) sgL[tid] = rgl;
+    if (ch + 1 < nch) fetch(ch + 1);
     __syncthreads();
     {  // V~ = U - W S: warp w, columns 8 w ..
       float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -254,28 +276,53 @@ __global__ void __launch_bounds__(128) bwd_chain_kernel(Params p) {
     const int i = idx / NC, c = idx - i * NC;
     sdS[i * NL + c] = p.dS_T ? p.dS_T[st_base + static_cast<std::size_t>(i) * D + col0 + c] : 0.0f;
   }
+  // the next chunk's W, Kd, Qg, P, dO slice and gamL, loaded into registers one step ahead
+  constexpr int V4 = C * D / 512;  // float4 of a C x D matrix per thread
+  static_assert(C * C == 256 && C * NC == 512, "two elements of P and four of the dO slice per thread");
+  float4 rW[V4], rKd[V4], rQg[V4];
+  float rP[2], rdO[4], rgl = 0.0f;
+  const auto fetch = [&](int ch) {
+    const float* f = p.fac + (static_cast<std::size_t>(slot0 + ch) * p.HV + hv) * F::size;
+#pragma unroll
+    for (int j = 0; j < V4; ++j) {
+      rW[j] = ld4(f + F::W + 4 * (tid + 128 * j));
+      rKd[j] = ld4(f + F::Kd + 4 * (tid + 128 * j));
+      rQg[j] = ld4(f + F::Qg + 4 * (tid + 128 * j));
+    }
+#pragma unroll
+    for (int m = 0; m < 2; ++m) rP[m] = f[F::P + tid + 128 * m];
+    const int t0 = ch * C, L = min(C, len - t0);
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const int idx = tid + 128 * m, r = idx / NC, c = idx - r * NC;
+      rdO[m] = r < L ? ld_v(p.dO, p.sdo, p, bos + t0 + r, hv, col0 + c) : 0.0f;
+    }
+    if (tid < D) rgl = f[F::Gam + (C - 1) * D + tid];
+  };
+  if (nch > 0) fetch(nch - 1);
   for (int ch = nch - 1; ch >= 0; --ch) {
     __syncthreads();
-    const std::size_t sh = static_cast<std::size_t>(slot0 + ch) * p.HV + hv;
-    const float* f = p.fac + sh * F::size;
-    float* so = p.dSst + sh * D * D;
-    const int t0 = ch * C, L = min(C, len - t0);
+    float* so = p.dSst + (static_cast<std::size_t>(slot0 + ch) * p.HV + hv) * D * D;
     for (int idx = tid; idx < D * NC; idx += 128) {
       const int i = idx / NC, c = idx - i * NC;
       so[static_cast<std::size_t>(i) * D + col0 + c] = sdS[i * NL + c];
     }
-    for (int idx = tid; idx < C * D; idx += 128) {
-      const int r = idx / D, i = idx - r * D;
-      sW[r * LD + i] = f[F::W + idx];
-      sKd[r * LD + i] = f[F::Kd + idx];
-      sQg[r * LD + i] = f[F::Qg + idx];
+#pragma unroll
+    for (int j = 0; j < V4; ++j) {
+      const int e = 4 * (tid + 128 * j), r = e / D, i = e - r * D;
+      st4(sW + r * LD + i, rW[j]);
+      st4(sKd + r * LD + i, rKd[j]);
+      st4(sQg + r * LD + i, rQg[j]);
     }
-    for (int idx = tid; idx < C * C; idx += 128) sP[(idx / C) * CL + idx % C] = f[F::P + idx];
-    for (int idx = tid; idx < C * NC; idx += 128) {
-      const int r = idx / NC, c = idx - r * NC;
-      sdO[r * NL + c] = r < L ? ld_v(p.dO, p.sdo, p, bos + t0 + r, hv, col0 + c) : 0.0f;
+#pragma unroll
+    for (int m = 0; m < 2; ++m) sP[((tid + 128 * m) / C) * CL + (tid + 128 * m) % C] = rP[m];
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const int idx = tid + 128 * m, r = idx / NC, c = idx - r * NC;
+      sdO[r * NL + c] = rdO[m];
     }
-    for (int i = tid; i < D; i += 128) sgL[i] = f[F::Gam + (C - 1) * D + i];
+    if (tid < D) sgL[tid] = rgl;
+    if (ch > 0) fetch(ch - 1);
     __syncthreads();
     {  // dV~ = scale P^T dO + Kd dS
       float d1[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
