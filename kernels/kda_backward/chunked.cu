@@ -39,20 +39,6 @@ struct Fac {
                        Gam = 6 * C * D, B = 7 * C * D, P = B + C * C, N = P + C * C, size = N + C * C;
 };
 
-/// Sequence n: first token row, length, first chunk slot (fixed length: n ceil(T / C); cu_seqlens:
-/// n + floor(cu[n] / C), which leaves room for ceil(len / C) slots before the next sequence's first).
-__device__ __forceinline__ void chunk_seq(const Params& p, int n, int& bos, int& len, long long& slot0) {
-  if (p.cu) {
-    bos = p.cu[n];
-    len = p.cu[n + 1] - bos;
-    slot0 = n + bos / C;
-  } else {
-    bos = n * p.T;
-    len = p.T;
-    slot0 = static_cast<long long>(n) * ((p.T + C - 1) / C);
-  }
-}
-
 /// d (one m16n8k8 accumulator tile) += A B summed over k in [0, K) (K a multiple of 8), fp32-class: each operand
 /// split into tf32 hi + lo, three products. A(m, k) = a[m am + k ak] and B(k, n) = b[k bk + n bn] in shared memory
 /// (a transpose is a swap of the strides); a points at the tile's first row, b at its first column.
@@ -104,7 +90,7 @@ __global__ void __launch_bounds__(256) factors_kernel(Params p) {
   const int c = blockIdx.x, hv = blockIdx.y, n = blockIdx.z, tid = threadIdx.x;
   int bos, len;
   long long slot0;
-  chunk_seq(p, n, bos, len, slot0);
+  seq_of<C>(p, n, bos, len, slot0);
   const int t0 = c * C;
   if (t0 >= len) return;  // uniform over the CTA
   const int L = min(C, len - t0), h = hv / p.group;
@@ -181,6 +167,23 @@ __global__ void __launch_bounds__(256) factors_kernel(Params p) {
   }
 }
 
+/// A chain CTA's D x NC tile of a state: from / into the [D][D] fp32 state at `g` (columns col0 ..; null `g` on the
+/// way in: zero) and shared memory with rows of NC + 4.
+template <int D>
+__device__ __forceinline__ void tile_in(float* s, const float* g, int col0) {
+  for (int idx = threadIdx.x; idx < D * NC; idx += blockDim.x) {
+    const int i = idx / NC, c = idx - i * NC;
+    s[i * (NC + 4) + c] = g ? g[static_cast<std::size_t>(i) * D + col0 + c] : 0.0f;
+  }
+}
+template <int D>
+__device__ __forceinline__ void tile_out(float* g, const float* s, int col0) {
+  for (int idx = threadIdx.x; idx < D * NC; idx += blockDim.x) {
+    const int i = idx / NC, c = idx - i * NC;
+    g[static_cast<std::size_t>(i) * D + col0 + c] = s[i * (NC + 4) + c];
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // 2. forward chain: S entering every chunk
 template <int D>
@@ -192,13 +195,10 @@ __global__ void __launch_bounds__(128) fwd_chain_kernel(Params p) {
   const int cb = blockIdx.x, hv = blockIdx.y, n = blockIdx.z, tid = threadIdx.x, w = tid / 32;
   int bos, len;
   long long slot0;
-  chunk_seq(p, n, bos, len, slot0);
+  seq_of<C>(p, n, bos, len, slot0);
   const int nch = (len + C - 1) / C, col0 = cb * NC;
   const std::size_t st_base = (static_cast<std::size_t>(n) * p.HV + hv) * D * D;
-  for (int idx = tid; idx < D * NC; idx += 128) {
-    const int i = idx / NC, c = idx - i * NC;
-    sS[i * NL + c] = p.S0 ? p.S0[st_base + static_cast<std::size_t>(i) * D + col0 + c] : 0.0f;
-  }
+  tile_in<D>(sS, p.S0 ? p.S0 + st_base : nullptr, col0);
   // the next chunk's W, Kd, U slice and gamL, loaded into registers one step ahead
   constexpr int V4 = C * D / 512;  // float4 of a C x D matrix per thread
   static_assert(C * NC == 512, "one float4 of the U slice per thread");
@@ -217,11 +217,7 @@ __global__ void __launch_bounds__(128) fwd_chain_kernel(Params p) {
   if (nch > 0) fetch(0);
   for (int ch = 0; ch < nch; ++ch) {
     __syncthreads();
-    float* so = p.Sst + (static_cast<std::size_t>(slot0 + ch) * p.HV + hv) * D * D;
-    for (int idx = tid; idx < D * NC; idx += 128) {
-      const int i = idx / NC, c = idx - i * NC;
-      so[static_cast<std::size_t>(i) * D + col0 + c] = sS[i * NL + c];
-    }
+    tile_out<D>(p.Sst + (static_cast<std::size_t>(slot0 + ch) * p.HV + hv) * D * D, sS, col0);
 #pragma unroll
     for (int j = 0; j < V4; ++j) {
       const int e = 4 * (tid + 128 * j), r = e / D, i = e - r * D;
@@ -268,14 +264,11 @@ __global__ void __launch_bounds__(128) bwd_chain_kernel(Params p) {
   const int cb = blockIdx.x, hv = blockIdx.y, n = blockIdx.z, tid = threadIdx.x, w = tid / 32;
   int bos, len;
   long long slot0;
-  chunk_seq(p, n, bos, len, slot0);
+  seq_of<C>(p, n, bos, len, slot0);
   const int nch = (len + C - 1) / C, col0 = cb * NC;
   const float scale = p.scale;
   const std::size_t st_base = (static_cast<std::size_t>(n) * p.HV + hv) * D * D;
-  for (int idx = tid; idx < D * NC; idx += 128) {
-    const int i = idx / NC, c = idx - i * NC;
-    sdS[i * NL + c] = p.dS_T ? p.dS_T[st_base + static_cast<std::size_t>(i) * D + col0 + c] : 0.0f;
-  }
+  tile_in<D>(sdS, p.dS_T ? p.dS_T + st_base : nullptr, col0);
   // the next chunk's W, Kd, Qg, P, dO slice and gamL, loaded into registers one step ahead
   constexpr int V4 = C * D / 512;  // float4 of a C x D matrix per thread
   static_assert(C * C == 256 && C * NC == 512, "two elements of P and four of the dO slice per thread");
@@ -302,11 +295,7 @@ __global__ void __launch_bounds__(128) bwd_chain_kernel(Params p) {
   if (nch > 0) fetch(nch - 1);
   for (int ch = nch - 1; ch >= 0; --ch) {
     __syncthreads();
-    float* so = p.dSst + (static_cast<std::size_t>(slot0 + ch) * p.HV + hv) * D * D;
-    for (int idx = tid; idx < D * NC; idx += 128) {
-      const int i = idx / NC, c = idx - i * NC;
-      so[static_cast<std::size_t>(i) * D + col0 + c] = sdS[i * NL + c];
-    }
+    tile_out<D>(p.dSst + (static_cast<std::size_t>(slot0 + ch) * p.HV + hv) * D * D, sdS, col0);
 #pragma unroll
     for (int j = 0; j < V4; ++j) {
       const int e = 4 * (tid + 128 * j), r = e / D, i = e - r * D;
@@ -347,10 +336,7 @@ __global__ void __launch_bounds__(128) bwd_chain_kernel(Params p) {
   }
   if (p.dS0) {
     __syncthreads();
-    for (int idx = tid; idx < D * NC; idx += 128) {
-      const int i = idx / NC, c = idx - i * NC;
-      p.dS0[st_base + static_cast<std::size_t>(i) * D + col0 + c] = sdS[i * NL + c];
-    }
+    tile_out<D>(p.dS0 + st_base, sdS, col0);
   }
 }
 
@@ -394,7 +380,7 @@ __global__ void __launch_bounds__(256) grad_kernel(Params p) {
   const int c = blockIdx.x, hv = blockIdx.y, n = blockIdx.z, tid = threadIdx.x, w = tid / 32, lane = tid % 32;
   int bos, len;
   long long slot0;
-  chunk_seq(p, n, bos, len, slot0);
+  seq_of<C>(p, n, bos, len, slot0);
   const int t0 = c * C;
   if (t0 >= len) return;  // uniform over the CTA
   const int L = min(C, len - t0), h = hv / p.group;

@@ -84,17 +84,19 @@ __device__ __forceinline__ std::int64_t at(const Strides& s, int b, int t, int h
   return static_cast<std::int64_t>(b) * s.b + static_cast<std::int64_t>(t) * s.t + static_cast<std::int64_t>(h) * s.h;
 }
 
-/// Sequence n: first token row, length, first checkpoint slot (fixed length: n ceil(T / CK); cu_seqlens:
-/// n + floor(cu[n] / CK), which leaves room for ceil(len / CK) slots before the next sequence's first).
+/// Sequence n: first token row, length, first slot of I tokens each (the sweep's checkpoints: I = CK; the chunked
+/// pass's chunks: I = 16). Fixed length: n ceil(T / I); cu_seqlens: n + floor(cu[n] / I), which leaves room for
+/// ceil(len / I) slots before the next sequence's first.
+template <int I = CK>
 __device__ __forceinline__ void seq_of(const Params& p, int n, int& bos, int& len, long long& slot0) {
   if (p.cu) {
     bos = p.cu[n];
     len = p.cu[n + 1] - bos;
-    slot0 = n + bos / CK;
+    slot0 = n + bos / I;
   } else {
     bos = n * p.T;
     len = p.T;
-    slot0 = static_cast<long long>(n) * ((p.T + CK - 1) / CK);
+    slot0 = static_cast<long long>(n) * ((p.T + I - 1) / I);
   }
 }
 
