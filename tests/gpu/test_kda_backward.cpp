@@ -349,6 +349,15 @@ TEST_CASE("KDA backward sweep pass (forced at D = 64, 128) vs the float64 oracle
     if (c.D != 256) check_bwd(c, kernels::KdaBackwardPass::sweep);
 }
 
+TEST_CASE("KDA backward chunked pass (forced at D = 64, 128) vs the float64 oracle", "[gpu][kda_bwd]") {
+  for (const auto& list : {shape_cases(), switch_cases(), varlen_cases()})
+    for (const auto& c : list)
+      if (c.D != 256) check_bwd(c, kernels::KdaBackwardPass::chunked);
+  BwdCase c = shape(1, 2048, 1, 2, 128);
+  c.dS_T = true;
+  check_bwd(c, kernels::KdaBackwardPass::chunked);
+}
+
 TEST_CASE("KDA backward chunked pass on long-memory inputs (slow decay, small beta; T = 1024, 4096)",
           "[gpu][kda_bwd]") {
   for (const std::size_t T : {std::size_t{1024}, std::size_t{4096}}) {
