@@ -88,9 +88,10 @@ struct KdaBackwardArgs {
 /// in fp32-class arithmetic with bf16 in and out; they differ in summation order (design and measurements:
 /// docs/kernels/kda_backward.md).
 enum class KdaBackwardPass {
-  automatic,  ///< the rule of kda_backward_plan: chunked for D = 64 and 128, sweep for D = 256
-  sweep,      ///< version 1: token-by-token fp32 sweeps, one CTA per (sequence, value head, column block); every D
-  chunked,    ///< version 2: 16-token chunks in the WY form (docs/kernels/kda_backward.md "Version 2"); D = 64, 128
+  automatic,  ///< the rule of kda_backward_plan: chunked where it runs, else sweep
+  sweep,      ///< version 1: token-by-token fp32 sweeps, one CTA per (sequence, value head, column block); every shape
+  chunked,    ///< version 2: 16-token chunks in the WY form (docs/kernels/kda_backward.md "Version 2"); D = 64, 128,
+              ///< at most 65535 sequences
 };
 
 /// What benchmarks and tests force; kda_backward without overrides (nullptr) runs the rule of kda_backward_plan.
@@ -98,8 +99,9 @@ struct KdaBackwardOverrides {
   KdaBackwardPass pass = KdaBackwardPass::automatic;
 };
 
-/// The pass kda_backward runs for these arguments and overrides (never automatic). Errors: kdalab::Error when the
-/// overrides force the chunked pass at D = 256.
+/// The pass kda_backward runs for these arguments and overrides (never automatic). Errors: kdalab::Error for bad
+/// shapes (as kda_backward) or when the overrides force the chunked pass where it does not run (D = 256, or more
+/// than 65535 sequences).
 KdaBackwardPass kda_backward_plan(const KdaBackwardArgs& a, const KdaBackwardOverrides* overrides = nullptr);
 
 /// Bytes of device scratch kda_backward needs for these shapes on the current device (checks the shapes and options

@@ -90,11 +90,14 @@ Layout layout_of(const KdaBackwardArgs& a, KdaBackwardPass pass) {
 KdaBackwardPass kda_backward_plan(const KdaBackwardArgs& a, const KdaBackwardOverrides* ov) {
   check_shapes(a);
   const KdaBackwardPass forced = ov ? ov->pass : KdaBackwardPass::automatic;
-  if (forced == KdaBackwardPass::chunked && a.D == 256)
-    throw Error(std::string(kOp) + ": pass = chunked with D = 256; accepted: the chunked pass with D = 64 or 128, "
-                "the sweep with any D");
+  const int N = a.cu_seqlens ? a.num_seqs : a.B;
+  const bool fits = a.D != 256 && N <= 65535;  // the chunked grids put the sequence in gridDim.z
+  if (forced == KdaBackwardPass::chunked && !fits)
+    throw Error(std::string(kOp) + ": pass = chunked with D = " + std::to_string(a.D) + " and " + std::to_string(N) +
+                " sequences; accepted: the chunked pass with D = 64 or 128 and at most 65535 sequences, the sweep "
+                "with any D and any number");
   if (forced != KdaBackwardPass::automatic) return forced;
-  return a.D == 256 ? KdaBackwardPass::sweep : KdaBackwardPass::chunked;
+  return fits ? KdaBackwardPass::chunked : KdaBackwardPass::sweep;
 }
 
 std::size_t kda_backward_workspace_bytes(const KdaBackwardArgs& a, const KdaBackwardOverrides* ov) {
