@@ -559,6 +559,26 @@ Measured bench_backward(const Shape& s, int warmup, int iters, std::uint64_t see
   }, warmup, iters);
   Measured m = prefill_measured(s, ms, mn, 0.0, 0.0);
   const bool chunked = kernels::kda_backward_plan(b, &ov) == kernels::KdaBackwardPass::chunked;
+  {  // the backward's phases: each prefix of its launches timed, the differences printed
+    using Ph = kernels::KdaBackwardPhase;
+    const std::vector<std::pair<Ph, const char*>> phases =
+        chunked ? std::vector<std::pair<Ph, const char*>>{{Ph::prepare, "prepare"}, {Ph::factors, "factors"},
+                                                          {Ph::forward_chain, "forward chain"},
+                                                          {Ph::reverse_chain, "reverse chain"},
+                                                          {Ph::gradients, "gradients"}, {Ph::all, "epilogue"}}
+                : std::vector<std::pair<Ph, const char*>>{{Ph::prepare, "prepare"}, {Ph::gradients, "sweep"},
+                                                          {Ph::all, "epilogue"}};
+    std::string line;
+    double before = 0.0;
+    for (const auto& [ph, name] : phases) {
+      kernels::KdaBackwardOverrides o = ov;
+      o.last = ph;
+      const double t = ph == Ph::all ? bwd : time_ms([&] { kernels::kda_backward(b, nullptr, &o); }, warmup, iters).first;
+      line += fmt::format("{}{} {:.3f}", line.empty() ? "" : ", ", name, t - before);
+      before = t;
+    }
+    fmt::print("  (backward phases, ms, each prefix of launches timed: {})\n", line);
+  }
   const auto [bb, bf] = chunked ? chunked_backward_model(s) : backward_model(s);
   m.bytes += bb;
   m.flops += bf;

@@ -94,9 +94,21 @@ enum class KdaBackwardPass {
               ///< at most 65535 sequences
 };
 
+/// The last launch kda_backward runs (to time the phases apart: each prefix is timed, its difference to the one
+/// before is the phase). Phases past `last` are not launched, so the outputs are then incomplete.
+enum class KdaBackwardPhase {
+  prepare,        ///< the pre-ops (both passes)
+  factors,        ///< chunked: the chunks' factors (the sweep: its sweep)
+  forward_chain,  ///< chunked: S entering every chunk (the sweep: its sweep)
+  reverse_chain,  ///< chunked: dS leaving every chunk, dS0 (the sweep: its sweep)
+  gradients,      ///< chunked: the gradient kernel (the sweep: its sweep)
+  all,            ///< everything, the epilogue and the params sums included
+};
+
 /// What benchmarks and tests force; kda_backward without overrides (nullptr) runs the rule of kda_backward_plan.
 struct KdaBackwardOverrides {
   KdaBackwardPass pass = KdaBackwardPass::automatic;
+  KdaBackwardPhase last = KdaBackwardPhase::all;
 };
 
 /// The pass kda_backward runs for these arguments and overrides (never automatic). Errors: kdalab::Error for bad

@@ -133,7 +133,7 @@ void launch_sweep(const Params& p, int grid, cudaStream_t stream);
 void launch_epilogue(const Params& p, cudaStream_t stream);
 /// chunked.cu: the chunked pass (factors, forward chain, reverse chain, gradients) for D = 64 or 128; writes what the
 /// sweep writes (dv, dS0 and the partials of one column block) for the epilogue.
-void launch_chunked(const Params& p, cudaStream_t stream);
+void launch_chunked(const Params& p, cudaStream_t stream, KdaBackwardPhase last = KdaBackwardPhase::all);
 /// chunked.cu: floats of one chunk's factor slot (D = 64 or 128).
 std::size_t chunked_factor_floats(int D);
 

@@ -165,9 +165,12 @@ void kda_backward(const KdaBackwardArgs& a, cudaStream_t stream, const KdaBackwa
   p.fac = f(l.fac); p.Sst = f(l.Sst); p.dSst = f(l.dSst);
   p.pq = f(l.pq); p.pk = f(l.pk); p.pg = f(l.pg); p.pb = f(l.pb); p.pA = f(l.pA);
 
+  const KdaBackwardPhase last = ov ? ov->last : KdaBackwardPhase::all;
   launch_prepare(p, stream);
-  if (pass == KdaBackwardPass::chunked) launch_chunked(p, stream);
+  if (last == KdaBackwardPhase::prepare) return;
+  if (pass == KdaBackwardPass::chunked) launch_chunked(p, stream, last);
   else launch_sweep(p, l.grid, stream);
+  if (last != KdaBackwardPhase::all) return;
   launch_epilogue(p, stream);
 }
 
