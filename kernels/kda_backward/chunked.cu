@@ -40,15 +40,11 @@ struct Fac {
 };
 
 /// d (one m16n8k8 accumulator tile) += A B summed over k in [0, K) (K a multiple of 8), fp32-class: each operand
-/// split into tf32 hi + lo, three products; the hi hi terms and the two correction terms accumulate apart (three
-/// independent mma chains) and meet at the end. A(m, k) = a[m am + k ak] and B(k, n) = b[k bk + n bn] in shared
-/// memory (a transpose is a swap of the strides); a points at the tile's first row, b at its first column.
-template <int K>
-__device__ __forceinline__ void mma_x3(float (&d)[4], const float* a, int am, int ak, const float* b, int bk, int bn) {
-  static_assert(K % 8 == 0, "K: a multiple of the mma's k = 8");
+/// split into tf32 hi + lo, three products. A(m, k) = a[m am + k ak] and B(k, n) = b[k bk + n bn] in shared memory
+/// (a transpose is a swap of the strides); a points at the tile's first row, b at its first column.
+__device__ __forceinline__ void mma_x3(float (&d)[4], const float* a, int am, int ak, const float* b, int bk, int bn,
+                                       int K) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  float e1[4] = {0.0f, 0.0f, 0.0f, 0.0f}, e2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
   for (int k0 = 0; k0 < K; k0 += 8) {
     std::uint32_t ah[4], al[4], bh[2], bl[2];
     split_tf32(a[g * am + (k0 + t) * ak], ah[0], al[0]);
@@ -57,12 +53,10 @@ __device__ __forceinline__ void mma_x3(float (&d)[4], const float* a, int am, in
     split_tf32(a[(g + 8) * am + (k0 + t + 4) * ak], ah[3], al[3]);
     split_tf32(b[(k0 + t) * bk + g * bn], bh[0], bl[0]);
     split_tf32(b[(k0 + t + 4) * bk + g * bn], bh[1], bl[1]);
-    mma_tf32(e1, al, bh);
-    mma_tf32(e2, ah, bl);
+    mma_tf32(d, al, bh);
+    mma_tf32(d, ah, bl);
     mma_tf32(d, ah, bh);
   }
-#pragma unroll
-  for (int e = 0; e < 4; ++e) d[e] += e1[e] + e2[e];
 }
 /// Row and column inside the 16 x 8 tile of accumulator element e of this thread.
 __device__ __forceinline__ int frow(int e) { return ((threadIdx.x & 31) >> 2) + 8 * (e >> 1); }
@@ -87,7 +81,7 @@ __device__ __forceinline__ float ld_v(const bf16_t* x, const Strides& s, const P
 // ---------------------------------------------------------------------------------------------------------------
 // 1. factors
 template <int D>
-__global__ void __launch_bounds__(256, 2) factors_kernel(Params p) {
+__global__ void __launch_bounds__(256) factors_kernel(Params p) {
   constexpr int LD = D + 4;
   using F = Fac<D>;
   extern __shared__ float sm[];
@@ -236,7 +230,7 @@ __global__ void __launch_bounds__(128) fwd_chain_kernel(Params p) {
     __syncthreads();
     {  // V~ = U - W S: warp w, columns 8 w ..
       float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      mma_x3<D>(d, sW, LD, 1, sS + 8 * w, NL, 1);
+      mma_x3(d, sW, LD, 1, sS + 8 * w, NL, 1, D);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = frow(e), c = 8 * w + fcol(e);
@@ -245,11 +239,10 @@ __global__ void __launch_bounds__(128) fwd_chain_kernel(Params p) {
     }
     __syncthreads();
     // S <- Diag(gamL) S + Kd^T V~: tiles of 16 key rows x 8 columns
-#pragma unroll
     for (int tt = w; tt < (D / 16) * (NC / 8); tt += 4) {
       const int m0 = 16 * (tt / (NC / 8)), n0 = 8 * (tt % (NC / 8));
       float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      mma_x3<C>(d, sKd + m0, 1, LD, sVt + n0, NL, 1);
+      mma_x3(d, sKd + m0, 1, LD, sVt + n0, NL, 1, C);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int i = m0 + frow(e), c = n0 + fcol(e);
@@ -322,19 +315,18 @@ __global__ void __launch_bounds__(128) bwd_chain_kernel(Params p) {
     __syncthreads();
     {  // dV~ = scale P^T dO + Kd dS
       float d1[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      mma_x3<C>(d1, sP, 1, CL, sdO + 8 * w, NL, 1);
-      mma_x3<D>(d2, sKd, LD, 1, sdS + 8 * w, NL, 1);
+      mma_x3(d1, sP, 1, CL, sdO + 8 * w, NL, 1, C);
+      mma_x3(d2, sKd, LD, 1, sdS + 8 * w, NL, 1, D);
 #pragma unroll
       for (int e = 0; e < 4; ++e) sdVt[frow(e) * NL + 8 * w + fcol(e)] = scale * d1[e] + d2[e];
     }
     __syncthreads();
     // dS <- Diag(gamL) dS + Qg^T (scale dO) - W^T dV~
-#pragma unroll
     for (int tt = w; tt < (D / 16) * (NC / 8); tt += 4) {
       const int m0 = 16 * (tt / (NC / 8)), n0 = 8 * (tt % (NC / 8));
       float d1[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      mma_x3<C>(d1, sQg + m0, 1, LD, sdO + n0, NL, 1);
-      mma_x3<C>(d2, sW + m0, 1, LD, sdVt + n0, NL, 1);
+      mma_x3(d1, sQg + m0, 1, LD, sdO + n0, NL, 1, C);
+      mma_x3(d2, sW + m0, 1, LD, sdVt + n0, NL, 1, C);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int i = m0 + frow(e), c = n0 + fcol(e);
@@ -363,7 +355,7 @@ struct GradSmem {
 };
 
 template <int D>
-__global__ void __launch_bounds__(256, 2) grad_kernel(Params p) {
+__global__ void __launch_bounds__(256) grad_kernel(Params p) {
   using Sm = GradSmem<D>;
   using F = Fac<D>;
   constexpr int LD = Sm::LD, NL = Sm::NL;
@@ -432,7 +424,7 @@ __global__ void __launch_bounds__(256, 2) grad_kernel(Params p) {
     __syncthreads();
     if (w < NT / 8) {  // V~ = U - W S
       float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      mma_x3<D>(d, sW, LD, 1, sS + 8 * w, NL, 1);
+      mma_x3(d, sW, LD, 1, sS + 8 * w, NL, 1, D);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int o = frow(e) * NL + 8 * w + fcol(e);
@@ -441,15 +433,15 @@ __global__ void __launch_bounds__(256, 2) grad_kernel(Params p) {
     } else if (w < 2 * (NT / 8)) {  // dV~ = scale P^T dO + Kd dS
       const int n0 = 8 * (w - NT / 8);
       float d1[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      mma_x3<C>(d1, sP, 1, CL, sdO + n0, NL, 1);
-      mma_x3<D>(d2, sKd, LD, 1, sdS + n0, NL, 1);
+      mma_x3(d1, sP, 1, CL, sdO + n0, NL, 1, C);
+      mma_x3(d2, sKd, LD, 1, sdS + n0, NL, 1, D);
 #pragma unroll
       for (int e = 0; e < 4; ++e) sdVt[frow(e) * NL + n0 + fcol(e)] = scale * d1[e] + d2[e];
     }
     __syncthreads();
     if (w < NT / 8) {  // dY = N^T dV~
       float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      mma_x3<C>(d, sN, 1, CL, sdVt + 8 * w, NL, 1);
+      mma_x3(d, sN, 1, CL, sdVt + 8 * w, NL, 1, C);
 #pragma unroll
       for (int e = 0; e < 4; ++e) sdY[frow(e) * NL + 8 * w + fcol(e)] = d[e];
     }
@@ -457,15 +449,15 @@ __global__ void __launch_bounds__(256, 2) grad_kernel(Params p) {
 #pragma unroll
     for (int q = 0; q < TPW; ++q) {
       const int n0 = 8 * (w * TPW + q);
-      mma_x3<NT>(accQ[q], sdO, NL, 1, sS + n0 * NL, 1, NL);
-      mma_x3<NT>(accW[q], sdVt, NL, 1, sS + n0 * NL, 1, NL);
-      mma_x3<NT>(accK[q], sVt, NL, 1, sdS + n0 * NL, 1, NL);
+      mma_x3(accQ[q], sdO, NL, 1, sS + n0 * NL, 1, NL, NT);
+      mma_x3(accW[q], sdVt, NL, 1, sS + n0 * NL, 1, NL, NT);
+      mma_x3(accK[q], sVt, NL, 1, sdS + n0 * NL, 1, NL, NT);
     }
     if (tid < D)
       for (int cc = 0; cc < NT; ++cc) dgl += sdS[tid * NL + cc] * sS[tid * NL + cc];
     __syncthreads();
-    if (w < 2) mma_x3<NT>(accS, sdO, NL, 1, sVt + 8 * w * NL, 1, NL);
-    else if (w < 4) mma_x3<NT>(accS, sdY, NL, 1, sU + 8 * (w - 2) * NL, 1, NL);
+    if (w < 2) mma_x3(accS, sdO, NL, 1, sVt + 8 * w * NL, 1, NL, NT);
+    else if (w < 4) mma_x3(accS, sdY, NL, 1, sU + 8 * (w - 2) * NL, 1, NL, NT);
     for (int idx = tid; idx < L * NT; idx += 256) {
       const int r = idx / NT, cc = idx - r * NT;
       const float br = sdb[r];
