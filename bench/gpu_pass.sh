@@ -2,7 +2,7 @@
 # One pass on the GPU machine: configure + build the cuda preset in a fresh
 # folder, run every GPU test binary (directly, so their printed numbers reach the logs), the generator
 # checksum test, then `kdalab bench` with the torch MLA baseline timed in the same session and
-# --compare against the card's baselines (data/baselines/h200.h5, or data/baselines/h100/*.h5 on an H100).
+# --compare against the card's baselines (data/baselines/h200.h5 and h200/*.h5, or data/baselines/h100/*.h5 on an H100).
 # Logs and results go to $OUT (default ./gpu-out) and are also packed into $OUT/gpu_pass.tgz (the device tool returns only a few files).
 # Usage: bench/gpu_pass.sh [all|kda-prefill|kda-decode|kda-backward|mla-decode|...|none]   (default: all)
 # Env: FLA_BENCH_BWD=1 with op all also times fla's forward + backward (bench/fla_kda.py --ops ...,kda-backward).
@@ -81,8 +81,9 @@ if [ "$op" != none ]; then
     [ -d peers/fla-src ] && step fla-kda python3 bench/fla_kda.py --fla-path peers/fla-src --json "$OUT/fla_kda.json" \
       --check-dir "$OUT/fla_check" "${fla_ops[@]}" && peer+=(--peer-json "$OUT/fla_kda.json");; esac
   # the baselines of this card: data/baselines/h100/*.h5 on an H100 (all.h5, and the rows it lacks: kda-backward,
-  # the accurate precision's kda-prefill rows), data/baselines/h200.h5 otherwise
-  base=(data/baselines/h200.h5); nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -q H100 && base=(data/baselines/h100/*.h5)
+  # the accurate precision's kda-prefill rows), data/baselines/h200.h5 and data/baselines/h200/*.h5 (kda-backward)
+  # otherwise
+  base=(data/baselines/h200.h5 data/baselines/h200/*.h5); nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -q H100 && base=(data/baselines/h100/*.h5)
   for f in "${base[@]}"; do [ -f "$f" ] && cmp+=(--compare "$f"); done
   TAIL=${BENCH_TAIL:-40} step "bench-$op" "$B/experiments/kdalab" bench --op "$op" "${peer[@]}" "${cmp[@]}" --out "$OUT/bench-$op.h5"
   # fla's KDA gradients (bench/fla_kda_bwd.py) checked by `kdalab check --op kda-bwd`: only with op all, peers/fla-src
