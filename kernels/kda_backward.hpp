@@ -26,6 +26,10 @@
 ///     fp32 partials per column block.
 ///  3. epilogue: sums the partials (and dq, dk over the value heads sharing a key head) in a fixed order, applies the
 ///     chain rules, writes bf16; 4. a fixed-order (fp64-accumulated) sum over tokens gives dA_log and dbias.
+/// Version 2, the chunked pass (KdaBackwardPass::chunked, what kda_backward_plan picks for D = 64 and 128): steps 1,
+/// 3 and 4 as above; step 2 in 16-token chunks in the WY form (kernels/kda_backward/chunked.cu): a chunk-parallel
+/// kernel forms each chunk's factors, two chunk-sequential chains store S entering and dS leaving every chunk, and a
+/// chunk-parallel kernel forms the gradients from them; every product fp32-class (three-pass tf32 or fp32 FMA).
 /// Deterministic: no atomics; every sum has a fixed order, so two calls on the same inputs give the same bits.
 ///
 /// Layouts (row-major, last dimension contiguous): inputs as KdaPrefillArgs (strides in elements, 0 = contiguous):
