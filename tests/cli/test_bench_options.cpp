@@ -36,6 +36,11 @@ TEST_CASE("bench: options and shape fields the chosen op ignores are refused, na
   for (const std::string op : {"kda-decode", "kda-backward", "mla-decode", "mla-prefill", "attn-res"})
     for (const std::string given : {"--state-pass mma", "--segments 2", "--segments 1", "--overlap off", "--precision accurate"})
       cases.push_back({"--op " + op + " " + given, given + " applies to --op kda-prefill (or all) only, not --op " + op});
+  // --bwd-pass acts on kda-backward only; its values are named
+  for (const std::string op : {"kda-prefill", "kda-decode", "mla-decode", "mla-prefill", "attn-res"})
+    for (const std::string given : {"--bwd-pass sweep", "--bwd-pass chunked"})
+      cases.push_back({"--op " + op + " " + given, given + " applies to --op kda-backward (or all) only, not --op " + op});
+  cases.push_back({"--op kda-backward --bwd-pass fast", "--bwd-pass = 'fast'; accepted: auto, sweep or chunked"});
   for (const auto& c : cases) {
     const auto r = run_kdalab("bench " + c.args + " --out " + d.file("b.h5"));
     INFO(c.args << "\n" << r.output);
@@ -48,7 +53,8 @@ TEST_CASE("bench: options and shape fields the chosen op ignores are refused, na
   for (const std::string& args : {std::string("--op mla-prefill --prefix 16 --shapes 1:64:2:2"),
                                   std::string("--op kda-prefill --state-pass wgmma --shapes 1:16:1:2"),
                                   std::string("--op kda-prefill --segments 1 --overlap off --shapes 4:4096:16:32"),
-                                  std::string("--op kda-decode --segments 0 --overlap on --state-pass auto --shapes 1:1:2")}) {
+                                  std::string("--op kda-decode --segments 0 --overlap on --state-pass auto --shapes 1:1:2"),
+                                  std::string("--op kda-backward --bwd-pass sweep --shapes 1:16:1")}) {
     const auto r = run_kdalab("bench " + args + " --iters 1 --warmup 0 --out " + d.file("b.h5"));
     INFO(args << "\n" << r.output);
     CHECK(bench_valid_exit(r));
