@@ -69,8 +69,9 @@
 /// hi/lo plan, whose checkpoints keep the forward's one-product W S and miss dbias on long memory at T >= 8192, in
 /// the doc.) Twin speed ~0.2-1.3 ms per token and head on one shared core.
 ///
-/// Layouts as KdaBwdProblem (numerics/kda_backward_twin.hpp); fixed-length batches only (cu empty).
-/// Errors: kdalab::Error for packed sequences (cu), chunk < 1, or a chunk's decay span beyond the factored range.
+/// Layouts as KdaBwdProblem (numerics/kda_backward_twin.hpp): fixed-length batches, or packed sequences (cu, B = 1;
+/// S0, dS_T and dS0 per sequence).
+/// Errors: kdalab::Error for chunk < 1, or a chunk's decay span beyond the factored range.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -267,9 +268,9 @@ inline Chunk chunk(const M& q, const M& k, const M& v, const M& g, const V& beta
 /// Errors: kdalab::Error (file comment).
 inline KdaBwdGrads kda_chunk_backward_twin(const KdaBwdProblem& pr, const KdaBwdTwinPlan& p) {
   using namespace chunk_bwd_detail;
-  require(pr.cu.empty(), "kda_chunk_backward_twin: packed sequences (cu) are not modelled; accepted: fixed length");
   require(p.chunk >= 1, "kda_chunk_backward_twin: chunk = 0; accepted: >= 1");
   const std::size_t B = pr.B, T = pr.T, H = pr.H, HV = pr.HV, D = pr.D, group = HV / H;
+  const std::size_t N = pr.cu.empty() ? B : pr.cu.size() - 1;  // sequences: the batch, or the packed ones (B = 1)
   const Format fa = p.accum;
   const auto Ti = static_cast<Eigen::Index>(T), Di = static_cast<Eigen::Index>(D), C = static_cast<Eigen::Index>(p.chunk);
   const double scale = pr.scale;
@@ -295,39 +296,44 @@ inline KdaBwdGrads kda_chunk_backward_twin(const KdaBwdProblem& pr, const KdaBwd
   Tensor<double> dqn({B, T, H, D}, 0.0), dkn({B, T, H, D}, 0.0), dv({B, T, HV, D}), dg({B, T, HV, D}),
       dbeta({B, T, HV});
   KdaBwdGrads r{{}, {}, {}, {}, {}, Tensor<double>({HV}, 0.0), Tensor<double>({HV, D}, 0.0),
-                Tensor<double>({B, HV, D, D})};
+                Tensor<double>({N, HV, D, D})};
   M q(Ti, Di), k(Ti, Di), v(Ti, Di), gl(Ti, Di), dO(Ti, Di);
   V bt(Ti);
-  for (std::size_t b = 0; b < B; ++b)
+  for (std::size_t n = 0; n < N; ++n)
     for (std::size_t hv = 0; hv < HV; ++hv) {
       const std::size_t h = hv / group;
-      for (std::size_t t = 0; t < T; ++t) {
+      // sequence n: batch entry b, tokens [bos, bos + len) of it
+      const std::size_t b = pr.cu.empty() ? n : 0, bos = pr.cu.empty() ? 0 : pr.cu[n];
+      const std::size_t len = pr.cu.empty() ? T : pr.cu[n + 1] - pr.cu[n];
+      const auto Tn = static_cast<Eigen::Index>(len);
+      for (std::size_t tt = 0; tt < len; ++tt) {
+        const std::size_t t = bos + tt;
         for (std::size_t i = 0; i < D; ++i) {
-          const auto ti = static_cast<Eigen::Index>(t), ii = static_cast<Eigen::Index>(i);
+          const auto ti = static_cast<Eigen::Index>(tt), ii = static_cast<Eigen::Index>(i);
           q(ti, ii) = qn(b, t, h, i);
           k(ti, ii) = kn(b, t, h, i);
           v(ti, ii) = pr.v(b, t, hv, i);
           gl(ti, ii) = g(b, t, hv, i);
           dO(ti, ii) = pr.dO(b, t, hv, i);
         }
-        bt(static_cast<Eigen::Index>(t)) = beta(b, t, hv);
+        bt(static_cast<Eigen::Index>(tt)) = beta(b, t, hv);
       }
       M S = M::Zero(Di, Di), dS = M::Zero(Di, Di);
       for (std::size_t i = 0; i < D * D; ++i) {
-        if (pr.S0) S.data()[i] = rnd(pr.S0->data[(b * HV + hv) * D * D + i], p.checkpoint);
-        if (pr.dS_T) dS.data()[i] = rnd(pr.dS_T->data[(b * HV + hv) * D * D + i], fa);
+        if (pr.S0) S.data()[i] = rnd(pr.S0->data[(n * HV + hv) * D * D + i], p.checkpoint);
+        if (pr.dS_T) dS.data()[i] = rnd(pr.dS_T->data[(n * HV + hv) * D * D + i], fa);
       }
       std::vector<M> enter;
-      for (Eigen::Index t0 = 0; t0 < Ti; t0 += C) {
-        const Eigen::Index L = std::min(C, Ti - t0);
+      for (Eigen::Index t0 = 0; t0 < Tn; t0 += C) {
+        const Eigen::Index L = std::min(C, Tn - t0);
         enter.push_back(S);
         const Chunk c = chunk(q, k, v, gl, bt, t0, L, p);
         const M Vt = rnd(M(c.U - prod(c.W, S, p.fwd_ws, fa)), fa);
         S = rnd(M(rnd(M(c.gamL.asDiagonal() * S), fa) + prod(c.Kd.transpose(), Vt, p.fwd_kd, fa)), p.checkpoint);
       }
-      for (auto n = static_cast<Eigen::Index>(enter.size()) - 1; n >= 0; --n) {
-        const Eigen::Index t0 = n * C, L = std::min(C, Ti - t0);
-        const M& Sin = enter[static_cast<std::size_t>(n)];
+      for (auto m = static_cast<Eigen::Index>(enter.size()) - 1; m >= 0; --m) {
+        const Eigen::Index t0 = m * C, L = std::min(C, Tn - t0);
+        const M& Sin = enter[static_cast<std::size_t>(m)];
         const Chunk c = chunk(q, k, v, gl, bt, t0, L, p);
         const M Vt = rnd(M(c.U - prod(c.W, Sin, p.ws, fa)), fa);
         const M dOc = dO.middleRows(t0, L);
@@ -365,7 +371,7 @@ inline KdaBwdGrads kda_chunk_backward_twin(const KdaBwdProblem& pr, const KdaBwd
         dG.row(L - 1) += c.gamL.cwiseProduct(dgamL).transpose();
         V acc = V::Zero(Di);
         for (Eigen::Index rr = L - 1; rr >= 0; --rr) {
-          const auto t = static_cast<std::size_t>(t0 + rr);
+          const auto t = bos + static_cast<std::size_t>(t0 + rr);
           acc = rnd(M(acc + dG.row(rr).transpose()), fa);
           for (std::size_t i = 0; i < D; ++i) {
             const auto ii = static_cast<Eigen::Index>(i);
@@ -377,7 +383,7 @@ inline KdaBwdGrads kda_chunk_backward_twin(const KdaBwdProblem& pr, const KdaBwd
           dbeta(b, t, hv) = rnd(dbt(rr), fa);
         }
       }
-      for (std::size_t i = 0; i < D * D; ++i) r.dS0.data[(b * HV + hv) * D * D + i] = rnd(dS.data()[i], p.out_f32);
+      for (std::size_t i = 0; i < D * D; ++i) r.dS0.data[(n * HV + hv) * D * D + i] = rnd(dS.data()[i], p.out_f32);
     }
   // ---- the pre-ops' chain rules (fp32 class), outputs rounded once ----
   r.dq = Tensor<double>({B, T, H, D});

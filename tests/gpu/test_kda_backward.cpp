@@ -223,11 +223,10 @@ const char* pass_name(kernels::KdaBackwardPass pass) {
   }
 }
 
-/// The twin of the pass that runs (numerics/kda_backward_twin.hpp for the sweep, the chunked twin with the kernel's
-/// plan for the chunked pass); none for packed sequences on the chunked pass (the chunked twin models fixed lengths).
-std::optional<Grads> twin_of(const Problem& p, kernels::KdaBackwardPass pass) {
+/// The twin of the pass that runs: numerics/kda_backward_twin.hpp for the sweep, the chunked twin with the kernel's
+/// plan for the chunked pass.
+Grads twin_of(const Problem& p, kernels::KdaBackwardPass pass) {
   if (pass == kernels::KdaBackwardPass::sweep) return kda_backward_twin(p);
-  if (!p.cu.empty()) return std::nullopt;
   return kda_chunk_backward_twin(p, kda_bwd_plan_kernel());
 }
 
@@ -244,8 +243,8 @@ void check_bwd(const BwdCase& c, kernels::KdaBackwardPass force = kernels::KdaBa
   d.run();
   const auto out = d.outputs();
   const double tb = tol::kda_bwd_bf16.value, tf = tol::kda_bwd_f32.value;
-  const std::optional<Grads> tw = twin_of(p, pass);
-  const auto T = [&](const Tensor<double> Grads::*m) { return tw ? &((*tw).*m) : nullptr; };
+  const Grads tw = twin_of(p, pass);
+  const auto T = [&](const Tensor<double> Grads::*m) { return &(tw.*m); };
   check_grad("dq", out[0], ref.dq, tb, true, T(&Grads::dq));
   check_grad("dk", out[1], ref.dk, tb, true, T(&Grads::dk));
   check_grad("dv", out[2], ref.dv, tb, true, T(&Grads::dv));

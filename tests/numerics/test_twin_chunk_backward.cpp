@@ -67,6 +67,9 @@ TEST_CASE("chunked backward twin: at every format fp64 it equals the float64 ora
                    kda_backward_problem(1, 70, 1, 2, 64, {}, true, true, true, true, true, 20261208), 64});
   cases.push_back({"D 32, B 2, T 40, H 2, nothing fused, S0, C 16",
                    kda_backward_problem(2, 40, 2, 1, 32, {}, false, false, false, true, false, 20261209), 16});
+  // packed sequences: an empty one, one of a single token, one across a chunk boundary; S0 and dS_T per sequence
+  cases.push_back({"D 32, packed 5 0 1 40, H 1, HV 2, fused, S0, dS_T, C 16",
+                   kda_backward_problem(1, 0, 1, 2, 32, {5, 0, 1, 40}, true, true, true, true, true, 20261210), 16});
   for (const Case& c : cases) {
     KdaBwdTwinPlan plan = kda_bwd_plan_fp64();
     plan.chunk = c.chunk;
