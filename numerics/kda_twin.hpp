@@ -289,51 +289,50 @@ inline KdaOutput<double> kda_twin(const KdaInputs& in, const KdaTwinPlan& p) {
     const std::vector<double>& Kd = *so.Kdv;
     const std::vector<double>& P = *so.Pv;
     Dl.assign(so.ld * nc, 0.0);
-    // (both operands of a product split: hi hi + hi lo + lo hi, lo lo dropped; KdaTwinPlan::Split)
-    const bool ws_both = p.split.ws_S && p.split.ws_W && p.ws != Format::fp64;
-    if (ws_both) {
-      twin_detail::split_all(Sx, p.ws, Sop, Sopl);
-    } else {
-      Sop = Sx;
-      rnd_all_split(Sop, p.ws, p.split.ws_S);
-    }
-    for (std::size_t r = 0; r < n; ++r) {
+    // A product (rows of A) S at format f (KdaTwinPlan::Split): with both operands split, hi hi + hi lo + lo hi (lo lo
+    // dropped); else each operand rounded, or carried as hi + lo against the other where it alone is split.
+    // state_operand sets Sop (and Sopl); a_row sets row (and rowl) to row r of A; row_S is the exact sum for column j.
+    const auto state_operand = [&](Format f, bool split_S, bool both) {
+      if (both) {
+        twin_detail::split_all(Sx, f, Sop, Sopl);
+      } else {
+        Sop = Sx;
+        rnd_all_split(Sop, f, split_S);
+      }
+    };
+    const auto a_row = [&](const std::vector<double>& A, std::size_t off, Format f, bool split_A, bool both) {
       for (std::size_t i = 0; i < dk; ++i) {
-        row[i] = twin_detail::rnd_split(X[r * nx + i], p.ws, p.split.ws_W && !ws_both);
-        if (ws_both) rowl[i] = twin_detail::rnd(X[r * nx + i] - row[i], p.ws);
+        row[i] = twin_detail::rnd_split(A[off + i], f, split_A && !both);
+        if (both) rowl[i] = twin_detail::rnd(A[off + i] - row[i], f);
       }
-      for (std::size_t j = 0; j < nc; ++j) {
-        double acc = 0;
-        if (ws_both)
-          for (std::size_t i = 0; i < dk; ++i) acc += row[i] * Sop[i * nc + j] + row[i] * Sopl[i * nc + j] + rowl[i] * Sop[i * nc + j];
-        else
-          for (std::size_t i = 0; i < dk; ++i) acc += row[i] * Sop[i * nc + j];
-        Dl[r * nc + j] = rnd((useU ? X[r * nx + dk + j] : 0.0) - rnd(acc, fa), fa);
-      }
+    };
+    const auto row_S = [&](std::size_t j, bool both) {
+      double acc = 0;
+      if (both)
+        for (std::size_t i = 0; i < dk; ++i) acc += row[i] * Sop[i * nc + j] + row[i] * Sopl[i * nc + j] + rowl[i] * Sop[i * nc + j];
+      else
+        for (std::size_t i = 0; i < dk; ++i) acc += row[i] * Sop[i * nc + j];
+      return acc;
+    };
+    const bool ws_both = p.split.ws_S && p.split.ws_W && p.ws != Format::fp64;
+    state_operand(p.ws, p.split.ws_S, ws_both);
+    for (std::size_t r = 0; r < n; ++r) {
+      a_row(X, r * nx, p.ws, p.split.ws_W, ws_both);
+      for (std::size_t j = 0; j < nc; ++j)
+        Dl[r * nc + j] = rnd((useU ? X[r * nx + dk + j] : 0.0) - rnd(row_S(j, ws_both), fa), fa);
     }
     if (write_o) {
       const bool qs_both = p.split.qs_S && p.split.qs_Qg && p.qs != Format::fp64;
-      if (qs_both) {
-        twin_detail::split_all(Sx, p.qs, Sop, Sopl);
-      } else {
-        Sop = Sx;
-        rnd_all_split(Sop, p.qs, p.split.qs_S);
-      }
+      state_operand(p.qs, p.split.qs_S, qs_both);
       op2 = Dl;
       rnd_all(op2, p.pd);
       for (std::size_t r = 0; r < n; ++r) {
-        for (std::size_t i = 0; i < dk; ++i) {
-          row[i] = twin_detail::rnd_split(Qg[r * dk + i], p.qs, p.split.qs_Qg && !qs_both);
-          if (qs_both) rowl[i] = twin_detail::rnd(Qg[r * dk + i] - row[i], p.qs);
-        }
+        a_row(Qg, r * dk, p.qs, p.split.qs_Qg, qs_both);
         double Pr[64];
         for (std::size_t s = 0; s <= r; ++s) Pr[s] = rnd(P[r * so.ld + s], p.pd);
         for (std::size_t j = 0; j < nc; ++j) {
-          double qs = 0, pd = 0;
-          if (qs_both)
-            for (std::size_t i = 0; i < dk; ++i) qs += row[i] * Sop[i * nc + j] + row[i] * Sopl[i * nc + j] + rowl[i] * Sop[i * nc + j];
-          else
-            for (std::size_t i = 0; i < dk; ++i) qs += row[i] * Sop[i * nc + j];
+          const double qs = row_S(j, qs_both);
+          double pd = 0;
           for (std::size_t s = 0; s <= r; ++s) pd += Pr[s] * op2[s * nc + j];
           out.o(b, t0 + r, hv, j) = rnd(in.scale * (rnd(qs, fa) + rnd(pd, fa)), p.out);
         }
