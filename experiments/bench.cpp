@@ -846,8 +846,8 @@ void register_bench(Registry& reg) {
   a->add_option("--bwd-pass", o->bwd_pass,
                 "kda-backward pass (kernels/kda_backward.hpp KdaBackwardPass): auto (the rule: chunked for D = 64, 128, "
                 "sweep for D = 256), sweep or chunked (D = 64, 128 only). A forced pass's rows get the key suffix "
-                "' sweep' or ' chunked' (their own baselines; the peer time is looked up under the plain key); refused "
-                "with another op")
+                "' sweep' or ' chunked' (their own baselines; the peer time is looked up under the plain key). Only "
+                "with --op kda-backward or all; chunked is refused with a shape of D = 256")
       ->capture_default_str();
   a->add_option("--compare", o->compare,
                 "baseline bench results file(s) to compare against: prints time / baseline per row found (same group, "
@@ -944,6 +944,17 @@ void register_bench(Registry& reg) {
                     std::to_string(s.T) + " (shape " + std::to_string(s.B) + ":" + std::to_string(s.T) + ":" +
                     std::to_string(s.H) + "): prefix + T is above 2^31 - 1; accepted: 0 <= prefix and prefix + T <= "
                     "2^31 - 1 (2147483647)");
+    }
+    // kda-backward: --bwd-pass chunked where the chunked pass does not run (kda_backward_plan's rule), refused here in
+    // every build, before any GPU work
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      if (ops[i] != "kda-backward" || o->bwd_pass != "chunked") continue;
+      for (const Shape& s : shapes[i])
+        require(s.D != 256 && s.B <= 65535,
+                "--bwd-pass chunked does not run at shape " + std::to_string(s.B) + ":" + std::to_string(s.T) + ":" +
+                    std::to_string(s.H) + ":" + std::to_string(s.HV) + ":" + std::to_string(s.D) +
+                    (o->shapes.empty() ? " (a default shape)" : "") +
+                    "; accepted: D = 64 or 128 and B <= 65535 (the sweep, --bwd-pass sweep or auto, runs every shape)");
     }
     // kda-prefill options that cannot act on the chosen shapes are refused here, before any GPU work (they were
     // refused by the kernel mid-run, or did nothing)

@@ -41,6 +41,8 @@ TEST_CASE("bench: options and shape fields the chosen op ignores are refused, na
     for (const std::string given : {"--bwd-pass sweep", "--bwd-pass chunked"})
       cases.push_back({"--op " + op + " " + given, given + " applies to --op kda-backward (or all) only, not --op " + op});
   cases.push_back({"--op kda-backward --bwd-pass fast", "--bwd-pass = 'fast'; accepted: auto, sweep or chunked"});
+  cases.push_back({"--op kda-backward --bwd-pass chunked --shapes 1:64:2:2:64,1:1024:4:4:256",
+                   "--bwd-pass chunked does not run at shape 1:1024:4:4:256; accepted: D = 64 or 128"});
   for (const auto& c : cases) {
     const auto r = run_kdalab("bench " + c.args + " --out " + d.file("b.h5"));
     INFO(c.args << "\n" << r.output);
