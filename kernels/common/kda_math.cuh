@@ -159,6 +159,19 @@ inline void check_strides(const Strides& s, const char* name) {
   check_stride(s.t, 8, (std::string(name) + ".t").c_str());
   check_stride(s.b, 8, (std::string(name) + ".b").c_str());
 }
+/// The resolved strides of a KDA call's inputs q, k [B, T, H, D], v, g [B, T, HV, D], beta [B, T, HV] (the members
+/// sq, sk, sv, sg, sbeta of KdaPrefillArgs and KdaBackwardArgs), q, k, v, g checked in that order (check_strides).
+struct KdaInputStrides {
+  Strides q, k, v, g, beta;
+};
+template <class Args>
+KdaInputStrides resolve_input_strides(const Args& a, int D) {
+  KdaInputStrides s{resolve_strides(a.sq, a.T, a.H, D), resolve_strides(a.sk, a.T, a.H, D),
+                    resolve_strides(a.sv, a.T, a.HV, D), resolve_strides(a.sg, a.T, a.HV, D),
+                    resolve_strides(a.sbeta, a.T, a.HV, 1)};
+  for (auto [st, name] : {std::pair{s.q, "q"}, {s.k, "k"}, {s.v, "v"}, {s.g, "g"}}) check_strides(st, name);
+  return s;
+}
 inline void check_gate(const KdaGate& g, int HV, const char* op) {
   if (g.fused) {
     check_ptr(g.A_log, 4, "gate.A_log");

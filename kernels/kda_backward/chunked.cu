@@ -26,7 +26,7 @@
 namespace kdalab::kernels::kda_backward_detail {
 namespace {
 
-constexpr int C = 16;   // chunk (tokens)
+constexpr int C = CHUNK;  // chunk (tokens)
 constexpr int NC = 32;  // value columns per CTA of the chains
 constexpr int NT = 32;  // value columns per step of the gradient kernel
 constexpr int CL = C + 4;  // padded row of a C x C matrix in shared memory

@@ -15,6 +15,7 @@ using namespace detail;
 
 constexpr int CK = 64;   // checkpoint interval of the forward sweep (tokens)
 constexpr int SUB = 8;   // sub-checkpoint interval inside a chunk (tokens); CK / SUB sub-checkpoints
+constexpr int CHUNK = 16;  // the chunked pass's chunk (tokens; chunked.cu)
 constexpr int SCRATCH_TILES = CK / SUB + SUB;  // per-CTA scratch: the sub-checkpoints and one sub-chunk's states
 static_assert(CK % SUB == 0, "the checkpoint interval must be a multiple of the sub-checkpoint interval");
 

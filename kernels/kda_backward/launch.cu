@@ -44,15 +44,13 @@ struct Layout {
   int grid, P;
 };
 
-constexpr std::size_t kChunk = 16;  // the chunked pass's chunk (chunked.cu)
-
 Layout layout_of(const KdaBackwardArgs& a, KdaBackwardPass pass) {
   const bool chunked = pass == KdaBackwardPass::chunked;
   const std::size_t M = static_cast<std::size_t>(a.B) * a.T, H = a.H, HV = a.HV, D = a.D;
   const std::size_t N = a.cu_seqlens ? a.num_seqs : a.B;
   const std::size_t slots = chunked ? 0 : a.cu_seqlens ? N + a.T / CK + 1 : N * ((a.T + CK - 1) / CK);
   const std::size_t cslots =
-      !chunked ? 0 : a.cu_seqlens ? N + a.T / kChunk + 1 : N * ((a.T + kChunk - 1) / kChunk);
+      !chunked ? 0 : a.cu_seqlens ? N + a.T / CHUNK + 1 : N * ((a.T + CHUNK - 1) / CHUNK);
   const std::size_t P = chunked ? 1 : cfg_p(a.D), NC = cfg_nc(a.D);
   const std::size_t items = N * HV * P;
   const int grid = chunked ? 0 : static_cast<int>(std::min<std::size_t>(items, sweep_resident_ctas(a.D)));
@@ -145,13 +143,10 @@ void kda_backward(const KdaBackwardArgs& a, cudaStream_t stream, const KdaBackwa
   p.M = a.B * a.T;
   p.max_len = a.cu_seqlens ? a.max_seqlen : a.T;
   p.q = a.q; p.k = a.k; p.v = a.v; p.g = a.g; p.beta = a.beta; p.dO = a.dO;
-  p.sq = resolve_strides(a.sq, a.T, a.H, D);
-  p.sk = resolve_strides(a.sk, a.T, a.H, D);
-  p.sv = resolve_strides(a.sv, a.T, a.HV, D);
-  p.sg = resolve_strides(a.sg, a.T, a.HV, D);
+  const KdaInputStrides in = resolve_input_strides(a, D);
+  p.sq = in.q; p.sk = in.k; p.sv = in.v; p.sg = in.g; p.sbeta = in.beta;
   p.sdo = resolve_strides(a.sdo, a.T, a.HV, D);
-  p.sbeta = resolve_strides(a.sbeta, a.T, a.HV, 1);
-  for (auto [s, name] : {std::pair{p.sq, "q"}, {p.sk, "k"}, {p.sv, "v"}, {p.sg, "g"}, {p.sdo, "dO"}}) check_strides(s, name);
+  check_strides(p.sdo, "dO");
   p.A_log = a.gate.A_log; p.bias = a.gate.bias; p.g_min = a.gate.g_min; p.scale = a.scale;
   p.fuse_gate = a.gate.fused; p.l2norm = a.l2norm_qk; p.beta_sigmoid = a.beta_sigmoid;
   p.S0 = a.S0; p.dS_T = a.dS_T; p.cu = a.cu_seqlens;

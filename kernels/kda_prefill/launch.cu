@@ -43,13 +43,10 @@ Checked check_prefill(const KdaPrefillArgs& a) {
   Params& p = ck.p;
   p.B = a.B; p.T = a.T; p.H = a.H; p.HV = a.HV; p.group = a.HV / a.H;
   p.q = a.q; p.k = a.k; p.v = a.v; p.g = a.g; p.beta = a.beta; p.o = a.o;
-  p.sq = resolve_strides(a.sq, a.T, a.H, D);
-  p.sk = resolve_strides(a.sk, a.T, a.H, D);
-  p.sv = resolve_strides(a.sv, a.T, a.HV, D);
-  p.sg = resolve_strides(a.sg, a.T, a.HV, D);
+  const KdaInputStrides in = resolve_input_strides(a, D);
+  p.sq = in.q; p.sk = in.k; p.sv = in.v; p.sg = in.g; p.sbeta = in.beta;
   p.so = resolve_strides(a.so, a.T, a.HV, D);
-  p.sbeta = resolve_strides(a.sbeta, a.T, a.HV, 1);
-  for (auto [s, name] : {std::pair{p.sq, "q"}, {p.sk, "k"}, {p.sv, "v"}, {p.sg, "g"}, {p.so, "o"}}) check_strides(s, name);
+  check_strides(p.so, "o");
   p.A_log = a.gate.A_log; p.bias = a.gate.bias; p.g_min = a.gate.g_min; p.scale = a.scale;
   p.fuse_gate = a.gate.fused; p.l2norm = a.l2norm_qk; p.beta_sigmoid = a.beta_sigmoid;
   p.write_p = false;
