@@ -40,11 +40,15 @@ struct Fac {
 };
 
 /// d (one m16n8k8 accumulator tile) += A B summed over k in [0, K) (K a multiple of 8), fp32-class: each operand
-/// split into tf32 hi + lo, three products. A(m, k) = a[m am + k ak] and B(k, n) = b[k bk + n bn] in shared memory
-/// (a transpose is a swap of the strides); a points at the tile's first row, b at its first column.
-__device__ __forceinline__ void mma_x3(float (&d)[4], const float* a, int am, int ak, const float* b, int bk, int bn,
-                                       int K) {
+/// split into tf32 hi + lo, three products; the hi hi terms and the two correction terms accumulate apart (three
+/// independent mma chains) and meet at the end. A(m, k) = a[m am + k ak] and B(k, n) = b[k bk + n bn] in shared
+/// memory (a transpose is a swap of the strides); a points at the tile's first row, b at its first column.
+template <int K>
+__device__ __forceinline__ void mma_x3(float (&d)[4], const float* a, int am, int ak, const float* b, int bk, int bn) {
+  static_assert(K % 8 == 0, "K: a multiple of the mma's k = 8");
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  float e1[4] = {0.0f, 0.0f, 0.0f, 0.0f}, e2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
   for (int k0 = 0; k0 < K; k0 += 8) {
     std::uint32_t ah[4], al[4], bh[2], bl[2];
     split_tf32(a[g * am + (k0 + t) * ak], ah[0], al[0]);
@@ -53,23 +57,21 @@ __device__ __forceinline__ void mma_x3(float (&d)[4], const float* a, int am, in
     split_tf32(a[(g + 8) * am + (k0 + t + 4) * ak], ah[3], al[3]);
     split_tf32(b[(k0 + t) * bk + g * bn], bh[0], bl[0]);
     split_tf32(b[(k0 + t + 4) * bk + g * bn], bh[1], bl[1]);
-    mma_tf32(d, al, bh);
-    mma_tf32(d, ah, bl);
+    mma_tf32(e1, al, bh);
+    mma_tf32(e2, ah, bl);
     mma_tf32(d, ah, bh);
   }
+#pragma unroll
+  for (int e = 0; e < 4; ++e) d[e] += e1[e] + e2[e];
 }
 /// Row and column inside the 16 x 8 tile of accumulator element e of this thread.
 __device__ __forceinline__ int frow(int e) { return ((threadIdx.x & 31) >> 2) + 8 * (e >> 1); }
 __device__ __forceinline__ int fcol(int e) { return 2 * (threadIdx.x & 3) + (e & 1); }
 
-/// Four fp32 from global memory (16-byte aligned), and into shared memory at p[0..3].
+/// Four fp32 from global memory and into shared memory at p[0..3]; both addresses 16-byte aligned (every row pitch and
+/// buffer offset of the chains is a multiple of four floats).
 __device__ __forceinline__ float4 ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
-__device__ __forceinline__ void st4(float* p, const float4& v) {
-  p[0] = v.x;
-  p[1] = v.y;
-  p[2] = v.z;
-  p[3] = v.w;
-}
+__device__ __forceinline__ void st4(float* p, const float4& v) { *reinterpret_cast<float4*>(p) = v; }
 
 /// Element (b, t, hv, col) of a bf16 [B, T, HV, D] input with strides, as fp32.
 __device__ __forceinline__ float ld_v(const bf16_t* x, const Strides& s, const Params& p, int tau, int hv, int col) {
@@ -81,7 +83,7 @@ __device__ __forceinline__ float ld_v(const bf16_t* x, const Strides& s, const P
 // ---------------------------------------------------------------------------------------------------------------
 // 1. factors
 template <int D>
-__global__ void __launch_bounds__(256) factors_kernel(Params p) {
+__global__ void __launch_bounds__(256, 2) factors_kernel(Params p) {
   constexpr int LD = D + 4;
   using F = Fac<D>;
   extern __shared__ float sm[];
@@ -171,16 +173,17 @@ __global__ void __launch_bounds__(256) factors_kernel(Params p) {
 /// way in: zero) and shared memory with rows of NC + 4.
 template <int D>
 __device__ __forceinline__ void tile_in(float* s, const float* g, int col0) {
-  for (int idx = threadIdx.x; idx < D * NC; idx += blockDim.x) {
-    const int i = idx / NC, c = idx - i * NC;
-    s[i * (NC + 4) + c] = g ? g[static_cast<std::size_t>(i) * D + col0 + c] : 0.0f;
+  for (int idx = threadIdx.x; idx < D * NC / 4; idx += blockDim.x) {
+    const int i = idx / (NC / 4), c = 4 * (idx - i * (NC / 4));
+    st4(s + i * (NC + 4) + c, g ? ld4(g + static_cast<std::size_t>(i) * D + col0 + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f));
   }
 }
 template <int D>
 __device__ __forceinline__ void tile_out(float* g, const float* s, int col0) {
-  for (int idx = threadIdx.x; idx < D * NC; idx += blockDim.x) {
-    const int i = idx / NC, c = idx - i * NC;
-    g[static_cast<std::size_t>(i) * D + col0 + c] = s[i * (NC + 4) + c];
+  for (int idx = threadIdx.x; idx < D * NC / 4; idx += blockDim.x) {
+    const int i = idx / (NC / 4), c = 4 * (idx - i * (NC / 4));
+    *reinterpret_cast<float4*>(g + static_cast<std::size_t>(i) * D + col0 + c) =
+        *reinterpret_cast<const float4*>(s + i * (NC + 4) + c);
   }
 }
 
@@ -191,7 +194,8 @@ __global__ void __launch_bounds__(128) fwd_chain_kernel(Params p) {
   constexpr int LD = D + 4, NL = NC + 4;
   using F = Fac<D>;
   extern __shared__ float sm[];
-  float *sS = sm, *sW = sS + D * NL, *sKd = sW + C * LD, *sU = sKd + C * LD, *sVt = sU + C * NL, *sgL = sVt + C * NL;
+  float *sS = sm, *sW = sS + D * NL, *sKd = sW + C * LD, *sU = sKd + C * LD, *sVt = sU + C * NL, *sPart = sVt + C * NL,
+        *sgL = sPart + 4 * C * NL;
   const int cb = blockIdx.x, hv = blockIdx.y, n = blockIdx.z, tid = threadIdx.x, w = tid / 32;
   int bos, len;
   long long slot0;
@@ -228,21 +232,28 @@ __global__ void __launch_bounds__(128) fwd_chain_kernel(Params p) {
     if (tid < D) sgL[tid] = rgl;
     if (ch + 1 < nch) fetch(ch + 1);
     __syncthreads();
-    {  // V~ = U - W S: warp w, columns 8 w ..
-      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      mma_x3(d, sW, LD, 1, sS + 8 * w, NL, 1, D);
+    // V~ = U - W S, the keys split over the warps: warp w sums keys [w KW, (w + 1) KW) for every column; the four
+    // partials meet in a fixed order (a chain of KW / 8 mma steps instead of D / 8)
+    constexpr int KW = D / 4;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = frow(e), c = 8 * w + fcol(e);
-        sVt[r * NL + c] = sU[r * NL + c] - d[e];
-      }
+    for (int nt = 0; nt < NC / 8; ++nt) {
+      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      mma_x3<KW>(d, sW + w * KW, LD, 1, sS + w * KW * NL + 8 * nt, NL, 1);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sPart[(w * C + frow(e)) * NL + 8 * nt + fcol(e)] = d[e];
+    }
+    __syncthreads();
+    for (int idx = tid; idx < C * NC; idx += 128) {
+      const int o = (idx / NC) * NL + idx % NC;
+      sVt[o] = sU[o] - (((sPart[o] + sPart[C * NL + o]) + sPart[2 * C * NL + o]) + sPart[3 * C * NL + o]);
     }
     __syncthreads();
     // S <- Diag(gamL) S + Kd^T V~: tiles of 16 key rows x 8 columns
+#pragma unroll
     for (int tt = w; tt < (D / 16) * (NC / 8); tt += 4) {
       const int m0 = 16 * (tt / (NC / 8)), n0 = 8 * (tt % (NC / 8));
       float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      mma_x3(d, sKd + m0, 1, LD, sVt + n0, NL, 1, C);
+      mma_x3<C>(d, sKd + m0, 1, LD, sVt + n0, NL, 1);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int i = m0 + frow(e), c = n0 + fcol(e);
@@ -260,7 +271,7 @@ __global__ void __launch_bounds__(128) bwd_chain_kernel(Params p) {
   using F = Fac<D>;
   extern __shared__ float sm[];
   float *sdS = sm, *sW = sdS + D * NL, *sKd = sW + C * LD, *sQg = sKd + C * LD, *sP = sQg + C * LD,
-        *sdO = sP + C * CL, *sdVt = sdO + C * NL, *sgL = sdVt + C * NL;
+        *sdO = sP + C * CL, *sdVt = sdO + C * NL, *sPart = sdVt + C * NL, *sgL = sPart + 4 * C * NL;
   const int cb = blockIdx.x, hv = blockIdx.y, n = blockIdx.z, tid = threadIdx.x, w = tid / 32;
   int bos, len;
   long long slot0;
@@ -313,20 +324,33 @@ __global__ void __launch_bounds__(128) bwd_chain_kernel(Params p) {
     if (tid < D) sgL[tid] = rgl;
     if (ch > 0) fetch(ch - 1);
     __syncthreads();
-    {  // dV~ = scale P^T dO + Kd dS
-      float d1[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      mma_x3(d1, sP, 1, CL, sdO + 8 * w, NL, 1, C);
-      mma_x3(d2, sKd, LD, 1, sdS + 8 * w, NL, 1, D);
+    {  // dV~ = scale P^T dO + Kd dS: Kd dS with the keys split over the warps (as V~ in the forward chain), P^T dO
+       // for columns 8 w .. of warp w; the partials meet in a fixed order
+      constexpr int KW = D / 4;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) sdVt[frow(e) * NL + 8 * w + fcol(e)] = scale * d1[e] + d2[e];
+      for (int nt = 0; nt < NC / 8; ++nt) {
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        mma_x3<KW>(d, sKd + w * KW, LD, 1, sdS + w * KW * NL + 8 * nt, NL, 1);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sPart[(w * C + frow(e)) * NL + 8 * nt + fcol(e)] = d[e];
+      }
+      float d1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      mma_x3<C>(d1, sP, 1, CL, sdO + 8 * w, NL, 1);
+      __syncthreads();
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int o = frow(e) * NL + 8 * w + fcol(e);
+        sdVt[o] = scale * d1[e] + (((sPart[o] + sPart[C * NL + o]) + sPart[2 * C * NL + o]) + sPart[3 * C * NL + o]);
+      }
     }
     __syncthreads();
     // dS <- Diag(gamL) dS + Qg^T (scale dO) - W^T dV~
+#pragma unroll
     for (int tt = w; tt < (D / 16) * (NC / 8); tt += 4) {
       const int m0 = 16 * (tt / (NC / 8)), n0 = 8 * (tt % (NC / 8));
       float d1[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      mma_x3(d1, sQg + m0, 1, LD, sdO + n0, NL, 1, C);
-      mma_x3(d2, sW + m0, 1, LD, sdVt + n0, NL, 1, C);
+      mma_x3<C>(d1, sQg + m0, 1, LD, sdO + n0, NL, 1);
+      mma_x3<C>(d2, sW + m0, 1, LD, sdVt + n0, NL, 1);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int i = m0 + frow(e), c = n0 + fcol(e);
@@ -355,7 +379,7 @@ struct GradSmem {
 };
 
 template <int D>
-__global__ void __launch_bounds__(256) grad_kernel(Params p) {
+__global__ void __launch_bounds__(256, 2) grad_kernel(Params p) {
   using Sm = GradSmem<D>;
   using F = Fac<D>;
   constexpr int LD = Sm::LD, NL = Sm::NL;
@@ -389,14 +413,14 @@ __global__ void __launch_bounds__(256) grad_kernel(Params p) {
   const float* f = p.fac + sh * F::size;
   const float* gS = p.Sst + sh * D * D;
   const float* gdS = p.dSst + sh * D * D;
-  for (int idx = tid; idx < C * D; idx += 256) {
+  for (int idx = 4 * tid; idx < C * D; idx += 4 * 256) {  // float4: rows of D and of LD are multiples of 4 floats
     const int r = idx / D, i = idx - r * D, o = r * LD + i;
-    sW[o] = f[F::W + idx];
-    sKd[o] = f[F::Kd + idx];
-    sQg[o] = f[F::Qg + idx];
-    sKi[o] = f[F::Ki + idx];
-    sKg[o] = f[F::Kg + idx];
-    sGam[o] = f[F::Gam + idx];
+    st4(sW + o, ld4(f + F::W + idx));
+    st4(sKd + o, ld4(f + F::Kd + idx));
+    st4(sQg + o, ld4(f + F::Qg + idx));
+    st4(sKi + o, ld4(f + F::Ki + idx));
+    st4(sKg + o, ld4(f + F::Kg + idx));
+    st4(sGam + o, ld4(f + F::Gam + idx));
   }
   {
     const int r = tid / C, s2 = tid % C;
@@ -409,10 +433,10 @@ __global__ void __launch_bounds__(256) grad_kernel(Params p) {
   float dgl = 0.0f, dby = 0.0f;  // thread i < D: rowsum(dS S); thread r < C: rowsum(dY V)
   for (int j0 = 0; j0 < D; j0 += NT) {
     __syncthreads();
-    for (int idx = tid; idx < D * NT; idx += 256) {
+    for (int idx = 4 * tid; idx < D * NT; idx += 4 * 256) {
       const int i = idx / NT, cc = idx - i * NT;
-      sS[i * NL + cc] = gS[static_cast<std::size_t>(i) * D + j0 + cc];
-      sdS[i * NL + cc] = gdS[static_cast<std::size_t>(i) * D + j0 + cc];
+      st4(sS + i * NL + cc, ld4(gS + static_cast<std::size_t>(i) * D + j0 + cc));
+      st4(sdS + i * NL + cc, ld4(gdS + static_cast<std::size_t>(i) * D + j0 + cc));
     }
     for (int idx = tid; idx < C * NT; idx += 256) {
       const int r = idx / NT, cc = idx - r * NT;
@@ -424,7 +448,7 @@ __global__ void __launch_bounds__(256) grad_kernel(Params p) {
     __syncthreads();
     if (w < NT / 8) {  // V~ = U - W S
       float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      mma_x3(d, sW, LD, 1, sS + 8 * w, NL, 1, D);
+      mma_x3<D>(d, sW, LD, 1, sS + 8 * w, NL, 1);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int o = frow(e) * NL + 8 * w + fcol(e);
@@ -433,15 +457,15 @@ __global__ void __launch_bounds__(256) grad_kernel(Params p) {
     } else if (w < 2 * (NT / 8)) {  // dV~ = scale P^T dO + Kd dS
       const int n0 = 8 * (w - NT / 8);
       float d1[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      mma_x3(d1, sP, 1, CL, sdO + n0, NL, 1, C);
-      mma_x3(d2, sKd, LD, 1, sdS + n0, NL, 1, D);
+      mma_x3<C>(d1, sP, 1, CL, sdO + n0, NL, 1);
+      mma_x3<D>(d2, sKd, LD, 1, sdS + n0, NL, 1);
 #pragma unroll
       for (int e = 0; e < 4; ++e) sdVt[frow(e) * NL + n0 + fcol(e)] = scale * d1[e] + d2[e];
     }
     __syncthreads();
     if (w < NT / 8) {  // dY = N^T dV~
       float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      mma_x3(d, sN, 1, CL, sdVt + 8 * w, NL, 1, C);
+      mma_x3<C>(d, sN, 1, CL, sdVt + 8 * w, NL, 1);
 #pragma unroll
       for (int e = 0; e < 4; ++e) sdY[frow(e) * NL + 8 * w + fcol(e)] = d[e];
     }
@@ -449,15 +473,15 @@ __global__ void __launch_bounds__(256) grad_kernel(Params p) {
 #pragma unroll
     for (int q = 0; q < TPW; ++q) {
       const int n0 = 8 * (w * TPW + q);
-      mma_x3(accQ[q], sdO, NL, 1, sS + n0 * NL, 1, NL, NT);
-      mma_x3(accW[q], sdVt, NL, 1, sS + n0 * NL, 1, NL, NT);
-      mma_x3(accK[q], sVt, NL, 1, sdS + n0 * NL, 1, NL, NT);
+      mma_x3<NT>(accQ[q], sdO, NL, 1, sS + n0 * NL, 1, NL);
+      mma_x3<NT>(accW[q], sdVt, NL, 1, sS + n0 * NL, 1, NL);
+      mma_x3<NT>(accK[q], sVt, NL, 1, sdS + n0 * NL, 1, NL);
     }
     if (tid < D)
       for (int cc = 0; cc < NT; ++cc) dgl += sdS[tid * NL + cc] * sS[tid * NL + cc];
     __syncthreads();
-    if (w < 2) mma_x3(accS, sdO, NL, 1, sVt + 8 * w * NL, 1, NL, NT);
-    else if (w < 4) mma_x3(accS, sdY, NL, 1, sU + 8 * (w - 2) * NL, 1, NL, NT);
+    if (w < 2) mma_x3<NT>(accS, sdO, NL, 1, sVt + 8 * w * NL, 1, NL);
+    else if (w < 4) mma_x3<NT>(accS, sdY, NL, 1, sU + 8 * (w - 2) * NL, 1, NL);
     for (int idx = tid; idx < L * NT; idx += 256) {
       const int r = idx / NT, cc = idx - r * NT;
       const float br = sdb[r];
@@ -575,11 +599,11 @@ int fac_smem() {
 }
 template <int D>
 int fwd_smem() {
-  return (D * (NC + 4) + 2 * C * (D + 4) + 2 * C * (NC + 4) + D) * 4;
+  return (D * (NC + 4) + 2 * C * (D + 4) + 6 * C * (NC + 4) + D) * 4;
 }
 template <int D>
 int bwd_smem() {
-  return (D * (NC + 4) + 3 * C * (D + 4) + C * CL + 2 * C * (NC + 4) + D) * 4;
+  return (D * (NC + 4) + 3 * C * (D + 4) + C * CL + 6 * C * (NC + 4) + D) * 4;
 }
 
 template <class K>
