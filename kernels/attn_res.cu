@@ -6,7 +6,9 @@
 // fp32, sum h^2 and w h, reduce the two sums over the CTA (warp shuffles, then one shared-memory
 // exchange of double-buffered slots: one __syncthreads per source), z = w.h / sqrt(h.h / d + eps),
 // then the running (m, l, acc) update  m' = max(m, z), acc = acc e^(m - m') + h e^(z - m'),
-// l = l e^(m - m') + e^(z - m'). The next source's loads are issued before the current one is reduced.
+// l = l e^(m - m') + e^(z - m'). The source rows arrive by bulk copies (cp.async.bulk, one per row, issued by thread 0)
+// into a ring of NS row buffers in shared memory, each with an mbarrier that counts the bytes; NS - 1 rows are in
+// flight while one is reduced, without registers held for them.
 #include <cmath>
 #include <string>
 
@@ -19,6 +21,35 @@ namespace {
 using namespace detail;
 
 constexpr int MAX_VPT = 8;
+constexpr int NS = 3;  // row buffers of the ring
+
+/// The mbarrier and bulk-copy steps of the ring (PTX ISA: mbarrier, cp.async.bulk).
+__device__ __forceinline__ unsigned smem_u32(const void* ptr) { return static_cast<unsigned>(__cvta_generic_to_shared(ptr)); }
+__device__ __forceinline__ void mbar_init(std::uint64_t* bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+/// Thread 0: `bytes` from global `src` into shared `dst` (both 16-byte aligned, bytes a multiple of 16), completing on
+/// `bar`, which expects exactly those bytes. The fence orders the CTA's earlier reads of `dst` before the copy's writes.
+__device__ __forceinline__ void bulk_row(void* dst, const void* src, unsigned bytes, std::uint64_t* bar) {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_u32(dst)),
+               "l"(src), "r"(bytes), "r"(smem_u32(bar))
+               : "memory");
+}
+/// Waits until phase `parity` of `bar` has completed.
+__device__ __forceinline__ void mbar_wait(std::uint64_t* bar, unsigned parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred P1;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+      "@!P1 bra WAIT;\n"
+      "}\n" ::"r"(smem_u32(bar)),
+      "r"(parity)
+      : "memory");
+}
 constexpr int MAX_THREADS = 256;  // VPT = ceil(d / 2048) keeps the CTA at <= 256 threads
 
 struct AParams {
@@ -38,6 +69,7 @@ __global__ void __launch_bounds__(MAX_THREADS) attn_res_kernel(AParams p) {
   const int t = blockIdx.x, tid = threadIdx.x, NT = blockDim.x;
   const int lane = tid % 32, warp = tid / 32, nwarp = NT / 32;
   __shared__ float red[2][2][32];  // [parity][sum h^2 | sum w h][warp]
+  __shared__ std::uint64_t full[NS];  // full[s]: row buffer s holds its source
 
   bool ok[VPT];
   int vi[VPT];
@@ -47,8 +79,21 @@ __global__ void __launch_bounds__(MAX_THREADS) attn_res_kernel(AParams p) {
     ok[j] = vi[j] < p.nvec;
   }
   // pseudo-query in shared memory (registers are kept for acc and the in-flight loads)
-  extern __shared__ __align__(16) float wsh[];
+  // then the ring of NS source rows (bf16, d each)
+  extern __shared__ __align__(128) float wsh[];
+  const uint4* ring = reinterpret_cast<const uint4*>(wsh + p.d);
   for (int v = tid; v < p.nvec * 2; v += NT) reinterpret_cast<float4*>(wsh)[v] = reinterpret_cast<const float4*>(p.w)[v];
+  const bf16_t* base = p.src + static_cast<long long>(t) * p.s_tok;
+  const unsigned row_bytes = static_cast<unsigned>(p.d) * 2u;
+  const auto issue = [&](int slot, int i) {
+    bulk_row(const_cast<uint4*>(ring) + slot * p.nvec, base + static_cast<long long>(i) * p.s_src, row_bytes, &full[slot]);
+  };
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < NS; ++s) mbar_init(&full[s]);
+    mbar_init_fence();
+    for (int s = 0; s < NS && s < p.S; ++s) issue(s, s);
+  }
   __syncthreads();
   // running softmax partial (m, l, acc), from partial_in when given
   float m = -INFINITY, l = 0.0f;
@@ -76,17 +121,13 @@ __global__ void __launch_bounds__(MAX_THREADS) attn_res_kernel(AParams p) {
       for (int e = 0; e < 8; ++e) acc[j][e] = 0.0f;
   }
 
-  const bf16_t* base = p.src + static_cast<long long>(t) * p.s_tok;
-  auto load = [&](uint4* r, int i) {
-    const uint4* row = reinterpret_cast<const uint4*>(base + static_cast<long long>(i) * p.s_src);
-#pragma unroll
-    for (int j = 0; j < VPT; ++j) r[j] = ok[j] ? __ldcs(row + vi[j]) : make_uint4(0, 0, 0, 0);
-  };
-  uint4 cur[VPT], nxt[VPT];
-  load(cur, 0);
   const float inv_d = 1.0f / static_cast<float>(p.d);
   for (int i = 0; i < p.S; ++i) {
-    if (i + 1 < p.S) load(nxt, i + 1);
+    const int slot = i % NS;
+    mbar_wait(&full[slot], static_cast<unsigned>(i / NS) & 1u);
+    uint4 cur[VPT];
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) cur[j] = ok[j] ? ring[slot * p.nvec + vi[j]] : make_uint4(0, 0, 0, 0);
     float h[VPT][8];
     float ss = 0.0f, dw = 0.0f;
 #pragma unroll
@@ -112,7 +153,8 @@ __global__ void __launch_bounds__(MAX_THREADS) attn_res_kernel(AParams p) {
       red[par][0][warp] = ss;
       red[par][1][warp] = dw;
     }
-    __syncthreads();
+    __syncthreads();  // also: every thread has read row buffer `slot`, which the copy of source i + NS may now fill
+    if (tid == 0 && i + NS < p.S) issue(slot, i + NS);
     ss = 0.0f;
     dw = 0.0f;
     for (int k = 0; k < nwarp; ++k) {
@@ -128,8 +170,6 @@ __global__ void __launch_bounds__(MAX_THREADS) attn_res_kernel(AParams p) {
 #pragma unroll
       for (int k = 0; k < 8; ++k) acc[j][k] = fmaf(acc[j][k], c, e * h[j][k]);
     m = mn;
-#pragma unroll
-    for (int j = 0; j < VPT; ++j) cur[j] = nxt[j];
   }
 
   if (p.acc_out) {
@@ -195,11 +235,11 @@ bool check_partial(const AttnResPartial& q, const char* name) {
 
 template <int VPT>
 void launch(const AParams& p, int threads, cudaStream_t stream) {
-  const int smem = p.d * 4;  // the pseudo-query, fp32
+  const int smem = p.d * 4 + NS * p.d * 2;  // the pseudo-query (fp32) and the ring of NS bf16 rows: 10 d bytes
   if (smem > 48 * 1024) {
     static bool attr = false;  // once per instantiation (so that a call inside graph capture sets nothing)
     if (!attr) {
-      cuda_check(cudaFuncSetAttribute(attn_res_kernel<VPT>, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024),
+      cuda_check(cudaFuncSetAttribute(attn_res_kernel<VPT>, cudaFuncAttributeMaxDynamicSharedMemorySize, 10 * 16384),
                  "cudaFuncSetAttribute(attn_res_kernel)");
       attr = true;
     }
