@@ -81,12 +81,12 @@ __global__ void __launch_bounds__(MAX_THREADS) attn_res_kernel(AParams p) {
   // pseudo-query in shared memory (registers are kept for acc and the in-flight loads)
   // then the ring of NS source rows (bf16, d each)
   extern __shared__ __align__(128) float wsh[];
-  const uint4* ring = reinterpret_cast<const uint4*>(wsh + p.d);
+  uint4* ring = reinterpret_cast<uint4*>(wsh + p.d);
   for (int v = tid; v < p.nvec * 2; v += NT) reinterpret_cast<float4*>(wsh)[v] = reinterpret_cast<const float4*>(p.w)[v];
   const bf16_t* base = p.src + static_cast<long long>(t) * p.s_tok;
   const unsigned row_bytes = static_cast<unsigned>(p.d) * 2u;
   const auto issue = [&](int slot, int i) {
-    bulk_row(const_cast<uint4*>(ring) + slot * p.nvec, base + static_cast<long long>(i) * p.s_src, row_bytes, &full[slot]);
+    bulk_row(ring + slot * p.nvec, base + static_cast<long long>(i) * p.s_src, row_bytes, &full[slot]);
   };
   if (tid == 0) {
 #pragma unroll
