@@ -65,7 +65,7 @@ struct Params {
   float *pq, *pk, *pg;  // [P][M][HV][D]: partial dq, dk, dg of each column block (pg[0]: dg_raw after the epilogue)
   float* pb;            // [P][M][HV]: partial dbeta
   float* pA;            // [M][HV]: per-token dA_log terms
-  // the chunked pass (chunked.cuh): per (chunk slot, value head)
+  // the chunked pass (chunked.cu): per (chunk slot, value head)
   float* fac;   // [slots][HV][FAC]: the chunk's factors
   float* Sst;   // [slots][HV][D][D]: S entering the chunk
   float* dSst;  // [slots][HV][D][D]: dL/dS leaving the chunk
