@@ -1,6 +1,6 @@
 // KDA backward, steps 3 and 4 (kernels/kda_backward.hpp): the fixed-order sums of the sweep's partials and the
 // pre-ops' chain rules, then the sums over tokens of the gate parameters' gradients.
-//  - epilogue: one CTA per (token row, key head), one thread per key row. dq, dk: the sum over the column blocks of
+//  - epilogue: one warp per (token row, key head), D / 32 key columns per lane. dq, dk: the sum over the column blocks of
 //    each value head of the group, value heads in order, then the L2Norm's backward dx = (dy - y (y . dy)) / ||x||.
 //    Per value head of the group: dg (the column blocks' sum) through the K3 gate (dg_raw = dg g_min s (1 - s)
 //    exp(A_log), s = Sigmoid(exp(A_log) (g_raw + bias))), kept in fp32 in partial slot 0 for dbias, and the token's
@@ -11,56 +11,103 @@
 namespace kdalab::kernels::kda_backward_detail {
 namespace {
 
-__global__ void epilogue_kernel(Params p) {
-  __shared__ float buf[32];
-  const int tau = blockIdx.x, h = blockIdx.y, i = threadIdx.x, D = p.D;
+/// The sum over the 32 lanes of a warp (every lane gets it).
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+/// One warp per (token row, key head), 8 per CTA; lane l owns key columns l, l + 32, .. (E = D / 32 of them), so
+/// every load of a row is 128 contiguous bytes and every reduction is a warp's (no barrier).
+template <int D>
+__global__ void __launch_bounds__(256) epilogue_kernel(Params p) {
+  constexpr int E = D / 32;
+  const int lane = threadIdx.x & 31;
+  const long long row = static_cast<long long>(blockIdx.x) * 8 + threadIdx.x / 32;
+  if (row >= static_cast<long long>(p.M) * p.H) return;  // uniform over the warp
+  const int tau = static_cast<int>(row / p.H), h = static_cast<int>(row - static_cast<long long>(tau) * p.H);
   int b, t;
   row_bt(p, tau, b, t);
   const std::size_t plane = static_cast<std::size_t>(p.M) * p.HV * D;  // one column block's partials
-  float dq = 0.0f, dk = 0.0f;
+  float dq[E], dk[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) dq[e] = dk[e] = 0.0f;
   for (int hv = h * p.group; hv < (h + 1) * p.group; ++hv) {
-    const std::size_t o = (static_cast<std::size_t>(tau) * p.HV + hv) * D + i;
-    for (int c = 0; c < p.P; ++c) {
-      dq += p.pq[c * plane + o];
-      dk += p.pk[c * plane + o];
-    }
+    const std::size_t o = (static_cast<std::size_t>(tau) * p.HV + hv) * D + lane;
+    for (int c = 0; c < p.P; ++c)
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        dq[e] += p.pq[c * plane + o + 32 * e];
+        dk[e] += p.pk[c * plane + o + 32 * e];
+      }
   }
   const std::size_t rk = static_cast<std::size_t>(tau) * p.H + h;
   if (p.l2norm) {
-    const float yq = p.qn[rk * D + i], yk = p.kn[rk * D + i];
-    const float sq = block_sum(yq * dq, buf);
-    const float sk = block_sum(yk * dk, buf);
-    dq = (dq - yq * sq) * p.qinv[rk];
-    dk = (dk - yk * sk) * p.kinv[rk];
+    float yq[E], yk[E], sq = 0.0f, sk = 0.0f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      yq[e] = p.qn[rk * D + lane + 32 * e];
+      yk[e] = p.kn[rk * D + lane + 32 * e];
+      sq += yq[e] * dq[e];
+      sk += yk[e] * dk[e];
+    }
+    sq = warp_sum(sq);
+    sk = warp_sum(sk);
+    const float iq = p.qinv[rk], ik = p.kinv[rk];
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      dq[e] = (dq[e] - yq[e] * sq) * iq;
+      dk[e] = (dk[e] - yk[e] * sk) * ik;
+    }
   }
-  if (p.dq32) {
-    p.dq32[rk * D + i] = dq;
-    p.dk32[rk * D + i] = dk;
-  } else {
-    p.dq[rk * D + i] = f2bf(dq);
-    p.dk[rk * D + i] = f2bf(dk);
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    const std::size_t o = rk * D + lane + 32 * e;
+    if (p.dq32) {
+      p.dq32[o] = dq[e];
+      p.dk32[o] = dk[e];
+    } else {
+      p.dq[o] = f2bf(dq[e]);
+      p.dk[o] = f2bf(dk[e]);
+    }
   }
 
   for (int hv = h * p.group; hv < (h + 1) * p.group; ++hv) {
-    const std::size_t rv = static_cast<std::size_t>(tau) * p.HV + hv, o = rv * D + i;
-    float dg = 0.0f;
-    for (int c = 0; c < p.P; ++c) dg += p.pg[c * plane + o];
+    const std::size_t rv = static_cast<std::size_t>(tau) * p.HV + hv;
+    float dg[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) dg[e] = 0.0f;
+    for (int c = 0; c < p.P; ++c)
+#pragma unroll
+      for (int e = 0; e < E; ++e) dg[e] += p.pg[c * plane + rv * D + lane + 32 * e];
     if (p.fuse_gate) {
-      const float ea = expf(p.A_log[hv]), z = bf2f(p.g[at(p.sg, b, t, hv) + i]) + p.bias[hv * D + i];
-      const float u = ea * z, sg = sigm(u);
-      const float dgdu = p.g_min * sg * (1.0f - sg);
-      const float draw = dg * dgdu * ea;
-      if (p.dg32) p.dg32[o] = draw;
-      else p.dg[o] = f2bf(draw);
-      p.pg[o] = draw;  // slot 0, this thread's own element: the per-token dbias term
-      const float dA = block_sum(dg * dgdu * u, buf);
-      if (i == 0) p.pA[rv] = dA;
-    } else if (p.dg32) {
-      p.dg32[o] = dg;
+      const float ea = expf(p.A_log[hv]);
+      float dA = 0.0f;
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        const int i = lane + 32 * e;
+        const std::size_t o = rv * D + i;
+        const float z = bf2f(p.g[at(p.sg, b, t, hv) + i]) + p.bias[hv * D + i];
+        const float u = ea * z, sg = sigm(u);
+        const float dgdu = p.g_min * sg * (1.0f - sg);
+        const float draw = dg[e] * dgdu * ea;
+        if (p.dg32) p.dg32[o] = draw;
+        else p.dg[o] = f2bf(draw);
+        p.pg[o] = draw;  // slot 0, this lane's own element: the per-token dbias term
+        dA += dg[e] * dgdu * u;
+      }
+      dA = warp_sum(dA);
+      if (lane == 0) p.pA[rv] = dA;
     } else {
-      p.dg[o] = f2bf(dg);
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        const std::size_t o = rv * D + lane + 32 * e;
+        if (p.dg32) p.dg32[o] = dg[e];
+        else p.dg[o] = f2bf(dg[e]);
+      }
     }
-    if (i == 0) {
+    if (lane == 0) {
       float db = 0.0f;
       for (int c = 0; c < p.P; ++c) db += p.pb[static_cast<std::size_t>(c) * p.M * p.HV + rv];
       if (p.beta_sigmoid) {
@@ -73,30 +120,38 @@ __global__ void epilogue_kernel(Params p) {
   }
 }
 
-/// grid (HV, ceil(D / 32)), 256 threads = 8 rows of 32 columns: column i = 32 blockIdx.y + lane sums the token rows
-/// tau = row, row + 8, ... in fp64, then the 8 rows in order; blockIdx.y == 0 also sums dA_log over the token rows.
-__global__ void params_kernel(Params p) {
-  __shared__ double part[8][32];
-  __shared__ double partA[256];
+/// grid (HV, ceil(D / 32)), PR x 32 threads = PR rows of 32 columns: column i = 32 blockIdx.y + lane sums the token
+/// rows tau = row, row + PR, ... in fp64 (two accumulators, even and odd steps, so that two loads are in flight per
+/// thread), then the PR rows in order; blockIdx.y == 0 also sums dA_log over the token rows.
+constexpr int PR = 32;
+__global__ void __launch_bounds__(PR * 32) params_kernel(Params p) {
+  __shared__ double part[PR][32];
+  __shared__ double partA[PR * 32];
   const int hv = blockIdx.x, lane = threadIdx.x % 32, row = threadIdx.x / 32, D = p.D;
   const int i = blockIdx.y * 32 + lane;
-  double s = 0.0;
-  if (i < D)
-    for (int tau = row; tau < p.M; tau += 8) s += p.pg[(static_cast<std::size_t>(tau) * p.HV + hv) * D + i];
-  part[row][lane] = s;
+  double s0 = 0.0, s1 = 0.0;
+  if (i < D) {
+    int tau = row;
+    for (; tau + PR < p.M; tau += 2 * PR) {
+      s0 += p.pg[(static_cast<std::size_t>(tau) * p.HV + hv) * D + i];
+      s1 += p.pg[(static_cast<std::size_t>(tau + PR) * p.HV + hv) * D + i];
+    }
+    if (tau < p.M) s0 += p.pg[(static_cast<std::size_t>(tau) * p.HV + hv) * D + i];
+  }
+  part[row][lane] = s0 + s1;
   double sA = 0.0;
   if (blockIdx.y == 0)
-    for (int tau = threadIdx.x; tau < p.M; tau += 256) sA += p.pA[static_cast<std::size_t>(tau) * p.HV + hv];
+    for (int tau = threadIdx.x; tau < p.M; tau += PR * 32) sA += p.pA[static_cast<std::size_t>(tau) * p.HV + hv];
   partA[threadIdx.x] = sA;
   __syncthreads();
   if (row == 0 && i < D) {
     double tot = 0.0;
-    for (int r = 0; r < 8; ++r) tot += part[r][lane];
+    for (int r = 0; r < PR; ++r) tot += part[r][lane];
     p.dbias[hv * D + i] = static_cast<float>(tot);
   }
   if (blockIdx.y == 0 && threadIdx.x == 0) {
     double tot = 0.0;
-    for (int r = 0; r < 256; ++r) tot += partA[r];
+    for (int r = 0; r < PR * 32; ++r) tot += partA[r];
     p.dA_log[hv] = static_cast<float>(tot);
   }
 }
@@ -104,10 +159,14 @@ __global__ void params_kernel(Params p) {
 }  // namespace
 
 void launch_epilogue(const Params& p, cudaStream_t stream) {
-  epilogue_kernel<<<dim3(p.M, p.H), p.D, 0, stream>>>(p);
+  const long long rows = static_cast<long long>(p.M) * p.H;
+  const unsigned grid = static_cast<unsigned>((rows + 7) / 8);
+  if (p.D == 64) epilogue_kernel<64><<<grid, 256, 0, stream>>>(p);
+  else if (p.D == 128) epilogue_kernel<128><<<grid, 256, 0, stream>>>(p);
+  else epilogue_kernel<256><<<grid, 256, 0, stream>>>(p);
   cuda_check(cudaGetLastError(), "kda_backward epilogue launch");
   if (p.fuse_gate) {
-    params_kernel<<<dim3(p.HV, (p.D + 31) / 32), 256, 0, stream>>>(p);
+    params_kernel<<<dim3(p.HV, (p.D + 31) / 32), PR * 32, 0, stream>>>(p);
     cuda_check(cudaGetLastError(), "kda_backward params launch");
   }
 }
