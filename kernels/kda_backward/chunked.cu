@@ -21,6 +21,8 @@
 //     dg = the suffix sums of dG, dbeta = rowsum(dA B) + rowsum(dX Kg) + rowsum(dY V). Written as the partials of one
 //     column block, which the epilogue (epilogue.cu) turns into the outputs as for the sweep.
 // No atomics: every sum has a fixed order.
+#include <algorithm>
+
 #include "kernels/kda_backward/common.cuh"
 
 namespace kdalab::kernels::kda_backward_detail {
@@ -190,13 +192,13 @@ __device__ __forceinline__ void tile_out(float* g, const float* s, int col0) {
 // ---------------------------------------------------------------------------------------------------------------
 // 2. forward chain: S entering every chunk
 template <int D>
-__global__ void __launch_bounds__(128) fwd_chain_kernel(Params p) {
+__device__ __forceinline__ void fwd_chain(const Params& p, int cb, int hv) {
   constexpr int LD = D + 4, NL = NC + 4;
   using F = Fac<D>;
   extern __shared__ float sm[];
   float *sS = sm, *sW = sS + D * NL, *sKd = sW + C * LD, *sU = sKd + C * LD, *sVt = sU + C * NL, *sPart = sVt + C * NL,
         *sgL = sPart + 4 * C * NL;
-  const int cb = blockIdx.x, hv = blockIdx.y, n = blockIdx.z, tid = threadIdx.x, w = tid / 32;
+  const int n = blockIdx.z, tid = threadIdx.x, w = tid / 32;
   int bos, len;
   long long slot0;
   seq_of<C>(p, n, bos, len, slot0);
@@ -266,13 +268,13 @@ __global__ void __launch_bounds__(128) fwd_chain_kernel(Params p) {
 // ---------------------------------------------------------------------------------------------------------------
 // 3. reverse chain: dS leaving every chunk, dS0
 template <int D>
-__global__ void __launch_bounds__(128) bwd_chain_kernel(Params p) {
+__device__ __forceinline__ void bwd_chain(const Params& p, int cb, int hv) {
   constexpr int LD = D + 4, NL = NC + 4;
   using F = Fac<D>;
   extern __shared__ float sm[];
   float *sdS = sm, *sW = sdS + D * NL, *sKd = sW + C * LD, *sQg = sKd + C * LD, *sP = sQg + C * LD,
         *sdO = sP + C * CL, *sdVt = sdO + C * NL, *sPart = sdVt + C * NL, *sgL = sPart + 4 * C * NL;
-  const int cb = blockIdx.x, hv = blockIdx.y, n = blockIdx.z, tid = threadIdx.x, w = tid / 32;
+  const int n = blockIdx.z, tid = threadIdx.x, w = tid / 32;
   int bos, len;
   long long slot0;
   seq_of<C>(p, n, bos, len, slot0);
@@ -362,6 +364,21 @@ __global__ void __launch_bounds__(128) bwd_chain_kernel(Params p) {
     __syncthreads();
     tile_out<D>(p.dS0 + st_base, sdS, col0);
   }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// 2 + 3. the two chains in one launch: they read only the factor slots, dO and the boundary states, and write
+// different buffers (S / dS), so they run side by side. blockIdx.x enumerates (role, value head, column block), the
+// reverse chains first (the longer ones: where not every CTA is resident at once, the forward chains fill the slots
+// the reverse chains leave); `forward_only` (the phase prefix KdaBackwardPhase::forward_chain) launches the forward
+// chains alone.
+template <int D>
+__global__ void __launch_bounds__(128) chains_kernel(Params p, bool forward_only) {
+  constexpr int NB = D / NC;
+  const int per_role = NB * p.HV, x = static_cast<int>(blockIdx.x);
+  const int r = x < per_role ? x : x - per_role, hv = r / NB, cb = r - hv * NB;
+  if (forward_only || x >= per_role) fwd_chain<D>(p, cb, hv);
+  else bwd_chain<D>(p, cb, hv);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -615,19 +632,17 @@ template <int D>
 void launch_of(const Params& p, cudaStream_t stream, KdaBackwardPhase last) {
   const int max_len = p.cu ? p.max_len : p.T;  // host-known (KdaBackwardArgs::max_seqlen)
   const dim3 chunks((max_len + C - 1) / C, p.HV, p.N);
-  const dim3 chains(D / NC, p.HV, p.N);
   set_smem(factors_kernel<D>, fac_smem<D>(), "cudaFuncSetAttribute (kda_backward factors)");
   factors_kernel<D><<<chunks, 256, fac_smem<D>(), stream>>>(p);
   cuda_check(cudaGetLastError(), "kda_backward factors launch");
   if (last == KdaBackwardPhase::factors) return;
-  set_smem(fwd_chain_kernel<D>, fwd_smem<D>(), "cudaFuncSetAttribute (kda_backward forward chain)");
-  fwd_chain_kernel<D><<<chains, 128, fwd_smem<D>(), stream>>>(p);
-  cuda_check(cudaGetLastError(), "kda_backward forward chain launch");
-  if (last == KdaBackwardPhase::forward_chain) return;
-  set_smem(bwd_chain_kernel<D>, bwd_smem<D>(), "cudaFuncSetAttribute (kda_backward reverse chain)");
-  bwd_chain_kernel<D><<<chains, 128, bwd_smem<D>(), stream>>>(p);
-  cuda_check(cudaGetLastError(), "kda_backward reverse chain launch");
-  if (last == KdaBackwardPhase::reverse_chain) return;
+  const int chain_smem = std::max(fwd_smem<D>(), bwd_smem<D>());
+  set_smem(chains_kernel<D>, chain_smem, "cudaFuncSetAttribute (kda_backward chains)");
+  const bool forward_only = last == KdaBackwardPhase::forward_chain;
+  const dim3 chains((forward_only ? 1 : 2) * (D / NC) * p.HV, 1, p.N);
+  chains_kernel<D><<<chains, 128, chain_smem, stream>>>(p, forward_only);
+  cuda_check(cudaGetLastError(), "kda_backward chains launch");
+  if (last == KdaBackwardPhase::forward_chain || last == KdaBackwardPhase::reverse_chain) return;
   set_smem(grad_kernel<D>, GradSmem<D>::bytes, "cudaFuncSetAttribute (kda_backward gradients)");
   grad_kernel<D><<<chunks, 256, GradSmem<D>::bytes, stream>>>(p);
   cuda_check(cudaGetLastError(), "kda_backward gradients launch");
