@@ -499,8 +499,9 @@ std::pair<double, double> backward_model(const Shape& s) {
 
 /// The chunked pass's model (kernels/kda_backward/chunked.cu), per sequence of L tokens in J = ceil(L / 16) chunks:
 ///  bytes: the inputs and outputs as backward_model; the workspace regions written once and read once (the prepared
-///    inputs, the partials, every chunk's S and dS), the factor slots written once and read three times (the two
-///    chains and the gradient kernel).
+///    inputs, the partials, every chunk's S and dS), the factor slots (W, U, Kd, Qg, gamL, B, P, N) written once and
+///    read three times (the two chains and the gradient kernel), and the prepared gate read again by the gradient
+///    kernel (it re-forms Gam, Kg and Ki).
 ///  flops: the fp32-class products of a chunk as executed, per value head, an FMA counted as 2 (the three tf32
 ///    passes of a product counted once): the chains 2 C D^2 (V~ = U - W S, Kd^T V~) and 3 C D^2 + C^2 D (Kd dS,
 ///    Qg^T dO, W^T dV~, P^T dO); the gradient kernel 5 C D^2 (W S, Kd dS, dO S^T, dV~ S^T, V~ dS^T) + 4 C^2 D
@@ -513,11 +514,11 @@ std::pair<double, double> chunked_backward_model(const Shape& s) {
   const double nq = M * H * D, nv = M * HV * D, nb = M * HV, ns = static_cast<double>(s.B) * HV * D * D;
   const double in = 2.0 * (2.0 * nq + 3.0 * nv + nb) + 4.0 * (HV + HV * D) + 4.0 * 2.0 * ns;
   const double out = 2.0 * (2.0 * nq + 2.0 * nv + nb) + 4.0 * (HV + HV * D) + 4.0 * ns;
-  const double fac = J * HV * (7.0 * C * D + 3.0 * C * C);
+  const double fac = J * HV * (4.0 * C * D + D + 3.0 * C * C);
   const double ws = M * (2.0 * H * D + 2.0 * H + HV * D + HV) + 2.0 * J * HV * D * D + M * HV * (3.0 * D + 1.0) +
                     M * HV + M * HV * D;
   const double fma = J * HV * (10.0 * C * D * D + 13.0 * C * C * D + C * C * (2.0 * D + C) / 2.0);
-  return {in + out + 2.0 * 4.0 * ws + 4.0 * 4.0 * fac, 2.0 * fma};
+  return {in + out + 2.0 * 4.0 * ws + 4.0 * 4.0 * fac + 4.0 * M * HV * D, 2.0 * fma};
 }
 
 /// kda-backward: the forward (kda_prefill with S_final, the rule's plan) and the backward (kda_backward) of the KDA

@@ -33,12 +33,13 @@ constexpr int NC = 32;  // value columns per CTA of the chains
 constexpr int NT = 32;  // value columns per step of the gradient kernel
 constexpr int CL = C + 4;  // padded row of a C x C matrix in shared memory
 
-/// The factor slot of a (chunk, value head), floats: C x D matrices row-major (W, U, Kd, Qg, Ki, Kg, Gam), then the
-/// C x C matrices B (strictly lower), P (lower), N (lower, unit diagonal).
+/// The factor slot of a (chunk, value head), floats: C x D matrices row-major (W, U, Kd, Qg), gamL (Gam's last row,
+/// D), then the C x C matrices B (strictly lower), P (lower), N (lower, unit diagonal). Only what the chains read and
+/// the gradient kernel cannot re-form cheaply: Gam, Kg and Ki are re-formed there from the prepared k and gate.
 template <int D>
 struct Fac {
-  static constexpr int W = 0, U = C * D, Kd = 2 * C * D, Qg = 3 * C * D, Ki = 4 * C * D, Kg = 5 * C * D,
-                       Gam = 6 * C * D, B = 7 * C * D, P = B + C * C, N = P + C * C, size = N + C * C;
+  static constexpr int W = 0, U = C * D, Kd = 2 * C * D, Qg = 3 * C * D, gamL = 4 * C * D, B = gamL + D,
+                       P = B + C * C, N = P + C * C, size = N + C * C;
 };
 
 /// d (one m16n8k8 accumulator tile) += A B summed over k in [0, K) (K a multiple of 8), fp32-class: each operand
@@ -132,11 +133,9 @@ __global__ void __launch_bounds__(256, 2) factors_kernel(Params p) {
     sKg[r * LD + i] = kg;
     sKi[r * LD + i] = ki;
     sQg[r * LD + i] = qg;
-    f[F::Kg + idx] = kg;
-    f[F::Ki + idx] = ki;
     f[F::Qg + idx] = qg;
     f[F::Kd + idx] = kd;
-    f[F::Gam + idx] = gam;
+    if (r == C - 1) f[F::gamL + i] = gam;
   }
   __syncthreads();
   {  // B and P, one element per thread (only the parts used: s < r for B, s <= r for P; the rest would need e^(+G))
@@ -218,7 +217,7 @@ __device__ __forceinline__ void fwd_chain(const Params& p, int cb, int hv) {
       rKd[j] = ld4(f + F::Kd + 4 * (tid + 128 * j));
     }
     rU = ld4(f + F::U + (tid / (NC / 4)) * D + col0 + 4 * (tid % (NC / 4)));
-    if (tid < D) rgl = f[F::Gam + (C - 1) * D + tid];
+    if (tid < D) rgl = f[F::gamL + tid];
   };
   if (nch > 0) fetch(0);
   for (int ch = 0; ch < nch; ++ch) {
@@ -303,7 +302,7 @@ __device__ __forceinline__ void bwd_chain(const Params& p, int cb, int hv) {
       const int idx = tid + 128 * m, r = idx / NC, c = idx - r * NC;
       rdO[m] = r < L ? ld_v(p.dO, p.sdo, p, bos + t0 + r, hv, col0 + c) : 0.0f;
     }
-    if (tid < D) rgl = f[F::Gam + (C - 1) * D + tid];
+    if (tid < D) rgl = f[F::gamL + tid];
   };
   if (nch > 0) fetch(nch - 1);
   for (int ch = nch - 1; ch >= 0; --ch) {
@@ -435,9 +434,30 @@ __global__ void __launch_bounds__(256, 2) grad_kernel(Params p) {
     st4(sW + o, ld4(f + F::W + idx));
     st4(sKd + o, ld4(f + F::Kd + idx));
     st4(sQg + o, ld4(f + F::Qg + idx));
-    st4(sKi + o, ld4(f + F::Ki + idx));
-    st4(sKg + o, ld4(f + F::Kg + idx));
-    st4(sGam + o, ld4(f + F::Gam + idx));
+    // the prepared k (into sKg for now) and gate (into sGam), rows past the sequence zero as in the factors kernel
+    float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), gv = kv;
+    if (r < L) {
+      const int tau = bos + t0 + r;
+      kv = ld4(p.kn + (static_cast<std::size_t>(tau) * p.H + h) * D + i);
+      gv = ld4(p.gf + (static_cast<std::size_t>(tau) * p.HV + hv) * D + i);
+    }
+    st4(sKg + o, kv);
+    st4(sGam + o, gv);
+  }
+  __syncthreads();
+  if (tid < D) {  // Gam = e^G, G the cumulative log-decay of column tid (the factors kernel's operations, same bits)
+    float G = 0.0f;
+    for (int r = 0; r < C; ++r) {
+      G += sGam[r * LD + tid];
+      sGam[r * LD + tid] = expf(G);
+    }
+  }
+  __syncthreads();
+  for (int idx = tid; idx < C * D; idx += 256) {  // Kg = Gam k, Ki = k / Gam (same bits as the factors kernel)
+    const int o = (idx / D) * LD + idx % D;
+    const float gam = sGam[o], k = sKg[o];
+    sKg[o] = gam * k;
+    sKi[o] = k / gam;
   }
   {
     const int r = tid / C, s2 = tid % C;
