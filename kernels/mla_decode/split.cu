@@ -50,9 +50,20 @@
 // no __syncthreads.
 // A pair with no block B (odd block count, last pair): warpgroup 1 skips its scores and P C on B (rowmax -inf, so
 // mB = mA) but keeps every barrier; warpgroup 0 skips the P_B C_B[:, L] step and the P1 barrier.
-// Shared memory: q~ 64 KB + 2 x 64 KB buffers + P_A', P_B (8 KB each) + 384 B = 209 KB (+ 1 KB alignment slack).
+// Shared memory: q~ 64 KB + 2 x 64 KB buffers + P_A', P_B (8 KB each) + 768 B = 209 KB (+ 1 KB alignment slack).
+//
+// The fast precision (MlaDecodePrecision::fast; the kernel's FAST instantiation) runs the same schedule with three
+// changes. Rows: row r of the CTA of row group grp is the query row qr = 64 grp + r of the sequence, token qr / H and
+// head qr % H (rows qr >= s_q H: zero rows), each with its own online softmax: no partner row, no shuffle, and every
+// row of P is bf16(P) (lo_row = 0). The causal mask: the row of token j reads the tokens < len - (s_q - 1 - j), so in
+// the last block of the sequence its last s_q - 1 - j tokens score -inf. A row can then have no valid token in a
+// block, or in a whole slice (a last slice of <= 3 tokens), so its running max is kept >= -FLT_MAX (2^(-inf + FLT_MAX)
+// is 0; 2^(-inf + inf) would be NaN); such a slice's partial has l = 0 and weight 0 in the combine. The per-row shared
+// values (mA, mB, l) have 64 entries, one per row, instead of 32, one per head.
+#include <cfloat>
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "kernels/common/wgmma.cuh"
 #include "kernels/common/cuda_check.hpp"
@@ -75,8 +86,8 @@ constexpr int BUF_BYTES = 8 * CB_BYTES;       // one token block: 64 KB
 constexpr int OFF_Q = 0;                      // q~ [64 rows x 512]: 8 column blocks of [64 rows x 64], 64 KB
 constexpr int OFF_C = 64 * DC * 2;            // buffer 0 (blocks 0, 2, ..), buffer 1 (blocks 1, 3, ..)
 constexpr int OFF_P = OFF_C + 2 * BUF_BYTES;  // P_A' (warpgroup 0 -> 1), P_B (1 -> 0): [64 rows x 64 tokens] bf16, 8 KB each
-constexpr int OFF_M = OFF_P + 2 * 64 * 128;   // mA [32], mB [32], l of warpgroup 1 [32] (epilogue), fp32
-constexpr std::size_t SMEM = OFF_M + 3 * 32 * 4 + 1024;  // + slack to align the base to 1024 bytes
+constexpr int OFF_M = OFF_P + 2 * 64 * 128;   // mA, mB, l of warpgroup 1 (epilogue), fp32: 32 each, or 64 with fast
+constexpr std::size_t SMEM = OFF_M + 3 * 64 * 4 + 1024;  // + slack to align the base to 1024 bytes
 static_assert(SMEM <= 227 * 1024, "smem");
 
 /// Barrier of the 128 threads of warpgroup wg (named barrier 1 + wg; 0 is __syncthreads).
@@ -176,26 +187,37 @@ __device__ __forceinline__ void wgmma_m64n256_rs(float* d, const std::uint32_t* 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 
-/// Loads q~ column blocks [4 wg, 4 wg + 4) of all 64 interleaved rows (row 2h = q_hi[h], 2h + 1 = q_lo[h]; heads
-/// >= H: zeros) by the 128 threads of warpgroup wg (wt = thread in the warpgroup): 16-byte cp.async when p.q16 (in
-/// the caller's commit group), else 4-byte loads + st.shared.
-template <int H>
-__device__ __forceinline__ void load_q_half(unsigned char* q_s, const DecodeParams& p, int b, int wt, int wg) {
+/// Loads q~ column blocks [4 wg, 4 wg + 4) of all 64 rows of the CTA by the 128 threads of warpgroup wg (wt = thread
+/// in the warpgroup): 16-byte cp.async when p.q16 (in the caller's commit group), else 4-byte loads + st.shared.
+/// Accurate: the interleaved rows 2h = q_hi[h], 2h + 1 = q_lo[h] (heads >= H: zeros). FAST: row r = query row
+/// qr = 64 grp + r, q_hi of token qr / H and head qr % H (qr >= s_q H: zeros).
+template <int H, bool FAST, class Params>
+__device__ __forceinline__ void load_q_half(unsigned char* q_s, const Params& p, int b, int grp, int wt, int wg) {
+  auto put = [&](unsigned char* d, const bf16_t* src) {
+    if (p.q16) {
+      cp_async16(d, src);
+    } else {
+      uint4 v;
+      v.x = ld32(src); v.y = ld32(src + 2); v.z = ld32(src + 4); v.w = ld32(src + 6);
+      *reinterpret_cast<uint4*>(d) = v;
+    }
+  };
 #pragma unroll 4
   for (int i = 0; i < 64 * 32 / 128; ++i) {
-    const int idx = wt + 128 * i, r = idx / 32, ch = 32 * wg + idx % 32, h = r >> 1;
+    const int idx = wt + 128 * i, r = idx / 32, ch = 32 * wg + idx % 32;
     unsigned char* d = q_s + (ch / 8) * 8192 + sw(r, ch % 8);
-    if (h < H) {
-      const bf16_t* src = ((r & 1) ? p.q_lo : p.q_hi) + b * p.sq_b + h * DC + ch * 8;
-      if (p.q16) {
-        cp_async16(d, src);
-      } else {
-        uint4 v;
-        v.x = ld32(src); v.y = ld32(src + 2); v.z = ld32(src + 4); v.w = ld32(src + 6);
-        *reinterpret_cast<uint4*>(d) = v;
-      }
+    if constexpr (FAST) {
+      const int qr = 64 * grp + r;
+      if (qr < p.s_q * H)
+        put(d, p.q_hi + b * p.sq_b + (qr / H) * p.sq_t + (qr % H) * DC + ch * 8);
+      else
+        *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
     } else {
-      *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+      const int h = r >> 1;
+      if (h < H)
+        put(d, ((r & 1) ? p.q_lo : p.q_hi) + b * p.sq_b + h * DC + ch * 8);
+      else
+        *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
     }
   }
 }
@@ -216,13 +238,16 @@ __device__ __forceinline__ void scores_half(float* sc, std::uint32_t q_addr, std
 }
 
 /// Row scores of one block: sc (the m64n64 accumulator: element 4j + e is row r0 + 8 (e / 2), token 8j + 2 cq + e % 2)
-/// becomes s = (S[2h] + S[2h + 1]) * scale_log2 (the partner row is in lane ^ 4; both lanes get the same value),
-/// -inf for tokens >= valid; mx[k] = the row max of row half k over the block's 64 tokens (quad reduction).
+/// becomes s * scale_log2 with s = S[2h] + S[2h + 1] when PAIRED (accurate: the partner row is in lane ^ 4; both lanes
+/// get the same value), else s = the row's own score (fast); -inf for tokens >= valid;
+/// mx[k] = the row max of row half k over the block's 64 tokens (quad reduction).
+template <bool PAIRED>
 __device__ __forceinline__ void row_scores(float* sc, int valid, float scale_log2, int cq, float* mx) {
   mx[0] = mx[1] = -INFINITY;
 #pragma unroll
   for (int e = 0; e < 32; ++e) {
-    const float s = sc[e] + __shfl_xor_sync(0xffffffffu, sc[e], 4);
+    float s = sc[e];
+    if constexpr (PAIRED) s += __shfl_xor_sync(0xffffffffu, sc[e], 4);
     const int t = 8 * (e / 4) + 2 * cq + (e & 1);
     sc[e] = t < valid ? s * scale_log2 : -INFINITY;
     mx[(e >> 1) & 1] = fmaxf(mx[(e >> 1) & 1], sc[e]);
@@ -315,87 +340,114 @@ __device__ __forceinline__ void pc_block(float* acc, const std::uint32_t (*pa)[4
   }
 }
 
-/// Stores this thread's share of hi row + lo row of its warpgroup's accumulator half (128 fp32, the m64n256 layout)
-/// at dst + head * DC + column for its heads hd[0], hd[1] < H; SCALED: each head's values times inv[k] first. The
-/// pair (hi lane, lo lane) = (lane, lane ^ 4) splits the 32 column groups j: the hi lane sums j < 16, the lo lane
-/// j >= 16, each receiving the partner's row of its half by one shuffle per element.
-template <int H, bool SCALED>
-__device__ __forceinline__ void store_rows(float* dst, const float* acc, const float* inv, const int* hd, int lo_row,
-                                           int cq) {
+/// Stores this thread's part of its warpgroup's accumulator half (128 fp32, the m64n256 layout) at dst + row * DC +
+/// column for its output rows row[0], row[1] < nrows; SCALED: each row's values times inv[k] first. PAIRED
+/// (accurate): the output row of a head is its hi row + lo row, and the pair (hi lane, lo lane) = (lane, lane ^ 4)
+/// splits the 32 column groups j: the hi lane sums j < 16, the lo lane j >= 16, each receiving the partner's row of
+/// its half by one shuffle per element. Otherwise (fast) every accumulator row is an output row of its own.
+template <bool SCALED, bool PAIRED>
+__device__ __forceinline__ void store_rows(float* dst, const float* acc, const float* inv, const int* row, int nrows,
+                                           int lo_row, int cq) {
 #pragma unroll
-  for (int j = 0; j < 16; ++j) {
+  for (int j = 0; j < (PAIRED ? 16 : 32); ++j) {
     float v[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const float send = lo_row ? acc[4 * j + e] : acc[4 * (j + 16) + e];
-      const float mine = lo_row ? acc[4 * (j + 16) + e] : acc[4 * j + e];
-      v[e] = mine + __shfl_xor_sync(0xffffffffu, send, 4);
+      if constexpr (PAIRED) {
+        const float send = lo_row ? acc[4 * j + e] : acc[4 * (j + 16) + e];
+        const float mine = lo_row ? acc[4 * (j + 16) + e] : acc[4 * j + e];
+        v[e] = mine + __shfl_xor_sync(0xffffffffu, send, 4);
+      } else {
+        v[e] = acc[4 * j + e];
+      }
       if constexpr (SCALED) v[e] *= inv[e / 2];
     }
-    const int col = 8 * (lo_row ? j + 16 : j) + 2 * cq;
-    if (hd[0] < H) *reinterpret_cast<float2*>(dst + hd[0] * DC + col) = make_float2(v[0], v[1]);
-    if (hd[1] < H) *reinterpret_cast<float2*>(dst + hd[1] * DC + col) = make_float2(v[2], v[3]);
+    const int col = 8 * (PAIRED && lo_row ? j + 16 : j) + 2 * cq;
+    if (row[0] < nrows) *reinterpret_cast<float2*>(dst + row[0] * DC + col) = make_float2(v[0], v[1]);
+    if (row[1] < nrows) *reinterpret_cast<float2*>(dst + row[1] * DC + col) = make_float2(v[2], v[3]);
   }
 }
 
-/// The end of the split kernel: the running sums l of both warpgroups are added per head (through l1_s,
-/// 32 floats of shared memory), (m, l) of each head and the slice's unnormalised partial (hi row + lo row of each
-/// warpgroup's accumulator half: 128 fp32 per thread, the m64n256 layout) go to the workspace slot (b, split); with
-/// p.direct (one slice per sequence) the partial divided by l goes to the output instead.
-template <int H>
+/// The end of the split kernel: the running sums l of both warpgroups are added per row (through l1_s in shared
+/// memory, at the thread's row indices ri), (m, l) of each output row and the slice's unnormalised partial (each
+/// warpgroup's accumulator half: 128 fp32 per thread, the m64n256 layout; accurate: hi row + lo row) go to the
+/// workspace slot (b, split) at the output rows qi < nq of the sequence; with p.direct (one slice per sequence) the
+/// partial divided by l goes to the output instead.
+template <bool FAST>
 __device__ __forceinline__ void epilogue(const DecodeParams& p, float* acc, float* l, const float* m, float* l1_s, int b,
-                                         int split, int wg, bool owner, const int* hd, int lo_row, int cq) {
-  // l of both warpgroups per head; out = hi row + lo row of each warpgroup's accumulator half
+                                         int split, int wg, bool owner, const int* ri, const int* qi, int nq,
+                                         int lo_row, int cq) {
+  // l of both warpgroups per row; out = each warpgroup's accumulator half (accurate: hi row + lo row)
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
     l[k] += __shfl_xor_sync(0xffffffffu, l[k], 1);
     l[k] += __shfl_xor_sync(0xffffffffu, l[k], 2);
   }
-  if (wg == 1 && owner) { l1_s[hd[0]] = l[0]; l1_s[hd[1]] = l[1]; }
+  if (wg == 1 && owner) { l1_s[ri[0]] = l[0]; l1_s[ri[1]] = l[1]; }
   __syncthreads();
   if (p.direct) {
     // one slice per sequence (num_splits = 1): the output itself, acc / l with l of both warpgroups, the
     // same float operations as the combine's single-slice merge (acc * (1 / l)), so the same bits
-    if (wg == 0 && owner) { l1_s[hd[0]] += l[0]; l1_s[hd[1]] += l[1]; }
+    if (wg == 0 && owner) { l1_s[ri[0]] += l[0]; l1_s[ri[1]] += l[1]; }
     __syncthreads();
-    const float inv[2] = {1.0f / l1_s[hd[0]], 1.0f / l1_s[hd[1]]};
-    store_rows<H, true>(p.out + static_cast<long long>(b) * H * DC + 256 * wg, acc, inv, hd, lo_row, cq);
+    const float inv[2] = {1.0f / l1_s[ri[0]], 1.0f / l1_s[ri[1]]};
+    store_rows<true, !FAST>(p.out + static_cast<long long>(b) * nq * DC + 256 * wg, acc, inv, qi, nq, lo_row, cq);
     return;
   }
   const long long slot = static_cast<long long>(b) * p.num_splits + split;
   if (wg == 0 && owner) {
 #pragma unroll
     for (int k = 0; k < 2; ++k)
-      if (hd[k] < H) {
-        float* wm = p.ws_ml + (slot * H + hd[k]) * 2;
+      if (qi[k] < nq) {
+        float* wm = p.ws_ml + (slot * nq + qi[k]) * 2;
         wm[0] = m[k];
-        wm[1] = l[k] + l1_s[hd[k]];
+        wm[1] = l[k] + l1_s[ri[k]];
       }
   }
-  store_rows<H, false>(p.ws_acc + slot * H * DC + 256 * wg, acc, nullptr, hd, lo_row, cq);
+  store_rows<false, !FAST>(p.ws_acc + slot * nq * DC + 256 * wg, acc, nullptr, qi, nq, lo_row, cq);
 }
 
-template <int H>
-__global__ void __launch_bounds__(NTHR, 1) mla_decode_split_kernel(DecodeParams p) {
+/// The kernel's parameters: DecodeParams for the accurate precision, FastParams for fast (decode.cuh).
+template <bool FAST>
+using ParamsOf = std::conditional_t<FAST, FastParams, DecodeParams>;
+
+template <int H, bool FAST>
+__global__ void __launch_bounds__(NTHR, 1) mla_decode_split_kernel(ParamsOf<FAST> p) {
   static_assert(H == 16 || H == 32, "H");
-  const int split = blockIdx.x, b = blockIdx.y;
+  const int s_q = query_tokens(p), groups = row_groups(p);  // accurate: 1, 1
+  // the CTAs of one slice's row groups are neighbours in x (they read the same latents at about the same time)
+  const int split = blockIdx.x / groups, grp = blockIdx.x % groups, b = blockIdx.y;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, cq = lane % 4;
   // warpgroup index broadcast from lane 0: provably warp-uniform for ptxas (the wgmma code below branches on it)
   const int wg = __shfl_sync(0xffffffffu, warp / 4, 0), wt = tid % 128;
   const int r0 = 16 * (warp % 4) + g;            // this thread's accumulator rows r0, r0 + 8 (of the M = 64)
-  const int hd[2] = {r0 >> 1, (r0 + 8) >> 1};    // their heads
-  const int lo_row = g & 1;                      // rows r0, r0 + 8 are lo rows (q_lo, P_lo) when g is odd
-  const bool owner = lo_row == 0 && cq == 0;     // writes the per-head values of its two heads
+  // per row k = 0, 1 (r0, r0 + 8): ri = its index in the per-row shared values (mA_s, mB_s, l1_s), qi = the output row
+  // of the sequence it carries (out [b] as nq rows of d_c). Accurate: both the head (rows 2h, 2h + 1 are its hi and lo
+  // rows, one softmax); fast: ri = the row, qi = 64 grp + row (token qi / H, head qi % H; qi >= nq: a zero row)
+  const int nq = s_q * H;
+  const int ri[2] = {FAST ? r0 : r0 >> 1, FAST ? r0 + 8 : (r0 + 8) >> 1};
+  const int qi[2] = {FAST ? 64 * grp + ri[0] : ri[0], FAST ? 64 * grp + ri[1] : ri[1]};
+  const int lo_row = FAST ? 0 : g & 1;           // rows r0, r0 + 8 are lo rows (q_lo, P_lo) when g is odd (accurate)
+  const bool owner = lo_row == 0 && cq == 0;     // writes the per-row values of its two rows
   const int len = seq_len(p, b);
-  if (len < 1 || len > p.max_len) {  // NaN rows: written by the combine kernel, or here when there is none
-    if (p.direct)
-      for (int i = tid; i < H * DC; i += NTHR) p.out[static_cast<long long>(b) * H * DC + i] = NAN;
+  if (len < s_q || len > p.max_len) {  // NaN rows: written by the combine kernel, or here when there is none
+    if (p.direct) {
+      const int row0 = 64 * grp, nrow = FAST ? min(64, nq - row0) : H;  // this CTA's output rows
+      for (int i = tid; i < nrow * DC; i += NTHR) p.out[(static_cast<long long>(b) * nq + row0) * DC + i] = NAN;
+    }
     return;
   }
   const int start = split * p.split_len;
   if (start >= len) return;                // empty slice: the combine kernel does not read it
   const int end = min(start + p.split_len, len);
   const int nblk = (end - start + BLK - 1) / BLK, npairs = (nblk + 1) / 2;
+  // the tokens this thread's rows read end at lim (exclusive): the slice's end, and with fast the causal mask, the
+  // query of token j reading the tokens < len - (s_q - 1 - j). Both rows r0, r0 + 8 (all 16 rows of the warp) are of
+  // one token: H >= 16 query rows per token, 64 per group. Zero rows (qi >= nq) read to the end.
+  int lim = end;
+  if constexpr (FAST) {
+    if (qi[0] < nq) lim = min(end, len - (s_q - 1 - qi[0] / H));
+  }
 
   extern __shared__ unsigned char smem_raw[];
   const std::uint32_t raw_addr = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem_raw));
@@ -405,9 +457,9 @@ __global__ void __launch_bounds__(NTHR, 1) mla_decode_split_kernel(DecodeParams 
   const std::uint32_t pA_addr = sbase + OFF_P, pB_addr = sbase + OFF_P + 64 * 128;
   unsigned char* pA_s = smem + OFF_P;                 // P_A' (written by warpgroup 0)
   unsigned char* pB_s = smem + OFF_P + 64 * 128;      // P_B (written by warpgroup 1)
-  float* mA_s = reinterpret_cast<float*>(smem + OFF_M);
-  float* mB_s = mA_s + 32;
-  float* l1_s = mA_s + 64;
+  float* mA_s = reinterpret_cast<float*>(smem + OFF_M);  // per row index ri: 32 (accurate) or 64 (fast) floats each
+  float* mB_s = mA_s + (FAST ? 64 : 32);
+  float* l1_s = mA_s + (FAST ? 128 : 64);
 
   const bf16_t* cb = p.c + b * p.sc_b;
   // this warpgroup's column half (16-byte chunks 32 wg .. 32 wg + 31 of each token row) of block blk into buffer
@@ -431,7 +483,7 @@ __global__ void __launch_bounds__(NTHR, 1) mla_decode_split_kernel(DecodeParams 
 
   // prologue: groups (oldest first) wg 0: [q~ blocks 0-3, block 0 L], [block 1 L]; wg 1: [q~ blocks 4-7, block 1 R],
   // [block 0 R] (a missing block 1: an empty group)
-  load_q_half<H>(smem + OFF_Q, p, b, wt, wg);
+  load_q_half<H, FAST>(smem + OFF_Q, p, b, grp, wt, wg);
   if (wg == 0) {
     load_half(0);
     cp_async_commit();
@@ -473,10 +525,13 @@ __global__ void __launch_bounds__(NTHR, 1) mla_decode_split_kernel(DecodeParams 
       for (int e = 0; e < 32; ++e) fence_reg(sc[e]);
       // ---- softmax of block A; mA to warpgroup 1 first (it waits for it)
       float mx[2], mA[2], cA[2], sum[2];
-      row_scores(sc, min(BLK, end - (start + bA * BLK)), p.scale_log2, cq, mx);
+      row_scores<!FAST>(sc, min(BLK, lim - (start + bA * BLK)), p.scale_log2, cq, mx);
 #pragma unroll
-      for (int k = 0; k < 2; ++k) mA[k] = fmaxf(m[k], mx[k]);  // finite: token 0 of every block is valid
-      if (owner) { mA_s[hd[0]] = mA[0]; mA_s[hd[1]] = mA[1]; }
+      for (int k = 0; k < 2; ++k) {
+        mA[k] = fmaxf(m[k], mx[k]);  // accurate: finite (token 0 of every block is valid)
+        if constexpr (FAST) mA[k] = fmaxf(mA[k], -FLT_MAX);  // a row masked so far: finite, P = 0 (file comment)
+      }
+      if (owner) { mA_s[ri[0]] = mA[0]; mA_s[ri[1]] = mA[1]; }
       bar_arrive(BAR_M0);
 #pragma unroll
       for (int k = 0; k < 2; ++k) cA[k] = exp2f(m[k] - mA[k]);  // 0 on the first pair (m = -inf)
@@ -494,7 +549,7 @@ __global__ void __launch_bounds__(NTHR, 1) mla_decode_split_kernel(DecodeParams 
       bar_sync(BAR_M1);
       float cB[2];
 #pragma unroll
-      for (int k = 0; k < 2; ++k) cB[k] = exp2f(mA[k] - mB_s[hd[k]]);
+      for (int k = 0; k < 2; ++k) cB[k] = exp2f(mA[k] - mB_s[ri[k]]);
       store_p_scaled(pA_s, sc, cB, r0, cq, lo_row, p.p_hi_only);
       fence_async_smem();
       bar_arrive(BAR_P0);
@@ -511,7 +566,7 @@ __global__ void __launch_bounds__(NTHR, 1) mla_decode_split_kernel(DecodeParams 
       cp_async_commit();
       rescale(acc, cB);
 #pragma unroll
-      for (int k = 0; k < 2; ++k) { l[k] *= cB[k]; m[k] = mB_s[hd[k]]; }
+      for (int k = 0; k < 2; ++k) { l[k] *= cB[k]; m[k] = mB_s[ri[k]]; }
       // ---- o_L += P_B C_B[:, L], P_B from shared
       if (hasB) {
         bar_sync(BAR_P1);
@@ -552,7 +607,7 @@ __global__ void __launch_bounds__(NTHR, 1) mla_decode_split_kernel(DecodeParams 
         wgmma_wait<0>();
 #pragma unroll
         for (int e = 0; e < 32; ++e) fence_reg(sc[e]);
-        row_scores(sc, min(BLK, end - (start + bB * BLK)), p.scale_log2, cq, mx);
+        row_scores<!FAST>(sc, min(BLK, lim - (start + bB * BLK)), p.scale_log2, cq, mx);
       } else {
         cp_async_wait<0>();
         fence_async_smem();
@@ -563,8 +618,8 @@ __global__ void __launch_bounds__(NTHR, 1) mla_decode_split_kernel(DecodeParams 
       bar_sync(BAR_M0);
       float mB[2], cB[2];
 #pragma unroll
-      for (int k = 0; k < 2; ++k) mB[k] = fmaxf(mA_s[hd[k]], mx[k]);
-      if (owner) { mB_s[hd[0]] = mB[0]; mB_s[hd[1]] = mB[1]; }
+      for (int k = 0; k < 2; ++k) mB[k] = fmaxf(mA_s[ri[k]], mx[k]);
+      if (owner) { mB_s[ri[0]] = mB[0]; mB_s[ri[1]] = mB[1]; }
       bar_arrive(BAR_M1);
 #pragma unroll
       for (int k = 0; k < 2; ++k) {
@@ -615,12 +670,12 @@ __global__ void __launch_bounds__(NTHR, 1) mla_decode_split_kernel(DecodeParams 
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   cp_async_wait<0>();  // (every group is empty or waited for by now)
 
-  epilogue<H>(p, acc, l, m, l1_s, b, split, wg, owner, hd, lo_row, cq);
+  epilogue<FAST>(p, acc, l, m, l1_s, b, split, wg, owner, ri, qi, nq, lo_row, cq);
 }
 
 }  // namespace
 
-void launch_split(int H, dim3 grid, cudaStream_t stream, const DecodeParams& p) {
+void launch_split(int H, bool fast, dim3 grid, cudaStream_t stream, const FastParams& p) {
   // sets the kernel's dynamic shared memory size on the first call (per kernel), then launches it
   auto launch = [&](auto kernel, bool& attr, const char* name) {
     if (!attr) {
@@ -631,11 +686,15 @@ void launch_split(int H, dim3 grid, cudaStream_t stream, const DecodeParams& p) 
     kernel<<<grid, NTHR, SMEM, stream>>>(p);
     cuda_check(cudaGetLastError(), (std::string(name) + " launch").c_str());
   };
-  static bool attr32 = false, attr16 = false;
-  if (H == 32)
-    launch(mla_decode_split_kernel<32>, attr32, "mla_decode_split_kernel<32>");
+  static bool attr[4] = {};
+  if (H == 32 && !fast)
+    launch(mla_decode_split_kernel<32, false>, attr[0], "mla_decode_split_kernel<32, accurate>");
+  else if (H == 16 && !fast)
+    launch(mla_decode_split_kernel<16, false>, attr[1], "mla_decode_split_kernel<16, accurate>");
+  else if (H == 32)
+    launch(mla_decode_split_kernel<32, true>, attr[2], "mla_decode_split_kernel<32, fast>");
   else
-    launch(mla_decode_split_kernel<16>, attr16, "mla_decode_split_kernel<16>");
+    launch(mla_decode_split_kernel<16, true>, attr[3], "mla_decode_split_kernel<16, fast>");
 }
 
 }  // namespace kdalab::kernels::mla_decode_impl
