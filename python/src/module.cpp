@@ -303,7 +303,8 @@ nb::dict budgets() {
       {"f32_vs_truth", tol::f32_vs_truth},     {"bf16_output_floor", tol::bf16_output_floor},
       {"kda_bf16_goal", tol::kda_bf16_goal},   {"golden_f64", tol::golden_f64},
       {"golden_mp", tol::golden_mp},           {"check_self", tol::check_self},
-      {"mla_decode_goal", tol::mla_decode_goal}, {"mla_prefill_goal", tol::mla_prefill_goal},
+      {"mla_decode_goal", tol::mla_decode_goal}, {"mla_decode_fast", tol::mla_decode_fast},
+      {"mla_prefill_goal", tol::mla_prefill_goal},
       {"attn_res_f32", tol::attn_res_f32},     {"attn_res_bf16", tol::attn_res_bf16},
       {"backward_f64_vs_mp", tol::backward_f64_vs_mp}, {"backward_fd_f64", tol::backward_fd_f64},
       {"kda_bwd_bf16", tol::kda_bwd_bf16},     {"kda_bwd_f32", tol::kda_bwd_f32}};
