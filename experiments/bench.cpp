@@ -5,7 +5,7 @@
 //                [--shapes "B:T:H[:HV[:D]],..."]
 //                [--iters N] [--warmup N] [--quick] [--prefix N0] [--peer-json FILE..] [--compare BASELINE.h5..]
 //                [--state-pass auto|mma|wgmma|key-split] [--segments P] [--overlap on|off] [--precision fast|accurate]
-//                --out results/bench.h5
+//                [--s-q 1..4] [--mla-precision auto|accurate|fast] --out results/bench.h5
 //
 // Per shape: median (and min) of --iters CUDA-event timings after --warmup launches, the bytes a
 // kernel must move at least (inputs read once, outputs written once; the workspace is not counted)
@@ -23,9 +23,14 @@
 //   that bench would read with a 1-D string `key` and a numeric `time_ms` (finite, > 0) of the same length; --out
 //   is never one of the --compare files (same file through a symlink or another spelling included).
 // mla-decode (kernels/mla.hpp): shapes B:N:H with N the cached tokens per sequence (d_c = 512, bf16
-//   latent cache, q~ as bf16 hi + lo); bytes = the latent reads B N d_c 2 only (TB/s of latent reads),
-//   flops = 4 B H N d_c (scores and P C, one pass; the hi/lo passes are not counted). The library's automatic
-//   plan and output path (kernels/mla.hpp mla_decode_plan), printed per shape.
+//   latent cache), --s-q query tokens per sequence (the last s_q cached ones, causal; default 1) in the precision of
+//   --mla-precision (auto: kernels/mla.hpp mla_decode_precision_rule, accurate for s_q = 1 with q~ as bf16 hi + lo,
+//   fast for s_q > 1 with the bf16 query alone); bytes = the latent reads B N d_c 2 only (TB/s of latent reads; every
+//   row read once for all s_q tokens), flops = 4 B H N d_c s_q (scores and P C, one pass per query row: 65,536 s_q
+//   FLOP per cached token at H = 32; the hi/lo passes of accurate are not counted, nor the <= s_q - 1 masked tokens).
+//   Rows with s_q > 1 get the key suffix " s_q=<s_q>", rows whose precision is not the rule's " fast" or " accurate"
+//   (their own baselines; the peer time is looked up under the key without the precision suffix). The library's
+//   automatic plan and output path (kernels/mla.hpp mla_decode_plan), printed per shape.
 // mla-prefill (kernels/mla_prefill.hpp): shapes B:T:H with T new tokens behind a cached prefix of --prefix
 //   tokens (default 0); time = append + causal absorbed attention (q~ hi/lo given); prepare_ms = the query
 //   absorption (mla_absorb_query, d_nope = 128) alone; bytes = latent cache read once, c_new read + written,
@@ -53,8 +58,10 @@
 //   B, T, H, D columns hold S, T, d, d); bytes = the S T d bf16 sources read once + the bf16 output written;
 //   flops = 6 S T d (h.h, w.h, the weighted sum).
 // Order of the checks (the same errors, exit 2, in every build): --op, the numbers (--iters, --warmup, --prefix,
-// --segments), options the op ignores (--prefix > 0 without mla-prefill, --state-pass other than auto, --segments != 0
-// or --overlap off without kda-prefill; --op all takes each of them, it acts on that op's rows), --shapes (fields the
+// --segments, --s-q), option values and combinations (--mla-precision accurate with --s-q > 1 among them), options the
+// op ignores (--prefix > 0 without mla-prefill, --state-pass other than auto, --segments != 0 or --overlap off without
+// kda-prefill, --s-q != 1 or --mla-precision other than auto without mla-decode; --op all takes each of them, it acts
+// on that op's rows), --shapes (fields the
 // op ignores refused: HV != H for the MLA ops, a 4th
 // attn-res field), the --peer-json files, the --compare files (Command::check), then cli::run's shared path: --out
 // not one of the input files (--config, --compare, --peer-json), then --out (folder exists and is writable; an
@@ -113,6 +120,8 @@ struct BenchOptions {
   std::string kda_precision = "fast";  // kda-prefill: KdaPrefillArgs::precision (fast, accurate; D = 128)
   std::string bwd_pass = "auto";  // kda-backward: KdaBackwardOverrides::pass (auto, sweep, chunked)
   long long prefix = 0;  // mla-prefill: cached tokens before the T new ones
+  int s_q = 1;  // mla-decode: query tokens per sequence (MlaDecodeArgs::s_q)
+  std::string mla_precision = "auto";  // mla-decode: MlaDecodeArgs::precision (auto, accurate, fast)
 };
 
 struct Shape {
@@ -279,6 +288,16 @@ BaselineRows read_compare_file(const std::string& cf, const std::vector<std::str
   } catch (const H5::Exception& e) {
     throw Error(what + " is not a readable HDF5 bench file (" + e.getDetailMsg() + ")" + give);
   }
+  return r;
+}
+
+/// The key suffix of an mla-decode row: " s_q=<s_q>" for s_q > 1, then " fast" or " accurate" when --mla-precision
+/// names another precision than the rule's for s_q (kernels/mla.hpp mla_decode_precision_rule); "" for the one-token
+/// step in its automatic precision (the keys of every earlier baseline).
+[[maybe_unused]] std::string mla_decode_suffix(int s_q, const std::string& precision, bool with_precision) {
+  std::string r = s_q > 1 ? " s_q=" + std::to_string(s_q) : "";
+  const std::string rule = s_q == 1 ? "accurate" : "fast";
+  if (with_precision && precision != "auto" && precision != rule) r += " " + precision;
   return r;
 }
 
@@ -631,10 +650,19 @@ Measured bench_decode(const Shape& s, int warmup, int iters, std::uint64_t seed)
   return {ms, mn, bytes, flops};
 }
 
-/// Absorbed MLA decode: B sequences of T cached tokens (the shape's T is the context N), H heads.
-Measured bench_mla_decode(const Shape& s, int warmup, int iters, std::uint64_t seed) {
+/// The --mla-precision value as the kernel's precision: "auto", "accurate" or "fast" (checked before).
+kernels::MlaDecodePrecision mla_precision_of(const std::string& name) {
+  return name == "accurate" ? kernels::MlaDecodePrecision::accurate
+         : name == "fast"   ? kernels::MlaDecodePrecision::fast
+                            : kernels::MlaDecodePrecision::automatic;
+}
+
+/// Absorbed MLA decode: B sequences of T cached tokens (the shape's T is the context N), H heads, s_q query tokens per
+/// sequence in the precision `prec` (the fast precision reads q_hi alone).
+Measured bench_mla_decode(const Shape& s, int s_q, kernels::MlaDecodePrecision prec, int warmup, int iters,
+                          std::uint64_t seed) {
   const long long DC = 512;
-  const std::size_t nc = static_cast<std::size_t>(s.B) * s.T * DC, nq = static_cast<std::size_t>(s.B) * s.H * DC;
+  const std::size_t nc = static_cast<std::size_t>(s.B) * s.T * DC, nq = static_cast<std::size_t>(s.B) * s_q * s.H * DC;
   Dev c(nc * 2), q_hi(nq * 2), q_lo(nq * 2), out(nq * 4);
   kernels::fill_normal_bf16(c.as<bf16_t>(), nc, seed + 1, 1.0f, nullptr);
   kernels::fill_normal_bf16(q_hi.as<bf16_t>(), nq, seed + 2, 1.2f, nullptr);
@@ -642,21 +670,26 @@ Measured bench_mla_decode(const Shape& s, int warmup, int iters, std::uint64_t s
   kernels::MlaDecodeArgs a;
   a.B = static_cast<int>(s.B); a.H = static_cast<int>(s.H);
   a.capacity = static_cast<int>(s.T); a.max_len = static_cast<int>(s.T);
+  a.s_q = s_q; a.precision = prec;
   a.c = c.as<bf16_t>(); a.q_hi = q_hi.as<bf16_t>(); a.q_lo = q_lo.as<bf16_t>();
   a.scale = 1.0f / std::sqrt(192.0f);
   a.out = out.as<float>();
+  const auto pl = kernels::mla_decode_plan(a);
+  if (pl.precision == kernels::MlaDecodePrecision::fast) a.q_lo = nullptr;  // fast reads the bf16 query alone
   const std::size_t wsb = kernels::mla_decode_workspace_bytes(a);
   Dev ws(wsb);
   a.workspace = ws.p; a.workspace_bytes = wsb;
-  const auto pl = kernels::mla_decode_plan(a);
   auto [ms, mn] = time_ms([&] { kernels::mla_decode(a, nullptr); }, warmup, iters);
-  fmt::print("  (B={} N={} H={}: {} splits of {} tokens, {} output, workspace {:.1f} MB)\n", s.B, s.T, s.H,
-             pl.num_splits, pl.split_len, kernels::mla_decode_output_name(pl.output), wsb / 1e6);
-  Measured m{ms, mn, 2.0 * nc, 4.0 * s.B * s.H * s.T * DC};
+  fmt::print("  (B={} N={} H={} s_q={}: {} precision, {} splits of {} tokens x {} row group{}, {} output, workspace "
+             "{:.1f} MB)\n", s.B, s.T, s.H, s_q, kernels::mla_decode_precision_name(pl.precision), pl.num_splits,
+             pl.split_len, pl.row_groups, pl.row_groups > 1 ? "s" : "", kernels::mla_decode_output_name(pl.output),
+             wsb / 1e6);
+  Measured m{ms, mn, 2.0 * nc, 4.0 * s.B * s.H * s.T * DC * s_q};
   if (s.B <= 8) {  // a decode loop runs in a graph: the per-step time without the host launch gap (printed beside)
     m.graph_ms = graph_step_ms([&](cudaStream_t st) { kernels::mla_decode(a, st); }, 20, 2, std::max(3, iters / 5)).first;
-    fmt::print("  (B={} N={} H={}: in a CUDA graph of 20 steps {:.1f} us per step, {:.2f} TB/s; the table "
-               "times single launches)\n", s.B, s.T, s.H, 1e3 * m.graph_ms, 2.0 * nc / (m.graph_ms * 1e-3) / 1e12);
+    fmt::print("  (B={} N={} H={} s_q={}: in a CUDA graph of 20 steps {:.1f} us per step, {:.2f} TB/s, {:.0f} TFLOP/s; "
+               "the table times single launches)\n", s.B, s.T, s.H, s_q, 1e3 * m.graph_ms,
+               2.0 * nc / (m.graph_ms * 1e-3) / 1e12, m.flops / (m.graph_ms * 1e-3) / 1e12);
     // the floor of such a step: the same bytes read by a plain streaming kernel, also in a graph of 20 steps
     Dev sink(4);
     m.floor_ms = graph_step_ms([&](cudaStream_t st) { kernels::stream_read(c.p, nc * 2, sink.as<unsigned>(), st); }, 20, 2,
@@ -850,6 +883,20 @@ void register_bench(Registry& reg) {
                 "' sweep' or ' chunked' (their own baselines; the peer time is looked up under the plain key). Only "
                 "with --op kda-backward or all; chunked is refused with a shape of D = 256")
       ->capture_default_str();
+  const std::string mla_decode_only =
+      "Only with --op mla-decode or all (with all it acts on the mla-decode rows; refused with another op)";
+  a->add_option("--s-q", o->s_q,
+                "mla-decode: query tokens per sequence, 1 <= s_q <= 4 (kernels/mla.hpp MlaDecodeArgs::s_q): multi-token "
+                "decode (speculative decoding, multi-token prediction), the last s_q cached tokens causal among "
+                "themselves, each cached row read once for all of them; flops = 4 B H N d_c s_q. Rows with s_q > 1 get "
+                "the key suffix ' s_q=<s_q>' (their own baselines and peer times). " + mla_decode_only)
+      ->capture_default_str();
+  a->add_option("--mla-precision", o->mla_precision,
+                "mla-decode precision (kernels/mla.hpp MlaDecodePrecision): auto (the rule: accurate for --s-q 1, fast "
+                "for --s-q > 1), accurate (q~ and P as bf16 hi + lo; --s-q 1 only) or fast (bf16 q~ and P, FlashMLA's "
+                "precision). Rows whose precision is not the rule's get the key suffix ' fast' or ' accurate' (their "
+                "own baselines; the peer time is looked up under the key without it). " + mla_decode_only)
+      ->capture_default_str();
   a->add_option("--compare", o->compare,
                 "baseline bench results file(s) to compare against: prints time / baseline per row found (same group, "
                 "same key), flags rows more than 10% slower and then exits 1; several files (comma-separated like every list "
@@ -896,6 +943,13 @@ void register_bench(Registry& reg) {
                 "or wgmma, --segments 0 or 1)");
     require(o->bwd_pass == "auto" || o->bwd_pass == "sweep" || o->bwd_pass == "chunked",
             "--bwd-pass = '" + o->bwd_pass + "'; accepted: auto, sweep or chunked");
+    require(o->s_q >= 1 && o->s_q <= 4,
+            "--s-q = " + std::to_string(o->s_q) + "; accepted: 1 <= --s-q <= 4 query tokens per sequence");
+    require(o->mla_precision == "auto" || o->mla_precision == "accurate" || o->mla_precision == "fast",
+            "--mla-precision = '" + o->mla_precision + "'; accepted: auto, accurate or fast");
+    require(o->mla_precision != "accurate" || o->s_q == 1,
+            "--mla-precision accurate with --s-q " + std::to_string(o->s_q) +
+                "; accepted: accurate runs one query token (--s-q 1); --s-q > 1 runs fast (or auto, which picks fast)");
     // options that act on one op only, set to other than their default, are refused with another op, not dropped
     // silently; --op all takes each of them (it acts on that op's rows)
     struct OneOpOption {
@@ -910,7 +964,9 @@ void register_bench(Registry& reg) {
           OneOpOption{o->kda_segments != def.kda_segments, "--segments " + std::to_string(o->kda_segments), "kda-prefill"},
           OneOpOption{o->kda_overlap != def.kda_overlap, "--overlap " + o->kda_overlap, "kda-prefill"},
           OneOpOption{o->kda_precision != def.kda_precision, "--precision " + o->kda_precision, "kda-prefill"},
-          OneOpOption{o->bwd_pass != def.bwd_pass, "--bwd-pass " + o->bwd_pass, "kda-backward"}})
+          OneOpOption{o->bwd_pass != def.bwd_pass, "--bwd-pass " + o->bwd_pass, "kda-backward"},
+          OneOpOption{o->s_q != def.s_q, "--s-q " + std::to_string(o->s_q), "mla-decode"},
+          OneOpOption{o->mla_precision != def.mla_precision, "--mla-precision " + o->mla_precision, "mla-decode"}})
       require(!x.set || o->op == x.op || o->op == "all",
               x.given + " applies to --op " + x.op + " (or all) only, not --op " + o->op);
     require(ctx.app->get_option("--shapes")->count() == 0 || !o->shapes.empty(),
@@ -1117,12 +1173,19 @@ void register_bench(Registry& reg) {
         const std::string plain_key = key_of(op, s, op == "mla-prefill" ? o->prefix : 0);
         const bool accurate = op == "kda-prefill" && o->kda_precision == "accurate";
         const bool bwd_forced = op == "kda-backward" && o->bwd_pass != "auto";
-        const std::string key = accurate ? plain_key + " accurate" : bwd_forced ? plain_key + " " + o->bwd_pass : plain_key;
+        const bool mla_decode = op == "mla-decode";
+        // mla-decode: the s_q suffix is part of the peer's key too (a one-token peer is not a multi-token one)
+        const std::string peer_key = mla_decode ? plain_key + mla_decode_suffix(o->s_q, o->mla_precision, false) : plain_key;
+        const std::string key = accurate     ? plain_key + " accurate"
+                                : bwd_forced ? plain_key + " " + o->bwd_pass
+                                : mla_decode ? plain_key + mla_decode_suffix(o->s_q, o->mla_precision, true)
+                                             : plain_key;
         const Measured m =
             op == "kda-prefill"   ? bench_prefill(s, o->warmup, o->iters, ctx.common.seed,
                                                   prefill_overrides(o->kda_state_pass, o->kda_segments),
                                                   o->kda_overlap == "off", accurate)
-            : op == "mla-decode"  ? bench_mla_decode(s, o->warmup, o->iters, ctx.common.seed)
+            : op == "mla-decode"  ? bench_mla_decode(s, o->s_q, mla_precision_of(o->mla_precision), o->warmup, o->iters,
+                                                     ctx.common.seed)
             : op == "mla-prefill" && s.naive ? bench_mla_prefill_naive(s, o->prefix, o->warmup, o->iters, ctx.common.seed)
             : op == "mla-prefill" ? bench_mla_prefill(s, o->prefix, o->warmup, o->iters, ctx.common.seed)
             : op == "attn-res"    ? bench_attn_res(s, o->warmup, o->iters, ctx.common.seed)
@@ -1131,7 +1194,7 @@ void register_bench(Registry& reg) {
         const double tbs = m.bytes / (m.ms * 1e-3) / 1e12, tfl = m.flops / (m.ms * 1e-3) / 1e12;
         const double nan = std::numeric_limits<double>::quiet_NaN();
         double pm = nan;
-        if (peer.contains(plain_key) && peer[plain_key].is_number()) pm = peer[plain_key].get<double>();
+        if (peer.contains(peer_key) && peer[peer_key].is_number()) pm = peer[peer_key].get<double>();
         double bm = nan;
         for (std::size_t i = 0; i < bkeys.size() && i < bms.size(); ++i)
           if (bkeys[i] == key) { bm = bms[i]; break; }

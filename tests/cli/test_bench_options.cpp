@@ -41,6 +41,16 @@ TEST_CASE("bench: options and shape fields the chosen op ignores are refused, na
     for (const std::string given : {"--bwd-pass sweep", "--bwd-pass chunked"})
       cases.push_back({"--op " + op + " " + given, given + " applies to --op kda-backward (or all) only, not --op " + op});
   cases.push_back({"--op kda-backward --bwd-pass fast", "--bwd-pass = 'fast'; accepted: auto, sweep or chunked"});
+  // --s-q and --mla-precision act on mla-decode only; their values and the one combination the kernel refuses
+  for (const std::string op : {"kda-prefill", "kda-decode", "kda-backward", "mla-prefill", "attn-res"})
+    for (const std::string given : {"--s-q 2", "--mla-precision fast", "--mla-precision accurate"})
+      cases.push_back({"--op " + op + " " + given, given + " applies to --op mla-decode (or all) only, not --op " + op});
+  for (const std::string given : {"--s-q 0", "--s-q 5"})
+    cases.push_back({"--op mla-decode " + given, "accepted: 1 <= --s-q <= 4"});
+  cases.push_back({"--op mla-decode --mla-precision hilo", "--mla-precision = 'hilo'; accepted: auto, accurate or fast"});
+  cases.push_back({"--op mla-decode --s-q 2 --mla-precision accurate",
+                   "--mla-precision accurate with --s-q 2; accepted: accurate runs one query token"});
+  cases.push_back({"--op all --s-q 3 --mla-precision accurate", "--mla-precision accurate with --s-q 3"});
   cases.push_back({"--op kda-backward --bwd-pass chunked --shapes 1:64:2:2:64,1:1024:4:4:256",
                    "--bwd-pass chunked does not run at shape 1:1024:4:4:256; accepted: D = 64 or 128"});
   for (const auto& c : cases) {
@@ -56,7 +66,10 @@ TEST_CASE("bench: options and shape fields the chosen op ignores are refused, na
                                   std::string("--op kda-prefill --state-pass wgmma --shapes 1:16:1:2"),
                                   std::string("--op kda-prefill --segments 1 --overlap off --shapes 4:4096:16:32"),
                                   std::string("--op kda-decode --segments 0 --overlap on --state-pass auto --shapes 1:1:2"),
-                                  std::string("--op kda-backward --bwd-pass sweep --shapes 1:16:1")}) {
+                                  std::string("--op kda-backward --bwd-pass sweep --shapes 1:16:1"),
+                                  std::string("--op mla-decode --s-q 4 --shapes 1:64:32"),
+                                  std::string("--op mla-decode --s-q 1 --mla-precision fast --shapes 2:64:16"),
+                                  std::string("--op mla-decode --s-q 2 --mla-precision auto --shapes 1:64:16")}) {
     const auto r = run_kdalab("bench " + args + " --iters 1 --warmup 0 --out " + d.file("b.h5"));
     INFO(args << "\n" << r.output);
     CHECK(bench_valid_exit(r));
@@ -65,7 +78,7 @@ TEST_CASE("bench: options and shape fields the chosen op ignores are refused, na
   // --op all takes every one of them (each acts on its op's rows): the run gets as far as --out, the last check,
   // in every build and without any GPU work
   // (--segments 1, not 2: forced segments are refused up front with the default D = 256 row, tested below)
-  const auto r = run_kdalab("bench --op all --prefix 16 --segments 1 --overlap off --out " +
+  const auto r = run_kdalab("bench --op all --prefix 16 --segments 1 --overlap off --s-q 2 --mla-precision fast --out " +
                             d.file("no/such/folder/b.h5"));
   INFO(r.output);
   CHECK(r.code == 2);

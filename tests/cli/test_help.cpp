@@ -73,7 +73,9 @@ TEST_CASE("bench --help and check --help explain every option and state its defa
   for (const OneOp& x : {OneOp{"--prefix", "> 0 only with --op mla-prefill or all"}, OneOp{"--segments", kda},
                          OneOp{"--overlap", kda}, OneOp{"--state-pass", kda},
                          // accurate cannot run on --op all's default D = 64 and 256 rows: the help must not offer it
-                         OneOp{"--precision", "accurate: --op kda-prefill with --shapes of D = 128 only"}}) {
+                         OneOp{"--precision", "accurate: --op kda-prefill with --shapes of D = 128 only"},
+                         OneOp{"--s-q", "Only with --op mla-decode or all"},
+                         OneOp{"--mla-precision", "Only with --op mla-decode or all"}}) {
     const auto it = std::find_if(blines.begin(), blines.end(), [&](const std::string& l) {
       std::stringstream ls(l);
       std::string name;
