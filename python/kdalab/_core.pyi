@@ -362,16 +362,22 @@ def cuda_mla_absorb_query(q_C: Array, W_UK: Array, q_hi: Array, q_lo: Array, *, 
     """The absorbed MLA query q~ = W_UK,i^T q^C_i in fp32 split into bf16 q_hi + q_lo (kernels/mla_prefill.hpp
     mla_absorb_query): q_C [n, H, d_nope] bf16; W_UK [H d_nope, d_c] bf16; out q_hi, q_lo [n, H, d_c] bf16; d_c = 512."""
 
-def cuda_mla_decode_workspace_bytes(B: int, H: int, capacity: int, max_len: int) -> int:
-    """Bytes of the workspace cuda_mla_decode needs (kernels/mla.hpp mla_decode_workspace_bytes)."""
+def cuda_mla_decode_workspace_bytes(B: int, H: int, capacity: int, max_len: int, *, s_q: int = 1,
+                                    precision: str = "auto") -> int:
+    """Bytes of the workspace cuda_mla_decode needs (kernels/mla.hpp mla_decode_workspace_bytes) for s_q query
+    tokens per sequence in `precision` ("auto", "accurate" or "fast")."""
 
-def cuda_mla_decode(q_hi: Array, q_lo: Array, c: Array, out: Array, workspace: Array, lens: Optional[Array] = None, *,
-                    max_len: int, scale: float, stream: int = 0) -> None:
+def cuda_mla_decode(q_hi: Array, q_lo: Optional[Array], c: Array, out: Array, workspace: Array,
+                    lens: Optional[Array] = None, *, max_len: int, scale: float, precision: str = "auto",
+                    stream: int = 0) -> None:
     """One absorbed MLA decode step (kernels/mla.hpp mla_decode), capturable in a CUDA graph: the attended
-    latent a = softmax(scale q~ C^T) C per (sequence, head). q_hi, q_lo [B, H, d_c] bf16; latent cache
-    c [B, N_max, row] bf16 (row = d_c = 512, or 576 with k^R in each row); out a [B, H, d_c] fp32; workspace
-    uint8 [>= cuda_mla_decode_workspace_bytes]; lens int32 [B] on the GPU or None (every sequence max_len
-    tokens); 1 <= max_len <= N_max; H in {16, 32}; scale = (d_nope + d_rope)^-1/2."""
+    latent a = softmax(scale q~ C^T) C per (sequence, query token, head). q_hi [B, H, d_c] (one query token) or
+    [B, s_q, H, d_c] (multi-token decode, s_q <= 4: the last s_q cached tokens, query j reading the positions
+    0 .. len - s_q + j) bf16; q_lo of the same shape (precision "accurate") or None ("fast"); precision "auto" is
+    accurate for s_q = 1 and fast for s_q > 1 (kernels/mla.hpp MlaDecodePrecision). Latent cache c [B, N_max, row]
+    bf16 (row = d_c = 512, or 576 with k^R in each row); out a fp32 of q_hi's shape; workspace uint8 [>=
+    cuda_mla_decode_workspace_bytes]; lens int32 [B] on the GPU or None (every sequence max_len tokens); s_q <=
+    max_len <= N_max; H in {16, 32}; scale = (d_nope + d_rope)^-1/2."""
 
 def cuda_mla_prefill_workspace_bytes(B: int, T: int, H: int, capacity: int, prefix: int, *, path: str = "auto") -> int:
     """Bytes of the workspace cuda_mla_prefill needs (kernels/mla_prefill.hpp mla_prefill_heads_workspace_bytes)."""

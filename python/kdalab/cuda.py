@@ -83,22 +83,29 @@ def mla_absorb_query(q_C, W_UK, *, q_hi=None, q_lo=None, stream=None):
     return q_hi, q_lo
 
 
-def mla_decode_workspace(q_hi, c, *, max_len=None):
-    """A workspace (uint8 tensor) for mla_decode on q_hi [B, H, d_c] and the cache c [B, N_max, row]."""
+def mla_decode_workspace(q_hi, c, *, max_len=None, precision="auto"):
+    """A workspace (uint8 tensor) for mla_decode on q_hi [B, H, d_c] or [B, s_q, H, d_c] and the cache
+    c [B, N_max, row]."""
     require_cuda()
-    n = _core.cuda_mla_decode_workspace_bytes(q_hi.shape[0], q_hi.shape[1], c.shape[1],
-                                              c.shape[1] if max_len is None else max_len)
+    s_q = q_hi.shape[1] if q_hi.dim() == 4 else 1
+    n = _core.cuda_mla_decode_workspace_bytes(q_hi.shape[0], q_hi.shape[-2], c.shape[1],
+                                              c.shape[1] if max_len is None else max_len, s_q=s_q,
+                                              precision=precision)
     return _empty(q_hi, (max(n, 1),), "uint8")
 
 
-def mla_decode(q_hi, q_lo, c, *, scale, max_len=None, lens=None, out=None, workspace=None, stream=None):
-    """One absorbed MLA decode step (kdalab._core.cuda_mla_decode): returns a [B, H, d_c] fp32. max_len
-    defaults to N_max (every cached row is a token)."""
+def mla_decode(q_hi, q_lo, c, *, scale, max_len=None, lens=None, precision="auto", out=None, workspace=None,
+               stream=None):
+    """One absorbed MLA decode step (kdalab._core.cuda_mla_decode): returns a fp32 of q_hi's shape, [B, H, d_c]
+    or [B, s_q, H, d_c] (multi-token decode: the last s_q cached tokens, causal among themselves). q_lo is None with
+    the fast precision (precision "auto" picks it for s_q > 1). max_len defaults to N_max (every cached row is a
+    token)."""
     require_cuda()
     max_len = c.shape[1] if max_len is None else max_len
     out = _empty(q_hi, tuple(q_hi.shape), "float32") if out is None else out
-    ws = mla_decode_workspace(q_hi, c, max_len=max_len) if workspace is None else workspace
-    _core.cuda_mla_decode(q_hi, q_lo, c, out, ws, lens, max_len=max_len, scale=scale, stream=_stream(stream))
+    ws = mla_decode_workspace(q_hi, c, max_len=max_len, precision=precision) if workspace is None else workspace
+    _core.cuda_mla_decode(q_hi, q_lo, c, out, ws, lens, max_len=max_len, scale=scale, precision=precision,
+                          stream=_stream(stream))
     return out
 
 

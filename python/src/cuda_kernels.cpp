@@ -240,6 +240,13 @@ K::KdaPrecision parse_precision(const std::string& p) {
   throw Error("precision = '" + p + "' is unknown; accepted: fast, accurate");
 }
 
+K::MlaDecodePrecision parse_mla_precision(const std::string& p) {
+  if (p == "auto") return K::MlaDecodePrecision::automatic;
+  if (p == "accurate") return K::MlaDecodePrecision::accurate;
+  if (p == "fast") return K::MlaDecodePrecision::fast;
+  throw Error("precision = '" + p + "' is unknown; accepted: auto, accurate, fast");
+}
+
 K::MlaPrefillPath parse_path(const std::string& p) {
   if (p == "auto") return K::MlaPrefillPath::automatic;
   if (p == "absorbed") return K::MlaPrefillPath::absorbed;
@@ -411,48 +418,60 @@ void bind_cuda(nb::module_& m) {
       },
       "q_C"_a, "W_UK"_a, "q_hi"_a, "q_lo"_a, nb::kw_only(), "stream"_a = 0, doc::cuda_mla_absorb_query);
 
-  const auto mla_decode_args = [](std::int64_t B, std::int64_t H, std::int64_t capacity, std::int64_t max_len) {
+  const auto mla_decode_args = [](std::int64_t B, std::int64_t H, std::int64_t capacity, std::int64_t max_len,
+                                   std::int64_t s_q, const std::string& precision) {
     K::MlaDecodeArgs a;
     a.B = static_cast<int>(B);
     a.H = static_cast<int>(H);
     a.capacity = static_cast<int>(capacity);
     a.max_len = static_cast<int>(max_len);
+    require(s_q >= 1 && s_q <= 4, "s_q = " + std::to_string(s_q) + "; accepted: 1 <= s_q <= 4 query tokens per sequence");
+    a.s_q = static_cast<int>(s_q);
+    a.precision = parse_mla_precision(precision);
     return a;
   };
   m.def(
       "cuda_mla_decode_workspace_bytes",
-      [mla_decode_args](std::int64_t B, std::int64_t H, std::int64_t capacity, std::int64_t max_len) {
-        return K::mla_decode_workspace_bytes(mla_decode_args(B, H, capacity, max_len));
+      [mla_decode_args](std::int64_t B, std::int64_t H, std::int64_t capacity, std::int64_t max_len, std::int64_t s_q,
+                        const std::string& precision) {
+        return K::mla_decode_workspace_bytes(mla_decode_args(B, H, capacity, max_len, s_q, precision));
       },
-      "B"_a, "H"_a, "capacity"_a, "max_len"_a, doc::cuda_mla_decode_workspace_bytes);
+      "B"_a, "H"_a, "capacity"_a, "max_len"_a, nb::kw_only(), "s_q"_a = 1, "precision"_a = "auto",
+      doc::cuda_mla_decode_workspace_bytes);
   m.def(
       "cuda_mla_decode",
-      [mla_decode_args](const Dev& q_hi, const Dev& q_lo, const Dev& c, const Dev& out, const Dev& workspace,
-                        const std::optional<Dev>& lens, std::int64_t max_len, double scale, std::uintptr_t stream) {
-        const auto sq = check_dev(q_hi, "q_hi", DType::bf16, 3);
+      [mla_decode_args](const Dev& q_hi, const std::optional<Dev>& q_lo, const Dev& c, const Dev& out,
+                        const Dev& workspace, const std::optional<Dev>& lens, std::int64_t max_len, double scale,
+                        const std::string& precision, std::uintptr_t stream) {
+        // q_hi [B, H, d_c] (one query token) or [B, s_q, H, d_c]; q_lo and out of the same shape
+        const std::size_t rank = q_hi.ndim();
+        require(rank == 3 || rank == 4, "tensor 'q_hi' has shape " + shape_str(shape_vec(q_hi)) +
+                                            "; expected [B, H, d_c] or [B, s_q, H, d_c]");
+        const auto sq = check_dev(q_hi, "q_hi", DType::bf16, rank);
         const auto sc = check_cache(c);
-        const std::size_t B = sq[0], H = sq[1], dc = sq[2];
-        check_shape(q_lo, "q_lo", DType::bf16, {B, H, dc});
+        const std::size_t B = sq[0], s_q = rank == 4 ? sq[1] : 1, H = sq[rank - 2], dc = sq[rank - 1];
+        if (q_lo) check_shape(*q_lo, "q_lo", DType::bf16, sq);
         require(sc[0] == B, "tensor 'c' has shape " + shape_str(sc) + ", expected [B = " + std::to_string(B) +
                                 ", N_max, row] (row = d_c or d_c + d_rope)");
-        check_shape(out, "out", DType::f32, {B, H, dc});
+        check_shape(out, "out", DType::f32, sq);
         if (lens) check_shape(*lens, "lens", DType::i32, {B});
         K::MlaDecodeArgs a = mla_decode_args(static_cast<std::int64_t>(B), static_cast<std::int64_t>(H),
-                                             static_cast<std::int64_t>(sc[1]), max_len);
+                                             static_cast<std::int64_t>(sc[1]), max_len, static_cast<std::int64_t>(s_q),
+                                             precision);
         a.d_c = as_int(dc, "d_c");
         a.lens = opt_ptr<const int>(lens);
         a.c = ptr<const K::bf16_t>(c);
         a.sc_t = static_cast<std::int64_t>(sc[2]);
         a.q_hi = ptr<const K::bf16_t>(q_hi);
-        a.q_lo = ptr<const K::bf16_t>(q_lo);
+        a.q_lo = opt_ptr<const K::bf16_t>(q_lo);
         a.scale = static_cast<float>(scale);
         a.out = ptr<float>(out);
         a.workspace = workspace.data();
         a.workspace_bytes = check_workspace(workspace, K::mla_decode_workspace_bytes(a));
         K::mla_decode(a, stream_of(stream));
       },
-      "q_hi"_a, "q_lo"_a, "c"_a, "out"_a, "workspace"_a, "lens"_a.none() = nb::none(), nb::kw_only(), "max_len"_a,
-      "scale"_a, "stream"_a = 0, doc::cuda_mla_decode);
+      "q_hi"_a, "q_lo"_a.none(), "c"_a, "out"_a, "workspace"_a, "lens"_a.none() = nb::none(), nb::kw_only(),
+      "max_len"_a, "scale"_a, "precision"_a = "auto", "stream"_a = 0, doc::cuda_mla_decode);
 
   const auto mla_prefill_args = [](std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t capacity,
                                    std::int64_t prefix) {

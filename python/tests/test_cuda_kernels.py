@@ -145,6 +145,34 @@ def test_mla_absorb_and_decode_from_torch_equal_the_host_path_and_capture_in_a_g
     assert bits_equal(out, a_ref)
 
 
+@pytest.mark.parametrize("s_q", [2, 4])
+def test_mla_multi_token_decode_from_torch_is_within_the_fast_budget_and_graph_capturable(torch, s_q):
+    from kdalab.verify.candidates import numpy_mla_decode
+    B, H, dc, N = 2, 32, 512, 300
+    lens = np.array([N, s_q + 40])
+    c = bf16_randn(torch, (B, N, dc), seed=4)
+    q = torch.randn((B, s_q, H, dc), generator=torch.Generator().manual_seed(5), dtype=torch.float64) * 1.2
+    scale = 192 ** -0.5
+    truth = numpy_mla_decode(q.numpy(), c.double().numpy(), lens, scale=scale)
+    q_hi, c, lens_d = q.to(torch.bfloat16).cuda(), c.cuda(), torch.as_tensor(lens, dtype=torch.int32).cuda()
+    a = kc.mla_decode(q_hi, None, c, scale=scale, lens=lens_d)  # precision auto: fast for s_q > 1
+    torch.cuda.synchronize()
+    assert a.shape == (B, s_q, H, dc)
+    r = kdalab.check(a.double().cpu().numpy(), truth, name="a", tol=kdalab.budgets()["mla_decode_fast"][0])
+    assert r.passed, r
+    ws, out = kc.mla_decode_workspace(q_hi, c), torch.empty_like(a)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        kc.mla_decode(q_hi, None, c, scale=scale, lens=lens_d, out=out, workspace=ws)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, a)
+    with pytest.raises(kdalab.Error, match="q_lo"):  # fast reads the bf16 query alone
+        kc.mla_decode(q_hi, q_hi, c, scale=scale, lens=lens_d)
+    with pytest.raises(kdalab.Error, match="precision = accurate with s_q"):
+        kc.mla_decode(q_hi, q_hi, c, scale=scale, lens=lens_d, precision="accurate")
+
+
 @pytest.mark.parametrize("path", ["absorbed", "naive"])
 def test_mla_prefill_from_torch_equals_the_host_path(torch, path):
     B, T, H, dn, dc, prefix, N = 2, 40, 4, 128, 512, 24, 80

@@ -120,14 +120,24 @@ def test_mla_cases_can_be_sized_for_kdalabs_decode_kernel():
         assert x["q"].shape[-2:] == (16, 512) and x["cache"].shape[2] == 512, c.name
 
 
-def test_kdalab_mla_kernel_says_multi_token_decode_is_not_applicable_naming_s_q():
-    from kdalab.verify.cases import catalogue
-    mtp = [c for c in catalogue("mla_decode") if c.params.get("s_q", 1) > 1]
+def test_kdalab_mla_kernel_takes_the_multi_token_cases_and_names_s_q_where_it_cannot():
+    from kdalab.verify.cases import catalogue, mla_decode_random
+    mtp = [c for c in with_params(catalogue("mla_decode"), {"n_h": 16, "d_c": 512}) if c.params.get("s_q", 1) > 1]
     assert mtp, "the catalogue has multi-token decode cases"
-    a = make_adapter("kdalab-mla-cuda", numpy_mla_decode)
+    for spec in ("kdalab-mla-cuda", "kdalab-mla-cuda:precision=fast"):
+        a = make_adapter(spec, numpy_mla_decode)
+        for c in mtp:  # s_q <= 4 at the kernel's sizes: only the build or the GPU can stand in the way
+            why = a.supports(c.inputs())
+            assert why is None or "s_q" not in why, (spec, c.name, why)
+    accurate = make_adapter("kdalab-mla-cuda:precision=accurate", numpy_mla_decode)
     for c in mtp:
-        why = a.supports(c.inputs())
+        why = accurate.supports(c.inputs())
         assert why and f"s_q = {c.params['s_q']}" in why, (c.name, why)
+    why = make_adapter("kdalab-mla-cuda", numpy_mla_decode).supports(
+        mla_decode_random(5, s_q=5, n_h=16, d_c=512, N=9))
+    assert why and "s_q = 5" in why, why
+    with pytest.raises(ValueError, match="precision = 'hilo'; accepted: auto, accurate, fast"):
+        make_adapter("kdalab-mla-cuda:precision=hilo", numpy_mla_decode)
 
 
 def test_kdalab_kernel_adapters_run_their_own_entry_point_without_a_candidate(tmp_path):

@@ -449,15 +449,18 @@ class FlashMlaDecode(Adapter):
 
 class KdalabCudaMlaDecode(Adapter):
     """kdalab's MLA decode kernel (kernels/mla.hpp mla_decode) through the module's CUDA entry point
-    `kdalab._core.cuda_mla_decode(q_hi, q_lo, c, out, workspace, lens, *, max_len, scale)` (KDALAB_CUDA builds only):
-    the absorbed query split into bf16 q_hi = bf16(q) and q_lo = bf16(q - q_hi); the latent cache bf16
-    [B, N, d_c]; lens int32 [B]; fp32 output. H in {16, 32}, d_c = 512. The candidate is that entry point (None:
-    looked up in the module); without it every case is "not applicable"."""
+    `kdalab._core.cuda_mla_decode(q_hi, q_lo, c, out, workspace, lens, *, max_len, scale, precision)` (KDALAB_CUDA
+    builds only): q [B, n_h, d_c] or, for the multi-token cases, [B, s_q, n_h, d_c] with s_q <= 4 (the last s_q cached
+    tokens, causal among themselves); the absorbed query as q_hi = bf16(q) and, with the accurate precision,
+    q_lo = bf16(q - q_hi); the latent cache bf16 [B, N, d_c]; lens int32 [B]; fp32 output of q's shape. H in {16, 32},
+    d_c = 512. Option precision: auto (the kernel's rule: accurate for s_q = 1, fast for s_q > 1), accurate (q and P
+    as bf16 hi + lo; s_q = 1 only) or fast (bf16 q and P). The budget is that of a bf16 candidate in every precision.
+    The candidate is that entry point (None: looked up in the module); without it every case is "not applicable"."""
     name = "kdalab-mla-cuda"
     entry_point = "kdalab._core:cuda_mla_decode"  # the candidate when none is given
     op = "mla_decode"
     returns_state = False
-    options = {}
+    options = {"precision": ("auto", "accurate", "fast")}
     output_formats = {"o": "float32"}
 
     def __init__(self, fn, **opts):
@@ -465,17 +468,26 @@ class KdalabCudaMlaDecode(Adapter):
         super().__init__(fn if fn is not None else getattr(kdalab._core, "cuda_mla_decode", None), **opts)
         self.precision = "bf16"
 
+    def _precision(self, s_q):
+        """The precision the kernel runs for s_q query tokens: the option, or the rule's."""
+        p = self.opt["precision"]
+        return ("accurate" if s_q == 1 else "fast") if p == "auto" else p
+
     def supports(self, x):
         r = super().supports(x)
         if r:
             return r
-        if x["q"].ndim == 4 and x["q"].shape[1] > 1:
-            return (f"kdalab's MLA decode kernel takes one query token per sequence; the case has s_q = "
-                    f"{x['q'].shape[1]} (multi-token decode)")
+        s_q = x["q"].shape[1] if x["q"].ndim == 4 else 1
+        if s_q > 4:
+            return (f"kdalab's MLA decode kernel takes 1 to 4 query tokens per sequence; the case has s_q = {s_q} "
+                    f"(multi-token decode)")
+        if s_q > 1 and self._precision(s_q) == "accurate":
+            return (f"kdalab's MLA decode kernel runs the accurate precision for one query token only; the case has "
+                    f"s_q = {s_q} (give precision=fast or auto)")
         import kdalab
         if self.fn is None or not kdalab.built_with_cuda:
             return "this kdalab was built without its CUDA entry points (KDALAB_CUDA=OFF)"
-        B, n_h, d_c = x["q"].shape
+        n_h, d_c = x["q"].shape[-2:]
         if n_h not in (16, 32) or d_c != 512:
             return f"kdalab's MLA decode needs H in {{16, 32}} and d_c = 512; the case has H = {n_h}, d_c = {d_c}"
         return _cuda_reason()
@@ -483,18 +495,20 @@ class KdalabCudaMlaDecode(Adapter):
     def __call__(self, x):
         import kdalab
         torch = _torch()
-        B, n_h, d_c = x["q"].shape
+        B, n_h, d_c = x["q"].shape[0], x["q"].shape[-2], x["q"].shape[-1]
+        s_q = x["q"].shape[1] if x["q"].ndim == 4 else 1
         N = x["cache"].shape[1]
-        q = torch.as_tensor(x["q"]).to("cuda", torch.float32)
+        precision = self._precision(s_q)
+        q = torch.as_tensor(x["q"]).to("cuda", torch.float32).contiguous()
         q_hi = q.to(torch.bfloat16)
-        q_lo = (q - q_hi.float()).to(torch.bfloat16)
+        q_lo = (q - q_hi.float()).to(torch.bfloat16) if precision == "accurate" else None
         c = torch.as_tensor(x["cache"]).to("cuda", torch.bfloat16).contiguous()
-        out = torch.zeros((B, n_h, d_c), dtype=torch.float32, device="cuda")
+        out = torch.zeros(tuple(q.shape), dtype=torch.float32, device="cuda")
         max_len = int(max(x["cache_seqlens"]))
-        ws = torch.empty(kdalab._core.cuda_mla_decode_workspace_bytes(B, n_h, N, max_len), dtype=torch.uint8,
-                         device="cuda")
+        ws = torch.empty(kdalab._core.cuda_mla_decode_workspace_bytes(B, n_h, N, max_len, s_q=s_q, precision=precision),
+                         dtype=torch.uint8, device="cuda")
         lens = torch.as_tensor(x["cache_seqlens"], dtype=torch.int32, device="cuda")
-        self.fn(q_hi, q_lo, c, out, ws, lens, max_len=max_len, scale=x["scale"],
+        self.fn(q_hi, q_lo, c, out, ws, lens, max_len=max_len, scale=x["scale"], precision=precision,
                 stream=torch.cuda.current_stream().cuda_stream)
         torch.cuda.synchronize()
         return out.double().cpu().numpy(), None
