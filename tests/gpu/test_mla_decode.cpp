@@ -154,6 +154,13 @@ std::vector<double> run(kernels::MlaDecodeArgs a, const kernels::MlaDecodeOverri
   return download_f32(out);
 }
 
+/// The lengths on the device.
+DevBuf device_lens(const std::vector<int>& lens) {
+  DevBuf d(lens.size() * 4);
+  cuda_check(cudaMemcpy(d.p, lens.data(), d.bytes, cudaMemcpyHostToDevice), "lens");
+  return d;
+}
+
 /// float64 truths of (b, query token j, heads), concatenated (computed once, compared against every run).
 std::vector<double> truth_rows(const Cache& c, const Query& q, std::size_t b, const std::vector<std::size_t>& heads,
                                std::size_t len, double scale, std::size_t j = 0) {
@@ -385,50 +392,68 @@ TEST_CASE("mla decode: NaN in the cache past each sequence's length does not rea
   }
 }
 
-TEST_CASE("mla decode: a device length outside [1, max_len] gives NaN rows for that sequence only (direct output "
-          "and combine)", "[gpu][mla]") {
-  const std::vector<int> lens = {0, 40, 41};
-  const Cache c(3, 64, DC, fresh_seed());
-  const Query q(3, 32, kSigma, fresh_seed());
-  DevBuf dl(12);
-  cuda_check(cudaMemcpy(dl.p, lens.data(), 12, cudaMemcpyHostToDevice), "lens");
-  auto a = args_of(c, q, 40, kScale);
-  a.lens = dl.as<int>();
-  const auto ref = truth_rows(c, q, 1, all_heads(32), 40, kScale);
-  // max_len = 40: one slice (direct output) by the plan; the combine forced on the same slice
-  const std::vector<kernels::MlaDecodeOverrides> paths{kernels::MlaDecodeOverrides{}, forced_combine(0)};
-  for (const auto& ov : paths) {
-    const auto out = run(a, ov, true);
-    const char* path = kernels::mla_decode_output_name(kernels::mla_decode_plan(a, &ov).output);
-    for (std::size_t b : {0, 2}) {
-      CAPTURE(path, b);
-      CHECK(all_nan_rows(out, b, 32));
+TEST_CASE("mla decode: a device length outside [s_q, max_len] gives NaN rows (every token and head) for that "
+          "sequence only (one token accurate, three tokens fast; direct output and combine)", "[gpu][mla]") {
+  struct Lengths {
+    std::size_t s_q;
+    std::vector<int> lens;  // max_len = 40: 41 is past it, a length < s_q is too short
+  };
+  std::vector<Lengths> runs;
+  runs.push_back({1, {0, 40, 41}});
+  runs.push_back({3, {2, 40, 41, 3}});
+  for (const Lengths& k : runs) {
+    const std::size_t B = k.lens.size();
+    const Cache c(B, 64, DC, fresh_seed());
+    const Query q(B, 32, kSigma, fresh_seed(), k.s_q);
+    const DevBuf dl = device_lens(k.lens);
+    auto a = k.s_q == 1 ? args_of(c, q, 40, kScale) : fast_args_of(c, q, 40, kScale);
+    a.lens = dl.as<int>();
+    const double budget = k.s_q == 1 ? tol::mla_decode_goal.value : tol::mla_decode_fast.value;
+    // max_len = 40: one slice (direct output) by the plan; the combine forced on the same slice
+    const std::vector<kernels::MlaDecodeOverrides> paths{kernels::MlaDecodeOverrides{}, forced_combine(0)};
+    for (const auto& ov : paths) {
+      const auto out = run(a, ov, true);
+      const char* path = kernels::mla_decode_output_name(kernels::mla_decode_plan(a, &ov).output);
+      for (std::size_t b = 0; b < B; ++b) {
+        CAPTURE(k.s_q, path, b, k.lens[b]);
+        if (k.lens[b] < static_cast<int>(k.s_q) || k.lens[b] > 40) {
+          CHECK(all_nan_rows(out, b, 32, k.s_q));
+          continue;
+        }
+        for (std::size_t j = 0; j < k.s_q; ++j) {
+          const auto ref = truth_rows(c, q, b, all_heads(32), static_cast<std::size_t>(k.lens[b]), kScale, j);
+          const auto m = compare_rows(out, ref, 32, b, all_heads(32), k.s_q, j);
+          std::printf("mla decode bad device length, s_q=%zu (%s output): valid sequence b=%zu token %zu rel_rms "
+                      "%.3e\n", k.s_q, path, b, j, m.rel_rms);
+          CAPTURE(j, m.rel_rms);
+          REQUIRE(m.nan_count == 0);
+          CHECK(m.rel_rms <= budget);
+        }
+      }
     }
-    const auto m = compare_rows(out, ref, 32, 1, all_heads(32));
-    std::printf("mla decode bad device length (%s output): valid sequence rel_rms %.3e\n", path, m.rel_rms);
-    CAPTURE(path, m.rel_rms);
-    REQUIRE(m.nan_count == 0);
-    CHECK(m.rel_rms <= tol::mla_decode_goal.value);
   }
 }
 
-TEST_CASE("mla decode in a CUDA graph equals direct launches (combine and direct output)", "[gpu][mla]") {
+TEST_CASE("mla decode in a CUDA graph equals direct launches (one token accurate, four tokens fast; combine and "
+          "direct output)", "[gpu][mla]") {
   const std::size_t N = 3000;
   const Cache c(2, N, DC, fresh_seed());
-  const Query q(2, 32, kSigma, fresh_seed());
-  for (int splits : {0, 1}) {  // the plan's slices (several: the combine), one slice (the direct output)
-    const auto ov = with_splits(splits);
-    auto a = args_of(c, q, N, kScale);
-    const auto direct = run(a, ov);
-    DevBuf out(2 * 32 * DC * 4), ws(kernels::mla_decode_workspace_bytes(a, &ov));
-    out.poison();
-    ws.poison();
-    a.out = out.as<float>();
-    a.workspace = ws.p;
-    a.workspace_bytes = ws.bytes;
-    run_in_graph([&](cudaStream_t s) { kernels::mla_decode(a, s, &ov); });
-    CAPTURE(splits);
-    CHECK(download_f32(out) == direct);
+  for (std::size_t s_q : {1, 4}) {
+    const Query q(2, 32, kSigma, fresh_seed(), s_q);
+    for (int splits : {0, 1}) {  // the plan's slices (several: the combine), one slice (the direct output)
+      const auto ov = with_splits(splits);
+      auto a = s_q == 1 ? args_of(c, q, N, kScale) : fast_args_of(c, q, N, kScale);
+      const auto direct = run(a, ov);
+      DevBuf out(2 * s_q * 32 * DC * 4), ws(kernels::mla_decode_workspace_bytes(a, &ov));
+      out.poison();
+      ws.poison();
+      a.out = out.as<float>();
+      a.workspace = ws.p;
+      a.workspace_bytes = ws.bytes;
+      run_in_graph([&](cudaStream_t s) { kernels::mla_decode(a, s, &ov); });
+      CAPTURE(s_q, splits);
+      CHECK(download_f32(out) == direct);
+    }
   }
 }
 
@@ -530,13 +555,6 @@ struct MtpCase {
   int splits = 0;                       // MlaDecodeOverrides::num_splits (0 = the plan's)
   std::vector<std::size_t> heads = {};  // heads compared (empty: all)
 };
-
-/// The lengths on the device.
-DevBuf device_lens(const std::vector<int>& lens) {
-  DevBuf d(lens.size() * 4);
-  cuda_check(cudaMemcpy(d.p, lens.data(), d.bytes, cudaMemcpyHostToDevice), "lens");
-  return d;
-}
 
 /// Runs the case (outputs NaN-poisoned) and compares every (sequence, query token) with float64: no NaN or Inf
 /// anywhere, rel_rms <= tol::mla_decode_fast. The plan runs the fast precision in ceil(s_q H / 64) row groups; with one
@@ -642,34 +660,6 @@ TEST_CASE("mla decode, multi-token: a query's output does not change, bit for bi
   }
 }
 
-TEST_CASE("mla decode, multi-token: a device length outside [s_q, max_len] gives NaN rows (every token and head) for "
-          "that sequence only (direct output and combine)", "[gpu][mla]") {
-  const int s_q = 3;
-  const std::vector<int> lens = {2, 40, 41, 3};  // 2 < s_q and 41 > max_len = 40: NaN rows
-  const Cache c(4, 64, DC, fresh_seed());
-  const Query q(4, 32, kSigma, fresh_seed(), s_q);
-  const DevBuf dl = device_lens(lens);
-  auto a = fast_args_of(c, q, 40, kScale);
-  a.lens = dl.as<int>();
-  const std::vector<kernels::MlaDecodeOverrides> paths{kernels::MlaDecodeOverrides{}, forced_combine(0)};
-  for (const auto& ov : paths) {
-    const auto out = run(a, ov, true);
-    const char* path = kernels::mla_decode_output_name(kernels::mla_decode_plan(a, &ov).output);
-    for (std::size_t b : {0, 2}) {
-      CAPTURE(path, b);
-      CHECK(all_nan_rows(out, b, 32, s_q));
-    }
-    for (std::size_t b : {1, 3})
-      for (std::size_t j = 0; j < static_cast<std::size_t>(s_q); ++j) {
-        const auto m = compare_rows(out, truth_rows(c, q, b, all_heads(32), lens[b], kScale, j), 32, b, all_heads(32),
-                                    s_q, j);
-        CAPTURE(path, b, j, m.rel_rms);
-        REQUIRE(m.nan_count == 0);
-        CHECK(m.rel_rms <= tol::mla_decode_fast.value);
-      }
-  }
-}
-
 TEST_CASE("mla decode precision rule: automatic is accurate for s_q = 1 and fast for s_q > 1, the same bits as the "
           "named precision; fast with s_q = 1 reads the bf16 query alone", "[gpu][mla]") {
   CHECK(kernels::mla_decode_precision_rule(1) == kernels::MlaDecodePrecision::accurate);
@@ -697,26 +687,6 @@ TEST_CASE("mla decode precision rule: automatic is accurate for s_q = 1 and fast
   CHECK(m_acc.rel_rms <= tol::mla_decode_goal.value);
   CHECK(m_fast.rel_rms <= tol::mla_decode_fast.value);
   CHECK(m_acc.rel_rms < m_fast.rel_rms);
-}
-
-TEST_CASE("mla decode, multi-token in a CUDA graph equals direct launches (combine and direct output)", "[gpu][mla]") {
-  const std::size_t N = 3000;
-  const Cache c(2, N, DC, fresh_seed());
-  const Query q(2, 32, kSigma, fresh_seed(), 4);
-  for (int splits : {0, 1}) {
-    const auto ov = with_splits(splits);
-    auto a = fast_args_of(c, q, N, kScale);
-    const auto direct = run(a, ov);
-    DevBuf out(2 * 4 * 32 * DC * 4), ws(kernels::mla_decode_workspace_bytes(a, &ov));
-    out.poison();
-    ws.poison();
-    a.out = out.as<float>();
-    a.workspace = ws.p;
-    a.workspace_bytes = ws.bytes;
-    run_in_graph([&](cudaStream_t s) { kernels::mla_decode(a, s, &ov); });
-    CAPTURE(splits);
-    CHECK(download_f32(out) == direct);
-  }
 }
 
 TEST_CASE("mla decode, multi-token: bad s_q, precision, q_lo, max_len, query strides and workspace give clear errors "
