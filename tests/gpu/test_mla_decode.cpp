@@ -614,7 +614,7 @@ TEST_CASE("mla decode, multi-token (fast precision): every (sequence, token, hea
   for (int s_q : {1, 2, 3, 4}) {
     cases.push_back({s_q, 32, {s_q}});                       // the cache holds only the query tokens
     cases.push_back({s_q, 32, {4096}});
-    cases.push_back({s_q, 32, {65536}, 0, {0, 13, 31}});     // the plan's slices of N = 64K, heads sampled
+    cases.push_back({s_q, 32, {65536}, 0, {0, 4, 9, 13, 18, 22, 27, 31}});  // the plan's slices of N = 64K, 8 heads
     cases.push_back({s_q, 32, {3000, s_q, 129}});            // ragged, one sequence of only its query tokens
     cases.push_back({s_q, 16, {4100, 700, s_q + 64}});       // H = 16: one row group for every s_q
   }
