@@ -63,12 +63,12 @@
 // kda-prefill, --s-q != 1 or --mla-precision other than auto without mla-decode; --op all takes each of them, it acts
 // on that op's rows), --shapes (fields the
 // op ignores refused: HV != H for the MLA ops, a 4th
-// attn-res field), the --peer-json files, the --compare files (Command::check), then cli::run's shared path: --out
-// not one of the input files (--config, --compare, --peer-json), then --out (folder exists and is writable; an
-// existing file only with --force). Only then (Command::run): without the CUDA kernels (CPU build)
-// or without a visible GPU, one line on stderr saying so, nothing written, exit 3 (kExitNotAvailable: "cannot
-// run in this build / on this machine"; not 0, so a GPU-less CI gate running `bench --compare` fails instead
-// of passing with nothing compared; not 2, which is bad input).
+// attn-res field; an mla-decode shape with N < --s-q), the --peer-json files, the --compare files (Command::check),
+// then cli::run's shared path: --out not one of the input files (--config, --compare, --peer-json), then --out
+// (folder exists and is writable; an existing file only with --force). Only then (Command::run): without the CUDA
+// kernels (CPU build) or without a visible GPU, one line on stderr saying so, nothing written, exit 3
+// (kExitNotAvailable: "cannot run in this build / on this machine"; not 0, so a GPU-less CI gate running
+// `bench --compare` fails instead of passing with nothing compared; not 2, which is bad input).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -888,8 +888,9 @@ void register_bench(Registry& reg) {
   a->add_option("--s-q", o->s_q,
                 "mla-decode: query tokens per sequence, 1 <= s_q <= 4 (kernels/mla.hpp MlaDecodeArgs::s_q): multi-token "
                 "decode (speculative decoding, multi-token prediction), the last s_q cached tokens causal among "
-                "themselves, each cached row read once for all of them; flops = 4 B H N d_c s_q. Rows with s_q > 1 get "
-                "the key suffix ' s_q=<s_q>' (their own baselines and peer times). " + mla_decode_only)
+                "themselves (so every shape's N >= s_q), each cached row read once for all of them; flops = 4 B H N "
+                "d_c s_q. Rows with s_q > 1 get the key suffix ' s_q=<s_q>' (their own baselines and peer times). " +
+                    mla_decode_only)
       ->capture_default_str();
   a->add_option("--mla-precision", o->mla_precision,
                 "mla-decode precision (kernels/mla.hpp MlaDecodePrecision): auto (the rule: accurate for --s-q 1, fast "
@@ -1015,6 +1016,15 @@ void register_bench(Registry& reg) {
                     std::to_string(s.H) + ":" + std::to_string(s.HV) + ":" + std::to_string(s.D) +
                     (o->shapes.empty() ? " (a default shape)" : "") +
                     "; accepted: D = 64 or 128 and B <= 65535 (the sweep, --bwd-pass sweep or auto, runs every shape)");
+    }
+    // mla-decode: the s_q query tokens are the last s_q cached ones, so N >= s_q (the kernel refuses max_len < s_q);
+    // refused here in every build, before any GPU work (not by the kernel mid-run, nor exit 3 in a CPU build)
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      if (ops[i] != "mla-decode") continue;
+      for (const Shape& s : shapes[i])
+        require(s.T >= o->s_q, "--s-q " + std::to_string(o->s_q) + " with N = " + std::to_string(s.T) + " (shape " +
+                                   std::to_string(s.B) + ":" + std::to_string(s.T) + ":" + std::to_string(s.H) +
+                                   "); accepted: N >= --s-q cached tokens (the query tokens are the last cached ones)");
     }
     // kda-prefill options that cannot act on the chosen shapes are refused here, before any GPU work (they were
     // refused by the kernel mid-run, or did nothing)
