@@ -379,7 +379,16 @@ void check_tokens(CLI::App* sub, const std::vector<std::string>& toks) {
     } else if (eq != std::string::npos) {
       values.push_back(tok.substr(eq + 1));
     } else if (i + 1 < toks.size()) {
-      values.push_back(toks[++i]);  // CLI11 takes the first value whatever it looks like
+      // CLI11 takes the first value whatever it looks like: "--precision --out x.h5" read '--out' as the precision and
+      // then named only the stray "x.h5". A value that is one of this command's own options is a value left out.
+      const std::string& next = toks[i + 1];
+      if (next.starts_with("--")) {
+        const auto neq = next.find('=');
+        if (find_long(sub, next.substr(2, neq == std::string::npos ? std::string::npos : neq - 2)))
+          throw Error("--" + long_name(o) + ": no value given (the next argument, '" + next + "', is an option); give "
+                      "the value after --" + long_name(o));
+      }
+      values.push_back(toks[++i]);
       while (o->get_expected_max() > 1 && i + 1 < toks.size() && !looks_like_option(toks[i + 1]) && toks[i + 1] != "--")
         values.push_back(toks[++i]);
     }

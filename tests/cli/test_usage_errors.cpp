@@ -62,3 +62,33 @@ TEST_CASE("kdalab -x names the unknown option and says to give a subcommand firs
   CHECK(r.code == 2);
   CHECK(has(r, "A subcommand is required"));
 }
+
+TEST_CASE("an option whose value is left out, followed by another of the command's options, is named itself", "[cli]") {
+  // "--precision --out x.h5" read '--out' as the precision and then named only the stray "x.h5"
+  TempDir d;
+  const std::string old = d.file("old.h5");
+  write_file(old, "old");
+  const auto before = std::filesystem::last_write_time(old);
+  const struct {
+    std::string args, name, next;
+  } cases[] = {
+      {"bench --op mla-decode --mla-precision --out " + old, "--mla-precision", "--out"},
+      {"bench --op --quick --out " + old, "--op", "--quick"},
+      {"bench --op kda-prefill --shapes --out " + old, "--shapes", "--out"},
+      {"decode-cost --d --quiet --out " + old, "--d", "--quiet"},
+      {"recall --config --seed=3 --out " + old, "--config", "--seed=3"},
+  };
+  for (const auto& c : cases) {
+    const auto r = run_kdalab(c.args);
+    INFO(c.args << "\n" << r.output);
+    require_one_line_exit2(r);
+    CHECK(has(r, c.name + ": no value given (the next argument, '" + c.next + "', is an option)"));
+  }
+  CHECK(std::filesystem::last_write_time(old) == before);
+  CHECK(slurp(old) == "old");
+  // a value that only starts with '-' is still a value: a negative number, or a name that is no option of the command
+  const auto neg = run_kdalab("decode-cost --d -3 --quiet --out " + d.file("n.h5"));
+  INFO(neg.output);
+  CHECK(neg.code == 2);
+  CHECK(!has(neg, "no value given"));
+}
