@@ -1025,6 +1025,10 @@ void register_bench(Registry& reg) {
         require(s.T >= o->s_q, "--s-q " + std::to_string(o->s_q) + " with N = " + std::to_string(s.T) + " (shape " +
                                    std::to_string(s.B) + ":" + std::to_string(s.T) + ":" + std::to_string(s.H) +
                                    "); accepted: N >= --s-q cached tokens (the query tokens are the last cached ones)");
+      for (const Shape& s : shapes[i])  // the kernel's own limits (kernels/mla.hpp MlaDecodeArgs: H, B)
+        require((s.H == 16 || s.H == 32) && s.B <= 65535,
+                "mla-decode does not run shape " + std::to_string(s.B) + ":" + std::to_string(s.T) + ":" +
+                    std::to_string(s.H) + "; accepted: H = 16 or 32 query heads and B <= 65535 sequences");
     }
     // kda-prefill options that cannot act on the chosen shapes are refused here, before any GPU work (they were
     // refused by the kernel mid-run, or did nothing)

@@ -116,6 +116,24 @@ TEST_CASE("bench --op mla-decode: a shape with fewer cached tokens than --s-q is
   CHECK(bench_valid_exit(r));
 }
 
+TEST_CASE("bench --op mla-decode: a shape of H other than 16 or 32 or of B > 65535 is refused before any GPU work "
+          "(exit 2, the shape and what the kernel runs)",
+          "[bench]") {
+  TempDir d;
+  d.write("b.h5", "old");
+  const auto t0 = fs::last_write_time(d.file("b.h5"));
+  for (const std::string shapes : {"1:64:8", "2:64:32,1:64:64", "65536:64:16"}) {
+    const auto r = run_kdalab("bench --op mla-decode --shapes " + shapes + " --iters 1 --warmup 0 --out " + d.file("b.h5"));
+    INFO(shapes << "\n" << r.output);
+    require_one_line_exit2(r);
+    CHECK(has(r, "mla-decode does not run shape"));
+    CHECK(has(r, "accepted: H = 16 or 32 query heads and B <= 65535 sequences"));
+    CHECK(!has(r, "not available"));
+  }
+  CHECK(fs::last_write_time(d.file("b.h5")) == t0);
+  CHECK(d.count() == 1);
+}
+
 TEST_CASE("bench --shapes: trailing ',' or ':', empty, 2^31 and too-large fields refused with what is accepted",
           "[bench]") {
   TempDir d;
