@@ -188,6 +188,26 @@ __device__ __forceinline__ void tile_out(float* g, const float* s, int col0) {
   }
 }
 
+/// The chains' C x NC products A B over D keys, split over the four warps (warp w sums keys [w D / 4, (w + 1) D / 4):
+/// a chain of D / 32 mma steps instead of D / 8): warp w's partial into sPart + w C NL. A: C x D rows at stride D + 4;
+/// B: D x NC at stride NC + 4 (both shared memory).
+template <int D>
+__device__ __forceinline__ void key_split_partials(float* sPart, const float* a, const float* b, int w) {
+  constexpr int LD = D + 4, NL = NC + 4, KW = D / 4;
+#pragma unroll
+  for (int nt = 0; nt < NC / 8; ++nt) {
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    mma_x3<KW>(d, a + w * KW, LD, 1, b + w * KW * NL + 8 * nt, NL, 1);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) sPart[(w * C + frow(e)) * NL + 8 * nt + fcol(e)] = d[e];
+  }
+}
+/// The four partials of key_split_partials at offset o, summed in a fixed order.
+__device__ __forceinline__ float partials_sum(const float* sPart, int o) {
+  constexpr int P = C * (NC + 4);
+  return ((sPart[o] + sPart[P + o]) + sPart[2 * P + o]) + sPart[3 * P + o];
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // 2. forward chain: S entering every chunk
 template <int D>
@@ -233,20 +253,12 @@ __device__ __forceinline__ void fwd_chain(const Params& p, int cb, int hv) {
     if (tid < D) sgL[tid] = rgl;
     if (ch + 1 < nch) fetch(ch + 1);
     __syncthreads();
-    // V~ = U - W S, the keys split over the warps: warp w sums keys [w KW, (w + 1) KW) for every column; the four
-    // partials meet in a fixed order (a chain of KW / 8 mma steps instead of D / 8)
-    constexpr int KW = D / 4;
-#pragma unroll
-    for (int nt = 0; nt < NC / 8; ++nt) {
-      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      mma_x3<KW>(d, sW + w * KW, LD, 1, sS + w * KW * NL + 8 * nt, NL, 1);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) sPart[(w * C + frow(e)) * NL + 8 * nt + fcol(e)] = d[e];
-    }
+    // V~ = U - W S, the keys split over the warps; the four partials meet in a fixed order
+    key_split_partials<D>(sPart, sW, sS, w);
     __syncthreads();
     for (int idx = tid; idx < C * NC; idx += 128) {
       const int o = (idx / NC) * NL + idx % NC;
-      sVt[o] = sU[o] - (((sPart[o] + sPart[C * NL + o]) + sPart[2 * C * NL + o]) + sPart[3 * C * NL + o]);
+      sVt[o] = sU[o] - partials_sum(sPart, o);
     }
     __syncthreads();
     // S <- Diag(gamL) S + Kd^T V~: tiles of 16 key rows x 8 columns
@@ -327,21 +339,14 @@ __device__ __forceinline__ void bwd_chain(const Params& p, int cb, int hv) {
     __syncthreads();
     {  // dV~ = scale P^T dO + Kd dS: Kd dS with the keys split over the warps (as V~ in the forward chain), P^T dO
        // for columns 8 w .. of warp w; the partials meet in a fixed order
-      constexpr int KW = D / 4;
-#pragma unroll
-      for (int nt = 0; nt < NC / 8; ++nt) {
-        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        mma_x3<KW>(d, sKd + w * KW, LD, 1, sdS + w * KW * NL + 8 * nt, NL, 1);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) sPart[(w * C + frow(e)) * NL + 8 * nt + fcol(e)] = d[e];
-      }
+      key_split_partials<D>(sPart, sKd, sdS, w);
       float d1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       mma_x3<C>(d1, sP, 1, CL, sdO + 8 * w, NL, 1);
       __syncthreads();
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int o = frow(e) * NL + 8 * w + fcol(e);
-        sdVt[o] = scale * d1[e] + (((sPart[o] + sPart[C * NL + o]) + sPart[2 * C * NL + o]) + sPart[3 * C * NL + o]);
+        sdVt[o] = scale * d1[e] + partials_sum(sPart, o);
       }
     }
     __syncthreads();
