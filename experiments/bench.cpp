@@ -291,16 +291,6 @@ BaselineRows read_compare_file(const std::string& cf, const std::vector<std::str
   return r;
 }
 
-/// The key suffix of an mla-decode row: " s_q=<s_q>" for s_q > 1, then " fast" or " accurate" when --mla-precision
-/// names another precision than the rule's for s_q (kernels/mla.hpp mla_decode_precision_rule); "" for the one-token
-/// step in its automatic precision (the keys of every earlier baseline).
-[[maybe_unused]] std::string mla_decode_suffix(int s_q, const std::string& precision, bool with_precision) {
-  std::string r = s_q > 1 ? " s_q=" + std::to_string(s_q) : "";
-  const std::string rule = s_q == 1 ? "accurate" : "fast";
-  if (with_precision && precision != "auto" && precision != rule) r += " " + precision;
-  return r;
-}
-
 [[maybe_unused]] std::string key_of(const std::string& op, const Shape& s, long long prefix = 0) {
   if (op == "mla-prefill" && s.naive) {  // the naive row beside the absorbed one (whose key is unchanged)
     if (prefix > 0) return fmt::format("{}-naive B={} T={} H={} HV={} N0={}", op, s.B, s.T, s.H, s.HV, prefix);
@@ -655,6 +645,16 @@ kernels::MlaDecodePrecision mla_precision_of(const std::string& name) {
   return name == "accurate" ? kernels::MlaDecodePrecision::accurate
          : name == "fast"   ? kernels::MlaDecodePrecision::fast
                             : kernels::MlaDecodePrecision::automatic;
+}
+
+/// The key suffix of an mla-decode row: " s_q=<s_q>" for s_q > 1, then " fast" or " accurate" when --mla-precision
+/// names another precision than the rule's for s_q (kernels/mla.hpp mla_decode_precision_rule); "" for the one-token
+/// step in its automatic precision (the keys of every earlier baseline).
+std::string mla_decode_suffix(int s_q, const std::string& precision, bool with_precision) {
+  std::string r = s_q > 1 ? " s_q=" + std::to_string(s_q) : "";
+  const std::string rule = kernels::mla_decode_precision_name(kernels::mla_decode_precision_rule(s_q));
+  if (with_precision && precision != "auto" && precision != rule) r += " " + precision;
+  return r;
 }
 
 /// Absorbed MLA decode: B sequences of T cached tokens (the shape's T is the context N), H heads, s_q query tokens per
@@ -1021,14 +1021,16 @@ void register_bench(Registry& reg) {
     // refused here in every build, before any GPU work (not by the kernel mid-run, nor exit 3 in a CPU build)
     for (std::size_t i = 0; i < ops.size(); ++i) {
       if (ops[i] != "mla-decode") continue;
-      for (const Shape& s : shapes[i])
+      for (const Shape& s : shapes[i]) {
+        const std::string shape = std::to_string(s.B) + ":" + std::to_string(s.T) + ":" + std::to_string(s.H);
         require(s.T >= o->s_q, "--s-q " + std::to_string(o->s_q) + " with N = " + std::to_string(s.T) + " (shape " +
-                                   std::to_string(s.B) + ":" + std::to_string(s.T) + ":" + std::to_string(s.H) +
-                                   "); accepted: N >= --s-q cached tokens (the query tokens are the last cached ones)");
-      for (const Shape& s : shapes[i])  // the kernel's own limits (kernels/mla.hpp MlaDecodeArgs: H, B)
-        require((s.H == 16 || s.H == 32) && s.B <= 65535,
-                "mla-decode does not run shape " + std::to_string(s.B) + ":" + std::to_string(s.T) + ":" +
-                    std::to_string(s.H) + "; accepted: H = 16 or 32 query heads and B <= 65535 sequences");
+                                   shape + "); accepted: N >= --s-q cached tokens (the query tokens are the last "
+                                   "cached ones)");
+        // the kernel's own limits (kernels/mla.hpp MlaDecodeArgs: H, B)
+        require((s.H == 16 || s.H == 32) && s.B <= 65535, "mla-decode does not run shape " + shape +
+                                                              "; accepted: H = 16 or 32 query heads and B <= 65535 "
+                                                              "sequences");
+      }
     }
     // kda-prefill options that cannot act on the chosen shapes are refused here, before any GPU work (they were
     // refused by the kernel mid-run, or did nothing)
