@@ -53,8 +53,11 @@ def load(description):
         parts.append({k: np.atleast_1d(t[k]) for k in COLUMNS})
         grids.add(fs.attr(f["train_recall"], "grid", "none"))
         note = fs.attr(f["train_recall"], "note", "")
+        trained_on = fs.attr(f["train_recall"], "torch_device", "")
         if note.startswith("reduced grid"):
-            notes.append(note)
+            notes.append(note + (f", trained on {trained_on}" if trained_on else ""))
+        elif trained_on:
+            notes.append(f"trained on {trained_on}")
     rows = {k: np.concatenate([p[k] for p in parts]) for k in COLUMNS}
     return files, rows, (" — " + "; ".join(notes)) if notes else "", grids
 

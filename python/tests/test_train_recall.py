@@ -334,6 +334,21 @@ def test_figures_from_the_checked_in_files_skip_when_there_are_none(script, tmp_
         assert r.returncode == 3 and "skip: no results files under data/recall_train/" in r.stderr
 
 
+def test_kimi_figure_draws_the_checked_in_reduced_grid_and_names_its_card(tmp_path):
+    files = [f for f in (ROOT / "data" / "recall_train").glob("*.h5") if "kimi" in f.name]
+    if not files:
+        pytest.skip("no Kimi-grid results file under data/recall_train/")
+    r = figure("fig_train_kimi.py", str(files[0]), "--dump", str(tmp_path / "k.json"), "--out-dir", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    import json
+    dump = json.loads((tmp_path / "k.json").read_text())
+    assert [a["title"] for a in dump["axes"]] == ["Palindrome (d_model 256)", "MQAR (d_model 256)", "Stack (d_model 256)"]
+    assert "reduced grid: 24 runs, trained on NVIDIA" in dump["suptitle"]
+    for ax in dump["axes"]:  # KDA and Gated DeltaNet side by side at every length
+        lines = [ln for ln in ax["lines"] if ln["label"].lstrip("_") in ("KDA", "Gated DeltaNet", "kda", "gated_deltanet")]
+        assert len(lines) == 2 and all(ln["x"] == [256.0, 1024.0] for ln in lines)
+
+
 def synthetic_results(path, grid, rows):
     """A results file with the train_recall table of a finished run, as train_recall writes it (no training)."""
     n = len(rows)
