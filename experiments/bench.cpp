@@ -11,8 +11,9 @@
 // kernel must move at least (inputs read once, outputs written once; the workspace is not counted)
 // and the FLOPs of its algorithm, TB/s and TFLOP/s, and % of the ceilings: the device-to-device
 // copy bandwidth measured in the same run (1 GiB, bytes read + written) and the bf16 matmul rate
-// of an H200 (715 TFLOP/s, dense, a datasheet-level figure: not re-measured). Decode at B <= 8 is timed as one CUDA graph of 100
-// steps (per-step time reported). Inputs are seeded device-side N(0,1) bf16 fills (never zeros).
+// of an H200 (715 TFLOP/s, dense, a datasheet-level figure: not re-measured). KDA decode at B <= 8 is timed as one CUDA graph
+// of 100 steps (per-step time reported); MLA decode as single launches, with the per-step time in a graph of 20 steps
+// beside them (graph_ms). Inputs are seeded device-side N(0,1) bf16 fills (never zeros).
 // --peer-json: a JSON object {"<op> B=.. T=.. H=.. HV=..": milliseconds} written by a peer timing
 //   script run on the same machine just before (fla); adds peer_ms and speedup = peer_ms / time_ms. --out is never one of
 //   the --peer-json files (checked as for --compare).
@@ -1158,7 +1159,7 @@ void register_bench(Registry& reg) {
       Table t;
       t.col("key", 's', "1", "op and shape").col("B", 'i', "1", "batch (sequences)").col("T", 'i', "1", "tokens per sequence")
           .col("H", 'i', "1", "key heads").col("HV", 'i', "1", "value heads").col("D", 'i', "1", "d_k = d_v (KDA); d_c (MLA)")
-          .col("time_ms", 'd', "ms", "median kernel time (CUDA events; decode B <= 8: per step of a 100-step graph)")
+          .col("time_ms", 'd', "ms", "median kernel time (CUDA events; kda-decode B <= 8: per step of a 100-step graph; mla-decode: single launches, the graph step in graph_ms)")
           .col("time_min_ms", 'd', "ms", "fastest of the timed launches")
           .col("prepare_ms", 'd', "ms", "prefill: the token-parallel prepare kernel alone (median); decode: 0")
           .col("state_ms", 'd', "ms", "prefill: the chunk-sequential state pass alone (median); decode: 0")
