@@ -557,12 +557,13 @@ __global__ void __launch_bounds__(256, 2) grad_kernel(Params p) {
     const int r = tid / C, s2 = tid % C;
     sdP[r * CL + s2] = s2 <= r ? scale * sdP[r * CL + s2] : 0.0f;
   }
-  for (int idx = tid; idx < C * D; idx += 256) {
-    const int r = idx / D, i = idx - r * D;
-    float x = 0.0f;
 #pragma unroll
-    for (int s2 = 0; s2 < C; ++s2) x += sN[s2 * CL + r] * sdW[s2 * LD + i];
-    sdX[r * LD + i] = x;
+  for (int q = 0; q < TPW; ++q) {  // dX on mma: warp w owns the key columns 8 (w TPW + q) .. of every row
+    const int n0 = 8 * (w * TPW + q);
+    float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    mma_x3<C>(x, sN, 1, CL, sdW + n0, LD, 1);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) sdX[frow(e) * LD + n0 + fcol(e)] = x[e];
   }
   if (tid < D) {  // dgamL = rowsum(dS S) + colsum(Ki dKd)
     float x = dgl;
@@ -571,15 +572,21 @@ __global__ void __launch_bounds__(256, 2) grad_kernel(Params p) {
     sdgL[tid] = x;
   }
   __syncthreads();
-  {  // dA = -StrictTril(dX W^T + dY U^T), dB = Diag(beta) dA
-    const int r = tid / C, s2 = tid % C;
-    float a = 0.0f;
-    if (s2 < r) {
-      for (int i = 0; i < D; ++i) a += sdX[r * LD + i] * sW[s2 * LD + i];
-      a = -(a + sdAY[r * CL + s2]);
-    }
-    sdA[r * CL + s2] = a;
-    sdB[r * CL + s2] = sdb[r] * a;
+  {  // dX W^T on mma, the key dimension in four quarters: warp w forms columns 8 (w & 1) .. of quarter w / 2 into a
+     // C x C partial, in P, N, dA and dB (P and N are read no more; dA and dB are formed in place below)
+    const int nt = w & 1, kq = w >> 1;
+    float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    mma_x3<D / 4>(a, sdX + kq * (D / 4), LD, 1, sW + 8 * nt * LD + kq * (D / 4), 1, LD);
+    float* part = kq == 0 ? sP : kq == 1 ? sN : kq == 2 ? sdA : sdB;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) part[frow(e) * CL + 8 * nt + fcol(e)] = a[e];
+  }
+  __syncthreads();
+  {  // dA = -StrictTril(dX W^T + dY U^T) (the quarters summed in a fixed order), dB = Diag(beta) dA
+    const int r = tid / C, s2 = tid % C, o = r * CL + s2;
+    const float a = s2 < r ? -((((sP[o] + sN[o]) + sdA[o]) + sdB[o]) + sdAY[o]) : 0.0f;
+    sdA[o] = a;
+    sdB[o] = sdb[r] * a;
   }
   __syncthreads();
   // dbeta = rowsum(dA B) + rowsum(dX Kg) + rowsum(dY V): rows 2 w and 2 w + 1, the lanes over the key columns
@@ -594,31 +601,44 @@ __global__ void __launch_bounds__(256, 2) grad_kernel(Params p) {
     dbr[m] = x + sdbY[r];
   }
   __syncthreads();
-  for (int idx = tid; idx < C * D; idx += 256) {
-    const int r = idx / D, i = idx - r * D;
-    float dqg = scale * sdQp[r * LD + i], dki = sdKd[r * LD + i] * sGam[(C - 1) * LD + i], dkg = 0.0f;
 #pragma unroll
-    for (int s2 = 0; s2 < C; ++s2) {
-      dqg += sdP[r * CL + s2] * sKi[s2 * LD + i];
-      dki += sdP[s2 * CL + r] * sQg[s2 * LD + i] + sdB[s2 * CL + r] * sKg[s2 * LD + i];
-      dkg += sdB[r * CL + s2] * sKi[s2 * LD + i];
-    }
-    const float br = sdb[r];
-    dkg += br * sdX[r * LD + i];
-    const float gam = sGam[r * LD + i];
-    float kk = 0.0f, qq = 0.0f;
-    if (r < L) {
+  for (int q = 0; q < TPW; ++q) {  // the C x C x D products on mma, warp w owning key columns 8 (w TPW + q) ..
+    const int n0 = 8 * (w * TPW + q);
+    float mq[4] = {0.0f, 0.0f, 0.0f, 0.0f}, mi[4] = {0.0f, 0.0f, 0.0f, 0.0f}, mg[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    mma_x3<C>(mq, sdP, CL, 1, sKi + n0, LD, 1);  // dP Ki
+    mma_x3<C>(mi, sdP, 1, CL, sQg + n0, LD, 1);  // dP^T Qg
+    mma_x3<C>(mi, sdB, 1, CL, sKg + n0, LD, 1);  //   + dB^T Kg
+    mma_x3<C>(mg, sdB, CL, 1, sKi + n0, LD, 1);  // dB Ki
+#pragma unroll
+    for (int e2 = 0; e2 < 2; ++e2) {  // elements (2 e2, 2 e2 + 1): one row, two neighbouring key columns
+      const int r = frow(2 * e2), i0 = n0 + fcol(2 * e2);
+      const float br = sdb[r];
+      float kk[2] = {0.0f, 0.0f}, qq[2] = {0.0f, 0.0f}, oq[2], ok[2];
       const int tau = bos + t0 + r;
-      const std::size_t rk = (static_cast<std::size_t>(tau) * p.H + h) * D + i;
-      kk = p.kn[rk];
-      qq = p.qn[rk];
-      const std::size_t o = (static_cast<std::size_t>(tau) * p.HV + hv) * D + i;
-      p.pq[o] = gam * dqg;
-      p.pk[o] = gam * dkg + dki / gam;
+      const std::size_t rk = (static_cast<std::size_t>(tau) * p.H + h) * D + i0;
+      if (r < L) {
+        const float2 k2 = *reinterpret_cast<const float2*>(p.kn + rk), q2 = *reinterpret_cast<const float2*>(p.qn + rk);
+        kk[0] = k2.x; kk[1] = k2.y; qq[0] = q2.x; qq[1] = q2.y;
+      }
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const int e = 2 * e2 + u, i = i0 + u;
+        const float dqg = scale * sdQp[r * LD + i] + mq[e];
+        const float dki = sdKd[r * LD + i] * sGam[(C - 1) * LD + i] + mi[e];
+        const float dkg = mg[e] + br * sdX[r * LD + i];
+        const float gam = sGam[r * LD + i];
+        oq[u] = gam * dqg;
+        ok[u] = gam * dkg + dki / gam;
+        float dG = gam * (kk[u] * dkg + qq[u] * dqg) - sKi[r * LD + i] * dki;
+        if (r == C - 1) dG += sGam[(C - 1) * LD + i] * sdgL[i];
+        sdG[r * LD + i] = dG;
+      }
+      if (r < L) {
+        const std::size_t o = (static_cast<std::size_t>(tau) * p.HV + hv) * D + i0;
+        *reinterpret_cast<float2*>(p.pq + o) = make_float2(oq[0], oq[1]);
+        *reinterpret_cast<float2*>(p.pk + o) = make_float2(ok[0], ok[1]);
+      }
     }
-    float dG = gam * (kk * dkg + qq * dqg) - sKi[r * LD + i] * dki;
-    if (r == C - 1) dG += sGam[(C - 1) * LD + i] * sdgL[i];
-    sdG[r * LD + i] = dG;
   }
   __syncthreads();
   if (tid < D) {  // dg: the suffix sums of dG over the chunk's rows
