@@ -489,10 +489,21 @@ __global__ void __launch_bounds__(256, 2) grad_kernel(Params p) {
   float dgl = 0.0f, dby = 0.0f;  // thread i < D: rowsum(dS S); thread r < C: rowsum(dY V)
   for (int j0 = 0; j0 < D; j0 += NT) {
     __syncthreads();
-    for (int idx = 4 * tid; idx < D * NT; idx += 4 * 256) {
-      const int i = idx / NT, cc = idx - i * NT;
-      st4(sS + i * NL + cc, ld4(gS + static_cast<std::size_t>(i) * D + j0 + cc));
-      st4(sdS + i * NL + cc, ld4(gdS + static_cast<std::size_t>(i) * D + j0 + cc));
+    {  // the S and dS tiles: every load of the thread issued before its first store
+      constexpr int NLD = D * NT / 1024;
+      float4 a[NLD], b[NLD];
+#pragma unroll
+      for (int u = 0; u < NLD; ++u) {
+        const int idx = 4 * tid + 1024 * u, i = idx / NT, cc = idx - i * NT;
+        a[u] = ld4(gS + static_cast<std::size_t>(i) * D + j0 + cc);
+        b[u] = ld4(gdS + static_cast<std::size_t>(i) * D + j0 + cc);
+      }
+#pragma unroll
+      for (int u = 0; u < NLD; ++u) {
+        const int idx = 4 * tid + 1024 * u, i = idx / NT, cc = idx - i * NT;
+        st4(sS + i * NL + cc, a[u]);
+        st4(sdS + i * NL + cc, b[u]);
+      }
     }
     if (tid < 128) {  // dO (threads 0-63) and V (64-127): 4 lanes a token row, 8 bf16 columns each
       const int r = (tid & 63) >> 2, c8 = 8 * (tid & 3);
