@@ -471,19 +471,15 @@ __global__ void __launch_bounds__(256, 2) grad_kernel(Params p) {
     sBm[r * CL + s2] = f[F::B + tid];
   }
   if (tid < C) sdb[tid] = tid < L ? p.bf[static_cast<std::size_t>(bos + t0 + tid) * p.HV + hv] : 0.0f;  // beta
-  // dO and V of the chunk's rows: row r is token t0 + r of one sequence, so element offsets base + r * (token stride);
-  // 16-byte loads when both bases and every stride keep 8-element (16-byte) alignment
-  std::int64_t row_dO, row_v, st_dO, st_v;
-  bool vec;
+  // dO and V of the chunk's rows: row r is token t0 + r of one sequence, at element offset base + r * (token stride).
+  // 16-byte loads: kda_backward accepts only 16-byte aligned v and dO with strides of multiples of 8 elements
+  std::int64_t row_dO, row_v;
+  const std::int64_t st_dO = p.sdo.t, st_v = p.sv.t;
   {
     int b, t;
     row_bt(p, bos + t0, b, t);
     row_dO = at(p.sdo, b, t, hv);
     row_v = at(p.sv, b, t, hv);
-    st_dO = p.sdo.t;
-    st_v = p.sv.t;
-    vec = ((reinterpret_cast<std::uintptr_t>(p.dO) | reinterpret_cast<std::uintptr_t>(p.v)) & 15) == 0 &&
-          ((p.sdo.b | p.sdo.t | p.sdo.h | p.sv.b | p.sv.t | p.sv.h) & 7) == 0;
   }
   float accQ[TPW][4] = {}, accW[TPW][4] = {}, accK[TPW][4] = {}, accS[4] = {};  // accS: dP (warps 0, 1), dY U^T (2, 3)
   float dgl = 0.0f, dby = 0.0f;  // thread i < D: rowsum(dS S); thread r < C: rowsum(dY V)
@@ -505,22 +501,17 @@ __global__ void __launch_bounds__(256, 2) grad_kernel(Params p) {
         st4(sdS + i * NL + cc, b[u]);
       }
     }
-    if (tid < 128) {  // dO (threads 0-63) and V (64-127): 4 lanes a token row, 8 bf16 columns each
+    if (tid < 128) {  // dO (threads 0-63) and V (64-127): 4 lanes a token row, 8 bf16 columns (16 bytes) each
       const int r = (tid & 63) >> 2, c8 = 8 * (tid & 3);
       float x[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-      if (r < L) {
-        const bf16_t* src = (tid < 64 ? p.dO + row_dO : p.v + row_v) + static_cast<std::int64_t>(r) * (tid < 64 ? st_dO : st_v) + j0 + c8;
-        if (vec) {  // one 16-byte load; bf16 element 2 m in the low half of word m
-          const uint4 u = *reinterpret_cast<const uint4*>(src);
-          const std::uint32_t wd[4] = {u.x, u.y, u.z, u.w};
+      if (r < L) {  // bf16 element 2 m in the low half of word m
+        const bf16_t* src = (tid < 64 ? p.dO + row_dO : p.v + row_v) + r * (tid < 64 ? st_dO : st_v) + j0 + c8;
+        const uint4 u = *reinterpret_cast<const uint4*>(src);
+        const std::uint32_t wd[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-          for (int m = 0; m < 4; ++m) {
-            x[2 * m] = __uint_as_float(wd[m] << 16);
-            x[2 * m + 1] = __uint_as_float(wd[m] & 0xffff0000u);
-          }
-        } else {
-#pragma unroll
-          for (int m = 0; m < 8; ++m) x[m] = bf2f(src[m]);
+        for (int m = 0; m < 4; ++m) {
+          x[2 * m] = __uint_as_float(wd[m] << 16);
+          x[2 * m + 1] = __uint_as_float(wd[m] & 0xffff0000u);
         }
       }
       float* dst = (tid < 64 ? sdO : sV) + r * NL + c8;

@@ -53,6 +53,7 @@ struct BwdCase {
   bool l2norm = true, beta_sigmoid = true;
   bool S0 = true, dS_T = false;
   bool twice = false;  // a second run on the same inputs gives the same bits (the deterministic reduction)
+  std::size_t pad = 0;  // elements after each token row of v and dO (a multiple of 8, NaN-filled): strided inputs
 
   std::string name() const {
     std::string s = "D=";  // appended piece by piece: GCC 12's -Wrestrict misfires on "lit" + std::string&&
@@ -76,6 +77,7 @@ struct BwdCase {
     s += beta_sigmoid ? " beta=sigmoid" : " beta=given";
     s += S0 ? " S0" : " noS0";
     s += dS_T ? " dS_T" : " no-dS_T";
+    if (pad) s += " v,dO rows padded by " + std::to_string(pad);
     return s;
   }
 };
@@ -163,7 +165,7 @@ Tensor<double> state_or_zero(const Problem& p, const std::optional<Tensor<double
 struct DevProblem {
   DevBuf q, k, v, g, beta, A_log, bias, S0, dO, dS_T, cu;
   DevBuf dq, dk, dv, dg, dbeta, dA_log, dbias, dS0;
-  std::optional<DevBuf> ws;
+  std::optional<DevBuf> ws, v_pad, dO_pad;
   kernels::KdaBackwardArgs a;
   kernels::KdaBackwardOverrides ov;
   DevProblem(const Problem& p, const BwdCase& c, kernels::KdaBackwardPass pass = kernels::KdaBackwardPass::automatic)
@@ -194,6 +196,19 @@ struct DevProblem {
       int mx = 0;
       for (std::size_t i = 0; i + 1 < h.size(); ++i) mx = std::max(mx, h[i + 1] - h[i]);
       a.max_seqlen = std::max(mx, 1);
+    }
+    if (c.pad) {  // v and dO with token rows of HV D + pad elements, the padding NaN (read, it would show)
+      const std::size_t row = p.HV * p.D, rows = p.v.numel() / row, pitch = row + c.pad;
+      for (auto [src, dst, ptr, st] : {std::tuple{&p.v, &v_pad, &a.v, &a.sv}, {&p.dO, &dO_pad, &a.dO, &a.sdo}}) {
+        std::vector<bf16_t> h(rows * pitch, bf16_t{0x7fc0});
+        for (std::size_t r = 0; r < rows; ++r)
+          for (std::size_t i = 0; i < row; ++i) h[r * pitch + i] = bf16_bits(round_bf16(src->data[r * row + i]));
+        dst->emplace(h.size() * 2);
+        cuda_check(cudaMemcpy((*dst)->p, h.data(), h.size() * 2, cudaMemcpyHostToDevice), "upload padded");
+        *ptr = (*dst)->as<bf16_t>();
+        *st = kernels::Strides{static_cast<std::int64_t>(a.T * pitch), static_cast<std::int64_t>(pitch),
+                               static_cast<std::int64_t>(p.D)};
+      }
     }
     a.dq = dq.as<bf16_t>(); a.dk = dk.as<bf16_t>(); a.dv = dv.as<bf16_t>(); a.dg = dg.as<bf16_t>();
     a.dbeta = dbeta.as<bf16_t>();
@@ -355,6 +370,20 @@ TEST_CASE("KDA backward chunked pass (forced at D = 64, 128) vs the float64 orac
   BwdCase c = shape(1, 2048, 1, 2, 128);
   c.dS_T = true;
   check_bwd(c, kernels::KdaBackwardPass::chunked);
+}
+
+TEST_CASE("KDA backward strided v and dO (padded token rows) vs the float64 oracle, both passes", "[gpu][kda_bwd]") {
+  for (const std::size_t D : {std::size_t{64}, std::size_t{128}}) {
+    BwdCase c = shape(2, 70, 1, 2, D);
+    c.pad = 8;
+    c.dS_T = true;
+    check_bwd(c, kernels::KdaBackwardPass::chunked);
+    check_bwd(c, kernels::KdaBackwardPass::sweep);
+    c = shape(1, 0, 1, 2, D);
+    c.lens = {5, 40, 1};
+    c.pad = 24;
+    check_bwd(c, kernels::KdaBackwardPass::chunked);
+  }
 }
 
 TEST_CASE("KDA backward chunked pass on long-memory inputs (slow decay, small beta; T = 1024, 4096)",
