@@ -75,6 +75,10 @@ __global__ void __launch_bounds__(256) epilogue_kernel(Params p) {
 
   for (int hv = h * p.group; hv < (h + 1) * p.group; ++hv) {
     const std::size_t rv = static_cast<std::size_t>(tau) * p.HV + hv;
+    float graw[E];  // the raw gate, loaded before the partial sums so that its latency overlaps them
+    if (p.fuse_gate)
+#pragma unroll
+      for (int e = 0; e < E; ++e) graw[e] = bf2f(p.g[at(p.sg, b, t, hv) + lane + 32 * e]);
     float dg[E];
 #pragma unroll
     for (int e = 0; e < E; ++e) dg[e] = 0.0f;
@@ -88,7 +92,7 @@ __global__ void __launch_bounds__(256) epilogue_kernel(Params p) {
       for (int e = 0; e < E; ++e) {
         const int i = lane + 32 * e;
         const std::size_t o = rv * D + i;
-        const float z = bf2f(p.g[at(p.sg, b, t, hv) + i]) + p.bias[hv * D + i];
+        const float z = graw[e] + p.bias[hv * D + i];
         const float u = ea * z, sg = sigm(u);
         const float dgdu = p.g_min * sg * (1.0f - sg);
         const float draw = dg[e] * dgdu * ea;
