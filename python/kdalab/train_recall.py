@@ -547,12 +547,17 @@ def build_model(run: Run, cfg: Dict[str, Any], kda_fn: Optional[Callable] = None
             if cfg["tied_head"]:
                 self.head.weight = self.emb.weight
 
-        def forward(self, tokens):  # [B, T] int64 -> logits [B, T, vocab]
+        def forward(self, tokens, scored=None):
+            """tokens [B, T] int64 -> logits [B, T, vocab]; with `scored` ([B, T] bool) the logits of the scored
+            positions alone, [n, vocab] in row-major order: the LM head (d x vocab a position) and the loss need
+            only those (MQAR scores N of L positions)."""
             x = self.emb(tokens)
             if self.pos is not None:
                 x = x + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
             for norm, mixer in zip(self.norms, self.mixers):
                 x = x + mixer(norm(x))
+            if scored is not None:
+                x = x[scored]
             return self.head(self.norm(x))
 
     if run.mixer in KERNEL_MIXERS and kda_fn is None:
@@ -686,12 +691,13 @@ class Trainer:
         b = cfg["batch_size"]
         return self._perm[i * b:(i + 1) * b]
 
-    def logits(self, model, x):
+    def logits(self, model, x, scored):
+        """The logits of the scored positions ([n, vocab], fp32)."""
         torch = self.torch
         if self.bf16:
             with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16):
-                return model(x).float()
-        return model(x).float()
+                return model(x, scored).float()
+        return model(x, scored).float()
 
     def evaluate(self, model, run: Run) -> float:
         torch = self.torch
@@ -701,9 +707,9 @@ class Trainer:
         with torch.no_grad():
             for i in range(0, x_all.shape[0], self.cfg["batch_size"]):
                 x, y = x_all[i:i + self.cfg["batch_size"]].long(), y_all[i:i + self.cfg["batch_size"]].long()
-                pred = self.logits(model, x).argmax(-1)
                 mask = y != kdalab.IGNORE_INDEX
-                correct += int((pred[mask] == y[mask]).sum())
+                pred = self.logits(model, x, mask).argmax(-1)
+                correct += int((pred == y[mask]).sum())
                 total += int(mask.sum())
         model.train()
         return correct / max(total, 1)
@@ -749,15 +755,16 @@ class Trainer:
                 raise Stopped()
             idx = self.batch_indices(run, step)
             x, y = x_all[idx].long(), y_all[idx].long()
-            logits = self.logits(model, x)
-            loss = F.cross_entropy(logits.reshape(-1, run.vocab), y.reshape(-1), ignore_index=kdalab.IGNORE_INDEX)
+            mask = y != kdalab.IGNORE_INDEX
+            logits = self.logits(model, x, mask)  # [n scored, vocab]
+            target = y[mask]
+            loss = F.cross_entropy(logits, target)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
             sched.step()
             with torch.no_grad():
-                mask = y != kdalab.IGNORE_INDEX
-                acc = float((logits.argmax(-1)[mask] == y[mask]).float().mean())
+                acc = float((logits.argmax(-1) == target).float().mean())
             loss_value = float(loss.detach())
             cur["loss"].append(loss_value)
             cur["acc"].append(acc)
