@@ -132,6 +132,27 @@ def test_softmax_attention_learns_tiny_mqar_on_the_cpu(tmp_path):
     assert not (tmp_path / "r.h5.ckpt").exists()
 
 
+def test_the_lm_head_at_the_scored_positions_gives_the_full_logits_rows_and_the_same_loss():
+    """The model's logits at the scored positions alone (model(tokens, scored)) are the full logits' rows there, and
+    the loss over them is the ignore_index loss over the full logits (train_recall computes the head only there)."""
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    cfg = tr.resolve(tr.parser().parse_args(["--mixers", "softmax"]))
+    torch.manual_seed(3)
+    for mixer in ("softmax", "mla"):
+        model = tr.build_model(tr.Run("mqar", 32, 4, 256, 32, mixer, 1e-3), cfg, None)
+        x = torch.randint(0, 256, (3, 32))
+        y = torch.full((3, 32), kdalab.IGNORE_INDEX)
+        y[:, 5::7] = torch.randint(0, 256, (3, 4))
+        scored = y != kdalab.IGNORE_INDEX
+        with torch.no_grad():
+            full, part = model(x).float(), model(x, scored).float()
+        assert part.shape == (int(scored.sum()), 256)
+        assert torch.allclose(part, full[scored], rtol=1e-5, atol=1e-6), mixer
+        loss_full = F.cross_entropy(full.reshape(-1, 256), y.reshape(-1), ignore_index=kdalab.IGNORE_INDEX)
+        assert torch.allclose(F.cross_entropy(part, y[scored]), loss_full, rtol=1e-5), mixer
+
+
 def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path):
     pytest.importorskip("torch")
     opts = TINY + ["--epochs", "1", "--lr", "1e-3,3e-3", "--checkpoint-every", "7"]
