@@ -673,6 +673,10 @@ class Trainer:
             self._data = {}
             for split, n in (("train", cfg["train_examples"]), ("test", cfg["test_examples"])):
                 d = task_data(run, split, n, cfg["seed"], cfg["num_stacks"], cfg["power_a"])
+                if not (d["targets"] != kdalab.IGNORE_INDEX).any():  # no loss, no accuracy: nothing to train or test
+                    raise BadInput(f"--tasks {run.task} at --seq-len {run.seq_len}: the {split} split ({n} examples) "
+                                   "has no scored position (a stack sequence this short pops nothing); accepted: a "
+                                   "longer --seq-len")
                 self._data[split] = tuple(torch.from_numpy(d[k].astype(np.int32)).to(self.device)
                                           for k in ("inputs", "targets"))
             self._data_cell = run.cell
@@ -1024,6 +1028,9 @@ def main(argv: Optional[List[str]] = None, kernels: Optional[Dict[str, Tuple[Cal
             printer(f"stopped after {a.stop_after} steps (--stop-after); the checkpoint {ckpt} holds the run: "
                     "continue with --resume")
             return 0
+        except BadInput as e:  # found when a run's data is made (a split with no scored position): no results file
+            sys.stderr.write(f"{PROG}: error: {e}\n")
+            return 2
         except Interrupted as e:
             sys.stderr.write(f"{PROG}: interrupted by {signal.Signals(e.signum).name} at step {e.step} of run "
                              f"{len(trainer.done) + 1} of {len(runs)}; no results file was written; the checkpoint "

@@ -153,6 +153,19 @@ def test_the_lm_head_at_the_scored_positions_gives_the_full_logits_rows_and_the_
         assert torch.allclose(F.cross_entropy(part, y[scored]), loss_full, rtol=1e-5), mixer
 
 
+def test_a_split_with_no_scored_position_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys):
+    """A stack sequence of 4 tokens (two operations, the first a push) pops nothing: no loss and no accuracy to
+    measure, refused before a NaN loss could reach the model."""
+    pytest.importorskip("torch")
+    out = tmp_path / "r.h5"
+    argv = ["--tasks", "stack", "--seq-len", "4", "--vocab", "256", "--train-examples", "64", "--test-examples", "32",
+            "--epochs", "1", "--batch-size", "32", "--out", str(out)]
+    assert tr.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--tasks stack at --seq-len 4: the train split (64 examples) has no scored position" in err[0]
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path):
     pytest.importorskip("torch")
     opts = TINY + ["--epochs", "1", "--lr", "1e-3,3e-3", "--checkpoint-every", "7"]
