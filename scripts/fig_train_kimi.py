@@ -17,7 +17,7 @@ TASK_TITLES = {"palindrome": "Palindrome", "mqar": "MQAR", "stack": "Stack"}
 
 
 def main():
-    files, rows, note, grids = tr.load(__doc__.splitlines()[0])
+    files, rows, note, grids = tr.load(__doc__.splitlines()[0], "kimi")
     if all(g.startswith("zoology") for g in grids):
         return fs.skip(f"{files[0].filename}: a Zoology grid ({', '.join(sorted(grids))}): fig_train_zoology.py draws it")
     tasks = [t for t in ("palindrome", "mqar", "stack") if (rows["task"] == t).any()]

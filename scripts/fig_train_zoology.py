@@ -15,7 +15,7 @@ import train_recall_rows as tr
 
 
 def main():
-    files, rows, note, grids = tr.load(__doc__.splitlines()[0])
+    files, rows, note, grids = tr.load(__doc__.splitlines()[0], "zoology")
     if all(g.startswith("kimi") for g in grids):
         return fs.skip(f"{files[0].filename}: a Kimi Linear grid ({', '.join(sorted(grids))}): fig_train_kimi.py draws it")
     sel = rows["task"] == "mqar"

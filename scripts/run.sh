@@ -27,8 +27,9 @@ $k parity --quick --force --out "$results/parity.h5"
 echo
 
 # The trained-recall figures come from the GPU runs checked in under data/recall_train/ (docs/recall-training.md).
+shopt -s nullglob
 trained=(data/recall_train/*.h5)
-[ -e "${trained[0]}" ] || trained=()
+shopt -u nullglob
 if [ -x scripts/figures.sh ]; then
   bash scripts/figures.sh "$results"/*.h5 "${trained[@]}" || echo "run.sh: figures failed (see above); results are intact" >&2
 fi

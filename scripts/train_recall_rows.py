@@ -21,16 +21,20 @@ class _Parser(argparse.ArgumentParser):
         fs.usage_error(message)
 
 
-def load(description):
+def load(description, family=None):
     """Parses the command line (RESULTS.h5 optional; --out-dir, --dump as every figure script) and returns
     (open files, rows of all their train_recall tables as numpy arrays, title note, the set of their grid names). Without RESULTS.h5 the files
-    are data/recall_train/*.h5; none there raises fs.Skip (exit 3) with the reason."""
+    are data/recall_train/*.h5 whose grid name starts with `family` (the figure's layout: "zoology" or "kimi"; files
+    of other grids or with no train_recall table are left to the other figure); none there raises fs.Skip (exit 3)
+    with the reason. A table whose columns differ in length, or a test accuracy outside [0, 1] (NaN included), is a
+    damaged file: one line, exit 2."""
     p = _Parser(description=description)
     p.add_argument("results", nargs="?", help="a results file of python -m kdalab.train_recall (default: every "
                    "data/recall_train/*.h5)")
     p.add_argument("--out-dir", default=None, help="folder for the PNG and PDF (default figures/)")
     p.add_argument("--dump", metavar="FILE.json", help="write what was drawn as JSON (see figstyle.py)")
     a = p.parse_args()
+    given = a.results is not None
     if a.results is None:
         paths = sorted(glob.glob(os.path.join(DATA_DIR, "*.h5")))
         if not paths:
@@ -47,8 +51,24 @@ def load(description):
     fs._ARGS = a  # save() and run() read it
     files, parts, notes, grids = [], [], [], set()
     for path in paths:
-        f = h5py.File(path, "r")
+        try:
+            f = h5py.File(path, "r")
+        except OSError as e:
+            fs.usage_error(f"{path}: cannot read it as HDF5 ({str(e).splitlines()[0]})")
+        if not given:  # every data/recall_train file: only those of this figure's grid family
+            grid = fs.attr(f["train_recall"], "grid", "none") if "train_recall" in f else None
+            if grid is None or (family and not grid.startswith(family)):
+                continue
         t = fs.need_table(f, "train_recall", COLUMNS, path)
+        lengths = {k: len(np.atleast_1d(t[k])) for k in COLUMNS}
+        if len(set(lengths.values())) != 1:
+            fs.usage_error(f"{path}: the train_recall columns differ in length "
+                           f"({', '.join(f'{k} {n}' for k, n in lengths.items())}); a damaged file")
+        acc = np.atleast_1d(t["test_accuracy"]).astype(float)
+        bad = int((~(np.isfinite(acc) & (acc >= 0) & (acc <= 1))).sum())
+        if bad:
+            fs.usage_error(f"{path}: train_recall test_accuracy holds {bad} value(s) outside [0, 1] (NaN or inf "
+                           "included); a damaged file")
         files.append(f)
         parts.append({k: np.atleast_1d(t[k]) for k in COLUMNS})
         grids.add(fs.attr(f["train_recall"], "grid", "none"))
@@ -58,6 +78,8 @@ def load(description):
             notes.append(note + (f", trained on {trained_on}" if trained_on else ""))
         elif trained_on:
             notes.append(f"trained on {trained_on}")
+    if not files:
+        raise fs.Skip(f"no results file of a {family} grid under data/recall_train/; give a results file")
     rows = {k: np.concatenate([p[k] for p in parts]) for k in COLUMNS}
     return files, rows, (" — " + "; ".join(notes)) if notes else "", grids
 

@@ -591,7 +591,11 @@ def _atomic_torch_save(obj: Any, path: str) -> None:
     tmp = f"{path}.tmp.{os.getpid()}"
     try:
         with open(tmp, "wb") as f:
-            torch.save(obj, f)
+            try:
+                torch.save(obj, f)
+            except RuntimeError as e:  # torch's writer reports a short write (no space, I/O error) as RuntimeError
+                raise OSError(f"cannot write the checkpoint {path} ({str(e).strip().splitlines()[0][:120]}); the "
+                              "previous checkpoint, if any, is kept") from e
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -741,10 +745,20 @@ class Trainer:
         cur: Dict[str, Any] = {"loss": [], "acc": [], "eval_step": [], "eval_acc": [], "seconds": 0.0}
         step = 0
         if resume is not None:
-            model.load_state_dict(resume["model"])
-            opt.load_state_dict(resume["opt"])
-            sched.load_state_dict(resume["sched"])
-            cur, step = resume["curves"], resume["step"]
+            try:  # a checkpoint that unpickles can still hold a damaged or inconsistent run state
+                model.load_state_dict(resume["model"])
+                opt.load_state_dict(resume["opt"])
+                sched.load_state_dict(resume["sched"])
+                cur, step = resume["curves"], resume["step"]
+                lists = all(isinstance(cur.get(k), list) for k in ("loss", "acc", "eval_step", "eval_acc"))
+                ok = (lists and isinstance(cur.get("seconds"), (int, float)) and isinstance(step, int)
+                      and 0 <= step < total and len(cur["loss"]) == len(cur["acc"]) == step)
+            except (RuntimeError, KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+                raise BadInput(f"--resume: {self.ckpt_path} holds a damaged run state ({type(e).__name__}); start "
+                               "again with --force") from e
+            if not ok:
+                raise BadInput(f"--resume: {self.ckpt_path} holds an inconsistent run state (its step and curves do "
+                               f"not agree with a run of {total} steps); start again with --force")
         self.data(run)
         t0 = time.perf_counter() - cur["seconds"]
         x_all, y_all = self.data(run)["train"]
@@ -925,6 +939,11 @@ def main(argv: Optional[List[str]] = None, kernels: Optional[Dict[str, Tuple[Cal
             raise BadInput("--checkpoint '': give a file name, or leave the option out (OUT.ckpt)")
         out = a.out if a.out is not None else DEFAULT_OUT
         ckpt = a.checkpoint or out + ".ckpt"
+        for opt, path in (("--out", out), ("--checkpoint", ckpt)):  # a folder or a special file is never replaced
+            if os.path.isdir(path):
+                raise BadInput(f"{opt} {path} is a folder; give a file name")
+            if os.path.exists(path) and not os.path.isfile(path):
+                raise BadInput(f"{opt} {path} is not a regular file (a FIFO, device or socket); give a file name")
         if os.path.exists(out) and not a.force:
             raise BadInput(f"--out {out} exists; it is replaced only with --force")
         if os.path.realpath(ckpt) == os.path.realpath(out):  # the results file would find its checkpoint in its place
@@ -1050,4 +1069,8 @@ def main(argv: Optional[List[str]] = None, kernels: Optional[Dict[str, Tuple[Cal
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # SIGINT before the training loop's handler is installed (imports, checks, data)
+        sys.stderr.write(f"{PROG}: interrupted before training; no results file was written\n")
+        sys.exit(130)

@@ -72,7 +72,7 @@ def test_a_given_out_or_checkpoint_folder_must_exist_and_they_differ(tmp_path, c
     for argv, says in ((["--out", str(tmp_path / "no" / "r.h5")], f"--out {tmp_path}/no/r.h5: its folder "),
                        (["--out", str(tmp_path / "r.h5"), "--checkpoint", str(tmp_path / "no" / "c")],
                         f"--checkpoint {tmp_path}/no/c: its folder "),
-                       (["--out", str(tmp_path)], "exists; it is replaced only with --force"),
+                       (["--out", str(tmp_path)], f"--out {tmp_path} is a folder; give a file name"),  # not --force
                        (["--out", str(tmp_path), "--force"], f"--out {tmp_path} is a folder; give a file name"),
                        (["--out", str(tmp_path / "r.h5"), "--checkpoint", str(tmp_path / "." / "r.h5")],
                         "is the --out file; give another name"),
@@ -164,6 +164,70 @@ def test_a_split_with_no_scored_position_is_one_line_exit_2_and_writes_nothing(t
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--tasks stack at --seq-len 4: the train split (64 examples) has no scored position" in err[0]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_checkpoint_path_that_is_a_fifo_is_refused_and_left_alone(tmp_path, capsys):
+    fifo = tmp_path / "ck"
+    os.mkfifo(fifo)
+    for extra in ([], ["--force"]):
+        assert tr.main(TINY + ["--out", str(tmp_path / "r.h5"), "--checkpoint", str(fifo)] + extra) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"--checkpoint {fifo} is not a regular file" in err[0], err
+        assert fifo.exists() and not fifo.is_file()
+    assert not (tmp_path / "r.h5").exists()
+
+
+def test_a_checkpoint_write_that_fails_in_torch_is_one_line_exit_5(tmp_path, capsys, monkeypatch):
+    """torch.save reports a short write (a full disk) as RuntimeError: the environment failed (exit 5), one line."""
+    torch = pytest.importorskip("torch")
+
+    def short_write(*args, **kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc:671] . unexpected pos 9792 vs 9686")
+    monkeypatch.setattr(torch, "save", short_write)
+    out = tmp_path / "r.h5"
+    assert tr.main(TINY + ["--out", str(out), "--checkpoint-every", "2"]) == 5
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot write the checkpoint" in err[0] and "unexpected pos" in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_checkpoint_with_a_damaged_run_state_is_one_line_exit_2(tmp_path, capsys):
+    """A checkpoint that unpickles but whose model, optimizer, schedule or curves do not fit the run."""
+    torch = pytest.importorskip("torch")
+    out = tmp_path / "r.h5"
+    ckpt = tmp_path / "r.h5.ckpt"
+    assert tr.main(TINY + ["--out", str(out), "--stop-after", "2"]) == 0
+    good = torch.load(ckpt, weights_only=True)
+    damages = {"a model weight missing": lambda c: c["model"].pop("emb.weight"),
+               "no optimizer state": lambda c: c.__setitem__("opt", {}),
+               "curves without seconds": lambda c: c["curves"].pop("seconds"),
+               "a step past the run's end": lambda c: c.__setitem__("step", 10 ** 6),
+               "curves shorter than the step": lambda c: c["curves"].__setitem__("loss", [])}
+    for what, damage in damages.items():
+        state = {**good, "current": {**good["current"], "model": dict(good["current"]["model"]),
+                                     "curves": dict(good["current"]["curves"])}}
+        damage(state["current"])
+        torch.save(state, ckpt)
+        before = ckpt.read_bytes()
+        assert tr.main(TINY + ["--out", str(out), "--resume"]) == 2, what
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"--resume: {ckpt} holds" in err[0], (what, err)
+        assert ckpt.read_bytes() == before and not out.exists(), what
+
+
+def test_sigint_before_training_is_one_line_exit_130(tmp_path):
+    """SIGINT while the program imports torch or makes the data (before the training loop's handler): one line."""
+    pytest.importorskip("torch")
+    import signal
+    import time
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    p = subprocess.Popen([sys.executable, "-m", "kdalab.train_recall"] + TINY + ["--out", str(tmp_path / "r.h5")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    time.sleep(1.0)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130 and len(err.strip().splitlines()) == 1, (p.returncode, err)
+    assert not (tmp_path / "r.h5").exists()
 
 
 def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path):
@@ -381,6 +445,31 @@ def test_kimi_figure_draws_the_checked_in_reduced_grid_and_names_its_card(tmp_pa
     for ax in dump["axes"]:  # KDA and Gated DeltaNet side by side at every length
         lines = [ln for ln in ax["lines"] if ln["label"].lstrip("_") in ("KDA", "Gated DeltaNet", "kda", "gated_deltanet")]
         assert len(lines) == 2 and all(ln["x"] == [256.0, 1024.0] for ln in lines)
+
+
+def test_figures_refuse_a_damaged_train_recall_table_in_one_line(tmp_path):
+    rows = [("stack", L, 0, 256, m, lr, 0.5) for L in (256, 1024) for m in ("kda", "gated_deltanet") for lr in (5e-4, 1e-3)]
+    for what, acc in (("NaN", float("nan")), ("above 1", 1.5), ("negative", -5.0)):
+        bad = [r[:6] + (acc if i == 0 else r[6],) for i, r in enumerate(rows)]
+        path = tmp_path / f"a-{len(what)}.h5"
+        synthetic_results(path, "kimi-reduced", bad)
+        r = figure("fig_train_kimi.py", str(path), "--out-dir", str(tmp_path / "fig"))
+        assert r.returncode == 2 and "test_accuracy holds 1 value(s) outside [0, 1]" in r.stderr, (what, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "fig").exists(), what
+
+
+def test_figures_refuse_train_recall_columns_of_unequal_length_in_one_line(tmp_path):
+    rows = [("stack", L, 0, 256, "kda", 1e-3, 0.5) for L in (256, 1024)]
+    path = tmp_path / "a.h5"
+    synthetic_results(path, "kimi-reduced", rows)
+    cut = subprocess.run(["/usr/bin/python3", "-c", "import h5py, sys; f = h5py.File(sys.argv[1], 'r+'); "
+                          "v = f['train_recall/test_accuracy'][:1]; del f['train_recall/test_accuracy']; "
+                          "f['train_recall/test_accuracy'] = v", str(path)], capture_output=True, text=True)
+    if cut.returncode != 0:
+        pytest.skip("/usr/bin/python3 lacks h5py")
+    r = figure("fig_train_kimi.py", str(path), "--out-dir", str(tmp_path / "fig"))
+    assert r.returncode == 2 and "the train_recall columns differ in length" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "fig").exists()
 
 
 def synthetic_results(path, grid, rows):
