@@ -217,6 +217,8 @@ def resolve(a: argparse.Namespace) -> Dict[str, Any]:
         need(2 <= L <= 1 << 20 and L % 2 == 0, f"--seq-len: {L} is not an even integer in [2, 1048576]")
     nl = len(cfg["seq_len"])
     kv = cfg["kv_pairs"]
+    need(a.kv_pairs is None or "mqar" in cfg["tasks"], f"--kv-pairs: given, but --tasks {','.join(cfg['tasks'])} "
+         "has no mqar (only MQAR has key-value pairs); leave it out or add mqar")
     need(len(kv) in (0, 1, nl), f"--kv-pairs: {len(kv)} values for {nl} lengths; give one, or one per --seq-len")
     cfg["kv_pairs"] = [kv[0]] * nl if len(kv) == 1 else (list(kv) if kv else [max(1, L // 16) for L in cfg["seq_len"]])
     for L, N in zip(cfg["seq_len"], cfg["kv_pairs"]):
@@ -228,6 +230,8 @@ def resolve(a: argparse.Namespace) -> Dict[str, Any]:
         cfg["vocab"] = cfg["vocab"] * nt
     for t, V in zip(cfg["tasks"], cfg["vocab"]):
         need(3 <= V <= 1 << 24, f"--vocab: {V} is not an integer in [3, 16777216]")
+        if t == "palindrome":  # its tokens come from [2, V): one token would make the task trivial
+            need(V >= 4, f"--vocab: {V} gives the Palindrome task {V - 2} token; accepted: >= 4 (two tokens)")
         if t == "stack":
             need(V > 2 + 2 * cfg["num_stacks"], f"--vocab: {V} leaves no value tokens for the Stack task with "
                  f"--num-stacks {cfg['num_stacks']}; accepted: > 2 + 2 x num_stacks = {2 + 2 * cfg['num_stacks']}")
@@ -251,7 +255,8 @@ def resolve(a: argparse.Namespace) -> Dict[str, Any]:
         for m in cfg["mixers"]:
             head_shape(cfg, m, d)  # a KDA-family head over 256 must split evenly
     need(1 <= cfg["layers"] <= 64, f"--layers: {cfg['layers']} is not in [1, 64]")
-    need(cfg["mla_latent"] >= 0, f"--mla-latent: {cfg['mla_latent']} must be >= 1 (or 0: the default)")
+    need(0 <= cfg["mla_latent"] <= 65536, f"--mla-latent: {cfg['mla_latent']} is not in [1, 65536] (or 0: the "
+         "default; bounded as --d-model)")
     need(math.isfinite(cfg["g_min"]) and cfg["g_min"] < 0, f"--g-min: {cfg['g_min']} must be a finite negative number")
     for lr in cfg["lr"]:
         need(math.isfinite(lr) and 0 < lr <= 1, f"--lr: {lr} must be in (0, 1]")

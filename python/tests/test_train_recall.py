@@ -50,6 +50,9 @@ def run_cli(argv, **kw):
      "dim <= 256, or one divisible by ceil(head dim / 256)"),
     (["--mixers", "deltanet", "--d-model", "514"], "--d-model 514 / --heads 1: head dim 514 is over 256"),
     (["--heads", "3", "--head-dim", "-5"], "--head-dim: -5 must be >= 1"),
+    (["--tasks", "palindrome", "--seq-len", "4", "--kv-pairs", "9"], "--kv-pairs: given, but --tasks palindrome has no"),
+    (["--tasks", "palindrome", "--seq-len", "6", "--vocab", "3"], "--vocab: 3 gives the Palindrome task 1 token"),
+    (["--mixers", "mla", "--mla-latent", "1000000000"], "--mla-latent: 1000000000 is not in [1, 65536]"),
     (["--heads", "1000", "--head-dim", "1000"],
      "--heads x --head-dim: 1000 x 1000 = 1000000 is not in [1, 65536] (the mixer's width, bounded as --d-model)"),
 ])
