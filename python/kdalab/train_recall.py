@@ -25,6 +25,7 @@ import shlex
 import signal
 import sys
 import threading
+import warnings
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -262,6 +263,10 @@ def resolve(a: argparse.Namespace) -> Dict[str, Any]:
         need(math.isfinite(lr) and 0 < lr <= 1, f"--lr: {lr} must be in (0, 1]")
     need(math.isfinite(cfg["weight_decay"]) and cfg["weight_decay"] >= 0,
          f"--weight-decay: {cfg['weight_decay']} must be >= 0")
+    for lr in cfg["lr"]:  # AdamW's decoupled decay multiplies the weights by 1 - lr wd each step
+        need(lr * cfg["weight_decay"] < 1, f"--lr x --weight-decay: {lr:g} x {cfg['weight_decay']:g} = "
+             f"{lr * cfg['weight_decay']:g}; accepted: < 1 (AdamW multiplies the weights by 1 - lr x weight decay each "
+             "step: at >= 1 it zeroes or flips them)")
     need(cfg["batch_size"] >= 1, f"--batch-size: {cfg['batch_size']} must be >= 1")
     need(cfg["train_examples"] >= cfg["batch_size"],
          f"--train-examples: {cfg['train_examples']} is fewer than one batch (--batch-size {cfg['batch_size']})")
@@ -918,8 +923,9 @@ def summary(results: Sequence[Result]) -> str:
     for r, b in zip(results, flags):
         if b:
             n = per_model[dataclasses.astuple(r.run)[:-1]]
+            diverged = "; diverged: the last loss is not finite" if not math.isfinite(r.loss[-1]) else ""
             lines.append(f"  {r.run.label().rsplit(' lr=', 1)[0]:<48} {r.test_accuracy:.4f}  (lr {r.run.lr:.3g}, best of "
-                         f"{n}; {r.steps} steps, {r.seconds:.1f} s)")
+                         f"{n}; {r.steps} steps, {r.seconds:.1f} s{diverged})")
     return "\n".join(lines)
 
 
@@ -929,6 +935,14 @@ def summary(results: Sequence[Result]) -> str:
 def main(argv: Optional[List[str]] = None, kernels: Optional[Dict[str, Tuple[Callable, str]]] = None) -> int:
     """The command line. kernels: mixer -> (chunked KDA function, its name), replacing kdalab.torch.chunk_kda and
     its device check (tests run the KDA-family mixers on the CPU through a reference recurrence this way)."""
+    try:
+        return _main(argv, kernels)
+    except KeyboardInterrupt:  # SIGINT before the training loop's own handler (torch's import, checks, data)
+        sys.stderr.write(f"{PROG}: interrupted before training; no results file was written\n")
+        return 130
+
+
+def _main(argv: Optional[List[str]], kernels: Optional[Dict[str, Tuple[Callable, str]]]) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     a = parser().parse_args(argv)
     printer = (lambda s: None) if a.quiet else (lambda s: print(s, flush=True))
@@ -998,7 +1012,9 @@ def main(argv: Optional[List[str]] = None, kernels: Optional[Dict[str, Tuple[Cal
         state = None
         if a.resume:
             try:  # weights_only: plain data and tensors, so a foreign pickle runs no code
-                state = torch.load(ckpt, map_location=device, weights_only=True)
+                with warnings.catch_warnings():  # torch warns in two lines about a foreign pickle before failing
+                    warnings.simplefilter("ignore")
+                    state = torch.load(ckpt, map_location=device, weights_only=True)
             except Exception as e:  # torch raises UnpicklingError, RuntimeError, EOFError, ... on a bad file (its
                 # text is many lines, about torch's weights_only default): the type names the cause
                 raise BadInput(f"--resume: {ckpt} is not a readable checkpoint of {PROG} (torch.load: "
@@ -1074,8 +1090,4 @@ def main(argv: Optional[List[str]] = None, kernels: Optional[Dict[str, Tuple[Cal
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:  # SIGINT before the training loop's handler is installed (imports, checks, data)
-        sys.stderr.write(f"{PROG}: interrupted before training; no results file was written\n")
-        sys.exit(130)
+    sys.exit(main())

@@ -53,6 +53,7 @@ def run_cli(argv, **kw):
     (["--tasks", "palindrome", "--seq-len", "4", "--kv-pairs", "9"], "--kv-pairs: given, but --tasks palindrome has no"),
     (["--tasks", "palindrome", "--seq-len", "6", "--vocab", "3"], "--vocab: 3 gives the Palindrome task 1 token"),
     (["--mixers", "mla", "--mla-latent", "1000000000"], "--mla-latent: 1000000000 is not in [1, 65536]"),
+    (["--lr", "1", "--weight-decay", "100"], "--lr x --weight-decay: 1 x 100 = 100; accepted: < 1"),
     (["--heads", "1000", "--head-dim", "1000"],
      "--heads x --head-dim: 1000 x 1000 = 1000000 is not in [1, 65536] (the mixer's width, bounded as --d-model)"),
 ])
@@ -218,19 +219,36 @@ def test_a_checkpoint_with_a_damaged_run_state_is_one_line_exit_2(tmp_path, caps
         assert ckpt.read_bytes() == before and not out.exists(), what
 
 
-def test_sigint_before_training_is_one_line_exit_130(tmp_path):
+def test_sigint_before_training_is_one_line_exit_130(tmp_path, capsys, monkeypatch):
     """SIGINT while the program imports torch or makes the data (before the training loop's handler): one line."""
+    def interrupted():
+        raise KeyboardInterrupt
+    monkeypatch.setattr(tr, "_torch", interrupted)
+    assert tr.main(TINY + ["--out", str(tmp_path / "r.h5")]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "interrupted before training" in err[0], err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_foreign_pickle_as_the_checkpoint_is_exactly_one_line(tmp_path, capsys):
+    """torch.load warns in two lines about a foreign pickle before it fails: the user sees the one error line only."""
     pytest.importorskip("torch")
-    import signal
-    import time
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    p = subprocess.Popen([sys.executable, "-m", "kdalab.train_recall"] + TINY + ["--out", str(tmp_path / "r.h5")],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    time.sleep(1.0)
-    p.send_signal(signal.SIGINT)
-    _, err = p.communicate(timeout=120)
-    assert p.returncode == 130 and len(err.strip().splitlines()) == 1, (p.returncode, err)
-    assert not (tmp_path / "r.h5").exists()
+    import pickle
+    ckpt = tmp_path / "r.h5.ckpt"
+    ckpt.write_bytes(pickle.dumps({"not": "a checkpoint"}, protocol=4))
+    r = subprocess.run([sys.executable, "-m", "kdalab.train_recall"] + TINY + ["--out", str(tmp_path / "r.h5"),
+                       "--resume"], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(err) == 1 and "--resume" in err[0], err
+
+
+def test_the_summary_says_when_a_run_diverged():
+    run = tr.Run("mqar", 32, 4, 64, 32, "softmax", 1e-3)
+    res = [tr.Result(run, "k", 2, [1.0, float("nan")], [0.0, 0.0], [], [], 0.0, 1.0, 0),
+           tr.Result(tr.Run("mqar", 32, 4, 64, 64, "softmax", 1e-3), "k", 2, [1.0, 0.5], [0.0, 0.0], [], [], 0.5, 1.0, 0)]
+    text = tr.summary(res).splitlines()
+    assert "diverged: the last loss is not finite" in text[1] and "diverged" not in text[2], text
 
 
 def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path):
