@@ -25,8 +25,8 @@ import shlex
 import signal
 import sys
 import threading
-import warnings
 import time
+import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -974,8 +974,6 @@ def _main(argv: Optional[List[str]], kernels: Optional[Dict[str, Tuple[Callable,
             folder = os.path.dirname(path) or "."
             if given and not os.path.isdir(folder):
                 raise BadInput(f"{opt} {path}: its folder {folder} does not exist; create it first")
-            if os.path.isdir(path):
-                raise BadInput(f"{opt} {path} is a folder; give a file name")
         def check_out() -> None:  # the results writer's own checks (a name too long, a special file, ...), so that
             # they are found before training, not when the results are written
             try:
