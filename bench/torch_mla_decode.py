@@ -13,21 +13,7 @@ import sys
 
 import torch
 
-
-def time_ms(f, warmup=20, iters=100):
-    for _ in range(warmup):
-        f()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(iters):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        f()
-        e1.record()
-        e1.synchronize()
-        ts.append(e0.elapsed_time(e1))
-    ts.sort()
-    return ts[len(ts) // 2]
+from cuda_events import time_ms  # bench/cuda_events.py, beside this script
 
 
 def mla_decode(B, N, H, d_c=512):

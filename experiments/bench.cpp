@@ -42,6 +42,9 @@
 //   [B, T, H, 128] fp32); bytes = latents, c_new, q^C, W_UK, W_UV read, o written (fp32 K, V workspace not counted);
 //   flops = 4 d_h H per causal pair + 2 d_c (d_nope + d_v) H per key (one pass, hi/lo not counted). A printed line
 //   gives the rule's choice, the absorbed path through the same API (absorb + prefill + W_UV) and P hi only.
+//   And a row "mla-prefill-fast B=.. T=.. H=.. HV=..": the same call in precision fast (MlaPrefillPrecision::fast:
+//   bf16 K, V and P, one pass per product), bytes and flops counted as the naive row's; its peer time is torch's
+//   (bench/torch_mla_prefill.py: the K, V products and SDPA on its fastest backend).
 // kda-prefill / kda-decode / kda-backward: D = d_k = d_v is the optional 5th shape field (64, 128 or 256; default
 //   128); rows with D != 128 carry " D=<D>" at the end of their key (D = 128 keys are unchanged). The kda-prefill and
 //   kda-decode defaults add D = 64 and D = 256 rows. kda-prefill: --state-pass and --segments force a state pass and schedule
@@ -129,6 +132,7 @@ struct Shape {
   long long B, T, H, HV;
   long long D = 128;  // kda-prefill / kda-decode: d_k = d_v
   bool naive = false;  // mla-prefill: the naive-path row (mla_prefill_heads, naive path forced) of this shape
+  bool fast = false;   // mla-prefill: with naive, the row of mla_prefill_heads in precision fast
   bool operator==(const Shape&) const = default;
 };
 
@@ -211,7 +215,7 @@ struct BaselineRows {
 };
 
 /// What bench's check planned for its run: the ops timed (--op all: each), their shapes (mla-prefill: each shape
-/// twice, absorbed then naive), the merged --peer-json times, the HDF5 group names of the ops (bench/kda_prefill:
+/// three times, absorbed, naive, fast), the merged --peer-json times, the HDF5 group names of the ops (bench/kda_prefill:
 /// "kda_prefill") and the --compare files, each read completely.
 struct BenchPlan {
   std::vector<std::string> ops;
@@ -293,9 +297,10 @@ BaselineRows read_compare_file(const std::string& cf, const std::vector<std::str
 }
 
 [[maybe_unused]] std::string key_of(const std::string& op, const Shape& s, long long prefix = 0) {
-  if (op == "mla-prefill" && s.naive) {  // the naive row beside the absorbed one (whose key is unchanged)
-    if (prefix > 0) return fmt::format("{}-naive B={} T={} H={} HV={} N0={}", op, s.B, s.T, s.H, s.HV, prefix);
-    return fmt::format("{}-naive B={} T={} H={} HV={}", op, s.B, s.T, s.H, s.HV);
+  if (op == "mla-prefill" && s.naive) {  // the naive and fast rows beside the absorbed one (whose key is unchanged)
+    const char* row = s.fast ? "fast" : "naive";
+    if (prefix > 0) return fmt::format("{}-{} B={} T={} H={} HV={} N0={}", op, row, s.B, s.T, s.H, s.HV, prefix);
+    return fmt::format("{}-{} B={} T={} H={} HV={}", op, row, s.B, s.T, s.H, s.HV);
   }
   if (op == "mla-prefill" && prefix > 0) return fmt::format("{} B={} T={} H={} HV={} N0={}", op, s.B, s.T, s.H, s.HV, prefix);
   if (op == "attn-res") return fmt::format("{} S={} T={} d={}", op, s.B, s.T, s.H);
@@ -733,7 +738,8 @@ Measured bench_mla_prefill(const Shape& s, long long prefix, int warmup, int ite
 
 /// MLA prefill with per-head output (kernels/mla_prefill.hpp mla_prefill_heads), naive path: append + K, V
 /// reconstruction (cuBLAS) + hi/lo split + causal flash attention -> o [B, T, H, 128] fp32. Also prints the
-/// rule's choice, the heads API's absorbed path (absorb + prefill + W_UV) and the P-hi-only ablation.
+/// rule's choice, the heads API's absorbed path (absorb + prefill + W_UV) and the P-hi-only ablation. With s.fast:
+/// the same call in precision fast alone.
 Measured bench_mla_prefill_naive(const Shape& s, long long prefix, int warmup, int iters, std::uint64_t seed) {
   const long long DC = 512, DN = 128, N = prefix + s.T;
   const std::size_t nc = static_cast<std::size_t>(s.B) * N * DC, nn = static_cast<std::size_t>(s.B) * s.T * DC;
@@ -751,6 +757,19 @@ Measured bench_mla_prefill_naive(const Shape& s, long long prefix, int warmup, i
   a.scale = 1.0f / std::sqrt(192.0f);
   a.out = out.as<float>();
   const kernels::MlaPrefillPath rule = kernels::mla_prefill_path_rule(a);
+  const double pairs = static_cast<double>(s.B) * (static_cast<double>(s.T) * prefix + 0.5 * s.T * (s.T + 1.0));
+  const double recon = static_cast<double>(s.B) * N * s.H * 2.0 * DC * (2.0 * DN);  // K and V for every key
+  const double bytes = 2.0 * nc + 2.0 * 2.0 * nn + 2.0 * nqc + 4.0 * nqc + 2.0 * 2.0 * nw;
+  if (s.fast) {
+    a.precision = kernels::MlaPrefillPrecision::fast;
+    const std::size_t wsb = kernels::mla_prefill_heads_workspace_bytes(a);
+    Dev ws(wsb);
+    a.workspace = ws.p; a.workspace_bytes = wsb;
+    const auto [ms, mn] = time_ms([&] { kernels::mla_prefill_heads(a, nullptr); }, warmup, iters);
+    fmt::print("  (B={} T={} H={} prefix={}: precision fast (bf16 K, V, P), naive path, workspace {:.0f} MB)\n", s.B, s.T,
+               s.H, prefix, wsb / 1e6);
+    return {ms, mn, bytes, pairs * s.H * 4.0 * DN + recon, 0.0, 0.0};
+  }
   auto timed = [&](kernels::MlaPrefillPath path, bool p_hi_only) {
     kernels::MlaPrefillOverrides ov;
     ov.path = path;
@@ -770,9 +789,6 @@ Measured bench_mla_prefill_naive(const Shape& s, long long prefix, int warmup, i
              "{:.2f})\n",
              s.B, s.T, s.H, prefix, kernels::mla_prefill_path_name(rule), ms, wsb / 1e6, ms_hi, ms_abs, wsb_abs / 1e6,
              ms_abs / ms);
-  const double pairs = static_cast<double>(s.B) * (static_cast<double>(s.T) * prefix + 0.5 * s.T * (s.T + 1.0));
-  const double recon = static_cast<double>(s.B) * N * s.H * 2.0 * DC * (2.0 * DN);  // K and V for every key
-  const double bytes = 2.0 * nc + 2.0 * 2.0 * nn + 2.0 * nqc + 4.0 * nqc + 2.0 * 2.0 * nw;
   return {ms, mn, bytes, pairs * s.H * 4.0 * DN + recon, 0.0, 0.0};
 }
 
@@ -830,7 +846,7 @@ void register_bench(Registry& reg) {
                 "kda-prefill (chunked KDA prefill), kda-decode (one KDA decode step per sequence), kda-backward (the "
                 "KDA prefill's forward then its backward, kda_prefill + kda_backward; each also timed alone, with the "
                 "device bytes allocated), mla-decode (absorbed "
-                "MLA decode over a latent cache), mla-prefill (causal absorbed MLA prefill), attn-res (Block Attention "
+                "MLA decode over a latent cache), mla-prefill (causal MLA prefill: absorbed, naive and fast rows), attn-res (Block Attention "
                 "Residuals) or all (each of them, with its default shapes)")->capture_default_str();
   a->add_option("--prefix", o->prefix, "mla-prefill: cached tokens before the T new ones (N0), >= 0; > 0 only with --op mla-prefill or all")->capture_default_str();
   a->add_option("--shapes", o->shapes,
@@ -985,14 +1001,16 @@ void register_bench(Registry& reg) {
     std::vector<std::vector<Shape>> shapes;
     for (const auto& op : ops) {
       shapes.push_back(parse_shapes(o->shapes, op));
-      if (op == "mla-prefill") {  // each shape's naive-path row right after its absorbed row
-        std::vector<Shape> both;
+      if (op == "mla-prefill") {  // each shape's naive-path and fast rows right after its absorbed row
+        std::vector<Shape> rows;
         for (Shape s : shapes.back()) {
-          both.push_back(s);
+          rows.push_back(s);
           s.naive = true;
-          both.push_back(s);
+          rows.push_back(s);
+          s.fast = true;
+          rows.push_back(s);
         }
-        shapes.back() = both;
+        shapes.back() = rows;
       }
     }
     // mla-prefill: the prefix and the new tokens are counted in 32-bit ints by the kernel; refused here in every build

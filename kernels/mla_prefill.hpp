@@ -107,6 +107,16 @@ enum class MlaPrefillPath { automatic = 0, absorbed = 1, naive = 2 };
 /// "auto", "absorbed" or "naive".
 const char* mla_prefill_path_name(MlaPrefillPath p);
 
+/// The precision plan of mla_prefill_heads(). automatic = mla_prefill_precision_rule().
+///   accurate  K, V and P carried as bf16 hi + lo (the plan below): ~5e-6 relative RMS of o against float64.
+///   fast      K, V rounded once to bf16 by the reconstruction GEMMs, P rounded to bf16, one tensor pass per
+///             product, fp32 accumulation and softmax: a standard bf16 flash attention (the emulation below gives
+///             2.4e-3 .. 4.2e-3; torch SDPA's bf16 backends are in the same range). Runs the naive path only.
+enum class MlaPrefillPrecision { automatic = 0, accurate = 1, fast = 2 };
+
+/// "auto", "accurate" or "fast".
+const char* mla_prefill_precision_name(MlaPrefillPrecision p);
+
 /// Arguments of mla_prefill_heads(): the causal prefill of T new tokens per sequence behind a cached prefix of
 /// N0 tokens, returning the per-head attention output o [B, T, H, d_v] (before the output gate and W_o).
 ///
@@ -176,6 +186,7 @@ struct MlaPrefillHeadsArgs {
   const bf16_t* W_UK = nullptr;   ///< [H d_nope, d_c] bf16, 4-byte aligned
   const bf16_t* W_UV = nullptr;   ///< [H d_v, d_c] bf16, 4-byte aligned
   float scale = 0.0f;             ///< softmax scale, explicit: 1/sqrt(d_nope + d_rope) of the layer
+  MlaPrefillPrecision precision = MlaPrefillPrecision::automatic;  ///< see MlaPrefillPrecision
   void* workspace = nullptr;      ///< device scratch of >= mla_prefill_heads_workspace_bytes(args) bytes, 256-byte aligned
   std::size_t workspace_bytes = 0;
   float* out = nullptr;           ///< o [B, T, H, d_v] fp32, 8-byte aligned
@@ -185,18 +196,27 @@ struct MlaPrefillHeadsArgs {
 /// naive iff 11 pairs > 1024 N, else absorbed (never automatic). No checks, no CUDA calls.
 MlaPrefillPath mla_prefill_path_rule(const MlaPrefillHeadsArgs& a);
 
+/// The precision rule: accurate, whatever the shape. kdalab's default answer is the one at ~5e-6 from the truth;
+/// fast (2.5x fewer tensor passes, half the workspace and shared memory) is asked for by name. No checks, no CUDA
+/// calls.
+MlaPrefillPrecision mla_prefill_precision_rule(const MlaPrefillHeadsArgs& a);
+
+/// The precision mla_prefill_heads() runs: a.precision, or the rule's when automatic. No checks, no CUDA calls.
+MlaPrefillPrecision mla_prefill_heads_precision(const MlaPrefillHeadsArgs& a);
+
 /// What benchmarks and tests may force (passed as an optional pointer; null = everything automatic).
 struct MlaPrefillOverrides {
   MlaPrefillPath path = MlaPrefillPath::automatic;  ///< automatic (mla_prefill_path_rule), absorbed or naive
   bool p_hi_only = false;  ///< naive path ablation: P as bf16 hi only (4 mma passes instead of 5, ~1e-3)
 };
 
-/// The path mla_prefill_heads() runs: the forced one when ov->path is absorbed or naive, else
-/// mla_prefill_path_rule(a). No checks, no CUDA calls.
+/// The path mla_prefill_heads() runs: naive in precision fast; else the forced one when ov->path is absorbed or
+/// naive, else mla_prefill_path_rule(a). No checks, no CUDA calls.
 MlaPrefillPath mla_prefill_heads_path(const MlaPrefillHeadsArgs& a, const MlaPrefillOverrides* ov = nullptr);
 
 /// Workspace bytes mla_prefill_heads() needs for `a` on the path mla_prefill_heads_path(a, ov) picks:
-/// naive 2 B (N0 + T) H d_nope 4 (fp32 K and V, split in place into bf16 hi + lo); absorbed
+/// naive 2 B (N0 + T) H d_nope 4 (fp32 K and V, split in place into bf16 hi + lo; precision fast: 2 bytes, bf16 K
+/// and V); absorbed
 /// B T H d_c (2 + 2 + 4) (q~ hi, lo, a) + H d_v d_c 4 (W_UV in fp32), each part rounded up to 256 bytes.
 /// Errors: kdalab::Error on B, T, H or prefix out of range (no CUDA calls).
 std::size_t mla_prefill_heads_workspace_bytes(const MlaPrefillHeadsArgs& a, const MlaPrefillOverrides* ov = nullptr);
@@ -206,7 +226,8 @@ std::size_t mla_prefill_heads_workspace_bytes(const MlaPrefillHeadsArgs& a, cons
 /// on the first call, on the device current then; not for CUDA-graph capture on its first call). Errors:
 /// kdalab::Error naming the argument, its value and what is accepted (unsupported widths, T < 1, N0 < 0,
 /// N0 + T > capacity, null or misaligned pointers, bad strides, scale not finite and > 0, workspace too small, an
-/// override out of range), before anything is launched; CUDA and cuBLAS errors throw kdalab::Error with their message.
+/// override or a precision out of range, precision fast with the absorbed path or p_hi_only forced), before anything
+/// is launched; CUDA and cuBLAS errors throw kdalab::Error with their message.
 void mla_prefill_heads(const MlaPrefillHeadsArgs& a, cudaStream_t stream, const MlaPrefillOverrides* ov = nullptr);
 
 }  // namespace kdalab::kernels

@@ -161,6 +161,10 @@ def table(files):
     notes.append("- In mla-decode rows T is the number of cached tokens N (one decode step).")
     notes.append("- (naive): the MLA prefill that first rebuilds K and V from the latent cache with cuBLAS; the other "
                  "mla-prefill rows are the absorbed kernel.")
+    if any(str(r.get("key", "")).startswith("mla-prefill-fast") for f in chosen.values() for op in f["ops"]
+           for r in f["ops"][op]):
+        notes.append("- (fast): the naive MLA prefill in precision fast (bf16 K, V and P, one pass per product; "
+                     "docs/kernels/mla_prefill.md).")
     notes.append("")
     for f in used:
         a = f["attrs"]

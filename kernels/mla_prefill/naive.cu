@@ -42,23 +42,31 @@ constexpr int STAGES = 3;            // cp.async ring depth
 constexpr int NWARP = 8, NTHR = 256;
 constexpr int ROW = DH + 8;          // shared row stride (bf16): 272 bytes
 constexpr int ARR = KT * ROW;        // one array (K hi, K lo, V hi or V lo) of one stage, in bf16
-constexpr std::size_t SMEM = std::size_t(STAGES) * 4 * ARR * 2;  // 104,448 bytes
 static_assert(QT == 16 * NWARP, "one m16 tile of query rows per warp");
-static_assert(KT % 16 == 0 && (2 * KT * 32) % NTHR == 0, "tile layout");
+static_assert(KT % 16 == 0 && (2 * KT * 32) % NTHR == 0 && (2 * KT * 16) % NTHR == 0, "tile layout");
+
+/// The attention kernel's three forms: accurate (K, V and P as bf16 hi + lo: 2 score passes, 3 P V passes),
+/// accurate without P_lo V_hi (MlaPrefillOverrides::p_hi_only, an ablation), and fast (K, V and P bf16: one pass each).
+enum AttnForm : int { kAccurate = 0, kAccuratePHi = 1, kFast = 2 };
+/// Arrays per ring stage: K hi, K lo, V hi, V lo (accurate) or K, V (fast).
+constexpr int arrays_of(int form) { return form == kFast ? 2 : 4; }
+constexpr std::size_t smem_of(int form) { return std::size_t(STAGES) * arrays_of(form) * ARR * 2; }  // 104,448 / 52,224 B
 
 struct NParams {
   int T, H, N0, N;            // N = N0 + T keys per sequence
   const bf16_t* q;            // q^C [B, T, H, 128]
   long long sq_b, sq_t;
-  const bf16_t* kv;           // K rows then V rows; row (b, tau, i) = [hi 128 | lo 128] bf16
-  long long v_off;            // bf16 elements from the K rows to the V rows (= B N H 256)
+  const bf16_t* kv;           // K rows then V rows; row (b, tau, i) = [hi 128 | lo 128] bf16 (fast: 128 bf16)
+  long long v_off;            // bf16 elements from the K rows to the V rows (= B N H 256; fast B N H 128)
   float scale_log2;           // scale * log2(e)
   float* out;                 // o [B, T, H, 128] fp32
 };
 
 
-template <bool PLO>
+template <int FORM>
 __global__ void __launch_bounds__(NTHR, 1) mla_naive_attn_kernel(NParams p) {
+  constexpr bool FAST = FORM == kFast, PLO = FORM == kAccurate;
+  constexpr int NARR = arrays_of(FORM);
   const int qt = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);  // longest CTAs first
   const int head = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, cq = lane % 4;
@@ -76,17 +84,31 @@ __global__ void __launch_bounds__(NTHR, 1) mla_naive_attn_kernel(NParams p) {
 
   const long long seq_row0 = static_cast<long long>(b) * p.N;  // first key row of this sequence
   auto load_tile = [&](int tile, int stage) {
-    bf16_t* st = ring + stage * 4 * ARR;
+    bf16_t* st = ring + stage * NARR * ARR;
+    if constexpr (FAST) {
 #pragma unroll
-    for (int j = 0; j < 2 * KT * 32 / NTHR; ++j) {  // K and V: KT rows of 32 16-byte chunks (hi 16, lo 16) each
-      const int idx = tid + j * NTHR;
-      const int which = idx / (KT * 32), rem = idx % (KT * 32), r = rem / 32, ch = rem % 32;  // which: 0 K, 1 V
-      const int tok = tile * KT + r;
-      bf16_t* dst = st + (2 * which + ch / 16) * ARR + r * ROW + (ch % 16) * 8;
-      if (tok < kend)
-        cp_async16(dst, p.kv + which * p.v_off + ((seq_row0 + tok) * p.H + head) * 256 + ch * 8);
-      else
-        cp_async16_zfill(dst, p.kv, 0);  // past the last key: zeros (masked, and never 0 x NaN)
+      for (int j = 0; j < 2 * KT * 16 / NTHR; ++j) {  // K and V: KT rows of 16 16-byte chunks each
+        const int idx = tid + j * NTHR;
+        const int which = idx / (KT * 16), rem = idx % (KT * 16), r = rem / 16, ch = rem % 16;  // which: 0 K, 1 V
+        const int tok = tile * KT + r;
+        bf16_t* dst = st + which * ARR + r * ROW + ch * 8;
+        if (tok < kend)
+          cp_async16(dst, p.kv + which * p.v_off + ((seq_row0 + tok) * p.H + head) * DH + ch * 8);
+        else
+          cp_async16_zfill(dst, p.kv, 0);  // past the last key: zeros (masked, and never 0 x NaN)
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 2 * KT * 32 / NTHR; ++j) {  // K and V: KT rows of 32 16-byte chunks (hi 16, lo 16) each
+        const int idx = tid + j * NTHR;
+        const int which = idx / (KT * 32), rem = idx % (KT * 32), r = rem / 32, ch = rem % 32;  // which: 0 K, 1 V
+        const int tok = tile * KT + r;
+        bf16_t* dst = st + (2 * which + ch / 16) * ARR + r * ROW + (ch % 16) * 8;
+        if (tok < kend)
+          cp_async16(dst, p.kv + which * p.v_off + ((seq_row0 + tok) * p.H + head) * 256 + ch * 8);
+        else
+          cp_async16_zfill(dst, p.kv, 0);  // past the last key: zeros (masked, and never 0 x NaN)
+      }
     }
   };
 #pragma unroll
@@ -127,8 +149,9 @@ __global__ void __launch_bounds__(NTHR, 1) mla_naive_attn_kernel(NParams p) {
       cp_async_commit();
     }
     if (it * KT > wmax) continue;  // every key of the tile is past every row of this warp
-    const bf16_t* st = ring + (it % STAGES) * 4 * ARR;
-    const bf16_t *khi = st, *klo = st + ARR, *vhi = st + 2 * ARR, *vlo = st + 3 * ARR;
+    const bf16_t* st = ring + (it % STAGES) * NARR * ARR;
+    // fast: K and V alone (klo and vlo are never read)
+    const bf16_t *khi = st, *klo = st + ARR, *vhi = st + (FAST ? 1 : 2) * ARR, *vlo = st + 3 * ARR;
 
     // ---- S = q (K_hi + K_lo)^T, fp32
     float s[KT / 8][4];
@@ -142,9 +165,11 @@ __global__ void __launch_bounds__(NTHR, 1) mla_naive_attn_kernel(NParams p) {
       for (int nt = 0; nt < KT / 8; ++nt) {
         const int off = (8 * nt + g) * ROW + 16 * ks + 2 * cq;
         const std::uint32_t bh[2] = {ld32(khi + off), ld32(khi + off + 8)};
-        const std::uint32_t bl[2] = {ld32(klo + off), ld32(klo + off + 8)};
         mma_bf16(s[nt], qa[ks], bh);
-        mma_bf16(s[nt], qa[ks], bl);
+        if constexpr (!FAST) {
+          const std::uint32_t bl[2] = {ld32(klo + off), ld32(klo + off + 8)};
+          mma_bf16(s[nt], qa[ks], bl);
+        }
       }
 
     // ---- causal mask, online softmax (log2 domain); rows a = g, b = g + 8 of the warp's 16
@@ -189,28 +214,46 @@ __global__ void __launch_bounds__(NTHR, 1) mla_naive_attn_kernel(NParams p) {
       acc[nt][3] *= cb;
     }
 
-    // ---- O += P_hi V_hi + P_hi V_lo (+ P_lo V_hi); P's A fragments straight from the S accumulators
+    // ---- O += P_hi V_hi + P_hi V_lo (+ P_lo V_hi), fast: O += bf16(P) V; P's A fragments straight from the S
+    // accumulators
+    if constexpr (FAST) {
 #pragma unroll
-    for (int kk = 0; kk < KT / 16; ++kk) {
-      std::uint32_t ph[4], pl[4];
-      split_bf16(s[2 * kk][0], s[2 * kk][1], ph[0], pl[0]);
-      split_bf16(s[2 * kk][2], s[2 * kk][3], ph[1], pl[1]);
-      split_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1], ph[2], pl[2]);
-      split_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3], ph[3], pl[3]);
-      const int vrow = 16 * kk + (lane % 8) + 8 * ((lane / 8) & 1);
+      for (int kk = 0; kk < KT / 16; ++kk) {
+        const std::uint32_t pb[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                                     pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                     pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+        const int vrow = 16 * kk + (lane % 8) + 8 * ((lane / 8) & 1);
 #pragma unroll
-      for (int np = 0; np < DH / 16; ++np) {
-        const int off = vrow * ROW + 16 * np + 8 * (lane / 16);
-        std::uint32_t bh[4], bl[4];
-        ldsm_x4_trans(bh, vhi + off);
-        ldsm_x4_trans(bl, vlo + off);
-        mma_bf16(acc[2 * np], ph, bh);
-        mma_bf16(acc[2 * np + 1], ph, bh + 2);
-        mma_bf16(acc[2 * np], ph, bl);
-        mma_bf16(acc[2 * np + 1], ph, bl + 2);
-        if constexpr (PLO) {
-          mma_bf16(acc[2 * np], pl, bh);
-          mma_bf16(acc[2 * np + 1], pl, bh + 2);
+        for (int np = 0; np < DH / 16; ++np) {
+          std::uint32_t bv[4];
+          ldsm_x4_trans(bv, vhi + vrow * ROW + 16 * np + 8 * (lane / 16));
+          mma_bf16(acc[2 * np], pb, bv);
+          mma_bf16(acc[2 * np + 1], pb, bv + 2);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < KT / 16; ++kk) {
+        std::uint32_t ph[4], pl[4];
+        split_bf16(s[2 * kk][0], s[2 * kk][1], ph[0], pl[0]);
+        split_bf16(s[2 * kk][2], s[2 * kk][3], ph[1], pl[1]);
+        split_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1], ph[2], pl[2]);
+        split_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3], ph[3], pl[3]);
+        const int vrow = 16 * kk + (lane % 8) + 8 * ((lane / 8) & 1);
+#pragma unroll
+        for (int np = 0; np < DH / 16; ++np) {
+          const int off = vrow * ROW + 16 * np + 8 * (lane / 16);
+          std::uint32_t bh[4], bl[4];
+          ldsm_x4_trans(bh, vhi + off);
+          ldsm_x4_trans(bl, vlo + off);
+          mma_bf16(acc[2 * np], ph, bh);
+          mma_bf16(acc[2 * np + 1], ph, bh + 2);
+          mma_bf16(acc[2 * np], ph, bl);
+          mma_bf16(acc[2 * np + 1], ph, bl + 2);
+          if constexpr (PLO) {
+            mma_bf16(acc[2 * np], pl, bh);
+            mma_bf16(acc[2 * np + 1], pl, bh + 2);
+          }
         }
       }
     }
@@ -328,7 +371,23 @@ MlaPrefillPath mla_prefill_path_rule(const MlaPrefillHeadsArgs& a) {
   return 11 * pairs > 1024 * N ? MlaPrefillPath::naive : MlaPrefillPath::absorbed;
 }
 
+const char* mla_prefill_precision_name(MlaPrefillPrecision p) {
+  switch (p) {
+    case MlaPrefillPrecision::automatic: return "auto";
+    case MlaPrefillPrecision::accurate: return "accurate";
+    case MlaPrefillPrecision::fast: return "fast";
+  }
+  return "?";
+}
+
+MlaPrefillPrecision mla_prefill_precision_rule(const MlaPrefillHeadsArgs&) { return MlaPrefillPrecision::accurate; }
+
+MlaPrefillPrecision mla_prefill_heads_precision(const MlaPrefillHeadsArgs& a) {
+  return a.precision == MlaPrefillPrecision::automatic ? mla_prefill_precision_rule(a) : a.precision;
+}
+
 MlaPrefillPath mla_prefill_heads_path(const MlaPrefillHeadsArgs& a, const MlaPrefillOverrides* ov) {
+  if (mla_prefill_heads_precision(a) == MlaPrefillPrecision::fast) return MlaPrefillPath::naive;
   if (ov && (ov->path == MlaPrefillPath::absorbed || ov->path == MlaPrefillPath::naive)) return ov->path;
   return mla_prefill_path_rule(a);
 }
@@ -336,6 +395,7 @@ MlaPrefillPath mla_prefill_heads_path(const MlaPrefillHeadsArgs& a, const MlaPre
 std::size_t mla_prefill_heads_workspace_bytes(const MlaPrefillHeadsArgs& a, const MlaPrefillOverrides* ov) {
   check_shape(a);
   const std::size_t B = a.B, T = a.T, H = a.H, N = static_cast<std::size_t>(a.prefix) + a.T;
+  if (mla_prefill_heads_precision(a) == MlaPrefillPrecision::fast) return 2 * align256(B * N * H * DH * 2);
   if (mla_prefill_heads_path(a, ov) == MlaPrefillPath::naive) return 2 * align256(B * N * H * DH * 4);
   return 2 * align256(B * T * H * DC * 2) + align256(B * T * H * DC * 4) + align256(H * DH * DC * 4);
 }
@@ -349,6 +409,15 @@ void mla_prefill_heads(const MlaPrefillHeadsArgs& a, cudaStream_t stream, const 
   if (ov && ov->path != MlaPrefillPath::automatic && ov->path != MlaPrefillPath::absorbed &&
       ov->path != MlaPrefillPath::naive)
     fail("overrides path = " + std::to_string(static_cast<int>(ov->path)) + "; accepted: automatic, absorbed or naive");
+  if (a.precision != MlaPrefillPrecision::automatic && a.precision != MlaPrefillPrecision::accurate &&
+      a.precision != MlaPrefillPrecision::fast)
+    fail("precision = " + std::to_string(static_cast<int>(a.precision)) + "; accepted: automatic, accurate or fast");
+  const bool fast = mla_prefill_heads_precision(a) == MlaPrefillPrecision::fast;
+  if (fast && ov && ov->path == MlaPrefillPath::absorbed)
+    fail("precision fast with the absorbed path forced; accepted: fast runs the naive path only (automatic or naive)");
+  if (fast && ov && ov->p_hi_only)
+    fail("precision fast with p_hi_only: the ablation drops a pass of the accurate plan; accepted: p_hi_only with "
+         "precision accurate only");
   check_shape(a);
   check_ptr_h(a.c, 16, "c");
   if (a.c_new) check_ptr_h(a.c_new, 16, "c_new");
@@ -378,7 +447,8 @@ void mla_prefill_heads(const MlaPrefillHeadsArgs& a, cudaStream_t stream, const 
   check_ptr_h(a.workspace, 256, "workspace");
   if (a.workspace_bytes < need)
     fail("workspace_bytes = " + std::to_string(a.workspace_bytes) + " for the " + mla_prefill_path_name(path) +
-         " path; accepted: >= mla_prefill_heads_workspace_bytes(args) = " + std::to_string(need));
+         (fast ? " path in precision fast" : " path") + "; accepted: >= mla_prefill_heads_workspace_bytes(args) = " +
+         std::to_string(need));
   cublasHandle_t hb = cublas_handle();
   cublas_check(cublasSetStream(hb, stream), "cublasSetStream");
   const float one = 1.0f, zero = 0.0f;
@@ -436,23 +506,27 @@ void mla_prefill_heads(const MlaPrefillHeadsArgs& a, cudaStream_t stream, const 
     mla_heads_append_kernel<<<blocks, 256, 0, stream>>>(a.c_new, sn_b, sn_t, a.c, sc_b, sc_t, a.prefix, a.T, total);
     cuda_check(cudaGetLastError(), "mla_heads_append_kernel launch");
   }
-  float* Kf = static_cast<float*>(a.workspace);
-  float* Vf = reinterpret_cast<float*>(static_cast<unsigned char*>(a.workspace) + align256(B * N * H * DH * 4));
+  // K and V: fp32 [B, N, H, 128] (accurate: split in place into bf16 hi + lo below) or bf16 (fast: rounded once)
+  const std::size_t elt = fast ? 2 : 4;
+  void* Kw = a.workspace;
+  void* Vw = static_cast<unsigned char*>(a.workspace) + align256(B * N * H * DH * elt);
   // column-major view, per sequence b: K_b^T [H 128 x N] (ld H 128) = W_UK [H 128 x 512] (stored col-major
-  // 512 x H 128, ld 512: op T) x C_b^T [512 x N] (ld sc_t); bf16 inputs, fp32 accumulation and output
+  // 512 x H 128, ld 512: op T) x C_b^T [512 x N] (ld sc_t); bf16 inputs, fp32 accumulation, fp32 or bf16 output
   for (int which = 0; which < 2; ++which)
     cublas_check(cublasGemmStridedBatchedEx(hb, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(H * DH), static_cast<int>(N), DC,
                                             &one, which == 0 ? a.W_UK : a.W_UV, CUDA_R_16BF, DC, 0, a.c, CUDA_R_16BF,
-                                            static_cast<int>(sc_t), sc_b, &zero, which == 0 ? Kf : Vf, CUDA_R_32F,
-                                            static_cast<int>(H * DH), N * H * DH, static_cast<int>(B), CUBLAS_COMPUTE_32F,
-                                            CUBLAS_GEMM_DEFAULT),
+                                            static_cast<int>(sc_t), sc_b, &zero, which == 0 ? Kw : Vw,
+                                            fast ? CUDA_R_16BF : CUDA_R_32F, static_cast<int>(H * DH), N * H * DH,
+                                            static_cast<int>(B), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                  which == 0 ? "cublasGemmStridedBatchedEx (K = C W_UK^T)" : "cublasGemmStridedBatchedEx (V = C W_UV^T)");
-  // K and V rows are contiguous only when the V part starts right after the K part (align256 of a multiple of
-  // 512 bytes is the identity), so one split launch covers both
-  const long long nrows = 2 * B * N * H;
-  const int sblocks = static_cast<int>(std::min<long long>((nrows + 7) / 8, 65535LL * 4));
-  mla_split_rows_kernel<<<sblocks, 256, 0, stream>>>(Kf, nrows);
-  cuda_check(cudaGetLastError(), "mla_split_rows_kernel launch");
+  if (!fast) {
+    // K and V rows are contiguous only when the V part starts right after the K part (align256 of a multiple of
+    // 512 bytes is the identity), so one split launch covers both
+    const long long nrows = 2 * B * N * H;
+    const int sblocks = static_cast<int>(std::min<long long>((nrows + 7) / 8, 65535LL * 4));
+    mla_split_rows_kernel<<<sblocks, 256, 0, stream>>>(static_cast<float*>(Kw), nrows);
+    cuda_check(cudaGetLastError(), "mla_split_rows_kernel launch");
+  }
 
   NParams p{};
   p.T = a.T;
@@ -462,27 +536,27 @@ void mla_prefill_heads(const MlaPrefillHeadsArgs& a, cudaStream_t stream, const 
   p.q = a.q_C;
   p.sq_t = sqc_t;
   p.sq_b = T * sqc_t;
-  p.kv = reinterpret_cast<const bf16_t*>(Kf);
-  p.v_off = B * N * H * 256;
+  p.kv = static_cast<const bf16_t*>(Kw);
+  p.v_off = B * N * H * (fast ? DH : 2 * DH);  // bf16 elements from the K rows to the V rows
   p.scale_log2 = a.scale * 1.4426950408889634f;
   p.out = a.out;
-  static bool attr[2] = {false, false};  // once per instantiation
   const dim3 grid(static_cast<unsigned>((T + QT - 1) / QT), static_cast<unsigned>(H), static_cast<unsigned>(B));
-  if (ov && ov->p_hi_only) {
-    if (!attr[0]) {
-      cuda_check(cudaFuncSetAttribute(mla_naive_attn_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(SMEM)), "cudaFuncSetAttribute(mla_naive_attn_kernel<false>)");
-      attr[0] = true;
+  const auto launch = [&](auto kernel, std::size_t smem, bool& attr_set, const char* what) {
+    if (!attr_set) {  // once per form
+      cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)), what);
+      attr_set = true;
     }
-    mla_naive_attn_kernel<false><<<grid, NTHR, SMEM, stream>>>(p);
-  } else {
-    if (!attr[1]) {
-      cuda_check(cudaFuncSetAttribute(mla_naive_attn_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(SMEM)), "cudaFuncSetAttribute(mla_naive_attn_kernel<true>)");
-      attr[1] = true;
-    }
-    mla_naive_attn_kernel<true><<<grid, NTHR, SMEM, stream>>>(p);
-  }
+    kernel<<<grid, NTHR, smem, stream>>>(p);
+  };
+  static bool attr[3] = {false, false, false};
+  if (fast)
+    launch(mla_naive_attn_kernel<kFast>, smem_of(kFast), attr[kFast], "cudaFuncSetAttribute(mla_naive_attn_kernel fast)");
+  else if (ov && ov->p_hi_only)
+    launch(mla_naive_attn_kernel<kAccuratePHi>, smem_of(kAccuratePHi), attr[kAccuratePHi],
+           "cudaFuncSetAttribute(mla_naive_attn_kernel accurate, P hi only)");
+  else
+    launch(mla_naive_attn_kernel<kAccurate>, smem_of(kAccurate), attr[kAccurate],
+           "cudaFuncSetAttribute(mla_naive_attn_kernel accurate)");
   cuda_check(cudaGetLastError(), "mla_naive_attn_kernel launch");
 }
 

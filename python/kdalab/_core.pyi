@@ -379,18 +379,21 @@ def cuda_mla_decode(q_hi: Array, q_lo: Optional[Array], c: Array, out: Array, wo
     cuda_mla_decode_workspace_bytes]; lens int32 [B] on the GPU or None (every sequence max_len tokens); s_q <=
     max_len <= N_max; H in {16, 32}; scale = (d_nope + d_rope)^-1/2."""
 
-def cuda_mla_prefill_workspace_bytes(B: int, T: int, H: int, capacity: int, prefix: int, *, path: str = "auto") -> int:
+def cuda_mla_prefill_workspace_bytes(B: int, T: int, H: int, capacity: int, prefix: int, *, path: str = "auto",
+                                     precision: str = "auto") -> int:
     """Bytes of the workspace cuda_mla_prefill needs (kernels/mla_prefill.hpp mla_prefill_heads_workspace_bytes)."""
 
 def cuda_mla_prefill(c: Array, q_C: Array, W_UK: Array, W_UV: Array, out: Array, workspace: Array,
                      c_new: Optional[Array] = None, *, prefix: int, scale: float, path: str = "auto",
-                     stream: int = 0) -> None:
+                     precision: str = "auto", stream: int = 0) -> None:
     """Causal MLA prefill of T new tokens behind `prefix` cached ones with per-head output o_i = W_UV,i a_i
     (kernels/mla_prefill.hpp mla_prefill_heads; path "auto" (the FLOP rule), "absorbed" or "naive"). c [B, N_max,
     row] bf16, rows prefix .. prefix + T - 1 written from c_new [B, T, d_c] bf16 (None: already there); q_C
     [B, T, H, d_nope] bf16; W_UK [H d_nope, d_c], W_UV [H d_v, d_c] bf16; out o [B, T, H, d_v] fp32; workspace
-    uint8 [>= cuda_mla_prefill_workspace_bytes]. d_c = 512, d_nope = d_v = 128. Its first call creates a cuBLAS
-    handle (not capturable)."""
+    uint8 [>= cuda_mla_prefill_workspace_bytes]. d_c = 512, d_nope = d_v = 128. precision "auto" (the rule:
+    accurate), "accurate" (K, V and P as bf16 hi + lo, ~5e-6 relative RMS) or "fast" (bf16 K, V and P, one pass
+    per product, ~2.4e-3 .. 4.2e-3; the naive path only) (kernels/mla_prefill.hpp MlaPrefillPrecision). Its first
+    call creates a cuBLAS handle (not capturable)."""
 
 def cuda_attn_res(src: Array, w: Array, out: Array, *, eps: float = 1e-6, stream: int = 0) -> None:
     """Attention Residuals over S sources (kernels/attn_res.hpp attn_res; K3 report Eqs. 8-10): per token

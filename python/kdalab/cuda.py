@@ -109,24 +109,25 @@ def mla_decode(q_hi, q_lo, c, *, scale, max_len=None, lens=None, precision="auto
     return out
 
 
-def mla_prefill_workspace(c, q_C, *, prefix, path="auto"):
+def mla_prefill_workspace(c, q_C, *, prefix, path="auto", precision="auto"):
     """A workspace (uint8 tensor) for mla_prefill on the cache c [B, N_max, row] and q_C [B, T, H, d_nope]."""
     require_cuda()
     B, T, H, _ = q_C.shape
-    n = _core.cuda_mla_prefill_workspace_bytes(B, T, H, c.shape[1], prefix, path=path)
+    n = _core.cuda_mla_prefill_workspace_bytes(B, T, H, c.shape[1], prefix, path=path, precision=precision)
     return _empty(q_C, (max(n, 1),), "uint8")
 
 
-def mla_prefill(c, q_C, W_UK, W_UV, *, prefix, scale, c_new=None, path="auto", out=None, workspace=None,
-                stream=None):
+def mla_prefill(c, q_C, W_UK, W_UV, *, prefix, scale, c_new=None, path="auto", precision="auto", out=None,
+                workspace=None, stream=None):
     """Causal MLA prefill with per-head output (kdalab._core.cuda_mla_prefill); writes the new latents into
-    c. Returns o [B, T, H, d_v] fp32."""
+    c. precision: "auto" (accurate), "accurate" or "fast". Returns o [B, T, H, d_v] fp32."""
     require_cuda()
     B, T, H, _ = q_C.shape
     out = _empty(q_C, (B, T, H, W_UV.shape[0] // H), "float32") if out is None else out
-    ws = mla_prefill_workspace(c, q_C, prefix=prefix, path=path) if workspace is None else workspace
+    ws = (mla_prefill_workspace(c, q_C, prefix=prefix, path=path, precision=precision) if workspace is None
+          else workspace)
     _core.cuda_mla_prefill(c, q_C, W_UK, W_UV, out, ws, c_new, prefix=prefix, scale=scale, path=path,
-                           stream=_stream(stream))
+                           precision=precision, stream=_stream(stream))
     return out
 
 

@@ -129,7 +129,7 @@ void bind_cuda_host_path(nb::module_& m) {
   // c_new [B, T, d_c], q_C [B, T, H, d_nope], W_UK, W_UV [H 128, d_c]. Returns (o [B, T, H, d_v], cache after).
   m.def("_host_mla_prefill",
         [](const Array& c_a, const Array& c_new_a, const Array& q_C_a, const Array& W_UK_a, const Array& W_UV_a,
-           int prefix, double scale, const std::string& path) {
+           int prefix, double scale, const std::string& path, const std::string& precision) {
           const Tensor<double> c = tensor_in(c_a, "c"), c_new = tensor_in(c_new_a, "c_new"), q_C = tensor_in(q_C_a, "q_C"),
                                W_UK = tensor_in(W_UK_a, "W_UK"), W_UV = tensor_in(W_UV_a, "W_UV");
           const std::size_t B = q_C.dim(0), T = q_C.dim(1), H = q_C.dim(2), dn = q_C.dim(3), dc = W_UK.dim(1),
@@ -153,6 +153,9 @@ void bind_cuda_host_path(nb::module_& m) {
           a.W_UV = dvw.as<K::bf16_t>();
           a.scale = static_cast<float>(scale);
           a.out = out.as<float>();
+          a.precision = precision == "fast"       ? K::MlaPrefillPrecision::fast
+                        : precision == "accurate" ? K::MlaPrefillPrecision::accurate
+                                                  : K::MlaPrefillPrecision::automatic;
           K::MlaPrefillOverrides ov;
           ov.path = path == "naive" ? K::MlaPrefillPath::naive
                     : path == "absorbed" ? K::MlaPrefillPath::absorbed : K::MlaPrefillPath::automatic;
@@ -164,7 +167,7 @@ void bind_cuda_host_path(nb::module_& m) {
           return nb::make_tuple(tensor_out(from(download_f32(out), {B, T, H, dv})),
                                 tensor_out(from(download_bf16(dcache), {B, N, dc})));
         },
-        "c"_a, "c_new"_a, "q_C"_a, "W_UK"_a, "W_UV"_a, "prefix"_a, "scale"_a, "path"_a);
+        "c"_a, "c_new"_a, "q_C"_a, "W_UK"_a, "W_UV"_a, "prefix"_a, "scale"_a, "path"_a, "precision"_a = "auto");
 
   // AttnRes over src [S, T, d] (bf16 values) with pseudo-query w [d] (fp32 values). Returns out_f32 [T, d].
   m.def("_host_attn_res",

@@ -247,6 +247,13 @@ K::MlaDecodePrecision parse_mla_precision(const std::string& p) {
   throw Error("precision = '" + p + "' is unknown; accepted: auto, accurate, fast");
 }
 
+K::MlaPrefillPrecision parse_prefill_precision(const std::string& p) {
+  if (p == "auto") return K::MlaPrefillPrecision::automatic;
+  if (p == "accurate") return K::MlaPrefillPrecision::accurate;
+  if (p == "fast") return K::MlaPrefillPrecision::fast;
+  throw Error("precision = '" + p + "' is unknown; accepted: auto, accurate, fast");
+}
+
 K::MlaPrefillPath parse_path(const std::string& p) {
   if (p == "auto") return K::MlaPrefillPath::automatic;
   if (p == "absorbed") return K::MlaPrefillPath::absorbed;
@@ -486,18 +493,20 @@ void bind_cuda(nb::module_& m) {
   m.def(
       "cuda_mla_prefill_workspace_bytes",
       [mla_prefill_args](std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t capacity, std::int64_t prefix,
-                         const std::string& path) {
+                         const std::string& path, const std::string& precision) {
         K::MlaPrefillOverrides ov;
         ov.path = parse_path(path);
-        return K::mla_prefill_heads_workspace_bytes(mla_prefill_args(B, T, H, capacity, prefix), &ov);
+        K::MlaPrefillHeadsArgs a = mla_prefill_args(B, T, H, capacity, prefix);
+        a.precision = parse_prefill_precision(precision);
+        return K::mla_prefill_heads_workspace_bytes(a, &ov);
       },
-      "B"_a, "T"_a, "H"_a, "capacity"_a, "prefix"_a, nb::kw_only(), "path"_a = "auto",
+      "B"_a, "T"_a, "H"_a, "capacity"_a, "prefix"_a, nb::kw_only(), "path"_a = "auto", "precision"_a = "auto",
       doc::cuda_mla_prefill_workspace_bytes);
   m.def(
       "cuda_mla_prefill",
       [mla_prefill_args](const Dev& c, const Dev& q_C, const Dev& W_UK, const Dev& W_UV, const Dev& out,
                          const Dev& workspace, const std::optional<Dev>& c_new, std::int64_t prefix, double scale,
-                         const std::string& path, std::uintptr_t stream) {
+                         const std::string& path, const std::string& precision, std::uintptr_t stream) {
         const auto sc = check_cache(c);
         const auto sq = check_dev(q_C, "q_C", DType::bf16, 4);
         const auto sk = check_dev(W_UK, "W_UK", DType::bf16, 2);
@@ -526,6 +535,7 @@ void bind_cuda(nb::module_& m) {
         a.W_UV = ptr<const K::bf16_t>(W_UV);
         a.scale = static_cast<float>(scale);
         a.out = ptr<float>(out);
+        a.precision = parse_prefill_precision(precision);
         K::MlaPrefillOverrides ov;
         ov.path = parse_path(path);
         a.workspace = workspace.data();
@@ -533,7 +543,8 @@ void bind_cuda(nb::module_& m) {
         K::mla_prefill_heads(a, stream_of(stream), &ov);
       },
       "c"_a, "q_C"_a, "W_UK"_a, "W_UV"_a, "out"_a, "workspace"_a, "c_new"_a.none() = nb::none(), nb::kw_only(),
-      "prefix"_a, "scale"_a, "path"_a = "auto", "stream"_a = 0, doc::cuda_mla_prefill);
+      "prefix"_a, "scale"_a, "path"_a = "auto", "precision"_a = "auto", "stream"_a = 0,
+      doc::cuda_mla_prefill);
 
   m.def(
       "cuda_attn_res",

@@ -173,8 +173,8 @@ def test_mla_multi_token_decode_from_torch_is_within_the_fast_budget_and_graph_c
         kc.mla_decode(q_hi, q_hi, c, scale=scale, lens=lens_d, precision="accurate")
 
 
-@pytest.mark.parametrize("path", ["absorbed", "naive"])
-def test_mla_prefill_from_torch_equals_the_host_path(torch, path):
+@pytest.mark.parametrize("path,precision", [("absorbed", "auto"), ("naive", "auto"), ("auto", "fast")])
+def test_mla_prefill_from_torch_equals_the_host_path(torch, path, precision):
     B, T, H, dn, dc, prefix, N = 2, 40, 4, 128, 512, 24, 80
     cache = torch.zeros((B, N, dc), dtype=torch.bfloat16)
     cache[:, :prefix] = bf16_randn(torch, (B, prefix, dc), seed=4)
@@ -182,10 +182,10 @@ def test_mla_prefill_from_torch_equals_the_host_path(torch, path):
     W_UK, W_UV = bf16_randn(torch, (H * dn, dc), dc ** -0.5, seed=7), bf16_randn(torch, (H * dn, dc), dc ** -0.5, seed=8)
     scale = dn ** -0.5
     o_ref, cache_ref = _core._host_mla_prefill(*(t.double().numpy() for t in (cache, c_new, q_C, W_UK, W_UV)),
-                                               prefix, scale, path)
+                                               prefix, scale, path, precision)
     c = cache.cuda()
     o = kc.mla_prefill(c, q_C.cuda(), W_UK.cuda(), W_UV.cuda(), prefix=prefix, scale=scale, c_new=c_new.cuda(),
-                       path=path)
+                       path=path, precision=precision)
     torch.cuda.synchronize()
     assert bits_equal(o, o_ref) and bits_equal(c, cache_ref)
 

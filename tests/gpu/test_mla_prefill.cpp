@@ -4,6 +4,7 @@
 // prefill then decode (kernels/mla.hpp) == prefill of the longer sequence. Fresh seeded inputs (never
 // zeros); outputs, and the cache rows the prefill must write, poisoned (NaN) before every run.
 // Runs only where the CUDA kernels are built (ctest label gpu).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -604,6 +605,40 @@ struct HeadsProblem {
     }
     return o;
   }
+  /// float64 o [B, T, H, 128] with K = bf16(C W_UK^T) and V = bf16(C W_UV^T): the truth of precision fast's
+  /// own inputs (its K and V are rounded once to bf16), so that what is left is the kernel's P and accumulation.
+  std::vector<double> truth_bf16_kv(double scale = 1.0 / std::sqrt(128.0)) const {
+    std::vector<double> o(B * T * H * 128, 0.0), K(N() * 128), V(N() * 128), s(N());
+    for (std::size_t b = 0; b < B; ++b)
+      for (std::size_t h = 0; h < H; ++h) {
+        for (std::size_t tau = 0; tau < N(); ++tau)
+          for (std::size_t j = 0; j < 128; ++j) {
+            double kk = 0.0, vv = 0.0;
+            for (std::size_t c = 0; c < DC; ++c) {
+              kk += wuk[(h * 128 + j) * DC + c] * L(b, tau, c);
+              vv += wuv[(h * 128 + j) * DC + c] * L(b, tau, c);
+            }
+            K[tau * 128 + j] = round_bf16(kk);
+            V[tau * 128 + j] = round_bf16(vv);
+          }
+        for (std::size_t t = 0; t < T; ++t) {
+          const std::size_t n = N0 + t + 1;
+          const double* q = &qc[((b * T + t) * H + h) * 128];
+          double mx = -INFINITY, sum = 0.0;
+          for (std::size_t tau = 0; tau < n; ++tau) {
+            double d = 0.0;
+            for (std::size_t j = 0; j < 128; ++j) d += q[j] * K[tau * 128 + j];
+            s[tau] = scale * d;
+            mx = std::max(mx, s[tau]);
+          }
+          for (std::size_t tau = 0; tau < n; ++tau) sum += (s[tau] = std::exp(s[tau] - mx));
+          double* out = &o[((b * T + t) * H + h) * 128];
+          for (std::size_t tau = 0; tau < n; ++tau)
+            for (std::size_t j = 0; j < 128; ++j) out[j] += s[tau] / sum * V[tau * 128 + j];
+        }
+      }
+    return o;
+  }
   /// Cache after the prefill: rows < N0 + T = the latents exactly, the rest still NaN. Wrong elements.
   std::size_t cache_errors() const {
     const auto h = download_bits(cache);
@@ -623,11 +658,13 @@ kernels::MlaPrefillOverrides forced(kernels::MlaPrefillPath path, bool p_hi_only
   return ov;
 }
 
-/// Runs mla_prefill_heads on the path `ov` forces (fresh cache, poisoned out and workspace) and downloads
-/// o [B, T, H, 128].
-std::vector<double> run_heads(HeadsProblem& P, const kernels::MlaPrefillOverrides& ov) {
+/// Runs mla_prefill_heads in `precision` on the path `ov` forces (fresh cache, poisoned out and workspace) and
+/// downloads o [B, T, H, 128].
+std::vector<double> run_heads(HeadsProblem& P, const kernels::MlaPrefillOverrides& ov,
+                              kernels::MlaPrefillPrecision precision = kernels::MlaPrefillPrecision::automatic) {
   P.upload();
   kernels::MlaPrefillHeadsArgs a = P.args();
+  a.precision = precision;
   DevBuf out(P.B * P.T * P.H * 128 * 4), ws(kernels::mla_prefill_heads_workspace_bytes(a, &ov));
   out.poison();
   ws.poison();
@@ -744,6 +781,89 @@ TEST_CASE("mla prefill heads, naive: the rule's choices (11 pairs > 1024 N)", "[
   CHECK(pick(1, 0) == MlaPrefillPath::naive);
 }
 
+TEST_CASE("mla prefill heads, fast: vs float64 and beside accurate, T x N0 (tile edges, prefix), B = 2, H = 32 (16)",
+          "[gpu][mla][fast]") {
+  using kernels::MlaPrefillPath;
+  using kernels::MlaPrefillPrecision;
+  struct Case { std::size_t T, N0, H; double sigma; };
+  std::vector<Case> cases;
+  for (std::size_t N0 : {0, 37, 300})
+    for (std::size_t T : {1, 17, 31, 32, 33, 127, 128, 129, 300, 1000}) cases.push_back({T, N0, 32, 1.0});
+  for (std::size_t T : {65, 300}) cases.push_back({T, 37, 16, 1.0});
+  for (double sigma : {2.0, 4.0}) cases.push_back({300, 37, 32, sigma});
+  double worst = 0.0;
+  for (const Case& c : cases) {
+    HeadsProblem P(2, c.T, c.H, c.N0, c.sigma);
+    const auto truth = P.truth();
+    const auto of = run_heads(P, forced(MlaPrefillPath::automatic), MlaPrefillPrecision::fast);
+    const std::size_t cache_f = P.cache_errors();
+    const auto oacc = run_heads(P, forced(MlaPrefillPath::naive), MlaPrefillPrecision::accurate);
+    const auto mf = compare(of, truth), macc = compare(oacc, truth);
+    worst = std::max(worst, mf.rel_rms);
+    std::printf("mla prefill heads fast B=2 T=%zu N0=%zu H=%zu sigma=%g: fast rel_rms %.3e (max_abs %.2e), accurate "
+                "%.3e; cache errors %zu\n", c.T, c.N0, c.H, c.sigma, mf.rel_rms, mf.max_abs, macc.rel_rms, cache_f);
+    CAPTURE(c.T, c.N0, c.H, c.sigma, mf.rel_rms, macc.rel_rms);
+    REQUIRE(non_finite(of) == 0);
+    CHECK(mf.rel_rms <= tol::mla_prefill_fast.value);
+    CHECK(macc.rel_rms <= tol::mla_prefill_heads_goal.value);
+    CHECK(macc.rel_rms < mf.rel_rms);  // fast really runs the bf16 plan (and accurate the hi + lo one)
+    CHECK(cache_f == 0);
+  }
+  std::printf("mla prefill heads fast: worst rel_rms %.3e over %zu cases (budget %.1e)\n", worst, cases.size(),
+              tol::mla_prefill_fast.value);
+}
+
+TEST_CASE("mla prefill heads, fast: identical keys and very large logits give no NaN", "[gpu][mla][fast]") {
+  for (double sigma : {1.0, 1000.0})
+    for (bool identical : {true, false}) {
+      if (!identical && sigma == 1.0) continue;
+      HeadsProblem P(1, 200, 32, 50, sigma);
+      if (identical) P.make_identical();
+      const auto truth = P.truth();
+      const auto of = run_heads(P, forced(kernels::MlaPrefillPath::automatic), kernels::MlaPrefillPrecision::fast);
+      // near-one-hot rows (sigma 1000, distinct keys): bf16 K alone swaps near-tied winners, a limit of the
+      // precision (see tol::mla_prefill_fast), so the kernel is checked against the truth of its own bf16 K and V
+      const bool sharp = !identical;
+      const auto mf = compare(of, sharp ? P.truth_bf16_kv() : truth), mexact = compare(of, truth);
+      std::printf("mla prefill heads fast %s, sigma=%g: rel_rms %.3e%s (against the exact truth %.3e), non-finite "
+                  "%zu\n", identical ? "identical keys" : "distinct keys", sigma, mf.rel_rms,
+                  sharp ? " against float64 on bf16 K, V" : "", mexact.rel_rms, non_finite(of));
+      REQUIRE(non_finite(of) == 0);
+      CHECK(mf.rel_rms <= tol::mla_prefill_fast.value);
+    }
+}
+
+TEST_CASE("mla prefill heads: the precision rule, fast's path and workspace", "[gpu][mla][fast]") {
+  using kernels::MlaPrefillPath;
+  using kernels::MlaPrefillPrecision;
+  kernels::MlaPrefillHeadsArgs a;
+  a.B = 2;
+  a.H = 32;
+  a.capacity = 100000;
+  for (auto [T, N0] : std::vector<std::pair<int, int>>{{1, 0}, {64, 0}, {8192, 0}, {93, 1000}}) {
+    a.T = T;
+    a.prefix = N0;
+    a.precision = MlaPrefillPrecision::automatic;
+    CHECK(kernels::mla_prefill_precision_rule(a) == MlaPrefillPrecision::accurate);
+    CHECK(kernels::mla_prefill_heads_precision(a) == MlaPrefillPrecision::accurate);
+    const MlaPrefillPath acc_path = kernels::mla_prefill_heads_path(a);
+    CHECK(acc_path == kernels::mla_prefill_path_rule(a));
+    kernels::MlaPrefillOverrides naive;
+    naive.path = MlaPrefillPath::naive;
+    const std::size_t ws_acc = kernels::mla_prefill_heads_workspace_bytes(a, &naive);
+    a.precision = MlaPrefillPrecision::fast;
+    CHECK(kernels::mla_prefill_heads_precision(a) == MlaPrefillPrecision::fast);
+    CHECK(kernels::mla_prefill_heads_path(a) == MlaPrefillPath::naive);  // fast runs the naive path, whatever the rule
+    const std::size_t ws_fast = kernels::mla_prefill_heads_workspace_bytes(a);
+    CAPTURE(T, N0, ws_acc, ws_fast);
+    CHECK(ws_fast * 2 >= ws_acc);  // bf16 K and V: half the fp32 workspace (each part rounded up to 256 bytes)
+    CHECK(ws_fast * 2 <= ws_acc + 1024);
+  }
+  CHECK(std::string(kernels::mla_prefill_precision_name(MlaPrefillPrecision::fast)) == "fast");
+  CHECK(std::string(kernels::mla_prefill_precision_name(MlaPrefillPrecision::accurate)) == "accurate");
+  CHECK(std::string(kernels::mla_prefill_precision_name(MlaPrefillPrecision::automatic)) == "auto");
+}
+
 namespace {
 
 /// One mla_prefill_heads call: the arguments and the overrides.
@@ -783,6 +903,26 @@ const std::vector<BadCase<HeadsCall>> kHeadsBad = {
        h.a.workspace_bytes = 1000;
      },
      "mla_prefill_heads: workspace_bytes = 1000 for the absorbed path"},
+    {"precision = 7", [](auto& h) { h.a.precision = static_cast<kernels::MlaPrefillPrecision>(7); },
+     "mla_prefill_heads: precision = 7; accepted: automatic, accurate or fast"},
+    {"fast with absorbed forced",
+     [](auto& h) {
+       h.a.precision = kernels::MlaPrefillPrecision::fast;
+       h.ov.path = kernels::MlaPrefillPath::absorbed;
+     },
+     "mla_prefill_heads: precision fast with the absorbed path forced; accepted: fast runs the naive path only"},
+    {"fast with p_hi_only",
+     [](auto& h) {
+       h.a.precision = kernels::MlaPrefillPrecision::fast;
+       h.ov.p_hi_only = true;
+     },
+     "mla_prefill_heads: precision fast with p_hi_only"},
+    {"fast workspace too small",
+     [](auto& h) {
+       h.a.precision = kernels::MlaPrefillPrecision::fast;
+       h.a.workspace_bytes = 1000;
+     },
+     "mla_prefill_heads: workspace_bytes = 1000 for the naive path in precision fast"},
 };
 
 }  // namespace

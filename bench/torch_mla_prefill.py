@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""Times torch's MLA prefill on the `kdalab bench --op mla-prefill` shapes, in the same machine session as kdalab,
+and writes {"mla-prefill-fast B=.. T=.. H=.. HV=..[ N0=..]": milliseconds} (torch's fastest SDPA backend) for
+`kdalab bench --peer-json`; with --accuracy, also the error of each SDPA backend and of kdalab's two precisions
+against a float64 truth on identical inputs.
+
+This is what a torch user runs for MLA prefill without kdalab (docs/kernels/mla_prefill.md), not a peer's code:
+  K = C W_UK^T, V = C W_UV^T (bf16 matmuls, per head [B, H, N, 128]), o = SDPA(q^C, K, V) causal, with the T new
+  tokens behind N0 cached ones (the causal mask aligned at the lower right: query t sees keys 0 .. N0 + t).
+Per backend (cuDNN, flash, memory-efficient; torch.nn.attention.sdpa_kernel): the K, V products + SDPA, median of
+CUDA-event timings after warm-up; a backend that refuses the inputs is reported as such (null in the JSON).
+Usage: python3 bench/torch_mla_prefill.py OUT.json [B:T:H ...] [--prefix N0] [--accuracy FILE.json]
+Shapes default to bench's (1:8192:32, 1:2048:32, 8:512:32).
+"""
+import argparse
+import json
+import math
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from cuda_events import time_ms  # bench/cuda_events.py, beside this script
+
+BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+            "efficient": SDPBackend.EFFICIENT_ATTENTION}
+DC, DH = 512, 128
+
+
+def inputs(B, T, H, N0, seed=1234, sigma=1.0):
+    """kdalab's test distribution (tests/gpu/test_mla_prefill.cpp HeadsProblem): latents N(0, 1), W_UK and W_UV
+    N(0, 1/d_c), q^C sigma N(0, 1), all rounded to bf16; scale 1/sqrt(d_nope)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    N = N0 + T
+    C = torch.randn(B, N, DC, device="cuda", generator=g).bfloat16()
+    W_UK = (torch.randn(H * DH, DC, device="cuda", generator=g) / math.sqrt(DC)).bfloat16()
+    W_UV = (torch.randn(H * DH, DC, device="cuda", generator=g) / math.sqrt(DC)).bfloat16()
+    q = (sigma * torch.randn(B, T, H, DH, device="cuda", generator=g)).bfloat16()
+    return C, W_UK, W_UV, q, DH ** -0.5
+
+
+def causal_mask(T, N0, device):
+    """[T, N] boolean: query t (absolute position N0 + t) sees keys 0 .. N0 + t."""
+    return torch.arange(N0 + T, device=device)[None, :] <= (N0 + torch.arange(T, device=device))[:, None]
+
+
+def torch_mla(C, W_UK, W_UV, q, scale, N0):
+    """o [B, T, H, 128] by bf16 K, V products and SDPA (whichever backend the context allows)."""
+    B, N, _ = C.shape
+    T, H = q.shape[1], q.shape[2]
+    K = (C @ W_UK.t()).view(B, N, H, DH).transpose(1, 2)
+    V = (C @ W_UV.t()).view(B, N, H, DH).transpose(1, 2)
+    qh = q.transpose(1, 2)
+    if N0 == 0:
+        o = torch.nn.functional.scaled_dot_product_attention(qh, K, V, is_causal=True, scale=scale)
+    else:
+        o = torch.nn.functional.scaled_dot_product_attention(qh, K, V, attn_mask=causal_mask(T, N0, C.device),
+                                                             scale=scale)
+    return o.transpose(1, 2)
+
+
+def truth(C, W_UK, W_UV, q, scale, N0):
+    """float64 o [B, T, H, 128] on the same bf16 inputs."""
+    B, N, _ = C.shape
+    T, H = q.shape[1], q.shape[2]
+    Cd = C.double()
+    K = (Cd @ W_UK.double().t()).view(B, N, H, DH).transpose(1, 2)
+    V = (Cd @ W_UV.double().t()).view(B, N, H, DH).transpose(1, 2)
+    s = (q.double().transpose(1, 2) @ K.transpose(-1, -2)) * scale
+    s = s.masked_fill(~causal_mask(T, N0, C.device), float("-inf"))
+    return (torch.softmax(s, dim=-1) @ V).transpose(1, 2)
+
+
+def rel_rms(x, ref):
+    return float(torch.linalg.vector_norm(x.double() - ref) / torch.linalg.vector_norm(ref))
+
+
+def key_of(B, T, H, N0):
+    return f"mla-prefill-fast B={B} T={T} H={H} HV={H}" + (f" N0={N0}" if N0 else "")
+
+
+def accuracy(cases, out_path):
+    """Relative RMS of o against float64 for every SDPA backend and for kdalab's precisions (when kdalab.cuda
+    imports), on identical inputs per case."""
+    try:
+        import kdalab.cuda as kc
+    except Exception as e:  # kdalab's CUDA module is optional here
+        kc = None
+        print(f"kdalab.cuda not available ({e}); torch backends only", flush=True)
+    rows = []
+    for (B, T, H, N0, sigma) in cases:
+        C, W_UK, W_UV, q, scale = inputs(B, T, H, N0, seed=99, sigma=sigma)
+        ref = truth(C, W_UK, W_UV, q, scale, N0)
+        row = {"B": B, "T": T, "H": H, "N0": N0, "sigma": sigma}
+        for name, be in BACKENDS.items():
+            try:
+                with sdpa_kernel([be]):
+                    row[f"torch_{name}"] = rel_rms(torch_mla(C, W_UK, W_UV, q, scale, N0).float(), ref)
+            except RuntimeError as e:
+                row[f"torch_{name}"] = None
+                print(f"  {name}: refused ({str(e).splitlines()[0][:100]})", flush=True)
+        if kc is not None:
+            for prec in ("accurate", "fast"):
+                cache = torch.zeros((B, N0 + T, DC), dtype=torch.bfloat16, device="cuda")
+                cache[:, :N0] = C[:, :N0]
+                o = kc.mla_prefill(cache, q.contiguous(), W_UK, W_UV, prefix=N0, scale=scale,
+                                   c_new=C[:, N0:].contiguous(), precision=prec)
+                row[f"kdalab_{prec}"] = rel_rms(o, ref)
+        rows.append(row)
+        print("accuracy " + ", ".join(f"{k} {v:.3e}" if isinstance(v, float) and k not in ("sigma",) else f"{k} {v}"
+                                      for k, v in row.items()), flush=True)
+    with open(out_path, "w") as fh:
+        json.dump(rows, fh, indent=1)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out", help="peer-time JSON for kdalab bench --peer-json")
+    p.add_argument("shapes", nargs="*", help="B:T:H (default: bench's mla-prefill shapes)")
+    p.add_argument("--prefix", type=int, default=0, help="cached tokens N0 before the T new ones (default 0)")
+    p.add_argument("--accuracy", metavar="FILE.json", help="also measure the error against float64 into FILE.json")
+    a = p.parse_args()
+    shapes = a.shapes or ["1:8192:32", "1:2048:32", "8:512:32"]
+    out = {"_what": "torch: bf16 K, V products + SDPA on its fastest backend (ms), per kdalab mla-prefill-fast key"}
+    for sh in shapes:
+        B, T, H = (int(x) for x in sh.split(":"))
+        C, W_UK, W_UV, q, scale = inputs(B, T, H, a.prefix)
+        times = {}
+        for name, be in BACKENDS.items():
+            try:
+                with sdpa_kernel([be]):
+                    times[name] = time_ms(lambda: torch_mla(C, W_UK, W_UV, q, scale, a.prefix), 10, 50)
+            except RuntimeError as e:
+                times[name] = None
+                print(f"  {name}: refused ({str(e).splitlines()[0][:100]})", flush=True)
+        proj = time_ms(lambda: ((C @ W_UK.t()), (C @ W_UV.t())), 10, 50)
+        key = key_of(B, T, H, a.prefix)
+        ok = [t for t in times.values() if t is not None]
+        out[key] = min(ok) if ok else None
+        print(f"{key}: torch " + ", ".join(f"{n} {t:.4f} ms" if t is not None else f"{n} refused"
+                                           for n, t in times.items()) + f"; the two K, V products alone {proj:.4f} ms",
+              flush=True)
+        del C, W_UK, W_UV, q
+        torch.cuda.empty_cache()
+    with open(a.out, "w") as fh:
+        json.dump(out, fh, indent=1)
+    if a.accuracy:
+        accuracy([(2, 300, 32, 37, 1.0), (2, 300, 32, 37, 4.0), (1, 1000, 32, 0, 1.0), (1, 2048, 32, 0, 1.0),
+                  (1, 512, 32, 1536, 1.0)], a.accuracy)
+
+
+if __name__ == "__main__":
+    main()
