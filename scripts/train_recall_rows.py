@@ -36,7 +36,8 @@ def load(description, family=None):
     a = p.parse_args()
     given = a.results is not None
     if a.results is None:
-        paths = sorted(glob.glob(os.path.join(DATA_DIR, "*.h5")))
+        # relative to the working folder, so that the figure's footer names the file and not this machine's folders
+        paths = [os.path.relpath(p) for p in sorted(glob.glob(os.path.join(DATA_DIR, "*.h5")))]
         if not paths:
             fs._ARGS = a
             raise fs.Skip("no results files under data/recall_train/ (GPU runs of python -m kdalab.train_recall "
@@ -49,7 +50,7 @@ def load(description, family=None):
         paths = [a.results]
     a.results = paths[0]
     fs._ARGS = a  # save() and run() read it
-    files, parts, notes, grids = [], [], [], set()
+    files, parts, notes, grids, reduced, devices = [], [], [], set(), 0, []
     for path in paths:
         try:
             f = h5py.File(path, "r")
@@ -74,13 +75,18 @@ def load(description, family=None):
         grids.add(fs.attr(f["train_recall"], "grid", "none"))
         note = fs.attr(f["train_recall"], "note", "")
         trained_on = fs.attr(f["train_recall"], "torch_device", "")
+        if trained_on and trained_on not in devices:
+            devices.append(trained_on)
         if note.startswith("reduced grid"):
-            notes.append(note + (f", trained on {trained_on}" if trained_on else ""))
-        elif trained_on:
-            notes.append(f"trained on {trained_on}")
+            reduced += len(np.atleast_1d(t["test_accuracy"]))
     if not files:
         raise fs.Skip(f"no results file of a {family} grid under data/recall_train/; give a results file")
     rows = {k: np.concatenate([p[k] for p in parts]) for k in COLUMNS}
+    # one title note for every file: "reduced grid: N runs" (summed over the files of reduced grids), the cards
+    if reduced:
+        notes.insert(0, f"reduced grid: {reduced} runs" + (f" in {len(files)} files" if len(files) > 1 else ""))
+    if devices:
+        notes.append("trained on " + ", ".join(devices))
     return files, rows, (" — " + "; ".join(notes)) if notes else "", grids
 
 
