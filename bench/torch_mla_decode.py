@@ -11,7 +11,11 @@ Per shape: C [B, N, 512] bf16 latent cache, q~ [B, H, 512] bf16;
 import json
 import sys
 
-import torch
+try:
+    import torch
+except ImportError as e:  # one line, exit 3 (cannot run here), as kdalab's commands
+    sys.stderr.write(f"torch_mla_decode.py: cannot run here: needs torch ({e})\n")
+    sys.exit(3)
 
 from cuda_events import time_ms  # bench/cuda_events.py, beside this script
 
@@ -34,6 +38,9 @@ def main():
     if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
         print(__doc__)
         sys.exit(0 if len(sys.argv) >= 2 else 2)
+    if not torch.cuda.is_available():
+        sys.stderr.write("torch_mla_decode.py: cannot run here: torch sees no CUDA device\n")
+        sys.exit(3)
     shapes = sys.argv[2:] or ["1:65536:32", "1:1048576:32", "64:32768:32", "1:8192:32", "8:8192:32", "256:4096:32"]
     out = {}
     for sh in shapes:

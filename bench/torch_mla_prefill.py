@@ -9,21 +9,21 @@ This is what a torch user runs for MLA prefill without kdalab (docs/kernels/mla_
   tokens behind N0 cached ones (the causal mask aligned at the lower right: query t sees keys 0 .. N0 + t).
 Per backend (cuDNN, flash, memory-efficient; torch.nn.attention.sdpa_kernel): the K, V products + SDPA, median of
 CUDA-event timings after warm-up; a backend that refuses the inputs is reported as such (null in the JSON).
-Usage: python3 bench/torch_mla_prefill.py OUT.json [B:T:H ...] [--prefix N0] [--accuracy FILE.json]
+Usage: python3 bench/torch_mla_prefill.py OUT.json [B:T:H ...] [--prefix N0] [--accuracy FILE.json] [--force]
 Shapes default to bench's (1:8192:32, 1:2048:32, 8:512:32).
+Outputs follow kdalab's rule: the folder of each must exist, an existing file is replaced only with --force, each
+is written whole or not at all. Bad arguments: one line, exit 2, nothing written; no torch or no CUDA device: one
+line, exit 3.
 """
 import argparse
 import json
 import math
+import os
+import sys
 
-import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
-
-from cuda_events import time_ms  # bench/cuda_events.py, beside this script
-
-BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
-            "efficient": SDPBackend.EFFICIENT_ATTENTION}
 DC, DH = 512, 128
+torch = None  # imported by main() after the arguments are checked
+BACKENDS = {}
 
 
 def inputs(B, T, H, N0, seed=1234, sigma=1.0):
@@ -108,21 +108,77 @@ def accuracy(cases, out_path):
         rows.append(row)
         print("accuracy " + ", ".join(f"{k} {v:.3e}" if isinstance(v, float) and k not in ("sigma",) else f"{k} {v}"
                                       for k, v in row.items()), flush=True)
-    with open(out_path, "w") as fh:
-        json.dump(rows, fh, indent=1)
+    write_json(out_path, rows)
+
+
+def write_json(path, obj):
+    """Writes obj to path whole or not at all (a temporary file beside it, then renamed)."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        with open(tmp, "w") as fh:
+            json.dump(obj, fh, indent=1)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def shape_of(text):
+    """B:T:H, three integers >= 1 (H <= 256); anything else is bad input."""
+    parts = text.split(":")
+    try:
+        B, T, H = (int(x) for x in parts)
+    except ValueError:
+        B = T = H = 0
+    if len(parts) != 3 or min(B, T, H) < 1 or H > 256:
+        raise argparse.ArgumentTypeError(f"shape '{text}'; accepted: B:T:H, integers >= 1, H <= 256")
+    return B, T, H
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2
+        sys.stderr.write(f"torch_mla_prefill.py: error: {message}\n")
+        sys.exit(2)
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    global torch, BACKENDS, SDPBackend, sdpa_kernel, time_ms
+    p = _Parser(description=__doc__.splitlines()[0])
     p.add_argument("out", help="peer-time JSON for kdalab bench --peer-json")
-    p.add_argument("shapes", nargs="*", help="B:T:H (default: bench's mla-prefill shapes)")
-    p.add_argument("--prefix", type=int, default=0, help="cached tokens N0 before the T new ones (default 0)")
+    p.add_argument("shapes", nargs="*", type=shape_of, help="B:T:H (default: bench's mla-prefill shapes)")
+    p.add_argument("--prefix", type=int, default=0, help="cached tokens N0 before the T new ones, >= 0 (default 0)")
     p.add_argument("--accuracy", metavar="FILE.json", help="also measure the error against float64 into FILE.json")
+    p.add_argument("--force", action="store_true", help="replace existing output files")
     a = p.parse_args()
-    shapes = a.shapes or ["1:8192:32", "1:2048:32", "8:512:32"]
+    if a.prefix < 0:
+        p.error(f"--prefix {a.prefix}; accepted: N0 >= 0 cached tokens")
+    outs = [("OUT.json", a.out)] + ([("--accuracy", a.accuracy)] if a.accuracy else [])
+    if a.accuracy and os.path.abspath(a.accuracy) == os.path.abspath(a.out):
+        p.error(f"--accuracy {a.accuracy} is OUT.json too; accepted: two different files")
+    for name, path in outs:
+        folder = os.path.dirname(path) or "."
+        if not os.path.isdir(folder):
+            p.error(f"{name} '{path}': folder '{folder}' does not exist; create it first")
+        if os.path.isdir(path):
+            p.error(f"{name} '{path}' is a folder; accepted: a file name")
+        if os.path.exists(path) and not a.force:
+            p.error(f"{name} '{path}' exists; use --force to replace it")
+    try:
+        import torch as torch_mod
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError as e:
+        sys.stderr.write(f"torch_mla_prefill.py: cannot run here: needs torch ({e})\n")
+        return 3
+    torch = torch_mod
+    if not torch.cuda.is_available():
+        sys.stderr.write("torch_mla_prefill.py: cannot run here: torch sees no CUDA device\n")
+        return 3
+    from cuda_events import time_ms  # bench/cuda_events.py, beside this script
+    BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+                "efficient": SDPBackend.EFFICIENT_ATTENTION}
+    shapes = a.shapes or [(1, 8192, 32), (1, 2048, 32), (8, 512, 32)]
     out = {"_what": "torch: bf16 K, V products + SDPA on its fastest backend (ms), per kdalab mla-prefill-fast key"}
-    for sh in shapes:
-        B, T, H = (int(x) for x in sh.split(":"))
+    for B, T, H in shapes:
         C, W_UK, W_UV, q, scale = inputs(B, T, H, a.prefix)
         times = {}
         for name, be in BACKENDS.items():
@@ -141,12 +197,11 @@ def main():
               flush=True)
         del C, W_UK, W_UV, q
         torch.cuda.empty_cache()
-    with open(a.out, "w") as fh:
-        json.dump(out, fh, indent=1)
+    write_json(a.out, out)
     if a.accuracy:
         accuracy([(2, 300, 32, 37, 1.0), (2, 300, 32, 37, 4.0), (1, 1000, 32, 0, 1.0), (1, 2048, 32, 0, 1.0),
                   (1, 512, 32, 1536, 1.0)], a.accuracy)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

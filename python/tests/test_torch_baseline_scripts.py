@@ -1,0 +1,62 @@
+"""The torch baseline scripts of bench/ (torch_mla_prefill.py, torch_mla_decode.py) follow kdalab's rules where no
+GPU is needed: bad arguments give one line and exit 2 with nothing written, an existing output is never touched
+without --force, and a machine without torch or without a CUDA device gets one line and exit 3."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+PREFILL = str(ROOT / "bench" / "torch_mla_prefill.py")
+DECODE = str(ROOT / "bench" / "torch_mla_decode.py")
+
+
+def run(script, *args, cwd):
+    return subprocess.run([sys.executable, script, *args], capture_output=True, text=True, cwd=cwd)
+
+
+def has_cuda_torch():
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+@pytest.mark.parametrize("args,says", [
+    (["o.json", "1:2:x"], "shape '1:2:x'; accepted: B:T:H, integers >= 1, H <= 256"),
+    (["o.json", "0:64:2"], "shape '0:64:2'; accepted"),
+    (["o.json", "1:64:300"], "shape '1:64:300'; accepted"),
+    (["o.json", "1:64"], "shape '1:64'; accepted"),
+    (["o.json", "--prefix", "-1"], "--prefix -1; accepted: N0 >= 0"),
+    (["missing/o.json"], "folder 'missing' does not exist"),
+    (["o.json", "--accuracy", "o.json"], "--accuracy o.json is OUT.json too"),
+    (["."], "'.' is a folder"),
+])
+def test_prefill_script_bad_arguments_one_line_exit_2_nothing_written(tmp_path, args, says):
+    r = run(PREFILL, *args, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert sorted(os.listdir(tmp_path)) == []
+
+
+def test_prefill_script_never_touches_an_existing_output_without_force(tmp_path):
+    for name in ("o.json", "acc.json"):
+        (tmp_path / name).write_text("keep")
+    r = run(PREFILL, "o.json", cwd=tmp_path)
+    assert r.returncode == 2 and "OUT.json 'o.json' exists; use --force" in r.stderr
+    r = run(PREFILL, "new.json", "--accuracy", "acc.json", cwd=tmp_path)
+    assert r.returncode == 2 and "--accuracy 'acc.json' exists; use --force" in r.stderr
+    assert (tmp_path / "o.json").read_text() == "keep" and (tmp_path / "acc.json").read_text() == "keep"
+    assert sorted(os.listdir(tmp_path)) == ["acc.json", "o.json"]
+
+
+@pytest.mark.skipif(has_cuda_torch(), reason="torch sees a CUDA device here: the scripts would run")
+@pytest.mark.parametrize("script", [PREFILL, DECODE])
+def test_scripts_without_torch_or_cuda_say_so_in_one_line_exit_3(tmp_path, script):
+    r = run(script, "o.json", cwd=tmp_path)
+    assert r.returncode == 3, r.stderr
+    assert "cannot run here" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "o.json").exists()
