@@ -45,6 +45,7 @@ LABELS = {
 
 
 _ARGS = None
+_INPUTS = []  # the results files a figure reads (parse_args, or a script that reads several): never an output
 
 
 def parse_args(description):
@@ -66,7 +67,35 @@ def parse_args(description):
                     else f"{_ARGS.results}: not a file")
     if not h5py.is_hdf5(_ARGS.results):
         usage_error(f"{_ARGS.results}: not an HDF5 file (give a kdalab results file, .h5)")
+    _INPUTS[:] = [_ARGS.results]
+    check_outputs()
     return _ARGS
+
+
+def check_outputs():
+    """The outputs of --dump and --out-dir, checked before anything is drawn or written (one line, exit 2): the
+    dump is a file name in an existing folder, never one of the results files read (_INPUTS) nor any other HDF5
+    file; --out-dir is a folder or a name that can become one (its parent exists)."""
+    a = _ARGS
+    if a is None:
+        return
+    ins = {os.path.realpath(p) for p in _INPUTS}
+    if a.dump is not None:
+        folder = os.path.dirname(a.dump) or "."
+        if os.path.isdir(a.dump):
+            usage_error(f"--dump {a.dump} is a folder; accepted: a file name (FILE.json)")
+        if not os.path.isdir(folder):
+            usage_error(f"--dump {a.dump}: folder '{folder}' does not exist; create it first")
+        if os.path.realpath(a.dump) in ins:
+            usage_error(f"--dump {a.dump} is a results file this figure reads; accepted: another file (FILE.json)")
+        if os.path.isfile(a.dump) and h5py.is_hdf5(a.dump):
+            usage_error(f"--dump {a.dump} is an HDF5 file; accepted: a JSON file name (an HDF5 file is never replaced)")
+    if a.out_dir is not None:
+        if os.path.exists(a.out_dir) and not os.path.isdir(a.out_dir):
+            usage_error(f"--out-dir {a.out_dir} is not a folder; accepted: a folder (made when missing)")
+        parent = os.path.dirname(os.path.abspath(a.out_dir))
+        if not os.path.isdir(a.out_dir) and not os.path.isdir(parent):
+            usage_error(f"--out-dir {a.out_dir}: its parent folder '{parent}' does not exist")
 
 
 def usage_error(msg):
@@ -204,8 +233,8 @@ def gpu_name(f, default="GPU"):
     return default
 
 
-def label_footer(fig, f, extra="", group=None):
-    """Bottom-of-figure provenance: the results file drawn ("drawn from <path>", the path as given), kdalab
+def label_footer(fig, f, extra="", group=None, shown=None):
+    """Bottom-of-figure provenance: the results file drawn ("drawn from <path>", the path as given, or `shown`), kdalab
     version, git sha, date, seed and the config (the group's `options` attribute, the values actually used after
     --quick, when present; else the root config) without the run-control options (RUN_CONTROL: out, quick, quiet, force), then the
     command line. `extra`: a caption printed above; `group`: the group whose `options` to show (default: the
@@ -227,7 +256,7 @@ def label_footer(fig, f, extra="", group=None):
     # As many characters as the figure is wide (6 pt monospace: ~3.6 pt a character), never fewer than 100;
     # every line is wrapped whole, never cut: the footer is the record of what was run.
     width = max(100, int(fig.get_figwidth() * 72 / FOOTER_CHAR_PT))
-    text = "\n".join(textwrap.wrap("drawn from " + f.filename, width=width, subsequent_indent="  ", break_on_hyphens=False))
+    text = "\n".join(textwrap.wrap("drawn from " + (shown or f.filename), width=width, subsequent_indent="  ", break_on_hyphens=False))
     text += f"\nkdalab {attr(f, 'software_version', '?')} · git {sha} · {attr(f, 'date', '?')} · seed {attr(f, 'seed', '?')}\n"
     text += "\n".join(textwrap.wrap("config " + cfg, width=width, subsequent_indent="  ", break_on_hyphens=False,
                                      break_long_words=True))
@@ -337,18 +366,29 @@ def save(fig, out_dir, name):
         if titled is not None and not titled.get_text().endswith(QUICK_TITLE):
             titled.set_text(titled.get_text() + QUICK_TITLE)
     written = []
-    if dump:
-        fig.canvas.draw()  # limits and tight_layout as saved
-        with open(dump, "w") as fh:
-            json.dump(describe(fig), fh, indent=1)
-        written.append(dump)
     if out_dir is None and not dump:
         out_dir = "figures"
-    if out_dir is not None:
-        os.makedirs(out_dir, exist_ok=True)
-        for p in [os.path.join(out_dir, name + ext) for ext in (".png", ".pdf")]:
-            fig.savefig(p)
-            written.append(p)
+    images = [os.path.join(out_dir, name + ext) for ext in (".png", ".pdf")] if out_dir is not None else []
+    check_outputs()
+    for p in images:  # every target checked before the first is written
+        if os.path.isdir(p):
+            usage_error(f"{p} is a folder; accepted: --out-dir a folder where {name}.png and .pdf can be written")
+    try:
+        if dump:
+            fig.canvas.draw()  # limits and tight_layout as saved
+            text = json.dumps(describe(fig), indent=1)
+            with open(dump, "w") as fh:
+                fh.write(text)
+            written.append(dump)
+        if out_dir is not None:
+            os.makedirs(out_dir, exist_ok=True)
+            for p in images:
+                fig.savefig(p)
+                written.append(p)
+    except OSError as e:  # the environment (no space, permission, I/O): one line naming the output, exit 5
+        print(f"{os.path.basename(sys.argv[0])}: error: cannot write {e.filename or 'an output'}: {e.strerror or e}"
+              + (f" (written before it: {' '.join(written)})" if written else ""), file=sys.stderr)
+        sys.exit(5)
     plt.close(fig)
     print("wrote " + " ".join(written) + ("" if out_dir is not None else
                                           f" (the dump only: add --out-dir DIR to draw {name}.png/.pdf too)"))

@@ -10,7 +10,9 @@ import numpy as np
 
 import figstyle as fs
 
-DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "recall_train")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the checked-in results; KDALAB_RECALL_TRAIN_DIR names another folder (the tests use it)
+DATA_DIR = os.environ.get("KDALAB_RECALL_TRAIN_DIR") or os.path.join(REPO, "data", "recall_train")
 LABEL = {"softmax": "softmax attention", "mla": "Gated MLA", "kda": "KDA", "gated_deltanet": "Gated DeltaNet",
          "deltanet": "DeltaNet"}
 COLUMNS = ("task", "seq_len", "kv_pairs", "d_model", "mixer", "lr", "test_accuracy")
@@ -26,8 +28,9 @@ def load(description, family=None):
     (open files, rows of all their train_recall tables as numpy arrays, title note, the set of their grid names). Without RESULTS.h5 the files
     are data/recall_train/*.h5 whose grid name starts with `family` (the figure's layout: "zoology" or "kimi"; files
     of other grids or with no train_recall table are left to the other figure); none there raises fs.Skip (exit 3)
-    with the reason. A table whose columns differ in length, or a test accuracy outside [0, 1] (NaN included), is a
-    damaged file: one line, exit 2."""
+    with the reason, and a file of the family whose table has no rows is left out. A table whose columns are not
+    1-D or differ in length, or a test accuracy that is not a number in [0, 1] (NaN included), is a damaged file:
+    one line, exit 2. The outputs (--dump, --out-dir) are checked before anything is drawn."""
     p = _Parser(description=description)
     p.add_argument("results", nargs="?", help="a results file of python -m kdalab.train_recall (default: every "
                    "data/recall_train/*.h5)")
@@ -36,8 +39,7 @@ def load(description, family=None):
     a = p.parse_args()
     given = a.results is not None
     if a.results is None:
-        # relative to the working folder, so that the figure's footer names the file and not this machine's folders
-        paths = [os.path.relpath(p) for p in sorted(glob.glob(os.path.join(DATA_DIR, "*.h5")))]
+        paths = sorted(glob.glob(os.path.join(DATA_DIR, "*.h5")))
         if not paths:
             fs._ARGS = a
             raise fs.Skip("no results files under data/recall_train/ (GPU runs of python -m kdalab.train_recall "
@@ -50,7 +52,10 @@ def load(description, family=None):
         paths = [a.results]
     a.results = paths[0]
     fs._ARGS = a  # save() and run() read it
-    files, parts, notes, grids, reduced, devices = [], [], [], set(), 0, []
+    fs._INPUTS[:] = paths
+    fs.check_outputs()
+    files, parts, notes, grids, devices = [], [], [], set(), []
+    reduced = reduced_files = 0
     for path in paths:
         try:
             f = h5py.File(path, "r")
@@ -60,12 +65,24 @@ def load(description, family=None):
             grid = fs.attr(f["train_recall"], "grid", "none") if "train_recall" in f else None
             if grid is None or (family and not grid.startswith(family)):
                 continue
-        t = fs.need_table(f, "train_recall", COLUMNS, path)
+        try:
+            t = fs.need_table(f, "train_recall", COLUMNS, path)
+        except fs.Skip:
+            if given:
+                raise
+            continue  # a data-folder file with nothing to draw does not hide the others
+        shapes = {k: np.shape(t[k]) for k in COLUMNS}
+        if any(len(v) > 1 for v in shapes.values()):
+            fs.usage_error(f"{path}: the train_recall columns are not 1-D ("
+                           f"{', '.join(f'{k} {v}' for k, v in shapes.items() if len(v) > 1)}); a damaged file")
         lengths = {k: len(np.atleast_1d(t[k])) for k in COLUMNS}
         if len(set(lengths.values())) != 1:
             fs.usage_error(f"{path}: the train_recall columns differ in length "
                            f"({', '.join(f'{k} {n}' for k, n in lengths.items())}); a damaged file")
-        acc = np.atleast_1d(t["test_accuracy"]).astype(float)
+        try:
+            acc = np.atleast_1d(t["test_accuracy"]).astype(float)
+        except (TypeError, ValueError):
+            fs.usage_error(f"{path}: train_recall test_accuracy is not numeric; a damaged file")
         bad = int((~(np.isfinite(acc) & (acc >= 0) & (acc <= 1))).sum())
         if bad:
             fs.usage_error(f"{path}: train_recall test_accuracy holds {bad} value(s) outside [0, 1] (NaN or inf "
@@ -78,15 +95,19 @@ def load(description, family=None):
         if trained_on and trained_on not in devices:
             devices.append(trained_on)
         if note.startswith("reduced grid"):
-            reduced += len(np.atleast_1d(t["test_accuracy"]))
+            reduced += len(acc)
+            reduced_files += 1
     if not files:
         raise fs.Skip(f"no results file of a {family} grid under data/recall_train/; give a results file")
     rows = {k: np.concatenate([p[k] for p in parts]) for k in COLUMNS}
     # one title note for every file: "reduced grid: N runs" (summed over the files of reduced grids), the cards
     if reduced:
-        notes.insert(0, f"reduced grid: {reduced} runs" + (f" in {len(files)} files" if len(files) > 1 else ""))
+        notes.insert(0, f"reduced grid: {reduced} runs" + (f" in {reduced_files} files" if reduced_files > 1 else "")
+                     + (f" (and {len(files) - reduced_files} file(s) of a full grid)" if reduced_files < len(files)
+                        else ""))
     if devices:
-        notes.append("trained on " + ", ".join(devices))
+        unknown = sum(1 for f in files if not fs.attr(f["train_recall"], "torch_device", ""))
+        notes.append("trained on " + ", ".join(devices) + (f" ({unknown} file(s) name no card)" if unknown else ""))
     return files, rows, (" — " + "; ".join(notes)) if notes else "", grids
 
 
@@ -104,10 +125,18 @@ def best_over_lr(rows, sel, x_key):
     return np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
 
 
+def shown_name(path):
+    """A results file as the footer names it: relative to the repository when it lies inside (never this machine's
+    folders), else as given."""
+    rel = os.path.relpath(os.path.realpath(path), os.path.realpath(REPO))
+    return path if rel.startswith("..") else rel
+
+
 def caption(files):
     names = ", ".join(os.path.basename(f.filename) for f in files)
+    first = "" if len(files) == 1 else " (the first file's; each file records its own)"
     return (f"Each point: the best test accuracy over the learning rates tried (files: {names}); training settings in "
-            "the config below and docs/recall-training.md.")
+            f"the config below{first} and docs/recall-training.md.")
 
 
 def panels(n):
@@ -136,6 +165,6 @@ def finish(fig, axes, files, ylabel, title, name):
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="center left", fontsize=7, frameon=False, bbox_to_anchor=(1.0, 0.55))
     fig.suptitle(title, y=1.03)
-    fs.label_footer(fig, files[0], caption(files))
+    fs.label_footer(fig, files[0], caption(files), shown=", ".join(shown_name(f.filename) for f in files))
     fig.tight_layout()
     return fs.save(fig, fs._ARGS.out_dir, name)

@@ -547,3 +547,72 @@ def test_kimi_figure_draws_the_best_learning_rate_per_length_and_skips_a_file_wi
     r = figure("fig_train_kimi.py", str(tmp_path / "k.h5"), "--out-dir", str(tmp_path / "fig"))
     assert r.returncode == 3 and "no task run at two or more sequence lengths" in r.stderr
     assert not (tmp_path / "fig").exists()
+
+
+def figure_in(folder, script, *args):
+    """A figure script drawing from `folder` in place of data/recall_train (KDALAB_RECALL_TRAIN_DIR)."""
+    py = "/usr/bin/python3"
+    if not os.path.exists(py) or subprocess.run([py, "-c", "import h5py, matplotlib"]).returncode != 0:
+        pytest.skip("/usr/bin/python3 lacks h5py or matplotlib")
+    env = dict(os.environ, KDALAB_RECALL_TRAIN_DIR=str(folder))
+    return subprocess.run([py, str(ROOT / "scripts" / script), *args], capture_output=True, text=True, env=env)
+
+
+KIMI_ROWS = [(t, L, 0, 256, m, lr, 0.5) for t in ("palindrome", "stack") for L in (256, 1024)
+             for m in ("kda", "gated_deltanet") for lr in (5e-4, 1e-3)]
+
+
+def test_figure_dump_never_replaces_a_results_file(tmp_path):
+    synthetic_results(tmp_path / "k.h5", "kimi-reduced", KIMI_ROWS)
+    synthetic_results(tmp_path / "other.h5", "kimi-reduced", KIMI_ROWS)
+    before = {p: (tmp_path / p).read_bytes() for p in ("k.h5", "other.h5")}
+    for dump, says in (("k.h5", "is a results file this figure reads"), ("other.h5", "is an HDF5 file")):
+        r = figure("fig_train_kimi.py", str(tmp_path / "k.h5"), "--dump", str(tmp_path / dump))
+        assert r.returncode == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    # from the data folder too: the dump may not be one of the files it reads
+    r = figure_in(tmp_path, "fig_train_kimi.py", "--dump", str(tmp_path / "other.h5"))
+    assert r.returncode == 2 and "is a results file this figure reads" in r.stderr, r.stderr
+    assert {p: (tmp_path / p).read_bytes() for p in before} == before
+    assert sorted(os.listdir(tmp_path)) == ["k.h5", "other.h5"]
+
+
+def test_figure_outputs_are_checked_before_anything_is_written(tmp_path):
+    synthetic_results(tmp_path / "k.h5", "kimi-reduced", KIMI_ROWS)
+    (tmp_path / "a-file").write_text("x")
+    r = figure("fig_train_kimi.py", str(tmp_path / "k.h5"), "--dump", str(tmp_path / "ok.json"), "--out-dir",
+               str(tmp_path / "a-file"))
+    assert r.returncode == 2 and "--out-dir" in r.stderr and "is not a folder" in r.stderr, r.stderr
+    (tmp_path / "d" / "train_recall_kimi.pdf").mkdir(parents=True)
+    r = figure("fig_train_kimi.py", str(tmp_path / "k.h5"), "--dump", str(tmp_path / "ok.json"), "--out-dir",
+               str(tmp_path / "d"))
+    assert r.returncode == 2 and "train_recall_kimi.pdf is a folder" in r.stderr, r.stderr
+    r = figure("fig_train_kimi.py", str(tmp_path / "k.h5"), "--dump", str(tmp_path / "missing" / "ok.json"))
+    assert r.returncode == 2 and "--dump" in r.stderr and "does not exist" in r.stderr, r.stderr
+    assert not (tmp_path / "ok.json").exists() and os.listdir(tmp_path / "d") == ["train_recall_kimi.pdf"]
+
+
+def test_figure_from_the_data_folder_notes_every_file_and_skips_an_empty_one(tmp_path):
+    synthetic_results(tmp_path / "a.h5", "kimi-reduced", KIMI_ROWS)  # 16 runs of a reduced grid
+    synthetic_results(tmp_path / "b.h5", "kimi", KIMI_ROWS[:8])      # 8 runs of the full grid
+    synthetic_results(tmp_path / "c.h5", "kimi-reduced", [])         # a family file with no rows
+    r = figure_in(tmp_path, "fig_train_kimi.py", "--dump", str(tmp_path / "k.json"))
+    assert r.returncode == 0, r.stderr
+    import json
+    dump = json.loads((tmp_path / "k.json").read_text())
+    assert "reduced grid: 16 runs (and 1 file(s) of a full grid)" in dump["suptitle"], dump["suptitle"]
+    footer = " ".join(t["text"] if isinstance(t, dict) else str(t) for t in dump.get("texts", []))
+    assert str(tmp_path / "a.h5") in footer and str(tmp_path / "b.h5") in footer  # outside the repository: as given
+
+
+@pytest.mark.parametrize("bad,says", [("text", "test_accuracy is not numeric"), ("2d", "are not 1-D")])
+def test_figure_refuses_damaged_accuracy_columns_in_one_line(tmp_path, bad, says):
+    synthetic_results(tmp_path / "k.h5", "kimi-reduced", KIMI_ROWS)
+    damage = {"text": "t['test_accuracy'] = np.array([b'x'] * 16)",
+              "2d": "t['test_accuracy'] = np.full((16, 2), 0.5)"}[bad]
+    code = ("import h5py, numpy as np, sys\nf = h5py.File(sys.argv[1], 'r+')\nt = f['train_recall']\n"
+            "del t['test_accuracy']\n" + damage + "\nf.close()")
+    figure("fig_train_kimi.py", "--help")  # skips the test when /usr/bin/python3 lacks h5py, which damages the file
+    subprocess.run(["/usr/bin/python3", "-c", code, str(tmp_path / "k.h5")], check=True)
+    r = figure("fig_train_kimi.py", str(tmp_path / "k.h5"), "--dump", str(tmp_path / "k.json"))
+    assert r.returncode == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "k.json").exists()
