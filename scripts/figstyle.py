@@ -11,7 +11,9 @@ odd file ends in a traceback.
 label, style and data, the texts and where they sit; the legends; the footer text), for tests and for checking a
 figure without looking at it. With --dump alone only the JSON is written (no figure in figures/ is redrawn behind
 the user's back); with --dump and --out-dir DIR the PNG and PDF go to DIR as well. Every file written is named
-on stdout ("wrote ...").
+on stdout ("wrote ..."). The outputs are checked before anything is drawn (check_outputs): the dump is never a
+results file the figure reads nor any HDF5 file, its folder exists, --out-dir is a folder or can become one; bad
+ones are one line, exit 2, nothing written. A write that fails anyway names its output, exit 5.
 """
 import argparse
 import json
