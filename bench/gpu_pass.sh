@@ -71,10 +71,10 @@ op=${1:-all}
 if [ "$op" != none ]; then
   peer=(); cmp=()
   case "$op" in all|mla-decode)
-    step torch-mla python3 bench/torch_mla_decode.py "$OUT/torch_mla.json" && peer+=(--peer-json "$OUT/torch_mla.json");; esac
+    step torch-mla python3 bench/torch_mla_decode.py "$OUT/torch_mla.json" --force && peer+=(--peer-json "$OUT/torch_mla.json");; esac
   # torch's MLA prefill (K, V products + SDPA per backend): the peer of the mla-prefill-fast rows
   case "$op" in all|mla-prefill)
-    step torch-mla-prefill python3 bench/torch_mla_prefill.py "$OUT/torch_mla_prefill.json" \
+    step torch-mla-prefill python3 bench/torch_mla_prefill.py "$OUT/torch_mla_prefill.json" --force \
       && peer+=(--peer-json "$OUT/torch_mla_prefill.json");; esac
   # fla (KDA peer) when its source was carried to peers/fla-src (git-ignored; see bench/fla_kda.py). kda-backward: fla's
   # forward + backward rows only (--ops kda-backward); op all adds them to the default ops only with FLA_BENCH_BWD=1

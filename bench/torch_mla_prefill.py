@@ -11,15 +11,13 @@ Per backend (cuDNN, flash, memory-efficient; torch.nn.attention.sdpa_kernel): th
 CUDA-event timings after warm-up; a backend that refuses the inputs is reported as such (null in the JSON).
 Usage: python3 bench/torch_mla_prefill.py OUT.json [B:T:H ...] [--prefix N0] [--accuracy FILE.json] [--force]
 Shapes default to bench's (1:8192:32, 1:2048:32, 8:512:32).
-Outputs follow kdalab's rule: the folder of each must exist, an existing file is replaced only with --force, each
-is written whole or not at all. Bad arguments: one line, exit 2, nothing written; no torch or no CUDA device: one
-line, exit 3.
+Arguments and outputs follow kdalab's rules (bench/torch_baseline.py): bad ones are one line, exit 2, nothing
+written; the outputs are written at the end, each whole; without torch or a CUDA device, one line, exit 3.
 """
-import argparse
-import json
 import math
-import os
 import sys
+
+import torch_baseline as tb  # bench/torch_baseline.py, beside this script
 
 DC, DH = 512, 128
 torch = None  # imported by main() after the arguments are checked
@@ -78,7 +76,7 @@ def key_of(B, T, H, N0):
     return f"mla-prefill-fast B={B} T={T} H={H} HV={H}" + (f" N0={N0}" if N0 else "")
 
 
-def accuracy(cases, out_path):
+def accuracy(cases):
     """Relative RMS of o against float64 for every SDPA backend and for kdalab's precisions (when kdalab.cuda
     imports), on identical inputs per case."""
     try:
@@ -108,72 +106,26 @@ def accuracy(cases, out_path):
         rows.append(row)
         print("accuracy " + ", ".join(f"{k} {v:.3e}" if isinstance(v, float) and k not in ("sigma",) else f"{k} {v}"
                                       for k, v in row.items()), flush=True)
-    write_json(out_path, rows)
-
-
-def write_json(path, obj):
-    """Writes obj to path whole or not at all (a temporary file beside it, then renamed)."""
-    tmp = f"{path}.tmp.{os.getpid()}"
-    try:
-        with open(tmp, "w") as fh:
-            json.dump(obj, fh, indent=1)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
-def shape_of(text):
-    """B:T:H, three integers >= 1 (H <= 256); anything else is bad input."""
-    parts = text.split(":")
-    try:
-        B, T, H = (int(x) for x in parts)
-    except ValueError:
-        B = T = H = 0
-    if len(parts) != 3 or min(B, T, H) < 1 or H > 256:
-        raise argparse.ArgumentTypeError(f"shape '{text}'; accepted: B:T:H, integers >= 1, H <= 256")
-    return B, T, H
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2
-        sys.stderr.write(f"torch_mla_prefill.py: error: {message}\n")
-        sys.exit(2)
+    return rows
 
 
 def main():
-    global torch, BACKENDS, SDPBackend, sdpa_kernel, time_ms
-    p = _Parser(description=__doc__.splitlines()[0])
-    p.add_argument("out", help="peer-time JSON for kdalab bench --peer-json")
-    p.add_argument("shapes", nargs="*", type=shape_of, help="B:T:H (default: bench's mla-prefill shapes)")
+    global torch, BACKENDS, SDPBackend, sdpa_kernel
+    p = tb.Parser(prog="torch_mla_prefill.py", description=__doc__.splitlines()[0])
+    p.add_argument("out", metavar="OUT.json", help="peer-time JSON for kdalab bench --peer-json")
+    p.add_argument("shapes", nargs="*", type=tb.shape_arg("B:T:H"), metavar="B:T:H",
+                   help="shapes (default: bench's mla-prefill shapes)")
     p.add_argument("--prefix", type=int, default=0, help="cached tokens N0 before the T new ones, >= 0 (default 0)")
     p.add_argument("--accuracy", metavar="FILE.json", help="also measure the error against float64 into FILE.json")
     p.add_argument("--force", action="store_true", help="replace existing output files")
     a = p.parse_args()
-    if a.prefix < 0:
-        p.error(f"--prefix {a.prefix}; accepted: N0 >= 0 cached tokens")
-    outs = [("OUT.json", a.out)] + ([("--accuracy", a.accuracy)] if a.accuracy else [])
-    if a.accuracy and os.path.abspath(a.accuracy) == os.path.abspath(a.out):
-        p.error(f"--accuracy {a.accuracy} is OUT.json too; accepted: two different files")
-    for name, path in outs:
-        folder = os.path.dirname(path) or "."
-        if not os.path.isdir(folder):
-            p.error(f"{name} '{path}': folder '{folder}' does not exist; create it first")
-        if os.path.isdir(path):
-            p.error(f"{name} '{path}' is a folder; accepted: a file name")
-        if os.path.exists(path) and not a.force:
-            p.error(f"{name} '{path}' exists; use --force to replace it")
-    try:
-        import torch as torch_mod
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-    except ImportError as e:
-        sys.stderr.write(f"torch_mla_prefill.py: cannot run here: needs torch ({e})\n")
-        return 3
-    torch = torch_mod
-    if not torch.cuda.is_available():
-        sys.stderr.write("torch_mla_prefill.py: cannot run here: torch sees no CUDA device\n")
-        return 3
-    from cuda_events import time_ms  # bench/cuda_events.py, beside this script
+    longest = max([T for _, T, _ in a.shapes] or [8192])
+    if a.prefix < 0 or a.prefix > tb.INT32_MAX - longest:
+        p.error(f"--prefix {a.prefix}; accepted: 0 <= N0 <= 2^31 - 1 - T = {tb.INT32_MAX - longest}")
+    tb.check_outputs(p, [("OUT.json", a.out)] + ([("--accuracy", a.accuracy)] if a.accuracy is not None else []),
+                     a.force)
+    torch = tb.cuda_torch(p.prog)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
     BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
                 "efficient": SDPBackend.EFFICIENT_ATTENTION}
     shapes = a.shapes or [(1, 8192, 32), (1, 2048, 32), (8, 512, 32)]
@@ -184,11 +136,11 @@ def main():
         for name, be in BACKENDS.items():
             try:
                 with sdpa_kernel([be]):
-                    times[name] = time_ms(lambda: torch_mla(C, W_UK, W_UV, q, scale, a.prefix), 10, 50)
+                    times[name] = tb.time_ms(lambda: torch_mla(C, W_UK, W_UV, q, scale, a.prefix), 10, 50)
             except RuntimeError as e:
                 times[name] = None
                 print(f"  {name}: refused ({str(e).splitlines()[0][:100]})", flush=True)
-        proj = time_ms(lambda: ((C @ W_UK.t()), (C @ W_UV.t())), 10, 50)
+        proj = tb.time_ms(lambda: ((C @ W_UK.t()), (C @ W_UV.t())), 10, 50)
         key = key_of(B, T, H, a.prefix)
         ok = [t for t in times.values() if t is not None]
         out[key] = min(ok) if ok else None
@@ -197,10 +149,14 @@ def main():
               flush=True)
         del C, W_UK, W_UV, q
         torch.cuda.empty_cache()
-    write_json(a.out, out)
+    rows = None
     if a.accuracy:
-        accuracy([(2, 300, 32, 37, 1.0), (2, 300, 32, 37, 4.0), (1, 1000, 32, 0, 1.0), (1, 2048, 32, 0, 1.0),
-                  (1, 512, 32, 1536, 1.0)], a.accuracy)
+        rows = accuracy([(2, 300, 32, 37, 1.0), (2, 300, 32, 37, 4.0), (1, 1000, 32, 0, 1.0), (1, 2048, 32, 0, 1.0),
+                         (1, 512, 32, 1536, 1.0)])
+    tb.write_json(a.out, out)  # at the end: a run that fails part-way leaves no output
+    if rows is not None:
+        tb.write_json(a.accuracy, rows)
+    return 0
 
 
 if __name__ == "__main__":

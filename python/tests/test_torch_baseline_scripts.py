@@ -1,6 +1,7 @@
-"""The torch baseline scripts of bench/ (torch_mla_prefill.py, torch_mla_decode.py) follow kdalab's rules where no
-GPU is needed: bad arguments give one line and exit 2 with nothing written, an existing output is never touched
-without --force, and a machine without torch or without a CUDA device gets one line and exit 3."""
+"""The torch baseline scripts of bench/ (torch_mla_prefill.py, torch_mla_decode.py, through bench/torch_baseline.py)
+follow kdalab's rules where no GPU is needed: bad arguments give one line and exit 2 with nothing written, an
+existing output is never touched without --force, and a machine without torch or without a CUDA device gets one
+line and exit 3."""
 import os
 import subprocess
 import sys
@@ -25,28 +26,55 @@ def has_cuda_torch():
     return torch.cuda.is_available()
 
 
-@pytest.mark.parametrize("args,says", [
-    (["o.json", "1:2:x"], "shape '1:2:x'; accepted: B:T:H, integers >= 1, H <= 256"),
+BAD = [
+    (["o.json", "1:2:x"], "shape '1:2:x'; accepted"),
     (["o.json", "0:64:2"], "shape '0:64:2'; accepted"),
     (["o.json", "1:64:300"], "shape '1:64:300'; accepted"),
     (["o.json", "1:64"], "shape '1:64'; accepted"),
-    (["o.json", "--prefix", "-1"], "--prefix -1; accepted: N0 >= 0"),
+    (["o.json", "1:99999999999999999999:2"], "each <= 2147483647"),
     (["missing/o.json"], "folder 'missing' does not exist"),
-    (["o.json", "--accuracy", "o.json"], "--accuracy o.json is OUT.json too"),
+    ([""], "OUT.json is empty"),
     (["."], "'.' is a folder"),
+    ([], "the following arguments are required: OUT.json"),
+]
+
+
+@pytest.mark.parametrize("script", [PREFILL, DECODE])
+@pytest.mark.parametrize("args,says", BAD)
+def test_scripts_bad_arguments_one_line_exit_2_nothing_written(tmp_path, script, args, says):
+    r = run(script, *args, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert sorted(os.listdir(tmp_path)) == []
+
+
+@pytest.mark.parametrize("args,says", [
+    (["o.json", "--prefix", "-1"], "--prefix -1; accepted: 0 <= N0"),
+    (["o.json", "--prefix", "2147483647"], "--prefix 2147483647; accepted"),
+    (["o.json", "--accuracy", "o.json"], "--accuracy 'o.json' is OUT.json too"),
+    (["o.json", "--accuracy", ""], "--accuracy is empty"),
 ])
-def test_prefill_script_bad_arguments_one_line_exit_2_nothing_written(tmp_path, args, says):
+def test_prefill_script_bad_options_one_line_exit_2_nothing_written(tmp_path, args, says):
     r = run(PREFILL, *args, cwd=tmp_path)
     assert r.returncode == 2, r.stderr
     assert says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert sorted(os.listdir(tmp_path)) == []
 
 
-def test_prefill_script_never_touches_an_existing_output_without_force(tmp_path):
+def test_prefill_script_an_output_linked_to_the_other_is_one_file(tmp_path):
+    os.symlink(tmp_path / "o.json", tmp_path / "alias.json")  # dangling: neither exists yet
+    r = run(PREFILL, "o.json", "--accuracy", "alias.json", "--force", cwd=tmp_path)
+    assert r.returncode == 2 and "is OUT.json too" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("script", [PREFILL, DECODE])
+def test_scripts_never_touch_an_existing_output_without_force(tmp_path, script):
     for name in ("o.json", "acc.json"):
         (tmp_path / name).write_text("keep")
-    r = run(PREFILL, "o.json", cwd=tmp_path)
+    r = run(script, "o.json", cwd=tmp_path)
     assert r.returncode == 2 and "OUT.json 'o.json' exists; use --force" in r.stderr
+    if script == DECODE:
+        return
     r = run(PREFILL, "new.json", "--accuracy", "acc.json", cwd=tmp_path)
     assert r.returncode == 2 and "--accuracy 'acc.json' exists; use --force" in r.stderr
     assert (tmp_path / "o.json").read_text() == "keep" and (tmp_path / "acc.json").read_text() == "keep"
