@@ -449,7 +449,18 @@ def build_model(run: Run, cfg: Dict[str, Any], kda_fn: Optional[Callable] = None
                 self.w[:, 0, 3] = 1.0  # starts as the identity
                 self.w.add_(0.02 * torch.randn_like(self.w))
 
-        def forward(self, x):  # [B, T, C]; four shifted copies (faster on a CPU than a grouped conv1d)
+        grouped: Optional[bool] = None  # None: by device (grouped on CUDA); True / False force one form (tests)
+
+        def forward(self, x):  # [B, T, C]
+            if self.grouped if self.grouped is not None else x.is_cuda:
+                # one grouped conv1d: a few kernels instead of the ~8 elementwise ones of the shifted form and their
+                # backward (a step of these small models is bound by its kernel launches on a GPU). In fp32 with
+                # autocast and TF32 off, as the shifted form computes (bf16 x times fp32 w promotes to fp32)
+                with torch.autocast(device_type=x.device.type, enabled=False), \
+                        torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+                    y = F.conv1d(F.pad(x.float().transpose(1, 2), (3, 0)), self.w, groups=x.shape[2])
+                return y.transpose(1, 2)
+            # four shifted copies (faster on a CPU than a grouped conv1d); the same sum as the grouped form
             T = x.shape[1]
             xp = F.pad(x, (0, 0, 3, 0))
             return sum(xp[:, j:j + T] * self.w[:, 0, j] for j in range(4))
@@ -748,8 +759,10 @@ class Trainer:
         model = build_model(run, cfg, kda_fn).to(self.device)
         decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
         no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+        # CUDA: the fused AdamW (one kernel for every parameter instead of a few per tensor)
         opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg["weight_decay"]},
-                                 {"params": no_decay, "weight_decay": 0.0}], lr=run.lr)
+                                 {"params": no_decay, "weight_decay": 0.0}], lr=run.lr,
+                                **({"fused": True} if self.device.type == "cuda" else {}))
         total = steps_per_run(cfg)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total) / total)))
         cur: Dict[str, Any] = {"loss": [], "acc": [], "eval_step": [], "eval_acc": [], "seconds": 0.0}
@@ -772,12 +785,25 @@ class Trainer:
         self.data(run)
         t0 = time.perf_counter() - cur["seconds"]
         x_all, y_all = self.data(run)["train"]
+        # each step's loss and batch accuracy stay on the device until they are read (a progress line, a checkpoint,
+        # the end): no host synchronisation per step, so the host queues the next steps while the device works
+        pending: List[Any] = []
+
+        def flush():
+            if pending:
+                vals = torch.stack(pending).float().cpu().tolist()
+                cur["loss"].extend(v[0] for v in vals)
+                cur["acc"].extend(v[1] for v in vals)
+                pending.clear()
+
         while step < total:
             if self.signals is not None and self.signals.signum is not None:
+                flush()
                 cur["seconds"] = time.perf_counter() - t0
                 self.save(index, run, step, model, opt, sched, cur)
                 raise Interrupted(self.signals.signum, step)
             if self.stop_after and self.steps_done_here >= self.stop_after:
+                flush()
                 cur["seconds"] = time.perf_counter() - t0
                 self.save(index, run, step, model, opt, sched, cur)
                 raise Stopped()
@@ -792,21 +818,23 @@ class Trainer:
             opt.step()
             sched.step()
             with torch.no_grad():
-                acc = float((logits.argmax(-1) == target).float().mean())
-            loss_value = float(loss.detach())
-            cur["loss"].append(loss_value)
-            cur["acc"].append(acc)
+                pending.append(torch.stack([loss.detach().float(), (logits.argmax(-1) == target).float().mean()]))
             step += 1
             self.steps_done_here += 1
             if cfg["eval_every"] and step % cfg["eval_every"] == 0 and step < total:
                 cur["eval_step"].append(step)
                 cur["eval_acc"].append(self.evaluate(model, run))
             if cfg["log_every"] and (step % cfg["log_every"] == 0 or step == total):
-                self.print(f"[{index + 1}/{count}] {run.label()}: step {step}/{total} loss {loss_value:.4f} "
-                           f"train acc {acc:.3f} ({time.perf_counter() - t0:.1f} s)")
+                flush()
+                self.print(f"[{index + 1}/{count}] {run.label()}: step {step}/{total} loss {cur['loss'][-1]:.4f} "
+                           f"train acc {cur['acc'][-1]:.3f} ({time.perf_counter() - t0:.1f} s)")
             if self.ckpt_every and step % self.ckpt_every == 0 and step < total:
+                flush()
                 cur["seconds"] = time.perf_counter() - t0
                 self.save(index, run, step, model, opt, sched, cur)
+            if len(pending) >= 1000:  # bounded: one small transfer per 1000 steps at most
+                flush()
+        flush()
         test_acc = self.evaluate(model, run)
         cur["eval_step"].append(total)
         cur["eval_acc"].append(test_acc)

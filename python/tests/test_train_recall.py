@@ -157,6 +157,43 @@ def test_the_lm_head_at_the_scored_positions_gives_the_full_logits_rows_and_the_
         assert torch.allclose(F.cross_entropy(part, y[scored]), loss_full, rtol=1e-5), mixer
 
 
+def test_the_short_convolution_as_one_grouped_conv1d_equals_the_shifted_sum():
+    """ShortConv's two forms (the grouped conv1d the GPU runs, the shifted sum the CPU runs) give the same model
+    output and the same gradients."""
+    torch = pytest.importorskip("torch")
+    cfg = tr.resolve(tr.parser().parse_args(["--mixers", "softmax"]))
+    for mixer in ("softmax", "mla"):
+        torch.manual_seed(5)
+        model = tr.build_model(tr.Run("mqar", 32, 4, 256, 32, mixer, 1e-3), cfg, None)
+        convs = [m for m in model.modules() if type(m).__name__ == "ShortConv"]
+        assert convs, "the model has short convolutions (--short-conv on, the default)"
+        with torch.no_grad():  # away from the identity start, so that every tap matters
+            for c in convs:
+                c.w.normal_()
+        x = torch.randint(0, 256, (3, 32))
+        outs, grads = [], []
+        for grouped in (False, True):
+            for c in convs:
+                c.grouped = grouped
+            model.zero_grad()
+            out = model(x).float()
+            out.square().mean().backward()
+            outs.append(out.detach())
+            grads.append([c.w.grad.clone() for c in convs])
+        assert torch.allclose(outs[0], outs[1], rtol=1e-4, atol=1e-5), mixer
+        for g0, g1 in zip(*grads):
+            assert torch.allclose(g0, g1, rtol=1e-4, atol=1e-6), mixer
+        # under bf16 autocast both forms hand fp32 to what follows (bf16 x times fp32 w), so the KDA kernels are fed
+        # the same dtypes whichever form runs
+        h = torch.randn(2, 8, convs[0].w.shape[0]).bfloat16()
+        with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+            dtypes = set()
+            for grouped in (False, True):
+                convs[0].grouped = grouped
+                dtypes.add(convs[0](h).dtype)
+        assert dtypes == {torch.float32}, dtypes
+
+
 def test_a_split_with_no_scored_position_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys):
     """A stack sequence of 4 tokens (two operations, the first a push) pops nothing: no loss and no accuracy to
     measure, refused before a NaN loss could reach the model."""
