@@ -88,12 +88,29 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def _number(text: str) -> float:
+    """A float option's value as typed, refused (bad input) when it underflows to 0 (`1e-400`): the check that
+    follows would otherwise name 0.0, a value nobody typed."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
+    mantissa = re.split(r"[eE]", text.strip())[0]
+    if v == 0.0 and re.search(r"[1-9]", mantissa):
+        raise argparse.ArgumentTypeError(f"'{text}' underflows to 0 in double precision")
+    return v
+
+
 def _list(kind: Callable[[str], Any], name: str) -> Callable[[str], List[Any]]:
     def parse(text: str) -> List[Any]:
         try:
             return [kind(x) for x in text.split(",") if x != ""]
+        except argparse.ArgumentTypeError as e:
+            if "underflows" in str(e):
+                raise
+            raise argparse.ArgumentTypeError(f"'{text}' is not a comma-separated list of {name}") from None
         except ValueError:
-            raise argparse.ArgumentTypeError(f"'{text}' is not a comma-separated list of {name}")
+            raise argparse.ArgumentTypeError(f"'{text}' is not a comma-separated list of {name}") from None
     return parse
 
 
@@ -106,7 +123,7 @@ def parser() -> argparse.ArgumentParser:
         "Documentation: docs/recall-training.md."), epilog=(
         "Exit codes: 0 done (or stopped by --stop-after), 2 bad input (one line, nothing written), 3 cannot run here "
         "(no torch, no CUDA device or no kdalab.torch for a kernel mixer), 5 the results file or the checkpoint "
-        "could not be written, 130 / 143 stopped by SIGINT / SIGTERM at a step boundary (the checkpoint saved, no "
+        "could not be written or a run ran out of memory, 130 / 143 stopped by SIGINT / SIGTERM at a step boundary (the checkpoint saved, no "
         "results file; continue with --resume)."))
     g = p.add_argument
     g("--grid", choices=sorted(GRIDS), help="a preset grid: zoology (Fig. 2), zoology-reduced (54 runs), kimi (sec. 5.1), "
@@ -117,7 +134,7 @@ def parser() -> argparse.ArgumentParser:
       help="MQAR key-value pairs N, one per --seq-len or one for all (default: L / 16)")
     g("--vocab", type=_list(int, "integers"), help="vocabulary size, one per task or one for all (default: 256)")
     g("--num-stacks", type=int, default=64, help="stacks of the Stack task (default: 64, the Kimi Linear report's)")
-    g("--power-a", type=float, default=0.01, help="MQAR query-gap exponent a: P(gap g) ~ (g+1)^(a-1) (default: 0.01)")
+    g("--power-a", type=_number, default=0.01, help="MQAR query-gap exponent a: P(gap g) ~ (g+1)^(a-1) (default: 0.01)")
     g("--mixers", type=_list(str, "mixers"), help=f"sequence mixers: {', '.join(MIXERS)} (default: softmax)")
     g("--d-model", type=_list(int, "integers"), help="model widths (default: 64)")
     g("--heads", type=int, help="heads per mixer (default: 1); the KDA-family mixers split a head over 256 into "
@@ -126,13 +143,13 @@ def parser() -> argparse.ArgumentParser:
     g("--layers", type=int, default=2, help="layers (default: 2)")
     g("--mla-latent", type=int, default=0, help="Gated MLA latent width d_c of keys/values and of queries "
       "(default: heads x head_dim / 2)")
-    g("--g-min", type=float, default=-5.0, help="lower bound g_min of the KDA / Gated DeltaNet gate (default: -5)")
+    g("--g-min", type=_number, default=-5.0, help="lower bound g_min of the KDA / Gated DeltaNet gate (default: -5)")
     g("--short-conv", choices=["on", "off"], default="on", help="causal depthwise convolution (kernel 4) on each "
       "mixer's q, k, v, as in Zoology and the KDA layer (default: on)")
     g("--pos-emb", choices=["none", "learned"], default="none", help="absolute position embeddings (default: none)")
     g("--tied-head", action="store_true", help="tie the LM head to the token embedding")
-    g("--lr", type=_list(float, "numbers"), help="learning rates, one run each (default: 3e-3)")
-    g("--weight-decay", type=float, default=0.1, help="AdamW weight decay (default: 0.1, Zoology's)")
+    g("--lr", type=_list(_number, "numbers"), help="learning rates, one run each (default: 3e-3)")
+    g("--weight-decay", type=_number, default=0.1, help="AdamW weight decay (default: 0.1, Zoology's)")
     g("--batch-size", type=int, help="training batch size (default: 32)")
     g("--train-examples", type=int, help="training examples per (task, L, N, vocab) (default: 3000)")
     g("--test-examples", type=int, help="test examples (default: 500)")
@@ -678,6 +695,13 @@ def _resumable_config(cfg: Dict[str, Any]) -> Dict[str, Any]:  # what a resumed 
     return {k: v for k, v in cfg.items() if k not in ("log_every", "threads")}
 
 
+def _out_of_memory(e: BaseException) -> bool:
+    """torch's out-of-memory errors: torch.OutOfMemoryError (CUDA) or the CPU allocator's RuntimeError."""
+    oom = getattr(sys.modules.get("torch"), "OutOfMemoryError", None)
+    text = str(e).lower()
+    return (oom is not None and isinstance(e, oom)) or "out of memory" in text or "can't allocate memory" in text
+
+
 class Trainer:
     def __init__(self, cfg: Dict[str, Any], device, printer: Callable[[str], None], ckpt_path: str,
                  stop_after: int = 0, ckpt_every: int = 0, kernels: Optional[Dict[str, Tuple[Callable, str]]] = None):
@@ -1108,6 +1132,16 @@ def _main(argv: Optional[List[str]], kernels: Optional[Dict[str, Tuple[Callable,
             return 130
         except OSError as e:  # the checkpoint's or the results file's environment failures (no space, I/O, permission)
             sys.stderr.write(f"{PROG}: error: {(str(e).strip().splitlines() or [''])[0]}\n")
+            return 5
+        except RuntimeError as e:  # out of memory (the device's or the host's): the environment, one line, exit 5
+            if not _out_of_memory(e):
+                raise
+            i = len(trainer.done)
+            r = runs[i] if i < len(runs) else None
+            what = f"run {i + 1} of {len(runs)} ({r.label()}) " if r is not None else ""
+            sys.stderr.write(f"{PROG}: error: out of memory in {what}on {device_name}: "
+                             f"{(str(e).strip().splitlines() or [''])[0][:160]}; no results file was written; accepted: "
+                             "a smaller --d-model, --vocab, --batch-size or --seq-len\n")
             return 5
     if os.path.exists(ckpt):
         os.remove(ckpt)

@@ -56,6 +56,9 @@ def run_cli(argv, **kw):
     (["--lr", "1", "--weight-decay", "100"], "--lr x --weight-decay: 1 x 100 = 100; accepted: < 1"),
     (["--heads", "1000", "--head-dim", "1000"],
      "--heads x --head-dim: 1000 x 1000 = 1000000 is not in [1, 65536] (the mixer's width, bounded as --d-model)"),
+    (["--lr", "1e-400"], "argument --lr: '1e-400' underflows to 0 in double precision"),
+    (["--weight-decay", "1e-999"], "argument --weight-decay: '1e-999' underflows to 0 in double precision"),
+    (["--g-min", "abc"], "argument --g-min: 'abc' is not a number"),
 ])
 def test_bad_options_are_one_line_exit_2_and_write_nothing(tmp_path, capsys, argv, says):
     out = tmp_path / "r.h5"
@@ -431,6 +434,23 @@ def reference_kda(q, k, v, g, beta, scale):
         S = S + beta[:, t, :, None, None] * k[:, t, ..., None] * (v[:, t] - kv)[..., None, :]
         out.append(scale * (S * q[:, t, ..., None]).sum(-2))
     return torch.stack(out, 1), S
+
+
+def test_out_of_memory_is_one_line_exit_5_and_writes_no_results_file(tmp_path, capsys):
+    """A run that runs out of memory (here a kernel mixer that raises torch's error) ends with one line naming the run
+    and what to make smaller, exit 5 (the environment), and no results file; the earlier traceback is gone."""
+    torch = pytest.importorskip("torch")
+
+    def oom(*args, **kw):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 GiB")
+
+    out = tmp_path / "r.h5"
+    rc = tr.main(TINY + ["--mixers", "kda", "--seq-len", "16", "--kv-pairs", "2", "--max-steps", "2", "--out",
+                         str(out)], kernels={"kda": (oom, "oom")})
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 5 and len(err) == 1, err
+    assert "out of memory in run 1 of 1 (mqar L=16" in err[0] and "a smaller --d-model" in err[0], err
+    assert not out.exists()
 
 
 def test_kernel_mixers_train_through_a_given_chunked_kda(tmp_path):
