@@ -45,8 +45,10 @@ for f in "$@"; do
     continue
   fi
   stem=$(basename "$f" .h5)
+  nscripts=0; fails=(); msgs=()
   for s in "$here"/fig_*.py; do
     i=$((i + 1))
+    nscripts=$((nscripts + 1))
     rc=$(cat "$tmp/$i.rc" 2>/dev/null || echo "unknown: figures_fork.py did not run it")
     case $rc in
       0)
@@ -62,9 +64,25 @@ for f in "$@"; do
         echo "wrote$written"
         drawn=$((drawn + 1)) ;;
       3) ;;
-      *) echo "figures.sh: $(basename "$s") failed on $f (exit $rc):" >&2; cat "$tmp/$i.msg" >&2; failed=$((failed + 1)) ;;
+      *) fails+=("$(basename "$s") (exit $rc)"); msgs+=("$i") ;;
     esac
   done
+  # a file every script refuses with the same message (not HDF5, unreadable, ...) is reported once, not per script
+  one=""
+  if [ ${#fails[@]} -eq "$nscripts" ] && [ "$nscripts" -gt 1 ]; then
+    one=$(for m in "${msgs[@]}"; do sed -E 's/^fig_[a-z_]+\.py: //' "$tmp/$m.msg"; done | sort -u)
+    [ "$(printf '%s\n' "$one" | wc -l)" -eq 1 ] || one=""
+  fi
+  if [ -n "$one" ]; then
+    echo "figures.sh: every figure failed on $f: $one" >&2
+    failed=$((failed + 1))
+  else
+    for k in "${!fails[@]}"; do
+      echo "figures.sh: ${fails[$k]%% (*} failed on $f (${fails[$k]##* (}:" >&2
+      cat "$tmp/${msgs[$k]}.msg" >&2
+      failed=$((failed + 1))
+    done
+  fi
 done
 echo "figures.sh: $drawn figure(s) drawn into $out/, $failed failure(s)"
 [ "$failed" -eq 0 ]

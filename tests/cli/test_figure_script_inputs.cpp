@@ -1,5 +1,5 @@
 // The figure scripts' inputs and outputs: scripts/figures.sh keeps a second results file's same figure under another
-// name; odd files (no rows, missing columns) skip with exit 3, a bad path is one line with exit 2; --dump alone
+// name and reports a file that every figure refuses once; odd files (no rows, missing columns) skip with exit 3, a bad path is one line with exit 2; --dump alone
 // writes only the JSON and says so.
 // Runs /usr/bin/python3; skipped with a warning when it lacks h5py or matplotlib.
 #include <algorithm>
@@ -35,6 +35,23 @@ TEST_CASE("figures.sh keeps a second results file's same figure under <figure>-<
   CHECK(std::filesystem::exists(d.file("fig/parity_error.png")));
   CHECK(std::filesystem::exists(d.file("fig/parity_error-parity_long.png")));
   CHECK(std::filesystem::exists(d.file("fig/parity_error-parity_long.pdf")));
+}
+
+TEST_CASE("figures.sh reports a file every figure refuses for one reason once, not once per figure", "[figures][python]") {
+  if (skip_without_plotting()) return;
+  TempDir d;
+  std::filesystem::create_directories(d.file("scripts"));
+  for (const char* s : {"figures.sh", "figures_fork.py", "figstyle.py", "fig_parity.py", "fig_recall.py"})
+    std::filesystem::copy_file(std::string("scripts/") + s, d.file(std::string("scripts/") + s));
+  d.write("text.h5", "not an HDF5 file\n");
+  const auto r = run_command("FIGURES=" + d.file("fig") + " bash " + d.file("scripts/figures.sh") + " " +
+                             d.file("text.h5"));
+  INFO(r.output);
+  CHECK(r.code == 1);
+  CHECK(r.output.find("every figure failed on " + d.file("text.h5") + ": error: ") != std::string::npos);
+  CHECK(r.output.find("not an HDF5 file") != std::string::npos);
+  CHECK(r.output.find("fig_parity.py failed") == std::string::npos);  // not one block per script
+  CHECK(r.output.find("1 failure(s)") != std::string::npos);
 }
 
 TEST_CASE("figure scripts on odd files: no rows or missing columns skip (exit 3), a bad path is one line (exit 2)",
