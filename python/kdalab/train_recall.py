@@ -419,6 +419,27 @@ def task_data(run: Run, split: str, n: int, seed: int, num_stacks: int, power_a:
     return kdalab.stack_task(n, run.seq_len, run.vocab, num_stacks, s)
 
 
+def check_scored(runs: Sequence[Run], cfg: Dict[str, Any]) -> None:
+    """Every split of every data cell of `runs` has a scored position, checked before any run trains (a split
+    without one has no loss and no accuracy). The generators are prefix-stable (the first m examples of a split of n
+    are the split of m), so the first 64 examples decide almost always; only a split whose first 64 score nothing is
+    made whole. Raises BadInput naming the task, the length and the split."""
+    seen = set()
+    for run in runs:
+        if run.cell in seen:
+            continue
+        seen.add(run.cell)
+        for split, n in (("train", cfg["train_examples"]), ("test", cfg["test_examples"])):
+            m = min(n, 64)
+            d = task_data(run, split, m, cfg["seed"], cfg["num_stacks"], cfg["power_a"])
+            if not (d["targets"] != kdalab.IGNORE_INDEX).any() and m < n:
+                d = task_data(run, split, n, cfg["seed"], cfg["num_stacks"], cfg["power_a"])
+            if not (d["targets"] != kdalab.IGNORE_INDEX).any():
+                raise BadInput(f"--tasks {run.task} at --seq-len {run.seq_len}: the {split} split ({n} examples) "
+                               "has no scored position (a stack sequence this short pops nothing); accepted: a "
+                               "longer --seq-len")
+
+
 # ---------------------------------------------------------------------------------------------- the models
 # Built lazily: torch is imported only when a run starts (the module imports without torch).
 
@@ -1058,6 +1079,7 @@ def _main(argv: Optional[List[str]], kernels: Optional[Dict[str, Tuple[Callable,
         for m in dict.fromkeys(r.mixer for r in runs):  # every mixer checked before anything runs
             if m not in kernels:
                 kernels[m] = kernel_for(m, device)
+        check_scored(runs, cfg)  # every data cell, before the first run trains
         device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
         state = None
         if a.resume:

@@ -210,6 +210,21 @@ def test_a_split_with_no_scored_position_is_one_line_exit_2_and_writes_nothing(t
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_split_with_no_scored_position_is_found_before_any_run_trains(tmp_path, capsys):
+    """The check runs over every data cell first: a later run's empty split stops the call before the first run
+    trains (no progress line, no checkpoint left behind)."""
+    pytest.importorskip("torch")
+    out = tmp_path / "r.h5"
+    argv = ["--tasks", "stack", "--seq-len", "64,4", "--vocab", "256", "--train-examples", "64", "--test-examples",
+            "32", "--epochs", "1", "--batch-size", "32", "--checkpoint-every", "1", "--device", "cpu", "--out",
+            str(out)]
+    assert tr.main(argv) == 2
+    cap = capsys.readouterr()
+    err = cap.err.strip().splitlines()
+    assert len(err) == 1 and "--tasks stack at --seq-len 4: the train split (64 examples) has no scored position" in err[0]
+    assert "step" not in cap.out and list(tmp_path.iterdir()) == []
+
+
 def test_a_checkpoint_path_that_is_a_fifo_is_refused_and_left_alone(tmp_path, capsys):
     fifo = tmp_path / "ck"
     os.mkfifo(fifo)
