@@ -125,3 +125,16 @@ def test_recall_tasks_take_numpy_scalars_and_the_extreme_seeds():
     c = kdalab.mqar(2, 64, 4, 256, 3, power_a=np.float32(0.5), random_non_queries=np.bool_(False))["checksum"]
     assert c == kdalab.mqar(2, 64, 4, 256, 3, power_a=0.5, random_non_queries=False)["checksum"]
     assert kdalab.mqar(2, 64, 4, 256, 3, power_a=1)["checksum"] == kdalab.mqar(2, 64, 4, 256, 3, power_a=1.0)["checksum"]
+
+
+@pytest.mark.parametrize("make", [
+    lambda n: kdalab.mqar(n, 64, 4, 256, 11),
+    lambda n: kdalab.palindrome(n, 32, 256, 11),
+    lambda n: kdalab.stack_task(n, 32, 256, 8, 11),
+])
+def test_a_split_of_m_examples_is_the_first_m_of_a_longer_split(make):
+    """Prefix-stable generators: train_recall's check for a scored position reads the first 64 examples of a split
+    for the whole split."""
+    long, short = make(500), make(64)
+    for key in ("inputs", "targets"):
+        assert np.array_equal(long[key][:64], short[key]), key
