@@ -235,7 +235,7 @@ def gpu_name(f, default="GPU"):
     return default
 
 
-def label_footer(fig, f, extra="", group=None, shown=None):
+def label_footer(fig, f, extra="", group=None, shown=None, also=()):
     """Bottom-of-figure provenance: the results file drawn ("drawn from <path>", the path as given, or `shown`), kdalab
     version, git sha, date, seed and the config (the group's `options` attribute, the values actually used after
     --quick, when present; else the root config) without the run-control options (RUN_CONTROL: out, quick, quiet, force), then the
@@ -243,7 +243,8 @@ def label_footer(fig, f, extra="", group=None, shown=None):
     first group that has them). A file written by a --quick run (is_quick) also gets QUICK_TITLE after the
     figure's title when save() writes it. Every part is wrapped onto as many lines as it needs at the figure's
     width (never cut with "..."); call it before fig.tight_layout() or after, the footer hangs below the figure
-    and savefig's tight bbox takes it in."""
+    and savefig's tight bbox takes it in. `also`: (name, open file) pairs of further files drawn in the same figure,
+    each given its own provenance lines after the first file's."""
     fig._kdalab_quick = is_quick(f)
     sha = attr(f, "git_sha", "?")[:12]
     cfg = attr(f, "config", "{}")
@@ -266,6 +267,12 @@ def label_footer(fig, f, extra="", group=None, shown=None):
         text = textwrap.fill(extra, width=width) + "\n" + text
     text += "\n" + "\n".join(textwrap.wrap("command: " + attr(f, "command_line", ""), width=width,
                                            subsequent_indent="  ", break_on_hyphens=False))
+    for name, g in also:
+        line = (f"and {name}: kdalab {attr(g, 'software_version', '?')} · git {attr(g, 'git_sha', '?')[:12]} · "
+                f"{attr(g, 'date', '?')} · seed {attr(g, 'seed', '?')} · config {format_config(attr(g, 'config', '{}'), drop=RUN_CONTROL)} · "
+                f"command: {attr(g, 'command_line', '')}")
+        text += "\n" + "\n".join(textwrap.wrap(line, width=width, subsequent_indent="  ", break_on_hyphens=False,
+                                                break_long_words=True))
     fig.text(0.01, -0.01, text, ha="left", va="top", fontsize=FOOTER_PT, color="#555555", family="monospace")
 
 

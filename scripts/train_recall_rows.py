@@ -134,7 +134,7 @@ def shown_name(path):
 
 def caption(files):
     names = ", ".join(os.path.basename(f.filename) for f in files)
-    first = "" if len(files) == 1 else " (the first file's; each file records its own)"
+    first = "" if len(files) == 1 else " (per file)"
     return (f"Each point: the best test accuracy over the learning rates tried (files: {names}); training settings in "
             f"the config below{first} and docs/recall-training.md.")
 
@@ -165,6 +165,7 @@ def finish(fig, axes, files, ylabel, title, name):
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="center left", fontsize=7, frameon=False, bbox_to_anchor=(1.0, 0.55))
     fig.suptitle(title, y=1.03)
-    fs.label_footer(fig, files[0], caption(files), shown=", ".join(shown_name(f.filename) for f in files))
+    fs.label_footer(fig, files[0], caption(files), shown=shown_name(files[0].filename),
+                    also=[(shown_name(f.filename), f) for f in files[1:]])
     fig.tight_layout()
     return fs.save(fig, fs._ARGS.out_dir, name)

@@ -674,6 +674,7 @@ def test_figure_from_the_data_folder_notes_every_file_and_skips_an_empty_one(tmp
     assert "reduced grid: 16 runs (and 1 file(s) of a full grid)" in dump["suptitle"], dump["suptitle"]
     footer = " ".join(t["text"] if isinstance(t, dict) else str(t) for t in dump.get("texts", []))
     assert str(tmp_path / "a.h5") in footer and str(tmp_path / "b.h5") in footer  # outside the repository: as given
+    assert f"and {tmp_path / 'b.h5'}: kdalab" in footer  # each further file's own provenance, not only the first's
 
 
 @pytest.mark.parametrize("bad,says", [("text", "test_accuracy is not numeric"), ("2d", "are not 1-D")])
