@@ -125,7 +125,7 @@ const char* mla_prefill_precision_name(MlaPrefillPrecision p);
 ///   k_{tau,i} = W_UK,i c_tau (d_nope), v_{tau,i} = W_UV,i c_tau (d_v) for every key tau = 0 .. N0 + t,
 ///   s_tau = scale q^C_{t,i} . k_{tau,i},  p = softmax_tau(s),  o_{t,i} = sum_tau p_tau v_{tau,i} = W_UV,i a_{t,i}.
 ///
-/// The two paths (both return o; they agree to ~1e-5 relative RMS, see "Precision"):
+/// The two paths (both return o; in precision accurate they agree to ~1e-5 relative RMS, see "Precision"):
 ///   absorbed  mla_absorb_query (q~ = W_UK,i^T q^C as bf16 hi + lo) -> mla_prefill (a [B, T, H, d_c] fp32,
 ///             appends c_new) -> o_i = W_UV,i a_i by an fp32 cuBLAS batched GEMM (W_UV converted to fp32).
 ///   naive     append c_new; reconstruct K = C W_UK^T and V = C W_UV^T for all N = N0 + T keys of every sequence
@@ -137,11 +137,12 @@ const char* mla_prefill_precision_name(MlaPrefillPrecision p);
 /// vs each plan's roundings on the reference/mla.hpp test distribution: W_UK, W_UV ~ N(0, 1/d_c) and latents
 /// ~ N(0, 1) rounded to bf16, q^C ~ sigma N(0, 1) in bf16, sigma = 1, 2, 4 (logit std ~ sigma), N up to 1037;
 /// docs/kernels/mla_prefill.md): relative RMS of o
-///   k, v, P all bf16 (a plain bf16 flash attention)   2.4e-3 .. 4.2e-3   fails the 2e-3 goal
+///   k, v, P all bf16 (a plain bf16 flash attention)   2.4e-3 .. 4.2e-3   over the 2e-3 budget of accurate
+///                                                                          (tol::mla_prefill_heads_goal): precision fast
 ///   k hi + lo, v bf16, P bf16                         1.75e-3 .. 1.96e-3 (no margin)
 ///   k hi + lo, v bf16, P hi + lo                      1.6e-3             (v's rounding alone)
 ///   k hi + lo, v hi + lo, P bf16                      0.59e-3 .. 1.12e-3 (P's rounding alone)
-///   k hi + lo, v hi + lo, P hi + lo                   3.5e-6 .. 6.1e-6   <- this kernel's default
+///   k hi + lo, v hi + lo, P hi + lo                   3.4e-6 .. 6.1e-6   <- precision accurate (the default)
 ///   (fp16 v and P would give 2.3e-4 in one P V pass, but v = W_UV c has no bound below fp16's 65504.)
 /// q^C is a bf16 input (exact). k and v are carried as bf16 hi + lo of the fp32 reconstruction, P as bf16 hi + lo
 /// of the fp32 probabilities: scores = q k_hi + q k_lo (2 mma passes), P V = P_hi V_hi + P_hi V_lo + P_lo V_hi
@@ -154,10 +155,10 @@ const char* mla_prefill_precision_name(MlaPrefillPrecision p);
 ///             2 d_c (d_nope + d_v) = 262,144 per key.
 /// naive iff 4096 pairs > 1280 pairs + 262,144 N, i.e. 11 pairs > 1024 N (exact in integers): with N0 = 0,
 /// naive for T >= 186; behind a long prefix (pairs ~ T N) naive for T >= ~94. The rule counts FLOPs only: the
-/// naive workspace is B N H 1 KB (a short chunk behind a 1M-token prefix would need 32 GB at H = 32: force
+/// naive workspace is B N H 1 KB in precision accurate, 512 B in fast (a short chunk behind a 1M-token prefix would need 32 GB at H = 32: force
 /// absorbed there with MlaPrefillOverrides, or decode). To be recalibrated from measured rates (kdalab bench
-/// --op mla-prefill prints both paths and the rule's choice). Measured on an H200 (N0 = 0, H = 32): naive is faster
-/// at every measured T, 3.1x at T = 64 (0.040 vs 0.122 ms) to 3.6x at T = 8192 (5.2 vs 18.7 ms), so the rule is
+/// --op mla-prefill prints both paths and the rule's choice). Measured on an H200 (B = 1, N0 = 0, H = 32): naive is
+/// faster at every measured T, 3.1x at T = 64 (0.040 vs 0.122 ms) to 3.6x at T = 8192 (5.2 vs 18.7 ms), so the rule is
 /// conservative below T = 186; the prefix side (naive rebuilds K, V for all N0 keys) is not yet measured
 /// (docs/kernels/mla_prefill.md).
 ///
