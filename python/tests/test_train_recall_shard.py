@@ -4,6 +4,7 @@ so these run without torch. The merge needs the kdalab binary: KDALAB_BIN, or bu
 import os
 import pathlib
 import subprocess
+import sys
 import types
 
 import numpy as np
@@ -165,3 +166,51 @@ def test_merge_refuses_shards_of_another_run_or_not_covering_the_grid(tmp_path, 
     r = merge(*s, "--out", out)
     assert r.returncode == 2 and says in r.stderr and r.stderr.count("\n") == 1, r.stderr
     assert not out.exists()
+
+
+# ---- scripts/train_recall_shards.sh: a grid as one shard per run on one machine, then the merge
+
+SHARDS = str(ROOT / "scripts" / "train_recall_shards.sh")
+
+
+def shards_script(tmp_path, *args):
+    env = dict(os.environ, PYTHON=sys.executable, KDALAB=kdalab_binary(),
+               PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    return subprocess.run(["bash", SHARDS, *args], capture_output=True, text=True, env=env, cwd=tmp_path)
+
+
+def kdalab_binary():
+    p = os.environ.get("KDALAB_BIN") or str(ROOT / "build" / "default" / "experiments" / "kdalab")
+    if not os.path.exists(p):
+        pytest.skip(f"no kdalab binary at {p} (set KDALAB_BIN)")
+    return p
+
+
+@pytest.mark.parametrize("args,says", [
+    ([], "--grid is required"),
+    (["--grid", "zoology-reduced"], "--out-dir is required"),
+    (["--grid", "zoology-tiny", "--out-dir", "d"], "--grid 'zoology-tiny'; accepted:"),
+    (["--grid", "zoology-reduced", "--out-dir", "d", "--jobs", "0"], "--jobs '0'; accepted"),
+    (["--grid", "zoology-reduced", "--out-dir", "d", "--deadline", "-5"], "--deadline '-5'; accepted"),
+    (["--grid", "zoology-reduced", "--out-dir", "d", "--fast"], "'--fast' is not an option"),
+    (["--grid", "zoology-reduced", "--out-dir", "d", "--", "--lr", "0"], "--lr: 0.0 must be in (0, 1]"),
+])
+def test_shards_script_bad_usage_is_one_line_exit_2_and_runs_nothing(tmp_path, args, says):
+    r = shards_script(tmp_path, *args)
+    assert r.returncode == 2, r.stderr
+    assert says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_shards_script_runs_every_shard_merges_and_a_second_call_runs_none(tmp_path):
+    pytest.importorskip("torch")
+    opts = ["--", "--mixers", "softmax", "--d-model", "32", "--seq-len", "32", "--kv-pairs", "4", "--vocab", "64",
+            "--max-steps", "3", "--train-examples", "64", "--test-examples", "32", "--device", "cpu", "--threads", "1",
+            "--quiet"]
+    r = shards_script(tmp_path, "--grid", "zoology-reduced", "--out-dir", "out", "--jobs", "2", *opts)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "2 runs, one a shard; 0 done, 2 to run" in r.stdout and "2 of 2 shards done; merged" in r.stdout
+    merged = tmp_path / "out" / "zoology-reduced.h5"
+    assert merged.exists() and len(kdalab.read_array(str(merged), "train_recall/test_accuracy")) == 2
+    r = shards_script(tmp_path, "--grid", "zoology-reduced", "--out-dir", "out", *opts)
+    assert r.returncode == 0 and "2 done, 0 to run" in r.stdout, r.stdout + r.stderr
