@@ -16,6 +16,8 @@
 //             (row max/sum over the 4 lanes of a quad); P from the S accumulators as bf16 hi + lo A fragments;
 //             O = corr O + P_hi V_hi + P_hi V_lo + P_lo V_hi (V fragments by ldmatrix.trans). A warp skips
 //             the tiles that start past its last row's position (they only take part in the barrier).
+//   fast      (MlaPrefillPrecision::fast) the GEMMs write K and V as bf16 (no split); the ring holds K and V alone
+//             (52 KB); S = q K^T and O += bf16(P) V, one mma pass each; everything else as above.
 // Absorbed path: mla_absorb_query -> mla_prefill (a, fp32) -> W_UV converted to fp32 -> cuBLAS SGEMM batched
 // over heads: o_i = W_UV,i a_i (fp32, no tensor-core rounding).
 #include <cublas_v2.h>
