@@ -344,6 +344,12 @@ cublasHandle_t cublas_handle() {
 
 constexpr std::size_t align256(std::size_t x) { return (x + 255) / 256 * 256; }
 
+/// Bytes per element of the naive path's K and V: fp32 (split in place into bf16 hi + lo) in precision accurate,
+/// bf16 in fast.
+std::size_t kv_element_bytes(const MlaPrefillHeadsArgs& a) {
+  return mla_prefill_heads_precision(a) == MlaPrefillPrecision::fast ? 2 : 4;
+}
+
 void check_shape(const MlaPrefillHeadsArgs& a) {
   if (a.B < 1 || a.B > 65535) fail("B = " + std::to_string(a.B) + "; accepted: 1 <= B <= 65535");
   if (a.T < 1) fail("T = " + std::to_string(a.T) + "; accepted: T >= 1 new token");
@@ -397,8 +403,8 @@ MlaPrefillPath mla_prefill_heads_path(const MlaPrefillHeadsArgs& a, const MlaPre
 std::size_t mla_prefill_heads_workspace_bytes(const MlaPrefillHeadsArgs& a, const MlaPrefillOverrides* ov) {
   check_shape(a);
   const std::size_t B = a.B, T = a.T, H = a.H, N = static_cast<std::size_t>(a.prefix) + a.T;
-  if (mla_prefill_heads_precision(a) == MlaPrefillPrecision::fast) return 2 * align256(B * N * H * DH * 2);
-  if (mla_prefill_heads_path(a, ov) == MlaPrefillPath::naive) return 2 * align256(B * N * H * DH * 4);
+  if (mla_prefill_heads_path(a, ov) == MlaPrefillPath::naive)
+    return 2 * align256(B * N * H * DH * kv_element_bytes(a));
   return 2 * align256(B * T * H * DC * 2) + align256(B * T * H * DC * 4) + align256(H * DH * DC * 4);
 }
 
@@ -509,9 +515,8 @@ void mla_prefill_heads(const MlaPrefillHeadsArgs& a, cudaStream_t stream, const 
     cuda_check(cudaGetLastError(), "mla_heads_append_kernel launch");
   }
   // K and V: fp32 [B, N, H, 128] (accurate: split in place into bf16 hi + lo below) or bf16 (fast: rounded once)
-  const std::size_t elt = fast ? 2 : 4;
   void* Kw = a.workspace;
-  void* Vw = static_cast<unsigned char*>(a.workspace) + align256(B * N * H * DH * elt);
+  void* Vw = static_cast<unsigned char*>(a.workspace) + align256(B * N * H * DH * kv_element_bytes(a));
   // column-major view, per sequence b: K_b^T [H 128 x N] (ld H 128) = W_UK [H 128 x 512] (stored col-major
   // 512 x H 128, ld 512: op T) x C_b^T [512 x N] (ld sc_t); bf16 inputs, fp32 accumulation, fp32 or bf16 output
   for (int which = 0; which < 2; ++which)
