@@ -420,6 +420,12 @@ def task_data(run: Run, split: str, n: int, seed: int, num_stacks: int, power_a:
     return kdalab.stack_task(n, run.seq_len, run.vocab, num_stacks, s)
 
 
+def _unscored(run: Run, split: str, n: int) -> BadInput:
+    """The bad input of a split without a scored position (no loss and no accuracy to measure)."""
+    return BadInput(f"--tasks {run.task} at --seq-len {run.seq_len}: the {split} split ({n} examples) has no scored "
+                    "position (a stack sequence this short pops nothing); accepted: a longer --seq-len")
+
+
 def check_scored(runs: Sequence[Run], cfg: Dict[str, Any]) -> None:
     """Every split of every data cell of `runs` has a scored position, checked before any run trains (a split
     without one has no loss and no accuracy). The generators are prefix-stable (the first m examples of a split of n
@@ -436,9 +442,7 @@ def check_scored(runs: Sequence[Run], cfg: Dict[str, Any]) -> None:
             if not (d["targets"] != kdalab.IGNORE_INDEX).any() and m < n:
                 d = task_data(run, split, n, cfg["seed"], cfg["num_stacks"], cfg["power_a"])
             if not (d["targets"] != kdalab.IGNORE_INDEX).any():
-                raise BadInput(f"--tasks {run.task} at --seq-len {run.seq_len}: the {split} split ({n} examples) "
-                               "has no scored position (a stack sequence this short pops nothing); accepted: a "
-                               "longer --seq-len")
+                raise _unscored(run, split, n)
 
 
 # ---------------------------------------------------------------------------------------------- the models
@@ -744,10 +748,8 @@ class Trainer:
             self._data = {}
             for split, n in (("train", cfg["train_examples"]), ("test", cfg["test_examples"])):
                 d = task_data(run, split, n, cfg["seed"], cfg["num_stacks"], cfg["power_a"])
-                if not (d["targets"] != kdalab.IGNORE_INDEX).any():  # no loss, no accuracy: nothing to train or test
-                    raise BadInput(f"--tasks {run.task} at --seq-len {run.seq_len}: the {split} split ({n} examples) "
-                                   "has no scored position (a stack sequence this short pops nothing); accepted: a "
-                                   "longer --seq-len")
+                if not (d["targets"] != kdalab.IGNORE_INDEX).any():  # main() checked it first (check_scored)
+                    raise _unscored(run, split, n)
                 self._data[split] = tuple(torch.from_numpy(d[k].astype(np.int32)).to(self.device)
                                           for k in ("inputs", "targets"))
             self._data_cell = run.cell
