@@ -45,7 +45,7 @@ for f in "$@"; do
     continue
   fi
   stem=$(basename "$f" .h5)
-  nscripts=0; fails=(); msgs=()
+  nscripts=0; fails=(); rcs=(); msgs=()
   for s in "$here"/fig_*.py; do
     i=$((i + 1))
     nscripts=$((nscripts + 1))
@@ -64,7 +64,7 @@ for f in "$@"; do
         echo "wrote$written"
         drawn=$((drawn + 1)) ;;
       3) ;;
-      *) fails+=("$(basename "$s") (exit $rc)"); msgs+=("$i") ;;
+      *) fails+=("$(basename "$s")"); rcs+=("$rc"); msgs+=("$i") ;;
     esac
   done
   # a file every script refuses with the same message (not HDF5, unreadable, ...) is reported once, not per script
@@ -78,7 +78,7 @@ for f in "$@"; do
     failed=$((failed + 1))
   else
     for k in "${!fails[@]}"; do
-      echo "figures.sh: ${fails[$k]%% (*} failed on $f (${fails[$k]##* (}:" >&2
+      echo "figures.sh: ${fails[$k]} failed on $f (exit ${rcs[$k]}):" >&2
       cat "$tmp/${msgs[$k]}.msg" >&2
       failed=$((failed + 1))
     done
