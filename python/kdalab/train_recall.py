@@ -612,7 +612,8 @@ def build_model(run: Run, cfg: Dict[str, Any], kda_fn: Optional[Callable] = None
                 self.head.weight = self.emb.weight
 
         def forward(self, tokens, scored=None):
-            """tokens [B, T] int64 -> logits [B, T, vocab]; with `scored` ([B, T] bool) the logits of the scored
+            """tokens [B, T] int64 -> logits [B, T, vocab]; with `scored` ([B, T] bool, or the int64 indices of
+            those positions in the flattened [B * T], which need no device-to-host sync) the logits of the scored
             positions alone, [n, vocab] in row-major order: the LM head (d x vocab a position) and the loss need
             only those (MQAR scores N of L positions)."""
             x = self.emb(tokens)
@@ -621,7 +622,7 @@ def build_model(run: Run, cfg: Dict[str, Any], kda_fn: Optional[Callable] = None
             for norm, mixer in zip(self.norms, self.mixers):
                 x = x + mixer(norm(x))
             if scored is not None:
-                x = x[scored]
+                x = x[scored] if scored.dtype == torch.bool else x.flatten(0, 1).index_select(0, scored)
             return self.head(self.norm(x))
 
     if run.mixer in KERNEL_MIXERS and kda_fn is None:
@@ -752,21 +753,35 @@ class Trainer:
                     raise _unscored(run, split, n)
                 self._data[split] = tuple(torch.from_numpy(d[k].astype(np.int32)).to(self.device)
                                           for k in ("inputs", "targets"))
+                if split == "train":  # a host copy of the targets: each step finds its scored positions there
+                    self._train_targets_host = torch.from_numpy(d["targets"].astype(np.int64))
             self._data_cell = run.cell
         return self._data
 
     def batch_indices(self, run: Run, step: int):
-        """The examples of a step: a permutation per epoch seeded by the data cell and the epoch, so a step's batch
-        is a function of the step alone (a resumed run sees the same batches)."""
+        """The examples of a step, on the host and on the device: a permutation per epoch seeded by the data cell and
+        the epoch, so a step's batch is a function of the step alone (a resumed run sees the same batches)."""
         torch, cfg = self.torch, self.cfg
         per_epoch = cfg["train_examples"] // cfg["batch_size"]
         epoch, i = divmod(step, per_epoch)
         if getattr(self, "_perm_key", None) != (run.cell, epoch):
             gen = torch.Generator().manual_seed(kdalab.cell_seed(cfg["seed"], f"{run.cell} order epoch={epoch}") >> 1)
-            self._perm = torch.randperm(cfg["train_examples"], generator=gen).to(self.device)
+            self._perm_host = torch.randperm(cfg["train_examples"], generator=gen)
+            self._perm = self._perm_host.to(self.device)
             self._perm_key = (run.cell, epoch)
         b = cfg["batch_size"]
-        return self._perm[i * b:(i + 1) * b]
+        return self._perm_host[i * b:(i + 1) * b], self._perm[i * b:(i + 1) * b]
+
+    def scored_batch(self, idx_host):
+        """The scored positions of a training batch (int64 indices into the flattened [B, T]) and their targets,
+        found on the host and copied without waiting for the device: a mask built on the device would need a
+        device-to-host sync at every step to size them."""
+        y = self._train_targets_host[idx_host].flatten()
+        pos = (y != kdalab.IGNORE_INDEX).nonzero().squeeze(1)
+        target = y[pos]
+        if self.device.type == "cuda":
+            return tuple(t.pin_memory().to(self.device, non_blocking=True) for t in (pos, target))
+        return pos, target
 
     def logits(self, model, x, scored):
         """The logits of the scored positions ([n, vocab], fp32)."""
@@ -832,7 +847,7 @@ class Trainer:
                                f"not agree with a run of {total} steps); start again with --force")
         self.data(run)
         t0 = time.perf_counter() - cur["seconds"]
-        x_all, y_all = self.data(run)["train"]
+        x_all = self.data(run)["train"][0]
         # each step's loss and batch accuracy stay on the device until they are read (a progress line, a checkpoint,
         # the end): no host synchronisation per step, so the host queues the next steps while the device works
         pending: List[Any] = []
@@ -855,11 +870,10 @@ class Trainer:
                 cur["seconds"] = time.perf_counter() - t0
                 self.save(index, run, step, model, opt, sched, cur)
                 raise Stopped()
-            idx = self.batch_indices(run, step)
-            x, y = x_all[idx].long(), y_all[idx].long()
-            mask = y != kdalab.IGNORE_INDEX
-            logits = self.logits(model, x, mask)  # [n scored, vocab]
-            target = y[mask]
+            idx_host, idx = self.batch_indices(run, step)
+            x = x_all[idx].long()
+            pos, target = self.scored_batch(idx_host)
+            logits = self.logits(model, x, pos)  # [n scored, vocab]
             loss = F.cross_entropy(logits, target)
             opt.zero_grad(set_to_none=True)
             loss.backward()

@@ -158,6 +158,29 @@ def test_the_lm_head_at_the_scored_positions_gives_the_full_logits_rows_and_the_
         assert torch.allclose(part, full[scored], rtol=1e-5, atol=1e-6), mixer
         loss_full = F.cross_entropy(full.reshape(-1, 256), y.reshape(-1), ignore_index=kdalab.IGNORE_INDEX)
         assert torch.allclose(F.cross_entropy(part, y[scored]), loss_full, rtol=1e-5), mixer
+        with torch.no_grad():  # the same positions as int64 indices into the flattened [B, T] (the training step's form)
+            by_index = model(x, scored.flatten().nonzero().squeeze(1)).float()
+        assert torch.equal(by_index, part), mixer
+
+
+def test_a_training_batchs_scored_positions_found_on_the_host_are_the_masks_positions_in_order(tmp_path):
+    """Trainer.scored_batch (host-side, no device sync) gives the flattened positions of the batch's scored targets
+    and those targets in row-major order, the rows a boolean mask of the batch selects."""
+    torch = pytest.importorskip("torch")
+    cfg = tr.resolve(tr.parser().parse_args(["--tasks", "stack", "--seq-len", "32", "--vocab", "256",
+                                             "--train-examples", "128", "--batch-size", "16"]))
+    trainer = tr.Trainer(cfg, torch.device("cpu"), lambda s: None, str(tmp_path / "x.ckpt"))
+    run = tr.runs_of(cfg)[0]
+    x_all, y_all = trainer.data(run)["train"]
+    for step in (0, 5, 9):
+        idx_host, idx = trainer.batch_indices(run, step)
+        assert torch.equal(idx_host, idx)
+        y = y_all[idx].long()
+        mask = y != kdalab.IGNORE_INDEX
+        pos, target = trainer.scored_batch(idx_host)
+        assert torch.equal(pos, mask.flatten().nonzero().squeeze(1))
+        assert torch.equal(target, y[mask])
+        assert pos.dtype == target.dtype == torch.int64 and 0 < len(pos) < y.numel()
 
 
 def test_the_short_convolution_as_one_grouped_conv1d_equals_the_shifted_sum():
