@@ -13,7 +13,8 @@
 #                      --shard I/N and --out, and --resume when its checkpoint is there
 # A shard whose file exists is done and not run again, so a second call finishes what a first one left.
 # Environment: PYTHON (default python3: torch and the kdalab package), KDALAB (default build/default/experiments/kdalab,
-# else build/cuda/experiments/kdalab: the merge).
+# else build/cuda/experiments/kdalab: the merge), OMP_NUM_THREADS (default: the cores / --jobs, at least 1: each
+# shard's torch CPU threads, so that --jobs processes do not each start a pool as large as the machine).
 # Exit codes: 0 every shard done and merged; 1 a shard failed (its log: DIR/<shard>.log) or the merge did; 2 bad
 # usage (one line, nothing run); 3 shards remain (the deadline came first: run again).
 set -uo pipefail
@@ -93,6 +94,8 @@ run_one() {  # I: one shard, its output and messages in <shard>.log, its exit co
 ARGS_FILE=$(mktemp "${TMPDIR:-/tmp}/kdalab-shard-args.XXXXXX") || exit 1
 trap 'rm -f "$ARGS_FILE"' EXIT
 [ ${#extra[@]} -eq 0 ] || printf '%s\0' "${extra[@]}" > "$ARGS_FILE"
+cores=$(nproc 2>/dev/null || echo 1)
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$((cores / jobs > 0 ? cores / jobs : 1))}
 export -f run_one
 export grid n py deadline start ARGS_FILE
 printf '%s\n' "${todo[@]}" | grep . | xargs -P "$jobs" -I{} bash -c 'run_one {}'
