@@ -9,11 +9,13 @@ This is what a torch user runs for MLA prefill without kdalab (docs/kernels/mla_
   tokens behind N0 cached ones (the causal mask aligned at the lower right: query t sees keys 0 .. N0 + t).
 Per backend (cuDNN, flash, memory-efficient; torch.nn.attention.sdpa_kernel): the K, V products + SDPA, median of
 CUDA-event timings after warm-up; a backend that refuses the inputs is reported as such (null in the JSON).
-Usage: python3 bench/torch_mla_prefill.py OUT.json [B:T:H ...] [--prefix N0] [--accuracy FILE.json] [--force]
-Shapes default to bench's (1:8192:32, 1:2048:32, 8:512:32).
+Usage: python3 bench/torch_mla_prefill.py OUT.json [B:T:H[+N0] ...] [--prefix N0] [--accuracy FILE.json] [--force]
+Shapes default to bench's (1:8192:32, 1:2048:32, 8:512:32 and 1:2048:32+32768). As in `kdalab bench`, a shape's own
++N0 is its cached prefix; --prefix applies to the shapes without one.
 Arguments and outputs follow kdalab's rules (bench/torch_baseline.py): bad ones are one line, exit 2, nothing
 written; the outputs are written at the end, each whole; without torch or a CUDA device, one line, exit 3.
 """
+import argparse
 import math
 import sys
 
@@ -109,39 +111,68 @@ def accuracy(cases):
     return rows
 
 
+def prefill_shape_arg(text):
+    """An argparse type for B:T:H[+N0] (kdalab bench's mla-prefill shapes): (B, T, H, N0) with N0 None when the
+    shape names no prefix (--prefix applies). A '+' after a digit starts N0 (decimal digits, N0 + T <= 2^31 - 1)."""
+    cut = text.rfind("+")
+    own = cut >= 1 and text[cut - 1].isdigit()
+    n0 = text[cut + 1:] if own else None
+    try:
+        B, T, H = tb.shape_arg("B:T:H")(text[:cut] if own else text)
+        if own and not (n0.isascii() and n0.isdigit() and int(n0) <= tb.INT32_MAX - T):
+            raise argparse.ArgumentTypeError()
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"shape '{text}'; accepted: B:T:H[+N0], B, T, H integers >= 1, H <= 256, "
+                                         f"each <= {tb.INT32_MAX}; N0 >= 0 cached tokens (decimal digits), N0 + T <= "
+                                         f"{tb.INT32_MAX}") from None
+    return B, T, H, int(n0) if own else None
+
+
+DEFAULT_SHAPES = [(1, 8192, 32, None), (1, 2048, 32, None), (8, 512, 32, None), (1, 2048, 32, 32768)]
+
+
 def main():
     global torch, BACKENDS, SDPBackend, sdpa_kernel
     p = tb.Parser(prog="torch_mla_prefill.py", description=__doc__.splitlines()[0])
     p.add_argument("out", metavar="OUT.json", help="peer-time JSON for kdalab bench --peer-json")
-    p.add_argument("shapes", nargs="*", type=tb.shape_arg("B:T:H"), metavar="B:T:H",
-                   help="shapes (default: bench's mla-prefill shapes)")
-    p.add_argument("--prefix", type=int, default=0, help="cached tokens N0 before the T new ones, >= 0 (default 0)")
+    p.add_argument("shapes", nargs="*", type=prefill_shape_arg, metavar="B:T:H[+N0]",
+                   help="shapes, +N0 the shape's own cached prefix (default: bench's mla-prefill shapes)")
+    p.add_argument("--prefix", type=int, default=0,
+                   help="cached tokens N0 before the T new ones of the shapes without their own +N0, >= 0 (default 0)")
     p.add_argument("--accuracy", metavar="FILE.json", help="also measure the error against float64 into FILE.json")
     p.add_argument("--force", action="store_true", help="replace existing output files")
     a = p.parse_args()
-    longest = max([T for _, T, _ in a.shapes] or [8192])
+    given = a.shapes or DEFAULT_SHAPES
+    longest = max([T for _, T, _, n0 in given if n0 is None] or [0])
     if a.prefix < 0 or a.prefix > tb.INT32_MAX - longest:
         p.error(f"--prefix {a.prefix}; accepted: 0 <= N0 <= 2^31 - 1 - T = {tb.INT32_MAX - longest}")
+    shapes = []  # (B, T, H, N0), each once: a repeated given shape is refused, a repeated default row dropped
+    for B, T, H, n0 in given:
+        shape = (B, T, H, a.prefix if n0 is None else n0)
+        if shape in shapes and a.shapes:
+            p.error(f"shape {B}:{T}:{H}+{shape[3]} is given more than once (as +N0 or through --prefix); give each "
+                    "shape once")
+        if shape not in shapes:
+            shapes.append(shape)
     tb.check_outputs(p, [("OUT.json", a.out)] + ([("--accuracy", a.accuracy)] if a.accuracy is not None else []),
                      a.force)
     torch = tb.cuda_torch(p.prog)
     from torch.nn.attention import SDPBackend, sdpa_kernel
     BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
                 "efficient": SDPBackend.EFFICIENT_ATTENTION}
-    shapes = a.shapes or [(1, 8192, 32), (1, 2048, 32), (8, 512, 32)]
     out = {"_what": "torch: bf16 K, V products + SDPA on its fastest backend (ms), per kdalab mla-prefill-fast key"}
-    for B, T, H in shapes:
-        C, W_UK, W_UV, q, scale = inputs(B, T, H, a.prefix)
+    for B, T, H, N0 in shapes:
+        C, W_UK, W_UV, q, scale = inputs(B, T, H, N0)
         times = {}
         for name, be in BACKENDS.items():
             try:
                 with sdpa_kernel([be]):
-                    times[name] = tb.time_ms(lambda: torch_mla(C, W_UK, W_UV, q, scale, a.prefix), 10, 50)
+                    times[name] = tb.time_ms(lambda: torch_mla(C, W_UK, W_UV, q, scale, N0), 10, 50)
             except RuntimeError as e:
                 times[name] = None
                 print(f"  {name}: refused ({str(e).splitlines()[0][:100]})", flush=True)
         proj = tb.time_ms(lambda: ((C @ W_UK.t()), (C @ W_UV.t())), 10, 50)
-        key = key_of(B, T, H, a.prefix)
+        key = key_of(B, T, H, N0)
         ok = [t for t in times.values() if t is not None]
         out[key] = min(ok) if ok else None
         print(f"{key}: torch " + ", ".join(f"{n} {t:.4f} ms" if t is not None else f"{n} refused"

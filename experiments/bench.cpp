@@ -2,7 +2,7 @@
 // decode and prefill (kernels/mla.hpp, kernels/mla_prefill.hpp) and Block AttnRes (kernels/attn_res.hpp).
 //
 //   kdalab bench --op kda-prefill|kda-decode|kda-backward|mla-decode|mla-prefill|attn-res|all
-//                [--shapes "B:T:H[:HV[:D]],..."]
+//                [--shapes "B:T:H[:HV[:D]],..." (mla-prefill: "B:T:H[+N0],...")]
 //                [--iters N] [--warmup N] [--quick] [--prefix N0] [--peer-json FILE..] [--compare BASELINE.h5..]
 //                [--state-pass auto|mma|wgmma|key-split] [--segments P] [--overlap on|off] [--precision fast|accurate]
 //                [--s-q 1..4] [--mla-precision auto|accurate|fast] --out results/bench.h5
@@ -32,10 +32,12 @@
 //   Rows with s_q > 1 get the key suffix " s_q=<s_q>", rows whose precision is not the rule's " fast" or " accurate"
 //   (their own baselines; the peer time is looked up under the key without the precision suffix). The library's
 //   automatic plan and output path (kernels/mla.hpp mla_decode_plan), printed per shape.
-// mla-prefill (kernels/mla_prefill.hpp): shapes B:T:H with T new tokens behind a cached prefix of --prefix
-//   tokens (default 0); time = append + causal absorbed attention (q~ hi/lo given); prepare_ms = the query
-//   absorption (mla_absorb_query, d_nope = 128) alone; bytes = latent cache read once, c_new read + written,
-//   q_hi/q_lo read, the fp32 attended latent written; flops = 4 d_c H per causal (query, key) pair (one pass,
+// mla-prefill (kernels/mla_prefill.hpp): shapes B:T:H[+N0] with T new tokens behind a cached prefix of N0 tokens:
+//   the shape's own +N0, else --prefix (default 0; a shape's own N0 wins over --prefix). Rows with N0 > 0 get the key
+//   suffix " N0=<N0>" (rows with N0 = 0 keep their keys). Defaults 1:8192:32, 1:2048:32, 8:512:32 (N0 = --prefix) and
+//   1:2048:32+32768 (2048 new tokens behind a 32K-token cached prefix). time = append + causal absorbed attention
+//   (q~ hi/lo given); prepare_ms = the query absorption (mla_absorb_query, d_nope = 128) alone; bytes = latent cache
+//   read once, c_new read + written, q_hi/q_lo read, the fp32 attended latent written; flops = 4 d_c H per causal (query, key) pair (one pass,
 //   hi/lo not counted).
 //   Each shape also gets a row "mla-prefill-naive B=.. T=.. H=.. HV=..": kernels/mla_prefill.hpp mla_prefill_heads with
 //   the naive path forced (MlaPrefillOverrides; append + K, V reconstruction by cuBLAS + hi/lo split + causal flash attention, o = W_UV a per head,
@@ -67,7 +69,8 @@
 // kda-prefill, --s-q != 1 or --mla-precision other than auto without mla-decode; --op all takes each of them, it acts
 // on that op's rows), --shapes (fields the
 // op ignores refused: HV != H for the MLA ops, a 4th
-// attn-res field; an mla-decode shape with N < --s-q), the --peer-json files, the --compare files (Command::check),
+// attn-res field, a +N0 prefix on a shape of another op than mla-prefill; an mla-prefill N0 + T, from the shape's +N0
+// or --prefix, above 2^31 - 1; an mla-decode shape with N < --s-q), the --peer-json files, the --compare files (Command::check),
 // then cli::run's shared path: --out not one of the input files (--config, --compare, --peer-json), then --out
 // (folder exists and is writable; an existing file only with --force). Only then (Command::run): without the CUDA
 // kernels (CPU build) or without a visible GPU, one line on stderr saying so, nothing written, exit 3
@@ -78,6 +81,7 @@
 
 #include <H5Cpp.h>
 
+#include <cctype>
 #include <cstring>
 #include <filesystem>
 
@@ -131,12 +135,29 @@ struct BenchOptions {
 struct Shape {
   long long B, T, H, HV;
   long long D = 128;  // kda-prefill / kda-decode: d_k = d_v
+  long long N0 = 0;  // mla-prefill: cached tokens before the T new ones (the shape's own +N0, else --prefix)
   bool naive = false;  // mla-prefill: the naive-path row (mla_prefill_heads, naive path forced) of this shape
   bool fast = false;   // mla-prefill: with naive, the row of mla_prefill_heads in precision fast
   bool operator==(const Shape&) const = default;
 };
 
-std::vector<Shape> parse_shapes(const std::string& text, const std::string& op) {
+/// The shapes of `op` from --shapes `text` ("" for the op's defaults). mla-prefill: a shape's N0 is its own (B:T:H+N0)
+/// or else `prefix` (--prefix, typed as `prefix_typed`); N0 + T must fit the kernel's 32-bit token counts.
+std::vector<Shape> parse_shapes(const std::string& text, const std::string& op, long long prefix = 0,
+                                const std::string& prefix_typed = "") {
+  constexpr long long kMaxField = 2147483647LL;  // 2^31 - 1: the kernels take int sizes
+  // mla-prefill: --prefix applies to the shapes without their own prefix; prefix + T counted in 32-bit ints by the
+  // kernel, refused here in every build (a CPU build gives exit 2 for such a value, not 3 "not available"), quoting
+  // --prefix as typed
+  const auto with_prefix = [&](Shape s) {
+    require(prefix <= kMaxField - s.T,
+            "--prefix " + (prefix_typed.empty() ? std::to_string(prefix) : prefix_typed) + " with T = " +
+                std::to_string(s.T) + " (shape " + std::to_string(s.B) + ":" + std::to_string(s.T) + ":" +
+                std::to_string(s.H) + "): prefix + T is above 2^31 - 1; accepted: 0 <= prefix and prefix + T <= "
+                "2^31 - 1 (2147483647)");
+    s.N0 = prefix;
+    return s;
+  };
   std::vector<Shape> r;
   if (text.empty()) {
     if (op == "kda-prefill")
@@ -148,7 +169,15 @@ std::vector<Shape> parse_shapes(const std::string& text, const std::string& op) 
     if (op == "mla-decode")
       return {{1, 65536, 32, 32}, {1, 1048576, 32, 32}, {64, 32768, 32, 32}, {1, 8192, 32, 32}, {8, 8192, 32, 32},
               {256, 4096, 32, 32}};
-    if (op == "mla-prefill") return {{1, 8192, 32, 32}, {1, 2048, 32, 32}, {8, 512, 32, 32}};
+    // mla-prefill: three prompts without a cached prefix (N0 = --prefix) and 2048 new tokens behind a 32K-token cached
+    // prefix (a chunk of a long prompt; its own N0, whatever --prefix is); a row that --prefix makes equal to another
+    // is timed once
+    if (op == "mla-prefill") {
+      for (const Shape& s : {with_prefix({1, 8192, 32, 32}), with_prefix({1, 2048, 32, 32}),
+                             with_prefix({8, 512, 32, 32}), Shape{1, 2048, 32, 32, 128, 32768}})
+        if (std::find(r.begin(), r.end(), s) == r.end()) r.push_back(s);
+      return r;
+    }
     // attn-res: S:T:d (K3: 8 completed blocks + the embedding = 9 sources, 10 with the partial sum, d = 7168;
     // Kimi Linear: d = 2304)
     if (op == "attn-res") return {{9, 8192, 7168, 7168}, {10, 8192, 7168, 7168}, {9, 8192, 2304, 2304}};
@@ -158,17 +187,41 @@ std::vector<Shape> parse_shapes(const std::string& text, const std::string& op) 
     return {{256, 1, 32, 32}, {1, 1, 32, 32}, {64, 1, 32, 64}, {256, 1, 32, 32, 64}, {256, 1, 32, 32, 256}};
   }
   const bool kda = op == "kda-prefill" || op == "kda-decode" || op == "kda-backward";
-  const std::string form = kda ? "B:T:H[:HV[:D]]" : op == "mla-decode" ? "B:N:H" : op == "attn-res" ? "S:T:d" : "B:T:H";
-  constexpr long long kMaxField = 2147483647LL;  // 2^31 - 1: the kernels take int sizes
+  const std::string form = kda                  ? "B:T:H[:HV[:D]]"
+                           : op == "mla-decode"  ? "B:N:H"
+                           : op == "attn-res"    ? "S:T:d"
+                           : op == "mla-prefill" ? "B:T:H[+N0]"
+                                                 : "B:T:H";
   require(text.back() != ',', "--shapes: '" + text + "' ends with ','; accepted: comma-separated " + form);
   std::stringstream ss(text);
   std::string item;
   while (std::getline(ss, item, ',')) {
     const int nmax = kda ? 5 : 4;  // kda: a 5th field D
-    require(item.empty() || item.back() != ':', "--shapes: '" + item + "' ends with ':'; accepted: " + form);
+    // mla-prefill: "+N0" after the last field names the shape's own cached prefix (a '+' after a digit; a '+' that
+    // begins a field is an integer's sign, as before)
+    std::string fields = item;
+    long long own = -1;  // the shape's own N0; -1: none named (--prefix applies)
+    if (const std::size_t plus = item.rfind('+'); plus != std::string::npos && plus > 0 &&
+                                                 std::isdigit(static_cast<unsigned char>(item[plus - 1]))) {
+      const std::string p = item.substr(plus + 1);
+      require(op == "mla-prefill", "--shapes: '" + item + "' names a cached prefix (+" + p +
+                                       "); only mla-prefill shapes take one (B:T:H+N0); accepted: " + form);
+      const std::string accepted = "; accepted: B:T:H+N0 with N0 >= 0 cached tokens (decimal digits) and N0 + T <= "
+                                   "2^31 - 1 (2147483647)";
+      require(!p.empty() && p.find_first_not_of("0123456789") == std::string::npos,
+              "--shapes: prefix '" + p + "' in '" + item + "' is not an integer >= 0" + accepted);
+      try {
+        own = std::stoll(p);
+      } catch (const std::out_of_range&) {
+        own = std::numeric_limits<long long>::max();  // refused below with the same message as any too-large N0
+      }
+      require(own <= kMaxField, "--shapes: prefix '" + p + "' in '" + item + "' is too large" + accepted);
+      fields = item.substr(0, plus);
+    }
+    require(fields.empty() || fields.back() != ':', "--shapes: '" + item + "' ends with ':'; accepted: " + form);
     long long v[5] = {0, 0, 0, 0, 128};
     int n = 0;
-    std::stringstream is(item);
+    std::stringstream is(fields);
     std::string f;
     while (std::getline(is, f, ':')) {
       require(n < nmax, "--shapes: '" + item + "' has more than " + std::to_string(nmax) + " fields; accepted: " + form);
@@ -202,8 +255,19 @@ std::vector<Shape> parse_shapes(const std::string& text, const std::string& op) 
     require(op != "kda-decode" || v[1] == 1, "--shapes: decode shapes have T = 1, got '" + item + "'");
     require(v[4] == 64 || v[4] == 128 || v[4] == 256,
             "--shapes: D = " + std::to_string(v[4]) + " in '" + item + "'; accepted: D = 64, 128 or 256");
-    require_once(std::find(r.begin(), r.end(), Shape{v[0], v[1], v[2], v[3], v[4]}) == r.end(), "--shapes", "'" + item + "'");
-    r.push_back({v[0], v[1], v[2], v[3], v[4]});
+    Shape s{v[0], v[1], v[2], v[3], v[4]};
+    if (own >= 0) {
+      require(own <= kMaxField - s.T, "--shapes: '" + item + "' has N0 + T = " + std::to_string(own + s.T) +
+                                          ", above 2^31 - 1; accepted: B:T:H+N0 with N0 >= 0 cached tokens and N0 + T "
+                                          "<= 2^31 - 1 (2147483647)");
+      s.N0 = own;
+    } else if (op == "mla-prefill") {
+      s = with_prefix(s);
+    }
+    // mla-prefill: "1:64:2" with --prefix 16 is the row of "1:64:2+16"
+    require_once(std::find(r.begin(), r.end(), s) == r.end(), "--shapes",
+                 "'" + item + "'" + (op == "mla-prefill" ? " (N0 = " + std::to_string(s.N0) + ")" : std::string()));
+    r.push_back(s);
   }
   require(!r.empty(), "--shapes is empty");
   return r;
@@ -296,13 +360,15 @@ BaselineRows read_compare_file(const std::string& cf, const std::vector<std::str
   return r;
 }
 
-[[maybe_unused]] std::string key_of(const std::string& op, const Shape& s, long long prefix = 0) {
+/// The row key (the table's first column, the --compare and --peer-json key). mla-prefill rows with a cached prefix
+/// end in " N0=<N0>" (from the shape's +N0 or --prefix alike); rows without one keep the key they always had.
+[[maybe_unused]] std::string key_of(const std::string& op, const Shape& s) {
   if (op == "mla-prefill" && s.naive) {  // the naive and fast rows beside the absorbed one (whose key is unchanged)
     const char* row = s.fast ? "fast" : "naive";
-    if (prefix > 0) return fmt::format("{}-{} B={} T={} H={} HV={} N0={}", op, row, s.B, s.T, s.H, s.HV, prefix);
+    if (s.N0 > 0) return fmt::format("{}-{} B={} T={} H={} HV={} N0={}", op, row, s.B, s.T, s.H, s.HV, s.N0);
     return fmt::format("{}-{} B={} T={} H={} HV={}", op, row, s.B, s.T, s.H, s.HV);
   }
-  if (op == "mla-prefill" && prefix > 0) return fmt::format("{} B={} T={} H={} HV={} N0={}", op, s.B, s.T, s.H, s.HV, prefix);
+  if (op == "mla-prefill" && s.N0 > 0) return fmt::format("{} B={} T={} H={} HV={} N0={}", op, s.B, s.T, s.H, s.HV, s.N0);
   if (op == "attn-res") return fmt::format("{} S={} T={} d={}", op, s.B, s.T, s.H);
   if (s.D != 128) return fmt::format("{} B={} T={} H={} HV={} D={}", op, s.B, s.T, s.H, s.HV, s.D);
   return fmt::format("{} B={} T={} H={} HV={}", op, s.B, s.T, s.H, s.HV);
@@ -816,7 +882,8 @@ std::string default_shapes_help() {
     for (std::size_t i = 0; i < v.size(); ++i)
       r += (i ? ", " : " ") + fmt::format("{}:{}:{}", v[i].B, v[i].T, v[i].H) +
            (v[i].HV != v[i].H || v[i].D != 128 ? fmt::format(":{}", v[i].HV) : std::string()) +
-           (v[i].D != 128 ? fmt::format(":{}", v[i].D) : std::string());
+           (v[i].D != 128 ? fmt::format(":{}", v[i].D) : std::string()) +
+           (v[i].N0 > 0 ? fmt::format("+{}", v[i].N0) : std::string());
   }
   return r;
 }
@@ -848,12 +915,15 @@ void register_bench(Registry& reg) {
                 "device bytes allocated), mla-decode (absorbed "
                 "MLA decode over a latent cache), mla-prefill (causal MLA prefill: absorbed, naive and fast rows), attn-res (Block Attention "
                 "Residuals) or all (each of them, with its default shapes)")->capture_default_str();
-  a->add_option("--prefix", o->prefix, "mla-prefill: cached tokens before the T new ones (N0), >= 0; > 0 only with --op mla-prefill or all")->capture_default_str();
+  a->add_option("--prefix", o->prefix, "mla-prefill: cached tokens before the T new ones (N0) of the shapes that do not name their own (B:T:H+N0 "
+                "wins over --prefix), >= 0; > 0 only with --op mla-prefill or all")->capture_default_str();
   a->add_option("--shapes", o->shapes,
                 "comma-separated B:T:H[:HV] (HV a multiple of H, default H), only with a single --op; kda-prefill / kda-decode / "
                 "kda-backward: "
                 "B:T:H[:HV[:D]] with D = d_k = d_v in {64, 128, 256} (default 128); kda-decode: T = 1; "
-                "mla-decode: B:N:H with N cached tokens, mla-prefill: B:T:H (no HV: one latent cache for every head); attn-res: "
+                "mla-decode: B:N:H with N cached tokens, mla-prefill: B:T:H[+N0] (no HV: one latent cache for every head; +N0: "
+                "N0 >= 0 cached tokens before the T new ones, the shape's own, which --prefix does not change; N0 + T <= "
+                "2^31 - 1; rows with N0 > 0 get the key suffix ' N0=<N0>'); attn-res: "
                 "S:T:d (sources, tokens, width, 3 fields); each field <= 2^31 - 1. Leave it out for the default (the "
                 "shapes of the peer comparisons in docs/kernels/): " + default_shapes_help());
   a->add_option("--iters", o->iters, "timed launches per shape (median and min reported), >= 1")->capture_default_str();
@@ -1000,7 +1070,8 @@ void register_bench(Registry& reg) {
             "--shapes needs a single --op (kda-prefill, kda-decode, kda-backward, mla-decode, mla-prefill or attn-res)");
     std::vector<std::vector<Shape>> shapes;
     for (const auto& op : ops) {
-      shapes.push_back(parse_shapes(o->shapes, op));
+      const auto& typed = ctx.app->get_option("--prefix")->results();  // quoted as typed in parse_shapes' messages
+      shapes.push_back(parse_shapes(o->shapes, op, o->prefix, typed.empty() ? std::string() : typed.back()));
       if (op == "mla-prefill") {  // each shape's naive-path and fast rows right after its absorbed row
         std::vector<Shape> rows;
         for (Shape s : shapes.back()) {
@@ -1012,18 +1083,6 @@ void register_bench(Registry& reg) {
         }
         shapes.back() = rows;
       }
-    }
-    // mla-prefill: the prefix and the new tokens are counted in 32-bit ints by the kernel; refused here in every build
-    // (so that a CPU build gives exit 2 for such a value, not 3 "not available"), quoting --prefix as typed
-    for (std::size_t i = 0; i < ops.size(); ++i) {
-      if (ops[i] != "mla-prefill") continue;
-      const auto& typed = ctx.app->get_option("--prefix")->results();
-      for (const Shape& s : shapes[i])
-        require(o->prefix <= 2147483647LL - s.T,
-                "--prefix " + (typed.empty() ? std::to_string(o->prefix) : typed.back()) + " with T = " +
-                    std::to_string(s.T) + " (shape " + std::to_string(s.B) + ":" + std::to_string(s.T) + ":" +
-                    std::to_string(s.H) + "): prefix + T is above 2^31 - 1; accepted: 0 <= prefix and prefix + T <= "
-                    "2^31 - 1 (2147483647)");
     }
     // kda-backward: --bwd-pass chunked where the chunked pass does not run (kda_backward_plan's rule), refused here in
     // every build, before any GPU work
@@ -1208,7 +1267,7 @@ void register_bench(Registry& reg) {
       fmt::print("{:<40}{:>10}{:>9}{:>9}{:>9}{:>10}{:>8}{:>8}{:>10}{:>9}{:>10}\n", op, "ms", bwd_op ? "fwd ms" : "prep ms",
                  bwd_op ? "bwd ms" : "state ms", "TB/s", "TFLOP/s", "%copy", "%mm", "peer ms", "speedup", "vs base");
       for (const Shape& s : shapes[oi]) {
-        const std::string plain_key = key_of(op, s, op == "mla-prefill" ? o->prefix : 0);
+        const std::string plain_key = key_of(op, s);
         const bool accurate = op == "kda-prefill" && o->kda_precision == "accurate";
         const bool bwd_forced = op == "kda-backward" && o->bwd_pass != "auto";
         const bool mla_decode = op == "mla-decode";
@@ -1224,8 +1283,8 @@ void register_bench(Registry& reg) {
                                                   o->kda_overlap == "off", accurate)
             : op == "mla-decode"  ? bench_mla_decode(s, o->s_q, mla_precision_of(o->mla_precision), o->warmup, o->iters,
                                                      ctx.common.seed)
-            : op == "mla-prefill" && s.naive ? bench_mla_prefill_naive(s, o->prefix, o->warmup, o->iters, ctx.common.seed)
-            : op == "mla-prefill" ? bench_mla_prefill(s, o->prefix, o->warmup, o->iters, ctx.common.seed)
+            : op == "mla-prefill" && s.naive ? bench_mla_prefill_naive(s, s.N0, o->warmup, o->iters, ctx.common.seed)
+            : op == "mla-prefill" ? bench_mla_prefill(s, s.N0, o->warmup, o->iters, ctx.common.seed)
             : op == "attn-res"    ? bench_attn_res(s, o->warmup, o->iters, ctx.common.seed)
             : op == "kda-backward" ? bench_backward(s, o->warmup, o->iters, ctx.common.seed, o->bwd_pass)
                                   : bench_decode(s, o->warmup, o->iters, ctx.common.seed);

@@ -61,6 +61,32 @@ def test_prefill_script_bad_options_one_line_exit_2_nothing_written(tmp_path, ar
     assert sorted(os.listdir(tmp_path)) == []
 
 
+@pytest.mark.parametrize("args,says", [
+    (["o.json", "1:64:2+-5"], "shape '1:64:2+-5'; accepted: B:T:H[+N0]"),
+    (["o.json", "1:64:2+"], "shape '1:64:2+'; accepted: B:T:H[+N0]"),
+    (["o.json", "1:64:2+16x"], "shape '1:64:2+16x'; accepted"),
+    (["o.json", "1:64:2+2147483584"], "N0 + T <= 2147483647"),
+    (["o.json", "1:64:2", "1:64:2+0"], "shape 1:64:2+0 is given more than once"),
+    (["o.json", "1:64:2+16", "1:64:2", "--prefix", "16"], "shape 1:64:2+16 is given more than once"),
+    (["o.json", "1:64:2+16", "1:64:2", "--prefix", "2147483584"], "--prefix 2147483584; accepted"),
+])
+def test_prefill_script_bad_prefixed_shapes_one_line_exit_2_nothing_written(tmp_path, args, says):
+    r = run(PREFILL, *args, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert sorted(os.listdir(tmp_path)) == []
+
+
+@pytest.mark.skipif(has_cuda_torch(), reason="torch sees a CUDA device here: the script would run")
+@pytest.mark.parametrize("args", [["1:64:2+16"], ["1:64:2+16", "--prefix", "2147483647"], ["--prefix", "32768"],
+                                  ["1:64:2+2147483583"]])
+def test_prefill_script_prefixed_shapes_accepted(tmp_path, args):
+    # a shape's own +N0 wins over --prefix, which no shape then takes; with the defaults, --prefix 32768 makes
+    # 1:2048:32 the default 1:2048:32+32768 row (timed once): past the checks, the import of torch (exit 3 here)
+    r = run(PREFILL, "o.json", *args, cwd=tmp_path)
+    assert r.returncode == 3 and "cannot run here" in r.stderr, r.stderr
+
+
 def test_prefill_script_an_output_linked_to_the_other_is_one_file(tmp_path):
     os.symlink(tmp_path / "o.json", tmp_path / "alias.json")  # dangling: neither exists yet
     r = run(PREFILL, "o.json", "--accuracy", "alias.json", "--force", cwd=tmp_path)

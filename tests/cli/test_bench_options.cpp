@@ -156,6 +156,70 @@ TEST_CASE("bench --shapes: trailing ',' or ':', empty, 2^31 and too-large fields
 #endif
 }
 
+TEST_CASE("bench --op mla-prefill: a shape's own cached prefix B:T:H+N0 (over --prefix); malformed, negative, "
+          "too large or repeated prefixes and a prefix on another op's shape refused in one line (exit 2)",
+          "[bench]") {
+  TempDir d;
+  struct Case {
+    std::string args, says;
+  };
+  const std::string accepted = "accepted: B:T:H+N0 with N0 >= 0 cached tokens";
+  for (const Case& c :
+       {Case{"--op mla-prefill --shapes 1:64:2+-5", "--shapes: prefix '-5' in '1:64:2+-5' is not an integer >= 0; " + accepted},
+        Case{"--op mla-prefill --shapes 1:64:2+", "--shapes: prefix '' in '1:64:2+' is not an integer >= 0"},
+        Case{"--op mla-prefill --shapes 1:64:2+16x", "prefix '16x' in '1:64:2+16x' is not an integer >= 0"},
+        Case{"--op mla-prefill --shapes 1:64:2+1.5", "prefix '1.5' in '1:64:2+1.5' is not an integer >= 0"},
+        Case{"--op mla-prefill --shapes 1:64:2+16+4", "'2+16' in '1:64:2+16+4' is not an integer; accepted: B:T:H[+N0]"},
+        Case{"--op mla-prefill --shapes 1:64:2+99999999999999999999", "prefix '99999999999999999999' in "
+                                                                      "'1:64:2+99999999999999999999' is too large"},
+        Case{"--op mla-prefill --shapes 1:64:2+2147483584",
+             "'1:64:2+2147483584' has N0 + T = 2147483648, above 2^31 - 1; accepted: B:T:H+N0 with N0 >= 0 cached "
+             "tokens and N0 + T <= 2^31 - 1 (2147483647)"},
+        Case{"--op mla-prefill --shapes 1:64:2:4+16", "HV = 4 != H = 2"},
+        Case{"--op kda-prefill --shapes 1:64:2+16", "'1:64:2+16' names a cached prefix (+16); only mla-prefill shapes "
+                                                    "take one (B:T:H+N0); accepted: B:T:H[:HV[:D]]"},
+        Case{"--op mla-decode --shapes 1:64:32+16", "only mla-prefill shapes take one (B:T:H+N0); accepted: B:N:H"},
+        Case{"--op attn-res --shapes 9:16:64+16", "only mla-prefill shapes take one"},
+        // one row twice: N0 = 0 written out, or --prefix giving the N0 another shape names
+        Case{"--op mla-prefill --shapes 1:64:2,1:64:2+0", "--shapes: '1:64:2+0' (N0 = 0) is given more than once"},
+        Case{"--op mla-prefill --prefix 16 --shapes 1:64:2+16,1:64:2", "--shapes: '1:64:2' (N0 = 16) is given more than once"},
+        // --prefix still refused where it applies (a shape without its own prefix), quoted as typed
+        Case{"--op mla-prefill --prefix 2147483584 --shapes 1:64:2+16,1:64:2", "--prefix 2147483584 with T = 64"}}) {
+    const auto r = run_kdalab("bench " + c.args + " --out " + d.file("b.h5"));
+    INFO(c.args);
+    require_one_line_exit2(r);
+    CHECK(has(r, c.says));
+    CHECK(!has(r, "not available"));
+    CHECK(d.count() == 0);
+  }
+  // accepted: a shape's own N0 (0 included) beside --prefix, which then applies to the others only (so a --prefix
+  // that no shape takes is not checked against T); the limit N0 + T = 2^31 - 1 itself
+  for (const std::string args : {"--shapes 1:64:2+16", "--shapes 1:64:2+0,2:32:2+7 --prefix 16",
+                                 "--shapes 1:64:2+16,1:64:2 --prefix 8", "--shapes 1:64:2+16 --prefix 2147483647",
+                                 "--shapes 1:64:2:2+16"}) {
+    const auto r = run_kdalab("bench --op mla-prefill " + args + " --iters 1 --warmup 0 --out " + d.file("b.h5"));
+    INFO(args << "\n" << r.output);
+    CHECK(bench_valid_exit(r));
+    fs::remove(d.file("b.h5"));  // a GPU run wrote it
+  }
+  const auto edge = run_kdalab("bench --op mla-prefill --shapes 1:64:2+2147483583 --quick --out " + d.file("b.h5"));
+  INFO(edge.output);
+  // on a GPU the 2^31-token latent cache (2 TiB) does not fit: exit 2 saying so
+  CHECK((bench_valid_exit(edge) || (edge.code == 2 && has(edge, "not enough GPU memory"))));
+  // the default shapes include 1:2048:32+32768; --prefix 32768 makes 1:2048:32 that row, timed once (not refused);
+  // the run gets as far as --out, the last check, without any GPU work
+  for (const std::string op : {"mla-prefill", "all"})
+    for (const std::string prefix : {"0", "16", "32768"}) {
+      const auto r = run_kdalab("bench --op " + op + " --prefix " + prefix + " --out " + d.file("no/such/folder/b.h5"));
+      INFO(op << " --prefix " << prefix << "\n" << r.output);
+      CHECK(r.code == 2);
+      CHECK(has(r, "does not exist"));
+    }
+  const auto h = run_kdalab("bench --help");
+  CHECK(has(h, "mla-prefill 1:8192:32, 1:2048:32, 8:512:32, 1:2048:32+32768"));
+  CHECK(has(h, "B:T:H[+N0]"));
+}
+
 TEST_CASE("bench --op kda-backward: shapes B:T:H[:HV[:D]] as kda-prefill's, checked before any GPU work; --help lists "
           "its default shapes",
           "[bench]") {
