@@ -135,8 +135,8 @@ def shown_name(path):
 def caption(files):
     names = ", ".join(os.path.basename(f.filename) for f in files)
     first = "" if len(files) == 1 else " (per file)"
-    return (f"Each point: the best test accuracy over the learning rates tried (files: {names}); training settings in "
-            f"the config below{first} and docs/recall-training.md.")
+    return (f"Each point: the best test accuracy over the learning rates tried, each cross one run (files: {names}); "
+            f"training settings in the config below{first} and docs/recall-training.md.")
 
 
 def panels(n):
@@ -147,11 +147,15 @@ def panels(n):
 
 def draw_panel(ax, rows, sel, x_key, xlabel, title, first):
     """One panel: per mixer of the selected rows, the best test accuracy over the learning rates against x_key
-    (log2 axis); the legend labels come from the first panel only."""
-    for mixer in mixers_in(rows, sel):
-        x, y = best_over_lr(rows, sel & (rows["mixer"] == mixer), x_key)
-        ax.plot(x, y, "o-", color=fs.COLORS.get(mixer, "#333333"), ms=3.5, lw=1.5,
-                label=LABEL.get(mixer, mixer) if first else "_" + mixer)
+    (log2 axis), and each run's own accuracy as a faint cross (how far the learning rates apart: recurrent mixers
+    learn recall in a narrow window); the legend labels come from the first panel only."""
+    for k, mixer in enumerate(mixers_in(rows, sel)):
+        m = sel & (rows["mixer"] == mixer)
+        color = fs.COLORS.get(mixer, "#333333")
+        x, y = best_over_lr(rows, m, x_key)
+        ax.plot(x, y, "o-", color=color, ms=3.5, lw=1.5, label=LABEL.get(mixer, mixer) if first else "_" + mixer)
+        ax.plot(rows[x_key][m].astype(float), rows["test_accuracy"][m].astype(float), "x", color=color, ms=4,
+                alpha=0.45, lw=0, label="each learning rate's run" if first and k == 0 else "_runs " + mixer)
     ax.set_xscale("log", base=2)
     ax.set_xlabel(xlabel)
     ax.set_ylim(-0.03, 1.03)
@@ -163,6 +167,8 @@ def finish(fig, axes, files, ylabel, title, name):
     """The shared axis label, one legend for every panel, the title, the footer; saves the figure as `name`."""
     axes[0].set_ylabel(ylabel)
     handles, labels = axes[0].get_legend_handles_labels()
+    order = sorted(range(len(labels)), key=lambda i: labels[i] == "each learning rate's run")  # the mixers first
+    handles, labels = [handles[i] for i in order], [labels[i] for i in order]
     fig.legend(handles, labels, loc="center left", fontsize=7, frameon=False, bbox_to_anchor=(1.0, 0.55))
     fig.suptitle(title, y=1.03)
     fs.label_footer(fig, files[0], caption(files), shown=shown_name(files[0].filename),

@@ -12,6 +12,8 @@
 #   -- OPTIONS         passed to every shard (e.g. -- --mixers softmax --log-every 500); each shard also gets
 #                      --shard I/N and --out, and --resume when its checkpoint is there
 # A shard whose file exists is done and not run again, so a second call finishes what a first one left.
+# On one GPU, CUDA MPS (`nvidia-cuda-mps-control -d` before, `echo quit | nvidia-cuda-mps-control` after) lets the
+# shards' kernels run side by side instead of taking turns (docs/recall-training.md has the timings).
 # Environment: PYTHON (default python3: torch and the kdalab package), KDALAB (default build/default/experiments/kdalab,
 # else build/cuda/experiments/kdalab: the merge), OMP_NUM_THREADS (default: the cores / --jobs, at least 1: each
 # shard's torch CPU threads, so that --jobs processes do not each start a pool as large as the machine).

@@ -53,8 +53,8 @@ GRIDS: Dict[str, Dict[str, Any]] = {
     "zoology": dict(tasks=["mqar"], seq_len=[64, 128, 256], kv_pairs=[4, 8, 16], d_model=[64, 128, 256, 512],
                     mixers=list(MIXERS), lr=ZOOLOGY_LRS, vocab=[8192], train_examples=100_000,
                     test_examples=3000, epochs=64, max_steps=0, heads=1, batch_size=64),
-    # 3 x 3 x 3 x 2 = 54 runs of 2496 steps; about 25 minutes of one H100 as 54 shards, 15 at a time (an estimate from
-    # the 8 runs timed; docs/recall-training.md)
+    # 3 x 3 x 3 x 2 = 54 runs of 2496 steps; 7.4 minutes of one H100 as 54 shards, 16 at a time under CUDA MPS, one CPU
+    # thread each (measured; docs/recall-training.md)
     "zoology-reduced": dict(tasks=["mqar"], seq_len=[64, 128, 256], kv_pairs=[4, 8, 16], d_model=[64, 128, 256],
                             mixers=["softmax", "kda", "gated_deltanet"], lr=ZOOLOGY_LRS[1:3], vocab=[8192],
                             train_examples=20_000, test_examples=3000, epochs=8, max_steps=0, heads=1,
