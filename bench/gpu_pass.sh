@@ -85,7 +85,7 @@ if [ "$op" != none ]; then
     [ -d peers/fla-src ] && step fla-kda python3 bench/fla_kda.py --fla-path peers/fla-src --json "$OUT/fla_kda.json" \
       --check-dir "$OUT/fla_check" "${fla_ops[@]}" && peer+=(--peer-json "$OUT/fla_kda.json");; esac
   # the baselines of this card: data/baselines/h100/*.h5 on an H100 (all.h5, and the rows it lacks: kda-backward,
-  # the accurate precision's kda-prefill rows), data/baselines/h200.h5 and data/baselines/h200/*.h5 (kda-backward)
+  # the accurate precision's kda-prefill rows, the mla-prefill rows behind a cached prefix), data/baselines/h200.h5 and data/baselines/h200/*.h5 (kda-backward)
   # otherwise
   base=(data/baselines/h200.h5 data/baselines/h200/*.h5); nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -q H100 && base=(data/baselines/h100/*.h5)
   for f in "${base[@]}"; do [ -f "$f" ] && cmp+=(--compare "$f"); done

@@ -128,6 +128,7 @@ TEST_CASE("bench --compare: each file is checked fully before any GPU work, exit
   });
   r2 = run_kdalab(kTiny + " --compare data/baselines/h200.h5 --compare data/baselines/h100/all.h5 " +
                   "--compare data/baselines/h100/kda-backward.h5 --compare data/baselines/h100/kda-prefill-accurate.h5 " +
+                  "--compare data/baselines/h100/mla-prefill.h5 " +
                   "--compare data/baselines/h200/kda-backward.h5 " +
                   d.file("fixed.h5") + " --out " + d.file("b.h5"));
   INFO(r2.output);
