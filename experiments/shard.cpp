@@ -436,7 +436,8 @@ int run_merge(Context& ctx, const std::vector<std::string>& files) {
   for (std::size_t s : by_index)
     rec.push_back({{"file", files[s]}, {"shard", root(s, "shard")}, {"points", root(s, "shard_points")},
                    {"command_line", root(s, "command_line")}, {"date", root(s, "date")}, {"host", root(s, "host")},
-                   {"device", root(s, "device")}});
+                   {"device", root(s, "device")}, {"git_sha", root(s, "git_sha")},
+                   {"software_version", root(s, "software_version")}});  // the build that ran them (equal, checked above)
   f.attr("/", "merged_shards", rec.dump());
   f.attr("/", "merged_subcommand", sub);
   for (const auto& [path, node] : m.nodes) {

@@ -176,6 +176,13 @@ TEST_CASE("shards merged equal the unsharded run for every sweeping subcommand, 
       INFO(differences(d.file("whole.h5"), d.file("merged.h5")));
       CHECK(!kdalab::h5read::has_attr(d.file("merged.h5"), "/", "shard"));
       CHECK(kdalab::h5read::attr_string(d.file("merged.h5"), "/", "merged_shards").find("s2.h5") != std::string::npos);
+      // the build that ran the shards stays on record when another build merges them (the root git_sha is the merge's)
+      const auto rec = nlohmann::json::parse(kdalab::h5read::attr_string(d.file("merged.h5"), "/", "merged_shards"));
+      REQUIRE(rec.size() == files.size());
+      for (const auto& e : rec) {
+        CHECK(e.at("git_sha") == kdalab::h5read::attr_string(files[0], "/", "git_sha"));
+        CHECK(e.at("software_version") == kdalab::h5read::attr_string(files[0], "/", "software_version"));
+      }
       CHECK(!kdalab::h5read::has_attr(d.file("merged.h5"), c.group, "shard_row_keys"));
     }
   }
