@@ -18,6 +18,7 @@ ones are one line, exit 2, nothing written. A write that fails anyway names its 
 import argparse
 import json
 import os
+import re
 import sys
 import textwrap
 
@@ -235,6 +236,48 @@ def gpu_name(f, default="GPU"):
     return default
 
 
+def short_sha(sha):
+    """A git_sha attribute as the footer shows it: the commit's first 12 hex digits, with its "-dirty" mark kept (a
+    build from a tree with changes must not read as the clean commit)."""
+    base, mark = (sha[:-len("-dirty")], "-dirty") if sha.endswith("-dirty") else (sha, "")
+    return base[:12] + mark
+
+
+def compact_command(cmd):
+    """A command line with each run of three or more arguments that differ only in one integer counting up by one (a
+    merge's shard files: f-shard-1-of-54.h5 ... f-shard-54-of-54.h5) written as one shell brace range,
+    f-shard-{1..54}-of-54.h5, which the shell expands back to the same arguments: the footer stays the whole record,
+    in a few lines. Numbers with a leading zero are left as they are (a brace range would drop the zero)."""
+    words = cmd.split(" ")
+    parts = [re.split(r"(\d+)", w) for w in words]
+
+    def next_of(a, b):  # the digit field k where b is a with that field one larger, else None
+        if len(a) != len(b):
+            return None
+        diff = [k for k in range(len(a)) if a[k] != b[k]]
+        if len(diff) != 1 or diff[0] % 2 == 0:
+            return None
+        k = diff[0]
+        ok = not a[k].startswith("0") and not b[k].startswith("0") and int(b[k]) == int(a[k]) + 1
+        return k if ok else None
+
+    out, i = [], 0
+    while i < len(words):
+        k = next_of(parts[i], parts[i + 1]) if i + 1 < len(words) else None
+        j = i + 1
+        if k is not None:
+            while j < len(words) and next_of(parts[j - 1], parts[j]) == k:
+                j += 1
+        if j - i >= 3:
+            p = parts[i]
+            out.append("".join(p[:k]) + f"{{{p[k]}..{parts[j - 1][k]}}}" + "".join(p[k + 1:]))
+            i = j
+        else:
+            out.append(words[i])
+            i += 1
+    return " ".join(out)
+
+
 def label_footer(fig, f, extra="", group=None, shown=None, also=()):
     """Bottom-of-figure provenance: the results file drawn ("drawn from <path>", the path as given, or `shown`), kdalab
     version, git sha, date, seed and the config (the group's `options` attribute, the values actually used after
@@ -246,7 +289,7 @@ def label_footer(fig, f, extra="", group=None, shown=None, also=()):
     and savefig's tight bbox takes it in. `also`: (name, open file) pairs of further files drawn in the same figure,
     each given its own provenance lines after the first file's."""
     fig._kdalab_quick = is_quick(f)
-    sha = attr(f, "git_sha", "?")[:12]
+    sha = short_sha(attr(f, "git_sha", "?"))
     cfg = attr(f, "config", "{}")
     if group is None:
         for g in f:
@@ -265,12 +308,12 @@ def label_footer(fig, f, extra="", group=None, shown=None, also=()):
                                      break_long_words=True))
     if extra:
         text = textwrap.fill(extra, width=width) + "\n" + text
-    text += "\n" + "\n".join(textwrap.wrap("command: " + attr(f, "command_line", ""), width=width,
+    text += "\n" + "\n".join(textwrap.wrap("command: " + compact_command(attr(f, "command_line", "")), width=width,
                                            subsequent_indent="  ", break_on_hyphens=False))
     for name, g in also:
-        line = (f"and {name}: kdalab {attr(g, 'software_version', '?')} · git {attr(g, 'git_sha', '?')[:12]} · "
+        line = (f"and {name}: kdalab {attr(g, 'software_version', '?')} · git {short_sha(attr(g, 'git_sha', '?'))} · "
                 f"{attr(g, 'date', '?')} · seed {attr(g, 'seed', '?')} · config {format_config(attr(g, 'config', '{}'), drop=RUN_CONTROL)} · "
-                f"command: {attr(g, 'command_line', '')}")
+                f"command: {compact_command(attr(g, 'command_line', ''))}")
         text += "\n" + "\n".join(textwrap.wrap(line, width=width, subsequent_indent="  ", break_on_hyphens=False,
                                                 break_long_words=True))
     fig.text(0.01, -0.01, text, ha="left", va="top", fontsize=FOOTER_PT, color="#555555", family="monospace")

@@ -13,6 +13,7 @@ import figstyle as fs
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the checked-in results; KDALAB_RECALL_TRAIN_DIR names another folder (the tests use it)
 DATA_DIR = os.environ.get("KDALAB_RECALL_TRAIN_DIR") or os.path.join(REPO, "data", "recall_train")
+RUN_LABEL = "each run (× in its mixer's colour)"
 LABEL = {"softmax": "softmax attention", "mla": "Gated MLA", "kda": "KDA", "gated_deltanet": "Gated DeltaNet",
          "deltanet": "DeltaNet"}
 COLUMNS = ("task", "seq_len", "kv_pairs", "d_model", "mixer", "lr", "test_accuracy")
@@ -54,7 +55,7 @@ def load(description, family=None):
     fs._ARGS = a  # save() and run() read it
     fs._INPUTS[:] = paths
     fs.check_outputs()
-    files, parts, notes, grids, devices = [], [], [], set(), []
+    files, parts, notes, grids, devices, steps = [], [], [], set(), [], set()
     reduced = reduced_files = 0
     for path in paths:
         try:
@@ -89,6 +90,10 @@ def load(description, family=None):
                            "included); a damaged file")
         files.append(f)
         parts.append({k: np.atleast_1d(t[k]) for k in COLUMNS})
+        try:  # the training length, for the title (a file without a numeric steps column just says nothing)
+            steps.update(int(x) for x in np.atleast_1d(np.asarray(t.get("steps", []), dtype=float)) if np.isfinite(x))
+        except (TypeError, ValueError):
+            pass
         grids.add(fs.attr(f["train_recall"], "grid", "none"))
         note = fs.attr(f["train_recall"], "note", "")
         trained_on = fs.attr(f["train_recall"], "torch_device", "")
@@ -105,6 +110,8 @@ def load(description, family=None):
         notes.insert(0, f"reduced grid: {reduced} runs" + (f" in {reduced_files} files" if reduced_files > 1 else "")
                      + (f" (and {len(files) - reduced_files} file(s) of a full grid)" if reduced_files < len(files)
                         else ""))
+    if len(steps) == 1:  # every run trained as long: a reader must know it (short runs may not have converged)
+        notes.append(f"{steps.pop()} steps a run")
     if devices:
         unknown = sum(1 for f in files if not fs.attr(f["train_recall"], "torch_device", ""))
         notes.append("trained on " + ", ".join(devices) + (f" ({unknown} file(s) name no card)" if unknown else ""))
@@ -155,8 +162,15 @@ def draw_panel(ax, rows, sel, x_key, xlabel, title, first):
         x, y = best_over_lr(rows, m, x_key)
         ax.plot(x, y, "o-", color=color, ms=3.5, lw=1.5, label=LABEL.get(mixer, mixer) if first else "_" + mixer)
         ax.plot(rows[x_key][m].astype(float), rows["test_accuracy"][m].astype(float), "x", color=color, ms=4,
-                alpha=0.45, lw=0, label="each learning rate's run" if first and k == 0 else "_runs " + mixer)
+                alpha=0.45, lw=0, label="_runs " + mixer)
+    if first:  # one legend entry for the crosses of every mixer, in a neutral grey
+        ax.plot([], [], "x", color="#888888", ms=4, lw=0, label=RUN_LABEL)
     ax.set_xscale("log", base=2)
+    xs = sorted(set(rows[x_key][sel].astype(float).tolist()))
+    ax.set_xticks(xs)  # ticks only where runs are (a reduced grid leaves values out)
+    ax.set_xticklabels([f"$2^{{{int(np.log2(x))}}}$" if x > 0 and float(np.log2(x)).is_integer() else f"{x:g}"
+                        for x in xs])
+    ax.minorticks_off()
     ax.set_xlabel(xlabel)
     ax.set_ylim(-0.03, 1.03)
     ax.set_title(title)
@@ -167,7 +181,7 @@ def finish(fig, axes, files, ylabel, title, name):
     """The shared axis label, one legend for every panel, the title, the footer; saves the figure as `name`."""
     axes[0].set_ylabel(ylabel)
     handles, labels = axes[0].get_legend_handles_labels()
-    order = sorted(range(len(labels)), key=lambda i: labels[i] == "each learning rate's run")  # the mixers first
+    order = sorted(range(len(labels)), key=lambda i: labels[i] == RUN_LABEL)  # the mixers first
     handles, labels = [handles[i] for i in order], [labels[i] for i in order]
     fig.legend(handles, labels, loc="center left", fontsize=7, frameon=False, bbox_to_anchor=(1.0, 0.55))
     fig.suptitle(title, y=1.03)

@@ -563,7 +563,7 @@ def test_kimi_figure_draws_the_checked_in_reduced_grid_and_names_its_card(tmp_pa
     dump = json.loads((tmp_path / "k.json").read_text())
     assert [a["title"] for a in dump["axes"]] == ["Palindrome (d_model 256)", "MQAR (d_model 256)", "Stack (d_model 256)"]
     many = f" in {len(files)} files" if len(files) > 1 else ""
-    assert f"reduced grid: {runs} runs{many}; trained on NVIDIA" in dump["suptitle"]
+    assert f"reduced grid: {runs} runs{many}; 1500 steps a run; trained on NVIDIA" in dump["suptitle"]
     assert dump["suptitle"].count("trained on") == 1
     for ax in dump["axes"]:  # KDA and Gated DeltaNet side by side at every length, and any other mixer of the files
         names = {ln["label"].lstrip("_") for ln in ax["lines"]}

@@ -108,3 +108,27 @@ TEST_CASE("the footer names the results file, a --quick run's title says so", "[
   CHECK(jp["suptitle"] == "");
   CHECK(jp["axes"][0]["title"] == "KDA numeric parity by implementation and precision (--quick run)");
 }
+
+TEST_CASE("figure footers write a run of numbered arguments as one shell brace range and keep a build's -dirty mark",
+          "[figures][python]") {
+  if (skip_without_plotting()) return;
+  TempDir d;
+  // the merge of 54 shard files: one brace range in the footer, which the shell expands to the same 54 arguments
+  const json z = draw(d, "fig_train_zoology.py", "data/recall_train/zoology-reduced-h100.h5");
+  INFO(footer(z));
+  CHECK(footer(z).find("zoology-reduced-shard-{1..54}-of-54.h5 --out zoology-reduced-h100.h5") != std::string::npos);
+  CHECK(footer(z).find("shard-2-of-54") == std::string::npos);
+  // a file written by a build with uncommitted changes says so
+  const json k = draw(d, "fig_train_kimi.py", "data/recall_train/kimi-reduced-softmax-h100.h5");
+  INFO(footer(k));
+  CHECK(footer(k).find("git a6756ca539db-dirty") != std::string::npos);
+  // the rule itself: three or more arguments one integer apart, no leading zeros, the rest as typed
+  const auto r = python("-c \"import sys; sys.path.insert(0, 'scripts'); import figstyle as fs; "
+                        "print(fs.compact_command('m s1.h5 s2.h5 s4.h5 s5.h5 s6.h5 --out o.h5')); "
+                        "print(fs.compact_command('a b1 b2 c09 c10 c11 k-7-of-9 k-8-of-9 k-9-of-9')); "
+                        "print(fs.short_sha('0123456789abcdef-dirty'), fs.short_sha('0123456789abcdef'))\"");
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  CHECK(r.output == "m s1.h5 s2.h5 s{4..6}.h5 --out o.h5\na b1 b2 c09 c10 c11 k-{7..9}-of-9\n"
+                    "0123456789ab-dirty 0123456789ab\n");
+}
