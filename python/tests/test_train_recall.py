@@ -736,3 +736,22 @@ def test_figures_refuse_damaged_shape_columns_in_one_line(tmp_path, script, colu
     r = figure(script, str(tmp_path / "k.h5"), "--dump", str(tmp_path / "k.json"), "--out-dir", str(tmp_path / "fig"))
     assert r.returncode == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not (tmp_path / "k.json").exists() and not (tmp_path / "fig").exists()
+
+
+def test_a_training_batch_without_a_scored_position_is_not_a_divergence(tmp_path, capsys):
+    """Short Stack sequences pop rarely: with one example a batch, most batches score nothing and have no loss
+    (NaN in the curves). The final loss and accuracy are the last scored batch's, and the run is not called
+    diverged for an unscored last batch."""
+    pytest.importorskip("torch")
+    out = tmp_path / "s.h5"
+    argv = ["--device", "cpu", "--tasks", "stack", "--seq-len", "8", "--vocab", "200", "--d-model", "8",
+            "--train-examples", "32", "--test-examples", "64", "--batch-size", "1", "--epochs", "1", "--quiet",
+            "--out", str(out)]
+    assert tr.main(argv) == 0
+    text = capsys.readouterr().out
+    loss = kdalab.read_array(str(out), "train_recall/runs/000/loss")
+    assert np.isnan(loss[-1]) and np.isfinite(loss).any()  # the last batch of this split scores nothing
+    assert "diverged" not in text, text
+    last = loss[np.isfinite(loss)][-1]
+    assert kdalab.read_array(str(out), "train_recall/final_loss")[0] == pytest.approx(last)
+    assert np.isfinite(kdalab.read_array(str(out), "train_recall/final_train_accuracy")[0])
