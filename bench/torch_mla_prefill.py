@@ -121,7 +121,7 @@ def prefill_shape_arg(text):
         B, T, H = tb.shape_arg("B:T:H")(text[:cut] if own else text)
         if own and not (n0.isascii() and n0.isdigit() and int(n0) <= tb.INT32_MAX - T):
             raise argparse.ArgumentTypeError()
-    except argparse.ArgumentTypeError:
+    except (argparse.ArgumentTypeError, ValueError):  # ValueError: an N0 past int()'s digit limit
         raise argparse.ArgumentTypeError(f"shape '{text}'; accepted: B:T:H[+N0], B, T, H integers >= 1, H <= 256, "
                                          f"each <= {tb.INT32_MAX}; N0 >= 0 cached tokens (decimal digits), N0 + T <= "
                                          f"{tb.INT32_MAX}") from None

@@ -30,8 +30,9 @@ def load(description, family=None):
     are data/recall_train/*.h5 whose grid name starts with `family` (the figure's layout: "zoology" or "kimi"; files
     of other grids or with no train_recall table are left to the other figure); none there raises fs.Skip (exit 3)
     with the reason, and a file of the family whose table has no rows is left out. A table whose columns are not
-    1-D or differ in length, or a test accuracy that is not a number in [0, 1] (NaN included), is a damaged file:
-    one line, exit 2. The outputs (--dump, --out-dir) are checked before anything is drawn."""
+    1-D or differ in length, a test accuracy that is not a number in [0, 1] (NaN included), a seq_len or d_model
+    that is not an integer >= 1 or a kv_pairs not >= 0 (NaN included), or a task or mixer column that is not text,
+    is a damaged file: one line, exit 2. The outputs (--dump, --out-dir) are checked before anything is drawn."""
     p = _Parser(description=description)
     p.add_argument("results", nargs="?", help="a results file of python -m kdalab.train_recall (default: every "
                    "data/recall_train/*.h5)")
@@ -88,6 +89,19 @@ def load(description, family=None):
         if bad:
             fs.usage_error(f"{path}: train_recall test_accuracy holds {bad} value(s) outside [0, 1] (NaN or inf "
                            "included); a damaged file")
+        # the panels and axes come from these: whole numbers (kv_pairs 0 for the tasks without pairs) and text
+        for k, lo in (("seq_len", 1), ("d_model", 1), ("kv_pairs", 0)):
+            try:
+                v = np.atleast_1d(t[k]).astype(float)
+            except (TypeError, ValueError):
+                fs.usage_error(f"{path}: train_recall {k} is not numeric; a damaged file")
+            bad = int((~(np.isfinite(v) & (v >= lo) & (v == np.floor(v)))).sum())
+            if bad:
+                fs.usage_error(f"{path}: train_recall {k} holds {bad} value(s) that are not integers >= {lo} (NaN "
+                               "or inf included); a damaged file")
+        for k in ("task", "mixer"):
+            if np.atleast_1d(t[k]).dtype.kind != "U":
+                fs.usage_error(f"{path}: train_recall {k} is not text; a damaged file")
         files.append(f)
         parts.append({k: np.atleast_1d(t[k]) for k in COLUMNS})
         try:  # the training length, for the title (a file without a numeric steps column just says nothing)

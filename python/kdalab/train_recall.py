@@ -645,6 +645,13 @@ class Result:
     test_accuracy: float
     seconds: float
     init_seed: int
+    unscored_steps: List[int] = dataclasses.field(default_factory=list)  # steps whose batch scored nothing (NaN)
+
+    def last_scored(self) -> Optional[int]:
+        """The index of the last step whose batch had a scored position (its loss and accuracy are the run's
+        final ones); None when no batch had one."""
+        skip = set(self.unscored_steps)
+        return next((i for i in range(len(self.loss) - 1, -1, -1) if i not in skip), None)
 
 
 class Stopped(Exception):
@@ -828,7 +835,7 @@ class Trainer:
                                 **({"fused": True} if self.device.type == "cuda" else {}))
         total = steps_per_run(cfg)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total) / total)))
-        cur: Dict[str, Any] = {"loss": [], "acc": [], "eval_step": [], "eval_acc": [], "seconds": 0.0}
+        cur: Dict[str, Any] = {"loss": [], "acc": [], "eval_step": [], "eval_acc": [], "seconds": 0.0, "unscored": []}
         step = 0
         if resume is not None:
             try:  # a checkpoint that unpickles can still hold a damaged or inconsistent run state
@@ -836,9 +843,11 @@ class Trainer:
                 opt.load_state_dict(resume["opt"])
                 sched.load_state_dict(resume["sched"])
                 cur, step = resume["curves"], resume["step"]
+                cur.setdefault("unscored", [])
                 lists = all(isinstance(cur.get(k), list) for k in ("loss", "acc", "eval_step", "eval_acc"))
                 ok = (lists and isinstance(cur.get("seconds"), (int, float)) and isinstance(step, int)
-                      and 0 <= step < total and len(cur["loss"]) == len(cur["acc"]) == step)
+                      and 0 <= step < total and len(cur["loss"]) == len(cur["acc"]) == step
+                      and isinstance(cur["unscored"], list))
             except (RuntimeError, KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
                 raise BadInput(f"--resume: {self.ckpt_path} holds a damaged run state ({type(e).__name__}); start "
                                "again with --force") from e
@@ -873,6 +882,8 @@ class Trainer:
             idx_host, idx = self.batch_indices(run, step)
             x = x_all[idx].long()
             pos, target = self.scored_batch(idx_host)
+            if len(pos) == 0:  # a batch that scores nothing (short Stack sequences): no loss, NaN in the curves
+                cur["unscored"].append(step)
             logits = self.logits(model, x, pos)  # [n scored, vocab]
             loss = F.cross_entropy(logits, target)
             opt.zero_grad(set_to_none=True)
@@ -903,7 +914,7 @@ class Trainer:
         seconds = time.perf_counter() - t0
         self.print(f"[{index + 1}/{count}] {run.label()}: test accuracy {test_acc:.4f} ({seconds:.1f} s, {kernel})")
         return Result(run, kernel, total, cur["loss"], cur["acc"], cur["eval_step"], cur["eval_acc"], test_acc,
-                      seconds, init_seed)
+                      seconds, init_seed, cur["unscored"])
 
 
 # ---------------------------------------------------------------------------------------------- results
@@ -963,9 +974,10 @@ def write_results(path: str, cfg: Dict[str, Any], results: Sequence[Result], dev
             col("steps", "1", "optimizer steps", [x.steps for x in results]),
             col("test_accuracy", "1", "fraction of scored test positions predicted exactly",
                 [x.test_accuracy for x in results]),
-            col("final_train_accuracy", "1", "accuracy on the last training batch",
-                [x.train_accuracy[-1] for x in results]),
-            col("final_loss", "nat", "cross entropy of the last training batch", [x.loss[-1] for x in results]),
+            col("final_train_accuracy", "1", "accuracy on the last training batch with a scored position",
+                [_final(x, x.train_accuracy) for x in results]),
+            col("final_loss", "nat", "cross entropy of the last training batch with a scored position",
+                [_final(x, x.loss) for x in results]),
             col("best_lr", "1", "1: the best test accuracy among the learning rates of its model", flags),
             col("seconds", "s", "wall time of the run", [x.seconds for x in results]),
             col("init_seed", "1", "torch seed of the initialisation (cell_seed >> 1)",
@@ -1003,6 +1015,12 @@ def record_shard(f, shard: Tuple[int, int], points: Sequence[int], grid: int) ->
         f.attr("/", name, value)
 
 
+def _final(r: Result, curve: Sequence[float]) -> float:
+    """The value of `curve` at the run's last step with a scored position (NaN when none had one)."""
+    i = r.last_scored()
+    return float("nan") if i is None else curve[i]
+
+
 def summary(results: Sequence[Result]) -> str:
     flags = best_flags(results)
     lines = ["best learning rate per model (test accuracy on the test split):"]
@@ -1013,7 +1031,9 @@ def summary(results: Sequence[Result]) -> str:
     for r, b in zip(results, flags):
         if b:
             n = per_model[dataclasses.astuple(r.run)[:-1]]
-            diverged = "; diverged: the last loss is not finite" if not math.isfinite(r.loss[-1]) else ""
+            last = r.last_scored()
+            diverged = ("; diverged: the last loss is not finite" if last is not None and not math.isfinite(r.loss[last])
+                        else "")
             lines.append(f"  {r.run.label().rsplit(' lr=', 1)[0]:<48} {r.test_accuracy:.4f}  (lr {r.run.lr:.3g}, best of "
                          f"{n}; {r.steps} steps, {r.seconds:.1f} s{diverged})")
     return "\n".join(lines)

@@ -66,6 +66,7 @@ def test_prefill_script_bad_options_one_line_exit_2_nothing_written(tmp_path, ar
     (["o.json", "1:64:2+"], "shape '1:64:2+'; accepted: B:T:H[+N0]"),
     (["o.json", "1:64:2+16x"], "shape '1:64:2+16x'; accepted"),
     (["o.json", "1:64:2+2147483584"], "N0 + T <= 2147483647"),
+    (["o.json", "1:64:2+" + "9" * 5000], "; accepted: B:T:H[+N0]"),  # past Python's 4300-digit int() limit
     (["o.json", "1:64:2", "1:64:2+0"], "shape 1:64:2+0 is given more than once"),
     (["o.json", "1:64:2+16", "1:64:2", "--prefix", "16"], "shape 1:64:2+16 is given more than once"),
     (["o.json", "1:64:2+16", "1:64:2", "--prefix", "2147483584"], "--prefix 2147483584; accepted"),

@@ -712,3 +712,46 @@ def test_figure_refuses_damaged_accuracy_columns_in_one_line(tmp_path, bad, says
     r = figure("fig_train_kimi.py", str(tmp_path / "k.h5"), "--dump", str(tmp_path / "k.json"))
     assert r.returncode == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not (tmp_path / "k.json").exists()
+
+
+@pytest.mark.parametrize("script,column,damage,says", [
+    ("fig_train_kimi.py", "d_model", "np.full(16, np.nan)", "train_recall d_model holds 16 value(s) that are not"),
+    ("fig_train_kimi.py", "seq_len", "np.full(16, np.nan)", "train_recall seq_len holds 16 value(s) that are not"),
+    ("fig_train_kimi.py", "seq_len", "np.array([0.0] * 8 + [256.0] * 8)", "seq_len holds 8 value(s) that are not"),
+    ("fig_train_kimi.py", "d_model", "np.array([b'x'] * 16)", "train_recall d_model is not numeric"),
+    ("fig_train_kimi.py", "mixer", "np.arange(16)", "train_recall mixer is not text"),
+    ("fig_train_zoology.py", "kv_pairs", "np.array([np.nan] + [4.0] * 15)", "kv_pairs holds 1 value(s) that are not"),
+    ("fig_train_zoology.py", "d_model", "np.array([np.nan] + [64.0] * 15)", "d_model holds 1 value(s) that are not"),
+    ("fig_train_zoology.py", "seq_len", "np.array([b'x'] * 16)", "train_recall seq_len is not numeric"),
+    ("fig_train_zoology.py", "task", "np.arange(16)", "train_recall task is not text"),
+])
+def test_figures_refuse_damaged_shape_columns_in_one_line(tmp_path, script, column, damage, says):
+    rows = KIMI_ROWS if "kimi" in script else [("mqar", 64, 4, d, m, lr, 0.5) for d in (64, 128)
+                                                 for m in ("kda", "softmax") for lr in (1e-3, 1e-2, 3e-3, 3e-2)]
+    synthetic_results(tmp_path / "k.h5", "kimi-reduced" if "kimi" in script else "zoology-reduced", rows)
+    code = ("import h5py, numpy as np, sys\nf = h5py.File(sys.argv[1], 'r+')\nt = f['train_recall']\n"
+            f"del t['{column}']\nt['{column}'] = {damage}\nf.close()")
+    figure(script, "--help")  # skips the test when /usr/bin/python3 lacks h5py, which damages the file
+    subprocess.run(["/usr/bin/python3", "-c", code, str(tmp_path / "k.h5")], check=True)
+    r = figure(script, str(tmp_path / "k.h5"), "--dump", str(tmp_path / "k.json"), "--out-dir", str(tmp_path / "fig"))
+    assert r.returncode == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "k.json").exists() and not (tmp_path / "fig").exists()
+
+
+def test_a_training_batch_without_a_scored_position_is_not_a_divergence(tmp_path, capsys):
+    """Short Stack sequences pop rarely: with one example a batch, most batches score nothing and have no loss
+    (NaN in the curves). The final loss and accuracy are the last scored batch's, and the run is not called
+    diverged for an unscored last batch."""
+    pytest.importorskip("torch")
+    out = tmp_path / "s.h5"
+    argv = ["--device", "cpu", "--tasks", "stack", "--seq-len", "8", "--vocab", "200", "--d-model", "8",
+            "--train-examples", "32", "--test-examples", "64", "--batch-size", "1", "--epochs", "1", "--quiet",
+            "--out", str(out)]
+    assert tr.main(argv) == 0
+    text = capsys.readouterr().out
+    loss = kdalab.read_array(str(out), "train_recall/runs/000/loss")
+    assert np.isnan(loss[-1]) and np.isfinite(loss).any()  # the last batch of this split scores nothing
+    assert "diverged" not in text, text
+    last = loss[np.isfinite(loss)][-1]
+    assert kdalab.read_array(str(out), "train_recall/final_loss")[0] == pytest.approx(last)
+    assert np.isfinite(kdalab.read_array(str(out), "train_recall/final_train_accuracy")[0])
