@@ -24,10 +24,9 @@ def shape_arg(fields):
     (the kernels count tokens in 32-bit integers)."""
     def parse(text):
         parts = text.split(":")
-        try:
-            vals = [int(x) for x in parts]
-        except ValueError:
-            vals = []
+        # ASCII decimal digits only, as kdalab bench reads its shapes (int() alone also takes "2_048", spaces and
+        # other scripts' digits)
+        vals = [int(x) for x in parts] if all(x.isascii() and x.isdigit() for x in parts) else []
         if len(vals) != 3 or min(vals) < 1 or vals[2] > 256 or max(vals) > INT32_MAX:
             raise argparse.ArgumentTypeError(f"shape '{text}'; accepted: {fields}, integers >= 1, "
                                              f"{fields.split(':')[-1]} <= 256, each <= {INT32_MAX}")

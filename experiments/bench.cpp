@@ -236,7 +236,8 @@ std::vector<Shape> parse_shapes(const std::string& text, const std::string& op, 
       }
       require(!too_large, "--shapes: '" + f + "' in '" + item + "' is too large; accepted: " + form +
                               " with each field in [1, 2^31 - 1]");
-      require(used > 0 && used == f.size(),
+      // the whole field an integer: std::stoll alone would also skip leading blanks (" 1:2:3" read as "1:2:3")
+      require(used > 0 && used == f.size() && !std::isspace(static_cast<unsigned char>(f.front())),
               "--shapes: '" + f + "' in '" + item + "' is not an integer; accepted: " + form);
       require(v[n] <= kMaxField, "--shapes: '" + f + "' in '" + item + "' is too large (2^31 - 1 at most); accepted: " +
                                      form + " with each field in [1, 2^31 - 1]");

@@ -39,6 +39,9 @@ done
 [[ "$jobs" =~ ^[1-9][0-9]{0,3}$ ]] || usage "--jobs '$jobs'; accepted: an integer in [1, 9999]"
 [[ "$deadline" =~ ^[0-9]{1,9}$ ]] || usage "--deadline '$deadline'; accepted: seconds, an integer >= 0 (0: none)"
 [ -e "$dir" ] && [ ! -d "$dir" ] && usage "--out-dir '$dir' is not a folder"
+if [ -n "${OMP_NUM_THREADS:-}" ] && ! [[ "$OMP_NUM_THREADS" =~ ^[1-9][0-9]{0,3}$ ]]; then
+  usage "OMP_NUM_THREADS '$OMP_NUM_THREADS'; accepted: an integer in [1, 9999], or unset (the cores / --jobs)"
+fi
 py=${PYTHON:-python3}
 k=${KDALAB:-}
 if [ -z "$k" ]; then

@@ -202,6 +202,15 @@ def test_shards_script_bad_usage_is_one_line_exit_2_and_runs_nothing(tmp_path, a
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize("value", ["abc", "0", "-2", "1.5", "4 4"])
+def test_shards_script_a_bad_omp_num_threads_is_one_line_exit_2_and_runs_nothing(tmp_path, monkeypatch, value):
+    monkeypatch.setenv("OMP_NUM_THREADS", value)
+    r = shards_script(tmp_path, "--grid", "zoology-reduced", "--out-dir", "d")
+    assert r.returncode == 2, r.stderr
+    assert f"OMP_NUM_THREADS '{value}'; accepted" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert os.listdir(tmp_path) == []
+
+
 def test_shards_script_runs_every_shard_merges_and_a_second_call_runs_none(tmp_path):
     pytest.importorskip("torch")
     opts = ["--", "--mixers", "softmax", "--d-model", "32", "--seq-len", "32", "--kv-pairs", "4", "--vocab", "64",

@@ -232,7 +232,9 @@ TEST_CASE("bench --op kda-backward: shapes B:T:H[:HV[:D]] as kda-prefill's, chec
                         Case{"--shapes 1:64:2:2:64:1", "more than 5 fields"},
                         Case{"--shapes 1:64:2:3", "HV a multiple of H"},
                         Case{"--shapes 1:0:2", "B, T, H >= 1"},
-                        Case{"--shapes 1:x:1", "B:T:H[:HV[:D]]"}}) {
+                        Case{"--shapes 1:x:1", "B:T:H[:HV[:D]]"},
+                        Case{"--shapes ' 1:64:2'", "' 1' in ' 1:64:2' is not an integer"},
+                        Case{"--shapes '1:\t64:2'", "is not an integer"}}) {
     const auto r = run_kdalab("bench --op kda-backward " + c.args + " --out " + d.file("b.h5"));
     INFO(c.args << "\n" << r.output);
     CHECK(r.code == 2);
