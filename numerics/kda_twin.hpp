@@ -139,6 +139,17 @@ inline KdaTwinPlan kda_plan_state_hilo() {
   p.split.qs_S = p.split.qs_Qg = p.split.kd_D = p.split.kd_Kd = true;
   return p;
 }
+/// A cheaper plan with the same goals (tests/numerics/test_twin_state_tf32.cpp; docs/kernels/kda_prefill.md, "Qg S in
+/// tf32"): Qg S with both operands rounded once to tf32 (S read from its fp32 accumulators, no split; one product of
+/// k8 instructions, the time of 2/3 of the three bf16 products), Kd^T D as bf16 hi + lo as in kda_plan_state_hilo().
+/// On the study's inputs o is within 1.6% of kda_plan_state_hilo()'s (<= 1.80e-3) and the state is the same; tf32 in
+/// Kd^T D instead misses the state goal on collinear keys with slow decay at T = 2048 (7.6e-3).
+inline KdaTwinPlan kda_plan_state_qs_tf32() {
+  KdaTwinPlan p;
+  p.qs = Format::tf32;
+  p.split.kd_D = p.split.kd_Kd = true;
+  return p;
+}
 /// Every format float64: the twin then equals reference/kda.hpp kda_recurrent up to rounding order.
 inline KdaTwinPlan kda_plan_fp64() {
   KdaTwinPlan p;
