@@ -14,6 +14,7 @@
 
 #include "kernels/attn_res.hpp"
 #include "kernels/common/kda_math.cuh"
+#include "kernels/common/mbarrier.cuh"
 
 namespace kdalab::kernels {
 
@@ -23,33 +24,8 @@ using namespace detail;
 constexpr int MAX_VPT = 8;
 constexpr int NS = 3;  // row buffers of the ring
 
-/// The mbarrier and bulk-copy steps of the ring (PTX ISA: mbarrier, cp.async.bulk).
-__device__ __forceinline__ unsigned smem_u32(const void* ptr) { return static_cast<unsigned>(__cvta_generic_to_shared(ptr)); }
-__device__ __forceinline__ void mbar_init(std::uint64_t* bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
-/// Thread 0: `bytes` from global `src` into shared `dst` (both 16-byte aligned, bytes a multiple of 16), completing on
-/// `bar`, which expects exactly those bytes. The fence orders the CTA's earlier reads of `dst` before the copy's writes.
-__device__ __forceinline__ void bulk_row(void* dst, const void* src, unsigned bytes, std::uint64_t* bar) {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_u32(dst)),
-               "l"(src), "r"(bytes), "r"(smem_u32(bar))
-               : "memory");
-}
-/// Waits until phase `parity` of `bar` has completed.
-__device__ __forceinline__ void mbar_wait(std::uint64_t* bar, unsigned parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred P1;\n"
-      "WAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
-      "@!P1 bra WAIT;\n"
-      "}\n" ::"r"(smem_u32(bar)),
-      "r"(parity)
-      : "memory");
-}
+// the mbarrier and bulk-copy steps of the ring: kernels/common/mbarrier.cuh
+namespace mb = detail::mbar;
 constexpr int MAX_THREADS = 256;  // VPT = ceil(d / 2048) keeps the CTA at <= 256 threads
 
 struct AParams {
@@ -86,12 +62,12 @@ __global__ void __launch_bounds__(MAX_THREADS) attn_res_kernel(AParams p) {
   const bf16_t* base = p.src + static_cast<long long>(t) * p.s_tok;
   const unsigned row_bytes = static_cast<unsigned>(p.d) * 2u;
   const auto issue = [&](int slot, int i) {
-    bulk_row(ring + slot * p.nvec, base + static_cast<long long>(i) * p.s_src, row_bytes, &full[slot]);
+    mb::bulk_copy(ring + slot * p.nvec, base + static_cast<long long>(i) * p.s_src, row_bytes, &full[slot]);
   };
   if (tid == 0) {
 #pragma unroll
-    for (int s = 0; s < NS; ++s) mbar_init(&full[s]);
-    mbar_init_fence();
+    for (int s = 0; s < NS; ++s) mb::init(&full[s], 1);
+    mb::init_fence();
     for (int s = 0; s < NS && s < p.S; ++s) issue(s, s);
   }
   __syncthreads();
@@ -124,7 +100,7 @@ __global__ void __launch_bounds__(MAX_THREADS) attn_res_kernel(AParams p) {
   const float inv_d = 1.0f / static_cast<float>(p.d);
   for (int i = 0; i < p.S; ++i) {
     const int slot = i % NS;
-    mbar_wait(&full[slot], static_cast<unsigned>(i / NS) & 1u);
+    mb::wait(&full[slot], static_cast<unsigned>(i / NS) & 1u);
     uint4 cur[VPT];
 #pragma unroll
     for (int j = 0; j < VPT; ++j) cur[j] = ok[j] ? ring[slot * p.nvec + vi[j]] : make_uint4(0, 0, 0, 0);

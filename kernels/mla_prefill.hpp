@@ -209,6 +209,10 @@ MlaPrefillPrecision mla_prefill_heads_precision(const MlaPrefillHeadsArgs& a);
 struct MlaPrefillOverrides {
   MlaPrefillPath path = MlaPrefillPath::automatic;  ///< automatic (mla_prefill_path_rule), absorbed or naive
   bool p_hi_only = false;  ///< naive path ablation: P as bf16 hi only (4 mma passes instead of 5, ~1e-3)
+  /// precision fast: the attention's first form (mma.sync, one CTA of 8 warps per 128 queries, 32-key tiles through a
+  /// cp.async ring) instead of the default warpgroup-MMA form (TMA-fed 128-key tiles, kernels/mla_prefill/fast_wg.cu);
+  /// the same precision plan, kept as a second implementation and for timing side by side
+  bool fast_mma_sync = false;
 };
 
 /// The path mla_prefill_heads() runs: naive in precision fast; else the forced one when ov->path is absorbed or

@@ -16,8 +16,10 @@
 //             (row max/sum over the 4 lanes of a quad); P from the S accumulators as bf16 hi + lo A fragments;
 //             O = corr O + P_hi V_hi + P_hi V_lo + P_lo V_hi (V fragments by ldmatrix.trans). A warp skips
 //             the tiles that start past its last row's position (they only take part in the barrier).
-//   fast      (MlaPrefillPrecision::fast) the GEMMs write K and V as bf16 (no split); the ring holds K and V alone
-//             (52 KB); S = q K^T and O += bf16(P) V, one mma pass each; everything else as above.
+//   fast      (MlaPrefillPrecision::fast) the GEMMs write K and V as bf16 (no split); the attention is the warpgroup-MMA
+//             kernel of kernels/mla_prefill/fast_wg.cu, or with MlaPrefillOverrides::fast_mma_sync this file's kernel in
+//             its fast form: the ring holds K and V alone (52 KB); S = q K^T and O += bf16(P) V, one mma pass each;
+//             everything else as above.
 // Absorbed path: mla_absorb_query -> mla_prefill (a, fp32) -> W_UV converted to fp32 -> cuBLAS SGEMM batched
 // over heads: o_i = W_UV,i a_i (fp32, no tensor-core rounding).
 #include <cublas_v2.h>
@@ -30,6 +32,7 @@
 #include "kernels/common/cuda_check.hpp"
 #include "kernels/common/kda_math.cuh"
 #include "kernels/mla_prefill.hpp"
+#include "kernels/mla_prefill/fast_wg.hpp"
 
 namespace kdalab::kernels {
 
@@ -423,6 +426,9 @@ void mla_prefill_heads(const MlaPrefillHeadsArgs& a, cudaStream_t stream, const 
   const bool fast = mla_prefill_heads_precision(a) == MlaPrefillPrecision::fast;
   if (fast && ov && ov->path == MlaPrefillPath::absorbed)
     fail("precision fast with the absorbed path forced; accepted: fast runs the naive path only (automatic or naive)");
+  if (!fast && ov && ov->fast_mma_sync)
+    fail("fast_mma_sync with precision accurate: it picks a form of the fast attention; accepted: fast_mma_sync with "
+         "precision fast only");
   if (fast && ov && ov->p_hi_only)
     fail("precision fast with p_hi_only: the ablation drops a pass of the accurate plan; accepted: p_hi_only with "
          "precision accurate only");
@@ -556,7 +562,21 @@ void mla_prefill_heads(const MlaPrefillHeadsArgs& a, cudaStream_t stream, const 
     kernel<<<grid, NTHR, smem, stream>>>(p);
   };
   static bool attr[3] = {false, false, false};
-  if (fast)
+  if (fast && !(ov && ov->fast_mma_sync)) {
+    mla_prefill_detail::FastAttnArgs fa;
+    fa.B = a.B;
+    fa.T = a.T;
+    fa.H = a.H;
+    fa.N0 = a.prefix;
+    fa.q = a.q_C;
+    fa.sq_b = p.sq_b;
+    fa.sq_t = p.sq_t;
+    fa.K = static_cast<const bf16_t*>(Kw);
+    fa.V = static_cast<const bf16_t*>(Vw);
+    fa.scale_log2 = p.scale_log2;
+    fa.out = a.out;
+    mla_prefill_detail::fast_attention_wgmma(fa, stream);
+  } else if (fast)
     launch(mla_naive_attn_kernel<kFast>, smem_of(kFast), attr[kFast], "cudaFuncSetAttribute(mla_naive_attn_kernel fast)");
   else if (ov && ov->p_hi_only)
     launch(mla_naive_attn_kernel<kAccuratePHi>, smem_of(kAccuratePHi), attr[kAccuratePHi],

@@ -781,36 +781,74 @@ TEST_CASE("mla prefill heads, naive: the rule's choices (11 pairs > 1024 N)", "[
   CHECK(pick(1, 0) == MlaPrefillPath::naive);
 }
 
-TEST_CASE("mla prefill heads, fast: vs float64 and beside accurate, T x N0 (tile edges, prefix), B = 2, H = 32 (16)",
+/// Precision fast's attention in its mma.sync form (MlaPrefillOverrides::fast_mma_sync) instead of the wgmma one.
+kernels::MlaPrefillOverrides fast_mma_sync_form() {
+  kernels::MlaPrefillOverrides ov;
+  ov.fast_mma_sync = true;
+  return ov;
+}
+
+TEST_CASE("mla prefill heads, fast: both attention forms vs float64 and beside accurate, T x N0 (tile edges, prefix), "
+          "B = 2, H = 32 (16)",
           "[gpu][mla][fast]") {
   using kernels::MlaPrefillPath;
   using kernels::MlaPrefillPrecision;
   struct Case { std::size_t T, N0, H; double sigma; };
   std::vector<Case> cases;
+  // T across the 16-, 32-, 64- and 128-row edges of both forms' tiles and warp groups; N0 moves the diagonal across
+  // the 32- and 128-key tiles (129: the first query's keys end one past a 128-key tile)
   for (std::size_t N0 : {0, 37, 300})
-    for (std::size_t T : {1, 17, 31, 32, 33, 127, 128, 129, 300, 1000}) cases.push_back({T, N0, 32, 1.0});
+    for (std::size_t T : {1, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 256, 257, 300, 1000}) cases.push_back({T, N0, 32, 1.0});
+  for (std::size_t T : {1, 64, 129, 255}) cases.push_back({T, 129, 32, 1.0});
   for (std::size_t T : {65, 300}) cases.push_back({T, 37, 16, 1.0});
   for (double sigma : {2.0, 4.0}) cases.push_back({300, 37, 32, sigma});
-  double worst = 0.0;
+  double worst = 0.0, worst_v1 = 0.0;
   for (const Case& c : cases) {
     HeadsProblem P(2, c.T, c.H, c.N0, c.sigma);
     const auto truth = P.truth();
     const auto of = run_heads(P, forced(MlaPrefillPath::automatic), MlaPrefillPrecision::fast);
     const std::size_t cache_f = P.cache_errors();
+    const auto of1 = run_heads(P, fast_mma_sync_form(), MlaPrefillPrecision::fast);
     const auto oacc = run_heads(P, forced(MlaPrefillPath::naive), MlaPrefillPrecision::accurate);
-    const auto mf = compare(of, truth), macc = compare(oacc, truth);
+    const auto mf = compare(of, truth), mf1 = compare(of1, truth), macc = compare(oacc, truth);
     worst = std::max(worst, mf.rel_rms);
-    std::printf("mla prefill heads fast B=2 T=%zu N0=%zu H=%zu sigma=%g: fast rel_rms %.3e (max_abs %.2e), accurate "
-                "%.3e; cache errors %zu\n", c.T, c.N0, c.H, c.sigma, mf.rel_rms, mf.max_abs, macc.rel_rms, cache_f);
-    CAPTURE(c.T, c.N0, c.H, c.sigma, mf.rel_rms, macc.rel_rms);
+    worst_v1 = std::max(worst_v1, mf1.rel_rms);
+    std::printf("mla prefill heads fast B=2 T=%zu N0=%zu H=%zu sigma=%g: fast rel_rms %.3e (max_abs %.2e), its mma.sync "
+                "form %.3e, accurate %.3e; cache errors %zu\n",
+                c.T, c.N0, c.H, c.sigma, mf.rel_rms, mf.max_abs, mf1.rel_rms, macc.rel_rms, cache_f);
+    CAPTURE(c.T, c.N0, c.H, c.sigma, mf.rel_rms, mf1.rel_rms, macc.rel_rms);
     REQUIRE(non_finite(of) == 0);
+    REQUIRE(non_finite(of1) == 0);
     CHECK(mf.rel_rms <= tol::mla_prefill_fast.value);
+    CHECK(mf1.rel_rms <= tol::mla_prefill_fast.value);
     CHECK(macc.rel_rms <= tol::mla_prefill_heads_goal.value);
     CHECK(macc.rel_rms < mf.rel_rms);  // fast really runs the bf16 plan (and accurate the hi + lo one)
     CHECK(cache_f == 0);
   }
-  std::printf("mla prefill heads fast: worst rel_rms %.3e over %zu cases (budget %.1e)\n", worst, cases.size(),
-              tol::mla_prefill_fast.value);
+  std::printf("mla prefill heads fast: worst rel_rms %.3e (mma.sync form %.3e) over %zu cases (budget %.1e)\n", worst,
+              worst_v1, cases.size(), tol::mla_prefill_fast.value);
+}
+
+TEST_CASE("mla prefill heads, fast: a CUDA graph of the call equals the direct call, bit for bit", "[gpu][mla][fast]") {
+  HeadsProblem P(2, 300, 32, 37);
+  const auto direct = run_heads(P, forced(kernels::MlaPrefillPath::automatic), kernels::MlaPrefillPrecision::fast);
+  const auto again = run_heads(P, forced(kernels::MlaPrefillPath::automatic), kernels::MlaPrefillPrecision::fast);
+  P.upload();  // fresh cache: rows >= N0 poisoned again
+  kernels::MlaPrefillHeadsArgs a = P.args();
+  a.precision = kernels::MlaPrefillPrecision::fast;
+  DevBuf out(P.B * P.T * P.H * 128 * 4), ws(kernels::mla_prefill_heads_workspace_bytes(a));
+  out.poison();
+  ws.poison();
+  a.out = out.as<float>();
+  a.workspace = ws.p;
+  a.workspace_bytes = ws.bytes;
+  run_in_graph([&](cudaStream_t st) { kernels::mla_prefill_heads(a, st); });
+  const auto graphed = download_f32(out);
+  std::printf("mla prefill heads fast: two direct calls identical: %s; a CUDA graph identical to them: %s, cache errors "
+              "%zu\n", again == direct ? "yes" : "no", graphed == direct ? "yes" : "no", P.cache_errors());
+  CHECK(again == direct);  // no order-dependent accumulation
+  CHECK(graphed == direct);
+  CHECK(P.cache_errors() == 0);
 }
 
 TEST_CASE("mla prefill heads, fast: identical keys and very large logits give no NaN", "[gpu][mla][fast]") {
@@ -917,6 +955,12 @@ const std::vector<BadCase<HeadsCall>> kHeadsBad = {
        h.ov.p_hi_only = true;
      },
      "mla_prefill_heads: precision fast with p_hi_only"},
+    {"fast_mma_sync with accurate",
+     [](auto& h) {
+       h.a.precision = kernels::MlaPrefillPrecision::accurate;
+       h.ov.fast_mma_sync = true;
+     },
+     "mla_prefill_heads: fast_mma_sync with precision accurate"},
     {"fast workspace too small",
      [](auto& h) {
        h.a.precision = kernels::MlaPrefillPrecision::fast;
