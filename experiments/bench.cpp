@@ -833,13 +833,17 @@ Measured bench_mla_prefill_naive(const Shape& s, long long prefix, int warmup, i
     Dev ws(wsb);
     a.workspace = ws.p; a.workspace_bytes = wsb;
     const auto [ms, mn] = time_ms([&] { kernels::mla_prefill_heads(a, nullptr); }, warmup, iters);
-    kernels::MlaPrefillOverrides v1;  // the same precision with the attention's first (mma.sync) form, timed beside it
-    v1.fast_mma_sync = true;
-    const auto [ms_v1, mn_v1] = time_ms([&] { kernels::mla_prefill_heads(a, nullptr, &v1); }, warmup, iters);
-    (void)mn_v1;
-    fmt::print("  (B={} T={} H={} prefix={}: precision fast (bf16 K, V, P), naive path, workspace {:.0f} MB; attention on "
-               "wgmma {:.4f} ms, its mma.sync form {:.4f} ms, ratio {:.2f})\n",
-               s.B, s.T, s.H, prefix, wsb / 1e6, ms, ms_v1, ms_v1 / ms);
+    // the attention's other forms (kernels::MlaFastForm), the same precision, timed beside the rule's
+    std::string forms;
+    for (const auto f : {kernels::MlaFastForm::wgmma, kernels::MlaFastForm::wgmma_pingpong, kernels::MlaFastForm::mma_sync}) {
+      kernels::MlaPrefillOverrides ov;
+      ov.fast_form = f;
+      const double t = time_ms([&] { kernels::mla_prefill_heads(a, nullptr, &ov); }, warmup, iters).first;
+      forms += fmt::format(", {} {:.4f} ms", kernels::mla_fast_form_name(f), t);
+    }
+    fmt::print("  (B={} T={} H={} prefix={}: precision fast (bf16 K, V, P), naive path, workspace {:.0f} MB; attention "
+               "form {} by the rule{})\n",
+               s.B, s.T, s.H, prefix, wsb / 1e6, kernels::mla_fast_form_name(kernels::mla_fast_form_rule()), forms);
     return {ms, mn, bytes, pairs * s.H * 4.0 * DN + recon, 0.0, 0.0};
   }
   auto timed = [&](kernels::MlaPrefillPath path, bool p_hi_only) {

@@ -206,13 +206,26 @@ MlaPrefillPrecision mla_prefill_precision_rule(const MlaPrefillHeadsArgs& a);
 MlaPrefillPrecision mla_prefill_heads_precision(const MlaPrefillHeadsArgs& a);
 
 /// What benchmarks and tests may force (passed as an optional pointer; null = everything automatic).
+/// The forms of precision fast's attention (docs/kernels/mla_prefill.md, "Precision fast"):
+/// - wgmma: warpgroup MMA, TMA-fed 128-key tiles, a producer warpgroup and two consumer warpgroups of 64 query rows
+///   (kernels/mla_prefill/fast_wg.cu), each at its own pace;
+/// - wgmma_pingpong: the same with the two consumer warpgroups issuing their products in turn;
+/// - mma_sync: the first form, mma.sync with 8 warps of 16 query rows and 32-key tiles through a cp.async ring
+///   (kernels/mla_prefill/naive.cu), kept as a second implementation and for timing side by side.
+enum class MlaFastForm : int { automatic = 0, wgmma = 1, wgmma_pingpong = 2, mma_sync = 3 };
+
+/// "auto", "wgmma", "wgmma_pingpong" or "mma_sync".
+const char* mla_fast_form_name(MlaFastForm f);
+
+/// The form automatic picks: the fastest measured on every bench shape (docs/kernels/mla_prefill.md).
+MlaFastForm mla_fast_form_rule();
+
 struct MlaPrefillOverrides {
   MlaPrefillPath path = MlaPrefillPath::automatic;  ///< automatic (mla_prefill_path_rule), absorbed or naive
   bool p_hi_only = false;  ///< naive path ablation: P as bf16 hi only (4 mma passes instead of 5, ~1e-3)
-  /// precision fast: the attention's first form (mma.sync, one CTA of 8 warps per 128 queries, 32-key tiles through a
-  /// cp.async ring) instead of the default warpgroup-MMA form (TMA-fed 128-key tiles, kernels/mla_prefill/fast_wg.cu);
-  /// the same precision plan, kept as a second implementation and for timing side by side
-  bool fast_mma_sync = false;
+  /// precision fast: which form of the attention runs (mla_fast_form_rule() for automatic); every form runs the same
+  /// precision plan
+  MlaFastForm fast_form = MlaFastForm::automatic;
 };
 
 /// The path mla_prefill_heads() runs: naive in precision fast; else the forced one when ov->path is absorbed or

@@ -19,7 +19,10 @@
 //     registers (the m64nN accumulator layout is the A-fragment layout of the next product's k-steps), only now: a
 //     register that an in-flight wgmma reads may not be written (ptxas would serialise every wgmma of the kernel).
 // A warpgroup skips the tiles past its last row's position (at most the CTA's last one) but still takes part in their
-// stage's release. Keys past the sequence's end come from the next sequence or, past the tensor, as TMA zeros: the causal
+// stage's release.
+// The ping-pong form (template PINGPONG; FlashAttention-3's inter-warpgroup schedule) adds turns: the two warpgroups
+// issue their products in alternation (two named barriers), so that one's softmax runs under the other's products;
+// both then run every tile of the CTA. Keys past the sequence's end come from the next sequence or, past the tensor, as TMA zeros: the causal
 // mask removes them (and P = 0 times a finite V is 0).
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -72,6 +75,10 @@ struct FParams {
 
 /// 128-thread barrier of consumer warpgroup wg (named barrier 1 + wg; 0 is __syncthreads).
 __device__ __forceinline__ void wg_barrier(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory"); }
+/// PINGPONG turns: warpgroup wg waits for its turn to issue products on named barrier 3 + wg (its 128 threads sync, the
+/// other warpgroup's 128 arrive) and hands the turn over by arriving on the other's.
+__device__ __forceinline__ void turn_wait(int wg) { asm volatile("bar.sync %0, 256;\n" ::"r"(3 + wg) : "memory"); }
+__device__ __forceinline__ void turn_give(int wg) { asm volatile("bar.arrive %0, 256;\n" ::"r"(3 + (1 - wg)) : "memory"); }
 
 /// Issues (does not commit) S = q K^T over d = 128: two column blocks of 4 k-steps each.
 __device__ __forceinline__ void issue_scores(float* s, std::uint32_t q_addr, std::uint32_t k_addr) {
@@ -145,6 +152,7 @@ __device__ __forceinline__ void release(std::uint64_t* bar, int lane) {
   if (lane == 0) mb::arrive(bar);
 }
 
+template <bool PINGPONG>
 __global__ void __launch_bounds__(NTHR, 1)
     mla_fast_attn_wg_kernel(const __grid_constant__ CUtensorMap tmK, const __grid_constant__ CUtensorMap tmV, FParams p) {
   const int qt = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);  // longest CTAs first
@@ -196,11 +204,13 @@ __global__ void __launch_bounds__(NTHR, 1)
   const int first = q0 + 64 * wg;  // the warpgroup's first query row
   const bool any = first < p.T;
   const int minpos = p.N0 + first;
-  const int nt = any ? (p.N0 + min(first + 63, p.T - 1)) / KT + 1 : 0;  // tiles up to the last row's position
+  // tiles up to the last row's position; PINGPONG: every tile of the CTA in both warpgroups (the turns below need equal
+  // counts; a tile past all of a warpgroup's rows is masked whole: p = 0, and m stays the finite max of tile 0)
+  const int nt = PINGPONG ? ntiles : any ? (p.N0 + min(first + 63, p.T - 1)) / KT + 1 : 0;
   const int ra = first + 16 * warp + g, rb = ra + 8;
   const int pos[2] = {p.N0 + min(ra, p.T - 1), p.N0 + min(rb, p.T - 1)};  // rows past T: clamped, not written
   unsigned char* qs = smem + OFF_Q + wg * (64 * DH * 2);
-  if (any) {  // q rows -> two swizzled column blocks (rows past T: zeros); 4-byte loads (the token stride is even)
+  {  // q rows -> two swizzled column blocks (rows past T: zeros); 4-byte loads (the token stride is even)
     const bf16_t* qb = p.q + b * p.sq_b + static_cast<long long>(head) * DH;
 #pragma unroll
     for (int i = 0; i < 64 * 16 / 128; ++i) {
@@ -223,11 +233,14 @@ __global__ void __launch_bounds__(NTHR, 1)
   std::uint32_t pa[8][4];
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, c[2];
 
+  if (PINGPONG && wg == 1) turn_give(wg);  // warpgroup 0 issues first
   if (nt > 0) {
     mb::wait(&full_k[0], 0);
+    if (PINGPONG) turn_wait(wg);
     wgmma_fence();
     issue_scores(s, q_addr, kv0);
     wgmma_commit();
+    if (PINGPONG && !(wg == 1 && nt == 1)) turn_give(wg);  // warpgroup 1's last issue hands nothing over
     wgmma_wait<0>();
 #pragma unroll
     for (int e = 0; e < 64; ++e) fence_reg(s[e]);
@@ -237,11 +250,13 @@ __global__ void __launch_bounds__(NTHR, 1)
       const int st = kt % ST, sp = (kt - 1) % ST;
       mb::wait(&full_k[st], static_cast<unsigned>(kt / ST) & 1u);
       mb::wait(&full_v[sp], static_cast<unsigned>((kt - 1) / ST) & 1u);
+      if (PINGPONG) turn_wait(wg);
       wgmma_fence();
       issue_scores(s, q_addr, kv0 + st * STAGE);
       wgmma_commit();
       issue_pv(o, pa, kv0 + sp * STAGE + ARR);
       wgmma_commit();
+      if (PINGPONG && !(wg == 1 && kt == nt - 1)) turn_give(wg);
       wgmma_wait<1>();  // the scores (the older group) are in
 #pragma unroll
       for (int e = 0; e < 64; ++e) fence_reg(s[e]);
@@ -333,7 +348,7 @@ CUtensorMap kv_map(const bf16_t* base, int H, long long rows, const char* name) 
 
 }  // namespace
 
-void fast_attention_wgmma(const FastAttnArgs& a, cudaStream_t stream) {
+void fast_attention_wgmma(const FastAttnArgs& a, bool pingpong, cudaStream_t stream) {
   const long long rows = static_cast<long long>(a.B) * (static_cast<long long>(a.N0) + a.T);
   if (rows + KT >= (1LL << 31))
     throw Error("mla_prefill_heads: B (N0 + T) = " + std::to_string(rows) +
@@ -349,14 +364,20 @@ void fast_attention_wgmma(const FastAttnArgs& a, cudaStream_t stream) {
   p.sq_t = a.sq_t;
   p.scale_log2 = a.scale_log2;
   p.out = a.out;
-  static bool attr = false;  // once (a call inside graph capture sets nothing)
-  if (!attr) {
-    cuda_check(cudaFuncSetAttribute(mla_fast_attn_wg_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(SMEM)),
-               "cudaFuncSetAttribute(mla_fast_attn_wg_kernel)");
-    attr = true;
-  }
   const dim3 grid(static_cast<unsigned>((a.T + QT - 1) / QT), static_cast<unsigned>(a.H), static_cast<unsigned>(a.B));
-  mla_fast_attn_wg_kernel<<<grid, NTHR, SMEM, stream>>>(tk, tv, p);
+  const auto launch = [&](auto kernel, bool& attr) {
+    if (!attr) {  // once per form (a call inside graph capture sets nothing)
+      cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(SMEM)),
+                 "cudaFuncSetAttribute(mla_fast_attn_wg_kernel)");
+      attr = true;
+    }
+    kernel<<<grid, NTHR, SMEM, stream>>>(tk, tv, p);
+  };
+  static bool attr[2] = {false, false};
+  if (pingpong)
+    launch(mla_fast_attn_wg_kernel<true>, attr[1]);
+  else
+    launch(mla_fast_attn_wg_kernel<false>, attr[0]);
   cuda_check(cudaGetLastError(), "mla_fast_attn_wg_kernel launch");
 }
 

@@ -22,8 +22,9 @@ struct FastAttnArgs {
   float* out = nullptr;
 };
 
-/// Launches the attention on `stream`. Errors: kdalab::Error when the driver cannot encode the TMA descriptors (B N
+/// Launches the attention on `stream`; `pingpong`: the form whose two consumer warpgroups issue their products in
+/// alternation. Errors: kdalab::Error when the driver cannot encode the TMA descriptors (B N
 /// beyond 2^31 rows) or the launch fails. The caller has checked shapes and pointers.
-void fast_attention_wgmma(const FastAttnArgs& a, cudaStream_t stream);
+void fast_attention_wgmma(const FastAttnArgs& a, bool pingpong, cudaStream_t stream);
 
 }  // namespace kdalab::kernels::mla_prefill_detail

@@ -17,7 +17,7 @@
 //             O = corr O + P_hi V_hi + P_hi V_lo + P_lo V_hi (V fragments by ldmatrix.trans). A warp skips
 //             the tiles that start past its last row's position (they only take part in the barrier).
 //   fast      (MlaPrefillPrecision::fast) the GEMMs write K and V as bf16 (no split); the attention is the warpgroup-MMA
-//             kernel of kernels/mla_prefill/fast_wg.cu, or with MlaPrefillOverrides::fast_mma_sync this file's kernel in
+//             kernel of kernels/mla_prefill/fast_wg.cu, or with MlaPrefillOverrides::fast_form = mma_sync this file's kernel in
 //             its fast form: the ring holds K and V alone (52 KB); S = q K^T and O += bf16(P) V, one mma pass each;
 //             everything else as above.
 // Absorbed path: mla_absorb_query -> mla_prefill (a, fp32) -> W_UV converted to fp32 -> cuBLAS SGEMM batched
@@ -393,6 +393,18 @@ const char* mla_prefill_precision_name(MlaPrefillPrecision p) {
 
 MlaPrefillPrecision mla_prefill_precision_rule(const MlaPrefillHeadsArgs&) { return MlaPrefillPrecision::accurate; }
 
+const char* mla_fast_form_name(MlaFastForm f) {
+  switch (f) {
+    case MlaFastForm::automatic: return "auto";
+    case MlaFastForm::wgmma: return "wgmma";
+    case MlaFastForm::wgmma_pingpong: return "wgmma_pingpong";
+    case MlaFastForm::mma_sync: return "mma_sync";
+  }
+  return "?";
+}
+
+MlaFastForm mla_fast_form_rule() { return MlaFastForm::wgmma; }
+
 MlaPrefillPrecision mla_prefill_heads_precision(const MlaPrefillHeadsArgs& a) {
   return a.precision == MlaPrefillPrecision::automatic ? mla_prefill_precision_rule(a) : a.precision;
 }
@@ -426,9 +438,12 @@ void mla_prefill_heads(const MlaPrefillHeadsArgs& a, cudaStream_t stream, const 
   const bool fast = mla_prefill_heads_precision(a) == MlaPrefillPrecision::fast;
   if (fast && ov && ov->path == MlaPrefillPath::absorbed)
     fail("precision fast with the absorbed path forced; accepted: fast runs the naive path only (automatic or naive)");
-  if (!fast && ov && ov->fast_mma_sync)
-    fail("fast_mma_sync with precision accurate: it picks a form of the fast attention; accepted: fast_mma_sync with "
-         "precision fast only");
+  if (ov && (static_cast<int>(ov->fast_form) < 0 || static_cast<int>(ov->fast_form) > 3))
+    fail("overrides fast_form = " + std::to_string(static_cast<int>(ov->fast_form)) +
+         "; accepted: automatic, wgmma, wgmma_pingpong or mma_sync");
+  if (!fast && ov && ov->fast_form != MlaFastForm::automatic)
+    fail(std::string("fast_form = ") + mla_fast_form_name(ov->fast_form) +
+         " with precision accurate: it picks a form of the fast attention; accepted: fast_form with precision fast only");
   if (fast && ov && ov->p_hi_only)
     fail("precision fast with p_hi_only: the ablation drops a pass of the accurate plan; accepted: p_hi_only with "
          "precision accurate only");
@@ -562,7 +577,8 @@ void mla_prefill_heads(const MlaPrefillHeadsArgs& a, cudaStream_t stream, const 
     kernel<<<grid, NTHR, smem, stream>>>(p);
   };
   static bool attr[3] = {false, false, false};
-  if (fast && !(ov && ov->fast_mma_sync)) {
+  const MlaFastForm form = ov && ov->fast_form != MlaFastForm::automatic ? ov->fast_form : mla_fast_form_rule();
+  if (fast && form != MlaFastForm::mma_sync) {
     mla_prefill_detail::FastAttnArgs fa;
     fa.B = a.B;
     fa.T = a.T;
@@ -575,7 +591,7 @@ void mla_prefill_heads(const MlaPrefillHeadsArgs& a, cudaStream_t stream, const 
     fa.V = static_cast<const bf16_t*>(Vw);
     fa.scale_log2 = p.scale_log2;
     fa.out = a.out;
-    mla_prefill_detail::fast_attention_wgmma(fa, stream);
+    mla_prefill_detail::fast_attention_wgmma(fa, form == MlaFastForm::wgmma_pingpong, stream);
   } else if (fast)
     launch(mla_naive_attn_kernel<kFast>, smem_of(kFast), attr[kFast], "cudaFuncSetAttribute(mla_naive_attn_kernel fast)");
   else if (ov && ov->p_hi_only)

@@ -781,14 +781,14 @@ TEST_CASE("mla prefill heads, naive: the rule's choices (11 pairs > 1024 N)", "[
   CHECK(pick(1, 0) == MlaPrefillPath::naive);
 }
 
-/// Precision fast's attention in its mma.sync form (MlaPrefillOverrides::fast_mma_sync) instead of the wgmma one.
-kernels::MlaPrefillOverrides fast_mma_sync_form() {
+/// Precision fast's attention in form `f` (MlaPrefillOverrides::fast_form).
+kernels::MlaPrefillOverrides fast_form(kernels::MlaFastForm f) {
   kernels::MlaPrefillOverrides ov;
-  ov.fast_mma_sync = true;
+  ov.fast_form = f;
   return ov;
 }
 
-TEST_CASE("mla prefill heads, fast: both attention forms vs float64 and beside accurate, T x N0 (tile edges, prefix), "
+TEST_CASE("mla prefill heads, fast: every attention form vs float64 and beside accurate, T x N0 (tile edges, prefix), "
           "B = 2, H = 32 (16)",
           "[gpu][mla][fast]") {
   using kernels::MlaPrefillPath;
@@ -808,24 +808,29 @@ TEST_CASE("mla prefill heads, fast: both attention forms vs float64 and beside a
     const auto truth = P.truth();
     const auto of = run_heads(P, forced(MlaPrefillPath::automatic), MlaPrefillPrecision::fast);
     const std::size_t cache_f = P.cache_errors();
-    const auto of1 = run_heads(P, fast_mma_sync_form(), MlaPrefillPrecision::fast);
+    const auto of1 = run_heads(P, fast_form(kernels::MlaFastForm::mma_sync), MlaPrefillPrecision::fast);
+    const auto ofp = run_heads(P, fast_form(kernels::MlaFastForm::wgmma_pingpong), MlaPrefillPrecision::fast);
+    const auto ofw = run_heads(P, fast_form(kernels::mla_fast_form_rule()), MlaPrefillPrecision::fast);
     const auto oacc = run_heads(P, forced(MlaPrefillPath::naive), MlaPrefillPrecision::accurate);
-    const auto mf = compare(of, truth), mf1 = compare(of1, truth), macc = compare(oacc, truth);
-    worst = std::max(worst, mf.rel_rms);
+    const auto mf = compare(of, truth), mf1 = compare(of1, truth), mfp = compare(ofp, truth), macc = compare(oacc, truth);
+    worst = std::max(worst, std::max(mf.rel_rms, mfp.rel_rms));
     worst_v1 = std::max(worst_v1, mf1.rel_rms);
-    std::printf("mla prefill heads fast B=2 T=%zu N0=%zu H=%zu sigma=%g: fast rel_rms %.3e (max_abs %.2e), its mma.sync "
-                "form %.3e, accurate %.3e; cache errors %zu\n",
-                c.T, c.N0, c.H, c.sigma, mf.rel_rms, mf.max_abs, mf1.rel_rms, macc.rel_rms, cache_f);
-    CAPTURE(c.T, c.N0, c.H, c.sigma, mf.rel_rms, mf1.rel_rms, macc.rel_rms);
+    std::printf("mla prefill heads fast B=2 T=%zu N0=%zu H=%zu sigma=%g: fast rel_rms %.3e (max_abs %.2e), ping-pong form "
+                "%.3e, mma.sync form %.3e, accurate %.3e; cache errors %zu\n",
+                c.T, c.N0, c.H, c.sigma, mf.rel_rms, mf.max_abs, mfp.rel_rms, mf1.rel_rms, macc.rel_rms, cache_f);
+    CAPTURE(c.T, c.N0, c.H, c.sigma, mf.rel_rms, mfp.rel_rms, mf1.rel_rms, macc.rel_rms);
     REQUIRE(non_finite(of) == 0);
     REQUIRE(non_finite(of1) == 0);
+    REQUIRE(non_finite(ofp) == 0);
+    CHECK(ofw == of);  // the rule's form, named or not
     CHECK(mf.rel_rms <= tol::mla_prefill_fast.value);
+    CHECK(mfp.rel_rms <= tol::mla_prefill_fast.value);
     CHECK(mf1.rel_rms <= tol::mla_prefill_fast.value);
     CHECK(macc.rel_rms <= tol::mla_prefill_heads_goal.value);
     CHECK(macc.rel_rms < mf.rel_rms);  // fast really runs the bf16 plan (and accurate the hi + lo one)
     CHECK(cache_f == 0);
   }
-  std::printf("mla prefill heads fast: worst rel_rms %.3e (mma.sync form %.3e) over %zu cases (budget %.1e)\n", worst,
+  std::printf("mla prefill heads fast: worst rel_rms %.3e (wgmma forms), %.3e (mma.sync form) over %zu cases (budget %.1e)\n", worst,
               worst_v1, cases.size(), tol::mla_prefill_fast.value);
 }
 
@@ -955,12 +960,18 @@ const std::vector<BadCase<HeadsCall>> kHeadsBad = {
        h.ov.p_hi_only = true;
      },
      "mla_prefill_heads: precision fast with p_hi_only"},
-    {"fast_mma_sync with accurate",
+    {"fast_form with accurate",
      [](auto& h) {
        h.a.precision = kernels::MlaPrefillPrecision::accurate;
-       h.ov.fast_mma_sync = true;
+       h.ov.fast_form = kernels::MlaFastForm::mma_sync;
      },
-     "mla_prefill_heads: fast_mma_sync with precision accurate"},
+     "mla_prefill_heads: fast_form = mma_sync with precision accurate"},
+    {"fast_form = 9",
+     [](auto& h) {
+       h.a.precision = kernels::MlaPrefillPrecision::fast;
+       h.ov.fast_form = static_cast<kernels::MlaFastForm>(9);
+     },
+     "mla_prefill_heads: overrides fast_form = 9; accepted: automatic, wgmma, wgmma_pingpong or mma_sync"},
     {"fast workspace too small",
      [](auto& h) {
        h.a.precision = kernels::MlaPrefillPrecision::fast;
