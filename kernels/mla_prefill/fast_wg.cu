@@ -64,6 +64,11 @@ constexpr int OFF_KV = 2 * 64 * DH * 2;
 constexpr int OFF_BAR = OFF_KV + ST * STAGE;
 constexpr std::size_t SMEM = OFF_BAR + 3 * ST * 8 + 1024;  // + slack to align the base to 1024 bytes
 static_assert(SMEM <= 227 * 1024, "fast attention shared memory");
+// setmaxnreg: the producer warpgroup drops to 24 registers a thread and the consumers rise to 240; the exchange balances
+// only when the kernel starts at 168 (65536 / 384, rounded down to a multiple of 8, which __launch_bounds__(384, 1)
+// gives): 128 (168 - 24) = 256 (240 - 168). A consumer's request would otherwise wait for registers forever.
+constexpr int REG_START = 65536 / NTHR / 8 * 8, REG_PRODUCER = 24, REG_CONSUMER = 240;
+static_assert(REG_START == 168 && 128 * (REG_START - REG_PRODUCER) == 256 * (REG_CONSUMER - REG_START), "register exchange");
 
 struct FParams {
   int T, H, N0, N;
