@@ -184,7 +184,7 @@ __global__ void __launch_bounds__(NTHR, 1)
   __syncthreads();
 
   if (tid >= 256) {  // producer warpgroup: one thread issues every copy; its registers go to the consumers
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REG_PRODUCER) : "memory");
     if (tid == 256) {
       const int row0 = b * p.N;  // the sequence's first key row in the [B N] token dimension of the maps
       for (int kt = 0; kt < ntiles; ++kt) {
@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(NTHR, 1)
   }
 
   // ---- consumer warpgroup wg (384 threads x 168 registers at launch; 128 x 24 + 256 x 240 after the exchange)
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REG_CONSUMER) : "memory");
   const int wg = tid / 128, wt = tid % 128, warp = wt / 32, lane = tid % 32, g = lane / 4, cq = lane % 4;
   const int first = q0 + 64 * wg;  // the warpgroup's first query row
   const bool any = first < p.T;
