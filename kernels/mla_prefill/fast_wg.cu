@@ -151,6 +151,17 @@ __device__ __forceinline__ void pack_p(const float* s, std::uint32_t (*pa)[4]) {
   }
 }
 
+/// After the wait for a P V product: its accumulator o and its A fragments pa are settled (the compiler may neither read
+/// o nor reuse pa's registers before this point).
+__device__ __forceinline__ void settle_pv(float* o, std::uint32_t (*pa)[4]) {
+#pragma unroll
+  for (int e = 0; e < 64; ++e) fence_reg(o[e]);
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) fence_reg(pa[kk][e]);
+}
+
 /// One arrival of this warp on `bar` once every lane is past its reads of the stage.
 __device__ __forceinline__ void release(std::uint64_t* bar, int lane) {
   __syncwarp();
@@ -267,12 +278,7 @@ __global__ void __launch_bounds__(NTHR, 1)
       for (int e = 0; e < 64; ++e) fence_reg(s[e]);
       softmax_tile(s, kt * KT, kt * KT + KT - 1 > minpos, pos, cq, p.scale_log2, m, l, c);
       wgmma_wait<0>();  // P V of tile kt - 1 is in: its stage is free, o may be rescaled and pa rewritten
-#pragma unroll
-      for (int e = 0; e < 64; ++e) fence_reg(o[e]);
-#pragma unroll
-      for (int kk = 0; kk < 8; ++kk)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) fence_reg(pa[kk][e]);
+      settle_pv(o, pa);
       release(&empty[sp], lane);
 #pragma unroll
       for (int e = 0; e < 64; ++e) o[e] *= c[(e >> 1) & 1];
@@ -284,12 +290,7 @@ __global__ void __launch_bounds__(NTHR, 1)
     issue_pv(o, pa, kv0 + sl * STAGE + ARR);
     wgmma_commit();
     wgmma_wait<0>();
-#pragma unroll
-    for (int e = 0; e < 64; ++e) fence_reg(o[e]);
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) fence_reg(pa[kk][e]);
+    settle_pv(o, pa);
     release(&empty[sl], lane);
   }
   for (int kt = nt; kt < ntiles; ++kt) {  // past this warpgroup's rows: only the stage's release
