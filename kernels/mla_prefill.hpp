@@ -217,7 +217,7 @@ enum class MlaFastForm : int { automatic = 0, wgmma = 1, wgmma_pingpong = 2, mma
 /// "auto", "wgmma", "wgmma_pingpong" or "mma_sync".
 const char* mla_fast_form_name(MlaFastForm f);
 
-/// The form automatic picks: wgmma. Both wgmma forms are 1.4-2.1x faster than mma_sync on the bench's long shapes;
+/// The form automatic picks: wgmma. Both wgmma forms are 1.5-2.1x faster than mma_sync on the bench's three larger shapes;
 /// wgmma_pingpong's 1-5% lead over wgmma is within the run-to-run spread measured so far
 /// (docs/kernels/mla_prefill.md, "Precision fast, version 2").
 MlaFastForm mla_fast_form_rule();
