@@ -228,6 +228,9 @@ struct MlaPrefillOverrides {
   /// precision fast: which form of the attention runs (mla_fast_form_rule() for automatic); every form runs the same
   /// precision plan
   MlaFastForm fast_form = MlaFastForm::automatic;
+  /// precision fast, wgmma forms: CTAs of the persistent grid (each takes work items of 128 query rows x one head in
+  /// turn); 0: one per SM. Any count gives the same output bit for bit (an item's arithmetic does not depend on its CTA)
+  int fast_ctas = 0;
 };
 
 /// The path mla_prefill_heads() runs: naive in precision fast; else the forced one when ov->path is absorbed or

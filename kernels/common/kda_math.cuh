@@ -89,6 +89,11 @@ __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, i
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
 }
+/// cp.async of 4 bytes (4-byte aligned source) with a source size: src_bytes = 0 writes zeros and reads nothing.
+__device__ __forceinline__ void cp_async4_zfill(void* smem, const void* gmem, int src_bytes) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
+}
 /// Four transposed 8x8 bf16 matrices from shared memory (mma B fragments from a row-major tile).
 __device__ __forceinline__ void ldsm_x4_trans(std::uint32_t* r, const void* smem) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -107,6 +112,14 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 /// decay exp(G), G >= 16 g_min = -80, has <= ~95 ulp (5.7e-6 relative) at the deepest decay and <= 3 ulp for |G| <= 1:
 /// the same order as the fp32 rounding of the cumulative sum G itself (16 additions, ~|G| 2^-24 each).
 __device__ __forceinline__ float fast_exp(float x) { return __expf(x); }
+/// 2^x in fp32 as one MUFU.EX2 (ex2.approx.ftz: <= 2 ulp; results below 2^-126 flush to 0; 2^-inf = 0). exp2f() adds a
+/// range test and two predicated multiplies per call to keep results in the subnormal range, which a softmax weight
+/// below 2^-126 of its row's largest does not need.
+__device__ __forceinline__ float ex2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
 /// Sigmoid(x) = 1 / (1 + exp(-x)) in fp32: fast_exp and a fast reciprocal (__fdividef, <= 2 ulp;
 /// 0 when exp(-x) overflows, i.e. x < -88.7, where the true value is < 3e-39), instead of the IEEE division,
 /// which took ~25 SASS instructions per gate element with its slow-path branch (ncu of the prepare: this change and

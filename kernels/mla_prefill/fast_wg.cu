@@ -27,6 +27,8 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <mutex>
 #include <string>
 
@@ -71,12 +73,33 @@ constexpr int REG_START = 65536 / NTHR / 8 * 8, REG_PRODUCER = 24, REG_CONSUMER 
 static_assert(REG_START == 168 && 128 * (REG_START - REG_PRODUCER) == 256 * (REG_CONSUMER - REG_START), "register exchange");
 
 struct FParams {
-  int T, H, N0, N;
+  int T, H, N0, N, B;
+  int nqt, n_items;  // query tiles of 128 rows per sequence; work items nqt H B
   const bf16_t* q;
   long long sq_b, sq_t;
+  int q16;  // q, sq_b and sq_t allow 16-byte copies (else 4-byte ones)
   float scale_log2;
   float* out;
 };
+
+/// A work item: query tile qt (rows [128 qt, 128 qt + 128)) of head `head` of sequence b.
+struct Item {
+  int qt, head, b;
+};
+/// Item i in the longest-first order: the query tiles from the last one down (a tile's key count grows with qt), every
+/// (head, sequence) of one tile side by side.
+__device__ __forceinline__ Item item_of(const FParams& p, int i) {
+  const int hb = p.H * p.B, r = i / hb, rem = i - r * hb;
+  return {p.nqt - 1 - r, rem % p.H, rem / p.H};
+}
+/// The index of this CTA's j-th item: round j hands items [j G, j G + G) to the G CTAs, in reverse CTA order on odd
+/// rounds (a snake), so a CTA that drew a longer item in one round draws a shorter one in the next.
+__device__ __forceinline__ int item_index(int j) {
+  const int G = static_cast<int>(gridDim.x), c = static_cast<int>(blockIdx.x);
+  return j * G + ((j & 1) ? G - 1 - c : c);
+}
+/// Key tiles of query tile qt: keys 0 .. N0 + min(128 qt + 128, T) - 1.
+__device__ __forceinline__ int tiles_of(const FParams& p, int qt) { return (p.N0 + min(qt * QT + QT, p.T) + KT - 1) / KT; }
 
 /// 128-thread barrier of consumer warpgroup wg (named barrier 1 + wg; 0 is __syncthreads).
 __device__ __forceinline__ void wg_barrier(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory"); }
@@ -104,34 +127,34 @@ __device__ __forceinline__ void issue_pv(float* o, const std::uint32_t (*pa)[4],
 }
 
 /// The online softmax of one tile for this thread's two rows (h = 0: row pos[0], h = 1: pos[1]): s (the m64n128
-/// accumulator: element 4j + e is row half e / 2, key key0 + 8j + 2 cq + e % 2) scaled to the log2 domain and masked
-/// (key > pos: -inf) when `masked`, then replaced by p = 2^(s - m_new); m, l updated; c[h] = 2^(m_old - m_new), the
-/// factor of the rows' accumulator.
+/// accumulator: element 4j + e is row half e / 2, key key0 + 8j + 2 cq + e % 2) masked (key > pos: -inf) when `masked`,
+/// then replaced by p = 2^(s scale_log2 - m_new), one FFMA and one MUFU.EX2 an element; m (in the log2 domain), l
+/// updated; c[h] = 2^(m_old - m_new), the factor of the rows' accumulator. The row maximum is taken on the raw scores
+/// (scale_log2 > 0 keeps their order).
 __device__ __forceinline__ void softmax_tile(float* s, int key0, bool masked, const int* pos, int cq, float scale_log2,
                                              float* m, float* l, float* c) {
   float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
   for (int e = 0; e < 64; ++e) {
     const int h = (e >> 1) & 1;
-    float x = s[e] * scale_log2;
-    if (masked && key0 + 8 * (e / 4) + 2 * cq + (e & 1) > pos[h]) x = -INFINITY;
-    s[e] = x;
-    mx[h] = fmaxf(mx[h], x);
+    if (masked && key0 + 8 * (e / 4) + 2 * cq + (e & 1) > pos[h]) s[e] = -INFINITY;
+    mx[h] = fmaxf(mx[h], s[e]);
   }
   float sum[2] = {0.0f, 0.0f};
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
     mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-    // finite: each warpgroup's first tile holds key 0, allowed for every row
-    const float mn = fmaxf(m[h], mx[h]);
-    c[h] = exp2f(m[h] - mn);  // 0 on the first tile (m = -inf)
+    // finite: each warpgroup's first tile holds key 0, allowed for every row (a whole masked later tile: mx = -inf,
+    // m stays, c = 1)
+    const float mn = fmaxf(m[h], mx[h] * scale_log2);
+    c[h] = ex2_ftz(m[h] - mn);  // 0 on the first tile (m = -inf)
     m[h] = mn;
   }
 #pragma unroll
   for (int e = 0; e < 64; ++e) {
     const int h = (e >> 1) & 1;
-    s[e] = exp2f(s[e] - m[h]);
+    s[e] = ex2_ftz(fmaf(s[e], scale_log2, -m[h]));  // masked: 2^-inf = 0
     sum[h] += s[e];
   }
   l[0] = l[0] * c[0] + sum[0];
@@ -168,15 +191,35 @@ __device__ __forceinline__ void release(std::uint64_t* bar, int lane) {
   if (lane == 0) mb::arrive(bar);
 }
 
+/// Starts the copy of warpgroup wg's 64 q rows of item `it` into its two swizzled column blocks at qs (rows past T:
+/// zeros) by cp.async, one commit group; the caller waits for it (cp_async_wait<0>, then the proxy fence and the
+/// warpgroup's barrier) before the first product that reads qs.
+__device__ __forceinline__ void load_q_async(const FParams& p, const Item& it, unsigned char* qs, int wg, int wt) {
+  const bf16_t* qb = p.q + it.b * p.sq_b + static_cast<long long>(it.head) * DH;
+  const int first = it.qt * QT + 64 * wg;
+#pragma unroll
+  for (int i = 0; i < 64 * 16 / 128; ++i) {
+    const int idx = wt + 128 * i, r = idx / 16, ch = idx % 16, t = first + r;
+    const bool in = t < p.T;
+    const bf16_t* src = in ? qb + t * p.sq_t + ch * 8 : p.q;  // src size 0 reads nothing
+    unsigned char* dst = qs + (ch / 8) * 8192 + sw(r, ch % 8);
+    if (p.q16)
+      cp_async16_zfill(dst, src, in ? 16 : 0);
+    else
+#pragma unroll
+      for (int w = 0; w < 4; ++w) cp_async4_zfill(dst + 4 * w, in ? src + 2 * w : src, in ? 4 : 0);
+  }
+  cp_async_commit();
+}
+
+/// Persistent: gridDim.x CTAs (at most one an SM) take the items in item_index order. The ring's use counter runs on
+/// across a CTA's items in the producer and in both consumer warpgroups alike, so the producer fetches the next item's
+/// first key tiles while the consumers finish the current one; each consumer warpgroup fetches its next q rows by
+/// cp.async as soon as its last scores product of the current item is in.
 template <bool PINGPONG>
 __global__ void __launch_bounds__(NTHR, 1)
     mla_fast_attn_wg_kernel(const __grid_constant__ CUtensorMap tmK, const __grid_constant__ CUtensorMap tmV, FParams p) {
-  const int qt = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);  // longest CTAs first
-  const int head = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x;
-  const int q0 = qt * QT;
-  const int kend = p.N0 + min(q0 + QT, p.T);  // keys 0 .. kend - 1
-  const int ntiles = (kend + KT - 1) / KT;
 
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) & ~std::uintptr_t{1023});
@@ -197,18 +240,25 @@ __global__ void __launch_bounds__(NTHR, 1)
   if (tid >= 256) {  // producer warpgroup: one thread issues every copy; its registers go to the consumers
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REG_PRODUCER) : "memory");
     if (tid == 256) {
-      const int row0 = b * p.N;  // the sequence's first key row in the [B N] token dimension of the maps
-      for (int kt = 0; kt < ntiles; ++kt) {
-        const int s = kt % ST;
-        if (kt >= ST) mb::wait(&empty[s], static_cast<unsigned>(kt / ST - 1) & 1u);
-        unsigned char* st = smem + OFF_KV + s * STAGE;
-        const int r = row0 + kt * KT;
-        mb::arrive_expect_tx(&full_k[s], ARR);
-        mb::tma_load_3d(st, &tmK, 0, head, r, &full_k[s]);
-        mb::tma_load_3d(st + CBK, &tmK, 64, head, r, &full_k[s]);
-        mb::arrive_expect_tx(&full_v[s], ARR);
-        mb::tma_load_3d(st + ARR, &tmV, 0, head, r, &full_v[s]);
-        mb::tma_load_3d(st + ARR + CBK, &tmV, 64, head, r, &full_v[s]);
+      int u = 0;  // ring uses so far
+      for (int j = 0;; ++j) {
+        const int i = item_index(j);
+        if (i >= p.n_items) break;
+        const Item it = item_of(p, i);
+        const int ntiles = tiles_of(p, it.qt);
+        const int row0 = it.b * p.N;  // the sequence's first key row in the [B N] token dimension of the maps
+        for (int kt = 0; kt < ntiles; ++kt, ++u) {
+          const int s = u % ST;
+          if (u >= ST) mb::wait(&empty[s], static_cast<unsigned>(u / ST - 1) & 1u);
+          unsigned char* st = smem + OFF_KV + s * STAGE;
+          const int r = row0 + kt * KT;
+          mb::arrive_expect_tx(&full_k[s], ARR);
+          mb::tma_load_3d(st, &tmK, 0, it.head, r, &full_k[s]);
+          mb::tma_load_3d(st + CBK, &tmK, 64, it.head, r, &full_k[s]);
+          mb::arrive_expect_tx(&full_v[s], ARR);
+          mb::tma_load_3d(st + ARR, &tmV, 0, it.head, r, &full_v[s]);
+          mb::tma_load_3d(st + ARR + CBK, &tmV, 64, it.head, r, &full_v[s]);
+        }
       }
     }
     return;
@@ -217,104 +267,115 @@ __global__ void __launch_bounds__(NTHR, 1)
   // ---- consumer warpgroup wg (384 threads x 168 registers at launch; 128 x 24 + 256 x 240 after the exchange)
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REG_CONSUMER) : "memory");
   const int wg = tid / 128, wt = tid % 128, warp = wt / 32, lane = tid % 32, g = lane / 4, cq = lane % 4;
-  const int first = q0 + 64 * wg;  // the warpgroup's first query row
-  const bool any = first < p.T;
-  const int minpos = p.N0 + first;
-  // tiles up to the last row's position; PINGPONG: every tile of the CTA in both warpgroups (the turns below need equal
-  // counts; a tile past all of a warpgroup's rows is masked whole: p = 0, and m stays the finite max of tile 0)
-  const int nt = PINGPONG ? ntiles : any ? (p.N0 + min(first + 63, p.T - 1)) / KT + 1 : 0;
-  const int ra = first + 16 * warp + g, rb = ra + 8;
-  const int pos[2] = {p.N0 + min(ra, p.T - 1), p.N0 + min(rb, p.T - 1)};  // rows past T: clamped, not written
   unsigned char* qs = smem + OFF_Q + wg * (64 * DH * 2);
-  {  // q rows -> two swizzled column blocks (rows past T: zeros); 4-byte loads (the token stride is even)
-    const bf16_t* qb = p.q + b * p.sq_b + static_cast<long long>(head) * DH;
-#pragma unroll
-    for (int i = 0; i < 64 * 16 / 128; ++i) {
-      const int idx = wt + 128 * i, r = idx / 16, ch = idx % 16, t = first + r;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (t < p.T) {
-        const bf16_t* src = qb + t * p.sq_t + ch * 8;
-        v.x = ld32(src); v.y = ld32(src + 2); v.z = ld32(src + 4); v.w = ld32(src + 6);
-      }
-      *reinterpret_cast<uint4*>(qs + (ch / 8) * 8192 + sw(r, ch % 8)) = v;
-    }
-    fence_async_smem();
-  }
-  wg_barrier(wg);
-
   const std::uint32_t q_addr = mb::smem_u32(qs), kv0 = mb::smem_u32(smem + OFF_KV);
-  float o[64], s[64];
-#pragma unroll
-  for (int e = 0; e < 64; ++e) o[e] = s[e] = 0.0f;
-  std::uint32_t pa[8][4];
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, c[2];
+  const auto stage = [](int u) { return u % ST; };
+  const auto parity = [](int u) { return static_cast<unsigned>(u / ST) & 1u; };
 
-  if (PINGPONG && wg == 1) turn_give(wg);  // warpgroup 0 issues first
-  if (nt > 0) {
-    mb::wait(&full_k[0], 0);
-    if (PINGPONG) turn_wait(wg);
-    wgmma_fence();
-    issue_scores(s, q_addr, kv0);
-    wgmma_commit();
-    if (PINGPONG && !(wg == 1 && nt == 1)) turn_give(wg);  // warpgroup 1's last issue hands nothing over
-    wgmma_wait<0>();
+  int i = item_index(0);
+  if (i < p.n_items) load_q_async(p, item_of(p, i), qs, wg, wt);
+  int u0 = 0;  // ring uses before this item
+  for (int j = 0; i < p.n_items; ++j) {
+    const Item it = item_of(p, i);
+    const int inext = item_index(j + 1);
+    const int ntiles = tiles_of(p, it.qt);
+    const int first = it.qt * QT + 64 * wg;  // the warpgroup's first query row
+    const bool any = first < p.T;
+    const int minpos = p.N0 + first;
+    // tiles up to the last row's position; PINGPONG: every tile of the item in both warpgroups (the turns below need
+    // equal counts; a tile past all of a warpgroup's rows is masked whole: p = 0, and m stays the finite max of tile 0)
+    const int nt = PINGPONG ? ntiles : any ? (p.N0 + min(first + 63, p.T - 1)) / KT + 1 : 0;
+    const int ra = first + 16 * warp + g, rb = ra + 8;
+    const int pos[2] = {p.N0 + min(ra, p.T - 1), p.N0 + min(rb, p.T - 1)};  // rows past T: clamped, not written
+    // this item's q rows are in (and every thread of the warpgroup is past the previous item)
+    cp_async_wait<0>();
+    fence_async_smem();
+    wg_barrier(wg);
+    // the next item's q rows, once this item's last scores product has read qs
+    const auto prefetch_q = [&]() {
+      if (inext >= p.n_items) return;
+      wg_barrier(wg);  // every warp's share of the product is in
+      load_q_async(p, item_of(p, inext), qs, wg, wt);
+    };
+    if (nt == 0) prefetch_q();
+
+    float o[64], s[64];
 #pragma unroll
-    for (int e = 0; e < 64; ++e) fence_reg(s[e]);
-    softmax_tile(s, 0, KT - 1 > minpos, pos, cq, p.scale_log2, m, l, c);
-    pack_p(s, pa);
-    for (int kt = 1; kt < nt; ++kt) {
-      const int st = kt % ST, sp = (kt - 1) % ST;
-      mb::wait(&full_k[st], static_cast<unsigned>(kt / ST) & 1u);
-      mb::wait(&full_v[sp], static_cast<unsigned>((kt - 1) / ST) & 1u);
+    for (int e = 0; e < 64; ++e) o[e] = s[e] = 0.0f;
+    std::uint32_t pa[8][4];
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, c[2];
+
+    if (PINGPONG && wg == 1) turn_give(wg);  // warpgroup 0 issues first
+    if (nt > 0) {
+      mb::wait(&full_k[stage(u0)], parity(u0));
       if (PINGPONG) turn_wait(wg);
       wgmma_fence();
-      issue_scores(s, q_addr, kv0 + st * STAGE);
+      issue_scores(s, q_addr, kv0 + stage(u0) * STAGE);
       wgmma_commit();
-      issue_pv(o, pa, kv0 + sp * STAGE + ARR);
-      wgmma_commit();
-      if (PINGPONG && !(wg == 1 && kt == nt - 1)) turn_give(wg);
-      wgmma_wait<1>();  // the scores (the older group) are in
+      if (PINGPONG && !(wg == 1 && nt == 1)) turn_give(wg);  // warpgroup 1's last issue hands nothing over
+      wgmma_wait<0>();
 #pragma unroll
       for (int e = 0; e < 64; ++e) fence_reg(s[e]);
-      softmax_tile(s, kt * KT, kt * KT + KT - 1 > minpos, pos, cq, p.scale_log2, m, l, c);
-      wgmma_wait<0>();  // P V of tile kt - 1 is in: its stage is free, o may be rescaled and pa rewritten
-      settle_pv(o, pa);
-      release(&empty[sp], lane);
-#pragma unroll
-      for (int e = 0; e < 64; ++e) o[e] *= c[(e >> 1) & 1];
+      if (nt == 1) prefetch_q();
+      softmax_tile(s, 0, KT - 1 > minpos, pos, cq, p.scale_log2, m, l, c);
       pack_p(s, pa);
+      for (int kt = 1; kt < nt; ++kt) {
+        const int un = u0 + kt, up = un - 1;
+        mb::wait(&full_k[stage(un)], parity(un));
+        mb::wait(&full_v[stage(up)], parity(up));
+        if (PINGPONG) turn_wait(wg);
+        wgmma_fence();
+        issue_scores(s, q_addr, kv0 + stage(un) * STAGE);
+        wgmma_commit();
+        issue_pv(o, pa, kv0 + stage(up) * STAGE + ARR);
+        wgmma_commit();
+        if (PINGPONG && !(wg == 1 && kt == nt - 1)) turn_give(wg);
+        wgmma_wait<1>();  // the scores (the older group) are in
+#pragma unroll
+        for (int e = 0; e < 64; ++e) fence_reg(s[e]);
+        if (kt == nt - 1) prefetch_q();
+        softmax_tile(s, kt * KT, kt * KT + KT - 1 > minpos, pos, cq, p.scale_log2, m, l, c);
+        wgmma_wait<0>();  // P V of tile kt - 1 is in: its stage is free, o may be rescaled and pa rewritten
+        settle_pv(o, pa);
+        release(&empty[stage(up)], lane);
+#pragma unroll
+        for (int e = 0; e < 64; ++e) o[e] *= c[(e >> 1) & 1];
+        pack_p(s, pa);
+      }
+      const int ul = u0 + nt - 1;
+      mb::wait(&full_v[stage(ul)], parity(ul));
+      wgmma_fence();
+      issue_pv(o, pa, kv0 + stage(ul) * STAGE + ARR);
+      wgmma_commit();
+      wgmma_wait<0>();
+      settle_pv(o, pa);
+      release(&empty[stage(ul)], lane);
     }
-    const int sl = (nt - 1) % ST;
-    mb::wait(&full_v[sl], static_cast<unsigned>((nt - 1) / ST) & 1u);
-    wgmma_fence();
-    issue_pv(o, pa, kv0 + sl * STAGE + ARR);
-    wgmma_commit();
-    wgmma_wait<0>();
-    settle_pv(o, pa);
-    release(&empty[sl], lane);
-  }
-  for (int kt = nt; kt < ntiles; ++kt) {  // past this warpgroup's rows: only the stage's release
-    const int st = kt % ST;
-    mb::wait(&full_v[st], static_cast<unsigned>(kt / ST) & 1u);
-    release(&empty[st], lane);
-  }
-  if (!any) return;
+    for (int kt = nt; kt < ntiles; ++kt) {  // past this warpgroup's rows: only the stage's release
+      const int uk = u0 + kt;
+      mb::wait(&full_v[stage(uk)], parity(uk));
+      release(&empty[stage(uk)], lane);
+    }
+    u0 += ntiles;
+    i = inext;
+    if (!any) continue;
 
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-  }
-  const float ia = 1.0f / l[0], ib = 1.0f / l[1];
-  float* ob = p.out + (static_cast<long long>(b) * p.T * p.H + head) * DH;
+    for (int h = 0; h < 2; ++h) {
+      l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+      l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    }
+    const float ia = 1.0f / l[0], ib = 1.0f / l[1];
+    float* ob = p.out + (static_cast<long long>(it.b) * p.T * p.H + it.head) * DH;
 #pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    const int col = 8 * j + 2 * cq;
-    if (ra < p.T)
-      *reinterpret_cast<float2*>(ob + static_cast<long long>(ra) * p.H * DH + col) = make_float2(o[4 * j] * ia, o[4 * j + 1] * ia);
-    if (rb < p.T)
-      *reinterpret_cast<float2*>(ob + static_cast<long long>(rb) * p.H * DH + col) =
-          make_float2(o[4 * j + 2] * ib, o[4 * j + 3] * ib);
+    for (int jj = 0; jj < 16; ++jj) {
+      const int col = 8 * jj + 2 * cq;
+      if (ra < p.T)
+        *reinterpret_cast<float2*>(ob + static_cast<long long>(ra) * p.H * DH + col) = make_float2(o[4 * jj] * ia, o[4 * jj + 1] * ia);
+      if (rb < p.T)
+        *reinterpret_cast<float2*>(ob + static_cast<long long>(rb) * p.H * DH + col) =
+            make_float2(o[4 * jj + 2] * ib, o[4 * jj + 3] * ib);
+    }
   }
 }
 
@@ -360,17 +421,31 @@ void fast_attention_wgmma(const FastAttnArgs& a, bool pingpong, cudaStream_t str
     throw Error("mla_prefill_heads: B (N0 + T) = " + std::to_string(rows) +
                 " key rows; accepted for precision fast: fewer than 2^31 - 128 (TMA coordinates are 32-bit)");
   const CUtensorMap tk = kv_map(a.K, a.H, rows, "K"), tv = kv_map(a.V, a.H, rows, "V");
+  const long long nqt = (static_cast<long long>(a.T) + QT - 1) / QT, n_items = nqt * a.H * a.B;
+  if (n_items >= (1LL << 30))  // item indices stay below 2^31 with a round of slack
+    throw Error("mla_prefill_heads: ceil(T / 128) H B = " + std::to_string(n_items) +
+                " work items; accepted for precision fast: fewer than 2^30");
   FParams p{};
   p.T = a.T;
   p.H = a.H;
   p.N0 = a.N0;
   p.N = a.N0 + a.T;
+  p.B = a.B;
+  p.nqt = static_cast<int>(nqt);
+  p.n_items = static_cast<int>(n_items);
   p.q = a.q;
   p.sq_b = a.sq_b;
   p.sq_t = a.sq_t;
+  p.q16 = reinterpret_cast<std::uintptr_t>(a.q) % 16 == 0 && a.sq_t % 8 == 0 && a.sq_b % 8 == 0;
   p.scale_log2 = a.scale_log2;
   p.out = a.out;
-  const dim3 grid(static_cast<unsigned>((a.T + QT - 1) / QT), static_cast<unsigned>(a.H), static_cast<unsigned>(a.B));
+  int ctas = a.ctas;
+  if (ctas <= 0) {  // one CTA an SM
+    int dev = 0;
+    cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
+    cuda_check(cudaDeviceGetAttribute(&ctas, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute(SM count)");
+  }
+  const dim3 grid(static_cast<unsigned>(std::min<long long>(ctas, n_items)));
   const auto launch = [&](auto kernel, bool& attr) {
     if (!attr) {  // once per form (a call inside graph capture sets nothing)
       cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(SMEM)),

@@ -20,6 +20,7 @@ struct FastAttnArgs {
   const bf16_t* V = nullptr;
   float scale_log2 = 0.0f;  ///< softmax scale times log2(e)
   float* out = nullptr;
+  int ctas = 0;  ///< CTAs of the persistent grid; 0: one per SM (at most one per work item)
 };
 
 /// Launches the attention on `stream`; `pingpong`: the form whose two consumer warpgroups issue their products in

@@ -441,6 +441,12 @@ void mla_prefill_heads(const MlaPrefillHeadsArgs& a, cudaStream_t stream, const 
   if (ov && (static_cast<int>(ov->fast_form) < 0 || static_cast<int>(ov->fast_form) > 3))
     fail("overrides fast_form = " + std::to_string(static_cast<int>(ov->fast_form)) +
          "; accepted: automatic, wgmma, wgmma_pingpong or mma_sync");
+  if (ov && ov->fast_ctas < 0)
+    fail("overrides fast_ctas = " + std::to_string(ov->fast_ctas) + "; accepted: 0 (one CTA per SM) or a CTA count >= 1");
+  if (ov && ov->fast_ctas != 0 &&
+      (!fast || (ov->fast_form != MlaFastForm::automatic ? ov->fast_form : mla_fast_form_rule()) == MlaFastForm::mma_sync))
+    fail("overrides fast_ctas = " + std::to_string(ov->fast_ctas) +
+         " sizes the persistent grid of the wgmma forms; accepted: fast_ctas with precision fast and a wgmma form only");
   if (!fast && ov && ov->fast_form != MlaFastForm::automatic)
     fail(std::string("fast_form = ") + mla_fast_form_name(ov->fast_form) +
          " with precision accurate: it picks a form of the fast attention; accepted: fast_form with precision fast only");
@@ -591,6 +597,7 @@ void mla_prefill_heads(const MlaPrefillHeadsArgs& a, cudaStream_t stream, const 
     fa.V = static_cast<const bf16_t*>(Vw);
     fa.scale_log2 = p.scale_log2;
     fa.out = a.out;
+    fa.ctas = ov ? ov->fast_ctas : 0;
     mla_prefill_detail::fast_attention_wgmma(fa, form == MlaFastForm::wgmma_pingpong, stream);
   } else if (fast)
     launch(mla_naive_attn_kernel<kFast>, smem_of(kFast), attr[kFast], "cudaFuncSetAttribute(mla_naive_attn_kernel fast)");

@@ -856,6 +856,57 @@ TEST_CASE("mla prefill heads, fast: a CUDA graph of the call equals the direct c
   CHECK(P.cache_errors() == 0);
 }
 
+TEST_CASE("mla prefill heads, fast: the persistent grid's size does not change o, bit for bit", "[gpu][mla][fast]") {
+  // B = 2, T = 300, H = 32: 3 query tiles x 32 heads x 2 sequences = 192 work items, so one CTA takes all of them in
+  // turn (the ring's phases run on across items), 7 CTAs take 27-28 each in the snake order, and the default (one per
+  // SM) takes one or two each; N0 = 37 puts each item's diagonal inside a key tile
+  HeadsProblem P(2, 300, 32, 37);
+  for (const auto form : {kernels::MlaFastForm::wgmma, kernels::MlaFastForm::wgmma_pingpong}) {
+    kernels::MlaPrefillOverrides ov = fast_form(form);
+    const auto by_sm = run_heads(P, ov, kernels::MlaPrefillPrecision::fast);
+    REQUIRE(non_finite(by_sm) == 0);
+    for (int ctas : {1, 7, 191, 192, 500}) {
+      ov.fast_ctas = ctas;
+      const auto o = run_heads(P, ov, kernels::MlaPrefillPrecision::fast);
+      std::printf("mla prefill heads fast %s, %d CTAs: identical to one CTA per SM: %s\n", kernels::mla_fast_form_name(form),
+                  ctas, o == by_sm ? "yes" : "no");
+      CAPTURE(kernels::mla_fast_form_name(form), ctas);
+      CHECK(o == by_sm);
+    }
+  }
+}
+
+TEST_CASE("mla prefill heads, fast: a q token stride that is not a multiple of 16 bytes gives the same o, bit for bit",
+          "[gpu][mla][fast]") {
+  // q rows 4-byte aligned only (sqc_t = H 128 + 2 elements): the q copies fall back from 16-byte to 4-byte pieces
+  HeadsProblem P(2, 130, 32, 37);
+  const auto dense = run_heads(P, forced(kernels::MlaPrefillPath::automatic), kernels::MlaPrefillPrecision::fast);
+  const std::size_t row = P.H * 128, stride = row + 2;
+  std::vector<bf16_t> qs(P.B * P.T * stride, 0xFFFF);  // the gaps: NaN, never read
+  for (std::size_t bt = 0; bt < P.B * P.T; ++bt)
+    for (std::size_t j = 0; j < row; ++j) qs[bt * stride + j] = bf16_bits(P.qc[bt * row + j]);
+  DevBuf qdev(qs.size() * 2);
+  copy_bits(qdev, qs);
+  P.upload();
+  kernels::MlaPrefillHeadsArgs a = P.args();
+  a.precision = kernels::MlaPrefillPrecision::fast;
+  a.q_C = qdev.as<bf16_t>();
+  a.sqc_t = static_cast<long long>(stride);
+  DevBuf out(P.B * P.T * P.H * 128 * 4), ws(kernels::mla_prefill_heads_workspace_bytes(a));
+  out.poison();
+  ws.poison();
+  a.out = out.as<float>();
+  a.workspace = ws.p;
+  a.workspace_bytes = ws.bytes;
+  kernels::mla_prefill_heads(a, nullptr);
+  cuda_check(cudaDeviceSynchronize(), "mla_prefill_heads (strided q)");
+  const auto strided = download_f32(out);
+  std::printf("mla prefill heads fast: q with token stride %zu elements identical to the dense q: %s\n", stride,
+              strided == dense ? "yes" : "no");
+  REQUIRE(non_finite(dense) == 0);
+  CHECK(strided == dense);
+}
+
 TEST_CASE("mla prefill heads, fast: identical keys and very large logits give no NaN", "[gpu][mla][fast]") {
   for (double sigma : {1.0, 1000.0})
     for (bool identical : {true, false}) {
@@ -972,6 +1023,25 @@ const std::vector<BadCase<HeadsCall>> kHeadsBad = {
        h.ov.fast_form = static_cast<kernels::MlaFastForm>(9);
      },
      "mla_prefill_heads: overrides fast_form = 9; accepted: automatic, wgmma, wgmma_pingpong or mma_sync"},
+    {"fast_ctas = -1",
+     [](auto& h) {
+       h.a.precision = kernels::MlaPrefillPrecision::fast;
+       h.ov.fast_ctas = -1;
+     },
+     "mla_prefill_heads: overrides fast_ctas = -1; accepted: 0 (one CTA per SM) or a CTA count >= 1"},
+    {"fast_ctas with accurate",
+     [](auto& h) {
+       h.a.precision = kernels::MlaPrefillPrecision::accurate;
+       h.ov.fast_ctas = 4;
+     },
+     "mla_prefill_heads: overrides fast_ctas = 4 sizes the persistent grid of the wgmma forms; accepted"},
+    {"fast_ctas with mma_sync",
+     [](auto& h) {
+       h.a.precision = kernels::MlaPrefillPrecision::fast;
+       h.ov.fast_form = kernels::MlaFastForm::mma_sync;
+       h.ov.fast_ctas = 4;
+     },
+     "mla_prefill_heads: overrides fast_ctas = 4 sizes the persistent grid of the wgmma forms; accepted"},
     {"fast workspace too small",
      [](auto& h) {
        h.a.precision = kernels::MlaPrefillPrecision::fast;
