@@ -188,6 +188,18 @@ struct MlaPrefillHeadsArgs {
   const bf16_t* W_UV = nullptr;   ///< [H d_v, d_c] bf16, 4-byte aligned
   float scale = 0.0f;             ///< softmax scale, explicit: 1/sqrt(d_nope + d_rope) of the layer
   MlaPrefillPrecision precision = MlaPrefillPrecision::automatic;  ///< see MlaPrefillPrecision
+  /// Packed sequences of different lengths (varlen; the naive path, either precision). Optional device int32
+  /// [num_seqs + 1], cu_seqlens[0] = 0, nondecreasing, cu_seqlens[num_seqs] = T: sequence n's new tokens are the packed
+  /// rows cu_seqlens[n] .. cu_seqlens[n + 1] - 1 of q_C, c_new and out (B must be 1; T = all new tokens; sqc_t and
+  /// sn_t step a packed row, sn_b is unused). Its cache is sequence n of c ([num_seqs, N_max, sc_t]), with N0_n
+  /// tokens cached before the call.
+  const int* cu_seqlens = nullptr;
+  /// With cu_seqlens: optional device int32 [num_seqs], N0_n of each sequence, each in 0 .. prefix; null: every
+  /// N0_n = prefix. `prefix` is then a host-known bound on the N0_n (it sizes the workspace).
+  const int* prefix_lens = nullptr;
+  int num_seqs = 0;    ///< with cu_seqlens: sequences, 1 .. 65535
+  int max_seqlen = 0;  ///< with cu_seqlens: a host-known bound on every sequence's new tokens, >= 1; prefix + max_seqlen <= capacity
+  // The device arrays' values are not read on the host: lengths outside these bounds are undefined behaviour.
   void* workspace = nullptr;      ///< device scratch of >= mla_prefill_heads_workspace_bytes(args) bytes, 256-byte aligned
   std::size_t workspace_bytes = 0;
   float* out = nullptr;           ///< o [B, T, H, d_v] fp32, 8-byte aligned
@@ -233,13 +245,14 @@ struct MlaPrefillOverrides {
   int fast_ctas = 0;
 };
 
-/// The path mla_prefill_heads() runs: naive in precision fast; else the forced one when ov->path is absorbed or
-/// naive, else mla_prefill_path_rule(a). No checks, no CUDA calls.
+/// The path mla_prefill_heads() runs: naive in precision fast or with cu_seqlens; else the forced one when ov->path is
+/// absorbed or naive, else mla_prefill_path_rule(a). No checks, no CUDA calls.
 MlaPrefillPath mla_prefill_heads_path(const MlaPrefillHeadsArgs& a, const MlaPrefillOverrides* ov = nullptr);
 
 /// Workspace bytes mla_prefill_heads() needs for `a` on the path mla_prefill_heads_path(a, ov) picks:
 /// naive 2 B (N0 + T) H d_nope 4 (fp32 K and V, split in place into bf16 hi + lo; precision fast: 2 bytes, bf16 K
-/// and V); absorbed
+/// and V; with cu_seqlens num_seqs (prefix + max_seqlen) in place of B (N0 + T): every sequence gets the rows of the
+/// longest); absorbed
 /// B T H d_c (2 + 2 + 4) (q~ hi, lo, a) + H d_v d_c 4 (W_UV in fp32), each part rounded up to 256 bytes.
 /// Errors: kdalab::Error on B, T, H or prefix out of range (no CUDA calls).
 std::size_t mla_prefill_heads_workspace_bytes(const MlaPrefillHeadsArgs& a, const MlaPrefillOverrides* ov = nullptr);
@@ -249,7 +262,8 @@ std::size_t mla_prefill_heads_workspace_bytes(const MlaPrefillHeadsArgs& a, cons
 /// on the first call, on the device current then; not for CUDA-graph capture on its first call). Errors:
 /// kdalab::Error naming the argument, its value and what is accepted (unsupported widths, T < 1, N0 < 0,
 /// N0 + T > capacity, null or misaligned pointers, bad strides, scale not finite and > 0, workspace too small, an
-/// override or a precision out of range, precision fast with the absorbed path or p_hi_only forced), before anything
+/// override or a precision out of range, precision fast with the absorbed path or p_hi_only forced, cu_seqlens with
+/// B != 1, the absorbed path forced or num_seqs, max_seqlen out of range), before anything
 /// is launched; CUDA and cuBLAS errors throw kdalab::Error with their message.
 void mla_prefill_heads(const MlaPrefillHeadsArgs& a, cudaStream_t stream, const MlaPrefillOverrides* ov = nullptr);
 

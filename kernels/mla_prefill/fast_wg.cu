@@ -22,8 +22,9 @@
 // stage's release.
 // The ping-pong form (template PINGPONG; FlashAttention-3's inter-warpgroup schedule) adds turns: the two warpgroups
 // issue their products in alternation (two named barriers), so that one's softmax runs under the other's products;
-// both then run every tile of the CTA. Keys past the sequence's end come from the next sequence or, past the tensor, as TMA zeros: the causal
-// mask removes them (and P = 0 times a finite V is 0).
+// both then run every tile of the item. Keys past the sequence's end come from the next sequence (packed sequences: the
+// zeroed rows of the slot) or, past the tensor, as TMA zeros: the causal mask removes them (and P = 0 times a finite V
+// is 0).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -73,7 +74,9 @@ constexpr int REG_START = 65536 / NTHR / 8 * 8, REG_PRODUCER = 24, REG_CONSUMER 
 static_assert(REG_START == 168 && 128 * (REG_START - REG_PRODUCER) == 256 * (REG_CONSUMER - REG_START), "register exchange");
 
 struct FParams {
-  int T, H, N0, N, B;
+  int T, H, N0, NK, B;  // T: queries of the longest sequence; NK: K and V rows a sequence
+  const int* cu;        // packed sequences: cu_seqlens [B + 1], else null
+  const int* n0s;       // packed: each sequence's N0, or null (every N0 = N0)
   int nqt, n_items;  // query tiles of 128 rows per sequence; work items nqt H B
   const bf16_t* q;
   long long sq_b, sq_t;
@@ -82,15 +85,23 @@ struct FParams {
   float* out;
 };
 
-/// A work item: query tile qt (rows [128 qt, 128 qt + 128)) of head `head` of sequence b.
+/// A work item: query tile qt (rows [128 qt, 128 qt + 128)) of head `head` of sequence b, which has T queries (q and o
+/// rows from row0) and N0 cached keys.
 struct Item {
-  int qt, head, b;
+  int qt, head, b, T, N0;
+  long long row0;
 };
 /// Item i in the longest-first order: the query tiles from the last one down (a tile's key count grows with qt), every
-/// (head, sequence) of one tile side by side.
+/// (head, sequence) of one tile side by side. Packed sequences shorter than the longest leave empty items (T <= 128 qt).
 __device__ __forceinline__ Item item_of(const FParams& p, int i) {
-  const int hb = p.H * p.B, r = i / hb, rem = i - r * hb;
-  return {p.nqt - 1 - r, rem % p.H, rem / p.H};
+  const int hb = p.H * p.B, r = i / hb, rem = i - r * hb, b = rem / p.H;
+  Item it{p.nqt - 1 - r, rem % p.H, b, p.T, p.N0, static_cast<long long>(b) * p.T};
+  if (p.cu) {
+    it.row0 = p.cu[b];
+    it.T = p.cu[b + 1] - p.cu[b];
+    if (p.n0s) it.N0 = p.n0s[b];
+  }
+  return it;
 }
 /// The index of this CTA's j-th item: round j hands items [j G, j G + G) to the G CTAs, in reverse CTA order on odd
 /// rounds (a snake), so a CTA that drew a longer item in one round draws a shorter one in the next.
@@ -98,8 +109,10 @@ __device__ __forceinline__ int item_index(int j) {
   const int G = static_cast<int>(gridDim.x), c = static_cast<int>(blockIdx.x);
   return j * G + ((j & 1) ? G - 1 - c : c);
 }
-/// Key tiles of query tile qt: keys 0 .. N0 + min(128 qt + 128, T) - 1.
-__device__ __forceinline__ int tiles_of(const FParams& p, int qt) { return (p.N0 + min(qt * QT + QT, p.T) + KT - 1) / KT; }
+/// Key tiles of an item: keys 0 .. N0 + min(128 qt + 128, T) - 1; none for an empty item.
+__device__ __forceinline__ int tiles_of(const Item& it) {
+  return it.qt * QT < it.T ? (it.N0 + min(it.qt * QT + QT, it.T) + KT - 1) / KT : 0;
+}
 
 /// 128-thread barrier of consumer warpgroup wg (named barrier 1 + wg; 0 is __syncthreads).
 __device__ __forceinline__ void wg_barrier(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory"); }
@@ -195,12 +208,12 @@ __device__ __forceinline__ void release(std::uint64_t* bar, int lane) {
 /// zeros) by cp.async, one commit group; the caller waits for it (cp_async_wait<0>, then the proxy fence and the
 /// warpgroup's barrier) before the first product that reads qs.
 __device__ __forceinline__ void load_q_async(const FParams& p, const Item& it, unsigned char* qs, int wg, int wt) {
-  const bf16_t* qb = p.q + it.b * p.sq_b + static_cast<long long>(it.head) * DH;
+  const bf16_t* qb = p.q + (p.cu ? it.row0 * p.sq_t : it.b * p.sq_b) + static_cast<long long>(it.head) * DH;
   const int first = it.qt * QT + 64 * wg;
 #pragma unroll
   for (int i = 0; i < 64 * 16 / 128; ++i) {
     const int idx = wt + 128 * i, r = idx / 16, ch = idx % 16, t = first + r;
-    const bool in = t < p.T;
+    const bool in = t < it.T;
     const bf16_t* src = in ? qb + t * p.sq_t + ch * 8 : p.q;  // src size 0 reads nothing
     unsigned char* dst = qs + (ch / 8) * 8192 + sw(r, ch % 8);
     if (p.q16)
@@ -245,8 +258,8 @@ __global__ void __launch_bounds__(NTHR, 1)
         const int i = item_index(j);
         if (i >= p.n_items) break;
         const Item it = item_of(p, i);
-        const int ntiles = tiles_of(p, it.qt);
-        const int row0 = it.b * p.N;  // the sequence's first key row in the [B N] token dimension of the maps
+        const int ntiles = tiles_of(it);
+        const int row0 = it.b * p.NK;  // the sequence's first key row in the [B NK] token dimension of the maps
         for (int kt = 0; kt < ntiles; ++kt, ++u) {
           const int s = u % ST;
           if (u >= ST) mb::wait(&empty[s], static_cast<unsigned>(u / ST - 1) & 1u);
@@ -278,15 +291,15 @@ __global__ void __launch_bounds__(NTHR, 1)
   for (int j = 0; i < p.n_items; ++j) {
     const Item it = item_of(p, i);
     const int inext = item_index(j + 1);
-    const int ntiles = tiles_of(p, it.qt);
+    const int ntiles = tiles_of(it);
     const int first = it.qt * QT + 64 * wg;  // the warpgroup's first query row
-    const bool any = first < p.T;
-    const int minpos = p.N0 + first;
+    const bool any = first < it.T;
+    const int minpos = it.N0 + first;
     // tiles up to the last row's position; PINGPONG: every tile of the item in both warpgroups (the turns below need
     // equal counts; a tile past all of a warpgroup's rows is masked whole: p = 0, and m stays the finite max of tile 0)
-    const int nt = PINGPONG ? ntiles : any ? (p.N0 + min(first + 63, p.T - 1)) / KT + 1 : 0;
+    const int nt = PINGPONG ? ntiles : any ? (it.N0 + min(first + 63, it.T - 1)) / KT + 1 : 0;
     const int ra = first + 16 * warp + g, rb = ra + 8;
-    const int pos[2] = {p.N0 + min(ra, p.T - 1), p.N0 + min(rb, p.T - 1)};  // rows past T: clamped, not written
+    const int pos[2] = {it.N0 + min(ra, it.T - 1), it.N0 + min(rb, it.T - 1)};  // rows past T: clamped, not written
     // this item's q rows are in (and every thread of the warpgroup is past the previous item)
     cp_async_wait<0>();
     fence_async_smem();
@@ -305,7 +318,7 @@ __global__ void __launch_bounds__(NTHR, 1)
     std::uint32_t pa[8][4];
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, c[2];
 
-    if (PINGPONG && wg == 1) turn_give(wg);  // warpgroup 0 issues first
+    if (PINGPONG && wg == 1 && nt > 0) turn_give(wg);  // warpgroup 0 issues first (an empty item: no turns)
     if (nt > 0) {
       mb::wait(&full_k[stage(u0)], parity(u0));
       if (PINGPONG) turn_wait(wg);
@@ -366,13 +379,13 @@ __global__ void __launch_bounds__(NTHR, 1)
       l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
     }
     const float ia = 1.0f / l[0], ib = 1.0f / l[1];
-    float* ob = p.out + (static_cast<long long>(it.b) * p.T * p.H + it.head) * DH;
+    float* ob = p.out + (it.row0 * p.H + it.head) * DH;
 #pragma unroll
     for (int jj = 0; jj < 16; ++jj) {
       const int col = 8 * jj + 2 * cq;
-      if (ra < p.T)
+      if (ra < it.T)
         *reinterpret_cast<float2*>(ob + static_cast<long long>(ra) * p.H * DH + col) = make_float2(o[4 * jj] * ia, o[4 * jj + 1] * ia);
-      if (rb < p.T)
+      if (rb < it.T)
         *reinterpret_cast<float2*>(ob + static_cast<long long>(rb) * p.H * DH + col) =
             make_float2(o[4 * jj + 2] * ib, o[4 * jj + 3] * ib);
     }
@@ -416,9 +429,9 @@ CUtensorMap kv_map(const bf16_t* base, int H, long long rows, const char* name) 
 }  // namespace
 
 void fast_attention_wgmma(const FastAttnArgs& a, bool pingpong, cudaStream_t stream) {
-  const long long rows = static_cast<long long>(a.B) * (static_cast<long long>(a.N0) + a.T);
+  const long long rows = static_cast<long long>(a.B) * a.NK;
   if (rows + KT >= (1LL << 31))
-    throw Error("mla_prefill_heads: B (N0 + T) = " + std::to_string(rows) +
+    throw Error("mla_prefill_heads: K and V rows (sequences x N0 + T) = " + std::to_string(rows) +
                 " key rows; accepted for precision fast: fewer than 2^31 - 128 (TMA coordinates are 32-bit)");
   const CUtensorMap tk = kv_map(a.K, a.H, rows, "K"), tv = kv_map(a.V, a.H, rows, "V");
   const long long nqt = (static_cast<long long>(a.T) + QT - 1) / QT, n_items = nqt * a.H * a.B;
@@ -429,8 +442,10 @@ void fast_attention_wgmma(const FastAttnArgs& a, bool pingpong, cudaStream_t str
   p.T = a.T;
   p.H = a.H;
   p.N0 = a.N0;
-  p.N = a.N0 + a.T;
+  p.NK = a.NK;
   p.B = a.B;
+  p.cu = a.cu;
+  p.n0s = a.n0s;
   p.nqt = static_cast<int>(nqt);
   p.n_items = static_cast<int>(n_items);
   p.q = a.q;

@@ -9,11 +9,15 @@ namespace kdalab::kernels::mla_prefill_detail {
 
 /// Causal attention of T new query rows per (sequence, head) over N = N0 + T keys, d = 128: o = softmax(scale q K^T) V
 /// with bf16 q, K, V and P, fp32 scores, softmax and accumulation.
-/// q [B, T, H, 128] bf16 (batch stride sq_b, token stride sq_t elements, head stride 128); K and V [B, N, H, 128] bf16
-/// contiguous, 16-byte aligned; o [B, T, H, 128] fp32 contiguous. Query t of a sequence sits at position N0 + t and reads
-/// keys 0 .. N0 + t.
+/// q [B, T, H, 128] bf16 (batch stride sq_b, token stride sq_t elements, head stride 128); K and V [B, NK, H, 128] bf16
+/// contiguous, 16-byte aligned, NK >= N0 + T rows a sequence; o [B, T, H, 128] fp32 contiguous. Query t of a sequence
+/// sits at position N0 + t and reads keys 0 .. N0 + t.
+/// Packed sequences (cu non-null): sequence b has cu[b + 1] - cu[b] <= T queries, at rows cu[b] .. of q (token stride
+/// sq_t) and o, and N0 = n0s[b] (n0s non-null) or N0 cached keys; its K and V rows past its own N0 + T must be finite.
 struct FastAttnArgs {
-  int B = 0, T = 0, H = 0, N0 = 0;
+  int B = 0, T = 0, H = 0, N0 = 0, NK = 0;
+  const int* cu = nullptr;
+  const int* n0s = nullptr;
   const bf16_t* q = nullptr;
   long long sq_b = 0, sq_t = 0;
   const bf16_t* K = nullptr;

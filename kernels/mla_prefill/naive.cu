@@ -20,6 +20,10 @@
 //             kernel of kernels/mla_prefill/fast_wg.cu, or with MlaPrefillOverrides::fast_form = mma_sync this file's kernel in
 //             its fast form: the ring holds K and V alone (52 KB); S = q K^T and O += bf16(P) V, one mma pass each;
 //             everything else as above.
+// Packed sequences (cu_seqlens): the same launches over num_seqs sequences, each with a slot of NK = prefix + max_seqlen
+// K and V rows (the GEMMs rebuild all NK; a zeroing launch clears the rows past each sequence's own N0 + T); the
+// attention reads each sequence's T, N0 and first packed row from the device arrays, and a query tile past a
+// sequence's end does nothing.
 // Absorbed path: mla_absorb_query -> mla_prefill (a, fp32) -> W_UV converted to fp32 -> cuBLAS SGEMM batched
 // over heads: o_i = W_UV,i a_i (fp32, no tensor-core rounding).
 #include <cublas_v2.h>
@@ -58,11 +62,13 @@ constexpr int arrays_of(int form) { return form == kFast ? 2 : 4; }
 constexpr std::size_t smem_of(int form) { return std::size_t(STAGES) * arrays_of(form) * ARR * 2; }  // 104,448 / 52,224 B
 
 struct NParams {
-  int T, H, N0, N;            // N = N0 + T keys per sequence
-  const bf16_t* q;            // q^C [B, T, H, 128]
+  int T, H, N0, NK;           // NK: K and V rows per sequence (N0 + T; packed: prefix + max_seqlen)
+  const int* cu;              // packed sequences: cu_seqlens [B + 1] (T then the longest's bound), else null
+  const int* n0s;             // packed: N0 of each sequence, or null (every N0 = N0)
+  const bf16_t* q;            // q^C [B, T, H, 128] (packed: [T, H, 128])
   long long sq_b, sq_t;
   const bf16_t* kv;           // K rows then V rows; row (b, tau, i) = [hi 128 | lo 128] bf16 (fast: 128 bf16)
-  long long v_off;            // bf16 elements from the K rows to the V rows (= B N H 256; fast B N H 128)
+  long long v_off;            // bf16 elements from the K rows to the V rows (= B NK H 256; fast B NK H 128)
   float scale_log2;           // scale * log2(e)
   float* out;                 // o [B, T, H, 128] fp32
 };
@@ -76,18 +82,21 @@ __global__ void __launch_bounds__(NTHR, 1) mla_naive_attn_kernel(NParams p) {
   const int head = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, cq = lane % 4;
   const int q0 = qt * QT;
-  const int kend = p.N0 + min(q0 + QT, p.T);  // keys 0 .. kend - 1
+  const int Tb = p.cu ? p.cu[b + 1] - p.cu[b] : p.T, N0 = p.n0s ? p.n0s[b] : p.N0;  // this sequence's T and N0
+  if (q0 >= Tb) return;  // packed: a query tile past this sequence's end
+  const long long qrow0 = p.cu ? p.cu[b] : static_cast<long long>(b) * p.T;  // its first row of q and o
+  const int kend = N0 + min(q0 + QT, Tb);     // keys 0 .. kend - 1
   const int ntiles = (kend + KT - 1) / KT;
   const int r0 = q0 + 16 * warp;              // the warp's first query row
   // the warp's last position (-1: no valid row, the warp computes nothing)
-  const int wmax = r0 < p.T ? p.N0 + min(r0 + 15, p.T - 1) : -1;
+  const int wmax = r0 < Tb ? N0 + min(r0 + 15, Tb - 1) : -1;
   const int ra = r0 + g, rb = ra + 8;
-  const int posa = p.N0 + min(ra, p.T - 1), posb = p.N0 + min(rb, p.T - 1);  // rows past T: clamped, not written
+  const int posa = N0 + min(ra, Tb - 1), posb = N0 + min(rb, Tb - 1);  // rows past T: clamped, not written
 
   extern __shared__ __align__(16) unsigned char smem[];
   bf16_t* ring = reinterpret_cast<bf16_t*>(smem);
 
-  const long long seq_row0 = static_cast<long long>(b) * p.N;  // first key row of this sequence
+  const long long seq_row0 = static_cast<long long>(b) * p.NK;  // first key row of this sequence
   auto load_tile = [&](int tile, int stage) {
     bf16_t* st = ring + stage * NARR * ARR;
     if constexpr (FAST) {
@@ -125,9 +134,9 @@ __global__ void __launch_bounds__(NTHR, 1) mla_naive_attn_kernel(NParams p) {
   // q^C A fragments (16 rows x 128, row-major): k-step ks holds columns 16 ks .. 16 ks + 15
   std::uint32_t qa[DH / 16][4];
   {
-    const bf16_t* qb = p.q + b * p.sq_b + static_cast<long long>(head) * DH;
-    const bf16_t* pa = ra < p.T ? qb + ra * p.sq_t : nullptr;
-    const bf16_t* pb = rb < p.T ? qb + rb * p.sq_t : nullptr;
+    const bf16_t* qb = p.q + (p.cu ? qrow0 * p.sq_t : b * p.sq_b) + static_cast<long long>(head) * DH;
+    const bf16_t* pa = ra < Tb ? qb + ra * p.sq_t : nullptr;
+    const bf16_t* pb = rb < Tb ? qb + rb * p.sq_t : nullptr;
 #pragma unroll
     for (int ks = 0; ks < DH / 16; ++ks) {
       const int k0 = 16 * ks + 2 * cq;
@@ -272,13 +281,13 @@ __global__ void __launch_bounds__(NTHR, 1) mla_naive_attn_kernel(NParams p) {
   }
   if (wmax < 0) return;
   const float ia = 1.0f / l_a, ib = 1.0f / l_b;
-  float* ob = p.out + (static_cast<long long>(b) * p.T * p.H + head) * DH;
+  float* ob = p.out + (qrow0 * p.H + head) * DH;
 #pragma unroll
   for (int nt = 0; nt < DH / 8; ++nt) {
     const int col = 8 * nt + 2 * cq;
-    if (ra < p.T)
+    if (ra < Tb)
       *reinterpret_cast<float2*>(ob + static_cast<long long>(ra) * p.H * DH + col) = make_float2(acc[nt][0] * ia, acc[nt][1] * ia);
-    if (rb < p.T)
+    if (rb < Tb)
       *reinterpret_cast<float2*>(ob + static_cast<long long>(rb) * p.H * DH + col) = make_float2(acc[nt][2] * ib, acc[nt][3] * ib);
   }
 }
@@ -300,17 +309,35 @@ __global__ void mla_split_rows_kernel(float* __restrict__ rows, long long nrows)
   }
 }
 
-/// Cache rows N0 .. N0 + T - 1 of every sequence <- c_new (the first d_c elements of each row).
+/// Cache rows N0 .. N0 + T - 1 of every sequence <- c_new (the first d_c elements of each row); total = B Tmax d_c / 8
+/// with Tmax = T (packed sequences, cu non-null: T of sequence b = cu[b + 1] - cu[b] <= Tmax, its rows of c_new from
+/// cu[b], its N0 = n0s[b] when n0s is non-null).
 __global__ void mla_heads_append_kernel(const bf16_t* __restrict__ src, long long sn_b, long long sn_t,
-                                        bf16_t* __restrict__ c, long long sc_b, long long sc_t, int N0, int T,
-                                        long long total) {
+                                        bf16_t* __restrict__ c, long long sc_b, long long sc_t, int N0, int Tmax,
+                                        const int* __restrict__ cu, const int* __restrict__ n0s, long long total) {
   for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<long long>(gridDim.x) * blockDim.x) {
     const int v = static_cast<int>(i % (DC / 8));
     const long long row = i / (DC / 8);
-    const long long t = row % T, b = row / T;
-    *reinterpret_cast<uint4*>(c + b * sc_b + (N0 + t) * sc_t + v * 8) =
-        *reinterpret_cast<const uint4*>(src + b * sn_b + t * sn_t + v * 8);
+    const long long t = row % Tmax, b = row / Tmax;
+    if (cu && t >= cu[b + 1] - cu[b]) continue;
+    const long long n0 = n0s ? n0s[b] : N0;
+    const bf16_t* s = cu ? src + (cu[b] + t) * sn_t : src + b * sn_b + t * sn_t;
+    *reinterpret_cast<uint4*>(c + b * sc_b + (n0 + t) * sc_t + v * 8) = *reinterpret_cast<const uint4*>(s + v * 8);
+  }
+}
+
+/// Packed sequences: zeroes the K and V rows of sequence b from its own N = N0_b + T_b to the slot's NK rows (their
+/// cache rows hold whatever the cache held; a masked key's P = 0 must meet a finite V). kv: K then V, 2 B NK rows of
+/// `row16` 16-byte words each.
+__global__ void mla_zero_tail_rows_kernel(uint4* __restrict__ kv, int B, int NK, long long row16, int N0,
+                                          const int* __restrict__ cu, const int* __restrict__ n0s) {
+  const long long total = 2LL * B * NK * row16;
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const long long row = i / row16;
+    const int key = static_cast<int>(row % NK), b = static_cast<int>((row / NK) % B);
+    if (key >= (n0s ? n0s[b] : N0) + cu[b + 1] - cu[b]) kv[i] = make_uint4(0, 0, 0, 0);
   }
 }
 
@@ -353,15 +380,38 @@ std::size_t kv_element_bytes(const MlaPrefillHeadsArgs& a) {
   return mla_prefill_heads_precision(a) == MlaPrefillPrecision::fast ? 2 : 4;
 }
 
+/// The naive path's sequences: nseq of them, each with a slot of NK K and V rows, at most Tmax new tokens.
+struct SeqGeom {
+  long long nseq, NK, Tmax;
+};
+SeqGeom geom_of(const MlaPrefillHeadsArgs& a) {
+  if (a.cu_seqlens) return {a.num_seqs, static_cast<long long>(a.prefix) + a.max_seqlen, a.max_seqlen};
+  return {a.B, static_cast<long long>(a.prefix) + a.T, a.T};
+}
+
 void check_shape(const MlaPrefillHeadsArgs& a) {
   if (a.B < 1 || a.B > 65535) fail("B = " + std::to_string(a.B) + "; accepted: 1 <= B <= 65535");
   if (a.T < 1) fail("T = " + std::to_string(a.T) + "; accepted: T >= 1 new token");
   if (a.H < 1 || a.H > 256) fail("H = " + std::to_string(a.H) + "; accepted: 1 <= H <= 256");
   if (a.prefix < 0) fail("prefix (N0) = " + std::to_string(a.prefix) + "; accepted: N0 >= 0 cached tokens");
   if (a.capacity < 1) fail("capacity = " + std::to_string(a.capacity) + "; accepted: >= 1 token");
-  if (static_cast<long long>(a.prefix) + a.T > a.capacity)
-    fail("prefix N0 = " + std::to_string(a.prefix) + " plus T = " + std::to_string(a.T) + " passes the cache capacity " +
-         std::to_string(a.capacity) + "; accepted: N0 + T <= capacity (allocate a larger cache)");
+  if (!a.cu_seqlens) {
+    if (a.prefix_lens) fail("prefix_lens without cu_seqlens; accepted: per-sequence prefixes of packed sequences only");
+    if (static_cast<long long>(a.prefix) + a.T > a.capacity)
+      fail("prefix N0 = " + std::to_string(a.prefix) + " plus T = " + std::to_string(a.T) + " passes the cache capacity " +
+           std::to_string(a.capacity) + "; accepted: N0 + T <= capacity (allocate a larger cache)");
+    return;
+  }
+  if (a.B != 1)
+    fail("B = " + std::to_string(a.B) + " with cu_seqlens; accepted: B = 1 (packed sequences, T = all new tokens)");
+  if (a.num_seqs < 1 || a.num_seqs > 65535)
+    fail("num_seqs = " + std::to_string(a.num_seqs) + " with cu_seqlens; accepted: 1 <= num_seqs <= 65535");
+  if (a.max_seqlen < 1 || a.max_seqlen > a.T)
+    fail("max_seqlen = " + std::to_string(a.max_seqlen) + " with cu_seqlens; accepted: 1 <= max_seqlen <= T = " +
+         std::to_string(a.T));
+  if (static_cast<long long>(a.prefix) + a.max_seqlen > a.capacity)
+    fail("prefix bound " + std::to_string(a.prefix) + " plus max_seqlen " + std::to_string(a.max_seqlen) +
+         " passes the cache capacity " + std::to_string(a.capacity) + "; accepted: prefix + max_seqlen <= capacity");
 }
 
 }  // namespace
@@ -410,16 +460,18 @@ MlaPrefillPrecision mla_prefill_heads_precision(const MlaPrefillHeadsArgs& a) {
 }
 
 MlaPrefillPath mla_prefill_heads_path(const MlaPrefillHeadsArgs& a, const MlaPrefillOverrides* ov) {
-  if (mla_prefill_heads_precision(a) == MlaPrefillPrecision::fast) return MlaPrefillPath::naive;
+  if (mla_prefill_heads_precision(a) == MlaPrefillPrecision::fast || a.cu_seqlens) return MlaPrefillPath::naive;
   if (ov && (ov->path == MlaPrefillPath::absorbed || ov->path == MlaPrefillPath::naive)) return ov->path;
   return mla_prefill_path_rule(a);
 }
 
 std::size_t mla_prefill_heads_workspace_bytes(const MlaPrefillHeadsArgs& a, const MlaPrefillOverrides* ov) {
   check_shape(a);
-  const std::size_t B = a.B, T = a.T, H = a.H, N = static_cast<std::size_t>(a.prefix) + a.T;
-  if (mla_prefill_heads_path(a, ov) == MlaPrefillPath::naive)
-    return 2 * align256(B * N * H * DH * kv_element_bytes(a));
+  const std::size_t B = a.B, T = a.T, H = a.H;
+  if (mla_prefill_heads_path(a, ov) == MlaPrefillPath::naive) {
+    const SeqGeom sg = geom_of(a);
+    return 2 * align256(static_cast<std::size_t>(sg.nseq * sg.NK) * H * DH * kv_element_bytes(a));
+  }
   return 2 * align256(B * T * H * DC * 2) + align256(B * T * H * DC * 4) + align256(H * DH * DC * 4);
 }
 
@@ -438,6 +490,8 @@ void mla_prefill_heads(const MlaPrefillHeadsArgs& a, cudaStream_t stream, const 
   const bool fast = mla_prefill_heads_precision(a) == MlaPrefillPrecision::fast;
   if (fast && ov && ov->path == MlaPrefillPath::absorbed)
     fail("precision fast with the absorbed path forced; accepted: fast runs the naive path only (automatic or naive)");
+  if (a.cu_seqlens && ov && ov->path == MlaPrefillPath::absorbed)
+    fail("cu_seqlens with the absorbed path forced; accepted: packed sequences run the naive path only (automatic or naive)");
   if (ov && (static_cast<int>(ov->fast_form) < 0 || static_cast<int>(ov->fast_form) > 3))
     fail("overrides fast_form = " + std::to_string(static_cast<int>(ov->fast_form)) +
          "; accepted: automatic, wgmma, wgmma_pingpong or mma_sync");
@@ -465,7 +519,8 @@ void mla_prefill_heads(const MlaPrefillHeadsArgs& a, cudaStream_t stream, const 
   if (sc_t < DC || sc_t % 8 != 0)
     fail("sc_t = " + std::to_string(sc_t) + "; accepted: a multiple of 8 elements >= d_c = 512 (512: latent only; 576: [c ; k_R] rows)");
   const long long sc_b = a.sc_b ? a.sc_b : static_cast<long long>(a.capacity) * sc_t;
-  if (sc_b % 8 != 0 || (a.B > 1 && sc_b < static_cast<long long>(a.capacity) * sc_t))
+  const SeqGeom sg = geom_of(a);
+  if (sc_b % 8 != 0 || (sg.nseq > 1 && sc_b < static_cast<long long>(a.capacity) * sc_t))
     fail("sc_b = " + std::to_string(sc_b) + "; accepted: a multiple of 8 elements >= capacity * sc_t = " +
          std::to_string(static_cast<long long>(a.capacity) * sc_t));
   const long long sn_t = a.sn_t ? a.sn_t : DC;
@@ -487,7 +542,7 @@ void mla_prefill_heads(const MlaPrefillHeadsArgs& a, cudaStream_t stream, const 
   cublasHandle_t hb = cublas_handle();
   cublas_check(cublasSetStream(hb, stream), "cublasSetStream");
   const float one = 1.0f, zero = 0.0f;
-  const long long B = a.B, T = a.T, H = a.H, N = static_cast<long long>(a.prefix) + a.T;
+  const long long B = a.B, T = a.T, H = a.H;
 
   if (path == MlaPrefillPath::absorbed) {
     unsigned char* ws = static_cast<unsigned char*>(a.workspace);
@@ -534,47 +589,58 @@ void mla_prefill_heads(const MlaPrefillHeadsArgs& a, cudaStream_t stream, const 
     return;
   }
 
-  // ---- naive
+  // ---- naive (sg: B sequences of N = N0 + T keys, or the packed sequences in slots of NK = prefix + max_seqlen rows)
+  const long long NS = sg.nseq, NK = sg.NK, TM = sg.Tmax;
   if (a.c_new) {
-    const long long total = B * T * (DC / 8);
+    const long long total = NS * TM * (DC / 8);
     const int blocks = static_cast<int>(std::min<long long>((total + 255) / 256, 65535LL * 8));
-    mla_heads_append_kernel<<<blocks, 256, 0, stream>>>(a.c_new, sn_b, sn_t, a.c, sc_b, sc_t, a.prefix, a.T, total);
+    mla_heads_append_kernel<<<blocks, 256, 0, stream>>>(a.c_new, sn_b, sn_t, a.c, sc_b, sc_t, a.prefix, static_cast<int>(TM),
+                                                         a.cu_seqlens, a.prefix_lens, total);
     cuda_check(cudaGetLastError(), "mla_heads_append_kernel launch");
   }
-  // K and V: fp32 [B, N, H, 128] (accurate: split in place into bf16 hi + lo below) or bf16 (fast: rounded once)
+  // K and V: fp32 [NS, NK, H, 128] (accurate: split in place into bf16 hi + lo below) or bf16 (fast: rounded once)
   void* Kw = a.workspace;
-  void* Vw = static_cast<unsigned char*>(a.workspace) + align256(B * N * H * DH * kv_element_bytes(a));
-  // column-major view, per sequence b: K_b^T [H 128 x N] (ld H 128) = W_UK [H 128 x 512] (stored col-major
-  // 512 x H 128, ld 512: op T) x C_b^T [512 x N] (ld sc_t); bf16 inputs, fp32 accumulation, fp32 or bf16 output
+  void* Vw = static_cast<unsigned char*>(a.workspace) + align256(NS * NK * H * DH * kv_element_bytes(a));
+  // column-major view, per sequence b: K_b^T [H 128 x NK] (ld H 128) = W_UK [H 128 x 512] (stored col-major
+  // 512 x H 128, ld 512: op T) x C_b^T [512 x NK] (ld sc_t); bf16 inputs, fp32 accumulation, fp32 or bf16 output
   for (int which = 0; which < 2; ++which)
-    cublas_check(cublasGemmStridedBatchedEx(hb, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(H * DH), static_cast<int>(N), DC,
+    cublas_check(cublasGemmStridedBatchedEx(hb, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(H * DH), static_cast<int>(NK), DC,
                                             &one, which == 0 ? a.W_UK : a.W_UV, CUDA_R_16BF, DC, 0, a.c, CUDA_R_16BF,
                                             static_cast<int>(sc_t), sc_b, &zero, which == 0 ? Kw : Vw,
-                                            fast ? CUDA_R_16BF : CUDA_R_32F, static_cast<int>(H * DH), N * H * DH,
-                                            static_cast<int>(B), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                                            fast ? CUDA_R_16BF : CUDA_R_32F, static_cast<int>(H * DH), NK * H * DH,
+                                            static_cast<int>(NS), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                  which == 0 ? "cublasGemmStridedBatchedEx (K = C W_UK^T)" : "cublasGemmStridedBatchedEx (V = C W_UV^T)");
   if (!fast) {
     // K and V rows are contiguous only when the V part starts right after the K part (align256 of a multiple of
     // 512 bytes is the identity), so one split launch covers both
-    const long long nrows = 2 * B * N * H;
+    const long long nrows = 2 * NS * NK * H;
     const int sblocks = static_cast<int>(std::min<long long>((nrows + 7) / 8, 65535LL * 4));
     mla_split_rows_kernel<<<sblocks, 256, 0, stream>>>(static_cast<float*>(Kw), nrows);
     cuda_check(cudaGetLastError(), "mla_split_rows_kernel launch");
   }
+  if (a.cu_seqlens) {  // the rows of each slot past its sequence's keys (K then V are contiguous, as above)
+    const long long row16 = H * DH * kv_element_bytes(a) / 16;
+    const int zblocks = static_cast<int>(std::min<long long>((2 * NS * NK * row16 + 255) / 256, 65535LL * 4));
+    mla_zero_tail_rows_kernel<<<zblocks, 256, 0, stream>>>(static_cast<uint4*>(Kw), static_cast<int>(NS), static_cast<int>(NK),
+                                                           row16, a.prefix, a.cu_seqlens, a.prefix_lens);
+    cuda_check(cudaGetLastError(), "mla_zero_tail_rows_kernel launch");
+  }
 
   NParams p{};
-  p.T = a.T;
+  p.T = static_cast<int>(TM);
   p.H = a.H;
   p.N0 = a.prefix;
-  p.N = static_cast<int>(N);
+  p.NK = static_cast<int>(NK);
+  p.cu = a.cu_seqlens;
+  p.n0s = a.prefix_lens;
   p.q = a.q_C;
   p.sq_t = sqc_t;
   p.sq_b = T * sqc_t;
   p.kv = static_cast<const bf16_t*>(Kw);
-  p.v_off = B * N * H * (fast ? DH : 2 * DH);  // bf16 elements from the K rows to the V rows
+  p.v_off = NS * NK * H * (fast ? DH : 2 * DH);  // bf16 elements from the K rows to the V rows
   p.scale_log2 = a.scale * 1.4426950408889634f;
   p.out = a.out;
-  const dim3 grid(static_cast<unsigned>((T + QT - 1) / QT), static_cast<unsigned>(H), static_cast<unsigned>(B));
+  const dim3 grid(static_cast<unsigned>((TM + QT - 1) / QT), static_cast<unsigned>(H), static_cast<unsigned>(NS));
   const auto launch = [&](auto kernel, std::size_t smem, bool& attr_set, const char* what) {
     if (!attr_set) {  // once per form
       cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)), what);
@@ -586,10 +652,13 @@ void mla_prefill_heads(const MlaPrefillHeadsArgs& a, cudaStream_t stream, const 
   const MlaFastForm form = ov && ov->fast_form != MlaFastForm::automatic ? ov->fast_form : mla_fast_form_rule();
   if (fast && form != MlaFastForm::mma_sync) {
     mla_prefill_detail::FastAttnArgs fa;
-    fa.B = a.B;
-    fa.T = a.T;
+    fa.B = static_cast<int>(NS);
+    fa.T = static_cast<int>(TM);
     fa.H = a.H;
     fa.N0 = a.prefix;
+    fa.NK = static_cast<int>(NK);
+    fa.cu = a.cu_seqlens;
+    fa.n0s = a.prefix_lens;
     fa.q = a.q_C;
     fa.sq_b = p.sq_b;
     fa.sq_t = p.sq_t;

@@ -907,6 +907,144 @@ TEST_CASE("mla prefill heads, fast: a q token stride that is not a multiple of 1
   CHECK(strided == dense);
 }
 
+/// Packed sequences (cu_seqlens) with their own T and N0, one set of weights: each sequence's truth is a B = 1
+/// HeadsProblem; the packed call gets q, c_new and o as packed rows and a cache [num_seqs, cap, 512] whose rows past
+/// each sequence's N0 are NaN.
+struct VarlenProblem {
+  std::size_t H, cap;
+  std::vector<std::size_t> T, N0;
+  std::vector<HeadsProblem> seqs;
+  std::vector<int> cu, n0;
+  DevBuf cache, c_new, q, cu_d, n0_d;
+
+  VarlenProblem(std::vector<std::size_t> T_, std::vector<std::size_t> N0_, std::size_t H_, std::size_t cap_)
+      : H(H_), cap(cap_), T(std::move(T_)), N0(std::move(N0_)), cache(T.size() * cap_ * DC * 2),
+        c_new(total() * DC * 2), q(total() * H_ * 128 * 2), cu_d(4 * (T.size() + 1)), n0_d(4 * T.size()) {
+    for (std::size_t n = 0; n < T.size(); ++n) {
+      seqs.emplace_back(1, T[n], H, N0[n]);
+      seqs.back().wuk = seqs[0].wuk;  // one layer: the first sequence's weights (on the device in seqs[0])
+      seqs.back().wuv = seqs[0].wuv;
+    }
+    cu.assign(1, 0);
+    for (std::size_t t : T) cu.push_back(cu.back() + static_cast<int>(t));
+    for (std::size_t v : N0) n0.push_back(static_cast<int>(v));
+    cuda_check(cudaMemcpy(cu_d.p, cu.data(), cu_d.bytes, cudaMemcpyHostToDevice), "upload cu_seqlens");
+    cuda_check(cudaMemcpy(n0_d.p, n0.data(), n0_d.bytes, cudaMemcpyHostToDevice), "upload prefix_lens");
+    std::vector<bf16_t> cn(total() * DC), qb(total() * H * 128);
+    for (std::size_t n = 0; n < T.size(); ++n)
+      for (std::size_t t = 0; t < T[n]; ++t) {
+        for (std::size_t k = 0; k < DC; ++k) cn[(cu[n] + t) * DC + k] = bf16_bits(seqs[n].L(0, N0[n] + t, k));
+        for (std::size_t j = 0; j < H * 128; ++j) qb[(cu[n] + t) * H * 128 + j] = bf16_bits(seqs[n].qc[t * H * 128 + j]);
+      }
+    copy_bits(c_new, cn);
+    copy_bits(q, qb);
+  }
+  std::size_t total() const {
+    std::size_t s = 0;
+    for (std::size_t t : T) s += t;
+    return s;
+  }
+  /// Fresh cache: each sequence's prefix rows, the rest NaN.
+  void upload_cache() {
+    std::vector<bf16_t> ch(T.size() * cap * DC, 0xFFFF);
+    for (std::size_t n = 0; n < T.size(); ++n)
+      for (std::size_t tau = 0; tau < N0[n]; ++tau)
+        for (std::size_t k = 0; k < DC; ++k) ch[(n * cap + tau) * DC + k] = bf16_bits(seqs[n].L(0, tau, k));
+    copy_bits(cache, ch);
+  }
+  /// Cache elements that differ from: the sequence's latents below its N0 + T, NaN past them.
+  std::size_t cache_errors() const {
+    const auto h = download_bits(cache);
+    std::size_t bad = 0;
+    for (std::size_t n = 0; n < T.size(); ++n)
+      for (std::size_t tau = 0; tau < cap; ++tau)
+        for (std::size_t k = 0; k < DC; ++k)
+          bad += h[(n * cap + tau) * DC + k] != (tau < N0[n] + T[n] ? bf16_bits(seqs[n].L(0, tau, k)) : bf16_t(0xFFFF));
+    return bad;
+  }
+  std::vector<double> truth() const {
+    std::vector<double> o;
+    for (const HeadsProblem& P : seqs) {
+      const auto t = P.truth();
+      o.insert(o.end(), t.begin(), t.end());
+    }
+    return o;
+  }
+  /// The packed call; per_seq_n0: prefix_lens given (else every N0 must equal the bound `prefix`).
+  std::vector<double> run(kernels::MlaPrefillPrecision precision, const kernels::MlaPrefillOverrides& ov, bool per_seq_n0,
+                          int prefix, int max_seqlen) {
+    upload_cache();
+    kernels::MlaPrefillHeadsArgs a;
+    a.B = 1;
+    a.T = static_cast<int>(total());
+    a.H = static_cast<int>(H);
+    a.capacity = static_cast<int>(cap);
+    a.prefix = prefix;
+    a.c = cache.as<bf16_t>();
+    a.c_new = c_new.as<bf16_t>();
+    a.q_C = q.as<bf16_t>();
+    a.W_UK = seqs[0].W_UK.as<bf16_t>();
+    a.W_UV = seqs[0].W_UV.as<bf16_t>();
+    a.scale = static_cast<float>(1.0 / std::sqrt(128.0));
+    a.precision = precision;
+    a.cu_seqlens = cu_d.as<int>();
+    a.prefix_lens = per_seq_n0 ? n0_d.as<int>() : nullptr;
+    a.num_seqs = static_cast<int>(T.size());
+    a.max_seqlen = max_seqlen;
+    DevBuf out(total() * H * 128 * 4), ws(kernels::mla_prefill_heads_workspace_bytes(a, &ov));
+    out.poison();
+    ws.poison();
+    a.out = out.as<float>();
+    a.workspace = ws.p;
+    a.workspace_bytes = ws.bytes;
+    kernels::mla_prefill_heads(a, nullptr, &ov);
+    cuda_check(cudaDeviceSynchronize(), "mla_prefill_heads (packed sequences)");
+    return download_f32(out);
+  }
+};
+
+TEST_CASE("mla prefill heads: packed sequences (cu_seqlens, prefix_lens) vs float64, every precision and form",
+          "[gpu][mla][fast][varlen]") {
+  using kernels::MlaFastForm;
+  using kernels::MlaPrefillPrecision;
+  struct Set { std::vector<std::size_t> T, N0; std::size_t H; bool per_seq_n0; };
+  // lengths across the 64- and 128-row edges, a last sequence of one token, prefixes that move the diagonal inside a
+  // key tile; the second set shares one N0 (prefix_lens null)
+  const std::vector<Set> sets = {{{37, 1, 300, 130, 64, 1}, {0, 129, 37, 0, 200, 5}, 32, true},
+                                 {{129, 17, 1}, {40, 40, 40}, 16, false}};
+  for (const Set& st : sets) {
+    const std::size_t n0max = *std::max_element(st.N0.begin(), st.N0.end());
+    const std::size_t tmax = *std::max_element(st.T.begin(), st.T.end());
+    VarlenProblem V(st.T, st.N0, st.H, n0max + tmax + 9);
+    const auto truth = V.truth();
+    struct Run { const char* name; MlaPrefillPrecision prec; MlaFastForm form; int ctas; int extra; };
+    // extra: max_seqlen above the longest sequence (a looser bound: more rows a slot, more empty query tiles)
+    for (const Run& r : {Run{"fast wgmma", MlaPrefillPrecision::fast, MlaFastForm::wgmma, 0, 0},
+                         Run{"fast wgmma, 3 CTAs, bound + 9", MlaPrefillPrecision::fast, MlaFastForm::wgmma, 3, 9},
+                         Run{"fast wgmma_pingpong", MlaPrefillPrecision::fast, MlaFastForm::wgmma_pingpong, 0, 0},
+                         Run{"fast wgmma_pingpong, 2 CTAs, bound + 9", MlaPrefillPrecision::fast, MlaFastForm::wgmma_pingpong, 2, 9},
+                         Run{"fast mma_sync", MlaPrefillPrecision::fast, MlaFastForm::mma_sync, 0, 0},
+                         Run{"accurate", MlaPrefillPrecision::accurate, MlaFastForm::automatic, 0, 0},
+                         Run{"accurate, bound + 9", MlaPrefillPrecision::accurate, MlaFastForm::automatic, 0, 9}}) {
+      kernels::MlaPrefillOverrides ov;
+      ov.fast_form = r.form;
+      ov.fast_ctas = r.ctas;
+      const auto o = V.run(r.prec, ov, st.per_seq_n0, static_cast<int>(n0max), static_cast<int>(tmax) + r.extra);
+      const auto m = compare(o, truth);
+      const std::size_t cache_bad = V.cache_errors();
+      const double budget = r.prec == MlaPrefillPrecision::fast ? tol::mla_prefill_fast.value : tol::mla_prefill_heads_goal.value;
+      std::printf("mla prefill heads packed, %zu sequences (H = %zu, %s): %s rel_rms %.3e (max_abs %.2e), non-finite %zu, "
+                  "cache errors %zu\n", st.T.size(), st.H, st.per_seq_n0 ? "prefix_lens" : "one N0", r.name, m.rel_rms,
+                  m.max_abs, non_finite(o), cache_bad);
+      CAPTURE(r.name, st.H, m.rel_rms);
+      REQUIRE(non_finite(o) == 0);
+      CHECK(m.rel_rms <= budget);
+      CHECK(cache_bad == 0);
+      if (r.prec == MlaPrefillPrecision::accurate) CHECK(m.rel_rms < 1e-4);  // the hi + lo plan (~5e-6), not bf16
+    }
+  }
+}
+
 TEST_CASE("mla prefill heads, fast: identical keys and very large logits give no NaN", "[gpu][mla][fast]") {
   for (double sigma : {1.0, 1000.0})
     for (bool identical : {true, false}) {
@@ -1042,6 +1180,46 @@ const std::vector<BadCase<HeadsCall>> kHeadsBad = {
        h.ov.fast_ctas = 4;
      },
      "mla_prefill_heads: overrides fast_ctas = 4 sizes the persistent grid of the wgmma forms; accepted"},
+    {"cu_seqlens with B = 2",
+     [](auto& h) {
+       h.a.cu_seqlens = reinterpret_cast<const int*>(h.a.workspace);
+       h.a.num_seqs = 1;
+       h.a.max_seqlen = 1;
+       h.a.B = 2;
+     },
+     "mla_prefill_heads: B = 2 with cu_seqlens; accepted: B = 1"},
+    {"cu_seqlens, num_seqs = 0",
+     [](auto& h) {
+       h.a.cu_seqlens = reinterpret_cast<const int*>(h.a.workspace);
+       h.a.max_seqlen = 1;
+     },
+     "mla_prefill_heads: num_seqs = 0 with cu_seqlens; accepted: 1 <= num_seqs <= 65535"},
+    {"cu_seqlens, max_seqlen past T",
+     [](auto& h) {
+       h.a.cu_seqlens = reinterpret_cast<const int*>(h.a.workspace);
+       h.a.num_seqs = 2;
+       h.a.max_seqlen = 21;
+     },
+     "mla_prefill_heads: max_seqlen = 21 with cu_seqlens; accepted: 1 <= max_seqlen <= T = 20"},
+    {"cu_seqlens, prefix + max_seqlen past capacity",
+     [](auto& h) {
+       h.a.cu_seqlens = reinterpret_cast<const int*>(h.a.workspace);
+       h.a.num_seqs = 2;
+       h.a.max_seqlen = 20;
+       h.a.capacity = 29;
+     },
+     "mla_prefill_heads: prefix bound 10 plus max_seqlen 20 passes the cache capacity 29"},
+    {"prefix_lens without cu_seqlens",
+     [](auto& h) { h.a.prefix_lens = reinterpret_cast<const int*>(h.a.workspace); },
+     "mla_prefill_heads: prefix_lens without cu_seqlens"},
+    {"cu_seqlens with absorbed forced",
+     [](auto& h) {
+       h.a.cu_seqlens = reinterpret_cast<const int*>(h.a.workspace);
+       h.a.num_seqs = 2;
+       h.a.max_seqlen = 10;
+       h.ov.path = kernels::MlaPrefillPath::absorbed;
+     },
+     "mla_prefill_heads: cu_seqlens with the absorbed path forced; accepted"},
     {"fast workspace too small",
      [](auto& h) {
        h.a.precision = kernels::MlaPrefillPrecision::fast;
