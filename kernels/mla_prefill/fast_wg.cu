@@ -365,7 +365,10 @@ __global__ void __launch_bounds__(NTHR, 1)
       release(&empty[stage(ul)], lane);
     }
     for (int kt = nt; kt < ntiles; ++kt) {  // past this warpgroup's rows: only the stage's release
+      // both arrays' phases are waited on: a parity wait is only sound on a barrier whose earlier phases this thread
+      // has seen complete (a skipped K phase still pending would pass this warpgroup's next wait on that stage)
       const int uk = u0 + kt;
+      mb::wait(&full_k[stage(uk)], parity(uk));
       mb::wait(&full_v[stage(uk)], parity(uk));
       release(&empty[stage(uk)], lane);
     }
