@@ -78,6 +78,7 @@ struct FParams {
   const int* cu;        // packed sequences: cu_seqlens [B + 1], else null
   const int* n0s;       // packed: each sequence's N0, or null (every N0 = N0)
   int nqt, n_items;  // query tiles of 128 rows per sequence; work items nqt H B
+  int head_major;    // item order: every query tile of one (head, sequence) together (see item_of)
   const bf16_t* q;
   long long sq_b, sq_t;
   int q16;  // q, sq_b and sq_t allow 16-byte copies (else 4-byte ones)
@@ -92,9 +93,13 @@ struct Item {
   long long row0;
 };
 /// Item i in the longest-first order: the query tiles from the last one down (a tile's key count grows with qt), every
-/// (head, sequence) of one tile side by side. Packed sequences shorter than the longest leave empty items (T <= 128 qt).
+/// (head, sequence) of one tile side by side. head_major (a prefix so long that every tile's key count is within 1/8
+/// of the longest, so the order's balance does not matter): the query tiles of one (head, sequence) side by side
+/// instead, last one first, so that the CTAs running at one time share fewer heads' K and V in L2. Packed sequences
+/// shorter than the longest leave empty items (T <= 128 qt).
 __device__ __forceinline__ Item item_of(const FParams& p, int i) {
-  const int hb = p.H * p.B, r = i / hb, rem = i - r * hb, b = rem / p.H;
+  const int hb = p.H * p.B;
+  const int r = p.head_major ? i % p.nqt : i / hb, rem = p.head_major ? i / p.nqt : i - r * hb, b = rem / p.H;
   Item it{p.nqt - 1 - r, rem % p.H, b, p.T, p.N0, static_cast<long long>(b) * p.T};
   if (p.cu) {
     it.row0 = p.cu[b];
@@ -450,6 +455,8 @@ void fast_attention_wgmma(const FastAttnArgs& a, bool pingpong, cudaStream_t str
   p.cu = a.cu;
   p.n0s = a.n0s;
   p.nqt = static_cast<int>(nqt);
+  // the shortest query tile's keys N0 + 128 against the longest's N0 + T: within 1/8 when N0 >= 7 T - 1024 (N0 >= 7 T taken)
+  p.head_major = static_cast<long long>(a.N0) >= 7LL * a.T;
   p.n_items = static_cast<int>(n_items);
   p.q = a.q;
   p.sq_b = a.sq_b;

@@ -801,6 +801,7 @@ TEST_CASE("mla prefill heads, fast: every attention form vs float64 and beside a
     for (std::size_t T : {1, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 256, 257, 300, 1000}) cases.push_back({T, N0, 32, 1.0});
   for (std::size_t T : {1, 64, 129, 255}) cases.push_back({T, 129, 32, 1.0});
   for (std::size_t T : {65, 300}) cases.push_back({T, 37, 16, 1.0});
+  cases.push_back({257, 1800, 16, 1.0});  // N0 >= 7 T: the persistent grid's head-major item order, 3 query tiles
   for (double sigma : {2.0, 4.0}) cases.push_back({300, 37, 32, sigma});
   double worst = 0.0, worst_v1 = 0.0;
   for (const Case& c : cases) {
