@@ -658,6 +658,20 @@ kernels::MlaPrefillOverrides forced(kernels::MlaPrefillPath path, bool p_hi_only
   return ov;
 }
 
+/// Calls mla_prefill_heads(a, ov) with a poisoned o of `rows` x H x 128 fp32 and a poisoned workspace of the size it
+/// asks for, waits, and downloads o.
+std::vector<double> call_heads(kernels::MlaPrefillHeadsArgs a, const kernels::MlaPrefillOverrides* ov, std::size_t rows) {
+  DevBuf out(rows * a.H * 128 * 4), ws(kernels::mla_prefill_heads_workspace_bytes(a, ov));
+  out.poison();
+  ws.poison();
+  a.out = out.as<float>();
+  a.workspace = ws.p;
+  a.workspace_bytes = ws.bytes;
+  kernels::mla_prefill_heads(a, nullptr, ov);
+  cuda_check(cudaDeviceSynchronize(), "mla_prefill_heads");
+  return download_f32(out);
+}
+
 /// Runs mla_prefill_heads in `precision` on the path `ov` forces (fresh cache, poisoned out and workspace) and
 /// downloads o [B, T, H, 128].
 std::vector<double> run_heads(HeadsProblem& P, const kernels::MlaPrefillOverrides& ov,
@@ -665,15 +679,7 @@ std::vector<double> run_heads(HeadsProblem& P, const kernels::MlaPrefillOverride
   P.upload();
   kernels::MlaPrefillHeadsArgs a = P.args();
   a.precision = precision;
-  DevBuf out(P.B * P.T * P.H * 128 * 4), ws(kernels::mla_prefill_heads_workspace_bytes(a, &ov));
-  out.poison();
-  ws.poison();
-  a.out = out.as<float>();
-  a.workspace = ws.p;
-  a.workspace_bytes = ws.bytes;
-  kernels::mla_prefill_heads(a, nullptr, &ov);
-  cuda_check(cudaDeviceSynchronize(), "mla_prefill_heads");
-  return download_f32(out);
+  return call_heads(a, &ov, P.B * P.T);
 }
 
 std::size_t non_finite(const std::vector<double>& v) {
@@ -893,15 +899,7 @@ TEST_CASE("mla prefill heads, fast: a q token stride that is not a multiple of 1
   a.precision = kernels::MlaPrefillPrecision::fast;
   a.q_C = qdev.as<bf16_t>();
   a.sqc_t = static_cast<long long>(stride);
-  DevBuf out(P.B * P.T * P.H * 128 * 4), ws(kernels::mla_prefill_heads_workspace_bytes(a));
-  out.poison();
-  ws.poison();
-  a.out = out.as<float>();
-  a.workspace = ws.p;
-  a.workspace_bytes = ws.bytes;
-  kernels::mla_prefill_heads(a, nullptr);
-  cuda_check(cudaDeviceSynchronize(), "mla_prefill_heads (strided q)");
-  const auto strided = download_f32(out);
+  const auto strided = call_heads(a, nullptr, P.B * P.T);
   std::printf("mla prefill heads fast: q with token stride %zu elements identical to the dense q: %s\n", stride,
               strided == dense ? "yes" : "no");
   REQUIRE(non_finite(dense) == 0);
@@ -992,15 +990,7 @@ struct VarlenProblem {
     a.prefix_lens = per_seq_n0 ? n0_d.as<int>() : nullptr;
     a.num_seqs = static_cast<int>(T.size());
     a.max_seqlen = max_seqlen;
-    DevBuf out(total() * H * 128 * 4), ws(kernels::mla_prefill_heads_workspace_bytes(a, &ov));
-    out.poison();
-    ws.poison();
-    a.out = out.as<float>();
-    a.workspace = ws.p;
-    a.workspace_bytes = ws.bytes;
-    kernels::mla_prefill_heads(a, nullptr, &ov);
-    cuda_check(cudaDeviceSynchronize(), "mla_prefill_heads (packed sequences)");
-    return download_f32(out);
+    return call_heads(a, &ov, total());
   }
 };
 
@@ -1112,6 +1102,15 @@ struct HeadsCall {
   kernels::MlaPrefillOverrides ov;
 };
 
+/// Packed-sequence arguments on a bad-input case: cu_seqlens points at device memory (never read: every case fails
+/// before a launch), num_seqs and max_seqlen as given.
+template <class Call>
+void packed(Call& h, int num_seqs, int max_seqlen) {
+  h.a.cu_seqlens = reinterpret_cast<const int*>(h.a.workspace);
+  h.a.num_seqs = num_seqs;
+  h.a.max_seqlen = max_seqlen;
+}
+
 // HeadsProblem(1, 20, 32, 10): B = 1, T = 20, H = 32, N0 = 10, capacity 33, path naive, the workspace of both paths
 const std::vector<BadCase<HeadsCall>> kHeadsBad = {
     {"d_c = 256", [](auto& h) { h.a.d_c = 256; }, "mla_prefill_heads: d_c = 256 is not supported"},
@@ -1190,30 +1189,19 @@ const std::vector<BadCase<HeadsCall>> kHeadsBad = {
      "mla_prefill_heads: overrides fast_ctas = 4 sizes the persistent grid of the wgmma forms; accepted"},
     {"cu_seqlens with B = 2",
      [](auto& h) {
-       h.a.cu_seqlens = reinterpret_cast<const int*>(h.a.workspace);
-       h.a.num_seqs = 1;
-       h.a.max_seqlen = 1;
+       packed(h, 1, 1);
        h.a.B = 2;
      },
      "mla_prefill_heads: B = 2 with cu_seqlens; accepted: B = 1"},
     {"cu_seqlens, num_seqs = 0",
-     [](auto& h) {
-       h.a.cu_seqlens = reinterpret_cast<const int*>(h.a.workspace);
-       h.a.max_seqlen = 1;
-     },
+     [](auto& h) { packed(h, 0, 1); },
      "mla_prefill_heads: num_seqs = 0 with cu_seqlens; accepted: 1 <= num_seqs <= 65535"},
     {"cu_seqlens, max_seqlen past T",
-     [](auto& h) {
-       h.a.cu_seqlens = reinterpret_cast<const int*>(h.a.workspace);
-       h.a.num_seqs = 2;
-       h.a.max_seqlen = 21;
-     },
+     [](auto& h) { packed(h, 2, 21); },
      "mla_prefill_heads: max_seqlen = 21 with cu_seqlens; accepted: 1 <= max_seqlen <= T = 20"},
     {"cu_seqlens, prefix + max_seqlen past capacity",
      [](auto& h) {
-       h.a.cu_seqlens = reinterpret_cast<const int*>(h.a.workspace);
-       h.a.num_seqs = 2;
-       h.a.max_seqlen = 20;
+       packed(h, 2, 20);
        h.a.capacity = 29;
      },
      "mla_prefill_heads: prefix bound 10 plus max_seqlen 20 passes the cache capacity 29"},
@@ -1222,9 +1210,7 @@ const std::vector<BadCase<HeadsCall>> kHeadsBad = {
      "mla_prefill_heads: prefix_lens without cu_seqlens"},
     {"cu_seqlens with absorbed forced",
      [](auto& h) {
-       h.a.cu_seqlens = reinterpret_cast<const int*>(h.a.workspace);
-       h.a.num_seqs = 2;
-       h.a.max_seqlen = 10;
+       packed(h, 2, 10);
        h.ov.path = kernels::MlaPrefillPath::absorbed;
      },
      "mla_prefill_heads: cu_seqlens with the absorbed path forced; accepted"},
