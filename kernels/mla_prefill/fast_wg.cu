@@ -1,11 +1,14 @@
 // The fast MLA prefill attention (kernels/mla_prefill/fast_wg.hpp) on the warpgroup MMA: causal softmax attention,
 // d = 128, bf16 q, K, V and P, fp32 scores, softmax and accumulation. Design and measurements:
-// docs/kernels/mla_prefill.md, "Precision fast, version 2".
+// docs/kernels/mla_prefill.md, "Precision fast, version 2" and "version 3".
 //
-// One CTA per (128 query rows, head, sequence), launched longest first; 384 threads:
-//   warpgroups 0 and 1 (consumers) own query rows [64 w, 64 w + 64) of the CTA each: q in shared memory (two
-//     128-byte-swizzled column blocks of [64 rows x 64]), O [64 x 128] fp32 in registers (the m64n128 accumulator);
-//   warpgroup 2 (producer; it hands its registers to the consumers by setmaxnreg): one thread streams the CTA's key tiles of 128 keys into a ring of ST stages by TMA: K and V of a
+// A persistent grid of one CTA per SM; each CTA takes work items (128 query rows, head, sequence) in turn, in the
+// order of item_index / item_of (below); 384 threads:
+//   warpgroups 0 and 1 (consumers) own query rows [64 w, 64 w + 64) of the item each: q in shared memory (two
+//     128-byte-swizzled column blocks of [64 rows x 64], copied by cp.async), O [64 x 128] fp32 in registers (the
+//     m64n128 accumulator);
+//   warpgroup 2 (producer; it hands its registers to the consumers by setmaxnreg): one thread streams the items' key
+//     tiles of 128 keys into a ring of ST stages by TMA: K and V of a
 //     stage as two column blocks of [128 keys x 64] each (128-byte swizzle, written by the copy engine), each array on
 //     its own "full" mbarrier (bytes counted), a stage refilled after its "empty" mbarrier has the arrivals of all 8
 //     consumer warps.
