@@ -497,8 +497,8 @@ void mla_prefill_heads(const MlaPrefillHeadsArgs& a, cudaStream_t stream, const 
          "; accepted: automatic, wgmma, wgmma_pingpong or mma_sync");
   if (ov && ov->fast_ctas < 0)
     fail("overrides fast_ctas = " + std::to_string(ov->fast_ctas) + "; accepted: 0 (one CTA per SM) or a CTA count >= 1");
-  if (ov && ov->fast_ctas != 0 &&
-      (!fast || (ov->fast_form != MlaFastForm::automatic ? ov->fast_form : mla_fast_form_rule()) == MlaFastForm::mma_sync))
+  const MlaFastForm form = ov && ov->fast_form != MlaFastForm::automatic ? ov->fast_form : mla_fast_form_rule();
+  if (ov && ov->fast_ctas != 0 && (!fast || form == MlaFastForm::mma_sync))
     fail("overrides fast_ctas = " + std::to_string(ov->fast_ctas) +
          " sizes the persistent grid of the wgmma forms; accepted: fast_ctas with precision fast and a wgmma form only");
   if (!fast && ov && ov->fast_form != MlaFastForm::automatic)
@@ -649,7 +649,6 @@ void mla_prefill_heads(const MlaPrefillHeadsArgs& a, cudaStream_t stream, const 
     kernel<<<grid, NTHR, smem, stream>>>(p);
   };
   static bool attr[3] = {false, false, false};
-  const MlaFastForm form = ov && ov->fast_form != MlaFastForm::automatic ? ov->fast_form : mla_fast_form_rule();
   if (fast && form != MlaFastForm::mma_sync) {
     mla_prefill_detail::FastAttnArgs fa;
     fa.B = static_cast<int>(NS);
