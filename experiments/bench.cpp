@@ -841,6 +841,14 @@ Measured bench_mla_prefill_naive(const Shape& s, long long prefix, int warmup, i
       const double t = time_ms([&] { kernels::mla_prefill_heads(a, nullptr, &ov); }, warmup, iters).first;
       forms += fmt::format(", {} {:.4f} ms", kernels::mla_fast_form_name(f), t);
     }
+    // the persistent grid's item orders (kernels::MlaFastOrder) in the rule's form
+    forms += fmt::format("; item order {} by the rule", kernels::mla_fast_order_name(kernels::mla_fast_order_rule(a)));
+    for (const auto o : {kernels::MlaFastOrder::longest_first, kernels::MlaFastOrder::head_major}) {
+      kernels::MlaPrefillOverrides ov;
+      ov.fast_order = o;
+      const double t = time_ms([&] { kernels::mla_prefill_heads(a, nullptr, &ov); }, warmup, iters).first;
+      forms += fmt::format(", {} {:.4f} ms", kernels::mla_fast_order_name(o), t);
+    }
     fmt::print("  (B={} T={} H={} prefix={}: precision fast (bf16 K, V, P), naive path, workspace {:.0f} MB; attention "
                "form {} by the rule{})\n",
                s.B, s.T, s.H, prefix, wsb / 1e6, kernels::mla_fast_form_name(kernels::mla_fast_form_rule()), forms);

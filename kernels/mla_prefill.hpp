@@ -234,6 +234,24 @@ const char* mla_fast_form_name(MlaFastForm f);
 /// (docs/kernels/mla_prefill.md, "Precision fast, version 2").
 MlaFastForm mla_fast_form_rule();
 
+/// The order in which the wgmma forms' persistent CTAs take their work items (128 query rows x head x sequence; a
+/// snake deal: round j hands the next G items to the G CTAs, in reverse CTA order on odd rounds):
+/// - longest_first: query tiles from the last one down, every (head, sequence) of a tile side by side;
+/// - head_major: every query tile of one (head, sequence) side by side, last one first, so that the CTAs running at
+///   one time share fewer heads' K and V in L2.
+/// Any order gives the same o bit for bit.
+enum class MlaFastOrder : int { automatic = 0, longest_first = 1, head_major = 2 };
+
+/// "auto", "longest_first" or "head_major".
+const char* mla_fast_order_name(MlaFastOrder o);
+
+/// The order automatic picks: head_major when the prefix dominates (N0 >= 7 T: every query tile's keys within 1/8 of
+/// the longest's, so the order does not change the balance) or a sequence has at most 16 query tiles (T <= 2048,
+/// with packed sequences the longest: a schedule model puts the snake deal of head_major within 0-3% of
+/// longest_first's balance there); else longest_first (docs/kernels/mla_prefill.md, "Precision fast, version 3").
+/// No checks, no CUDA calls.
+MlaFastOrder mla_fast_order_rule(const MlaPrefillHeadsArgs& a);
+
 struct MlaPrefillOverrides {
   MlaPrefillPath path = MlaPrefillPath::automatic;  ///< automatic (mla_prefill_path_rule), absorbed or naive
   bool p_hi_only = false;  ///< naive path ablation: P as bf16 hi only (4 mma passes instead of 5, ~1e-3)
@@ -243,6 +261,8 @@ struct MlaPrefillOverrides {
   /// precision fast, wgmma forms: CTAs of the persistent grid (each takes work items of 128 query rows x one head in
   /// turn); 0: one per SM. Any count gives the same output bit for bit (an item's arithmetic does not depend on its CTA)
   int fast_ctas = 0;
+  /// precision fast, wgmma forms: the persistent CTAs' item order (mla_fast_order_rule() for automatic)
+  MlaFastOrder fast_order = MlaFastOrder::automatic;
 };
 
 /// The path mla_prefill_heads() runs: naive in precision fast or with cu_seqlens; else the forced one when ov->path is

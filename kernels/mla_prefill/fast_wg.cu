@@ -96,10 +96,9 @@ struct Item {
   long long row0;
 };
 /// Item i in the longest-first order: the query tiles from the last one down (a tile's key count grows with qt), every
-/// (head, sequence) of one tile side by side. head_major (a prefix so long that every tile's key count is within 1/8
-/// of the longest, so the order's balance does not matter): the query tiles of one (head, sequence) side by side
-/// instead, last one first, so that the CTAs running at one time share fewer heads' K and V in L2. Packed sequences
-/// shorter than the longest leave empty items (T <= 128 qt).
+/// (head, sequence) of one tile side by side; head_major: the query tiles of one (head, sequence) side by side
+/// instead, last one first (kernels/mla_prefill.hpp MlaFastOrder). Packed sequences shorter than the longest leave
+/// empty items (T <= 128 qt).
 __device__ __forceinline__ Item item_of(const FParams& p, int i) {
   const int hb = p.H * p.B;
   const int r = p.head_major ? i % p.nqt : i / hb, rem = p.head_major ? i / p.nqt : i - r * hb, b = rem / p.H;
@@ -458,8 +457,7 @@ void fast_attention_wgmma(const FastAttnArgs& a, bool pingpong, cudaStream_t str
   p.cu = a.cu;
   p.n0s = a.n0s;
   p.nqt = static_cast<int>(nqt);
-  // the shortest query tile's keys N0 + 128 against the longest's N0 + T: within 1/8 when N0 >= 7 T - 1024 (N0 >= 7 T taken)
-  p.head_major = static_cast<long long>(a.N0) >= 7LL * a.T;
+  p.head_major = a.head_major ? 1 : 0;
   p.n_items = static_cast<int>(n_items);
   p.q = a.q;
   p.sq_b = a.sq_b;

@@ -25,6 +25,7 @@ struct FastAttnArgs {
   float scale_log2 = 0.0f;  ///< softmax scale times log2(e)
   float* out = nullptr;
   int ctas = 0;  ///< CTAs of the persistent grid; 0: one per SM (at most one per work item)
+  bool head_major = false;  ///< item order (kernels/mla_prefill.hpp MlaFastOrder): head-major, else longest first
 };
 
 /// Launches the attention on `stream`; `pingpong`: the form whose two consumer warpgroups issue their products in

@@ -455,6 +455,20 @@ const char* mla_fast_form_name(MlaFastForm f) {
 
 MlaFastForm mla_fast_form_rule() { return MlaFastForm::wgmma; }
 
+const char* mla_fast_order_name(MlaFastOrder o) {
+  switch (o) {
+    case MlaFastOrder::automatic: return "auto";
+    case MlaFastOrder::longest_first: return "longest_first";
+    case MlaFastOrder::head_major: return "head_major";
+  }
+  return "?";
+}
+
+MlaFastOrder mla_fast_order_rule(const MlaPrefillHeadsArgs& a) {
+  const long long T = std::max(a.cu_seqlens ? a.max_seqlen : a.T, 1), N0 = std::max(a.prefix, 0);
+  return N0 >= 7 * T || (T + 127) / 128 <= 16 ? MlaFastOrder::head_major : MlaFastOrder::longest_first;
+}
+
 MlaPrefillPrecision mla_prefill_heads_precision(const MlaPrefillHeadsArgs& a) {
   return a.precision == MlaPrefillPrecision::automatic ? mla_prefill_precision_rule(a) : a.precision;
 }
@@ -501,6 +515,13 @@ void mla_prefill_heads(const MlaPrefillHeadsArgs& a, cudaStream_t stream, const 
   if (ov && ov->fast_ctas != 0 && (!fast || form == MlaFastForm::mma_sync))
     fail("overrides fast_ctas = " + std::to_string(ov->fast_ctas) +
          " sizes the persistent grid of the wgmma forms; accepted: fast_ctas with precision fast and a wgmma form only");
+  if (ov && (static_cast<int>(ov->fast_order) < 0 || static_cast<int>(ov->fast_order) > 2))
+    fail("overrides fast_order = " + std::to_string(static_cast<int>(ov->fast_order)) +
+         "; accepted: automatic, longest_first or head_major");
+  if (ov && ov->fast_order != MlaFastOrder::automatic &&
+      (!fast || (ov->fast_form != MlaFastForm::automatic ? ov->fast_form : mla_fast_form_rule()) == MlaFastForm::mma_sync))
+    fail(std::string("overrides fast_order = ") + mla_fast_order_name(ov->fast_order) +
+         " orders the persistent grid of the wgmma forms; accepted: fast_order with precision fast and a wgmma form only");
   if (!fast && ov && ov->fast_form != MlaFastForm::automatic)
     fail(std::string("fast_form = ") + mla_fast_form_name(ov->fast_form) +
          " with precision accurate: it picks a form of the fast attention; accepted: fast_form with precision fast only");
@@ -666,6 +687,8 @@ void mla_prefill_heads(const MlaPrefillHeadsArgs& a, cudaStream_t stream, const 
     fa.scale_log2 = p.scale_log2;
     fa.out = a.out;
     fa.ctas = ov ? ov->fast_ctas : 0;
+    fa.head_major = (ov && ov->fast_order != MlaFastOrder::automatic ? ov->fast_order : mla_fast_order_rule(a)) ==
+                    MlaFastOrder::head_major;
     mla_prefill_detail::fast_attention_wgmma(fa, form == MlaFastForm::wgmma_pingpong, stream);
   } else if (fast)
     launch(mla_naive_attn_kernel<kFast>, smem_of(kFast), attr[kFast], "cudaFuncSetAttribute(mla_naive_attn_kernel fast)");

@@ -807,7 +807,7 @@ TEST_CASE("mla prefill heads, fast: every attention form vs float64 and beside a
     for (std::size_t T : {1, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 256, 257, 300, 1000}) cases.push_back({T, N0, 32, 1.0});
   for (std::size_t T : {1, 64, 129, 255}) cases.push_back({T, 129, 32, 1.0});
   for (std::size_t T : {65, 300}) cases.push_back({T, 37, 16, 1.0});
-  cases.push_back({257, 1800, 16, 1.0});  // N0 >= 7 T: the persistent grid's head-major item order, 3 query tiles
+  cases.push_back({257, 1800, 16, 1.0});  // N0 >= 7 T behind a long prefix, 3 query tiles
   for (double sigma : {2.0, 4.0}) cases.push_back({300, 37, 32, sigma});
   double worst = 0.0, worst_v1 = 0.0;
   for (const Case& c : cases) {
@@ -863,23 +863,27 @@ TEST_CASE("mla prefill heads, fast: a CUDA graph of the call equals the direct c
   CHECK(P.cache_errors() == 0);
 }
 
-TEST_CASE("mla prefill heads, fast: the persistent grid's size does not change o, bit for bit", "[gpu][mla][fast]") {
+TEST_CASE("mla prefill heads, fast: the persistent grid's size and item order do not change o, bit for bit", "[gpu][mla][fast]") {
   // B = 2, T = 300, H = 32: 3 query tiles x 32 heads x 2 sequences = 192 work items, so one CTA takes all of them in
   // turn (the ring's phases run on across items), 7 CTAs take 27-28 each in the snake order, and the default (one per
   // SM) takes one or two each; N0 = 37 puts each item's diagonal inside a key tile
+  // (both item orders: the rule's and the other)
   HeadsProblem P(2, 300, 32, 37);
   for (const auto form : {kernels::MlaFastForm::wgmma, kernels::MlaFastForm::wgmma_pingpong}) {
     kernels::MlaPrefillOverrides ov = fast_form(form);
     const auto by_sm = run_heads(P, ov, kernels::MlaPrefillPrecision::fast);
     REQUIRE(non_finite(by_sm) == 0);
-    for (int ctas : {1, 7, 191, 192, 500}) {
-      ov.fast_ctas = ctas;
-      const auto o = run_heads(P, ov, kernels::MlaPrefillPrecision::fast);
-      std::printf("mla prefill heads fast %s, %d CTAs: identical to one CTA per SM: %s\n", kernels::mla_fast_form_name(form),
-                  ctas, o == by_sm ? "yes" : "no");
-      CAPTURE(kernels::mla_fast_form_name(form), ctas);
-      CHECK(o == by_sm);
-    }
+    for (const auto order : {kernels::MlaFastOrder::longest_first, kernels::MlaFastOrder::head_major})
+      for (int ctas : {0, 1, 7, 191, 192, 500}) {
+        ov.fast_order = order;
+        ov.fast_ctas = ctas;
+        const auto o = run_heads(P, ov, kernels::MlaPrefillPrecision::fast);
+        std::printf("mla prefill heads fast %s, order %s, %d CTAs (0: one per SM): identical to the rule's order on one CTA "
+                    "per SM: %s\n", kernels::mla_fast_form_name(form), kernels::mla_fast_order_name(order), ctas,
+                    o == by_sm ? "yes" : "no");
+        CAPTURE(kernels::mla_fast_form_name(form), kernels::mla_fast_order_name(order), ctas);
+        CHECK(o == by_sm);
+      }
   }
 }
 
@@ -1063,6 +1067,29 @@ TEST_CASE("mla prefill heads, fast: identical keys and very large logits give no
     }
 }
 
+TEST_CASE("mla prefill heads, fast: the item-order rule", "[gpu][mla][fast]") {
+  kernels::MlaPrefillHeadsArgs a;
+  a.B = 1;
+  a.H = 32;
+  const auto order = [&](int T, int N0) {
+    a.T = T;
+    a.prefix = N0;
+    return kernels::mla_fast_order_rule(a);
+  };
+  using kernels::MlaFastOrder;
+  CHECK(order(8192, 0) == MlaFastOrder::longest_first);   // 64 query tiles
+  CHECK(order(2049, 0) == MlaFastOrder::longest_first);   // 17
+  CHECK(order(2048, 0) == MlaFastOrder::head_major);      // 16
+  CHECK(order(512, 0) == MlaFastOrder::head_major);
+  CHECK(order(8192, 57344) == MlaFastOrder::head_major);  // N0 = 7 T: the prefix dominates
+  CHECK(order(8192, 57343) == MlaFastOrder::longest_first);
+  a.cu_seqlens = reinterpret_cast<const int*>(16);  // packed: the longest sequence's bound counts, not the total
+  a.num_seqs = 8;
+  a.max_seqlen = 512;
+  CHECK(order(4096, 0) == MlaFastOrder::head_major);
+  CHECK(std::string(kernels::mla_fast_order_name(MlaFastOrder::head_major)) == "head_major");
+}
+
 TEST_CASE("mla prefill heads: the precision rule, fast's path and workspace", "[gpu][mla][fast]") {
   using kernels::MlaPrefillPath;
   using kernels::MlaPrefillPrecision;
@@ -1187,6 +1214,18 @@ const std::vector<BadCase<HeadsCall>> kHeadsBad = {
        h.ov.fast_ctas = 4;
      },
      "mla_prefill_heads: overrides fast_ctas = 4 sizes the persistent grid of the wgmma forms; accepted"},
+    {"fast_order = 5",
+     [](auto& h) {
+       h.a.precision = kernels::MlaPrefillPrecision::fast;
+       h.ov.fast_order = static_cast<kernels::MlaFastOrder>(5);
+     },
+     "mla_prefill_heads: overrides fast_order = 5; accepted: automatic, longest_first or head_major"},
+    {"fast_order with accurate",
+     [](auto& h) {
+       h.a.precision = kernels::MlaPrefillPrecision::accurate;
+       h.ov.fast_order = kernels::MlaFastOrder::head_major;
+     },
+     "mla_prefill_heads: overrides fast_order = head_major orders the persistent grid of the wgmma forms; accepted"},
     {"cu_seqlens with B = 2",
      [](auto& h) {
        packed(h, 1, 1);
