@@ -1,7 +1,7 @@
 #pragma once
 // sm_90 shared-memory mbarriers and bulk copies that complete on them, shared by Block AttnRes (kernels/attn_res.cu: a
-// ring of row copies) and the fast MLA prefill attention (kernels/mla_prefill/fast_wg.cu: TMA tiles). Source: PTX ISA,
-// "mbarrier", "cp.async.bulk" and "cp.async.bulk.tensor".
+// ring of row copies) and the fast MLA prefill attention (kernels/mla_prefill/fast_wg.cu: TMA tiles in, TMA stores of
+// o out). Source: PTX ISA, "mbarrier", "cp.async.bulk" and "cp.async.bulk.tensor".
 #include <cstdint>
 
 namespace kdalab::kernels::detail::mbar {
@@ -57,5 +57,21 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const void* tmap, int c0,
       "l"(reinterpret_cast<std::uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(bar))
       : "memory");
 }
+
+/// One box of a rank-3 TMA tensor map from shared `src` (aligned as the map's swizzle needs) to global at element
+/// coordinates (c0, c1, c2), in this thread's current bulk async-group (bulk_commit closes it). The caller has made its
+/// CTA's generic-proxy writes of `src` visible to the async proxy (fence.proxy.async.shared::cta, then a barrier).
+/// Elements outside the tensor are not written.
+__device__ __forceinline__ void tma_store_3d(const void* tmap, const void* src, int c0, int c1, int c2) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+                   reinterpret_cast<std::uint64_t>(tmap)),
+               "r"(smem_u32(src)), "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+}
+/// Closes this thread's current bulk async-group (the stores issued since the last commit).
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+/// Waits until this thread's committed bulk async-groups have read their shared-memory sources (their global writes
+/// may still be in flight), so that the sources may be rewritten or the CTA may exit.
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 
 }  // namespace kdalab::kernels::detail::mbar

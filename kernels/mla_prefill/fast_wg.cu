@@ -67,8 +67,10 @@ constexpr int CBK = KT * 128;         // one column block [128 keys x 64] of an 
 constexpr int STAGE = 2 * ARR;        // K then V
 constexpr int OFF_Q = 0;              // q of warpgroup w at 16 KB w: two column blocks [64 rows x 64] of 8 KB
 constexpr int OFF_KV = 2 * 64 * DH * 2;
-constexpr int OFF_BAR = OFF_KV + ST * STAGE;
-constexpr std::size_t SMEM = OFF_BAR + 3 * ST * 8 + 1024;  // + slack to align the base to 1024 bytes
+constexpr int OBOX = 64 * 128;        // one TMA store box of o: [64 rows x 32 fp32 columns], 128-byte swizzle: 8 KB
+constexpr int OFF_O = OFF_KV + ST * STAGE;  // o of warpgroup w at 32 KB w: four boxes
+constexpr int OFF_BAR = OFF_O + 2 * 4 * OBOX;
+constexpr std::size_t SMEM = OFF_BAR + 4 * ST * 8 + 1024;  // + slack to align the base to 1024 bytes
 static_assert(SMEM <= 227 * 1024, "fast attention shared memory");
 // setmaxnreg: the producer warpgroup drops to 24 registers a thread and the consumers rise to 240; the exchange balances
 // only when the kernel starts at 168 (65536 / 384, rounded down to a multiple of 8, which __launch_bounds__(384, 1)
@@ -87,6 +89,7 @@ struct FParams {
   int q16;  // q, sq_b and sq_t allow 16-byte copies (else 4-byte ones)
   float scale_log2;
   float* out;
+  int o_tma;  // o 16-byte aligned: full 64-row blocks leave by TMA stores (tmO), else every row by direct stores
 };
 
 /// A work item: query tile qt (rows [128 qt, 128 qt + 128)) of head `head` of sequence b, which has T queries (q and o
@@ -147,17 +150,18 @@ __device__ __forceinline__ void issue_pv(float* o, const std::uint32_t (*pa)[4],
 }
 
 /// The online softmax of one tile for this thread's two rows (h = 0: row pos[0], h = 1: pos[1]): s (the m64n128
-/// accumulator: element 4j + e is row half e / 2, key key0 + 8j + 2 cq + e % 2) masked (key > pos: -inf) when `masked`,
+/// accumulator: element 4j + e is row half e / 2, key key0 + 8j + 2 cq + e % 2) masked (key > pos: -inf) when MASKED,
 /// then replaced by p = 2^(s scale_log2 - m_new), one FFMA and one MUFU.EX2 an element; m (in the log2 domain), l
 /// updated; c[h] = 2^(m_old - m_new), the factor of the rows' accumulator. The row maximum is taken on the raw scores
 /// (scale_log2 > 0 keeps their order).
-__device__ __forceinline__ void softmax_tile(float* s, int key0, bool masked, const int* pos, int cq, float scale_log2,
-                                             float* m, float* l, float* c) {
+template <bool MASKED>
+__device__ __forceinline__ void softmax_tile(float* s, int key0, const int* pos, int cq, float scale_log2, float* m,
+                                             float* l, float* c) {
   float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
   for (int e = 0; e < 64; ++e) {
     const int h = (e >> 1) & 1;
-    if (masked && key0 + 8 * (e / 4) + 2 * cq + (e & 1) > pos[h]) s[e] = -INFINITY;
+    if (MASKED && key0 + 8 * (e / 4) + 2 * cq + (e & 1) > pos[h]) s[e] = -INFINITY;
     mx[h] = fmaxf(mx[h], s[e]);
   }
   float sum[2] = {0.0f, 0.0f};
@@ -179,6 +183,16 @@ __device__ __forceinline__ void softmax_tile(float* s, int key0, bool masked, co
   }
   l[0] = l[0] * c[0] + sum[0];
   l[1] = l[1] * c[1] + sum[1];
+}
+
+/// softmax_tile with the mask only where the tile reaches past the warpgroup's first position (minpos): two branches,
+/// so that the unmasked tiles run no compare and select per element.
+__device__ __forceinline__ void softmax_tile_at(float* s, int key0, int minpos, const int* pos, int cq, float scale_log2,
+                                                float* m, float* l, float* c) {
+  if (key0 + KT - 1 > minpos)
+    softmax_tile<true>(s, key0, pos, cq, scale_log2, m, l, c);
+  else
+    softmax_tile<false>(s, key0, pos, cq, scale_log2, m, l, c);
 }
 
 /// P = bf16(p) as the register A fragments of 8 k-steps (keys 16 kk .. 16 kk + 15): the accumulator elements 4j + {0, 1}
@@ -203,6 +217,11 @@ __device__ __forceinline__ void settle_pv(float* o, std::uint32_t (*pa)[4]) {
   for (int kk = 0; kk < 8; ++kk)
 #pragma unroll
     for (int e = 0; e < 4; ++e) fence_reg(pa[kk][e]);
+}
+
+/// st.shared.v2.f32 at shared address a (8-byte aligned).
+__device__ __forceinline__ void st_shared_v2(std::uint32_t a, float x, float y) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(a), "f"(x), "f"(y) : "memory");
 }
 
 /// One arrival of this warp on `bar` once every lane is past its reads of the stage.
@@ -238,20 +257,23 @@ __device__ __forceinline__ void load_q_async(const FParams& p, const Item& it, u
 /// cp.async as soon as its last scores product of the current item is in.
 template <bool PINGPONG>
 __global__ void __launch_bounds__(NTHR, 1)
-    mla_fast_attn_wg_kernel(const __grid_constant__ CUtensorMap tmK, const __grid_constant__ CUtensorMap tmV, FParams p) {
+    mla_fast_attn_wg_kernel(const __grid_constant__ CUtensorMap tmK, const __grid_constant__ CUtensorMap tmV,
+                            const __grid_constant__ CUtensorMap tmO, FParams p) {
   const int tid = threadIdx.x;
 
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) & ~std::uintptr_t{1023});
   std::uint64_t* full_k = reinterpret_cast<std::uint64_t*>(smem + OFF_BAR);
   std::uint64_t* full_v = full_k + ST;
-  std::uint64_t* empty = full_v + ST;
+  std::uint64_t* empty_k = full_v + ST;  // K of a stage read (its scores products are in)
+  std::uint64_t* empty_v = empty_k + ST;  // V of a stage read (its P V products are in)
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < ST; ++s) {
       mb::init(&full_k[s], 1);
       mb::init(&full_v[s], 1);
-      mb::init(&empty[s], 8);  // the 8 consumer warps
+      mb::init(&empty_k[s], 8);  // the 8 consumer warps
+      mb::init(&empty_v[s], 8);
     }
     mb::init_fence();
   }
@@ -269,12 +291,13 @@ __global__ void __launch_bounds__(NTHR, 1)
         const int row0 = it.b * p.NK;  // the sequence's first key row in the [B NK] token dimension of the maps
         for (int kt = 0; kt < ntiles; ++kt, ++u) {
           const int s = u % ST;
-          if (u >= ST) mb::wait(&empty[s], static_cast<unsigned>(u / ST - 1) & 1u);
           unsigned char* st = smem + OFF_KV + s * STAGE;
           const int r = row0 + kt * KT;
+          if (u >= ST) mb::wait(&empty_k[s], static_cast<unsigned>(u / ST - 1) & 1u);
           mb::arrive_expect_tx(&full_k[s], ARR);
           mb::tma_load_3d(st, &tmK, 0, it.head, r, &full_k[s]);
           mb::tma_load_3d(st + CBK, &tmK, 64, it.head, r, &full_k[s]);
+          if (u >= ST) mb::wait(&empty_v[s], static_cast<unsigned>(u / ST - 1) & 1u);
           mb::arrive_expect_tx(&full_v[s], ARR);
           mb::tma_load_3d(st + ARR, &tmV, 0, it.head, r, &full_v[s]);
           mb::tma_load_3d(st + ARR + CBK, &tmV, 64, it.head, r, &full_v[s]);
@@ -336,8 +359,9 @@ __global__ void __launch_bounds__(NTHR, 1)
       wgmma_wait<0>();
 #pragma unroll
       for (int e = 0; e < 64; ++e) fence_reg(s[e]);
+      release(&empty_k[stage(u0)], lane);
       if (nt == 1) prefetch_q();
-      softmax_tile(s, 0, KT - 1 > minpos, pos, cq, p.scale_log2, m, l, c);
+      softmax_tile_at(s, 0, minpos, pos, cq, p.scale_log2, m, l, c);
       pack_p(s, pa);
       for (int kt = 1; kt < nt; ++kt) {
         const int un = u0 + kt, up = un - 1;
@@ -350,14 +374,15 @@ __global__ void __launch_bounds__(NTHR, 1)
         issue_pv(o, pa, kv0 + stage(up) * STAGE + ARR);
         wgmma_commit();
         if (PINGPONG && !(wg == 1 && kt == nt - 1)) turn_give(wg);
-        wgmma_wait<1>();  // the scores (the older group) are in
+        wgmma_wait<1>();  // the scores (the older group) are in: K of tile kt is free
 #pragma unroll
         for (int e = 0; e < 64; ++e) fence_reg(s[e]);
+        release(&empty_k[stage(un)], lane);
         if (kt == nt - 1) prefetch_q();
-        softmax_tile(s, kt * KT, kt * KT + KT - 1 > minpos, pos, cq, p.scale_log2, m, l, c);
+        softmax_tile_at(s, kt * KT, minpos, pos, cq, p.scale_log2, m, l, c);
         wgmma_wait<0>();  // P V of tile kt - 1 is in: its stage is free, o may be rescaled and pa rewritten
         settle_pv(o, pa);
-        release(&empty[stage(up)], lane);
+        release(&empty_v[stage(up)], lane);
 #pragma unroll
         for (int e = 0; e < 64; ++e) o[e] *= c[(e >> 1) & 1];
         pack_p(s, pa);
@@ -369,7 +394,7 @@ __global__ void __launch_bounds__(NTHR, 1)
       wgmma_commit();
       wgmma_wait<0>();
       settle_pv(o, pa);
-      release(&empty[stage(ul)], lane);
+      release(&empty_v[stage(ul)], lane);
     }
     for (int kt = nt; kt < ntiles; ++kt) {  // past this warpgroup's rows: only the stage's release
       // both arrays' phases are waited on: a parity wait is only sound on a barrier whose earlier phases this thread
@@ -377,7 +402,8 @@ __global__ void __launch_bounds__(NTHR, 1)
       const int uk = u0 + kt;
       mb::wait(&full_k[stage(uk)], parity(uk));
       mb::wait(&full_v[stage(uk)], parity(uk));
-      release(&empty[stage(uk)], lane);
+      release(&empty_k[stage(uk)], lane);
+      release(&empty_v[stage(uk)], lane);
     }
     u0 += ntiles;
     i = inext;
@@ -389,17 +415,44 @@ __global__ void __launch_bounds__(NTHR, 1)
       l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
     }
     const float ia = 1.0f / l[0], ib = 1.0f / l[1];
-    float* ob = p.out + (it.row0 * p.H + it.head) * DH;
 #pragma unroll
-    for (int jj = 0; jj < 16; ++jj) {
-      const int col = 8 * jj + 2 * cq;
-      if (ra < it.T)
-        *reinterpret_cast<float2*>(ob + static_cast<long long>(ra) * p.H * DH + col) = make_float2(o[4 * jj] * ia, o[4 * jj + 1] * ia);
-      if (rb < it.T)
-        *reinterpret_cast<float2*>(ob + static_cast<long long>(rb) * p.H * DH + col) =
-            make_float2(o[4 * jj + 2] * ib, o[4 * jj + 3] * ib);
+    for (int e = 0; e < 64; ++e) o[e] *= (e >> 1) & 1 ? ib : ia;
+    if (p.o_tma && first + 64 <= it.T) {
+      // all 64 rows in the sequence: through the warpgroup's block of shared memory and four TMA stores, which run on
+      // while the warpgroup starts its next item (box x: columns [32 x, 32 x + 32); 16-byte chunk k of row r at k ^ r % 8)
+      unsigned char* os = smem + OFF_O + wg * 4 * OBOX;
+      if (wt == 0) mb::bulk_wait_read();  // the previous item's stores have read the block
+      wg_barrier(wg);
+      // row r0 = ra - first (and r0 + 8, the same swizzle), columns 8 jj + 2 cq + {0, 1}: box jj / 4, chunk
+      // 2 (jj % 4) + cq / 2 (= 2 (jj % 4) ^ cq / 2), byte 8 (cq % 2) of the chunk
+      const int r0 = 16 * warp + g;
+      const std::uint32_t base = mb::smem_u32(os) + r0 * 128 + 8 * (cq & 1), y = ((cq >> 1) ^ (r0 & 7)) << 4;
+#pragma unroll
+      for (int jj = 0; jj < 16; ++jj) {
+        const std::uint32_t a = base + (jj / 4) * OBOX + ((32u * (jj % 4)) ^ y);
+        st_shared_v2(a, o[4 * jj], o[4 * jj + 1]);
+        st_shared_v2(a + 8 * 128, o[4 * jj + 2], o[4 * jj + 3]);
+      }
+      fence_async_smem();
+      wg_barrier(wg);
+      if (wt == 0) {
+        const int row = static_cast<int>(it.row0) + first;
+#pragma unroll
+        for (int x = 0; x < 4; ++x) mb::tma_store_3d(&tmO, os + x * OBOX, 32 * x, it.head, row);
+        mb::bulk_commit();
+      }
+    } else {  // a tail block: rows past the sequence's end are not written
+      float* ob = p.out + (it.row0 * p.H + it.head) * DH;
+#pragma unroll
+      for (int jj = 0; jj < 16; ++jj) {
+        const int col = 8 * jj + 2 * cq;
+        if (ra < it.T) *reinterpret_cast<float2*>(ob + static_cast<long long>(ra) * p.H * DH + col) = make_float2(o[4 * jj], o[4 * jj + 1]);
+        if (rb < it.T)
+          *reinterpret_cast<float2*>(ob + static_cast<long long>(rb) * p.H * DH + col) = make_float2(o[4 * jj + 2], o[4 * jj + 3]);
+      }
     }
   }
+  if (wt == 0) mb::bulk_wait_read();  // the block stays until the last stores have read it
 }
 
 /// cuTensorMapEncodeTiled from the driver, looked up once through the runtime (no link against libcuda).
@@ -436,6 +489,21 @@ CUtensorMap kv_map(const bf16_t* base, int H, long long rows, const char* name) 
   return m;
 }
 
+/// The TMA map of o [rows, H, 128] fp32: boxes of [64 rows x 1 head x 32 columns], 128-byte swizzle.
+CUtensorMap o_map(float* base, int H, long long rows) {
+  CUtensorMap m;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(DH), static_cast<cuuint64_t>(H), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(DH) * 4, static_cast<cuuint64_t>(H) * DH * 4};
+  const cuuint32_t box[3] = {32, 1, 64};
+  const cuuint32_t estr[3] = {1, 1, 1};
+  const CUresult r = encode_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, base, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    throw Error("mla_prefill_heads: cuTensorMapEncodeTiled failed for o (CUresult " + std::to_string(static_cast<int>(r)) +
+                ", rows " + std::to_string(rows) + ", H " + std::to_string(H) + ")");
+  return m;
+}
+
 }  // namespace
 
 void fast_attention_wgmma(const FastAttnArgs& a, bool pingpong, cudaStream_t stream) {
@@ -465,6 +533,10 @@ void fast_attention_wgmma(const FastAttnArgs& a, bool pingpong, cudaStream_t str
   p.q16 = reinterpret_cast<std::uintptr_t>(a.q) % 16 == 0 && a.sq_t % 8 == 0 && a.sq_b % 8 == 0;
   p.scale_log2 = a.scale_log2;
   p.out = a.out;
+  // rows < 2^31 (the K and V rows bound them), so the stores' row coordinate fits
+  p.o_tma = reinterpret_cast<std::uintptr_t>(a.out) % 16 == 0 && a.out_rows > 0 ? 1 : 0;
+  CUtensorMap to{};
+  if (p.o_tma) to = o_map(a.out, a.H, a.out_rows);
   int ctas = a.ctas;
   if (ctas <= 0) {  // one CTA an SM
     int dev = 0;
@@ -478,7 +550,7 @@ void fast_attention_wgmma(const FastAttnArgs& a, bool pingpong, cudaStream_t str
                  "cudaFuncSetAttribute(mla_fast_attn_wg_kernel)");
       attr = true;
     }
-    kernel<<<grid, NTHR, SMEM, stream>>>(tk, tv, p);
+    kernel<<<grid, NTHR, SMEM, stream>>>(tk, tv, to, p);
   };
   static bool attr[2] = {false, false};
   if (pingpong)

@@ -24,6 +24,7 @@ struct FastAttnArgs {
   const bf16_t* V = nullptr;
   float scale_log2 = 0.0f;  ///< softmax scale times log2(e)
   float* out = nullptr;
+  long long out_rows = 0;  ///< rows of o: B T, or with cu the packed total cu[B]
   int ctas = 0;  ///< CTAs of the persistent grid; 0: one per SM (at most one per work item)
   bool head_major = false;  ///< item order (kernels/mla_prefill.hpp MlaFastOrder): head-major, else longest first
 };

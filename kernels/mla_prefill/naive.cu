@@ -686,6 +686,7 @@ void mla_prefill_heads(const MlaPrefillHeadsArgs& a, cudaStream_t stream, const 
     fa.V = static_cast<const bf16_t*>(Vw);
     fa.scale_log2 = p.scale_log2;
     fa.out = a.out;
+    fa.out_rows = a.cu_seqlens ? static_cast<long long>(a.T) : NS * TM;
     fa.ctas = ov ? ov->fast_ctas : 0;
     fa.head_major = (ov && ov->fast_order != MlaFastOrder::automatic ? ov->fast_order : mla_fast_order_rule(a)) ==
                     MlaFastOrder::head_major;

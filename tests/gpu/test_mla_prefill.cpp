@@ -910,6 +910,36 @@ TEST_CASE("mla prefill heads, fast: a q token stride that is not a multiple of 1
   CHECK(strided == dense);
 }
 
+TEST_CASE("mla prefill heads, fast: an o that is 8- but not 16-byte aligned gives the same o, bit for bit", "[gpu][mla][fast]") {
+  // an aligned o takes whole 64-row blocks out through shared memory and TMA stores, and tail rows by direct stores;
+  // o 8 bytes past a 16-byte aligned address (out needs 8) takes every row by direct stores. B = 2, T = 130: blocks of 64, 64 and 2 rows
+  // per sequence, so a TMA block ends next to the other sequence's rows.
+  HeadsProblem P(2, 130, 32, 37);
+  for (const auto form : {kernels::MlaFastForm::wgmma, kernels::MlaFastForm::wgmma_pingpong}) {
+    const kernels::MlaPrefillOverrides ov = fast_form(form);
+    const auto aligned = run_heads(P, ov, kernels::MlaPrefillPrecision::fast);
+    P.upload();
+    kernels::MlaPrefillHeadsArgs a = P.args();
+    a.precision = kernels::MlaPrefillPrecision::fast;
+    const std::size_t n = P.B * P.T * P.H * 128;
+    DevBuf out((n + 2) * 4), ws(kernels::mla_prefill_heads_workspace_bytes(a, &ov));
+    out.poison();
+    ws.poison();
+    a.out = out.as<float>() + 2;
+    a.workspace = ws.p;
+    a.workspace_bytes = ws.bytes;
+    kernels::mla_prefill_heads(a, nullptr, &ov);
+    cuda_check(cudaDeviceSynchronize(), "mla_prefill_heads");
+    const auto all = download_f32(out);
+    const std::vector<double> shifted(all.begin() + 2, all.end());
+    std::printf("mla prefill heads fast %s: o at an 8-byte offset identical to the aligned o: %s\n",
+                kernels::mla_fast_form_name(form), shifted == aligned ? "yes" : "no");
+    REQUIRE(non_finite(aligned) == 0);
+    CAPTURE(kernels::mla_fast_form_name(form));
+    CHECK(shifted == aligned);
+  }
+}
+
 /// Packed sequences (cu_seqlens) with their own T and N0, one set of weights: each sequence's truth is a B = 1
 /// HeadsProblem; the packed call gets q, c_new and o as packed rows and a cache [num_seqs, cap, 512] whose rows past
 /// each sequence's N0 are NaN.
