@@ -1,6 +1,6 @@
 // The fast MLA prefill attention (kernels/mla_prefill/fast_wg.hpp) on the warpgroup MMA: causal softmax attention,
 // d = 128, bf16 q, K, V and P, fp32 scores, softmax and accumulation. Design and measurements:
-// docs/kernels/mla_prefill.md, "Precision fast, version 2" and "version 3".
+// docs/kernels/mla_prefill.md, "Precision fast, version 2", "version 3" and "version 4".
 //
 // A persistent grid of one CTA per SM; each CTA takes work items (128 query rows, head, sequence) in turn, in the
 // order of item_index / item_of (below); 384 threads:
@@ -8,21 +8,25 @@
 //     128-byte-swizzled column blocks of [64 rows x 64], copied by cp.async), O [64 x 128] fp32 in registers (the
 //     m64n128 accumulator);
 //   warpgroup 2 (producer; it hands its registers to the consumers by setmaxnreg): one thread streams the items' key
-//     tiles of 128 keys into a ring of ST stages by TMA: K and V of a
-//     stage as two column blocks of [128 keys x 64] each (128-byte swizzle, written by the copy engine), each array on
-//     its own "full" mbarrier (bytes counted), a stage refilled after its "empty" mbarrier has the arrivals of all 8
-//     consumer warps.
+//     tiles of 128 keys into a ring of ST stages by TMA: K and V of a stage as two column blocks of [128 keys x 64]
+//     each (128-byte swizzle, written by the copy engine), each array on its own "full" mbarrier (bytes counted) and
+//     its own "empty" mbarrier: an array is refilled once all 8 consumer warps have arrived on its empty barrier, K as
+//     soon as the tile's scores product is in, V after the P V product.
 // Per consumer warpgroup and key tile kt (the FlashAttention-3 order within a warpgroup: the scores of tile kt are
 // issued before the P V product of tile kt - 1, and the softmax of kt runs while P V of kt - 1 is on the tensor cores):
 //   S = q K_kt^T                      8 wgmma m64n128k16, both operands K-major in shared memory
 //   O += P_{kt-1} V_{kt-1}            8 wgmma m64n128k16, P from registers (bf16), V MN-major in shared memory
-//   wait for S; causal mask (tiles that reach past the warpgroup's first position only); online softmax in the log2
-//     domain (row max over the 4 lanes of a quad), p = 2^(s - m) in the score registers
-//   wait for P V; release the stage of tile kt - 1; O *= 2^(m_old - m_new); P_kt = bf16(p) packed from the accumulator
+//   wait for S; release K of tile kt; causal mask (a separate code path for the tiles that reach past the warpgroup's
+//     first position); online softmax in the log2 domain (row max over the 4 lanes of a quad), p = 2^(s - m) in the
+//     score registers
+//   wait for P V; release V of tile kt - 1; O *= 2^(m_old - m_new); P_kt = bf16(p) packed from the accumulator
 //     registers (the m64nN accumulator layout is the A-fragment layout of the next product's k-steps), only now: a
 //     register that an in-flight wgmma reads may not be written (ptxas would serialise every wgmma of the kernel).
 // A warpgroup skips the tiles past its last row's position (at most the CTA's last one) but still takes part in their
-// stage's release.
+// stage's release. The epilogue scales O by 1 / l; a warpgroup whose 64 rows all lie in the sequence writes them into
+// its own 32 KB of shared memory and one thread issues four TMA stores, which run on while the warpgroup starts its
+// next item (the block is reused once those stores have read it); a tail block (or an o that is not 16-byte aligned)
+// is written row by row.
 // The ping-pong form (template PINGPONG; FlashAttention-3's inter-warpgroup schedule) adds turns: the two warpgroups
 // issue their products in alternation (two named barriers), so that one's softmax runs under the other's products;
 // both then run every tile of the item. Keys past the sequence's end come from the next sequence (packed sequences: the
@@ -187,8 +191,8 @@ __device__ __forceinline__ void softmax_tile(float* s, int key0, const int* pos,
 
 /// softmax_tile with the mask only where the tile reaches past the warpgroup's first position (minpos): two branches,
 /// so that the unmasked tiles run no compare and select per element.
-__device__ __forceinline__ void softmax_tile_at(float* s, int key0, int minpos, const int* pos, int cq, float scale_log2,
-                                                float* m, float* l, float* c) {
+__device__ __forceinline__ void softmax_tile_at(float* s, int key0, int minpos, const int* pos, int cq,
+                                                float scale_log2, float* m, float* l, float* c) {
   if (key0 + KT - 1 > minpos)
     softmax_tile<true>(s, key0, pos, cq, scale_log2, m, l, c);
   else
@@ -418,8 +422,9 @@ __global__ void __launch_bounds__(NTHR, 1)
 #pragma unroll
     for (int e = 0; e < 64; ++e) o[e] *= (e >> 1) & 1 ? ib : ia;
     if (p.o_tma && first + 64 <= it.T) {
-      // all 64 rows in the sequence: through the warpgroup's block of shared memory and four TMA stores, which run on
-      // while the warpgroup starts its next item (box x: columns [32 x, 32 x + 32); 16-byte chunk k of row r at k ^ r % 8)
+      // all 64 rows in the sequence: through the warpgroup's block of shared memory and four TMA stores, which run
+      // on while the warpgroup starts its next item (box x: columns [32 x, 32 x + 32); 16-byte chunk k of row r at
+      // k ^ r % 8)
       unsigned char* os = smem + OFF_O + wg * 4 * OBOX;
       if (wt == 0) mb::bulk_wait_read();  // the previous item's stores have read the block
       wg_barrier(wg);
@@ -446,9 +451,9 @@ __global__ void __launch_bounds__(NTHR, 1)
 #pragma unroll
       for (int jj = 0; jj < 16; ++jj) {
         const int col = 8 * jj + 2 * cq;
-        if (ra < it.T) *reinterpret_cast<float2*>(ob + static_cast<long long>(ra) * p.H * DH + col) = make_float2(o[4 * jj], o[4 * jj + 1]);
-        if (rb < it.T)
-          *reinterpret_cast<float2*>(ob + static_cast<long long>(rb) * p.H * DH + col) = make_float2(o[4 * jj + 2], o[4 * jj + 3]);
+        const long long rs = static_cast<long long>(p.H) * DH;
+        if (ra < it.T) *reinterpret_cast<float2*>(ob + ra * rs + col) = make_float2(o[4 * jj], o[4 * jj + 1]);
+        if (rb < it.T) *reinterpret_cast<float2*>(ob + rb * rs + col) = make_float2(o[4 * jj + 2], o[4 * jj + 3]);
       }
     }
   }
@@ -496,8 +501,9 @@ CUtensorMap o_map(float* base, int H, long long rows) {
   const cuuint64_t strides[2] = {static_cast<cuuint64_t>(DH) * 4, static_cast<cuuint64_t>(H) * DH * 4};
   const cuuint32_t box[3] = {32, 1, 64};
   const cuuint32_t estr[3] = {1, 1, 1};
-  const CUresult r = encode_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, base, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r = encode_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, base, dims, strides, box, estr,
+                                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
     throw Error("mla_prefill_heads: cuTensorMapEncodeTiled failed for o (CUresult " + std::to_string(static_cast<int>(r)) +
                 ", rows " + std::to_string(rows) + ", H " + std::to_string(H) + ")");
