@@ -248,7 +248,7 @@ const char* mla_fast_order_name(MlaFastOrder o);
 /// The order automatic picks: head_major when the prefix dominates (N0 >= 7 T: every query tile's keys within 1/8 of
 /// the longest's, so the order does not change the balance) or a sequence has at most 16 query tiles (T <= 2048,
 /// with packed sequences the longest: a schedule model puts the snake deal of head_major within 0-3% of
-/// longest_first's balance there); else longest_first (docs/kernels/mla_prefill.md, "Precision fast, version 3").
+/// longest_first's balance there); else longest_first (docs/kernels/mla_prefill.md, "Precision fast, version 4").
 /// No checks, no CUDA calls.
 MlaFastOrder mla_fast_order_rule(const MlaPrefillHeadsArgs& a);
 
