@@ -431,4 +431,33 @@ inline void make_long_memory(KdaBwdProblem& p) {
   for (auto& x : p.beta.data) x = round_bf16(x - 5.0);
 }
 
+/// The near-collinear-keys variant of a backward problem, in place (numerics/kda_inputs.hpp make_collinear_keys): per
+/// (sequence, key head) one random unit direction u and raw keys k = bf16(u + noise z / sqrt(D)), z ~ N(0, 1) entries
+/// (noise 0: every token the same key); decay: the long-memory gate (A_log = 0, bias = -12), else none (bias = -1e4:
+/// g = 0 exactly). Draws from Rng(seed). Needs the fused gate and the L2Norm (keys given raw). Errors: kdalab::Error
+/// otherwise, or on noise < 0 or not finite.
+inline void make_collinear_keys(KdaBwdProblem& p, double noise, bool decay, std::uint64_t seed) {
+  require(p.fused && p.l2norm, "make_collinear_keys: the backward problem needs the fused gate and the L2Norm");
+  require(std::isfinite(noise) && noise >= 0,
+          "make_collinear_keys: noise = " + std::to_string(noise) + " is not accepted; give a finite value >= 0");
+  Rng rng(seed);
+  const std::size_t D = p.D, B = p.B, T = p.T, H = p.H;
+  std::vector<double> u(D);
+  for (std::size_t b = 0; b < B; ++b)  // packed sequences (B = 1): one direction for the whole pack
+    for (std::size_t h = 0; h < H; ++h) {
+      double n2 = 0;
+      for (auto& x : u) {
+        x = rng.normal();
+        n2 += x * x;
+      }
+      for (auto& x : u) x /= std::sqrt(n2);
+      for (std::size_t t = 0; t < T; ++t)
+        for (std::size_t i = 0; i < D; ++i)
+          p.k.data[((b * T + t) * H + h) * D + i] =
+              round_bf16(u[i] + (noise > 0 ? noise * rng.normal() / std::sqrt(static_cast<double>(D)) : 0.0));
+    }
+  for (auto& x : p.A_log.data) x = decay ? 0.0 : x;
+  for (auto& x : p.bias.data) x = decay ? -12.0 : -1e4;
+}
+
 }  // namespace kdalab

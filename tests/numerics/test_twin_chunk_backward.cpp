@@ -108,3 +108,59 @@ TEST_CASE("chunked backward twin: the chosen plan and the kernel's keep every gr
     CHECK_FALSE(bf16);
   }
 }
+
+TEST_CASE("chunked backward twin: near-collinear and identical keys keep the chosen and the kernel's plan at the goal, "
+          "all-bf16 operands do not",
+          "[twin][kda_bwd]") {
+  // the forward's hardest inputs (numerics/kda_inputs.hpp make_collinear_keys), here for the backward: keys along one
+  // direction, with no decay (g = 0 exactly, so dg, dA_log and dbias are 0 in the truth and the twin alike) or the
+  // long-memory gate; beta from the anchor logits
+  struct Case {
+    const char* what;
+    KdaBwdProblem p;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"collinear keys 1e-2, no decay, D 128, T 64, H 1, HV 2",
+                   kda_backward_problem(1, 64, 1, 2, 128, {}, true, true, true, true, true, 20261206)});
+  make_collinear_keys(cases.back().p, 1e-2, false, 1);
+  cases.push_back({"identical keys, no decay, D 128, T 64, H 1, HV 2",
+                   kda_backward_problem(1, 64, 1, 2, 128, {}, true, true, true, true, true, 20261206)});
+  make_collinear_keys(cases.back().p, 0.0, false, 2);
+  cases.push_back({"collinear keys 1e-2, slow decay, D 128, T 300, H 1",
+                   kda_backward_problem(1, 300, 1, 1, 128, {}, true, true, true, true, true, 20261206)});
+  make_collinear_keys(cases.back().p, 1e-2, true, 3);
+  cases.push_back({"collinear keys 1e-3, slow decay, D 128, T 1024, H 1",
+                   kda_backward_problem(1, 1024, 1, 1, 128, {}, true, true, true, true, true, 20261206)});
+  make_collinear_keys(cases.back().p, 1e-3, true, 4);
+  for (const Case& c : cases) {
+    std::printf("chunked backward twin, %s; relative RMS against float64 (x its bf16 floor)\n", c.what);
+    const KdaBwdGrads ref = kda_backward_kernel_form<double>(c.p);
+    const bool chosen = meets_goal(errors(kda_chunk_backward_twin(c.p, kda_bwd_plan_chosen()), ref, true), "chosen");
+    const bool built = meets_goal(errors(kda_chunk_backward_twin(c.p, kda_bwd_plan_kernel()), ref, true), "kernel");
+    const bool bf16 = meets_goal(errors(kda_chunk_backward_twin(c.p, kda_bwd_plan_all_bf16()), ref, true), "all-bf16");
+    CAPTURE(c.what);
+    CHECK(chosen);
+    CHECK(built);
+    CHECK_FALSE(bf16);
+  }
+}
+
+TEST_CASE("make_collinear_keys (backward problem): refuses a negative noise and a problem without the fused gate",
+          "[twin][kda_bwd]") {
+  const auto message = [](auto&& f) -> std::string {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  KdaBwdProblem p = kda_backward_problem(1, 8, 1, 1, 32, {}, true, true, true, false, false, 7);
+  CHECK(message([&] { make_collinear_keys(p, -1.0, false, 1); }).find("noise = -1") != std::string::npos);
+  KdaBwdProblem q = kda_backward_problem(1, 8, 1, 1, 32, {}, false, true, true, false, false, 7);
+  CHECK(message([&] { make_collinear_keys(q, 1e-2, false, 1); }).find("fused gate") != std::string::npos);
+  // noise 0: every token of a head the same key
+  make_collinear_keys(p, 0.0, false, 1);
+  for (std::size_t t = 1; t < p.T; ++t)
+    for (std::size_t i = 0; i < p.D; ++i) CHECK(p.k.data[t * p.D + i] == p.k.data[i]);
+}
