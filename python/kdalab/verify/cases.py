@@ -364,6 +364,16 @@ def _kda_catalogue() -> List[Case]:
         about="gradients with HV = 2H (dq, dk summed over a key head's value heads)")
     add("grad/causal", "random_kda", 63, {"T": 20}, prop="gradient_causality", prop_params={"P": 7},
         about="a loss on o[:, :7] has exactly zero gradient wrt inputs at t >= 7")
+    # gradients on the adversarial inputs (the cheap backward precision plans fail on near-collinear keys:
+    # docs/kernels/kda_backward.md, "Near-collinear and identical keys")
+    add("grad/repeated-keys", "repeated_keys", 65, {"T": 20, "t0": 2, "reps": 5}, prop="gradient_agreement",
+        about="gradients with one key repeated 5 times inside a 16-token tile")
+    add("grad/collinear-keys", "collinear_keys", 66, {"T": 20, "t0": 2, "reps": 5}, prop="gradient_agreement",
+        about="gradients with near-collinear keys (cosine ~ 1 - 2^-41) inside one tile")
+    add("grad/no-decay", "no_decay", 67, {"T": 40}, prop="gradient_agreement",
+        about="gradients with g = 0 everywhere (the state never forgets)")
+    add("grad/long-memory", "long_memory", 68, {"T": 300}, prop="gradient_agreement",
+        about="gradients with g = -0.001, beta ~ 2^-6 over T = 300")
     return cs
 
 
