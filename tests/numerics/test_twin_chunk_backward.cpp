@@ -84,29 +84,41 @@ TEST_CASE("chunked backward twin: at every format fp64 it equals the float64 ora
   }
 }
 
-TEST_CASE("chunked backward twin: the chosen plan and the kernel's keep every gradient at its goal, all-bf16 operands do not",
-          "[twin][kda_bwd]") {
-  struct Case {
-    const char* what;
-    KdaBwdProblem p;
-  };
-  std::vector<Case> cases;
-  cases.push_back({"anchor, D 128, T 64, H 1, HV 2",
-                   kda_backward_problem(1, 64, 1, 2, 128, {}, true, true, true, true, true, 20261205)});
-  cases.push_back({"long memory, D 128, T 300, H 1",
-                   kda_backward_problem(1, 300, 1, 1, 128, {}, true, true, true, true, true, 20261205)});
-  make_long_memory(cases.back().p);
-  for (const Case& c : cases) {
+namespace {
+
+/// A named backward problem for the plan checks below.
+struct PlanCase {
+  const char* what;
+  KdaBwdProblem p;
+};
+
+/// On every case: the chosen plan and the built kernel's meet the goal (bf16 gradients <= 1.1x their floor, fp32 ones
+/// <= 1e-4), all-bf16 operands do not; prints each plan's errors.
+void expect_plans_at_goal(const std::vector<PlanCase>& cases) {
+  for (const PlanCase& c : cases) {
     std::printf("chunked backward twin, %s; relative RMS against float64 (x its bf16 floor)\n", c.what);
     const KdaBwdGrads ref = kda_backward_kernel_form<double>(c.p);
     const bool chosen = meets_goal(errors(kda_chunk_backward_twin(c.p, kda_bwd_plan_chosen()), ref, true), "chosen");
-    const bool bf16 = meets_goal(errors(kda_chunk_backward_twin(c.p, kda_bwd_plan_all_bf16()), ref, true), "all-bf16");
     const bool built = meets_goal(errors(kda_chunk_backward_twin(c.p, kda_bwd_plan_kernel()), ref, true), "kernel");
+    const bool bf16 = meets_goal(errors(kda_chunk_backward_twin(c.p, kda_bwd_plan_all_bf16()), ref, true), "all-bf16");
     CAPTURE(c.what);
     CHECK(chosen);
     CHECK(built);
     CHECK_FALSE(bf16);
   }
+}
+
+}  // namespace
+
+TEST_CASE("chunked backward twin: the chosen plan and the kernel's keep every gradient at its goal, all-bf16 operands do not",
+          "[twin][kda_bwd]") {
+  std::vector<PlanCase> cases;
+  cases.push_back({"anchor, D 128, T 64, H 1, HV 2",
+                   kda_backward_problem(1, 64, 1, 2, 128, {}, true, true, true, true, true, 20261205)});
+  cases.push_back({"long memory, D 128, T 300, H 1",
+                   kda_backward_problem(1, 300, 1, 1, 128, {}, true, true, true, true, true, 20261205)});
+  make_long_memory(cases.back().p);
+  expect_plans_at_goal(cases);
 }
 
 TEST_CASE("chunked backward twin: near-collinear and identical keys keep the chosen and the kernel's plan at the goal, "
@@ -115,11 +127,7 @@ TEST_CASE("chunked backward twin: near-collinear and identical keys keep the cho
   // the forward's hardest inputs (numerics/kda_inputs.hpp make_collinear_keys), here for the backward: keys along one
   // direction, with no decay (g = 0 exactly, so dg, dA_log and dbias are 0 in the truth and the twin alike) or the
   // long-memory gate; beta from the anchor logits
-  struct Case {
-    const char* what;
-    KdaBwdProblem p;
-  };
-  std::vector<Case> cases;
+  std::vector<PlanCase> cases;
   cases.push_back({"collinear keys 1e-2, no decay, D 128, T 64, H 1, HV 2",
                    kda_backward_problem(1, 64, 1, 2, 128, {}, true, true, true, true, true, 20261206)});
   make_collinear_keys(cases.back().p, 1e-2, false, 1);
@@ -132,17 +140,7 @@ TEST_CASE("chunked backward twin: near-collinear and identical keys keep the cho
   cases.push_back({"collinear keys 1e-3, slow decay, D 128, T 1024, H 1",
                    kda_backward_problem(1, 1024, 1, 1, 128, {}, true, true, true, true, true, 20261206)});
   make_collinear_keys(cases.back().p, 1e-3, true, 4);
-  for (const Case& c : cases) {
-    std::printf("chunked backward twin, %s; relative RMS against float64 (x its bf16 floor)\n", c.what);
-    const KdaBwdGrads ref = kda_backward_kernel_form<double>(c.p);
-    const bool chosen = meets_goal(errors(kda_chunk_backward_twin(c.p, kda_bwd_plan_chosen()), ref, true), "chosen");
-    const bool built = meets_goal(errors(kda_chunk_backward_twin(c.p, kda_bwd_plan_kernel()), ref, true), "kernel");
-    const bool bf16 = meets_goal(errors(kda_chunk_backward_twin(c.p, kda_bwd_plan_all_bf16()), ref, true), "all-bf16");
-    CAPTURE(c.what);
-    CHECK(chosen);
-    CHECK(built);
-    CHECK_FALSE(bf16);
-  }
+  expect_plans_at_goal(cases);
 }
 
 TEST_CASE("make_collinear_keys (backward problem): refuses a negative noise and a problem without the fused gate",
