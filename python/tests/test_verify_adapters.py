@@ -58,6 +58,17 @@ def test_long_memory_beta_logit_must_be_exact_in_bf16():
     assert r.kind == NA and "beta_logit = 0.3 is not exact in bf16" in r.detail
 
 
+@pytest.mark.parametrize("case", ["adv/repeated-keys", "adv/collinear-keys", "grad/repeated-keys", "grad/collinear-keys"])
+def test_a_key_run_past_the_tokens_is_not_applicable_not_a_crash(case):
+    """--param T shorter than a case's run of repeated or collinear keys (t0 = 2, 5 keys): the case cannot be
+    generated (not applicable, with the reason), rather than an IndexError that ends the whole run."""
+    with pytest.raises(ValueError, match=r"keys t0 = 2 \.\. t0 \+ reps - 1 = 6 do not fit in T = 3 tokens"):
+        inputs(case, T=3)
+    r = run(numpy_kda, "kda", [case], params={"T": 3}, printer=None).results[0]
+    assert r.kind == NA and "do not fit in T = 3 tokens" in r.detail
+    assert run(numpy_kda, "kda", [case], params={"T": 7}, printer=None).results[0].passed  # the run just fits
+
+
 def test_kdalab_cuda_adapter_is_guarded_without_cuda_entry_points():
     if kdalab.built_with_cuda:
         pytest.skip("this kdalab has its CUDA entry points")

@@ -97,10 +97,18 @@ def random_kda(seed: int, **kw) -> Dict[str, Any]:
     return _kda_base(seed, **kw)
 
 
+def _key_run(name: str, t0: int, reps: int, T: int) -> None:
+    """The run of keys t0 .. t0 + reps - 1 must lie inside the T tokens (ValueError: the case cannot be generated)."""
+    if not (0 <= t0 and 1 <= reps and t0 + reps <= T):
+        raise ValueError(f"{name}: keys t0 = {t0} .. t0 + reps - 1 = {t0 + reps - 1} do not fit in T = {T} tokens; "
+                         f"accepted: 0 <= t0, reps >= 1, t0 + reps <= T")
+
+
 def repeated_keys(seed: int, t0: int = 3, reps: int = 4, **kw) -> Dict[str, Any]:
     """Key t0 repeated at positions t0 .. t0 + reps - 1 (inside one 16-token tile when t0 % 16 + reps <= 16):
     the strictly lower-triangular matrix of the UT transform gets equal rows."""
     x = _kda_base(seed, **kw)
+    _key_run("repeated_keys", t0, reps, x["k"].shape[1])
     for name in ("k", "k_raw"):
         x[name][:, t0:t0 + reps] = x[name][:, t0:t0 + 1]
     return x
@@ -111,6 +119,7 @@ def collinear_keys(seed: int, t0: int = 3, reps: int = 4, eps: float = 2.0**-20,
     (q_raw and k_raw are set to the unit vectors, so an in-kernel L2Norm sees them too)."""
     x = _kda_base(seed, **kw)
     k = x["k"]
+    _key_run("collinear_keys", t0, reps, k.shape[1])
     for j in range(1, reps):
         w = k[:, t0] + eps * k[:, t0 + j]
         k[:, t0 + j] = w / np.linalg.norm(w, axis=-1, keepdims=True)
