@@ -69,6 +69,15 @@ def test_a_key_run_past_the_tokens_is_not_applicable_not_a_crash(case):
     assert run(numpy_kda, "kda", [case], params={"T": 7}, printer=None).results[0].passed  # the run just fits
 
 
+@pytest.mark.parametrize("param", [{"N": 0}, {"B": 0}, {"n_h": 0}, {"d_c": -8}])
+def test_an_empty_mla_decode_shape_is_not_applicable_not_a_crash(param):
+    """--param N=0 (or B, n_h, d_c < 1) for the MLA decode cases: not applicable with the reason, where N = 0 used to
+    end the run with a ZeroDivisionError."""
+    (key, value), = param.items()
+    r = run(numpy_mla_decode, "mla_decode", ["mla/agree"], params=param, printer=None).results[0]
+    assert r.kind == NA and f"{key} = {value}; accepted: {key} >= 1" in r.detail
+
+
 def test_kdalab_cuda_adapter_is_guarded_without_cuda_entry_points():
     if kdalab.built_with_cuda:
         pytest.skip("this kdalab has its CUDA entry points")

@@ -37,6 +37,8 @@ def test_help_lists_every_option():
     (["--param", "d_k=abc"], "d_k"),
     (["--param", "T=1e3"], "T"),
     (["--param", "T=null"], "T"),
+    (["--op", "mla_decode", "--param", "lens=3"], "(e.g. lens=[16,9])"),
+    (["--param", "eps=true"], "(e.g. eps=0.5)"),
     (["--param", "no_such_param=1"], "no_such_param"),
     (["--cases", "agree/T17", "--param", "log2_norm=2"], "log2_norm"),
     (["--no-report"], "--no-report"),

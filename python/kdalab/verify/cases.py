@@ -270,6 +270,9 @@ def mla_decode_random(seed: int, B: int = 2, N: int = 33, n_h: int = 4, d_c: int
     them), so every length is >= s_q."""
     if s_q < 1:
         raise ValueError(f"mla_decode_random: s_q = {s_q}; accepted: s_q >= 1 query tokens per sequence")
+    for name, v in (("B", B), ("N", N), ("n_h", n_h), ("d_c", d_c)):
+        if v < 1:
+            raise ValueError(f"mla_decode_random: {name} = {v}; accepted: {name} >= 1")
     r = kdalab.Rng(seed)
     q = r.normal(B * s_q * n_h * d_c).reshape((B, n_h, d_c) if s_q == 1 else (B, s_q, n_h, d_c)) * 2.0 ** log2_q
     cache = r.normal(B * N * d_c).reshape(B, N, d_c)
@@ -491,8 +494,10 @@ def check_params(cs: List[Case], params: Dict[str, Any]) -> None:
             raise ValueError(f"--param {key}={json.dumps(value)}: no selected case's generator takes {key!r}; "
                              f"accepted: {', '.join(accepted)}")
         if not _fits(value, types[key]):
+            example = ("[16,9]" if "List" in types[key] else "true" if "bool" in types[key]
+                       else "0.5" if "float" in types[key] else "16")
             raise ValueError(f"--param {key}={json.dumps(value)}: {key} is {types[key]}; give a value of that type "
-                             f"(e.g. {key}=16)")
+                             f"(e.g. {key}={example})")
 
 
 def with_params(cs: List[Case], params: Dict[str, Any]) -> List[Case]:
