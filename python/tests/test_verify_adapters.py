@@ -78,6 +78,23 @@ def test_an_empty_mla_decode_shape_is_not_applicable_not_a_crash(param):
     assert r.kind == NA and f"{key} = {value}; accepted: {key} >= 1" in r.detail
 
 
+@pytest.mark.parametrize("case, params, reason", [
+    ("agree/T17", {"H": 0}, "H = 0; accepted: H >= 1"),
+    ("agree/T17", {"T": -5}, "T = -5; accepted: T >= 1"),
+    ("agree/T17", {"d_k": -1}, "d_k = -1; accepted: d_k >= 1"),
+    ("adv/raw-qk-huge", {"log2_scale": 2000}, "OverflowError"),
+    ("adv/varlen-hundreds", {"max_len": 0}, "short_sequences: n = 200, max_len = 0"),
+    ("adv/varlen-hundreds", {"n": 0}, "short_sequences: n = 0"),
+    ("adv/large-state", {"state": False}, "large_state: state = false leaves no initial state"),
+    ("layout/state-roundtrip", {"state": False}, "needs an initial state"),
+])
+def test_a_parameter_override_a_case_cannot_take_is_not_applicable_not_a_crash(case, params, reason):
+    """--param values the generators cannot take (a zero or negative size, 2^2000, no state for a state case, an
+    empty varlen draw, which used to loop forever): the case is not applicable with the reason; the run goes on."""
+    r = run(numpy_kda, "kda", [case], params=params, printer=None).results[0]
+    assert r.kind == NA and reason in r.detail, r.detail
+
+
 def test_kdalab_cuda_adapter_is_guarded_without_cuda_entry_points():
     if kdalab.built_with_cuda:
         pytest.skip("this kdalab has its CUDA entry points")

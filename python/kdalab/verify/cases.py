@@ -76,6 +76,9 @@ def _kda_base(seed: int, B: int = 1, T: int = 17, H: int = 2, HV: Optional[int] 
     bounded gate with g_min = -5, sigmoid beta), with HV = 2H made by keeping the first H query/key
     heads of a 2H-head draw."""
     HV = H if HV is None else HV
+    for name, v in (("B", B), ("T", T), ("H", H), ("HV", HV), ("d_k", d_k), ("d_v", d_v)):
+        if v < 1:
+            raise ValueError(f"{name} = {v}; accepted: {name} >= 1")
     if HV % H:
         raise ValueError(f"HV = {HV} must be a multiple of H = {H}")
     d = kdalab.kda_inputs(B, T, HV, d_k, d_v, seed=seed)
@@ -193,6 +196,8 @@ def beta_const(seed: int, value: float = 0.0, **kw) -> Dict[str, Any]:
 
 def large_state(seed: int, log2_scale: int = 12, **kw) -> Dict[str, Any]:
     """The initial state S0 scaled by 2^log2_scale."""
+    if not kw.get("state", True):
+        raise ValueError("large_state: state = false leaves no initial state to scale; accepted: state = true")
     x = _kda_base(seed, **kw)
     x["S0"] = x["S0"] * 2.0 ** log2_scale
     return x
@@ -252,6 +257,9 @@ def varlen(seed: int, lens: List[int] = (1, 5, 17, 1), H: int = 2, HV: Optional[
 
 def short_sequences(seed: int, n: int = 200, max_len: int = 5, **kw) -> Dict[str, Any]:
     """Hundreds of short sequences (lengths 1 .. max_len drawn with kdalab.Rng) packed in one varlen batch."""
+    if n < 1 or max_len < 1:
+        raise ValueError(f"short_sequences: n = {n}, max_len = {max_len}; accepted: n >= 1 sequences of 1 .. max_len "
+                         f">= 1 tokens")
     u = kdalab.Rng(seed).uniform(n, 1.0, float(max_len) + 1.0)
     lens = [int(v) for v in np.floor(u)]
     return varlen(seed, lens=lens, **kw)

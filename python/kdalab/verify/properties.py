@@ -198,6 +198,9 @@ def decode_prefill(adapter, case: Case, x, opts) -> Result:
 def state_layout(adapter, case: Case, x, opts) -> Result:
     """beta = 0 and g = 0 on every token: the state passes through unchanged (S_T == S0) and o reads S0
     (o == scale S0^T q, from the oracle); a [K,V] state read as [V,K] fails both."""
+    if x["S0"] is None:
+        return Result(case.name, "state_layout", NA, False,
+                      detail="the case needs an initial state to pass through (state = false removes it)")
     y = dict(x)
     y["beta"] = np.zeros_like(x["beta"])
     y["g"] = np.zeros_like(x["g"])
@@ -408,6 +411,9 @@ def check_case(adapter, case: Case, opts: Optional[Dict[str, Any]] = None) -> Re
         x = case.inputs()
     except ValueError as e:  # parameters the generator refuses (e.g. an override that does not fit the case)
         return Result(case.name, case.prop, NA, False, detail=f"the case cannot be generated: {e}")
+    except (ArithmeticError, TypeError, IndexError) as e:  # an override the generator cannot take (2.0**2000 ...)
+        return Result(case.name, case.prop, NA, False,
+                      detail=f"the case cannot be generated with parameters {case.params}: {type(e).__name__}: {e}")
     except MemoryError:  # sizes too large for this machine (e.g. --param T=10**12): nothing can be checked
         return Result(case.name, case.prop, NA, False,
                       detail=f"the case's inputs do not fit in memory (parameters {case.params})")
