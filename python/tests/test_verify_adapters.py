@@ -87,10 +87,13 @@ def test_an_empty_mla_decode_shape_is_not_applicable_not_a_crash(param):
     ("adv/varlen-hundreds", {"n": 0}, "short_sequences: n = 0"),
     ("adv/large-state", {"state": False}, "large_state: state = false leaves no initial state"),
     ("layout/state-roundtrip", {"state": False}, "needs an initial state"),
+    ("adv/collinear-keys", {"eps": float("nan")}, "inputs hold NaN or Inf (k, k_raw)"),
+    ("adv/long-memory", {"T": 40, "g_min": float("nan")}, "inputs hold NaN or Inf"),
 ])
 def test_a_parameter_override_a_case_cannot_take_is_not_applicable_not_a_crash(case, params, reason):
     """--param values the generators cannot take (a zero or negative size, 2^2000, no state for a state case, an
-    empty varlen draw, which used to loop forever): the case is not applicable with the reason; the run goes on."""
+    empty varlen draw, which used to loop forever, a NaN that makes NaN inputs, which used to be reported as the
+    candidate's NaN): the case is not applicable with the reason; the run goes on."""
     r = run(numpy_kda, "kda", [case], params=params, printer=None).results[0]
     assert r.kind == NA and reason in r.detail, r.detail
 

@@ -417,6 +417,10 @@ def check_case(adapter, case: Case, opts: Optional[Dict[str, Any]] = None) -> Re
     except MemoryError:  # sizes too large for this machine (e.g. --param T=10**12): nothing can be checked
         return Result(case.name, case.prop, NA, False,
                       detail=f"the case's inputs do not fit in memory (parameters {case.params})")
+    bad = [k for k, v in x.items() if isinstance(v, np.ndarray) and v.dtype.kind == "f" and not np.all(np.isfinite(v))]
+    if bad:  # a parameter override that makes NaN or Inf inputs (eps=NaN, g_min=NaN): no candidate is to blame
+        return Result(case.name, case.prop, NA, False,
+                      detail=f"the case's inputs hold NaN or Inf ({', '.join(bad)}) with parameters {case.params}")
     reason = adapter.supports(x)
     if reason:
         return Result(case.name, case.prop, NA, False, detail=reason)
