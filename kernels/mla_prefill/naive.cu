@@ -518,8 +518,7 @@ void mla_prefill_heads(const MlaPrefillHeadsArgs& a, cudaStream_t stream, const 
   if (ov && (static_cast<int>(ov->fast_order) < 0 || static_cast<int>(ov->fast_order) > 2))
     fail("overrides fast_order = " + std::to_string(static_cast<int>(ov->fast_order)) +
          "; accepted: automatic, longest_first or head_major");
-  if (ov && ov->fast_order != MlaFastOrder::automatic &&
-      (!fast || (ov->fast_form != MlaFastForm::automatic ? ov->fast_form : mla_fast_form_rule()) == MlaFastForm::mma_sync))
+  if (ov && ov->fast_order != MlaFastOrder::automatic && (!fast || form == MlaFastForm::mma_sync))
     fail(std::string("overrides fast_order = ") + mla_fast_order_name(ov->fast_order) +
          " orders the persistent grid of the wgmma forms; accepted: fast_order with precision fast and a wgmma form only");
   if (!fast && ov && ov->fast_form != MlaFastForm::automatic)
@@ -686,7 +685,7 @@ void mla_prefill_heads(const MlaPrefillHeadsArgs& a, cudaStream_t stream, const 
     fa.V = static_cast<const bf16_t*>(Vw);
     fa.scale_log2 = p.scale_log2;
     fa.out = a.out;
-    fa.out_rows = a.cu_seqlens ? static_cast<long long>(a.T) : NS * TM;
+    fa.out_rows = B * T;  // packed sequences: B = 1, T = every new token
     fa.ctas = ov ? ov->fast_ctas : 0;
     fa.head_major = (ov && ov->fast_order != MlaFastOrder::automatic ? ov->fast_order : mla_fast_order_rule(a)) ==
                     MlaFastOrder::head_major;
