@@ -313,7 +313,10 @@ __global__ void __launch_bounds__(NTHR, 1)
 
   // ---- consumer warpgroup wg (384 threads x 168 registers at launch; 128 x 24 + 256 x 240 after the exchange)
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REG_CONSUMER) : "memory");
-  const int wg = tid / 128, wt = tid % 128, warp = wt / 32, lane = tid % 32, g = lane / 4, cq = lane % 4;
+  // the warpgroup index through a shuffle from lane 0: the compiler then knows it is warp-uniform and keeps what
+  // derives from it (q_addr, the tile counts, the wgmma descriptors) in uniform registers
+  const int wg = __shfl_sync(0xffffffffu, tid / 128, 0), wt = tid % 128, warp = wt / 32, lane = tid % 32, g = lane / 4,
+            cq = lane % 4;
   unsigned char* qs = smem + OFF_Q + wg * (64 * DH * 2);
   const std::uint32_t q_addr = mb::smem_u32(qs), kv0 = mb::smem_u32(smem + OFF_KV);
   const auto stage = [](int u) { return u % ST; };
