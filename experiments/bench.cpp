@@ -849,6 +849,13 @@ Measured bench_mla_prefill_naive(const Shape& s, long long prefix, int warmup, i
       const double t = time_ms([&] { kernels::mla_prefill_heads(a, nullptr, &ov); }, warmup, iters).first;
       forms += fmt::format(", {} {:.4f} ms", kernels::mla_fast_order_name(o), t);
     }
+    {  // o as bf16 (MlaPrefillHeadsArgs::out_bf16), the rule's form and order
+      kernels::MlaPrefillHeadsArgs a16 = a;
+      a16.out = nullptr;
+      a16.out_bf16 = reinterpret_cast<bf16_t*>(out.p);
+      const double t = time_ms([&] { kernels::mla_prefill_heads(a16, nullptr); }, warmup, iters).first;
+      forms += fmt::format("; o as bf16 {:.4f} ms", t);
+    }
     fmt::print("  (B={} T={} H={} prefix={}: precision fast (bf16 K, V, P), naive path, workspace {:.0f} MB; attention "
                "form {} by the rule{})\n",
                s.B, s.T, s.H, prefix, wsb / 1e6, kernels::mla_fast_form_name(kernels::mla_fast_form_rule()), forms);

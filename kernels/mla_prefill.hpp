@@ -203,6 +203,10 @@ struct MlaPrefillHeadsArgs {
   void* workspace = nullptr;      ///< device scratch of >= mla_prefill_heads_workspace_bytes(args) bytes, 256-byte aligned
   std::size_t workspace_bytes = 0;
   float* out = nullptr;           ///< o [B, T, H, d_v] fp32, 8-byte aligned
+  /// o [B, T, H, d_v] as bf16 (round to nearest even of the fp32 o) instead of `out`, which is then null: precision
+  /// fast with a wgmma form only; 4-byte aligned (16-byte aligned: whole blocks leave by TMA stores). Half the bytes of
+  /// the fp32 o, the format torch's attention returns; adds the bf16 rounding of o to the error.
+  bf16_t* out_bf16 = nullptr;
 };
 
 /// The rule (derived above from the tensor-core FLOPs of the two paths; measurements: docs/kernels/mla_prefill.md):
@@ -277,13 +281,14 @@ MlaPrefillPath mla_prefill_heads_path(const MlaPrefillHeadsArgs& a, const MlaPre
 /// Errors: kdalab::Error on B, T, H or prefix out of range (no CUDA calls).
 std::size_t mla_prefill_heads_workspace_bytes(const MlaPrefillHeadsArgs& a, const MlaPrefillOverrides* ov = nullptr);
 
-/// The prefill with per-head output: appends c_new to the cache, then writes o [B, T, H, d_v] fp32 by the path
+/// The prefill with per-head output: appends c_new to the cache, then writes o [B, T, H, d_v] fp32 (or bf16: out_bf16) by the path
 /// mla_prefill_heads_path(a, ov) picks. Asynchronous on `stream`, no allocation (cuBLAS: one handle per process, made
 /// on the first call, on the device current then; not for CUDA-graph capture on its first call). Errors:
 /// kdalab::Error naming the argument, its value and what is accepted (unsupported widths, T < 1, N0 < 0,
 /// N0 + T > capacity, null or misaligned pointers, bad strides, scale not finite and > 0, workspace too small, an
 /// override or a precision out of range, precision fast with the absorbed path or p_hi_only forced, cu_seqlens with
-/// B != 1, the absorbed path forced or num_seqs, max_seqlen out of range), before anything
+/// B != 1, the absorbed path forced or num_seqs, max_seqlen out of range; out_bf16 with out, with precision accurate or
+/// with the mma_sync form), before anything
 /// is launched; CUDA and cuBLAS errors throw kdalab::Error with their message.
 void mla_prefill_heads(const MlaPrefillHeadsArgs& a, cudaStream_t stream, const MlaPrefillOverrides* ov = nullptr);
 

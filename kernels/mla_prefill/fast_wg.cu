@@ -93,6 +93,7 @@ struct FParams {
   int q16;  // q, sq_b and sq_t allow 16-byte copies (else 4-byte ones)
   float scale_log2;
   float* out;
+  bf16_t* out_bf16;  // OBF16: o as bf16 (out unused)
   int o_tma;  // o 16-byte aligned: full 64-row blocks leave by TMA stores (tmO), else every row by direct stores
 };
 
@@ -223,6 +224,11 @@ __device__ __forceinline__ void settle_pv(float* o, std::uint32_t (*pa)[4]) {
     for (int e = 0; e < 4; ++e) fence_reg(pa[kk][e]);
 }
 
+/// st.shared.b32 at shared address a (4-byte aligned).
+__device__ __forceinline__ void st_shared_b32(std::uint32_t a, std::uint32_t x) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a), "r"(x) : "memory");
+}
+
 /// st.shared.v2.f32 at shared address a (8-byte aligned).
 __device__ __forceinline__ void st_shared_v2(std::uint32_t a, float x, float y) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(a), "f"(x), "f"(y) : "memory");
@@ -259,7 +265,7 @@ __device__ __forceinline__ void load_q_async(const FParams& p, const Item& it, u
 /// across a CTA's items in the producer and in both consumer warpgroups alike, so the producer fetches the next item's
 /// first key tiles while the consumers finish the current one; each consumer warpgroup fetches its next q rows by
 /// cp.async as soon as its last scores product of the current item is in.
-template <bool PINGPONG>
+template <bool PINGPONG, bool OBF16>
 __global__ void __launch_bounds__(NTHR, 1)
     mla_fast_attn_wg_kernel(const __grid_constant__ CUtensorMap tmK, const __grid_constant__ CUtensorMap tmV,
                             const __grid_constant__ CUtensorMap tmO, FParams p) {
@@ -431,32 +437,50 @@ __global__ void __launch_bounds__(NTHR, 1)
       unsigned char* os = smem + OFF_O + wg * 4 * OBOX;
       if (wt == 0) mb::bulk_wait_read();  // the previous item's stores have read the block
       wg_barrier(wg);
-      // row r0 = ra - first (and r0 + 8, the same swizzle), columns 8 jj + 2 cq + {0, 1}: box jj / 4, chunk
-      // 2 (jj % 4) + cq / 2 (= 2 (jj % 4) ^ cq / 2), byte 8 (cq % 2) of the chunk
-      const int r0 = 16 * warp + g;
-      const std::uint32_t base = mb::smem_u32(os) + r0 * 128 + 8 * (cq & 1), y = ((cq >> 1) ^ (r0 & 7)) << 4;
+      const int r0 = 16 * warp + g;  // row ra - first (and r0 + 8, the same swizzle)
+      if constexpr (OBF16) {
+        // bf16 o: two boxes of [64 rows x 64 columns]; columns 8 jj + 2 cq + {0, 1}: box jj / 8, chunk jj % 8, byte
+        // 4 cq of the chunk
+        const std::uint32_t base = mb::smem_u32(os) + r0 * 128 + 4 * cq, x = r0 & 7;
 #pragma unroll
-      for (int jj = 0; jj < 16; ++jj) {
-        const std::uint32_t a = base + (jj / 4) * OBOX + ((32u * (jj % 4)) ^ y);
-        st_shared_v2(a, o[4 * jj], o[4 * jj + 1]);
-        st_shared_v2(a + 8 * 128, o[4 * jj + 2], o[4 * jj + 3]);
+        for (int jj = 0; jj < 16; ++jj) {
+          const std::uint32_t a = base + (jj / 8) * OBOX + (((jj % 8) ^ x) << 4);
+          st_shared_b32(a, pack_bf16(o[4 * jj], o[4 * jj + 1]));
+          st_shared_b32(a + 8 * 128, pack_bf16(o[4 * jj + 2], o[4 * jj + 3]));
+        }
+      } else {
+        // fp32 o: four boxes of [64 rows x 32 columns]; columns 8 jj + 2 cq + {0, 1}: box jj / 4, chunk
+        // 2 (jj % 4) + cq / 2 (= 2 (jj % 4) ^ cq / 2), byte 8 (cq % 2) of the chunk
+        const std::uint32_t base = mb::smem_u32(os) + r0 * 128 + 8 * (cq & 1), y = ((cq >> 1) ^ (r0 & 7)) << 4;
+#pragma unroll
+        for (int jj = 0; jj < 16; ++jj) {
+          const std::uint32_t a = base + (jj / 4) * OBOX + ((32u * (jj % 4)) ^ y);
+          st_shared_v2(a, o[4 * jj], o[4 * jj + 1]);
+          st_shared_v2(a + 8 * 128, o[4 * jj + 2], o[4 * jj + 3]);
+        }
       }
       fence_async_smem();
       wg_barrier(wg);
       if (wt == 0) {
         const int row = static_cast<int>(it.row0) + first;
+        constexpr int NBOX = OBF16 ? 2 : 4, BOXW = OBF16 ? 64 : 32;
 #pragma unroll
-        for (int x = 0; x < 4; ++x) mb::tma_store_3d(&tmO, os + x * OBOX, 32 * x, it.head, row);
+        for (int x = 0; x < NBOX; ++x) mb::tma_store_3d(&tmO, os + x * OBOX, BOXW * x, it.head, row);
         mb::bulk_commit();
       }
     } else {  // a tail block: rows past the sequence's end are not written
-      float* ob = p.out + (it.row0 * p.H + it.head) * DH;
+      const long long rs = static_cast<long long>(p.H) * DH, o0 = (it.row0 * p.H + it.head) * DH;
 #pragma unroll
       for (int jj = 0; jj < 16; ++jj) {
         const int col = 8 * jj + 2 * cq;
-        const long long rs = static_cast<long long>(p.H) * DH;
-        if (ra < it.T) *reinterpret_cast<float2*>(ob + ra * rs + col) = make_float2(o[4 * jj], o[4 * jj + 1]);
-        if (rb < it.T) *reinterpret_cast<float2*>(ob + rb * rs + col) = make_float2(o[4 * jj + 2], o[4 * jj + 3]);
+        if constexpr (OBF16) {
+          if (ra < it.T) *reinterpret_cast<std::uint32_t*>(p.out_bf16 + o0 + ra * rs + col) = pack_bf16(o[4 * jj], o[4 * jj + 1]);
+          if (rb < it.T)
+            *reinterpret_cast<std::uint32_t*>(p.out_bf16 + o0 + rb * rs + col) = pack_bf16(o[4 * jj + 2], o[4 * jj + 3]);
+        } else {
+          if (ra < it.T) *reinterpret_cast<float2*>(p.out + o0 + ra * rs + col) = make_float2(o[4 * jj], o[4 * jj + 1]);
+          if (rb < it.T) *reinterpret_cast<float2*>(p.out + o0 + rb * rs + col) = make_float2(o[4 * jj + 2], o[4 * jj + 3]);
+        }
       }
     }
   }
@@ -497,14 +521,17 @@ CUtensorMap kv_map(const bf16_t* base, int H, long long rows, const char* name) 
   return m;
 }
 
-/// The TMA map of o [rows, H, 128] fp32: boxes of [64 rows x 1 head x 32 columns], 128-byte swizzle.
-CUtensorMap o_map(float* base, int H, long long rows) {
+/// The TMA map of o [rows, H, 128], fp32 (`bf16` false) or bf16: boxes of [64 rows x 1 head x 128 bytes of columns]
+/// (32 fp32 or 64 bf16), 128-byte swizzle.
+CUtensorMap o_map(void* base, bool bf16, int H, long long rows) {
   CUtensorMap m;
+  const cuuint64_t es = bf16 ? 2 : 4;
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(DH), static_cast<cuuint64_t>(H), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(DH) * 4, static_cast<cuuint64_t>(H) * DH * 4};
-  const cuuint32_t box[3] = {32, 1, 64};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(DH) * es, static_cast<cuuint64_t>(H) * DH * es};
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(128 / es), 1, 64};
   const cuuint32_t estr[3] = {1, 1, 1};
-  const CUresult r = encode_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, base, dims, strides, box, estr,
+  const CUresult r = encode_fn()(&m, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, base,
+                                 dims, strides, box, estr,
                                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE,
                                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
@@ -542,10 +569,13 @@ void fast_attention_wgmma(const FastAttnArgs& a, bool pingpong, cudaStream_t str
   p.q16 = reinterpret_cast<std::uintptr_t>(a.q) % 16 == 0 && a.sq_t % 8 == 0 && a.sq_b % 8 == 0;
   p.scale_log2 = a.scale_log2;
   p.out = a.out;
+  p.out_bf16 = a.out_bf16;
+  const bool obf16 = a.out_bf16 != nullptr;
+  void* const o_base = obf16 ? static_cast<void*>(a.out_bf16) : static_cast<void*>(a.out);
   // rows < 2^31 (the K and V rows bound them), so the stores' row coordinate fits
-  p.o_tma = reinterpret_cast<std::uintptr_t>(a.out) % 16 == 0 && a.out_rows > 0 ? 1 : 0;
+  p.o_tma = reinterpret_cast<std::uintptr_t>(o_base) % 16 == 0 && a.out_rows > 0 ? 1 : 0;
   CUtensorMap to{};
-  if (p.o_tma) to = o_map(a.out, a.H, a.out_rows);
+  if (p.o_tma) to = o_map(o_base, obf16, a.H, a.out_rows);
   int ctas = a.ctas;
   if (ctas <= 0) {  // one CTA an SM
     int dev = 0;
@@ -561,11 +591,15 @@ void fast_attention_wgmma(const FastAttnArgs& a, bool pingpong, cudaStream_t str
     }
     kernel<<<grid, NTHR, SMEM, stream>>>(tk, tv, to, p);
   };
-  static bool attr[2] = {false, false};
-  if (pingpong)
-    launch(mla_fast_attn_wg_kernel<true>, attr[1]);
+  static bool attr[4] = {false, false, false, false};
+  if (pingpong && obf16)
+    launch(mla_fast_attn_wg_kernel<true, true>, attr[3]);
+  else if (pingpong)
+    launch(mla_fast_attn_wg_kernel<true, false>, attr[1]);
+  else if (obf16)
+    launch(mla_fast_attn_wg_kernel<false, true>, attr[2]);
   else
-    launch(mla_fast_attn_wg_kernel<false>, attr[0]);
+    launch(mla_fast_attn_wg_kernel<false, false>, attr[0]);
   cuda_check(cudaGetLastError(), "mla_fast_attn_wg_kernel launch");
 }
 

@@ -10,7 +10,8 @@ namespace kdalab::kernels::mla_prefill_detail {
 /// Causal attention of T new query rows per (sequence, head) over N = N0 + T keys, d = 128: o = softmax(scale q K^T) V
 /// with bf16 q, K, V and P, fp32 scores, softmax and accumulation.
 /// q [B, T, H, 128] bf16 (batch stride sq_b, token stride sq_t elements, head stride 128); K and V [B, NK, H, 128] bf16
-/// contiguous, 16-byte aligned, NK >= N0 + T rows a sequence; o [B, T, H, 128] fp32 contiguous. Query t of a sequence
+/// contiguous, 16-byte aligned, NK >= N0 + T rows a sequence; o [B, T, H, 128] fp32 (out) or bf16 (out_bf16)
+/// contiguous. Query t of a sequence
 /// sits at position N0 + t and reads keys 0 .. N0 + t.
 /// Packed sequences (cu non-null): sequence b has cu[b + 1] - cu[b] <= T queries, at rows cu[b] .. of q (token stride
 /// sq_t) and o, and N0 = n0s[b] (n0s non-null) or N0 cached keys; its K and V rows past its own N0 + T must be finite.
@@ -24,6 +25,7 @@ struct FastAttnArgs {
   const bf16_t* V = nullptr;
   float scale_log2 = 0.0f;  ///< softmax scale times log2(e)
   float* out = nullptr;
+  bf16_t* out_bf16 = nullptr;  ///< o as bf16 instead of out (non-null: out unused)
   long long out_rows = 0;  ///< rows of o: B T, or with cu the packed total cu[B]
   int ctas = 0;  ///< CTAs of the persistent grid; 0: one per SM (at most one per work item)
   bool head_major = false;  ///< item order (kernels/mla_prefill.hpp MlaFastOrder): head-major, else longest first

@@ -533,7 +533,16 @@ void mla_prefill_heads(const MlaPrefillHeadsArgs& a, cudaStream_t stream, const 
   check_ptr_h(a.q_C, 4, "q_C");
   check_ptr_h(a.W_UK, 4, "W_UK");
   check_ptr_h(a.W_UV, 4, "W_UV");
-  check_ptr_h(a.out, 8, "out");
+  if (a.out_bf16) {
+    if (a.out) fail("both out and out_bf16 given; accepted: exactly one (fp32 o in out, or bf16 o in out_bf16)");
+    if (!fast)
+      fail("out_bf16 with precision accurate: bf16 o would round away its ~5e-6; accepted: out_bf16 with precision fast only");
+    if ((ov && ov->fast_form != MlaFastForm::automatic ? ov->fast_form : mla_fast_form_rule()) == MlaFastForm::mma_sync)
+      fail("out_bf16 with fast_form = mma_sync; accepted: out_bf16 with a wgmma form only");
+    check_ptr_h(a.out_bf16, 4, "out_bf16");
+  } else {
+    check_ptr_h(a.out, 8, "out");
+  }
   if (!std::isfinite(a.scale) || !(a.scale > 0.0f)) fail("scale = " + std::to_string(a.scale) + "; accepted: a finite scale > 0");
   const long long sc_t = a.sc_t ? a.sc_t : DC;
   if (sc_t < DC || sc_t % 8 != 0)
@@ -685,6 +694,7 @@ void mla_prefill_heads(const MlaPrefillHeadsArgs& a, cudaStream_t stream, const 
     fa.V = static_cast<const bf16_t*>(Vw);
     fa.scale_log2 = p.scale_log2;
     fa.out = a.out;
+    fa.out_bf16 = a.out_bf16;
     fa.out_rows = B * T;  // packed sequences: B = 1, T = every new token
     fa.ctas = ov ? ov->fast_ctas : 0;
     fa.head_major = (ov && ov->fast_order != MlaFastOrder::automatic ? ov->fast_order : mla_fast_order_rule(a)) ==

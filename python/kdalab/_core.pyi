@@ -389,7 +389,8 @@ def cuda_mla_prefill(c: Array, q_C: Array, W_UK: Array, W_UV: Array, out: Array,
     """Causal MLA prefill of T new tokens behind `prefix` cached ones with per-head output o_i = W_UV,i a_i
     (kernels/mla_prefill.hpp mla_prefill_heads; path "auto" (the FLOP rule), "absorbed" or "naive"). c [B, N_max,
     row] bf16, rows prefix .. prefix + T - 1 written from c_new [B, T, d_c] bf16 (None: already there); q_C
-    [B, T, H, d_nope] bf16; W_UK [H d_nope, d_c], W_UV [H d_v, d_c] bf16; out o [B, T, H, d_v] fp32; workspace
+    [B, T, H, d_nope] bf16; W_UK [H d_nope, d_c], W_UV [H d_v, d_c] bf16; out o [B, T, H, d_v] fp32 (or bf16 with
+    precision "fast" and a wgmma form: the fp32 o rounded to bf16); workspace
     uint8 [>= cuda_mla_prefill_workspace_bytes]. d_c = 512, d_nope = d_v = 128. precision "auto" (the rule:
     accurate), "accurate" (K, V and P as bf16 hi + lo, ~5e-6 relative RMS) or "fast" (bf16 K, V and P, one pass
     per product, ~2.4e-3 .. 4.2e-3; the naive path only) (kernels/mla_prefill.hpp MlaPrefillPrecision). Its first

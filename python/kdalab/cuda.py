@@ -118,12 +118,16 @@ def mla_prefill_workspace(c, q_C, *, prefix, path="auto", precision="auto"):
 
 
 def mla_prefill(c, q_C, W_UK, W_UV, *, prefix, scale, c_new=None, path="auto", precision="auto", out=None,
-                workspace=None, stream=None):
+                out_dtype="float32", workspace=None, stream=None):
     """Causal MLA prefill with per-head output (kdalab._core.cuda_mla_prefill); writes the new latents into
-    c. precision: "auto" (accurate), "accurate" or "fast". Returns o [B, T, H, d_v] fp32."""
+    c. precision: "auto" (accurate), "accurate" or "fast". Returns o [B, T, H, d_v] in out_dtype ("float32", or
+    "bfloat16" with precision "fast": the fp32 o rounded to bf16, half the bytes written); a given out decides by its
+    own dtype."""
     require_cuda()
+    if out is None and out_dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"out_dtype = {out_dtype!r}; accepted: 'float32', 'bfloat16'")
     B, T, H, _ = q_C.shape
-    out = _empty(q_C, (B, T, H, W_UV.shape[0] // H), "float32") if out is None else out
+    out = _empty(q_C, (B, T, H, W_UV.shape[0] // H), out_dtype) if out is None else out
     ws = (mla_prefill_workspace(c, q_C, prefix=prefix, path=path, precision=precision) if workspace is None
           else workspace)
     _core.cuda_mla_prefill(c, q_C, W_UK, W_UV, out, ws, c_new, prefix=prefix, scale=scale, path=path,

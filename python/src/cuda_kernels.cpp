@@ -519,7 +519,10 @@ void bind_cuda(nb::module_& m) {
                 "tensor 'W_UV' has shape " + shape_str(sv) + ", expected [H d_v, d_c] with H = " + std::to_string(H) +
                     ", d_c = " + std::to_string(dc));
         const std::size_t dv = sv[0] / H;
-        check_shape(out, "out", DType::f32, {B, T, H, dv});
+        const bool out_f32 = dtype_is(out.dtype(), DType::f32);
+        require(out_f32 || dtype_is(out.dtype(), DType::bf16),
+                "tensor 'out' has dtype " + dtype_name(out.dtype()) + "; accepted: float32, bfloat16 (precision fast)");
+        check_shape(out, "out", out_f32 ? DType::f32 : DType::bf16, {B, T, H, dv});
         if (c_new) check_shape(*c_new, "c_new", DType::bf16, {B, T, dc});
         K::MlaPrefillHeadsArgs a = mla_prefill_args(static_cast<std::int64_t>(B), static_cast<std::int64_t>(T),
                                                      static_cast<std::int64_t>(H), static_cast<std::int64_t>(sc[1]),
@@ -534,7 +537,10 @@ void bind_cuda(nb::module_& m) {
         a.W_UK = ptr<const K::bf16_t>(W_UK);
         a.W_UV = ptr<const K::bf16_t>(W_UV);
         a.scale = static_cast<float>(scale);
-        a.out = ptr<float>(out);
+        if (out_f32)
+          a.out = ptr<float>(out);
+        else
+          a.out_bf16 = ptr<K::bf16_t>(out);
         a.precision = parse_prefill_precision(precision);
         K::MlaPrefillOverrides ov;
         ov.path = parse_path(path);

@@ -190,6 +190,24 @@ def test_mla_prefill_from_torch_equals_the_host_path(torch, path, precision):
     assert bits_equal(o, o_ref) and bits_equal(c, cache_ref)
 
 
+def test_mla_prefill_bf16_out_is_the_fp32_o_rounded(torch):
+    B, T, H, dn, dc, prefix, N = 2, 130, 4, 128, 512, 24, 160
+    cache = torch.zeros((B, N, dc), dtype=torch.bfloat16)
+    cache[:, :prefix] = bf16_randn(torch, (B, prefix, dc), seed=11)
+    c_new, q_C = bf16_randn(torch, (B, T, dc), seed=12), bf16_randn(torch, (B, T, H, dn), seed=13)
+    W_UK, W_UV = bf16_randn(torch, (H * dn, dc), dc ** -0.5, seed=14), bf16_randn(torch, (H * dn, dc), dc ** -0.5, seed=15)
+    args = [t.cuda() for t in (q_C, W_UK, W_UV)]
+    o32 = kc.mla_prefill(cache.cuda(), *args, prefix=prefix, scale=dn ** -0.5, c_new=c_new.cuda(), precision="fast")
+    o16 = kc.mla_prefill(cache.cuda(), *args, prefix=prefix, scale=dn ** -0.5, c_new=c_new.cuda(), precision="fast",
+                         out_dtype="bfloat16")
+    torch.cuda.synchronize()
+    assert o16.dtype == torch.bfloat16 and torch.equal(o16, o32.bfloat16())
+    with pytest.raises(kdalab.Error, match="out_bf16 with precision accurate"):
+        kc.mla_prefill(cache.cuda(), *args, prefix=prefix, scale=dn ** -0.5, c_new=c_new.cuda(), out_dtype="bfloat16")
+    with pytest.raises(ValueError, match="out_dtype = 'float16'"):
+        kc.mla_prefill(cache.cuda(), *args, prefix=prefix, scale=dn ** -0.5, precision="fast", out_dtype="float16")
+
+
 def test_attn_res_from_torch_equals_the_host_path(torch):
     S, T, d = 5, 7, 256
     src, w = bf16_randn(torch, (S, T, d), seed=9), bf16_randn(torch, (d,), seed=10).float()

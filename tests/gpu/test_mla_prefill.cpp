@@ -940,6 +940,43 @@ TEST_CASE("mla prefill heads, fast: an o that is 8- but not 16-byte aligned give
   }
 }
 
+TEST_CASE("mla prefill heads, fast: a bf16 o (out_bf16) is the fp32 o rounded to bf16, bit for bit", "[gpu][mla][fast]") {
+  // B = 2, T = 130: blocks of 64, 64 and 2 rows per sequence (TMA and row-by-row stores); out_bf16 16-byte aligned
+  // (whole blocks by TMA) and 4 bytes past it (every row by direct stores); both wgmma forms
+  HeadsProblem P(2, 130, 32, 37);
+  const auto truth = P.truth();
+  for (const auto form : {kernels::MlaFastForm::wgmma, kernels::MlaFastForm::wgmma_pingpong}) {
+    const kernels::MlaPrefillOverrides ov = fast_form(form);
+    const auto o32 = run_heads(P, ov, kernels::MlaPrefillPrecision::fast);
+    for (std::size_t off : {0, 2}) {  // bf16 elements past a 16-byte aligned address
+      P.upload();
+      kernels::MlaPrefillHeadsArgs a = P.args();
+      a.precision = kernels::MlaPrefillPrecision::fast;
+      const std::size_t n = P.B * P.T * P.H * 128;
+      DevBuf out((n + off) * 2), ws(kernels::mla_prefill_heads_workspace_bytes(a, &ov));
+      out.poison();
+      ws.poison();
+      a.out = nullptr;
+      a.out_bf16 = out.as<bf16_t>() + off;
+      a.workspace = ws.p;
+      a.workspace_bytes = ws.bytes;
+      kernels::mla_prefill_heads(a, nullptr, &ov);
+      cuda_check(cudaDeviceSynchronize(), "mla_prefill_heads out_bf16");
+      const auto all = download_bf16(out);
+      const std::vector<double> o16(all.begin() + static_cast<std::ptrdiff_t>(off), all.end());
+      std::size_t differ = 0;
+      for (std::size_t i = 0; i < n; ++i) differ += o16[i] == round_bf16(o32[i]) ? 0 : 1;
+      const auto m = compare(o16, truth), m32 = compare(o32, truth);
+      std::printf("mla prefill heads fast %s, out_bf16 at +%zu elements: %zu of %zu differ from bf16(fp32 o); rel_rms "
+                  "%.3e (fp32 o: %.3e)\n", kernels::mla_fast_form_name(form), off, differ, n, m.rel_rms, m32.rel_rms);
+      CAPTURE(kernels::mla_fast_form_name(form), off, m.rel_rms);
+      REQUIRE(non_finite(o16) == 0);
+      CHECK(differ == 0);
+      CHECK(m.rel_rms <= tol::mla_prefill_fast.value);
+    }
+  }
+}
+
 /// Packed sequences (cu_seqlens) with their own T and N0, one set of weights: each sequence's truth is a B = 1
 /// HeadsProblem; the packed call gets q, c_new and o as packed rows and a cache [num_seqs, cap, 512] whose rows past
 /// each sequence's N0 are NaN.
@@ -1283,6 +1320,33 @@ const std::vector<BadCase<HeadsCall>> kHeadsBad = {
        h.ov.path = kernels::MlaPrefillPath::absorbed;
      },
      "mla_prefill_heads: cu_seqlens with the absorbed path forced; accepted"},
+    {"out_bf16 with out",
+     [](auto& h) {
+       h.a.precision = kernels::MlaPrefillPrecision::fast;
+       h.a.out_bf16 = reinterpret_cast<bf16_t*>(h.a.out);
+     },
+     "mla_prefill_heads: both out and out_bf16 given; accepted: exactly one"},
+    {"out_bf16 with accurate",
+     [](auto& h) {
+       h.a.out_bf16 = reinterpret_cast<bf16_t*>(h.a.out);
+       h.a.out = nullptr;
+     },
+     "mla_prefill_heads: out_bf16 with precision accurate"},
+    {"out_bf16 with mma_sync",
+     [](auto& h) {
+       h.a.precision = kernels::MlaPrefillPrecision::fast;
+       h.ov.fast_form = kernels::MlaFastForm::mma_sync;
+       h.a.out_bf16 = reinterpret_cast<bf16_t*>(h.a.out);
+       h.a.out = nullptr;
+     },
+     "mla_prefill_heads: out_bf16 with fast_form = mma_sync; accepted: out_bf16 with a wgmma form only"},
+    {"out_bf16 misaligned",
+     [](auto& h) {
+       h.a.precision = kernels::MlaPrefillPrecision::fast;
+       h.a.out_bf16 = reinterpret_cast<bf16_t*>(h.a.out) + 1;
+       h.a.out = nullptr;
+     },
+     "mla_prefill_heads: pointer 'out_bf16' is not 4-byte aligned"},
     {"fast workspace too small",
      [](auto& h) {
        h.a.precision = kernels::MlaPrefillPrecision::fast;
