@@ -893,6 +893,15 @@ Measured bench_attn_res(const Shape& s, int warmup, int iters, std::uint64_t see
   a.T = static_cast<int>(T); a.S = static_cast<int>(S); a.d = static_cast<int>(d);
   a.src = src.as<bf16_t>(); a.w = w.as<float>(); a.out = out.as<bf16_t>();
   auto [ms, mn] = time_ms([&] { kernels::attn_res(a, nullptr); }, warmup, iters);
+  // the rule's tokens per CTA beside one and four (kernels::AttnResArgs::tokens_per_cta), the same process
+  std::string tpc;
+  for (int n : {1, 4}) {
+    kernels::AttnResArgs b = a;
+    b.tokens_per_cta = n;
+    tpc += fmt::format("{}{} a CTA {:.4f} ms", tpc.empty() ? "" : ", ", n,
+                       time_ms([&] { kernels::attn_res(b, nullptr); }, warmup, iters).first);
+  }
+  fmt::print("  (S={} T={} d={}: tokens per CTA by the rule; {})\n", S, T, d, tpc);
   return {ms, mn, 2.0 * S * T * d + 2.0 * T * d, 6.0 * S * T * d};
 }
 #endif

@@ -1,4 +1,4 @@
-// Block Attention Residuals over a batch of tokens (kernels/attn_res.hpp): one CTA per token, the
+// Block Attention Residuals over a batch of tokens (kernels/attn_res.hpp): one or a few tokens per CTA, the
 // sources streamed once through registers with an online softmax over them.
 //
 // Thread j of the CTA owns the 16-byte vectors j, j + NT, .., j + (VPT - 1) NT of every source row
@@ -9,6 +9,7 @@
 // l = l e^(m - m') + e^(z - m'). The source rows arrive by bulk copies (cp.async.bulk, one per row, issued by thread 0)
 // into a ring of NS row buffers in shared memory, each with an mbarrier that counts the bytes; NS - 1 rows are in
 // flight while one is reduced, without registers held for them.
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -40,9 +41,12 @@ struct AParams {
   float* out_f32;
 };
 
-template <int VPT>
+/// MULTI: the CTA takes tokens blockIdx.x + jt gridDim.x in turn; else its one token blockIdx.x (the loop over tokens
+/// compiles away, and with it the registers it holds: at d = 7168, 93 against 99, the difference between three CTAs
+/// an SM and two).
+template <int VPT, bool MULTI>
 __global__ void __launch_bounds__(MAX_THREADS) attn_res_kernel(AParams p) {
-  const int t = blockIdx.x, tid = threadIdx.x, NT = blockDim.x;
+  const int tid = threadIdx.x, NT = blockDim.x;
   const int lane = tid % 32, warp = tid / 32, nwarp = NT / 32;
   __shared__ float red[2][2][32];  // [parity][sum h^2 | sum w h][warp]
   __shared__ std::uint64_t full[NS];  // full[s]: row buffer s holds its source
@@ -59,129 +63,154 @@ __global__ void __launch_bounds__(MAX_THREADS) attn_res_kernel(AParams p) {
   extern __shared__ __align__(128) float wsh[];
   uint4* ring = reinterpret_cast<uint4*>(wsh + p.d);
   for (int v = tid; v < p.nvec * 2; v += NT) reinterpret_cast<float4*>(wsh)[v] = reinterpret_cast<const float4*>(p.w)[v];
-  const bf16_t* base = p.src + static_cast<long long>(t) * p.s_tok;
+  // the CTA's tokens t_jt = blockIdx.x + jt gridDim.x, jt = 0 .. ntok - 1, in turn; the ring runs on across them:
+  // use u = jt S + i (< 2^31: the host bounds tokens_per_cta S) is source i of token t_jt, in row buffer u % NS
+  const int ntok =
+      MULTI ? (p.T - static_cast<int>(blockIdx.x) + static_cast<int>(gridDim.x) - 1) / static_cast<int>(gridDim.x) : 1;
   const unsigned row_bytes = static_cast<unsigned>(p.d) * 2u;
-  const auto issue = [&](int slot, int i) {
-    mb::bulk_copy(ring + slot * p.nvec, base + static_cast<long long>(i) * p.s_src, row_bytes, &full[slot]);
+  // the copy of source i of the jt-th token into row buffer `slot` (thread 0)
+  const auto issue = [&](int slot, int jt, int i) {
+    const long long t = static_cast<long long>(blockIdx.x) + static_cast<long long>(jt) * gridDim.x;
+    mb::bulk_copy(ring + slot * p.nvec, p.src + t * p.s_tok + i * p.s_src, row_bytes, &full[slot]);
+  };
+  // thread 0's cursor (nj, ni): the next use to copy, NS ahead of the one being reduced
+  int nj = 0, ni = 0;
+  const auto issue_next = [&](int slot) {
+    if (nj >= ntok) return;
+    issue(slot, nj, ni);
+    if (++ni == p.S) {
+      ni = 0;
+      ++nj;
+    }
   };
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < NS; ++s) mb::init(&full[s], 1);
     mb::init_fence();
-    for (int s = 0; s < NS && s < p.S; ++s) issue(s, s);
+    if constexpr (MULTI)
+      for (int s = 0; s < NS; ++s) issue_next(s);
+    else
+      for (int s = 0; s < NS && s < p.S; ++s) issue(s, 0, s);
   }
   __syncthreads();
-  // running softmax partial (m, l, acc), from partial_in when given
-  float m = -INFINITY, l = 0.0f;
-  float acc[VPT][8];
-  const long long trow = static_cast<long long>(t) * p.d;
-  if (p.acc_in) {
-    m = p.m_in[t];
-    l = p.l_in[t];
+  const float inv_d = 1.0f / static_cast<float>(p.d);
+  for (int jt = 0; jt < ntok; ++jt) {
+    const int t = static_cast<int>(blockIdx.x) + jt * static_cast<int>(gridDim.x);
+    // running softmax partial (m, l, acc), from partial_in when given
+    float m = -INFINITY, l = 0.0f;
+    float acc[VPT][8];
+    const long long trow = static_cast<long long>(t) * p.d;
+    if (p.acc_in) {
+      m = p.m_in[t];
+      l = p.l_in[t];
 #pragma unroll
-    for (int j = 0; j < VPT; ++j) {
-      if (ok[j]) {
-        const float4 a = reinterpret_cast<const float4*>(p.acc_in + trow)[2 * vi[j]];
-        const float4 b = reinterpret_cast<const float4*>(p.acc_in + trow)[2 * vi[j] + 1];
-        acc[j][0] = a.x; acc[j][1] = a.y; acc[j][2] = a.z; acc[j][3] = a.w;
-        acc[j][4] = b.x; acc[j][5] = b.y; acc[j][6] = b.z; acc[j][7] = b.w;
-      } else {
+      for (int j = 0; j < VPT; ++j) {
+        if (ok[j]) {
+          const float4 a = reinterpret_cast<const float4*>(p.acc_in + trow)[2 * vi[j]];
+          const float4 b = reinterpret_cast<const float4*>(p.acc_in + trow)[2 * vi[j] + 1];
+          acc[j][0] = a.x; acc[j][1] = a.y; acc[j][2] = a.z; acc[j][3] = a.w;
+          acc[j][4] = b.x; acc[j][5] = b.y; acc[j][6] = b.z; acc[j][7] = b.w;
+        } else {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[j][e] = 0.0f;
+        }
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < VPT; ++j)
 #pragma unroll
         for (int e = 0; e < 8; ++e) acc[j][e] = 0.0f;
-      }
     }
-  } else {
-#pragma unroll
-    for (int j = 0; j < VPT; ++j)
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc[j][e] = 0.0f;
-  }
 
-  const float inv_d = 1.0f / static_cast<float>(p.d);
-  for (int i = 0; i < p.S; ++i) {
-    const int slot = i % NS;
-    mb::wait(&full[slot], static_cast<unsigned>(i / NS) & 1u);
-    uint4 cur[VPT];
+    for (int i = 0; i < p.S; ++i) {
+      const int u = jt * p.S + i, slot = u % NS;
+      mb::wait(&full[slot], static_cast<unsigned>(u / NS) & 1u);
+      uint4 cur[VPT];
 #pragma unroll
-    for (int j = 0; j < VPT; ++j) cur[j] = ok[j] ? ring[slot * p.nvec + vi[j]] : make_uint4(0, 0, 0, 0);
-    float h[VPT][8];
-    float ss = 0.0f, dw = 0.0f;
+      for (int j = 0; j < VPT; ++j) cur[j] = ok[j] ? ring[slot * p.nvec + vi[j]] : make_uint4(0, 0, 0, 0);
+      float h[VPT][8];
+      float ss = 0.0f, dw = 0.0f;
 #pragma unroll
-    for (int j = 0; j < VPT; ++j) {
-      unpack8(cur[j], h[j]);
+      for (int j = 0; j < VPT; ++j) {
+        unpack8(cur[j], h[j]);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) ss = fmaf(h[j][e], h[j][e], ss);
-      if (ok[j]) {
-        const float4 w0 = reinterpret_cast<const float4*>(wsh)[2 * vi[j]];
-        const float4 w1 = reinterpret_cast<const float4*>(wsh)[2 * vi[j] + 1];
-        dw = fmaf(w0.x, h[j][0], dw); dw = fmaf(w0.y, h[j][1], dw); dw = fmaf(w0.z, h[j][2], dw);
-        dw = fmaf(w0.w, h[j][3], dw); dw = fmaf(w1.x, h[j][4], dw); dw = fmaf(w1.y, h[j][5], dw);
-        dw = fmaf(w1.z, h[j][6], dw); dw = fmaf(w1.w, h[j][7], dw);
+        for (int e = 0; e < 8; ++e) ss = fmaf(h[j][e], h[j][e], ss);
+        if (ok[j]) {
+          const float4 w0 = reinterpret_cast<const float4*>(wsh)[2 * vi[j]];
+          const float4 w1 = reinterpret_cast<const float4*>(wsh)[2 * vi[j] + 1];
+          dw = fmaf(w0.x, h[j][0], dw); dw = fmaf(w0.y, h[j][1], dw); dw = fmaf(w0.z, h[j][2], dw);
+          dw = fmaf(w0.w, h[j][3], dw); dw = fmaf(w1.x, h[j][4], dw); dw = fmaf(w1.y, h[j][5], dw);
+          dw = fmaf(w1.z, h[j][6], dw); dw = fmaf(w1.w, h[j][7], dw);
+        }
       }
-    }
 #pragma unroll
-    for (int o = 16; o >= 1; o >>= 1) {
-      ss += __shfl_xor_sync(0xffffffffu, ss, o);
-      dw += __shfl_xor_sync(0xffffffffu, dw, o);
-    }
-    const int par = i & 1;
-    if (lane == 0) {
-      red[par][0][warp] = ss;
-      red[par][1][warp] = dw;
-    }
-    __syncthreads();  // also: every thread has read row buffer `slot`, which the copy of source i + NS may now fill
-    if (tid == 0 && i + NS < p.S) issue(slot, i + NS);
-    ss = 0.0f;
-    dw = 0.0f;
-    for (int k = 0; k < nwarp; ++k) {
-      ss += red[par][0][k];
-      dw += red[par][1][k];
-    }
-    const float z = dw / sqrtf(ss * inv_d + p.eps);
-    const float mn = fmaxf(m, z);
-    const float c = expf(m - mn), e = expf(z - mn);  // c = 0 when m = -inf (first source)
-    l = l * c + e;
+      for (int o = 16; o >= 1; o >>= 1) {
+        ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        dw += __shfl_xor_sync(0xffffffffu, dw, o);
+      }
+      const int par = u & 1;  // alternates across tokens too
+      if (lane == 0) {
+        red[par][0][warp] = ss;
+        red[par][1][warp] = dw;
+      }
+      __syncthreads();  // also: every thread has read row buffer `slot`, which the copy of use u + NS may now fill
+      if constexpr (MULTI) {
+        if (tid == 0) issue_next(slot);
+      } else if (tid == 0 && i + NS < p.S) {
+        issue(slot, 0, i + NS);
+      }
+      ss = 0.0f;
+      dw = 0.0f;
+      for (int k = 0; k < nwarp; ++k) {
+        ss += red[par][0][k];
+        dw += red[par][1][k];
+      }
+      const float z = dw / sqrtf(ss * inv_d + p.eps);
+      const float mn = fmaxf(m, z);
+      const float c = expf(m - mn), e = expf(z - mn);  // c = 0 when m = -inf (first source)
+      l = l * c + e;
 #pragma unroll
-    for (int j = 0; j < VPT; ++j)
+      for (int j = 0; j < VPT; ++j)
 #pragma unroll
-      for (int k = 0; k < 8; ++k) acc[j][k] = fmaf(acc[j][k], c, e * h[j][k]);
-    m = mn;
-  }
+        for (int k = 0; k < 8; ++k) acc[j][k] = fmaf(acc[j][k], c, e * h[j][k]);
+      m = mn;
+    }
 
-  if (p.acc_out) {
-    if (tid == 0) {
-      p.m_out[t] = m;
-      p.l_out[t] = l;
+    if (p.acc_out) {
+      if (tid == 0) {
+        p.m_out[t] = m;
+        p.l_out[t] = l;
+      }
+#pragma unroll
+      for (int j = 0; j < VPT; ++j)
+        if (ok[j]) {
+          float4* o = reinterpret_cast<float4*>(p.acc_out + trow) + 2 * vi[j];
+          o[0] = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
+          o[1] = make_float4(acc[j][4], acc[j][5], acc[j][6], acc[j][7]);
+        }
     }
+    const float inv = 1.0f / l;
+    if (p.out_f32) {
 #pragma unroll
-    for (int j = 0; j < VPT; ++j)
-      if (ok[j]) {
-        float4* o = reinterpret_cast<float4*>(p.acc_out + trow) + 2 * vi[j];
-        o[0] = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
-        o[1] = make_float4(acc[j][4], acc[j][5], acc[j][6], acc[j][7]);
-      }
-  }
-  const float inv = 1.0f / l;
-  if (p.out_f32) {
+      for (int j = 0; j < VPT; ++j)
+        if (ok[j]) {
+          float4* o = reinterpret_cast<float4*>(p.out_f32 + trow) + 2 * vi[j];
+          o[0] = make_float4(acc[j][0] * inv, acc[j][1] * inv, acc[j][2] * inv, acc[j][3] * inv);
+          o[1] = make_float4(acc[j][4] * inv, acc[j][5] * inv, acc[j][6] * inv, acc[j][7] * inv);
+        }
+    }
+    if (p.out) {
 #pragma unroll
-    for (int j = 0; j < VPT; ++j)
-      if (ok[j]) {
-        float4* o = reinterpret_cast<float4*>(p.out_f32 + trow) + 2 * vi[j];
-        o[0] = make_float4(acc[j][0] * inv, acc[j][1] * inv, acc[j][2] * inv, acc[j][3] * inv);
-        o[1] = make_float4(acc[j][4] * inv, acc[j][5] * inv, acc[j][6] * inv, acc[j][7] * inv);
-      }
-  }
-  if (p.out) {
-#pragma unroll
-    for (int j = 0; j < VPT; ++j)
-      if (ok[j]) {
-        uint4 u;
-        u.x = pack_bf16(acc[j][0] * inv, acc[j][1] * inv);
-        u.y = pack_bf16(acc[j][2] * inv, acc[j][3] * inv);
-        u.z = pack_bf16(acc[j][4] * inv, acc[j][5] * inv);
-        u.w = pack_bf16(acc[j][6] * inv, acc[j][7] * inv);
-        reinterpret_cast<uint4*>(p.out + trow)[vi[j]] = u;
-      }
+      for (int j = 0; j < VPT; ++j)
+        if (ok[j]) {
+          uint4 u;
+          u.x = pack_bf16(acc[j][0] * inv, acc[j][1] * inv);
+          u.y = pack_bf16(acc[j][2] * inv, acc[j][3] * inv);
+          u.z = pack_bf16(acc[j][4] * inv, acc[j][5] * inv);
+          u.w = pack_bf16(acc[j][6] * inv, acc[j][7] * inv);
+          reinterpret_cast<uint4*>(p.out + trow)[vi[j]] = u;
+        }
+    }
   }
 }
 
@@ -209,21 +238,54 @@ bool check_partial(const AttnResPartial& q, const char* name) {
   return true;
 }
 
-template <int VPT>
-void launch(const AParams& p, int threads, cudaStream_t stream) {
-  const int smem = p.d * 4 + NS * p.d * 2;  // the pseudo-query (fp32) and the ring of NS bf16 rows: 10 d bytes
-  if (smem > 48 * 1024) {
-    static bool attr = false;  // once per instantiation (so that a call inside graph capture sets nothing)
-    if (!attr) {
-      cuda_check(cudaFuncSetAttribute(attn_res_kernel<VPT>, cudaFuncAttributeMaxDynamicSharedMemorySize, 10 * 16384),
-                 "cudaFuncSetAttribute(attn_res_kernel)");
-      attr = true;
-    }
+template <int VPT, bool MULTI>
+void launch_form(const AParams& p, int threads, int smem, long long grid, cudaStream_t stream) {
+  static bool attr = false;  // once per instantiation (so that a call inside graph capture sets nothing)
+  if (!attr && smem > 48 * 1024) {
+    cuda_check(cudaFuncSetAttribute(attn_res_kernel<VPT, MULTI>, cudaFuncAttributeMaxDynamicSharedMemorySize, 10 * 16384),
+               "cudaFuncSetAttribute(attn_res_kernel)");
+    attr = true;
   }
-  attn_res_kernel<VPT><<<p.T, threads, smem, stream>>>(p);
+  attn_res_kernel<VPT, MULTI><<<static_cast<unsigned>(grid), threads, smem, stream>>>(p);
+}
+
+/// Launches T / tokens_per_cta CTAs (rounded up); tokens_per_cta = 0: the rule (attn_res_tokens_per_cta), which
+/// counts the CTAs of the one-token form an SM holds.
+template <int VPT>
+void launch(const AParams& p, int threads, int tokens_per_cta, cudaStream_t stream) {
+  const int smem = p.d * 4 + NS * p.d * 2;  // the pseudo-query (fp32) and the ring of NS bf16 rows: 10 d bytes
+  if (tokens_per_cta == 0) {
+    static int resident = 0, resident_smem = -1;  // the last d's resident CTAs (occupancy queries: no stream work)
+    if (resident_smem != smem) {
+      if (smem > 48 * 1024)
+        cuda_check(cudaFuncSetAttribute(attn_res_kernel<VPT, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        10 * 16384),
+                   "cudaFuncSetAttribute(attn_res_kernel)");
+      int dev = 0, sms = 0, per_sm = 0;
+      cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
+      cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute(SM count)");
+      cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attn_res_kernel<VPT, false>, threads, smem),
+                 "cudaOccupancyMaxActiveBlocksPerMultiprocessor(attn_res_kernel)");
+      resident = std::max(1, per_sm) * sms;
+      resident_smem = smem;
+    }
+    // d > 4096 (VPT >= 3): one token a CTA, whose registers keep three 7168-wide CTAs an SM
+    tokens_per_cta = VPT >= 3 ? 1 : attn_res_tokens_per_cta(p.T, resident);
+  }
+  const long long grid = (static_cast<long long>(p.T) + tokens_per_cta - 1) / tokens_per_cta;
+  if (tokens_per_cta == 1)
+    launch_form<VPT, false>(p, threads, smem, grid, stream);
+  else
+    launch_form<VPT, true>(p, threads, smem, grid, stream);
 }
 
 }  // namespace
+
+int attn_res_tokens_per_cta(int T, int resident) {
+  // about two waves of CTAs over the resident slots, at most 8 tokens a CTA
+  const long long per = static_cast<long long>(T) / (2LL * std::max(1, resident));
+  return static_cast<int>(std::clamp<long long>(per, 1, 8));
+}
 
 void attn_res(const AttnResArgs& a, cudaStream_t stream) {
   if (a.T < 1) fail("T = " + std::to_string(a.T) + "; accepted: T >= 1 token");
@@ -240,6 +302,9 @@ void attn_res(const AttnResArgs& a, cudaStream_t stream) {
   const bool pout = check_partial(a.partial_out, "partial_out");
   if (!a.out && !a.out_f32 && !pout) fail("no output: set out, out_f32 or partial_out");
   if (!std::isfinite(a.eps) || a.eps < 0.0f) fail("eps = " + std::to_string(a.eps) + "; accepted: a finite eps >= 0");
+  if (a.tokens_per_cta < 0 || static_cast<long long>(a.tokens_per_cta) * a.S >= (1LL << 31))
+    fail("tokens_per_cta = " + std::to_string(a.tokens_per_cta) + " with S = " + std::to_string(a.S) +
+         "; accepted: 0 (the rule) or a count >= 1 with tokens_per_cta S < 2^31");
   const long long s_tok = a.s_tok ? a.s_tok : a.d;
   if (s_tok < a.d || s_tok % 8 != 0)
     fail("s_tok = " + std::to_string(s_tok) + "; accepted: a multiple of 8 elements >= d = " + std::to_string(a.d));
@@ -258,15 +323,16 @@ void attn_res(const AttnResArgs& a, cudaStream_t stream) {
   if (pout) { p.m_out = a.partial_out.m; p.l_out = a.partial_out.l; p.acc_out = a.partial_out.acc; }
   p.out = a.out;
   p.out_f32 = a.out_f32;
+  const int tpc = a.tokens_per_cta;
   switch (vpt) {
-    case 1: launch<1>(p, threads, stream); break;
-    case 2: launch<2>(p, threads, stream); break;
-    case 3: launch<3>(p, threads, stream); break;
-    case 4: launch<4>(p, threads, stream); break;
-    case 5: launch<5>(p, threads, stream); break;
-    case 6: launch<6>(p, threads, stream); break;
-    case 7: launch<7>(p, threads, stream); break;
-    default: launch<8>(p, threads, stream); break;
+    case 1: launch<1>(p, threads, tpc, stream); break;
+    case 2: launch<2>(p, threads, tpc, stream); break;
+    case 3: launch<3>(p, threads, tpc, stream); break;
+    case 4: launch<4>(p, threads, tpc, stream); break;
+    case 5: launch<5>(p, threads, tpc, stream); break;
+    case 6: launch<6>(p, threads, tpc, stream); break;
+    case 7: launch<7>(p, threads, tpc, stream); break;
+    default: launch<8>(p, threads, tpc, stream); break;
   }
   cuda_check(cudaGetLastError(), "attn_res_kernel launch");
 }

@@ -25,7 +25,7 @@
 /// Precision: bf16 sources read exactly, fp32 sums (squares, dot products, exponentials, accumulator).
 /// A bf16 `out` adds its own rounding (~1.6e-3 relative RMS, the bf16 output floor); out_f32 does not.
 ///
-/// Algorithm: memory-bound, one CTA per token. d / 8 16-byte vectors per source are spread over the
+/// Algorithm: memory-bound, a few tokens per CTA in turn (tokens_per_cta). d / 8 16-byte vectors per source are spread over the
 /// CTA's threads (VPT vectors per thread, VPT = ceil(d / 2048) <= 8, threads = ceil(d / (8 VPT))
 /// rounded up to a warp, <= 256; d = 7168: 224 threads x 4 vectors). Each source is read once from HBM into
 /// registers (the next source's loads are issued before the current one is reduced), its two sums
@@ -34,7 +34,8 @@
 ///
 /// Errors: kdalab::Error naming the argument, its value and what is accepted (T < 1, S < 1, d not a
 /// positive multiple of 8 or > 16384, null or misaligned pointers, bad strides, eps not finite or < 0,
-/// no output requested, a partial_in with only some of its three pointers), before anything is launched.
+/// no output requested, a partial_in with only some of its three pointers, tokens_per_cta < 0), before anything is
+/// launched.
 /// CUDA errors throw kdalab::Error with the CUDA message.
 #include <cstddef>
 #include <cstdint>
@@ -68,7 +69,14 @@ struct AttnResArgs {
   AttnResPartial partial_out;   ///< optional: the merged partial (m, l, acc) is written here
   bf16_t* out = nullptr;        ///< optional out = acc / l [T, d] bf16, 16-byte aligned
   float* out_f32 = nullptr;     ///< optional out = acc / l [T, d] fp32, 16-byte aligned
+  /// tokens each CTA takes in turn (its ring of source rows runs on across them, w is loaded once): 0 = the rule
+  /// (attn_res_tokens_per_cta), n >= 1: n. Any count gives the same output bit for bit.
+  int tokens_per_cta = 0;
 };
+
+/// The rule's tokens per CTA: T / (2 resident) clamped to 1 .. 8, so that the grid is about two waves of the
+/// `resident` CTAs the GPU holds at once at this d (docs/kernels/attn_res.md, "Version 3"). No CUDA calls.
+int attn_res_tokens_per_cta(int T, int resident);
 
 /// Runs Block AttnRes for a batch of tokens (see the file comment). At least one of out, out_f32,
 /// partial_out must be given. partial_out may alias partial_in (each token's entries are read

@@ -215,6 +215,54 @@ TEST_CASE("attn_res: block form == reference, as one call and as inter-block par
   CHECK(mm.rel_rms <= tol::attn_res_f32.value);
 }
 
+TEST_CASE("attn_res: any tokens per CTA gives the output of one token per CTA, bit for bit", "[gpu][attn_res]") {
+  // a CTA's ring of source rows runs on across its tokens: S = 9 and 10 (the ring of 3 wraps mid-token), d = 2304 and
+  // 7168, strided sources, and the block form's partial in and out (written in place over partial_in)
+  struct Case { std::size_t S, T, d, pad_tok, pad_src; };
+  for (const Case c : {Case{9, 301, 2304, 16, 64}, Case{10, 37, 7168, 0, 0}, Case{1, 50, 64, 0, 0}}) {
+    const Sources s(c.S, c.T, c.d, fresh_seed(), c.pad_tok, c.pad_src);
+    const Query q(c.d, 3.0 / std::sqrt(static_cast<double>(c.d)), fresh_seed());
+    auto a = args_of(s, q, kEps);
+    a.tokens_per_cta = 1;
+    const auto one = run(a);
+    REQUIRE(compare(one.f32, truth_full(s, q, kEps)).nan_count == 0);
+    for (int tpc : {0, 2, 3, 7, static_cast<int>(c.T)}) {
+      a.tokens_per_cta = tpc;
+      const auto o = run(a);
+      std::printf("attn_res S=%zu T=%zu d=%zu, %d tokens per CTA (0: the rule): identical to one per CTA: %s\n", c.S,
+                  c.T, c.d, tpc, o.f32 == one.f32 && o.bf16 == one.bf16 ? "yes" : "no");
+      CAPTURE(c.S, c.T, c.d, tpc);
+      CHECK(o.f32 == one.f32);
+      CHECK(o.bf16 == one.bf16);
+    }
+    // partial out, then merged again in place with partial_out == partial_in, at 3 tokens per CTA against 1
+    std::vector<std::vector<double>> merged;
+    for (int tpc : {1, 3}) {
+      DevBuf m(c.T * 4), l(c.T * 4), acc(c.T * c.d * 4);
+      auto p1 = args_of(s, q, kEps);
+      p1.tokens_per_cta = tpc;
+      p1.partial_out = {m.as<float>(), l.as<float>(), acc.as<float>()};
+      kernels::attn_res(p1, nullptr);
+      auto p2 = p1;
+      p2.S = 1;
+      p2.partial_in = p1.partial_out;
+      kernels::attn_res(p2, nullptr);
+      cuda_check(cudaDeviceSynchronize(), "attn_res partial in place");
+      auto v = download_f32(acc);
+      const auto hl = download_f32(l);
+      v.insert(v.end(), hl.begin(), hl.end());
+      merged.push_back(v);
+    }
+    CHECK(merged[0] == merged[1]);
+  }
+  std::printf("attn_res tokens per CTA by the rule: T = 8192 over 1188 resident CTAs -> %d, over 396 -> %d, T = 37 -> %d\n",
+              kernels::attn_res_tokens_per_cta(8192, 1188), kernels::attn_res_tokens_per_cta(8192, 396),
+              kernels::attn_res_tokens_per_cta(37, 396));
+  CHECK(kernels::attn_res_tokens_per_cta(8192, 1188) == 3);
+  CHECK(kernels::attn_res_tokens_per_cta(8192, 396) == 8);
+  CHECK(kernels::attn_res_tokens_per_cta(37, 396) == 1);
+}
+
 TEST_CASE("attn_res: w = 0 gives the uniform average; identical sources give the source", "[gpu][attn_res]") {
   {
     const Sources s(9, 11, 7168, fresh_seed());
@@ -278,6 +326,7 @@ TEST_CASE("attn_res: bad inputs give clear errors before any launch", "[gpu][att
   bad = good; bad.w = nullptr; expect_error(bad, "w null");
   bad = good; bad.out_f32 = nullptr; expect_error(bad, "no output");
   bad = good; bad.s_tok = 32; expect_error(bad, "s_tok < d");
+  bad = good; bad.tokens_per_cta = -1; expect_error(bad, "tokens_per_cta < 0");
   bad = good; bad.s_src = 12; expect_error(bad, "s_src not a multiple of 8");
   bad = good; bad.eps = -1.0f; expect_error(bad, "eps < 0");
   bad = good; bad.partial_in.m = out.as<float>(); expect_error(bad, "partial_in with 1 of 3 pointers");
