@@ -254,6 +254,9 @@ void launch_form(const AParams& p, int threads, int smem, long long grid, cudaSt
 template <int VPT>
 void launch(const AParams& p, int threads, int tokens_per_cta, cudaStream_t stream) {
   const int smem = p.d * 4 + NS * p.d * 2;  // the pseudo-query (fp32) and the ring of NS bf16 rows: 10 d bytes
+  // d <= 4096 (VPT <= 2): one token a CTA. Measured on the H100 (docs/kernels/attn_res.md, "Version 3"): at d = 7168
+  // four tokens a CTA are 3% faster than one, at d = 2304 several are 7% slower
+  if (tokens_per_cta == 0 && VPT <= 2) tokens_per_cta = 1;
   if (tokens_per_cta == 0) {
     static int resident = 0, resident_smem = -1;  // the last d's resident CTAs (occupancy queries: no stream work)
     if (resident_smem != smem) {
@@ -269,8 +272,7 @@ void launch(const AParams& p, int threads, int tokens_per_cta, cudaStream_t stre
       resident = std::max(1, per_sm) * sms;
       resident_smem = smem;
     }
-    // d > 4096 (VPT >= 3): one token a CTA, whose registers keep three 7168-wide CTAs an SM
-    tokens_per_cta = VPT >= 3 ? 1 : attn_res_tokens_per_cta(p.T, resident);
+    tokens_per_cta = attn_res_tokens_per_cta(p.T, resident);
   }
   const long long grid = (static_cast<long long>(p.T) + tokens_per_cta - 1) / tokens_per_cta;
   if (tokens_per_cta == 1)
@@ -282,9 +284,9 @@ void launch(const AParams& p, int threads, int tokens_per_cta, cudaStream_t stre
 }  // namespace
 
 int attn_res_tokens_per_cta(int T, int resident) {
-  // about two waves of CTAs over the resident slots, at most 8 tokens a CTA
+  // about two waves of CTAs over the resident slots, at most 4 tokens a CTA
   const long long per = static_cast<long long>(T) / (2LL * std::max(1, resident));
-  return static_cast<int>(std::clamp<long long>(per, 1, 8));
+  return static_cast<int>(std::clamp<long long>(per, 1, 4));
 }
 
 void attn_res(const AttnResArgs& a, cudaStream_t stream) {

@@ -74,8 +74,9 @@ struct AttnResArgs {
   int tokens_per_cta = 0;
 };
 
-/// The rule's tokens per CTA: T / (2 resident) clamped to 1 .. 8, so that the grid is about two waves of the
-/// `resident` CTAs the GPU holds at once at this d (docs/kernels/attn_res.md, "Version 3"). No CUDA calls.
+/// The rule's tokens per CTA for d > 4096: T / (2 resident) clamped to 1 .. 4, so that the grid is about two waves of
+/// the `resident` CTAs the GPU holds at once at this d; d <= 4096 takes one token a CTA (docs/kernels/attn_res.md,
+/// "Version 3": measured). No CUDA calls.
 int attn_res_tokens_per_cta(int T, int resident);
 
 /// Runs Block AttnRes for a batch of tokens (see the file comment). At least one of out, out_f32,

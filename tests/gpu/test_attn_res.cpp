@@ -259,7 +259,7 @@ TEST_CASE("attn_res: any tokens per CTA gives the output of one token per CTA, b
               kernels::attn_res_tokens_per_cta(8192, 1188), kernels::attn_res_tokens_per_cta(8192, 396),
               kernels::attn_res_tokens_per_cta(37, 396));
   CHECK(kernels::attn_res_tokens_per_cta(8192, 1188) == 3);
-  CHECK(kernels::attn_res_tokens_per_cta(8192, 396) == 8);
+  CHECK(kernels::attn_res_tokens_per_cta(8192, 396) == 4);
   CHECK(kernels::attn_res_tokens_per_cta(37, 396) == 1);
 }
 
