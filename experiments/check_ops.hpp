@@ -113,6 +113,10 @@ class InFile {
     if (!a) return std::nullopt;
     require(a->getTypeClass() == H5T_STRING,
             where() + ": attribute '" + name + "' of '" + obj + "' must be a string");
+    // one string: an empty (null dataspace) attribute crashed the read, and of an array only the first was read
+    const hssize_t n = a->getSpace().getSimpleExtentNpoints();
+    require(n == 1, where() + ": attribute '" + name + "' of '" + obj + "' must be a single string, got " +
+                        std::to_string(n) + " values");
     std::string s;
     a->read(a->getStrType(), s);
     while (!s.empty() && s.back() == '\0') s.pop_back();
@@ -125,7 +129,8 @@ class InFile {
     if (!a) return std::nullopt;
     const H5T_class_t cls = a->getTypeClass();
     const std::string bad = where() + ": attribute '" + name + "' of '" + obj + "' must be a number";
-    require(a->getSpace().getSimpleExtentNpoints() == 1, bad + " (a scalar, got several values)");
+    const hssize_t n = a->getSpace().getSimpleExtentNpoints();
+    require(n == 1, bad + " (a scalar, got " + std::to_string(n) + " values)");
     if (cls == H5T_FLOAT || cls == H5T_INTEGER) {
       double v = 0;
       a->read(H5::PredType::NATIVE_DOUBLE, &v);

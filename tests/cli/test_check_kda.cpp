@@ -1,6 +1,7 @@
 // `kdalab check` (--op kda, kda-decode): files written from the golden fixtures give ~0 for the truth itself and
 // the expected error for a bf16-rounded candidate; every malformed file gives its own clear error (exit 2, no
-// report): shapes whose element count overflows, non-finite truths, a group where a dataset is expected;
+// report): shapes whose element count overflows, non-finite truths, a group where a dataset is expected, string
+// attributes that are empty or hold several strings;
 // --kernel's refusals.
 #include <H5Cpp.h>
 #include <sys/wait.h>
@@ -375,4 +376,61 @@ TEST_CASE("check: a group where a dataset is expected is an error, not 'absent'"
   INFO(r.output);
   CHECK(r.code == 2);
   CHECK(r.output.find("'o' is a group") != std::string::npos);
+}
+
+TEST_CASE("check: a string attribute that is empty or holds several strings is refused naming it (an empty one crashed)",
+          "[check]") {
+  TempDir d;
+  H5::StrType st(H5::PredType::C_S1, H5T_VARIABLE);
+  struct Row {
+    std::string obj, name;  // the attribute's object ("/" or a dataset) and name
+    bool several;           // two strings; otherwise an empty (null dataspace) attribute
+  };
+  const std::vector<Row> rows = {{"/", "gate", false}, {"/", "gate", true},       {"/", "beta", false},
+                                 {"/", "precision", false}, {"S0", "layout", false}, {"q", "format", false},
+                                 {"q", "format", true}};
+  int k = 0;
+  for (const Row& row : rows) {
+    const std::string in = d.file(fmt::format("in{}.h5", ++k)), out = d.file(fmt::format("r{}.h5", k));
+    InputFile f = derived_file();
+    if (row.name == "layout") f.ds["S0"].attrs.clear();
+    f.write(in);
+    {
+      H5::H5File h(in, H5F_ACC_RDWR);
+      H5::H5Object* o = nullptr;
+      H5::Group root = h.openGroup("/");
+      H5::DataSet ds;
+      if (row.obj == "/") {
+        o = &root;
+      } else {
+        ds = h.openDataSet(row.obj);
+        o = &ds;
+      }
+      if (row.several) {
+        const hsize_t two = 2;
+        const char* v[2] = {"none", "k3"};
+        o->createAttribute(row.name, st, H5::DataSpace(1, &two)).write(st, v);
+      } else {
+        o->createAttribute(row.name, st, H5::DataSpace(H5S_NULL));
+      }
+    }
+    const auto r = run_kdalab("check --op kda --in " + in + " --out " + out);
+    INFO(row.obj << " " << row.name << (row.several ? " (two strings)" : " (empty)") << "\n" << r.output);
+    require_one_line_exit2(r);
+    CHECK(has(r, "attribute '" + row.name + "' of '" + row.obj + "' must be a single string, got " +
+                     (row.several ? "2" : "0") + " values"));
+    CHECK_FALSE(fs::exists(out));
+  }
+  // a numeric attribute with no value says so (it said "got several values")
+  InputFile f = derived_file();
+  f.num.erase("scale");
+  f.write(d.file("noscale.h5"));
+  {
+    H5::H5File h(d.file("noscale.h5"), H5F_ACC_RDWR);
+    h.openGroup("/").createAttribute("scale", H5::PredType::NATIVE_DOUBLE, H5::DataSpace(H5S_NULL));
+  }
+  const auto r = run_kdalab("check --op kda --in " + d.file("noscale.h5") + " --out " + d.file("r.h5"));
+  require_one_line_exit2(r);
+  CHECK(has(r, "attribute 'scale' of '/' must be a number (a scalar, got 0 values)"));
+  CHECK_FALSE(fs::exists(d.file("r.h5")));
 }
