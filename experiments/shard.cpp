@@ -136,6 +136,10 @@ namespace {
 
 // ---- reading a results file into MergedData nodes ----------------------------------------------------------
 MergedData::Attr read_attr(H5::Attribute& a, const std::string& file, const std::string& where) {
+  // one value: reading an empty (null dataspace) attribute crashed, and an array overran the one value read
+  const hssize_t n = a.getSpace().getSimpleExtentNpoints();
+  require(n == 1, "'" + file + "': attribute '" + a.getName() + "' of '" + where + "' holds " + std::to_string(n) +
+                      " values; accepted: one text or one number (a kdalab results file)");
   if (a.getTypeClass() == H5T_STRING) {
     std::string s;
     a.read(a.getStrType(), s);

@@ -1,10 +1,11 @@
 // --shard I/N and `kdalab merge` (docs/cluster.md): for every sweeping subcommand the shards merged equal the unsharded
 // run (every dataset and attribute bit for bit, timing columns aside); merge refuses shard sets that are not one run's
-// whole grid once; --shard refuses values outside 1 <= I <= N <= grid points. Small grids: the whole file runs in
-// seconds on two cores.
+// whole grid once or holding an attribute of no value or several; --shard refuses values outside 1 <= I <= N <= grid
+// points. Small grids: the whole file runs in seconds on two cores.
 #include <H5Cpp.h>
 
 #include <cstring>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -270,6 +271,36 @@ TEST_CASE("--shard takes I/N with 1 <= I <= N <= grid points; other values exit 
   require_one_line_exit2(r);
   CHECK(has(r, "--shard: '2/3' is not accepted: this grid has 2 points"));
   CHECK(!std::filesystem::exists(out));
+}
+
+TEST_CASE("merge refuses a shard whose attribute holds no value or several (exit 2 naming it, nothing written; it crashed)",
+          "[shard][merge]") {
+  TempDir d;
+  const auto files = run_shards(d, "recall --quick --d-k 8,16 --trials 1", 2);
+  const std::string out = d.file("merged.h5");
+  H5::StrType st(H5::PredType::C_S1, H5T_VARIABLE);
+  const hsize_t three = 3;
+  const double v[3] = {1, 2, 3};
+  const std::vector<std::pair<std::string, std::function<void(H5::Group&)>>> rows = {
+      {"0", [&](H5::Group& g) { g.createAttribute("extra", st, H5::DataSpace(H5S_NULL)); }},
+      {"0", [&](H5::Group& g) { g.createAttribute("extra", H5::PredType::NATIVE_DOUBLE, H5::DataSpace(H5S_NULL)); }},
+      {"3", [&](H5::Group& g) {
+         g.createAttribute("extra", H5::PredType::NATIVE_DOUBLE, H5::DataSpace(1, &three)).write(H5::PredType::NATIVE_DOUBLE, v);
+       }},
+  };
+  for (const auto& [count, add] : rows) {
+    std::filesystem::copy_file(files[1], d.file("bad.h5"), std::filesystem::copy_options::overwrite_existing);
+    {
+      H5::H5File f(d.file("bad.h5"), H5F_ACC_RDWR);
+      H5::Group g = f.openGroup("/");
+      add(g);
+    }
+    const auto r = run_kdalab("merge " + files[0] + " " + d.file("bad.h5") + " --out " + out);
+    INFO(count << " values\n" << r.output);
+    require_one_line_exit2(r);
+    CHECK(has(r, "attribute 'extra' of '/' holds " + count + " values; accepted: one text or one number"));
+    CHECK(!std::filesystem::exists(out));
+  }
 }
 
 }  // namespace shard_merge_test
