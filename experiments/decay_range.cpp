@@ -170,6 +170,10 @@ void register_decay_range(Registry& reg) {
         for (std::size_t i = 0; i < D; ++i) {
           const double g = gate_log_decay(gate.kind, in.g_raw(0, tt, 0, i) + o->gate_shift, in.A_log(0), in.bias(0, i),
                                           spec.g_min);
+          // a huge shift drives the unbounded gate to -inf: named as the option, not as the tensor g
+          require(std::isfinite(g), fmt::format("--gate-shift: {} is not accepted: the {} gate's log-decay is {} at "
+                                                "token {}; accepted: a shift that keeps every log-decay finite",
+                                                o->gate_shift, gate_kind_name(gate.kind), g, tt));
           in.g(0, tt, 0, i) = g;
           gm(static_cast<Eigen::Index>(tt), static_cast<Eigen::Index>(i)) = g;
           km(static_cast<Eigen::Index>(tt), static_cast<Eigen::Index>(i)) = in.k(0, tt, 0, i);

@@ -272,8 +272,10 @@ void register_decode_cost(Registry& reg) {
     // Bounds keep every count inside int64 and every time finite.
     for (double n : o->ctx) require(n >= 1 && n <= 1e9 && n == std::floor(n), fmt::format("--context: {} is not an integer in [1, 1e9]", n));
     require(o->bandwidth_gbs >= 1 && o->bandwidth_gbs <= 1e6, fmt::format("--bandwidth-gbs: {} must be in [1, 1e6] GB/s", o->bandwidth_gbs));
-    require(o->k3_layers >= 5 && o->k3_layers == std::floor(o->k3_layers) && std::fmod(o->k3_layers - 1, 4) == 0,
-            fmt::format("--k3-layers: {} must be 4 m + 1 (3:1 blocks plus a final MLA), >= 5", o->k3_layers));
+    // at most 1e6: the layer counts are ints (a larger count wrapped to a negative one in the results)
+    require(o->k3_layers >= 5 && o->k3_layers <= 1e6 && o->k3_layers == std::floor(o->k3_layers) &&
+                std::fmod(o->k3_layers - 1, 4) == 0,
+            fmt::format("--k3-layers: {} must be 4 m + 1 (3:1 blocks plus a final MLA), in [5, 1e6]", o->k3_layers));
     for (double n : o->n) require(n >= 1 && n <= 1e12 && n == std::floor(n), fmt::format("--n: {} is not an integer in [1, 1e12]", n));
     for (double d : o->d) require(d >= 1 && d <= 65536 && d == std::floor(d), fmt::format("--d: {} is not an integer in [1, 65536]", d));
     require(o->memory_gb > 0 && o->memory_gb <= 1e6, fmt::format("--memory-gb: {} must be in (0, 1e6]", o->memory_gb));

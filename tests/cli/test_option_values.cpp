@@ -109,12 +109,17 @@ TEST_CASE("out-of-range experiment options exit 2 naming the option, with no fil
       {"decode-cost --quick --memory-gb 1e300", "--memory-gb"},
       {"decode-cost --quick --bandwidth-gbs 1e-300", "--bandwidth-gbs"},
       {"decode-cost --quick --cpu-n 2000000 --cpu-d 512", "--cpu-n"},  // 1e6 x 512 fits: 3.8 GiB of float32
+      // 4 m + 1 but beyond an int: it was written as -2147483648 layers with exit 0
+      {"decode-cost --quick --k3-layers 4000000001", "--k3-layers: 4000000001 must be 4 m + 1 (3:1 blocks plus a final MLA), in [5, 1e6]"},
       {"recall --quick --trials 1e9", "--trials"},
       {"recall --quick --decay-bias-hi 1e300", "--decay-bias"},
       {"recall --quick --softmax-scale 1e300", "--softmax-scale"},
       {"recall --quick --span 1e9", "--span"},
       {"copy --quick --L 1000000", "--L"},
       {"copy --quick --decay-bias-lo -1e300", "--decay-bias"},
+      // the softplus gate's log-decay -inf: it was refused as "tensor 'g'", an option the command does not have
+      {"decay-range --quick --T 16 --D 8 --C 16 --precision fp64 --kernel-plan 0 --gate-shift 1e308",
+       "--gate-shift: 1e+308 is not accepted: the softplus gate's log-decay is -inf"},
   };
   check_refused_rows(d, cases, "", " --quiet", "x");
   CHECK(d.count() == 0);
