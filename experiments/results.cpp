@@ -491,98 +491,142 @@ H5::H5Object* open_obj(H5::H5File& f, const std::string& file, const std::string
   d = f.openDataSet(object);
   return &d;
 }
+/// An HDF5 library failure while reading `object` of `file` (a dangling link, a path through a dataset, an empty name)
+/// as an Error naming both: it escaped as an H5::Exception (a SystemError in Python).
+Error unreadable(const std::string& file, const std::string& object, const H5::Exception& e) {
+  return Error("file '" + file + "': cannot read '" + object + "' (" + e.getDetailMsg() +
+               "); give the path of an object the file has");
+}
+/// An attribute read here holds one value: an empty one (null dataspace) crashed the read, an array overran it.
+void require_one_value(H5::Attribute& a, const std::string& file, const std::string& object, const std::string& name) {
+  const hssize_t n = a.getSpace().getSimpleExtentNpoints();
+  require(n == 1, "attribute '" + name + "' of '" + object + "' in '" + file + "' holds " + std::to_string(n) +
+                      " values; accepted: one text or one number");
+}
 }  // namespace
 
 bool exists(const std::string& file, const std::string& path) {
-  auto f = open(file);
-  return path == "/" || path_exists(f, path);
+  try {
+    auto f = open(file);
+    return path == "/" || path_exists(f, path);
+  } catch (const H5::Exception& e) {
+    throw unreadable(file, path, e);
+  }
 }
 
 Tensor<double> array(const std::string& file, const std::string& dataset) {
-  auto f = open(file);
-  require(path_exists(f, dataset), "file '" + file + "' has no dataset '" + dataset + "'");
-  require(f.childObjType(dataset) == H5O_TYPE_DATASET, "'" + dataset + "' in '" + file + "' is not a dataset");
-  H5::DataSet ds = f.openDataSet(dataset);
-  require(ds.getTypeClass() == H5T_FLOAT || ds.getTypeClass() == H5T_INTEGER,
-          "dataset '" + dataset + "' in '" + file + "' is not numeric");
-  H5::DataSpace sp = ds.getSpace();
-  const int rank = sp.getSimpleExtentNdims();
-  std::vector<hsize_t> dims(static_cast<std::size_t>(std::max(rank, 0)));
-  if (rank > 0) sp.getSimpleExtentDims(dims.data());
-  Tensor<double> t(std::vector<std::size_t>(dims.begin(), dims.end()));
-  if (t.numel()) ds.read(t.data.data(), H5::PredType::NATIVE_DOUBLE);
-  return t;
+  try {
+    auto f = open(file);
+    require(path_exists(f, dataset), "file '" + file + "' has no dataset '" + dataset + "'");
+    require(f.childObjType(dataset) == H5O_TYPE_DATASET, "'" + dataset + "' in '" + file + "' is not a dataset");
+    H5::DataSet ds = f.openDataSet(dataset);
+    require(ds.getTypeClass() == H5T_FLOAT || ds.getTypeClass() == H5T_INTEGER,
+            "dataset '" + dataset + "' in '" + file + "' is not numeric");
+    H5::DataSpace sp = ds.getSpace();
+    const int rank = sp.getSimpleExtentNdims();
+    std::vector<hsize_t> dims(static_cast<std::size_t>(std::max(rank, 0)));
+    if (rank > 0) sp.getSimpleExtentDims(dims.data());
+    Tensor<double> t(std::vector<std::size_t>(dims.begin(), dims.end()));
+    if (t.numel()) ds.read(t.data.data(), H5::PredType::NATIVE_DOUBLE);
+    return t;
+  } catch (const H5::Exception& e) {
+    throw unreadable(file, dataset, e);
+  }
 }
 
 std::vector<std::string> strings(const std::string& file, const std::string& dataset) {
-  auto f = open(file);
-  require(path_exists(f, dataset), "file '" + file + "' has no dataset '" + dataset + "'");
-  H5::DataSet ds = f.openDataSet(dataset);
-  require(ds.getTypeClass() == H5T_STRING, "dataset '" + dataset + "' in '" + file + "' is not a string column");
-  hsize_t n = 0;
-  ds.getSpace().getSimpleExtentDims(&n);
-  std::vector<std::string> out;
-  if (const H5::StrType ft = ds.getStrType(); !ft.isVariableStr()) {  // fixed-length (e.g. numpy 'S'), NUL-padded
-    const std::size_t len = ft.getSize();
-    std::vector<char> buf(n * len);
-    if (n) ds.read(buf.data(), ft);
-    for (hsize_t i = 0; i < n; ++i) out.emplace_back(buf.data() + i * len, strnlen(buf.data() + i * len, len));
+  try {
+    auto f = open(file);
+    require(path_exists(f, dataset), "file '" + file + "' has no dataset '" + dataset + "'");
+    H5::DataSet ds = f.openDataSet(dataset);
+    require(ds.getTypeClass() == H5T_STRING, "dataset '" + dataset + "' in '" + file + "' is not a string column");
+    require(ds.getSpace().getSimpleExtentNdims() == 1,  // the extent of another rank overran n
+            "dataset '" + dataset + "' in '" + file + "' is not a 1-D string column");
+    hsize_t n = 0;
+    ds.getSpace().getSimpleExtentDims(&n);
+    std::vector<std::string> out;
+    if (const H5::StrType ft = ds.getStrType(); !ft.isVariableStr()) {  // fixed-length (e.g. numpy 'S'), NUL-padded
+      const std::size_t len = ft.getSize();
+      std::vector<char> buf(n * len);
+      if (n) ds.read(buf.data(), ft);
+      for (hsize_t i = 0; i < n; ++i) out.emplace_back(buf.data() + i * len, strnlen(buf.data() + i * len, len));
+      return out;
+    }
+    std::vector<char*> p(n, nullptr);
+    const H5::StrType t = ds.getStrType();  // the file's own variable-length type: ASCII or UTF-8 (no charset conversion)
+    if (n) ds.read(p.data(), t);
+    for (auto* s : p) out.emplace_back(s ? s : "");
+    if (n) H5::DataSet::vlenReclaim(p.data(), t, ds.getSpace());
     return out;
+  } catch (const H5::Exception& e) {
+    throw unreadable(file, dataset, e);
   }
-  std::vector<char*> p(n, nullptr);
-  const H5::StrType t = ds.getStrType();  // the file's own variable-length type: ASCII or UTF-8 (no charset conversion)
-  if (n) ds.read(p.data(), t);
-  for (auto* s : p) out.emplace_back(s ? s : "");
-  if (n) H5::DataSet::vlenReclaim(p.data(), t, ds.getSpace());
-  return out;
 }
 
 bool has_attr(const std::string& file, const std::string& object, const std::string& name) {
-  auto f = open(file);
-  H5::Group g; H5::DataSet d;
-  if (object != "/" && !path_exists(f, object)) return false;
-  return open_obj(f, file, object, g, d)->attrExists(name);
+  try {
+    auto f = open(file);
+    H5::Group g; H5::DataSet d;
+    if (object != "/" && !path_exists(f, object)) return false;
+    return open_obj(f, file, object, g, d)->attrExists(name);
+  } catch (const H5::Exception& e) {
+    throw unreadable(file, object, e);
+  }
 }
 
 std::string attr_string(const std::string& file, const std::string& object, const std::string& name) {
-  auto f = open(file);
-  H5::Group g; H5::DataSet d;
-  auto* o = open_obj(f, file, object, g, d);
-  require(o->attrExists(name), "'" + object + "' in '" + file + "' has no attribute '" + name + "'");
-  H5::Attribute a = o->openAttribute(name);
-  require(a.getTypeClass() == H5T_STRING, "attribute '" + name + "' of '" + object + "' in '" + file + "' is not a string");
-  std::string s;
-  a.read(a.getStrType(), s);
-  return s;
+  try {
+    auto f = open(file);
+    H5::Group g; H5::DataSet d;
+    auto* o = open_obj(f, file, object, g, d);
+    require(o->attrExists(name), "'" + object + "' in '" + file + "' has no attribute '" + name + "'");
+    H5::Attribute a = o->openAttribute(name);
+    require_one_value(a, file, object, name);
+    require(a.getTypeClass() == H5T_STRING, "attribute '" + name + "' of '" + object + "' in '" + file + "' is not a string");
+    std::string s;
+    a.read(a.getStrType(), s);
+    return s;
+  } catch (const H5::Exception& e) {
+    throw unreadable(file, object, e);
+  }
 }
 
 double attr_double(const std::string& file, const std::string& object, const std::string& name) {
-  auto f = open(file);
-  H5::Group g; H5::DataSet d;
-  auto* o = open_obj(f, file, object, g, d);
-  require(o->attrExists(name), "'" + object + "' in '" + file + "' has no attribute '" + name + "'");
-  H5::Attribute a = o->openAttribute(name);
-  if (a.getTypeClass() == H5T_STRING) {
-    std::string s;
-    a.read(a.getStrType(), s);
-    try { return std::stod(s); } catch (...) {
-      throw Error("attribute '" + name + "' of '" + object + "' in '" + file + "' = '" + s + "' is not a number");
+  try {
+    auto f = open(file);
+    H5::Group g; H5::DataSet d;
+    auto* o = open_obj(f, file, object, g, d);
+    require(o->attrExists(name), "'" + object + "' in '" + file + "' has no attribute '" + name + "'");
+    H5::Attribute a = o->openAttribute(name);
+    require_one_value(a, file, object, name);
+    if (a.getTypeClass() == H5T_STRING) {
+      std::string s;
+      a.read(a.getStrType(), s);
+      try { return std::stod(s); } catch (...) {
+        throw Error("attribute '" + name + "' of '" + object + "' in '" + file + "' = '" + s + "' is not a number");
+      }
     }
+    require(a.getTypeClass() == H5T_FLOAT || a.getTypeClass() == H5T_INTEGER,
+            "attribute '" + name + "' of '" + object + "' in '" + file + "' is not numeric");
+    double v = 0;
+    a.read(H5::PredType::NATIVE_DOUBLE, &v);
+    return v;
+  } catch (const H5::Exception& e) {
+    throw unreadable(file, object, e);
   }
-  require(a.getTypeClass() == H5T_FLOAT || a.getTypeClass() == H5T_INTEGER,
-          "attribute '" + name + "' of '" + object + "' in '" + file + "' is not numeric");
-  double v = 0;
-  a.read(H5::PredType::NATIVE_DOUBLE, &v);
-  return v;
 }
 
 std::vector<std::string> members(const std::string& file, const std::string& group) {
-  auto f = open(file);
-  require(group == "/" || path_exists(f, group), "file '" + file + "' has no group '" + group + "'");
-  H5::Group g = f.openGroup(group.empty() ? "/" : group);
-  std::vector<std::string> out;
-  for (hsize_t i = 0; i < g.getNumObjs(); ++i) out.push_back(g.getObjnameByIdx(i));
-  return out;
+  try {
+    auto f = open(file);
+    require(group == "/" || path_exists(f, group), "file '" + file + "' has no group '" + group + "'");
+    H5::Group g = f.openGroup(group.empty() ? "/" : group);
+    std::vector<std::string> out;
+    for (hsize_t i = 0; i < g.getNumObjs(); ++i) out.push_back(g.getObjnameByIdx(i));
+    return out;
+  } catch (const H5::Exception& e) {
+    throw unreadable(file, group, e);
+  }
 }
 }  // namespace h5read
 

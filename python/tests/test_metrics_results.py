@@ -59,6 +59,19 @@ def test_results_file_has_the_command_line_schema(tmp_path):
     assert sorted(kdalab.members(out, "demo/table")) == ["err", "n", "name"]
 
 
+def test_reading_a_path_hdf5_cannot_follow_raises_error_naming_it(tmp_path):
+    # a path through a dataset, an empty name, a dataset read as a group: HDF5's own failure escaped as a SystemError
+    out = str(tmp_path / "r.h5")
+    with kdalab.ResultsFile(out) as f:
+        f.write_array("demo", "a", np.arange(3.0), units="1", description="an array")
+    for read, path in [(kdalab.read_array, "demo/a/x"), (kdalab.read_array, ""), (kdalab.members, "demo/a"),
+                       (kdalab.exists, "demo/a/x")]:
+        with pytest.raises(kdalab.Error, match=f"file '{out}': cannot read '{path}'"):
+            read(out, path)
+    with pytest.raises(kdalab.Error, match="cannot read 'demo/a/x'"):
+        kdalab.read_attr(out, "demo/a/x", "units")
+
+
 def test_results_file_never_overwrites_without_force_and_leaves_nothing_on_failure(tmp_path):
     out = str(tmp_path / "r.h5")
     with pytest.raises(RuntimeError):

@@ -1,7 +1,10 @@
 // The HDF5 results writer: root attributes and tables round-trip; a failed run leaves no file and never touches an
-// old one; tables reject rows that do not fit; progress lines off a terminal.
+// old one; tables reject rows that do not fit; progress lines off a terminal; the reader refuses attributes of no
+// value or several and paths HDF5 cannot follow with an Error naming them.
 #include <cstdio>
 #include <filesystem>
+#include <functional>
+#include <vector>
 
 #include "experiments/progress.hpp"
 #include "experiments/results.hpp"
@@ -63,6 +66,42 @@ TEST_CASE("root attributes and a table round-trip through HDF5", "[results]") {
   CHECK(h5read::attr_double(p, "exp/array", "scale") == 0.125);
   CHECK_THROWS_AS(h5read::array(p, "exp/missing"), Error);
   CHECK_THROWS_AS(h5read::attr_string(p, "/", "missing"), Error);
+}
+
+TEST_CASE("the reader refuses an attribute of no value or several, and names a path HDF5 cannot follow", "[results]") {
+  TempDir d;
+  const std::string p = d.file("odd.h5");
+  write_h5(p, [](H5::H5File& f) {
+    write_f64(f, "x", {2}, 1.0);
+    H5::Group root = f.openGroup("/");
+    H5::StrType st(H5::PredType::C_S1, H5T_VARIABLE);
+    root.createAttribute("empty_text", st, H5::DataSpace(H5S_NULL));
+    root.createAttribute("empty_number", H5::PredType::NATIVE_DOUBLE, H5::DataSpace(H5S_NULL));
+    const hsize_t n = 64;
+    const std::vector<double> v(n, 1.0);
+    root.createAttribute("numbers", H5::PredType::NATIVE_DOUBLE, H5::DataSpace(1, &n)).write(H5::PredType::NATIVE_DOUBLE, v.data());
+    H5Lcreate_soft("/nowhere", f.getId(), "dangling", H5P_DEFAULT, H5P_DEFAULT);
+  });
+  // an empty text attribute crashed the read (free() of an invalid pointer); the array overran the one double
+  const auto refused = [&](const std::function<void()>& read, const std::string& says) {
+    try {
+      read();
+      FAIL("no error; expected: " << says);
+    } catch (const Error& e) {
+      INFO(e.what());
+      CHECK(std::string(e.what()).find(says) != std::string::npos);
+    }
+  };
+  refused([&] { h5read::attr_string(p, "/", "empty_text"); }, "attribute 'empty_text' of '/' in '" + p + "' holds 0 values");
+  refused([&] { h5read::attr_double(p, "/", "empty_text"); }, "holds 0 values; accepted: one text or one number");
+  refused([&] { h5read::attr_double(p, "/", "empty_number"); }, "attribute 'empty_number' of '/' in '" + p + "' holds 0 values");
+  refused([&] { h5read::attr_double(p, "/", "numbers"); }, "attribute 'numbers' of '/' in '" + p + "' holds 64 values");
+  // HDF5's own failures (a path through a dataset, a dangling link, an empty name) were H5::Exceptions, not Errors
+  refused([&] { h5read::array(p, "x/y"); }, "file '" + p + "': cannot read 'x/y'");
+  refused([&] { h5read::array(p, "dangling"); }, "cannot read 'dangling'");
+  refused([&] { h5read::array(p, ""); }, "cannot read ''");
+  refused([&] { h5read::members(p, "x"); }, "cannot read 'x'");
+  refused([&] { h5read::attr_string(p, "dangling", "a"); }, "cannot read 'dangling'");
 }
 
 TEST_CASE("a failed run leaves no file, and never touches an old one", "[results]") {
