@@ -256,7 +256,7 @@ class Rng:
     def normal(self, n: int) -> F64:
         """The next n N(0, 1) draws [n]."""
     def uniform(self, n: int, a: float = 0.0, b: float = 1.0) -> F64:
-        """The next n U[a, b) draws [n]."""
+        """The next n U[a, b) draws [n]; a < b, both finite."""
 
 def fnv1a64(x: Array) -> int:
     """FNV-1a 64-bit hash of the IEEE bit patterns of float64 array x (the generator checksums)."""

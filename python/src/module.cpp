@@ -583,6 +583,9 @@ NB_MODULE(_core, m) {
         return tensor_out(std::move(t));
       }, "n"_a, doc::Rng_normal)
       .def("uniform", [](Rng& r, std::int64_t n, double a, double b) {
+        // boost's draw loops until it is < b: a >= b or a NaN never ended, an infinite bound crashed
+        require(std::isfinite(a) && std::isfinite(b) && a < b,
+                fmt::format("Rng.uniform: a = {}, b = {} is not accepted; give finite a < b", a, b));
         Tensor<double> t({count(n, "n")});
         for (auto& x : t.data) x = r.uniform(a, b);
         return tensor_out(std::move(t));
