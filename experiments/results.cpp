@@ -503,6 +503,16 @@ void require_one_value(H5::Attribute& a, const std::string& file, const std::str
   require(n == 1, "attribute '" + name + "' of '" + object + "' in '" + file + "' holds " + std::to_string(n) +
                       " values; accepted: one text or one number");
 }
+/// Attribute `name` of `object` in `file`, which must exist and hold one value.
+H5::Attribute open_one_attr(const std::string& file, const std::string& object, const std::string& name) {
+  auto f = open(file);
+  H5::Group g; H5::DataSet d;
+  auto* o = open_obj(f, file, object, g, d);
+  require(o->attrExists(name), "'" + object + "' in '" + file + "' has no attribute '" + name + "'");
+  H5::Attribute a = o->openAttribute(name);
+  require_one_value(a, file, object, name);
+  return a;
+}
 }  // namespace
 
 bool exists(const std::string& file, const std::string& path) {
@@ -576,12 +586,7 @@ bool has_attr(const std::string& file, const std::string& object, const std::str
 
 std::string attr_string(const std::string& file, const std::string& object, const std::string& name) {
   try {
-    auto f = open(file);
-    H5::Group g; H5::DataSet d;
-    auto* o = open_obj(f, file, object, g, d);
-    require(o->attrExists(name), "'" + object + "' in '" + file + "' has no attribute '" + name + "'");
-    H5::Attribute a = o->openAttribute(name);
-    require_one_value(a, file, object, name);
+    H5::Attribute a = open_one_attr(file, object, name);
     require(a.getTypeClass() == H5T_STRING, "attribute '" + name + "' of '" + object + "' in '" + file + "' is not a string");
     std::string s;
     a.read(a.getStrType(), s);
@@ -593,12 +598,7 @@ std::string attr_string(const std::string& file, const std::string& object, cons
 
 double attr_double(const std::string& file, const std::string& object, const std::string& name) {
   try {
-    auto f = open(file);
-    H5::Group g; H5::DataSet d;
-    auto* o = open_obj(f, file, object, g, d);
-    require(o->attrExists(name), "'" + object + "' in '" + file + "' has no attribute '" + name + "'");
-    H5::Attribute a = o->openAttribute(name);
-    require_one_value(a, file, object, name);
+    H5::Attribute a = open_one_attr(file, object, name);
     if (a.getTypeClass() == H5T_STRING) {
       std::string s;
       a.read(a.getStrType(), s);
