@@ -162,14 +162,26 @@ __device__ __forceinline__ void issue_pv(float* o, const std::uint32_t (*pa)[4],
 template <bool MASKED>
 __device__ __forceinline__ void softmax_tile(float* s, int key0, const int* pos, int cq, float scale_log2, float* m,
                                              float* l, float* c) {
-  float mx[2] = {-INFINITY, -INFINITY};
+  // the row maximum and the row sum in 4 independent chains per row half (element 4j + e goes to chain j % 4), so a
+  // tile's reductions are 8 + 8 dependent steps per chain instead of 32 + 32
+  float mc[2][4];
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) mc[h][k] = -INFINITY;
 #pragma unroll
   for (int e = 0; e < 64; ++e) {
     const int h = (e >> 1) & 1;
     if (MASKED && key0 + 8 * (e / 4) + 2 * cq + (e & 1) > pos[h]) s[e] = -INFINITY;
-    mx[h] = fmaxf(mx[h], s[e]);
+    mc[h][(e >> 2) & 3] = fmaxf(mc[h][(e >> 2) & 3], s[e]);
   }
-  float sum[2] = {0.0f, 0.0f};
+  float mx[2], sc[2][4];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    mx[h] = fmaxf(fmaxf(mc[h][0], mc[h][1]), fmaxf(mc[h][2], mc[h][3]));
+#pragma unroll
+    for (int k = 0; k < 4; ++k) sc[h][k] = 0.0f;
+  }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
@@ -184,10 +196,10 @@ __device__ __forceinline__ void softmax_tile(float* s, int key0, const int* pos,
   for (int e = 0; e < 64; ++e) {
     const int h = (e >> 1) & 1;
     s[e] = ex2_ftz(fmaf(s[e], scale_log2, -m[h]));  // masked: 2^-inf = 0
-    sum[h] += s[e];
+    sc[h][(e >> 2) & 3] += s[e];
   }
-  l[0] = l[0] * c[0] + sum[0];
-  l[1] = l[1] * c[1] + sum[1];
+  l[0] = l[0] * c[0] + ((sc[0][0] + sc[0][1]) + (sc[0][2] + sc[0][3]));
+  l[1] = l[1] * c[1] + ((sc[1][0] + sc[1][1]) + (sc[1][2] + sc[1][3]));
 }
 
 /// softmax_tile with the mask only where the tile reaches past the warpgroup's first position (minpos): two branches,
