@@ -26,6 +26,7 @@ def test_help_lists_every_option():
     (["--bogus"], "--bogus"),
     (["--op", "softmax"], "--op"),
     (["--adapter", "nope"], "nope"),
+    (["--adapter", ""], "--adapter ''"),
     (["--adapter", "canonical:precision=fp8"], "fp8"),
     (["--candidate", "nomodule_xyz:f"], "nomodule_xyz"),
     (["--candidate", "no-colon"], "MODULE:FUNCTION"),
@@ -124,6 +125,32 @@ def test_replay_from_the_command_line_uses_the_recorded_candidate(tmp_path, caps
     assert main(["--replay", out, "--case", "agree/T65"]) == 0
     assert "ok     agree/T65" in capsys.readouterr().out
     assert main(["--replay", out, "--case", "agree/T1"]) == 2
+
+
+@pytest.mark.parametrize("path, says", [
+    (".", "is a directory"),
+    ("/dev/null", "is not a regular file"),
+    ("", "--replay ''"),
+    ("no-such-report.h5", "no such file"),
+])
+def test_replay_of_a_path_that_is_not_a_report_file_says_what_it_is(tmp_path, capsys, path, says):
+    assert main(["--replay", str(tmp_path) if path == "." else path, "--case", "agree/T1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("kdalab-verify: error: --replay") and says in err[0], err
+
+
+def test_an_empty_adapter_is_refused_never_the_default(tmp_path, capsys):
+    """An empty --adapter is a bad adapter string like ':' (the run's and the replay's), not the default one."""
+    out = str(tmp_path / "r.h5")
+    assert main(["--cases", "agree/T1", "--out", out, "--quiet"]) == 0
+    capsys.readouterr()
+    for argv in (["--cases", "agree/T1", "--no-report", "--adapter", ""],
+                 ["--replay", out, "--case", "agree/T1", "--adapter", ""]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--adapter ''" in err[0] and "accepted: canonical" in err[0], err
+    with pytest.raises(ValueError, match="--adapter ''"):
+        run("kdalab.verify.candidates:numpy_kda", "kda", ["agree/T1"], adapter="", printer=None)
 
 
 @pytest.mark.parametrize("config, case_json, says", [

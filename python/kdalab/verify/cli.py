@@ -89,7 +89,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             if extra:
                 raise ValueError(f"{extra[0]} has no effect with --replay (it re-runs the recorded case and writes no "
                                  "report); leave it out")
-        if a.replay:
+        if a.replay is not None:
             rep = replay(a.replay, a.case, candidate=a.candidate, adapter=a.adapter, printer=printer)
             return rep.exit_code()
         params = _params(a.param)
@@ -97,7 +97,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         out = None if a.no_report else (a.out or f"results/verify-{a.op}.h5")
         # validate everything before running anything, so bad input writes nothing
         select(a.op, cases, long=a.long, params=params)
-        name, _ = adapters_mod.parse_spec(a.adapter or DEFAULTS[a.op][1])
+        name, _ = adapters_mod.parse_spec(DEFAULTS[a.op][1] if a.adapter is None else a.adapter)
         # kdalab's own kernels (kdalab-cuda, kdalab-mla-cuda) are their adapter's entry point unless --candidate
         own = getattr(adapters_mod.ADAPTERS[name], "entry_point", None)
         import os

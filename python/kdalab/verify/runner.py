@@ -123,7 +123,7 @@ def run(candidate: Union[str, Callable, None], op: str = "kda", cases: Optional[
                                                              f"{getattr(candidate, '__qualname__', repr(candidate))}"
     fn = load_candidate(candidate) if isinstance(candidate, str) else candidate
     ad = adapter if isinstance(adapter, adapters_mod.Adapter) else \
-        adapters_mod.make_adapter(adapter or DEFAULTS[op][1], fn)
+        adapters_mod.make_adapter(DEFAULTS[op][1] if adapter is None else adapter, fn)
     if ad.op != op:
         raise ValueError(f"--adapter {ad.name} runs {ad.op}, not --op {op}")
     if candidate is None:
@@ -206,6 +206,13 @@ def replay(report: str, name: str, *, candidate: Union[str, Callable, None] = No
            adapter: Optional[str] = None, printer: Optional[Callable[[str], None]] = print) -> Report:
     """Re-runs case `name` of a report exactly: its recorded generator call (a failure's reproducer, else the
     catalogue case with the run's parameter overrides), against the recorded candidate and adapter unless given."""
+    if not report:
+        raise ValueError("--replay '': give a report file (REPORT.h5) written by kdalab-verify")
+    if os.path.isdir(report):
+        raise ValueError(f"--replay {report}: is a directory; give a report file (REPORT.h5) written by kdalab-verify")
+    if os.path.exists(report) and not os.path.isfile(report):
+        raise ValueError(f"--replay {report}: is not a regular file (a device, pipe or socket); give a report file "
+                         "(REPORT.h5) written by kdalab-verify")
     if not os.path.isfile(report):
         raise ValueError(f"--replay {report}: no such file")
     if not kdalab.exists(report, "verify"):
@@ -272,7 +279,7 @@ def replay(report: str, name: str, *, candidate: Union[str, Callable, None] = No
             raise ValueError(f"--replay {report}: case {name!r}: its generator call {case.call()} now makes other "
                              f"tensors than the report's, so this kdalab cannot replay it exactly (recorded: "
                              f"{recorded_shapes}; now: {shapes}); run the case again with --cases {name}")
-    spec = adapter or config["adapter"]
+    spec = config["adapter"] if adapter is None else adapter
     # a report of kdalab's own kernels records the adapter's entry point as its candidate: replayed as that adapter
     # looks it up (None), so a build without it says "not applicable" (exit 4) as the run itself does, not bad input
     own = getattr(adapters_mod.ADAPTERS[adapters_mod.parse_spec(spec)[0]], "entry_point", None)
