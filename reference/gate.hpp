@@ -61,7 +61,9 @@ S softplus_gate(const S& z, const S& A_log, const S& dt_bias) {
 /// Applies a gate to a logit matrix. z: [T, HV * d_k]; A_log: [HV]; bias: [HV, d_k] (b inside the
 /// sigmoid for `bounded`, dt_bias for `softplus`); g_min < 0 (used by `bounded` only).
 /// Returns g: [T, HV * d_k]. Errors: kdalab::Error naming 'z', 'A_log', 'bias' or 'g_min' on a shape
-/// mismatch, a non-finite value or g_min >= 0.
+/// mismatch, a non-finite value or g_min >= 0, and naming A_log and bias where the log-decay g would not be
+/// finite in float64 (e^A_log overflows: the bounded gate's e^A_log (z + b) is then NaN at z + b = 0, the
+/// softplus gate's g is -inf), as `kdalab check` refuses such a gate (numerics/check_ops.hpp).
 template <class S>
 Mat<S> gate(const Mat<S>& z, const Vec<S>& A_log, const Mat<S>& bias, GateKind kind, const S& g_min = S(-5)) {
   const auto HV = A_log.size(), d_k = bias.cols();
@@ -76,6 +78,9 @@ Mat<S> gate(const Mat<S>& z, const Vec<S>& A_log, const Mat<S>& bias, GateKind k
             "gate: tensor 'z' has a non-finite value at flat index " + std::to_string(i));
   for (Eigen::Index h = 0; h < HV; ++h)
     require(std::isfinite(static_cast<double>(A_log(h))), "gate: tensor 'A_log' is not finite at head " + std::to_string(h));
+  for (Eigen::Index i = 0; i < bias.size(); ++i)
+    require(std::isfinite(static_cast<double>(bias.data()[i])),
+            "gate: tensor 'bias' has a non-finite value at flat index " + std::to_string(i));
   Mat<S> g(z.rows(), z.cols());
   for (Eigen::Index t = 0; t < z.rows(); ++t)
     for (Eigen::Index h = 0; h < HV; ++h)
@@ -83,6 +88,12 @@ Mat<S> gate(const Mat<S>& z, const Vec<S>& A_log, const Mat<S>& bias, GateKind k
         const Eigen::Index c = h * d_k + i;
         g(t, c) = kind == GateKind::bounded ? bounded_gate<S>(z(t, c), A_log(h), bias(h, i), g_min)
                                             : softplus_gate<S>(z(t, c), A_log(h), bias(h, i));
+        if (!std::isfinite(static_cast<double>(g(t, c))))
+          throw Error("gate: tensor 'A_log' = " + num_str(static_cast<double>(A_log(h))) + " at head " +
+                      std::to_string(h) + " with z + bias = " + num_str(static_cast<double>(z(t, c) + bias(h, i))) +
+                      " at token " + std::to_string(t) + ", column " + std::to_string(c) +
+                      " gives a non-finite log-decay g (" + num_str(static_cast<double>(g(t, c))) +
+                      "); accepted: A_log and bias that keep e^A_log (z + bias) and g finite in float64");
       }
   return g;
 }

@@ -8,6 +8,7 @@
 ///       dz = -dg e^{A_h} Sigmoid(x);  d dt_bias += dz;  dA_h += dg g     (dg/dA_h = g)
 /// The per-head and per-(head, channel) parameters collect the sums over all tokens (and batch).
 /// Layouts as gate(): z, g, dz, dg [T, HV * d_k]; A_log, dA_log [HV]; bias, dbias [HV, d_k].
+#include <cmath>
 #include <string>
 
 #include "reference/gate.hpp"
@@ -45,7 +46,9 @@ struct GateGrad {
 };
 
 /// VJP of gate(z, A_log, bias, kind, g_min) for upstream dg [T, HV * d_k].
-/// Errors: kdalab::Error as gate(), or naming 'dg' on a shape mismatch.
+/// Errors: kdalab::Error as gate(), naming 'dg' on a shape mismatch, or naming A_log and bias where a partial
+/// derivative is not finite in float64 (the bounded gate with e^A_log (z + b) beyond float64: its derivative
+/// e^A_log Sigmoid'(u) is then inf * 0, though g itself saturates at g_min or 0).
 template <class S>
 GateGrad<S> gate_backward(const Mat<S>& z, const Vec<S>& A_log, const Mat<S>& bias, GateKind kind, const Mat<S>& dg,
                           const S& g_min = S(-5)) {
@@ -61,6 +64,12 @@ GateGrad<S> gate_backward(const Mat<S>& z, const Vec<S>& A_log, const Mat<S>& bi
         const Eigen::Index c = h * d_k + i;
         const GatePartials<S> p = kind == GateKind::bounded ? bounded_gate_partials<S>(z(t, c), A_log(h), bias(h, i), g_min)
                                                             : softplus_gate_partials<S>(z(t, c), A_log(h), bias(h, i));
+        if (!std::isfinite(static_cast<double>(p.dz)) || !std::isfinite(static_cast<double>(p.dA_log)))
+          throw Error("gate_backward: tensor 'A_log' = " + num_str(static_cast<double>(A_log(h))) + " at head " +
+                      std::to_string(h) + " with z + bias = " + num_str(static_cast<double>(z(t, c) + bias(h, i))) +
+                      " at token " + std::to_string(t) + ", column " + std::to_string(c) +
+                      " gives a non-finite derivative of the gate; accepted: A_log and bias that keep e^A_log (z + bias) "
+                      "finite in float64");
         r.dz(t, c) = dg(t, c) * p.dz;
         r.dbias(h, i) += r.dz(t, c);
         r.dA_log(h) += dg(t, c) * p.dA_log;

@@ -109,7 +109,7 @@ struct KdaShape {
   std::size_t B, T, H, HV, d_k, d_v;
 };
 
-/// Checks shapes, finiteness and g <= 0 of a batched KDA call; returns the shape.
+/// Checks shapes, finiteness, g <= 0 and beta in [0, 1] of a batched KDA call; returns the shape.
 /// Throws kdalab::Error naming the tensor, index and value, and what is accepted.
 template <class S>
 KdaShape kda_validate(const Tensor<S>& q, const Tensor<S>& k, const Tensor<S>& v, const Tensor<S>& g,
@@ -136,6 +136,11 @@ KdaShape kda_validate(const Tensor<S>& q, const Tensor<S>& k, const Tensor<S>& v
     if (g.data[i] > S(0))
       throw Error("tensor 'g' (log-decay) has g = " + std::to_string(static_cast<double>(g.data[i])) +
                   " > 0 at flat index " + std::to_string(i) + "; accepted: g <= 0 (alpha = e^g in (0, 1])");
+  // beta is the erase strength of the delta rule, in [0, 1] (K3 report Eq. 1; docs/equations.md section 1)
+  for (std::size_t i = 0; i < beta.numel(); ++i)
+    if (beta.data[i] < S(0) || beta.data[i] > S(1))
+      throw Error("tensor 'beta' has beta = " + num_str(static_cast<double>(beta.data[i])) + " at flat index " +
+                  std::to_string(i) + "; accepted: beta in [0, 1] (logits go through a sigmoid first)");
   return s;
 }
 

@@ -38,13 +38,6 @@
 
 namespace kdalab {
 
-/// Short decimal text of a number for error messages (6 significant digits).
-inline std::string num_str(double x) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.6g", x);
-  return buf;
-}
-
 /// How the inverse of a unit lower-triangular diagonal tile is formed.
 enum class TriInverse { forward_substitution, neumann };
 

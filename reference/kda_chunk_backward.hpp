@@ -55,9 +55,9 @@ KdaChunkFwd<S> kda_chunk_quantities(const Mat<S>& q, const Mat<S>& k, const Mat<
     for (Eigen::Index r = 0; r < L; ++r) {
       G += g(t0 + r, i);
       require(-G <= max_factored_span<S>(),
-              "kda_chunked_backward: cumulative log-decay " + std::to_string(static_cast<double>(G)) +
-                  " inside a chunk is beyond the factored range -" + std::to_string(max_factored_span<S>()) +
-                  "; use a smaller chunk or kda_recurrent_backward");
+              "kda_chunked_backward: tensor 'g' (log-decay) sums to " + num_str(static_cast<double>(G)) +
+                  " inside a chunk, beyond the factored range; accepted: a cumulative log-decay >= -" +
+                  num_str(max_factored_span<S>()) + " per chunk (use a smaller chunk or kda_recurrent_backward)");
       c.Gam(r, i) = sexp<S>(G);
     }
   }

@@ -171,13 +171,22 @@ struct KdaWeights {
     return r;
   }
 
-  /// Throws kdalab::Error naming the first weight whose shape does not match config c.
+  /// Throws kdalab::Error naming the first weight the layer reads whose shape does not match config c or
+  /// that holds a non-finite value (it would reach every output as NaN).
   void validate(const KdaConfig& c) const {
     c.validate();
-    const auto chk = [](const Mat<S>& m, std::size_t r, std::size_t cols, const char* name) {
+    const auto finite = [](const auto& m, const char* name) {
+      for (Eigen::Index i = 0; i < m.size(); ++i)
+        require(std::isfinite(static_cast<double>(m.data()[i])),
+                std::string("KdaWeights: tensor '") + name + "' has a non-finite value (" +
+                    num_str(static_cast<double>(m.data()[i])) + ") at flat index " + std::to_string(i) +
+                    "; only finite values are accepted");
+    };
+    const auto chk = [&](const Mat<S>& m, std::size_t r, std::size_t cols, const char* name) {
       require(m.rows() == static_cast<Eigen::Index>(r) && m.cols() == static_cast<Eigen::Index>(cols),
               std::string("KdaWeights: tensor '") + name + "' is [" + std::to_string(m.rows()) + ", " +
                   std::to_string(m.cols()) + "], expected [" + std::to_string(r) + ", " + std::to_string(cols) + "]");
+      finite(m, name);
     };
     const std::size_t qk = c.H * c.d_k, vw = c.HV * c.d_v, gw = c.HV * c.d_k, K = c.conv_kernel;
     chk(W_q, qk, c.hidden, "W_q"); chk(W_k, qk, c.hidden, "W_k"); chk(W_v, vw, c.hidden, "W_v");
@@ -196,6 +205,8 @@ struct KdaWeights {
     require(rms_w.size() == static_cast<Eigen::Index>(c.d_v), "KdaWeights: tensor 'rms_w' has " +
                                                                   std::to_string(rms_w.size()) + " entries, expected d_v = " +
                                                                   std::to_string(c.d_v));
+    finite(A_log, "A_log");
+    finite(rms_w, "rms_w");
   }
 };
 

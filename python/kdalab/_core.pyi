@@ -26,8 +26,9 @@ def kda_recurrent(q: Array, k: Array, v: Array, g: Array, beta: Array, S0: Optio
     S_t = (I - beta_t k_t k_t^T) Diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T,  o_t = scale S_t^T q_t.
 
     q, k [B, T, H, d_k]; v [B, T, HV, d_v] (HV a multiple of H: value head j reads key head j / (HV / H));
-    g [B, T, HV, d_k] (log-decay, g <= 0); beta [B, T, HV]; S0 [B, HV, d_k, d_v] ("KV" layout) or None
-    (zero state); scale > 0 (usually d_k^-1/2). variant: kda, gated_deltanet, deltanet, gla, linear.
+    g [B, T, HV, d_k] (log-decay, g <= 0); beta [B, T, HV] (in [0, 1]); S0 [B, HV, d_k, d_v] ("KV" layout) or
+    None (zero state); every value finite; scale > 0 (usually d_k^-1/2). variant: kda, gated_deltanet, deltanet,
+    gla, linear.
     Returns (o [B, T, HV, d_v], S [B, HV, d_k, d_v]). Equals `kdalab check --op kda --truth f64|mp` on
     the same inputs (gate = "none", l2norm_qk = 0) bit for bit."""
 
@@ -54,8 +55,8 @@ def kda_layer(x: Array, weights: Mapping[str, Array], config: Mapping[str, Union
     K = conv_kernel): W_q, W_k [H d_k, hidden]; W_v [HV d_v, hidden]; conv_q, conv_k [H d_k, K];
     conv_v [HV d_v, K]; W_beta [HV, hidden]; W_a_down [r, hidden]; W_a_up [HV d_k, r];
     W_alpha [HV d_k, HV d_v]; g_bias [HV, d_k]; W_g [HV d_v, hidden]; W_o [hidden, HV d_v];
-    A_log [HV]; rms_w [d_v]. Returns (y [T, hidden], o_core [T, HV d_v] (the KDA output before the
-    RMSNorm), S [HV, d_k, d_v])."""
+    A_log [HV]; rms_w [d_v]; x and every weight the layer reads finite. Returns (y [T, hidden], o_core
+    [T, HV d_v] (the KDA output before the RMSNorm), S [HV, d_k, d_v])."""
 
 def mla(x: Array, weights: Mapping[str, Array], config: Mapping[str, Union[int, float, bool, str]], *,
         eval: str = "naive", precision: str = "float64") -> F64:
@@ -103,12 +104,15 @@ def gate(z: Array, A_log: Array, bias: Array, *, kind: str = "bounded", g_min: f
     """The KDA decay gate (reference/gate.hpp gate). kind "bounded" (K3 report Eq. 5):
     g = g_min Sigmoid(e^{A_log[h]} (z + bias)), g_min < 0; "softplus" (Kimi Linear):
     g = -e^{A_log[h]} Softplus(z + bias). z [T, HV d_k] (head h owns columns h d_k .. h d_k + d_k - 1);
-    A_log [HV]; bias [HV, d_k]. Returns g [T, HV d_k]."""
+    A_log [HV]; bias [HV, d_k]; all finite, and A_log, z + bias such that g is finite in float64 (e^A_log
+    overflowing makes the softplus gate -inf, the bounded gate NaN at z + bias = 0: Error naming A_log, the head,
+    the token and the column). Returns g [T, HV d_k]."""
 
 def gate_backward(z: Array, A_log: Array, bias: Array, dg: Array, *, kind: str = "bounded", g_min: float = -5.0,
                   precision: str = "float64") -> dict[str, F64]:
     """dL/d(z, A_log, bias) of gate for upstream dg = dL/dg [T, HV d_k] (reference/gate_backward.hpp).
-    Returns {"dz": [T, HV d_k]; "dA_log": [HV]; "dbias": [HV, d_k]} (the parameters' gradients summed
+    Inputs as gate, and e^A_log (z + bias) finite in float64 (the bounded gate's derivative is inf * 0 beyond it,
+    though g saturates: Error naming A_log, the head, the token and the column). Returns {"dz": [T, HV d_k]; "dA_log": [HV]; "dbias": [HV, d_k]} (the parameters' gradients summed
     over the tokens)."""
 
 def attn_res_backward(v: Array, w: Array, dh: Array, *, mode: str, block_sources: int = 1, eps: float = 1e-6,

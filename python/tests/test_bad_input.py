@@ -1,6 +1,8 @@
 """Bad input raises kdalab.Error (a ValueError) carrying the C++ message, which names the tensor or
 option, the value and what is accepted: wrong dtype, shape, layout, device, non-finite values, out of
 range options."""
+import re
+
 import numpy as np
 import pytest
 
@@ -62,6 +64,69 @@ def test_out_of_range_values_and_options():
     raises(r"mode = 'sum' is unknown; accepted: full, block", kdalab.attn_res, np.ones((2, 2, 4)), np.ones(4),
            mode="sum")
     raises(r"gate = 'k4' is unknown", kdalab.kda_inputs, 1, 2, 1, 4, 4, gate="k4")
+
+
+def test_beta_outside_zero_one_names_beta_and_the_range():
+    # beta is the erase strength of the delta rule, documented in [0, 1]: outside it the output was returned unchecked
+    a, s = inputs()
+    dO = np.ones_like(a["v"])
+    calls = [(kdalab.kda_recurrent, {}), (kdalab.kda_chunked, {}), (kdalab.kda_decode, {}),
+             (kdalab.kda_recurrent_backward, {"dO": dO}), (kdalab.kda_chunked_backward, {"dO": dO})]
+    for value in [1.5, -0.5, 1e300]:
+        b = a["beta"].copy()
+        b[0, 2, 1] = value
+        for fn, extra in calls:
+            raises(rf"tensor 'beta' has beta = {re.escape(f'{value:g}')} at flat index 5; accepted: beta in \[0, 1\]", fn,
+                   **(a | {"beta": b}), **extra, scale=s)
+    for edge in [0.0, 1.0]:  # the closed interval is accepted
+        o, S = kdalab.kda_recurrent(**(a | {"beta": np.full_like(a["beta"], edge)}), scale=s)
+        assert np.isfinite(o).all() and np.isfinite(S).all()
+
+
+def test_gate_parameters_that_make_the_log_decay_non_finite_are_refused():
+    # e^A_log beyond float64 made the softplus gate's g -inf and the bounded gate's NaN at z + bias = 0, returned as such
+    T, HV, dk = 3, 2, 4
+    z, A_log, bias = np.zeros((T, HV * dk)), np.zeros(HV), np.zeros((HV, dk))
+    big = np.array([0.0, 1000.0])
+    raises(r"gate: tensor 'A_log' = 1000 at head 1 with z \+ bias = 0 at token 0, column 4 gives a non-finite "
+           r"log-decay g .*; accepted: A_log and bias that keep e\^A_log \(z \+ bias\) and g finite in float64",
+           kdalab.gate, z, big, bias, kind="bounded")
+    raises(r"gate: tensor 'A_log' = 1000 at head 1 .* non-finite log-decay g \(-inf\)", kdalab.gate, z, big, bias,
+           kind="softplus")
+    raises(r"gate: tensor 'A_log' = 1000 at head 1", kdalab.gate_backward, z, big, bias, np.ones_like(z),
+           kind="softplus")
+    raises(r"gate: tensor 'bias' has a non-finite value at flat index 5", kdalab.gate, z, A_log,
+           np.where(np.arange(HV * dk).reshape(HV, dk) == 5, np.inf, 0.0))
+    # the bounded gate saturates finitely at g_min where z + bias != 0, but its derivative there is inf * 0
+    g = kdalab.gate(np.ones_like(z), np.full(HV, 800.0), bias, kind="bounded", g_min=-5.0)
+    assert (g == -5.0).all()
+    raises(r"gate_backward: tensor 'A_log' = 800 at head 0 with z \+ bias = 1 at token 0, column 0 gives a non-finite "
+           r"derivative of the gate; accepted: A_log and bias that keep e\^A_log \(z \+ bias\) finite in float64",
+           kdalab.gate_backward, np.ones_like(z), np.full(HV, 800.0), bias, np.ones_like(z), kind="bounded")
+
+
+def kda_layer_weights(hidden=8, d=4):
+    """Weights of a one-head KDA layer (H = HV = 1, d_k = d_v = d, gate_rank d, conv_kernel 4)."""
+    rng = np.random.default_rng(5)
+    shapes = {"W_q": (d, hidden), "W_k": (d, hidden), "W_v": (d, hidden), "conv_q": (d, 4), "conv_k": (d, 4),
+              "conv_v": (d, 4), "W_beta": (1, hidden), "W_a_down": (d, hidden), "W_a_up": (d, d), "W_alpha": (d, d),
+              "g_bias": (1, d), "W_g": (d, hidden), "W_o": (hidden, d), "A_log": (1,), "rms_w": (d,)}
+    return {n: 0.3 * rng.standard_normal(sh) for n, sh in shapes.items()}, {"hidden": hidden, "H": 1, "HV": 1,
+                                                                             "d_k": d, "d_v": d}
+
+
+def test_non_finite_kda_layer_weights_name_the_weight():
+    # a NaN or Inf weight reached every output as NaN, returned without an error
+    w, config = kda_layer_weights()
+    x = np.ones((3, 8))
+    y, o_core, S = kdalab.kda_layer(x, w, config)
+    assert np.isfinite(y).all()
+    for name, value in [("W_q", np.inf), ("rms_w", np.nan), ("A_log", -np.inf), ("W_o", np.nan)]:
+        bad = w[name].copy()
+        bad.flat[1 if bad.size > 1 else 0] = value
+        raises(rf"KdaWeights: tensor '{name}' has a non-finite value \({value}\) at flat index "
+               rf"{1 if bad.size > 1 else 0}; only finite values are accepted", kdalab.kda_layer, x, w | {name: bad},
+               config)
 
 
 def test_layer_configs_and_weights_are_checked():
