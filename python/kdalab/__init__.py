@@ -2,7 +2,8 @@
 
 Arrays go in through DLPack or the buffer protocol: numpy arrays and torch tensors (CPU), float64,
 C-contiguous; outputs are numpy float64 arrays. Bad input raises kdalab.Error (a ValueError) with
-the C++ message, which names the tensor or option, the value and what is accepted. Shapes,
+the C++ message, which names the tensor or option, the value and what is accepted (None for a required
+array argument: TypeError from the binding layer). Shapes,
 layouts and dtypes of every function: kdalab/_core.pyi.
 """
 # A build with -DKDALAB_PYTHON=ON puts kdalab._core in <build>/python/kdalab/, apart from these

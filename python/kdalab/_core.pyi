@@ -1,8 +1,10 @@
 """Type stubs of kdalab._core: shapes, layouts and dtypes of every function, stated once here.
 
 Conventions (docs/design.md): tensors are row-major [B, T, H, D]; array inputs are float64,
-C-contiguous and on the CPU (numpy arrays or torch tensors through DLPack; anything else raises
-Error naming the tensor); outputs are new numpy float64 arrays. `precision` is "float64" or "mp50"
+C-contiguous and on the CPU (numpy arrays or torch tensors through DLPack; anything else, a list, a str,
+an object-dtype or big-endian array included, raises Error naming the tensor, except None for an array
+argument that is not Optional: the binding layer refuses that with TypeError before any check runs);
+outputs are new numpy float64 arrays. `precision` is "float64" or "mp50"
 (boost cpp_bin_float_50, 50 decimal digits: inputs widened exactly, outputs rounded once to float64).
 """
 from typing import Any, Mapping, Optional, Sequence, Tuple, Union

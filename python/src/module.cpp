@@ -62,9 +62,21 @@ std::string dtype_name(const nb::dlpack::dtype& d) {
   return std::string(kind) + std::to_string(d.bits);
 }
 
+void require_array(const Array& a, const std::string& name) {
+  if (!a.given.is_valid()) return;
+  // a numpy array nanobind cannot read (object dtype, non-native byte order) says its dtype
+  std::string what = Py_TYPE(a.given.ptr())->tp_name;
+  if (nb::hasattr(a.given, "dtype"))
+    what += " of dtype " + std::string(nb::steal<nb::str>(PyObject_Str(nb::object(a.given.attr("dtype")).ptr())).c_str());
+  throw Error("tensor '" + name + "' is a " + what + ", not an array kdalab reads; accepted: a numpy array or torch "
+              "tensor (DLPack or the buffer protocol) of numbers in native byte order, e.g. numpy.asarray(" + name +
+              ", dtype=numpy.float64)");
+}
+
 namespace {
 /// Checks device, layout and dtype of array `name` and returns its shape; throws kdalab::Error naming it.
 std::vector<std::size_t> checked_shape(const Array& a, const std::string& name) {
+  require_array(a, name);
   require(a.device_type() == nb::device::cpu::value,
           "tensor '" + name + "' is on a GPU (DLPack device type " + std::to_string(a.device_type()) +
               "); the reference runs on the CPU: pass " + name + ".cpu()");
@@ -86,6 +98,7 @@ std::vector<std::size_t> checked_shape(const Array& a, const std::string& name) 
 }  // namespace
 
 Tensor<double> tensor_in(const Array& a, const std::string& name) {
+  require_array(a, name);
   require(a.dtype() == nb::dtype<double>(),
           "tensor '" + name + "' has dtype " + dtype_name(a.dtype()) +
               "; accepted: float64 (the reference takes its inputs exactly: convert with " + name +

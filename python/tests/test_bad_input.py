@@ -43,6 +43,34 @@ def test_non_contiguous_names_the_tensor():
            np.ones(16)[::2], mode="full")
 
 
+NOT_ARRAYS = [([[1.0, 2.0]], "list"), ("abc", "str"), (2.0, "float"),
+              (np.array([1.0, 2.0], dtype=object), r"numpy.ndarray of dtype object"),
+              (np.array([1.0, 2.0], dtype=">f8"), r"numpy.ndarray of dtype >f8")]
+
+
+@pytest.mark.parametrize("value, kind", NOT_ARRAYS)
+def test_an_argument_that_is_no_array_names_the_tensor(value, kind):
+    # nanobind's own TypeError ("incompatible function arguments") named neither the argument nor what is accepted
+    accepted = r", not an array kdalab reads; accepted: a numpy array or torch tensor"
+    a, s = inputs()
+    raises(rf"tensor 'k' is a {kind}{accepted}", kdalab.kda_recurrent, **(a | {"k": value}), scale=s)
+    raises(rf"tensor 'S0' is a {kind}{accepted}", kdalab.kda_decode, **(a | {"S0": value}), scale=s)
+    raises(rf"tensor 'w' is a {kind}{accepted}", kdalab.attn_res, np.ones((2, 2, 4)), value, mode="full")
+    raises(rf"tensor 'truth' is a {kind}{accepted}", kdalab.check, np.ones(2), value)
+    raises(rf"tensor 'W_q' is a {kind}{accepted}", kdalab.kda_layer, np.ones((3, 8)), {"W_q": value}, {})
+    raises(rf"tensor 'z' is a {kind}{accepted}", kdalab.gate, value, np.zeros(1), np.zeros((1, 2)))
+
+
+def test_none_for_a_required_array_is_the_binding_layers_type_error():
+    # nanobind refuses None for an argument that does not take it before any conversion runs, so it stays a
+    # TypeError (with the signature); None where an array is optional (S0, dS_T) means "absent"
+    a, s = inputs()
+    with pytest.raises(TypeError, match=r"incompatible function arguments"):
+        kdalab.kda_recurrent(**(a | {"k": None}), scale=s)
+    o, S = kdalab.kda_recurrent(**(a | {"S0": None}), scale=s)
+    assert np.isfinite(o).all()
+
+
 def test_nan_names_the_tensor_and_flat_index():
     a, s = inputs()
     a["q"] = a["q"].copy()
