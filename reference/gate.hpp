@@ -63,7 +63,16 @@ S softplus_gate(const S& z, const S& A_log, const S& dt_bias) {
 /// Returns g: [T, HV * d_k]. Errors: kdalab::Error naming 'z', 'A_log', 'bias' or 'g_min' on a shape
 /// mismatch, a non-finite value or g_min >= 0, and naming A_log and bias where the log-decay g would not be
 /// finite in float64 (e^A_log overflows: the bounded gate's e^A_log (z + b) is then NaN at z + b = 0, the
-/// softplus gate's g is -inf), as `kdalab check` refuses such a gate (numerics/check_ops.hpp).
+/// softplus gate's g is -inf), as `kdalab check` refuses such a gate (experiments/check_ops.hpp).
+/// The error of a gate element outside float64's range: `fn` names the caller, `what` what is not finite; names A_log
+/// at head h, z + bias, token t and column c.
+inline Error gate_range_error(const char* fn, double A_log, Eigen::Index h, double zb, Eigen::Index t, Eigen::Index c,
+                              const std::string& what, const std::string& accepted) {
+  return Error(std::string(fn) + ": tensor 'A_log' = " + num_str(A_log) + " at head " + std::to_string(h) +
+               " with z + bias = " + num_str(zb) + " at token " + std::to_string(t) + ", column " + std::to_string(c) +
+               " gives " + what + "; accepted: " + accepted);
+}
+
 template <class S>
 Mat<S> gate(const Mat<S>& z, const Vec<S>& A_log, const Mat<S>& bias, GateKind kind, const S& g_min = S(-5)) {
   const auto HV = A_log.size(), d_k = bias.cols();
@@ -89,11 +98,9 @@ Mat<S> gate(const Mat<S>& z, const Vec<S>& A_log, const Mat<S>& bias, GateKind k
         g(t, c) = kind == GateKind::bounded ? bounded_gate<S>(z(t, c), A_log(h), bias(h, i), g_min)
                                             : softplus_gate<S>(z(t, c), A_log(h), bias(h, i));
         if (!std::isfinite(static_cast<double>(g(t, c))))
-          throw Error("gate: tensor 'A_log' = " + num_str(static_cast<double>(A_log(h))) + " at head " +
-                      std::to_string(h) + " with z + bias = " + num_str(static_cast<double>(z(t, c) + bias(h, i))) +
-                      " at token " + std::to_string(t) + ", column " + std::to_string(c) +
-                      " gives a non-finite log-decay g (" + num_str(static_cast<double>(g(t, c))) +
-                      "); accepted: A_log and bias that keep e^A_log (z + bias) and g finite in float64");
+          throw gate_range_error("gate", static_cast<double>(A_log(h)), h, static_cast<double>(z(t, c) + bias(h, i)), t, c,
+                                 "a non-finite log-decay g (" + num_str(static_cast<double>(g(t, c))) + ")",
+                                 "A_log and bias that keep e^A_log (z + bias) and g finite in float64");
       }
   return g;
 }

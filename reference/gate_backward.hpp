@@ -65,11 +65,9 @@ GateGrad<S> gate_backward(const Mat<S>& z, const Vec<S>& A_log, const Mat<S>& bi
         const GatePartials<S> p = kind == GateKind::bounded ? bounded_gate_partials<S>(z(t, c), A_log(h), bias(h, i), g_min)
                                                             : softplus_gate_partials<S>(z(t, c), A_log(h), bias(h, i));
         if (!std::isfinite(static_cast<double>(p.dz)) || !std::isfinite(static_cast<double>(p.dA_log)))
-          throw Error("gate_backward: tensor 'A_log' = " + num_str(static_cast<double>(A_log(h))) + " at head " +
-                      std::to_string(h) + " with z + bias = " + num_str(static_cast<double>(z(t, c) + bias(h, i))) +
-                      " at token " + std::to_string(t) + ", column " + std::to_string(c) +
-                      " gives a non-finite derivative of the gate; accepted: A_log and bias that keep e^A_log (z + bias) "
-                      "finite in float64");
+          throw gate_range_error("gate_backward", static_cast<double>(A_log(h)), h,
+                                 static_cast<double>(z(t, c) + bias(h, i)), t, c, "a non-finite derivative of the gate",
+                                 "A_log and bias that keep e^A_log (z + bias) finite in float64");
         r.dz(t, c) = dg(t, c) * p.dz;
         r.dbias(h, i) += r.dz(t, c);
         r.dA_log(h) += dg(t, c) * p.dA_log;
