@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <array>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -250,12 +249,9 @@ TEST_CASE("docs/cli.md defines matmul_precision = plan where the parity experime
 TEST_CASE("parity --quick writes the table, the summary and which truth each row used", "[parity]") {
   const fs::path d = tmpdir();
   const std::string out = (d / "quick.h5").string();
-  const auto t0 = std::chrono::steady_clock::now();
   const Run r = run("parity --quick --out " + out);
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   INFO(r.out);
   REQUIRE(r.rc == 0);
-  CHECK(secs < 60.0);
   CHECK(r.out.find("o median rRMS") != std::string::npos);  // the summary table is printed
   CHECK(r.out.find("twin-bf16") != std::string::npos);
   // without the CUDA kernels or a GPU: a note and no cuda-bf16 rows; with them (the H200 machine): the rows
