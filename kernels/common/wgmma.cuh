@@ -55,7 +55,7 @@ __device__ __forceinline__ void mma_n128_t(float* d, const std::uint32_t* a, std
 
 /// D[64 x 16] (+)= A B, A [64 x 16] bf16 in registers (the m16n8k16 A-fragment layout per warp), B [16 x 16] K-major in
 /// shared memory; ACC = 0: D = A B (D's registers are not read: no zero-initialisation between the fences). D: 8 fp32
-/// per thread, the m64nN accumulator layout. (kernels/kda_prefill/state_wgmma.cu keeps its own copy, wg::mma_n16.)
+/// per thread, the m64nN accumulator layout.
 template <int ACC = 1>
 __device__ __forceinline__ void mma_n16(float* d, const std::uint32_t* a, std::uint64_t db) {
   asm volatile(
