@@ -126,7 +126,7 @@ struct BenchOptions {
   int kda_segments = 0;  // kda-prefill schedule: 0 the rule, 1 one-shot, 2..64 the segment path with P segments
   std::string kda_overlap = "on";  // kda-prefill: off = KdaPrefillArgs::single_stream
   std::string kda_precision = "fast";  // kda-prefill: KdaPrefillArgs::precision (fast, accurate; D = 128)
-  std::string bwd_pass = "auto";  // kda-backward: KdaBackwardOverrides::pass (auto, sweep, chunked)
+  std::string bwd_pass = "auto";  // kda-backward: KdaBackwardOverrides::pass (auto, sweep, chunked, chunked_wg)
   long long prefix = 0;  // mla-prefill: cached tokens before the T new ones
   int s_q = 1;  // mla-decode: query tokens per sequence (MlaDecodeArgs::s_q)
   std::string mla_precision = "auto";  // mla-decode: MlaDecodeArgs::precision (auto, accurate, fast)
@@ -610,9 +610,10 @@ std::pair<double, double> chunked_backward_model(const Shape& s) {
 /// forward then the backward; the row's time is the last. Bytes and flops: the prefill's model plus backward_model.
 Measured bench_backward(const Shape& s, int warmup, int iters, std::uint64_t seed, const std::string& pass_name) {
   kernels::KdaBackwardOverrides ov;
-  ov.pass = pass_name == "sweep"     ? kernels::KdaBackwardPass::sweep
-            : pass_name == "chunked" ? kernels::KdaBackwardPass::chunked
-                                     : kernels::KdaBackwardPass::automatic;
+  ov.pass = pass_name == "sweep"        ? kernels::KdaBackwardPass::sweep
+            : pass_name == "chunked"    ? kernels::KdaBackwardPass::chunked
+            : pass_name == "chunked_wg" ? kernels::KdaBackwardPass::chunked_wg
+                                        : kernels::KdaBackwardPass::automatic;
   PrefillInputs in(s, seed);
   const std::size_t nq = in.nq, nv = in.nv, nb = in.nb, ns = in.ns;
   Dev dO(nv * 2), dST(ns * 4), dq(nq * 2), dk(nq * 2), dv(nv * 2), dg(nv * 2), dbeta(nb * 2), dA(s.HV * 4),
@@ -641,7 +642,8 @@ Measured bench_backward(const Shape& s, int warmup, int iters, std::uint64_t see
     kernels::kda_backward(b, nullptr, &ov);
   }, warmup, iters);
   Measured m = prefill_measured(s, ms, mn, 0.0, 0.0);
-  const bool chunked = kernels::kda_backward_plan(b, &ov) == kernels::KdaBackwardPass::chunked;
+  const kernels::KdaBackwardPass ran = kernels::kda_backward_plan(b, &ov);
+  const bool chunked = ran == kernels::KdaBackwardPass::chunked || ran == kernels::KdaBackwardPass::chunked_wg;
   {  // the backward's phases: each prefix of its launches timed, the differences printed
     using Ph = kernels::KdaBackwardPhase;
     const std::vector<std::pair<Ph, const char*>> phases =
@@ -1000,9 +1002,10 @@ void register_bench(Registry& reg) {
       ->capture_default_str();
   a->add_option("--bwd-pass", o->bwd_pass,
                 "kda-backward pass (kernels/kda_backward.hpp KdaBackwardPass): auto (the rule: chunked for D = 64, 128, "
-                "sweep for D = 256), sweep or chunked (D = 64, 128 only). A forced pass's rows get the key suffix "
-                "' sweep' or ' chunked' (their own baselines; the peer time is looked up under the plain key). Only "
-                "with --op kda-backward or all; chunked is refused with a shape of D = 256")
+                "sweep for D = 256), sweep, chunked (D = 64, 128 only) or chunked_wg (the chunked pass with its chains "
+                "on wgmma; D = 128 only). A forced pass's rows get the key suffix ' sweep', ' chunked' or "
+                "' chunked_wg' (their own baselines; the peer time is looked up under the plain key). Only with --op "
+                "kda-backward or all; chunked is refused with a shape of D = 256, chunked_wg with a shape of D != 128")
       ->capture_default_str();
   const std::string mla_decode_only =
       "Only with --op mla-decode or all (with all it acts on the mla-decode rows; refused with another op)";
@@ -1063,8 +1066,9 @@ void register_bench(Registry& reg) {
             "--precision accurate with --state-pass " + o->kda_state_pass + " --segments " +
                 std::to_string(o->kda_segments) + "; accepted: accurate runs the one-shot wgmma pass (--state-pass auto "
                 "or wgmma, --segments 0 or 1)");
-    require(o->bwd_pass == "auto" || o->bwd_pass == "sweep" || o->bwd_pass == "chunked",
-            "--bwd-pass = '" + o->bwd_pass + "'; accepted: auto, sweep or chunked");
+    require(o->bwd_pass == "auto" || o->bwd_pass == "sweep" || o->bwd_pass == "chunked" ||
+                o->bwd_pass == "chunked_wg",
+            "--bwd-pass = '" + o->bwd_pass + "'; accepted: auto, sweep, chunked or chunked_wg");
     require(o->s_q >= 1 && o->s_q <= 4,
             "--s-q = " + std::to_string(o->s_q) + "; accepted: 1 <= --s-q <= 4 query tokens per sequence");
     require(o->mla_precision == "auto" || o->mla_precision == "accurate" || o->mla_precision == "fast",
@@ -1118,16 +1122,18 @@ void register_bench(Registry& reg) {
         shapes.back() = rows;
       }
     }
-    // kda-backward: --bwd-pass chunked where the chunked pass does not run (kda_backward_plan's rule), refused here in
-    // every build, before any GPU work
+    // kda-backward: --bwd-pass chunked or chunked_wg where that pass does not run (kda_backward_plan's rule), refused
+    // here in every build, before any GPU work
     for (std::size_t i = 0; i < ops.size(); ++i) {
-      if (ops[i] != "kda-backward" || o->bwd_pass != "chunked") continue;
+      if (ops[i] != "kda-backward" || (o->bwd_pass != "chunked" && o->bwd_pass != "chunked_wg")) continue;
+      const bool wg = o->bwd_pass == "chunked_wg";
       for (const Shape& s : shapes[i])
-        require(s.D != 256 && s.B <= 65535,
-                "--bwd-pass chunked does not run at shape " + std::to_string(s.B) + ":" + std::to_string(s.T) + ":" +
-                    std::to_string(s.H) + ":" + std::to_string(s.HV) + ":" + std::to_string(s.D) +
-                    (o->shapes.empty() ? " (a default shape)" : "") +
-                    "; accepted: D = 64 or 128 and B <= 65535 (the sweep, --bwd-pass sweep or auto, runs every shape)");
+        require((wg ? s.D == 128 : s.D != 256) && s.B <= 65535,
+                "--bwd-pass " + o->bwd_pass + " does not run at shape " + std::to_string(s.B) + ":" +
+                    std::to_string(s.T) + ":" + std::to_string(s.H) + ":" + std::to_string(s.HV) + ":" +
+                    std::to_string(s.D) + (o->shapes.empty() ? " (a default shape)" : "") +
+                    (wg ? "; accepted: D = 128 and B <= 65535" : "; accepted: D = 64 or 128 and B <= 65535") +
+                    " (the sweep, --bwd-pass sweep or auto, runs every shape)");
     }
     // mla-decode: the s_q query tokens are the last s_q cached ones, so N >= s_q (the kernel refuses max_len < s_q);
     // refused here in every build, before any GPU work (not by the kernel mid-run, nor exit 3 in a CPU build)

@@ -30,6 +30,8 @@
 /// 3 and 4 as above; step 2 in 16-token chunks in the WY form (kernels/kda_backward/chunked.cu): a chunk-parallel
 /// kernel forms each chunk's factors, two chunk-sequential chains store S entering and dS leaving every chunk, and a
 /// chunk-parallel kernel forms the gradients from them; every product fp32-class (three-pass tf32 or fp32 FMA).
+/// KdaBackwardPass::chunked_wg (forced only, D = 128) runs the same pass with the two chains on wgmma
+/// (kernels/kda_backward/chains_wg.cu), their products as bf16 hi + lo (~2^-16 relative each).
 /// Deterministic: no atomics; every sum has a fixed order, so two calls on the same inputs give the same bits.
 ///
 /// Layouts (row-major, last dimension contiguous): inputs as KdaPrefillArgs (strides in elements, 0 = contiguous):
@@ -88,14 +90,17 @@ struct KdaBackwardArgs {
   std::size_t workspace_bytes = 0;
 };
 
-/// How the reverse pass maps onto the GPU (kda_backward_plan states which one runs). Both compute the same gradients
-/// in fp32-class arithmetic with bf16 in and out; they differ in summation order (design and measurements:
-/// docs/kernels/kda_backward.md).
+/// How the reverse pass maps onto the GPU (kda_backward_plan states which one runs). They compute the same gradients
+/// in fp32-class arithmetic with bf16 in and out; they differ in summation order, and chunked_wg in the chains'
+/// operand format (design and measurements: docs/kernels/kda_backward.md).
 enum class KdaBackwardPass {
   automatic,  ///< the rule of kda_backward_plan: chunked where it runs, else sweep
   sweep,      ///< version 1: token-by-token fp32 sweeps, one CTA per (sequence, value head, column block); every shape
   chunked,    ///< version 2: 16-token chunks in the WY form (docs/kernels/kda_backward.md "Version 2"); D = 64, 128,
               ///< at most 65535 sequences
+  chunked_wg,  ///< the chunked pass with its two chains on wgmma (kernels/kda_backward/chains_wg.cu; the states'
+               ///< products as bf16 hi + lo, docs/kernels/kda_backward.md "The chains on wgmma"); D = 128 only, at
+               ///< most 65535 sequences; never picked by the rule (forced only)
 };
 
 /// The last launch kda_backward runs (to time the phases apart: each prefix is timed, its difference to the one
@@ -117,7 +122,7 @@ struct KdaBackwardOverrides {
 
 /// The pass kda_backward runs for these arguments and overrides (never automatic). Errors: kdalab::Error for bad
 /// shapes (as kda_backward) or when the overrides force the chunked pass where it does not run (D = 256, or more
-/// than 65535 sequences).
+/// than 65535 sequences) or chunked_wg where it does not run (D = 64 or 256, or more than 65535 sequences).
 KdaBackwardPass kda_backward_plan(const KdaBackwardArgs& a, const KdaBackwardOverrides* overrides = nullptr);
 
 /// Bytes of device scratch kda_backward needs for these shapes on the current device (checks the shapes and options

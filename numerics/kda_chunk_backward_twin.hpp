@@ -155,6 +155,18 @@ inline KdaBwdTwinPlan kda_bwd_plan_kernel() {
     *o = {Format::tf32, true};
   return p;
 }
+/// The chunked kernel with its chains on wgmma (KdaBackwardPass::chunked_wg, kernels/kda_backward/chains_wg.cu): the
+/// chains' products over keys or tokens with both operands as bf16 hi + lo, the forward chain's (fwd_ws, fwd_kd) and
+/// the reverse chain's update of dS (qdo); the rest as kda_bwd_plan_kernel. The twin forms dV~ once per chunk for the
+/// update of dS and for the gradients; the kernel forms it twice, as bf16 hi + lo in the reverse chain and as tf32
+/// hi + lo in the gradient kernel: kds and pdo are kept at the gradient kernel's tf32 hi + lo here, so the chain's
+/// dV~ is modelled a little better than it is (its error enters dS through qdo, whose bf16 hi + lo rounding is of the
+/// same size and is modelled).
+inline KdaBwdTwinPlan kda_bwd_plan_kernel_wg() {
+  KdaBwdTwinPlan p = kda_bwd_plan_kernel();
+  for (OperandFormat* o : {&p.fwd_ws, &p.fwd_kd, &p.qdo}) *o = {Format::bf16, true};
+  return p;
+}
 /// fp32 operands everywhere (the forward's state pass too).
 inline KdaBwdTwinPlan kda_bwd_plan_fp32() { return kda_bwd_plan_uniform(Format::fp32); }
 /// Every format float64: the twin then equals kda_backward_kernel_form<double> up to summation order.

@@ -142,6 +142,15 @@ inline constexpr Tolerance kda_bwd_f32{1e-4,
     "terms of both signs can magnify the relative error by the ratio of the terms' size to the sum's (~10x on the "
     "test inputs); 1e-4 keeps a 10x margin over that and is 100x below a wrong term."};
 
+/// A bf16 gradient of the chunked KDA backward with its chains on wgmma (KdaBackwardPass::chunked_wg) vs the same
+/// gradient of the chunked pass (chains on mma.sync) on the same inputs.
+inline constexpr Tolerance kda_bwd_chains_wg_vs_mma{5e-4,
+    "the wgmma chains carry the states' products as bf16 hi + lo (~2^-16 = 1.5e-5 relative each) where the mma chains "
+    "carry three tf32 passes (~2^-21), and sum in another order; the stored S and dS then differ by ~1e-5 relative, "
+    "which moves each fp32 gradient by about as much and flips an occasional bf16 rounding of it (2^-8 relative "
+    "each, for ~1e-5 / 2^-8 ~ 0.3% of the elements: ~1e-4 relative RMS). 5e-4 is 0.3 of the bf16 output floor "
+    "(1.66e-3), far below the O(1) of a wrong fragment layout, swizzle, descriptor, chunk order or stage."};
+
 /// Goal of the chunked (tensor-core) KDA backward, per bf16 gradient: its relative RMS against the float64 oracle over
 /// the bf16 rounding floor of the oracle's values (docs/kernels/kda_backward.md, "Version 2").
 inline constexpr Tolerance kda_bwd_chunk_floor_ratio{1.1,

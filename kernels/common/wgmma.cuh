@@ -1,9 +1,10 @@
 #pragma once
 // sm_90a warpgroup-MMA (wgmma) functions shared by the MLA decode kernels (kernels/mla_decode/split.cu), the KDA wgmma
-// state pass (kernels/kda_prefill/state_wgmma.cu, kda_state_wg_kernel) and the fast MLA prefill attention
-// (kernels/mla_prefill/fast_wg.cu): the 128-byte-swizzled shared-memory layout, the matrix descriptor, the fence / commit /
-// wait instructions, the register fence and the m64n128k16 products. Source: PTX ISA, "Asynchronous Warpgroup
-// Level Matrix Multiply-Accumulate" (wgmma.mma_async, matrix descriptors, swizzling modes).
+// state pass (kernels/kda_prefill/state_wgmma.cu, kda_state_wg_kernel), the KDA backward's wgmma chains
+// (kernels/kda_backward/chains_wg.cu) and the fast MLA prefill attention (kernels/mla_prefill/fast_wg.cu): the
+// 128-byte-swizzled shared-memory layout, the matrix descriptor, the fence / commit / wait instructions, the register
+// fence, the m64n128k16 products and the m64n16k16 / m64n32k16 products with A from registers. Source: PTX ISA,
+// "Asynchronous Warpgroup Level Matrix Multiply-Accumulate" (wgmma.mma_async, matrix descriptors, swizzling modes).
 #include <cstdint>
 
 namespace kdalab::kernels::detail::wgmma_util {
@@ -50,6 +51,30 @@ __device__ __forceinline__ void mma_n128_t(float* d, const std::uint32_t* a, std
         "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
+/// D[64 x 16] (+)= A B, A [64 x 16] bf16 in registers (the m16n8k16 A-fragment layout per warp), B [16 x 16] K-major in
+/// shared memory; ACC = 0: D = A B (D's registers are not read: no zero-initialisation between the fences). D: 8 fp32
+/// per thread, the m64nN accumulator layout.
+template <int ACC = 1>
+__device__ __forceinline__ void mma_n16(float* d, const std::uint32_t* a, std::uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, "
+      "{%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(ACC));
+}
+/// D[64 x 32] (+)= A B as mma_n16 with B [16 x 32] K-major; D: 16 fp32 per thread.
+template <int ACC = 1>
+__device__ __forceinline__ void mma_n32(float* d, const std::uint32_t* a, std::uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
+      "%13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(ACC));
 }
 
 /// D[64 x 128] (+)= A B, A [64 x 16] and B [16 x 128] both K-major in shared memory (descriptors); scale_d = 0: D = A B

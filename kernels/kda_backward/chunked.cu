@@ -33,14 +33,9 @@ constexpr int NC = 32;  // value columns per CTA of the chains
 constexpr int NT = 32;  // value columns per step of the gradient kernel
 constexpr int CL = C + 4;  // padded row of a C x C matrix in shared memory
 
-/// The factor slot of a (chunk, value head), floats: C x D matrices row-major (W, U, Kd, Qg), gamL (Gam's last row,
-/// D), then the C x C matrices B (strictly lower), P (lower), N (lower, unit diagonal). Only what the chains read and
-/// the gradient kernel cannot re-form cheaply: Gam, Kg and Ki are re-formed there from the prepared k and gate.
+/// The factor slot (common.cuh ChunkFac).
 template <int D>
-struct Fac {
-  static constexpr int W = 0, U = C * D, Kd = 2 * C * D, Qg = 3 * C * D, gamL = 4 * C * D, B = gamL + D,
-                       P = B + C * C, N = P + C * C, size = N + C * C;
-};
+using Fac = ChunkFac<D>;
 
 /// d (one m16n8k8 accumulator tile) += A B summed over k in [0, K) (K a multiple of 8), fp32-class: each operand
 /// split into tf32 hi + lo, three products; the hi hi terms and the two correction terms accumulate apart (three
@@ -708,19 +703,23 @@ void set_smem(K kernel, int bytes, const char* what) {
 }
 
 template <int D>
-void launch_of(const Params& p, cudaStream_t stream, KdaBackwardPhase last) {
+void launch_of(const Params& p, cudaStream_t stream, KdaBackwardPhase last, bool wg_chains) {
   const int max_len = p.cu ? p.max_len : p.T;  // host-known (KdaBackwardArgs::max_seqlen)
   const dim3 chunks((max_len + C - 1) / C, p.HV, p.N);
   set_smem(factors_kernel<D>, fac_smem<D>(), "cudaFuncSetAttribute (kda_backward factors)");
   factors_kernel<D><<<chunks, 256, fac_smem<D>(), stream>>>(p);
   cuda_check(cudaGetLastError(), "kda_backward factors launch");
   if (last == KdaBackwardPhase::factors) return;
-  const int chain_smem = std::max(fwd_smem<D>(), bwd_smem<D>());
-  set_smem(chains_kernel<D>, chain_smem, "cudaFuncSetAttribute (kda_backward chains)");
   const bool forward_only = last == KdaBackwardPhase::forward_chain;
-  const dim3 chains((forward_only ? 1 : 2) * (D / NC) * p.HV, 1, p.N);
-  chains_kernel<D><<<chains, 128, chain_smem, stream>>>(p, forward_only);
-  cuda_check(cudaGetLastError(), "kda_backward chains launch");
+  if (wg_chains) {  // D = 128 (kda_backward_plan refuses chunked_wg otherwise)
+    launch_chains_wg(p, stream, forward_only);
+  } else {
+    const int chain_smem = std::max(fwd_smem<D>(), bwd_smem<D>());
+    set_smem(chains_kernel<D>, chain_smem, "cudaFuncSetAttribute (kda_backward chains)");
+    const dim3 chains((forward_only ? 1 : 2) * (D / NC) * p.HV, 1, p.N);
+    chains_kernel<D><<<chains, 128, chain_smem, stream>>>(p, forward_only);
+    cuda_check(cudaGetLastError(), "kda_backward chains launch");
+  }
   if (last == KdaBackwardPhase::forward_chain || last == KdaBackwardPhase::reverse_chain) return;
   set_smem(grad_kernel<D>, GradSmem<D>::bytes, "cudaFuncSetAttribute (kda_backward gradients)");
   grad_kernel<D><<<chunks, 256, GradSmem<D>::bytes, stream>>>(p);
@@ -731,9 +730,9 @@ void launch_of(const Params& p, cudaStream_t stream, KdaBackwardPhase last) {
 
 std::size_t chunked_factor_floats(int D) { return D == 64 ? Fac<64>::size : Fac<128>::size; }
 
-void launch_chunked(const Params& p, cudaStream_t stream, KdaBackwardPhase last) {
-  if (p.D == 64) launch_of<64>(p, stream, last);
-  else launch_of<128>(p, stream, last);
+void launch_chunked(const Params& p, cudaStream_t stream, KdaBackwardPhase last, bool wg_chains) {
+  if (p.D == 64) launch_of<64>(p, stream, last, false);
+  else launch_of<128>(p, stream, last, wg_chains);
 }
 
 }  // namespace kdalab::kernels::kda_backward_detail

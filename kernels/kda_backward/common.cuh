@@ -71,6 +71,18 @@ struct Params {
   float* dSst;  // [slots][HV][D][D]: dL/dS leaving the chunk
 };
 
+/// The chunked pass's factor slot of a (chunk, value head), floats (written by chunked.cu's factors kernel, read by its
+/// chains and gradient kernel and by chains_wg.cu): C x D matrices row-major (W, U, Kd, Qg), gamL (Gam's last row, D),
+/// then the C x C matrices B (strictly lower), P (lower), N (lower, unit diagonal), C = CHUNK. Only what the chains
+/// read and the gradient kernel cannot re-form cheaply: Gam, Kg and Ki are re-formed there from the prepared k and
+/// gate. Every offset is a multiple of 4 floats and so is the size (16-byte copies).
+template <int D>
+struct ChunkFac {
+  static constexpr int C = CHUNK;
+  static constexpr int W = 0, U = C * D, Kd = 2 * C * D, Qg = 3 * C * D, gamL = 4 * C * D, B = gamL + D,
+                       P = B + C * C, N = P + C * C, size = N + C * C;
+};
+
 /// Row `tau` of the flattened token rows -> (batch entry, token): fixed length tau = b T + t; with cu_seqlens b = 0.
 __device__ __forceinline__ void row_bt(const Params& p, int tau, int& b, int& t) {
   if (p.cu) {
@@ -134,7 +146,13 @@ void launch_sweep(const Params& p, int grid, cudaStream_t stream);
 void launch_epilogue(const Params& p, cudaStream_t stream);
 /// chunked.cu: the chunked pass (factors, forward chain, reverse chain, gradients) for D = 64 or 128; writes what the
 /// sweep writes (dv, dS0 and the partials of one column block) for the epilogue.
-void launch_chunked(const Params& p, cudaStream_t stream, KdaBackwardPhase last = KdaBackwardPhase::all);
+/// `wg_chains` (KdaBackwardPass::chunked_wg, D = 128 only): the chains run as chains_wg.cu's wgmma kernel instead of
+/// chunked.cu's mma.sync one; the factors and gradient kernels are the same.
+void launch_chunked(const Params& p, cudaStream_t stream, KdaBackwardPhase last = KdaBackwardPhase::all,
+                    bool wg_chains = false);
+/// chains_wg.cu: the forward and reverse chains of the chunked pass on wgmma (D = 128; the launch of chunked.cu's
+/// chains_kernel replaced: the same Sst, dSst and dS0 from the same factor slots); `forward_only` as there.
+void launch_chains_wg(const Params& p, cudaStream_t stream, bool forward_only);
 /// chunked.cu: floats of one chunk's factor slot (D = 64 or 128).
 std::size_t chunked_factor_floats(int D);
 

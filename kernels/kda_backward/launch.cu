@@ -45,7 +45,7 @@ struct Layout {
 };
 
 Layout layout_of(const KdaBackwardArgs& a, KdaBackwardPass pass) {
-  const bool chunked = pass == KdaBackwardPass::chunked;
+  const bool chunked = pass == KdaBackwardPass::chunked || pass == KdaBackwardPass::chunked_wg;
   const std::size_t M = static_cast<std::size_t>(a.B) * a.T, H = a.H, HV = a.HV, D = a.D;
   const std::size_t N = a.cu_seqlens ? a.num_seqs : a.B;
   const std::size_t slots = chunked ? 0 : a.cu_seqlens ? N + a.T / CK + 1 : N * ((a.T + CK - 1) / CK);
@@ -94,6 +94,10 @@ KdaBackwardPass kda_backward_plan(const KdaBackwardArgs& a, const KdaBackwardOve
     throw Error(std::string(kOp) + ": pass = chunked with D = " + std::to_string(a.D) + " and " + std::to_string(N) +
                 " sequences; accepted: the chunked pass with D = 64 or 128 and at most 65535 sequences, the sweep "
                 "with any D and any number");
+  if (forced == KdaBackwardPass::chunked_wg && !(a.D == 128 && N <= 65535))
+    throw Error(std::string(kOp) + ": pass = chunked_wg with D = " + std::to_string(a.D) + " and " +
+                std::to_string(N) + " sequences; accepted: the chunked_wg pass with D = 128 and at most 65535 "
+                "sequences, the chunked pass with D = 64 or 128, the sweep with any D and any number");
   if (forced != KdaBackwardPass::automatic) return forced;
   return fits ? KdaBackwardPass::chunked : KdaBackwardPass::sweep;
 }
@@ -163,7 +167,8 @@ void kda_backward(const KdaBackwardArgs& a, cudaStream_t stream, const KdaBackwa
   const KdaBackwardPhase last = ov ? ov->last : KdaBackwardPhase::all;
   launch_prepare(p, stream);
   if (last == KdaBackwardPhase::prepare) return;
-  if (pass == KdaBackwardPass::chunked) launch_chunked(p, stream, last);
+  if (pass == KdaBackwardPass::chunked || pass == KdaBackwardPass::chunked_wg)
+    launch_chunked(p, stream, last, pass == KdaBackwardPass::chunked_wg);
   else launch_sweep(p, l.grid, stream);
   if (last != KdaBackwardPhase::all) return;
   launch_epilogue(p, stream);

@@ -52,28 +52,10 @@ using wgmma_util::wgmma_commit;
 using wgmma_util::wgmma_fence;
 using wgmma_util::wgmma_wait;
 
-/// D[64 x 16] (+)= A B, A [64 x 16] bf16 in registers (m16n8k16 A-fragment layout per warp), B K-major in shared
-/// memory; ACC = 0: D = A B (D's registers are not read: no zero-initialisation between the fences).
-template <int ACC = 1>
-__device__ __forceinline__ void mma_n16(float* d, const std::uint32_t* a, std::uint64_t db) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, "
-      "{%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(ACC));
-}
-/// D[64 x 32] = A B (ACC = 0) or += (ACC = 1), A [64 x 16] bf16 in registers, B K-major in shared memory.
-template <int ACC = 1>
-__device__ __forceinline__ void mma_n32(float* d, const std::uint32_t* a, std::uint64_t db) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
-      "%13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(ACC));
-}
+// D[64 x 16] / D[64 x 32] (+)= A B with A from registers, B K-major in shared memory (ACC = 0: D = A B) and
+// D[64 x 128] += A B with B MN-major: kernels/common/wgmma.cuh
+using wgmma_util::mma_n16;
+using wgmma_util::mma_n32;
 using wgmma_util::mma_n128_t;  // D[64 x 128] += A B, A in registers, B MN-major (kernels/common/wgmma.cuh)
 
 /// 16-byte cp.async to a shared-window address (the state pass keeps its stage addresses as 32-bit shared addresses:

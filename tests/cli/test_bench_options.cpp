@@ -38,9 +38,10 @@ TEST_CASE("bench: options and shape fields the chosen op ignores are refused, na
       cases.push_back({"--op " + op + " " + given, given + " applies to --op kda-prefill (or all) only, not --op " + op});
   // --bwd-pass acts on kda-backward only; its values are named
   for (const std::string op : {"kda-prefill", "kda-decode", "mla-decode", "mla-prefill", "attn-res"})
-    for (const std::string given : {"--bwd-pass sweep", "--bwd-pass chunked"})
+    for (const std::string given : {"--bwd-pass sweep", "--bwd-pass chunked", "--bwd-pass chunked_wg"})
       cases.push_back({"--op " + op + " " + given, given + " applies to --op kda-backward (or all) only, not --op " + op});
-  cases.push_back({"--op kda-backward --bwd-pass fast", "--bwd-pass = 'fast'; accepted: auto, sweep or chunked"});
+  cases.push_back({"--op kda-backward --bwd-pass fast",
+                   "--bwd-pass = 'fast'; accepted: auto, sweep, chunked or chunked_wg"});
   // --s-q and --mla-precision act on mla-decode only; their values and the one combination the kernel refuses
   for (const std::string op : {"kda-prefill", "kda-decode", "kda-backward", "mla-prefill", "attn-res"})
     for (const std::string given : {"--s-q 2", "--mla-precision fast", "--mla-precision accurate"})
@@ -53,6 +54,8 @@ TEST_CASE("bench: options and shape fields the chosen op ignores are refused, na
   cases.push_back({"--op all --s-q 3 --mla-precision accurate", "--mla-precision accurate with --s-q 3"});
   cases.push_back({"--op kda-backward --bwd-pass chunked --shapes 1:64:2:2:64,1:1024:4:4:256",
                    "--bwd-pass chunked does not run at shape 1:1024:4:4:256; accepted: D = 64 or 128"});
+  cases.push_back({"--op kda-backward --bwd-pass chunked_wg --shapes 1:64:2:2,1:64:2:2:64",
+                   "--bwd-pass chunked_wg does not run at shape 1:64:2:2:64; accepted: D = 128"});
   for (const auto& c : cases) {
     const auto r = run_kdalab("bench " + c.args + " --out " + d.file("b.h5"));
     INFO(c.args << "\n" << r.output);

@@ -234,14 +234,17 @@ const char* pass_name(kernels::KdaBackwardPass pass) {
   switch (pass) {
     case kernels::KdaBackwardPass::sweep: return "sweep";
     case kernels::KdaBackwardPass::chunked: return "chunked";
+    case kernels::KdaBackwardPass::chunked_wg: return "chunked_wg";
     default: return "automatic";
   }
 }
 
 /// The twin of the pass that runs: numerics/kda_backward_twin.hpp for the sweep, the chunked twin with the kernel's
-/// plan for the chunked pass.
+/// plan for the chunked pass, with the wgmma chains' plan (kda_bwd_plan_kernel_wg: the chains' products as bf16
+/// hi + lo) for chunked_wg.
 Grads twin_of(const Problem& p, kernels::KdaBackwardPass pass) {
   if (pass == kernels::KdaBackwardPass::sweep) return kda_backward_twin(p);
+  if (pass == kernels::KdaBackwardPass::chunked_wg) return kda_chunk_backward_twin(p, kda_bwd_plan_kernel_wg());
   return kda_chunk_backward_twin(p, kda_bwd_plan_kernel());
 }
 
@@ -392,6 +395,108 @@ TEST_CASE("KDA backward chunked pass on long-memory inputs (slow decay, small be
     BwdCase c = shape(1, T, 1, 1, 128);
     c.dS_T = true;
     check_bwd(c, kernels::KdaBackwardPass::chunked, true);
+  }
+}
+
+namespace {
+/// The D = 128 cases of the chunked pass's tests (shapes, pre-op switches, varlen, T = 2048 with dS_T): the cases the
+/// chunked_wg pass runs.
+std::vector<BwdCase> d128_cases() {
+  std::vector<BwdCase> v;
+  for (const auto& list : {shape_cases(), switch_cases(), varlen_cases()})
+    for (const auto& c : list)
+      if (c.D == 128) v.push_back(c);
+  BwdCase c = shape(1, 2048, 1, 2, 128);
+  c.dS_T = true;
+  v.push_back(c);
+  return v;
+}
+
+/// The chunked pass and chunked_wg on one problem: every output of chunked_wg against the chunked pass's, a bf16
+/// gradient within tol::kda_bwd_chains_wg_vs_mma relative RMS, an fp32 one (dA_log, dbias, dS0) within
+/// tol::kda_bwd_f32 (what each pass meets against the float64 oracle); no NaN / Inf. Prints one line per output.
+void compare_chains(const BwdCase& c, bool long_memory = false) {
+  const std::string name = c.name() + (long_memory ? " long-memory" : "");
+  CAPTURE(name);
+  Problem p = make_problem(c, fresh_seed());
+  if (long_memory) make_long_memory(p);
+  DevProblem mma(p, c, kernels::KdaBackwardPass::chunked), wg(p, c, kernels::KdaBackwardPass::chunked_wg);
+  mma.run();
+  wg.run();
+  const auto a = mma.outputs(), b = wg.outputs();
+  const char* const names[] = {"dq", "dk", "dv", "dg", "dbeta", "dA_log", "dbias", "dS0"};
+  std::printf("kda_backward %s: chunked_wg vs chunked\n", name.c_str());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (!c.fused && (i == 5 || i == 6)) continue;  // not written (poison in both)
+    const ErrorMetrics m = compare(b[i], a[i], names[i]);
+    const double bound = i < 5 ? tol::kda_bwd_chains_wg_vs_mma.value : tol::kda_bwd_f32.value;
+    std::printf("  %-7s rel_rms %.3e (bound %.1e) max_abs %.3e nan %lld inf %lld\n", names[i], m.rel_rms, bound,
+                m.max_abs, static_cast<long long>(m.nan_count), static_cast<long long>(m.inf_count));
+    CAPTURE(names[i], m.rel_rms, bound, m.nan_count, m.inf_count);
+    CHECK(m.nan_count + m.inf_count == 0);
+    CHECK(m.rel_rms <= bound);
+  }
+}
+}  // namespace
+
+// The chunked pass with its chains on wgmma (KdaBackwardPass::chunked_wg, D = 128): the chunked pass's D = 128 cases
+// against the float64 oracle with the same bounds, and the twin check against kda_bwd_plan_kernel_wg (the chains'
+// products as bf16 hi + lo; the gradients stay at their bf16 floor, so the 10% twin check holds as for the chunked
+// pass); then every output against the chunked pass's on the same inputs. Tag [chunked_wg] runs them alone.
+TEST_CASE("KDA backward chunked_wg pass (wgmma chains, D = 128) vs the float64 oracle", "[gpu][kda_bwd][chunked_wg]") {
+  for (const auto& c : d128_cases()) check_bwd(c, kernels::KdaBackwardPass::chunked_wg);
+  BwdCase c = shape(2, 70, 1, 2, 128);  // strided v and dO (padded token rows, NaN-filled), fixed length and varlen
+  c.pad = 8;
+  c.dS_T = true;
+  check_bwd(c, kernels::KdaBackwardPass::chunked_wg);
+  c = shape(1, 0, 1, 2, 128);
+  c.lens = {5, 40, 1};
+  c.pad = 24;
+  check_bwd(c, kernels::KdaBackwardPass::chunked_wg);
+}
+
+TEST_CASE("KDA backward chunked_wg pass on long-memory inputs (slow decay, small beta; T = 1024, 4096)",
+          "[gpu][kda_bwd][chunked_wg]") {
+  for (const std::size_t T : {std::size_t{1024}, std::size_t{4096}}) {
+    BwdCase c = shape(1, T, 1, 1, 128);
+    c.dS_T = true;
+    check_bwd(c, kernels::KdaBackwardPass::chunked_wg, true);
+  }
+}
+
+TEST_CASE("KDA backward chunked_wg pass vs the chunked pass on the same inputs", "[gpu][kda_bwd][chunked_wg]") {
+  for (const auto& c : d128_cases()) compare_chains(c);
+  BwdCase c = shape(1, 4096, 1, 1, 128);
+  c.dS_T = true;
+  compare_chains(c, true);
+  c = shape(2, 300, 2, 2, 128);  // several value heads and both column blocks of each, two sequences
+  c.dS_T = true;
+  compare_chains(c);
+}
+
+TEST_CASE("KDA backward plan: chunked_wg runs at D = 128 only, never by the rule", "[gpu][kda_bwd][chunked_wg]") {
+  for (const int D : {64, 128, 256}) {
+    kernels::KdaBackwardArgs a;
+    a.B = 1; a.T = 40; a.H = 1; a.HV = 1; a.D = D; a.scale = 0.1f;
+    CAPTURE(D);
+    CHECK(kernels::kda_backward_plan(a) != kernels::KdaBackwardPass::chunked_wg);
+    kernels::KdaBackwardOverrides ov;
+    ov.pass = kernels::KdaBackwardPass::chunked_wg;
+    if (D != 128) {
+      std::string msg;
+      try {
+        kernels::kda_backward_plan(a, &ov);
+      } catch (const std::exception& e) {
+        msg = e.what();
+      }
+      CHECK(msg.find("pass = chunked_wg with D = " + std::to_string(D) + " and 1 sequences; accepted") !=
+            std::string::npos);
+    } else {
+      CHECK(kernels::kda_backward_plan(a, &ov) == kernels::KdaBackwardPass::chunked_wg);
+      kernels::KdaBackwardOverrides chunked;  // the same workspace as the chunked pass
+      chunked.pass = kernels::KdaBackwardPass::chunked;
+      CHECK(kernels::kda_backward_workspace_bytes(a, &ov) == kernels::kda_backward_workspace_bytes(a, &chunked));
+    }
   }
 }
 

@@ -92,18 +92,22 @@ struct PlanCase {
   KdaBwdProblem p;
 };
 
-/// On every case: the chosen plan and the built kernel's meet the goal (bf16 gradients <= 1.1x their floor, fp32 ones
-/// <= 1e-4), all-bf16 operands do not; prints each plan's errors.
+/// On every case: the chosen plan and the built kernel's, with either chains (kda_bwd_plan_kernel,
+/// kda_bwd_plan_kernel_wg), meet the goal (bf16 gradients <= 1.1x their floor, fp32 ones <= 1e-4), all-bf16 operands
+/// do not; prints each plan's errors.
 void expect_plans_at_goal(const std::vector<PlanCase>& cases) {
   for (const PlanCase& c : cases) {
     std::printf("chunked backward twin, %s; relative RMS against float64 (x its bf16 floor)\n", c.what);
     const KdaBwdGrads ref = kda_backward_kernel_form<double>(c.p);
     const bool chosen = meets_goal(errors(kda_chunk_backward_twin(c.p, kda_bwd_plan_chosen()), ref, true), "chosen");
     const bool built = meets_goal(errors(kda_chunk_backward_twin(c.p, kda_bwd_plan_kernel()), ref, true), "kernel");
+    const bool built_wg =
+        meets_goal(errors(kda_chunk_backward_twin(c.p, kda_bwd_plan_kernel_wg()), ref, true), "kernel-wg");
     const bool bf16 = meets_goal(errors(kda_chunk_backward_twin(c.p, kda_bwd_plan_all_bf16()), ref, true), "all-bf16");
     CAPTURE(c.what);
     CHECK(chosen);
     CHECK(built);
+    CHECK(built_wg);
     CHECK_FALSE(bf16);
   }
 }
