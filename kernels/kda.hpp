@@ -60,9 +60,9 @@ enum class KdaPrecision {
   fast,      ///< bf16 operands, fp32 accumulation (kda_plan_kernel()): ~1.7e-3 relative RMS of o on the anchor
              ///< distribution (the bf16 output floor is ~1.66e-3), but it grows where the state remembers long
              ///< (slow decay, small beta: 3.5e-3 at T = 8192) and on repeated keys; any D
-  accurate,  ///< S and Qg in Qg S, D and Kd in Kd^T D as bf16 hi + lo parts (three tensor-core products each, lo lo
-             ///< dropped; kda_plan_state_hilo()): o at the bf16 floor and the final state <= 2.5e-3 on every input kind
-             ///< of numerics/kda_inputs.hpp up to T = 65536 in the twin. D = 128 only (the wgmma state pass,
+  accurate,  ///< Qg S as one tf32 product (S truncated to tf32, Qg rounded), D and Kd in Kd^T D as bf16 hi + lo parts
+             ///< (three tensor-core products, lo lo dropped; kda_plan_state_qs_tf32()): o <= 1.9e-3 and the final state
+             ///< <= 2.5e-3 on every input kind of numerics/kda_inputs.hpp up to T = 65536 in the twin. D = 128 only (the wgmma state pass,
              ///< one-shot schedule); its workspace adds 8 KB per 16-token chunk and value head (the lo parts)
 };
 

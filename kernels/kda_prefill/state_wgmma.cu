@@ -14,11 +14,14 @@
 // The prepare writes this slot layout (kda_prepare_kernel<128, true>, prepare.cu: W, Qg, Kd [16][128] and P hi / lo
 // [16][16] bf16 row-major at the same slot offsets); the same bf16 operand roundings and fp32 state as the mma pass:
 // only the fp32 summation order inside the tensor-core products may differ.
-// The accurate precision (KdaPrecision::accurate, kHiLo; numerics/kda_twin.hpp kda_plan_state_hilo()) adds, per chunk:
-//   [1] o^T += S^T_lo Qg^T + S^T Qg_lo^T: 16 wgmma m64n16k16 (S^T split into bf16 hi + lo in registers; Qg hi read
-//       from the [W; Qg] block's rows 16..31, Qg lo from its own two swizzled [16 x 64] blocks);
+// The accurate precision (KdaPrecision::accurate, kHiLo; numerics/kda_twin.hpp kda_plan_state_qs_tf32()), per chunk:
+//   [1] D^T = S^T W^T as 8 wgmma m64n16k16 (W rows of the [W; Qg] blocks, one bf16 product as in the fast precision);
+//       o^T = S^T Qg^T in tf32: 16 wgmma m64n16k8, A = S^T's fp32 accumulators as they lie (the tensor core reads
+//       their top 19 bits: S truncated to tf32), B = Qg as tf32 in [16 x 32 fp32] swizzled blocks (the [W; Qg]
+//       blocks' rows 16..31 and the lo blocks), its keys in the A fragment's order (prepare_phases.cuh
+//       store_qg_tf32_perm); S^T's decay after that chain's wait, since the chain reads S^T undecayed;
 //   [3] S^T += D^T_lo Kd + D^T Kd_lo: 2 wgmma m64n128k16 (Kd lo in two blocks laid out as Kd's).
-// W S keeps one bf16 product. The lo parts come from the workspace's lo region (prepare.cu), 8 KB more per stage.
+// Qg's second half and Kd lo come from the workspace's lo region (prepare.cu), 8 KB more per stage.
 #include "kernels/common/wgmma.cuh"
 #include "kernels/kda_prefill/common.cuh"
 
