@@ -60,9 +60,9 @@ enum class KdaPrecision {
   fast,      ///< bf16 operands, fp32 accumulation (kda_plan_kernel()): ~1.7e-3 relative RMS of o on the anchor
              ///< distribution (the bf16 output floor is ~1.66e-3), but it grows where the state remembers long
              ///< (slow decay, small beta: 3.5e-3 at T = 8192) and on repeated keys; any D
-  accurate,  ///< S and Qg in Qg S, D and Kd in Kd^T D as bf16 hi + lo parts (three tensor-core products each, lo lo
-             ///< dropped; kda_plan_state_hilo()): o at the bf16 floor and the final state <= 2.5e-3 on every input kind
-             ///< of numerics/kda_inputs.hpp up to T = 65536 in the twin. D = 128 only (the wgmma state pass,
+  accurate,  ///< Qg S as one tf32 product (S truncated to tf32, Qg rounded), D and Kd in Kd^T D as bf16 hi + lo parts
+             ///< (three tensor-core products, lo lo dropped; kda_plan_state_qs_tf32()): o <= 1.9e-3 and the final state
+             ///< <= 2.5e-3 on every input kind of numerics/kda_inputs.hpp up to T = 65536 in the twin. D = 128 only (the wgmma state pass,
              ///< one-shot schedule); its workspace adds 8 KB per 16-token chunk and value head (the lo parts)
 };
 
@@ -151,7 +151,8 @@ struct KdaPrefillPlan {
 /// cu_seqlens). W, Qg [16 x D] and P hi / lo (Pf, [16 x 16]): bf16 A fragments of mma.m16n8k16 (uint4 per
 /// (k-tile kt, lane), kt = 0 .. D / 16 - 1); Kd [16 x D]: bf16 B fragments (k = chunk row); U [16][D] fp32;
 /// P [16][16] fp32 (not written: a reserved 1 KB); gam_n [D] fp32. The wgmma state pass's slots (D = 128) hold W, Qg,
-/// Kd and P hi / lo as row-major bf16 at the same offsets. W, Qg, Kd are adjacent (the state pass copies them as one
+/// Kd and P hi / lo as row-major bf16 at the same offsets (in the accurate precision, Qg's place holds the first half
+/// of Qg as tf32, below). W, Qg, Kd are adjacent (the state pass copies them as one
 /// block). Sizes: D = 64: 12,544 B; D = 128: 23,040 B; D = 256: 44,032 B. For tests and diagnostics.
 template <int D>
 struct KdaSlotOf {
@@ -164,8 +165,11 @@ struct KdaSlot : KdaSlotOf<128> {};
 static_assert(KdaSlot::W == 0 && KdaSlot::Qg == 4096 && KdaSlot::Kd == 8192 && KdaSlot::U == 12288 &&
                   KdaSlot::P == 20480 && KdaSlot::gam_n == 21504 && KdaSlot::Pf == 22016 && KdaSlot::bytes == 23040,
               "the D = 128 slot layout must not change");
-/// The lo parts of one slot in the accurate precision (D = 128), in their own workspace region after every other one
-/// (slot s at s * kda_slot_lo_bytes): Qg lo [16][128] then Kd lo [16][128], bf16 row-major (lo = rnd(x - rnd(x))).
+/// The second region of one slot in the accurate precision (D = 128), after every other workspace region (slot s at
+/// s * kda_slot_lo_bytes): Qg's logical keys 64..127 as tf32 ([16][64] fp32 row-major; keys 0..63 are in the slot's Qg
+/// place), then Kd lo [16][128] bf16 row-major (lo = rnd(x - rnd(x))). Qg's tf32 keys are in the state pass's order:
+/// within each group of 8, logical key kappa is key 2 kappa (kappa < 4) or 2 (kappa - 4) + 1
+/// (kernels/kda_prefill/prepare_phases.cuh store_qg_tf32_perm).
 constexpr int kda_slot_lo_bytes = 8192;
 /// KdaSlotOf<D>::bytes for a run-time D in {64, 128, 256}; 0 for any other D.
 constexpr int kda_slot_bytes(int D) { return D == 64 || D == 128 || D == 256 ? 164 * D + 2048 : 0; }

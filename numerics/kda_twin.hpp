@@ -77,9 +77,11 @@
 /// Output o [B, T, HV, d_v], final state [B, HV, d_k, d_v]. Value head j reads key head j/(HV/H).
 /// With a fusion switched off the twin reads the derived tensor instead (in.q / in.k for L2Norm,
 /// in.g for the gate, in.beta for the beta sigmoid).
-/// Errors: kdalab::Error for chunk < 1, empty shapes, or inconsistent tensor shapes.
+/// Errors: kdalab::Error for chunk < 1, empty shapes, inconsistent tensor shapes, or qs_S_truncate without qs = tf32.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -121,6 +123,9 @@ struct KdaTwinPlan {
     bool kd_D = false;   ///< D in S <- Diag(gam_n) S + Kd^T D
     bool kd_Kd = false;  ///< Kd in the same product
   } split;
+  /// S in Qg S rounded toward zero to tf32 (qs = tf32 only) instead of to nearest: the kernel's tf32 product reads S's
+  /// fp32 accumulator registers as they are, and the tensor core ignores their low 13 bits.
+  bool qs_S_truncate = false;
 };
 
 /// The plan the CUDA prefill kernel runs (see file comment for its measured errors).
@@ -140,13 +145,15 @@ inline KdaTwinPlan kda_plan_state_hilo() {
   return p;
 }
 /// A cheaper plan with the same goals (tests/numerics/test_twin_state_tf32.cpp; docs/kernels/kda_prefill.md, "Qg S in
-/// tf32"): Qg S with both operands rounded once to tf32 (S read from its fp32 accumulators, no split; one product of
-/// k8 instructions, the time of 2/3 of the three bf16 products), Kd^T D as bf16 hi + lo as in kda_plan_state_hilo().
-/// On the study's inputs o is within 1.6% of kda_plan_state_hilo()'s (<= 1.80e-3) and the state is the same; tf32 in
-/// Kd^T D instead misses the state goal on collinear keys with slow decay at T = 2048 (7.6e-3).
+/// tf32"): Qg S with tf32 operands (Qg rounded to nearest; S read from its fp32 accumulators, no split, so truncated:
+/// qs_S_truncate; one product of k8 instructions, the time of 2/3 of the three bf16 products), Kd^T D as bf16 hi + lo
+/// as in kda_plan_state_hilo(). On the study's inputs o is within 2% of kda_plan_state_hilo()'s and the state is the
+/// same; tf32 in Kd^T D instead misses the state goal on collinear keys with slow decay at T = 2048 (7.6e-3). The plan
+/// of the CUDA kernel's accurate precision (KdaPrecision::accurate).
 inline KdaTwinPlan kda_plan_state_qs_tf32() {
   KdaTwinPlan p;
   p.qs = Format::tf32;
+  p.qs_S_truncate = true;
   p.split.kd_D = p.split.kd_Kd = true;
   return p;
 }
@@ -183,6 +190,16 @@ inline double rnd_split(double x, Format f, bool split) {
   const double hi = rnd(x, f);
   return split && f != Format::fp64 ? hi + rnd(x - hi, f) : hi;
 }
+/// x (an fp32 value) rounded toward zero to tf32: its fp32 bits with the low 13 cleared.
+inline double trunc_tf32(double x) {
+  std::uint32_t u;
+  const float f = static_cast<float>(x);
+  std::memcpy(&u, &f, 4);
+  u &= 0xFFFFE000u;
+  float r;
+  std::memcpy(&r, &u, 4);
+  return r;
+}
 inline void rnd_all_split(std::vector<double>& a, Format f, bool split) {
   if (f == Format::fp64) return;
   if (!split) return rnd_all(a, f);
@@ -200,6 +217,9 @@ inline KdaOutput<double> kda_twin(const KdaInputs& in, const KdaTwinPlan& p) {
   using twin_detail::rnd_all;
   using twin_detail::rnd_all_split;
   require(p.chunk >= 1 && p.chunk <= 64, "kda_twin: chunk = " + std::to_string(p.chunk) + "; accepted: 1 <= chunk <= 64");
+  require(!p.qs_S_truncate || (p.qs == Format::tf32 && !p.split.qs_S && !p.split.qs_Qg),
+          "kda_twin: qs_S_truncate with qs = " + format_name(p.qs) + (p.split.qs_S || p.split.qs_Qg ? " split" : "") +
+              "; accepted: qs_S_truncate with qs = tf32, neither operand split");
   const std::size_t B = in.B, T = in.T, H = in.H, HV = in.HV, dk = in.d_k, dv = in.d_v, C = p.chunk;
   require(B >= 1 && T >= 1 && H >= 1 && HV >= 1 && dk >= 1 && dv >= 1 && HV % H == 0,
           "kda_twin: empty shape or HV not a multiple of H (B=" + std::to_string(B) + ", T=" + std::to_string(T) +
@@ -334,7 +354,12 @@ inline KdaOutput<double> kda_twin(const KdaInputs& in, const KdaTwinPlan& p) {
     }
     if (write_o) {
       const bool qs_both = p.split.qs_S && p.split.qs_Qg && p.qs != Format::fp64;
-      state_operand(p.qs, p.split.qs_S, qs_both);
+      if (p.qs_S_truncate) {
+        Sop = Sx;
+        for (auto& x : Sop) x = twin_detail::trunc_tf32(x);
+      } else {
+        state_operand(p.qs, p.split.qs_S, qs_both);
+      }
       op2 = Dl;
       rnd_all(op2, p.pd);
       for (std::size_t r = 0; r < n; ++r) {

@@ -87,11 +87,11 @@ __global__ void __launch_bounds__(256, D == 256 ? 3 : 4) kda_prepare_kernel(Para
     if constexpr (kWg) {  // the wgmma state pass: Qg, Kd row-major (kda_state_wg_kernel's layout)
       auto* qg_hi = reinterpret_cast<std::uint16_t*>(slot + SL::Qg);
       auto* kd_hi = reinterpret_cast<std::uint16_t*>(slot + SL::Kd);
-      if constexpr (kHiLo) {  // the accurate precision: also lo = rnd(x - rnd(x)) of Qg and Kd, same layout, lo region
-        auto* lo = reinterpret_cast<std::uint16_t*>(
-            p.ws_lo + ((sq.slot0 + c) * p.HV + hv) * static_cast<long long>(kda_slot_lo_bytes));
-        prep::store_rowmajor_col_hilo<D>(qg_hi, lo, qg, i);
-        prep::store_rowmajor_col_hilo<D>(kd_hi, lo + 2048, kd, i);
+      if constexpr (kHiLo) {  // the accurate precision: Qg as tf32 (fp32 bits) in the tf32 product's key order, its
+                              // first 64 keys in Qg's place, the rest in the lo region; Kd hi + lo (lo = rnd(x - rnd(x)))
+        unsigned char* lo = p.ws_lo + ((sq.slot0 + c) * p.HV + hv) * static_cast<long long>(kda_slot_lo_bytes);
+        prep::store_qg_tf32_perm(reinterpret_cast<float*>(qg_hi), reinterpret_cast<float*>(lo), qg, i);
+        prep::store_rowmajor_col_hilo<D>(kd_hi, reinterpret_cast<std::uint16_t*>(lo + 4096), kd, i);
       } else {
         prep::store_rowmajor_col<D>(qg_hi, qg, i);
         prep::store_rowmajor_col<D>(kd_hi, kd, i);

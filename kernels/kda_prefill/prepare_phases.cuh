@@ -361,4 +361,25 @@ __device__ __forceinline__ void store_rowmajor_col_hilo(std::uint16_t* hi, std::
   }
 }
 
+/// fp32 x rounded to tf32 (10 stored mantissa bits), to nearest with ties to even, as an fp32 bit pattern whose low
+/// 13 bits are zero (numerics/bf16.hpp round_to(x, Format::tf32) for finite x).
+__device__ __forceinline__ float round_tf32(float x) {
+  std::uint32_t u = __float_as_uint(x);
+  u += 0xFFFu + ((u >> 13) & 1u);
+  return __uint_as_float(u & 0xFFFFE000u);
+}
+
+/// The accurate precision's Qg for the state pass's tf32 product o^T += S^T Qg^T (kda_state_wg_kernel<true>): thread
+/// = channel (key) i writes column L(i) of the tf32-rounded fp32 matrix Qg[16][128] with its keys in the tf32 A-fragment
+/// order: within each group of 8 keys, logical key kappa holds physical key 2 kappa (kappa < 4) or 2 (kappa - 4) + 1,
+/// so that S^T's fp32 accumulators (keys 2 tq, 2 tq + 1 of each 8) are the A fragment (keys tq, tq + 4) as they lie.
+/// Logical keys 0..63 go to `a`, 64..127 to `b`, each [16][64] fp32 row-major: the bytes the state pass copies into
+/// its [16 x 32 fp32] 128-byte-swizzled blocks with the copy plan of the bf16 slot (kernels/kda_prefill/state_wgmma.cu).
+__device__ __forceinline__ void store_qg_tf32_perm(float* a, float* b, const float (&X)[C], int i) {
+  const int p8 = i & 7, L = (i & ~7) | ((p8 & 1) ? 4 + (p8 >> 1) : (p8 >> 1));
+  float* m = (L < 64 ? a : b) + (L & 63);
+#pragma unroll
+  for (int t = 0; t < C; ++t) m[t * 64] = round_tf32(X[t]);
+}
+
 }  // namespace kdalab::kernels::detail::prep

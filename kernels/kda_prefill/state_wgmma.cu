@@ -14,11 +14,14 @@
 // The prepare writes this slot layout (kda_prepare_kernel<128, true>, prepare.cu: W, Qg, Kd [16][128] and P hi / lo
 // [16][16] bf16 row-major at the same slot offsets); the same bf16 operand roundings and fp32 state as the mma pass:
 // only the fp32 summation order inside the tensor-core products may differ.
-// The accurate precision (KdaPrecision::accurate, kHiLo; numerics/kda_twin.hpp kda_plan_state_hilo()) adds, per chunk:
-//   [1] o^T += S^T_lo Qg^T + S^T Qg_lo^T: 16 wgmma m64n16k16 (S^T split into bf16 hi + lo in registers; Qg hi read
-//       from the [W; Qg] block's rows 16..31, Qg lo from its own two swizzled [16 x 64] blocks);
+// The accurate precision (KdaPrecision::accurate, kHiLo; numerics/kda_twin.hpp kda_plan_state_qs_tf32()), per chunk:
+//   [1] D^T = S^T W^T as 8 wgmma m64n16k16 (W rows of the [W; Qg] blocks, one bf16 product as in the fast precision);
+//       o^T = S^T Qg^T in tf32: 16 wgmma m64n16k8, A = S^T's fp32 accumulators as they lie (the tensor core reads
+//       their top 19 bits: S truncated to tf32), B = Qg as tf32 in [16 x 32 fp32] swizzled blocks (the [W; Qg]
+//       blocks' rows 16..31 and the lo blocks), its keys in the A fragment's order (prepare_phases.cuh
+//       store_qg_tf32_perm); S^T's decay after that chain's wait, since the chain reads S^T undecayed;
 //   [3] S^T += D^T_lo Kd + D^T Kd_lo: 2 wgmma m64n128k16 (Kd lo in two blocks laid out as Kd's).
-// W S keeps one bf16 product. The lo parts come from the workspace's lo region (prepare.cu), 8 KB more per stage.
+// Qg's second half and Kd lo come from the workspace's lo region (prepare.cu), 8 KB more per stage.
 #include "kernels/common/wgmma.cuh"
 #include "kernels/kda_prefill/common.cuh"
 
@@ -57,6 +60,19 @@ using wgmma_util::wgmma_wait;
 using wgmma_util::mma_n16;
 using wgmma_util::mma_n32;
 using wgmma_util::mma_n128_t;  // D[64 x 128] += A B, A in registers, B MN-major (kernels/common/wgmma.cuh)
+/// D[64 x 16] (+)= A B in tf32, A [64 x 8] in registers (fp32 bit patterns: the tensor core reads the top 19 bits, so
+/// an operand not already tf32 is rounded toward zero), a0..a3 = A(gq, tq), A(gq + 8, tq), A(gq, tq + 4),
+/// A(gq + 8, tq + 4) of the warp's 16 rows; B K-major in shared memory, [16 x 32 fp32] 128-byte-swizzled blocks.
+template <int ACC = 1>
+__device__ __forceinline__ void mma_n16_tf32(float* d, float a0, float a1, float a2, float a3, std::uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7}, "
+      "{%8, %9, %10, %11}, %12, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "r"(__float_as_uint(a0)), "r"(__float_as_uint(a1)), "r"(__float_as_uint(a2)), "r"(__float_as_uint(a3)), "l"(db),
+        "n"(ACC));
+}
 
 /// 16-byte cp.async to a shared-window address (the state pass keeps its stage addresses as 32-bit shared addresses:
 /// no generic-to-shared conversion and no 64-bit arithmetic per copy in the step).
@@ -207,56 +223,68 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
     __syncthreads();  // every thread's W, Qg, Kd, P copies of this chunk, for the wgmma
     // ---- [1] D^T and o^T's Qg part: one m64n32 chain over [W; Qg]^T, A = S^T's bf16 k-tiles ----
     std::uint32_t as[8][4];
-    std::uint32_t asl[kHiLo ? 8 : 1][4];  // the accurate precision: S^T's lo parts
 #pragma unroll
     for (int kt = 0; kt < 8; ++kt) {
-      if constexpr (kHiLo) {
+      as[kt][0] = pack_bf16(Sacc[8 * kt + 0], Sacc[8 * kt + 1]);
+      as[kt][1] = pack_bf16(Sacc[8 * kt + 2], Sacc[8 * kt + 3]);
+      as[kt][2] = pack_bf16(Sacc[8 * kt + 4], Sacc[8 * kt + 5]);
+      as[kt][3] = pack_bf16(Sacc[8 * kt + 6], Sacc[8 * kt + 7]);
+    }
+    // the decay of S^T: ptxas injects a wgmma wait before any access to a wgmma accumulator register (Sacc, ot) while a
+    // wgmma is pending, so nothing of S^T or o^T can run in the chain's shadow. The fast precision decays before the
+    // chain is issued; the accurate one after it, since its tf32 product reads S^T's undecayed accumulators as A.
+    const auto decay = [&] {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) split_bf16(Sacc[8 * kt + 2 * e], Sacc[8 * kt + 2 * e + 1], as[kt][e], asl[kt][e]);
-      } else {
-        as[kt][0] = pack_bf16(Sacc[8 * kt + 0], Sacc[8 * kt + 1]);
-        as[kt][1] = pack_bf16(Sacc[8 * kt + 2], Sacc[8 * kt + 3]);
-        as[kt][2] = pack_bf16(Sacc[8 * kt + 4], Sacc[8 * kt + 5]);
-        as[kt][3] = pack_bf16(Sacc[8 * kt + 6], Sacc[8 * kt + 7]);
+      for (int j = 0; j < 16; ++j) {
+        const float2 g = g2[j];
+        Sacc[4 * j + 0] *= g.x;
+        Sacc[4 * j + 1] *= g.y;
+        Sacc[4 * j + 2] *= g.x;
+        Sacc[4 * j + 3] *= g.y;
       }
-    }
-    // the decay of S^T before the chain is issued: ptxas injects a wgmma wait before any access to a wgmma accumulator
-    // register (Sacc, ot) while a wgmma is pending, so nothing of S^T or o^T can run in the chain's shadow
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const float2 g = g2[j];
-      Sacc[4 * j + 0] *= g.x;
-      Sacc[4 * j + 1] *= g.y;
-      Sacc[4 * j + 2] *= g.x;
-      Sacc[4 * j + 3] *= g.y;
-    }
-    float dq[16];  // dq[0..7] = S^T W^T (r = 0..15), dq[8..15] = S^T Qg^T; written by the first wgmma (ACC = 0)
-    float oq[8];   // the accurate precision: S^T_lo Qg^T + S^T Qg_lo^T (the m64n16 layout of dq[8..15])
+    };
+    if constexpr (!kHiLo) decay();
+    float dq[kHiLo ? 8 : 16];  // dq[0..7] = S^T W^T (r = 0..15), fast: dq[8..15] = S^T Qg^T; written by the first wgmma
+    float oq[kHiLo ? 8 : 1];   // the accurate precision: S^T Qg^T in tf32 (the m64n16 layout of dq[8..15])
     wg::wgmma_fence();
-    wg::mma_n32<0>(dq, as[0], dsc(lo_wq + so));
-#pragma unroll
-    for (int kt = 1; kt < 8; ++kt) wg::mma_n32(dq, as[kt], dsc(lo_wq + so + ((kt / 4) * 4096 + (kt % 4) * 32) / 16));
     if constexpr (kHiLo) {
-      // Qg hi: rows 16..31 of the [W; Qg] block (2048 bytes in: a whole number of 8-row swizzle atoms)
-      wg::mma_n16<0>(oq, asl[0], dsc(lo_wq + so + 2048 / 16));
+      // W S: rows 0..15 of the [W; Qg] blocks, one bf16 product as in the fast precision
+      wg::mma_n16<0>(dq, as[0], dsc(lo_wq + so));
 #pragma unroll
-      for (int kt = 1; kt < 8; ++kt)
-        wg::mma_n16(oq, asl[kt], dsc(lo_wq + so + ((kt / 4) * 4096 + 2048 + (kt % 4) * 32) / 16));
+      for (int kt = 1; kt < 8; ++kt) wg::mma_n16(dq, as[kt], dsc(lo_wq + so + ((kt / 4) * 4096 + (kt % 4) * 32) / 16));
+      // Qg S in tf32: 16 k-steps of 8 keys, A = S^T's accumulators (keys 8 j + 2 tq, + 1 are the logical keys tq,
+      // tq + 4 of the slot's key order, prepare_phases.cuh store_qg_tf32_perm), B = Qg's four [16 x 32 fp32] blocks:
+      // rows 16..31 of the two [W; Qg] blocks (keys 0..63), then the two lo blocks (keys 64..127)
 #pragma unroll
-      for (int kt = 0; kt < 8; ++kt) wg::mma_n16(oq, as[kt], dsc(lo_ql + so + ((kt / 4) * 2048 + (kt % 4) * 32) / 16));
+      for (int kt = 0; kt < 16; ++kt) {
+        const std::uint32_t off = kt < 8 ? lo_wq + so + ((kt / 4) * 4096 + 2048 + (kt % 4) * 32) / 16
+                                         : lo_ql + so + (((kt - 8) / 4) * 2048 + (kt % 4) * 32) / 16;
+        if (kt == 0) wg::mma_n16_tf32<0>(oq, Sacc[0], Sacc[2], Sacc[1], Sacc[3], dsc(off));
+        else wg::mma_n16_tf32(oq, Sacc[4 * kt], Sacc[4 * kt + 2], Sacc[4 * kt + 1], Sacc[4 * kt + 3], dsc(off));
+      }
+    } else {
+      wg::mma_n32<0>(dq, as[0], dsc(lo_wq + so));
+#pragma unroll
+      for (int kt = 1; kt < 8; ++kt) wg::mma_n32(dq, as[kt], dsc(lo_wq + so + ((kt / 4) * 4096 + (kt % 4) * 32) / 16));
     }
     wg::wgmma_commit();
     wg::wgmma_wait<0>();
 #pragma unroll
-    for (int e = 0; e < 16; ++e) wg::fence_reg(dq[e]);
+    for (int e = 0; e < (kHiLo ? 8 : 16); ++e) wg::fence_reg(dq[e]);
     if constexpr (kHiLo) {
 #pragma unroll
       for (int e = 0; e < 8; ++e) wg::fence_reg(oq[e]);
+#pragma unroll
+      for (int e = 0; e < 64; ++e) wg::fence_reg(Sacc[e]);
+      decay();
     }
     float ot[8];  // o^T (a copy: accumulating the P D wgmma onto dq[8..15] in place makes ptxas serialise every wgmma
                   // for lack of registers (C7511); the copy costs one injected warpgroup.arrive, as with descriptors rebuilt per wgmma)
 #pragma unroll
-    for (int e = 0; e < 8; ++e) ot[e] = kHiLo ? dq[8 + e] + oq[e] : dq[8 + e];
+    for (int e = 0; e < 8; ++e) {
+      if constexpr (kHiLo) ot[e] = oq[e];
+      else ot[e] = dq[8 + e];
+    }
     // ---- [2] D^T = U^T - S^T W^T (dq[4 nt + e]: v = gq + 8 (e >> 1), r = 8 nt + 2 tq + (e & 1)), hi / lo ----
     float d[8];
 #pragma unroll
@@ -294,10 +322,7 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
 #pragma unroll
     for (int kt = 0; kt < 8; ++kt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        wg::fence_reg(as[kt][e]);
-        if constexpr (kHiLo) wg::fence_reg(asl[kt][e]);
-      }
+      for (int e = 0; e < 4; ++e) wg::fence_reg(as[kt][e]);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       wg::fence_reg(ad[e]);

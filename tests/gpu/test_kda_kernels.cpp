@@ -96,7 +96,7 @@ struct PrefillCase {
   int qk_log2 = 0;  // raw q, k times 2^qk_log2 (exact in bf16) before the fused L2Norm: +-66 overflows / underflows
                     // the squared norm in fp32, which must not change the normalised q, k
   KdaPrecision precision = KdaPrecision::fast;  // accurate: o <= 2.0e-3 and S_final <= 2.5e-3 on every input kind,
-                                                // the twin's kda_plan_state_hilo() within 10%
+                                                // the twin's kda_plan_state_qs_tf32() within 10%
   InputKind kind = InputKind::anchor;  // other kinds (numerics/kda_inputs.hpp, HV = H): kda_inputs(), no fast-mode goal
   BetaDist beta = BetaDist::sigmoid;
 
@@ -354,7 +354,7 @@ void check_prefill(const PrefillCase& c) {
   std::string extra;
   // the twin: the same algorithm and precisions on the CPU, with the plan's segment count
   if (c.twin_o || c.twin_S) {
-    KdaTwinPlan tp = acc ? kda_plan_state_hilo() : kda_plan_kernel();
+    KdaTwinPlan tp = acc ? kda_plan_state_qs_tf32() : kda_plan_kernel();
     tp.use_S0 = c.S0;
     if (c.plan.schedule == KdaSchedule::segments) tp.segments = static_cast<std::size_t>(c.plan.segments);
     const auto tw = kda_twin(in, tp);
@@ -546,7 +546,7 @@ std::vector<PrefillCase> accurate_cases() {
 }
 
 TEST_CASE("accurate precision (D = 128): o <= 2.0e-3 and S_final <= 2.5e-3 on anchor, long-memory and collinear-key "
-          "inputs, the twin's hi + lo plan within 10%; shapes, varlen, the overlapped schedule",
+          "inputs, the twin's plan (Qg S in tf32, Kd^T D hi + lo) within 10%; shapes, varlen, the overlapped schedule",
           "[gpu][kda][accurate]") {
   for (const PrefillCase& c : accurate_cases()) check_prefill(c);
 }
