@@ -136,22 +136,26 @@ __device__ __forceinline__ void wg_barrier(int wg) { asm volatile("bar.sync %0, 
 __device__ __forceinline__ void turn_wait(int wg) { asm volatile("bar.sync %0, 256;\n" ::"r"(3 + wg) : "memory"); }
 __device__ __forceinline__ void turn_give(int wg) { asm volatile("bar.arrive %0, 256;\n" ::"r"(3 + (1 - wg)) : "memory"); }
 
-/// Issues (does not commit) S = q K^T over d = 128: two column blocks of 4 k-steps each.
-__device__ __forceinline__ void issue_scores(float* s, std::uint32_t q_addr, std::uint32_t k_addr) {
+/// Issues (does not commit) S = q K^T over d = 128: two column blocks of 4 k-steps each. The first k-step's scale-d
+/// is `scale0`, 0 at run time; taken as a value the compiler cannot see, so that ptxas keeps s's registers live between
+/// products (a constant 0 lets it reuse them for other values while s is dead, in code that another path runs while a
+/// scores product is in flight, and it then serialises every wgmma).
+__device__ __forceinline__ void issue_scores(float* s, std::uint32_t q_addr, std::uint32_t k_addr, int scale0) {
   const std::uint64_t dq = desc(q_addr, 16, 1024), dk = desc(k_addr, 16, 1024);
 #pragma unroll
   for (int cb = 0; cb < 2; ++cb)
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
-      mma_n128_ss(s, dq + ((cb * 8192 + kk * 32) >> 4), dk + ((cb * CBK + kk * 32) >> 4), (cb | kk) ? 1 : 0);
+      mma_n128_ss(s, dq + ((cb * 8192 + kk * 32) >> 4), dk + ((cb * CBK + kk * 32) >> 4), (cb | kk) ? 1 : scale0);
 }
 
-/// Issues (does not commit) O += P V over the tile's 128 keys: 8 k-steps, P from registers, V MN-major (LBO = one
-/// column block, SBO = 8 keys).
-__device__ __forceinline__ void issue_pv(float* o, const std::uint32_t (*pa)[4], std::uint32_t v_addr) {
+/// Issues (does not commit) O += P V over the tile's 128 keys (first: O = P V, o's registers not read): 8 k-steps, P
+/// from registers, V MN-major (LBO = one column block, SBO = 8 keys).
+__device__ __forceinline__ void issue_pv(float* o, const std::uint32_t (*pa)[4], std::uint32_t v_addr, bool first) {
   const std::uint64_t dv = desc(v_addr, CBK, 1024);
+  mma_n128_t(o, pa[0], dv, first ? 0 : 1);
 #pragma unroll
-  for (int kk = 0; kk < 8; ++kk) mma_n128_t(o, pa[kk], dv + ((kk * 16 * 128) >> 4));
+  for (int kk = 1; kk < 8; ++kk) mma_n128_t(o, pa[kk], dv + ((kk * 16 * 128) >> 4));
 }
 
 /// The online softmax of one tile for this thread's two rows (h = 0: row pos[0], h = 1: pos[1]): s (the m64n128
@@ -340,9 +344,26 @@ __global__ void __launch_bounds__(NTHR, 1)
   const auto stage = [](int u) { return u % ST; };
   const auto parity = [](int u) { return static_cast<unsigned>(u / ST) & 1u; };
 
+  // the tiles of item it that warpgroup wg reads: up to its last row's position; PINGPONG: every tile of the item in
+  // both warpgroups (the turns below need equal counts; a tile past all of a warpgroup's rows is masked whole: p = 0,
+  // and m stays the finite max of tile 0)
+  const auto wg_tiles = [&](const Item& it, int ntiles) {
+    const int first = it.qt * QT + 64 * wg;
+    return PINGPONG ? ntiles : first < it.T ? (it.N0 + min(first + 63, it.T - 1)) / KT + 1 : 0;
+  };
   int i = item_index(0);
   if (i < p.n_items) load_q_async(p, item_of(p, i), qs, wg, wt);
   int u0 = 0;  // ring uses before this item
+  // pre: s holds this item's first scores product, issued and committed in the previous item's tail (the one wgmma
+  // group pending), and its q rows were waited for there. Not with PINGPONG, whose turns fix the issue order.
+  bool pre = false;
+  const int scale0 = p.n_items < 0 ? 1 : 0;  // 0 (n_items >= 0): see issue_scores
+  // s and o are written by each item's first scores and first P V product (scale-d 0), never by other instructions
+  // between an item's last P V and the next item's first scores: so the next item's scores can be in flight while this
+  // item's o is read out (a write to a wgmma accumulator register there makes ptxas serialise every wgmma)
+  float s[64], o[64];
+#pragma unroll
+  for (int e = 0; e < 64; ++e) o[e] = s[e] = 0.0f;
   for (int j = 0; i < p.n_items; ++j) {
     const Item it = item_of(p, i);
     const int inext = item_index(j + 1);
@@ -350,15 +371,15 @@ __global__ void __launch_bounds__(NTHR, 1)
     const int first = it.qt * QT + 64 * wg;  // the warpgroup's first query row
     const bool any = first < it.T;
     const int minpos = it.N0 + first;
-    // tiles up to the last row's position; PINGPONG: every tile of the item in both warpgroups (the turns below need
-    // equal counts; a tile past all of a warpgroup's rows is masked whole: p = 0, and m stays the finite max of tile 0)
-    const int nt = PINGPONG ? ntiles : any ? (it.N0 + min(first + 63, it.T - 1)) / KT + 1 : 0;
+    const int nt = wg_tiles(it, ntiles);
     const int ra = first + 16 * warp + g, rb = ra + 8;
     const int pos[2] = {it.N0 + min(ra, it.T - 1), it.N0 + min(rb, it.T - 1)};  // rows past T: clamped, not written
-    // this item's q rows are in (and every thread of the warpgroup is past the previous item)
-    cp_async_wait<0>();
-    fence_async_smem();
-    wg_barrier(wg);
+    if (!pre) {
+      // this item's q rows are in (and every thread of the warpgroup is past the previous item)
+      cp_async_wait<0>();
+      fence_async_smem();
+      wg_barrier(wg);
+    }
     // the next item's q rows, once this item's last scores product has read qs
     const auto prefetch_q = [&]() {
       if (inext >= p.n_items) return;
@@ -367,20 +388,19 @@ __global__ void __launch_bounds__(NTHR, 1)
     };
     if (nt == 0) prefetch_q();
 
-    float o[64], s[64];
-#pragma unroll
-    for (int e = 0; e < 64; ++e) o[e] = s[e] = 0.0f;
     std::uint32_t pa[8][4];
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, c[2];
 
     if (PINGPONG && wg == 1 && nt > 0) turn_give(wg);  // warpgroup 0 issues first (an empty item: no turns)
     if (nt > 0) {
-      mb::wait(&full_k[stage(u0)], parity(u0));
-      if (PINGPONG) turn_wait(wg);
-      wgmma_fence();
-      issue_scores(s, q_addr, kv0 + stage(u0) * STAGE);
-      wgmma_commit();
-      if (PINGPONG && !(wg == 1 && nt == 1)) turn_give(wg);  // warpgroup 1's last issue hands nothing over
+      if (!pre) {
+        mb::wait(&full_k[stage(u0)], parity(u0));
+        if (PINGPONG) turn_wait(wg);
+        wgmma_fence();
+        issue_scores(s, q_addr, kv0 + stage(u0) * STAGE, scale0);
+        wgmma_commit();
+        if (PINGPONG && !(wg == 1 && nt == 1)) turn_give(wg);  // warpgroup 1's last issue hands nothing over
+      }
       wgmma_wait<0>();
 #pragma unroll
       for (int e = 0; e < 64; ++e) fence_reg(s[e]);
@@ -394,9 +414,9 @@ __global__ void __launch_bounds__(NTHR, 1)
         mb::wait(&full_v[stage(up)], parity(up));
         if (PINGPONG) turn_wait(wg);
         wgmma_fence();
-        issue_scores(s, q_addr, kv0 + stage(un) * STAGE);
+        issue_scores(s, q_addr, kv0 + stage(un) * STAGE, scale0);
         wgmma_commit();
-        issue_pv(o, pa, kv0 + stage(up) * STAGE + ARR);
+        issue_pv(o, pa, kv0 + stage(up) * STAGE + ARR, kt == 1);
         wgmma_commit();
         if (PINGPONG && !(wg == 1 && kt == nt - 1)) turn_give(wg);
         wgmma_wait<1>();  // the scores (the older group) are in: K of tile kt is free
@@ -415,9 +435,29 @@ __global__ void __launch_bounds__(NTHR, 1)
       const int ul = u0 + nt - 1;
       mb::wait(&full_v[stage(ul)], parity(ul));
       wgmma_fence();
-      issue_pv(o, pa, kv0 + stage(ul) * STAGE + ARR);
+      issue_pv(o, pa, kv0 + stage(ul) * STAGE + ARR, nt == 1);
       wgmma_commit();
-      wgmma_wait<0>();
+      // the next item's first scores product in the shadow of this P V and of this item's epilogue: when this
+      // warpgroup reads every tile of the item (no stage of it is left to release: a release after the wait below
+      // could be one the producer needs before it fills the next item's first K) and reads at least one of the next
+      // item's. Its K is use ul + 1, whose stage held use ul - 1: released by both warpgroups before this point in
+      // their own streams.
+      pre = false;
+      if (!PINGPONG && nt == ntiles && inext < p.n_items) {
+        const Item nx = item_of(p, inext);
+        if (wg_tiles(nx, tiles_of(nx)) > 0) {
+          cp_async_wait<0>();  // the next item's q rows (prefetch_q above)
+          fence_async_smem();
+          wg_barrier(wg);
+          const int un = ul + 1;
+          mb::wait(&full_k[stage(un)], parity(un));
+          wgmma_fence();
+          issue_scores(s, q_addr, kv0 + stage(un) * STAGE, scale0);
+          pre = true;
+        }
+      }
+      wgmma_commit();   // the next item's scores, or an empty group: the same group count on both paths
+      wgmma_wait<1>();  // this item's P V is in (the older group); the next item's scores run on
       settle_pv(o, pa);
       release(&empty_v[stage(ul)], lane);
     }
@@ -440,8 +480,8 @@ __global__ void __launch_bounds__(NTHR, 1)
       l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
     }
     const float ia = 1.0f / l[0], ib = 1.0f / l[1];
-#pragma unroll
-    for (int e = 0; e < 64; ++e) o[e] *= (e >> 1) & 1 ? ib : ia;
+    // o's element e divided by its row's l, read out without writing o (the next item's scores may be in flight)
+    const auto on = [&](int e) { return o[e] * ((e >> 1) & 1 ? ib : ia); };
     if (p.o_tma && first + 64 <= it.T) {
       // all 64 rows in the sequence: through the warpgroup's block of shared memory and four TMA stores, which run
       // on while the warpgroup starts its next item (box x: columns [32 x, 32 x + 32); 16-byte chunk k of row r at
@@ -457,8 +497,8 @@ __global__ void __launch_bounds__(NTHR, 1)
 #pragma unroll
         for (int jj = 0; jj < 16; ++jj) {
           const std::uint32_t a = base + (jj / 8) * OBOX + (((jj % 8) ^ x) << 4);
-          st_shared_b32(a, pack_bf16(o[4 * jj], o[4 * jj + 1]));
-          st_shared_b32(a + 8 * 128, pack_bf16(o[4 * jj + 2], o[4 * jj + 3]));
+          st_shared_b32(a, pack_bf16(on(4 * jj), on(4 * jj + 1)));
+          st_shared_b32(a + 8 * 128, pack_bf16(on(4 * jj + 2), on(4 * jj + 3)));
         }
       } else {
         // fp32 o: four boxes of [64 rows x 32 columns]; columns 8 jj + 2 cq + {0, 1}: box jj / 4, chunk
@@ -467,8 +507,8 @@ __global__ void __launch_bounds__(NTHR, 1)
 #pragma unroll
         for (int jj = 0; jj < 16; ++jj) {
           const std::uint32_t a = base + (jj / 4) * OBOX + ((32u * (jj % 4)) ^ y);
-          st_shared_v2(a, o[4 * jj], o[4 * jj + 1]);
-          st_shared_v2(a + 8 * 128, o[4 * jj + 2], o[4 * jj + 3]);
+          st_shared_v2(a, on(4 * jj), on(4 * jj + 1));
+          st_shared_v2(a + 8 * 128, on(4 * jj + 2), on(4 * jj + 3));
         }
       }
       fence_async_smem();
@@ -486,12 +526,12 @@ __global__ void __launch_bounds__(NTHR, 1)
       for (int jj = 0; jj < 16; ++jj) {
         const int col = 8 * jj + 2 * cq;
         if constexpr (OBF16) {
-          if (ra < it.T) *reinterpret_cast<std::uint32_t*>(p.out_bf16 + o0 + ra * rs + col) = pack_bf16(o[4 * jj], o[4 * jj + 1]);
+          if (ra < it.T) *reinterpret_cast<std::uint32_t*>(p.out_bf16 + o0 + ra * rs + col) = pack_bf16(on(4 * jj), on(4 * jj + 1));
           if (rb < it.T)
-            *reinterpret_cast<std::uint32_t*>(p.out_bf16 + o0 + rb * rs + col) = pack_bf16(o[4 * jj + 2], o[4 * jj + 3]);
+            *reinterpret_cast<std::uint32_t*>(p.out_bf16 + o0 + rb * rs + col) = pack_bf16(on(4 * jj + 2), on(4 * jj + 3));
         } else {
-          if (ra < it.T) *reinterpret_cast<float2*>(p.out + o0 + ra * rs + col) = make_float2(o[4 * jj], o[4 * jj + 1]);
-          if (rb < it.T) *reinterpret_cast<float2*>(p.out + o0 + rb * rs + col) = make_float2(o[4 * jj + 2], o[4 * jj + 3]);
+          if (ra < it.T) *reinterpret_cast<float2*>(p.out + o0 + ra * rs + col) = make_float2(on(4 * jj), on(4 * jj + 1));
+          if (rb < it.T) *reinterpret_cast<float2*>(p.out + o0 + rb * rs + col) = make_float2(on(4 * jj + 2), on(4 * jj + 3));
         }
       }
     }
