@@ -145,6 +145,17 @@ __device__ __forceinline__ void issue_scores(float* s, std::uint32_t q_addr, std
     for (int kk = 0; kk < 4; ++kk)
       mma_n128_ss(s, dq + ((cb * 8192 + kk * 32) >> 4), dk + ((cb * CBK + kk * 32) >> 4), (cb | kk) ? 1 : 0);
 }
+/// issue_scores whose first k-step's scale-d is `scale0`, 0 at run time but a value the compiler cannot see: ptxas then
+/// keeps s's registers for s between products (a constant 0 lets it reuse them while s is dead, which it must not do
+/// where another path has a scores product in flight).
+__device__ __forceinline__ void issue_scores(float* s, std::uint32_t q_addr, std::uint32_t k_addr, int scale0) {
+  const std::uint64_t dq = desc(q_addr, 16, 1024), dk = desc(k_addr, 16, 1024);
+#pragma unroll
+  for (int cb = 0; cb < 2; ++cb)
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      mma_n128_ss(s, dq + ((cb * 8192 + kk * 32) >> 4), dk + ((cb * CBK + kk * 32) >> 4), (cb | kk) ? 1 : scale0);
+}
 
 /// Issues (does not commit) O += P V over the tile's 128 keys: 8 k-steps, P from registers, V MN-major (LBO = one
 /// column block, SBO = 8 keys).
@@ -152,6 +163,13 @@ __device__ __forceinline__ void issue_pv(float* o, const std::uint32_t (*pa)[4],
   const std::uint64_t dv = desc(v_addr, CBK, 1024);
 #pragma unroll
   for (int kk = 0; kk < 8; ++kk) mma_n128_t(o, pa[kk], dv + ((kk * 16 * 128) >> 4));
+}
+/// issue_pv whose first k-step has scale-d `acc` (0: O = P V, o's registers not read).
+__device__ __forceinline__ void issue_pv(float* o, const std::uint32_t (*pa)[4], std::uint32_t v_addr, int acc) {
+  const std::uint64_t dv = desc(v_addr, CBK, 1024);
+  mma_n128_t(o, pa[0], dv, acc);
+#pragma unroll
+  for (int kk = 1; kk < 8; ++kk) mma_n128_t(o, pa[kk], dv + ((kk * 16 * 128) >> 4));
 }
 
 /// The online softmax of one tile for this thread's two rows (h = 0: row pos[0], h = 1: pos[1]): s (the m64n128
@@ -340,99 +358,15 @@ __global__ void __launch_bounds__(NTHR, 1)
   const auto stage = [](int u) { return u % ST; };
   const auto parity = [](int u) { return static_cast<unsigned>(u / ST) & 1u; };
 
-  int i = item_index(0);
-  if (i < p.n_items) load_q_async(p, item_of(p, i), qs, wg, wt);
-  int u0 = 0;  // ring uses before this item
-  for (int j = 0; i < p.n_items; ++j) {
-    const Item it = item_of(p, i);
-    const int inext = item_index(j + 1);
-    const int ntiles = tiles_of(it);
-    const int first = it.qt * QT + 64 * wg;  // the warpgroup's first query row
-    const bool any = first < it.T;
-    const int minpos = it.N0 + first;
-    // tiles up to the last row's position; PINGPONG: every tile of the item in both warpgroups (the turns below need
-    // equal counts; a tile past all of a warpgroup's rows is masked whole: p = 0, and m stays the finite max of tile 0)
-    const int nt = PINGPONG ? ntiles : any ? (it.N0 + min(first + 63, it.T - 1)) / KT + 1 : 0;
-    const int ra = first + 16 * warp + g, rb = ra + 8;
-    const int pos[2] = {it.N0 + min(ra, it.T - 1), it.N0 + min(rb, it.T - 1)};  // rows past T: clamped, not written
-    // this item's q rows are in (and every thread of the warpgroup is past the previous item)
-    cp_async_wait<0>();
-    fence_async_smem();
-    wg_barrier(wg);
-    // the next item's q rows, once this item's last scores product has read qs
-    const auto prefetch_q = [&]() {
-      if (inext >= p.n_items) return;
-      wg_barrier(wg);  // every warp's share of the product is in
-      load_q_async(p, item_of(p, inext), qs, wg, wt);
-    };
-    if (nt == 0) prefetch_q();
-
-    float o[64], s[64];
-#pragma unroll
-    for (int e = 0; e < 64; ++e) o[e] = s[e] = 0.0f;
-    std::uint32_t pa[8][4];
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, c[2];
-
-    if (PINGPONG && wg == 1 && nt > 0) turn_give(wg);  // warpgroup 0 issues first (an empty item: no turns)
-    if (nt > 0) {
-      mb::wait(&full_k[stage(u0)], parity(u0));
-      if (PINGPONG) turn_wait(wg);
-      wgmma_fence();
-      issue_scores(s, q_addr, kv0 + stage(u0) * STAGE);
-      wgmma_commit();
-      if (PINGPONG && !(wg == 1 && nt == 1)) turn_give(wg);  // warpgroup 1's last issue hands nothing over
-      wgmma_wait<0>();
-#pragma unroll
-      for (int e = 0; e < 64; ++e) fence_reg(s[e]);
-      release(&empty_k[stage(u0)], lane);
-      if (nt == 1) prefetch_q();
-      softmax_tile_at(s, 0, minpos, pos, cq, p.scale_log2, m, l, c);
-      pack_p(s, pa);
-      for (int kt = 1; kt < nt; ++kt) {
-        const int un = u0 + kt, up = un - 1;
-        mb::wait(&full_k[stage(un)], parity(un));
-        mb::wait(&full_v[stage(up)], parity(up));
-        if (PINGPONG) turn_wait(wg);
-        wgmma_fence();
-        issue_scores(s, q_addr, kv0 + stage(un) * STAGE);
-        wgmma_commit();
-        issue_pv(o, pa, kv0 + stage(up) * STAGE + ARR);
-        wgmma_commit();
-        if (PINGPONG && !(wg == 1 && kt == nt - 1)) turn_give(wg);
-        wgmma_wait<1>();  // the scores (the older group) are in: K of tile kt is free
-#pragma unroll
-        for (int e = 0; e < 64; ++e) fence_reg(s[e]);
-        release(&empty_k[stage(un)], lane);
-        if (kt == nt - 1) prefetch_q();
-        softmax_tile_at(s, kt * KT, minpos, pos, cq, p.scale_log2, m, l, c);
-        wgmma_wait<0>();  // P V of tile kt - 1 is in: its stage is free, o may be rescaled and pa rewritten
-        settle_pv(o, pa);
-        release(&empty_v[stage(up)], lane);
-#pragma unroll
-        for (int e = 0; e < 64; ++e) o[e] *= c[(e >> 1) & 1];
-        pack_p(s, pa);
-      }
-      const int ul = u0 + nt - 1;
-      mb::wait(&full_v[stage(ul)], parity(ul));
-      wgmma_fence();
-      issue_pv(o, pa, kv0 + stage(ul) * STAGE + ARR);
-      wgmma_commit();
-      wgmma_wait<0>();
-      settle_pv(o, pa);
-      release(&empty_v[stage(ul)], lane);
-    }
-    for (int kt = nt; kt < ntiles; ++kt) {  // past this warpgroup's rows: only the stage's release
-      // both arrays' phases are waited on: a parity wait is only sound on a barrier whose earlier phases this thread
-      // has seen complete (a skipped K phase still pending would pass this warpgroup's next wait on that stage)
-      const int uk = u0 + kt;
-      mb::wait(&full_k[stage(uk)], parity(uk));
-      mb::wait(&full_v[stage(uk)], parity(uk));
-      release(&empty_k[stage(uk)], lane);
-      release(&empty_v[stage(uk)], lane);
-    }
-    u0 += ntiles;
-    i = inext;
-    if (!any) continue;
+  // the tiles of item it that warpgroup wg reads: up to its last row's position; PINGPONG: every tile of the item in
+  // both warpgroups (the turns below need equal counts; a tile past all of a warpgroup's rows is masked whole: p = 0,
+  // and m stays the finite max of tile 0)
+  const auto wg_tiles = [&](const Item& it, int ntiles) {
+    const int first = it.qt * QT + 64 * wg;
+    return PINGPONG ? ntiles : first < it.T ? (it.N0 + min(first + 63, it.T - 1)) / KT + 1 : 0;
+  };
+  // the epilogue of item it: o divided by l, stored (the warpgroup's rows; o is read, not written)
+  const auto epilogue = [&](const Item& it, int first, int ra, int rb, const float* o, float* l) {
 
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -440,8 +374,7 @@ __global__ void __launch_bounds__(NTHR, 1)
       l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
     }
     const float ia = 1.0f / l[0], ib = 1.0f / l[1];
-#pragma unroll
-    for (int e = 0; e < 64; ++e) o[e] *= (e >> 1) & 1 ? ib : ia;
+    const auto on = [&](int e) { return o[e] * ((e >> 1) & 1 ? ib : ia); };  // o[e] / its row's l
     if (p.o_tma && first + 64 <= it.T) {
       // all 64 rows in the sequence: through the warpgroup's block of shared memory and four TMA stores, which run
       // on while the warpgroup starts its next item (box x: columns [32 x, 32 x + 32); 16-byte chunk k of row r at
@@ -457,8 +390,8 @@ __global__ void __launch_bounds__(NTHR, 1)
 #pragma unroll
         for (int jj = 0; jj < 16; ++jj) {
           const std::uint32_t a = base + (jj / 8) * OBOX + (((jj % 8) ^ x) << 4);
-          st_shared_b32(a, pack_bf16(o[4 * jj], o[4 * jj + 1]));
-          st_shared_b32(a + 8 * 128, pack_bf16(o[4 * jj + 2], o[4 * jj + 3]));
+          st_shared_b32(a, pack_bf16(on(4 * jj), on(4 * jj + 1)));
+          st_shared_b32(a + 8 * 128, pack_bf16(on(4 * jj + 2), on(4 * jj + 3)));
         }
       } else {
         // fp32 o: four boxes of [64 rows x 32 columns]; columns 8 jj + 2 cq + {0, 1}: box jj / 4, chunk
@@ -467,8 +400,8 @@ __global__ void __launch_bounds__(NTHR, 1)
 #pragma unroll
         for (int jj = 0; jj < 16; ++jj) {
           const std::uint32_t a = base + (jj / 4) * OBOX + ((32u * (jj % 4)) ^ y);
-          st_shared_v2(a, o[4 * jj], o[4 * jj + 1]);
-          st_shared_v2(a + 8 * 128, o[4 * jj + 2], o[4 * jj + 3]);
+          st_shared_v2(a, on(4 * jj), on(4 * jj + 1));
+          st_shared_v2(a + 8 * 128, on(4 * jj + 2), on(4 * jj + 3));
         }
       }
       fence_async_smem();
@@ -486,15 +419,239 @@ __global__ void __launch_bounds__(NTHR, 1)
       for (int jj = 0; jj < 16; ++jj) {
         const int col = 8 * jj + 2 * cq;
         if constexpr (OBF16) {
-          if (ra < it.T) *reinterpret_cast<std::uint32_t*>(p.out_bf16 + o0 + ra * rs + col) = pack_bf16(o[4 * jj], o[4 * jj + 1]);
+          if (ra < it.T) *reinterpret_cast<std::uint32_t*>(p.out_bf16 + o0 + ra * rs + col) = pack_bf16(on(4 * jj), on(4 * jj + 1));
           if (rb < it.T)
-            *reinterpret_cast<std::uint32_t*>(p.out_bf16 + o0 + rb * rs + col) = pack_bf16(o[4 * jj + 2], o[4 * jj + 3]);
+            *reinterpret_cast<std::uint32_t*>(p.out_bf16 + o0 + rb * rs + col) = pack_bf16(on(4 * jj + 2), on(4 * jj + 3));
         } else {
-          if (ra < it.T) *reinterpret_cast<float2*>(p.out + o0 + ra * rs + col) = make_float2(o[4 * jj], o[4 * jj + 1]);
-          if (rb < it.T) *reinterpret_cast<float2*>(p.out + o0 + rb * rs + col) = make_float2(o[4 * jj + 2], o[4 * jj + 3]);
+          if (ra < it.T) *reinterpret_cast<float2*>(p.out + o0 + ra * rs + col) = make_float2(on(4 * jj), on(4 * jj + 1));
+          if (rb < it.T) *reinterpret_cast<float2*>(p.out + o0 + rb * rs + col) = make_float2(on(4 * jj + 2), on(4 * jj + 3));
         }
       }
     }
+    };
+  if constexpr (PINGPONG) {
+    int i = item_index(0);
+    if (i < p.n_items) load_q_async(p, item_of(p, i), qs, wg, wt);
+    int u0 = 0;  // ring uses before this item
+    for (int j = 0; i < p.n_items; ++j) {
+      const Item it = item_of(p, i);
+      const int inext = item_index(j + 1);
+      const int ntiles = tiles_of(it);
+      const int first = it.qt * QT + 64 * wg;  // the warpgroup's first query row
+      const bool any = first < it.T;
+      const int minpos = it.N0 + first;
+      // tiles up to the last row's position; PINGPONG: every tile of the item in both warpgroups (the turns below need
+      // equal counts; a tile past all of a warpgroup's rows is masked whole: p = 0, and m stays the finite max of tile 0)
+      const int nt = PINGPONG ? ntiles : any ? (it.N0 + min(first + 63, it.T - 1)) / KT + 1 : 0;
+      const int ra = first + 16 * warp + g, rb = ra + 8;
+      const int pos[2] = {it.N0 + min(ra, it.T - 1), it.N0 + min(rb, it.T - 1)};  // rows past T: clamped, not written
+      // this item's q rows are in (and every thread of the warpgroup is past the previous item)
+      cp_async_wait<0>();
+      fence_async_smem();
+      wg_barrier(wg);
+      // the next item's q rows, once this item's last scores product has read qs
+      const auto prefetch_q = [&]() {
+        if (inext >= p.n_items) return;
+        wg_barrier(wg);  // every warp's share of the product is in
+        load_q_async(p, item_of(p, inext), qs, wg, wt);
+      };
+      if (nt == 0) prefetch_q();
+
+      float o[64], s[64];
+  #pragma unroll
+      for (int e = 0; e < 64; ++e) o[e] = s[e] = 0.0f;
+      std::uint32_t pa[8][4];
+      float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, c[2];
+
+      if (PINGPONG && wg == 1 && nt > 0) turn_give(wg);  // warpgroup 0 issues first (an empty item: no turns)
+      if (nt > 0) {
+        mb::wait(&full_k[stage(u0)], parity(u0));
+        if (PINGPONG) turn_wait(wg);
+        wgmma_fence();
+        issue_scores(s, q_addr, kv0 + stage(u0) * STAGE);
+        wgmma_commit();
+        if (PINGPONG && !(wg == 1 && nt == 1)) turn_give(wg);  // warpgroup 1's last issue hands nothing over
+        wgmma_wait<0>();
+  #pragma unroll
+        for (int e = 0; e < 64; ++e) fence_reg(s[e]);
+        release(&empty_k[stage(u0)], lane);
+        if (nt == 1) prefetch_q();
+        softmax_tile_at(s, 0, minpos, pos, cq, p.scale_log2, m, l, c);
+        pack_p(s, pa);
+        for (int kt = 1; kt < nt; ++kt) {
+          const int un = u0 + kt, up = un - 1;
+          mb::wait(&full_k[stage(un)], parity(un));
+          mb::wait(&full_v[stage(up)], parity(up));
+          if (PINGPONG) turn_wait(wg);
+          wgmma_fence();
+          issue_scores(s, q_addr, kv0 + stage(un) * STAGE);
+          wgmma_commit();
+          issue_pv(o, pa, kv0 + stage(up) * STAGE + ARR);
+          wgmma_commit();
+          if (PINGPONG && !(wg == 1 && kt == nt - 1)) turn_give(wg);
+          wgmma_wait<1>();  // the scores (the older group) are in: K of tile kt is free
+  #pragma unroll
+          for (int e = 0; e < 64; ++e) fence_reg(s[e]);
+          release(&empty_k[stage(un)], lane);
+          if (kt == nt - 1) prefetch_q();
+          softmax_tile_at(s, kt * KT, minpos, pos, cq, p.scale_log2, m, l, c);
+          wgmma_wait<0>();  // P V of tile kt - 1 is in: its stage is free, o may be rescaled and pa rewritten
+          settle_pv(o, pa);
+          release(&empty_v[stage(up)], lane);
+  #pragma unroll
+          for (int e = 0; e < 64; ++e) o[e] *= c[(e >> 1) & 1];
+          pack_p(s, pa);
+        }
+        const int ul = u0 + nt - 1;
+        mb::wait(&full_v[stage(ul)], parity(ul));
+        wgmma_fence();
+        issue_pv(o, pa, kv0 + stage(ul) * STAGE + ARR);
+        wgmma_commit();
+        wgmma_wait<0>();
+        settle_pv(o, pa);
+        release(&empty_v[stage(ul)], lane);
+      }
+      for (int kt = nt; kt < ntiles; ++kt) {  // past this warpgroup's rows: only the stage's release
+        // both arrays' phases are waited on: a parity wait is only sound on a barrier whose earlier phases this thread
+        // has seen complete (a skipped K phase still pending would pass this warpgroup's next wait on that stage)
+        const int uk = u0 + kt;
+        mb::wait(&full_k[stage(uk)], parity(uk));
+        mb::wait(&full_v[stage(uk)], parity(uk));
+        release(&empty_k[stage(uk)], lane);
+        release(&empty_v[stage(uk)], lane);
+      }
+      u0 += ntiles;
+      i = inext;
+      if (any) epilogue(it, first, ra, rb, o, l);
+    }
+  } else {
+    // Each item's first scores product is issued before the item starts: after the previous item's last P V, so
+    // that it runs under that product and the previous item's epilogue (before the loop for the first item). ptxas
+    // keeps the wgmma products in flight only where every path into a point has the same products in flight, so the
+    // early product is issued on every path: a dummy one (its s is not read) where the next item has no tile for this
+    // warpgroup or there is none, and a dummy P V in the place of the last one where this item has no tile for it.
+    // The dummies read shared memory that other copies may be writing; only the ignored registers see it.
+    const int scale0 = p.n_items < 0 ? 1 : 0;  // 0: see issue_scores
+    // s is not initialised: each item's first scores product writes it (scale-d 0 at run time); zeroing it here put
+    // copies of s after the first product, where ptxas then waits for it
+    float s[64], o[64];
+#pragma unroll
+    for (int e = 0; e < 64; ++e) o[e] = 0.0f;
+    std::uint32_t pa[8][4];
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) pa[kk][e] = 0u;
+    int i = item_index(0);
+    if (i < p.n_items) load_q_async(p, item_of(p, i), qs, wg, wt);
+    int u0 = 0;  // ring uses before this item
+    // item ii's first scores product, its K at ring use u (a dummy where item ii has no tile for this warpgroup or
+    // does not exist), committed as one group
+    const auto issue_first = [&](int ii, int u) {
+      bool real = false;
+      if (ii < p.n_items) {
+        const Item nx = item_of(p, ii);
+        real = wg_tiles(nx, tiles_of(nx)) > 0;
+      }
+      // one issue sequence for both kinds: the flag opaque to the compiler, which would otherwise copy the products
+      // into each branch before the loop (and ptxas then waits for them where the copies meet)
+      int rf = real ? 1 : 0;
+      asm volatile("" : "+r"(rf));
+      real = rf != 0;
+      if (real) {
+        cp_async_wait<0>();  // the item's q rows (prefetch_q), and every thread of the warpgroup past the last item
+        fence_async_smem();
+        wg_barrier(wg);
+        mb::wait(&full_k[stage(u)], parity(u));
+      }
+      wgmma_fence();
+      issue_scores(s, q_addr, kv0 + (real ? stage(u) : 0) * STAGE, scale0);
+      wgmma_commit();
+    };
+    issue_first(i, 0);
+    for (int j = 0; i < p.n_items; ++j) {
+      const Item it = item_of(p, i);
+      const int inext = item_index(j + 1);
+      const int ntiles = tiles_of(it);
+      const int first = it.qt * QT + 64 * wg;  // the warpgroup's first query row
+      const bool any = first < it.T;
+      const int minpos = it.N0 + first;
+      const int nt = wg_tiles(it, ntiles);
+      const int ra = first + 16 * warp + g, rb = ra + 8;
+      const int pos[2] = {it.N0 + min(ra, it.T - 1), it.N0 + min(rb, it.T - 1)};  // rows past T: clamped, not written
+      // the next item's q rows, once this item's last scores product has read qs
+      const auto prefetch_q = [&]() {
+        if (inext >= p.n_items) return;
+        wg_barrier(wg);  // every warp's share of the product is in
+        load_q_async(p, item_of(p, inext), qs, wg, wt);
+      };
+      float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, c[2];
+      wgmma_wait<0>();  // this item's first scores product (a dummy where nt = 0)
+#pragma unroll
+      for (int e = 0; e < 64; ++e) fence_reg(s[e]);
+      if (nt > 0) {
+        release(&empty_k[stage(u0)], lane);
+        if (nt == 1) prefetch_q();
+        softmax_tile_at(s, 0, minpos, pos, cq, p.scale_log2, m, l, c);
+        pack_p(s, pa);
+        for (int kt = 1; kt < nt; ++kt) {
+          const int un = u0 + kt, up = un - 1;
+          mb::wait(&full_k[stage(un)], parity(un));
+          mb::wait(&full_v[stage(up)], parity(up));
+          wgmma_fence();
+          issue_scores(s, q_addr, kv0 + stage(un) * STAGE, scale0);
+          wgmma_commit();
+          issue_pv(o, pa, kv0 + stage(up) * STAGE + ARR, kt == 1 ? 0 : 1);  // the item's first: o = P V
+          wgmma_commit();
+          wgmma_wait<1>();  // the scores (the older group) are in: K of tile kt is free
+#pragma unroll
+          for (int e = 0; e < 64; ++e) fence_reg(s[e]);
+          release(&empty_k[stage(un)], lane);
+          if (kt == nt - 1) prefetch_q();
+          softmax_tile_at(s, kt * KT, minpos, pos, cq, p.scale_log2, m, l, c);
+          wgmma_wait<0>();  // P V of tile kt - 1 is in: its stage is free, o may be rescaled and pa rewritten
+          settle_pv(o, pa);
+          release(&empty_v[stage(up)], lane);
+#pragma unroll
+          for (int e = 0; e < 64; ++e) o[e] *= c[(e >> 1) & 1];
+          pack_p(s, pa);
+        }
+        const int ul = u0 + nt - 1;
+        mb::wait(&full_v[stage(ul)], parity(ul));
+        wgmma_fence();
+        issue_pv(o, pa, kv0 + stage(ul) * STAGE + ARR, nt == 1 ? 0 : 1);
+        wgmma_commit();
+      } else {
+        cp_async_wait<0>();  // this item's q rows are in before the next item's are copied over them
+        fence_async_smem();
+        wg_barrier(wg);
+        prefetch_q();
+        wgmma_fence();
+        issue_pv(o, pa, kv0 + ARR, 0);  // the dummy in the last P V's place
+        wgmma_commit();
+      }
+      // tiles past this warpgroup's rows: only the stages' releases. Before the early product's K wait: with rows the
+      // warpgroup's last tile is at most one before the item's, whose stage is not the one the pending P V reads
+      // (both arrays' phases are waited on: a parity wait is only sound on a barrier whose earlier phases this thread
+      // has seen complete)
+      for (int kt = nt; kt < ntiles; ++kt) {
+        const int uk = u0 + kt;
+        mb::wait(&full_k[stage(uk)], parity(uk));
+        mb::wait(&full_v[stage(uk)], parity(uk));
+        release(&empty_k[stage(uk)], lane);
+        release(&empty_v[stage(uk)], lane);
+      }
+      // the next item's first K is use u0 + ntiles: its stage last held use u0 + ntiles - 2, whose K both warpgroups
+      // released after that use's scores product
+      issue_first(inext, u0 + ntiles);
+      wgmma_wait<1>();  // this item's last P V (the older group) is in; the next item's scores run on
+      settle_pv(o, pa);
+      if (nt > 0) release(&empty_v[stage(u0 + nt - 1)], lane);
+      u0 += ntiles;
+      i = inext;
+      if (any) epilogue(it, first, ra, rb, o, l);
+    }
+    wgmma_wait<0>();  // the last (dummy) scores product
   }
   if (wt == 0) mb::bulk_wait_read();  // the block stays until the last stores have read it
 }
