@@ -1001,8 +1001,8 @@ void register_bench(Registry& reg) {
                 "with another op")
       ->capture_default_str();
   a->add_option("--bwd-pass", o->bwd_pass,
-                "kda-backward pass (kernels/kda_backward.hpp KdaBackwardPass): auto (the rule: chunked for D = 64, 128, "
-                "sweep for D = 256), sweep, chunked (D = 64, 128 only) or chunked_wg (the chunked pass with its chains "
+                "kda-backward pass (kernels/kda_backward.hpp KdaBackwardPass): auto (the rule: chunked_wg for D = 128, "
+                "chunked for D = 64, sweep for D = 256), sweep, chunked (D = 64, 128 only) or chunked_wg (the chunked pass with its chains "
                 "on wgmma; D = 128 only). A forced pass's rows get the key suffix ' sweep', ' chunked' or "
                 "' chunked_wg' (their own baselines; the peer time is looked up under the plain key). Only with --op "
                 "kda-backward or all; chunked is refused with a shape of D = 256, chunked_wg with a shape of D != 128")

@@ -26,12 +26,13 @@
 ///     fp32 partials per column block.
 ///  3. epilogue: sums the partials (and dq, dk over the value heads sharing a key head) in a fixed order, applies the
 ///     chain rules, writes bf16; 4. a fixed-order (fp64-accumulated) sum over tokens gives dA_log and dbias.
-/// Version 2, the chunked pass (KdaBackwardPass::chunked, what kda_backward_plan picks for D = 64 and 128): steps 1,
+/// Version 2, the chunked pass (KdaBackwardPass::chunked, what kda_backward_plan picks for D = 64): steps 1,
 /// 3 and 4 as above; step 2 in 16-token chunks in the WY form (kernels/kda_backward/chunked.cu): a chunk-parallel
 /// kernel forms each chunk's factors, two chunk-sequential chains store S entering and dS leaving every chunk, and a
 /// chunk-parallel kernel forms the gradients from them; every product fp32-class (three-pass tf32 or fp32 FMA).
-/// KdaBackwardPass::chunked_wg (forced only, D = 128) runs the same pass with the two chains on wgmma
-/// (kernels/kda_backward/chains_wg.cu), their products as bf16 hi + lo (~2^-16 relative each).
+/// KdaBackwardPass::chunked_wg (what kda_backward_plan picks for D = 128) runs the same pass with the two chains on
+/// wgmma (kernels/kda_backward/chains_wg.cu), their products as bf16 hi + lo (~2^-16 relative each): the gradients
+/// stay at their bf16 floor and the backward takes 20-31% less time (docs/kernels/kda_backward.md).
 /// Deterministic: no atomics; every sum has a fixed order, so two calls on the same inputs give the same bits.
 ///
 /// Layouts (row-major, last dimension contiguous): inputs as KdaPrefillArgs (strides in elements, 0 = contiguous):
@@ -94,13 +95,14 @@ struct KdaBackwardArgs {
 /// in fp32-class arithmetic with bf16 in and out; they differ in summation order, and chunked_wg in the chains'
 /// operand format (design and measurements: docs/kernels/kda_backward.md).
 enum class KdaBackwardPass {
-  automatic,  ///< the rule of kda_backward_plan: chunked where it runs, else sweep
+  automatic,  ///< the rule of kda_backward_plan: chunked_wg for D = 128, chunked for D = 64, else sweep (D = 256,
+              ///< or more than 65535 sequences)
   sweep,      ///< version 1: token-by-token fp32 sweeps, one CTA per (sequence, value head, column block); every shape
   chunked,    ///< version 2: 16-token chunks in the WY form (docs/kernels/kda_backward.md "Version 2"); D = 64, 128,
               ///< at most 65535 sequences
   chunked_wg,  ///< the chunked pass with its two chains on wgmma (kernels/kda_backward/chains_wg.cu; the states'
                ///< products as bf16 hi + lo, docs/kernels/kda_backward.md "The chains on wgmma"); D = 128 only, at
-               ///< most 65535 sequences; never picked by the rule (forced only)
+               ///< most 65535 sequences; the rule's pick for D = 128
 };
 
 /// The last launch kda_backward runs (to time the phases apart: each prefix is timed, its difference to the one

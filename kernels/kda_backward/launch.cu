@@ -99,7 +99,8 @@ KdaBackwardPass kda_backward_plan(const KdaBackwardArgs& a, const KdaBackwardOve
                 std::to_string(N) + " sequences; accepted: the chunked_wg pass with D = 128 and at most 65535 "
                 "sequences, the chunked pass with D = 64 or 128, the sweep with any D and any number");
   if (forced != KdaBackwardPass::automatic) return forced;
-  return fits ? KdaBackwardPass::chunked : KdaBackwardPass::sweep;
+  if (!fits) return KdaBackwardPass::sweep;
+  return a.D == 128 ? KdaBackwardPass::chunked_wg : KdaBackwardPass::chunked;
 }
 
 std::size_t kda_backward_workspace_bytes(const KdaBackwardArgs& a, const KdaBackwardOverrides* ov) {

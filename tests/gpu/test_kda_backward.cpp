@@ -474,12 +474,12 @@ TEST_CASE("KDA backward chunked_wg pass vs the chunked pass on the same inputs",
   compare_chains(c);
 }
 
-TEST_CASE("KDA backward plan: chunked_wg runs at D = 128 only, never by the rule", "[gpu][kda_bwd][chunked_wg]") {
+TEST_CASE("KDA backward plan: chunked_wg runs at D = 128 only, the rule's pick there", "[gpu][kda_bwd][chunked_wg]") {
   for (const int D : {64, 128, 256}) {
     kernels::KdaBackwardArgs a;
     a.B = 1; a.T = 40; a.H = 1; a.HV = 1; a.D = D; a.scale = 0.1f;
     CAPTURE(D);
-    CHECK(kernels::kda_backward_plan(a) != kernels::KdaBackwardPass::chunked_wg);
+    CHECK((kernels::kda_backward_plan(a) == kernels::KdaBackwardPass::chunked_wg) == (D == 128));
     kernels::KdaBackwardOverrides ov;
     ov.pass = kernels::KdaBackwardPass::chunked_wg;
     if (D != 128) {
@@ -500,14 +500,17 @@ TEST_CASE("KDA backward plan: chunked_wg runs at D = 128 only, never by the rule
   }
 }
 
-TEST_CASE("KDA backward plan: chunked for D = 64, 128, sweep for D = 256; chunked refused at D = 256",
+TEST_CASE("KDA backward plan: chunked_wg for D = 128, chunked for D = 64, sweep for D = 256; chunked refused at "
+          "D = 256",
           "[gpu][kda_bwd]") {
   for (const int D : {64, 128, 256}) {
     kernels::KdaBackwardArgs a;
     a.B = 1; a.T = 40; a.H = 1; a.HV = 1; a.D = D; a.scale = 0.1f;
     CAPTURE(D);
     CHECK(kernels::kda_backward_plan(a) ==
-          (D == 256 ? kernels::KdaBackwardPass::sweep : kernels::KdaBackwardPass::chunked));
+          (D == 256   ? kernels::KdaBackwardPass::sweep
+           : D == 128 ? kernels::KdaBackwardPass::chunked_wg
+                      : kernels::KdaBackwardPass::chunked));
     kernels::KdaBackwardOverrides ov;
     ov.pass = kernels::KdaBackwardPass::chunked;
     if (D == 256) {
