@@ -65,7 +65,8 @@ void register_check(Registry& reg) {
   c.app->get_option("--quiet")->description("no effect for check (it prints no progress lines)");
   c.app->add_option("--op", o->op,
                     "operation: kda (prefill from S0 or zero), kda-decode (T one-token steps from S0), mla (absorbed "
-                    "attention over a latent cache), attn-res (Attention Residuals over depth)")
+                    "attention over a latent cache), attn-res (Attention Residuals over depth), or the gradients of "
+                    "kda, mla and attn-res: kda-bwd, mla-bwd, attn-res-bwd (the upstream do in the file)")
       ->capture_default_str();
   c.app->add_option("--in", o->in, "input HDF5 file with the inputs and your candidates (format in docs/check-format.md); required");
   c.app->add_option("--truth", o->truth, "truth: mp (cpp_bin_float_50, slow: ~20 s at the auto limit), f64 (float64), auto (mp while the work "

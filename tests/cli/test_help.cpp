@@ -196,6 +196,31 @@ TEST_CASE("the root help says which subcommands write a file, check --tol's help
                    "candidate"));
 }
 
+TEST_CASE("check --help's --op names every operation check accepts", "[help][check]") {
+  // the accepted list is the one the refusal of an unknown --op prints
+  const RunResult bad = run_kdalab("check --op nope --in x.h5");
+  INFO(bad.output);
+  REQUIRE(bad.code == 2);
+  const std::string says = "accepted: ";
+  const auto at = bad.output.find(says);
+  REQUIRE(at != std::string::npos);
+  std::stringstream list(bad.output.substr(at + says.size(), bad.output.find('\n', at) - at - says.size()));
+  std::vector<std::string> ops;
+  for (std::string op; std::getline(list, op, ',');) ops.push_back(op.substr(op.find_first_not_of(' ')));
+  CHECK(ops.size() == 7);
+  const RunResult help = run_kdalab("check --help");
+  REQUIRE(help.code == 0);
+  std::string op_text;  // the --op entry, its wrapped lines joined
+  for (const std::string& l : option_lines(help.output))
+    if (l.rfind("--op", l.find_first_not_of(' ')) == l.find_first_not_of(' ')) op_text = l;
+  INFO(op_text);
+  REQUIRE(!op_text.empty());
+  for (const std::string& op : ops) {
+    INFO(op);
+    CHECK(std::regex_search(op_text, std::regex("(^|[^a-z-])" + op + "([^a-z-]|$)")));
+  }
+}
+
 TEST_CASE("--help names every option's type: INT / INT list for counts, never FLOAT", "[help]") {
   // was "--T FLOAT=[17,64,300,1000] ...", "--trials FLOAT=2", "--seed UINT:UINT64=1". CLI11 2.1 prints a default as
   // "--T INT list=[..]", CLI11 2.4 (the GPU machine) as "--T INT list [[..]]": the type must be followed by '=', the
