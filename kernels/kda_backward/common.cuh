@@ -142,7 +142,8 @@ void launch_prepare(const Params& p, cudaStream_t stream);
 int sweep_resident_ctas(int D);
 /// sweep.cu: the forward and reverse sweeps on `grid` CTAs (each loops over the N HV P work items).
 void launch_sweep(const Params& p, int grid, cudaStream_t stream);
-/// epilogue.cu: the partial sums and chain rules, grid (M, H); then (fused gate) dA_log and dbias.
+/// epilogue.cu: the partial sums and chain rules, one warp per (token row, key head), 8 per CTA; then (fused gate)
+/// dA_log and dbias.
 void launch_epilogue(const Params& p, cudaStream_t stream);
 /// chunked.cu: the chunked pass (factors, forward chain, reverse chain, gradients) for D = 64 or 128; writes what the
 /// sweep writes (dv, dS0 and the partials of one column block) for the epilogue.
