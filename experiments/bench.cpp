@@ -31,7 +31,8 @@
 //   FLOP per cached token at H = 32; the hi/lo passes of accurate are not counted, nor the <= s_q - 1 masked tokens).
 //   Rows with s_q > 1 get the key suffix " s_q=<s_q>", rows whose precision is not the rule's " fast" or " accurate"
 //   (their own baselines; the peer time is looked up under the key without the precision suffix). The library's
-//   automatic plan and output path (kernels/mla.hpp mla_decode_plan), printed per shape.
+//   automatic plan and output path (kernels/mla.hpp mla_decode_plan), printed per shape; --mla-splits N > 0 forces
+//   the slice count (MlaDecodeOverrides::num_splits; key suffix " splits=N", peer looked up without it).
 // mla-prefill (kernels/mla_prefill.hpp): shapes B:T:H[+N0] with T new tokens behind a cached prefix of N0 tokens:
 //   the shape's own +N0, else --prefix (default 0; a shape's own N0 wins over --prefix). Rows with N0 > 0 get the key
 //   suffix " N0=<N0>" (rows with N0 = 0 keep their keys). Defaults 1:8192:32, 1:2048:32, 8:512:32 (N0 = --prefix) and
@@ -130,6 +131,7 @@ struct BenchOptions {
   long long prefix = 0;  // mla-prefill: cached tokens before the T new ones
   int s_q = 1;  // mla-decode: query tokens per sequence (MlaDecodeArgs::s_q)
   std::string mla_precision = "auto";  // mla-decode: MlaDecodeArgs::precision (auto, accurate, fast)
+  int mla_splits = 0;  // mla-decode: MlaDecodeOverrides::num_splits (0 = the plan's choice)
 };
 
 struct Shape {
@@ -734,8 +736,8 @@ std::string mla_decode_suffix(int s_q, const std::string& precision, bool with_p
 
 /// Absorbed MLA decode: B sequences of T cached tokens (the shape's T is the context N), H heads, s_q query tokens per
 /// sequence in the precision `prec` (the fast precision reads q_hi alone).
-Measured bench_mla_decode(const Shape& s, int s_q, kernels::MlaDecodePrecision prec, int warmup, int iters,
-                          std::uint64_t seed) {
+Measured bench_mla_decode(const Shape& s, int s_q, kernels::MlaDecodePrecision prec, int splits, int warmup,
+                          int iters, std::uint64_t seed) {
   const long long DC = 512;
   const std::size_t nc = static_cast<std::size_t>(s.B) * s.T * DC, nq = static_cast<std::size_t>(s.B) * s_q * s.H * DC;
   Dev c(nc * 2), q_hi(nq * 2), q_lo(nq * 2), out(nq * 4);
@@ -749,19 +751,22 @@ Measured bench_mla_decode(const Shape& s, int s_q, kernels::MlaDecodePrecision p
   a.c = c.as<bf16_t>(); a.q_hi = q_hi.as<bf16_t>(); a.q_lo = q_lo.as<bf16_t>();
   a.scale = 1.0f / std::sqrt(192.0f);
   a.out = out.as<float>();
-  const auto pl = kernels::mla_decode_plan(a);
+  kernels::MlaDecodeOverrides ov;
+  ov.num_splits = splits;  // 0: the plan's choice
+  const auto pl = kernels::mla_decode_plan(a, &ov);
   if (pl.precision == kernels::MlaDecodePrecision::fast) a.q_lo = nullptr;  // fast reads the bf16 query alone
-  const std::size_t wsb = kernels::mla_decode_workspace_bytes(a);
+  const std::size_t wsb = kernels::mla_decode_workspace_bytes(a, &ov);
   Dev ws(wsb);
   a.workspace = ws.p; a.workspace_bytes = wsb;
-  auto [ms, mn] = time_ms([&] { kernels::mla_decode(a, nullptr); }, warmup, iters);
+  auto [ms, mn] = time_ms([&] { kernels::mla_decode(a, nullptr, &ov); }, warmup, iters);
   fmt::print("  (B={} N={} H={} s_q={}: {} precision, {} splits of {} tokens x {} row group{}, {} output, workspace "
              "{:.1f} MB)\n", s.B, s.T, s.H, s_q, kernels::mla_decode_precision_name(pl.precision), pl.num_splits,
              pl.split_len, pl.row_groups, pl.row_groups > 1 ? "s" : "", kernels::mla_decode_output_name(pl.output),
              wsb / 1e6);
   Measured m{ms, mn, 2.0 * nc, 4.0 * s.B * s.H * s.T * DC * s_q};
   if (s.B <= 8) {  // a decode loop runs in a graph: the per-step time without the host launch gap (printed beside)
-    m.graph_ms = graph_step_ms([&](cudaStream_t st) { kernels::mla_decode(a, st); }, 20, 2, std::max(3, iters / 5)).first;
+    m.graph_ms =
+        graph_step_ms([&](cudaStream_t st) { kernels::mla_decode(a, st, &ov); }, 20, 2, std::max(3, iters / 5)).first;
     fmt::print("  (B={} N={} H={} s_q={}: in a CUDA graph of 20 steps {:.1f} us per step, {:.2f} TB/s, {:.0f} TFLOP/s; "
                "the table times single launches)\n", s.B, s.T, s.H, s_q, 1e3 * m.graph_ms,
                2.0 * nc / (m.graph_ms * 1e-3) / 1e12, m.flops / (m.graph_ms * 1e-3) / 1e12);
@@ -1022,6 +1027,13 @@ void register_bench(Registry& reg) {
                 "precision). Rows whose precision is not the rule's get the key suffix ' fast' or ' accurate' (their "
                 "own baselines; the peer time is looked up under the key without it). " + mla_decode_only)
       ->capture_default_str();
+  a->add_option("--mla-splits", o->mla_splits,
+                "mla-decode slices per sequence (kernels/mla.hpp MlaDecodeOverrides::num_splits), >= 0: 0 = the plan's "
+                "choice (its wave model); N > 0 asks for N slices, rounded to whole 64-token blocks and at most one "
+                "slice per 32 tokens (the row's plan line says what ran). Rows with N > 0 get the key suffix "
+                "' splits=N' (their own baselines; the peer time is looked up under the key without it). " +
+                    mla_decode_only)
+      ->capture_default_str();
   a->add_option("--compare", o->compare,
                 "baseline bench results file(s) to compare against: prints time / baseline per row found (same group, "
                 "same key), flags rows more than 10% slower and then exits 1; several files (comma-separated like every list "
@@ -1073,6 +1085,8 @@ void register_bench(Registry& reg) {
             "--s-q = " + std::to_string(o->s_q) + "; accepted: 1 <= --s-q <= 4 query tokens per sequence");
     require(o->mla_precision == "auto" || o->mla_precision == "accurate" || o->mla_precision == "fast",
             "--mla-precision = '" + o->mla_precision + "'; accepted: auto, accurate or fast");
+    require(o->mla_splits >= 0, "--mla-splits = " + std::to_string(o->mla_splits) +
+                                    "; accepted: >= 0 slices per sequence (0 = the plan's choice)");
     require(o->mla_precision != "accurate" || o->s_q == 1,
             "--mla-precision accurate with --s-q " + std::to_string(o->s_q) +
                 "; accepted: accurate runs one query token (--s-q 1); --s-q > 1 runs fast (or auto, which picks fast)");
@@ -1092,7 +1106,8 @@ void register_bench(Registry& reg) {
           OneOpOption{o->kda_precision != def.kda_precision, "--precision " + o->kda_precision, "kda-prefill"},
           OneOpOption{o->bwd_pass != def.bwd_pass, "--bwd-pass " + o->bwd_pass, "kda-backward"},
           OneOpOption{o->s_q != def.s_q, "--s-q " + std::to_string(o->s_q), "mla-decode"},
-          OneOpOption{o->mla_precision != def.mla_precision, "--mla-precision " + o->mla_precision, "mla-decode"}})
+          OneOpOption{o->mla_precision != def.mla_precision, "--mla-precision " + o->mla_precision, "mla-decode"},
+          OneOpOption{o->mla_splits != def.mla_splits, "--mla-splits " + std::to_string(o->mla_splits), "mla-decode"}})
       require(!x.set || o->op == x.op || o->op == "all",
               x.given + " applies to --op " + x.op + " (or all) only, not --op " + o->op);
     require(ctx.app->get_option("--shapes")->count() == 0 || !o->shapes.empty(),
@@ -1315,14 +1330,15 @@ void register_bench(Registry& reg) {
         const std::string peer_key = mla_decode ? plain_key + mla_decode_suffix(o->s_q, o->mla_precision, false) : plain_key;
         const std::string key = accurate     ? plain_key + " accurate"
                                 : bwd_forced ? plain_key + " " + o->bwd_pass
-                                : mla_decode ? plain_key + mla_decode_suffix(o->s_q, o->mla_precision, true)
+                                : mla_decode ? plain_key + mla_decode_suffix(o->s_q, o->mla_precision, true) +
+                                                   (o->mla_splits > 0 ? " splits=" + std::to_string(o->mla_splits) : "")
                                              : plain_key;
         const Measured m =
             op == "kda-prefill"   ? bench_prefill(s, o->warmup, o->iters, ctx.common.seed,
                                                   prefill_overrides(o->kda_state_pass, o->kda_segments),
                                                   o->kda_overlap == "off", accurate)
-            : op == "mla-decode"  ? bench_mla_decode(s, o->s_q, mla_precision_of(o->mla_precision), o->warmup, o->iters,
-                                                     ctx.common.seed)
+            : op == "mla-decode"  ? bench_mla_decode(s, o->s_q, mla_precision_of(o->mla_precision), o->mla_splits,
+                                                     o->warmup, o->iters, ctx.common.seed)
             : op == "mla-prefill" && s.naive ? bench_mla_prefill_naive(s, s.N0, o->warmup, o->iters, ctx.common.seed)
             : op == "mla-prefill" ? bench_mla_prefill(s, s.N0, o->warmup, o->iters, ctx.common.seed)
             : op == "attn-res"    ? bench_attn_res(s, o->warmup, o->iters, ctx.common.seed)

@@ -49,6 +49,10 @@ TEST_CASE("bench: options and shape fields the chosen op ignores are refused, na
   for (const std::string given : {"--s-q 0", "--s-q 5"})
     cases.push_back({"--op mla-decode " + given, "accepted: 1 <= --s-q <= 4"});
   cases.push_back({"--op mla-decode --mla-precision hilo", "--mla-precision = 'hilo'; accepted: auto, accurate or fast"});
+  // --mla-splits acts on mla-decode only, >= 0
+  for (const std::string op : {"kda-prefill", "kda-decode", "kda-backward", "mla-prefill", "attn-res"})
+    cases.push_back({"--op " + op + " --mla-splits 8", "--mla-splits 8 applies to --op mla-decode (or all) only, not --op " + op});
+  cases.push_back({"--op mla-decode --mla-splits -1", "--mla-splits = -1; accepted: >= 0 slices per sequence"});
   cases.push_back({"--op mla-decode --s-q 2 --mla-precision accurate",
                    "--mla-precision accurate with --s-q 2; accepted: accurate runs one query token"});
   cases.push_back({"--op all --s-q 3 --mla-precision accurate", "--mla-precision accurate with --s-q 3"});
@@ -72,7 +76,8 @@ TEST_CASE("bench: options and shape fields the chosen op ignores are refused, na
                                   std::string("--op kda-backward --bwd-pass sweep --shapes 1:16:1"),
                                   std::string("--op mla-decode --s-q 4 --shapes 1:64:32"),
                                   std::string("--op mla-decode --s-q 1 --mla-precision fast --shapes 2:64:16"),
-                                  std::string("--op mla-decode --s-q 2 --mla-precision auto --shapes 1:64:16")}) {
+                                  std::string("--op mla-decode --s-q 2 --mla-precision auto --shapes 1:64:16"),
+                                  std::string("--op mla-decode --mla-splits 2 --shapes 1:128:32")}) {
     const auto r = run_kdalab("bench " + args + " --iters 1 --warmup 0 --out " + d.file("b.h5"));
     INFO(args << "\n" << r.output);
     CHECK(bench_valid_exit(r));
@@ -81,7 +86,8 @@ TEST_CASE("bench: options and shape fields the chosen op ignores are refused, na
   // --op all takes every one of them (each acts on its op's rows): the run gets as far as --out, the last check,
   // in every build and without any GPU work
   // (--segments 1, not 2: forced segments are refused up front with the default D = 256 row, tested below)
-  const auto r = run_kdalab("bench --op all --prefix 16 --segments 1 --overlap off --s-q 2 --mla-precision fast --out " +
+  const auto r = run_kdalab("bench --op all --prefix 16 --segments 1 --overlap off --s-q 2 --mla-precision fast "
+                            "--mla-splits 4 --out " +
                             d.file("no/such/folder/b.h5"));
   INFO(r.output);
   CHECK(r.code == 2);
