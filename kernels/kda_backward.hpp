@@ -32,7 +32,7 @@
 /// chunk-parallel kernel forms the gradients from them; every product fp32-class (three-pass tf32 or fp32 FMA).
 /// KdaBackwardPass::chunked_wg (what kda_backward_plan picks for D = 128) runs the same pass with the two chains on
 /// wgmma (kernels/kda_backward/chains_wg.cu), their products as bf16 hi + lo (~2^-16 relative each): the gradients
-/// stay at their bf16 floor and the backward takes 20-31% less time (docs/kernels/kda_backward.md).
+/// stay at their bf16 floor and the backward takes 19-31% less time (docs/kernels/kda_backward.md).
 /// Deterministic: no atomics; every sum has a fixed order, so two calls on the same inputs give the same bits.
 ///
 /// Layouts (row-major, last dimension contiguous): inputs as KdaPrefillArgs (strides in elements, 0 = contiguous):
