@@ -166,3 +166,30 @@ TEST_CASE("make_collinear_keys (backward problem): refuses a negative noise and 
   for (std::size_t t = 1; t < p.T; ++t)
     for (std::size_t i = 0; i < p.D; ++i) CHECK(p.k.data[t * p.D + i] == p.k.data[i]);
 }
+
+TEST_CASE("chunked backward twin: a wgmma forward chain whose update lost its lo parts is caught on long memory, by the "
+          "GPU test's 10% twin check and by the fp32 bound of dA_log and dbias",
+          "[twin][kda_bwd]") {
+  // the GPU test holds each bf16 gradient of the kernel within tol::twin_vs_kernel (10%) of its twin's error and each
+  // fp32 one (dS0, dA_log, dbias) within tol::kda_bwd_f32 of float64. A forward chain forming S^T += V~^T Kd from the
+  // bf16 hi parts alone (kda_bwd_plan_kernel_wg with fwd_kd plain bf16) must fail both where the state remembers over
+  // thousands of tokens (T = 2048 here; at T = 300 the bf16 gradients move by ~2% only, so a short case alone does
+  // not guard the chains' precision)
+  KdaBwdProblem p = kda_backward_problem(1, 2048, 1, 1, 128, {}, true, true, true, true, true, 20261205);
+  make_long_memory(p);
+  const KdaBwdGrads ref = kda_backward_kernel_form<double>(p);
+  KdaBwdTwinPlan lost_lo = kda_bwd_plan_kernel_wg();
+  lost_lo.fwd_kd = {Format::bf16, false};
+  const auto twin = errors(kda_chunk_backward_twin(p, kda_bwd_plan_kernel_wg()), ref, true);
+  const auto lost = errors(kda_chunk_backward_twin(p, lost_lo), ref, true);
+  double worst_bf16 = 0.0, worst_f32 = 0.0;  // the largest |lost - twin| / lost over the bf16 gradients; the largest
+                                             // fp32 error without the lo parts
+  for (std::size_t i = 0; i < twin.size(); ++i) {
+    std::printf("  %-6s twin %.3e, without the lo parts %.3e\n", twin[i].name, twin[i].err, lost[i].err);
+    if (twin[i].floor > 0) worst_bf16 = std::max(worst_bf16, std::fabs(lost[i].err - twin[i].err) / lost[i].err);
+    else worst_f32 = std::max(worst_f32, lost[i].err);
+    if (twin[i].floor == 0) CHECK(twin[i].err <= tol::kda_bwd_f32.value);  // the plan as built is within it
+  }
+  CHECK(worst_bf16 > tol::twin_vs_kernel.value);
+  CHECK(worst_f32 > tol::kda_bwd_f32.value);
+}
