@@ -94,7 +94,7 @@ KdaBackwardPass kda_backward_plan(const KdaBackwardArgs& a, const KdaBackwardOve
     throw Error(std::string(kOp) + ": pass = chunked with D = " + std::to_string(a.D) + " and " + std::to_string(N) +
                 " sequences; accepted: the chunked pass with D = 64 or 128 and at most 65535 sequences, the sweep "
                 "with any D and any number");
-  if (forced == KdaBackwardPass::chunked_wg && !(a.D == 128 && N <= 65535))
+  if (forced == KdaBackwardPass::chunked_wg && !(fits && a.D == 128))
     throw Error(std::string(kOp) + ": pass = chunked_wg with D = " + std::to_string(a.D) + " and " +
                 std::to_string(N) + " sequences; accepted: the chunked_wg pass with D = 128 and at most 65535 "
                 "sequences, the chunked pass with D = 64 or 128, the sweep with any D and any number");
