@@ -513,11 +513,11 @@ __global__ void __launch_bounds__(256, 2) grad_kernel(Params p) {
       }
       const int r = tid < 128 ? (tid & 63) >> 2 : (tid - 128) >> 3;
       const int c8 = 8 * (tid & 3), c4 = 4 * ((tid - 128) & 7);
-      uint4 w = make_uint4(0u, 0u, 0u, 0u);  // dO or V: bf16 element 2 m in the low half of word m; U: fp32 bits
+      uint4 wd4 = make_uint4(0u, 0u, 0u, 0u);  // dO or V: bf16 element 2 m in the low half of word m; U: fp32 bits
       if (tid >= 128)
-        w = *reinterpret_cast<const uint4*>(f + F::U + r * D + j0 + c4);
+        wd4 = *reinterpret_cast<const uint4*>(f + F::U + r * D + j0 + c4);
       else if (r < L)
-        w = *reinterpret_cast<const uint4*>((tid < 64 ? p.dO + row_dO : p.v + row_v) + r * (tid < 64 ? st_dO : st_v) +
+        wd4 = *reinterpret_cast<const uint4*>((tid < 64 ? p.dO + row_dO : p.v + row_v) + r * (tid < 64 ? st_dO : st_v) +
                                             j0 + c8);
 #pragma unroll
       for (int u = 0; u < NLD; ++u) {
@@ -526,7 +526,7 @@ __global__ void __launch_bounds__(256, 2) grad_kernel(Params p) {
         st4(sdS + i * NL + cc, b[u]);
       }
       if (tid < 128) {
-        const std::uint32_t wd[4] = {w.x, w.y, w.z, w.w};
+        const std::uint32_t wd[4] = {wd4.x, wd4.y, wd4.z, wd4.w};
         float x[8];
 #pragma unroll
         for (int m = 0; m < 4; ++m) {
@@ -537,8 +537,8 @@ __global__ void __launch_bounds__(256, 2) grad_kernel(Params p) {
         st4(dst, make_float4(x[0], x[1], x[2], x[3]));
         st4(dst + 4, make_float4(x[4], x[5], x[6], x[7]));
       } else {
-        st4(sU + r * NL + c4, make_float4(__uint_as_float(w.x), __uint_as_float(w.y), __uint_as_float(w.z),
-                                          __uint_as_float(w.w)));
+        st4(sU + r * NL + c4, make_float4(__uint_as_float(wd4.x), __uint_as_float(wd4.y), __uint_as_float(wd4.z),
+                                          __uint_as_float(wd4.w)));
       }
     }
     __syncthreads();
