@@ -95,21 +95,30 @@ __global__ void __launch_bounds__(256, 2) factors_kernel(Params p) {
   if (t0 >= len) return;  // uniform over the CTA
   const int L = min(C, len - t0), h = hv / p.group;
   float* f = p.fac + (static_cast<std::size_t>(slot0 + c) * p.HV + hv) * F::size;
-  for (int idx = tid; idx < C * D; idx += 256) {
-    const int r = idx / D, i = idx - r * D;
-    float k = 0.0f, q = 0.0f, g = 0.0f, v = 0.0f;
+  // the chunk's k, q, g, v: every load of the thread issued before its first store (one memory round trip, not one
+  // per element)
+  constexpr int NE = C * D / 256;
+  float k[NE], q[NE], g[NE], v[NE];
+#pragma unroll
+  for (int u = 0; u < NE; ++u) {
+    const int idx = tid + 256 * u, r = idx / D, i = idx - r * D;
+    k[u] = q[u] = g[u] = v[u] = 0.0f;
     if (r < L) {
       const int tau = bos + t0 + r;
       const std::size_t rk = (static_cast<std::size_t>(tau) * p.H + h) * D + i;
-      k = p.kn[rk];
-      q = p.qn[rk];
-      g = p.gf[(static_cast<std::size_t>(tau) * p.HV + hv) * D + i];
-      v = ld_v(p.v, p.sv, p, tau, hv, i);
+      k[u] = p.kn[rk];
+      q[u] = p.qn[rk];
+      g[u] = p.gf[(static_cast<std::size_t>(tau) * p.HV + hv) * D + i];
+      v[u] = ld_v(p.v, p.sv, p, tau, hv, i);
     }
-    sK[r * LD + i] = k;
-    sQ[r * LD + i] = q;
-    sGam[r * LD + i] = g;
-    sV[r * LD + i] = v;
+  }
+#pragma unroll
+  for (int u = 0; u < NE; ++u) {
+    const int idx = tid + 256 * u, r = idx / D, i = idx - r * D;
+    sK[r * LD + i] = k[u];
+    sQ[r * LD + i] = q[u];
+    sGam[r * LD + i] = g[u];
+    sV[r * LD + i] = v[u];
   }
   if (tid < C) sbt[tid] = tid < L ? p.bf[static_cast<std::size_t>(bos + t0 + tid) * p.HV + hv] : 0.0f;
   __syncthreads();
@@ -429,20 +438,32 @@ __global__ void __launch_bounds__(256, 2) grad_kernel(Params p) {
   const float* f = p.fac + sh * F::size;
   const float* gS = p.Sst + sh * D * D;
   const float* gdS = p.dSst + sh * D * D;
-  for (int idx = 4 * tid; idx < C * D; idx += 4 * 256) {  // float4: rows of D and of LD are multiples of 4 floats
-    const int r = idx / D, i = idx - r * D, o = r * LD + i;
-    st4(sW + o, ld4(f + F::W + idx));
-    st4(sKd + o, ld4(f + F::Kd + idx));
-    st4(sQg + o, ld4(f + F::Qg + idx));
-    // the prepared k (into sKg for now) and gate (into sGam), rows past the sequence zero as in the factors kernel
-    float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), gv = kv;
-    if (r < L) {
-      const int tau = bos + t0 + r;
-      kv = ld4(p.kn + (static_cast<std::size_t>(tau) * p.H + h) * D + i);
-      gv = ld4(p.gf + (static_cast<std::size_t>(tau) * p.HV + hv) * D + i);
+  {  // W, Kd, Qg, the prepared k (into sKg for now) and gate (into sGam), rows past the sequence zero as in the factors
+     // kernel; float4s (rows of D and of LD are multiples of 4 floats), every load issued before the first store
+    constexpr int NE = C * D / 1024;
+    float4 wv[NE], dv[NE], qv[NE], kv[NE], gv[NE];
+#pragma unroll
+    for (int u = 0; u < NE; ++u) {
+      const int idx = 4 * tid + 1024 * u, r = idx / D, i = idx - r * D;
+      wv[u] = ld4(f + F::W + idx);
+      dv[u] = ld4(f + F::Kd + idx);
+      qv[u] = ld4(f + F::Qg + idx);
+      kv[u] = gv[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (r < L) {
+        const int tau = bos + t0 + r;
+        kv[u] = ld4(p.kn + (static_cast<std::size_t>(tau) * p.H + h) * D + i);
+        gv[u] = ld4(p.gf + (static_cast<std::size_t>(tau) * p.HV + hv) * D + i);
+      }
     }
-    st4(sKg + o, kv);
-    st4(sGam + o, gv);
+#pragma unroll
+    for (int u = 0; u < NE; ++u) {
+      const int idx = 4 * tid + 1024 * u, r = idx / D, o = r * LD + idx - r * D;
+      st4(sW + o, wv[u]);
+      st4(sKd + o, dv[u]);
+      st4(sQg + o, qv[u]);
+      st4(sKg + o, kv[u]);
+      st4(sGam + o, gv[u]);
+    }
   }
   __syncthreads();
   if (tid < D) {  // Gam = e^G, G the cumulative log-decay of column tid (the factors kernel's operations, same bits)
@@ -480,7 +501,8 @@ __global__ void __launch_bounds__(256, 2) grad_kernel(Params p) {
   float dgl = 0.0f, dby = 0.0f;  // thread i < D: rowsum(dS S); thread r < C: rowsum(dY V)
   for (int j0 = 0; j0 < D; j0 += NT) {
     __syncthreads();
-    {  // the S and dS tiles: every load of the thread issued before its first store
+    {  // the S and dS tiles, and dO (threads 0-63) and V (64-127) as 4 lanes a token row of 8 bf16 columns (16
+       // bytes) each, or U (128-255) as a float4 a thread: every load of the thread issued before its first store
       constexpr int NLD = D * NT / 1024;
       float4 a[NLD], b[NLD];
 #pragma unroll
@@ -489,32 +511,35 @@ __global__ void __launch_bounds__(256, 2) grad_kernel(Params p) {
         a[u] = ld4(gS + static_cast<std::size_t>(i) * D + j0 + cc);
         b[u] = ld4(gdS + static_cast<std::size_t>(i) * D + j0 + cc);
       }
+      const int r = tid < 128 ? (tid & 63) >> 2 : (tid - 128) >> 3;
+      const int c8 = 8 * (tid & 3), c4 = 4 * ((tid - 128) & 7);
+      uint4 wd4 = make_uint4(0u, 0u, 0u, 0u);  // dO or V: bf16 element 2 m in the low half of word m; U: fp32 bits
+      if (tid >= 128)
+        wd4 = *reinterpret_cast<const uint4*>(f + F::U + r * D + j0 + c4);
+      else if (r < L)
+        wd4 = *reinterpret_cast<const uint4*>((tid < 64 ? p.dO + row_dO : p.v + row_v) + r * (tid < 64 ? st_dO : st_v) +
+                                            j0 + c8);
 #pragma unroll
       for (int u = 0; u < NLD; ++u) {
         const int idx = 4 * tid + 1024 * u, i = idx / NT, cc = idx - i * NT;
         st4(sS + i * NL + cc, a[u]);
         st4(sdS + i * NL + cc, b[u]);
       }
-    }
-    if (tid < 128) {  // dO (threads 0-63) and V (64-127): 4 lanes a token row, 8 bf16 columns (16 bytes) each
-      const int r = (tid & 63) >> 2, c8 = 8 * (tid & 3);
-      float x[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-      if (r < L) {  // bf16 element 2 m in the low half of word m
-        const bf16_t* src = (tid < 64 ? p.dO + row_dO : p.v + row_v) + r * (tid < 64 ? st_dO : st_v) + j0 + c8;
-        const uint4 u = *reinterpret_cast<const uint4*>(src);
-        const std::uint32_t wd[4] = {u.x, u.y, u.z, u.w};
+      if (tid < 128) {
+        const std::uint32_t wd[4] = {wd4.x, wd4.y, wd4.z, wd4.w};
+        float x[8];
 #pragma unroll
         for (int m = 0; m < 4; ++m) {
           x[2 * m] = __uint_as_float(wd[m] << 16);
           x[2 * m + 1] = __uint_as_float(wd[m] & 0xffff0000u);
         }
+        float* dst = (tid < 64 ? sdO : sV) + r * NL + c8;
+        st4(dst, make_float4(x[0], x[1], x[2], x[3]));
+        st4(dst + 4, make_float4(x[4], x[5], x[6], x[7]));
+      } else {
+        st4(sU + r * NL + c4, make_float4(__uint_as_float(wd4.x), __uint_as_float(wd4.y), __uint_as_float(wd4.z),
+                                          __uint_as_float(wd4.w)));
       }
-      float* dst = (tid < 64 ? sdO : sV) + r * NL + c8;
-      st4(dst, make_float4(x[0], x[1], x[2], x[3]));
-      st4(dst + 4, make_float4(x[4], x[5], x[6], x[7]));
-    } else {  // U from the factor slot: a float4 a thread
-      const int u = tid - 128, r = u >> 3, c4 = 4 * (u & 7);
-      st4(sU + r * NL + c4, ld4(f + F::U + r * D + j0 + c4));
     }
     __syncthreads();
     if (w < NT / 8) {  // V~ = U - W S

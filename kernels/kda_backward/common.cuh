@@ -120,23 +120,15 @@ __device__ __forceinline__ std::uint16_t f2bf(float x) {
   return *reinterpret_cast<const std::uint16_t*>(&h);
 }
 
-/// Sum over the block of one value per thread (blockDim.x a multiple of 32, <= 1024), the same on every thread, in a
-/// fixed order (xor butterfly in the warp, then the warps in order). `buf`: 32 floats of shared memory; the call
-/// synchronises the block twice.
-__device__ __forceinline__ float block_sum(float x, float* buf) {
+/// The sum over the 32 lanes of a warp, the same on every lane, in a fixed order (xor butterfly).
+__device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-  const int w = threadIdx.x / 32, nw = blockDim.x / 32;
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) buf[w] = x;
-  __syncthreads();
-  float s = 0.0f;
-  for (int i = 0; i < nw; ++i) s += buf[i];
-  return s;
+  return x;
 }
 
 // ---- launchers (host); each checks its launch with cuda_check ----
-/// prepare.cu: grid (M, HV), one thread per key row.
+/// prepare.cu: one warp per (token row, key head), 8 per CTA.
 void launch_prepare(const Params& p, cudaStream_t stream);
 /// sweep.cu: the most CTAs of the sweep resident at once on the current device (the scratch is sized for them).
 int sweep_resident_ctas(int D);

@@ -11,13 +11,6 @@
 namespace kdalab::kernels::kda_backward_detail {
 namespace {
 
-/// The sum over the 32 lanes of a warp (every lane gets it).
-__device__ __forceinline__ float warp_sum(float x) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-  return x;
-}
-
 /// One warp per (token row, key head), 8 per CTA; lane l owns key columns l, l + 32, .. (E = D / 32 of them), so
 /// every load of a row is 128 contiguous bytes and every reduction is a warp's (no barrier).
 template <int D>
