@@ -17,11 +17,8 @@ template <int D>
 __global__ void __launch_bounds__(256) epilogue_kernel(Params p) {
   constexpr int E = D / 32;
   const int lane = threadIdx.x & 31;
-  const long long row = static_cast<long long>(blockIdx.x) * 8 + threadIdx.x / 32;
-  if (row >= static_cast<long long>(p.M) * p.H) return;  // uniform over the warp
-  const int tau = static_cast<int>(row / p.H), h = static_cast<int>(row - static_cast<long long>(tau) * p.H);
-  int b, t;
-  row_bt(p, tau, b, t);
+  int tau, h, b, t;
+  if (!warp_key_row(p, tau, h, b, t)) return;  // uniform over the warp
   const std::size_t plane = static_cast<std::size_t>(p.M) * p.HV * D;  // one column block's partials
   float dq[E], dk[E];
 #pragma unroll
