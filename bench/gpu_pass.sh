@@ -8,7 +8,8 @@
 # Env: FLA_BENCH_BWD=1 with op all also times fla's forward + backward (bench/fla_kda.py --ops ...,kda-backward).
 # Env: TESTS="gpu_test_a gpu_test_b" runs only those GPU test binaries (default: all).
 # Env: SANITIZE=1 also runs each GPU test under compute-sanitizer memcheck (timeout SAN_TIMEOUT s each; serial).
-# Env: PY=1 also builds the Python package with CUDA, runs its tests and kdalab-verify on kdalab's kernels.
+# Env: PY=1 also builds the Python package with CUDA, runs its tests and kdalab-verify on kdalab's kernels, and has
+#   the fla gradient files carry kdalab's gradients on the same inputs (bench/fla_kda_bwd.py --candidate all).
 # Env: PARALLEL=0 runs the GPU test binaries one after another (default 1: all at once, see below).
 # Exit status: 1 when a GPU test process failed (after everything else ran and was packed), else 0.
 set -u
@@ -94,7 +95,9 @@ if [ "$op" != none ]; then
   # present, FLA_BWD not 0 and a kdalab whose check knows kda-bwd. The .h5 files stay out of gpu_pass.tgz (too large).
   if [ "$op" = all ] && [ -d peers/fla-src ] && [ "${FLA_BWD:-1}" != 0 ]; then
     if "$B/experiments/kdalab" check --help 2>&1 | grep -q kda-bwd; then
-      step fla-kda-bwd python3 bench/fla_kda_bwd.py --fla-path peers/fla-src --out-dir "$OUT/fla_bwd" --candidate both \
+      # with PY=1 kdalab's own gradients on the same inputs too (--candidate all, through kdalab.torch)
+      cand=both; fenv=(); [ "${PY:-0}" = 1 ] && { cand=all; fenv=("${pyenv[@]}"); }
+      step fla-kda-bwd "${fenv[@]}" python3 bench/fla_kda_bwd.py --fla-path peers/fla-src --out-dir "$OUT/fla_bwd" --candidate $cand \
         --force --time-budget "${FLA_BWD_BUDGET:-300}"
       for f in "$OUT"/fla_bwd/fla_kda_bwd_*.h5; do [ -f "$f" ] || continue; n=$(basename "$f" .h5)
         TAIL=30 step "check-$n" "$B/experiments/kdalab" check --op kda-bwd --in "$f" --out "$OUT/fla_bwd/$n.report.h5"; done
