@@ -93,10 +93,16 @@ __device__ __forceinline__ void row_bt(const Params& p, int tau, int& b, int& t)
     t = tau - b * p.T;
   }
 }
-/// The (token row tau, key head h) of this warp in the one-warp-per-row kernels (prepare, epilogue: 8 warps a CTA,
-/// rows in (token, key head) order) and its (batch entry b, token t); false past the last row (uniform over the warp).
+/// Warps (of 32 threads) a CTA in the one-warp-per-row kernels (prepare, epilogue): one per (token row, key head).
+constexpr int kRowWarps = 8;
+/// Their grid: enough CTAs of kRowWarps warps for the M H rows.
+inline unsigned warp_key_row_grid(const Params& p) {
+  return static_cast<unsigned>((static_cast<long long>(p.M) * p.H + kRowWarps - 1) / kRowWarps);
+}
+/// The (token row tau, key head h) of this warp in the one-warp-per-row kernels (rows in (token, key head) order) and
+/// its (batch entry b, token t); false past the last row (uniform over the warp).
 __device__ __forceinline__ bool warp_key_row(const Params& p, int& tau, int& h, int& b, int& t) {
-  const long long row = static_cast<long long>(blockIdx.x) * 8 + threadIdx.x / 32;
+  const long long row = static_cast<long long>(blockIdx.x) * kRowWarps + threadIdx.x / 32;
   if (row >= static_cast<long long>(p.M) * p.H) return false;
   tau = static_cast<int>(row / p.H);
   h = static_cast<int>(row - static_cast<long long>(tau) * p.H);

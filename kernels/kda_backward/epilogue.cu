@@ -14,7 +14,7 @@ namespace {
 /// One warp per (token row, key head), 8 per CTA; lane l owns key columns l, l + 32, .. (E = D / 32 of them), so
 /// every load of a row is 128 contiguous bytes and every reduction is a warp's (no barrier).
 template <int D>
-__global__ void __launch_bounds__(256) epilogue_kernel(Params p) {
+__global__ void __launch_bounds__(kRowWarps * 32) epilogue_kernel(Params p) {
   constexpr int E = D / 32;
   const int lane = threadIdx.x & 31;
   int tau, h, b, t;
@@ -153,11 +153,10 @@ __global__ void __launch_bounds__(PR * 32) params_kernel(Params p) {
 }  // namespace
 
 void launch_epilogue(const Params& p, cudaStream_t stream) {
-  const long long rows = static_cast<long long>(p.M) * p.H;
-  const unsigned grid = static_cast<unsigned>((rows + 7) / 8);
-  if (p.D == 64) epilogue_kernel<64><<<grid, 256, 0, stream>>>(p);
-  else if (p.D == 128) epilogue_kernel<128><<<grid, 256, 0, stream>>>(p);
-  else epilogue_kernel<256><<<grid, 256, 0, stream>>>(p);
+  const unsigned grid = warp_key_row_grid(p);
+  if (p.D == 64) epilogue_kernel<64><<<grid, kRowWarps * 32, 0, stream>>>(p);
+  else if (p.D == 128) epilogue_kernel<128><<<grid, kRowWarps * 32, 0, stream>>>(p);
+  else epilogue_kernel<256><<<grid, kRowWarps * 32, 0, stream>>>(p);
   cuda_check(cudaGetLastError(), "kda_backward epilogue launch");
   if (p.fuse_gate) {
     params_kernel<<<dim3(p.HV, (p.D + 31) / 32), PR * 32, 0, stream>>>(p);

@@ -10,7 +10,7 @@ namespace kdalab::kernels::kda_backward_detail {
 namespace {
 
 template <int D>
-__global__ void __launch_bounds__(256) prepare_kernel(Params p) {
+__global__ void __launch_bounds__(kRowWarps * 32) prepare_kernel(Params p) {
   constexpr int E = D / 32;
   const int lane = threadIdx.x & 31;
   int tau, h, b, t;
@@ -60,11 +60,10 @@ __global__ void __launch_bounds__(256) prepare_kernel(Params p) {
 }  // namespace
 
 void launch_prepare(const Params& p, cudaStream_t stream) {
-  const long long rows = static_cast<long long>(p.M) * p.H;
-  const unsigned grid = static_cast<unsigned>((rows + 7) / 8);
-  if (p.D == 64) prepare_kernel<64><<<grid, 256, 0, stream>>>(p);
-  else if (p.D == 128) prepare_kernel<128><<<grid, 256, 0, stream>>>(p);
-  else prepare_kernel<256><<<grid, 256, 0, stream>>>(p);
+  const unsigned grid = warp_key_row_grid(p);
+  if (p.D == 64) prepare_kernel<64><<<grid, kRowWarps * 32, 0, stream>>>(p);
+  else if (p.D == 128) prepare_kernel<128><<<grid, kRowWarps * 32, 0, stream>>>(p);
+  else prepare_kernel<256><<<grid, kRowWarps * 32, 0, stream>>>(p);
   cuda_check(cudaGetLastError(), "kda_backward prepare launch");
 }
 
