@@ -86,9 +86,10 @@ if [ "$op" != none ]; then
     [ -d peers/fla-src ] && step fla-kda python3 bench/fla_kda.py --fla-path peers/fla-src --json "$OUT/fla_kda.json" \
       --check-dir "$OUT/fla_check" "${fla_ops[@]}" && peer+=(--peer-json "$OUT/fla_kda.json");; esac
   # the baselines of this card: data/baselines/h100/*.h5 on an H100 (all.h5, and the rows it lacks: kda-backward,
-  # the accurate precision's kda-prefill rows, the mla-prefill rows behind a cached prefix), data/baselines/h200.h5 and data/baselines/h200/*.h5 (kda-backward)
-  # otherwise
-  base=(data/baselines/h200.h5 data/baselines/h200/*.h5); nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -q H100 && base=(data/baselines/h100/*.h5)
+  # the accurate precision's kda-prefill rows, the mla-prefill rows behind a cached prefix), otherwise
+  # data/baselines/h200/*.h5 (one file an op, newer) before data/baselines/h200.h5 (the rows they lack: kda-decode and
+  # the default kda-prefill rows of D = 64 and 256); --compare takes a row from the first file that has it
+  base=(data/baselines/h200/*.h5 data/baselines/h200.h5); nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -q H100 && base=(data/baselines/h100/*.h5)
   for f in "${base[@]}"; do [ -f "$f" ] && cmp+=(--compare "$f"); done
   TAIL=${BENCH_TAIL:-40} step "bench-$op" "$B/experiments/kdalab" bench --op "$op" "${peer[@]}" "${cmp[@]}" --out "$OUT/bench-$op.h5"
   # fla's KDA gradients (bench/fla_kda_bwd.py) checked by `kdalab check --op kda-bwd`: only with op all, peers/fla-src

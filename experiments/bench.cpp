@@ -599,8 +599,10 @@ std::pair<double, double> chunked_backward_model(const Shape& s) {
   const double in = 2.0 * (2.0 * nq + 3.0 * nv + nb) + 4.0 * (HV + HV * D) + 4.0 * 2.0 * ns;
   const double out = 2.0 * (2.0 * nq + 2.0 * nv + nb) + 4.0 * (HV + HV * D) + 4.0 * ns;
   const double fac = J * HV * (4.0 * C * D + D + 3.0 * C * C);
-  const double ws = M * (2.0 * H * D + 2.0 * H + HV * D + HV) + 2.0 * J * HV * D * D + M * HV * (3.0 * D + 1.0) +
-                    M * HV + M * HV * D;
+  // the partials: dq, dk, dg and dbeta for the epilogue kernel, and dg_raw for the params sums; with HV = H the
+  // gradient kernel applies the chain rules itself and only dg_raw is kept
+  const double part = HV == H ? M * HV * D : M * HV * (3.0 * D + 1.0) + M * HV * D;
+  const double ws = M * (2.0 * H * D + 2.0 * H + HV * D + HV) + 2.0 * J * HV * D * D + part + M * HV;
   const double fma = J * HV * (10.0 * C * D * D + 13.0 * C * C * D + C * C * (2.0 * D + C) / 2.0);
   return {in + out + 2.0 * 4.0 * ws + 4.0 * 4.0 * fac + 4.0 * M * HV * D, 2.0 * fma};
 }
@@ -652,7 +654,9 @@ Measured bench_backward(const Shape& s, int warmup, int iters, std::uint64_t see
         chunked ? std::vector<std::pair<Ph, const char*>>{{Ph::prepare, "prepare"}, {Ph::factors, "factors"},
                                                           {Ph::forward_chain, "forward chain"},
                                                           {Ph::reverse_chain, "reverse chain"},
-                                                          {Ph::gradients, "gradients"}, {Ph::all, "epilogue"}}
+                                                          {Ph::gradients, "gradients"},
+                                                          // HV = H: the gradient kernel applies the chain rules
+                                                          {Ph::all, s.HV == s.H ? "params" : "epilogue"}}
                 : std::vector<std::pair<Ph, const char*>>{{Ph::prepare, "prepare"}, {Ph::gradients, "sweep"},
                                                           {Ph::all, "epilogue"}};
     std::string line;

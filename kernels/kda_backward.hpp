@@ -25,7 +25,8 @@
 ///     complete per column and written directly; the per-row sums over columns (dq, dk, dg) and dbeta are written as
 ///     fp32 partials per column block.
 ///  3. epilogue: sums the partials (and dq, dk over the value heads sharing a key head) in a fixed order, applies the
-///     chain rules, writes bf16; 4. a fixed-order (fp64-accumulated) sum over tokens gives dA_log and dbias.
+///     chain rules, writes bf16 (the chunked passes with HV = H do this at the end of their gradient kernel instead,
+///     with the same functions and bits); 4. a fixed-order (fp64-accumulated) sum over tokens gives dA_log and dbias.
 /// Version 2, the chunked pass (KdaBackwardPass::chunked, what kda_backward_plan picks for D = 64): steps 1,
 /// 3 and 4 as above; step 2 in 16-token chunks in the WY form (kernels/kda_backward/chunked.cu): a chunk-parallel
 /// kernel forms each chunk's factors, two chunk-sequential chains store S entering and dS leaving every chunk, and a
@@ -120,6 +121,10 @@ enum class KdaBackwardPhase {
 struct KdaBackwardOverrides {
   KdaBackwardPass pass = KdaBackwardPass::automatic;
   KdaBackwardPhase last = KdaBackwardPhase::all;
+  /// The chunked passes with HV = H apply the chain rules (L2Norm, gate, beta sigmoid) at the end of their gradient
+  /// kernel, and no epilogue kernel runs; true keeps the partials and the separate epilogue kernel there too (the
+  /// same bits: tests compare the two).
+  bool separate_epilogue = false;
 };
 
 /// The pass kda_backward runs for these arguments and overrides (never automatic). Errors: kdalab::Error for bad
@@ -138,7 +143,8 @@ KdaBackwardPass kda_backward_plan(const KdaBackwardArgs& a, const KdaBackwardOve
 ///   chunked pass (16-token chunks, J = N ceil(T / 16) or N + floor(T / 16) + 1 chunk slots):
 ///     chunk factors   J HV (7 16 D + 3 16^2)
 ///     S and dS        2 J HV D^2 (the state entering and the gradient leaving every chunk)
-///     partials        M HV (3 D + 1) + M HV
+///     partials        M HV (3 D + 1) + M HV, or M HV (D + 1) where HV = H (the gradient kernel applies the chain
+///                     rules; KdaBackwardOverrides::separate_epilogue keeps the first form)
 /// each region rounded up to 256 bytes.
 std::size_t kda_backward_workspace_bytes(const KdaBackwardArgs& a, const KdaBackwardOverrides* overrides = nullptr);
 

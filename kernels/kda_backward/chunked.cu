@@ -687,7 +687,10 @@ __global__ void __launch_bounds__(256, 2) grad_kernel(Params p) {
         if (r == C - 1) dG += sGam[(C - 1) * LD + i] * sdgL[i];
         sdG[r * LD + i] = dG;
       }
-      if (r < L) {
+      if (p.tail_in_grad) {  // into W's and Kd's places (read no more) for the tail below
+        *reinterpret_cast<float2*>(sW + r * LD + i0) = make_float2(oq[0], oq[1]);
+        *reinterpret_cast<float2*>(sKd + r * LD + i0) = make_float2(ok[0], ok[1]);
+      } else if (r < L) {
         const std::size_t o = (static_cast<std::size_t>(tau) * p.HV + hv) * D + i0;
         *reinterpret_cast<float2*>(p.pq + o) = make_float2(oq[0], oq[1]);
         *reinterpret_cast<float2*>(p.pk + o) = make_float2(ok[0], ok[1]);
@@ -695,17 +698,45 @@ __global__ void __launch_bounds__(256, 2) grad_kernel(Params p) {
     }
   }
   __syncthreads();
-  if (tid < D) {  // dg: the suffix sums of dG over the chunk's rows
+  if (tid < D) {  // dg: the suffix sums of dG over the chunk's rows (in dG's place for the tail, or as partials)
     float acc = 0.0f;
     for (int r = C - 1; r >= 0; --r) {
       acc += sdG[r * LD + tid];
-      if (r < L) p.pg[(static_cast<std::size_t>(bos + t0 + r) * p.HV + hv) * D + tid] = acc;
+      if (p.tail_in_grad) sdG[r * LD + tid] = acc;
+      else if (r < L) p.pg[(static_cast<std::size_t>(bos + t0 + r) * p.HV + hv) * D + tid] = acc;
     }
   }
+  if (!p.tail_in_grad) {
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+      const int r = 2 * w + m;
+      if (lane == 0 && r < L) p.pb[static_cast<std::size_t>(bos + t0 + r) * p.HV + hv] = dbr[m];
+    }
+    return;
+  }
+  // The tail (one value head a key head, so h == hv): the epilogue's chain rules on this chunk's rows, warp w taking
+  // rows 2 w and 2 w + 1 with the epilogue's lane mapping (lane l: key columns l, l + 32, ..) and functions, so the
+  // bits are the epilogue kernel's.
+  __syncthreads();
+  constexpr int E = D / 32;
 #pragma unroll
   for (int m = 0; m < 2; ++m) {
     const int r = 2 * w + m;
-    if (lane == 0 && r < L) p.pb[static_cast<std::size_t>(bos + t0 + r) * p.HV + hv] = dbr[m];
+    if (r >= L) break;  // uniform over the warp
+    const int tau = bos + t0 + r;
+    int b, t;
+    row_bt(p, tau, b, t);
+    float graw[E];
+    load_raw_gate<D>(p, lane, b, t, hv, graw);
+    float dq[E], dk[E], dg[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      dq[e] = sW[r * LD + lane + 32 * e];
+      dk[e] = sKd[r * LD + lane + 32 * e];
+      dg[e] = sdG[r * LD + lane + 32 * e];
+    }
+    finish_key_row<D>(p, lane, static_cast<std::size_t>(tau) * p.H + h, dq, dk);
+    finish_value_row<D>(p, lane, static_cast<std::size_t>(tau) * p.HV + hv, b, t, hv, dg, graw, dbr[m]);
   }
 }
 

@@ -64,6 +64,10 @@ struct Params {
   float* scratch;      // [grid][SCRATCH_TILES][D NC]
   float *pq, *pk, *pg;  // [P][M][HV][D]: partial dq, dk, dg of each column block (pg[0]: dg_raw after the epilogue)
   float* pb;            // [P][M][HV]: partial dbeta
+  // the chunked pass's gradient kernel applies the chain rules itself (finish_key_row, finish_value_row) and the
+  // epilogue kernel does not run: one column block and one value head a key head (group == 1). pq, pk and pb are then
+  // not written (nor allocated); pg[0] still receives dg_raw for the params sums.
+  bool tail_in_grad;
   float* pA;            // [M][HV]: per-token dA_log terms
   // the chunked pass (chunked.cu): per (chunk slot, value head)
   float* fac;   // [slots][HV][FAC]: the chunk's factors
@@ -141,6 +145,98 @@ __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
   return x;
+}
+
+/// The last step of a (token row, key head) row, lane l holding the key columns l, l + 32, .. (E = D / 32) of its
+/// summed dq and dk: the L2Norm's backward dx = (dy - y (y . dy)) / ||x|| when the forward normalised, then the stores
+/// (bf16, or fp32 with KdaBackwardArgs::dq_f32). `rk` = tau H + h. Used by the epilogue kernel and by the gradient
+/// kernel's own tail (Params::tail_in_grad), so both give the same bits.
+template <int D>
+__device__ __forceinline__ void finish_key_row(const Params& p, int lane, std::size_t rk, float (&dq)[D / 32],
+                                               float (&dk)[D / 32]) {
+  constexpr int E = D / 32;
+  if (p.l2norm) {
+    float yq[E], yk[E], sq = 0.0f, sk = 0.0f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      yq[e] = p.qn[rk * D + lane + 32 * e];
+      yk[e] = p.kn[rk * D + lane + 32 * e];
+      sq += yq[e] * dq[e];
+      sk += yk[e] * dk[e];
+    }
+    sq = warp_sum(sq);
+    sk = warp_sum(sk);
+    const float iq = p.qinv[rk], ik = p.kinv[rk];
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      dq[e] = (dq[e] - yq[e] * sq) * iq;
+      dk[e] = (dk[e] - yk[e] * sk) * ik;
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    const std::size_t o = rk * D + lane + 32 * e;
+    if (p.dq32) {
+      p.dq32[o] = dq[e];
+      p.dk32[o] = dk[e];
+    } else {
+      p.dq[o] = f2bf(dq[e]);
+      p.dk[o] = f2bf(dk[e]);
+    }
+  }
+}
+
+/// The raw gate of a (token row, value head) row, lane l's key columns (fused gate only): loaded ahead of the partial
+/// sums that finish_value_row needs, so that its latency overlaps them.
+template <int D>
+__device__ __forceinline__ void load_raw_gate(const Params& p, int lane, int b, int t, int hv, float (&graw)[D / 32]) {
+  if (p.fuse_gate)
+#pragma unroll
+    for (int e = 0; e < D / 32; ++e) graw[e] = bf2f(p.g[at(p.sg, b, t, hv) + lane + 32 * e]);
+}
+
+/// The last step of a (token row, value head) row, lane l holding the key columns l, l + 32, .. of its summed dg and
+/// every lane the summed dbeta `db`: through the K3 gate (dg_raw = dg g_min s (1 - s) exp(A_log), kept in fp32 in
+/// partial slot 0 for dbias, and the token's dA_log term into pA) when fused, through the beta sigmoid when the
+/// forward applied it, then the stores. `rv` = tau HV + hv; graw from load_raw_gate.
+template <int D>
+__device__ __forceinline__ void finish_value_row(const Params& p, int lane, std::size_t rv, int b, int t, int hv,
+                                                 const float (&dg)[D / 32], const float (&graw)[D / 32], float db) {
+  constexpr int E = D / 32;
+  if (p.fuse_gate) {
+    const float ea = expf(p.A_log[hv]);
+    float dA = 0.0f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const int i = lane + 32 * e;
+      const std::size_t o = rv * D + i;
+      const float z = graw[e] + p.bias[hv * D + i];
+      const float u = ea * z, sg = sigm(u);
+      const float dgdu = p.g_min * sg * (1.0f - sg);
+      const float draw = dg[e] * dgdu * ea;
+      if (p.dg32) p.dg32[o] = draw;
+      else p.dg[o] = f2bf(draw);
+      p.pg[o] = draw;  // slot 0, this lane's own element: the per-token dbias term
+      dA += dg[e] * dgdu * u;
+    }
+    dA = warp_sum(dA);
+    if (lane == 0) p.pA[rv] = dA;
+  } else {
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const std::size_t o = rv * D + lane + 32 * e;
+      if (p.dg32) p.dg32[o] = dg[e];
+      else p.dg[o] = f2bf(dg[e]);
+    }
+  }
+  if (lane == 0) {
+    if (p.beta_sigmoid) {
+      const float sb = sigm(bf2f(p.beta[at(p.sbeta, b, t, hv)]));
+      db *= sb * (1.0f - sb);
+    }
+    if (p.dbeta32) p.dbeta32[rv] = db;
+    else p.dbeta[rv] = f2bf(db);
+  }
 }
 
 // ---- launchers (host); each checks its launch with cuda_check ----

@@ -32,85 +32,21 @@ __global__ void __launch_bounds__(kRowWarps * 32) epilogue_kernel(Params p) {
         dk[e] += p.pk[c * plane + o + 32 * e];
       }
   }
-  const std::size_t rk = static_cast<std::size_t>(tau) * p.H + h;
-  if (p.l2norm) {
-    float yq[E], yk[E], sq = 0.0f, sk = 0.0f;
-#pragma unroll
-    for (int e = 0; e < E; ++e) {
-      yq[e] = p.qn[rk * D + lane + 32 * e];
-      yk[e] = p.kn[rk * D + lane + 32 * e];
-      sq += yq[e] * dq[e];
-      sk += yk[e] * dk[e];
-    }
-    sq = warp_sum(sq);
-    sk = warp_sum(sk);
-    const float iq = p.qinv[rk], ik = p.kinv[rk];
-#pragma unroll
-    for (int e = 0; e < E; ++e) {
-      dq[e] = (dq[e] - yq[e] * sq) * iq;
-      dk[e] = (dk[e] - yk[e] * sk) * ik;
-    }
-  }
-#pragma unroll
-  for (int e = 0; e < E; ++e) {
-    const std::size_t o = rk * D + lane + 32 * e;
-    if (p.dq32) {
-      p.dq32[o] = dq[e];
-      p.dk32[o] = dk[e];
-    } else {
-      p.dq[o] = f2bf(dq[e]);
-      p.dk[o] = f2bf(dk[e]);
-    }
-  }
+  finish_key_row<D>(p, lane, static_cast<std::size_t>(tau) * p.H + h, dq, dk);
 
   for (int hv = h * p.group; hv < (h + 1) * p.group; ++hv) {
     const std::size_t rv = static_cast<std::size_t>(tau) * p.HV + hv;
-    float graw[E];  // the raw gate, loaded before the partial sums so that its latency overlaps them
-    if (p.fuse_gate)
-#pragma unroll
-      for (int e = 0; e < E; ++e) graw[e] = bf2f(p.g[at(p.sg, b, t, hv) + lane + 32 * e]);
+    float graw[E];
+    load_raw_gate<D>(p, lane, b, t, hv, graw);
     float dg[E];
 #pragma unroll
     for (int e = 0; e < E; ++e) dg[e] = 0.0f;
     for (int c = 0; c < p.P; ++c)
 #pragma unroll
       for (int e = 0; e < E; ++e) dg[e] += p.pg[c * plane + rv * D + lane + 32 * e];
-    if (p.fuse_gate) {
-      const float ea = expf(p.A_log[hv]);
-      float dA = 0.0f;
-#pragma unroll
-      for (int e = 0; e < E; ++e) {
-        const int i = lane + 32 * e;
-        const std::size_t o = rv * D + i;
-        const float z = graw[e] + p.bias[hv * D + i];
-        const float u = ea * z, sg = sigm(u);
-        const float dgdu = p.g_min * sg * (1.0f - sg);
-        const float draw = dg[e] * dgdu * ea;
-        if (p.dg32) p.dg32[o] = draw;
-        else p.dg[o] = f2bf(draw);
-        p.pg[o] = draw;  // slot 0, this lane's own element: the per-token dbias term
-        dA += dg[e] * dgdu * u;
-      }
-      dA = warp_sum(dA);
-      if (lane == 0) p.pA[rv] = dA;
-    } else {
-#pragma unroll
-      for (int e = 0; e < E; ++e) {
-        const std::size_t o = rv * D + lane + 32 * e;
-        if (p.dg32) p.dg32[o] = dg[e];
-        else p.dg[o] = f2bf(dg[e]);
-      }
-    }
-    if (lane == 0) {
-      float db = 0.0f;
-      for (int c = 0; c < p.P; ++c) db += p.pb[static_cast<std::size_t>(c) * p.M * p.HV + rv];
-      if (p.beta_sigmoid) {
-        const float sb = sigm(bf2f(p.beta[at(p.sbeta, b, t, hv)]));
-        db *= sb * (1.0f - sb);
-      }
-      if (p.dbeta32) p.dbeta32[rv] = db;
-      else p.dbeta[rv] = f2bf(db);
-    }
+    float db = 0.0f;
+    for (int c = 0; c < p.P; ++c) db += p.pb[static_cast<std::size_t>(c) * p.M * p.HV + rv];
+    finish_value_row<D>(p, lane, rv, b, t, hv, dg, graw, db);
   }
 }
 
@@ -153,11 +89,13 @@ __global__ void __launch_bounds__(PR * 32) params_kernel(Params p) {
 }  // namespace
 
 void launch_epilogue(const Params& p, cudaStream_t stream) {
-  const unsigned grid = warp_key_row_grid(p);
-  if (p.D == 64) epilogue_kernel<64><<<grid, kRowWarps * 32, 0, stream>>>(p);
-  else if (p.D == 128) epilogue_kernel<128><<<grid, kRowWarps * 32, 0, stream>>>(p);
-  else epilogue_kernel<256><<<grid, kRowWarps * 32, 0, stream>>>(p);
-  cuda_check(cudaGetLastError(), "kda_backward epilogue launch");
+  if (!p.tail_in_grad) {  // else the gradient kernel has applied the chain rules
+    const unsigned grid = warp_key_row_grid(p);
+    if (p.D == 64) epilogue_kernel<64><<<grid, kRowWarps * 32, 0, stream>>>(p);
+    else if (p.D == 128) epilogue_kernel<128><<<grid, kRowWarps * 32, 0, stream>>>(p);
+    else epilogue_kernel<256><<<grid, kRowWarps * 32, 0, stream>>>(p);
+    cuda_check(cudaGetLastError(), "kda_backward epilogue launch");
+  }
   if (p.fuse_gate) {
     params_kernel<<<dim3(p.HV, (p.D + 31) / 32), PR * 32, 0, stream>>>(p);
     cuda_check(cudaGetLastError(), "kda_backward params launch");

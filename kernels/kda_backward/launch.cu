@@ -44,7 +44,13 @@ struct Layout {
   int grid, P;
 };
 
-Layout layout_of(const KdaBackwardArgs& a, KdaBackwardPass pass) {
+/// The chunked passes finish the rows in their gradient kernel (Params::tail_in_grad) where HV = H.
+bool tail_in_grad(const KdaBackwardArgs& a, KdaBackwardPass pass, const KdaBackwardOverrides* ov) {
+  const bool chunked = pass == KdaBackwardPass::chunked || pass == KdaBackwardPass::chunked_wg;
+  return chunked && a.HV == a.H && !(ov && ov->separate_epilogue);
+}
+
+Layout layout_of(const KdaBackwardArgs& a, KdaBackwardPass pass, bool tail) {
   const bool chunked = pass == KdaBackwardPass::chunked || pass == KdaBackwardPass::chunked_wg;
   const std::size_t M = static_cast<std::size_t>(a.B) * a.T, H = a.H, HV = a.HV, D = a.D;
   const std::size_t N = a.cu_seqlens ? a.num_seqs : a.B;
@@ -74,10 +80,10 @@ Layout layout_of(const KdaBackwardArgs& a, KdaBackwardPass pass) {
   l.fac = take(cslots * HV * (chunked ? chunked_factor_floats(a.D) : 0));
   l.Sst = take(cslots * HV * D * D);
   l.dSst = take(cslots * HV * D * D);
-  l.pq = take(P * M * HV * D);
-  l.pk = take(P * M * HV * D);
+  l.pq = take(tail ? 0 : P * M * HV * D);
+  l.pk = take(tail ? 0 : P * M * HV * D);
   l.pg = take(P * M * HV * D);
-  l.pb = take(P * M * HV);
+  l.pb = take(tail ? 0 : P * M * HV);
   l.pA = take(M * HV);
   l.total = off;
   return l;
@@ -104,7 +110,8 @@ KdaBackwardPass kda_backward_plan(const KdaBackwardArgs& a, const KdaBackwardOve
 }
 
 std::size_t kda_backward_workspace_bytes(const KdaBackwardArgs& a, const KdaBackwardOverrides* ov) {
-  return layout_of(a, kda_backward_plan(a, ov)).total;
+  const KdaBackwardPass pass = kda_backward_plan(a, ov);
+  return layout_of(a, pass, tail_in_grad(a, pass, ov)).total;
 }
 
 void kda_backward(const KdaBackwardArgs& a, cudaStream_t stream, const KdaBackwardOverrides* ov) {
@@ -136,7 +143,8 @@ void kda_backward(const KdaBackwardArgs& a, cudaStream_t stream, const KdaBackwa
   }
   if (a.cu_seqlens) check_ptr(a.cu_seqlens, 4, "cu_seqlens");
   check_ptr(a.workspace, 16, "workspace");
-  const Layout l = layout_of(a, pass);
+  const bool tail = tail_in_grad(a, pass, ov);
+  const Layout l = layout_of(a, pass, tail);
   if (a.workspace_bytes < l.total)
     throw Error(std::string(kOp) + ": workspace_bytes = " + std::to_string(a.workspace_bytes) +
                 "; accepted: >= " + std::to_string(l.total) + " (kda_backward_workspace_bytes() of the same pass)");
@@ -164,6 +172,7 @@ void kda_backward(const KdaBackwardArgs& a, cudaStream_t stream, const KdaBackwa
   p.ckpt = f(l.ckpt); p.scratch = f(l.scratch);
   p.fac = f(l.fac); p.Sst = f(l.Sst); p.dSst = f(l.dSst);
   p.pq = f(l.pq); p.pk = f(l.pk); p.pg = f(l.pg); p.pb = f(l.pb); p.pA = f(l.pA);
+  p.tail_in_grad = tail;
 
   const KdaBackwardPhase last = ov ? ov->last : KdaBackwardPhase::all;
   launch_prepare(p, stream);

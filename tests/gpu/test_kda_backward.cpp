@@ -573,6 +573,50 @@ TEST_CASE("KDA backward fp32 gradient outputs are the bf16 outputs before their 
   }
 }
 
+TEST_CASE("KDA backward chunked passes with HV = H: the gradient kernel's own chain rules give the epilogue's bits",
+          "[gpu][kda_bwd]") {
+  // With one value head a key head the chunked passes' gradient kernel applies the chain rules (L2Norm, K3 gate, beta
+  // sigmoid) to its own rows instead of writing partials for the epilogue kernel; KdaBackwardOverrides::
+  // separate_epilogue keeps the epilogue kernel. Both run the same device functions on the same fp32 values in the
+  // same order, so every output must agree bit for bit, and the workspace without the dq, dk, dbeta partials is smaller.
+  using P = kernels::KdaBackwardPass;
+  std::vector<std::pair<BwdCase, P>> cases;
+  BwdCase c = shape(2, 300, 2, 1, 128);
+  c.dS_T = true;
+  cases.emplace_back(c, P::chunked_wg);
+  c = shape(1, 70, 1, 1, 64);  // the pre-ops off: g given, q and k given normalised, beta given
+  c.fused = c.l2norm = c.beta_sigmoid = false;
+  cases.emplace_back(c, P::chunked);
+  c = shape(1, 0, 2, 1, 128);  // packed sequences, a 1-token and an empty one among them
+  c.lens = {37, 1, 0, 130};
+  cases.emplace_back(c, P::chunked_wg);
+  cases.emplace_back(shape(1, 33, 1, 1, 128), P::chunked);
+  for (const auto& [bc, pass] : cases) {
+    CAPTURE(bc.name(), pass_name(pass));
+    const Problem p = make_problem(bc, fresh_seed());
+    DevProblem tail(p, bc, pass), sep(p, bc, pass);
+    sep.ov.separate_epilogue = true;
+    sep.a.workspace_bytes = kernels::kda_backward_workspace_bytes(sep.a, &sep.ov);
+    sep.ws.emplace(sep.a.workspace_bytes);
+    sep.a.workspace = sep.ws->p;
+    CHECK(tail.a.workspace_bytes < sep.a.workspace_bytes);
+    tail.run();
+    sep.run();
+    const auto a = tail.outputs(), b = sep.outputs();
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      if (!bc.fused && (i == 5 || i == 6)) continue;  // not written (poison in both)
+      std::size_t differ = 0, nonfinite = 0;
+      for (std::size_t e = 0; e < a[i].size(); ++e) {
+        nonfinite += !std::isfinite(a[i][e]);
+        differ += !(a[i][e] == b[i][e]);
+      }
+      CAPTURE(i, differ, nonfinite);
+      CHECK(nonfinite == 0);
+      CHECK(differ == 0);
+    }
+  }
+}
+
 TEST_CASE("KDA backward bad arguments throw before any launch, naming the argument", "[gpu][kda_bwd]") {
   BwdCase c = shape(1, 20, 1, 2, 128);
   const Problem p = make_problem(c, fresh_seed());
