@@ -4,7 +4,9 @@
 //    each value head of the group, value heads in order, then the L2Norm's backward dx = (dy - y (y . dy)) / ||x||.
 //    Per value head of the group: dg (the column blocks' sum) through the K3 gate (dg_raw = dg g_min s (1 - s)
 //    exp(A_log), s = Sigmoid(exp(A_log) (g_raw + bias))), kept in fp32 in partial slot 0 for dbias, and the token's
-//    dA_log term sum_i dg_i g_min s (1 - s) exp(A_log) (g_raw + bias); dbeta through the beta sigmoid.
+//    dA_log term sum_i dg_i g_min s (1 - s) exp(A_log) (g_raw + bias); dbeta through the beta sigmoid. The row math is
+//    common.cuh's finish_key_row and finish_value_row, which the chunked passes' gradient kernel also runs on its own
+//    rows where HV = H (Params::tail_in_grad): this kernel is then not launched.
 //  - params (fused gate only): dbias[hv][i] and dA_log[hv] summed over all token rows in a fixed order, in fp64.
 #include "kernels/kda_backward/common.cuh"
 
