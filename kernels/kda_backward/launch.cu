@@ -171,7 +171,9 @@ void kda_backward(const KdaBackwardArgs& a, cudaStream_t stream, const KdaBackwa
   p.qn = f(l.qn); p.kn = f(l.kn); p.qinv = f(l.qinv); p.kinv = f(l.kinv); p.gf = f(l.gf); p.bf = f(l.bf);
   p.ckpt = f(l.ckpt); p.scratch = f(l.scratch);
   p.fac = f(l.fac); p.Sst = f(l.Sst); p.dSst = f(l.dSst);
-  p.pq = f(l.pq); p.pk = f(l.pk); p.pg = f(l.pg); p.pb = f(l.pb); p.pA = f(l.pA);
+  // with the gradient kernel's tail the dq, dk, dbeta partials have no region (null: a stray write faults at once)
+  p.pq = tail ? nullptr : f(l.pq); p.pk = tail ? nullptr : f(l.pk); p.pb = tail ? nullptr : f(l.pb);
+  p.pg = f(l.pg); p.pA = f(l.pA);
   p.tail_in_grad = tail;
 
   const KdaBackwardPhase last = ov ? ov->last : KdaBackwardPhase::all;
