@@ -716,18 +716,28 @@ __global__ void __launch_bounds__(256, 2) grad_kernel(Params p) {
   }
   // The tail (one value head a key head, so h == hv): the epilogue's chain rules on this chunk's rows, warp w taking
   // rows 2 w and 2 w + 1 with the epilogue's lane mapping (lane l: key columns l, l + 32, ..) and functions, so the
-  // bits are the epilogue kernel's.
+  // bits are the epilogue kernel's. Both rows' inputs are loaded before either row's stores (which the compiler may
+  // not move loads across), so the two rows' round trips overlap.
   __syncthreads();
   constexpr int E = D / 32;
+  KeyRowIn<D> kin[2];
+  ValueRowIn<D> vin[2];
+#pragma unroll
+  for (int m = 0; m < 2; ++m) {
+    const int r = 2 * w + m;
+    if (r < L) {  // uniform over the warp
+      const int tau = bos + t0 + r;
+      int b, t;
+      row_bt(p, tau, b, t);
+      load_key_row<D>(p, lane, static_cast<std::size_t>(tau) * p.H + h, kin[m]);
+      load_value_row<D>(p, lane, b, t, hv, vin[m]);
+    }
+  }
 #pragma unroll
   for (int m = 0; m < 2; ++m) {
     const int r = 2 * w + m;
     if (r >= L) break;  // uniform over the warp
     const int tau = bos + t0 + r;
-    int b, t;
-    row_bt(p, tau, b, t);
-    float graw[E];
-    load_raw_gate<D>(p, lane, b, t, hv, graw);
     float dq[E], dk[E], dg[E];
 #pragma unroll
     for (int e = 0; e < E; ++e) {
@@ -735,8 +745,8 @@ __global__ void __launch_bounds__(256, 2) grad_kernel(Params p) {
       dk[e] = sKd[r * LD + lane + 32 * e];
       dg[e] = sdG[r * LD + lane + 32 * e];
     }
-    finish_key_row<D>(p, lane, static_cast<std::size_t>(tau) * p.H + h, dq, dk);
-    finish_value_row<D>(p, lane, static_cast<std::size_t>(tau) * p.HV + hv, b, t, hv, dg, graw, dbr[m]);
+    finish_key_row<D>(p, lane, static_cast<std::size_t>(tau) * p.H + h, dq, dk, kin[m]);
+    finish_value_row<D>(p, lane, static_cast<std::size_t>(tau) * p.HV + hv, dg, dbr[m], vin[m]);
   }
 }
 

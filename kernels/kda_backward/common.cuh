@@ -147,30 +147,48 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
+/// What the last step of a (token row, key head) row reads besides dq and dk, lane l's key columns l, l + 32, ..
+/// (E = D / 32): q and k as the forward normalised them and their inverse norms (with the L2Norm only).
+template <int D>
+struct KeyRowIn {
+  float yq[D / 32], yk[D / 32], iq, ik;
+};
+/// Issues the loads of a key row's inputs (`rk` = tau H + h): called ahead of the sums they meet, so that their
+/// latency overlaps them (and, in the gradient kernel's tail, the other row's).
+template <int D>
+__device__ __forceinline__ void load_key_row(const Params& p, int lane, std::size_t rk, KeyRowIn<D>& in) {
+  if (p.l2norm) {
+#pragma unroll
+    for (int e = 0; e < D / 32; ++e) {
+      in.yq[e] = p.qn[rk * D + lane + 32 * e];
+      in.yk[e] = p.kn[rk * D + lane + 32 * e];
+    }
+    in.iq = p.qinv[rk];
+    in.ik = p.kinv[rk];
+  }
+}
+
 /// The last step of a (token row, key head) row, lane l holding the key columns l, l + 32, .. (E = D / 32) of its
 /// summed dq and dk: the L2Norm's backward dx = (dy - y (y . dy)) / ||x|| when the forward normalised, then the stores
-/// (bf16, or fp32 with KdaBackwardArgs::dq_f32). `rk` = tau H + h. Used by the epilogue kernel and by the gradient
-/// kernel's own tail (Params::tail_in_grad), so both give the same bits.
+/// (bf16, or fp32 with KdaBackwardArgs::dq_f32). `rk` = tau H + h; `in` from load_key_row. Used by the epilogue kernel
+/// and by the gradient kernel's own tail (Params::tail_in_grad), so both give the same bits.
 template <int D>
 __device__ __forceinline__ void finish_key_row(const Params& p, int lane, std::size_t rk, float (&dq)[D / 32],
-                                               float (&dk)[D / 32]) {
+                                               float (&dk)[D / 32], const KeyRowIn<D>& in) {
   constexpr int E = D / 32;
   if (p.l2norm) {
-    float yq[E], yk[E], sq = 0.0f, sk = 0.0f;
+    float sq = 0.0f, sk = 0.0f;
 #pragma unroll
     for (int e = 0; e < E; ++e) {
-      yq[e] = p.qn[rk * D + lane + 32 * e];
-      yk[e] = p.kn[rk * D + lane + 32 * e];
-      sq += yq[e] * dq[e];
-      sk += yk[e] * dk[e];
+      sq += in.yq[e] * dq[e];
+      sk += in.yk[e] * dk[e];
     }
     sq = warp_sum(sq);
     sk = warp_sum(sk);
-    const float iq = p.qinv[rk], ik = p.kinv[rk];
 #pragma unroll
     for (int e = 0; e < E; ++e) {
-      dq[e] = (dq[e] - yq[e] * sq) * iq;
-      dk[e] = (dk[e] - yk[e] * sk) * ik;
+      dq[e] = (dq[e] - in.yq[e] * sq) * in.iq;
+      dk[e] = (dk[e] - in.yk[e] * sk) * in.ik;
     }
   }
 #pragma unroll
@@ -186,34 +204,43 @@ __device__ __forceinline__ void finish_key_row(const Params& p, int lane, std::s
   }
 }
 
-/// The raw gate of a (token row, value head) row, lane l's key columns (fused gate only): loaded ahead of the partial
-/// sums that finish_value_row needs, so that its latency overlaps them.
+/// What the last step of a (token row, value head) row reads besides dg and dbeta, lane l's key columns: the raw gate,
+/// the bias and exp(A_log) (fused gate only), the beta logit (beta sigmoid only).
 template <int D>
-__device__ __forceinline__ void load_raw_gate(const Params& p, int lane, int b, int t, int hv, float (&graw)[D / 32]) {
-  if (p.fuse_gate)
+struct ValueRowIn {
+  float graw[D / 32], bias[D / 32], ea, beta_raw;
+};
+/// Issues the loads of a value row's inputs (token (b, t), value head hv), ahead of the sums they meet.
+template <int D>
+__device__ __forceinline__ void load_value_row(const Params& p, int lane, int b, int t, int hv, ValueRowIn<D>& in) {
+  if (p.fuse_gate) {
 #pragma unroll
-    for (int e = 0; e < D / 32; ++e) graw[e] = bf2f(p.g[at(p.sg, b, t, hv) + lane + 32 * e]);
+    for (int e = 0; e < D / 32; ++e) {
+      in.graw[e] = bf2f(p.g[at(p.sg, b, t, hv) + lane + 32 * e]);
+      in.bias[e] = p.bias[hv * D + lane + 32 * e];
+    }
+    in.ea = expf(p.A_log[hv]);
+  }
+  if (p.beta_sigmoid) in.beta_raw = bf2f(p.beta[at(p.sbeta, b, t, hv)]);
 }
 
 /// The last step of a (token row, value head) row, lane l holding the key columns l, l + 32, .. of its summed dg and
 /// every lane the summed dbeta `db`: through the K3 gate (dg_raw = dg g_min s (1 - s) exp(A_log), kept in fp32 in
 /// partial slot 0 for dbias, and the token's dA_log term into pA) when fused, through the beta sigmoid when the
-/// forward applied it, then the stores. `rv` = tau HV + hv; graw from load_raw_gate.
+/// forward applied it, then the stores. `rv` = tau HV + hv; `in` from load_value_row.
 template <int D>
-__device__ __forceinline__ void finish_value_row(const Params& p, int lane, std::size_t rv, int b, int t, int hv,
-                                                 const float (&dg)[D / 32], const float (&graw)[D / 32], float db) {
+__device__ __forceinline__ void finish_value_row(const Params& p, int lane, std::size_t rv, const float (&dg)[D / 32],
+                                                 float db, const ValueRowIn<D>& in) {
   constexpr int E = D / 32;
   if (p.fuse_gate) {
-    const float ea = expf(p.A_log[hv]);
     float dA = 0.0f;
 #pragma unroll
     for (int e = 0; e < E; ++e) {
-      const int i = lane + 32 * e;
-      const std::size_t o = rv * D + i;
-      const float z = graw[e] + p.bias[hv * D + i];
-      const float u = ea * z, sg = sigm(u);
+      const std::size_t o = rv * D + lane + 32 * e;
+      const float z = in.graw[e] + in.bias[e];
+      const float u = in.ea * z, sg = sigm(u);
       const float dgdu = p.g_min * sg * (1.0f - sg);
-      const float draw = dg[e] * dgdu * ea;
+      const float draw = dg[e] * dgdu * in.ea;
       if (p.dg32) p.dg32[o] = draw;
       else p.dg[o] = f2bf(draw);
       p.pg[o] = draw;  // slot 0, this lane's own element: the per-token dbias term
@@ -231,7 +258,7 @@ __device__ __forceinline__ void finish_value_row(const Params& p, int lane, std:
   }
   if (lane == 0) {
     if (p.beta_sigmoid) {
-      const float sb = sigm(bf2f(p.beta[at(p.sbeta, b, t, hv)]));
+      const float sb = sigm(in.beta_raw);
       db *= sb * (1.0f - sb);
     }
     if (p.dbeta32) p.dbeta32[rv] = db;

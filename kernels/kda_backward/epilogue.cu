@@ -22,6 +22,9 @@ __global__ void __launch_bounds__(kRowWarps * 32) epilogue_kernel(Params p) {
   int tau, h, b, t;
   if (!warp_key_row(p, tau, h, b, t)) return;  // uniform over the warp
   const std::size_t plane = static_cast<std::size_t>(p.M) * p.HV * D;  // one column block's partials
+  const std::size_t rk = static_cast<std::size_t>(tau) * p.H + h;
+  KeyRowIn<D> kin;
+  load_key_row<D>(p, lane, rk, kin);
   float dq[E], dk[E];
 #pragma unroll
   for (int e = 0; e < E; ++e) dq[e] = dk[e] = 0.0f;
@@ -34,12 +37,12 @@ __global__ void __launch_bounds__(kRowWarps * 32) epilogue_kernel(Params p) {
         dk[e] += p.pk[c * plane + o + 32 * e];
       }
   }
-  finish_key_row<D>(p, lane, static_cast<std::size_t>(tau) * p.H + h, dq, dk);
+  finish_key_row<D>(p, lane, rk, dq, dk, kin);
 
   for (int hv = h * p.group; hv < (h + 1) * p.group; ++hv) {
     const std::size_t rv = static_cast<std::size_t>(tau) * p.HV + hv;
-    float graw[E];
-    load_raw_gate<D>(p, lane, b, t, hv, graw);
+    ValueRowIn<D> vin;
+    load_value_row<D>(p, lane, b, t, hv, vin);
     float dg[E];
 #pragma unroll
     for (int e = 0; e < E; ++e) dg[e] = 0.0f;
@@ -48,7 +51,7 @@ __global__ void __launch_bounds__(kRowWarps * 32) epilogue_kernel(Params p) {
       for (int e = 0; e < E; ++e) dg[e] += p.pg[c * plane + rv * D + lane + 32 * e];
     float db = 0.0f;
     for (int c = 0; c < p.P; ++c) db += p.pb[static_cast<std::size_t>(c) * p.M * p.HV + rv];
-    finish_value_row<D>(p, lane, rv, b, t, hv, dg, graw, db);
+    finish_value_row<D>(p, lane, rv, dg, db, vin);
   }
 }
 
