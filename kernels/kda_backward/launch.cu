@@ -44,14 +44,16 @@ struct Layout {
   int grid, P;
 };
 
+/// The chunked pass in either form (its chains on mma or on wgmma).
+bool is_chunked(KdaBackwardPass pass) { return pass == KdaBackwardPass::chunked || pass == KdaBackwardPass::chunked_wg; }
+
 /// The chunked passes finish the rows in their gradient kernel (Params::tail_in_grad) where HV = H.
 bool tail_in_grad(const KdaBackwardArgs& a, KdaBackwardPass pass, const KdaBackwardOverrides* ov) {
-  const bool chunked = pass == KdaBackwardPass::chunked || pass == KdaBackwardPass::chunked_wg;
-  return chunked && a.HV == a.H && !(ov && ov->separate_epilogue);
+  return is_chunked(pass) && a.HV == a.H && !(ov && ov->separate_epilogue);
 }
 
 Layout layout_of(const KdaBackwardArgs& a, KdaBackwardPass pass, bool tail) {
-  const bool chunked = pass == KdaBackwardPass::chunked || pass == KdaBackwardPass::chunked_wg;
+  const bool chunked = is_chunked(pass);
   const std::size_t M = static_cast<std::size_t>(a.B) * a.T, H = a.H, HV = a.HV, D = a.D;
   const std::size_t N = a.cu_seqlens ? a.num_seqs : a.B;
   const std::size_t slots = chunked ? 0 : a.cu_seqlens ? N + a.T / CK + 1 : N * ((a.T + CK - 1) / CK);
@@ -179,7 +181,7 @@ void kda_backward(const KdaBackwardArgs& a, cudaStream_t stream, const KdaBackwa
   const KdaBackwardPhase last = ov ? ov->last : KdaBackwardPhase::all;
   launch_prepare(p, stream);
   if (last == KdaBackwardPhase::prepare) return;
-  if (pass == KdaBackwardPass::chunked || pass == KdaBackwardPass::chunked_wg)
+  if (is_chunked(pass))
     launch_chunked(p, stream, last, pass == KdaBackwardPass::chunked_wg);
   else launch_sweep(p, l.grid, stream);
   if (last != KdaBackwardPhase::all) return;
