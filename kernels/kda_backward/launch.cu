@@ -45,7 +45,9 @@ struct Layout {
 };
 
 /// The chunked pass in either form (its chains on mma or on wgmma).
-bool is_chunked(KdaBackwardPass pass) { return pass == KdaBackwardPass::chunked || pass == KdaBackwardPass::chunked_wg; }
+bool is_chunked(KdaBackwardPass pass) {
+  return pass == KdaBackwardPass::chunked || pass == KdaBackwardPass::chunked_wg;
+}
 
 /// The chunked passes finish the rows in their gradient kernel (Params::tail_in_grad) where HV = H.
 bool tail_in_grad(const KdaBackwardArgs& a, KdaBackwardPass pass, const KdaBackwardOverrides* ov) {
