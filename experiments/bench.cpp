@@ -57,7 +57,8 @@
 //   1:65536:32): kda-prefill's inputs (the fused K3 gate, L2Norm and beta sigmoid, S0 given, S_final written) plus the
 //   upstream dO N(0,1) bf16 and dS_T N(0,1) fp32. Three timings, each as kda-prefill's: the forward (kda_prefill, the
 //   rule's plan: --state-pass, --segments, --overlap act on kda-prefill rows only), the backward (kda_backward) and
-//   the forward then the backward; time_ms = the last, fwd_ms and bwd_ms the first two (printed as fwd ms, bwd ms).
+//   the forward then the backward, per call of a CUDA graph (as bench/fla_kda.py times fla; the eager time is printed
+//   beside it); time_ms = the last, fwd_ms and bwd_ms the first two (printed as fwd ms, bwd ms).
 //   bytes, flops = the prefill's model + the backward's (bwd_bytes, bwd_flops: backward_model below); peak_bytes =
 //   the device bytes the row allocates (inputs, outputs, the prefill and backward workspaces), printed with the
 //   backward's own TB/s and TFLOP/s.
@@ -641,10 +642,16 @@ Measured bench_backward(const Shape& s, int warmup, int iters, std::uint64_t see
   for (const Dev* d : {&dq, &dk, &dv, &dg, &dbeta, &dA, &dbias, &dS0}) outputs += d->bytes;
   const double fwd = time_ms([&] { kernels::kda_prefill(in.a, nullptr); }, warmup, iters).first;
   const double bwd = time_ms([&] { kernels::kda_backward(b, nullptr, &ov); }, warmup, iters).first;
-  auto [ms, mn] = time_ms([&] {
+  // the row's time: forward then backward per call of a CUDA graph, as the peer's harness times fla (no host launch
+  // gaps on either side); the same two calls as eager launches are printed beside it
+  auto [ms, mn] = graph_step_ms([&](cudaStream_t st) {
+    kernels::kda_prefill(in.a, st);
+    kernels::kda_backward(b, st, &ov);
+  }, 1, warmup, iters);
+  const double eager = time_ms([&] {
     kernels::kda_prefill(in.a, nullptr);
     kernels::kda_backward(b, nullptr, &ov);
-  }, warmup, iters);
+  }, warmup, iters).first;
   Measured m = prefill_measured(s, ms, mn, 0.0, 0.0);
   const kernels::KdaBackwardPass ran = kernels::kda_backward_plan(b, &ov);
   const bool chunked = ran == kernels::KdaBackwardPass::chunked || ran == kernels::KdaBackwardPass::chunked_wg;
@@ -681,10 +688,10 @@ Measured bench_backward(const Shape& s, int warmup, int iters, std::uint64_t see
   std::size_t free_b = 0, total_b = 0;
   cuda_check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
   fmt::print("  (B={} T={} H={} HV={} D={}: forward {:.4f} ms, backward {:.4f} ms ({:.2f} TB/s, {:.1f} TFLOP/s of its "
-             "model: {:.2f} GB, {:.1f} GFLOP), forward + backward {:.4f} ms; device memory {:.2f} GB = inputs {:.2f} + "
+             "model: {:.2f} GB, {:.1f} GFLOP), forward + backward {:.4f} ms in a CUDA graph ({:.4f} eager); device memory {:.2f} GB = inputs {:.2f} + "
              "outputs {:.2f} + prefill workspace {:.2f} + backward workspace {:.2f} GB ({:.2f} of {:.2f} GB in use on "
              "the device))\n",
-             s.B, s.T, s.H, s.HV, s.D, fwd, bwd, bb / (bwd * 1e-3) / 1e12, bf / (bwd * 1e-3) / 1e12, bb / 1e9, bf / 1e9, ms,
+             s.B, s.T, s.H, s.HV, s.D, fwd, bwd, bb / (bwd * 1e-3) / 1e12, bf / (bwd * 1e-3) / 1e12, bb / 1e9, bf / 1e9, ms, eager,
              m.peak_bytes / 1e9, inputs / 1e9, outputs / 1e9, wsf / 1e9, wsb / 1e9, (total_b - free_b) / 1e9,
              total_b / 1e9);
   return m;
