@@ -5,7 +5,7 @@
 //                [--shapes "B:T:H[:HV[:D]],..." (mla-prefill: "B:T:H[+N0],...")]
 //                [--iters N] [--warmup N] [--quick] [--prefix N0] [--peer-json FILE..] [--compare BASELINE.h5..]
 //                [--state-pass auto|mma|wgmma|key-split] [--segments P] [--overlap on|off] [--precision fast|accurate]
-//                [--s-q 1..4] [--mla-precision auto|accurate|fast] --out results/bench.h5
+//                [--s-q 1..4] [--mla-precision auto|accurate|fast] [--ring-depth 0|2..8] --out results/bench.h5
 //
 // Per shape: median (and min) of --iters CUDA-event timings after --warmup launches, the bytes a
 // kernel must move at least (inputs read once, outputs written once; the workspace is not counted)
@@ -64,15 +64,19 @@
 //   backward's own TB/s and TFLOP/s.
 // attn-res (kernels/attn_res.hpp): shapes S:T:d in the B:T:H slots (S sources, T tokens, width d; the table's
 //   B, T, H, D columns hold S, T, d, d); bytes = the S T d bf16 sources read once + the bf16 output written;
-//   flops = 6 S T d (h.h, w.h, the weighted sum).
+//   flops = 6 S T d (h.h, w.h, the weighted sum). --ring-depth n (AttnResArgs::ring_depth: 0 = the rule's 3, else 2..8
+//   row buffers a CTA, 4 d + 2 d n bytes of shared memory <= 231808) times a deeper or shallower ring; rows with a
+//   depth other than the rule's get the key suffix " ring=<n>" (their own baselines; the peer time is looked up under
+//   the plain key).
 // Order of the checks (the same errors, exit 2, in every build): --op, the numbers (--iters, --warmup, --prefix,
 // --segments, --s-q), option values and combinations (--mla-precision accurate with --s-q > 1 among them), options the
 // op ignores (--prefix > 0 without mla-prefill, --state-pass other than auto, --segments != 0 or --overlap off without
-// kda-prefill, --s-q != 1 or --mla-precision other than auto without mla-decode; --op all takes each of them, it acts
-// on that op's rows), --shapes (fields the
+// kda-prefill, --s-q != 1 or --mla-precision other than auto without mla-decode, --ring-depth != 0 without attn-res;
+// --op all takes each of them, it acts on that op's rows), --shapes (fields the
 // op ignores refused: HV != H for the MLA ops, a 4th
 // attn-res field, a +N0 prefix on a shape of another op than mla-prefill; an mla-prefill N0 + T, from the shape's +N0
-// or --prefix, above 2^31 - 1; an mla-decode shape with N < --s-q), the --peer-json files, the --compare files (Command::check),
+// or --prefix, above 2^31 - 1; an mla-decode shape with N < --s-q; an attn-res d whose ring of --ring-depth rows does
+// not fit in shared memory), the --peer-json files, the --compare files (Command::check),
 // then cli::run's shared path: --out not one of the input files (--config, --compare, --peer-json), then --out
 // (folder exists and is writable; an existing file only with --force). Only then (Command::run): without the CUDA
 // kernels (CPU build) or without a visible GPU, one line on stderr saying so, nothing written, exit 3
@@ -133,7 +137,14 @@ struct BenchOptions {
   int s_q = 1;  // mla-decode: query tokens per sequence (MlaDecodeArgs::s_q)
   std::string mla_precision = "auto";  // mla-decode: MlaDecodeArgs::precision (auto, accurate, fast)
   int mla_splits = 0;  // mla-decode: MlaDecodeOverrides::num_splits (0 = the plan's choice)
+  int ring_depth = 0;  // attn-res: AttnResArgs::ring_depth (0 = the rule's 3, else 2..8 row buffers)
 };
+
+/// attn-res: the rule's ring depth (kernels/attn_res.hpp AttnResArgs::ring_depth = 0), the deepest one and the dynamic
+/// shared memory a CTA of the kernel may take (227 KB on sm_90 less its 640 static bytes: 4 d + 2 d depth bytes must
+/// fit; kernels/attn_res.cu SMEM_DYN_MAX), for the checks made in every build.
+constexpr int kRingDepthRule = 3, kRingDepthMax = 8;
+constexpr long long kAttnResSmemMax = 227 * 1024 - 640;
 
 struct Shape {
   long long B, T, H, HV;
@@ -901,8 +912,9 @@ Measured bench_mla_prefill_naive(const Shape& s, long long prefix, int warmup, i
   return {ms, mn, bytes, pairs * s.H * 4.0 * DN + recon, 0.0, 0.0};
 }
 
-/// Block AttnRes: S sources (shape B), T tokens, width d (shape H), bf16 output.
-Measured bench_attn_res(const Shape& s, int warmup, int iters, std::uint64_t seed) {
+/// Block AttnRes: S sources (shape B), T tokens, width d (shape H), bf16 output, a ring of `ring_depth` row buffers
+/// (0: the rule's).
+Measured bench_attn_res(const Shape& s, int ring_depth, int warmup, int iters, std::uint64_t seed) {
   const std::size_t S = s.B, T = s.T, d = s.H;
   Dev src(S * T * d * 2), w(d * 4), out(T * d * 2);
   kernels::fill_normal_bf16(src.as<bf16_t>(), S * T * d, seed + 1, 1.0f, nullptr);
@@ -910,8 +922,9 @@ Measured bench_attn_res(const Shape& s, int warmup, int iters, std::uint64_t see
   kernels::AttnResArgs a;
   a.T = static_cast<int>(T); a.S = static_cast<int>(S); a.d = static_cast<int>(d);
   a.src = src.as<bf16_t>(); a.w = w.as<float>(); a.out = out.as<bf16_t>();
+  a.ring_depth = ring_depth;
   auto [ms, mn] = time_ms([&] { kernels::attn_res(a, nullptr); }, warmup, iters);
-  // the rule's tokens per CTA beside one and four (kernels::AttnResArgs::tokens_per_cta), the same process
+  // the rule's tokens per CTA beside one and four (kernels::AttnResArgs::tokens_per_cta), the same process and ring
   std::string tpc;
   for (int n : {1, 4}) {
     kernels::AttnResArgs b = a;
@@ -919,7 +932,8 @@ Measured bench_attn_res(const Shape& s, int warmup, int iters, std::uint64_t see
     tpc += fmt::format("{}{} a CTA {:.4f} ms", tpc.empty() ? "" : ", ", n,
                        time_ms([&] { kernels::attn_res(b, nullptr); }, warmup, iters).first);
   }
-  fmt::print("  (S={} T={} d={}: tokens per CTA by the rule; {})\n", S, T, d, tpc);
+  fmt::print("  (S={} T={} d={}, a ring of {} rows{}: tokens per CTA by the rule; {})\n", S, T, d,
+             ring_depth ? ring_depth : kRingDepthRule, ring_depth ? "" : " (the rule)", tpc);
   return {ms, mn, 2.0 * S * T * d + 2.0 * T * d, 6.0 * S * T * d};
 }
 #endif
@@ -1045,6 +1059,16 @@ void register_bench(Registry& reg) {
                 "' splits=N' (their own baselines; the peer time is looked up under the key without it). " +
                     mla_decode_only)
       ->capture_default_str();
+  a->add_option("--ring-depth", o->ring_depth,
+                "attn-res: row buffers in the ring of source rows each CTA keeps in shared memory "
+                "(kernels/attn_res.hpp AttnResArgs::ring_depth): 0 = the rule (3), or 2..8 (4 d + 2 d n bytes of "
+                "shared memory, at most 231808, 227 KB less the kernel's 640 static bytes: refused with a shape whose "
+                "d does not fit, e.g. d = 16384 above 5). Any depth gives the same output; the rule's depth runs its "
+                "own kernels, any other depth kernels that read it at run time. Rows timed at a depth other than the "
+                "rule's 3 get the key suffix ' ring=<n>' (their own baselines; the peer time is looked up under the "
+                "plain key). Only with --op attn-res or all (with all it acts on the attn-res rows; refused with "
+                "another op)")
+      ->capture_default_str();
   a->add_option("--compare", o->compare,
                 "baseline bench results file(s) to compare against: prints time / baseline per row found (same group, "
                 "same key), flags rows more than 10% slower and then exits 1; several files (comma-separated like every list "
@@ -1098,6 +1122,10 @@ void register_bench(Registry& reg) {
             "--mla-precision = '" + o->mla_precision + "'; accepted: auto, accurate or fast");
     require(o->mla_splits >= 0, "--mla-splits = " + std::to_string(o->mla_splits) +
                                     "; accepted: >= 0 slices per sequence (0 = the plan's choice)");
+    require(o->ring_depth == 0 || (o->ring_depth >= 2 && o->ring_depth <= kRingDepthMax),
+            "--ring-depth = " + std::to_string(o->ring_depth) + "; accepted: 0 (the rule: " +
+                std::to_string(kRingDepthRule) + " row buffers) or 2.." + std::to_string(kRingDepthMax) +
+                " row buffers");
     require(o->mla_precision != "accurate" || o->s_q == 1,
             "--mla-precision accurate with --s-q " + std::to_string(o->s_q) +
                 "; accepted: accurate runs one query token (--s-q 1); --s-q > 1 runs fast (or auto, which picks fast)");
@@ -1118,7 +1146,8 @@ void register_bench(Registry& reg) {
           OneOpOption{o->bwd_pass != def.bwd_pass, "--bwd-pass " + o->bwd_pass, "kda-backward"},
           OneOpOption{o->s_q != def.s_q, "--s-q " + std::to_string(o->s_q), "mla-decode"},
           OneOpOption{o->mla_precision != def.mla_precision, "--mla-precision " + o->mla_precision, "mla-decode"},
-          OneOpOption{o->mla_splits != def.mla_splits, "--mla-splits " + std::to_string(o->mla_splits), "mla-decode"}})
+          OneOpOption{o->mla_splits != def.mla_splits, "--mla-splits " + std::to_string(o->mla_splits), "mla-decode"},
+          OneOpOption{o->ring_depth != def.ring_depth, "--ring-depth " + std::to_string(o->ring_depth), "attn-res"}})
       require(!x.set || o->op == x.op || o->op == "all",
               x.given + " applies to --op " + x.op + " (or all) only, not --op " + o->op);
     require(ctx.app->get_option("--shapes")->count() == 0 || !o->shapes.empty(),
@@ -1174,6 +1203,22 @@ void register_bench(Registry& reg) {
         require((s.H == 16 || s.H == 32) && s.B <= 65535, "mla-decode does not run shape " + shape +
                                                               "; accepted: H = 16 or 32 query heads and B <= 65535 "
                                                               "sequences");
+      }
+    }
+    // attn-res: the pseudo-query and a ring of --ring-depth rows must fit in a CTA's shared memory (the kernel refuses
+    // it too, but only mid-run and not in a CPU build); the rule's ring fits every d the kernel takes (d <= 16384; a
+    // larger d the kernel refuses at any depth)
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      if (ops[i] != "attn-res" || o->ring_depth == 0) continue;
+      for (const Shape& s : shapes[i]) {
+        if (s.H > 16384) continue;
+        const long long bytes = 4 * s.H + 2LL * o->ring_depth * s.H;
+        require(bytes <= kAttnResSmemMax,
+                "--ring-depth " + std::to_string(o->ring_depth) + " with d = " + std::to_string(s.H) + " (shape " +
+                    std::to_string(s.B) + ":" + std::to_string(s.T) + ":" + std::to_string(s.H) + ") needs " +
+                    std::to_string(bytes) + " bytes of shared memory (4 d + 2 d n); accepted: at most " +
+                    std::to_string(kAttnResSmemMax) + " (227 KB less the kernel's 640 static bytes): --ring-depth <= " +
+                    std::to_string((kAttnResSmemMax - 4 * s.H) / (2 * s.H)) + " at this d");
       }
     }
     // kda-prefill options that cannot act on the chosen shapes are refused here, before any GPU work (they were
@@ -1343,7 +1388,9 @@ void register_bench(Registry& reg) {
                                 : bwd_forced ? plain_key + " " + o->bwd_pass
                                 : mla_decode ? plain_key + mla_decode_suffix(o->s_q, o->mla_precision, true) +
                                                    (o->mla_splits > 0 ? " splits=" + std::to_string(o->mla_splits) : "")
-                                             : plain_key;
+                                : op == "attn-res" && o->ring_depth != 0 && o->ring_depth != kRingDepthRule
+                                    ? plain_key + " ring=" + std::to_string(o->ring_depth)
+                                    : plain_key;
         const Measured m =
             op == "kda-prefill"   ? bench_prefill(s, o->warmup, o->iters, ctx.common.seed,
                                                   prefill_overrides(o->kda_state_pass, o->kda_segments),
@@ -1352,7 +1399,7 @@ void register_bench(Registry& reg) {
                                                      o->warmup, o->iters, ctx.common.seed)
             : op == "mla-prefill" && s.naive ? bench_mla_prefill_naive(s, s.N0, o->warmup, o->iters, ctx.common.seed)
             : op == "mla-prefill" ? bench_mla_prefill(s, s.N0, o->warmup, o->iters, ctx.common.seed)
-            : op == "attn-res"    ? bench_attn_res(s, o->warmup, o->iters, ctx.common.seed)
+            : op == "attn-res"    ? bench_attn_res(s, o->ring_depth, o->warmup, o->iters, ctx.common.seed)
             : op == "kda-backward" ? bench_backward(s, o->warmup, o->iters, ctx.common.seed, o->bwd_pass)
                                   : bench_decode(s, o->warmup, o->iters, ctx.common.seed);
         const double tbs = m.bytes / (m.ms * 1e-3) / 1e12, tfl = m.flops / (m.ms * 1e-3) / 1e12;

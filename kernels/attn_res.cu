@@ -8,7 +8,10 @@
 // then the running (m, l, acc) update  m' = max(m, z), acc = acc e^(m - m') + h e^(z - m'),
 // l = l e^(m - m') + e^(z - m'). The source rows arrive by bulk copies (cp.async.bulk, one per row, issued by thread 0)
 // into a ring of NS row buffers in shared memory, each with an mbarrier that counts the bytes; NS - 1 rows are in
-// flight while one is reduced, without registers held for them.
+// flight while one is reduced, without registers held for them. NS is the rule's 3, a compile-time constant, or
+// (AttnResArgs::ring_depth, 2 .. 8) a count read from the parameters by separate kernels (NSC = 0 below), so that the
+// rule's kernels keep their code while deeper rings can be timed. The depth changes no sum's order: every depth gives
+// the same output bit for bit.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -23,7 +26,15 @@ namespace {
 using namespace detail;
 
 constexpr int MAX_VPT = 8;
-constexpr int NS = 3;  // row buffers of the ring
+constexpr int NS_RULE = 3;  // row buffers of the ring by the rule (ring_depth 0)
+constexpr int MAX_NS = 8;   // the deepest ring a run-time depth may ask for (the size of full[] in those kernels)
+constexpr int MAX_D = 16384;
+// shared memory a CTA may opt in to on sm_90 (227 KB, static and dynamic together), the kernels' static shared memory
+// (red and full[], up to the 128-byte alignment of the dynamic array: 640 bytes, as ptxas reports) and what is left for
+// the dynamic part, the pseudo-query and the ring: 4 d + 2 d NS bytes must fit in SMEM_DYN_MAX
+constexpr int SMEM_OPTIN = 227 * 1024;
+constexpr int SMEM_STATIC = (2 * 2 * 32 * 4 + MAX_NS * 8 + 127) / 128 * 128;
+constexpr int SMEM_DYN_MAX = SMEM_OPTIN - SMEM_STATIC;
 
 // the mbarrier and bulk-copy steps of the ring: kernels/common/mbarrier.cuh
 namespace mb = detail::mbar;
@@ -39,17 +50,24 @@ struct AParams {
   float *m_out, *l_out, *acc_out;
   bf16_t* out;
   float* out_f32;
+  int ns;  // row buffers of the ring, read by the kernels of a run-time depth (NSC = 0) only; last, so that the
+           // fields above keep the offsets of the rule's kernels
 };
 
 /// MULTI: the CTA takes tokens blockIdx.x + jt gridDim.x in turn; else its one token blockIdx.x (the loop over tokens
 /// compiles away, and with it the registers it holds: at d = 7168, 93 against 99, the difference between three CTAs
 /// an SM and two).
-template <int VPT, bool MULTI>
+/// NSC: the ring's depth NS as a compile-time constant (NS_RULE: the rule's kernels), or 0: NS = p.ns (2 .. MAX_NS),
+/// the slot and phase of a use then divided by a run-time count (the rule's depth through such a kernel measured +1.4
+/// to +11% on the H100: docs/kernels/attn_res.md, "The ring's depth").
+template <int VPT, bool MULTI, int NSC>
 __global__ void __launch_bounds__(MAX_THREADS) attn_res_kernel(AParams p) {
   const int tid = threadIdx.x, NT = blockDim.x;
   const int lane = tid % 32, warp = tid / 32, nwarp = NT / 32;
+  const int NS = NSC > 0 ? NSC : p.ns;  // row buffers of the ring
   __shared__ float red[2][2][32];  // [parity][sum h^2 | sum w h][warp]
-  __shared__ std::uint64_t full[NS];  // full[s]: row buffer s holds its source
+  __shared__ std::uint64_t full[NSC > 0 ? NSC : MAX_NS];  // full[s]: row buffer s holds its source
+  static_assert(sizeof(red) + sizeof(full) <= SMEM_STATIC, "the host's shared-memory bound counts these arrays");
 
   bool ok[VPT];
   int vi[VPT];
@@ -238,22 +256,33 @@ bool check_partial(const AttnResPartial& q, const char* name) {
   return true;
 }
 
-template <int VPT, bool MULTI>
+/// The most dynamic shared memory the kernels of ring depth NSC may take: the rule's depth at the largest d (10 MAX_D
+/// bytes); a run-time depth (NSC = 0): all that the opt-in limit leaves, which attn_res checks 4 d + 2 d ring_depth
+/// against.
+template <int NSC>
+constexpr int smem_attr() {
+  return NSC > 0 ? MAX_D * (4 + 2 * NSC) : SMEM_DYN_MAX;
+}
+static_assert(smem_attr<NS_RULE>() <= SMEM_DYN_MAX, "the rule's ring fits at every d");
+
+template <int VPT, bool MULTI, int NSC>
 void launch_form(const AParams& p, int threads, int smem, long long grid, cudaStream_t stream) {
   static bool attr = false;  // once per instantiation (so that a call inside graph capture sets nothing)
   if (!attr && smem > 48 * 1024) {
-    cuda_check(cudaFuncSetAttribute(attn_res_kernel<VPT, MULTI>, cudaFuncAttributeMaxDynamicSharedMemorySize, 10 * 16384),
+    cuda_check(cudaFuncSetAttribute(attn_res_kernel<VPT, MULTI, NSC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    smem_attr<NSC>()),
                "cudaFuncSetAttribute(attn_res_kernel)");
     attr = true;
   }
-  attn_res_kernel<VPT, MULTI><<<static_cast<unsigned>(grid), threads, smem, stream>>>(p);
+  attn_res_kernel<VPT, MULTI, NSC><<<static_cast<unsigned>(grid), threads, smem, stream>>>(p);
 }
 
 /// Launches T / tokens_per_cta CTAs (rounded up); tokens_per_cta = 0: the rule (attn_res_tokens_per_cta), which
-/// counts the CTAs of the one-token form an SM holds.
-template <int VPT>
+/// counts the CTAs of the one-token form of this ring depth an SM holds. NSC: as attn_res_kernel (0: p.ns rows).
+template <int VPT, int NSC>
 void launch(const AParams& p, int threads, int tokens_per_cta, cudaStream_t stream) {
-  const int smem = p.d * 4 + NS * p.d * 2;  // the pseudo-query (fp32) and the ring of NS bf16 rows: 10 d bytes
+  // the pseudo-query (fp32) and the ring of NS bf16 rows: 10 d bytes for the rule's 3
+  const int smem = p.d * 4 + (NSC > 0 ? NSC : p.ns) * p.d * 2;
   // d <= 4096 (VPT <= 2): one token a CTA. Measured on the H100 (docs/kernels/attn_res.md, "Version 3"): at d = 7168
   // four tokens a CTA are 3% faster than one, at d = 2304 several are 7% slower
   if (tokens_per_cta == 0 && VPT <= 2) tokens_per_cta = 1;
@@ -261,14 +290,15 @@ void launch(const AParams& p, int threads, int tokens_per_cta, cudaStream_t stre
     static int resident = 0, resident_smem = -1;  // the last d's resident CTAs (occupancy queries: no stream work)
     if (resident_smem != smem) {
       if (smem > 48 * 1024)
-        cuda_check(cudaFuncSetAttribute(attn_res_kernel<VPT, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        10 * 16384),
+        cuda_check(cudaFuncSetAttribute(attn_res_kernel<VPT, false, NSC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        smem_attr<NSC>()),
                    "cudaFuncSetAttribute(attn_res_kernel)");
       int dev = 0, sms = 0, per_sm = 0;
       cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
       cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute(SM count)");
-      cuda_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attn_res_kernel<VPT, false>, threads, smem),
-                 "cudaOccupancyMaxActiveBlocksPerMultiprocessor(attn_res_kernel)");
+      cuda_check(
+          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attn_res_kernel<VPT, false, NSC>, threads, smem),
+          "cudaOccupancyMaxActiveBlocksPerMultiprocessor(attn_res_kernel)");
       resident = std::max(1, per_sm) * sms;
       resident_smem = smem;
     }
@@ -276,9 +306,24 @@ void launch(const AParams& p, int threads, int tokens_per_cta, cudaStream_t stre
   }
   const long long grid = (static_cast<long long>(p.T) + tokens_per_cta - 1) / tokens_per_cta;
   if (tokens_per_cta == 1)
-    launch_form<VPT, false>(p, threads, smem, grid, stream);
+    launch_form<VPT, false, NSC>(p, threads, smem, grid, stream);
   else
-    launch_form<VPT, true>(p, threads, smem, grid, stream);
+    launch_form<VPT, true, NSC>(p, threads, smem, grid, stream);
+}
+
+/// The kernels of VPT = vpt vectors a thread and ring depth NSC.
+template <int NSC>
+void launch_vpt(int vpt, const AParams& p, int threads, int tokens_per_cta, cudaStream_t stream) {
+  switch (vpt) {
+    case 1: launch<1, NSC>(p, threads, tokens_per_cta, stream); break;
+    case 2: launch<2, NSC>(p, threads, tokens_per_cta, stream); break;
+    case 3: launch<3, NSC>(p, threads, tokens_per_cta, stream); break;
+    case 4: launch<4, NSC>(p, threads, tokens_per_cta, stream); break;
+    case 5: launch<5, NSC>(p, threads, tokens_per_cta, stream); break;
+    case 6: launch<6, NSC>(p, threads, tokens_per_cta, stream); break;
+    case 7: launch<7, NSC>(p, threads, tokens_per_cta, stream); break;
+    default: launch<8, NSC>(p, threads, tokens_per_cta, stream); break;
+  }
 }
 
 }  // namespace
@@ -292,7 +337,7 @@ int attn_res_tokens_per_cta(int T, int resident) {
 void attn_res(const AttnResArgs& a, cudaStream_t stream) {
   if (a.T < 1) fail("T = " + std::to_string(a.T) + "; accepted: T >= 1 token");
   if (a.S < 1) fail("S = " + std::to_string(a.S) + "; accepted: S >= 1 source (the embedding h_0 is always one)");
-  if (a.d < 8 || a.d % 8 != 0 || a.d > 16384)
+  if (a.d < 8 || a.d % 8 != 0 || a.d > MAX_D)
     fail("d = " + std::to_string(a.d) + "; accepted: a multiple of 8 with 8 <= d <= 16384");
   if (!a.src) fail("pointer 'src' is null; a device pointer is required");
   if (!a.w) fail("pointer 'w' (pseudo-query) is null; a device pointer is required");
@@ -307,6 +352,16 @@ void attn_res(const AttnResArgs& a, cudaStream_t stream) {
   if (a.tokens_per_cta < 0 || static_cast<long long>(a.tokens_per_cta) * a.S >= (1LL << 31))
     fail("tokens_per_cta = " + std::to_string(a.tokens_per_cta) + " with S = " + std::to_string(a.S) +
          "; accepted: 0 (the rule) or a count >= 1 with tokens_per_cta S < 2^31");
+  if (a.ring_depth != 0 && (a.ring_depth < 2 || a.ring_depth > MAX_NS))
+    fail("ring_depth = " + std::to_string(a.ring_depth) + "; accepted: 0 (the rule: " + std::to_string(NS_RULE) +
+         " row buffers) or 2 .. " + std::to_string(MAX_NS) + " row buffers");
+  const int ns = a.ring_depth ? a.ring_depth : NS_RULE;
+  const long long smem = 4LL * a.d + 2LL * ns * a.d;  // the pseudo-query (fp32) and the ring of ns bf16 rows
+  if (smem > SMEM_DYN_MAX)
+    fail("ring_depth = " + std::to_string(ns) + " with d = " + std::to_string(a.d) + " needs " + std::to_string(smem) +
+         " bytes of shared memory (4 d + 2 d ring_depth); accepted: at most " + std::to_string(SMEM_DYN_MAX) +
+         " (227 KB less the kernel's " + std::to_string(SMEM_STATIC) + " static bytes), ring_depth <= " +
+         std::to_string((SMEM_DYN_MAX - 4LL * a.d) / (2LL * a.d)) + " at this d");
   const long long s_tok = a.s_tok ? a.s_tok : a.d;
   if (s_tok < a.d || s_tok % 8 != 0)
     fail("s_tok = " + std::to_string(s_tok) + "; accepted: a multiple of 8 elements >= d = " + std::to_string(a.d));
@@ -325,17 +380,13 @@ void attn_res(const AttnResArgs& a, cudaStream_t stream) {
   if (pout) { p.m_out = a.partial_out.m; p.l_out = a.partial_out.l; p.acc_out = a.partial_out.acc; }
   p.out = a.out;
   p.out_f32 = a.out_f32;
-  const int tpc = a.tokens_per_cta;
-  switch (vpt) {
-    case 1: launch<1>(p, threads, tpc, stream); break;
-    case 2: launch<2>(p, threads, tpc, stream); break;
-    case 3: launch<3>(p, threads, tpc, stream); break;
-    case 4: launch<4>(p, threads, tpc, stream); break;
-    case 5: launch<5>(p, threads, tpc, stream); break;
-    case 6: launch<6>(p, threads, tpc, stream); break;
-    case 7: launch<7>(p, threads, tpc, stream); break;
-    default: launch<8>(p, threads, tpc, stream); break;
-  }
+  p.ns = ns;
+  // the rule's depth runs the kernels with the depth compiled in (no division by a run-time count on the default
+  // path), any other depth the kernels that read it from p.ns
+  if (ns == NS_RULE)
+    launch_vpt<NS_RULE>(vpt, p, threads, a.tokens_per_cta, stream);
+  else
+    launch_vpt<0>(vpt, p, threads, a.tokens_per_cta, stream);
   cuda_check(cudaGetLastError(), "attn_res_kernel launch");
 }
 

@@ -27,15 +27,16 @@
 ///
 /// Algorithm: memory-bound, a few tokens per CTA in turn (tokens_per_cta). d / 8 16-byte vectors per source are spread over the
 /// CTA's threads (VPT vectors per thread, VPT = ceil(d / 2048) <= 8, threads = ceil(d / (8 VPT))
-/// rounded up to a warp, <= 256; d = 7168: 224 threads x 4 vectors). Each source is read once from HBM into
-/// registers (the next source's loads are issued before the current one is reduced), its two sums
-/// (h.h, w.h) are reduced over the CTA, and the running (m, l, acc) is updated from the registers:
-/// one pass over the sources, S d 2 bytes read per token.
+/// rounded up to a warp, <= 256; d = 7168: 224 threads x 4 vectors). Each source row is read once from HBM by a bulk
+/// copy into a ring of row buffers in shared memory (ring_depth, the rule's 3: two rows in flight while one is
+/// reduced), its two sums (h.h, w.h) are reduced over the CTA, and the running (m, l, acc) is updated from the
+/// registers: one pass over the sources, S d 2 bytes read per token.
 ///
 /// Errors: kdalab::Error naming the argument, its value and what is accepted (T < 1, S < 1, d not a
 /// positive multiple of 8 or > 16384, null or misaligned pointers, bad strides, eps not finite or < 0,
-/// no output requested, a partial_in with only some of its three pointers, tokens_per_cta < 0), before anything is
-/// launched.
+/// no output requested, a partial_in with only some of its three pointers, tokens_per_cta < 0, ring_depth not 0 or
+/// 2 .. 8, or a ring_depth whose 4 d + 2 d ring_depth bytes of shared memory exceed 231808: 227 KB less the kernel's
+/// static shared memory), before anything is launched.
 /// CUDA errors throw kdalab::Error with the CUDA message.
 #include <cstddef>
 #include <cstdint>
@@ -72,6 +73,11 @@ struct AttnResArgs {
   /// tokens each CTA takes in turn (its ring of source rows runs on across them, w is loaded once): 0 = the rule
   /// (attn_res_tokens_per_cta), n >= 1: n. Any count gives the same output bit for bit.
   int tokens_per_cta = 0;
+  /// row buffers in the ring of source rows a CTA keeps in shared memory (ring_depth - 1 rows in flight while one is
+  /// reduced; 4 d + 2 d ring_depth bytes, <= 231808): 0 = the rule (3), n in 2 .. 8: n. The rule's depth runs kernels
+  /// with the depth compiled in; any other depth runs kernels that read it at run time (a division per source, for
+  /// timing deeper rings). Any depth gives the same output bit for bit.
+  int ring_depth = 0;
 };
 
 /// The rule's tokens per CTA for d > 4096: T / (2 resident) clamped to 1 .. 4, so that the grid is about two waves of

@@ -53,6 +53,14 @@ TEST_CASE("bench: options and shape fields the chosen op ignores are refused, na
   for (const std::string op : {"kda-prefill", "kda-decode", "kda-backward", "mla-prefill", "attn-res"})
     cases.push_back({"--op " + op + " --mla-splits 8", "--mla-splits 8 applies to --op mla-decode (or all) only, not --op " + op});
   cases.push_back({"--op mla-decode --mla-splits -1", "--mla-splits = -1; accepted: >= 0 slices per sequence"});
+  // --ring-depth acts on attn-res only: 0 (the rule) or 2..8
+  for (const std::string op : {"kda-prefill", "kda-decode", "kda-backward", "mla-decode", "mla-prefill"})
+    cases.push_back(
+        {"--op " + op + " --ring-depth 4", "--ring-depth 4 applies to --op attn-res (or all) only, not --op " + op});
+  for (const std::string depth : {"1", "9", "-1"})
+    for (const std::string op : {"attn-res", "all"})
+      cases.push_back({"--op " + op + " --ring-depth " + depth,
+                       "--ring-depth = " + depth + "; accepted: 0 (the rule: 3 row buffers) or 2..8 row buffers"});
   cases.push_back({"--op mla-decode --s-q 2 --mla-precision accurate",
                    "--mla-precision accurate with --s-q 2; accepted: accurate runs one query token"});
   cases.push_back({"--op all --s-q 3 --mla-precision accurate", "--mla-precision accurate with --s-q 3"});
@@ -77,7 +85,9 @@ TEST_CASE("bench: options and shape fields the chosen op ignores are refused, na
                                   std::string("--op mla-decode --s-q 4 --shapes 1:64:32"),
                                   std::string("--op mla-decode --s-q 1 --mla-precision fast --shapes 2:64:16"),
                                   std::string("--op mla-decode --s-q 2 --mla-precision auto --shapes 1:64:16"),
-                                  std::string("--op mla-decode --mla-splits 2 --shapes 1:128:32")}) {
+                                  std::string("--op mla-decode --mla-splits 2 --shapes 1:128:32"),
+                                  std::string("--op attn-res --ring-depth 8 --shapes 9:16:64"),
+                                  std::string("--op attn-res --ring-depth 3 --shapes 9:1:2304")}) {
     const auto r = run_kdalab("bench " + args + " --iters 1 --warmup 0 --out " + d.file("b.h5"));
     INFO(args << "\n" << r.output);
     CHECK(bench_valid_exit(r));
@@ -87,7 +97,7 @@ TEST_CASE("bench: options and shape fields the chosen op ignores are refused, na
   // in every build and without any GPU work
   // (--segments 1, not 2: forced segments are refused up front with the default D = 256 row, tested below)
   const auto r = run_kdalab("bench --op all --prefix 16 --segments 1 --overlap off --s-q 2 --mla-precision fast "
-                            "--mla-splits 4 --out " +
+                            "--mla-splits 4 --ring-depth 4 --out " +
                             d.file("no/such/folder/b.h5"));
   INFO(r.output);
   CHECK(r.code == 2);
@@ -127,6 +137,45 @@ TEST_CASE("bench --op mla-decode: shapes the kernel does not run (N < --s-q, H o
   const auto r = run_kdalab("bench --op mla-decode --s-q 4 --shapes 1:4:16 --iters 1 --warmup 0 --out " + d.file("n.h5"));
   INFO(r.output);
   CHECK(bench_valid_exit(r));
+}
+
+TEST_CASE("bench --op attn-res --ring-depth: a d whose pseudo-query and ring do not fit in shared memory is "
+          "refused before any GPU work, in every build (exit 2, an existing --out untouched)",
+          "[bench]") {
+  TempDir d;
+  d.write("b.h5", "old");
+  const auto t0 = fs::last_write_time(d.file("b.h5"));
+  struct Case {
+    std::string args, says;
+  };
+  // 4 d + 2 d n <= 231808 bytes: d = 16384 takes 5 rows (229376 bytes), d = 12288 takes 7 (221184), 8 rows d <= 11584
+  for (const Case& c :
+       {Case{"--ring-depth 6 --shapes 9:16:16384",
+             "--ring-depth 6 with d = 16384 (shape 9:16:16384) needs 262144 bytes of shared memory (4 d + 2 d n); "
+             "accepted: at most 231808 (227 KB less the kernel's 640 static bytes): --ring-depth <= 5 at this d"},
+        Case{"--ring-depth 8 --shapes 9:16:7168,2:4:12288", "--ring-depth 8 with d = 12288 (shape 2:4:12288)"},
+        Case{"--ring-depth 8 --shapes 9:16:11592",
+             "needs 231840 bytes of shared memory (4 d + 2 d n); accepted: at most 231808 (227 KB less the kernel's "
+             "640 static bytes): --ring-depth <= 7 at this d"}}) {
+    for (const std::string& out : {d.file("b.h5"), d.file("b.h5") + " --force", d.file("new.h5")}) {
+      const auto r = run_kdalab("bench --op attn-res " + c.args + " --iters 1 --warmup 0 --out " + out);
+      INFO(c.args << " --out " << out);
+      require_one_line_exit2(r);
+      CHECK(has(r, c.says));
+      CHECK(!has(r, "not available"));
+    }
+  }
+  CHECK(fs::last_write_time(d.file("b.h5")) == t0);
+  CHECK(d.count() == 1);
+  // the deepest ring that fits is accepted (a CPU build: exit 3; a GPU runs it), and the rule's depth fits every d
+  for (const std::string& args : {std::string("--ring-depth 5 --shapes 2:4:16384"),
+                                  std::string("--ring-depth 8 --shapes 2:4:11584"),
+                                  std::string("--ring-depth 0 --shapes 2:4:16384")}) {
+    const auto r = run_kdalab("bench --op attn-res " + args + " --iters 1 --warmup 0 --out " + d.file("n.h5"));
+    INFO(args << "\n" << r.output);
+    CHECK(bench_valid_exit(r));
+    fs::remove(d.file("n.h5"));
+  }
 }
 
 TEST_CASE("bench --shapes: trailing ',' or ':', empty, 2^31 and too-large fields refused with what is accepted",

@@ -75,7 +75,8 @@ TEST_CASE("bench --help and check --help explain every option and state its defa
                          // accurate cannot run on --op all's default D = 64 and 256 rows: the help must not offer it
                          OneOp{"--precision", "accurate: --op kda-prefill with --shapes of D = 128 only"},
                          OneOp{"--s-q", "Only with --op mla-decode or all"},
-                         OneOp{"--mla-precision", "Only with --op mla-decode or all"}}) {
+                         OneOp{"--mla-precision", "Only with --op mla-decode or all"},
+                         OneOp{"--ring-depth", "Only with --op attn-res or all"}}) {
     const auto it = std::find_if(blines.begin(), blines.end(), [&](const std::string& l) {
       std::stringstream ls(l);
       std::string name;

@@ -9,6 +9,7 @@
 #endif
 #include <cmath>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "kernels/attn_res.hpp"
@@ -263,6 +264,54 @@ TEST_CASE("attn_res: any tokens per CTA gives the output of one token per CTA, b
   CHECK(kernels::attn_res_tokens_per_cta(37, 396) == 1);
 }
 
+TEST_CASE("attn_res: any ring depth (2 .. 8) gives the output of the rule's ring of 3, bit for bit",
+          "[gpu][attn_res]") {
+  // the depth only changes which row buffer a source lands in and when it is copied, never a sum's order. d = 2304: the
+  // one-token form (the rule's one token a CTA), d = 7168 also with 3 tokens a CTA (the ring running on across tokens,
+  // S = 9 wrapping mid-token at every depth); T = 1: one CTA; S = 2: fewer sources than row buffers. Depth 3 runs the
+  // rule's kernels, the others the kernels of a run-time depth
+  struct Case { std::size_t S, T, d; int tpc; };
+  for (const Case c : {Case{9, 300, 2304, 0}, Case{9, 1, 2304, 0}, Case{9, 300, 2304, 3}, Case{9, 300, 7168, 0},
+                       Case{9, 300, 7168, 3}, Case{9, 1, 7168, 0}, Case{9, 1, 7168, 3}, Case{2, 37, 2304, 0},
+                       Case{2, 37, 7168, 3}}) {
+    const Sources s(c.S, c.T, c.d, fresh_seed());
+    const Query q(c.d, 3.0 / std::sqrt(static_cast<double>(c.d)), fresh_seed());
+    auto a = args_of(s, q, kEps);
+    a.tokens_per_cta = c.tpc;
+    const auto rule = run(a);  // ring_depth 0: the rule's 3
+    const auto m = compare(rule.f32, truth_full(s, q, kEps));
+    CAPTURE(c.S, c.T, c.d, c.tpc, m.rel_rms);
+    REQUIRE(m.nan_count + m.inf_count == 0);
+    CHECK(m.rel_rms <= tol::attn_res_f32.value);
+    for (int depth : {2, 3, 4, 5, 8}) {
+      a.ring_depth = depth;
+      const auto o = run(a);
+      std::printf("attn_res S=%zu T=%zu d=%zu, %d tokens per CTA (0: the rule), a ring of %d: identical to the rule's "
+                  "ring: %s\n", c.S, c.T, c.d, c.tpc, depth, o.f32 == rule.f32 && o.bf16 == rule.bf16 ? "yes" : "no");
+      CAPTURE(depth);
+      CHECK(o.f32 == rule.f32);
+      CHECK(o.bf16 == rule.bf16);
+    }
+  }
+  // the deepest ring that fits at the largest d: 5 rows at d = 16384, 4 d + 2 d 5 = 224 KB of the 227 KB a CTA may take
+  // (its 640 static bytes besides)
+  for (int tpc : {0, 2}) {
+    const Sources s(9, 4, 16384, fresh_seed());
+    const Query q(16384, 3.0 / 128.0, fresh_seed());
+    auto a = args_of(s, q, kEps);
+    a.tokens_per_cta = tpc;
+    const auto rule = run(a);
+    REQUIRE(compare(rule.f32, truth_full(s, q, kEps)).nan_count == 0);
+    a.ring_depth = 5;
+    const auto o = run(a);
+    std::printf("attn_res S=9 T=4 d=16384, %d tokens per CTA, a ring of 5: identical to the rule's ring: %s\n", tpc,
+                o.f32 == rule.f32 && o.bf16 == rule.bf16 ? "yes" : "no");
+    CAPTURE(tpc);
+    CHECK(o.f32 == rule.f32);
+    CHECK(o.bf16 == rule.bf16);
+  }
+}
+
 TEST_CASE("attn_res: w = 0 gives the uniform average; identical sources give the source", "[gpu][attn_res]") {
   {
     const Sources s(9, 11, 7168, fresh_seed());
@@ -307,13 +356,16 @@ TEST_CASE("attn_res: bad inputs give clear errors before any launch", "[gpu][att
   good.out_f32 = out.as<float>();
   REQUIRE_NOTHROW(kernels::attn_res(good, nullptr));
   cuda_check(cudaDeviceSynchronize(), "good");
-  auto expect_error = [&](kernels::AttnResArgs bad, const char* what) {
+  // says: what the message must hold, where a case checks it
+  auto expect_error = [&](kernels::AttnResArgs bad, const char* what, const std::string& says = "") {
     bool threw = false;
     try {
       kernels::attn_res(bad, nullptr);
     } catch (const Error& e) {
       threw = true;
       std::printf("attn_res bad input (%s): %s\n", what, e.what());
+      CAPTURE(what, e.what(), says);
+      CHECK(std::string(e.what()).find(says) != std::string::npos);
     }
     CHECK(threw);
   };
@@ -327,6 +379,16 @@ TEST_CASE("attn_res: bad inputs give clear errors before any launch", "[gpu][att
   bad = good; bad.out_f32 = nullptr; expect_error(bad, "no output");
   bad = good; bad.s_tok = 32; expect_error(bad, "s_tok < d");
   bad = good; bad.tokens_per_cta = -1; expect_error(bad, "tokens_per_cta < 0");
+  for (int depth : {1, 9, -1}) {
+    bad = good;
+    bad.ring_depth = depth;
+    expect_error(bad, "ring_depth not 0 or 2 .. 8",
+                 "ring_depth = " + std::to_string(depth) + "; accepted: 0 (the rule: 3 row buffers) or 2 .. 8");
+  }
+  // 4 d + 2 d 6 = 256 KB of shared memory at d = 16384 (5 rows fit); refused before any launch, so the d = 64 buffers
+  // are never read
+  bad = good; bad.d = 16384; bad.s_tok = 0; bad.s_src = 0; bad.ring_depth = 6;
+  expect_error(bad, "ring_depth 6 at d = 16384", "ring_depth = 6 with d = 16384 needs 262144 bytes");
   bad = good; bad.s_src = 12; expect_error(bad, "s_src not a multiple of 8");
   bad = good; bad.eps = -1.0f; expect_error(bad, "eps < 0");
   bad = good; bad.partial_in.m = out.as<float>(); expect_error(bad, "partial_in with 1 of 3 pointers");
