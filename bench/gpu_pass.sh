@@ -9,7 +9,9 @@
 # Env: TESTS="gpu_test_a gpu_test_b" runs only those GPU test binaries (default: all).
 # Env: SANITIZE=1 also runs each GPU test under compute-sanitizer memcheck (timeout SAN_TIMEOUT s each; serial).
 # Env: PY=1 also builds the Python package with CUDA, runs its tests and kdalab-verify on kdalab's kernels, and has
-#   the fla gradient files carry kdalab's gradients on the same inputs (bench/fla_kda_bwd.py --candidate all).
+#   the fla gradient files carry kdalab's gradients on the same inputs (bench/fla_kda_bwd.py --candidate all);
+#   PY=build builds the CUDA module only (no tests, no verify), for those gradient files.
+# Env: FLA_BWD_INPUTS="anchor long-memory", FLA_BWD_CASES=B:T:H,... choose the fla gradient files (op all or kda-backward).
 # Env: PARALLEL=0 runs the GPU test binaries one after another (default 1: all at once, see below).
 # Exit status: 1 when a GPU test process failed (after everything else ran and was packed), else 0.
 set -u
@@ -60,9 +62,11 @@ fi
 step ctest-generator ctest --test-dir "$B" -R generator --output-on-failure
 # PY=1: the Python package's CUDA build and tests (python/gpu_check.sh; needs nanobind and pytest wheels in .whl/), then
 # kdalab-verify on kdalab's own KDA prefill and MLA decode kernels (unbuffered, with faulthandler: a crash names its frame)
+# PY=build: the CUDA module only (no pytest, no verify), enough for the gradient table below
+pyenv=(env PYTHONUNBUFFERED=1 "PYTHONPATH=${SITE:-/tmp/site}:$PWD/python:$PWD/$B/python" "KDALAB_BIN=$PWD/$B/experiments/kdalab")
+[ "${PY:-0}" = build ] && { step py-cuda env PYTEST=0 bash python/gpu_check.sh || failed=$((failed + 1)); }
 if [ "${PY:-0}" = 1 ]; then
   step py-cuda bash python/gpu_check.sh || failed=$((failed + 1))
-  pyenv=(env PYTHONUNBUFFERED=1 "PYTHONPATH=${SITE:-/tmp/site}:$PWD/python:$PWD/$B/python" "KDALAB_BIN=$PWD/$B/experiments/kdalab")
   step verify-kda "${pyenv[@]}" python3 -X faulthandler -m kdalab.verify --op kda --adapter kdalab-cuda \
     --param d_k=128 --param d_v=128 --out "$OUT/verify-kda.h5"
   step verify-mla "${pyenv[@]}" python3 -X faulthandler -m kdalab.verify --op mla_decode --adapter kdalab-mla-cuda \
@@ -92,14 +96,19 @@ if [ "$op" != none ]; then
   base=(data/baselines/h200/*.h5 data/baselines/h200.h5); nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -q H100 && base=(data/baselines/h100/*.h5)
   for f in "${base[@]}"; do [ -f "$f" ] && cmp+=(--compare "$f"); done
   TAIL=${BENCH_TAIL:-40} step "bench-$op" "$B/experiments/kdalab" bench --op "$op" "${peer[@]}" "${cmp[@]}" --out "$OUT/bench-$op.h5"
-  # fla's KDA gradients (bench/fla_kda_bwd.py) checked by `kdalab check --op kda-bwd`: only with op all, peers/fla-src
-  # present, FLA_BWD not 0 and a kdalab whose check knows kda-bwd. The .h5 files stay out of gpu_pass.tgz (too large).
-  if [ "$op" = all ] && [ -d peers/fla-src ] && [ "${FLA_BWD:-1}" != 0 ]; then
+  # fla's KDA gradients (bench/fla_kda_bwd.py) checked by `kdalab check --op kda-bwd`: with op all or kda-backward,
+  # peers/fla-src present, FLA_BWD not 0 and a kdalab whose check knows kda-bwd; FLA_BWD_INPUTS lists the input
+  # distributions (default anchor; e.g. "anchor long-memory"), FLA_BWD_CASES the cases (default: the script's), the
+  # budget FLA_BWD_BUDGET seconds each. The .h5 files stay out of gpu_pass.tgz (too large).
+  if { [ "$op" = all ] || [ "$op" = kda-backward ]; } && [ -d peers/fla-src ] && [ "${FLA_BWD:-1}" != 0 ]; then
     if "$B/experiments/kdalab" check --help 2>&1 | grep -q kda-bwd; then
-      # with PY=1 kdalab's own gradients on the same inputs too (--candidate all, through kdalab.torch)
-      cand=both; fenv=(); [ "${PY:-0}" = 1 ] && { cand=all; fenv=("${pyenv[@]}"); }
-      step fla-kda-bwd "${fenv[@]}" python3 bench/fla_kda_bwd.py --fla-path peers/fla-src --out-dir "$OUT/fla_bwd" --candidate $cand \
-        --force --time-budget "${FLA_BWD_BUDGET:-300}"
+      # with PY=1 or PY=build kdalab's own gradients on the same inputs too (--candidate all, through kdalab.torch)
+      cand=both; fenv=(); [ "${PY:-0}" != 0 ] && { cand=all; fenv=("${pyenv[@]}"); }
+      fcases=(); [ -n "${FLA_BWD_CASES:-}" ] && fcases=(--cases "$FLA_BWD_CASES")
+      for inp in ${FLA_BWD_INPUTS:-anchor}; do
+        step "fla-kda-bwd-$inp" "${fenv[@]}" python3 bench/fla_kda_bwd.py --fla-path peers/fla-src --out-dir "$OUT/fla_bwd" \
+          --candidate $cand --inputs "$inp" "${fcases[@]}" --force --time-budget "${FLA_BWD_BUDGET:-300}"
+      done
       for f in "$OUT"/fla_bwd/fla_kda_bwd_*.h5; do [ -f "$f" ] || continue; n=$(basename "$f" .h5)
         TAIL=30 step "check-$n" "$B/experiments/kdalab" check --op kda-bwd --in "$f" --out "$OUT/fla_bwd/$n.report.h5"; done
     else echo "== fla-kda-bwd skipped: this kdalab check has no --op kda-bwd"; fi
