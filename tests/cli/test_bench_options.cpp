@@ -18,6 +18,31 @@
 namespace fs = std::filesystem;
 using namespace kdalab::testutil;
 
+namespace {
+struct Refusal {
+  std::string args, says;
+};
+
+/// Each `bench <args>` refused with one line naming `says` and exit 2, whether --out names an existing file (with
+/// and without --force) or a new one; the existing file keeps its time and no file is added.
+void require_refused_before_gpu_work(const std::string& op, const std::vector<Refusal>& cases) {
+  TempDir d;
+  d.write("b.h5", "old");
+  const auto t0 = fs::last_write_time(d.file("b.h5"));
+  for (const Refusal& c : cases) {
+    for (const std::string& out : {d.file("b.h5"), d.file("b.h5") + " --force", d.file("new.h5")}) {
+      const auto r = run_kdalab("bench --op " + op + " " + c.args + " --iters 1 --warmup 0 --out " + out);
+      INFO(c.args << " --out " << out);
+      require_one_line_exit2(r);
+      CHECK(has(r, c.says));
+      CHECK(!has(r, "not available"));
+    }
+  }
+  CHECK(fs::last_write_time(d.file("b.h5")) == t0);
+  CHECK(d.count() == 1);
+}
+}  // namespace
+
 TEST_CASE("bench: options and shape fields the chosen op ignores are refused, naming the option and its ops",
           "[bench]") {
   TempDir d;
@@ -110,29 +135,15 @@ TEST_CASE("bench: options and shape fields the chosen op ignores are refused, na
 TEST_CASE("bench --op mla-decode: shapes the kernel does not run (N < --s-q, H other than 16 or 32, B > 65535) are "
           "refused before any GPU work, in every build (exit 2, an existing --out untouched)",
           "[bench]") {
-  TempDir d;
-  d.write("b.h5", "old");
-  const auto t0 = fs::last_write_time(d.file("b.h5"));
-  struct Case {
-    std::string args, says;
-  };
   const std::string limits = "accepted: H = 16 or 32 query heads and B <= 65535 sequences";
-  for (const Case& c : {Case{"--s-q 4 --shapes 1:3:16", "--s-q 4 with N = 3 (shape 1:3:16); accepted: N >= --s-q"},
-                        Case{"--s-q 2 --shapes 2:64:32,1:1:32", "--s-q 2 with N = 1 (shape 1:1:32)"},
-                        Case{"--s-q 3 --mla-precision fast --shapes 1:2:16", "--s-q 3 with N = 2"},
-                        Case{"--shapes 1:64:8", "mla-decode does not run shape 1:64:8; " + limits},
-                        Case{"--shapes 2:64:32,1:64:64", "mla-decode does not run shape 1:64:64; " + limits},
-                        Case{"--shapes 65536:64:16", "mla-decode does not run shape 65536:64:16; " + limits}}) {
-    for (const std::string& out : {d.file("b.h5"), d.file("b.h5") + " --force", d.file("new.h5")}) {
-      const auto r = run_kdalab("bench --op mla-decode " + c.args + " --iters 1 --warmup 0 --out " + out);
-      INFO(c.args << " --out " << out);
-      require_one_line_exit2(r);
-      CHECK(has(r, c.says));
-      CHECK(!has(r, "not available"));
-    }
-  }
-  CHECK(fs::last_write_time(d.file("b.h5")) == t0);
-  CHECK(d.count() == 1);
+  require_refused_before_gpu_work(
+      "mla-decode", {{"--s-q 4 --shapes 1:3:16", "--s-q 4 with N = 3 (shape 1:3:16); accepted: N >= --s-q"},
+                     {"--s-q 2 --shapes 2:64:32,1:1:32", "--s-q 2 with N = 1 (shape 1:1:32)"},
+                     {"--s-q 3 --mla-precision fast --shapes 1:2:16", "--s-q 3 with N = 2"},
+                     {"--shapes 1:64:8", "mla-decode does not run shape 1:64:8; " + limits},
+                     {"--shapes 2:64:32,1:64:64", "mla-decode does not run shape 1:64:64; " + limits},
+                     {"--shapes 65536:64:16", "mla-decode does not run shape 65536:64:16; " + limits}});
+  TempDir d;
   // N = s_q is the smallest context: accepted (the query tokens are the whole cache)
   const auto r = run_kdalab("bench --op mla-decode --s-q 4 --shapes 1:4:16 --iters 1 --warmup 0 --out " + d.file("n.h5"));
   INFO(r.output);
@@ -142,31 +153,17 @@ TEST_CASE("bench --op mla-decode: shapes the kernel does not run (N < --s-q, H o
 TEST_CASE("bench --op attn-res --ring-depth: a d whose pseudo-query and ring do not fit in shared memory is "
           "refused before any GPU work, in every build (exit 2, an existing --out untouched)",
           "[bench]") {
-  TempDir d;
-  d.write("b.h5", "old");
-  const auto t0 = fs::last_write_time(d.file("b.h5"));
-  struct Case {
-    std::string args, says;
-  };
   // 4 d + 2 d n <= 231808 bytes: d = 16384 takes 5 rows (229376 bytes), d = 12288 takes 7 (221184), 8 rows d <= 11584
-  for (const Case& c :
-       {Case{"--ring-depth 6 --shapes 9:16:16384",
-             "--ring-depth 6 with d = 16384 (shape 9:16:16384) needs 262144 bytes of shared memory (4 d + 2 d n); "
-             "accepted: at most 231808 (227 KB less the kernel's 640 static bytes): --ring-depth <= 5 at this d"},
-        Case{"--ring-depth 8 --shapes 9:16:7168,2:4:12288", "--ring-depth 8 with d = 12288 (shape 2:4:12288)"},
-        Case{"--ring-depth 8 --shapes 9:16:11592",
-             "needs 231840 bytes of shared memory (4 d + 2 d n); accepted: at most 231808 (227 KB less the kernel's "
-             "640 static bytes): --ring-depth <= 7 at this d"}}) {
-    for (const std::string& out : {d.file("b.h5"), d.file("b.h5") + " --force", d.file("new.h5")}) {
-      const auto r = run_kdalab("bench --op attn-res " + c.args + " --iters 1 --warmup 0 --out " + out);
-      INFO(c.args << " --out " << out);
-      require_one_line_exit2(r);
-      CHECK(has(r, c.says));
-      CHECK(!has(r, "not available"));
-    }
-  }
-  CHECK(fs::last_write_time(d.file("b.h5")) == t0);
-  CHECK(d.count() == 1);
+  require_refused_before_gpu_work(
+      "attn-res",
+      {{"--ring-depth 6 --shapes 9:16:16384",
+        "--ring-depth 6 with d = 16384 (shape 9:16:16384) needs 262144 bytes of shared memory (4 d + 2 d n); "
+        "accepted: at most 231808 (227 KB less the kernel's 640 static bytes): --ring-depth <= 5 at this d"},
+       {"--ring-depth 8 --shapes 9:16:7168,2:4:12288", "--ring-depth 8 with d = 12288 (shape 2:4:12288)"},
+       {"--ring-depth 8 --shapes 9:16:11592",
+        "needs 231840 bytes of shared memory (4 d + 2 d n); accepted: at most 231808 (227 KB less the kernel's "
+        "640 static bytes): --ring-depth <= 7 at this d"}});
+  TempDir d;
   // the deepest ring that fits is accepted (a CPU build: exit 3; a GPU runs it), and the rule's depth fits every d
   for (const std::string& args : {std::string("--ring-depth 5 --shapes 2:4:16384"),
                                   std::string("--ring-depth 8 --shapes 2:4:11584"),
