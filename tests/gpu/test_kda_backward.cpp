@@ -224,10 +224,15 @@ struct DevProblem {
     kernels::kda_backward(a, nullptr, &ov);
     cuda_check(cudaDeviceSynchronize(), "kda_backward");
   }
+  /// The gradients in the order of Out below, downloaded as doubles.
   std::vector<std::vector<double>> outputs() const {
     return {download_bf16(dq), download_bf16(dk), download_bf16(dv), download_bf16(dg), download_bf16(dbeta),
             download_f32(dA_log), download_f32(dbias), download_f32(dS0)};
   }
+  /// Index of each gradient in outputs(); the bf16 ones first.
+  enum Out : std::size_t { out_dq, out_dk, out_dv, out_dg, out_dbeta, out_dA_log, out_dbias, out_dS0 };
+  /// True for the gate parameters' gradients (dA_log, dbias), which the kernel writes only with the fused K3 gate.
+  static bool gate_param(std::size_t i) { return i == out_dA_log || i == out_dbias; }
 };
 
 const char* pass_name(kernels::KdaBackwardPass pass) {
@@ -263,21 +268,21 @@ void check_bwd(const BwdCase& c, kernels::KdaBackwardPass force = kernels::KdaBa
   const double tb = tol::kda_bwd_bf16.value, tf = tol::kda_bwd_f32.value;
   const Grads tw = twin_of(p, pass);
   const auto T = [&](const Tensor<double> Grads::*m) { return &(tw.*m); };
-  check_grad("dq", out[0], ref.dq, tb, true, T(&Grads::dq));
-  check_grad("dk", out[1], ref.dk, tb, true, T(&Grads::dk));
-  check_grad("dv", out[2], ref.dv, tb, true, T(&Grads::dv));
-  check_grad(c.fused ? "dg_raw" : "dg", out[3], ref.dg, tb, true, T(&Grads::dg));
-  check_grad(c.beta_sigmoid ? "dbeta_r" : "dbeta", out[4], ref.dbeta, tb, true, T(&Grads::dbeta));
-  check_grad("dS0", out[7], ref.dS0, tf, false, T(&Grads::dS0));
+  check_grad("dq", out[DevProblem::out_dq], ref.dq, tb, true, T(&Grads::dq));
+  check_grad("dk", out[DevProblem::out_dk], ref.dk, tb, true, T(&Grads::dk));
+  check_grad("dv", out[DevProblem::out_dv], ref.dv, tb, true, T(&Grads::dv));
+  check_grad(c.fused ? "dg_raw" : "dg", out[DevProblem::out_dg], ref.dg, tb, true, T(&Grads::dg));
+  check_grad(c.beta_sigmoid ? "dbeta_r" : "dbeta", out[DevProblem::out_dbeta], ref.dbeta, tb, true, T(&Grads::dbeta));
+  check_grad("dS0", out[DevProblem::out_dS0], ref.dS0, tf, false, T(&Grads::dS0));
   if (c.fused) {
-    check_grad("dA_log", out[5], ref.dA_log, tf, false, T(&Grads::dA_log));
-    check_grad("dbias", out[6], ref.dbias, tf, false, T(&Grads::dbias));
+    check_grad("dA_log", out[DevProblem::out_dA_log], ref.dA_log, tf, false, T(&Grads::dA_log));
+    check_grad("dbias", out[DevProblem::out_dbias], ref.dbias, tf, false, T(&Grads::dbias));
   }
   if (c.twice) {
     d.run();
     const auto again = d.outputs();
     for (std::size_t i = 0; i < out.size(); ++i) {
-      if (!c.fused && (i == 5 || i == 6)) continue;  // not written (poison both times)
+      if (!c.fused && DevProblem::gate_param(i)) continue;  // not written (poison both times)
       CAPTURE(i);
       CHECK(std::equal(out[i].begin(), out[i].end(), again[i].begin(),
                        [](double x, double y) { return x == y || (std::isnan(x) && std::isnan(y)); }));
@@ -427,9 +432,9 @@ void compare_chains(const BwdCase& c, bool long_memory = false) {
   const char* const names[] = {"dq", "dk", "dv", "dg", "dbeta", "dA_log", "dbias", "dS0"};
   std::printf("kda_backward %s: chunked_wg vs chunked\n", name.c_str());
   for (std::size_t i = 0; i < a.size(); ++i) {
-    if (!c.fused && (i == 5 || i == 6)) continue;  // not written (poison in both)
+    if (!c.fused && DevProblem::gate_param(i)) continue;  // not written (poison in both)
     const ErrorMetrics m = compare(b[i], a[i], names[i]);
-    const double bound = i < 5 ? tol::kda_bwd_chains_wg_vs_mma.value : tol::kda_bwd_f32.value;
+    const double bound = i <= DevProblem::out_dbeta ? tol::kda_bwd_chains_wg_vs_mma.value : tol::kda_bwd_f32.value;
     std::printf("  %-7s rel_rms %.3e (bound %.1e) max_abs %.3e nan %lld inf %lld\n", names[i], m.rel_rms, bound,
                 m.max_abs, static_cast<long long>(m.nan_count), static_cast<long long>(m.inf_count));
     CAPTURE(names[i], m.rel_rms, bound, m.nan_count, m.inf_count);
@@ -558,7 +563,7 @@ TEST_CASE("KDA backward fp32 gradient outputs are the bf16 outputs before their 
     kernels::kda_backward(a, nullptr);
     cuda_check(cudaDeviceSynchronize(), "kda_backward fp32 outputs");
     const DevBuf* f32[] = {&q32, &k32, &g32, &b32};
-    const int bf_index[] = {0, 1, 3, 4};  // dq, dk, dg, dbeta in DevProblem::outputs()
+    const std::size_t bf_index[] = {DevProblem::out_dq, DevProblem::out_dk, DevProblem::out_dg, DevProblem::out_dbeta};
     for (int i = 0; i < 4; ++i) {
       const auto x = download_f32(*f32[i]);
       std::size_t differ = 0, nonfinite = 0;
@@ -604,7 +609,7 @@ TEST_CASE("KDA backward chunked passes with HV = H: the gradient kernel's own ch
     sep.run();
     const auto a = tail.outputs(), b = sep.outputs();
     for (std::size_t i = 0; i < a.size(); ++i) {
-      if (!bc.fused && (i == 5 || i == 6)) continue;  // not written (poison in both)
+      if (!bc.fused && DevProblem::gate_param(i)) continue;  // not written (poison in both)
       std::size_t differ = 0, nonfinite = 0;
       for (std::size_t e = 0; e < a[i].size(); ++e) {
         nonfinite += !std::isfinite(a[i][e]);
