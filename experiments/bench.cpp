@@ -1061,10 +1061,11 @@ void register_bench(Registry& reg) {
       ->capture_default_str();
   a->add_option("--ring-depth", o->ring_depth,
                 "attn-res: row buffers in the ring of source rows each CTA keeps in shared memory "
-                "(kernels/attn_res.hpp AttnResArgs::ring_depth): 0 = the rule (3), or 2..8 (4 d + 2 d n bytes of "
-                "shared memory, at most 231808, 227 KB less the kernel's 640 static bytes: refused with a shape whose "
-                "d does not fit, e.g. d = 16384 above 5). Any depth gives the same output; the rule's depth runs its "
-                "own kernels, any other depth kernels that read it at run time. Rows timed at a depth other than the "
+                "(kernels/attn_res.hpp AttnResArgs::ring_depth): 0 = the rule (3), or n = 2..8. A ring of n rows takes "
+                "4 d + 2 d n bytes of shared memory, at most 231808 (227 KB less the kernel's 640 static bytes), so a "
+                "shape whose d does not fit is refused (e.g. d = 16384 above n = 5). Every depth gives the same "
+                "output bit for bit; depth 3 runs the default kernels, other depths kernels compiled for a depth "
+                "given at run time (slower where the default is already near the copy rate). Rows timed at a depth other than the "
                 "rule's 3 get the key suffix ' ring=<n>' (their own baselines; the peer time is looked up under the "
                 "plain key). Only with --op attn-res or all (with all it acts on the attn-res rows; refused with "
                 "another op)")
