@@ -3,7 +3,7 @@
 files, each with this script's own float64-autograd numbers beside them.
 
   python3 bench/fla_kda_bwd.py [--fla-path peers/fla-src] [--out-dir fla_bwd] [--cases B:T:H,...]
-                               [--candidate fla|f64|both|kdalab|all] [--inputs anchor|long-memory]
+                               [--candidate fla|f64|both|kdalab|kernels|all] [--inputs anchor|long-memory]
                                [--fla-commit TEXT] [--seed N] [--force]
                                [--device auto|cuda|cpu] [--block N] [--time-budget S] [--self-test] [--dry-run]
 
@@ -28,7 +28,7 @@ docs/equations.md section 1 on exactly the same (bf16-valued) inputs, in float64
   L = <o, do> + <S_T, dS>, gradients by torch.autograd. The time loop runs over all heads at once;
   blocks of --block tokens are activation-checkpointed (only the states between blocks are kept).
 
---candidate kdalab (or all) also runs kdalab's own KDA kernels through `kdalab.torch.chunk_kda` (the same call,
+--candidate kdalab (kernels, all) also runs kdalab's own KDA kernels through `kdalab.torch.chunk_kda` (the same call,
 fla's convention, no chunk_size) on the same inputs, so both kernels' gradients are checked on identical files.
 
 Cases (--cases, default 1:64:16,1:300:16,1:1000:16,1:4096:16, i.e. B = 1, H = HV = 16, T in 64, 300, 1000,
@@ -42,9 +42,11 @@ with torch (generator on the run's device, seed --seed + case index, recorded pe
   and dS N(0,1) fp32.
 
 Files, in --out-dir (created if missing; its parent must exist), one per case and candidate:
-  fla_kda_bwd_B<B>_T<T>_H<H>.h5      (--candidate fla or both) fla's gradients, root precision = "bf16"
-  fla_kda_bwd_B<B>_T<T>_H<H>.f64.h5  (--candidate f64 or both) the float64 autograd's, precision = "fp64"
-  fla_kda_bwd_B<B>_T<T>_H<H>.kdalab.h5 (--candidate kdalab or all) kdalab's gradients, precision = "bf16"
+  fla_kda_bwd_B<B>_T<T>_H<H>.h5      (--candidate fla, both, kernels or all) fla's gradients, root precision = "bf16"
+  fla_kda_bwd_B<B>_T<T>_H<H>.f64.h5  (--candidate f64, both or all) the float64 autograd's, precision = "fp64"
+  fla_kda_bwd_B<B>_T<T>_H<H>.kdalab.h5 (--candidate kdalab, kernels or all) kdalab's gradients, precision = "bf16"
+(--candidate kernels: the two kernels' files without the float64 one, which is the largest: 1.1 GB at T = 16384,
+H = 16; the float64 autograd still runs for the printed table and the harness_rel_rms attributes)
 (with --inputs long-memory the names start fla_kda_bwd_long-memory_)
 in the `kdalab check --op kda-bwd` format (docs/check-format.md): the forward inputs q, k, v, g, beta
 (float32 holding bf16, format = "bf16"), A_log, bias, S0 (layout KV); root attributes scale, l2norm_qk = 1,
@@ -62,7 +64,7 @@ to compare with what `kdalab check --op kda-bwd` reports. An existing file is ne
 --self-test checks the float64 autograd itself (torch.autograd.gradcheck on a small case; the blocked loop
 against an unblocked one) and exits. Options that would change nothing are refused (exit 2), never ignored: fla's
 chunk_kda settings (--no-safe-gate, --chunk-size, --dispatch, --full-import) without an fla candidate or with
---self-test, and --candidate kdalab|all or --inputs long-memory with --self-test.
+--self-test, and --candidate kdalab|kernels|all or --inputs long-memory with --self-test.
 
 Then: for f in <out-dir>/*.h5; do build/cuda/experiments/kdalab check --op kda-bwd --in $f --out ${f%.h5}.report.h5; done
 (bench/gpu_pass.sh does both when peers/fla-src is there.) The files are large (T = 4096, H = 16: ~0.2 GB):
@@ -84,7 +86,7 @@ from fla_kda import (D, G_MIN, UsageError, _is_number, case_name, check_folder, 
                      fla_commit, fla_environment, fla_settings, load_fla, log, resolve_fla_root, write_h5_check)
 
 DEFAULT_CASES = [(1, 64, 16), (1, 300, 16), (1, 1000, 16), (1, 4096, 16)]
-CANDIDATES = ("fla", "f64", "both", "kdalab", "all")
+CANDIDATES = ("fla", "f64", "both", "kdalab", "kernels", "all")
 INPUTS = ("anchor", "long-memory")
 # gradient names in the kda-bwd file, in order, and the leaf each belongs to
 GRADS = ("dq", "dk", "dv", "dg", "dbeta", "dA_log", "dbias", "dS0")
@@ -115,11 +117,11 @@ def parse_cases(text):
 
 
 def file_names(case, candidate, inputs="anchor"):
-    """The files case (B, T, H) gets for --candidate fla / f64 / both / kdalab / all and --inputs."""
+    """The files case (B, T, H) gets for --candidate fla / f64 / both / kdalab / kernels / all and --inputs."""
     base = ("fla_kda_bwd_B%d_T%d_H%d" if inputs == "anchor" else "fla_kda_bwd_" + inputs + "_B%d_T%d_H%d") % case
-    return ([base + ".h5"] if candidate in ("fla", "both", "all") else []) + \
+    return ([base + ".h5"] if candidate in ("fla", "both", "kernels", "all") else []) + \
            ([base + ".f64.h5"] if candidate in ("f64", "both", "all") else []) + \
-           ([base + ".kdalab.h5"] if candidate in ("kdalab", "all") else [])
+           ([base + ".kdalab.h5"] if candidate in ("kdalab", "kernels", "all") else [])
 
 
 def build_parser():
@@ -143,7 +145,7 @@ def build_parser():
     p.add_argument("--candidate", default="fla", choices=CANDIDATES,
                    help="the candidate gradients written: fla's (bf16), the float64 autograd's (fp64; no fla needed), "
                         "both (two files per case), kdalab's kernels through kdalab.torch.chunk_kda (bf16; no fla "
-                        "needed), or all three")
+                        "needed), kernels (fla's and kdalab's, no float64 file) or all three")
     p.add_argument("--inputs", default="anchor", choices=INPUTS,
                    help="input distribution: the anchor-kda one, or long-memory (slow decay, small beta; file header)")
     p.add_argument("--seed", type=int, default=20261201,
@@ -182,9 +184,9 @@ def check_effective(args, need_fla):
                             (args.dispatch, "--dispatch"), (args.full_import, "--full-import")):
             if given:
                 raise UsageError(f"{name} sets fla's chunk_kda, which {why} does not run; accepted: --candidate fla, "
-                                 "both or all (without --self-test), or leave it out")
+                                 "both, kernels or all (without --self-test), or leave it out")
     if args.self_test:
-        for given, name in ((args.candidate in ("kdalab", "all"), f"--candidate {args.candidate}"),
+        for given, name in ((args.candidate in ("kdalab", "kernels", "all"), f"--candidate {args.candidate}"),
                             (args.inputs != "anchor", f"--inputs {args.inputs}")):
             if given:
                 raise UsageError(f"{name} with --self-test: the self-test checks the float64 autograd on its own small "
@@ -486,8 +488,8 @@ def run_case(torch, args, case, index, dev, runners, meta):
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    need_fla = args.candidate in ("fla", "both", "all") and not args.self_test
-    need_kdalab = args.candidate in ("kdalab", "all") and not args.self_test
+    need_fla = args.candidate in ("fla", "both", "kernels", "all") and not args.self_test
+    need_kdalab = args.candidate in ("kdalab", "kernels", "all") and not args.self_test
     try:  # the arguments, then --fla-path, then the outputs
         cases = parse_cases(args.cases)
         if not 0 <= args.seed <= 2**63 - 1 - len(cases):

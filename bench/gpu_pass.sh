@@ -11,7 +11,8 @@
 # Env: PY=1 also builds the Python package with CUDA, runs its tests and kdalab-verify on kdalab's kernels, and has
 #   the fla gradient files carry kdalab's gradients on the same inputs (bench/fla_kda_bwd.py --candidate all);
 #   PY=build builds the CUDA module only (no tests, no verify), for those gradient files.
-# Env: FLA_BWD_INPUTS="anchor long-memory", FLA_BWD_CASES=B:T:H,... choose the fla gradient files (op all or kda-backward).
+# Env: FLA_BWD_INPUTS="anchor long-memory", FLA_BWD_CASES=B:T:H,... choose the fla gradient files (op all or kda-backward);
+#   FLA_BWD_CANDIDATE overrides --candidate (e.g. kernels: fla's and kdalab's files without the float64 one, for long T).
 # Env: PARALLEL=0 runs the GPU test binaries one after another (default 1: all at once, see below).
 # Exit status: 1 when a GPU test process failed (after everything else ran and was packed), else 0.
 set -u
@@ -104,6 +105,7 @@ if [ "$op" != none ]; then
     if "$B/experiments/kdalab" check --help 2>&1 | grep -q kda-bwd; then
       # with PY=1 or PY=build kdalab's own gradients on the same inputs too (--candidate all, through kdalab.torch)
       cand=both; fenv=(); [ "${PY:-0}" != 0 ] && { cand=all; fenv=("${pyenv[@]}"); }
+      cand=${FLA_BWD_CANDIDATE:-$cand}
       fcases=(); [ -n "${FLA_BWD_CASES:-}" ] && fcases=(--cases "$FLA_BWD_CASES")
       for inp in ${FLA_BWD_INPUTS:-anchor}; do
         step "fla-kda-bwd-$inp" "${fenv[@]}" python3 bench/fla_kda_bwd.py --fla-path peers/fla-src --out-dir "$OUT/fla_bwd" \

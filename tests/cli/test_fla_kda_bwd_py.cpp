@@ -40,6 +40,12 @@ TEST_CASE("fla_kda_bwd.py: --help and --dry-run need neither torch nor fla; --dr
   check_run(run_command("python3 bench/fla_kda_bwd.py --dry-run --candidate kdalab --fla-path " + f.out("no-fla") +
                         " --cases 1:17:16 --out-dir " + f.out("bwd")),
             0, {"fla_kda_bwd_B1_T17_H16.kdalab.h5"}, {"fla_kda_bwd_B1_T17_H16.h5"});
+  // both kernels without the float64 file (the largest: long cases); it needs fla
+  check_run(f.run("--dry-run --candidate kernels --cases 1:65536:16 --out-dir " + f.out("bwd")), 0,
+            {"fla_kda_bwd_B1_T65536_H16.h5", "fla_kda_bwd_B1_T65536_H16.kdalab.h5"}, {".f64.h5", "RuntimeError"});
+  check_run(run_command("python3 bench/fla_kda_bwd.py --dry-run --candidate kernels --fla-path " + f.out("no-fla") +
+                        " --out-dir " + f.out("bwd")),
+            2, {"--fla-path"});
   CHECK(f.out_count() == 0);
 }
 
@@ -82,6 +88,8 @@ TEST_CASE("fla_kda_bwd.py: bad arguments and output paths are usage errors (exit
       {"--candidate kdalab --no-safe-gate", "--no-safe-gate sets fla's chunk_kda, which --candidate kdalab does not run"},
       {"--candidate f64 --chunk-size 32", "--chunk-size 32 sets fla's chunk_kda, which --candidate f64 does not run"},
       {"--self-test --candidate kdalab", "--candidate kdalab with --self-test"},
+      {"--self-test --candidate kernels", "--candidate kernels with --self-test"},
+      {"--device cpu --candidate kernels", "fla's and kdalab's kernels need cuda"},
       {"--self-test --inputs long-memory", "--inputs long-memory with --self-test"},
       {"--fla-commit ''", "--fla-commit"},
       {"--out-dir " + f.out("afile"), "is not a folder"},
