@@ -101,6 +101,7 @@
 #include <tuple>
 
 #include "experiments/cli.hpp"
+#include "kernels/attn_res_limits.hpp"
 #include "reference/error.hpp"
 
 #ifdef KDALAB_HAVE_CUDA
@@ -140,11 +141,9 @@ struct BenchOptions {
   int ring_depth = 0;  // attn-res: AttnResArgs::ring_depth (0 = the rule's 3, else 2..8 row buffers)
 };
 
-/// attn-res: the rule's ring depth (kernels/attn_res.hpp AttnResArgs::ring_depth = 0), the deepest one and the dynamic
-/// shared memory a CTA of the kernel may take (227 KB on sm_90 less its 640 static bytes: 4 d + 2 d depth bytes must
-/// fit; kernels/attn_res.cu SMEM_DYN_MAX), for the checks made in every build.
-constexpr int kRingDepthRule = 3, kRingDepthMax = 8;
-constexpr long long kAttnResSmemMax = 227 * 1024 - 640;
+/// attn-res: the kernel's ring-depth limits (kernels/attn_res_limits.hpp), for the checks made in every build.
+constexpr int kRingDepthRule = kernels::attn_res_ring_depth_rule, kRingDepthMax = kernels::attn_res_ring_depth_max;
+constexpr long long kAttnResSmemMax = kernels::attn_res_smem_dyn_max;
 
 struct Shape {
   long long B, T, H, HV;

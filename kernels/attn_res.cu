@@ -17,6 +17,7 @@
 #include <string>
 
 #include "kernels/attn_res.hpp"
+#include "kernels/attn_res_limits.hpp"
 #include "kernels/common/kda_math.cuh"
 #include "kernels/common/mbarrier.cuh"
 
@@ -26,15 +27,15 @@ namespace {
 using namespace detail;
 
 constexpr int MAX_VPT = 8;
-constexpr int NS_RULE = 3;  // row buffers of the ring by the rule (ring_depth 0)
-constexpr int MAX_NS = 8;   // the deepest ring a run-time depth may ask for (the size of full[] in those kernels)
+constexpr int NS_RULE = attn_res_ring_depth_rule;  // row buffers of the ring by the rule (ring_depth 0)
+constexpr int MAX_NS = attn_res_ring_depth_max;     // the size of full[] in the kernels of a run-time depth
 constexpr int MAX_D = 16384;
-// shared memory a CTA may opt in to on sm_90 (227 KB, static and dynamic together), the kernels' static shared memory
-// (red and full[], up to the 128-byte alignment of the dynamic array: 640 bytes, as ptxas reports) and what is left for
-// the dynamic part, the pseudo-query and the ring: 4 d + 2 d NS bytes must fit in SMEM_DYN_MAX
-constexpr int SMEM_OPTIN = 227 * 1024;
-constexpr int SMEM_STATIC = (2 * 2 * 32 * 4 + MAX_NS * 8 + 127) / 128 * 128;
-constexpr int SMEM_DYN_MAX = SMEM_OPTIN - SMEM_STATIC;
+// the kernels' static shared memory (red and full[] up to the 128-byte alignment of the dynamic array) and what is left
+// for the dynamic part, the pseudo-query and the ring: 4 d + 2 d NS bytes must fit (kernels/attn_res_limits.hpp)
+constexpr int SMEM_STATIC = attn_res_smem_static;
+constexpr int SMEM_DYN_MAX = attn_res_smem_dyn_max;
+static_assert((2 * 2 * 32 * 4 + MAX_NS * 8 + 127) / 128 * 128 == SMEM_STATIC,
+              "kernels/attn_res_limits.hpp states the kernels' static shared memory");
 
 // the mbarrier and bulk-copy steps of the ring: kernels/common/mbarrier.cuh
 namespace mb = detail::mbar;

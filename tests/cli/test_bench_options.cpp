@@ -112,7 +112,11 @@ TEST_CASE("bench: options and shape fields the chosen op ignores are refused, na
                                   std::string("--op mla-decode --s-q 2 --mla-precision auto --shapes 1:64:16"),
                                   std::string("--op mla-decode --mla-splits 2 --shapes 1:128:32"),
                                   std::string("--op attn-res --ring-depth 8 --shapes 9:16:64"),
-                                  std::string("--op attn-res --ring-depth 3 --shapes 9:1:2304")}) {
+                                  std::string("--op attn-res --ring-depth 3 --shapes 9:1:2304"),
+                                  // the deepest ring that fits a d, and the rule's depth at the largest d
+                                  std::string("--op attn-res --ring-depth 5 --shapes 2:4:16384"),
+                                  std::string("--op attn-res --ring-depth 8 --shapes 2:4:11584"),
+                                  std::string("--op attn-res --ring-depth 0 --shapes 2:4:16384")}) {
     const auto r = run_kdalab("bench " + args + " --iters 1 --warmup 0 --out " + d.file("b.h5"));
     INFO(args << "\n" << r.output);
     CHECK(bench_valid_exit(r));
@@ -163,16 +167,6 @@ TEST_CASE("bench --op attn-res --ring-depth: a d whose pseudo-query and ring do 
        {"--ring-depth 8 --shapes 9:16:11592",
         "needs 231840 bytes of shared memory (4 d + 2 d n); accepted: at most 231808 (227 KB less the kernel's "
         "640 static bytes): --ring-depth <= 7 at this d"}});
-  TempDir d;
-  // the deepest ring that fits is accepted (a CPU build: exit 3; a GPU runs it), and the rule's depth fits every d
-  for (const std::string& args : {std::string("--ring-depth 5 --shapes 2:4:16384"),
-                                  std::string("--ring-depth 8 --shapes 2:4:11584"),
-                                  std::string("--ring-depth 0 --shapes 2:4:16384")}) {
-    const auto r = run_kdalab("bench --op attn-res " + args + " --iters 1 --warmup 0 --out " + d.file("n.h5"));
-    INFO(args << "\n" << r.output);
-    CHECK(bench_valid_exit(r));
-    fs::remove(d.file("n.h5"));
-  }
 }
 
 TEST_CASE("bench --shapes: trailing ',' or ':', empty, 2^31 and too-large fields refused with what is accepted",
