@@ -67,7 +67,8 @@
 //   flops = 6 S T d (h.h, w.h, the weighted sum). --ring-depth n (AttnResArgs::ring_depth: 0 = the rule's 3, else 2..8
 //   row buffers a CTA, 4 d + 2 d n bytes of shared memory <= 231808) times a deeper or shallower ring; rows with a
 //   depth other than the rule's get the key suffix " ring=<n>" (their own baselines; the peer time is looked up under
-//   the plain key).
+//   the plain key). The printed lines also time 1 and 4 tokens a CTA, and every vectors-a-thread count above the
+//   rule's (AttnResArgs::vectors_per_thread) at the rule's, 1 and 4 tokens a CTA.
 // Order of the checks (the same errors, exit 2, in every build): --op, the numbers (--iters, --warmup, --prefix,
 // --segments, --s-q), option values and combinations (--mla-precision accurate with --s-q > 1 among them), options the
 // op ignores (--prefix > 0 without mla-prefill, --state-pass other than auto, --segments != 0 or --overlap off without
@@ -933,6 +934,21 @@ Measured bench_attn_res(const Shape& s, int ring_depth, int warmup, int iters, s
   }
   fmt::print("  (S={} T={} d={}, a ring of {} rows{}: tokens per CTA by the rule; {})\n", S, T, d,
              ring_depth ? ring_depth : kRingDepthRule, ring_depth ? "" : " (the rule)", tpc);
+  // vectors a thread (kernels::AttnResArgs::vectors_per_thread) beyond the rule's, so fewer threads a token: the
+  // rule's tokens per CTA, then one and four
+  const int nvec = static_cast<int>(d / 8), vrule = std::max(1, (nvec + 255) / 256);
+  std::string vpts;
+  for (int v = vrule + 1; v <= 8; ++v) {
+    kernels::AttnResArgs b = a;
+    b.vectors_per_thread = v;
+    vpts += fmt::format("{}{} ({} threads):", vpts.empty() ? "" : "; ", v, ((nvec + v - 1) / v + 31) / 32 * 32);
+    for (int n : {0, 1, 4}) {
+      b.tokens_per_cta = n;
+      vpts += fmt::format(" {:.4f}", time_ms([&] { kernels::attn_res(b, nullptr); }, warmup, iters).first);
+    }
+  }
+  if (!vpts.empty())
+    fmt::print("  (vectors a thread, the rule's {} above; ms at the rule's / 1 / 4 tokens a CTA: {})\n", vrule, vpts);
   return {ms, mn, 2.0 * S * T * d + 2.0 * T * d, 6.0 * S * T * d};
 }
 #endif

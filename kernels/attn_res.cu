@@ -5,13 +5,15 @@
 // (coalesced: consecutive threads read consecutive 16 bytes); w sits in shared memory. Per source: convert the 8 VPT bf16 to
 // fp32, sum h^2 and w h, reduce the two sums over the CTA (warp shuffles, then one shared-memory
 // exchange of double-buffered slots: one __syncthreads per source), z = w.h / sqrt(h.h / d + eps),
-// then the running (m, l, acc) update  m' = max(m, z), acc = acc e^(m - m') + h e^(z - m'),
-// l = l e^(m - m') + e^(z - m'). The source rows arrive by bulk copies (cp.async.bulk, one per row, issued by thread 0)
+// then the running (m, l, acc) update with one exponential and one FMA an element: where z > m, acc = acc e^(m - z) + h,
+// l = l e^(m - z) + 1 and m = z; else acc = acc + h e^(z - m) and l = l + e^(z - m) (the same softmax as
+// m' = max(m, z), acc = acc e^(m - m') + h e^(z - m'), whose other factor is exactly 1). The source rows arrive by bulk copies (cp.async.bulk, one per row, issued by thread 0)
 // into a ring of NS row buffers in shared memory, each with an mbarrier that counts the bytes; NS - 1 rows are in
 // flight while one is reduced, without registers held for them. NS is the rule's 3, a compile-time constant, or
 // (AttnResArgs::ring_depth, 2 .. 8) a count read from the parameters by separate kernels (NSC = 0 below), so that the
 // rule's kernels keep their code while deeper rings can be timed. The depth changes no sum's order: every depth gives
-// the same output bit for bit.
+// the same output bit for bit. VPT is the rule's ceil(d / 2048) or AttnResArgs::vectors_per_thread (fewer threads a
+// token: fewer of the per-source reductions and updates, which bound the issue rate at d = 2304).
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -64,9 +66,9 @@ struct AParams {
 template <int VPT, bool MULTI, int NSC>
 __global__ void __launch_bounds__(MAX_THREADS) attn_res_kernel(AParams p) {
   const int tid = threadIdx.x, NT = blockDim.x;
-  const int lane = tid % 32, warp = tid / 32, nwarp = NT / 32;
+  const int lane = tid % 32, warp = tid / 32;
   const int NS = NSC > 0 ? NSC : p.ns;  // row buffers of the ring
-  __shared__ float red[2][2][32];  // [parity][sum h^2 | sum w h][warp]
+  __shared__ float red[2][2][32];  // [parity][sum h^2 | sum w h][warp]; the reads take warps 0 .. 7
   __shared__ std::uint64_t full[NSC > 0 ? NSC : MAX_NS];  // full[s]: row buffer s holds its source
   static_assert(sizeof(red) + sizeof(full) <= SMEM_STATIC, "the host's shared-memory bound counts these arrays");
 
@@ -102,6 +104,7 @@ __global__ void __launch_bounds__(MAX_THREADS) attn_res_kernel(AParams p) {
       ++nj;
     }
   };
+  if (tid < 2 * 2 * 8) red[tid / 16][(tid / 8) % 2][tid % 8] = 0.0f;  // the slots of warps the CTA may not have
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < NS; ++s) mb::init(&full[s], 1);
@@ -152,14 +155,15 @@ __global__ void __launch_bounds__(MAX_THREADS) attn_res_kernel(AParams p) {
 #pragma unroll
       for (int j = 0; j < VPT; ++j) {
         unpack8(cur[j], h[j]);
+        // a vector past the row reads w as 0 (its h is 0): one branch-free pass for both sums
+        const float4 z4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const float4 w0 = ok[j] ? reinterpret_cast<const float4*>(wsh)[2 * vi[j]] : z4;
+        const float4 w1 = ok[j] ? reinterpret_cast<const float4*>(wsh)[2 * vi[j] + 1] : z4;
+        const float wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
 #pragma unroll
-        for (int e = 0; e < 8; ++e) ss = fmaf(h[j][e], h[j][e], ss);
-        if (ok[j]) {
-          const float4 w0 = reinterpret_cast<const float4*>(wsh)[2 * vi[j]];
-          const float4 w1 = reinterpret_cast<const float4*>(wsh)[2 * vi[j] + 1];
-          dw = fmaf(w0.x, h[j][0], dw); dw = fmaf(w0.y, h[j][1], dw); dw = fmaf(w0.z, h[j][2], dw);
-          dw = fmaf(w0.w, h[j][3], dw); dw = fmaf(w1.x, h[j][4], dw); dw = fmaf(w1.y, h[j][5], dw);
-          dw = fmaf(w1.z, h[j][6], dw); dw = fmaf(w1.w, h[j][7], dw);
+        for (int e = 0; e < 8; ++e) {
+          ss = fmaf(h[j][e], h[j][e], ss);
+          dw = fmaf(wv[e], h[j][e], dw);
         }
       }
 #pragma unroll
@@ -178,21 +182,35 @@ __global__ void __launch_bounds__(MAX_THREADS) attn_res_kernel(AParams p) {
       } else if (tid == 0 && i + NS < p.S) {
         issue(slot, 0, i + NS);
       }
+      // the warps' partial sums in warp order; slots past the CTA's warps hold 0 (set before the first barrier), so the
+      // eight reads need no loop over a run-time count and add nothing
       ss = 0.0f;
       dw = 0.0f;
-      for (int k = 0; k < nwarp; ++k) {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
         ss += red[par][0][k];
         dw += red[par][1][k];
       }
       const float z = dw / sqrtf(ss * inv_d + p.eps);
-      const float mn = fmaxf(m, z);
-      const float c = expf(m - mn), e = expf(z - mn);  // c = 0 when m = -inf (first source)
-      l = l * c + e;
+      // one exponential and one FMA an element: a new maximum rescales acc and l by c = e^(m - z) and adds h with
+      // weight 1; otherwise acc and l keep their scale (c = 1) and h comes in with weight e^(z - m). z is the same in
+      // every thread, so the branch is uniform. m = -inf (no source yet): c = 0
+      if (z > m) {
+        const float c = expf(m - z);
+        l = fmaf(l, c, 1.0f);
 #pragma unroll
-      for (int j = 0; j < VPT; ++j)
+        for (int j = 0; j < VPT; ++j)
 #pragma unroll
-        for (int k = 0; k < 8; ++k) acc[j][k] = fmaf(acc[j][k], c, e * h[j][k]);
-      m = mn;
+          for (int k = 0; k < 8; ++k) acc[j][k] = fmaf(acc[j][k], c, h[j][k]);
+        m = z;
+      } else {
+        const float e = expf(z - m);
+        l += e;
+#pragma unroll
+        for (int j = 0; j < VPT; ++j)
+#pragma unroll
+          for (int k = 0; k < 8; ++k) acc[j][k] = fmaf(h[j][k], e, acc[j][k]);
+      }
     }
 
     if (p.acc_out) {
@@ -370,8 +388,12 @@ void attn_res(const AttnResArgs& a, cudaStream_t stream) {
   if (s_src < 0 || s_src % 8 != 0)
     fail("s_src = " + std::to_string(s_src) + "; accepted: a non-negative multiple of 8 elements");
   const int nvec = a.d / 8;
-  int vpt = (nvec + 255) / 256;
-  vpt = vpt < 1 ? 1 : vpt;
+  const int vpt_rule = std::max(1, (nvec + MAX_THREADS - 1) / MAX_THREADS);  // the fewest vectors a thread at <= 256 threads
+  if (a.vectors_per_thread != 0 && (a.vectors_per_thread < vpt_rule || a.vectors_per_thread > MAX_VPT))
+    fail("vectors_per_thread = " + std::to_string(a.vectors_per_thread) + " with d = " + std::to_string(a.d) +
+         "; accepted: 0 (the rule: " + std::to_string(vpt_rule) + ") or " + std::to_string(vpt_rule) + " .. " +
+         std::to_string(MAX_VPT) + " at this d (ceil(d / 2048) .. 8)");
+  const int vpt = a.vectors_per_thread ? a.vectors_per_thread : vpt_rule;
   const int threads = ((nvec + vpt - 1) / vpt + 31) / 32 * 32;
   if (vpt > MAX_VPT || threads > MAX_THREADS) fail("d = " + std::to_string(a.d) + " needs too many registers; accepted: d <= 16384");
   AParams p{};

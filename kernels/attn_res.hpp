@@ -26,17 +26,17 @@
 /// A bf16 `out` adds its own rounding (~1.6e-3 relative RMS, the bf16 output floor); out_f32 does not.
 ///
 /// Algorithm: memory-bound, a few tokens per CTA in turn (tokens_per_cta). d / 8 16-byte vectors per source are spread over the
-/// CTA's threads (VPT vectors per thread, VPT = ceil(d / 2048) <= 8, threads = ceil(d / (8 VPT))
-/// rounded up to a warp, <= 256; d = 7168: 224 threads x 4 vectors). Each source row is read once from HBM by a bulk
+/// CTA's threads (VPT vectors per thread: the rule's ceil(d / 2048) or vectors_per_thread, <= 8; threads =
+/// ceil(d / (8 VPT)) rounded up to a warp, <= 256; d = 7168: 224 threads x 4 vectors). Each source row is read once from HBM by a bulk
 /// copy into a ring of row buffers in shared memory (ring_depth, the rule's 3: two rows in flight while one is
 /// reduced), its two sums (h.h, w.h) are reduced over the CTA, and the running (m, l, acc) is updated from the
 /// registers: one pass over the sources, S d 2 bytes read per token.
 ///
 /// Errors: kdalab::Error naming the argument, its value and what is accepted (T < 1, S < 1, d not a
 /// positive multiple of 8 or > 16384, null or misaligned pointers, bad strides, eps not finite or < 0,
-/// no output requested, a partial_in with only some of its three pointers, tokens_per_cta < 0, ring_depth not 0 or
-/// 2 .. 8, or a ring_depth whose 4 d + 2 d ring_depth bytes of shared memory exceed 231808: 227 KB less the kernel's
-/// static shared memory), before anything is launched.
+/// no output requested, a partial_in with only some of its three pointers, tokens_per_cta < 0, vectors_per_thread not
+/// 0 or ceil(d / 2048) .. 8, ring_depth not 0 or 2 .. 8, or a ring_depth whose 4 d + 2 d ring_depth bytes of shared
+/// memory exceed 231808: 227 KB less the kernel's static shared memory), before anything is launched.
 /// CUDA errors throw kdalab::Error with the CUDA message.
 #include <cstddef>
 #include <cstdint>
@@ -78,6 +78,12 @@ struct AttnResArgs {
   /// with the depth compiled in; any other depth runs kernels that read it at run time (a division per source, for
   /// timing deeper rings). Any depth gives the same output bit for bit.
   int ring_depth = 0;
+  /// 16-byte vectors (8 bf16) of a source row each thread owns: 0 = the rule (ceil(d / 2048): as many threads as d / 8
+  /// allows up to 256), n in ceil(d / 2048) .. 8: n, with ceil(d / (8 n)) threads rounded up to a warp. Fewer threads
+  /// a token means fewer per-source reductions and softmax updates for the same bytes. The count sets which elements a
+  /// thread sums, so outputs of different counts differ in the last bits of the fp32 sums; any count is within the
+  /// same budget against float64, and for one count every tokens_per_cta and ring_depth gives the same bits.
+  int vectors_per_thread = 0;
 };
 
 /// The rule's tokens per CTA for d > 4096: T / (2 resident) clamped to 1 .. 4, so that the grid is about two waves of

@@ -7,9 +7,11 @@
 // the Boost -Warray-bounds one CMakeLists.txt already keeps a warning). Set before Eigen is included.
 #pragma GCC diagnostic ignored "-Wuse-after-free"
 #endif
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/attn_res.hpp"
@@ -312,6 +314,44 @@ TEST_CASE("attn_res: any ring depth (2 .. 8) gives the output of the rule's ring
   }
 }
 
+TEST_CASE("attn_res: any vectors per thread is within the float64 budget, with the same bits at any tokens per CTA "
+          "and ring depth", "[gpu][attn_res]") {
+  // the count of 16-byte vectors a thread owns sets the CTA's width (d = 2304: 5 warps at the rule's 2, 2 warps at 5, a
+  // 64-thread CTA with one warp of 4 live lanes at 8) and so which elements each partial sum holds: against float64
+  // every count meets the budget; for one count the tokens a CTA and the ring's depth change no bit
+  struct Case { std::size_t S, T, d; };
+  for (const Case c : {Case{9, 301, 2304}, Case{10, 37, 7168}, Case{3, 20, 1000}}) {
+    const Sources s(c.S, c.T, c.d, fresh_seed(), 16, 64);
+    const Query q(c.d, 3.0 / std::sqrt(static_cast<double>(c.d)), fresh_seed());
+    const auto ref = truth_full(s, q, kEps);
+    const int vrule = std::max<int>(1, static_cast<int>((c.d / 8 + 255) / 256));
+    for (int v = vrule; v <= 8; ++v) {
+      auto a = args_of(s, q, kEps);
+      a.vectors_per_thread = v;
+      a.tokens_per_cta = 1;
+      const auto one = run(a);
+      const auto mb = compare(one.bf16, ref), mf = compare(one.f32, ref);
+      bool same = true;
+      for (const auto& [tpc, depth] : {std::pair{0, 0}, std::pair{3, 0}, std::pair{1, 5}, std::pair{3, 4}}) {
+        a.tokens_per_cta = tpc;
+        a.ring_depth = depth;
+        const auto o = run(a);
+        CAPTURE(c.S, c.T, c.d, v, tpc, depth);
+        CHECK(o.f32 == one.f32);
+        CHECK(o.bf16 == one.bf16);
+        same = same && o.f32 == one.f32 && o.bf16 == one.bf16;
+      }
+      std::printf("attn_res S=%zu T=%zu d=%zu, %d vectors a thread: bf16 out rel_rms %.3e, fp32 out rel_rms %.3e; "
+                  "the same bits at other tokens per CTA and ring depths: %s\n", c.S, c.T, c.d, v, mb.rel_rms, mf.rel_rms,
+                  same ? "yes" : "no");
+      CAPTURE(c.S, c.T, c.d, v, mb.rel_rms, mf.rel_rms);
+      REQUIRE(mb.nan_count + mb.inf_count + mf.nan_count + mf.inf_count == 0);
+      CHECK(mb.rel_rms <= tol::attn_res_bf16.value);
+      CHECK(mf.rel_rms <= tol::attn_res_f32.value);
+    }
+  }
+}
+
 TEST_CASE("attn_res: w = 0 gives the uniform average; identical sources give the source", "[gpu][attn_res]") {
   {
     const Sources s(9, 11, 7168, fresh_seed());
@@ -389,6 +429,15 @@ TEST_CASE("attn_res: bad inputs give clear errors before any launch", "[gpu][att
   // are never read
   bad = good; bad.d = 16384; bad.s_tok = 0; bad.s_src = 0; bad.ring_depth = 6;
   expect_error(bad, "ring_depth 6 at d = 16384", "ring_depth = 6 with d = 16384 needs 262144 bytes");
+  for (int v : {-1, 9}) {
+    bad = good;
+    bad.vectors_per_thread = v;
+    expect_error(bad, "vectors_per_thread outside 1 .. 8 at d = 64",
+                 "vectors_per_thread = " + std::to_string(v) + " with d = 64; accepted: 0 (the rule: 1) or 1 .. 8");
+  }
+  // d = 7168 has 896 vectors: 256 threads need 4 each; refused before any launch, so the d = 64 buffers are never read
+  bad = good; bad.d = 7168; bad.s_tok = 0; bad.s_src = 0; bad.vectors_per_thread = 3;
+  expect_error(bad, "vectors_per_thread 3 at d = 7168", "vectors_per_thread = 3 with d = 7168; accepted: 0 (the rule: 4) or 4 .. 8");
   bad = good; bad.s_src = 12; expect_error(bad, "s_src not a multiple of 8");
   bad = good; bad.eps = -1.0f; expect_error(bad, "eps < 0");
   bad = good; bad.partial_in.m = out.as<float>(); expect_error(bad, "partial_in with 1 of 3 pointers");
