@@ -840,16 +840,23 @@ Measured bench_mla_prefill_naive(const Shape& s, long long prefix, int warmup, i
   const long long DC = 512, DN = 128, N = prefix + s.T;
   const std::size_t nc = static_cast<std::size_t>(s.B) * N * DC, nn = static_cast<std::size_t>(s.B) * s.T * DC;
   const std::size_t nqc = static_cast<std::size_t>(s.B) * s.T * s.H * DN, nw = static_cast<std::size_t>(s.H) * DN * DC;
-  Dev c(nc * 2), cnew(nn * 2), qC(nqc * 2), Wk(nw * 2), Wv(nw * 2), out(nqc * 4);
+  // W_UK and W_UV in one allocation, [W_UK; W_UV] (as one up-projection parameter): K and V are rebuilt in one cuBLAS
+  // call where the keys allow (kernels::mla_kv_products_in_one_call); W2 holds them the other way round, [W_UV; W_UK],
+  // to time the two-call form beside it
+  Dev c(nc * 2), cnew(nn * 2), qC(nqc * 2), W(2 * nw * 2), W2(2 * nw * 2), out(nqc * 4);
+  const bf16_t* Wk = W.as<bf16_t>();
+  const bf16_t* Wv = W.as<bf16_t>() + nw;
   kernels::fill_normal_bf16(c.as<bf16_t>(), nc, seed + 1, 1.0f, nullptr);
   kernels::fill_normal_bf16(cnew.as<bf16_t>(), nn, seed + 2, 1.0f, nullptr);
   kernels::fill_normal_bf16(qC.as<bf16_t>(), nqc, seed + 3, 1.0f, nullptr);
-  kernels::fill_normal_bf16(Wk.as<bf16_t>(), nw, seed + 4, 0.1f, nullptr);  // logits with std ~1.3 (as the absorbed row)
-  kernels::fill_normal_bf16(Wv.as<bf16_t>(), nw, seed + 5, 0.1f, nullptr);
+  kernels::fill_normal_bf16(W.as<bf16_t>(), nw, seed + 4, 0.1f, nullptr);  // logits with std ~1.3 (as the absorbed row)
+  kernels::fill_normal_bf16(W.as<bf16_t>() + nw, nw, seed + 5, 0.1f, nullptr);
+  cuda_check(cudaMemcpy(W2.as<bf16_t>(), Wv, nw * 2, cudaMemcpyDeviceToDevice), "W_UV copy");
+  cuda_check(cudaMemcpy(W2.as<bf16_t>() + nw, Wk, nw * 2, cudaMemcpyDeviceToDevice), "W_UK copy");
   kernels::MlaPrefillHeadsArgs a;
   a.B = static_cast<int>(s.B); a.T = static_cast<int>(s.T); a.H = static_cast<int>(s.H);
   a.capacity = static_cast<int>(N); a.prefix = static_cast<int>(prefix);
-  a.c = c.as<bf16_t>(); a.c_new = cnew.as<bf16_t>(); a.q_C = qC.as<bf16_t>(); a.W_UK = Wk.as<bf16_t>(); a.W_UV = Wv.as<bf16_t>();
+  a.c = c.as<bf16_t>(); a.c_new = cnew.as<bf16_t>(); a.q_C = qC.as<bf16_t>(); a.W_UK = Wk; a.W_UV = Wv;
   a.scale = 1.0f / std::sqrt(192.0f);
   a.out = out.as<float>();
   const kernels::MlaPrefillPath rule = kernels::mla_prefill_path_rule(a);
@@ -884,6 +891,14 @@ Measured bench_mla_prefill_naive(const Shape& s, long long prefix, int warmup, i
       a16.out_bf16 = reinterpret_cast<bf16_t*>(out.p);
       const double t = time_ms([&] { kernels::mla_prefill_heads(a16, nullptr); }, warmup, iters).first;
       forms += fmt::format("; o as bf16 {:.4f} ms", t);
+    }
+    {  // the weights as [W_UV; W_UK]: K and V in two cuBLAS calls
+      kernels::MlaPrefillHeadsArgs a2 = a;
+      a2.W_UK = W2.as<bf16_t>() + nw;
+      a2.W_UV = W2.as<bf16_t>();
+      const double t = time_ms([&] { kernels::mla_prefill_heads(a2, nullptr); }, warmup, iters).first;
+      forms += fmt::format("; K and V in two calls {:.4f} ms (in one by the rule: {})", t,
+                           kernels::mla_kv_products_in_one_call(s.B, N, 512, N * 512, a.W_UV - a.W_UK) ? "yes" : "no");
     }
     fmt::print("  (B={} T={} H={} prefix={}: precision fast (bf16 K, V, P), naive path, workspace {:.0f} MB; attention "
                "form {} by the rule{})\n",

@@ -129,7 +129,8 @@ const char* mla_prefill_precision_name(MlaPrefillPrecision p);
 ///   absorbed  mla_absorb_query (q~ = W_UK,i^T q^C as bf16 hi + lo) -> mla_prefill (a [B, T, H, d_c] fp32,
 ///             appends c_new) -> o_i = W_UV,i a_i by an fp32 cuBLAS batched GEMM (W_UV converted to fp32).
 ///   naive     append c_new; reconstruct K = C W_UK^T and V = C W_UV^T for all N = N0 + T keys of every sequence
-///             (one cuBLAS GEMM each, bf16 inputs, fp32 accumulation and output [B, N, H, 128]); split each
+///             (cuBLAS, bf16 inputs, fp32 accumulation and output [B, N, H, 128]: one strided-batched call for
+///             both where mla_kv_products_in_one_call says so, else one call each); split each
 ///             fp32 row in place into bf16 hi + lo; causal flash attention (mma.sync m16n8k16, 128 queries of one
 ///             (sequence, head) per CTA, 32-key tiles, fp32 online softmax, causal mask with the N0 offset).
 ///
@@ -280,6 +281,13 @@ MlaPrefillPath mla_prefill_heads_path(const MlaPrefillHeadsArgs& a, const MlaPre
 /// B T H d_c (2 + 2 + 4) (q~ hi, lo, a) + H d_v d_c 4 (W_UV in fp32), each part rounded up to 256 bytes.
 /// Errors: kdalab::Error on B, T, H or prefix out of range (no CUDA calls).
 std::size_t mla_prefill_heads_workspace_bytes(const MlaPrefillHeadsArgs& a, const MlaPrefillOverrides* ov = nullptr);
+
+/// Whether the naive path rebuilds K and V in one cuBLAS call (a strided batch of two products, W_UK then W_UV, over
+/// all nseq nk key rows) instead of two: when the sequences' nk rows of the latent cache lie end to end (nseq = 1 or a
+/// sequence stride sc_b = nk sc_t, elements) and W_UV starts w_gap = W_UV - W_UK bf16 elements after W_UK with w_gap > 0
+/// a multiple of 8 (16 bytes). One call or two compute the same products (docs/kernels/mla_prefill.md, "The K and V
+/// products in one call"). No CUDA calls.
+bool mla_kv_products_in_one_call(long long nseq, long long nk, long long sc_t, long long sc_b, long long w_gap);
 
 /// The prefill with per-head output: appends c_new to the cache, then writes o [B, T, H, d_v] fp32 (or bf16: out_bf16) by the path
 /// mla_prefill_heads_path(a, ov) picks. Asynchronous on `stream`, no allocation (cuBLAS: one handle per process, made

@@ -512,7 +512,8 @@ namespace {
 
 const char* path_name(kernels::MlaPrefillPath p) { return kernels::mla_prefill_path_name(p); }
 
-/// One mla_prefill_heads problem: B sequences, cache of `cap` rows (prefix rows random, the rest poisoned),
+/// One mla_prefill_heads problem: B sequences, cache of `cap` = N0 + T + spare rows (prefix rows random, the rest
+/// poisoned; spare = 0: the sequences' rows end to end),
 /// T new latents c_new, q^C [B, T, H, 128] ~ sigma N(0, 1) in bf16, W_UK, W_UV [H 128, 512] ~ N(0, 1/512) in bf16
 /// (reference/mla.hpp mla_random_weights' 1/sqrt(fan_in)), latents ~ N(0, 1) in bf16: logits with std ~ sigma.
 struct HeadsProblem {
@@ -520,9 +521,9 @@ struct HeadsProblem {
   std::vector<double> lat, qc, wuk, wuv;  // [B, N, 512], [B, T, H, 128], [H 128, 512] x 2 (bf16 values)
   DevBuf cache, c_new, q, W_UK, W_UV;
 
-  HeadsProblem(std::size_t B_, std::size_t T_, std::size_t H_, std::size_t N0_, double sigma = 1.0)
-      : B(B_), T(T_), H(H_), N0(N0_), cap(N0_ + T_ + 3), lat(B_ * (N0_ + T_) * DC), qc(B_ * T_ * H_ * 128),
-        wuk(H_ * 128 * DC), wuv(H_ * 128 * DC), cache(B_ * (N0_ + T_ + 3) * DC * 2), c_new(B_ * T_ * DC * 2),
+  HeadsProblem(std::size_t B_, std::size_t T_, std::size_t H_, std::size_t N0_, double sigma = 1.0, std::size_t spare = 3)
+      : B(B_), T(T_), H(H_), N0(N0_), cap(N0_ + T_ + spare), lat(B_ * (N0_ + T_) * DC), qc(B_ * T_ * H_ * 128),
+        wuk(H_ * 128 * DC), wuv(H_ * 128 * DC), cache(B_ * (N0_ + T_ + spare) * DC * 2), c_new(B_ * T_ * DC * 2),
         q(qc.size() * 2), W_UK(wuk.size() * 2), W_UV(wuv.size() * 2) {
     Rng rng(fresh_seed());
     for (auto& x : lat) x = round_bf16(rng.normal());
@@ -792,6 +793,60 @@ kernels::MlaPrefillOverrides fast_form(kernels::MlaFastForm f) {
   kernels::MlaPrefillOverrides ov;
   ov.fast_form = f;
   return ov;
+}
+
+TEST_CASE("mla prefill heads, naive: K and V rebuilt in one cuBLAS call or in two give o within the budgets",
+          "[gpu][mla][naive]") {
+  using kernels::MlaPrefillPath;
+  using kernels::MlaPrefillPrecision;
+  // the rule: the sequences' key rows end to end and W_UV after W_UK at a multiple of 16 bytes
+  CHECK(kernels::mla_kv_products_in_one_call(1, 337, 512, 0, 65536));
+  CHECK(kernels::mla_kv_products_in_one_call(8, 512, 512, 512 * 512, 65536));
+  CHECK_FALSE(kernels::mla_kv_products_in_one_call(2, 337, 512, 340 * 512, 65536));  // slots of 340 rows for 337 keys
+  CHECK_FALSE(kernels::mla_kv_products_in_one_call(1, 337, 512, 0, -65536));          // W_UV before W_UK
+  CHECK_FALSE(kernels::mla_kv_products_in_one_call(1, 337, 512, 0, 4));               // 8 bytes apart
+  // B = 1, and B = 3 with slots of exactly N rows (end to end) or 3 more (two calls whatever the weights' order);
+  // the weights laid [W_UK; W_UV] (one call where the keys allow) and [W_UV; W_UK] (two calls)
+  struct Case { std::size_t B, spare; };
+  for (const Case c : {Case{1, 3}, Case{3, 0}, Case{3, 3}}) {
+    HeadsProblem P(c.B, 300, 32, 37, 1.0, c.spare);
+    const auto truth = P.truth();
+    const std::size_t nw = P.H * 128 * DC;
+    DevBuf w2(2 * nw * 2);
+    for (const MlaPrefillPrecision prec : {MlaPrefillPrecision::fast, MlaPrefillPrecision::accurate}) {
+      std::vector<double> o[2];
+      for (int uv_first = 0; uv_first < 2; ++uv_first) {
+        bf16_t* base = w2.as<bf16_t>();
+        bf16_t* wuk = base + (uv_first ? nw : 0);
+        bf16_t* wuv = base + (uv_first ? 0 : nw);
+        cuda_check(cudaMemcpy(wuk, P.W_UK.p, nw * 2, cudaMemcpyDeviceToDevice), "W_UK copy");
+        cuda_check(cudaMemcpy(wuv, P.W_UV.p, nw * 2, cudaMemcpyDeviceToDevice), "W_UV copy");
+        P.upload();
+        kernels::MlaPrefillHeadsArgs a = P.args();
+        a.precision = prec;
+        a.W_UK = wuk;
+        a.W_UV = wuv;
+        const bool one = kernels::mla_kv_products_in_one_call(static_cast<long long>(P.B), static_cast<long long>(P.N()), DC,
+                                                              static_cast<long long>(P.cap * DC), wuv - wuk);
+        CHECK(one == (!uv_first && (P.B == 1 || c.spare == 0)));
+        const auto ov = forced(MlaPrefillPath::naive);
+        o[uv_first] = call_heads(a, &ov, P.B * P.T);
+        const auto m = compare(o[uv_first], truth);
+        const double budget = prec == MlaPrefillPrecision::fast ? tol::mla_prefill_fast.value : tol::mla_prefill_heads_goal.value;
+        std::printf("mla prefill heads %s B=%zu T=300 N0=37 H=32 (slots of N + %zu rows), K and V in %s: rel_rms %.3e; "
+                    "cache errors %zu\n", prec == MlaPrefillPrecision::fast ? "fast" : "accurate", c.B, c.spare,
+                    one ? "one call" : "two calls", m.rel_rms, P.cache_errors());
+        CAPTURE(c.B, c.spare, uv_first, m.rel_rms, budget);
+        REQUIRE(non_finite(o[uv_first]) == 0);
+        CHECK(m.rel_rms <= budget);
+        CHECK(P.cache_errors() == 0);
+      }
+      const auto d = compare(o[1], o[0]);
+      std::printf("mla prefill heads %s B=%zu (slots of N + %zu rows): [W_UK; W_UV] against [W_UV; W_UK]: identical %s "
+                  "(rel_rms %.3e)\n", prec == MlaPrefillPrecision::fast ? "fast" : "accurate", c.B, c.spare,
+                  o[0] == o[1] ? "yes" : "no", d.rel_rms);
+    }
+  }
 }
 
 TEST_CASE("mla prefill heads, fast: every attention form vs float64 and beside accurate, T x N0 (tile edges, prefix), "
