@@ -9,7 +9,8 @@ This is what a torch user runs for MLA prefill without kdalab (docs/kernels/mla_
   tokens behind N0 cached ones (the causal mask aligned at the lower right: query t sees keys 0 .. N0 + t).
 Per backend (cuDNN, flash, memory-efficient; torch.nn.attention.sdpa_kernel): the K, V products + SDPA, median of
 CUDA-event timings after warm-up; a backend that refuses the inputs is reported as such (null in the JSON).
-Usage: python3 bench/torch_mla_prefill.py OUT.json [B:T:H[+N0] ...] [--prefix N0] [--accuracy FILE.json] [--force]
+Usage: python3 bench/torch_mla_prefill.py OUT.json [B:T:H[+N0] ...] [--prefix N0] [--accuracy FILE.json]
+       [--sustained SECONDS] [--force]
 Shapes default to bench's (1:8192:32, 1:2048:32, 8:512:32 and 1:2048:32+32768). As in `kdalab bench`, a shape's own
 +N0 is its cached prefix; --prefix applies to the shapes without one.
 Arguments and outputs follow kdalab's rules (bench/torch_baseline.py): bad ones are one line, exit 2, nothing
@@ -111,6 +112,63 @@ def accuracy(cases):
     return rows
 
 
+def sustained(shapes, best, seconds):
+    """kdalab's precision fast (kdalab.cuda.mla_prefill, o in fp32 as bench's row and in bf16 as torch's) and torch's
+    fastest backend `best[shape]` timed in turn, blocks of 10 back-to-back calls each (one event pair a block), for
+    `seconds` seconds a shape: so that both run at the same clocks. A long run of either reaches the board's power cap within about a second on an H100
+    (docs/kernels/mla_prefill.md, "Why the in-line entries run high"), which times taken first in a fresh process do
+    not see. Returns {key: {"kdalab_fp32_o": ms, "kdalab_bf16_o": ms, "torch_<backend>": ms, "calls": n}} (medians of
+    the per-call times), or None without kdalab.cuda."""
+    import time
+    try:
+        import kdalab.cuda as kc
+    except Exception as e:  # kdalab's CUDA module is optional here
+        print(f"kdalab.cuda not available ({e}); no sustained timing", flush=True)
+        return None
+    res = {}
+    for B, T, H, N0 in shapes:
+        name = best.get((B, T, H, N0))
+        if name is None:
+            continue
+        C, W_UK, W_UV, q, scale = inputs(B, T, H, N0)
+        W = torch.cat([W_UK, W_UV])  # [W_UK; W_UV] in one allocation, as bench holds them
+        wuk, wuv = W[:H * DH], W[H * DH:]
+        cache = torch.zeros((B, N0 + T, DC), dtype=torch.bfloat16, device="cuda")
+        cache[:, :N0] = C[:, :N0]
+        c_new, qc = C[:, N0:].contiguous(), q.contiguous()
+        ws = kc.mla_prefill_workspace(cache, qc, prefix=N0, precision="fast")
+        o32 = torch.empty((B, T, H, DH), dtype=torch.float32, device="cuda")
+        o16 = torch.empty((B, T, H, DH), dtype=torch.bfloat16, device="cuda")
+        calls = {
+            "kdalab_fp32_o": lambda: kc.mla_prefill(cache, qc, wuk, wuv, prefix=N0, scale=scale, c_new=c_new,
+                                                    precision="fast", out=o32, workspace=ws),
+            "kdalab_bf16_o": lambda: kc.mla_prefill(cache, qc, wuk, wuv, prefix=N0, scale=scale, c_new=c_new,
+                                                    precision="fast", out=o16, workspace=ws),
+            f"torch_{name}": lambda: torch_mla(C, W_UK, W_UV, q, scale, N0),
+        }
+        ts = {k: [] for k in calls}
+        t_end = time.monotonic() + seconds
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with sdpa_kernel([BACKENDS[name]]):
+            while time.monotonic() < t_end or not ts["kdalab_fp32_o"]:
+                for k, f in calls.items():
+                    f()  # one untimed call, then 10 back to back between two events: the GPU's time per call, not
+                    e0.record()  # the host's (kdalab's Python entry takes longer to launch than a short shape runs)
+                    for _ in range(10):
+                        f()
+                    e1.record()
+                    e1.synchronize()
+                    ts[k].append(e0.elapsed_time(e1) / 10)
+        key = key_of(B, T, H, N0)
+        res[key] = {k: sorted(v)[len(v) // 2] for k, v in ts.items()}
+        res[key]["calls"] = 11 * len(ts["kdalab_fp32_o"])
+        print(f"{key} sustained {seconds:g} s, in turn: " + ", ".join(
+            f"{k} {v:.4f} ms" if k != "calls" else f"{v} calls each" for k, v in res[key].items()), flush=True)
+        del C, W_UK, W_UV, W, q, cache
+        torch.cuda.empty_cache()
+    return res
+
+
 def prefill_shape_arg(text):
     """An argparse type for B:T:H[+N0] (kdalab bench's mla-prefill shapes): (B, T, H, N0) with N0 None when the
     shape names no prefix (--prefix applies). A '+' after a digit starts N0 (decimal digits, N0 + T <= 2^31 - 1)."""
@@ -140,8 +198,13 @@ def main():
     p.add_argument("--prefix", type=int, default=0,
                    help="cached tokens N0 before the T new ones of the shapes without their own +N0, >= 0 (default 0)")
     p.add_argument("--accuracy", metavar="FILE.json", help="also measure the error against float64 into FILE.json")
+    p.add_argument("--sustained", metavar="SECONDS", type=float, default=0.0,
+                   help="also time kdalab's precision fast (kdalab.cuda) and torch's fastest backend in turn for "
+                        "SECONDS seconds a shape, both at the clocks a long run gets (0: off; at most 600)")
     p.add_argument("--force", action="store_true", help="replace existing output files")
     a = p.parse_args()
+    if not (0.0 <= a.sustained <= 600.0):  # also NaN
+        p.error(f"--sustained {a.sustained}; accepted: 0 <= SECONDS <= 600")
     given = a.shapes or DEFAULT_SHAPES
     longest = max([T for _, T, _, n0 in given if n0 is None] or [0])
     if a.prefix < 0 or a.prefix > tb.INT32_MAX - longest:
@@ -161,6 +224,7 @@ def main():
     BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
                 "efficient": SDPBackend.EFFICIENT_ATTENTION}
     out = {"_what": "torch: bf16 K, V products + SDPA on its fastest backend (ms), per kdalab mla-prefill-fast key"}
+    best = {}  # (B, T, H, N0): the fastest backend's name
     for B, T, H, N0 in shapes:
         C, W_UK, W_UV, q, scale = inputs(B, T, H, N0)
         times = {}
@@ -175,11 +239,17 @@ def main():
         key = key_of(B, T, H, N0)
         ok = [t for t in times.values() if t is not None]
         out[key] = min(ok) if ok else None
+        if ok:
+            best[(B, T, H, N0)] = min((t, n) for n, t in times.items() if t is not None)[1]
         print(f"{key}: torch " + ", ".join(f"{n} {t:.4f} ms" if t is not None else f"{n} refused"
                                            for n, t in times.items()) + f"; the two K, V products alone {proj:.4f} ms",
               flush=True)
         del C, W_UK, W_UV, q
         torch.cuda.empty_cache()
+    if a.sustained > 0:
+        sus = sustained(shapes, best, a.sustained)
+        if sus is not None:
+            out["_sustained"] = sus
     rows = None
     if a.accuracy:
         rows = accuracy([(2, 300, 32, 37, 1.0), (2, 300, 32, 37, 4.0), (1, 1000, 32, 0, 1.0), (1, 2048, 32, 0, 1.0),

@@ -57,6 +57,10 @@ def test_scripts_bad_arguments_one_line_exit_2_nothing_written(tmp_path, script,
     (["o.json", "--prefix", "2147483647"], "--prefix 2147483647; accepted"),
     (["o.json", "--accuracy", "o.json"], "--accuracy 'o.json' is OUT.json too"),
     (["o.json", "--accuracy", ""], "--accuracy is empty"),
+    (["o.json", "--sustained", "-1"], "--sustained -1.0; accepted: 0 <= SECONDS <= 600"),
+    (["o.json", "--sustained", "nan"], "--sustained nan; accepted: 0 <= SECONDS <= 600"),
+    (["o.json", "--sustained", "601"], "--sustained 601.0; accepted: 0 <= SECONDS <= 600"),
+    (["o.json", "--sustained", "x"], "--sustained: invalid float value: 'x'"),
 ])
 def test_prefill_script_bad_options_one_line_exit_2_nothing_written(tmp_path, args, says):
     r = run(PREFILL, *args, cwd=tmp_path)
