@@ -284,7 +284,7 @@ std::size_t mla_prefill_heads_workspace_bytes(const MlaPrefillHeadsArgs& a, cons
 
 /// Whether the naive path rebuilds K and V in one cuBLAS call (a strided batch of two products, W_UK then W_UV, over
 /// all nseq nk key rows) instead of two: when the sequences' nk rows of the latent cache lie end to end (nseq = 1 or a
-/// sequence stride sc_b = nk sc_t, elements) and W_UV starts w_gap = W_UV - W_UK bf16 elements after W_UK with w_gap > 0
+/// sequence stride sc_b = nk sc_t, elements), nseq nk <= 2^31 - 1 (cuBLAS's int count), and W_UV starts w_gap = W_UV - W_UK bf16 elements after W_UK with w_gap > 0
 /// a multiple of 8 (16 bytes). One call or two compute the same products (docs/kernels/mla_prefill.md, "The K and V
 /// products in one call"). No CUDA calls.
 bool mla_kv_products_in_one_call(long long nseq, long long nk, long long sc_t, long long sc_b, long long w_gap);

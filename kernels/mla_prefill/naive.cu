@@ -474,7 +474,7 @@ MlaPrefillPrecision mla_prefill_heads_precision(const MlaPrefillHeadsArgs& a) {
 }
 
 bool mla_kv_products_in_one_call(long long nseq, long long nk, long long sc_t, long long sc_b, long long w_gap) {
-  return (nseq == 1 || sc_b == nk * sc_t) && w_gap > 0 && w_gap % 8 == 0;
+  return (nseq == 1 || sc_b == nk * sc_t) && nseq * nk <= 2147483647LL && w_gap > 0 && w_gap % 8 == 0;
 }
 
 MlaPrefillPath mla_prefill_heads_path(const MlaPrefillHeadsArgs& a, const MlaPrefillOverrides* ov) {

@@ -805,6 +805,7 @@ TEST_CASE("mla prefill heads, naive: K and V rebuilt in one cuBLAS call or in tw
   CHECK_FALSE(kernels::mla_kv_products_in_one_call(2, 337, 512, 340 * 512, 65536));  // slots of 340 rows for 337 keys
   CHECK_FALSE(kernels::mla_kv_products_in_one_call(1, 337, 512, 0, -65536));          // W_UV before W_UK
   CHECK_FALSE(kernels::mla_kv_products_in_one_call(1, 337, 512, 0, 4));               // 8 bytes apart
+  CHECK_FALSE(kernels::mla_kv_products_in_one_call(4, 1LL << 30, 512, 512LL << 30, 65536));  // 2^32 keys in all
   // B = 1, and B = 3 with slots of exactly N rows (end to end) or 3 more (two calls whatever the weights' order);
   // the weights laid [W_UK; W_UV] (one call where the keys allow) and [W_UV; W_UK] (two calls)
   struct Case { std::size_t B, spare; };
