@@ -2,7 +2,7 @@
 """Print the current-numbers table (markdown) of kdalab's kernels from bench baselines.
 
 Usage:
-  scripts/results_table.py [FILE.h5 ...] [--readme README.md]
+  scripts/results_table.py [FILE.h5 ...] [--readme README.md [--marker NAME]]
 
 Without files it reads data/baselines/*.h5 (sorted by name). Each file is a `kdalab bench`
 results file: one table per op under /bench/<op> (docs/results-schema.md). For every op the
@@ -13,7 +13,8 @@ git sha and date (root attributes); directories in paths are dropped, so the tex
 machine's folders.
 
 --readme FILE rewrites, in place, the lines between `<!-- results-table:begin -->` and
-`<!-- results-table:end -->` of FILE; without it the table goes to stdout. Output depends only
+`<!-- results-table:end -->` of FILE (--marker NAME: between `<!-- NAME:begin -->` and `<!-- NAME:end -->`, for a
+second table in the same file, such as another card's); without it the table goes to stdout. Output depends only
 on the files' contents (no clock, no host): the same files give the same text.
 
 Runs under /usr/bin/python3 (Debian's h5py); needs nothing else.
@@ -191,16 +192,16 @@ def table(files):
     return "\n".join(lines + notes) + "\n"
 
 
-def rewrite_readme(path, block):
+def rewrite_readme(path, block, begin=BEGIN, end=END):
     try:
         with open(path, encoding="utf-8") as fh:
             old = fh.read()
     except OSError as e:
         fail(f"--readme '{path}': {e}")
-    i, j = old.find(BEGIN), old.find(END)
+    i, j = old.find(begin), old.find(end)
     if i < 0 or j < 0 or j < i:
-        fail(f"--readme '{path}': needs the markers {BEGIN} and {END}, in that order")
-    new = old[: i + len(BEGIN)] + "\n\n" + block + "\n" + old[j:]
+        fail(f"--readme '{path}': needs the markers {begin} and {end}, in that order")
+    new = old[: i + len(begin)] + "\n\n" + block + "\n" + old[j:]
     if new != old:
         tmp = path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as fh:
@@ -212,7 +213,14 @@ def main():
     ap = argparse.ArgumentParser(description="Current-numbers table of kdalab's kernels from bench results files.")
     ap.add_argument("files", nargs="*", help="bench results files (default: data/baselines/*.h5)")
     ap.add_argument("--readme", metavar="FILE", help="rewrite the marked block of FILE instead of printing")
+    ap.add_argument("--marker", metavar="NAME", default="results-table",
+                    help="with --readme: the block between <!-- NAME:begin --> and <!-- NAME:end --> (default "
+                         "results-table); letters, digits and '-'")
     args = ap.parse_args()
+    if not re.fullmatch(r"[A-Za-z0-9-]+", args.marker):
+        fail(f"--marker '{args.marker}'; accepted: letters, digits and '-'")
+    if args.marker != "results-table" and not args.readme:
+        fail("--marker needs --readme (it names the block of that file to rewrite)")
     paths = args.files or sorted(glob.glob("data/baselines/*.h5"))
     if not paths:
         fail("no files given and no data/baselines/*.h5 here (run from the repository root)")
@@ -225,7 +233,7 @@ def main():
         fail("no /bench/<op> tables in the files given")
     block = table(files)
     if args.readme:
-        rewrite_readme(args.readme, block)
+        rewrite_readme(args.readme, block, f"<!-- {args.marker}:begin -->", f"<!-- {args.marker}:end -->")
     else:
         sys.stdout.write(block)
 
