@@ -8,8 +8,9 @@
 # Env: FLA_BENCH_BWD=1 with op all also times fla's forward + backward (bench/fla_kda.py --ops ...,kda-backward).
 # Env: TESTS="gpu_test_a gpu_test_b" runs only those GPU test binaries (default: all).
 # Env: SANITIZE=1 also runs each GPU test under compute-sanitizer memcheck (timeout SAN_TIMEOUT s each; serial).
-# Env: PY=1 also builds the Python package with CUDA, runs its tests and kdalab-verify on kdalab's kernels, and has
-#   the fla gradient files carry kdalab's gradients on the same inputs (bench/fla_kda_bwd.py --candidate all);
+# Env: PY=1 also builds the Python package with CUDA, runs its tests and kdalab-verify on kdalab's kernels, has
+#   torch's MLA prefill script also time kdalab and torch in turn at the same clocks (--sustained MLA_SUSTAINED s,
+#   default 3), and has the fla gradient files carry kdalab's gradients on the same inputs (bench/fla_kda_bwd.py --candidate all);
 #   PY=build builds the CUDA module only (no tests, no verify), for those gradient files.
 # Env: FLA_BWD_INPUTS="anchor long-memory", FLA_BWD_CASES=B:T:H,... choose the fla gradient files (op all or kda-backward);
 #   FLA_BWD_CANDIDATE overrides --candidate (e.g. kernels: fla's and kdalab's files without the float64 one, for long T).
@@ -79,8 +80,11 @@ if [ "$op" != none ]; then
   case "$op" in all|mla-decode)
     step torch-mla python3 bench/torch_mla_decode.py "$OUT/torch_mla.json" --force && peer+=(--peer-json "$OUT/torch_mla.json");; esac
   # torch's MLA prefill (K, V products + SDPA per backend): the peer of the mla-prefill-fast rows
+  # With PY (kdalab.cuda built) it also times kdalab's fast precision and torch's best backend in turn at the same
+  # clocks (--sustained MLA_SUSTAINED seconds a shape, default 3; docs/kernels/mla_prefill.md)
   case "$op" in all|mla-prefill)
-    step torch-mla-prefill python3 bench/torch_mla_prefill.py "$OUT/torch_mla_prefill.json" --force \
+    sus=(); [ "${PY:-0}" != 0 ] && sus=(--sustained "${MLA_SUSTAINED:-3}")
+    step torch-mla-prefill "${pyenv[@]}" python3 bench/torch_mla_prefill.py "$OUT/torch_mla_prefill.json" --force "${sus[@]}" \
       && peer+=(--peer-json "$OUT/torch_mla_prefill.json");; esac
   # fla (KDA peer) when its source was carried to peers/fla-src (git-ignored; see bench/fla_kda.py). kda-backward: fla's
   # forward + backward rows only (--ops kda-backward); op all adds them to the default ops only with FLA_BENCH_BWD=1
