@@ -898,7 +898,7 @@ Measured bench_mla_prefill_naive(const Shape& s, long long prefix, int warmup, i
       a2.W_UV = W2.as<bf16_t>();
       const double t = time_ms([&] { kernels::mla_prefill_heads(a2, nullptr); }, warmup, iters).first;
       forms += fmt::format("; K and V in two calls {:.4f} ms (in one by the rule: {})", t,
-                           kernels::mla_kv_products_in_one_call(s.B, N, 512, N * 512, a.W_UV - a.W_UK) ? "yes" : "no");
+                           kernels::mla_kv_products_in_one_call(s.B, N, DC, N * DC, a.W_UV - a.W_UK) ? "yes" : "no");
     }
     fmt::print("  (B={} T={} H={} prefix={}: precision fast (bf16 K, V, P), naive path, workspace {:.0f} MB; attention "
                "form {} by the rule{})\n",
@@ -951,9 +951,9 @@ Measured bench_attn_res(const Shape& s, int ring_depth, int warmup, int iters, s
              ring_depth ? ring_depth : kRingDepthRule, ring_depth ? "" : " (the rule)", tpc);
   // vectors a thread (kernels::AttnResArgs::vectors_per_thread) beyond the rule's, so fewer threads a token: the
   // rule's tokens per CTA, then one and four
-  const int nvec = static_cast<int>(d / 8), vrule = std::max(1, (nvec + 255) / 256);
+  const int nvec = static_cast<int>(d / 8), vrule = kernels::attn_res_vectors_per_thread_rule(static_cast<int>(d));
   std::string vpts;
-  for (int v = vrule + 1; v <= 8; ++v) {
+  for (int v = vrule + 1; v <= kernels::attn_res_max_vpt; ++v) {
     kernels::AttnResArgs b = a;
     b.vectors_per_thread = v;
     vpts += fmt::format("{}{} ({} threads):", vpts.empty() ? "" : "; ", v, ((nvec + v - 1) / v + 31) / 32 * 32);

@@ -28,7 +28,7 @@ namespace kdalab::kernels {
 namespace {
 using namespace detail;
 
-constexpr int MAX_VPT = 8;
+constexpr int MAX_VPT = attn_res_max_vpt;
 constexpr int NS_RULE = attn_res_ring_depth_rule;  // row buffers of the ring by the rule (ring_depth 0)
 constexpr int MAX_NS = attn_res_ring_depth_max;     // the size of full[] in the kernels of a run-time depth
 constexpr int MAX_D = 16384;
@@ -41,7 +41,7 @@ static_assert((2 * 2 * 32 * 4 + MAX_NS * 8 + 127) / 128 * 128 == SMEM_STATIC,
 
 // the mbarrier and bulk-copy steps of the ring: kernels/common/mbarrier.cuh
 namespace mb = detail::mbar;
-constexpr int MAX_THREADS = 256;  // VPT = ceil(d / 2048) keeps the CTA at <= 256 threads
+constexpr int MAX_THREADS = attn_res_max_threads;  // VPT >= attn_res_vectors_per_thread_rule(d) keeps the CTA at <= 256 threads
 
 struct AParams {
   int T, S, d, nvec;
@@ -388,7 +388,7 @@ void attn_res(const AttnResArgs& a, cudaStream_t stream) {
   if (s_src < 0 || s_src % 8 != 0)
     fail("s_src = " + std::to_string(s_src) + "; accepted: a non-negative multiple of 8 elements");
   const int nvec = a.d / 8;
-  const int vpt_rule = std::max(1, (nvec + MAX_THREADS - 1) / MAX_THREADS);  // the fewest vectors a thread at <= 256 threads
+  const int vpt_rule = attn_res_vectors_per_thread_rule(a.d);  // the fewest vectors a thread at <= 256 threads
   if (a.vectors_per_thread != 0 && (a.vectors_per_thread < vpt_rule || a.vectors_per_thread > MAX_VPT))
     fail("vectors_per_thread = " + std::to_string(a.vectors_per_thread) + " with d = " + std::to_string(a.d) +
          "; accepted: 0 (the rule: " + std::to_string(vpt_rule) + ") or " + std::to_string(vpt_rule) + " .. " +

@@ -638,7 +638,8 @@ void mla_prefill_heads(const MlaPrefillHeadsArgs& a, cudaStream_t stream, const 
   // 512 x H 128, ld 512: op T) x C_b^T [512 x NK] (ld sc_t); bf16 inputs, fp32 accumulation, fp32 or bf16 output
   const auto kv_type = fast ? CUDA_R_16BF : CUDA_R_32F;
   const long long w_gap = a.W_UV - a.W_UK;  // bf16 elements from W_UK to W_UV
-  const long long kv_gap = static_cast<long long>(align256(NS * NK * H * DH * kv_element_bytes(a)) / kv_element_bytes(a));
+  const long long kv_gap =  // elements from K's workspace part to V's
+      (static_cast<unsigned char*>(Vw) - static_cast<unsigned char*>(Kw)) / static_cast<long long>(kv_element_bytes(a));
   if (mla_kv_products_in_one_call(NS, NK, sc_t, sc_b, w_gap)) {
     // K and V as a batch of two products over every sequence's NK keys laid end to end (one launch: measured 63 against
     // 70 us at 8 x 512 on the H100, docs/kernels/mla_prefill.md, "The K and V products in one call")

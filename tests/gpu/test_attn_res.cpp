@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kernels/attn_res.hpp"
+#include "kernels/attn_res_limits.hpp"
 #include "numerics/metrics.hpp"
 #include "numerics/tolerance.hpp"
 #include "reference/attn_res.hpp"
@@ -324,8 +325,8 @@ TEST_CASE("attn_res: any vectors per thread is within the float64 budget, with t
     const Sources s(c.S, c.T, c.d, fresh_seed(), 16, 64);
     const Query q(c.d, 3.0 / std::sqrt(static_cast<double>(c.d)), fresh_seed());
     const auto ref = truth_full(s, q, kEps);
-    const int vrule = std::max<int>(1, static_cast<int>((c.d / 8 + 255) / 256));
-    for (int v = vrule; v <= 8; ++v) {
+    const int vrule = kernels::attn_res_vectors_per_thread_rule(static_cast<int>(c.d));
+    for (int v = vrule; v <= kernels::attn_res_max_vpt; ++v) {
       auto a = args_of(s, q, kEps);
       a.vectors_per_thread = v;
       a.tokens_per_cta = 1;
