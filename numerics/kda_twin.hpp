@@ -77,7 +77,8 @@
 /// Output o [B, T, HV, d_v], final state [B, HV, d_k, d_v]. Value head j reads key head j/(HV/H).
 /// With a fusion switched off the twin reads the derived tensor instead (in.q / in.k for L2Norm,
 /// in.g for the gate, in.beta for the beta sigmoid).
-/// Errors: kdalab::Error for chunk < 1, empty shapes, inconsistent tensor shapes, or qs_S_truncate without qs = tf32.
+/// Errors: kdalab::Error for chunk < 1, empty shapes, inconsistent tensor shapes, qs_S_truncate without qs = tf32, or value_scale
+/// with segments >= 2.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -126,6 +127,13 @@ struct KdaTwinPlan {
   /// S in Qg S rounded toward zero to tf32 (qs = tf32 only) instead of to nearest: the kernel's tf32 product reads S's
   /// fp32 accumulator registers as they are, and the tensor core ignores their low 13 bits.
   bool qs_S_truncate = false;
+  /// The state, U and D carried scaled by sigma = 2^-e per block of 64 value columns (one CTA of the CUDA accurate
+  /// kernel), so that fp16 operands see values of magnitude about 1 whatever the scale of v and S0: e starts at
+  /// x(max |S0| over the block) and grows to x(max |U| over a chunk, all value columns) when that is larger, where
+  /// x(m) is the exponent with m = f 2^x, f in [0.5, 1), clamped to [-125, 126] (x(0) = -125). When e grows, S is
+  /// multiplied by 2^(e_old - e_new) (a power of two: exact in fp32 above its subnormals); D = sigma U - W S; o and
+  /// the final state are divided by sigma. One-segment passes only (segments < 2).
+  bool value_scale = false;
 };
 
 /// The plan the CUDA prefill kernel runs (see file comment for its measured errors).
@@ -148,13 +156,26 @@ inline KdaTwinPlan kda_plan_state_hilo() {
 /// tf32"): Qg S with tf32 operands (Qg rounded to nearest; S read from its fp32 accumulators, no split, so truncated:
 /// qs_S_truncate; one product of k8 instructions, the time of 2/3 of the three bf16 products), Kd^T D as bf16 hi + lo
 /// as in kda_plan_state_hilo(). On the study's inputs o is within 2% of kda_plan_state_hilo()'s and the state is the
-/// same; tf32 in Kd^T D instead misses the state goal on collinear keys with slow decay at T = 2048 (7.6e-3). The plan
-/// of the CUDA kernel's accurate precision (KdaPrecision::accurate).
+/// same; tf32 in Kd^T D instead misses the state goal on collinear keys with slow decay at T = 2048 (7.6e-3). The
+/// plan the CUDA kernel's accurate precision ran before kda_plan_state_f16() (docs/kernels/kda_prefill.md).
 inline KdaTwinPlan kda_plan_state_qs_tf32() {
   KdaTwinPlan p;
   p.qs = Format::tf32;
   p.qs_S_truncate = true;
   p.split.kd_D = p.split.kd_Kd = true;
+  return p;
+}
+/// The fp16 plan (tests/numerics/test_twin_state_f16.cpp; docs/kernels/kda_prefill.md, "fp16 state products"): the
+/// three state products with fp16 operands (11 significant bits, the cost of bf16 on the tensor cores), Kd in Kd^T D
+/// as fp16 hi + lo (two products), the values carried scaled (value_scale) for fp16's range. On the study's inputs o
+/// is at or below kda_plan_state_qs_tf32()'s and the state within the goal; Kd as one fp16 part misses the state goal
+/// on collinear keys with slow decay (as tf32 does). The plan of the CUDA kernel's accurate precision
+/// (KdaPrecision::accurate).
+inline KdaTwinPlan kda_plan_state_f16() {
+  KdaTwinPlan p;
+  p.ws = p.qs = p.kd = Format::fp16;
+  p.split.kd_Kd = true;
+  p.value_scale = true;
   return p;
 }
 /// Every format float64: the twin then equals reference/kda.hpp kda_recurrent up to rounding order.
@@ -220,6 +241,8 @@ inline KdaOutput<double> kda_twin(const KdaInputs& in, const KdaTwinPlan& p) {
   require(!p.qs_S_truncate || (p.qs == Format::tf32 && !p.split.qs_S && !p.split.qs_Qg),
           "kda_twin: qs_S_truncate with qs = " + format_name(p.qs) + (p.split.qs_S || p.split.qs_Qg ? " split" : "") +
               "; accepted: qs_S_truncate with qs = tf32, neither operand split");
+  require(!p.value_scale || p.segments < 2,
+          "kda_twin: value_scale with segments = " + std::to_string(p.segments) + "; accepted: segments < 2");
   const std::size_t B = in.B, T = in.T, H = in.H, HV = in.HV, dk = in.d_k, dv = in.d_v, C = p.chunk;
   require(B >= 1 && T >= 1 && H >= 1 && HV >= 1 && dk >= 1 && dv >= 1 && HV % H == 0,
           "kda_twin: empty shape or HV not a multiple of H (B=" + std::to_string(B) + ", T=" + std::to_string(T) +
@@ -252,6 +275,25 @@ inline KdaOutput<double> kda_twin(const KdaInputs& in, const KdaTwinPlan& p) {
   };
   const std::size_t nx = dk + dv;
   std::vector<double> row(dk), rowl(dk);
+  // KdaTwinPlan::value_scale: sigma per value column (1 otherwise) and the exponent e per block of 64 columns
+  std::vector<double> usc(std::max(dk, dv), 1.0);
+  std::vector<int> sexp((dv + 63) / 64, -125);
+  const auto scale_exp = [](double m) {
+    if (!(m > 0)) return -125;
+    int x = 0;
+    std::frexp(m, &x);
+    return std::clamp(x, -125, 126);
+  };
+  // raises block bl's exponent to at least x, rescaling its columns of S
+  const auto raise_exp = [&](std::vector<double>& Sx, std::size_t bl, int x) {
+    if (x <= sexp[bl]) return;
+    const double ratio = std::ldexp(1.0, sexp[bl] - x);
+    sexp[bl] = x;
+    for (std::size_t j = 64 * bl; j < std::min(dv, 64 * bl + 64); ++j) {
+      usc[j] = std::ldexp(1.0, -x);
+      for (std::size_t i = 0; i < dk; ++i) Sx[i * dv + j] = rnd(Sx[i * dv + j] * ratio, p.state);
+    }
+  };
   // ---- one chunk's intra-chunk quantities (fusions, decay, Qg/Kg/Ki/Kd, A, P, [W | U]) ----
   auto prep = [&](std::size_t b, std::size_t hv, std::size_t t0, std::size_t n) {
     const std::size_t h = hv / group;
@@ -350,7 +392,7 @@ inline KdaOutput<double> kda_twin(const KdaInputs& in, const KdaTwinPlan& p) {
     for (std::size_t r = 0; r < n; ++r) {
       a_row(X, r * nx, p.ws, p.split.ws_W, ws_both);
       for (std::size_t j = 0; j < nc; ++j)
-        Dl[r * nc + j] = rnd((useU ? X[r * nx + dk + j] : 0.0) - rnd(row_S(j, ws_both), fa), fa);
+        Dl[r * nc + j] = rnd((useU ? usc[j] * X[r * nx + dk + j] : 0.0) - rnd(row_S(j, ws_both), fa), fa);
     }
     if (write_o) {
       const bool qs_both = p.split.qs_S && p.split.qs_Qg && p.qs != Format::fp64;
@@ -370,7 +412,7 @@ inline KdaOutput<double> kda_twin(const KdaInputs& in, const KdaTwinPlan& p) {
           const double qs = row_S(j, qs_both);
           double pd = 0;
           for (std::size_t s = 0; s <= r; ++s) pd += Pr[s] * op2[s * nc + j];
-          out.o(b, t0 + r, hv, j) = rnd(in.scale * (rnd(qs, fa) + rnd(pd, fa)), p.out);
+          out.o(b, t0 + r, hv, j) = rnd(in.scale / usc[j] * (rnd(qs, fa) + rnd(pd, fa)), p.out);
         }
       }
     }
@@ -440,15 +482,37 @@ inline KdaOutput<double> kda_twin(const KdaInputs& in, const KdaTwinPlan& p) {
           }
       }
       // the state pass (segment mode: pass 2, segments 1.. from their S_start; else one segment)
+      if (p.value_scale) {  // e from S0, per block of 64 columns, from e = -125 and sigma = 1
+        std::fill(usc.begin(), usc.end(), 1.0);
+        std::fill(sexp.begin(), sexp.end(), -125);
+        for (std::size_t bl = 0; bl < sexp.size(); ++bl) {
+          double m = 0;
+          for (std::size_t i = 0; i < dk; ++i)
+            for (std::size_t j = 64 * bl; j < std::min(dv, 64 * bl + 64); ++j) m = std::max(m, std::fabs(S[i * dv + j]));
+          const int x = scale_exp(m);
+          for (std::size_t j = 64 * bl; j < std::min(dv, 64 * bl + 64); ++j) {
+            usc[j] = std::ldexp(1.0, -x);
+            for (std::size_t i = 0; i < dk; ++i) S[i * dv + j] = rnd(S[i * dv + j] * usc[j], p.state);
+          }
+          sexp[bl] = x;
+        }
+        Sstart[0] = S;
+      }
       for (std::size_t sg = nseg > 1 ? 1 : 0; sg < nseg; ++sg) {
         S = Sstart[sg];
         for (std::size_t c = sg * seg_chunks; c < std::min(nchunk, (sg + 1) * seg_chunks); ++c) {
           const std::size_t t0 = c * C, n = std::min(C, T - t0);
           prep(b, hv, t0, n);
+          if (p.value_scale) {  // the chunk's max |U| over all value columns
+            double m = 0;
+            for (std::size_t r = 0; r < n; ++r)
+              for (std::size_t j = 0; j < dv; ++j) m = std::max(m, std::fabs(X[r * nx + dk + j]));
+            for (std::size_t bl = 0; bl < sexp.size(); ++bl) raise_exp(S, bl, scale_exp(m));
+          }
           step(S, dv, true, true, b, hv, t0, n, single_ops(n));
         }
       }
-      for (std::size_t i = 0; i < dk * dv; ++i) out.S_final.data[(b * HV + hv) * dk * dv + i] = S[i];
+      for (std::size_t i = 0; i < dk * dv; ++i) out.S_final.data[(b * HV + hv) * dk * dv + i] = S[i] / usc[i % dv];
     }
   return out;
 }

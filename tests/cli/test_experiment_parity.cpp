@@ -351,22 +351,24 @@ TEST_CASE("the full parity config is valid", "[parity]") {
   CHECK(r.out.find("unknown key") == std::string::npos);
 }
 
-TEST_CASE("parity --inputs: each input kind is its own grid point, named in the generator column; plan-hilo rows",
+TEST_CASE("parity --inputs: each input kind is its own grid point, named in the generator column; plan-hilo and "
+          "plan-accurate rows",
           "[parity]") {
   TempDir d;
   const auto r = run_kdalab("parity --T 64 --dk 128 --dv 128 --inputs anchor,long-memory --impl twin-bf16 "
-                            "--state-precision fp32 --matmul-precision plan,plan-hilo --truth f64 --quiet --out " +
-                            d.file("p.h5"));
+                            "--state-precision fp32 --matmul-precision plan,plan-hilo,plan-accurate --truth f64 --quiet "
+                            "--out " + d.file("p.h5"));
   INFO(r.output);
   REQUIRE(r.code == 0);
   const auto gen = kdalab::h5read::strings(d.file("p.h5"), "/parity/table/generator");
   const auto mm = kdalab::h5read::strings(d.file("p.h5"), "/parity/table/matmul_precision");
   const auto err = kdalab::h5read::array(d.file("p.h5"), "/parity/table/o_rel_rms");
-  REQUIRE(gen.size() == 4);  // 2 input kinds x 2 matmul plans
-  CHECK(gen == std::vector<std::string>{"anchor-kda", "anchor-kda", "anchor-kda(inputs=long-memory)",
-                                        "anchor-kda(inputs=long-memory)"});
-  CHECK(mm == std::vector<std::string>{"plan", "plan-hilo", "plan", "plan-hilo"});
-  // long-memory inputs: the kernel plan misses the o goal, the hi/lo plan meets it (numerics/kda_twin.hpp table)
-  CHECK(err.data[2] > tol::kda_bf16_goal.value);
-  CHECK(err.data[3] <= tol::kda_bf16_goal.value);
+  REQUIRE(gen.size() == 6);  // 2 input kinds x 3 matmul plans
+  CHECK(gen == std::vector<std::string>{"anchor-kda", "anchor-kda", "anchor-kda", "anchor-kda(inputs=long-memory)",
+                                        "anchor-kda(inputs=long-memory)", "anchor-kda(inputs=long-memory)"});
+  CHECK(mm == std::vector<std::string>{"plan", "plan-hilo", "plan-accurate", "plan", "plan-hilo", "plan-accurate"});
+  // long-memory inputs: the kernel plan misses the o goal, the hi/lo and accurate plans meet it (numerics/kda_twin.hpp)
+  CHECK(err.data[3] > tol::kda_bf16_goal.value);
+  CHECK(err.data[4] <= tol::kda_bf16_goal.value);
+  CHECK(err.data[5] <= tol::kda_bf16_goal.value);
 }
