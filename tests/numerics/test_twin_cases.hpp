@@ -1,8 +1,9 @@
 #pragma once
-// Shared helpers of test_twin.cpp and test_twin_slow.cpp (not a test itself).
+// Shared helpers of the twin tests (test_twin*.cpp; not a test itself).
 #include <array>
 #include <cstdio>
 
+#include "numerics/kda_inputs.hpp"
 #include "numerics/kda_twin.hpp"
 #include "numerics/metrics.hpp"
 #include "numerics/tolerance.hpp"
@@ -30,6 +31,30 @@ inline KdaInputs grouped_inputs(std::size_t B, std::size_t T, std::size_t H, std
   in.H = H;
   derive_kda(in);
   return in;
+}
+
+/// Relative RMS of o and of the final state of a twin plan against the float64 truth `ref` on `in`.
+struct PlanErrs {
+  double o, S;
+};
+inline PlanErrs plan_errs(const KdaInputs& in, const KdaOutput<double>& ref, const KdaTwinPlan& p) {
+  const auto r = kda_twin(in, p);
+  return {compare(r.o.data, ref.o.data).rel_rms, compare(r.S_final.data, ref.S_final.data).rel_rms};
+}
+/// One input of the state-precision studies: a numerics/kda_inputs.hpp kind at (T, H), D = 128, seed 1234.
+struct KindRow {
+  InputKind kind;
+  std::size_t T, H;
+  BetaDist beta;
+};
+inline KdaInputs kind_inputs(const KindRow& r) {
+  KdaGenSpec s;
+  s.T = r.T; s.H = r.H; s.d_k = s.d_v = 128; s.inputs = r.kind; s.beta = r.beta; s.seed = 1234;
+  return kda_inputs(s);
+}
+/// The float64 recurrence on `in` (its S0).
+inline KdaOutput<double> truth(const KdaInputs& in) {
+  return kda_recurrent<double>(in.q, in.k, in.v, in.g, in.beta, &in.S0, in.scale);
 }
 
 struct AnchorCase {

@@ -5,36 +5,16 @@
 #include <cmath>
 #include <cstdio>
 
-#include "numerics/kda_inputs.hpp"
-#include "numerics/kda_twin.hpp"
-#include "numerics/metrics.hpp"
-#include "numerics/tolerance.hpp"
-#include "reference/kda.hpp"
-#include "tests/catch.hpp"
+#include "tests/numerics/test_twin_cases.hpp"
 
 using namespace kdalab;
+using twin_test::KindRow;
+using twin_test::kind_inputs;
+using twin_test::plan_errs;
+using twin_test::PlanErrs;
+using twin_test::truth;
 
 namespace twin_f16_test {
-struct F16Errs {
-  double o, S;
-};
-F16Errs f16_errs(const KdaInputs& in, const KdaOutput<double>& ref, const KdaTwinPlan& p) {
-  const auto r = kda_twin(in, p);
-  return {compare(r.o.data, ref.o.data).rel_rms, compare(r.S_final.data, ref.S_final.data).rel_rms};
-}
-struct F16Row {
-  InputKind kind;
-  std::size_t T, H;
-  BetaDist beta;
-};
-KdaInputs f16_inputs(const F16Row& r) {
-  KdaGenSpec s;
-  s.T = r.T; s.H = r.H; s.d_k = s.d_v = 128; s.inputs = r.kind; s.beta = r.beta; s.seed = 1234;
-  return kda_inputs(s);
-}
-KdaOutput<double> truth(const KdaInputs& in) {
-  return kda_recurrent<double>(in.q, in.k, in.v, in.g, in.beta, &in.S0, in.scale);
-}
 /// kda_plan_state_f16() with Kd as one fp16 part (one product for Kd^T D): what the second part buys.
 KdaTwinPlan plan_f16_kd_single() {
   KdaTwinPlan p = kda_plan_state_f16();
@@ -47,12 +27,12 @@ using namespace twin_f16_test;
 TEST_CASE("twin: fp16 state products with Kd as hi + lo meet the o and state goals on long-memory and near-collinear "
           "inputs, at or below the tf32 plan's o",
           "[twin]") {
-  for (const F16Row& r : {F16Row{InputKind::long_memory, 300, 1, BetaDist::sigmoid},
-                          F16Row{InputKind::collinear_keys_slow_decay, 64, 1, BetaDist::one},
-                          F16Row{InputKind::identical_keys, 64, 1, BetaDist::one}}) {
-    const KdaInputs in = f16_inputs(r);
+  for (const KindRow& r : {KindRow{InputKind::long_memory, 300, 1, BetaDist::sigmoid},
+                          KindRow{InputKind::collinear_keys_slow_decay, 64, 1, BetaDist::one},
+                          KindRow{InputKind::identical_keys, 64, 1, BetaDist::one}}) {
+    const KdaInputs in = kind_inputs(r);
     const auto ref = truth(in);
-    const F16Errs e = f16_errs(in, ref, kda_plan_state_f16()), tf = f16_errs(in, ref, kda_plan_state_qs_tf32());
+    const PlanErrs e = plan_errs(in, ref, kda_plan_state_f16()), tf = plan_errs(in, ref, kda_plan_state_qs_tf32());
     CAPTURE(input_kind_name(r.kind), r.T, e.o, e.S, tf.o, tf.S);
     CHECK(e.o <= tol::kda_bf16_goal.value);
     CHECK(e.S <= tol::kda_state_goal.value);
@@ -63,9 +43,9 @@ TEST_CASE("twin: fp16 state products with Kd as hi + lo meet the o and state goa
 TEST_CASE("twin: Kd as one fp16 part misses the state goal on collinear keys with slow decay, which its hi + lo "
           "meets",
           "[twin]") {
-  const KdaInputs in = f16_inputs({InputKind::collinear_keys_slow_decay, 2048, 1, BetaDist::one});
+  const KdaInputs in = kind_inputs({InputKind::collinear_keys_slow_decay, 2048, 1, BetaDist::one});
   const auto ref = truth(in);
-  const F16Errs two = f16_errs(in, ref, kda_plan_state_f16()), one = f16_errs(in, ref, plan_f16_kd_single());
+  const PlanErrs two = plan_errs(in, ref, kda_plan_state_f16()), one = plan_errs(in, ref, plan_f16_kd_single());
   CAPTURE(two.o, two.S, one.o, one.S);
   CHECK(two.S <= tol::kda_state_goal.value);
   CHECK(one.S > tol::kda_state_goal.value);
@@ -74,8 +54,8 @@ TEST_CASE("twin: Kd as one fp16 part misses the state goal on collinear keys wit
 TEST_CASE("twin: the fp16 plan's value scale gives v and S0 at 2^40 and 2^-40 the errors of the unscaled inputs; "
           "without it fp16 overflows or underflows",
           "[twin]") {
-  const KdaInputs base = f16_inputs({InputKind::anchor, 40, 1, BetaDist::sigmoid});
-  const F16Errs e0 = f16_errs(base, truth(base), kda_plan_state_f16());
+  const KdaInputs base = kind_inputs({InputKind::anchor, 40, 1, BetaDist::sigmoid});
+  const PlanErrs e0 = plan_errs(base, truth(base), kda_plan_state_f16());
   KdaTwinPlan unscaled = kda_plan_state_f16();
   unscaled.value_scale = false;
   for (const int x : {40, -40}) {
@@ -83,7 +63,7 @@ TEST_CASE("twin: the fp16 plan's value scale gives v and S0 at 2^40 and 2^-40 th
     for (auto& y : in.v.data) y = std::ldexp(y, x);
     for (auto& y : in.S0.data) y = std::ldexp(y, x);
     const auto ref = truth(in);
-    const F16Errs e = f16_errs(in, ref, kda_plan_state_f16()), u = f16_errs(in, ref, unscaled);
+    const PlanErrs e = plan_errs(in, ref, kda_plan_state_f16()), u = plan_errs(in, ref, unscaled);
     CAPTURE(x, e0.o, e0.S, e.o, e.S, u.o, u.S);
     // the same fp16 operands, every output a power of two apart: the same relative errors
     CHECK(std::fabs(e.o - e0.o) <= 1e-9 * e0.o);
@@ -93,7 +73,7 @@ TEST_CASE("twin: the fp16 plan's value scale gives v and S0 at 2^40 and 2^-40 th
 }
 
 TEST_CASE("twin study: fp16 state products against the tf32 plan (prints the table)", "[.][twin-study]") {
-  const std::vector<F16Row> rows = {
+  const std::vector<KindRow> rows = {
       {InputKind::anchor, 17, 1, BetaDist::sigmoid},         {InputKind::anchor, 2048, 2, BetaDist::sigmoid},
       {InputKind::long_memory, 300, 1, BetaDist::sigmoid},   {InputKind::long_memory, 2048, 2, BetaDist::sigmoid},
       {InputKind::long_memory, 8192, 1, BetaDist::sigmoid},  {InputKind::long_memory, 65536, 1, BetaDist::sigmoid},
@@ -101,11 +81,11 @@ TEST_CASE("twin study: fp16 state products against the tf32 plan (prints the tab
       {InputKind::collinear_keys_slow_decay, 2048, 1, BetaDist::one}, {InputKind::identical_keys, 64, 1, BetaDist::one},
       {InputKind::collinear_keys, 64, 2, BetaDist::sigmoid}};
   std::printf("input (T, H, beta) | tf32 plan o (S) | fp16, Kd hi + lo o (S) | fp16, Kd one part o (S)\n");
-  for (const F16Row& r : rows) {
-    const KdaInputs in = f16_inputs(r);
+  for (const KindRow& r : rows) {
+    const KdaInputs in = kind_inputs(r);
     const auto ref = truth(in);
-    const F16Errs a = f16_errs(in, ref, kda_plan_state_qs_tf32()), b = f16_errs(in, ref, kda_plan_state_f16()),
-                  c = f16_errs(in, ref, plan_f16_kd_single());
+    const PlanErrs a = plan_errs(in, ref, kda_plan_state_qs_tf32()), b = plan_errs(in, ref, kda_plan_state_f16()),
+                  c = plan_errs(in, ref, plan_f16_kd_single());
     std::printf("%s (%zu, %zu, %s) | %.3e (%.2e) | %.3e (%.2e) | %.3e (%.2e)\n", input_kind_name(r.kind).c_str(), r.T,
                 r.H, beta_dist_name(r.beta).c_str(), a.o, a.S, b.o, b.S, c.o, c.S);
     std::fflush(stdout);

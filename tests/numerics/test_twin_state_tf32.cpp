@@ -4,14 +4,14 @@
 // prints the study table; the visible one holds the plan to the goals where kda_plan_state_hilo() holds.
 #include <cstdio>
 
-#include "numerics/kda_inputs.hpp"
-#include "numerics/kda_twin.hpp"
-#include "numerics/metrics.hpp"
-#include "numerics/tolerance.hpp"
-#include "reference/kda.hpp"
-#include "tests/catch.hpp"
+#include "tests/numerics/test_twin_cases.hpp"
 
 using namespace kdalab;
+using twin_test::KindRow;
+using twin_test::kind_inputs;
+using twin_test::plan_errs;
+using twin_test::PlanErrs;
+using twin_test::truth;
 
 namespace twin_tf32_test {
 /// Qg S as bf16 hi + lo, Kd^T D in tf32: the other half, for the table.
@@ -21,35 +21,18 @@ KdaTwinPlan plan_kd_tf32() {
   p.kd = Format::tf32;
   return p;
 }
-struct Tf32Errs {
-  double o, S;
-};
-Tf32Errs tf32_errs(const KdaInputs& in, const KdaOutput<double>& ref, const KdaTwinPlan& p) {
-  const auto r = kda_twin(in, p);
-  return {compare(r.o.data, ref.o.data).rel_rms, compare(r.S_final.data, ref.S_final.data).rel_rms};
-}
-struct Tf32Row {
-  InputKind kind;
-  std::size_t T, H;
-  BetaDist beta;
-};
-KdaInputs tf32_inputs(const Tf32Row& r) {
-  KdaGenSpec s;
-  s.T = r.T; s.H = r.H; s.d_k = s.d_v = 128; s.inputs = r.kind; s.beta = r.beta; s.seed = 1234;
-  return kda_inputs(s);
-}
 }  // namespace twin_tf32_test
 using namespace twin_tf32_test;
 
 TEST_CASE("twin: Qg S in tf32 beside Kd^T D as bf16 hi + lo meets the o and state goals on long-memory and "
           "near-collinear inputs",
           "[twin]") {
-  for (const Tf32Row& r : {Tf32Row{InputKind::long_memory, 300, 1, BetaDist::sigmoid},
-                       Tf32Row{InputKind::collinear_keys_slow_decay, 64, 1, BetaDist::one},
-                       Tf32Row{InputKind::identical_keys, 64, 1, BetaDist::one}}) {
-    const KdaInputs in = tf32_inputs(r);
-    const auto ref = kda_recurrent<double>(in.q, in.k, in.v, in.g, in.beta, &in.S0, in.scale);
-    const Tf32Errs e = tf32_errs(in, ref, kda_plan_state_qs_tf32()), hilo = tf32_errs(in, ref, kda_plan_state_hilo());
+  for (const KindRow& r : {KindRow{InputKind::long_memory, 300, 1, BetaDist::sigmoid},
+                       KindRow{InputKind::collinear_keys_slow_decay, 64, 1, BetaDist::one},
+                       KindRow{InputKind::identical_keys, 64, 1, BetaDist::one}}) {
+    const KdaInputs in = kind_inputs(r);
+    const auto ref = truth(in);
+    const PlanErrs e = plan_errs(in, ref, kda_plan_state_qs_tf32()), hilo = plan_errs(in, ref, kda_plan_state_hilo());
     CAPTURE(input_kind_name(r.kind), r.T, e.o, e.S, hilo.o, hilo.S);
     CHECK(e.o <= tol::kda_bf16_goal.value);
     CHECK(e.S <= tol::kda_state_goal.value);
@@ -58,7 +41,7 @@ TEST_CASE("twin: Qg S in tf32 beside Kd^T D as bf16 hi + lo meets the o and stat
 }
 
 TEST_CASE("twin study: tf32 in Qg S or in Kd^T D against the hi + lo plan (prints the table)", "[.][twin-study]") {
-  const std::vector<Tf32Row> rows = {
+  const std::vector<KindRow> rows = {
       {InputKind::anchor, 17, 1, BetaDist::sigmoid},         {InputKind::anchor, 2048, 2, BetaDist::sigmoid},
       {InputKind::long_memory, 300, 1, BetaDist::sigmoid},   {InputKind::long_memory, 2048, 2, BetaDist::sigmoid},
       {InputKind::long_memory, 8192, 1, BetaDist::sigmoid},  {InputKind::long_memory, 65536, 1, BetaDist::sigmoid},
@@ -66,11 +49,11 @@ TEST_CASE("twin study: tf32 in Qg S or in Kd^T D against the hi + lo plan (print
       {InputKind::collinear_keys_slow_decay, 2048, 1, BetaDist::one}, {InputKind::identical_keys, 64, 1, BetaDist::one},
       {InputKind::collinear_keys, 64, 2, BetaDist::sigmoid}};
   std::printf("input (T, H, beta) | hi/lo plan o (S) | Qg S tf32 o (S) | Kd^T D tf32 o (S)\n");
-  for (const Tf32Row& r : rows) {
-    const KdaInputs in = tf32_inputs(r);
-    const auto ref = kda_recurrent<double>(in.q, in.k, in.v, in.g, in.beta, &in.S0, in.scale);
-    const Tf32Errs h = tf32_errs(in, ref, kda_plan_state_hilo()), a = tf32_errs(in, ref, kda_plan_state_qs_tf32()),
-               b = tf32_errs(in, ref, plan_kd_tf32());
+  for (const KindRow& r : rows) {
+    const KdaInputs in = kind_inputs(r);
+    const auto ref = truth(in);
+    const PlanErrs h = plan_errs(in, ref, kda_plan_state_hilo()), a = plan_errs(in, ref, kda_plan_state_qs_tf32()),
+               b = plan_errs(in, ref, plan_kd_tf32());
     std::printf("%s (%zu, %zu, %s) | %.3e (%.2e) | %.3e (%.2e) | %.3e (%.2e)\n", input_kind_name(r.kind).c_str(), r.T,
                 r.H, beta_dist_name(r.beta).c_str(), h.o, h.S, a.o, a.S, b.o, b.S);
     std::fflush(stdout);
