@@ -2,6 +2,7 @@
 // Shared helpers of the twin tests (test_twin*.cpp; not a test itself).
 #include <array>
 #include <cstdio>
+#include <vector>
 
 #include "numerics/kda_inputs.hpp"
 #include "numerics/kda_twin.hpp"
@@ -52,9 +53,34 @@ inline KdaInputs kind_inputs(const KindRow& r) {
   s.T = r.T; s.H = r.H; s.d_k = s.d_v = 128; s.inputs = r.kind; s.beta = r.beta; s.seed = 1234;
   return kda_inputs(s);
 }
+/// The rows of the state-precision study tables (docs/kernels/kda_prefill.md): anchor, long memory up to T = 65536,
+/// near-collinear and identical keys.
+inline std::vector<KindRow> study_rows() {
+  return {{InputKind::anchor, 17, 1, BetaDist::sigmoid},         {InputKind::anchor, 2048, 2, BetaDist::sigmoid},
+          {InputKind::long_memory, 300, 1, BetaDist::sigmoid},   {InputKind::long_memory, 2048, 2, BetaDist::sigmoid},
+          {InputKind::long_memory, 8192, 1, BetaDist::sigmoid},  {InputKind::long_memory, 65536, 1, BetaDist::sigmoid},
+          {InputKind::collinear_keys, 64, 1, BetaDist::one},     {InputKind::collinear_keys_slow_decay, 64, 1, BetaDist::one},
+          {InputKind::collinear_keys_slow_decay, 2048, 1, BetaDist::one}, {InputKind::identical_keys, 64, 1, BetaDist::one},
+          {InputKind::collinear_keys, 64, 2, BetaDist::sigmoid}};
+}
 /// The float64 recurrence on `in` (its S0).
 inline KdaOutput<double> truth(const KdaInputs& in) {
   return kda_recurrent<double>(in.q, in.k, in.v, in.g, in.beta, &in.S0, in.scale);
+}
+/// Holds plan `p` to the o and state goals on long-memory (T = 300), collinear keys with slow decay (64) and identical
+/// keys (64), with its o at most `factor` times plan `q`'s on each.
+inline void check_goals_beside(const KdaTwinPlan& p, const KdaTwinPlan& q, double factor) {
+  for (const KindRow& r : {KindRow{InputKind::long_memory, 300, 1, BetaDist::sigmoid},
+                           KindRow{InputKind::collinear_keys_slow_decay, 64, 1, BetaDist::one},
+                           KindRow{InputKind::identical_keys, 64, 1, BetaDist::one}}) {
+    const KdaInputs in = kind_inputs(r);
+    const auto ref = truth(in);
+    const PlanErrs e = plan_errs(in, ref, p), other = plan_errs(in, ref, q);
+    CAPTURE(input_kind_name(r.kind), r.T, e.o, e.S, other.o, other.S);
+    CHECK(e.o <= tol::kda_bf16_goal.value);
+    CHECK(e.S <= tol::kda_state_goal.value);
+    CHECK(e.o <= factor * other.o);
+  }
 }
 
 struct AnchorCase {

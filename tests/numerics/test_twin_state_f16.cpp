@@ -27,17 +27,7 @@ using namespace twin_f16_test;
 TEST_CASE("twin: fp16 state products with Kd as hi + lo meet the o and state goals on long-memory and near-collinear "
           "inputs, at or below the tf32 plan's o",
           "[twin]") {
-  for (const KindRow& r : {KindRow{InputKind::long_memory, 300, 1, BetaDist::sigmoid},
-                          KindRow{InputKind::collinear_keys_slow_decay, 64, 1, BetaDist::one},
-                          KindRow{InputKind::identical_keys, 64, 1, BetaDist::one}}) {
-    const KdaInputs in = kind_inputs(r);
-    const auto ref = truth(in);
-    const PlanErrs e = plan_errs(in, ref, kda_plan_state_f16()), tf = plan_errs(in, ref, kda_plan_state_qs_tf32());
-    CAPTURE(input_kind_name(r.kind), r.T, e.o, e.S, tf.o, tf.S);
-    CHECK(e.o <= tol::kda_bf16_goal.value);
-    CHECK(e.S <= tol::kda_state_goal.value);
-    CHECK(e.o <= 1.01 * tf.o);
-  }
+  twin_test::check_goals_beside(kda_plan_state_f16(), kda_plan_state_qs_tf32(), 1.01);
 }
 
 TEST_CASE("twin: Kd as one fp16 part misses the state goal on collinear keys with slow decay, which its hi + lo "
@@ -73,15 +63,8 @@ TEST_CASE("twin: the fp16 plan's value scale gives v and S0 at 2^40 and 2^-40 th
 }
 
 TEST_CASE("twin study: fp16 state products against the tf32 plan (prints the table)", "[.][twin-study]") {
-  const std::vector<KindRow> rows = {
-      {InputKind::anchor, 17, 1, BetaDist::sigmoid},         {InputKind::anchor, 2048, 2, BetaDist::sigmoid},
-      {InputKind::long_memory, 300, 1, BetaDist::sigmoid},   {InputKind::long_memory, 2048, 2, BetaDist::sigmoid},
-      {InputKind::long_memory, 8192, 1, BetaDist::sigmoid},  {InputKind::long_memory, 65536, 1, BetaDist::sigmoid},
-      {InputKind::collinear_keys, 64, 1, BetaDist::one},     {InputKind::collinear_keys_slow_decay, 64, 1, BetaDist::one},
-      {InputKind::collinear_keys_slow_decay, 2048, 1, BetaDist::one}, {InputKind::identical_keys, 64, 1, BetaDist::one},
-      {InputKind::collinear_keys, 64, 2, BetaDist::sigmoid}};
   std::printf("input (T, H, beta) | tf32 plan o (S) | fp16, Kd hi + lo o (S) | fp16, Kd one part o (S)\n");
-  for (const KindRow& r : rows) {
+  for (const KindRow& r : twin_test::study_rows()) {
     const KdaInputs in = kind_inputs(r);
     const auto ref = truth(in);
     const PlanErrs a = plan_errs(in, ref, kda_plan_state_qs_tf32()), b = plan_errs(in, ref, kda_plan_state_f16()),

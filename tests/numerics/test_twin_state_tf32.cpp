@@ -27,29 +27,12 @@ using namespace twin_tf32_test;
 TEST_CASE("twin: Qg S in tf32 beside Kd^T D as bf16 hi + lo meets the o and state goals on long-memory and "
           "near-collinear inputs",
           "[twin]") {
-  for (const KindRow& r : {KindRow{InputKind::long_memory, 300, 1, BetaDist::sigmoid},
-                       KindRow{InputKind::collinear_keys_slow_decay, 64, 1, BetaDist::one},
-                       KindRow{InputKind::identical_keys, 64, 1, BetaDist::one}}) {
-    const KdaInputs in = kind_inputs(r);
-    const auto ref = truth(in);
-    const PlanErrs e = plan_errs(in, ref, kda_plan_state_qs_tf32()), hilo = plan_errs(in, ref, kda_plan_state_hilo());
-    CAPTURE(input_kind_name(r.kind), r.T, e.o, e.S, hilo.o, hilo.S);
-    CHECK(e.o <= tol::kda_bf16_goal.value);
-    CHECK(e.S <= tol::kda_state_goal.value);
-    CHECK(e.o <= 1.10 * hilo.o);  // within 10% of the chosen plan's o
-  }
+  twin_test::check_goals_beside(kda_plan_state_qs_tf32(), kda_plan_state_hilo(), 1.10);  // within 10% of its o
 }
 
 TEST_CASE("twin study: tf32 in Qg S or in Kd^T D against the hi + lo plan (prints the table)", "[.][twin-study]") {
-  const std::vector<KindRow> rows = {
-      {InputKind::anchor, 17, 1, BetaDist::sigmoid},         {InputKind::anchor, 2048, 2, BetaDist::sigmoid},
-      {InputKind::long_memory, 300, 1, BetaDist::sigmoid},   {InputKind::long_memory, 2048, 2, BetaDist::sigmoid},
-      {InputKind::long_memory, 8192, 1, BetaDist::sigmoid},  {InputKind::long_memory, 65536, 1, BetaDist::sigmoid},
-      {InputKind::collinear_keys, 64, 1, BetaDist::one},     {InputKind::collinear_keys_slow_decay, 64, 1, BetaDist::one},
-      {InputKind::collinear_keys_slow_decay, 2048, 1, BetaDist::one}, {InputKind::identical_keys, 64, 1, BetaDist::one},
-      {InputKind::collinear_keys, 64, 2, BetaDist::sigmoid}};
   std::printf("input (T, H, beta) | hi/lo plan o (S) | Qg S tf32 o (S) | Kd^T D tf32 o (S)\n");
-  for (const KindRow& r : rows) {
+  for (const KindRow& r : twin_test::study_rows()) {
     const KdaInputs in = kind_inputs(r);
     const auto ref = truth(in);
     const PlanErrs h = plan_errs(in, ref, kda_plan_state_hilo()), a = plan_errs(in, ref, kda_plan_state_qs_tf32()),
