@@ -64,8 +64,9 @@ enum class KdaPrecision {
              ///< as fp16 hi + lo (two products), the state, U and D carried scaled by a power of two for fp16's
              ///< range (kda_plan_state_f16()): o <= 1.7e-3 and the final state <= 1e-3 on every input kind of
              ///< numerics/kda_inputs.hpp up to T = 65536 in the twin. Range: S may grow to ~2^15 times the largest
-             ///< |U| seen before fp16 overflows (Inf, then NaN in o). D = 128 only (the wgmma state pass, one-shot
-             ///< schedule); its workspace adds 4 KB per 16-token chunk and value head (Kd's lo parts)
+             ///< |U| of the last kda_value_scale_period chunks (or its own largest value) before fp16 overflows (Inf,
+             ///< then NaN in o). D = 128 only (the wgmma state pass, one-shot schedule); its workspace adds 4 KB per
+             ///< 16-token chunk and value head (Kd's lo parts)
 };
 
 /// Arguments of the chunked prefill (forward).
@@ -172,6 +173,10 @@ static_assert(KdaSlot::W == 0 && KdaSlot::Qg == 4096 && KdaSlot::Kd == 8192 && K
 /// schedule) hold the chunk's max |U| as fp32 bits, read by the state pass's value scale
 /// (numerics/kda_twin.hpp KdaTwinPlan::value_scale).
 constexpr int kda_slot_lo_bytes = 4096;
+/// Chunks between the accurate state pass's looks at the maximum of its state, where its value scale may come down
+/// (numerics/kda_twin.hpp KdaTwinPlan::value_scale, kda_value_scale_period, the same number); the overlapped
+/// schedule's parts are whole multiples of it, so that they look where one pass over the sequence would.
+constexpr int kda_value_scale_period = 8;
 /// KdaSlotOf<D>::bytes for a run-time D in {64, 128, 256}; 0 for any other D.
 constexpr int kda_slot_bytes(int D) { return D == 64 || D == 128 || D == 256 ? 164 * D + 2048 : 0; }
 

@@ -96,6 +96,10 @@ namespace kdalab {
 
 /// Operand formats of each product of the tiled algorithm (see file comment), plus the formats
 /// of accumulation, the stored state and the output, and the fusion switches.
+/// Chunks between the value scale's looks at the state (KdaTwinPlan::value_scale): the CUDA kernel's accurate state
+/// pass takes the maximum over its S every this many chunks; the overlapped schedule's parts are whole multiples of it.
+inline constexpr std::size_t kda_value_scale_period = 8;
+
 struct KdaTwinPlan {
   Format kk = Format::fp32, qk = Format::fp32, solve = Format::fp32, ws = Format::bf16, qs = Format::bf16,
          pd = Format::fp32, kd = Format::bf16;
@@ -128,11 +132,13 @@ struct KdaTwinPlan {
   /// fp32 accumulator registers as they are, and the tensor core ignores their low 13 bits.
   bool qs_S_truncate = false;
   /// The state, U and D carried scaled by sigma = 2^-e per block of 64 value columns (one CTA of the CUDA accurate
-  /// kernel), so that fp16 operands see values of magnitude about 1 whatever the scale of v and S0: e starts at
-  /// x(max |S0| over the block) and grows to x(max |U| over a chunk, all value columns) when that is larger, where
-  /// x(m) is the exponent with m = f 2^x, f in [0.5, 1), clamped to [-125, 126] (x(0) = -125). When e grows, S is
-  /// multiplied by 2^(e_old - e_new) (a power of two: exact in fp32 above its subnormals); D = sigma U - W S; o and
-  /// the final state are divided by sigma. One-segment passes only (segments < 2).
+  /// kernel), so that fp16 operands see values of magnitude about 1 whatever the scale of v and S0. With x(m) the
+  /// exponent of m = f 2^x, f in [0.5, 1), clamped to [-125, 126] (x(0) = -125), and xU(c) = x(max |U| over chunk c,
+  /// all value columns): at every chunk c that is a multiple of kda_value_scale_period (c = 0 included),
+  /// e = max(x(max |S| over the block, S the state entering chunk c, S0 at c = 0), xU(c)), which may lower e after
+  /// large values have decayed; at the other chunks e = max(e, xU(c)). When e changes, S is multiplied by
+  /// 2^(e_old - e_new) (a power of two: exact in fp32 above its subnormals); D = sigma U - W S; o and the final state
+  /// are divided by sigma. One-segment passes only (segments < 2).
   bool value_scale = false;
 };
 
@@ -277,21 +283,31 @@ inline KdaOutput<double> kda_twin(const KdaInputs& in, const KdaTwinPlan& p) {
   std::vector<double> row(dk), rowl(dk);
   // KdaTwinPlan::value_scale: sigma per value column (1 otherwise) and the exponent e per block of 64 columns
   std::vector<double> usc(std::max(dk, dv), 1.0);
-  std::vector<int> sexp((dv + 63) / 64, -125);
+  std::vector<int> sexp((dv + 63) / 64, 0);
   const auto scale_exp = [](double m) {
     if (!(m > 0)) return -125;
     int x = 0;
     std::frexp(m, &x);
     return std::clamp(x, -125, 126);
   };
-  // raises block bl's exponent to at least x, rescaling its columns of S
-  const auto raise_exp = [&](std::vector<double>& Sx, std::size_t bl, int x) {
-    if (x <= sexp[bl]) return;
-    const double ratio = std::ldexp(1.0, sexp[bl] - x);
-    sexp[bl] = x;
-    for (std::size_t j = 64 * bl; j < std::min(dv, 64 * bl + 64); ++j) {
-      usc[j] = std::ldexp(1.0, -x);
-      for (std::size_t i = 0; i < dk; ++i) Sx[i * dv + j] = rnd(Sx[i * dv + j] * ratio, p.state);
+  // chunk c's exponents (see KdaTwinPlan::value_scale), S rescaled where they change; xU = x(max |U| of the chunk)
+  const auto set_exps = [&](std::vector<double>& Sx, std::size_t c, int xU) {
+    for (std::size_t bl = 0; bl < sexp.size(); ++bl) {
+      const std::size_t j0 = 64 * bl, j1 = std::min(dv, 64 * bl + 64);
+      int x = std::max(sexp[bl], xU);
+      if (c % kda_value_scale_period == 0) {
+        double m = 0;
+        for (std::size_t i = 0; i < dk; ++i)
+          for (std::size_t j = j0; j < j1; ++j) m = std::max(m, std::fabs(Sx[i * dv + j] / usc[j]));
+        x = std::max(scale_exp(m), xU);
+      }
+      if (x == sexp[bl] && c > 0) continue;
+      const double ratio = std::ldexp(1.0, sexp[bl] - x);
+      sexp[bl] = x;
+      for (std::size_t j = j0; j < j1; ++j) {
+        usc[j] = std::ldexp(1.0, -x);
+        for (std::size_t i = 0; i < dk; ++i) Sx[i * dv + j] = rnd(Sx[i * dv + j] * ratio, p.state);
+      }
     }
   };
   // ---- one chunk's intra-chunk quantities (fusions, decay, Qg/Kg/Ki/Kd, A, P, [W | U]) ----
@@ -482,21 +498,9 @@ inline KdaOutput<double> kda_twin(const KdaInputs& in, const KdaTwinPlan& p) {
           }
       }
       // the state pass (segment mode: pass 2, segments 1.. from their S_start; else one segment)
-      if (p.value_scale) {  // e from S0, per block of 64 columns, from e = -125 and sigma = 1
+      if (p.value_scale) {  // sigma = 1 until chunk 0 sets it
         std::fill(usc.begin(), usc.end(), 1.0);
-        std::fill(sexp.begin(), sexp.end(), -125);
-        for (std::size_t bl = 0; bl < sexp.size(); ++bl) {
-          double m = 0;
-          for (std::size_t i = 0; i < dk; ++i)
-            for (std::size_t j = 64 * bl; j < std::min(dv, 64 * bl + 64); ++j) m = std::max(m, std::fabs(S[i * dv + j]));
-          const int x = scale_exp(m);
-          for (std::size_t j = 64 * bl; j < std::min(dv, 64 * bl + 64); ++j) {
-            usc[j] = std::ldexp(1.0, -x);
-            for (std::size_t i = 0; i < dk; ++i) S[i * dv + j] = rnd(S[i * dv + j] * usc[j], p.state);
-          }
-          sexp[bl] = x;
-        }
-        Sstart[0] = S;
+        std::fill(sexp.begin(), sexp.end(), 0);
       }
       for (std::size_t sg = nseg > 1 ? 1 : 0; sg < nseg; ++sg) {
         S = Sstart[sg];
@@ -507,7 +511,7 @@ inline KdaOutput<double> kda_twin(const KdaInputs& in, const KdaTwinPlan& p) {
             double m = 0;
             for (std::size_t r = 0; r < n; ++r)
               for (std::size_t j = 0; j < dv; ++j) m = std::max(m, std::fabs(X[r * nx + dk + j]));
-            for (std::size_t bl = 0; bl < sexp.size(); ++bl) raise_exp(S, bl, scale_exp(m));
+            set_exps(S, c, scale_exp(m));
           }
           step(S, dv, true, true, b, hv, t0, n, single_ops(n));
         }

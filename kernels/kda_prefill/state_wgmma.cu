@@ -18,9 +18,10 @@
 // with fp16 operands in the three state products (the prepare writes W, Qg, Kd as fp16), S^T packed to fp16 for [1],
 // D^T fp16 for [3], and [3]'s product twice, S^T += D^T Kd_hi + D^T Kd_lo (Kd lo in two blocks laid out as Kd's, from
 // the workspace's lo region: 4 KB more per stage). The values are carried scaled: S^T, U and D hold sigma times their
-// value, sigma = 2^-e, e from max |S0| over the CTA's columns at the start and raised to the exponent of each chunk's
-// max |U| (the prepare's U-max word, copied with the stage) when larger, S^T rescaled then; o and the final state are
-// divided by sigma (KdaTwinPlan::value_scale). P D keeps D's bf16 hi + lo parts.
+// value, sigma = 2^-e: e raised to the exponent of each chunk's max |U| (the prepare's U-max word, copied with the
+// stage) when larger, and every kda_value_scale_period chunks (chunk 0 included, from S0) set to the larger of that
+// and the exponent of max |S| over the CTA's columns, which lowers it once large values have decayed; S^T rescaled
+// when e changes; o and the final state divided by sigma (KdaTwinPlan::value_scale). P D keeps D's bf16 hi + lo.
 #include "kernels/common/wgmma.cuh"
 #include "kernels/kda_prefill/common.cuh"
 
@@ -158,23 +159,20 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
 #pragma unroll
     for (int e = 0; e < 4; ++e)
       Sacc[4 * j + e] = p.S0 ? p.S0[sb + (8 * j + 2 * tq + (e & 1)) * D + v0 + gq + 8 * (e >> 1)] : 0.0f;
-  // the accurate precision's value scale: S^T holds sigma S^T, sigma = 2^-ex; ex from max |S0| over the CTA's columns
-  int ex = -125;
+  // the accurate precision's value scale: S^T holds sigma S^T, sigma = 2^-ex (0 until chunk 0 sets it). smax: each
+  // warp's max |S^T| (fp32 bits), taken before the chunks that are multiples of kda_value_scale_period (here for
+  // chunk 0, from S0) and read after that chunk's barrier
+  int ex = 0;
   float sig = 1.0f, oscale = p.scale;  // sigma, and scale / sigma for o
-  if constexpr (kHiLo) {
-    __shared__ std::uint32_t s0max[4];
+  __shared__ std::uint32_t smax[kHiLo ? 4 : 1];
+  const auto take_smax = [&] {
     std::uint32_t m = 0;
 #pragma unroll
     for (int e = 0; e < 64; ++e) m = max(m, __float_as_uint(fabsf(Sacc[e])));
     m = __reduce_max_sync(0xffffffffu, m);
-    if (lane == 0) s0max[warp] = m;
-    __syncthreads();
-    ex = wg::value_exp(max(max(s0max[0], s0max[1]), max(s0max[2], s0max[3])));
-    sig = wg::exp2i(-ex);
-    oscale = p.scale * wg::exp2i(ex);
-#pragma unroll
-    for (int e = 0; e < 64; ++e) Sacc[e] *= sig;
-  }
+    if (lane == 0) smax[warp] = m;
+  };
+  if constexpr (kHiLo) take_smax();
 
   const long long slot_stride = static_cast<long long>(p.HV) * SL::bytes;
   const unsigned char* slot_next = p.ws + (static_cast<long long>(sq.slot0) * p.HV + hv) * SL::bytes;
@@ -236,12 +234,20 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
     }
     wg::fence_async_smem();
     __syncthreads();  // every thread's W, Qg, Kd, P copies of this chunk, for the wgmma
-    if constexpr (kHiLo) {  // the value scale: e raised to this chunk's max |U| exponent (CTA-uniform), S^T rescaled
-      const int xn = wg::value_exp(*reinterpret_cast<const std::uint32_t*>(st + wg::OFF_MU + 16 * warp));
-      if (xn > ex) {
-        const float r = ldexpf(1.0f, ex - xn);  // may be below 2^-126 (then S^T's old values vanish, as in fp32)
+    if constexpr (kHiLo) {  // the value scale (CTA-uniform): the exponent of this chunk's max |U|, and every
+                            // kda_value_scale_period chunks that of max |S| (which may lower it); S^T rescaled
+      int xn = wg::value_exp(*reinterpret_cast<const std::uint32_t*>(st + wg::OFF_MU + 16 * warp));
+      if (c % kda_value_scale_period == 0) {
+        const std::uint32_t m = max(max(smax[0], smax[1]), max(smax[2], smax[3]));  // of sigma S: exponent + ex
+        xn = max(xn, m == 0 ? -125 : min(max(static_cast<int>(m >> 23) - 126 + ex, -125), 126));
+      } else {
+        xn = max(xn, ex);
+      }
+      if (xn != ex) {  // S^T times 2^(ex - xn), in two exact halves (each within fp32's exponents)
+        const int dx = ex - xn;
+        const float r1 = wg::exp2i(dx / 2), r2 = wg::exp2i(dx - dx / 2);
 #pragma unroll
-        for (int e = 0; e < 64; ++e) Sacc[e] *= r;
+        for (int e = 0; e < 64; ++e) Sacc[e] = Sacc[e] * r1 * r2;
         ex = xn;
         sig = wg::exp2i(-ex);
         oscale = p.scale * wg::exp2i(ex);
@@ -330,6 +336,8 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
       wg::fence_reg(adl[e]);
       if constexpr (kHiLo) wg::fence_reg(ad16[e]);
     }
+    if constexpr (kHiLo)
+      if ((c + 1) % kda_value_scale_period == 0) take_smax();  // for chunk c + 1's value scale
     // ---- [4] o rows 8 nt + 2 tq (+ 1), columns v0 + gq (+ 8): lane pairs (gq, gq ^ 1) exchange so that the even-gq
     // lane stores row 8 nt + 2 tq and the odd one row 8 nt + 2 tq + 1, each as (v, v + 1) bf16 pairs ----
     const int nvalid = min(C, sq.len - c * C);

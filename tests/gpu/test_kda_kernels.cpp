@@ -100,6 +100,7 @@ struct PrefillCase {
   int v_log2 = 0, S0_log2 = 0;  // v and S0 times 2^v_log2, S0 also times 2^S0_log2 (exact): the accurate precision's
                                 // value scale must keep fp16 in range whatever their magnitude
   int v_ramp = 0;               // v of chunk c (16 tokens) times 2^(v_ramp c): the value scale rises chunk by chunk
+  int v_chunk0_log2 = 0;        // v of chunk 0 also times 2^v_chunk0_log2: an outlier the value scale must come down from
   InputKind kind = InputKind::anchor;  // other kinds (numerics/kda_inputs.hpp, HV = H): kda_inputs(), no fast-mode goal
   BetaDist beta = BetaDist::sigmoid;
 
@@ -120,6 +121,7 @@ struct PrefillCase {
     if (v_log2 != 0) s += " v*2^" + std::to_string(v_log2);
     if (S0_log2 != 0) s += " S0*2^" + std::to_string(v_log2 + S0_log2);
     if (v_ramp != 0) s += " v*2^(" + std::to_string(v_ramp) + " chunk)";
+    if (v_chunk0_log2 != 0) s += " chunk 0 v*2^" + std::to_string(v_chunk0_log2);
     s += plan.schedule == KdaSchedule::segments ? " segments P=" + std::to_string(plan.segments)
                                                 : std::string(" ") + pass_name(plan.state_pass);
     return s;
@@ -163,6 +165,8 @@ PrefillCase with_plan(PrefillCase c, const Overrides& plan) {
   c.plan = plan;
   return c;
 }
+static_assert(kernels::kda_value_scale_period == static_cast<int>(kda_value_scale_period),
+              "the kernel's and the twin's value-scale period");
 PrefillCase accurate(PrefillCase c) {
   c.precision = KdaPrecision::accurate;
   return c;
@@ -300,7 +304,7 @@ void check_prefill(const PrefillCase& c) {
   for (auto& x : in.S0.data) x = std::ldexp(x, c.v_log2 + c.S0_log2);
   for (std::size_t i = 0; i < in.v.data.size(); ++i) {  // v [B, T, HV, D]
     const std::size_t t = i / (in.HV * in.d_v) % in.T;
-    in.v.data[i] = std::ldexp(in.v.data[i], c.v_log2 + c.v_ramp * static_cast<int>(t / 16));
+    in.v.data[i] = std::ldexp(in.v.data[i], c.v_log2 + c.v_ramp * static_cast<int>(t / 16) + (t < 16 ? c.v_chunk0_log2 : 0));
   }
   const std::size_t D = c.D, HV = in.HV;
   std::optional<VarlenBatch> vb;
@@ -554,15 +558,24 @@ std::vector<PrefillCase> accurate_cases() {
   v.push_back(accurate(varlen({37, 16, 100, 1})));
   v.push_back(accurate(varlen({1, 1, 5, 31, 17, 1})));
   // the value scale: v and S0 far outside fp16's range, S0 above or below v, v rising chunk by chunk
-  for (const auto& e : {std::array<int, 3>{40, 0, 0}, {-40, 0, 0}, {0, 12, 0}, {0, -20, 0}, {-30, 0, 3}}) {
-    PrefillCase c = accurate(shape(2, 200, 1, 2, true));
+  // and an outlier chunk (v at 2^16 times the rest) it must come down from, T = 400 and across the overlapped
+  // schedule's parts (the same bits as one pass)
+  for (const auto& e : {std::array<int, 4>{40, 0, 0, 0}, {-40, 0, 0, 0}, {0, 12, 0, 0}, {0, -20, 0, 0}, {-30, 0, 3, 0},
+                        {0, 0, 0, 16}}) {
+    PrefillCase c = accurate(shape(2, e[3] ? 400 : 200, 1, 2, true));
     c.v_log2 = e[0];
     c.S0_log2 = e[1];
     c.v_ramp = e[2];
+    c.v_chunk0_log2 = e[3];
     c.twin_o = c.twin_S = true;
     c.per_sequence = true;
     v.push_back(c);
   }
+  PrefillCase ol = accurate(shape(1, 8200, 1, 2, true));
+  ol.v_chunk0_log2 = 16;
+  ol.expect_overlapped = ol.single_stream_same = true;
+  ol.twin_o = ol.twin_S = true;
+  v.push_back(ol);
   return v;
 }
 

@@ -62,6 +62,24 @@ TEST_CASE("twin: the fp16 plan's value scale gives v and S0 at 2^40 and 2^-40 th
   }
 }
 
+TEST_CASE("twin: after an outlier chunk (v at 2^16 and 2^20 times the rest) the value scale comes back down, so the "
+          "later tokens' o stays at the floor",
+          "[twin]") {
+  for (const int x : {16, 20}) {
+    KdaInputs in = kind_inputs({InputKind::anchor, 400, 1, BetaDist::sigmoid});
+    for (std::size_t t = 0; t < 16; ++t)
+      for (std::size_t j = 0; j < in.d_v; ++j) in.v(0, t, 0, j) = std::ldexp(in.v(0, t, 0, j), x);
+    const auto ref = truth(in);
+    const auto r = kda_twin(in, kda_plan_state_f16());
+    const std::size_t late = 200 * in.d_v;  // tokens 200..399: the outlier has decayed out of S
+    const std::vector<double> o(r.o.data.begin() + late, r.o.data.end()), o_ref(ref.o.data.begin() + late, ref.o.data.end());
+    const double e_late = compare(o, o_ref).rel_rms, e_S = compare(r.S_final.data, ref.S_final.data).rel_rms;
+    CAPTURE(x, e_late, e_S);
+    CHECK(e_late <= tol::kda_bf16_goal.value);
+    CHECK(e_S <= tol::kda_state_goal.value);
+  }
+}
+
 TEST_CASE("twin study: fp16 state products against the tf32 plan (prints the table)", "[.][twin-study]") {
   std::printf("input (T, H, beta) | tf32 plan o (S) | fp16, Kd hi + lo o (S) | fp16, Kd one part o (S)\n");
   for (const KindRow& r : twin_test::study_rows()) {
