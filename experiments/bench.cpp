@@ -1054,7 +1054,8 @@ void register_bench(Registry& reg) {
       ->capture_default_str();
   a->add_option("--precision", o->kda_precision,
                 "kda-prefill state-product precision (kernels/kda.hpp KdaPrecision): fast (bf16 operands) or accurate "
-                "(S, Qg and D, Kd as bf16 hi + lo: at the bf16 floor on long-memory and repeated-key inputs; D = 128 "
+                "(fp16 operands in the state products, Kd as fp16 hi + lo, values scaled by a power of two: at the bf16 "
+                "floor on long-memory and repeated-key inputs; D = 128 "
                 "only, the one-shot wgmma pass). accurate rows get the key suffix ' accurate' (their own baselines; the "
                 "peer time is looked up under the plain key). accurate: --op kda-prefill with --shapes of D = 128 only "
                 "(the default kda-prefill shapes, which --op all takes, have D = 64 and 256 rows: refused); refused "

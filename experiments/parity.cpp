@@ -16,7 +16,7 @@
 //              precision, matmul precision); matmul "plan" is the CUDA kernel's chosen plan
 //              (kda_plan_kernel(): intra-chunk products fp32, the three d_k x d_v products bf16),
 //              "plan-hilo" is that plan with Qg S and Kd^T D carried as bf16 hi + lo (kda_plan_state_hilo()),
-//              "plan-f16" the fp16 plan (kda_plan_state_f16()),
+//              "plan-accurate" the kernel's accurate precision (kda_plan_state_f16()),
 //              "bf16"/"fp16"/"tf32"/"fp32" put every product's operands in that format
 //   cuda-bf16  the CUDA prefill kernel (kernels/kda.hpp), only when kdalab was built with CUDA and a
 //              GPU is present, bounded gate, C = 16, D = 128, HV = H; other points are skipped with a note
@@ -153,13 +153,13 @@ ImplOut run_chunked(const KdaInputs& in, std::size_t C, const std::string& fmt_n
 /// The kernel twin (numerics/kda_twin.hpp) on the raw inputs exactly as the kernel reads them:
 /// bf16 q_raw/k_raw/v/g_raw/beta_raw, L2Norm, gate and beta sigmoid fused (the softplus gate is
 /// not fused in the kernel: its rows read the derived g), chunk C, state format `state`, matmul
-/// operands per `matmul` ("plan" = kda_plan_kernel(), "plan-hilo" = kda_plan_state_hilo(), "plan-f16" =
+/// operands per `matmul` ("plan" = kda_plan_kernel(), "plan-hilo" = kda_plan_state_hilo(), "plan-accurate" =
 /// kda_plan_state_f16(), else every product in that format), o bf16.
 ImplOut run_twin(const KdaInputs& in, GateKind gate, std::size_t C, Format state, const std::string& matmul) {
   KdaTwinPlan p = matmul == "plan-hilo"       ? kda_plan_state_hilo()
-                  : matmul == "plan-f16" ? kda_plan_state_f16()
+                  : matmul == "plan-accurate" ? kda_plan_state_f16()
                                               : kda_plan_kernel();
-  if (matmul != "plan" && matmul != "plan-hilo" && matmul != "plan-f16") {
+  if (matmul != "plan" && matmul != "plan-hilo" && matmul != "plan-accurate") {
     const Format f = parse_format(matmul, "--matmul-precision");
     p.kk = p.qk = p.solve = p.ws = p.qs = p.pd = p.kd = f;
   }
@@ -710,8 +710,9 @@ void register_parity(Registry& reg) {
   a->add_option("--matmul-precision", o->matmul,
                 "matmul operand formats of the twin rows: plan (the CUDA kernel's plan: intra-chunk fp32, d_k x d_v "
                 "products bf16), plan-hilo (the plan with both operands of Qg S and Kd^T D as bf16 hi + lo: "
-                "kda_plan_state_hilo()), plan-f16 (the d_k x d_v products with fp16 operands, Kd as fp16 hi + lo, "
-                "values scaled by a power of two: kda_plan_state_f16()), or bf16, fp16, tf32, fp32 for every product")
+                "kda_plan_state_hilo()), plan-accurate (the CUDA kernel's accurate precision: the d_k x d_v products "
+                "with fp16 operands, Kd as fp16 hi + lo, values scaled: kda_plan_state_f16()), or bf16, fp16, tf32, "
+                "fp32 for every product")
       ->delimiter(',')
       ->capture_default_str();
   a->add_option("--truth", o->truth,
@@ -792,9 +793,9 @@ void register_parity(Registry& reg) {
     }
     for (const auto& s : o->matmul) {
       require(s != "fp64" && s != "float64",
-              "--matmul-precision: '" + s + "' is not a tensor-core format; accepted: plan, plan-hilo, plan-f16, bf16, fp16, tf32, fp32");
-      require(s == "plan" || s == "plan-hilo" || s == "plan-f16" || s == "bf16" || s == "fp16" || s == "tf32" || s == "fp32",
-              "--matmul-precision: '" + s + "' is not accepted; accepted: plan, plan-hilo, plan-f16, bf16, fp16, tf32, fp32");
+              "--matmul-precision: '" + s + "' is not a tensor-core format; accepted: plan, plan-hilo, plan-accurate, bf16, fp16, tf32, fp32");
+      require(s == "plan" || s == "plan-hilo" || s == "plan-accurate" || s == "bf16" || s == "fp16" || s == "tf32" || s == "fp32",
+              "--matmul-precision: '" + s + "' is not accepted; accepted: plan, plan-hilo, plan-accurate, bf16, fp16, tf32, fp32");
     }
     // A repeated value in a list option (it would give duplicate rows) is refused by cli::run (require_once).
     // The float32 implementations compute the bounded gate g = g_min Sigmoid(...) in float32: a g_min beyond its
@@ -895,7 +896,7 @@ void register_parity(Registry& reg) {
         .col("state_precision", 's', "1", "format the state is kept in")
         .col("matmul_precision", 's', "1",
              "operand format of the matmuls (plan: kda_plan_kernel(), kk/qk/solve/pd fp32, ws/qs/kd bf16; plan-hilo: "
-             "kda_plan_state_hilo(), qs and kd with bf16 hi + lo operands; plan-f16: kda_plan_state_f16(), ws/qs/kd "
+             "kda_plan_state_hilo(), qs and kd with bf16 hi + lo operands; plan-accurate: kda_plan_state_f16(), ws/qs/kd "
              "fp16, Kd hi + lo, values scaled)")
         .col("out_format", 's', "1", "format o is delivered in")
         .col("truth", 's', "1", "the truth this row is measured against (scalar type of the reference recurrence)")

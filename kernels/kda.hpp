@@ -60,10 +60,13 @@ enum class KdaPrecision {
   fast,      ///< bf16 operands, fp32 accumulation (kda_plan_kernel()): ~1.7e-3 relative RMS of o on the anchor
              ///< distribution (the bf16 output floor is ~1.66e-3), but it grows where the state remembers long
              ///< (slow decay, small beta: 3.5e-3 at T = 8192) and on repeated keys; any D
-  accurate,  ///< Qg S as one tf32 product (S truncated to tf32, Qg rounded), D and Kd in Kd^T D as bf16 hi + lo parts
-             ///< (three tensor-core products, lo lo dropped; kda_plan_state_qs_tf32()): o <= 1.9e-3 and the final state
-             ///< <= 2.5e-3 on every input kind of numerics/kda_inputs.hpp up to T = 65536 in the twin. D = 128 only (the wgmma state pass,
-             ///< one-shot schedule); its workspace adds 8 KB per 16-token chunk and value head (the lo parts)
+  accurate,  ///< fp16 operands in the three products (11 significant bits at bf16's tensor-core cost), Kd in Kd^T D
+             ///< as fp16 hi + lo (two products), the state, U and D carried scaled by a power of two for fp16's
+             ///< range (kda_plan_state_f16()): o <= 1.7e-3 and the final state <= 1e-3 on every input kind of
+             ///< numerics/kda_inputs.hpp up to T = 65536 in the twin. Range: S may grow to ~2^15 times the largest
+             ///< |U| of the last kda_value_scale_period chunks (or its own largest value) before fp16 overflows (Inf,
+             ///< then NaN in o). D = 128 only (the wgmma state pass, one-shot schedule); its workspace adds 4 KB per
+             ///< 16-token chunk and value head (Kd's lo parts)
 };
 
 /// Arguments of the chunked prefill (forward).
@@ -151,8 +154,7 @@ struct KdaPrefillPlan {
 /// cu_seqlens). W, Qg [16 x D] and P hi / lo (Pf, [16 x 16]): bf16 A fragments of mma.m16n8k16 (uint4 per
 /// (k-tile kt, lane), kt = 0 .. D / 16 - 1); Kd [16 x D]: bf16 B fragments (k = chunk row); U [16][D] fp32;
 /// P [16][16] fp32 (not written: a reserved 1 KB); gam_n [D] fp32. The wgmma state pass's slots (D = 128) hold W, Qg,
-/// Kd and P hi / lo as row-major bf16 at the same offsets (in the accurate precision, Qg's place holds the first half
-/// of Qg as tf32, below). W, Qg, Kd are adjacent (the state pass copies them as one
+/// Kd and P hi / lo as row-major bf16 at the same offsets (fp16 in the accurate precision, below). W, Qg, Kd are adjacent (the state pass copies them as one
 /// block). Sizes: D = 64: 12,544 B; D = 128: 23,040 B; D = 256: 44,032 B. For tests and diagnostics.
 template <int D>
 struct KdaSlotOf {
@@ -166,11 +168,15 @@ static_assert(KdaSlot::W == 0 && KdaSlot::Qg == 4096 && KdaSlot::Kd == 8192 && K
                   KdaSlot::P == 20480 && KdaSlot::gam_n == 21504 && KdaSlot::Pf == 22016 && KdaSlot::bytes == 23040,
               "the D = 128 slot layout must not change");
 /// The second region of one slot in the accurate precision (D = 128), after every other workspace region (slot s at
-/// s * kda_slot_lo_bytes): Qg's logical keys 64..127 as tf32 ([16][64] fp32 row-major; keys 0..63 are in the slot's Qg
-/// place), then Kd lo [16][128] bf16 row-major (lo = rnd(x - rnd(x))). Qg's tf32 keys are in the state pass's order:
-/// within each group of 8, logical key kappa is key 2 kappa (kappa < 4) or 2 (kappa - 4) + 1
-/// (kernels/kda_prefill/prepare_phases.cuh store_qg_tf32_perm).
-constexpr int kda_slot_lo_bytes = 8192;
+/// s * kda_slot_lo_bytes): Kd lo [16][128] fp16 row-major (lo = rnd(x - rnd(x)); Kd's hi parts are in the slot's Kd
+/// place, also fp16, as are its W and Qg). In that precision the first 4 bytes of the slot's P member (unused by every
+/// schedule) hold the chunk's max |U| as fp32 bits, read by the state pass's value scale
+/// (numerics/kda_twin.hpp KdaTwinPlan::value_scale).
+constexpr int kda_slot_lo_bytes = 4096;
+/// Chunks between the accurate state pass's looks at the maximum of its state, where its value scale may come down
+/// (numerics/kda_twin.hpp KdaTwinPlan::value_scale, kda_value_scale_period, the same number); the overlapped
+/// schedule's parts are whole multiples of it, so that they look where one pass over the sequence would.
+constexpr int kda_value_scale_period = 8;
 /// KdaSlotOf<D>::bytes for a run-time D in {64, 128, 256}; 0 for any other D.
 constexpr int kda_slot_bytes(int D) { return D == 64 || D == 128 || D == 256 ? 164 * D + 2048 : 0; }
 

@@ -96,8 +96,8 @@ namespace kdalab {
 
 /// Operand formats of each product of the tiled algorithm (see file comment), plus the formats
 /// of accumulation, the stored state and the output, and the fusion switches.
-/// Chunks between the value scale's looks at the state (KdaTwinPlan::value_scale): the fp16 plan's state pass takes the
-/// maximum over its S every this many chunks, and the overlapped schedule's parts are whole multiples of it there.
+/// Chunks between the value scale's looks at the state (KdaTwinPlan::value_scale): the CUDA kernel's accurate state
+/// pass takes the maximum over its S every this many chunks; the overlapped schedule's parts are whole multiples of it.
 inline constexpr std::size_t kda_value_scale_period = 8;
 
 struct KdaTwinPlan {
@@ -131,8 +131,8 @@ struct KdaTwinPlan {
   /// S in Qg S rounded toward zero to tf32 (qs = tf32 only) instead of to nearest: the kernel's tf32 product reads S's
   /// fp32 accumulator registers as they are, and the tensor core ignores their low 13 bits.
   bool qs_S_truncate = false;
-  /// The state, U and D carried scaled by sigma = 2^-e per block of 64 value columns (one CTA of the wgmma state
-  /// pass), so that fp16 operands see values of magnitude about 1 whatever the scale of v and S0. With x(m) the
+  /// The state, U and D carried scaled by sigma = 2^-e per block of 64 value columns (one CTA of the CUDA accurate
+  /// kernel), so that fp16 operands see values of magnitude about 1 whatever the scale of v and S0. With x(m) the
   /// exponent of m = f 2^x, f in [0.5, 1), clamped to [-125, 126] (x(0) = -125), and xU(c) = x(max |U| over chunk c,
   /// all value columns): at every chunk c that is a multiple of kda_value_scale_period (c = 0 included),
   /// e = max(x(max |S| over the block, S the state entering chunk c, S0 at c = 0), xU(c)), which may lower e after
@@ -162,8 +162,8 @@ inline KdaTwinPlan kda_plan_state_hilo() {
 /// tf32"): Qg S with tf32 operands (Qg rounded to nearest; S read from its fp32 accumulators, no split, so truncated:
 /// qs_S_truncate; one product of k8 instructions, the time of 2/3 of the three bf16 products), Kd^T D as bf16 hi + lo
 /// as in kda_plan_state_hilo(). On the study's inputs o is within 2% of kda_plan_state_hilo()'s and the state is the
-/// same; tf32 in Kd^T D instead misses the state goal on collinear keys with slow decay at T = 2048 (7.6e-3). The plan
-/// of the CUDA kernel's accurate precision (KdaPrecision::accurate).
+/// same; tf32 in Kd^T D instead misses the state goal on collinear keys with slow decay at T = 2048 (7.6e-3). The
+/// plan the CUDA kernel's accurate precision ran before kda_plan_state_f16() (docs/kernels/kda_prefill.md).
 inline KdaTwinPlan kda_plan_state_qs_tf32() {
   KdaTwinPlan p;
   p.qs = Format::tf32;
@@ -175,9 +175,8 @@ inline KdaTwinPlan kda_plan_state_qs_tf32() {
 /// three state products with fp16 operands (11 significant bits, the cost of bf16 on the tensor cores), Kd in Kd^T D
 /// as fp16 hi + lo (two products), the values carried scaled (value_scale) for fp16's range. On the study's inputs o
 /// is at or below kda_plan_state_qs_tf32()'s and the state within the goal; Kd as one fp16 part misses the state goal
-/// on collinear keys with slow decay (as tf32 does). Built for the CUDA kernel's accurate precision and measured there
-/// (docs/kernels/kda_prefill.md, "fp16 state products"); the kernel runs kda_plan_state_qs_tf32() until this plan's
-/// value scale, as defined here, has run on a GPU.
+/// on collinear keys with slow decay (as tf32 does). The plan of the CUDA kernel's accurate precision
+/// (KdaPrecision::accurate).
 inline KdaTwinPlan kda_plan_state_f16() {
   KdaTwinPlan p;
   p.ws = p.qs = p.kd = Format::fp16;

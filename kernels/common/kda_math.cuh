@@ -1,9 +1,10 @@
 #pragma once
-// Device helpers shared by the KDA, MLA and AttnRes kernels, one copy each: bf16 packing, mma.sync m16n8k16 (bf16 in,
+// Device helpers shared by the KDA, MLA and AttnRes kernels, one copy each: bf16 and fp16 packing, mma.sync m16n8k16 (bf16 in,
 // fp32 accumulate) and m16n8k8 (tf32 in, fp32 accumulate; hi/lo splits) by inline PTX, cp.async, ldmatrix; the fused
 // KDA input transforms (K3 gate, L2Norm factor, beta sigmoid; docs/equations.md); and the host-side checks of the KDA
 // arguments (D, gate). Generic pointer / stride checks and cuda_check: kernels/common/cuda_check.hpp.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -27,6 +28,20 @@ __device__ __forceinline__ void split_bf16(float x0, float x1, std::uint32_t& hi
   hi = pack_bf16(x0, x1);
   const float h0 = __uint_as_float(hi << 16), h1 = __uint_as_float(hi & 0xffff0000u);
   lo = pack_bf16(x0 - h0, x1 - h1);
+}
+
+/// Packs two floats as fp16 (round to nearest even; magnitudes above 65504 become Inf): low half = first argument.
+__device__ __forceinline__ std::uint32_t pack_f16(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<std::uint32_t*>(&v);
+}
+
+/// Splits two floats into fp16 hi parts and fp16 lo parts (x ~ hi + lo to ~2^-22 relative in fp16's normal range).
+__device__ __forceinline__ void split_f16(float x0, float x1, std::uint32_t& hi, std::uint32_t& lo) {
+  const __half2 h = __floats2half2_rn(x0, x1);
+  hi = *reinterpret_cast<const std::uint32_t*>(&h);
+  const float2 hf = __half22float2(h);
+  lo = pack_f16(x0 - hf.x, x1 - hf.y);
 }
 
 /// Unpacks 8 bf16 held in a uint4 into floats.

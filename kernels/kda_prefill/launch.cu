@@ -80,7 +80,7 @@ Checked check_prefill(const KdaPrefillArgs& a) {
 }
 
 /// Parts of the overlapped schedule (KdaPrefillPlan::overlapped): fixed-length batches with T >= 2048 are cut into
-/// K0 = min(8, max(2, T / 2048)) parts of a multiple of 16 tokens (>= ~2048 tokens each; an H200 sweep of K at
+/// K0 = min(8, max(2, T / 2048)) parts of a multiple of 128 tokens (kda_value_scale_period chunks) (>= ~2048 tokens each; an H200 sweep of K at
 /// T = 8192: K = 4 beat T / 1024 = 8 by 3-4% (H = 64: 0.785 vs 0.817 ms, H = 96: 1.166 vs 1.202), K = 2 beat 4 at
 /// B = 4 x 4096, and K = 8 is best at T = 65536 (3.455 ms; K = 4: 3.568, K = 16: 3.46; docs/kernels/kda_prefill.md,
 /// "Segment count of the overlapped schedule");
@@ -95,7 +95,8 @@ Segments segments_of(const KdaPrefillArgs& a) {
   sg.seg = a.T;
   if (a.cu_seqlens || a.single_stream || a.T < 2048) return sg;
   const int K0 = std::min(8, std::max(2, a.T / 2048));
-  sg.seg = ((a.T + K0 - 1) / K0 + C - 1) / C * C;
+  constexpr int step = C * kda_value_scale_period;  // the accurate value scale's period (128 tokens)
+  sg.seg = ((a.T + K0 - 1) / K0 + step - 1) / step * step;
   sg.K = (a.T + sg.seg - 1) / sg.seg;
   return sg;
 }

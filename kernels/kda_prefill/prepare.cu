@@ -67,6 +67,7 @@ __global__ void __launch_bounds__(256, D == 256 ? 3 : 4) kda_prepare_kernel(Para
   }
   __shared__ __align__(16) float sA[C][C];
   __shared__ float sBeta[C];
+  [[maybe_unused]] __shared__ std::uint32_t sUmax[kHiLo ? 4 : 1];  // the accurate precision: max |U| of the 4 U warps (fp32 bits)
   float(*sQ)[DP] = sT[0];
   float(*sKi)[DP] = sT[1];
   float(*sK)[DP] = sT[2];
@@ -87,11 +88,10 @@ __global__ void __launch_bounds__(256, D == 256 ? 3 : 4) kda_prepare_kernel(Para
     if constexpr (kWg) {  // the wgmma state pass: Qg, Kd row-major (kda_state_wg_kernel's layout)
       auto* qg_hi = reinterpret_cast<std::uint16_t*>(slot + SL::Qg);
       auto* kd_hi = reinterpret_cast<std::uint16_t*>(slot + SL::Kd);
-      if constexpr (kHiLo) {  // the accurate precision: Qg as tf32 (fp32 bits) in the tf32 product's key order, its
-                              // first 64 keys in Qg's place, the rest in the lo region; Kd hi + lo (lo = rnd(x - rnd(x)))
+      if constexpr (kHiLo) {  // the accurate precision: Qg fp16; Kd fp16 hi + lo (lo = rnd(x - rnd(x))) in the lo region
         unsigned char* lo = p.ws_lo + ((sq.slot0 + c) * p.HV + hv) * static_cast<long long>(kda_slot_lo_bytes);
-        prep::store_qg_tf32_perm(reinterpret_cast<float*>(qg_hi), reinterpret_cast<float*>(lo), qg, i);
-        prep::store_rowmajor_col_hilo<D>(kd_hi, reinterpret_cast<std::uint16_t*>(lo + 4096), kd, i);
+        prep::store_rowmajor_col<D, true>(qg_hi, qg, i);
+        prep::store_rowmajor_col_hilo<D>(kd_hi, reinterpret_cast<std::uint16_t*>(lo), kd, i);
       } else {
         prep::store_rowmajor_col<D>(qg_hi, qg, i);
         prep::store_rowmajor_col<D>(kd_hi, kd, i);
@@ -138,16 +138,28 @@ __global__ void __launch_bounds__(256, D == 256 ? 3 : 4) kda_prepare_kernel(Para
     float x[C];
     prep::subst<D>(x, sBeta, sK, sV, sA, col);
     if (col < D) {
-      if constexpr (kWg) prep::store_rowmajor_col<D>(reinterpret_cast<std::uint16_t*>(slot + SL::W), x, col);
+      if constexpr (kWg) prep::store_rowmajor_col<D, kHiLo>(reinterpret_cast<std::uint16_t*>(slot + SL::W), x, col);
       else prep::store_afrag_col(reinterpret_cast<uint4*>(slot + SL::W), x, col);
     } else {
       float* U = reinterpret_cast<float*>(slot + SL::U);
 #pragma unroll
       for (int r = 0; r < C; ++r) U[r * D + (col - D)] = x[r];
+      if constexpr (kHiLo) {  // the chunk's max |U| (fp32 bits: non-negative floats order as integers), per warp
+        std::uint32_t m = 0;
+#pragma unroll
+        for (int r = 0; r < C; ++r) m = max(m, __float_as_uint(fabsf(x[r])));
+        m = __reduce_max_sync(0xffffffffu, m);
+        if (tid % 32 == 0) sUmax[tid / 32 - D / 32] = m;
+      }
     }
   };
   if constexpr (2 * D == 256) {
     subst(tid);
+    if constexpr (kHiLo) {  // the slot's U-max word (the fp32 P member's first 4 bytes): the state pass's value scale
+      __syncthreads();
+      if (tid == 0)
+        *reinterpret_cast<std::uint32_t*>(slot + SL::P) = max(max(sUmax[0], sUmax[1]), max(sUmax[2], sUmax[3]));
+    }
   } else if constexpr (2 * D < 256) {
     if (tid < 2 * D) subst(tid);
   } else {

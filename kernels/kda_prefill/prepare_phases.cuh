@@ -327,24 +327,25 @@ __device__ __forceinline__ void store_bfrag_col(uint4* frag, const float (&X)[C]
 }
 
 /// Thread = channel i (whole warps, i < N) holding the column X[r] = M[r][i] of a 16 x N matrix M: writes M row-major
-/// in bf16 (M[r][i] at m[r N + i]), the layout the wgmma state step (kda_state_wg_kernel) copies into its swizzled
-/// shared-memory tiles. Channels i and i ^ 1 swap 8 values; the even one writes rows 0..7, the odd one rows 8..15,
-/// each as 4-byte words (M[r][i & ~1], M[r][i | 1]).
-template <int N>
+/// in bf16 (F16: fp16) (M[r][i] at m[r N + i]), the layout the wgmma state step (kda_state_wg_kernel) copies into its
+/// swizzled shared-memory tiles. Channels i and i ^ 1 swap 8 values; the even one writes rows 0..7, the odd one rows
+/// 8..15, each as 4-byte words (M[r][i & ~1], M[r][i | 1]).
+template <int N, bool F16 = false>
 __device__ __forceinline__ void store_rowmajor_col(std::uint16_t* m, const float (&X)[C], int i) {
+  const auto pack = [](float a, float b) { return F16 ? pack_f16(a, b) : pack_bf16(a, b); };
   const int par = i & 1;
 #pragma unroll
   for (int rr = 0; rr < 8; ++rr) {
     // (selects on compile-time indices: a run-time index into X would put it in local memory)
     const float mine = par ? X[rr + 8] : X[rr], send = par ? X[rr] : X[rr + 8];
     const float y = __shfl_xor_sync(0xffffffffu, send, 1);  // the partner's value at my row
-    const std::uint32_t w = par ? pack_bf16(y, mine) : pack_bf16(mine, y);  // even channel in the low half
+    const std::uint32_t w = par ? pack(y, mine) : pack(mine, y);  // even channel in the low half
     *reinterpret_cast<std::uint32_t*>(m + (par ? rr + 8 : rr) * N + (i & ~1)) = w;
   }
 }
 
-/// store_rowmajor_col of X's bf16 hi parts into `hi` and of its lo parts rnd(x - rnd(x)) into `lo` (the accurate
-/// precision's Qg and Kd), one exchange of the fp32 values for both (split_bf16 on the pair each thread stores).
+/// store_rowmajor_col of X's fp16 hi parts into `hi` and of its lo parts rnd(x - rnd(x)) into `lo` (the accurate
+/// precision's Kd), one exchange of the fp32 values for both (split_f16 on the pair each thread stores).
 template <int N>
 __device__ __forceinline__ void store_rowmajor_col_hilo(std::uint16_t* hi, std::uint16_t* lo, const float (&X)[C],
                                                         int i) {
@@ -354,32 +355,11 @@ __device__ __forceinline__ void store_rowmajor_col_hilo(std::uint16_t* hi, std::
     const float mine = par ? X[rr + 8] : X[rr], send = par ? X[rr] : X[rr + 8];
     const float y = __shfl_xor_sync(0xffffffffu, send, 1);
     std::uint32_t wh, wl;
-    split_bf16(par ? y : mine, par ? mine : y, wh, wl);  // even channel in the low half
+    split_f16(par ? y : mine, par ? mine : y, wh, wl);  // even channel in the low half
     const int at = (par ? rr + 8 : rr) * N + (i & ~1);
     *reinterpret_cast<std::uint32_t*>(hi + at) = wh;
     *reinterpret_cast<std::uint32_t*>(lo + at) = wl;
   }
-}
-
-/// fp32 x rounded to tf32 (10 stored mantissa bits), to nearest with ties to even, as an fp32 bit pattern whose low
-/// 13 bits are zero (numerics/bf16.hpp round_to(x, Format::tf32) for finite x).
-__device__ __forceinline__ float round_tf32(float x) {
-  std::uint32_t u = __float_as_uint(x);
-  u += 0xFFFu + ((u >> 13) & 1u);
-  return __uint_as_float(u & 0xFFFFE000u);
-}
-
-/// The accurate precision's Qg for the state pass's tf32 product o^T += S^T Qg^T (kda_state_wg_kernel<true>): thread
-/// = channel (key) i writes column L(i) of the tf32-rounded fp32 matrix Qg[16][128] with its keys in the tf32 A-fragment
-/// order: within each group of 8 keys, logical key kappa holds physical key 2 kappa (kappa < 4) or 2 (kappa - 4) + 1,
-/// so that S^T's fp32 accumulators (keys 2 tq, 2 tq + 1 of each 8) are the A fragment (keys tq, tq + 4) as they lie.
-/// Logical keys 0..63 go to `a`, 64..127 to `b`, each [16][64] fp32 row-major: the bytes the state pass copies into
-/// its [16 x 32 fp32] 128-byte-swizzled blocks with the copy plan of the bf16 slot (kernels/kda_prefill/state_wgmma.cu).
-__device__ __forceinline__ void store_qg_tf32_perm(float* a, float* b, const float (&X)[C], int i) {
-  const int p8 = i & 7, L = (i & ~7) | ((p8 & 1) ? 4 + (p8 >> 1) : (p8 >> 1));
-  float* m = (L < 64 ? a : b) + (L & 63);
-#pragma unroll
-  for (int t = 0; t < C; ++t) m[t * 64] = round_tf32(X[t]);
 }
 
 }  // namespace kdalab::kernels::detail::prep

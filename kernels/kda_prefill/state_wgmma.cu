@@ -14,14 +14,14 @@
 // The prepare writes this slot layout (kda_prepare_kernel<128, true>, prepare.cu: W, Qg, Kd [16][128] and P hi / lo
 // [16][16] bf16 row-major at the same slot offsets); the same bf16 operand roundings and fp32 state as the mma pass:
 // only the fp32 summation order inside the tensor-core products may differ.
-// The accurate precision (KdaPrecision::accurate, kHiLo; numerics/kda_twin.hpp kda_plan_state_qs_tf32()), per chunk:
-//   [1] D^T = S^T W^T as 8 wgmma m64n16k16 (W rows of the [W; Qg] blocks, one bf16 product as in the fast precision);
-//       o^T = S^T Qg^T in tf32: 16 wgmma m64n16k8, A = S^T's fp32 accumulators as they lie (the tensor core reads
-//       their top 19 bits: S truncated to tf32), B = Qg as tf32 in [16 x 32 fp32] swizzled blocks (the [W; Qg]
-//       blocks' rows 16..31 and the lo blocks), its keys in the A fragment's order (prepare_phases.cuh
-//       store_qg_tf32_perm); S^T's decay after that chain's wait, since the chain reads S^T undecayed;
-//   [3] S^T += D^T_lo Kd + D^T Kd_lo: 2 wgmma m64n128k16 (Kd lo in two blocks laid out as Kd's).
-// Qg's second half and Kd lo come from the workspace's lo region (prepare.cu), 8 KB more per stage.
+// The accurate precision (KdaPrecision::accurate, kHiLo; numerics/kda_twin.hpp kda_plan_state_f16()): the same steps
+// with fp16 operands in the three state products (the prepare writes W, Qg, Kd as fp16), S^T packed to fp16 for [1],
+// D^T fp16 for [3], and [3]'s product twice, S^T += D^T Kd_hi + D^T Kd_lo (Kd lo in two blocks laid out as Kd's, from
+// the workspace's lo region: 4 KB more per stage). The values are carried scaled: S^T, U and D hold sigma times their
+// value, sigma = 2^-e: e raised to the exponent of each chunk's max |U| (the prepare's U-max word, copied with the
+// stage) when larger, and every kda_value_scale_period chunks (chunk 0 included, from S0) set to the larger of that
+// and the exponent of max |S| over the CTA's columns, which lowers it once large values have decayed; S^T rescaled
+// when e changes; o and the final state divided by sigma (KdaTwinPlan::value_scale). P D keeps D's bf16 hi + lo.
 #include "kernels/common/wgmma.cuh"
 #include "kernels/kda_prefill/common.cuh"
 
@@ -37,9 +37,11 @@ constexpr int OFF_WQ = 0, OFF_KD = 8192;
 constexpr int OFF_PH = 12288, OFF_PL = 14336;            // one swizzled [16 x 64] block each (columns 0..15 used)
 // U [16][UP] fp32; gam_n: one 512-byte copy per warp (each warp copies the gam_n and the U columns it reads itself,
 // so it reads them before the CTA's barrier)
-constexpr int OFF_U = 16384, OFF_GN = OFF_U + C * UP * 4, STAGE = (OFF_GN + 4 * 512 + 1023) / 1024 * 1024;
-// the accurate precision's lo parts: Qg lo and Kd lo, two swizzled [16 x 64] blocks each (Kd's layout)
-constexpr int OFF_QL = STAGE, OFF_KL = STAGE + 4096, STAGE_HL = STAGE + 8192;
+// the accurate precision: the chunk's U-max word (16 bytes copied from the slot's P member) per warp at OFF_MU
+constexpr int OFF_U = 16384, OFF_GN = OFF_U + C * UP * 4, OFF_MU = OFF_GN + 4 * 512,
+              STAGE = (OFF_MU + 4 * 16 + 1023) / 1024 * 1024;
+// the accurate precision's Kd lo: two swizzled [16 x 64] blocks (Kd's layout)
+constexpr int OFF_KL = STAGE, STAGE_HL = STAGE + 4096;
 template <bool kHiLo>
 constexpr int stage_bytes = kHiLo ? STAGE_HL : STAGE;
 template <bool kHiLo>
@@ -60,19 +62,13 @@ using wgmma_util::wgmma_wait;
 using wgmma_util::mma_n16;
 using wgmma_util::mma_n32;
 using wgmma_util::mma_n128_t;  // D[64 x 128] += A B, A in registers, B MN-major (kernels/common/wgmma.cuh)
-/// D[64 x 16] (+)= A B in tf32, A [64 x 8] in registers (fp32 bit patterns: the tensor core reads the top 19 bits, so
-/// an operand not already tf32 is rounded toward zero), a0..a3 = A(gq, tq), A(gq + 8, tq), A(gq, tq + 4),
-/// A(gq + 8, tq + 4) of the warp's 16 rows; B K-major in shared memory, [16 x 32 fp32] 128-byte-swizzled blocks.
-template <int ACC = 1>
-__device__ __forceinline__ void mma_n16_tf32(float* d, float a0, float a1, float a2, float a3, std::uint64_t db) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7}, "
-      "{%8, %9, %10, %11}, %12, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-      : "r"(__float_as_uint(a0)), "r"(__float_as_uint(a1)), "r"(__float_as_uint(a2)), "r"(__float_as_uint(a3)), "l"(db),
-        "n"(ACC));
+/// The value scale's exponent x of m (fp32 bits of a non-negative float, the largest |value|): m = f 2^x with f in
+/// [0.5, 1), clamped to [-125, 126]; m = 0 and subnormal m give -125 (numerics/kda_twin.hpp KdaTwinPlan::value_scale).
+__device__ __forceinline__ int value_exp(std::uint32_t m) {
+  return min(max(static_cast<int>(m >> 23) - 126, -125), 126);
 }
+/// 2^k as a float for k in [-126, 127].
+__device__ __forceinline__ float exp2i(int k) { return __int_as_float((127 + k) << 23); }
 
 /// 16-byte cp.async to a shared-window address (the state pass keeps its stage addresses as 32-bit shared addresses:
 /// no generic-to-shared conversion and no 64-bit arithmetic per copy in the step).
@@ -86,7 +82,7 @@ __device__ __forceinline__ void cp16(std::uint32_t sdst, const void* gsrc) {
 /// r, r + 8, columns 16 warp + 4 c4 .. + 3: the warp's own 16 value columns), gam_n (one 16-byte part per lane into the
 /// warp's own 512-byte copy).
 struct CopyPlan {
-  std::uint32_t d_wq, d_kd, d_p, d_u, d_g, d_ql;  // shared offsets from the stage base (d_ql: Qg lo; Kd lo at +4096)
+  std::uint32_t d_wq, d_kd, d_p, d_u, d_g, d_kl, d_mu;  // shared offsets from the stage base (d_kl: Kd lo)
   std::uint32_t s_wqk, s_p, s_u, s_g;             // byte offsets into the slot (s_wqk also into the lo slot)
   __device__ __forceinline__ CopyPlan(int tid, int vbase) {
     using SL = Slot<128>;
@@ -94,12 +90,13 @@ struct CopyPlan {
     const std::uint32_t x = r * 128 + (((c % 8) ^ r) << 4);  // sw(r, c % 8); r < 8, so r & 7 = r
     d_wq = (c / 8) * 4096 + x;
     d_kd = OFF_KD + (c / 8) * 2048 + x;
-    d_ql = OFF_QL + (c / 8) * 2048 + x;
+    d_kl = OFF_KL + (c / 8) * 2048 + x;
     const int h = (tid / 32) & 1, pr = (tid % 32) / 2, pc = tid % 2;
     d_p = (h ? OFF_PL : OFF_PH) + sw(pr, pc);
     const int warp = tid / 32, lane = tid % 32, ur = lane / 4, uc = 16 * warp + 4 * (lane % 4);
     d_u = OFF_U + (ur * UP + uc) * 4;
     d_g = OFF_GN + 512 * warp + 16 * lane;
+    d_mu = OFF_MU + 16 * warp;
     s_wqk = 16 * tid;
     s_p = SL::Pf + 16 * (tid % 64);
     s_u = SL::U + (ur * 128 + vbase + uc) * 4;
@@ -116,10 +113,13 @@ struct CopyPlan {
     for (int k = 0; k < 2; ++k) cp16(st + d_u + k * 8 * UP * 4, slot + s_u + k * 8 * 128 * 4);
     cp16(st + d_g, slot + s_g);
   }
-  /// The accurate precision's copies of one lo slot (Qg lo rows 0..7, 8..15, then Kd lo's), 4 of 16 B per thread.
-  __device__ __forceinline__ void issue_lo(std::uint32_t st, const unsigned char* lo) const {
+  /// The accurate precision's copies: Kd lo from the lo slot (rows 0..7, 8..15; 2 of 16 B per thread) and the U-max
+  /// word from the slot (16 B by lane 0 into its warp's own place).
+  __device__ __forceinline__ void issue_lo(std::uint32_t st, const unsigned char* lo, const unsigned char* slot,
+                                           int lane) const {
 #pragma unroll
-    for (int k = 0; k < 4; ++k) cp16(st + d_ql + (k / 2) * 4096 + (k & 1) * 1024, lo + s_wqk + 2048 * k);
+    for (int k = 0; k < 2; ++k) cp16(st + d_kl + k * 1024, lo + s_wqk + 2048 * k);
+    if (lane == 0) cp16(st + d_mu, slot + Slot<128>::P);
   }
 };
 }  // namespace wg
@@ -159,6 +159,20 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
 #pragma unroll
     for (int e = 0; e < 4; ++e)
       Sacc[4 * j + e] = p.S0 ? p.S0[sb + (8 * j + 2 * tq + (e & 1)) * D + v0 + gq + 8 * (e >> 1)] : 0.0f;
+  // the accurate precision's value scale: S^T holds sigma S^T, sigma = 2^-ex (0 until chunk 0 sets it). smax: each
+  // warp's max |S^T| (fp32 bits), taken before the chunks that are multiples of kda_value_scale_period (here for
+  // chunk 0, from S0) and read after that chunk's barrier
+  int ex = 0;
+  float sig = 1.0f, oscale = p.scale;  // sigma, and scale / sigma for o
+  __shared__ std::uint32_t smax[kHiLo ? 4 : 1];
+  const auto take_smax = [&] {
+    std::uint32_t m = 0;
+#pragma unroll
+    for (int e = 0; e < 64; ++e) m = max(m, __float_as_uint(fabsf(Sacc[e])));
+    m = __reduce_max_sync(0xffffffffu, m);
+    if (lane == 0) smax[warp] = m;
+  };
+  if constexpr (kHiLo) take_smax();
 
   const long long slot_stride = static_cast<long long>(p.HV) * SL::bytes;
   const unsigned char* slot_next = p.ws + (static_cast<long long>(sq.slot0) * p.HV + hv) * SL::bytes;
@@ -171,7 +185,7 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
   for (int i = 0; i < NST - 1; ++i) {
     if (i < nch) {
       cpl.issue(sbase_a + i * STG, slot_next, tid);
-      if constexpr (kHiLo) cpl.issue_lo(sbase_a + i * STG, lo_next);
+      if constexpr (kHiLo) cpl.issue_lo(sbase_a + i * STG, lo_next, slot_next, lane);
     }
     cp_async_commit();
     slot_next += slot_stride;
@@ -185,8 +199,7 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
   const std::uint32_t lo_kd = static_cast<std::uint32_t>(wg::desc(sbase_a + wg::OFF_KD, 2048, 1024));
   const std::uint32_t lo_ph = static_cast<std::uint32_t>(wg::desc(sbase_a + wg::OFF_PH, 16, 1024));
   const std::uint32_t lo_pl = static_cast<std::uint32_t>(wg::desc(sbase_a + wg::OFF_PL, 16, 1024));
-  // the accurate precision: Qg lo (K-major, as P), Kd lo (MN-major, as Kd)
-  const std::uint32_t lo_ql = static_cast<std::uint32_t>(wg::desc(sbase_a + wg::OFF_QL, 16, 1024));
+  // the accurate precision: Kd lo (MN-major, as Kd)
   const std::uint32_t lo_kl = static_cast<std::uint32_t>(wg::desc(sbase_a + wg::OFF_KL, 2048, 1024));
   auto dsc = [hi_k](std::uint32_t lo) { return (static_cast<std::uint64_t>(hi_k) << 32) | lo; };
 
@@ -221,85 +234,79 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
     }
     wg::fence_async_smem();
     __syncthreads();  // every thread's W, Qg, Kd, P copies of this chunk, for the wgmma
-    // ---- [1] D^T and o^T's Qg part: one m64n32 chain over [W; Qg]^T, A = S^T's bf16 k-tiles ----
+    if constexpr (kHiLo) {  // the value scale (CTA-uniform): the exponent of this chunk's max |U|, and every
+                            // kda_value_scale_period chunks that of max |S| (which may lower it); S^T rescaled
+      int xn = wg::value_exp(*reinterpret_cast<const std::uint32_t*>(st + wg::OFF_MU + 16 * warp));
+      if (c % kda_value_scale_period == 0) {
+        const std::uint32_t m = max(max(smax[0], smax[1]), max(smax[2], smax[3]));  // of sigma S: exponent + ex
+        xn = max(xn, m == 0 ? -125 : min(max(static_cast<int>(m >> 23) - 126 + ex, -125), 126));
+      } else {
+        xn = max(xn, ex);
+      }
+      if (xn != ex) {  // S^T times 2^(ex - xn), in two exact halves (each within fp32's exponents)
+        const int dx = ex - xn;
+        const float r1 = wg::exp2i(dx / 2), r2 = wg::exp2i(dx - dx / 2);
+#pragma unroll
+        for (int e = 0; e < 64; ++e) Sacc[e] = Sacc[e] * r1 * r2;
+        ex = xn;
+        sig = wg::exp2i(-ex);
+        oscale = p.scale * wg::exp2i(ex);
+      }
+    }
+    // ---- [1] D^T and o^T's Qg part: one m64n32 chain over [W; Qg]^T, A = S^T's bf16 (fp16) k-tiles ----
+    const auto pack = [](float a, float b) { return kHiLo ? pack_f16(a, b) : pack_bf16(a, b); };
     std::uint32_t as[8][4];
 #pragma unroll
     for (int kt = 0; kt < 8; ++kt) {
-      as[kt][0] = pack_bf16(Sacc[8 * kt + 0], Sacc[8 * kt + 1]);
-      as[kt][1] = pack_bf16(Sacc[8 * kt + 2], Sacc[8 * kt + 3]);
-      as[kt][2] = pack_bf16(Sacc[8 * kt + 4], Sacc[8 * kt + 5]);
-      as[kt][3] = pack_bf16(Sacc[8 * kt + 6], Sacc[8 * kt + 7]);
+      as[kt][0] = pack(Sacc[8 * kt + 0], Sacc[8 * kt + 1]);
+      as[kt][1] = pack(Sacc[8 * kt + 2], Sacc[8 * kt + 3]);
+      as[kt][2] = pack(Sacc[8 * kt + 4], Sacc[8 * kt + 5]);
+      as[kt][3] = pack(Sacc[8 * kt + 6], Sacc[8 * kt + 7]);
     }
     // the decay of S^T: ptxas injects a wgmma wait before any access to a wgmma accumulator register (Sacc, ot) while a
-    // wgmma is pending, so nothing of S^T or o^T can run in the chain's shadow. The fast precision decays before the
-    // chain is issued; the accurate one after it, since its tf32 product reads S^T's undecayed accumulators as A.
-    const auto decay = [&] {
+    // wgmma is pending, so nothing of S^T or o^T can run in the chain's shadow: it runs before the chain is issued
+    // (the chain reads the packed copy, undecayed)
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        const float2 g = g2[j];
-        Sacc[4 * j + 0] *= g.x;
-        Sacc[4 * j + 1] *= g.y;
-        Sacc[4 * j + 2] *= g.x;
-        Sacc[4 * j + 3] *= g.y;
-      }
-    };
-    if constexpr (!kHiLo) decay();
-    float dq[kHiLo ? 8 : 16];  // dq[0..7] = S^T W^T (r = 0..15), fast: dq[8..15] = S^T Qg^T; written by the first wgmma
-    float oq[kHiLo ? 8 : 1];   // the accurate precision: S^T Qg^T in tf32 (the m64n16 layout of dq[8..15])
-    wg::wgmma_fence();
-    if constexpr (kHiLo) {
-      // W S: rows 0..15 of the [W; Qg] blocks, one bf16 product as in the fast precision
-      wg::mma_n16<0>(dq, as[0], dsc(lo_wq + so));
-#pragma unroll
-      for (int kt = 1; kt < 8; ++kt) wg::mma_n16(dq, as[kt], dsc(lo_wq + so + ((kt / 4) * 4096 + (kt % 4) * 32) / 16));
-      // Qg S in tf32: 16 k-steps of 8 keys, A = S^T's accumulators (keys 8 j + 2 tq, + 1 are the logical keys tq,
-      // tq + 4 of the slot's key order, prepare_phases.cuh store_qg_tf32_perm), B = Qg's four [16 x 32 fp32] blocks:
-      // rows 16..31 of the two [W; Qg] blocks (keys 0..63), then the two lo blocks (keys 64..127)
-#pragma unroll
-      for (int kt = 0; kt < 16; ++kt) {
-        const std::uint32_t off = kt < 8 ? lo_wq + so + ((kt / 4) * 4096 + 2048 + (kt % 4) * 32) / 16
-                                         : lo_ql + so + (((kt - 8) / 4) * 2048 + (kt % 4) * 32) / 16;
-        if (kt == 0) wg::mma_n16_tf32<0>(oq, Sacc[0], Sacc[2], Sacc[1], Sacc[3], dsc(off));
-        else wg::mma_n16_tf32(oq, Sacc[4 * kt], Sacc[4 * kt + 2], Sacc[4 * kt + 1], Sacc[4 * kt + 3], dsc(off));
-      }
-    } else {
-      wg::mma_n32<0>(dq, as[0], dsc(lo_wq + so));
-#pragma unroll
-      for (int kt = 1; kt < 8; ++kt) wg::mma_n32(dq, as[kt], dsc(lo_wq + so + ((kt / 4) * 4096 + (kt % 4) * 32) / 16));
+    for (int j = 0; j < 16; ++j) {
+      const float2 g = g2[j];
+      Sacc[4 * j + 0] *= g.x;
+      Sacc[4 * j + 1] *= g.y;
+      Sacc[4 * j + 2] *= g.x;
+      Sacc[4 * j + 3] *= g.y;
     }
+    float dq[16];  // dq[0..7] = S^T W^T (r = 0..15), dq[8..15] = S^T Qg^T; written by the first wgmma
+    wg::wgmma_fence();
+    wg::mma_n32<0, kHiLo>(dq, as[0], dsc(lo_wq + so));
+#pragma unroll
+    for (int kt = 1; kt < 8; ++kt)
+      wg::mma_n32<1, kHiLo>(dq, as[kt], dsc(lo_wq + so + ((kt / 4) * 4096 + (kt % 4) * 32) / 16));
     wg::wgmma_commit();
     wg::wgmma_wait<0>();
 #pragma unroll
-    for (int e = 0; e < (kHiLo ? 8 : 16); ++e) wg::fence_reg(dq[e]);
-    if constexpr (kHiLo) {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) wg::fence_reg(oq[e]);
-#pragma unroll
-      for (int e = 0; e < 64; ++e) wg::fence_reg(Sacc[e]);
-      decay();
-    }
+    for (int e = 0; e < 16; ++e) wg::fence_reg(dq[e]);
     float ot[8];  // o^T (a copy: accumulating the P D wgmma onto dq[8..15] in place makes ptxas serialise every wgmma
                   // for lack of registers (C7511); the copy costs one injected warpgroup.arrive, as with descriptors rebuilt per wgmma)
 #pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      if constexpr (kHiLo) ot[e] = oq[e];
-      else ot[e] = dq[8 + e];
-    }
+    for (int e = 0; e < 8; ++e) ot[e] = dq[8 + e];
     // ---- [2] D^T = U^T - S^T W^T (dq[4 nt + e]: v = gq + 8 (e >> 1), r = 8 nt + 2 tq + (e & 1)), hi / lo ----
-    float d[8];
+    float d[8];  // (the accurate precision: sigma U^T - S^T W^T, sigma U exact)
 #pragma unroll
-    for (int e = 0; e < 8; ++e) d[e] = u[e] - dq[e];
-    std::uint32_t ad[4], adl[4];
+    for (int e = 0; e < 8; ++e) d[e] = kHiLo ? fmaf(sig, u[e], -dq[e]) : u[e] - dq[e];
+    std::uint32_t ad[4], adl[4], ad16[kHiLo ? 4 : 1];
+    if constexpr (kHiLo)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) ad16[e] = pack_f16(d[2 * e], d[2 * e + 1]);
     split_bf16(d[0], d[1], ad[0], adl[0]);
     split_bf16(d[2], d[3], ad[1], adl[1]);
     split_bf16(d[4], d[5], ad[2], adl[2]);
     split_bf16(d[6], d[7], ad[3], adl[3]);
     // ---- [3] S^T <- Diag(gam_n) S^T + D^T Kd; o^T += D^T P^T (Phi Dhi + Phi Dlo + Plo Dhi) ----
     wg::wgmma_fence();
-    wg::mma_n128_t(Sacc, ad, dsc(lo_kd + so));
     if constexpr (kHiLo) {
-      wg::mma_n128_t(Sacc, adl, dsc(lo_kd + so));
-      wg::mma_n128_t(Sacc, ad, dsc(lo_kl + so));
+      wg::mma_n128_t<true>(Sacc, ad16, dsc(lo_kd + so));
+      wg::mma_n128_t<true>(Sacc, ad16, dsc(lo_kl + so));
+    } else {
+      wg::mma_n128_t(Sacc, ad, dsc(lo_kd + so));
     }
     wg::mma_n16(ot, ad, dsc(lo_ph + so));
     wg::mma_n16(ot, adl, dsc(lo_ph + so));
@@ -309,7 +316,7 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
     // and every thread is past this step's barrier)
     if (c + NST - 1 < nch) {
       cpl.issue(sbase_a + s_next * STG, slot_next, tid);
-      if constexpr (kHiLo) cpl.issue_lo(sbase_a + s_next * STG, lo_next);
+      if constexpr (kHiLo) cpl.issue_lo(sbase_a + s_next * STG, lo_next, slot_next, lane);
     }
     cp_async_commit();
     slot_next += slot_stride;
@@ -327,7 +334,10 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
     for (int e = 0; e < 4; ++e) {
       wg::fence_reg(ad[e]);
       wg::fence_reg(adl[e]);
+      if constexpr (kHiLo) wg::fence_reg(ad16[e]);
     }
+    if constexpr (kHiLo)
+      if ((c + 1) % kda_value_scale_period == 0) take_smax();  // for chunk c + 1's value scale
     // ---- [4] o rows 8 nt + 2 tq (+ 1), columns v0 + gq (+ 8): lane pairs (gq, gq ^ 1) exchange so that the even-gq
     // lane stores row 8 nt + 2 tq and the odd one row 8 nt + 2 tq + 1, each as (v, v + 1) bf16 pairs ----
     const int nvalid = min(C, sq.len - c * C);
@@ -335,7 +345,7 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
       for (int vh = 0; vh < 2; ++vh) {
-        const float x0 = p.scale * ot[4 * nt + 2 * vh], x1 = p.scale * ot[4 * nt + 2 * vh + 1];  // rows r0, r0 + 1
+        const float x0 = oscale * ot[4 * nt + 2 * vh], x1 = oscale * ot[4 * nt + 2 * vh + 1];  // rows r0, r0 + 1
         const float recv = __shfl_xor_sync(0xffffffffu, odd ? x0 : x1, 4);
         const std::uint32_t val = odd ? pack_bf16(recv, x1) : pack_bf16(x0, recv);
         if (8 * nt + orow < nvalid) *reinterpret_cast<std::uint32_t*>(o_next + nt * o8 + 8 * vh) = val;
@@ -348,7 +358,8 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
     for (int j = 0; j < 16; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e)
-        p.S_final[sb + (8 * j + 2 * tq + (e & 1)) * D + v0 + gq + 8 * (e >> 1)] = Sacc[4 * j + e];
+        p.S_final[sb + (8 * j + 2 * tq + (e & 1)) * D + v0 + gq + 8 * (e >> 1)] = kHiLo ? Sacc[4 * j + e] * wg::exp2i(ex)
+                                                                                       : Sacc[4 * j + e];
   }
 }
 }  // namespace

@@ -352,11 +352,11 @@ TEST_CASE("the full parity config is valid", "[parity]") {
 }
 
 TEST_CASE("parity --inputs: each input kind is its own grid point, named in the generator column; plan-hilo and "
-          "plan-f16 rows",
+          "plan-accurate rows",
           "[parity]") {
   TempDir d;
   const auto r = run_kdalab("parity --T 64 --dk 128 --dv 128 --inputs anchor,long-memory --impl twin-bf16 "
-                            "--state-precision fp32 --matmul-precision plan,plan-hilo,plan-f16 --truth f64 --quiet "
+                            "--state-precision fp32 --matmul-precision plan,plan-hilo,plan-accurate --truth f64 --quiet "
                             "--out " + d.file("p.h5"));
   INFO(r.output);
   REQUIRE(r.code == 0);
@@ -366,8 +366,8 @@ TEST_CASE("parity --inputs: each input kind is its own grid point, named in the 
   REQUIRE(gen.size() == 6);  // 2 input kinds x 3 matmul plans
   CHECK(gen == std::vector<std::string>{"anchor-kda", "anchor-kda", "anchor-kda", "anchor-kda(inputs=long-memory)",
                                         "anchor-kda(inputs=long-memory)", "anchor-kda(inputs=long-memory)"});
-  CHECK(mm == std::vector<std::string>{"plan", "plan-hilo", "plan-f16", "plan", "plan-hilo", "plan-f16"});
-  // long-memory inputs: the kernel plan misses the o goal, the hi/lo and fp16 plans meet it (numerics/kda_twin.hpp)
+  CHECK(mm == std::vector<std::string>{"plan", "plan-hilo", "plan-accurate", "plan", "plan-hilo", "plan-accurate"});
+  // long-memory inputs: the kernel plan misses the o goal, the hi/lo and accurate plans meet it (numerics/kda_twin.hpp)
   CHECK(err.data[3] > tol::kda_bf16_goal.value);
   CHECK(err.data[4] <= tol::kda_bf16_goal.value);
   CHECK(err.data[5] <= tol::kda_bf16_goal.value);

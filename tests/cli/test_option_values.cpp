@@ -220,10 +220,10 @@ TEST_CASE("parity messages name the option, the value and what is accepted", "[p
        {"--g-min: -1e+39 is not accepted with --impl float32", "3.40282e+38", "<= g_min < 0"}},
       {"--g-min -1e39 --impl float64,float32-chunk", {"--g-min: -1e+39 is not accepted with --impl float32"}},
       // was "... accepted: bf16, fp16, tf32, fp32, fp64": fp64 is refused, plan was missing
-      {"--matmul-precision PLAN", {"--matmul-precision: 'PLAN' is not accepted; accepted: plan, plan-hilo, plan-f16, "
+      {"--matmul-precision PLAN", {"--matmul-precision: 'PLAN' is not accepted; accepted: plan, plan-hilo, plan-accurate, "
                                    "bf16, fp16, tf32, fp32\n"}},
       {"--matmul-precision fp64", {"--matmul-precision: 'fp64' is not a tensor-core format; accepted: plan, plan-hilo, "
-                                   "plan-f16, bf16, fp16, tf32, fp32\n"}},
+                                   "plan-accurate, bf16, fp16, tf32, fp32\n"}},
       {"--inputs long_memory", {"--inputs: 'long_memory' is unknown; accepted: anchor, long-memory, collinear-keys, "
                                 "collinear-keys-slow-decay, identical-keys\n"}},
       {"--state-precision fp16", {"--state-precision: 'fp16' is not accepted; accepted: fp32, bf16\n"}},

@@ -96,7 +96,11 @@ struct PrefillCase {
   int qk_log2 = 0;  // raw q, k times 2^qk_log2 (exact in bf16) before the fused L2Norm: +-66 overflows / underflows
                     // the squared norm in fp32, which must not change the normalised q, k
   KdaPrecision precision = KdaPrecision::fast;  // accurate: o <= 2.0e-3 and S_final <= 2.5e-3 on every input kind,
-                                                // the twin's kda_plan_state_qs_tf32() within 10%
+                                                // the twin's kda_plan_state_f16() within 10%
+  int v_log2 = 0, S0_log2 = 0;  // v and S0 times 2^v_log2, S0 also times 2^S0_log2 (exact): the accurate precision's
+                                // value scale must keep fp16 in range whatever their magnitude
+  int v_ramp = 0;               // v of chunk c (16 tokens) times 2^(v_ramp c): the value scale rises chunk by chunk
+  int v_chunk0_log2 = 0;        // v of chunk 0 also times 2^v_chunk0_log2: an outlier the value scale must come down from
   InputKind kind = InputKind::anchor;  // other kinds (numerics/kda_inputs.hpp, HV = H): kda_inputs(), no fast-mode goal
   BetaDist beta = BetaDist::sigmoid;
 
@@ -114,6 +118,10 @@ struct PrefillCase {
     if (beta != BetaDist::sigmoid) s += " beta=" + beta_dist_name(beta);
     if (precision == KdaPrecision::accurate) s += " accurate";
     if (qk_log2 != 0) s += " qk*2^" + std::to_string(qk_log2);
+    if (v_log2 != 0) s += " v*2^" + std::to_string(v_log2);
+    if (S0_log2 != 0) s += " S0*2^" + std::to_string(v_log2 + S0_log2);
+    if (v_ramp != 0) s += " v*2^(" + std::to_string(v_ramp) + " chunk)";
+    if (v_chunk0_log2 != 0) s += " chunk 0 v*2^" + std::to_string(v_chunk0_log2);
     s += plan.schedule == KdaSchedule::segments ? " segments P=" + std::to_string(plan.segments)
                                                 : std::string(" ") + pass_name(plan.state_pass);
     return s;
@@ -157,6 +165,8 @@ PrefillCase with_plan(PrefillCase c, const Overrides& plan) {
   c.plan = plan;
   return c;
 }
+static_assert(kernels::kda_value_scale_period == static_cast<int>(kda_value_scale_period),
+              "the kernel's and the twin's value-scale period");
 PrefillCase accurate(PrefillCase c) {
   c.precision = KdaPrecision::accurate;
   return c;
@@ -291,6 +301,11 @@ void check_prefill(const PrefillCase& c) {
   }
   if (c.long_memory) make_long_memory(in);
   scale_raw_qk(in, c.qk_log2);
+  for (auto& x : in.S0.data) x = std::ldexp(x, c.v_log2 + c.S0_log2);
+  for (std::size_t i = 0; i < in.v.data.size(); ++i) {  // v [B, T, HV, D]
+    const std::size_t t = i / (in.HV * in.d_v) % in.T;
+    in.v.data[i] = std::ldexp(in.v.data[i], c.v_log2 + c.v_ramp * static_cast<int>(t / 16) + (t < 16 ? c.v_chunk0_log2 : 0));
+  }
   const std::size_t D = c.D, HV = in.HV;
   std::optional<VarlenBatch> vb;
   if (!c.lens.empty()) vb.emplace(in, c.lens, fresh_seed());  // one S0 per sequence, written into in.S0 before the upload
@@ -354,7 +369,7 @@ void check_prefill(const PrefillCase& c) {
   std::string extra;
   // the twin: the same algorithm and precisions on the CPU, with the plan's segment count
   if (c.twin_o || c.twin_S) {
-    KdaTwinPlan tp = acc ? kda_plan_state_qs_tf32() : kda_plan_kernel();
+    KdaTwinPlan tp = acc ? kda_plan_state_f16() : kda_plan_kernel();
     tp.use_S0 = c.S0;
     if (c.plan.schedule == KdaSchedule::segments) tp.segments = static_cast<std::size_t>(c.plan.segments);
     const auto tw = kda_twin(in, tp);
@@ -542,11 +557,31 @@ std::vector<PrefillCase> accurate_cases() {
   v.push_back(o);
   v.push_back(accurate(varlen({37, 16, 100, 1})));
   v.push_back(accurate(varlen({1, 1, 5, 31, 17, 1})));
+  // the value scale: v and S0 far outside fp16's range, S0 above or below v, v rising chunk by chunk
+  // and an outlier chunk (v at 2^16 times the rest) it must come down from, T = 400 and across the overlapped
+  // schedule's parts (the same bits as one pass)
+  for (const auto& e : {std::array<int, 4>{40, 0, 0, 0}, {-40, 0, 0, 0}, {0, 12, 0, 0}, {0, -20, 0, 0}, {-30, 0, 3, 0},
+                        {0, 0, 0, 16}}) {
+    PrefillCase c = accurate(shape(2, e[3] ? 400 : 200, 1, 2, true));
+    c.v_log2 = e[0];
+    c.S0_log2 = e[1];
+    c.v_ramp = e[2];
+    c.v_chunk0_log2 = e[3];
+    c.twin_o = c.twin_S = true;
+    c.per_sequence = true;
+    v.push_back(c);
+  }
+  PrefillCase ol = accurate(shape(1, 8200, 1, 2, true));
+  ol.v_chunk0_log2 = 16;
+  ol.expect_overlapped = ol.single_stream_same = true;
+  ol.twin_o = ol.twin_S = true;
+  v.push_back(ol);
   return v;
 }
 
 TEST_CASE("accurate precision (D = 128): o <= 2.0e-3 and S_final <= 2.5e-3 on anchor, long-memory and collinear-key "
-          "inputs, the twin's plan (Qg S in tf32, Kd^T D hi + lo) within 10%; shapes, varlen, the overlapped schedule",
+          "inputs, the twin's plan (fp16 products, Kd hi + lo, values scaled) within 10%; shapes, varlen, the overlapped "
+          "schedule, v and S0 far outside fp16's range",
           "[gpu][kda][accurate]") {
   for (const PrefillCase& c : accurate_cases()) check_prefill(c);
 }
