@@ -140,6 +140,14 @@ struct KdaTwinPlan {
   /// 2^(e_old - e_new) (a power of two: exact in fp32 above its subnormals); D = sigma U - W S; o and the final state
   /// are divided by sigma. One-segment passes only (segments < 2).
   bool value_scale = false;
+  /// Kd^T D with Kd as hi + lo (split.kd_Kd, D unsplit, value_scale): chunk c's lo product Kd_lo^T D waits for chunk
+  /// c + 1, where it is added to S after chunk c + 1's decay (so it is not decayed by that chunk's gate) together with
+  /// chunk c + 1's update, and chunk c + 1's reads of S (W S, Qg S) do not see it; D is kept in fp32 until then
+  /// (multiplied by any change of the value scale) and rounded to the product's format there. The pass's last chunk
+  /// and every chunk c with (c + 1) a multiple of kda_value_scale_period add their lo product at once, so that the
+  /// look at S and the overlapped schedule's parts see S whole. The CUDA accurate kernel does this to take the lo
+  /// product off the chunk-to-chunk path (it runs beside W S, Qg S).
+  bool kd_lo_delayed = false;
 };
 
 /// The plan the CUDA prefill kernel runs (see file comment for its measured errors).
@@ -175,13 +183,23 @@ inline KdaTwinPlan kda_plan_state_qs_tf32() {
 /// three state products with fp16 operands (11 significant bits, the cost of bf16 on the tensor cores), Kd in Kd^T D
 /// as fp16 hi + lo (two products), the values carried scaled (value_scale) for fp16's range. On the study's inputs o
 /// is at or below kda_plan_state_qs_tf32()'s and the state within the goal; Kd as one fp16 part misses the state goal
-/// on collinear keys with slow decay (as tf32 does). The plan of the CUDA kernel's accurate precision
-/// (KdaPrecision::accurate).
+/// on collinear keys with slow decay (as tf32 does). The CUDA kernel's accurate precision runs it with the lo product
+/// delayed (kda_plan_state_f16_lo_late()).
 inline KdaTwinPlan kda_plan_state_f16() {
   KdaTwinPlan p;
   p.ws = p.qs = p.kd = Format::fp16;
   p.split.kd_Kd = true;
   p.value_scale = true;
+  return p;
+}
+/// The plan of the CUDA kernel's accurate precision (KdaPrecision::accurate; docs/kernels/kda_prefill.md, "The lo
+/// product beside the next chunk's reads"): kda_plan_state_f16() with Kd's lo product delayed by one chunk
+/// (kd_lo_delayed). On the study's inputs o stays under the 2.0e-3 goal (collinear keys with slow decay at
+/// T = 2048: 1.81e-3 against 1.69e-3 undelayed; 1.61e-3 .. 1.81e-3 on every row of the study up to T = 65536) and
+/// the state under 9e-4.
+inline KdaTwinPlan kda_plan_state_f16_lo_late() {
+  KdaTwinPlan p = kda_plan_state_f16();
+  p.kd_lo_delayed = true;
   return p;
 }
 /// Every format float64: the twin then equals reference/kda.hpp kda_recurrent up to rounding order.
@@ -249,6 +267,9 @@ inline KdaOutput<double> kda_twin(const KdaInputs& in, const KdaTwinPlan& p) {
               "; accepted: qs_S_truncate with qs = tf32, neither operand split");
   require(!p.value_scale || p.segments < 2,
           "kda_twin: value_scale with segments = " + std::to_string(p.segments) + "; accepted: segments < 2");
+  require(!p.kd_lo_delayed || (p.value_scale && p.split.kd_Kd && !p.split.kd_D && p.kd != Format::fp64),
+          "kda_twin: kd_lo_delayed without value_scale, split.kd_Kd alone and a rounded kd; accepted: kd_lo_delayed "
+          "with value_scale, split.kd_Kd, !split.kd_D, kd != fp64");
   const std::size_t B = in.B, T = in.T, H = in.H, HV = in.HV, dk = in.d_k, dv = in.d_v, C = p.chunk;
   require(B >= 1 && T >= 1 && H >= 1 && HV >= 1 && dk >= 1 && dv >= 1 && HV % H == 0,
           "kda_twin: empty shape or HV not a multiple of H (B=" + std::to_string(B) + ", T=" + std::to_string(T) +
@@ -284,6 +305,9 @@ inline KdaOutput<double> kda_twin(const KdaInputs& in, const KdaTwinPlan& p) {
   // KdaTwinPlan::value_scale: sigma per value column (1 otherwise) and the exponent e per block of 64 columns
   std::vector<double> usc(std::max(dk, dv), 1.0);
   std::vector<int> sexp((dv + 63) / 64, 0);
+  // KdaTwinPlan::kd_lo_delayed: the waiting chunk's Kd lo parts (n rows of dk) and D (n rows of dv, fp32 values)
+  std::vector<double> pend_kl, pend_D;
+  std::size_t pend_n = 0;
   const auto scale_exp = [](double m) {
     if (!(m > 0)) return -125;
     int x = 0;
@@ -305,6 +329,7 @@ inline KdaOutput<double> kda_twin(const KdaInputs& in, const KdaTwinPlan& p) {
       const double ratio = std::ldexp(1.0, sexp[bl] - x);
       sexp[bl] = x;
       for (std::size_t j = j0; j < j1; ++j) {
+        for (std::size_t r = 0; r < pend_n; ++r) pend_D[r * dv + j] = rnd(pend_D[r * dv + j] * ratio, fa);
         usc[j] = std::ldexp(1.0, -x);
         for (std::size_t i = 0; i < dk; ++i) Sx[i * dv + j] = rnd(Sx[i * dv + j] * ratio, p.state);
       }
@@ -435,6 +460,35 @@ inline KdaOutput<double> kda_twin(const KdaInputs& in, const KdaTwinPlan& p) {
     // ---- S <- Diag(gam_n) S + Kd^T D ----
     // (both operands split: hi hi + hi lo + lo hi, the lo lo term dropped as the kernel's P D does)
     const bool kd_both = p.split.kd_D && p.split.kd_Kd && p.kd != Format::fp64;
+    if (p.kd_lo_delayed && write_o) {  // KdaTwinPlan::kd_lo_delayed (the main pass; nc = dv)
+      const std::size_t c = t0 / C;
+      const bool now = t0 + n >= T || (c + 1) % kda_value_scale_period == 0;
+      op1.assign(n * dk, 0.0);
+      op1l.assign(n * dk, 0.0);
+      for (std::size_t i = 0; i < n * dk; ++i) {
+        op1[i] = rnd(Kd[i], p.kd);
+        op1l[i] = rnd(Kd[i] - op1[i], p.kd);
+      }
+      op2 = Dl;
+      rnd_all(op2, p.kd);
+      for (std::size_t i = 0; i < dk; ++i) {
+        const double gn = so.gn[i];
+        for (std::size_t j = 0; j < nc; ++j) {
+          double acc = 0;
+          for (std::size_t r = 0; r < n; ++r) acc += op1[r * dk + i] * op2[r * nc + j];
+          if (now)
+            for (std::size_t r = 0; r < n; ++r) acc += op1l[r * dk + i] * op2[r * nc + j];
+          for (std::size_t r = 0; r < pend_n; ++r) acc += pend_kl[r * dk + i] * rnd(pend_D[r * nc + j], p.kd);
+          Sx[i * nc + j] = rnd(rnd(gn * Sx[i * nc + j], fa) + rnd(acc, fa), p.state);
+        }
+      }
+      pend_n = now ? 0 : n;
+      if (!now) {
+        pend_kl = op1l;
+        pend_D.assign(Dl.begin(), Dl.begin() + static_cast<std::ptrdiff_t>(n * nc));
+      }
+      return;
+    }
     if (kd_both) {
       twin_detail::split_all(Kd, p.kd, op1, op1l);
       twin_detail::split_all(Dl, p.kd, op2, op2l);

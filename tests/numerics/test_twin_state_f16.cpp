@@ -1,7 +1,9 @@
 // The fp16 plan for the KDA state pass's accurate precision, decided on the twin (numerics/kda_twin.hpp
 // kda_plan_state_f16(); docs/kernels/kda_prefill.md, "fp16 state products"): W S, Qg S and Kd^T D with fp16 operands
 // (the tensor-core cost of bf16, 3 more significant bits), Kd as fp16 hi + lo, the values carried scaled by a power of
-// two for fp16's range. The visible cases hold the plan to the goals and to the scale; the hidden one prints the table.
+// two for fp16's range; and its form with Kd's lo product a chunk late, kda_plan_state_f16_lo_late(). The visible
+// cases hold the plans to the goals, to the scale and to the cut of the overlapped schedule; the hidden one prints the
+// table.
 #include <cmath>
 #include <cstdio>
 
@@ -21,6 +23,24 @@ KdaTwinPlan plan_f16_kd_single() {
   p.split.kd_Kd = false;
   return p;
 }
+/// Tokens [t0, t1) of `in` (every per-token tensor; the per-head ones and S0 as they are).
+KdaInputs token_range(const KdaInputs& in, std::size_t t0, std::size_t t1) {
+  KdaInputs out = in;
+  out.T = t1 - t0;
+  for (auto [src, dst] : {std::pair{&in.q_raw, &out.q_raw}, {&in.k_raw, &out.k_raw}, {&in.v, &out.v},
+                          {&in.g_raw, &out.g_raw}, {&in.beta_raw, &out.beta_raw}, {&in.q, &out.q}, {&in.k, &out.k},
+                          {&in.g, &out.g}, {&in.beta, &out.beta}}) {
+    std::vector<std::size_t> shape = src->shape;
+    const std::size_t row = src->numel() / (shape[0] * shape[1]);  // values per (b, t)
+    shape[1] = out.T;
+    *dst = Tensor<double>(shape);
+    for (std::size_t b = 0; b < shape[0]; ++b)
+      for (std::size_t t = t0; t < t1; ++t)
+        for (std::size_t x = 0; x < row; ++x)
+          dst->data[(b * out.T + (t - t0)) * row + x] = src->data[(b * in.T + t) * row + x];
+  }
+  return out;
+}
 }  // namespace twin_f16_test
 using namespace twin_f16_test;
 
@@ -31,14 +51,45 @@ TEST_CASE("twin: fp16 state products with Kd as hi + lo meet the o and state goa
 }
 
 TEST_CASE("twin: Kd as one fp16 part misses the state goal on collinear keys with slow decay, which its hi + lo "
-          "meets",
+          "meets, with its lo product at once or a chunk late",
           "[twin]") {
   const KdaInputs in = kind_inputs({InputKind::collinear_keys_slow_decay, 2048, 1, BetaDist::one});
   const auto ref = truth(in);
   const PlanErrs two = plan_errs(in, ref, kda_plan_state_f16()), one = plan_errs(in, ref, plan_f16_kd_single());
-  CAPTURE(two.o, two.S, one.o, one.S);
+  const PlanErrs late = plan_errs(in, ref, kda_plan_state_f16_lo_late());
+  CAPTURE(two.o, two.S, late.o, late.S, one.o, one.S);
   CHECK(two.S <= tol::kda_state_goal.value);
+  CHECK(late.S <= tol::kda_state_goal.value);
+  CHECK(late.o <= tol::kda_bf16_goal.value);
   CHECK(one.S > tol::kda_state_goal.value);
+}
+
+TEST_CASE("twin: the fp16 plan with Kd's lo product a chunk late meets the o and state goals on "
+          "long-memory and near-collinear inputs, within 1.1x of the fp16 plan's o",
+          "[twin]") {
+  twin_test::check_goals_beside(kda_plan_state_f16_lo_late(), kda_plan_state_f16(), 1.1);
+}
+
+TEST_CASE("twin: with Kd's lo product a chunk late, a sequence cut after a multiple of kda_value_scale_period chunks "
+          "and continued from its final state gives the bits of one pass (the overlapped schedule's parts)",
+          "[twin]") {
+  for (const InputKind kind : {InputKind::anchor, InputKind::collinear_keys_slow_decay}) {
+    const KdaInputs in = kind_inputs({kind, 200, 1, BetaDist::sigmoid});
+    const std::size_t cut = 16 * kda_value_scale_period;  // 128 tokens
+    const auto whole = kda_twin(in, kda_plan_state_f16_lo_late());
+    const auto first = kda_twin(token_range(in, 0, cut), kda_plan_state_f16_lo_late());
+    KdaInputs rest = token_range(in, cut, in.T);
+    rest.S0 = first.S_final;
+    const auto second = kda_twin(rest, kda_plan_state_f16_lo_late());
+    const std::size_t dv = in.d_v;
+    bool same_o = true;
+    for (std::size_t i = 0; i < second.o.data.size(); ++i)
+      same_o = same_o && second.o.data[i] == whole.o.data[cut * dv + i];
+    for (std::size_t i = 0; i < first.o.data.size(); ++i) same_o = same_o && first.o.data[i] == whole.o.data[i];
+    CAPTURE(input_kind_name(kind));
+    CHECK(same_o);
+    CHECK(second.S_final.data == whole.S_final.data);
+  }
 }
 
 TEST_CASE("twin: the fp16 plan's value scale gives v and S0 at 2^40 and 2^-40 the errors of the unscaled inputs; "
@@ -81,14 +132,16 @@ TEST_CASE("twin: after an outlier chunk (v at 2^16 and 2^20 times the rest) the 
 }
 
 TEST_CASE("twin study: fp16 state products against the tf32 plan (prints the table)", "[.][twin-study]") {
-  std::printf("input (T, H, beta) | tf32 plan o (S) | fp16, Kd hi + lo o (S) | fp16, Kd one part o (S)\n");
+  std::printf("input (T, H, beta) | tf32 plan o (S) | fp16, Kd hi + lo o (S) | fp16, Kd one part o (S) | fp16, Kd lo a "
+              "chunk late (the kernel's) o (S)\n");
   for (const KindRow& r : twin_test::study_rows()) {
     const KdaInputs in = kind_inputs(r);
     const auto ref = truth(in);
     const PlanErrs a = plan_errs(in, ref, kda_plan_state_qs_tf32()), b = plan_errs(in, ref, kda_plan_state_f16()),
-                  c = plan_errs(in, ref, plan_f16_kd_single());
-    std::printf("%s (%zu, %zu, %s) | %.3e (%.2e) | %.3e (%.2e) | %.3e (%.2e)\n", input_kind_name(r.kind).c_str(), r.T,
-                r.H, beta_dist_name(r.beta).c_str(), a.o, a.S, b.o, b.S, c.o, c.S);
+                  c = plan_errs(in, ref, plan_f16_kd_single()), d = plan_errs(in, ref, kda_plan_state_f16_lo_late());
+    std::printf("%s (%zu, %zu, %s) | %.3e (%.2e) | %.3e (%.2e) | %.3e (%.2e) | %.3e (%.2e)\n",
+                input_kind_name(r.kind).c_str(), r.T, r.H, beta_dist_name(r.beta).c_str(), a.o, a.S, b.o, b.S, c.o, c.S,
+                d.o, d.S);
     std::fflush(stdout);
   }
 }
