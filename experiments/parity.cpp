@@ -16,7 +16,7 @@
 //              precision, matmul precision); matmul "plan" is the CUDA kernel's chosen plan
 //              (kda_plan_kernel(): intra-chunk products fp32, the three d_k x d_v products bf16),
 //              "plan-hilo" is that plan with Qg S and Kd^T D carried as bf16 hi + lo (kda_plan_state_hilo()),
-//              "plan-accurate" the kernel's accurate precision (kda_plan_state_f16_lo_late()),
+//              "plan-accurate" the kernel's accurate precision (kda_plan_state_f16()),
 //              "bf16"/"fp16"/"tf32"/"fp32" put every product's operands in that format
 //   cuda-bf16  the CUDA prefill kernel (kernels/kda.hpp), only when kdalab was built with CUDA and a
 //              GPU is present, bounded gate, C = 16, D = 128, HV = H; other points are skipped with a note
@@ -154,10 +154,10 @@ ImplOut run_chunked(const KdaInputs& in, std::size_t C, const std::string& fmt_n
 /// bf16 q_raw/k_raw/v/g_raw/beta_raw, L2Norm, gate and beta sigmoid fused (the softplus gate is
 /// not fused in the kernel: its rows read the derived g), chunk C, state format `state`, matmul
 /// operands per `matmul` ("plan" = kda_plan_kernel(), "plan-hilo" = kda_plan_state_hilo(), "plan-accurate" =
-/// kda_plan_state_f16_lo_late(), else every product in that format), o bf16.
+/// kda_plan_state_f16(), else every product in that format), o bf16.
 ImplOut run_twin(const KdaInputs& in, GateKind gate, std::size_t C, Format state, const std::string& matmul) {
   KdaTwinPlan p = matmul == "plan-hilo"       ? kda_plan_state_hilo()
-                  : matmul == "plan-accurate" ? kda_plan_state_f16_lo_late()
+                  : matmul == "plan-accurate" ? kda_plan_state_f16()
                                               : kda_plan_kernel();
   if (matmul != "plan" && matmul != "plan-hilo" && matmul != "plan-accurate") {
     const Format f = parse_format(matmul, "--matmul-precision");
@@ -711,8 +711,7 @@ void register_parity(Registry& reg) {
                 "matmul operand formats of the twin rows: plan (the CUDA kernel's plan: intra-chunk fp32, d_k x d_v "
                 "products bf16), plan-hilo (the plan with both operands of Qg S and Kd^T D as bf16 hi + lo: "
                 "kda_plan_state_hilo()), plan-accurate (the CUDA kernel's accurate precision: the d_k x d_v products "
-                "with fp16 operands, Kd as fp16 hi + lo with its lo product a chunk late, values scaled: kda_plan_state_f16_lo_late()), "
-                "or bf16, fp16, tf32, "
+                "with fp16 operands, Kd as fp16 hi + lo, values scaled: kda_plan_state_f16()), or bf16, fp16, tf32, "
                 "fp32 for every product")
       ->delimiter(',')
       ->capture_default_str();
@@ -897,8 +896,8 @@ void register_parity(Registry& reg) {
         .col("state_precision", 's', "1", "format the state is kept in")
         .col("matmul_precision", 's', "1",
              "operand format of the matmuls (plan: kda_plan_kernel(), kk/qk/solve/pd fp32, ws/qs/kd bf16; plan-hilo: "
-             "kda_plan_state_hilo(), qs and kd with bf16 hi + lo operands; plan-accurate: kda_plan_state_f16_lo_late(), ws/qs/kd "
-             "fp16, Kd hi + lo (lo a chunk late), values scaled)")
+             "kda_plan_state_hilo(), qs and kd with bf16 hi + lo operands; plan-accurate: kda_plan_state_f16(), ws/qs/kd "
+             "fp16, Kd hi + lo, values scaled)")
         .col("out_format", 's', "1", "format o is delivered in")
         .col("truth", 's', "1", "the truth this row is measured against (scalar type of the reference recurrence)")
         .col("o_rel_rms", 'd', "1", "||o - o_truth||_2 / ||o_truth||_2 (metric of record)")

@@ -62,8 +62,7 @@ enum class KdaPrecision {
              ///< (slow decay, small beta: 3.5e-3 at T = 8192) and on repeated keys; any D
   accurate,  ///< fp16 operands in the three products (11 significant bits at bf16's tensor-core cost), Kd in Kd^T D
              ///< as fp16 hi + lo (two products), the state, U and D carried scaled by a power of two for fp16's
-             ///< range, Kd's lo product added one chunk late, beside the next chunk's reads of S (kda_plan_state_f16_lo_late()):
-             ///< o <= 1.9e-3 and the final state <= 1e-3 on every input kind of
+             ///< range (kda_plan_state_f16()): o <= 1.7e-3 and the final state <= 1e-3 on every input kind of
              ///< numerics/kda_inputs.hpp up to T = 65536 in the twin. Range: S may grow to ~2^15 times the largest
              ///< |U| of the last kda_value_scale_period chunks (or its own largest value) before fp16 overflows (Inf,
              ///< then NaN in o). D = 128 only (the wgmma state pass, one-shot schedule); its workspace adds 4 KB per

@@ -145,8 +145,8 @@ struct KdaTwinPlan {
   /// chunk c + 1's update, and chunk c + 1's reads of S (W S, Qg S) do not see it; D is kept in fp32 until then
   /// (multiplied by any change of the value scale) and rounded to the product's format there. The pass's last chunk
   /// and every chunk c with (c + 1) a multiple of kda_value_scale_period add their lo product at once, so that the
-  /// look at S and the overlapped schedule's parts see S whole. The CUDA accurate kernel does this to take the lo
-  /// product off the chunk-to-chunk path (it runs beside W S, Qg S).
+  /// look at S and the overlapped schedule's parts see S whole. It takes the lo product off the CUDA accurate state
+  /// pass's chunk-to-chunk path (it runs beside W S, Qg S; the kernel form at commit 05665e8).
   bool kd_lo_delayed = false;
 };
 
@@ -183,8 +183,8 @@ inline KdaTwinPlan kda_plan_state_qs_tf32() {
 /// three state products with fp16 operands (11 significant bits, the cost of bf16 on the tensor cores), Kd in Kd^T D
 /// as fp16 hi + lo (two products), the values carried scaled (value_scale) for fp16's range. On the study's inputs o
 /// is at or below kda_plan_state_qs_tf32()'s and the state within the goal; Kd as one fp16 part misses the state goal
-/// on collinear keys with slow decay (as tf32 does). The CUDA kernel's accurate precision runs it with the lo product
-/// delayed (kda_plan_state_f16_lo_late()).
+/// on collinear keys with slow decay (as tf32 does). The plan of the CUDA kernel's accurate precision
+/// (KdaPrecision::accurate).
 inline KdaTwinPlan kda_plan_state_f16() {
   KdaTwinPlan p;
   p.ws = p.qs = p.kd = Format::fp16;
@@ -192,9 +192,9 @@ inline KdaTwinPlan kda_plan_state_f16() {
   p.value_scale = true;
   return p;
 }
-/// The plan of the CUDA kernel's accurate precision (KdaPrecision::accurate; docs/kernels/kda_prefill.md, "The lo
-/// product beside the next chunk's reads"): kda_plan_state_f16() with Kd's lo product delayed by one chunk
-/// (kd_lo_delayed). On the study's inputs o stays under the 2.0e-3 goal (collinear keys with slow decay at
+/// The fp16 plan with its lo product off the chunk-to-chunk path (docs/kernels/kda_prefill.md, "The lo product beside
+/// the next chunk's reads"; its kernel form is at commit 05665e8, not yet the library's): kda_plan_state_f16() with
+/// Kd's lo product delayed by one chunk (kd_lo_delayed). On the study's inputs o stays under the 2.0e-3 goal (collinear keys with slow decay at
 /// T = 2048: 1.81e-3 against 1.69e-3 undelayed; 1.61e-3 .. 1.81e-3 on every row of the study up to T = 65536) and
 /// the state under 9e-4.
 inline KdaTwinPlan kda_plan_state_f16_lo_late() {

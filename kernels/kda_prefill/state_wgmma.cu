@@ -210,12 +210,6 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
                    static_cast<long long>(orow) * p.so.t + v0 + (gq & ~1);
   const long long o8 = 8 * p.so.t, o_chunk = C * p.so.t;
   int s_cur = 0;
-  // the accurate precision's delayed Kd lo product (kda_plan_state_f16_lo_late(), KdaTwinPlan::kd_lo_delayed): chunk c's
-  // D^T Kd_lo goes into S^T during chunk c + 1, beside [1], unless c is the pass's last chunk or ends a
-  // kda_value_scale_period; dprev holds chunk c's D^T (this thread's 8 values, scaled as S^T), lo_pend says it waits
-  float dprev[kHiLo ? 8 : 1] = {};
-  bool lo_pend = false;
-  std::uint32_t so_prev = 0;  // the pending chunk's stage offset (descriptor units)
   for (int c = 0; c < nch; ++c) {
     cp_async_wait<NST - 2>();
     const int s_next = s_cur == 0 ? NST - 1 : s_cur - 1;
@@ -254,8 +248,6 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
         const float r1 = wg::exp2i(dx / 2), r2 = wg::exp2i(dx - dx / 2);
 #pragma unroll
         for (int e = 0; e < 64; ++e) Sacc[e] = Sacc[e] * r1 * r2;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) dprev[e] = dprev[e] * r1 * r2;
         ex = xn;
         sig = wg::exp2i(-ex);
         oscale = p.scale * wg::exp2i(ex);
@@ -289,21 +281,7 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
     for (int kt = 1; kt < 8; ++kt)
       wg::mma_n32<1, kHiLo>(dq, as[kt], dsc(lo_wq + so + ((kt / 4) * 4096 + (kt % 4) * 32) / 16));
     wg::wgmma_commit();
-    std::uint32_t adp[kHiLo ? 4 : 1];  // the pending chunk's D^T as fp16 A fragments
-    if constexpr (kHiLo) {
-      if (lo_pend) {  // after [1] in the queue, in its own group: it runs while [2] runs on the CUDA cores
-#pragma unroll
-        for (int e = 0; e < 4; ++e) adp[e] = pack_f16(dprev[2 * e], dprev[2 * e + 1]);
-        wg::wgmma_fence();  // adp written since the chain's fence
-        wg::mma_n128_t<true>(Sacc, adp, dsc(lo_kl + so_prev));
-        wg::wgmma_commit();
-        wg::wgmma_wait<1>();
-      } else {
-        wg::wgmma_wait<0>();
-      }
-    } else {
-      wg::wgmma_wait<0>();
-    }
+    wg::wgmma_wait<0>();
 #pragma unroll
     for (int e = 0; e < 16; ++e) wg::fence_reg(dq[e]);
     float ot[8];  // o^T (a copy: accumulating the P D wgmma onto dq[8..15] in place makes ptxas serialise every wgmma
@@ -324,13 +302,9 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
     split_bf16(d[6], d[7], ad[3], adl[3]);
     // ---- [3] S^T <- Diag(gam_n) S^T + D^T Kd; o^T += D^T P^T (Phi Dhi + Phi Dlo + Plo Dhi) ----
     wg::wgmma_fence();
-    // the accurate precision: this chunk's lo product now where chunk c + 1 reads S^T with no delay (the pass's last
-    // chunk; a chunk that ends a kda_value_scale_period, so that every look at S^T and every part of the overlapped
-    // schedule sees it whole), else in chunk c + 1
-    const bool lo_now = c + 1 == nch || (c + 1) % kda_value_scale_period == 0;
     if constexpr (kHiLo) {
       wg::mma_n128_t<true>(Sacc, ad16, dsc(lo_kd + so));
-      if (lo_now) wg::mma_n128_t<true>(Sacc, ad16, dsc(lo_kl + so));
+      wg::mma_n128_t<true>(Sacc, ad16, dsc(lo_kl + so));
     } else {
       wg::mma_n128_t(Sacc, ad, dsc(lo_kd + so));
     }
@@ -339,26 +313,15 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
     wg::mma_n16(ot, ad, dsc(lo_pl + so));
     wg::wgmma_commit();
     // the next chunk's copies (into the stage of chunk c - 1: every wgmma that read it was waited for in step c - 1,
-    // and every thread is past this step's barrier; the accurate precision: after this step's wait, since the pending
-    // lo product of chunk c - 1, issued in this step, reads that stage)
-    const auto copies = [&] {
-      if (c + NST - 1 < nch) {
-        cpl.issue(sbase_a + s_next * STG, slot_next, tid);
-        if constexpr (kHiLo) cpl.issue_lo(sbase_a + s_next * STG, lo_next, slot_next, lane);
-      }
-      cp_async_commit();
-      slot_next += slot_stride;
-      if constexpr (kHiLo) lo_next += lo_stride;
-    };
-    if constexpr (!kHiLo) copies();
-    wg::wgmma_wait<0>();
-    if constexpr (kHiLo) {
-      copies();
-#pragma unroll
-      for (int e = 0; e < 8; ++e) dprev[e] = d[e];
-      lo_pend = !lo_now;
-      so_prev = so;
+    // and every thread is past this step's barrier)
+    if (c + NST - 1 < nch) {
+      cpl.issue(sbase_a + s_next * STG, slot_next, tid);
+      if constexpr (kHiLo) cpl.issue_lo(sbase_a + s_next * STG, lo_next, slot_next, lane);
     }
+    cp_async_commit();
+    slot_next += slot_stride;
+    if constexpr (kHiLo) lo_next += lo_stride;
+    wg::wgmma_wait<0>();
 #pragma unroll
     for (int e = 0; e < 64; ++e) wg::fence_reg(Sacc[e]);
 #pragma unroll
@@ -371,10 +334,7 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
     for (int e = 0; e < 4; ++e) {
       wg::fence_reg(ad[e]);
       wg::fence_reg(adl[e]);
-      if constexpr (kHiLo) {
-        wg::fence_reg(ad16[e]);
-        wg::fence_reg(adp[e]);
-      }
+      if constexpr (kHiLo) wg::fence_reg(ad16[e]);
     }
     if constexpr (kHiLo)
       if ((c + 1) % kda_value_scale_period == 0) take_smax();  // for chunk c + 1's value scale

@@ -96,7 +96,7 @@ struct PrefillCase {
   int qk_log2 = 0;  // raw q, k times 2^qk_log2 (exact in bf16) before the fused L2Norm: +-66 overflows / underflows
                     // the squared norm in fp32, which must not change the normalised q, k
   KdaPrecision precision = KdaPrecision::fast;  // accurate: o <= 2.0e-3 and S_final <= 2.5e-3 on every input kind,
-                                                // the twin's kda_plan_state_f16_lo_late() within 10%
+                                                // the twin's kda_plan_state_f16() within 10%
   int v_log2 = 0, S0_log2 = 0;  // v and S0 times 2^v_log2, S0 also times 2^S0_log2 (exact): the accurate precision's
                                 // value scale must keep fp16 in range whatever their magnitude
   int v_ramp = 0;               // v of chunk c (16 tokens) times 2^(v_ramp c): the value scale rises chunk by chunk
@@ -369,7 +369,7 @@ void check_prefill(const PrefillCase& c) {
   std::string extra;
   // the twin: the same algorithm and precisions on the CPU, with the plan's segment count
   if (c.twin_o || c.twin_S) {
-    KdaTwinPlan tp = acc ? kda_plan_state_f16_lo_late() : kda_plan_kernel();
+    KdaTwinPlan tp = acc ? kda_plan_state_f16() : kda_plan_kernel();
     tp.use_S0 = c.S0;
     if (c.plan.schedule == KdaSchedule::segments) tp.segments = static_cast<std::size_t>(c.plan.segments);
     const auto tw = kda_twin(in, tp);
