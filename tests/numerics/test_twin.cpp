@@ -45,6 +45,25 @@ TEST_CASE("twin rejects bad plans and shapes", "[twin]") {
   p.chunk = 0;
   CHECK_THROWS(kda_twin(in, p));
   p.chunk = 16;
+  // Kd's lo product a chunk late needs the fp16 plan's value scale and Kd alone split; the refusal names the option
+  const auto refused = [&in](const KdaTwinPlan& q) {
+    try {
+      kda_twin(in, q);
+    } catch (const Error& e) {
+      return std::string(e.what()).find("kd_lo_delayed") != std::string::npos;
+    }
+    return false;
+  };
+  KdaTwinPlan late = kda_plan_state_f16_lo_late();
+  CHECK_NOTHROW(kda_twin(in, late));
+  late.value_scale = false;
+  CHECK(refused(late));
+  late = kda_plan_state_f16_lo_late();
+  late.split.kd_D = true;
+  CHECK(refused(late));
+  late = kda_plan_state_f16_lo_late();
+  late.split.kd_Kd = false;
+  CHECK(refused(late));
   in.v = Tensor<double>({1, 4, 1, 7});
   CHECK_THROWS(kda_twin(in, p));
 }
