@@ -463,12 +463,7 @@ inline KdaOutput<double> kda_twin(const KdaInputs& in, const KdaTwinPlan& p) {
     if (p.kd_lo_delayed && write_o) {  // KdaTwinPlan::kd_lo_delayed (the main pass; nc = dv)
       const std::size_t c = t0 / C;
       const bool now = t0 + n >= T || (c + 1) % kda_value_scale_period == 0;
-      op1.assign(n * dk, 0.0);
-      op1l.assign(n * dk, 0.0);
-      for (std::size_t i = 0; i < n * dk; ++i) {
-        op1[i] = rnd(Kd[i], p.kd);
-        op1l[i] = rnd(Kd[i] - op1[i], p.kd);
-      }
+      twin_detail::split_all(Kd, p.kd, op1, op1l);
       op2 = Dl;
       rnd_all(op2, p.kd);
       for (std::size_t i = 0; i < dk; ++i) {

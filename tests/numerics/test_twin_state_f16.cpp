@@ -10,11 +10,7 @@
 #include "tests/numerics/test_twin_cases.hpp"
 
 using namespace kdalab;
-using twin_test::KindRow;
-using twin_test::kind_inputs;
-using twin_test::plan_errs;
-using twin_test::PlanErrs;
-using twin_test::truth;
+using namespace twin_test;  // KindRow, kind_inputs, plan_errs, PlanErrs, truth
 
 namespace twin_f16_test {
 /// kda_plan_state_f16() with Kd as one fp16 part (one product for Kd^T D): what the second part buys.

@@ -7,11 +7,7 @@
 #include "tests/numerics/test_twin_cases.hpp"
 
 using namespace kdalab;
-using twin_test::KindRow;
-using twin_test::kind_inputs;
-using twin_test::plan_errs;
-using twin_test::PlanErrs;
-using twin_test::truth;
+using namespace twin_test;  // KindRow, kind_inputs, plan_errs, PlanErrs, truth
 
 namespace twin_tf32_test {
 /// Qg S as bf16 hi + lo, Kd^T D in tf32: the other half, for the table.
