@@ -146,7 +146,8 @@ struct KdaTwinPlan {
   /// (multiplied by any change of the value scale) and rounded to the product's format there. The pass's last chunk
   /// and every chunk c with (c + 1) a multiple of kda_value_scale_period add their lo product at once, so that the
   /// look at S and the overlapped schedule's parts see S whole. It takes the lo product off the CUDA accurate state
-  /// pass's chunk-to-chunk path (it runs beside W S, Qg S; the kernel form at commit 05665e8).
+  /// pass's chunk-to-chunk path (it runs beside W S, Qg S); built in the kernel at commit 05665e8 and measured no
+  /// faster, so the kernel does not run it (docs/kernels/kda_prefill.md).
   bool kd_lo_delayed = false;
 };
 
@@ -193,7 +194,7 @@ inline KdaTwinPlan kda_plan_state_f16() {
   return p;
 }
 /// The fp16 plan with its lo product off the chunk-to-chunk path (docs/kernels/kda_prefill.md, "The lo product beside
-/// the next chunk's reads"; its kernel form is at commit 05665e8, not yet the library's): kda_plan_state_f16() with
+/// the next chunk's reads"; a study plan: its kernel form, commit 05665e8, was no faster): kda_plan_state_f16() with
 /// Kd's lo product delayed by one chunk (kd_lo_delayed). On the study's inputs o stays under the 2.0e-3 goal (collinear keys with slow decay at
 /// T = 2048: 1.81e-3 against 1.69e-3 undelayed; 1.61e-3 .. 1.81e-3 on every row of the study up to T = 65536) and
 /// the state under 9e-4.
