@@ -232,17 +232,15 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) u[4 * nt + e] = U[(8 * nt + 2 * tq + (e & 1)) * wg::UP + warp * 16 + gq + 8 * (e >> 1)];
     }
-    wg::fence_async_smem();
-    __syncthreads();  // every thread's W, Qg, Kd, P copies of this chunk, for the wgmma
-    if constexpr (kHiLo) {  // the value scale (CTA-uniform): the exponent of this chunk's max |U|, and every
-                            // kda_value_scale_period chunks that of max |S| (which may lower it); S^T rescaled
-      int xn = wg::value_exp(*reinterpret_cast<const std::uint32_t*>(st + wg::OFF_MU + 16 * warp));
-      if (c % kda_value_scale_period == 0) {
-        const std::uint32_t m = max(max(smax[0], smax[1]), max(smax[2], smax[3]));  // of sigma S: exponent + ex
-        xn = max(xn, m == 0 ? -125 : min(max(static_cast<int>(m >> 23) - 126 + ex, -125), 126));
-      } else {
-        xn = max(xn, ex);
-      }
+    // the CTA's barrier: every thread's W, Qg, Kd, P copies of this chunk, for the wgmma
+    const auto barrier = [] {
+      wg::fence_async_smem();
+      __syncthreads();
+    };
+    // the accurate precision's value scale (CTA-uniform): the exponent of this chunk's max |U| (the warp's own copy,
+    // read before the barrier), and every kda_value_scale_period chunks that of max |S| (smax, written by every warp at
+    // the end of the last step: read after the barrier), which may lower it; S^T rescaled by the change
+    const auto rescale_to = [&](int xn) {
       if (xn != ex) {  // S^T times 2^(ex - xn), in two exact halves (each within fp32's exponents)
         const int dx = ex - xn;
         const float r1 = wg::exp2i(dx / 2), r2 = wg::exp2i(dx - dx / 2);
@@ -252,27 +250,47 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
         sig = wg::exp2i(-ex);
         oscale = p.scale * wg::exp2i(ex);
       }
-    }
+    };
     // ---- [1] D^T and o^T's Qg part: one m64n32 chain over [W; Qg]^T, A = S^T's bf16 (fp16) k-tiles ----
     const auto pack = [](float a, float b) { return kHiLo ? pack_f16(a, b) : pack_bf16(a, b); };
     std::uint32_t as[8][4];
+    // the A k-tiles from S^T, then the decay of S^T: ptxas injects a wgmma wait before any access to a wgmma
+    // accumulator register (Sacc, ot) while a wgmma is pending, so nothing of S^T or o^T can run in the chain's
+    // shadow: it runs before the chain is issued (the chain reads the packed copy, undecayed)
+    const auto pack_and_decay = [&] {
 #pragma unroll
-    for (int kt = 0; kt < 8; ++kt) {
-      as[kt][0] = pack(Sacc[8 * kt + 0], Sacc[8 * kt + 1]);
-      as[kt][1] = pack(Sacc[8 * kt + 2], Sacc[8 * kt + 3]);
-      as[kt][2] = pack(Sacc[8 * kt + 4], Sacc[8 * kt + 5]);
-      as[kt][3] = pack(Sacc[8 * kt + 6], Sacc[8 * kt + 7]);
-    }
-    // the decay of S^T: ptxas injects a wgmma wait before any access to a wgmma accumulator register (Sacc, ot) while a
-    // wgmma is pending, so nothing of S^T or o^T can run in the chain's shadow: it runs before the chain is issued
-    // (the chain reads the packed copy, undecayed)
+      for (int kt = 0; kt < 8; ++kt) {
+        as[kt][0] = pack(Sacc[8 * kt + 0], Sacc[8 * kt + 1]);
+        as[kt][1] = pack(Sacc[8 * kt + 2], Sacc[8 * kt + 3]);
+        as[kt][2] = pack(Sacc[8 * kt + 4], Sacc[8 * kt + 5]);
+        as[kt][3] = pack(Sacc[8 * kt + 6], Sacc[8 * kt + 7]);
+      }
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const float2 g = g2[j];
-      Sacc[4 * j + 0] *= g.x;
-      Sacc[4 * j + 1] *= g.y;
-      Sacc[4 * j + 2] *= g.x;
-      Sacc[4 * j + 3] *= g.y;
+      for (int j = 0; j < 16; ++j) {
+        const float2 g = g2[j];
+        Sacc[4 * j + 0] *= g.x;
+        Sacc[4 * j + 1] *= g.y;
+        Sacc[4 * j + 2] *= g.x;
+        Sacc[4 * j + 3] *= g.y;
+      }
+    };
+    if constexpr (kHiLo) {
+      // a chunk without the look at max |S| scales, packs and decays before the barrier, as the fast precision's
+      // code does (ptxas moves register work above the barrier there, but not past the value scale's branch)
+      const int xu = wg::value_exp(*reinterpret_cast<const std::uint32_t*>(st + wg::OFF_MU + 16 * warp));
+      if (c % kda_value_scale_period == 0) {
+        barrier();
+        const std::uint32_t m = max(max(smax[0], smax[1]), max(smax[2], smax[3]));  // of sigma S: exponent + ex
+        rescale_to(max(xu, m == 0 ? -125 : min(max(static_cast<int>(m >> 23) - 126 + ex, -125), 126)));
+        pack_and_decay();
+      } else {
+        rescale_to(max(xu, ex));
+        pack_and_decay();
+        barrier();
+      }
+    } else {
+      barrier();
+      pack_and_decay();
     }
     float dq[16];  // dq[0..7] = S^T W^T (r = 0..15), dq[8..15] = S^T Qg^T; written by the first wgmma
     wg::wgmma_fence();
