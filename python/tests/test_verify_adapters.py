@@ -139,12 +139,17 @@ def test_budget_emulates_the_form_the_adapter_hands_the_candidate():
 
 
 def test_budget_rule_is_one_swappable_function(monkeypatch):
+    # a candidate with a known error inside the float64 budget: the float64 recurrence itself may equal the truth bit
+    # for bit (then half its error would be a budget of 0, which the checker refuses)
+    def off_by_1e14(*a, **kw):
+        o, S = numpy_kda(*a, **kw)
+        return o * (1 + 1e-14), S
     case = find("agree/T17")
-    ok = check_case(make_adapter("canonical", numpy_kda), case)
-    assert ok.passed
+    ok = check_case(make_adapter("canonical", off_by_1e14), case)
+    assert ok.passed and ok.rel_rms > 0
     monkeypatch.setattr(budgets_mod, "budget",
                         lambda op, p, q, x, *a: budgets_mod.Budget(ok.rel_rms / 2, "test", "half the error"))
-    over = check_case(make_adapter("canonical", numpy_kda), case)
+    over = check_case(make_adapter("canonical", off_by_1e14), case)
     assert over.verdict == "over budget by 2x"
 
 
