@@ -18,8 +18,8 @@
 // with fp16 operands in the three state products (the prepare writes W, Qg, Kd as fp16), S^T packed to fp16 for [1],
 // D^T fp16 for [3], and [3]'s product twice, S^T += D^T Kd_hi + D^T Kd_lo (Kd lo in two blocks laid out as Kd's, from
 // the workspace's lo region: 4 KB more per stage). The values are carried scaled: S^T, U and D hold sigma times their
-// value, sigma = 2^-e: e raised to the exponent of each chunk's max |U| (the prepare's U-max word, loaded a step
-// ahead) when larger, and every kda_value_scale_period chunks (chunk 0 included, from S0) set to the larger of that
+// value, sigma = 2^-e: e raised to the exponent of each chunk's max |U| (the prepare's U-max word, copied with the
+// stage) when larger, and every kda_value_scale_period chunks (chunk 0 included, from S0) set to the larger of that
 // and the exponent of max |S| over the CTA's columns, which lowers it once large values have decayed; S^T rescaled
 // when e changes; o and the final state divided by sigma (KdaTwinPlan::value_scale). P D keeps D's bf16 hi + lo.
 #include "kernels/common/wgmma.cuh"
@@ -37,7 +37,9 @@ constexpr int OFF_WQ = 0, OFF_KD = 8192;
 constexpr int OFF_PH = 12288, OFF_PL = 14336;            // one swizzled [16 x 64] block each (columns 0..15 used)
 // U [16][UP] fp32; gam_n: one 512-byte copy per warp (each warp copies the gam_n and the U columns it reads itself,
 // so it reads them before the CTA's barrier)
-constexpr int OFF_U = 16384, OFF_GN = OFF_U + C * UP * 4, STAGE = (OFF_GN + 4 * 512 + 1023) / 1024 * 1024;
+// the accurate precision: the chunk's U-max word (16 bytes copied from the slot's P member) per warp at OFF_MU
+constexpr int OFF_U = 16384, OFF_GN = OFF_U + C * UP * 4, OFF_MU = OFF_GN + 4 * 512,
+              STAGE = (OFF_MU + 4 * 16 + 1023) / 1024 * 1024;
 // the accurate precision's Kd lo: two swizzled [16 x 64] blocks (Kd's layout)
 constexpr int OFF_KL = STAGE, STAGE_HL = STAGE + 4096;
 template <bool kHiLo>
@@ -80,7 +82,7 @@ __device__ __forceinline__ void cp16(std::uint32_t sdst, const void* gsrc) {
 /// r, r + 8, columns 16 warp + 4 c4 .. + 3: the warp's own 16 value columns), gam_n (one 16-byte part per lane into the
 /// warp's own 512-byte copy).
 struct CopyPlan {
-  std::uint32_t d_wq, d_kd, d_p, d_u, d_g, d_kl;  // shared offsets from the stage base (d_kl: Kd lo)
+  std::uint32_t d_wq, d_kd, d_p, d_u, d_g, d_kl, d_mu;  // shared offsets from the stage base (d_kl: Kd lo)
   std::uint32_t s_wqk, s_p, s_u, s_g;             // byte offsets into the slot (s_wqk also into the lo slot)
   __device__ __forceinline__ CopyPlan(int tid, int vbase) {
     using SL = Slot<128>;
@@ -94,6 +96,7 @@ struct CopyPlan {
     const int warp = tid / 32, lane = tid % 32, ur = lane / 4, uc = 16 * warp + 4 * (lane % 4);
     d_u = OFF_U + (ur * UP + uc) * 4;
     d_g = OFF_GN + 512 * warp + 16 * lane;
+    d_mu = OFF_MU + 16 * warp;
     s_wqk = 16 * tid;
     s_p = SL::Pf + 16 * (tid % 64);
     s_u = SL::U + (ur * 128 + vbase + uc) * 4;
@@ -110,12 +113,13 @@ struct CopyPlan {
     for (int k = 0; k < 2; ++k) cp16(st + d_u + k * 8 * UP * 4, slot + s_u + k * 8 * 128 * 4);
     cp16(st + d_g, slot + s_g);
   }
-  /// The accurate precision's copies: Kd lo from the lo slot (rows 0..7, 8..15; 2 of 16 B per thread). (The chunk's
-  /// U-max word is not copied: a copy by one lane made the warp diverge and wait for its address registers on every
-  /// step; the kernel loads it a step ahead instead, see mu_next.)
-  __device__ __forceinline__ void issue_lo(std::uint32_t st, const unsigned char* lo) const {
+  /// The accurate precision's copies: Kd lo from the lo slot (rows 0..7, 8..15; 2 of 16 B per thread) and the U-max
+  /// word from the slot (16 B by lane 0 into its warp's own place).
+  __device__ __forceinline__ void issue_lo(std::uint32_t st, const unsigned char* lo, const unsigned char* slot,
+                                           int lane) const {
 #pragma unroll
     for (int k = 0; k < 2; ++k) cp16(st + d_kl + k * 1024, lo + s_wqk + 2048 * k);
+    if (lane == 0) cp16(st + d_mu, slot + Slot<128>::P);
   }
 };
 }  // namespace wg
@@ -177,18 +181,11 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
   const unsigned char* lo_next =
       kHiLo ? p.ws_lo + (static_cast<long long>(sq.slot0) * p.HV + hv) * kda_slot_lo_bytes : nullptr;
   const wg::CopyPlan cpl(tid, vbase);
-  // the accurate precision: chunk c + 1's U-max word (the fp32 bits of its max |U|, which the prepare writes at the
-  // slot's P member), loaded in step c by every thread (one address: one request a warp); a step's time covers the
-  // load's latency
-  const unsigned char* mu_src = slot_next + SL::P;
-  std::uint32_t mu_next = 0;
-  if constexpr (kHiLo)
-    if (nch > 0) mu_next = __ldg(reinterpret_cast<const unsigned int*>(mu_src));
 #pragma unroll
   for (int i = 0; i < NST - 1; ++i) {
     if (i < nch) {
       cpl.issue(sbase_a + i * STG, slot_next, tid);
-      if constexpr (kHiLo) cpl.issue_lo(sbase_a + i * STG, lo_next);
+      if constexpr (kHiLo) cpl.issue_lo(sbase_a + i * STG, lo_next, slot_next, lane);
     }
     cp_async_commit();
     slot_next += slot_stride;
@@ -214,14 +211,6 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
   const long long o8 = 8 * p.so.t, o_chunk = C * p.so.t;
   int s_cur = 0;
   for (int c = 0; c < nch; ++c) {
-    [[maybe_unused]] std::uint32_t mu = 0;  // this chunk's U-max word (the accurate precision)
-    if constexpr (kHiLo) {
-      mu = mu_next;
-      if (c + 1 < nch) {
-        mu_src += slot_stride;
-        mu_next = __ldg(reinterpret_cast<const unsigned int*>(mu_src));
-      }
-    }
     cp_async_wait<NST - 2>();
     const int s_next = s_cur == 0 ? NST - 1 : s_cur - 1;
     const unsigned char* const st = sbase + s_cur * STG;
@@ -248,8 +237,8 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
       wg::fence_async_smem();
       __syncthreads();
     };
-    // the accurate precision's value scale (CTA-uniform): the exponent of this chunk's max |U| (mu, in registers:
-    // known before the barrier), and every kda_value_scale_period chunks that of max |S| (smax, written by every warp at
+    // the accurate precision's value scale (CTA-uniform): the exponent of this chunk's max |U| (the warp's own copy,
+    // read before the barrier), and every kda_value_scale_period chunks that of max |S| (smax, written by every warp at
     // the end of the last step: read after the barrier), which may lower it; S^T rescaled by the change
     const auto rescale_to = [&](int xn) {
       if (xn != ex) {  // S^T times 2^(ex - xn), in two exact halves (each within fp32's exponents)
@@ -288,7 +277,7 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
     if constexpr (kHiLo) {
       // a chunk without the look at max |S| scales, packs and decays before the barrier, as the fast precision's
       // code does (ptxas moves register work above the barrier there, but not past the value scale's branch)
-      const int xu = wg::value_exp(mu);
+      const int xu = wg::value_exp(*reinterpret_cast<const std::uint32_t*>(st + wg::OFF_MU + 16 * warp));
       if (c % kda_value_scale_period == 0) {
         barrier();
         const std::uint32_t m = max(max(smax[0], smax[1]), max(smax[2], smax[3]));  // of sigma S: exponent + ex
@@ -345,7 +334,7 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
     // and every thread is past this step's barrier)
     if (c + NST - 1 < nch) {
       cpl.issue(sbase_a + s_next * STG, slot_next, tid);
-      if constexpr (kHiLo) cpl.issue_lo(sbase_a + s_next * STG, lo_next);
+      if constexpr (kHiLo) cpl.issue_lo(sbase_a + s_next * STG, lo_next, slot_next, lane);
     }
     cp_async_commit();
     slot_next += slot_stride;
