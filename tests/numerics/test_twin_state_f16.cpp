@@ -129,7 +129,7 @@ TEST_CASE("twin: after an outlier chunk (v at 2^16 and 2^20 times the rest) the 
 
 TEST_CASE("twin study: fp16 state products against the tf32 plan (prints the table)", "[.][twin-study]") {
   std::printf("input (T, H, beta) | tf32 plan o (S) | fp16, Kd hi + lo o (S) | fp16, Kd one part o (S) | fp16, Kd lo a "
-              "chunk late (the kernel's) o (S)\n");
+              "chunk late (a study plan) o (S)\n");
   for (const KindRow& r : twin_test::study_rows()) {
     const KdaInputs in = kind_inputs(r);
     const auto ref = truth(in);
