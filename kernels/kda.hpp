@@ -177,6 +177,11 @@ constexpr int kda_slot_lo_bytes = 4096;
 /// (numerics/kda_twin.hpp KdaTwinPlan::value_scale, kda_value_scale_period, the same number); the overlapped
 /// schedule's parts are whole multiples of it, so that they look where one pass over the sequence would.
 constexpr int kda_value_scale_period = 8;
+/// Binades by which the accurate state pass's scale exponent may exceed that of a chunk's max |U| before the next
+/// chunk looks at the state as well (numerics/kda_twin.hpp kda_value_scale_slack, the same number): after an outlier
+/// chunk, or a large S0, has decayed, the scale comes back down within a chunk or two instead of at the next periodic
+/// look, so that later values keep fp16's bits.
+constexpr int kda_value_scale_slack = 8;
 /// KdaSlotOf<D>::bytes for a run-time D in {64, 128, 256}; 0 for any other D.
 constexpr int kda_slot_bytes(int D) { return D == 64 || D == 128 || D == 256 ? 164 * D + 2048 : 0; }
 

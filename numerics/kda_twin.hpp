@@ -99,6 +99,10 @@ namespace kdalab {
 /// Chunks between the value scale's looks at the state (KdaTwinPlan::value_scale): the CUDA kernel's accurate state
 /// pass takes the maximum over its S every this many chunks; the overlapped schedule's parts are whole multiples of it.
 inline constexpr std::size_t kda_value_scale_period = 8;
+/// Binades by which the value scale's exponent may exceed the exponent of a chunk's max |U| before the next chunk
+/// looks at the state as well (KdaTwinPlan::value_scale): fp16's normal numbers span 30 binades, so a chunk whose
+/// values sit more than this far below the scale's top has left most of its headroom to a state that may be decaying.
+inline constexpr int kda_value_scale_slack = 8;
 
 struct KdaTwinPlan {
   Format kk = Format::fp32, qk = Format::fp32, solve = Format::fp32, ws = Format::bf16, qs = Format::bf16,
@@ -136,7 +140,10 @@ struct KdaTwinPlan {
   /// exponent of m = f 2^x, f in [0.5, 1), clamped to [-125, 126] (x(0) = -125), and xU(c) = x(max |U| over chunk c,
   /// all value columns): at every chunk c that is a multiple of kda_value_scale_period (c = 0 included),
   /// e = max(x(max |S| over the block, S the state entering chunk c, S0 at c = 0), xU(c)), which may lower e after
-  /// large values have decayed; at the other chunks e = max(e, xU(c)). When e changes, S is multiplied by
+  /// large values have decayed, and so at chunk c + 1 when chunk c's e exceeds xU(c) by more than
+  /// kda_value_scale_slack (after an outlier chunk or a large S0 the scale comes down within a chunk or two, not at
+  /// the next multiple of the period, which left later values in fp16's subnormals: the final state lost entirely
+  /// after v at 2^24 in chunk 8 of 13); at the other chunks e = max(e, xU(c)). When e changes, S is multiplied by
   /// 2^(e_old - e_new) (a power of two: exact in fp32 above its subnormals); D = sigma U - W S; o and the final state
   /// are divided by sigma. One-segment passes only (segments < 2).
   bool value_scale = false;
@@ -306,6 +313,7 @@ inline KdaOutput<double> kda_twin(const KdaInputs& in, const KdaTwinPlan& p) {
   // KdaTwinPlan::value_scale: sigma per value column (1 otherwise) and the exponent e per block of 64 columns
   std::vector<double> usc(std::max(dk, dv), 1.0);
   std::vector<int> sexp((dv + 63) / 64, 0);
+  std::vector<char> look_next(sexp.size(), 0);  // the block's next chunk looks at the state (the scale's slack)
   // KdaTwinPlan::kd_lo_delayed: the waiting chunk's Kd lo parts (n rows of dk) and D (n rows of dv, fp32 values)
   std::vector<double> pend_kl, pend_D;
   std::size_t pend_n = 0;
@@ -320,12 +328,13 @@ inline KdaOutput<double> kda_twin(const KdaInputs& in, const KdaTwinPlan& p) {
     for (std::size_t bl = 0; bl < sexp.size(); ++bl) {
       const std::size_t j0 = 64 * bl, j1 = std::min(dv, 64 * bl + 64);
       int x = std::max(sexp[bl], xU);
-      if (c % kda_value_scale_period == 0) {
+      if (c % kda_value_scale_period == 0 || look_next[bl]) {
         double m = 0;
         for (std::size_t i = 0; i < dk; ++i)
           for (std::size_t j = j0; j < j1; ++j) m = std::max(m, std::fabs(Sx[i * dv + j] / usc[j]));
         x = std::max(scale_exp(m), xU);
       }
+      look_next[bl] = x > xU + kda_value_scale_slack;
       if (x == sexp[bl] && c > 0) continue;
       const double ratio = std::ldexp(1.0, sexp[bl] - x);
       sexp[bl] = x;

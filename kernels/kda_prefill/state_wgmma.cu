@@ -20,8 +20,8 @@
 // the workspace's lo region: 4 KB more per stage). The values are carried scaled: S^T, U and D hold sigma times their
 // value, sigma = 2^-e: e raised to the exponent of each chunk's max |U| (the prepare's U-max word, copied with the
 // stage) when larger, and every kda_value_scale_period chunks (chunk 0 included, from S0) set to the larger of that
-// and the exponent of max |S| over the CTA's columns, which lowers it once large values have decayed; S^T rescaled
-// when e changes; o and the final state divided by sigma (KdaTwinPlan::value_scale). P D keeps D's bf16 hi + lo.
+// and the exponent of max |S| over the CTA's columns, which lowers it once large values have decayed (so is the chunk
+// after one whose e exceeds its own max |U| exponent by more than kda_value_scale_slack); S^T rescaled when e changes; o and the final state divided by sigma (KdaTwinPlan::value_scale). P D keeps D's bf16 hi + lo.
 #include "kernels/common/wgmma.cuh"
 #include "kernels/kda_prefill/common.cuh"
 
@@ -210,6 +210,7 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
                    static_cast<long long>(orow) * p.so.t + v0 + (gq & ~1);
   const long long o8 = 8 * p.so.t, o_chunk = C * p.so.t;
   int s_cur = 0;
+  bool look = false;  // the accurate precision: chunk c looks at max |S| off the period (kda_value_scale_slack)
   for (int c = 0; c < nch; ++c) {
     cp_async_wait<NST - 2>();
     const int s_next = s_cur == 0 ? NST - 1 : s_cur - 1;
@@ -278,7 +279,7 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
       // a chunk without the look at max |S| scales, packs and decays before the barrier, as the fast precision's
       // code does (ptxas moves register work above the barrier there, but not past the value scale's branch)
       const int xu = wg::value_exp(*reinterpret_cast<const std::uint32_t*>(st + wg::OFF_MU + 16 * warp));
-      if (c % kda_value_scale_period == 0) {
+      if (c % kda_value_scale_period == 0 || look) {
         barrier();
         const std::uint32_t m = max(max(smax[0], smax[1]), max(smax[2], smax[3]));  // of sigma S: exponent + ex
         rescale_to(max(xu, m == 0 ? -125 : min(max(static_cast<int>(m >> 23) - 126 + ex, -125), 126)));
@@ -288,6 +289,7 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
         pack_and_decay();
         barrier();
       }
+      look = ex > xu + kda_value_scale_slack;
     } else {
       barrier();
       pack_and_decay();
@@ -355,7 +357,7 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
       if constexpr (kHiLo) wg::fence_reg(ad16[e]);
     }
     if constexpr (kHiLo)
-      if ((c + 1) % kda_value_scale_period == 0) take_smax();  // for chunk c + 1's value scale
+      if ((c + 1) % kda_value_scale_period == 0 || look) take_smax();  // for chunk c + 1's value scale
     // ---- [4] o rows 8 nt + 2 tq (+ 1), columns v0 + gq (+ 8): lane pairs (gq, gq ^ 1) exchange so that the even-gq
     // lane stores row 8 nt + 2 tq and the odd one row 8 nt + 2 tq + 1, each as (v, v + 1) bf16 pairs ----
     const int nvalid = min(C, sq.len - c * C);

@@ -100,7 +100,8 @@ struct PrefillCase {
   int v_log2 = 0, S0_log2 = 0;  // v and S0 times 2^v_log2, S0 also times 2^S0_log2 (exact): the accurate precision's
                                 // value scale must keep fp16 in range whatever their magnitude
   int v_ramp = 0;               // v of chunk c (16 tokens) times 2^(v_ramp c): the value scale rises chunk by chunk
-  int v_chunk0_log2 = 0;        // v of chunk 0 also times 2^v_chunk0_log2: an outlier the value scale must come down from
+  int outlier_log2 = 0;   // v of chunk outlier_chunk also times 2^outlier_log2: an outlier the value scale must rise to
+  int outlier_chunk = 0;  // in that chunk, and come down from at the next look (every kda_value_scale_period chunks)
   InputKind kind = InputKind::anchor;  // other kinds (numerics/kda_inputs.hpp, HV = H): kda_inputs(), no fast-mode goal
   BetaDist beta = BetaDist::sigmoid;
 
@@ -121,7 +122,7 @@ struct PrefillCase {
     if (v_log2 != 0) s += " v*2^" + std::to_string(v_log2);
     if (S0_log2 != 0) s += " S0*2^" + std::to_string(v_log2 + S0_log2);
     if (v_ramp != 0) s += " v*2^(" + std::to_string(v_ramp) + " chunk)";
-    if (v_chunk0_log2 != 0) s += " chunk 0 v*2^" + std::to_string(v_chunk0_log2);
+    if (outlier_log2 != 0) s += " chunk " + std::to_string(outlier_chunk) + " v*2^" + std::to_string(outlier_log2);
     s += plan.schedule == KdaSchedule::segments ? " segments P=" + std::to_string(plan.segments)
                                                 : std::string(" ") + pass_name(plan.state_pass);
     return s;
@@ -167,6 +168,7 @@ PrefillCase with_plan(PrefillCase c, const Overrides& plan) {
 }
 static_assert(kernels::kda_value_scale_period == static_cast<int>(kda_value_scale_period),
               "the kernel's and the twin's value-scale period");
+static_assert(kernels::kda_value_scale_slack == kda_value_scale_slack, "the kernel's and the twin's value-scale slack");
 PrefillCase accurate(PrefillCase c) {
   c.precision = KdaPrecision::accurate;
   return c;
@@ -304,7 +306,8 @@ void check_prefill(const PrefillCase& c) {
   for (auto& x : in.S0.data) x = std::ldexp(x, c.v_log2 + c.S0_log2);
   for (std::size_t i = 0; i < in.v.data.size(); ++i) {  // v [B, T, HV, D]
     const std::size_t t = i / (in.HV * in.d_v) % in.T;
-    in.v.data[i] = std::ldexp(in.v.data[i], c.v_log2 + c.v_ramp * static_cast<int>(t / 16) + (t < 16 ? c.v_chunk0_log2 : 0));
+    const int chunk = static_cast<int>(t / 16);
+    in.v.data[i] = std::ldexp(in.v.data[i], c.v_log2 + c.v_ramp * chunk + (chunk == c.outlier_chunk ? c.outlier_log2 : 0));
   }
   const std::size_t D = c.D, HV = in.HV;
   std::optional<VarlenBatch> vb;
@@ -566,16 +569,27 @@ std::vector<PrefillCase> accurate_cases() {
     c.v_log2 = e[0];
     c.S0_log2 = e[1];
     c.v_ramp = e[2];
-    c.v_chunk0_log2 = e[3];
+    c.outlier_log2 = e[3];
     c.twin_o = c.twin_S = true;
     c.per_sequence = true;
     v.push_back(c);
   }
   PrefillCase ol = accurate(shape(1, 8200, 1, 2, true));
-  ol.v_chunk0_log2 = 16;
+  ol.outlier_log2 = 16;
   ol.expect_overlapped = ol.single_stream_same = true;
   ol.twin_o = ol.twin_S = true;
   v.push_back(ol);
+  // which chunk's max |U| word scales a chunk: v at 2^24 in chunk 3 (between looks: the scale must rise with the
+  // chunk's own word, a word read a chunk late leaves sigma U above fp16's range) and in chunk 8 (a look chunk: the
+  // look must take the chunk's own word, a word read a chunk early sets the scale from an ordinary chunk)
+  for (const int chunk : {3, 8}) {
+    PrefillCase c = accurate(shape(2, 200, 1, 2, true));
+    c.outlier_log2 = 24;
+    c.outlier_chunk = chunk;
+    c.twin_o = c.twin_S = true;
+    c.per_sequence = true;
+    v.push_back(c);
+  }
   return v;
 }
 

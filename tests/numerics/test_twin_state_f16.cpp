@@ -127,6 +127,23 @@ TEST_CASE("twin: after an outlier chunk (v at 2^16 and 2^20 times the rest) the 
   }
 }
 
+TEST_CASE("twin: after an outlier chunk (v at 2^24 times the rest) between periodic looks or at one, the value scale "
+          "comes back down within a chunk or two (the slack look): o and the final state finite and at the goal",
+          "[twin]") {
+  for (const std::size_t chunk : {std::size_t{3}, std::size_t{8}}) {  // kda_value_scale_period = 8: chunk 8 is a look
+    KdaInputs in = kind_inputs({InputKind::anchor, 200, 1, BetaDist::sigmoid});
+    for (std::size_t t = 16 * chunk; t < 16 * chunk + 16; ++t)
+      for (std::size_t j = 0; j < in.d_v; ++j) in.v(0, t, 0, j) = std::ldexp(in.v(0, t, 0, j), 24);
+    const auto ref = truth(in);
+    const auto r = kda_twin(in, kda_plan_state_f16());
+    const auto mo = compare(r.o.data, ref.o.data), ms = compare(r.S_final.data, ref.S_final.data);
+    CAPTURE(chunk, mo.rel_rms, ms.rel_rms);
+    REQUIRE(mo.nan_count + mo.inf_count + ms.nan_count + ms.inf_count == 0);
+    CHECK(mo.rel_rms <= tol::kda_bf16_goal.value);
+    CHECK(ms.rel_rms <= tol::kda_state_goal.value);
+  }
+}
+
 TEST_CASE("twin study: fp16 state products against the tf32 plan (prints the table)", "[.][twin-study]") {
   std::printf("input (T, H, beta) | tf32 plan o (S) | fp16, Kd hi + lo o (S) | fp16, Kd one part o (S) | fp16, Kd lo a "
               "chunk late (a study plan) o (S)\n");
