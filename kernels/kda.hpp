@@ -65,7 +65,9 @@ enum class KdaPrecision {
              ///< range (kda_plan_state_f16()): o <= 1.7e-3 and the final state <= 1e-3 on every input kind of
              ///< numerics/kda_inputs.hpp up to T = 65536 in the twin. Range: S may grow to ~2^15 times the largest
              ///< |U| of the last kda_value_scale_period chunks (or its own largest value) before fp16 overflows (Inf,
-             ///< then NaN in o). D = 128 only (the wgmma state pass, one-shot schedule); its workspace adds 4 KB per
+             ///< then NaN in o); values more than ~2^14 below the largest of their chunk or of a state that has not
+             ///< yet decayed lose bits in fp16's subnormals (an outlier in the last chunk or two before the end
+             ///< costs the final state its accuracy; docs/kernels/kda_prefill.md, "The scale's slack look"). D = 128 only (the wgmma state pass, one-shot schedule); its workspace adds 4 KB per
              ///< 16-token chunk and value head (Kd's lo parts)
 };
 
@@ -145,6 +147,12 @@ struct KdaPrefillPlan {
   /// events, joined back to `stream`; the state crosses parts through an fp32 buffer in the workspace, which is exact:
   /// the same results as one prepare then one state pass).
   bool overlapped = false;
+  /// The overlapped schedule with the wgmma state pass where its CTAs fill at most half the SMs (2 N HV D / 64 <=
+  /// SMs; e.g. B = 1, H = 32, T = 65536): each state CTA asks for a whole SM's shared memory, so that no prepare CTA
+  /// of a later part runs beside it and slows its chunk-to-chunk chain; the prepare keeps the other SMs. Measured at
+  /// 65536 x 32 (H100): fast -3%, accurate -9%; where the state CTAs fill the GPU (8192 x 64: 128 CTAs) the same
+  /// reservation costs +7% (docs/kernels/kda_prefill.md, "The state pass's SMs reserved").
+  bool state_sm_reserved = false;
   KdaPrecision precision = KdaPrecision::fast;   ///< the arguments' precision (accurate: the wgmma pass, one-shot)
 };
 

@@ -81,7 +81,8 @@ void launch_state_mma_pass1(const Params& p, int D, int HV, int nz, cudaStream_t
 /// state_key_split.cu: the key-split state pass (D = 256), grid (D / 32, HV, N).
 void launch_state_key_split(const Params& p, int HV, int N, cudaStream_t stream);
 /// state_wgmma.cu: the wgmma state pass (D = 128), grid (2, HV, N); the accurate precision's variant when p.ws_lo is set.
-void launch_state_wgmma(const Params& p, int HV, int N, cudaStream_t stream);
+/// reserve_sm: each CTA takes the SM's whole shared memory (KdaPrefillPlan::state_sm_reserved).
+void launch_state_wgmma(const Params& p, int HV, int N, cudaStream_t stream, bool reserve_sm = false);
 /// segments.cu: the combine of the segment path (D = 64 or 128), S_start(s + 1) for s = 1 .. nseg - 2.
 void launch_segment_combine(const Params& p, int D, int HV, int N, int nseg, cudaStream_t stream);
 

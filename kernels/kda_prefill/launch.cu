@@ -200,6 +200,12 @@ const char* name_of(KdaStatePass s) {
   return "?";
 }
 
+/// KdaPrefillPlan::state_sm_reserved: the overlapped wgmma pass whose CTAs (64 value columns of a value head each)
+/// fill at most half the SMs.
+bool reserve_state_sms(const KdaPrefillPlan& pl, int N, int HV) {
+  return pl.overlapped && pl.state_pass == KdaStatePass::wgmma && 2LL * N * HV * 2 <= sm_count();
+}
+
 /// The plan and the segment length of the segment path (chunks per segment; 0 for one-shot).
 struct Plan {
   KdaPrefillPlan pub;
@@ -239,6 +245,7 @@ Plan plan_of(const KdaPrefillArgs& a, const KdaPrefillOverrides* o, int N, int n
                   "; accepted: state_pass automatic or wgmma, schedule automatic or one_shot");
     pl.state_pass = KdaStatePass::wgmma;
     pl.overlapped = segments_of(a).K > 1 && ov.phases == KdaPhases::both;
+    pl.state_sm_reserved = reserve_state_sms(pl, N, a.HV);
     return r;
   }
   if (a.precision != KdaPrecision::fast)
@@ -267,6 +274,7 @@ Plan plan_of(const KdaPrefillArgs& a, const KdaPrefillOverrides* o, int N, int n
   else if (ov.state_pass != KdaStatePass::automatic) pl.state_pass = ov.state_pass;
   else pl.state_pass = a.D == 128 ? KdaStatePass::wgmma : KdaStatePass::mma;
   pl.overlapped = P == 1 && segments_of(a).K > 1 && ov.phases == KdaPhases::both;
+  pl.state_sm_reserved = reserve_state_sms(pl, N, a.HV);
   return r;
 }
 
@@ -330,7 +338,7 @@ void kda_prefill(const KdaPrefillArgs& a, cudaStream_t stream, const KdaPrefillO
   const bool wgl = pl.state_pass == KdaStatePass::wgmma;  // the prepare writes the wgmma slot layout
   auto state = [&](const Params& p, cudaStream_t s) {
     if (pl.state_pass == KdaStatePass::key_split) launch_state_key_split(p, a.HV, ck.N, s);
-    else if (wgl) launch_state_wgmma(p, a.HV, ck.N, s);
+    else if (wgl) launch_state_wgmma(p, a.HV, ck.N, s, pl.state_sm_reserved);
     else launch_state_mma(p, a.D, a.HV, ck.N, s);
   };
   if (!pl.overlapped) {

@@ -21,7 +21,10 @@
 // value, sigma = 2^-e: e raised to the exponent of each chunk's max |U| (the prepare's U-max word, copied with the
 // stage) when larger, and every kda_value_scale_period chunks (chunk 0 included, from S0) set to the larger of that
 // and the exponent of max |S| over the CTA's columns, which lowers it once large values have decayed (so is the chunk
-// after one whose e exceeds its own max |U| exponent by more than kda_value_scale_slack); S^T rescaled when e changes; o and the final state divided by sigma (KdaTwinPlan::value_scale). P D keeps D's bf16 hi + lo.
+// after one whose e exceeds its own max |U| exponent by more than kda_value_scale_slack); S^T rescaled when e changes;
+// o and the final state divided by sigma (KdaTwinPlan::value_scale). P D keeps D's bf16 hi + lo.
+#include <algorithm>
+
 #include "kernels/common/wgmma.cuh"
 #include "kernels/kda_prefill/common.cuh"
 
@@ -289,7 +292,7 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
         pack_and_decay();
         barrier();
       }
-      look = ex > xu + kda_value_scale_slack;
+      look = __any_sync(0xffffffffu, ex > xu + kda_value_scale_slack);
     } else {
       barrier();
       pack_and_decay();
@@ -385,17 +388,23 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
 }  // namespace
 
 template <bool kHiLo>
-void launch_wg(const Params& p, int HV, int N, cudaStream_t stream) {
-  constexpr int smem = wg::smem_bytes<kHiLo>;
+void launch_wg(const Params& p, int HV, int N, cudaStream_t stream, bool reserve_sm) {
+  int smem = wg::smem_bytes<kHiLo>;
+  if (reserve_sm) {  // the SM's whole shared memory less the static smax words and a margin: no other CTA fits
+    int dev = 0, optin = 0;
+    cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
+    cuda_check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "cudaDeviceGetAttribute");
+    smem = std::max(smem, optin - 1024);
+  }
   cuda_check(cudaFuncSetAttribute(kda_state_wg_kernel<kHiLo>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
              "cudaFuncSetAttribute(kda_state_wg_kernel)");
   kda_state_wg_kernel<kHiLo><<<dim3(128 / wg::SLC, HV, N), 128, smem, stream>>>(p);
   cuda_check(cudaGetLastError(), "kda_state_wg_kernel launch");
 }
 
-void launch_state_wgmma(const Params& p, int HV, int N, cudaStream_t stream) {
-  if (p.ws_lo) launch_wg<true>(p, HV, N, stream);
-  else launch_wg<false>(p, HV, N, stream);
+void launch_state_wgmma(const Params& p, int HV, int N, cudaStream_t stream, bool reserve_sm) {
+  if (p.ws_lo) launch_wg<true>(p, HV, N, stream, reserve_sm);
+  else launch_wg<false>(p, HV, N, stream, reserve_sm);
 }
 
 }  // namespace kdalab::kernels::kda_prefill_detail

@@ -631,6 +631,37 @@ TEST_CASE("accurate precision: refused at D = 64, 256 and with a forced mma pass
   CHECK(kernels::kda_prefill_plan(a).segments == 1);
 }
 
+TEST_CASE("the overlapped wgmma pass reserves its SMs' shared memory only where its CTAs fill at most half the SMs",
+          "[gpu][kda][wg]") {
+  int dev = 0, sms = 0;
+  REQUIRE(cudaGetDevice(&dev) == cudaSuccess);
+  REQUIRE(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess);
+  const KdaInputs in = make_inputs(1, 40, 1, 1, fresh_seed(), 128);
+  const DevInputs d(in);
+  auto a = prefill_args(in, d);
+  for (const KdaPrecision prec : {KdaPrecision::fast, KdaPrecision::accurate}) {
+    a.precision = prec;
+    CAPTURE(static_cast<int>(prec), sms);
+    for (const std::array<int, 3> s : {std::array<int, 3>{1, 65536, 32}, {1, 8192, 64}, {1, 8200, 1}, {4, 4096, 16}}) {
+      a.B = s[0];
+      a.T = s[1];
+      a.H = a.HV = s[2];
+      a.single_stream = false;
+      const kernels::KdaPrefillPlan pl = kernels::kda_prefill_plan(a);
+      CAPTURE(s[0], s[1], s[2], pl.overlapped, static_cast<int>(pl.state_pass));
+      CHECK(pl.state_sm_reserved ==
+            (pl.overlapped && pl.state_pass == KdaStatePass::wgmma && 2 * s[0] * s[2] * 2 <= sms));
+      a.single_stream = true;  // no prepare beside the state pass: nothing to reserve against
+      CHECK_FALSE(kernels::kda_prefill_plan(a).state_sm_reserved);
+    }
+  }
+  a.precision = KdaPrecision::fast;
+  a.B = 1; a.T = 65536; a.H = a.HV = 32; a.single_stream = false;  // the case the reservation was measured on
+  CHECK(kernels::kda_prefill_plan(a).state_sm_reserved == (128 <= sms));
+  a.T = 1000;  // one part: not overlapped
+  CHECK_FALSE(kernels::kda_prefill_plan(a).state_sm_reserved);
+}
+
 TEST_CASE("decode (D = 64, 128, 256): prefill-then-decode == prefill and float64; one step vs float64; CUDA graph",
           "[gpu][kda]") {
   std::vector<DecodeCase> cases;
