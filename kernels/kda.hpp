@@ -148,10 +148,11 @@ struct KdaPrefillPlan {
   /// the same results as one prepare then one state pass).
   bool overlapped = false;
   /// The overlapped schedule with the wgmma state pass where its CTAs fill at most half the SMs (2 N HV D / 64 <=
-  /// SMs; e.g. B = 1, H = 32, T = 65536): each state CTA asks for a whole SM's shared memory, so that no prepare CTA
-  /// of a later part runs beside it and slows its chunk-to-chunk chain; the prepare keeps the other SMs. Measured at
-  /// 65536 x 32 (H100): fast -3%, accurate -9%; where the state CTAs fill the GPU (8192 x 64: 128 CTAs) the same
-  /// reservation costs +7% (docs/kernels/kda_prefill.md, "The state pass's SMs reserved").
+  /// SMs; e.g. B = 1, H <= 33): each state CTA asks for a whole SM's shared memory, so that no prepare CTA of a later
+  /// part runs beside it and slows its chunk-to-chunk chain; the prepare keeps the other SMs. Measured on the H100:
+  /// 65536 x 32 fast -3%, accurate -8 .. -9%; where the state CTAs fill the GPU (8192 x 64: 128 CTAs) the same
+  /// reservation costs +7%, and with 16 CTAs (32768 x 8, accurate) +2% (docs/kernels/kda_prefill.md, "The state
+  /// pass's SMs reserved").
   bool state_sm_reserved = false;
   KdaPrecision precision = KdaPrecision::fast;   ///< the arguments' precision (accurate: the wgmma pass, one-shot)
 };
