@@ -67,8 +67,9 @@ enum class KdaPrecision {
              ///< |U| of the last kda_value_scale_period chunks (or its own largest value) before fp16 overflows (Inf,
              ///< then NaN in o); values more than ~2^14 below the largest of their chunk or of a state that has not
              ///< yet decayed lose bits in fp16's subnormals (an outlier in the last chunk or two before the end
-             ///< costs the final state its accuracy; docs/kernels/kda_prefill.md, "The scale's slack look"). D = 128 only (the wgmma state pass, one-shot schedule); its workspace adds 4 KB per
-             ///< 16-token chunk and value head (Kd's lo parts)
+             ///< costs the final state its accuracy; docs/kernels/kda_prefill.md, "The scale's slack look"). D = 128
+             ///< only (the wgmma state pass, one-shot schedule); its workspace adds 4 KB per 16-token chunk and value
+             ///< head (Kd's lo parts)
 };
 
 /// Arguments of the chunked prefill (forward).
