@@ -1050,7 +1050,11 @@ void register_parity(Registry& reg) {
                                                   o->mp_max_work, o->f80_max_work)
                                     : std::string()));
     f->commit();
-    fmt::print("wrote {} ({} rows)\n", ctx.common.out, t.rows());
+    // rows the grid planned but did not run (a skipped implementation or chunk size): the notes above say why
+    const std::size_t skipped = total > t.rows() ? total - t.rows() : 0;
+    fmt::print("wrote {} ({} rows{})\n", ctx.common.out, t.rows(),
+               skipped ? fmt::format("; {} of the {} planned skipped, the notes above say why", skipped, total)
+                       : std::string());
     return 0;
   };
 }
