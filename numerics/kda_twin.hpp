@@ -156,6 +156,12 @@ struct KdaTwinPlan {
   /// pass's chunk-to-chunk path (it runs beside W S, Qg S); built in the kernel at commit 05665e8 and measured no
   /// faster, so the kernel does not run it (docs/kernels/kda_prefill.md).
   bool kd_lo_delayed = false;
+  /// With value_scale: chunk c + 1 also looks at max |S| when chunk c raised its block's exponent e by more than
+  /// kda_value_scale_slack (an outlier arrived), so that e can come down one chunk after it instead of waiting for the
+  /// outlier to fall behind the chunk's own U by the slack. A study (the kernel does not run it): it keeps the final
+  /// state after an outlier in the second-to-last chunk or a single outlier token (docs/kernels/kda_prefill.md,
+  /// "What the scale still cannot hold").
+  bool value_scale_rise_look = false;
 };
 
 /// The plan the CUDA prefill kernel runs (see file comment for its measured errors).
@@ -208,6 +214,12 @@ inline KdaTwinPlan kda_plan_state_f16() {
 inline KdaTwinPlan kda_plan_state_f16_lo_late() {
   KdaTwinPlan p = kda_plan_state_f16();
   p.kd_lo_delayed = true;
+  return p;
+}
+/// The fp16 plan with the look's second trigger (value_scale_rise_look; a study plan, not in the kernel).
+inline KdaTwinPlan kda_plan_state_f16_rise_look() {
+  KdaTwinPlan p = kda_plan_state_f16();
+  p.value_scale_rise_look = true;
   return p;
 }
 /// Every format float64: the twin then equals reference/kda.hpp kda_recurrent up to rounding order.
@@ -334,7 +346,8 @@ inline KdaOutput<double> kda_twin(const KdaInputs& in, const KdaTwinPlan& p) {
           for (std::size_t j = j0; j < j1; ++j) m = std::max(m, std::fabs(Sx[i * dv + j] / usc[j]));
         x = std::max(scale_exp(m), xU);
       }
-      look_next[bl] = x > xU + kda_value_scale_slack;
+      look_next[bl] = x > xU + kda_value_scale_slack ||
+                      (p.value_scale_rise_look && c > 0 && x > sexp[bl] + kda_value_scale_slack);
       if (x == sexp[bl] && c > 0) continue;
       const double ratio = std::ldexp(1.0, sexp[bl] - x);
       sexp[bl] = x;

@@ -144,6 +144,37 @@ TEST_CASE("twin: after an outlier chunk (v at 2^24 times the rest) between perio
   }
 }
 
+TEST_CASE("twin study: the look's second trigger (the scale rose by more than the slack) keeps the final state after "
+          "an outlier token or an outlier chunk near the end, and changes no bit where no outlier arrives",
+          "[twin]") {
+  struct Row {
+    std::size_t T;
+    std::size_t t0, t1;  // tokens of v times 2^x
+    int x;
+  };
+  for (const Row& r : {Row{200, 176, 177, 24}, Row{64, 32, 33, 24}, Row{200, 176, 192, 16}, Row{192, 160, 176, 16}}) {
+    KdaInputs in = kind_inputs({InputKind::anchor, r.T, 1, BetaDist::sigmoid});
+    for (std::size_t t = r.t0; t < r.t1; ++t)
+      for (std::size_t j = 0; j < in.d_v; ++j) in.v(0, t, 0, j) = std::ldexp(in.v(0, t, 0, j), r.x);
+    const auto ref = truth(in);
+    const PlanErrs k = plan_errs(in, ref, kda_plan_state_f16()), s = plan_errs(in, ref, kda_plan_state_f16_rise_look());
+    std::printf("T = %zu, v of tokens %zu..%zu times 2^%d: final state %.3e (the kernel's plan) -> %.3e (second trigger)\n",
+                r.T, r.t0, r.t1 - 1, r.x, k.S, s.S);
+    CAPTURE(r.T, r.t0, r.x, k.o, k.S, s.o, s.S);
+    CHECK(s.o <= tol::kda_bf16_goal.value);
+    CHECK(s.S <= tol::kda_state_goal.value);
+  }
+  for (const KindRow& r : {KindRow{InputKind::anchor, 2048, 2, BetaDist::sigmoid},
+                           KindRow{InputKind::long_memory, 8192, 1, BetaDist::sigmoid},
+                           KindRow{InputKind::collinear_keys_slow_decay, 2048, 1, BetaDist::one}}) {
+    const KdaInputs in = kind_inputs(r);
+    const auto a = kda_twin(in, kda_plan_state_f16()), b = kda_twin(in, kda_plan_state_f16_rise_look());
+    CAPTURE(input_kind_name(r.kind), r.T);
+    CHECK(a.o.data == b.o.data);
+    CHECK(a.S_final.data == b.S_final.data);
+  }
+}
+
 TEST_CASE("twin study: fp16 state products against the tf32 plan (prints the table)", "[.][twin-study]") {
   std::printf("input (T, H, beta) | tf32 plan o (S) | fp16, Kd hi + lo o (S) | fp16, Kd one part o (S) | fp16, Kd lo a "
               "chunk late (a study plan) o (S)\n");
