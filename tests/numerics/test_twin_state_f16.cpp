@@ -19,6 +19,13 @@ KdaTwinPlan plan_f16_kd_single() {
   p.split.kd_Kd = false;
   return p;
 }
+/// Anchor inputs of T tokens (one head) with v of tokens t0 .. t1 - 1 times 2^x: an outlier for the value scale.
+KdaInputs anchor_with_outlier(std::size_t T, std::size_t t0, std::size_t t1, int x) {
+  KdaInputs in = kind_inputs({InputKind::anchor, T, 1, BetaDist::sigmoid});
+  for (std::size_t t = t0; t < t1; ++t)
+    for (std::size_t j = 0; j < in.d_v; ++j) in.v(0, t, 0, j) = std::ldexp(in.v(0, t, 0, j), x);
+  return in;
+}
 /// Tokens [t0, t1) of `in` (every per-token tensor; the per-head ones and S0 as they are).
 KdaInputs token_range(const KdaInputs& in, std::size_t t0, std::size_t t1) {
   KdaInputs out = in;
@@ -113,9 +120,7 @@ TEST_CASE("twin: after an outlier chunk (v at 2^16 and 2^20 times the rest) the 
           "later tokens' o stays at the floor",
           "[twin]") {
   for (const int x : {16, 20}) {
-    KdaInputs in = kind_inputs({InputKind::anchor, 400, 1, BetaDist::sigmoid});
-    for (std::size_t t = 0; t < 16; ++t)
-      for (std::size_t j = 0; j < in.d_v; ++j) in.v(0, t, 0, j) = std::ldexp(in.v(0, t, 0, j), x);
+    const KdaInputs in = anchor_with_outlier(400, 0, 16, x);
     const auto ref = truth(in);
     const auto r = kda_twin(in, kda_plan_state_f16());
     const std::size_t late = 200 * in.d_v;  // tokens 200..399: the outlier has decayed out of S
@@ -131,9 +136,7 @@ TEST_CASE("twin: after an outlier chunk (v at 2^24 times the rest) between perio
           "comes back down within a chunk or two (the slack look): o and the final state finite and at the goal",
           "[twin]") {
   for (const std::size_t chunk : {std::size_t{3}, std::size_t{8}}) {  // kda_value_scale_period = 8: chunk 8 is a look
-    KdaInputs in = kind_inputs({InputKind::anchor, 200, 1, BetaDist::sigmoid});
-    for (std::size_t t = 16 * chunk; t < 16 * chunk + 16; ++t)
-      for (std::size_t j = 0; j < in.d_v; ++j) in.v(0, t, 0, j) = std::ldexp(in.v(0, t, 0, j), 24);
+    const KdaInputs in = anchor_with_outlier(200, 16 * chunk, 16 * chunk + 16, 24);
     const auto ref = truth(in);
     const auto r = kda_twin(in, kda_plan_state_f16());
     const auto mo = compare(r.o.data, ref.o.data), ms = compare(r.S_final.data, ref.S_final.data);
@@ -153,9 +156,7 @@ TEST_CASE("twin study: the look's second trigger (the scale rose by more than th
     int x;
   };
   for (const Row& r : {Row{200, 176, 177, 24}, Row{64, 32, 33, 24}, Row{200, 176, 192, 16}, Row{192, 160, 176, 16}}) {
-    KdaInputs in = kind_inputs({InputKind::anchor, r.T, 1, BetaDist::sigmoid});
-    for (std::size_t t = r.t0; t < r.t1; ++t)
-      for (std::size_t j = 0; j < in.d_v; ++j) in.v(0, t, 0, j) = std::ldexp(in.v(0, t, 0, j), r.x);
+    const KdaInputs in = anchor_with_outlier(r.T, r.t0, r.t1, r.x);
     const auto ref = truth(in);
     const PlanErrs k = plan_errs(in, ref, kda_plan_state_f16()), s = plan_errs(in, ref, kda_plan_state_f16_rise_look());
     std::printf("T = %zu, v of tokens %zu..%zu times 2^%d: final state %.3e (the kernel's plan) -> %.3e (second trigger)\n",
