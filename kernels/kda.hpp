@@ -66,8 +66,9 @@ enum class KdaPrecision {
              ///< numerics/kda_inputs.hpp up to T = 65536 in the twin. Range: S may grow to ~2^15 times the largest
              ///< |U| of the last kda_value_scale_period chunks (or its own largest value) before fp16 overflows (Inf,
              ///< then NaN in o); values more than ~2^14 below the largest of their chunk or of a state that has not
-             ///< yet decayed lose bits in fp16's subnormals (an outlier in the last chunk or two before the end
-             ///< costs the final state its accuracy; docs/kernels/kda_prefill.md, "The scale's slack look"). D = 128
+             ///< yet decayed lose bits in fp16's subnormals (a 2^24 outlier filling one of the last chunks, or
+             ///< the only one, costs the final state its accuracy; docs/kernels/kda_prefill.md, "What the scale
+             ///< still cannot hold"). D = 128
              ///< only (the wgmma state pass, one-shot schedule); its workspace adds 4 KB per 16-token chunk and value
              ///< head (Kd's lo parts)
 };
@@ -190,7 +191,8 @@ constexpr int kda_value_scale_period = 8;
 /// Binades by which the accurate state pass's scale exponent may exceed that of a chunk's max |U| before the next
 /// chunk looks at the state as well (numerics/kda_twin.hpp kda_value_scale_slack, the same number): after an outlier
 /// chunk, or a large S0, has decayed, the scale comes back down within a chunk or two instead of at the next periodic
-/// look, so that later values keep fp16's bits.
+/// look, so that later values keep fp16's bits; and so does the chunk after one, off the period's chunks, that raised
+/// the exponent by more than this (an outlier arrived near the end of the sequence).
 constexpr int kda_value_scale_slack = 8;
 /// KdaSlotOf<D>::bytes for a run-time D in {64, 128, 256}; 0 for any other D.
 constexpr int kda_slot_bytes(int D) { return D == 64 || D == 128 || D == 256 ? 164 * D + 2048 : 0; }

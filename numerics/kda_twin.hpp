@@ -156,11 +156,12 @@ struct KdaTwinPlan {
   /// pass's chunk-to-chunk path (it runs beside W S, Qg S); built in the kernel at commit 05665e8 and measured no
   /// faster, so the kernel does not run it (docs/kernels/kda_prefill.md).
   bool kd_lo_delayed = false;
-  /// With value_scale: chunk c + 1 also looks at max |S| when chunk c raised its block's exponent e by more than
-  /// kda_value_scale_slack (an outlier arrived), so that e can come down one chunk after it instead of waiting for the
-  /// outlier to fall behind the chunk's own U by the slack. A study (the kernel does not run it): it keeps the final
-  /// state after an outlier in the second-to-last chunk or a single outlier token (docs/kernels/kda_prefill.md,
-  /// "What the scale still cannot hold").
+  /// With value_scale: chunk c + 1 also looks at max |S| when chunk c, not a multiple of kda_value_scale_period, raised
+  /// its block's exponent e by more than kda_value_scale_slack (an outlier arrived), so that e can come down one chunk
+  /// after it instead of waiting for the outlier to fall behind the chunk's own U by the slack: it keeps the final state
+  /// after an outlier in the second-to-last chunk or a single outlier token (docs/kernels/kda_prefill.md, "The look's
+  /// second trigger"). Not at the period's chunks: there e is set afresh from the state, and the overlapped schedule's
+  /// parts, which start at such a chunk, do not know the e before it (the kernel runs each part from e = 0).
   bool value_scale_rise_look = false;
 };
 
@@ -197,13 +198,14 @@ inline KdaTwinPlan kda_plan_state_qs_tf32() {
 /// three state products with fp16 operands (11 significant bits, the cost of bf16 on the tensor cores), Kd in Kd^T D
 /// as fp16 hi + lo (two products), the values carried scaled (value_scale) for fp16's range. On the study's inputs o
 /// is at or below kda_plan_state_qs_tf32()'s and the state within the goal; Kd as one fp16 part misses the state goal
-/// on collinear keys with slow decay (as tf32 does). The plan of the CUDA kernel's accurate precision
-/// (KdaPrecision::accurate).
+/// on collinear keys with slow decay (as tf32 does). The look's second trigger (value_scale_rise_look) holds the final
+/// state after an outlier near the end. The plan of the CUDA kernel's accurate precision (KdaPrecision::accurate).
 inline KdaTwinPlan kda_plan_state_f16() {
   KdaTwinPlan p;
   p.ws = p.qs = p.kd = Format::fp16;
   p.split.kd_Kd = true;
   p.value_scale = true;
+  p.value_scale_rise_look = true;
   return p;
 }
 /// The fp16 plan with its lo product off the chunk-to-chunk path (docs/kernels/kda_prefill.md, "The lo product beside
@@ -214,12 +216,6 @@ inline KdaTwinPlan kda_plan_state_f16() {
 inline KdaTwinPlan kda_plan_state_f16_lo_late() {
   KdaTwinPlan p = kda_plan_state_f16();
   p.kd_lo_delayed = true;
-  return p;
-}
-/// The fp16 plan with the look's second trigger (value_scale_rise_look; a study plan, not in the kernel).
-inline KdaTwinPlan kda_plan_state_f16_rise_look() {
-  KdaTwinPlan p = kda_plan_state_f16();
-  p.value_scale_rise_look = true;
   return p;
 }
 /// Every format float64: the twin then equals reference/kda.hpp kda_recurrent up to rounding order.
@@ -346,8 +342,8 @@ inline KdaOutput<double> kda_twin(const KdaInputs& in, const KdaTwinPlan& p) {
           for (std::size_t j = j0; j < j1; ++j) m = std::max(m, std::fabs(Sx[i * dv + j] / usc[j]));
         x = std::max(scale_exp(m), xU);
       }
-      look_next[bl] = x > xU + kda_value_scale_slack ||
-                      (p.value_scale_rise_look && c > 0 && x > sexp[bl] + kda_value_scale_slack);
+      look_next[bl] = x > xU + kda_value_scale_slack || (p.value_scale_rise_look && c % kda_value_scale_period != 0 &&
+                                                          x > sexp[bl] + kda_value_scale_slack);
       if (x == sexp[bl] && c > 0) continue;
       const double ratio = std::ldexp(1.0, sexp[bl] - x);
       sexp[bl] = x;

@@ -21,7 +21,8 @@
 // value, sigma = 2^-e: e raised to the exponent of each chunk's max |U| (the prepare's U-max word, copied with the
 // stage) when larger, and every kda_value_scale_period chunks (chunk 0 included, from S0) set to the larger of that
 // and the exponent of max |S| over the CTA's columns, which lowers it once large values have decayed (so is the chunk
-// after one whose e exceeds its own max |U| exponent by more than kda_value_scale_slack); S^T rescaled when e changes;
+// after one whose e exceeds its own max |U| exponent by more than kda_value_scale_slack, or, off the period's chunks,
+// one that raised e by more than the slack); S^T rescaled when e changes;
 // o and the final state divided by sigma (KdaTwinPlan::value_scale). P D keeps D's bf16 hi + lo.
 #include <algorithm>
 
@@ -282,7 +283,9 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
       // a chunk without the look at max |S| scales, packs and decays before the barrier, as the fast precision's
       // code does (ptxas moves register work above the barrier there, but not past the value scale's branch)
       const int xu = wg::value_exp(*reinterpret_cast<const std::uint32_t*>(st + wg::OFF_MU + 16 * warp));
-      if (c % kda_value_scale_period == 0 || look) {
+      const int ex_in = ex;
+      const bool period = c % kda_value_scale_period == 0;
+      if (period || look) {
         barrier();
         const std::uint32_t m = max(max(smax[0], smax[1]), max(smax[2], smax[3]));  // of sigma S: exponent + ex
         rescale_to(max(xu, m == 0 ? -125 : min(max(static_cast<int>(m >> 23) - 126 + ex, -125), 126)));
@@ -292,9 +295,11 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
         pack_and_decay();
         barrier();
       }
-      // the same value in every thread; taken through a vote so that ptxas sees a warp-uniform branch and keeps the
-      // step's wgmma descriptors in uniform registers (a plain compare cost the state pass 5.5% at 65536 x 32)
-      look = __any_sync(0xffffffffu, ex > xu + kda_value_scale_slack);
+      // the next chunk looks when the scale sits more than the slack above this chunk's U, or (off the period's
+      // chunks, where a part of the overlapped schedule starts from ex = 0) when this chunk raised it by more than the
+      // slack. The same value in every thread; taken through a vote so that ptxas sees a warp-uniform branch and keeps
+      // the step's wgmma descriptors in uniform registers (a plain compare cost the state pass 5.5% at 65536 x 32)
+      look = __any_sync(0xffffffffu, ex > xu + kda_value_scale_slack || (!period && ex > ex_in + kda_value_scale_slack));
     } else {
       barrier();
       pack_and_decay();

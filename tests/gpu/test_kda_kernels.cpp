@@ -102,6 +102,7 @@ struct PrefillCase {
   int v_ramp = 0;               // v of chunk c (16 tokens) times 2^(v_ramp c): the value scale rises chunk by chunk
   int outlier_log2 = 0;   // v of chunk outlier_chunk also times 2^outlier_log2: an outlier the value scale must rise to
   int outlier_chunk = 0;  // in that chunk, and come down from at the next look (every kda_value_scale_period chunks)
+  int outlier_tokens = 16;  // the outlier's tokens from the start of outlier_chunk (1: one token)
   InputKind kind = InputKind::anchor;  // other kinds (numerics/kda_inputs.hpp, HV = H): kda_inputs(), no fast-mode goal
   BetaDist beta = BetaDist::sigmoid;
 
@@ -122,7 +123,9 @@ struct PrefillCase {
     if (v_log2 != 0) s += " v*2^" + std::to_string(v_log2);
     if (S0_log2 != 0) s += " S0*2^" + std::to_string(v_log2 + S0_log2);
     if (v_ramp != 0) s += " v*2^(" + std::to_string(v_ramp) + " chunk)";
-    if (outlier_log2 != 0) s += " chunk " + std::to_string(outlier_chunk) + " v*2^" + std::to_string(outlier_log2);
+    if (outlier_log2 != 0)
+      s += (outlier_tokens < 16 ? " " + std::to_string(outlier_tokens) + " tokens of chunk " : std::string(" chunk ")) +
+           std::to_string(outlier_chunk) + " v*2^" + std::to_string(outlier_log2);
     s += plan.schedule == KdaSchedule::segments ? " segments P=" + std::to_string(plan.segments)
                                                 : std::string(" ") + pass_name(plan.state_pass);
     return s;
@@ -307,7 +310,8 @@ void check_prefill(const PrefillCase& c) {
   for (std::size_t i = 0; i < in.v.data.size(); ++i) {  // v [B, T, HV, D]
     const std::size_t t = i / (in.HV * in.d_v) % in.T;
     const int chunk = static_cast<int>(t / 16);
-    in.v.data[i] = std::ldexp(in.v.data[i], c.v_log2 + c.v_ramp * chunk + (chunk == c.outlier_chunk ? c.outlier_log2 : 0));
+    const bool outlier = chunk == c.outlier_chunk && static_cast<int>(t % 16) < c.outlier_tokens;
+    in.v.data[i] = std::ldexp(in.v.data[i], c.v_log2 + c.v_ramp * chunk + (outlier ? c.outlier_log2 : 0));
   }
   const std::size_t D = c.D, HV = in.HV;
   std::optional<VarlenBatch> vb;
@@ -579,6 +583,13 @@ std::vector<PrefillCase> accurate_cases() {
   ol.expect_overlapped = ol.single_stream_same = true;
   ol.twin_o = ol.twin_S = true;
   v.push_back(ol);
+  // one token at 2^24 at the first token of the overlapped schedule's second part (T = 8200: parts of 2176 tokens,
+  // chunk 136, a period chunk): the part starts from e = 0 and one pass from the e before it; both look at chunk 136
+  // and neither takes the second trigger there, so the bits are the same
+  ol.outlier_chunk = 136;
+  ol.outlier_tokens = 1;
+  ol.outlier_log2 = 24;
+  v.push_back(ol);
   // which chunk's max |U| word scales a chunk: v at 2^24 in chunk 3 (between looks: the scale must rise with the
   // chunk's own word, a word read a chunk late leaves sigma U above fp16's range) and in chunk 8 (a look chunk: the
   // look must take the chunk's own word, a word read a chunk early sets the scale from an ordinary chunk)
@@ -586,6 +597,17 @@ std::vector<PrefillCase> accurate_cases() {
     PrefillCase c = accurate(shape(2, 200, 1, 2, true));
     c.outlier_log2 = 24;
     c.outlier_chunk = chunk;
+    c.twin_o = c.twin_S = true;
+    c.per_sequence = true;
+    v.push_back(c);
+  }
+  // an outlier near the end (the look's second trigger): one token at 2^24 at t = 176 and a whole chunk at 2^16 in
+  // chunk 11 of 13 (the chunk before the last); without the trigger the final state is lost (0.98) or at 1.1e-2
+  for (const std::array<int, 2> e : {std::array<int, 2>{1, 24}, {16, 16}}) {
+    PrefillCase c = accurate(shape(2, 200, 1, 2, true));
+    c.outlier_tokens = e[0];
+    c.outlier_log2 = e[1];
+    c.outlier_chunk = 11;
     c.twin_o = c.twin_S = true;
     c.per_sequence = true;
     v.push_back(c);
