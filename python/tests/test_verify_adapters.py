@@ -78,6 +78,21 @@ def test_an_empty_mla_decode_shape_is_not_applicable_not_a_crash(param):
     assert r.kind == NA and f"{key} = {value}; accepted: {key} >= 1" in r.detail
 
 
+@pytest.mark.parametrize("n, log2_scale", [(1, 24), (16, 16)])
+def test_the_value_outlier_scales_exactly_its_tokens_by_a_power_of_two(n, log2_scale):
+    """value_outlier draws random_kda's inputs and multiplies v of tokens t0 .. t0 + n - 1 (every sequence and value
+    head) by 2^log2_scale, exact; everything else is the same draw."""
+    from kdalab.verify.cases import random_kda, value_outlier
+    kw = {"B": 2, "T": 40, "H": 1, "HV": 2}
+    base, x = random_kda(5, **kw), value_outlier(5, t0=20, n=n, log2_scale=log2_scale, **kw)
+    for name in ("q", "k", "g", "beta", "S0"):
+        np.testing.assert_array_equal(x[name], base[name])
+    expect = np.array(base["v"], copy=True)
+    expect[:, 20:20 + n] *= 2.0 ** log2_scale
+    np.testing.assert_array_equal(x["v"], expect)
+    assert not np.array_equal(x["v"], base["v"])
+
+
 @pytest.mark.parametrize("case, params, reason", [
     ("agree/T17", {"H": 0}, "H = 0; accepted: H >= 1"),
     ("agree/T17", {"T": -5}, "T = -5; accepted: T >= 1"),
@@ -86,6 +101,7 @@ def test_an_empty_mla_decode_shape_is_not_applicable_not_a_crash(param):
     ("adv/varlen-hundreds", {"max_len": 0}, "short_sequences: n = 200, max_len = 0"),
     ("adv/varlen-hundreds", {"n": 0}, "short_sequences: n = 0"),
     ("adv/large-state", {"state": False}, "large_state: state = false leaves no initial state"),
+    ("adv/v-outlier-token", {"T": 100}, "value_outlier: tokens 176..176 of T = 100; accepted:"),
     ("layout/state-roundtrip", {"state": False}, "needs an initial state"),
     ("adv/collinear-keys", {"eps": float("nan")}, "inputs hold NaN or Inf (k, k_raw)"),
     ("adv/long-memory", {"T": 40, "g_min": float("nan")}, "inputs hold NaN or Inf"),

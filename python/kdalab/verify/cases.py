@@ -163,6 +163,19 @@ def value_magnitude(seed: int, log2_scale: int = 100, **kw) -> Dict[str, Any]:
     return x
 
 
+def value_outlier(seed: int, t0: int = 0, n: int = 1, log2_scale: int = 24, **kw) -> Dict[str, Any]:
+    """v of the n tokens from t0 (every sequence and value head) scaled by 2^log2_scale, exact in bf16: an
+    activation outlier the state must absorb and, once the gate has forgotten it, let go of."""
+    x = _kda_base(seed, **kw)
+    T = x["v"].shape[1]
+    if not (0 <= t0 and n >= 1 and t0 + n <= T):
+        raise ValueError(f"value_outlier: tokens {t0}..{t0 + n - 1} of T = {T}; accepted: 0 <= t0, n >= 1, t0 + n <= T")
+    v = np.array(x["v"], copy=True)
+    v[:, t0:t0 + n] *= 2.0 ** log2_scale
+    x["v"] = v
+    return x
+
+
 def saturated_gate(seed: int, **kw) -> Dict[str, Any]:
     """Every gate at g_min = -5: A_log = 30 and g_raw + bias = 1, so Sigmoid(e^30) = 1 in float64 and fp32."""
     x = _kda_base(seed, **kw)
@@ -302,7 +315,8 @@ def mla_decode_repeated_rows(seed: int, **kw) -> Dict[str, Any]:
 
 GENERATORS: Dict[str, Callable[..., Dict[str, Any]]] = {
     f.__name__: f for f in (
-        random_kda, repeated_keys, collinear_keys, key_norm, raw_qk_magnitude, value_magnitude, saturated_gate,
+        random_kda, repeated_keys, collinear_keys, key_norm, raw_qk_magnitude, value_magnitude, value_outlier,
+        saturated_gate,
         no_decay, beta_const, large_state, long_memory, unit_read, varlen, short_sequences,
         mla_decode_random, mla_decode_repeated_rows)
 }
@@ -346,6 +360,10 @@ def _kda_catalogue() -> List[Case]:
         about="q, k logits at 2^-66 before an in-kernel L2Norm (squares underflow fp32)")
     add("adv/v-huge", "value_magnitude", 27, {"T": 20, "log2_scale": 100}, about="v and S0 at 2^100 (bf16 exact)")
     add("adv/v-tiny", "value_magnitude", 28, {"T": 20, "log2_scale": -100}, about="v and S0 at 2^-100 (bf16 exact)")
+    add("adv/v-outlier-token", "value_outlier", 38, {"T": 200, "t0": 176, "n": 1, "log2_scale": 24},
+        about="one token's v at 2^24 (t = 176 of 200, the chunk before the last)")
+    add("adv/v-outlier-chunk", "value_outlier", 39, {"T": 200, "t0": 176, "n": 16, "log2_scale": 16},
+        about="v of tokens 176..191 of 200 at 2^16 (a whole chunk before the last)")
     add("adv/gate-saturated", "saturated_gate", 29, {"T": 40}, about="g = g_min = -5 everywhere (A_log = 30)")
     add("adv/no-decay", "no_decay", 30, {"T": 40}, about="g = 0 everywhere")
     add("adv/beta-one", "beta_const", 32, {"T": 40, "value": 1.0}, about="beta = 1")
