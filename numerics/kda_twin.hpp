@@ -103,6 +103,9 @@ inline constexpr std::size_t kda_value_scale_period = 8;
 /// looks at the state as well (KdaTwinPlan::value_scale): fp16's normal numbers span 30 binades, so a chunk whose
 /// values sit more than this far below the scale's top has left most of its headroom to a state that may be decaying.
 inline constexpr int kda_value_scale_slack = 8;
+/// KdaTwinPlan::kd_lo_e4m3: Kd's lo part is stored as e4m3 of lo times 2^kda_kd_lo_e4m3_shift (|lo| <= 2^-12 |Kd|, so
+/// the stored values sit at or below ~|Kd|, inside e4m3's range for L2-normalised keys) and read back times the inverse.
+inline constexpr int kda_kd_lo_e4m3_shift = 12;
 
 struct KdaTwinPlan {
   Format kk = Format::fp32, qk = Format::fp32, solve = Format::fp32, ws = Format::bf16, qs = Format::bf16,
@@ -163,6 +166,11 @@ struct KdaTwinPlan {
   /// second trigger"). Not at the period's chunks: there e is set afresh from the state, and the overlapped schedule's
   /// parts, which start at such a chunk, do not know the e before it (the kernel runs each part from e = 0).
   bool value_scale_rise_look = false;
+  /// With split.kd_Kd (fp16 Kd, D unsplit, the lo product at once): Kd's lo part rounded to e4m3 (4 significant bits,
+  /// normals from 2^-6, subnormal step 2^-9, saturating at 448) after scaling by 2^kda_kd_lo_e4m3_shift, then scaled
+  /// back, which fp16 holds exactly: the kernel's lo region at 2 KB per chunk and value head instead of 4 KB. A study
+  /// (the kernel does not run it; docs/kernels/kda_prefill.md, "What bounds the prefill: its bytes").
+  bool kd_lo_e4m3 = false;
 };
 
 /// The plan the CUDA prefill kernel runs (see file comment for its measured errors).
@@ -218,6 +226,13 @@ inline KdaTwinPlan kda_plan_state_f16_lo_late() {
   p.kd_lo_delayed = true;
   return p;
 }
+/// The fp16 plan with Kd's lo part stored as e4m3 (kd_lo_e4m3; a study plan): on the study inputs o and the state
+/// within 1% and 2% of kda_plan_state_f16()'s.
+inline KdaTwinPlan kda_plan_state_f16_kd_lo_e4m3() {
+  KdaTwinPlan p = kda_plan_state_f16();
+  p.kd_lo_e4m3 = true;
+  return p;
+}
 /// Every format float64: the twin then equals reference/kda.hpp kda_recurrent up to rounding order.
 inline KdaTwinPlan kda_plan_fp64() {
   KdaTwinPlan p;
@@ -250,6 +265,16 @@ inline void split_all(const std::vector<double>& a, Format f, std::vector<double
 inline double rnd_split(double x, Format f, bool split) {
   const double hi = rnd(x, f);
   return split && f != Format::fp64 ? hi + rnd(x - hi, f) : hi;
+}
+/// x rounded to nearest even in e4m3 (OCP fp8 E4M3FN: 3 fraction bits, normals from 2^-6, subnormals in steps of
+/// 2^-9), saturating at +-448 as the kernels' satfinite conversion does.
+inline double rnd_e4m3(double x) {
+  if (x == 0 || !std::isfinite(x)) return x;
+  const double a = std::fabs(x);
+  const int e = std::max(std::ilogb(a), -6);
+  const double q = std::ldexp(1.0, e - 3);
+  const double r = std::min(std::nearbyint(a / q) * q, 448.0);
+  return x < 0 ? -r : r;
 }
 /// x (an fp32 value) rounded toward zero to tf32: its fp32 bits with the low 13 cleared.
 inline double trunc_tf32(double x) {
@@ -286,6 +311,9 @@ inline KdaOutput<double> kda_twin(const KdaInputs& in, const KdaTwinPlan& p) {
   require(!p.kd_lo_delayed || (p.value_scale && p.split.kd_Kd && !p.split.kd_D && p.kd != Format::fp64),
           "kda_twin: kd_lo_delayed without value_scale, split.kd_Kd alone and a rounded kd; accepted: kd_lo_delayed "
           "with value_scale, split.kd_Kd, !split.kd_D, kd != fp64");
+  require(!p.kd_lo_e4m3 || (p.split.kd_Kd && !p.split.kd_D && p.kd == Format::fp16 && !p.kd_lo_delayed),
+          "kda_twin: kd_lo_e4m3 without split.kd_Kd alone, kd = fp16 and the lo product at once; accepted: kd_lo_e4m3 "
+          "with split.kd_Kd, !split.kd_D, kd = fp16, !kd_lo_delayed");
   const std::size_t B = in.B, T = in.T, H = in.H, HV = in.HV, dk = in.d_k, dv = in.d_v, C = p.chunk;
   require(B >= 1 && T >= 1 && H >= 1 && HV >= 1 && dk >= 1 && dv >= 1 && HV % H == 0,
           "kda_twin: empty shape or HV not a multiple of H (B=" + std::to_string(B) + ", T=" + std::to_string(T) +
@@ -508,7 +536,14 @@ inline KdaOutput<double> kda_twin(const KdaInputs& in, const KdaTwinPlan& p) {
       twin_detail::split_all(Dl, p.kd, op2, op2l);
     } else {
       op1 = Kd;
-      rnd_all_split(op1, p.kd, p.split.kd_Kd);
+      if (p.kd_lo_e4m3) {  // hi + e4m3(lo 2^shift) 2^-shift (fp16 holds the scaled-back value exactly)
+        for (auto& x : op1) {
+          const double hi = rnd(x, p.kd);
+          x = hi + std::ldexp(twin_detail::rnd_e4m3(std::ldexp(x - hi, kda_kd_lo_e4m3_shift)), -kda_kd_lo_e4m3_shift);
+        }
+      } else {
+        rnd_all_split(op1, p.kd, p.split.kd_Kd);
+      }
       op2 = Dl;
       rnd_all_split(op2, p.kd, p.split.kd_D);
     }
