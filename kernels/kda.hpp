@@ -61,7 +61,7 @@ enum class KdaPrecision {
              ///< distribution (the bf16 output floor is ~1.66e-3), but it grows where the state remembers long
              ///< (slow decay, small beta: 3.5e-3 at T = 8192) and on repeated keys; any D
   accurate,  ///< fp16 operands in the three products (11 significant bits at bf16's tensor-core cost), Kd in Kd^T D
-             ///< as fp16 hi + lo (two products), the state, U and D carried scaled by a power of two for fp16's
+             ///< as fp16 hi + lo (two products; lo stored as e4m3, widened exactly), the state, U and D carried scaled by a power of two for fp16's
              ///< range (kda_plan_state_f16()): o <= 1.7e-3 and the final state <= 1e-3 on every input kind of
              ///< numerics/kda_inputs.hpp up to T = 65536 in the twin. Range: S may grow to ~2^15 times the largest
              ///< |U| of the last kda_value_scale_period chunks (or its own largest value) before fp16 overflows (Inf,
@@ -179,11 +179,14 @@ static_assert(KdaSlot::W == 0 && KdaSlot::Qg == 4096 && KdaSlot::Kd == 8192 && K
                   KdaSlot::P == 20480 && KdaSlot::gam_n == 21504 && KdaSlot::Pf == 22016 && KdaSlot::bytes == 23040,
               "the D = 128 slot layout must not change");
 /// The second region of one slot in the accurate precision (D = 128), after every other workspace region (slot s at
-/// s * kda_slot_lo_bytes): Kd lo [16][128] fp16 row-major (lo = rnd(x - rnd(x)); Kd's hi parts are in the slot's Kd
+/// s * kda_slot_lo_bytes): Kd lo [16][128] e4m3 row-major, e4m3((x - rnd(x)) 2^kda_kd_lo_e4m3_shift) (numerics/kda_twin.hpp
+/// KdaTwinPlan::kd_lo_e4m3; the state pass widens it to fp16 times 2^-shift, exactly); Kd's hi parts are in the slot's Kd
 /// place, also fp16, as are its W and Qg). In that precision the first 4 bytes of the slot's P member (unused by every
 /// schedule) hold the chunk's max |U| as fp32 bits, read by the state pass's value scale
 /// (numerics/kda_twin.hpp KdaTwinPlan::value_scale).
-constexpr int kda_slot_lo_bytes = 4096;
+constexpr int kda_slot_lo_bytes = 2048;
+/// The scale of the stored Kd lo parts (numerics/kda_twin.hpp kda_kd_lo_e4m3_shift, the same number).
+constexpr int kda_kd_lo_e4m3_shift = 12;
 /// Chunks between the accurate state pass's looks at the maximum of its state, where its value scale may come down
 /// (numerics/kda_twin.hpp KdaTwinPlan::value_scale, kda_value_scale_period, the same number); the overlapped
 /// schedule's parts are whole multiples of it, so that they look where one pass over the sequence would.

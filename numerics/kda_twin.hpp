@@ -168,8 +168,8 @@ struct KdaTwinPlan {
   bool value_scale_rise_look = false;
   /// With split.kd_Kd (fp16 Kd, D unsplit, the lo product at once): Kd's lo part rounded to e4m3 (4 significant bits,
   /// normals from 2^-6, subnormal step 2^-9, saturating at 448) after scaling by 2^kda_kd_lo_e4m3_shift, then scaled
-  /// back, which fp16 holds exactly: the kernel's lo region at 2 KB per chunk and value head instead of 4 KB. A study
-  /// (the kernel does not run it; docs/kernels/kda_prefill.md, "What bounds the prefill now: its bytes").
+  /// back, which fp16 holds exactly: the kernel's lo region at 2 KB per chunk and value head instead of 4 KB
+  /// (docs/kernels/kda_prefill.md, "What bounds the prefill now: its bytes"); on in kda_plan_state_f16().
   bool kd_lo_e4m3 = false;
 };
 
@@ -214,6 +214,7 @@ inline KdaTwinPlan kda_plan_state_f16() {
   p.split.kd_Kd = true;
   p.value_scale = true;
   p.value_scale_rise_look = true;
+  p.kd_lo_e4m3 = true;
   return p;
 }
 /// The fp16 plan with its lo product off the chunk-to-chunk path (docs/kernels/kda_prefill.md, "The lo product beside
@@ -223,14 +224,8 @@ inline KdaTwinPlan kda_plan_state_f16() {
 /// the state under 9e-4.
 inline KdaTwinPlan kda_plan_state_f16_lo_late() {
   KdaTwinPlan p = kda_plan_state_f16();
+  p.kd_lo_e4m3 = false;
   p.kd_lo_delayed = true;
-  return p;
-}
-/// The fp16 plan with Kd's lo part stored as e4m3 (kd_lo_e4m3; a study plan): on the study inputs o and the state
-/// within 1% and 2% of kda_plan_state_f16()'s.
-inline KdaTwinPlan kda_plan_state_f16_kd_lo_e4m3() {
-  KdaTwinPlan p = kda_plan_state_f16();
-  p.kd_lo_e4m3 = true;
   return p;
 }
 /// Every format float64: the twin then equals reference/kda.hpp kda_recurrent up to rounding order.

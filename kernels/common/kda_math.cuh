@@ -44,6 +44,17 @@ __device__ __forceinline__ void split_f16(float x0, float x1, std::uint32_t& hi,
   lo = pack_f16(x0 - hf.x, x1 - hf.y);
 }
 
+/// Splits two floats into fp16 hi parts and e4m3 lo parts of (x - hi) 2^shift, round to nearest even, saturating
+/// (numerics/kda_twin.hpp KdaTwinPlan::kd_lo_e4m3): lo8 holds x0's byte low, x1's high.
+template <int shift>
+__device__ __forceinline__ void split_f16_e4m3(float x0, float x1, std::uint32_t& hi, std::uint16_t& lo8) {
+  const __half2 h = __floats2half2_rn(x0, x1);
+  hi = *reinterpret_cast<const std::uint32_t*>(&h);
+  const float2 hf = __half22float2(h);
+  constexpr float s = static_cast<float>(1u << shift);
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo8) : "f"((x1 - hf.y) * s), "f"((x0 - hf.x) * s));
+}
+
 /// Unpacks 8 bf16 held in a uint4 into floats.
 __device__ __forceinline__ void unpack8(const uint4& u, float* f) {
   const std::uint32_t w[4] = {u.x, u.y, u.z, u.w};

@@ -88,10 +88,10 @@ __global__ void __launch_bounds__(256, D == 256 ? 3 : 4) kda_prepare_kernel(Para
     if constexpr (kWg) {  // the wgmma state pass: Qg, Kd row-major (kda_state_wg_kernel's layout)
       auto* qg_hi = reinterpret_cast<std::uint16_t*>(slot + SL::Qg);
       auto* kd_hi = reinterpret_cast<std::uint16_t*>(slot + SL::Kd);
-      if constexpr (kHiLo) {  // the accurate precision: Qg fp16; Kd fp16 hi + lo (lo = rnd(x - rnd(x))) in the lo region
+      if constexpr (kHiLo) {  // the accurate precision: Qg fp16; Kd fp16 hi + e4m3 lo ((x - rnd(x)) 2^12) in the lo region
         unsigned char* lo = p.ws_lo + ((sq.slot0 + c) * p.HV + hv) * static_cast<long long>(kda_slot_lo_bytes);
         prep::store_rowmajor_col<D, true>(qg_hi, qg, i);
-        prep::store_rowmajor_col_hilo<D>(kd_hi, reinterpret_cast<std::uint16_t*>(lo), kd, i);
+        prep::store_rowmajor_col_hi_lo8<D>(kd_hi, lo, kd, i);
       } else {
         prep::store_rowmajor_col<D>(qg_hi, qg, i);
         prep::store_rowmajor_col<D>(kd_hi, kd, i);

@@ -362,4 +362,23 @@ __device__ __forceinline__ void store_rowmajor_col_hilo(std::uint16_t* hi, std::
   }
 }
 
+/// store_rowmajor_col_hilo with the lo parts as e4m3 of (x - hi) 2^kda_kd_lo_e4m3_shift (one byte per value, row-major
+/// [C][N] bytes): the accurate precision's Kd lo region at half the bytes (numerics/kda_twin.hpp kd_lo_e4m3).
+template <int N>
+__device__ __forceinline__ void store_rowmajor_col_hi_lo8(std::uint16_t* hi, unsigned char* lo8, const float (&X)[C],
+                                                          int i) {
+  const int par = i & 1;
+#pragma unroll
+  for (int rr = 0; rr < 8; ++rr) {
+    const float mine = par ? X[rr + 8] : X[rr], send = par ? X[rr] : X[rr + 8];
+    const float y = __shfl_xor_sync(0xffffffffu, send, 1);
+    std::uint32_t wh;
+    std::uint16_t wl;
+    split_f16_e4m3<kda_kd_lo_e4m3_shift>(par ? y : mine, par ? mine : y, wh, wl);  // even channel low
+    const int at = (par ? rr + 8 : rr) * N + (i & ~1);
+    *reinterpret_cast<std::uint32_t*>(hi + at) = wh;
+    *reinterpret_cast<std::uint16_t*>(lo8 + at) = wl;
+  }
+}
+
 }  // namespace kdalab::kernels::detail::prep

@@ -44,8 +44,9 @@ constexpr int OFF_PH = 12288, OFF_PL = 14336;            // one swizzled [16 x 6
 // the accurate precision: the chunk's U-max word (16 bytes copied from the slot's P member) per warp at OFF_MU
 constexpr int OFF_U = 16384, OFF_GN = OFF_U + C * UP * 4, OFF_MU = OFF_GN + 4 * 512,
               STAGE = (OFF_MU + 4 * 16 + 1023) / 1024 * 1024;
-// the accurate precision's Kd lo: two swizzled [16 x 64] blocks (Kd's layout)
-constexpr int OFF_KL = STAGE, STAGE_HL = STAGE + 4096;
+// the accurate precision's Kd lo: two swizzled [16 x 64] fp16 blocks (Kd's layout), widened in the step from the e4m3
+// bytes copied to OFF_K8 ([16][128] row-major, 2 KB)
+constexpr int OFF_KL = STAGE, OFF_K8 = STAGE + 4096, STAGE_HL = STAGE + 4096 + 2048;
 template <bool kHiLo>
 constexpr int stage_bytes = kHiLo ? STAGE_HL : STAGE;
 template <bool kHiLo>
@@ -74,6 +75,10 @@ __device__ __forceinline__ int value_exp(std::uint32_t m) {
 /// 2^k as a float for k in [-126, 127].
 __device__ __forceinline__ float exp2i(int k) { return __int_as_float((127 + k) << 23); }
 
+/// 8-byte cp.async (through L1: .cg takes only 16 bytes) to a shared-window address.
+__device__ __forceinline__ void cp8(std::uint32_t sdst, const void* gsrc) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(sdst), "l"(gsrc));
+}
 /// 16-byte cp.async to a shared-window address (the state pass keeps its stage addresses as 32-bit shared addresses:
 /// no generic-to-shared conversion and no 64-bit arithmetic per copy in the step).
 __device__ __forceinline__ void cp16(std::uint32_t sdst, const void* gsrc) {
@@ -86,7 +91,7 @@ __device__ __forceinline__ void cp16(std::uint32_t sdst, const void* gsrc) {
 /// r, r + 8, columns 16 warp + 4 c4 .. + 3: the warp's own 16 value columns), gam_n (one 16-byte part per lane into the
 /// warp's own 512-byte copy).
 struct CopyPlan {
-  std::uint32_t d_wq, d_kd, d_p, d_u, d_g, d_kl, d_mu;  // shared offsets from the stage base (d_kl: Kd lo)
+  std::uint32_t d_wq, d_kd, d_p, d_u, d_g, d_kl, d_k8, d_mu;  // shared offsets from the stage base (d_kl, d_k8: Kd lo)
   std::uint32_t s_wqk, s_p, s_u, s_g;             // byte offsets into the slot (s_wqk also into the lo slot)
   __device__ __forceinline__ CopyPlan(int tid, int vbase) {
     using SL = Slot<128>;
@@ -95,6 +100,7 @@ struct CopyPlan {
     d_wq = (c / 8) * 4096 + x;
     d_kd = OFF_KD + (c / 8) * 2048 + x;
     d_kl = OFF_KL + (c / 8) * 2048 + x;
+    d_k8 = OFF_K8 + 8 * tid;
     const int h = (tid / 32) & 1, pr = (tid % 32) / 2, pc = tid % 2;
     d_p = (h ? OFF_PL : OFF_PH) + sw(pr, pc);
     const int warp = tid / 32, lane = tid % 32, ur = lane / 4, uc = 16 * warp + 4 * (lane % 4);
@@ -117,13 +123,35 @@ struct CopyPlan {
     for (int k = 0; k < 2; ++k) cp16(st + d_u + k * 8 * UP * 4, slot + s_u + k * 8 * 128 * 4);
     cp16(st + d_g, slot + s_g);
   }
-  /// The accurate precision's copies: Kd lo from the lo slot (rows 0..7, 8..15; 2 of 16 B per thread) and the U-max
-  /// word from the slot (16 B by lane 0 into its warp's own place).
+  /// The accurate precision's copies: Kd lo's e4m3 bytes from the lo slot (the 8 values of rows 0..7 and of rows 8..15
+  /// whose fp16 parts this thread's d_kl places hold: 2 of 8 B per thread) and the U-max word from the slot (16 B by
+  /// lane 0 into its warp's own place).
   __device__ __forceinline__ void issue_lo(std::uint32_t st, const unsigned char* lo, const unsigned char* slot,
                                            int lane) const {
 #pragma unroll
-    for (int k = 0; k < 2; ++k) cp16(st + d_kl + k * 1024, lo + s_wqk + 2048 * k);
+    for (int k = 0; k < 2; ++k) cp8(st + d_k8 + k * 1024, lo + s_wqk / 2 + 1024 * k);
     if (lane == 0) cp16(st + d_mu, slot + Slot<128>::P);
+  }
+  /// Kd lo widened in the stage at st (after this thread's own copies have landed, before the CTA's barrier): each
+  /// e4m3 value times 2^-kda_kd_lo_e4m3_shift as fp16, exact, into its place of the swizzled fp16 blocks.
+  __device__ __forceinline__ void widen_lo(unsigned char* st, std::uint32_t st_a) const {
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const uint2 b = *reinterpret_cast<const uint2*>(st + d_k8 + k * 1024);
+      const std::uint32_t w[2] = {b.x, b.y};
+      std::uint32_t h[4];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h[2 * j]) : "h"(static_cast<std::uint16_t>(w[j] & 0xffffu)));
+        asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h[2 * j + 1]) : "h"(static_cast<std::uint16_t>(w[j] >> 16)));
+      }
+      constexpr std::uint32_t sc = (15u - kda_kd_lo_e4m3_shift) << 10;  // fp16 2^-shift
+#pragma unroll
+      for (int e = 0; e < 4; ++e) asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(h[e]) : "r"(sc | (sc << 16)));
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(st_a + d_kl + k * 1024), "r"(h[0]), "r"(h[1]),
+                   "r"(h[2]), "r"(h[3])
+                   : "memory");
+    }
   }
 };
 }  // namespace wg
@@ -219,6 +247,7 @@ __global__ void __launch_bounds__(128) kda_state_wg_kernel(Params p) {
     cp_async_wait<NST - 2>();
     const int s_next = s_cur == 0 ? NST - 1 : s_cur - 1;
     const unsigned char* const st = sbase + s_cur * STG;
+    if constexpr (kHiLo) cpl.widen_lo(sbase + s_cur * STG, sbase_a + s_cur * STG);
     const std::uint32_t so = (s_cur * STG) >> 4;  // the stage's offset in descriptor units
     // this warp's gam_n and U^T (its own copies: visible to the warp after its wait and a __syncwarp), read before the
     // CTA's barrier so that their latency runs under it
