@@ -169,7 +169,7 @@ struct KdaTwinPlan {
   /// With split.kd_Kd (fp16 Kd, D unsplit, the lo product at once): Kd's lo part rounded to e4m3 (4 significant bits,
   /// normals from 2^-6, subnormal step 2^-9, saturating at 448) after scaling by 2^kda_kd_lo_e4m3_shift, then scaled
   /// back, which fp16 holds exactly: the kernel's lo region at 2 KB per chunk and value head instead of 4 KB
-  /// (docs/kernels/kda_prefill.md, "What bounds the prefill now: its bytes"); on in kda_plan_state_f16().
+  /// (docs/kernels/kda_prefill.md, "Kd's lo part as e4m3"); on in kda_plan_state_f16().
   bool kd_lo_e4m3 = false;
 };
 
