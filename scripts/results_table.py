@@ -8,7 +8,9 @@ Without files it reads data/baselines/*.h5 (sorted by name). Each file is a `kda
 results file: one table per op under /bench/<op> (docs/results-schema.md). For every op the
 rows come from one file: the file whose name names the op's family (`kda` for kda_prefill and
 kda_decode, `mla` for mla_decode and mla_prefill), else the file with the latest `date`
-attribute. Under the table, one line per file used gives its command line, settings, device,
+attribute. Rows of the accurate precision (keys ending in ` accurate`, from `bench --precision
+accurate`) are a class of their own, chosen by the same rule among the files that hold them, so a
+folder with both precisions' files gives both, each from its own file. Under the table, one line per file used gives its command line, settings, device,
 git sha and date (root attributes); directories in paths are dropped, so the text names no
 machine's folders.
 
@@ -100,16 +102,25 @@ def read_file(path, h5py):
     return {"path": path, "name": os.path.basename(path), "attrs": attrs, "ops": ops, "ceilings": ceilings}
 
 
+def row_class(row):
+    """'accurate' for a row of the accurate precision (its key ends in ' accurate'), else ''."""
+    return "accurate" if str(row.get("key", "")).endswith(" accurate") else ""
+
+
 def pick_sources(files):
-    """op -> file dict: the file named after the op's family, else the newest by its date attribute."""
+    """(op, row class) -> file dict: among the files holding rows of that op and class, the file named after the
+    op's family, else the newest by its date attribute."""
     chosen = {}
     all_ops = sorted({op for f in files for op in f["ops"]}, key=lambda o: (OP_ORDER.index(o) if o in OP_ORDER else 99, o))
     for op in all_ops:
-        holders = [f for f in files if op in f["ops"]]
-        fam = FAMILY.get(op)
-        named = [f for f in holders if fam and fam in f["name"].lower()]
-        pool = named or holders
-        chosen[op] = max(pool, key=lambda f: (f["attrs"].get("date", ""), f["name"]))
+        for cls in ("", "accurate"):
+            holders = [f for f in files if any(row_class(r) == cls for r in f["ops"].get(op, []))]
+            if not holders:
+                continue
+            fam = FAMILY.get(op)
+            named = [f for f in holders if fam and fam in f["name"].lower()]
+            pool = named or holders
+            chosen[(op, cls)] = max(pool, key=lambda f: (f["attrs"].get("date", ""), f["name"]))
     return chosen
 
 
@@ -129,8 +140,8 @@ def table(files):
     chosen = pick_sources(files)
     header = ["op", "shape", "time", "graph step", "TB/s", "% copy", "TFLOP/s", "% matmul", "peer", "speedup", "file"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for op, f in chosen.items():
-        for r in f["ops"][op]:
+    for (op, cls), f in chosen.items():
+        for r in (r for r in f["ops"][op] if row_class(r) == cls):
             cells = [
                 op.replace("_", "-"),
                 shape_of(r, op),
@@ -152,7 +163,7 @@ def table(files):
     notes = [""]
     notes.append("- time: median of the timed launches (kda-decode with B <= 8: per step of a 100-step CUDA graph).")
     notes.append("- graph step: mla-decode with B <= 8, per step inside a CUDA graph of 20 steps.")
-    if "kda_backward" in chosen:
+    if any(op == "kda_backward" for op, _ in chosen):
         notes.append("- kda-backward: time = the forward (kda_prefill) then the backward (kda_backward); the bench "
                      "table's fwd_ms and bwd_ms hold each alone.")
     notes.append("- % copy and % matmul: of the ceilings each file records (a device-to-device copy measured in the run;")
@@ -186,7 +197,7 @@ def table(files):
         if c:
             ceil = "; ceilings: copy {} TB/s, matmul {} TFLOP/s".format(
                 fmt_num(c.get("copy_ceiling_TBps")), fmt_num(c.get("matmul_ceiling_TFLOPps")))
-        ops = ", ".join(op.replace("_", "-") for op, g in chosen.items() if g is f)
+        ops = ", ".join(op.replace("_", "-") + (" " + cls if cls else "") for (op, cls), g in chosen.items() if g is f)
         notes.append(f"- `{f['name']}` ({ops}): `{strip_dirs(a.get('command_line', '?'))}`; settings: {settings}; "
                      f"device: {a.get('device', '?')}{ceil}; git {a.get('git_sha', '?')}; date {a.get('date', '?')}")
     return "\n".join(lines + notes) + "\n"
