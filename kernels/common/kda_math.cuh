@@ -36,14 +36,6 @@ __device__ __forceinline__ std::uint32_t pack_f16(float lo, float hi) {
   return *reinterpret_cast<std::uint32_t*>(&v);
 }
 
-/// Splits two floats into fp16 hi parts and fp16 lo parts (x ~ hi + lo to ~2^-22 relative in fp16's normal range).
-__device__ __forceinline__ void split_f16(float x0, float x1, std::uint32_t& hi, std::uint32_t& lo) {
-  const __half2 h = __floats2half2_rn(x0, x1);
-  hi = *reinterpret_cast<const std::uint32_t*>(&h);
-  const float2 hf = __half22float2(h);
-  lo = pack_f16(x0 - hf.x, x1 - hf.y);
-}
-
 /// Splits two floats into fp16 hi parts and e4m3 lo parts of (x - hi) 2^shift, round to nearest even, saturating
 /// (numerics/kda_twin.hpp KdaTwinPlan::kd_lo_e4m3): lo8 holds x0's byte low, x1's high.
 template <int shift>

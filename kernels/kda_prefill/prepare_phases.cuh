@@ -344,26 +344,10 @@ __device__ __forceinline__ void store_rowmajor_col(std::uint16_t* m, const float
   }
 }
 
-/// store_rowmajor_col of X's fp16 hi parts into `hi` and of its lo parts rnd(x - rnd(x)) into `lo` (the accurate
-/// precision's Kd), one exchange of the fp32 values for both (split_f16 on the pair each thread stores).
-template <int N>
-__device__ __forceinline__ void store_rowmajor_col_hilo(std::uint16_t* hi, std::uint16_t* lo, const float (&X)[C],
-                                                        int i) {
-  const int par = i & 1;
-#pragma unroll
-  for (int rr = 0; rr < 8; ++rr) {
-    const float mine = par ? X[rr + 8] : X[rr], send = par ? X[rr] : X[rr + 8];
-    const float y = __shfl_xor_sync(0xffffffffu, send, 1);
-    std::uint32_t wh, wl;
-    split_f16(par ? y : mine, par ? mine : y, wh, wl);  // even channel in the low half
-    const int at = (par ? rr + 8 : rr) * N + (i & ~1);
-    *reinterpret_cast<std::uint32_t*>(hi + at) = wh;
-    *reinterpret_cast<std::uint32_t*>(lo + at) = wl;
-  }
-}
-
-/// store_rowmajor_col_hilo with the lo parts as e4m3 of (x - hi) 2^kda_kd_lo_e4m3_shift (one byte per value, row-major
-/// [C][N] bytes): the accurate precision's Kd lo region at half the bytes (numerics/kda_twin.hpp kd_lo_e4m3).
+/// store_rowmajor_col of X's fp16 hi parts into `hi` and of its lo parts as e4m3 of (x - hi) 2^kda_kd_lo_e4m3_shift
+/// into `lo8` (one byte per value, row-major [C][N] bytes): the accurate precision's Kd, its lo region at 2 KB a chunk
+/// (numerics/kda_twin.hpp kd_lo_e4m3); one exchange of the fp32 values for both (split_f16_e4m3 on the pair each
+/// thread stores).
 template <int N>
 __device__ __forceinline__ void store_rowmajor_col_hi_lo8(std::uint16_t* hi, unsigned char* lo8, const float (&X)[C],
                                                           int i) {
