@@ -61,16 +61,15 @@ enum class KdaPrecision {
              ///< distribution (the bf16 output floor is ~1.66e-3), but it grows where the state remembers long
              ///< (slow decay, small beta: 3.5e-3 at T = 8192) and on repeated keys; any D
   accurate,  ///< fp16 operands in the three products (11 significant bits at bf16's tensor-core cost), Kd in Kd^T D
-             ///< as fp16 hi + lo (two products; lo stored as e4m3, widened exactly), the state, U and D carried scaled by a power of two for fp16's
-             ///< range (kda_plan_state_f16()): o <= 1.7e-3 and the final state <= 1e-3 on every input kind of
+             ///< as fp16 hi + lo (two products; lo stored as e4m3, widened exactly), the state, U and D carried
+             ///< scaled by a power of two for fp16's range (kda_plan_state_f16()): o <= 1.7e-3 and the final state <= 1e-3 on every input kind of
              ///< numerics/kda_inputs.hpp up to T = 65536 in the twin. Range: S may grow to ~2^15 times the largest
              ///< |U| of the last kda_value_scale_period chunks (or its own largest value) before fp16 overflows (Inf,
              ///< then NaN in o); values more than ~2^14 below the largest of their chunk or of a state that has not
              ///< yet decayed lose bits in fp16's subnormals (a 2^24 outlier filling one of the last chunks, or
              ///< the only one, costs the final state its accuracy; docs/kernels/kda_prefill.md, "What the scale
-             ///< still cannot hold"). D = 128
-             ///< only (the wgmma state pass, one-shot schedule); its workspace adds 4 KB per 16-token chunk and value
-             ///< head (Kd's lo parts)
+             ///< still cannot hold"). D = 128 only (the wgmma state pass, one-shot schedule); its workspace adds
+             ///< kda_slot_lo_bytes (2 KB) per 16-token chunk and value head (Kd's lo parts)
 };
 
 /// Arguments of the chunked prefill (forward).

@@ -16,8 +16,8 @@
 // only the fp32 summation order inside the tensor-core products may differ.
 // The accurate precision (KdaPrecision::accurate, kHiLo; numerics/kda_twin.hpp kda_plan_state_f16()): the same steps
 // with fp16 operands in the three state products (the prepare writes W, Qg, Kd as fp16), S^T packed to fp16 for [1],
-// D^T fp16 for [3], and [3]'s product twice, S^T += D^T Kd_hi + D^T Kd_lo (Kd lo in two blocks laid out as Kd's, from
-// the workspace's lo region: 4 KB more per stage). The values are carried scaled: S^T, U and D hold sigma times their
+// D^T fp16 for [3], and [3]'s product twice, S^T += D^T Kd_hi + D^T Kd_lo (Kd lo in two fp16 blocks laid out as Kd's,
+// widened in the step from the workspace's e4m3 lo region, 2 KB a chunk: 6 KB more per stage). The values are carried scaled: S^T, U and D hold sigma times their
 // value, sigma = 2^-e: e raised to the exponent of each chunk's max |U| (the prepare's U-max word, copied with the
 // stage) when larger, and every kda_value_scale_period chunks (chunk 0 included, from S0) set to the larger of that
 // and the exponent of max |S| over the CTA's columns, which lowers it once large values have decayed (so is the chunk
