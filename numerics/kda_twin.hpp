@@ -171,6 +171,12 @@ struct KdaTwinPlan {
   /// back, which fp16 holds exactly: the kernel's lo region at 2 KB per chunk and value head instead of 4 KB
   /// (docs/kernels/kda_prefill.md, "Kd's lo part as e4m3"); on in kda_plan_state_f16().
   bool kd_lo_e4m3 = false;
+  /// The format U is stored in between the solve and the state step (the prepare's slot): fp32 (the default: U kept
+  /// in the accumulation format; any format but the two below likewise), or bf16 / fp16 of U times 2^-x, x the
+  /// exponent of the chunk's max |U| over all value columns (m = f 2^x, f in [0.5, 1), as the value scale's), so that
+  /// fp16's range holds any scale of v; rounded once after the solve (the solve's own recursion is unchanged) and read
+  /// back times 2^x. D = U - W S and P D read the rounded U; the value scale's xU is the unrounded max.
+  Format u_store = Format::fp32;
 };
 
 /// The plan the CUDA prefill kernel runs (see file comment for its measured errors).
@@ -348,6 +354,7 @@ inline KdaOutput<double> kda_twin(const KdaInputs& in, const KdaTwinPlan& p) {
   // KdaTwinPlan::kd_lo_delayed: the waiting chunk's Kd lo parts (n rows of dk) and D (n rows of dv, fp32 values)
   std::vector<double> pend_kl, pend_D;
   std::size_t pend_n = 0;
+  double umax = 0;  // the max |U| of the chunk prep last formed
   const auto scale_exp = [](double m) {
     if (!(m > 0)) return -125;
     int x = 0;
@@ -427,6 +434,15 @@ inline KdaOutput<double> kda_twin(const KdaInputs& in, const KdaTwinPlan& p) {
         X[r * nx + c] = rnd(acc, fa);
         Xs[r * nx + c] = rnd(X[r * nx + c], p.solve);
       }
+    umax = 0;  // the chunk's max |U| as the solve leaves it (the value scale's xU, and u_store's scale)
+    for (std::size_t r = 0; r < n; ++r)
+      for (std::size_t j = 0; j < dv; ++j) umax = std::max(umax, std::fabs(X[r * nx + dk + j]));
+    if (p.u_store == Format::fp16 || p.u_store == Format::bf16) {  // KdaTwinPlan::u_store: U as the slot holds it
+      const int xs = scale_exp(umax);
+      for (std::size_t r = 0; r < n; ++r)
+        for (std::size_t j = 0; j < dv; ++j)
+          X[r * nx + dk + j] = std::ldexp(rnd(std::ldexp(X[r * nx + dk + j], -xs), p.u_store), xs);
+    }
   };
   // ---- the operands of one state step: [W | U] rows (stride nx), Qg, Kd (stride dk), P (stride ld), gam_n ----
   struct StepOps {
@@ -605,12 +621,7 @@ inline KdaOutput<double> kda_twin(const KdaInputs& in, const KdaTwinPlan& p) {
         for (std::size_t c = sg * seg_chunks; c < std::min(nchunk, (sg + 1) * seg_chunks); ++c) {
           const std::size_t t0 = c * C, n = std::min(C, T - t0);
           prep(b, hv, t0, n);
-          if (p.value_scale) {  // the chunk's max |U| over all value columns
-            double m = 0;
-            for (std::size_t r = 0; r < n; ++r)
-              for (std::size_t j = 0; j < dv; ++j) m = std::max(m, std::fabs(X[r * nx + dk + j]));
-            set_exps(S, c, scale_exp(m));
-          }
+          if (p.value_scale) set_exps(S, c, scale_exp(umax));  // the chunk's max |U| over all value columns
           step(S, dv, true, true, b, hv, t0, n, single_ops(n));
         }
       }
