@@ -10,9 +10,9 @@ rows come from one file: the file whose name names the op's family (`kda` for kd
 kda_decode, `mla` for mla_decode and mla_prefill), else the file with the latest `date`
 attribute. Rows of the accurate precision (keys ending in ` accurate`, from `bench --precision
 accurate`) are a class of their own, chosen by the same rule among the files that hold them, so a
-folder with both precisions' files gives both, each from its own file. Under the table, one line per file used gives its command line, settings, device,
-git sha and date (root attributes); directories in paths are dropped, so the text names no
-machine's folders.
+folder with both precisions' files gives both, each from its own file. Under the table, one line
+per file used gives its command line, settings, device, git sha and date (root attributes);
+directories in paths are dropped, so the text names no machine's folders.
 
 --readme FILE rewrites, in place, the lines between `<!-- results-table:begin -->` and
 `<!-- results-table:end -->` of FILE (--marker NAME: between `<!-- NAME:begin -->` and `<!-- NAME:end -->`, for a
