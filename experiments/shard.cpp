@@ -5,8 +5,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <filesystem>
+#include <limits>
+#include <map>
 #include <numeric>
 #include <regex>
 #include <set>
@@ -220,7 +223,8 @@ std::string attr_text(const MergedData::Node& n, const std::string& name) {
   return fmt::format("{}", std::get<double>(it->second));
 }
 
-std::vector<std::int64_t> parse_keys(const std::string& text, const std::string& file, const std::string& path) {
+std::vector<std::int64_t> parse_keys(const std::string& text, const std::string& file, const std::string& path,
+                                     const char* name = "shard_row_keys") {
   std::vector<std::int64_t> k;
   std::size_t a = 0;
   while (a < text.size()) {
@@ -228,11 +232,23 @@ std::vector<std::int64_t> parse_keys(const std::string& text, const std::string&
     try {
       k.push_back(std::stoll(text.substr(a, b - a)));
     } catch (...) {
-      throw Error("'" + file + "': attribute shard_row_keys of '" + path + "' is not a list of integers");
+      throw Error("'" + file + "': attribute " + name + " of '" + path + "' is not a list of integers");
     }
     a = b + 1;
   }
   return k;
+}
+
+/// `text`, the root attribute `name` of shard file `file`, as a decimal integer in [lo, hi]; otherwise kdalab::Error
+/// naming the file, the attribute, its value and the range.
+std::size_t shard_attr_number(const std::string& text, const std::string& file, const char* name, std::size_t lo,
+                              std::size_t hi) {
+  std::size_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  require(!text.empty() && ec == std::errc() && end == text.data() + text.size() && v >= lo && v <= hi,
+          fmt::format("'{}': root attribute {} = '{}' is not accepted; a shard file holds an integer in [{}, {}]", file,
+                      name, printable(text), lo, hi));
+  return v;
 }
 
 /// The root attributes that tell one sharded run from another (compared between shards).
@@ -305,34 +321,44 @@ int run_merge(Context& ctx, const std::vector<std::string>& files) {
                         files[i], root(i, "shard"), root(i, "grid_points"), files[0], root(0, "shard"),
                         root(0, "grid_points")));
   }
-  const std::size_t count = std::stoul(root(0, "shard_count")), grid = std::stoul(root(0, "grid_points"));
+  // the counts as --shard takes them (N <= 100000 <= grid points); the grid's points are kept per point listed, not
+  // per point of the grid, so a grid size read from a file allocates nothing
+  const std::size_t count = shard_attr_number(root(0, "shard_count"), files[0], "shard_count", 1, 100000);
+  const std::size_t grid = shard_attr_number(root(0, "grid_points"), files[0], "grid_points", count,
+                                             static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max()));
   std::vector<std::size_t> file_of_index(count + 1, shards.size());
-  std::vector<std::size_t> file_of_point(grid, shards.size());
+  std::map<std::size_t, std::size_t> file_of_point;
   for (std::size_t i = 0; i < shards.size(); ++i) {
-    const std::size_t idx = std::stoul(root(i, "shard_index"));
-    require(idx >= 1 && idx <= count, "'" + files[i] + "': shard index out of range");
+    const std::size_t idx = shard_attr_number(root(i, "shard_index"), files[i], "shard_index", 1, count);
     if (file_of_index[idx] != shards.size())
       throw Error(fmt::format("'{}' and '{}' are both shard {}; give each shard once", files[file_of_index[idx]],
                               files[i], root(i, "shard")));
     file_of_index[idx] = i;
-    for (const auto k : parse_keys(root(i, "shard_points"), files[i], "/")) {
+    for (const auto k : parse_keys(root(i, "shard_points"), files[i], "/", "shard_points")) {
       require(k >= 0 && static_cast<std::size_t>(k) < grid, "'" + files[i] + "': a shard point is out of range");
       const auto p = static_cast<std::size_t>(k);
-      if (file_of_point[p] != shards.size())
+      if (const auto it = file_of_point.find(p); it != file_of_point.end())
         throw Error(fmt::format("grid point {} is in '{}' and in '{}'; give shards that cover each point once", p,
-                                files[file_of_point[p]], files[i]));
+                                files[it->second], files[i]));
       file_of_point[p] = i;
     }
   }
   std::vector<std::size_t> missing;
   for (std::size_t s = 1; s <= count; ++s)
     if (file_of_index[s] == shards.size()) missing.push_back(s);
+  // the first 100 points in no file (the loop passes at most the listed points besides them)
   std::vector<std::size_t> uncovered;
-  for (std::size_t p = 0; p < grid; ++p)
-    if (file_of_point[p] == shards.size()) uncovered.push_back(p);
+  for (std::size_t p = 0; p < grid && uncovered.size() < 100; ++p)
+    if (!file_of_point.count(p)) uncovered.push_back(p);
+  const std::size_t n_uncovered = grid - file_of_point.size();
+  const std::string points = fmt::format("grid points {}{} are in no file given", fmt::join(uncovered, ", "),
+                                         n_uncovered > uncovered.size()
+                                             ? fmt::format(" and {} more", n_uncovered - uncovered.size())
+                                             : std::string());
   require(missing.empty() && uncovered.empty(),
-          fmt::format("shard{} {} of {} missing (grid points {} are in no file given); give every shard 1..{} once",
-                      missing.size() == 1 ? "" : "s", fmt::join(missing, ", "), count, fmt::join(uncovered, ", "), count));
+          missing.empty() ? fmt::format("{}; give every shard 1..{} once, each with its own points", points, count)
+                          : fmt::format("shard{} {} of {} missing ({}); give every shard 1..{} once",
+                                        missing.size() == 1 ? "" : "s", fmt::join(missing, ", "), count, points, count));
 
   // ---- join: the first shard's tree, each sharded table or array's rows from every shard in key order ----
   // shards in index order: rows of equal keys cannot come from two shards (a point is in one), so the order is the

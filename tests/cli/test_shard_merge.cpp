@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "experiments/results.hpp"
@@ -301,6 +302,52 @@ TEST_CASE("merge refuses a shard whose attribute holds no value or several (exit
     CHECK(has(r, "attribute 'extra' of '/' holds " + count + " values; accepted: one text or one number"));
     CHECK(!std::filesystem::exists(out));
   }
+}
+
+TEST_CASE("merge refuses a shard whose shard_count, shard_index or grid_points is not an integer in its range (exit 2 "
+          "naming it, nothing written)", "[shard][merge]") {
+  TempDir d;
+  const auto files = run_shards(d, "recall --quick --d-k 8,16 --trials 1", 2);
+  const std::string out = d.file("merged.h5");
+  // {attribute, value, set in both files (the counts must agree between shards), what the line says}
+  const std::vector<std::tuple<std::string, std::string, bool, std::string>> rows = {
+      {"shard_count", "18446744073709551615", true, "root attribute shard_count = '18446744073709551615' is not accepted"},
+      {"shard_count", "-1", true, "root attribute shard_count = '-1' is not accepted"},
+      {"shard_count", "abc", true, "root attribute shard_count = 'abc' is not accepted"},
+      {"shard_count", "0", true, "root attribute shard_count = '0' is not accepted; a shard file holds an integer in [1, 100000]"},
+      {"grid_points", "x", true, "root attribute grid_points = 'x' is not accepted"},
+      {"grid_points", "-1", true, "root attribute grid_points = '-1' is not accepted"},
+      {"grid_points", "1", true, "root attribute grid_points = '1' is not accepted; a shard file holds an integer in [2, "},
+      {"shard_index", "x", false, "root attribute shard_index = 'x' is not accepted"},
+      {"shard_index", "3", false, "root attribute shard_index = '3' is not accepted; a shard file holds an integer in [1, 2]"},
+      {"shard_points", "1,x", false, "attribute shard_points of '/' is not a list of integers"},
+  };
+  for (const auto& [name, value, both, says] : rows) {
+    INFO(name << " = " << value);
+    std::vector<std::string> bad;
+    for (std::size_t i = 0; i < files.size(); ++i) {
+      bad.push_back(d.file(fmt::format("bad{}.h5", i)));
+      std::filesystem::copy_file(files[i], bad.back(), std::filesystem::copy_options::overwrite_existing);
+      if (both || i == 1) set_root_attr(bad.back(), name, value);
+    }
+    const auto r = run_kdalab("merge " + join(bad) + " --out " + out);
+    INFO(r.output);
+    require_one_line_exit2(r);
+    CHECK(has(r, says));
+    CHECK(!std::filesystem::exists(out));
+  }
+  // a grid far larger than its shards' points allocates nothing for it: the first points missing and their count
+  std::vector<std::string> big;
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    big.push_back(d.file(fmt::format("big{}.h5", i)));
+    std::filesystem::copy_file(files[i], big.back(), std::filesystem::copy_options::overwrite_existing);
+    set_root_attr(big.back(), "grid_points", "9223372036854775807");
+  }
+  const auto r = run_kdalab("merge " + join(big) + " --out " + out);
+  INFO(r.output);
+  require_one_line_exit2(r);
+  CHECK(has(r, "more are in no file given; give every shard 1..2 once"));
+  CHECK(!std::filesystem::exists(out));
 }
 
 }  // namespace shard_merge_test
