@@ -23,6 +23,7 @@
 /// the scalar S results.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -67,8 +68,20 @@ KdaPreops<S> kda_check_preops(const KdaCheckOp& c) {
   if (c.l2norm)
     for (Tensor<S>* t : {&p.q, &p.k})
       for (std::size_t r = 0; r < t->numel() / dk; ++r) {
-        S n2 = S(0);
-        for (std::size_t i = 0; i < dk; ++i) n2 += t->data[r * dk + i] * t->data[r * dk + i];
+        S n2 = S(0), m = S(0);
+        for (std::size_t i = 0; i < dk; ++i) {
+          n2 += t->data[r * dk + i] * t->data[r * dk + i];
+          if (sabs<S>(t->data[r * dk + i]) > m) m = sabs<S>(t->data[r * dk + i]);
+        }
+        if (m > S(0) && !(n2 >= std::numeric_limits<S>::min() && n2 <= std::numeric_limits<S>::max())) {
+          // the sum of squares overflows or underflows S (|x| beyond ~1e154 or below ~1e-154 in float64): the row
+          // is normalised as x / m with m its largest magnitude, whose squares sum to [1, d_k]
+          n2 = S(0);
+          for (std::size_t i = 0; i < dk; ++i) {
+            t->data[r * dk + i] /= m;
+            n2 += t->data[r * dk + i] * t->data[r * dk + i];
+          }
+        }
         const S inv = n2 > S(0) ? S(S(1) / ssqrt<S>(n2)) : S(0);
         for (std::size_t i = 0; i < dk; ++i) t->data[r * dk + i] *= inv;
       }

@@ -13,6 +13,7 @@
 /// (Sigmoid(x) Sigmoid(-x) = y (1 - y), evaluated without the cancellation of 1 - y near y = 1.)
 /// Layouts as the forward ops: token-major matrices, per-head blocks of d columns.
 #include <algorithm>
+#include <limits>
 #include <string>
 
 #include "reference/error.hpp"
@@ -33,6 +34,16 @@ S sigmoid_derivative(const S& x) {
 template <class S>
 Vec<S> l2norm_vec_backward(const Vec<S>& x, const Vec<S>& dy, const S& eps) {
   const S n2 = x.squaredNorm() + eps;
+  S m = S(0);  // the largest magnitude in x
+  for (Eigen::Index i = 0; i < x.size(); ++i)
+    if (sabs<S>(x(i)) > m) m = sabs<S>(x(i));
+  if (eps == S(0) && m > S(0) && !(n2 >= std::numeric_limits<S>::min() && n2 <= std::numeric_limits<S>::max())) {
+    // the sum of squares overflows or underflows S: the same VJP from x / m, whose squares sum to [1, length],
+    // is the VJP at x times 1 / m (y = x / ||x|| does not change with the scale)
+    const Vec<S> xs = x / m;
+    const S ns2 = xs.squaredNorm(), ns = ssqrt<S>(ns2);
+    return Vec<S>((dy / ns - xs * (xs.dot(dy) / (ns2 * ns))) / m);
+  }
   if (!(n2 > S(0))) return Vec<S>::Zero(x.size());
   const S n = ssqrt<S>(n2);
   return Vec<S>(dy / n - x * (x.dot(dy) / (n2 * n)));

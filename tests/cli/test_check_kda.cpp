@@ -434,3 +434,49 @@ TEST_CASE("check: a string attribute that is empty or holds several strings is r
   CHECK(has(r, "attribute 'scale' of '/' must be a number (a scalar, got 0 values)"));
   CHECK_FALSE(fs::exists(d.file("r.h5")));
 }
+
+TEST_CASE("check: float64 q and k whose squares overflow or underflow float64 are L2-normalised as at any other "
+          "scale, in the truth and its gradients", "[check]") {
+  const fs::path d = tmpdir();
+  // q and k times 2^e (exact in float64): the normalised q and k, so o, S and the gate's gradients, do not change;
+  // dq and dk scale by 2^-e. The golden o is the truth of the unscaled file.
+  InputFile f = raw_file();
+  for (const char* n : {"q", "k"}) f.ds[n] = {f.ds[n].t, false, {}};  // float64: 2^+-600 is no bf16 or float32
+  Tensor<double> dO = golden(kGolden, "/o");
+  for (std::size_t i = 0; i < dO.data.size(); ++i) dO.data[i] = std::cos(static_cast<double>(i));
+  f.ds["do"] = {dO, false, {}};
+  f.write(d / "unit.h5");
+  const Run base = run("check --op kda-bwd --in " + (d / "unit.h5").string() + " --truth f64 --out " +
+                       (d / "unit_r.h5").string());
+  INFO(base.out);
+  REQUIRE(base.rc == 0);
+  const Tensor<double> o = golden(kGolden, "/o");
+  for (int e : {600, -600}) {
+    InputFile s = f;
+    for (const char* n : {"q", "k"})
+      for (auto& x : s.ds[n].t.data) x = std::ldexp(x, e);
+    s.write(d / "scaled.h5");
+    for (const char* truth : {"f64", "mp"}) {
+      INFO("q, k times 2^" << e << ", truth " << truth);
+      const fs::path fwd = d / "fwd.h5", bwd = d / "bwd.h5";
+      Run r = run("check --op kda --in " + (d / "scaled.h5").string() + " --truth " + truth + " --force --out " +
+                  fwd.string());
+      INFO(r.out);
+      REQUIRE(r.rc == 0);
+      CHECK(rel_rms(h5read::array(fwd.string(), "/check/o_truth").data, o.data) < tol::check_self.value);
+      r = run("check --op kda-bwd --in " + (d / "scaled.h5").string() + " --truth " + truth + " --force --out " +
+              bwd.string());
+      INFO(r.out);
+      REQUIRE(r.rc == 0);
+      for (const char* g : {"dq", "dk", "dv", "dg", "dbeta"}) {
+        INFO(g);
+        Tensor<double> got = h5read::array(bwd.string(), std::string("/check/") + g + "_truth");
+        const Tensor<double> want = h5read::array((d / "unit_r.h5").string(), std::string("/check/") + g + "_truth");
+        if (g[1] == 'q' || g[1] == 'k')
+          for (auto& x : got.data) x = std::ldexp(x, e);
+        CHECK(rel_rms(got.data, want.data) < tol::check_self.value);
+      }
+    }
+  }
+  fs::remove_all(d);
+}
