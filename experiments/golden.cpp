@@ -264,8 +264,8 @@ void naming_fixture(const std::string& path, F&& check) {
 int run_golden(bool regen_flag, const std::string& dir_name, Context& ctx) {
   const std::string* dir = &dir_name;
   {
+    require(!dir->empty(), "--dir: an empty folder name is not accepted (default data/golden)");
     if (regen_flag) {
-      require(!dir->empty(), "--dir: an empty folder name is not accepted (default data/golden)");
       // Existing fixtures are replaced only with --force (checked for all before any is rewritten).
       std::vector<std::string> names;
       for (const auto& op : golden_ops()) names.push_back(op.op);

@@ -136,3 +136,13 @@ TEST_CASE("golden names a damaged stored gradient (a NaN, another size) by its d
   CHECK(has(r, "dataset '" + ds + "' has shape [1, 24, 1, 5], expected [1, 24, 1, 8]"));
   CHECK(count(r.output, "golden file '") == 1);
 }
+
+TEST_CASE("golden --dir '' is refused naming --dir, with or without --regen (never read as the root folder)",
+          "[golden]") {
+  for (const std::string args : {"golden --dir ''", "golden --dir '' --regen", "golden --dir '' --regen --force"}) {
+    const RunResult r = run_kdalab(args);
+    INFO(args << ": " << r.output);
+    require_one_line_exit2(r);
+    CHECK(has(r, "--dir: an empty folder name is not accepted"));
+  }
+}
