@@ -229,11 +229,12 @@ std::vector<std::int64_t> parse_keys(const std::string& text, const std::string&
   std::size_t a = 0;
   while (a < text.size()) {
     const std::size_t b = std::min(text.find(',', a), text.size());
-    try {
-      k.push_back(std::stoll(text.substr(a, b - a)));
-    } catch (...) {
+    // each item whole, as written ("5abc" and "" are not integers)
+    std::int64_t v = 0;
+    const auto [end, ec] = std::from_chars(text.data() + a, text.data() + b, v);
+    if (b == a || ec != std::errc() || end != text.data() + b)
       throw Error("'" + file + "': attribute " + name + " of '" + path + "' is not a list of integers");
-    }
+    k.push_back(v);
     a = b + 1;
   }
   return k;

@@ -191,6 +191,8 @@ CheckResult check(const Array& x, const Array& truth, const std::string& name, d
   const std::vector<double> xv = values_in(x, name), tv = values_in(truth, "truth");
   require(x.ndim() == truth.ndim() && shape_of(x) == shape_of(truth),
           "tensor '" + name + "' has shape " + shape_of(x) + ", the truth has " + shape_of(truth) + "; they must agree");
+  // an empty tensor compares nothing: a pass would say nothing about the candidate
+  require(!xv.empty(), "tensor '" + name + "' has shape " + shape_of(x) + ": no elements to compare; give at least one");
   ErrorMetrics m = compare(xv, tv, name);
   // tol is relative: against an all-zero truth a nonzero candidate is infinitely far (compare() gives the absolute
   // ||x||_2 there, which a relative tol must not judge), as in experiments/check.cpp

@@ -176,8 +176,13 @@ def test_candidate_dtype_and_shape_in_check():
     raises(r"tensor 'o' has shape \[4\], the truth has \[2, 2\]", kdalab.check, np.ones(4), np.ones((2, 2)), name="o")
 
 
+def test_check_of_empty_tensors_is_refused_not_passed():
+    raises(r"tensor 'o' has shape \[0\]: no elements to compare", kdalab.check, np.zeros(0), np.zeros(0), name="o")
+    raises(r"tensor 'o' has shape \[2, 0\]: no elements", kdalab.check, np.zeros((2, 0)), np.zeros((2, 0)), name="o")
+
+
 def test_uniform_bounds_that_leave_no_interval_raise_instead_of_hanging():
-    # boost's draw repeats until a value < b: with these it never returned (an infinite bound crashed)
+    # boost's draw repeats until a value < b: with these it would never return (an infinite bound is outside its domain)
     for a, b in [(1.0, 1.0), (1.0, 0.0), (np.nan, 1.0), (0.0, np.nan), (0.0, np.inf), (-np.inf, 0.0)]:
         raises(r"Rng.uniform: a = .*, b = .* is not accepted; give finite a < b", kdalab.Rng(1).uniform, 3, a, b)
     assert kdalab.Rng(1).uniform(3, -1.0, -0.5).shape == (3,)

@@ -71,8 +71,8 @@ def test_a_key_run_past_the_tokens_is_not_applicable_not_a_crash(case):
 
 @pytest.mark.parametrize("param", [{"N": 0}, {"B": 0}, {"n_h": 0}, {"d_c": -8}])
 def test_an_empty_mla_decode_shape_is_not_applicable_not_a_crash(param):
-    """--param N=0 (or B, n_h, d_c < 1) for the MLA decode cases: not applicable with the reason, where N = 0 used to
-    end the run with a ZeroDivisionError."""
+    """--param N=0 (or B, n_h, d_c < 1) for the MLA decode cases: not applicable with the reason; the run does not
+    end in an exception (N = 0 would divide by zero)."""
     (key, value), = param.items()
     r = run(numpy_mla_decode, "mla_decode", ["mla/agree"], params=param, printer=None).results[0]
     assert r.kind == NA and f"{key} = {value}; accepted: {key} >= 1" in r.detail
@@ -108,8 +108,8 @@ def test_the_value_outlier_scales_exactly_its_tokens_by_a_power_of_two(n, log2_s
 ])
 def test_a_parameter_override_a_case_cannot_take_is_not_applicable_not_a_crash(case, params, reason):
     """--param values the generators cannot take (a zero or negative size, 2^2000, no state for a state case, an
-    empty varlen draw, which used to loop forever, a NaN that makes NaN inputs, which used to be reported as the
-    candidate's NaN): the case is not applicable with the reason; the run goes on."""
+    empty varlen draw, whose sampling would never end, a NaN that makes NaN inputs, which is not the candidate's
+    NaN): the case is not applicable with the reason; the run goes on."""
     r = run(numpy_kda, "kda", [case], params=params, printer=None).results[0]
     assert r.kind == NA and reason in r.detail, r.detail
 

@@ -275,12 +275,18 @@ def test_replay_of_a_report_with_a_foreign_config_is_one_line_exit_2(tmp_path, c
 
 
 def test_a_param_is_accepted_only_when_the_generator_it_reaches_takes_it(tmp_path):
-    # short_sequences passes its parameters to varlen, which takes no T (it was offered T and then crashed)
+    # short_sequences passes its parameters to varlen, which takes no T (offered T, the generator would raise)
     p = verify("--cases", "adv/varlen-hundreds", "--param", "T=5", "--no-report", cwd=tmp_path)
     assert p.returncode == 2 and "--param T=5: no selected case's generator takes 'T'; accepted: H, HV, d_k, d_v, " \
         "max_len, n, state" in p.stderr, p.stderr
     p = verify("--cases", "adv/varlen-hundreds", "--param", "d_k=8", "--no-report", "--quiet", cwd=tmp_path)
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_a_param_given_twice_is_one_line_exit_2(tmp_path):
+    p = verify("--cases", "agree/T1", "--param", "d_k=8", "--param", "d_k=16", "--no-report", cwd=tmp_path)
+    err = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(err) == 1 and "--param d_k is given twice; give each key once" in err[0], p.stderr
 
 
 def test_a_case_too_large_for_memory_is_not_applicable_never_a_traceback(tmp_path):

@@ -89,7 +89,7 @@ TEST_CASE("a size of 2^64 - 1 or beyond is 'too large' with the accepted range, 
   CHECK(has(r, "'hidden_size' = 2304.5 (" + d.file("model.json") + ") is not a non-negative integer; " + range));
   r = info_with(d, "hidden_size", 0);
   CHECK(has(r, "'hidden_size' = 0 (" + d.file("model.json") + "); " + range));
-  // a key without a cap takes every 64-bit value (a seed): 2^64 - 1 is read, no longer refused
+  // a key without a cap takes every 64-bit value (a seed): 2^64 - 1 is read, not refused
   r = info_with(d, "kdalab.seed", UINT64_MAX);
   INFO(r.output);
   CHECK(r.code == 0);

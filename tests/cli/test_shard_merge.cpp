@@ -274,7 +274,7 @@ TEST_CASE("--shard takes I/N with 1 <= I <= N <= grid points; other values exit 
   CHECK(!std::filesystem::exists(out));
 }
 
-TEST_CASE("merge refuses a shard whose attribute holds no value or several (exit 2 naming it, nothing written; it crashed)",
+TEST_CASE("merge refuses a shard whose attribute holds no value or several (exit 2 naming it, nothing written)",
           "[shard][merge]") {
   TempDir d;
   const auto files = run_shards(d, "recall --quick --d-k 8,16 --trials 1", 2);
@@ -304,8 +304,8 @@ TEST_CASE("merge refuses a shard whose attribute holds no value or several (exit
   }
 }
 
-TEST_CASE("merge refuses a shard whose shard_count, shard_index or grid_points is not an integer in its range (exit 2 "
-          "naming it, nothing written)", "[shard][merge]") {
+TEST_CASE("merge refuses a shard whose shard_count, shard_index or grid_points is not an integer in its range, or "
+          "whose shard_points is not a list of whole integers (exit 2 naming it, nothing written)", "[shard][merge]") {
   TempDir d;
   const auto files = run_shards(d, "recall --quick --d-k 8,16 --trials 1", 2);
   const std::string out = d.file("merged.h5");
@@ -321,6 +321,8 @@ TEST_CASE("merge refuses a shard whose shard_count, shard_index or grid_points i
       {"shard_index", "x", false, "root attribute shard_index = 'x' is not accepted"},
       {"shard_index", "3", false, "root attribute shard_index = '3' is not accepted; a shard file holds an integer in [1, 2]"},
       {"shard_points", "1,x", false, "attribute shard_points of '/' is not a list of integers"},
+      {"shard_points", "1,3abc", false, "attribute shard_points of '/' is not a list of integers"},
+      {"shard_points", "1,,3", false, "attribute shard_points of '/' is not a list of integers"},
   };
   for (const auto& [name, value, both, says] : rows) {
     INFO(name << " = " << value);

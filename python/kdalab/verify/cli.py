@@ -58,6 +58,8 @@ def _params(items: List[str]) -> Dict[str, Any]:
         key, eq, value = item.partition("=")
         if not eq or not key:
             raise ValueError(f"--param {item!r} is not KEY=VALUE")
+        if key in out:
+            raise ValueError(f"--param {key} is given twice; give each key once")
         try:
             out[key] = json.loads(value)
         except json.JSONDecodeError:
