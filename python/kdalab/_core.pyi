@@ -153,8 +153,9 @@ class CheckResult:
     verdict: str         # "x 1.234e-03 <= 5.0e-03", as a line of `kdalab check`
 
 def check(x: Array, truth: Array, *, name: str = "x", tol: float = ...) -> CheckResult:
-    """Compares candidate x (float64, float32 or bfloat16; any shape, CPU, C-contiguous) with truth (same
-    shape, finite) as `kdalab check` does; tol defaults to CHECK_DEFAULT_TOL (budgets()["check_default"])."""
+    """Compares candidate x (float64, float32 or bfloat16; any shape with at least one element, CPU, C-contiguous)
+    with truth (same shape, finite) as `kdalab check` does; tol defaults to CHECK_DEFAULT_TOL
+    (budgets()["check_default"]); an empty x is refused (Error): it compares nothing."""
 
 def budgets() -> dict[str, Tuple[float, str]]:
     """Named budgets of numerics/tolerance.hpp: name -> (value, reason); relative RMS unless the reason
