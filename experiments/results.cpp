@@ -271,6 +271,36 @@ auto h5(const std::string& what, F&& f) -> decltype(f()) {
     throw std::runtime_error("HDF5 failed while " + what + ": " + e.getDetailMsg());
   }
 }
+
+/// `s` for a message, a NUL shown as \0.
+std::string shown(const std::string& s) {
+  std::string out;
+  for (char c : s) out += c == '\0' ? std::string("\\0") : std::string(1, c);
+  return out;
+}
+
+/// A group path of the file ("" and "/" are the root): kdalab::Error for a NUL in it (HDF5 would cut the name there)
+/// or a part "." or ".." (HDF5 would make a group of that name, not move up).
+void check_group_path(const std::string& g) {
+  require(g.find('\0') == std::string::npos,
+          "results file: group '" + shown(g) + "' holds a NUL character; accepted: names without it");
+  for (std::size_t a = 0; a <= g.size();) {
+    const std::size_t b = std::min(g.find('/', a), g.size());
+    const std::string part = g.substr(a, b - a);
+    require(part != "." && part != "..",
+            "results file: group '" + g + "' has a part '" + part + "'; accepted: names of groups, not . or ..");
+    a = b + 1;
+  }
+}
+
+/// A dataset (array or table column) or attribute name: kdalab::Error when empty, holding a NUL, or (a dataset,
+/// `link`) holding '/' or being . or ..; `where` names its group or object.
+void check_name(const std::string& name, const std::string& where, const char* what, bool link) {
+  const bool bad = name.empty() || name.find('\0') != std::string::npos ||
+                   (link && (name.find('/') != std::string::npos || name == "." || name == ".."));
+  require(!bad, "results file: " + std::string(what) + " name '" + shown(name) + "' of '" + where +
+                    "' is not accepted; give a non-empty name without NUL" + (link ? ", '/', . or .." : ""));
+}
 }  // namespace
 
 struct ResultsFile::Impl {
@@ -359,6 +389,9 @@ ResultsFile::~ResultsFile() {
 }
 
 void ResultsFile::group(const std::string& g, const std::string& description) {
+  check_group_path(g);
+  require(description.find('\0') == std::string::npos,
+          "results file: the description of group '" + g + "' holds a NUL character; accepted: text without it");
   h5("writing group '" + g + "'", [&] {
     H5::Group grp = impl_->open_group(g);
     set_str_attr(grp, "description", description);
@@ -368,8 +401,13 @@ void ResultsFile::group(const std::string& g, const std::string& description) {
 void ResultsFile::write_table(const std::string& g, const Table& table) {
   for (const auto& c : table.columns())
     require(c.size() == table.rows(), "table column '" + c.name + "' length differs from the row count");
+  check_group_path(g);
+  for (const auto& c : table.columns()) check_name(c.name, g, "table column", true);
   h5("writing the table of '" + g + "'", [&] {
     H5::Group grp = impl_->open_group(g);
+    for (const auto& c : table.columns())
+      require(!grp.nameExists(c.name), "results file: '" + g + "' already holds '" + c.name +
+                                           "'; give each table column and array of a group once");
     for (const auto& c : table.columns()) {
       hsize_t dims[1] = {c.size()};
       H5::DataSpace space(1, dims);
@@ -399,8 +437,17 @@ void ResultsFile::write_array(const std::string& g, const std::string& name, con
                               const std::map<std::string, std::string>& attrs) {
   // A fixed array, not a vector: g++ 13 reports a false -Wfree-nonheap-object on the vector form.
   require(t.rank() <= 32, "write_array '" + name + "': rank " + std::to_string(t.rank()) + " > 32");
+  check_group_path(g);
+  check_name(name, g, "array", true);
+  for (const auto& [k, v] : attrs) {
+    check_name(k, g + "/" + name, "attribute", false);
+    require(v.find('\0') == std::string::npos, "results file: attribute '" + k + "' of '" + g + "/" + name +
+                                                    "' holds a NUL character; accepted: text without it");
+  }
   h5("writing array '" + g + "/" + name + "'", [&] {
     H5::Group grp = impl_->open_group(g);
+    require(!grp.nameExists(name), "results file: '" + g + "' already holds '" + name +
+                                       "'; give each table column and array of a group once");
     hsize_t dims[32];
     const int rank = t.rank() == 0 ? 1 : static_cast<int>(t.rank());
     for (int i = 0; i < rank; ++i) dims[i] = t.rank() == 0 ? 1 : t.shape[static_cast<std::size_t>(i)];
@@ -414,6 +461,10 @@ void ResultsFile::write_array(const std::string& g, const std::string& name, con
 }
 
 void ResultsFile::attr(const std::string& g, const std::string& name, const std::string& value) {
+  check_group_path(g);
+  check_name(name, g, "attribute", false);
+  require(value.find('\0') == std::string::npos,
+          "results file: attribute '" + name + "' of '" + g + "' holds a NUL character; accepted: text without it");
   h5("writing attribute '" + name + "' of '" + g + "'", [&] {
     // a dataset too (kdalab merge copies every attribute); a path that does not exist yet is a group to create
     bool exists = g != "/" && !g.empty();
@@ -433,6 +484,8 @@ void ResultsFile::attr(const std::string& g, const std::string& name, const std:
 }
 
 void ResultsFile::attr(const std::string& object, const std::string& name, double value) {
+  check_group_path(object);
+  check_name(name, object, "attribute", false);
   h5("writing attribute '" + name + "' of '" + object + "'", [&] {
     if (object == "/" || impl_->file.childObjType(object) == H5O_TYPE_GROUP) {
       H5::Group grp = impl_->open_group(object);

@@ -281,7 +281,9 @@ class ResultsFile:
     """The HDF5 results writer of the command line (experiments/results.hpp; docs/results-schema.md): the same
     root attributes (software, software_version, git_sha, date, command_line, config, host, device,
     seed); written to a temporary name and renamed by commit() (or on leaving a `with` block without an
-    exception); an existing file is replaced only with force=True."""
+    exception); an existing file is replaced only with force=True. Names: Error for a NUL in any name or text, an
+    empty array, column or attribute name, a '/' in an array or column name, a group part . or .., and an array or
+    column its group already holds."""
     path: str
     def __init__(self, path: str, *, force: bool = False, command_line: str = "", config: str = "{}",
                  seed: str = "") -> None: ...

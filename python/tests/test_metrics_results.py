@@ -87,6 +87,20 @@ def test_results_file_never_overwrites_without_force_and_leaves_nothing_on_failu
     kdalab.ResultsFile(out, force=True).commit()
 
 
+@pytest.mark.parametrize("write, says", [
+    (lambda f: f.write_array("g", "x\0y", np.ones(2), units="1", description="d"), r"array name 'x\\0y' of 'g'"),
+    (lambda f: f.write_table("t", [("a/b", "1", "d", [1.0])]), r"table column name 'a/b' of 't'"),
+    (lambda f: f.group("../x", "d"), r"group '\.\./x' has a part '\.\.'"),
+    (lambda f: f.attr("/", "a", "v\0w"), r"attribute 'a' of '/' holds a NUL character"),
+])
+def test_results_file_refuses_names_hdf5_would_cut_or_read_as_paths_and_writes_nothing(tmp_path, write, says):
+    out = str(tmp_path / "r.h5")
+    with pytest.raises(kdalab.Error, match=says):
+        with kdalab.ResultsFile(out) as f:
+            write(f)
+    assert not os.listdir(tmp_path)
+
+
 def test_cuda_entry_points_say_what_is_missing():
     if kdalab.built_with_cuda:
         pytest.skip("built with CUDA")

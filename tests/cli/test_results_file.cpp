@@ -128,6 +128,68 @@ TEST_CASE("a failed run leaves no file, and never touches an old one", "[results
   CHECK(d.count() == 1);
 }
 
+TEST_CASE("the writer refuses names HDF5 would cut at a NUL or read as a path (/, ., ..), empty names and a dataset "
+          "written twice, with an Error naming them; the run's file is then never written",
+          "[results]") {
+  TempDir d;
+  const std::string p = d.file("r.h5");
+  using namespace std::string_literals;
+  Tensor<double> a({2});
+  a.data = {1.0, 2.0};
+  Table nul_col, empty_col;
+  nul_col.col("a\0b"s, 'd', "1", "d");
+  empty_col.col("", 'd', "1", "d");
+  const std::vector<std::pair<std::function<void(ResultsFile&)>, std::string>> cases = {
+      {[&](ResultsFile& f) { f.write_array("g", "x\0y"s, a, "1", "d"); }, "array name 'x\\0y' of 'g' is not accepted"},
+      {[&](ResultsFile& f) { f.write_array("g", "a/b", a, "1", "d"); }, "array name 'a/b' of 'g' is not accepted"},
+      {[&](ResultsFile& f) { f.write_array("g", "..", a, "1", "d"); }, "array name '..' of 'g' is not accepted"},
+      {[&](ResultsFile& f) { f.write_array("g", "", a, "1", "d"); }, "array name '' of 'g' is not accepted"},
+      {[&](ResultsFile& f) { f.write_array("g", "x", a, "1", "d", {{"k", "v\0w"s}}); }, "attribute 'k' of 'g/x' holds a NUL"},
+      {[&](ResultsFile& f) {
+         f.write_array("g", "x", a, "1", "d");
+         f.write_array("g", "x", a, "1", "d");
+       },
+       "'g' already holds 'x'"},
+      {[&](ResultsFile& f) {
+         f.write_table("g", sample_table());
+         f.write_table("g", sample_table());
+       },
+       "'g' already holds 'T'"},
+      {[&](ResultsFile& f) { f.write_table("t", nul_col); }, "table column name 'a\\0b' of 't' is not accepted"},
+      {[&](ResultsFile& f) { f.write_table("t", empty_col); }, "table column name '' of 't' is not accepted"},
+      {[&](ResultsFile& f) { f.group("../x", "d"); }, "group '../x' has a part '..'"},
+      {[&](ResultsFile& f) { f.group("a/./b", "d"); }, "group 'a/./b' has a part '.'"},
+      {[&](ResultsFile& f) { f.group("x\0y"s, "d"); }, "group 'x\\0y' holds a NUL character"},
+      {[&](ResultsFile& f) { f.group("x", "d\0e"s); }, "the description of group 'x' holds a NUL character"},
+      {[&](ResultsFile& f) { f.attr("/", "a\0b"s, "v"); }, "attribute name 'a\\0b' of '/' is not accepted"},
+      {[&](ResultsFile& f) { f.attr("/", "a", "v\0w"s); }, "attribute 'a' of '/' holds a NUL character"},
+      {[&](ResultsFile& f) { f.attr("/", "", 1.0); }, "attribute name '' of '/' is not accepted"},
+  };
+  for (const auto& [write, says] : cases) {
+    INFO(says);
+    try {
+      ResultsFile f(p, false, RunInfo{"x", "{}", "1"});
+      write(f);
+      f.commit();
+      FAIL("no error; expected: " << says);
+    } catch (const Error& e) {
+      INFO(e.what());
+      CHECK(std::string(e.what()).find(says) != std::string::npos);
+    }
+    CHECK(d.count() == 0);
+  }
+  // the names the experiments write are accepted: nested groups, a table, attributes of a group and of a column
+  {
+    ResultsFile f(p, false, RunInfo{"x", "{}", "1"});
+    f.group("a/b", "d");
+    f.write_table("a/b", sample_table());
+    f.attr("a/b/T", "note", 2.0);
+    f.attr("a//b", "k", "v");
+    f.commit();
+  }
+  CHECK(h5read::attr_string(p, "a/b", "k") == "v");
+}
+
 TEST_CASE("tables reject rows that do not fit", "[results]") {
   Table t = sample_table();
   CHECK_THROWS_AS(t.row({1.0}), Error);
