@@ -307,17 +307,40 @@ struct ResultsFile::Impl {
   /// The file lives in memory (core driver, no backing store): HDF5 never touches the disk, so no HDF5 close
   /// path can fail on a full disk; its bytes go to disk through write_file_atomically().
   H5::H5File file;
-  /// Opens group g, creating it and any missing parent groups.
+  /// Opens group g, creating it and any missing parent groups. kdalab::Error when g or a part of it is an array
+  /// (HDF5 cannot open a group there, nor look a name up under it).
   H5::Group open_group(const std::string& g) {
     if (g == "/" || g.empty()) return file.openGroup("/");
     std::size_t pos = 0;
     while (true) {
       pos = g.find('/', pos + 1);
       const std::string part = g.substr(0, pos);
-      if (!part.empty() && part != "/" && !file.nameExists(part)) file.createGroup(part);
+      if (!part.empty() && part != "/") {
+        if (!file.nameExists(part))
+          file.createGroup(part);
+        else
+          require(file.childObjType(part) == H5O_TYPE_GROUP,
+                  "results file: '" + part + "' is an array, not a group, so group '" + g +
+                      "' cannot be made; give a group path that passes through groups only");
+      }
       if (pos == std::string::npos) break;
     }
     return file.openGroup(g);
+  }
+  /// Whether g names an existing dataset (every part before it a group; a path through an array is not one, and
+  /// open_group names it).
+  bool is_dataset(const std::string& g) {
+    if (g == "/" || g.empty()) return false;
+    std::size_t pos = 0;
+    while (true) {
+      pos = g.find('/', pos + 1);
+      const std::string part = g.substr(0, pos);
+      if (!part.empty() && part != "/") {
+        if (!file.nameExists(part)) return false;
+        if (file.childObjType(part) != H5O_TYPE_GROUP) return pos == std::string::npos;
+      }
+      if (pos == std::string::npos) return false;
+    }
   }
 };
 
@@ -388,7 +411,12 @@ ResultsFile::~ResultsFile() {
   try { impl_->file.close(); } catch (...) {}
 }
 
+void ResultsFile::require_open() const {
+  require(!closed_, "results file '" + path_ + "': commit() was called, which closes it; write everything before commit()");
+}
+
 void ResultsFile::group(const std::string& g, const std::string& description) {
+  require_open();
   check_group_path(g);
   require(description.find('\0') == std::string::npos,
           "results file: the description of group '" + g + "' holds a NUL character; accepted: text without it");
@@ -399,10 +427,16 @@ void ResultsFile::group(const std::string& g, const std::string& description) {
 }
 
 void ResultsFile::write_table(const std::string& g, const Table& table) {
+  require_open();
   for (const auto& c : table.columns())
     require(c.size() == table.rows(), "table column '" + c.name + "' length differs from the row count");
   check_group_path(g);
   for (const auto& c : table.columns()) check_name(c.name, g, "table column", true);
+  for (std::size_t i = 0; i < table.columns().size(); ++i)
+    for (std::size_t k = 0; k < i; ++k)
+      require(table.columns()[k].name != table.columns()[i].name,
+              "results file: table column '" + table.columns()[i].name + "' of '" + g +
+                  "' is given twice; give each table column and array of a group once");
   h5("writing the table of '" + g + "'", [&] {
     H5::Group grp = impl_->open_group(g);
     for (const auto& c : table.columns())
@@ -435,6 +469,7 @@ void ResultsFile::write_table(const std::string& g, const Table& table) {
 void ResultsFile::write_array(const std::string& g, const std::string& name, const Tensor<double>& t,
                               const std::string& units, const std::string& description,
                               const std::map<std::string, std::string>& attrs) {
+  require_open();
   // A fixed array, not a vector: g++ 13 reports a false -Wfree-nonheap-object on the vector form.
   require(t.rank() <= 32, "write_array '" + name + "': rank " + std::to_string(t.rank()) + " > 32");
   check_group_path(g);
@@ -461,19 +496,14 @@ void ResultsFile::write_array(const std::string& g, const std::string& name, con
 }
 
 void ResultsFile::attr(const std::string& g, const std::string& name, const std::string& value) {
+  require_open();
   check_group_path(g);
   check_name(name, g, "attribute", false);
   require(value.find('\0') == std::string::npos,
           "results file: attribute '" + name + "' of '" + g + "' holds a NUL character; accepted: text without it");
   h5("writing attribute '" + name + "' of '" + g + "'", [&] {
     // a dataset too (kdalab merge copies every attribute); a path that does not exist yet is a group to create
-    bool exists = g != "/" && !g.empty();
-    for (std::size_t pos = 0; exists && pos != std::string::npos;) {  // nameExists checks the last link only
-      pos = g.find('/', pos + 1);
-      const std::string part = g.substr(0, pos);
-      exists = part.empty() || part == "/" || impl_->file.nameExists(part);
-    }
-    if (exists && impl_->file.childObjType(g) == H5O_TYPE_DATASET) {
+    if (impl_->is_dataset(g)) {
       H5::DataSet ds = impl_->file.openDataSet(g);
       set_str_attr(ds, name, value);
       return;
@@ -484,21 +514,23 @@ void ResultsFile::attr(const std::string& g, const std::string& name, const std:
 }
 
 void ResultsFile::attr(const std::string& object, const std::string& name, double value) {
+  require_open();
   check_group_path(object);
   check_name(name, object, "attribute", false);
   h5("writing attribute '" + name + "' of '" + object + "'", [&] {
-    if (object == "/" || impl_->file.childObjType(object) == H5O_TYPE_GROUP) {
-      H5::Group grp = impl_->open_group(object);
-      set_num_attr(grp, name, value);
-    } else {
+    // as the string attribute: a dataset, or a group (created when the path does not exist yet)
+    if (impl_->is_dataset(object)) {
       H5::DataSet ds = impl_->file.openDataSet(object);
       set_num_attr(ds, name, value);
+    } else {
+      H5::Group grp = impl_->open_group(object);
+      set_num_attr(grp, name, value);
     }
   });
 }
 
 void ResultsFile::commit() {
-  require(!committed_, "results file committed twice");
+  require_open();
   std::string image;
   h5("taking the file image", [&] {
     impl_->file.flush(H5F_SCOPE_GLOBAL);
@@ -508,9 +540,9 @@ void ResultsFile::commit() {
     image.resize(static_cast<std::size_t>(n));
     if (H5Fget_file_image(id, image.data(), image.size()) != n) throw std::runtime_error("H5Fget_file_image failed");
     impl_->file.close();
+    closed_ = true;
   });
   write_file_atomically(path_, image, force_);
-  committed_ = true;
 }
 
 // ---- reader --------------------------------------------------------------------------------------

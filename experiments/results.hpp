@@ -95,9 +95,10 @@ class ResultsFile {
                    const std::map<std::string, std::string>& attrs = {});
   /// Sets a string attribute on a group ("/" for the root; created if needed) or on an existing dataset.
   void attr(const std::string& group, const std::string& name, const std::string& value);
-  /// Sets a numeric attribute on a group or dataset path.
+  /// Sets a numeric attribute on a group ("/" for the root; created if needed) or on an existing dataset.
   void attr(const std::string& object, const std::string& name, double value);
-  /// Writes the file to its path with write_file_atomically(). After this the file exists.
+  /// Writes the file to its path with write_file_atomically(). After this the file exists. It closes the file,
+  /// even when the write fails: a write or a second commit() after it throws kdalab::Error.
   void commit();
   const std::string& path() const { return path_; }
 
@@ -105,7 +106,9 @@ class ResultsFile {
   struct Impl;
   std::unique_ptr<Impl> impl_;
   std::string path_;
-  bool force_ = false, committed_ = false;
+  bool force_ = false, closed_ = false;
+  /// Throws kdalab::Error naming the file once commit() has closed it.
+  void require_open() const;
 };
 
 /// Reading (for `kdalab check`, golden tests, `bench --compare`). All throw kdalab::Error naming

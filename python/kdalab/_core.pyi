@@ -282,8 +282,9 @@ class ResultsFile:
     root attributes (software, software_version, git_sha, date, command_line, config, host, device,
     seed); written to a temporary name and renamed by commit() (or on leaving a `with` block without an
     exception); an existing file is replaced only with force=True. Names: Error for a NUL in any name or text, an
-    empty array, column or attribute name, a '/' in an array or column name, a group part . or .., and an array or
-    column its group already holds."""
+    empty array, column or attribute name, a '/' in an array or column name, a group part . or .., an array or
+    column its group already holds (or one table gives twice), and a group path through an array. commit() closes the
+    file: any call after it raises Error."""
     path: str
     def __init__(self, path: str, *, force: bool = False, command_line: str = "", config: str = "{}",
                  seed: str = "") -> None: ...
@@ -293,7 +294,8 @@ class ResultsFile:
         """An N-d float64 dataset group/name with units, description and string attributes."""
     def write_table(self, group: str, columns: Sequence[Tuple[str, str, str, Sequence[Any]]]) -> None:
         """Columns (name, units, description, values) of equal length as 1-D datasets: values are floats,
-        ints or strs."""
+        ints (int64 datasets, each value exact; within [-2^63, 2^63 - 1]) or strs, the kind of a column's first value;
+        another value raises Error naming the column and the value."""
     def attr(self, object: str, name: str, value: Union[str, float]) -> None: ...
     def commit(self) -> None: ...
     def __enter__(self) -> "ResultsFile": ...

@@ -631,41 +631,76 @@ NB_MODULE(_core, m) {
            [](ResultsFile& f, const std::string& group, const nb::list& columns) {
              Table t;
              std::vector<std::vector<double>> dcols;
+             std::vector<std::vector<std::int64_t>> icols;
              std::vector<std::vector<std::string>> scols;
              std::vector<char> kinds;
              std::size_t rows = 0;
              for (std::size_t c = 0; c < columns.size(); ++c) {
-               const auto spec = nb::cast<nb::tuple>(columns[c]);
-               require(spec.size() == 4, "write_table: column " + std::to_string(c) +
-                                             " must be (name, units, description, values)");
+               const nb::handle col = columns[c];
+               require(nb::isinstance<nb::tuple>(col) && nb::len(col) == 4,
+                       "write_table: column " + std::to_string(c) + " must be (name, units, description, values)");
+               const auto spec = nb::borrow<nb::tuple>(col);
+               const char* parts[3] = {"name", "units", "description"};
+               for (std::size_t k = 0; k < 3; ++k)
+                 require(nb::isinstance<nb::str>(spec[k]), "write_table: column " + std::to_string(c) + "'s " +
+                                                               parts[k] + " = " + shown_arg(spec[k], false) +
+                                                               "; accepted: a str");
                const auto name = nb::cast<std::string>(spec[0]);
+               // the values, each checked against the column's kind (its first value's): ints stay int64 (a double
+               // holds 2^53 exactly, not 2^53 + 1), and a value of another kind is named, not a bare std::bad_cast
                const nb::handle vals = spec[3];
-               char kind = 'd';
-               std::vector<double> dv;
-               std::vector<std::string> sv;
-               if (nb::isinstance<nb::list>(vals) && nb::len(vals) > 0 && nb::isinstance<nb::str>(nb::cast<nb::list>(vals)[0])) {
-                 kind = 's';
-                 sv = nb::cast<std::vector<std::string>>(vals);
-               } else if (nb::isinstance<nb::list>(vals) && nb::len(vals) > 0 && nb::isinstance<nb::int_>(nb::cast<nb::list>(vals)[0])) {
-                 kind = 'i';
-                 for (auto x : nb::cast<std::vector<std::int64_t>>(vals)) dv.push_back(static_cast<double>(x));
-               } else {
-                 dv = nb::cast<std::vector<double>>(vals);
+               nb::object fast;
+               if (!PyUnicode_Check(vals.ptr()) && !PyBytes_Check(vals.ptr()))
+                 fast = nb::steal(PySequence_Fast(vals.ptr(), ""));
+               if (!fast.is_valid()) {
+                 PyErr_Clear();
+                 throw Error("write_table: the values of column '" + name + "' are " + shown_arg(vals, false) +
+                             "; accepted: a list of floats, of ints or of strs");
                }
-               const std::size_t n = kind == 's' ? sv.size() : dv.size();
+               const std::size_t n = static_cast<std::size_t>(PySequence_Fast_GET_SIZE(fast.ptr()));
+               PyObject** items = PySequence_Fast_ITEMS(fast.ptr());
+               const char kind = n > 0 && PyUnicode_Check(items[0]) ? 's' : n > 0 && PyLong_Check(items[0]) ? 'i' : 'd';
+               const char* accepted = kind == 's' ? "a str, as the column's first value"
+                                      : kind == 'i' ? "an int in [-2^63, 2^63 - 1], as the column's first value"
+                                                    : "a float (a column's values are all floats, all ints or all strs)";
+               std::vector<double> dv;
+               std::vector<std::int64_t> iv;
+               std::vector<std::string> sv;
+               for (std::size_t r = 0; r < n; ++r) {
+                 PyObject* x = items[r];
+                 bool ok = false;
+                 if (kind == 's' && PyUnicode_Check(x)) {
+                   sv.push_back(nb::cast<std::string>(nb::handle(x)));
+                   ok = true;
+                 } else if (kind == 'i' && PyLong_Check(x)) {
+                   int overflow = 0;
+                   const long long v = PyLong_AsLongLongAndOverflow(x, &overflow);
+                   ok = overflow == 0 && !PyErr_Occurred();
+                   PyErr_Clear();
+                   if (ok) iv.push_back(static_cast<std::int64_t>(v));
+                 } else if (kind == 'd' && !PyUnicode_Check(x) && !PyBytes_Check(x) && PyNumber_Check(x)) {
+                   const double v = PyFloat_AsDouble(x);
+                   ok = !PyErr_Occurred();
+                   PyErr_Clear();
+                   if (ok) dv.push_back(v);
+                 }
+                 require(ok, "write_table: column '" + name + "' value " + std::to_string(r) + " = " +
+                                 shown_arg(nb::handle(x), false) + "; accepted: " + accepted);
+               }
                require(c == 0 || n == rows, "write_table: column '" + name + "' has " + std::to_string(n) +
                                                 " values, the first column " + std::to_string(rows) + "; they must agree");
                rows = n;
                t.col(name, kind, nb::cast<std::string>(spec[1]), nb::cast<std::string>(spec[2]));
                kinds.push_back(kind);
                dcols.push_back(std::move(dv));
+               icols.push_back(std::move(iv));
                scols.push_back(std::move(sv));
              }
              for (std::size_t r = 0; r < rows; ++r) {
                std::vector<Table::Cell> cells;
                for (std::size_t c = 0; c < kinds.size(); ++c) {
                  if (kinds[c] == 's') cells.emplace_back(scols[c][r]);
-                 else if (kinds[c] == 'i') cells.emplace_back(static_cast<std::int64_t>(dcols[c][r]));
+                 else if (kinds[c] == 'i') cells.emplace_back(icols[c][r]);
                  else cells.emplace_back(dcols[c][r]);
                }
                t.row(cells);

@@ -1,6 +1,7 @@
 """The metrics and verdict of `kdalab check` (numerics/metrics.hpp), the budgets
 (numerics/tolerance.hpp) and the HDF5 results writer (experiments/results.hpp) from Python."""
 import os
+import subprocess
 
 import numpy as np
 import pytest
@@ -99,6 +100,88 @@ def test_results_file_refuses_names_hdf5_would_cut_or_read_as_paths_and_writes_n
         with kdalab.ResultsFile(out) as f:
             write(f)
     assert not os.listdir(tmp_path)
+
+
+def test_results_file_table_int_columns_hold_every_int64_exactly(tmp_path):
+    out = str(tmp_path / "r.h5")
+    ints = [2**53 + 1, 2**63 - 1, -2**63, 7]
+    with kdalab.ResultsFile(out) as f:
+        f.write_table("t", [("n", "1", "count", ints)])
+    assert list(kdalab.read_array(out, "t/n")) == [float(x) for x in ints]  # 2^63 - 1 read as 2^63, not -2^63
+    py = "/usr/bin/python3"  # the exact int64 values, through h5py (the figures' interpreter), where it has it
+    if os.path.exists(py) and subprocess.run([py, "-c", "import h5py"]).returncode == 0:
+        r = subprocess.run([py, "-c", "import h5py, sys; d = h5py.File(sys.argv[1], 'r')['t/n']; "
+                                      "print(d.dtype, d[()].tolist())", out], capture_output=True, text=True)
+        assert r.stdout.strip() == f"int64 {ints}", r.stderr
+
+
+@pytest.mark.parametrize("values, says", [
+    ([2**63], r"column 'c' value 0 = 9223372036854775808 \(int\); accepted: an int in \[-2\^63, 2\^63 - 1\]"),
+    ([1, 2.5], r"column 'c' value 1 = 2\.5 \(float\); accepted: an int"),
+    (["a", 1], r"column 'c' value 1 = 1 \(int\); accepted: a str"),
+    ([1.0, None], r"column 'c' value 1 = None \(NoneType\); accepted: a float"),
+    ([1.0, "x"], r"column 'c' value 1 = 'x' \(str\); accepted: a float"),
+    ("abc", r"the values of column 'c' are 'abc' \(str\); accepted: a list"),
+    (3.0, r"the values of column 'c' are 3\.0 \(float\); accepted: a list"),
+])
+def test_results_file_table_values_of_another_kind_raise_error_naming_the_column(tmp_path, values, says):
+    out = str(tmp_path / "r.h5")
+    with pytest.raises(kdalab.Error, match=says):
+        with kdalab.ResultsFile(out) as f:
+            f.write_table("t", [("c", "1", "d", values)])
+    assert not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize("write, says", [
+    (lambda f: f.write_table("t", [("a", "1", "d", [1.0]), ("a", "1", "d", [2.0])]),
+     r"table column 'a' of 't' is given twice"),
+    (lambda f: f.write_table("t", [["a", "1", "d", [1.0]]]), r"column 0 must be \(name, units, description, values\)"),
+    (lambda f: f.write_table("t", [(1, "1", "d", [1.0])]), r"column 0's name = 1 \(int\); accepted: a str"),
+    (lambda f: (f.write_array("g", "x", np.ones(2), units="1", description="d"), f.group("g/x", "d")),
+     r"'g/x' is an array, not a group"),
+    (lambda f: (f.write_array("g", "x", np.ones(2), units="1", description="d"),
+                f.write_array("g/x", "y", np.ones(2), units="1", description="d")), r"'g/x' is an array, not a group"),
+    (lambda f: (f.write_array("g", "x", np.ones(2), units="1", description="d"), f.attr("g/x/y", "a", "v")),
+     r"'g/x' is an array, not a group"),
+    (lambda f: (f.write_array("g", "x", np.ones(2), units="1", description="d"), f.attr("g/x/y", "a", 1.0)),
+     r"'g/x' is an array, not a group"),
+])
+def test_results_file_tables_and_paths_it_cannot_write_raise_error_and_write_nothing(tmp_path, write, says):
+    out = str(tmp_path / "r.h5")
+    with pytest.raises(kdalab.Error, match=says):
+        with kdalab.ResultsFile(out) as f:
+            write(f)
+    assert not os.listdir(tmp_path)
+
+
+def test_results_file_numeric_attribute_on_a_new_path_makes_the_group_as_a_text_one_does(tmp_path):
+    out = str(tmp_path / "r.h5")
+    with kdalab.ResultsFile(out) as f:
+        f.attr("a/b", "n", 2.5)
+        f.attr("c/d", "s", "text")
+    assert kdalab.read_attr(out, "a/b", "n") == 2.5
+    assert kdalab.read_attr(out, "c/d", "s") == "text"
+
+
+def test_results_file_calls_after_commit_raise_error_naming_the_file(tmp_path):
+    out = str(tmp_path / "r.h5")
+    f = kdalab.ResultsFile(out)
+    f.commit()
+    for call in (lambda: f.group("g", "d"), lambda: f.write_array("g", "x", np.ones(1), units="1", description="d"),
+                 lambda: f.write_table("g", [("c", "1", "d", [1.0])]), lambda: f.attr("/", "a", "v"),
+                 lambda: f.attr("/", "a", 1.0), f.commit):
+        with pytest.raises(kdalab.Error, match=f"results file '{out}': commit\\(\\) was called"):
+            call()
+    assert os.listdir(tmp_path) == ["r.h5"]
+    # a commit whose write fails closes the file too: a second commit is the same Error, not HDF5's
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    g = kdalab.ResultsFile(str(gone / "x.h5"))
+    gone.rmdir()
+    with pytest.raises(RuntimeError, match="nothing was written"):
+        g.commit()
+    with pytest.raises(kdalab.Error, match="commit\\(\\) was called"):
+        g.commit()
 
 
 def test_cuda_entry_points_say_what_is_missing():
