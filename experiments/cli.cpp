@@ -224,13 +224,20 @@ std::vector<std::string> config_tokens(CLI::App* sub, const std::string& path) {
                     "not a kdalab options file for '" + sub->get_name() + "': model configs are read by `kdalab info "
                     "--config`; an options file is a JSON object of " + sub->get_name() + "'s option names (e.g. the "
                     "files in data/configs/ named after a subcommand); accepted keys: " + known);
-      throw Error("--config '" + path + "': unknown key '" + key + "' for '" + sub->get_name() + "'; accepted keys: " + known);
+      // printable(): a NUL in the key would end the message there (Error's what() is a C string)
+      throw Error("--config '" + path + "': unknown key '" + printable(key) + "' for '" + sub->get_name() +
+                  "'; accepted keys: " + known);
     }
     if (o->count() > 0) continue;  // the command line wins
     const auto& v = it.value();
     auto scalar = [&](const nlohmann::json& x) -> std::string {
       if (x.is_string()) {
         const std::string sv = x.get<std::string>();
+        // no argument on the command line can hold a NUL; a file name or name holding one would be cut there (--out
+        // "a\u0000b.h5" checked as "a", and every message quoting it cut short)
+        require(sv.find('\0') == std::string::npos,
+                "--config '" + path + "': key '" + key + "' has the value '" + printable(sv) +
+                    "', which holds a NUL character (\\u0000); accepted: text without it");
         // A value must never be read as an option ("--force" inside a list would switch it on).
         require(sv.empty() || sv[0] != '-' || (sv.size() > 1 && (std::isdigit(static_cast<unsigned char>(sv[1])) || sv[1] == '.')),
                 "--config '" + path + "': key '" + key + "' has the value '" + sv +

@@ -231,3 +231,28 @@ TEST_CASE("--config values obey the command line's rules; a key twice is refused
     CHECK(!std::filesystem::exists(d.file(name + ".h5")));
   }
 }
+
+TEST_CASE("a --config key or text value holding a NUL is named whole and refused before anything runs", "[config]") {
+  TempDir d;
+  // JSON's \u0000 is the one way a NUL reaches an option: a message quoting the value ended at the NUL, and an --out
+  // "o\u0000x.h5" was checked as "o", so the run computed its whole grid before a cut message refused it
+  d.write("out.json", "{\"out\": \"" + d.file("o") + "\\u0000x.h5\"}");
+  auto r = run_timed("decode-cost --quick --config " + d.file("out.json"));
+  require_one_line_exit2(r);
+  CHECK(has(r, "key 'out' has the value '" + d.file("o") + "\\x00x.h5', which holds a NUL character"));
+  CHECK(has(r, "accepted: text without it"));
+  CHECK(!std::filesystem::exists(d.file("o")));
+  d.write("seed.json", "{\"seed\": \"5\\u0000\"}");
+  r = run_timed("decode-cost --quick --quiet --config " + d.file("seed.json") + " --out " + d.file("s.h5"));
+  require_one_line_exit2(r);
+  CHECK(has(r, "key 'seed' has the value '5\\x00', which holds a NUL character"));
+  d.write("list.json", "{\"g-min\": [-3, \"-5\\u0000\"]}");
+  r = run_timed("decay-range --quick --quiet --config " + d.file("list.json") + " --out " + d.file("l.h5"));
+  require_one_line_exit2(r);
+  CHECK(has(r, "key 'g-min' has the value '-5\\x00', which holds a NUL character"));
+  d.write("key.json", "{\"se\\u0000ed\": 5}");
+  r = run_timed("recall --quick --quiet --config " + d.file("key.json") + " --out " + d.file("k.h5"));
+  require_one_line_exit2(r);
+  CHECK(has(r, "unknown key 'se\\x00ed' for 'recall'; accepted keys: "));
+  for (const char* f : {"s.h5", "l.h5", "k.h5"}) CHECK(!std::filesystem::exists(d.file(f)));
+}
