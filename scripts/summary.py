@@ -4,8 +4,10 @@ results table (the rows as they are when there are few, else the median and max 
 implementation / memory / layout), with the units the file records on each column (`units` attribute;
 nothing is printed for a dimensionless "1" or a missing unit), and the groups' notes.
 
-An empty table prints "0 rows". A path that is missing or not an HDF5 file gets one line "summary.py: error: ..." on
-stderr (the other files are still summarised) and the exit code is then 2.
+An empty table prints "0 rows". A path that is missing or not an HDF5 file, an HDF5 file that cannot be opened (e.g.
+truncated), and a file whose objects cannot be read as tables (a text metric, a missing column, text that is not UTF-8)
+get one line "summary.py: error: FILE: ..." on stderr naming the object and the cause (the other files are still
+summarised) and the exit code is then 2.
 
 Usage: /usr/bin/python3 scripts/summary.py results/*.h5
 """
@@ -210,25 +212,45 @@ def main(paths):
             print(f"summary.py: error: {p}: {why}", file=sys.stderr)
             bad += 1
             continue
-        with h5py.File(p, "r") as f:
-            a = f.attrs
-            print(f"{p}: {text(a.get('software', '?'))} {text(a.get('software_version', '?'))} git "
-                  f"{text(a.get('git_sha', '?'))}, {text(a.get('date', '?'))}, seed {text(a.get('seed', '?'))}")
-            print(f"  command: {text(a.get('command_line', '?'))}")
-            done = set()
-
-            def visit(name, obj):
-                if isinstance(obj, h5py.Group):
-                    if summarise_table(name, obj, f):
-                        done.update(f"{name}/{k}" for k in columns(obj))
-                    notes(name, obj)
-                elif name not in done and len(obj.shape) != 1:
-                    u = unit_of(obj)
-                    print(f"  {name}: {' x '.join(map(str, obj.shape)) or 'scalar'}" + (f" [{u}]" if u else ""))
-
-            f.visititems(visit)
+        try:
+            f = h5py.File(p, "r")
+        except OSError as e:  # an HDF5 signature, but the file cannot be opened (truncated, damaged)
+            print(f"summary.py: error: {p}: not a readable HDF5 file ({(str(e).splitlines() or [''])[0]})",
+                  file=sys.stderr)
+            bad += 1
+            continue
+        at = ["/"]  # the object being summarised, for the message when it cannot be
+        try:
+            summarise_file(p, f, at)
+        except (OSError, ValueError, TypeError, KeyError, IndexError) as e:  # a file of another layout than kdalab's
+            print(f"summary.py: error: {p}: {at[0]}: cannot summarise it ({type(e).__name__}: "
+                  f"{(str(e).splitlines() or [''])[0]})", file=sys.stderr)
+            bad += 1
+        finally:
+            f.close()
         print()
     return 2 if bad else 0
+
+
+def summarise_file(p, f, at):
+    """Prints the summary of file p, open as f; at[0] is kept at the object being read."""
+    a = f.attrs
+    print(f"{p}: {text(a.get('software', '?'))} {text(a.get('software_version', '?'))} git "
+          f"{text(a.get('git_sha', '?'))}, {text(a.get('date', '?'))}, seed {text(a.get('seed', '?'))}")
+    print(f"  command: {text(a.get('command_line', '?'))}")
+    done = set()
+
+    def visit(name, obj):
+        at[0] = name
+        if isinstance(obj, h5py.Group):
+            if summarise_table(name, obj, f):
+                done.update(f"{name}/{k}" for k in columns(obj))
+            notes(name, obj)
+        elif name not in done and len(obj.shape) != 1:
+            u = unit_of(obj)
+            print(f"  {name}: {' x '.join(map(str, obj.shape)) or 'scalar'}" + (f" [{u}]" if u else ""))
+
+    f.visititems(visit)
 
 
 if __name__ == "__main__":
