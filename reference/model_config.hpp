@@ -24,6 +24,7 @@
 ///
 /// Parsing is pure (nlohmann::json in, ModelConfig out); read_model_config() is the one function
 /// that opens a file (text in, no results written), kept here so tests and tools share it.
+#include <climits>
 #include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -176,6 +177,10 @@ inline std::vector<long long> cfg_int_list(const nlohmann::json& j, const std::s
     if (!e.is_number_integer())
       throw Error("config key '" + path + "' entry " + std::to_string(i) + " = " + e.dump() + cfg_where(source) +
                   " is not an integer layer id");
+    // 2^63 and above would read as a negative id, and the message would name a value not in the file
+    if (e.is_number_unsigned() && e.get<unsigned long long>() > static_cast<unsigned long long>(LLONG_MAX))
+      throw Error("config key '" + path + "' entry " + std::to_string(i) + " = " + e.dump() + cfg_where(source) +
+                  " is too large for a layer id; the two lists must partition the layers");
     r.push_back(e.get<long long>());
   }
   return r;

@@ -94,3 +94,19 @@ TEST_CASE("a size of 2^64 - 1 or beyond is 'too large' with the accepted range, 
   INFO(r.output);
   CHECK(r.code == 0);
 }
+
+TEST_CASE("a layer id of 2^63 or beyond is named as given, too large, not as a negative id", "[info][config]") {
+  TempDir d;
+  for (const std::uint64_t id : {std::uint64_t{1} << 63, UINT64_MAX}) {
+    const RunResult r = run_kdalab("info --config " + model_config(d, [&](json& j) {
+                                     j["linear_attn_config"]["kda_layers"][0] = id;
+                                   }));
+    INFO(r.output);
+    CHECK(r.code == 2);
+    CHECK(lines(r.output) == 1);
+    CHECK(has(r, "config key 'linear_attn_config.kda_layers' entry 0 = " + std::to_string(id)));
+    CHECK(has(r, "is too large for a layer id"));
+    CHECK(!has(r, "-9223372036854775808"));
+    CHECK(!has(r, "layer id -"));
+  }
+}
