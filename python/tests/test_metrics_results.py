@@ -88,6 +88,14 @@ def test_results_file_never_overwrites_without_force_and_leaves_nothing_on_failu
     kdalab.ResultsFile(out, force=True).commit()
 
 
+def _refused_and_nothing_written(tmp_path, write, says):
+    """write(f) on a ResultsFile in tmp_path raises kdalab.Error matching says, and no file is left there."""
+    with pytest.raises(kdalab.Error, match=says):
+        with kdalab.ResultsFile(str(tmp_path / "r.h5")) as f:
+            write(f)
+    assert not os.listdir(tmp_path)
+
+
 @pytest.mark.parametrize("write, says", [
     (lambda f: f.write_array("g", "x\0y", np.ones(2), units="1", description="d"), r"array name 'x\\0y' of 'g'"),
     (lambda f: f.write_table("t", [("a/b", "1", "d", [1.0])]), r"table column name 'a/b' of 't'"),
@@ -95,11 +103,7 @@ def test_results_file_never_overwrites_without_force_and_leaves_nothing_on_failu
     (lambda f: f.attr("/", "a", "v\0w"), r"attribute 'a' of '/' holds a NUL character"),
 ])
 def test_results_file_refuses_names_hdf5_would_cut_or_read_as_paths_and_writes_nothing(tmp_path, write, says):
-    out = str(tmp_path / "r.h5")
-    with pytest.raises(kdalab.Error, match=says):
-        with kdalab.ResultsFile(out) as f:
-            write(f)
-    assert not os.listdir(tmp_path)
+    _refused_and_nothing_written(tmp_path, write, says)
 
 
 def test_results_file_table_int_columns_hold_every_int64_exactly(tmp_path):
@@ -125,11 +129,7 @@ def test_results_file_table_int_columns_hold_every_int64_exactly(tmp_path):
     (3.0, r"the values of column 'c' are 3\.0 \(float\); accepted: a list"),
 ])
 def test_results_file_table_values_of_another_kind_raise_error_naming_the_column(tmp_path, values, says):
-    out = str(tmp_path / "r.h5")
-    with pytest.raises(kdalab.Error, match=says):
-        with kdalab.ResultsFile(out) as f:
-            f.write_table("t", [("c", "1", "d", values)])
-    assert not os.listdir(tmp_path)
+    _refused_and_nothing_written(tmp_path, lambda f: f.write_table("t", [("c", "1", "d", values)]), says)
 
 
 @pytest.mark.parametrize("write, says", [
@@ -147,11 +147,7 @@ def test_results_file_table_values_of_another_kind_raise_error_naming_the_column
      r"'g/x' is an array, not a group"),
 ])
 def test_results_file_tables_and_paths_it_cannot_write_raise_error_and_write_nothing(tmp_path, write, says):
-    out = str(tmp_path / "r.h5")
-    with pytest.raises(kdalab.Error, match=says):
-        with kdalab.ResultsFile(out) as f:
-            write(f)
-    assert not os.listdir(tmp_path)
+    _refused_and_nothing_written(tmp_path, write, says)
 
 
 def test_results_file_numeric_attribute_on_a_new_path_makes_the_group_as_a_text_one_does(tmp_path):
